@@ -1,0 +1,182 @@
+"""Error codes and exceptions.
+
+One enum (`ErrorCode`) with Kafka's names and numeric codes, and one exception
+class per code, each a subclass of `ExactlyError` with a `retriable` flag.
+Protocol outcomes travel as these codes inside responses (DESIGN.md §5); the SDK
+raises the matching exception via `for_code(code)`.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    REPLICA_NOT_AVAILABLE = 9
+    MESSAGE_TOO_LARGE = 10
+    STALE_CONTROLLER_EPOCH = 11
+    OFFSET_METADATA_TOO_LARGE = 12
+    NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    NOT_ENOUGH_REPLICAS = 19
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+    INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
+    INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    POLICY_VIOLATION = 44
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    INVALID_PRODUCER_ID_MAPPING = 49
+    INVALID_TRANSACTION_TIMEOUT = 50
+    CONCURRENT_TRANSACTIONS = 51
+    TRANSACTION_COORDINATOR_FENCED = 52
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    PRODUCER_ID_AUTHORIZATION_FAILED = 55
+    KAFKA_STORAGE_ERROR = 56
+    UNKNOWN_PRODUCER_ID = 59
+    GROUP_ID_NOT_FOUND = 69
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
+    UNSTABLE_OFFSET_COMMIT = 88
+    PRODUCER_FENCED = 90
+    TRANSACTIONAL_ID_NOT_FOUND = 105
+    # KIP-447 draft (seed) codes; numbers outside Kafka's assigned range.
+    CONCURRENT_PRODUCER_COMMIT = 1001
+    PENDING_TRANSACTION = 1002
+
+
+_RETRIABLE = frozenset({
+    ErrorCode.CORRUPT_MESSAGE,  # Kafka marks it retriable: a resend may arrive intact
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.REQUEST_TIMED_OUT,
+    ErrorCode.BROKER_NOT_AVAILABLE,
+    ErrorCode.REPLICA_NOT_AVAILABLE,
+    ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    ErrorCode.KAFKA_STORAGE_ERROR,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.UNSTABLE_OFFSET_COMMIT,
+    ErrorCode.CONCURRENT_PRODUCER_COMMIT,
+    ErrorCode.PENDING_TRANSACTION,
+})
+
+
+class ExactlyError(Exception):
+    """Base of every SDK error. `code` is the ErrorCode; `retriable` says whether
+    the same request may succeed if sent again (after backoff / metadata refresh)."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+    retriable: bool = False
+
+    def __init__(self, message: str | None = None):
+        super().__init__(message or self.code.name)
+        self.message = message or self.code.name
+
+
+class KafkaTimeoutError(ExactlyError):
+    """A client-side wait (flush, commit, init) ran out of time."""
+    code = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+
+class IllegalStateError(ExactlyError):
+    """An SDK method was called in a state that does not allow it
+    (e.g. commit_transaction without begin_transaction)."""
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+def _class_name(code: ErrorCode) -> str:
+    special = {
+        ErrorCode.PRODUCER_FENCED: "ProducerFencedError",
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: "UnknownTopicOrPartitionError",
+        ErrorCode.TOPIC_ALREADY_EXISTS: "TopicAlreadyExistsError",
+    }
+    if code in special:
+        return special[code]
+    name = "".join(part.capitalize() for part in code.name.split("_"))
+    return name if name.endswith(("Error", "Exception")) else name + "Error"
+
+
+_BY_CODE: dict[int, type[ExactlyError]] = {}
+for _code in ErrorCode:
+    if _code == ErrorCode.NONE:
+        continue
+    _cls = type(_class_name(_code), (ExactlyError,), {
+        "code": _code,
+        "retriable": _code in _RETRIABLE,
+        "__doc__": f"Error code {int(_code)} ({_code.name}).",
+        "__module__": __name__,
+    })
+    globals()[_cls.__name__] = _cls
+    _BY_CODE[int(_code)] = _cls
+del _code, _cls
+
+# Both names of the fencing error lead to the same catch for users.
+InvalidProducerEpochError = _BY_CODE[ErrorCode.INVALID_PRODUCER_EPOCH]
+ProducerFencedError = _BY_CODE[ErrorCode.PRODUCER_FENCED]
+
+
+def for_code(code: int, message: str | None = None) -> ExactlyError:
+    """Return the exception instance for a non-zero error code (unknown codes map
+    to UnknownServerError). Raises ValueError for NONE (0)."""
+    if code == ErrorCode.NONE:
+        raise ValueError("error code 0 (NONE) is not an error")
+    cls = _BY_CODE.get(int(code), _BY_CODE[int(ErrorCode.UNKNOWN_SERVER_ERROR)])
+    return cls(message)
+
+
+def check(code: int, message: str | None = None) -> None:
+    """Raise the matching exception when `code` is not NONE."""
+    if code:
+        raise for_code(code, message)
+
+
+__all__ = ["ErrorCode", "ExactlyError", "KafkaTimeoutError", "IllegalStateError",
+           "for_code", "check"] + [c.__name__ for c in _BY_CODE.values()]
