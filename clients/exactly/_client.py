@@ -1,0 +1,462 @@
+"""Connection, metadata and coordinator plumbing shared by the SDK clients.
+
+`ClientCore` owns one gRPC channel per service address, a cached cluster
+metadata view, a coordinator cache, and the one place where transport errors
+(`grpc.RpcError`) become SDK errors (`errors.ExactlyError`), so users never see
+gRPC or protobuf types (STYLE.md 5). Every service answers the Cluster RPCs
+(Metadata, CreateTopics, FindCoordinator), so any address bootstraps the client
+(DESIGN.md §1).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TypeVar
+
+import grpc
+import tenacity
+
+from . import errors
+from .errors import ErrorCode
+from .v1 import exactly_pb2 as pb
+from .v1 import exactly_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# FindCoordinator key types (FindCoordinatorRequest.key_type).
+COORDINATOR_GROUP = 0
+COORDINATOR_TRANSACTION = 1
+
+_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+
+# Transport status -> SDK error class. UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED are
+# retriable: the request may succeed on another try (after a metadata refresh).
+_ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.ExactlyError]] = {
+    grpc.StatusCode.UNAVAILABLE: errors.NetworkException,
+    grpc.StatusCode.CANCELLED: errors.NetworkException,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.RequestTimedOutError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.MessageTooLargeError,
+    grpc.StatusCode.UNIMPLEMENTED: errors.UnsupportedVersionError,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidRequestError,
+}
+
+# Errors after which the cached metadata (leaders) is probably stale.
+METADATA_ERRORS = frozenset({
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BROKER_NOT_AVAILABLE,
+    ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.REPLICA_NOT_AVAILABLE,
+})
+
+# Errors after which the cached coordinator address must be looked up again.
+COORDINATOR_ERRORS = frozenset({
+    ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT,
+})
+
+
+def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
+    """Map a gRPC transport failure to an SDK error (the seam of STYLE.md 5)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else None
+    cls = _ERROR_BY_STATUS.get(code, errors.UnknownServerError)
+    name = code.name if code is not None else "UNKNOWN"
+    return cls(f"{name}: {details}" if details else name)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    return isinstance(exc, errors.ExactlyError) and exc.retriable
+
+
+def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
+    """'h1:p1,h2:p2' (or a list of 'h:p') -> ['h1:p1', 'h2:p2']. Raises ValueError."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = [s.strip() for s in items if s and s.strip()]
+    for addr in out:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"bootstrap.servers entry {addr!r} is not host:port")
+    if not out:
+        raise ValueError("bootstrap.servers is empty")
+    return out
+
+
+@dataclass(frozen=True)
+class NodeMetadata:
+    node_id: str
+    role: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    partition: int
+    error_code: int
+    leader_id: str | None
+    leader_epoch: int
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    name: str
+    error_code: int
+    is_internal: bool
+    partitions: dict[int, PartitionMetadata]
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """An immutable snapshot of the cluster: live nodes and topics."""
+
+    nodes: dict[str, NodeMetadata]
+    topics: dict[str, TopicMetadata]
+    fetched_at: float = field(default_factory=time.monotonic)  # time.monotonic() seconds
+
+    @classmethod
+    def from_response(cls, resp: pb.MetadataResponse) -> "Metadata":
+        nodes = {n.node_id: NodeMetadata(n.node_id, n.role, n.host, n.port) for n in resp.nodes}
+        topics = {}
+        for t in resp.topics:
+            parts = {p.partition: PartitionMetadata(p.partition, p.error_code, p.leader_id or None,
+                                                    p.leader_epoch, tuple(p.replicas), tuple(p.isr))
+                     for p in t.partitions}
+            topics[t.name] = TopicMetadata(t.name, t.error_code, t.is_internal, parts)
+        return cls(nodes, topics)
+
+    def has_topic(self, topic: str) -> bool:
+        t = self.topics.get(topic)
+        return t is not None and t.error_code == ErrorCode.NONE and bool(t.partitions)
+
+    def partitions(self, topic: str) -> list[int]:
+        """Sorted partition ids of `topic`; [] when the topic is unknown."""
+        t = self.topics.get(topic)
+        if t is None or t.error_code != ErrorCode.NONE:
+            return []
+        return sorted(t.partitions)
+
+    def leader(self, topic: str, partition: int) -> str | None:
+        """'host:port' of the partition's leader, or None (unknown topic/partition,
+        no leader elected, or leader not live)."""
+        t = self.topics.get(topic)
+        if t is None:
+            return None
+        p = t.partitions.get(partition)
+        if p is None or p.leader_id is None:
+            return None
+        node = self.nodes.get(p.leader_id)
+        return node.address if node is not None else None
+
+    def addresses(self) -> list[str]:
+        return sorted({n.address for n in self.nodes.values()})
+
+
+class ClientCore:
+    """Channels, metadata and coordinators for one SDK client instance.
+
+    `conf` keys (Kafka names): `bootstrap.servers` ("host:port,host:port", required),
+    `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
+    (1000), `metadata.max.age.ms` (300000). Thread-safe.
+    """
+
+    def __init__(self, conf: dict[str, Any]):
+        if "bootstrap.servers" not in conf:
+            raise ValueError("bootstrap.servers is required")
+        self.bootstrap = parse_bootstrap(conf["bootstrap.servers"])
+        self.request_timeout_ms = int(conf.get("request.timeout.ms", 30000))
+        self.retry_backoff_ms = int(conf.get("retry.backoff.ms", 100))
+        self.retry_backoff_max_ms = int(conf.get("retry.backoff.max.ms", 1000))
+        self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
+        self._lock = threading.RLock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[type, str], Any] = {}
+        self._metadata: Metadata | None = None
+        self._metadata_lock = threading.Lock()
+        self._coordinators: dict[tuple[int, str], str] = {}
+        self._rr = itertools.count()
+        self._closed = False
+
+    # ------------------------------------------------------------ channels
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000.0
+
+    def channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise errors.IllegalStateError("client is closed")
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = grpc.insecure_channel(address, options=[
+                    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                    # Reconnect fast after a service restart (gRPC default backs off to 120 s).
+                    ("grpc.initial_reconnect_backoff_ms", max(self.retry_backoff_ms, 50)),
+                    ("grpc.min_reconnect_backoff_ms", max(self.retry_backoff_ms, 50)),
+                    ("grpc.max_reconnect_backoff_ms", max(self.retry_backoff_max_ms, 100)),
+                    ("grpc.enable_retries", 0),
+                ])
+                self._channels[address] = ch
+            return ch
+
+    def _stub(self, cls: type, address: str):
+        with self._lock:
+            stub = self._stubs.get((cls, address))
+            if stub is None:
+                stub = cls(self.channel(address))
+                self._stubs[(cls, address)] = stub
+            return stub
+
+    def cluster_stub(self, address: str | None = None) -> pb_grpc.ClusterStub:
+        """Cluster service stub at `address`, or at the next known address in turn."""
+        return self._stub(pb_grpc.ClusterStub, address or self._next_address())
+
+    def leader_stub(self, address: str) -> pb_grpc.PartitionLeaderStub:
+        return self._stub(pb_grpc.PartitionLeaderStub, address)
+
+    def txn_stub(self, address: str) -> pb_grpc.TransactionCoordinatorStub:
+        return self._stub(pb_grpc.TransactionCoordinatorStub, address)
+
+    def group_stub(self, address: str) -> pb_grpc.GroupCoordinatorStub:
+        return self._stub(pb_grpc.GroupCoordinatorStub, address)
+
+    def _known_addresses(self) -> list[str]:
+        md = self._metadata
+        known = md.addresses() if md is not None else []
+        return known + [a for a in self.bootstrap if a not in known]
+
+    def _next_address(self) -> str:
+        addrs = self._known_addresses()
+        return addrs[next(self._rr) % len(addrs)]
+
+    # ------------------------------------------------------------ calls
+
+    def call(self, method: Callable, request: Any, timeout_s: float | None = None) -> Any:
+        """Invoke a unary stub method (e.g. `core.txn_stub(a).EndTxn`) and return the
+        response. Transport failures raise `errors.NetworkException` (UNAVAILABLE,
+        CANCELLED) or `errors.RequestTimedOutError` (DEADLINE_EXCEEDED), both
+        retriable, or another `errors.ExactlyError`. `timeout_s` defaults to
+        request.timeout.ms."""
+        try:
+            return method(request, timeout=self.request_timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as exc:
+            raise translate_rpc_error(exc) from None
+
+    def call_future(self, method: Callable, request: Any,
+                    timeout_s: float | None = None) -> concurrent.futures.Future:
+        """Like `call` but non-blocking: returns a concurrent.futures.Future that
+        resolves to the response or fails with the translated SDK error. Used to
+        pipeline requests to several partition leaders."""
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut = method.future(request, timeout=self.request_timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as exc:
+            out.set_exception(translate_rpc_error(exc))
+            return out
+        except ValueError as exc:  # channel closed
+            out.set_exception(errors.NetworkException(str(exc)))
+            return out
+
+        def _done(f) -> None:
+            try:
+                out.set_result(f.result())
+            except grpc.RpcError as exc:
+                out.set_exception(translate_rpc_error(exc))
+            except grpc.FutureCancelledError:
+                out.set_exception(errors.NetworkException("request cancelled"))
+            except BaseException as exc:  # noqa: BLE001 - surfaced to the waiter
+                out.set_exception(exc)
+
+        fut.add_done_callback(_done)
+        return out
+
+    def retry(self, fn: Callable[[], T], timeout_s: float | None = None,
+              on_retry: Callable[[BaseException], None] | None = None) -> T:
+        """Run `fn()` until it returns, retrying retriable `errors.ExactlyError`s with
+        exponential backoff (retry.backoff.ms doubling up to retry.backoff.max.ms,
+        with jitter) for at most `timeout_s` (default request.timeout.ms). Between
+        tries, metadata is refreshed after leader/network errors, cached coordinators
+        are dropped after coordinator errors, then `on_retry(exc)` is called.
+        Non-retriable errors and the last retriable one propagate."""
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+
+        def _before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception()
+            log.debug("retrying after %r (attempt %d)", exc, state.attempt_number)
+            if isinstance(exc, errors.ExactlyError):
+                if exc.code in METADATA_ERRORS:
+                    self._invalidate_metadata()
+                if exc.code in COORDINATOR_ERRORS:
+                    self._invalidate_all_coordinators_if_network(exc)
+            if on_retry is not None:
+                on_retry(exc)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_retriable),
+            wait=tenacity.wait_exponential_jitter(initial=self.retry_backoff_ms / 1000.0,
+                                                  max=self.retry_backoff_max_ms / 1000.0,
+                                                  jitter=self.retry_backoff_ms / 1000.0 / 5),
+            stop=tenacity.stop_before_delay(timeout),
+            before_sleep=_before_sleep,
+            reraise=True,
+        )
+        return retrying(fn)
+
+    # ------------------------------------------------------------ metadata
+
+    def _invalidate_metadata(self) -> None:
+        md = self._metadata
+        if md is not None:
+            # Keep the node list for bootstrapping; force the next read to refetch.
+            self._metadata = Metadata(md.nodes, md.topics, fetched_at=float("-inf"))
+
+    def _fetch_metadata(self) -> Metadata:
+        last: errors.ExactlyError | None = None
+        addrs = self._known_addresses()
+        start = next(self._rr)
+        for i in range(len(addrs)):
+            addr = addrs[(start + i) % len(addrs)]
+            try:
+                resp = self.call(self.cluster_stub(addr).Metadata, pb.MetadataRequest())
+                return Metadata.from_response(resp)
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    def metadata(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
+        """The cached cluster metadata, fetched again when `refresh`, older than
+        metadata.max.age.ms, or missing one of `topics`. Fetching asks the known
+        addresses in turn; raises `errors.NetworkException` if none answers."""
+        md = self._metadata
+        if not refresh and md is not None and self._fresh(md, topics):
+            return md
+        with self._metadata_lock:
+            cur = self._metadata
+            if cur is not md and cur is not None and self._fresh(cur, topics):
+                return cur  # another thread refreshed meanwhile
+            self._metadata = self._fetch_metadata()
+            return self._metadata
+
+    def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
+        if (time.monotonic() - md.fetched_at) * 1000 > self.metadata_max_age_ms:
+            return False
+        return topics is None or all(md.has_topic(t) for t in topics)
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """Sorted partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError
+        when the topic is still unknown after a metadata refresh."""
+        parts = self.metadata([topic]).partitions(topic)
+        if not parts:
+            parts = self.metadata(refresh=True).partitions(topic)
+        if not parts:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return parts
+
+    def leader_for(self, topic: str, partition: int) -> str:
+        """'host:port' of the partition's leader, refreshing metadata once if unknown.
+        Raises errors.UnknownTopicOrPartitionError (no such topic/partition) or
+        errors.LeaderNotAvailableError (no live leader); both retriable."""
+        md = self.metadata([topic])
+        addr = md.leader(topic, partition)
+        if addr is None:
+            md = self.metadata(refresh=True)
+            addr = md.leader(topic, partition)
+        if addr is None:
+            if partition not in md.partitions(topic):
+                raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
+            raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
+        return addr
+
+    # ------------------------------------------------------------ coordinators
+
+    def find_coordinator(self, key: str, key_type: int, timeout_s: float | None = None) -> str:
+        """'host:port' of the coordinator for `key` (key_type: COORDINATOR_GROUP=0,
+        COORDINATOR_TRANSACTION=1), cached until `invalidate_coordinator`. Retries
+        COORDINATOR_NOT_AVAILABLE and network errors with backoff for up to
+        `timeout_s` (default request.timeout.ms); raises the last error after that."""
+        with self._lock:
+            cached = self._coordinators.get((key_type, key))
+        if cached is not None:
+            return cached
+
+        def _find() -> str:
+            resp = self.call(self.cluster_stub().FindCoordinator,
+                             pb.FindCoordinatorRequest(key=key, key_type=key_type))
+            errors.check(resp.error_code, resp.error_message or None)
+            if not resp.host:
+                raise errors.CoordinatorNotAvailableError(f"no coordinator for {key!r}")
+            return f"{resp.host}:{resp.port}"
+
+        addr = self.retry(_find, timeout_s)
+        with self._lock:
+            self._coordinators[(key_type, key)] = addr
+        return addr
+
+    def invalidate_coordinator(self, key: str, key_type: int) -> None:
+        with self._lock:
+            self._coordinators.pop((key_type, key), None)
+
+    def _invalidate_all_coordinators_if_network(self, exc: errors.ExactlyError) -> None:
+        # A dead process takes all coordinators it hosted with it.
+        if exc.code in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+            with self._lock:
+                self._coordinators.clear()
+
+    def coordinator_call(self, key: str, key_type: int, stub_method: Callable[[str], Callable],
+                         request: Any, error_code: Callable[[Any], int] = lambda r: r.error_code,
+                         timeout_s: float | None = None) -> Any:
+        """Send `request` to the coordinator of `key` and return the response,
+        retrying (re-finding the coordinator) on NOT_COORDINATOR,
+        COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, CONCURRENT_TRANSACTIONS
+        and network errors for up to `timeout_s`. `stub_method(address)` returns the
+        bound method, e.g. `lambda a: core.txn_stub(a).EndTxn`; `error_code(response)`
+        extracts the outcome. Other non-zero codes raise their errors.ExactlyError."""
+
+        def _once() -> Any:
+            addr = self.find_coordinator(key, key_type, timeout_s)
+            try:
+                resp = self.call(stub_method(addr), request)
+                errors.check(error_code(resp), getattr(resp, "error_message", None) or None)
+                return resp
+            except errors.ExactlyError as exc:
+                if exc.code in COORDINATOR_ERRORS:
+                    self.invalidate_coordinator(key, key_type)
+                raise
+
+        return self.retry(_once, timeout_s)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close every channel. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for ch in channels:
+            ch.close()
+
+
+__all__ = ["ClientCore", "Metadata", "NodeMetadata", "TopicMetadata", "PartitionMetadata",
+           "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "translate_rpc_error", "is_retriable",
+           "parse_bootstrap", "METADATA_ERRORS", "COORDINATOR_ERRORS"]
