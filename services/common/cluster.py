@@ -1,0 +1,391 @@
+"""Cluster state in ZooKeeper (kazoo): live services, topics, partition state,
+coordinator ownership and PID blocks.
+
+Layout (DESIGN.md §6):
+
+    /exactly/services/<node_id>            ephemeral: {"role", "host", "port"}
+    /exactly/topics/<topic>                {"partitions": {"0": [replica ids]}, "configs", "internal"}
+    /exactly/topics/<topic>/<p>/state      {"leader", "leader_epoch", "isr"} (versioned CAS)
+    /exactly/coordinators/<kind>/<p>       {"owner", "coordinator_epoch"} (versioned CAS)
+    /exactly/producer_id_block             {"next": first PID of the next block} (versioned CAS)
+
+Views are cached and refreshed by watches; every public method is thread-safe.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from exactly.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+ROOT = "/exactly"
+SERVICES = f"{ROOT}/services"
+TOPICS = f"{ROOT}/topics"
+COORDINATORS = f"{ROOT}/coordinators"
+PID_BLOCK = f"{ROOT}/producer_id_block"
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPIC_FOR_KIND = {"txn": TRANSACTION_STATE_TOPIC, "group": CONSUMER_OFFSETS_TOPIC}
+ROLE_FOR_KIND = {"txn": "txn_coordinator", "group": "group_coordinator"}
+# FindCoordinator key types: 0 group, 1 transaction, 2 transaction-group (KIP-447 draft:
+# the transactional producer's coordinator is found by its consumer group).
+KIND_FOR_KEY_TYPE = {0: "group", 1: "txn", 2: "group"}
+
+PARTITION_LEADER = "partition_leader"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    role: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    leader: str | None
+    leader_epoch: int
+    isr: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: dict[int, list[str]]  # partition -> replica node ids
+    configs: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+    states: dict[int, PartitionState] = field(default_factory=dict)
+
+    def leader(self, partition: int) -> str | None:
+        st = self.states.get(partition)
+        if st is not None:
+            return st.leader
+        replicas = self.partitions.get(partition)
+        return replicas[0] if replicas else None
+
+
+def partition_for_key(key: str, num_partitions: int) -> int:
+    """Stable partition of an internal topic for a transactional.id or group id:
+    crc32(utf-8 key) % num_partitions (never Python's hash(); DESIGN.md §1)."""
+    return zlib.crc32(key.encode()) % num_partitions
+
+
+class ClusterState:
+    """This process's view of the cluster in ZooKeeper.
+
+    zk_hosts: "host:port[,...]"; node_id/role/host/port: this process's identity,
+    published by `register()` as an ephemeral znode.
+    """
+
+    def __init__(self, zk_hosts: str, node_id: str, role: str, host: str, port: int,
+                 session_timeout_s: float = 10.0, props: dict[str, str] | None = None):
+        self.props = dict(props or {})
+        self.node_id = node_id
+        self.role = role
+        self.host = host
+        self.port = port
+        self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s)
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeInfo] = {}
+        self._topics: dict[str, TopicInfo] = {}
+        self._topic_watched: set[str] = set()
+        self._listeners: list[Callable[[], None]] = []
+        self._session_listeners: list[Callable[[str], None]] = []
+        self._registered = False
+        self._stopped = False
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Connect to ZooKeeper, create the base paths and start the watches."""
+        self.zk.start(timeout=timeout_s)
+        self.zk.add_listener(self._on_zk_state)
+        for path in (SERVICES, TOPICS, f"{COORDINATORS}/txn", f"{COORDINATORS}/group"):
+            self.zk.ensure_path(path)
+        self.zk.ChildrenWatch(SERVICES, self._on_services)
+        self.zk.ChildrenWatch(TOPICS, self._on_topics)
+
+    def register(self) -> None:
+        """Publish this process under /exactly/services/<node_id> (ephemeral). A node
+        left by this node_id's previous, killed incarnation is replaced."""
+        path = f"{SERVICES}/{self.node_id}"
+        data = json.dumps({"role": self.role, "host": self.host, "port": self.port}).encode()
+        while True:
+            try:
+                self.zk.create(path, data, ephemeral=True)
+                break
+            except NodeExistsError:
+                try:
+                    _, stat = self.zk.get(path)
+                    if stat.ephemeralOwner == self.zk.client_id[0]:
+                        self.zk.set(path, data)
+                        break
+                    self.zk.delete(path, version=stat.version)
+                except (NoNodeError, BadVersionError):
+                    pass
+        self._registered = True
+
+    def stop(self) -> None:
+        self._stopped = True
+        try:
+            if self._registered:
+                self.zk.delete(f"{SERVICES}/{self.node_id}")
+        except Exception:  # noqa: BLE001 - best effort on shutdown
+            pass
+        self.zk.stop()
+        self.zk.close()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """`fn()` is called from a kazoo thread whenever topics or live nodes change."""
+        self._listeners.append(fn)
+
+    def add_session_listener(self, fn: Callable[[str], None]) -> None:
+        """`fn(state)` with "LOST", "SUSPENDED" or "CONNECTED", from a kazoo thread."""
+        self._session_listeners.append(fn)
+
+    def _on_zk_state(self, state) -> None:
+        if state == KazooState.LOST:
+            log.warning("ZooKeeper session lost")
+        elif state == KazooState.SUSPENDED:
+            log.warning("ZooKeeper connection suspended")
+        for fn in list(self._session_listeners):
+            fn(str(state))
+        if state == KazooState.CONNECTED and self._registered and not self._stopped:
+            # The session may be new: republish our ephemeral znode (not from this thread).
+            self.zk.handler.spawn(self._reregister)
+
+    def _reregister(self) -> None:
+        try:
+            if not self.zk.exists(f"{SERVICES}/{self.node_id}"):
+                self.register()
+        except Exception:  # noqa: BLE001 - retried at the next reconnect
+            log.exception("re-registration failed")
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a listener bug must not kill the watch
+                log.exception("cluster listener failed")
+
+    # ------------------------------------------------------------ watches
+    def _on_services(self, children: list[str]) -> None:
+        nodes = {}
+        for child in children:
+            try:
+                data, _ = self.zk.get(f"{SERVICES}/{child}")
+            except NoNodeError:
+                continue
+            d = json.loads(data)
+            nodes[child] = NodeInfo(child, d["role"], d["host"], int(d["port"]))
+        with self._lock:
+            self._nodes = nodes
+        self._notify()
+
+    def _on_topics(self, children: list[str]) -> None:
+        for name in children:
+            with self._lock:
+                if name in self._topic_watched:
+                    continue
+                self._topic_watched.add(name)
+            self._load_topic(name)
+        with self._lock:
+            for gone in set(self._topics) - set(children):
+                del self._topics[gone]
+        self._notify()
+
+    def _load_topic(self, name: str) -> None:
+        try:
+            data, _ = self.zk.get(f"{TOPICS}/{name}")
+        except NoNodeError:
+            return
+        d = json.loads(data)
+        parts = {int(p): list(r) for p, r in d["partitions"].items()}
+        topic = TopicInfo(name, parts, dict(d.get("configs", {})), bool(d.get("internal", False)))
+        with self._lock:
+            self._topics[name] = topic
+        for p in parts:
+            self.zk.DataWatch(f"{TOPICS}/{name}/{p}/state",
+                              lambda data, stat, name=name, p=p: self._on_state(name, p, data))
+
+    def _on_state(self, name: str, partition: int, data: bytes | None) -> None:
+        with self._lock:
+            topic = self._topics.get(name)
+            if topic is None:
+                return
+            if data:
+                d = json.loads(data)
+                topic.states[partition] = PartitionState(d.get("leader"), int(d.get("leader_epoch", 0)),
+                                                         tuple(d.get("isr", ())))
+            else:
+                topic.states.pop(partition, None)
+        self._notify()
+
+    # ------------------------------------------------------------ views
+    def nodes(self) -> dict[str, NodeInfo]:
+        """Live service processes by node id."""
+        with self._lock:
+            return dict(self._nodes)
+
+    def topics(self) -> dict[str, TopicInfo]:
+        with self._lock:
+            return dict(self._topics)
+
+    def leader_of(self, topic: str, partition: int) -> NodeInfo | None:
+        """The live leader of a partition, or None (unknown topic/partition or leader down)."""
+        with self._lock:
+            t = self._topics.get(topic)
+            leader = t.leader(partition) if t and partition in t.partitions else None
+            return self._nodes.get(leader) if leader else None
+
+    def partitions_led_by(self, node_id: str) -> list[tuple[str, int]]:
+        """(topic, partition) pairs whose leader is `node_id`."""
+        with self._lock:
+            return sorted((t.name, p) for t in self._topics.values()
+                          for p in t.partitions if t.leader(p) == node_id)
+
+    def partition_state(self, topic: str, partition: int) -> tuple[PartitionState | None, int]:
+        """(state, znode version) read straight from ZooKeeper, for compare-and-set."""
+        try:
+            data, stat = self.zk.get(f"{TOPICS}/{topic}/{partition}/state")
+        except NoNodeError:
+            return None, -1
+        d = json.loads(data)
+        return PartitionState(d.get("leader"), int(d.get("leader_epoch", 0)), tuple(d.get("isr", ()))), stat.version
+
+    # ------------------------------------------------------------ topics
+    def create_topic(self, name: str, num_partitions: int, replication_factor: int,
+                     configs: dict[str, str] | None = None, internal: bool = False) -> tuple[ErrorCode, str]:
+        """Assign replicas round-robin over live partition leaders and write the topic.
+
+        Returns (error code, message): NONE, TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION
+        (bad name), INVALID_PARTITIONS (< 1), INVALID_REPLICATION_FACTOR (< 1 or more
+        than the live partition leaders)."""
+        if not name or len(name) > 249 or name in (".", "..") or \
+                not all(c.isalnum() or c in "._-" for c in name):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {name!r}"
+        if name.startswith("__") and not internal:
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}"
+        if num_partitions < 1:
+            return ErrorCode.INVALID_PARTITIONS, "num_partitions must be at least 1"
+        leaders = sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
+        if replication_factor < 1 or replication_factor > len(leaders):
+            return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {replication_factor} with {len(leaders)} live partition leaders")
+        if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        start = zlib.crc32(name.encode()) % len(leaders)
+        assignment = {p: [leaders[(start + p + i) % len(leaders)] for i in range(replication_factor)]
+                      for p in range(num_partitions)}
+        body = {"partitions": {str(p): r for p, r in assignment.items()},
+                "configs": dict(configs or {}), "internal": internal}
+        tx = self.zk.transaction()
+        tx.create(f"{TOPICS}/{name}", json.dumps(body).encode())
+        for p, replicas in assignment.items():
+            tx.create(f"{TOPICS}/{name}/{p}")
+            tx.create(f"{TOPICS}/{name}/{p}/state",
+                      json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
+        results = tx.commit()
+        if any(isinstance(r, NodeExistsError) for r in results):
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            return ErrorCode.UNKNOWN_SERVER_ERROR, f"topic creation failed: {failed[0]!r}"
+        return ErrorCode.NONE, ""
+
+    def ensure_internal_topic(self, kind: str, num_partitions: int | None = None,
+                              replication_factor: int | None = None) -> None:
+        """Create `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
+        if missing, with `transaction.state.log.num.partitions` / `offsets.topic.num.partitions`
+        partitions (default 8) and the matching `*.replication.factor` (default 1, capped at
+        the live partition leaders). Raises RuntimeError when no partition leader is live."""
+        name = INTERNAL_TOPIC_FOR_KIND[kind]
+        prefix = "transaction.state.log" if kind == "txn" else "offsets.topic"
+        if num_partitions is None:
+            num_partitions = int(self.props.get(f"{prefix}.num.partitions", 8))
+        if replication_factor is None:
+            replication_factor = int(self.props.get(f"{prefix}.replication.factor", 1))
+        if self.zk.exists(f"{TOPICS}/{name}"):
+            return
+        leaders = [n for n in self.nodes().values() if n.role == PARTITION_LEADER]
+        if not leaders:
+            raise RuntimeError(f"cannot create {name}: no live partition leader")
+        code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)),
+                                      {"cleanup.policy": "compact"}, internal=True)
+        if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+            raise RuntimeError(f"cannot create {name}: {msg}")
+
+    # ------------------------------------------------------------ coordinators
+    def coordinator_for(self, kind: str, key: str) -> tuple[int, NodeInfo | None, int]:
+        """(partition of the internal topic, live owner or None, coordinator epoch) for a
+        transactional.id (kind "txn") or group id ("group"). Partition -1 when the
+        internal topic does not exist yet."""
+        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        if topic is None:
+            return -1, None, -1
+        partition = partition_for_key(key, len(topic.partitions))
+        owner, epoch = self.coordinator_owner(kind, partition)
+        node = self.nodes().get(owner) if owner else None
+        if node is not None and node.role != ROLE_FOR_KIND[kind]:
+            node = None
+        return partition, node, epoch
+
+    def coordinator_owner(self, kind: str, partition: int) -> tuple[str | None, int]:
+        """(owner node id or None, coordinator epoch) of an internal partition."""
+        try:
+            data, _ = self.zk.get(f"{COORDINATORS}/{kind}/{partition}")
+        except NoNodeError:
+            return None, -1
+        d = json.loads(data)
+        return d.get("owner"), int(d.get("coordinator_epoch", -1))
+
+    def claim_coordinator(self, kind: str, partition: int) -> int:
+        """Become the owner of an internal partition: compare-and-set the owner and bump
+        the coordinator epoch (also on a restart of the same owner, so markers of the
+        previous incarnation are fenced). Returns the new coordinator epoch."""
+        path = f"{COORDINATORS}/{kind}/{partition}"
+        while True:
+            try:
+                data, stat = self.zk.get(path)
+            except NoNodeError:
+                try:
+                    self.zk.create(path, json.dumps({"owner": self.node_id, "coordinator_epoch": 0}).encode(),
+                                   makepath=True)
+                    return 0
+                except NodeExistsError:
+                    continue
+            epoch = int(json.loads(data).get("coordinator_epoch", -1)) + 1
+            try:
+                self.zk.set(path, json.dumps({"owner": self.node_id, "coordinator_epoch": epoch}).encode(),
+                            version=stat.version)
+                return epoch
+            except BadVersionError:
+                continue
+
+    # ------------------------------------------------------------ producer ids
+    def allocate_producer_id_block(self, size: int = 1000) -> tuple[int, int]:
+        """Reserve [first, last] PIDs by compare-and-set on /exactly/producer_id_block
+        (Kafka's ProducerIdManager); a block is never handed out twice."""
+        self.zk.ensure_path(PID_BLOCK)
+        while True:
+            data, stat = self.zk.get(PID_BLOCK)
+            first = int(json.loads(data)["next"]) if data else 0
+            try:
+                self.zk.set(PID_BLOCK, json.dumps({"next": first + size}).encode(), version=stat.version)
+                return first, first + size - 1
+            except BadVersionError:
+                continue

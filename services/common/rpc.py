@@ -1,0 +1,124 @@
+"""Async gRPC client used inside the cluster: coordinators reach partition leaders
+(Produce/Fetch/ListOffsets on internal topics, WriteTxnMarkers) through it.
+
+Transport failures (grpc.aio.AioRpcError) become error codes here, at one seam, so
+callers handle only ErrorCode values (STYLE.md 5).
+"""
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
+
+from .cluster import ClusterState, NodeInfo
+
+log = logging.getLogger(__name__)
+
+_TRANSPORT_CODES = {
+    grpc.StatusCode.UNAVAILABLE: ErrorCode.NETWORK_EXCEPTION,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.REQUEST_TIMED_OUT,
+    grpc.StatusCode.CANCELLED: ErrorCode.NETWORK_EXCEPTION,
+}
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+]
+
+
+def transport_error_code(exc: grpc.RpcError) -> ErrorCode:
+    """The error code standing for a failed call (network or timeout)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return _TRANSPORT_CODES.get(code, ErrorCode.NETWORK_EXCEPTION)
+
+
+class ClusterClient:
+    """Channels to other services (one per address), found through ClusterState."""
+
+    def __init__(self, cluster: ClusterState):
+        self.cluster = cluster
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = ch
+        return ch
+
+    def leader_stub(self, topic: str, partition: int) -> pbg.PartitionLeaderStub | None:
+        node = self.cluster.leader_of(topic, partition)
+        return pbg.PartitionLeaderStub(self.channel(node.address)) if node else None
+
+    def _no_leader(self, topic: str) -> ErrorCode:
+        return (ErrorCode.LEADER_NOT_AVAILABLE if topic in self.cluster.topics()
+                else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+
+    async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
+                      timeout_ms: int = 30000) -> tuple[int, int]:
+        """Append one record batch. Returns (error code, base offset or -1)."""
+        stub = self.leader_stub(topic, partition)
+        if stub is None:
+            return self._no_leader(topic), -1
+        req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[pb.TopicProduceData(
+            name=topic, partitions=[pb.PartitionProduceData(partition=partition, records=batch)])])
+        try:
+            resp = await stub.Produce(req, timeout=timeout_ms / 1000 + 5)
+        except grpc.RpcError as exc:
+            return transport_error_code(exc), -1
+        part = resp.topics[0].partitions[0]
+        return part.error_code, part.base_offset
+
+    async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
+                    isolation_level: int = 0, max_bytes: int = 1 << 20) -> pb.FetchPartitionResponse:
+        """Fetch whole batches from `offset` (bytes up to max_bytes). Errors, including
+        transport failures, come back in the response's error_code."""
+        stub = self.leader_stub(topic, partition)
+        if stub is None:
+            return pb.FetchPartitionResponse(partition=partition, error_code=self._no_leader(topic))
+        req = pb.FetchRequest(max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation_level=isolation_level,
+                              topics=[pb.FetchTopic(topic=topic, partitions=[pb.FetchPartition(
+                                  partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes,
+                                  current_leader_epoch=-1)])])
+        try:
+            resp = await stub.Fetch(req, timeout=max_wait_ms / 1000 + 30)
+        except grpc.RpcError as exc:
+            return pb.FetchPartitionResponse(partition=partition, error_code=transport_error_code(exc))
+        if resp.error_code:
+            return pb.FetchPartitionResponse(partition=partition, error_code=resp.error_code)
+        return resp.responses[0].partitions[0]
+
+    async def list_offset(self, topic: str, partition: int, timestamp: int = -1,
+                          isolation_level: int = 0) -> tuple[int, int]:
+        """(error code, offset) for timestamp -2 earliest, -1 latest, -3 LSO."""
+        stub = self.leader_stub(topic, partition)
+        if stub is None:
+            return self._no_leader(topic), -1
+        req = pb.ListOffsetsRequest(isolation_level=isolation_level, topics=[pb.ListOffsetsTopic(
+            name=topic, partitions=[pb.ListOffsetsPartition(partition=partition, timestamp=timestamp)])])
+        try:
+            resp = await stub.ListOffsets(req, timeout=30)
+        except grpc.RpcError as exc:
+            return transport_error_code(exc), -1
+        part = resp.topics[0].partitions[0]
+        return part.error_code, part.offset
+
+    async def write_txn_markers(self, node: NodeInfo, request: pb.WriteTxnMarkersRequest,
+                                timeout_s: float = 30.0) -> pb.WriteTxnMarkersResponse | ErrorCode:
+        """Send markers to one partition leader. Returns the response, or the ErrorCode
+        of a transport failure."""
+        stub = pbg.PartitionLeaderStub(self.channel(node.address))
+        try:
+            return await stub.WriteTxnMarkers(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return transport_error_code(exc)
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()

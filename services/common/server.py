@@ -1,0 +1,141 @@
+"""Process bootstrap shared by every service: gRPC server, ZooKeeper registration,
+the Cluster RPCs (Metadata, CreateTopics, FindCoordinator), health, clean shutdown.
+
+A service module provides `async setup(server, cluster, client, cfg) -> service` where
+`service` has `async start()` (after the port is bound, before registration),
+`async stop()` (SIGTERM/SIGINT) and optionally `async wait_ready()`; then
+`main_for(role, setup)` runs it as `python -m services.<role> ...`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any, Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
+
+from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
+from .config import ServiceConfig, parse_args
+from .rpc import CHANNEL_OPTIONS, ClusterClient
+
+log = logging.getLogger(__name__)
+
+Setup = Callable[[grpc.aio.Server, ClusterState, ClusterClient, ServiceConfig], Awaitable[Any]]
+
+
+class ClusterServicer(pbg.ClusterServicer):
+    """Metadata, CreateTopics and FindCoordinator from the ZooKeeper cache (DESIGN.md §1)."""
+
+    def __init__(self, cluster: ClusterState):
+        self.cluster = cluster
+
+    async def Metadata(self, request, context):
+        nodes = self.cluster.nodes()
+        topics = self.cluster.topics()
+        names = list(request.topics) or sorted(topics)
+        resp = pb.MetadataResponse(nodes=[pb.Node(node_id=n.node_id, role=n.role, host=n.host, port=n.port)
+                                          for n in nodes.values()])
+        for name in names:
+            t = topics.get(name)
+            if t is None:
+                resp.topics.append(pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            tm = pb.TopicMetadata(name=name, is_internal=t.internal)
+            for p in sorted(t.partitions):
+                leader = t.leader(p)
+                st = t.states.get(p)
+                live = leader in nodes
+                tm.partitions.append(pb.PartitionMetadata(
+                    partition=p, leader_id=leader if live else "",
+                    error_code=ErrorCode.NONE if live else ErrorCode.LEADER_NOT_AVAILABLE,
+                    leader_epoch=st.leader_epoch if st else 0, replicas=t.partitions[p],
+                    isr=list(st.isr) if st else t.partitions[p]))
+            resp.topics.append(tm)
+        return resp
+
+    async def CreateTopics(self, request, context):
+        resp = pb.CreateTopicsResponse()
+        for t in request.topics:
+            code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
+                                                t.replication_factor or 1, dict(t.configs))
+            resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))
+        return resp
+
+    async def FindCoordinator(self, request, context):
+        kind = KIND_FOR_KEY_TYPE.get(request.key_type)
+        if kind is None:
+            return pb.FindCoordinatorResponse(error_code=ErrorCode.INVALID_REQUEST,
+                                              error_message=f"unknown key_type {request.key_type}")
+        if not request.key:
+            return pb.FindCoordinatorResponse(error_code=ErrorCode.INVALID_REQUEST,
+                                              error_message="empty coordinator key")
+        partition, node, epoch = await asyncio.to_thread(self.cluster.coordinator_for, kind, request.key)
+        if node is None:
+            what = INTERNAL_TOPIC_FOR_KIND[kind]
+            return pb.FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, partition=partition,
+                                              error_message=f"no live owner of {what}-{partition}")
+        return pb.FindCoordinatorResponse(node_id=node.node_id, host=node.host, port=node.port,
+                                          partition=partition, coordinator_epoch=epoch)
+
+
+async def serve(cfg: ServiceConfig, setup: Setup) -> None:
+    """Run one service process until SIGTERM/SIGINT (see module docstring)."""
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.host, port,
+                           session_timeout_s=cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000,
+                           props=cfg.props)
+    await asyncio.to_thread(cluster.start)
+    client = ClusterClient(cluster)
+    pbg.add_ClusterServicer_to_server(ClusterServicer(cluster), server)
+    health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    service = await setup(server, cluster, client, cfg)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    await asyncio.to_thread(cluster.register)
+    if hasattr(service, "wait_ready"):
+        await service.wait_ready()
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
+    (cfg.data_dir / "port").write_text(str(port))
+    log.info("%s %s serving on %s:%d", cfg.role, cfg.node_id, cfg.host, port)
+    await stop.wait()
+    log.info("%s %s stopping", cfg.role, cfg.node_id)
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(grace=1.0)
+    await service.stop()
+    await client.close()
+    await asyncio.to_thread(cluster.stop)
+    try:
+        os.unlink(cfg.data_dir / "port")
+    except FileNotFoundError:
+        pass
+
+
+async def _set_health(servicer, status) -> None:
+    res = servicer.set("", status)
+    if asyncio.iscoroutine(res):
+        await res
+
+
+def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
+    """Entry point of `python -m services.<role>`."""
+    cfg = parse_args(role, argv)
+    logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    asyncio.run(serve(cfg, setup))
