@@ -1,0 +1,349 @@
+"""`exactly-dev`: a development cluster of real processes on 127.0.0.1.
+
+    exactly-dev up --dir DIR [--partition-leaders 3] [--txn-coordinators 1]
+                   [--group-coordinators 1] [--replication-factor 1]
+                   [--zookeeper HOST:PORT] [--set key=value ...]
+    exactly-dev restart --dir DIR NAME      start a stopped or killed service again
+    exactly-dev kill --dir DIR NAME [--signal KILL|TERM|STOP|CONT]
+    exactly-dev status --dir DIR
+    exactly-dev down --dir DIR
+
+`up` starts a ZooKeeper server (unless --zookeeper) and the services as background
+processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
+{"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address"}]}.
+Service logs go to DIR/logs/NAME.log; data to DIR/NAME/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
+ZOOKEEPER_CLASSPATH = ["/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar",
+                       "/usr/share/java/slf4j-api.jar", "/usr/share/java/slf4j-simple.jar",
+                       "/usr/share/java/netty-handler.jar", "/usr/share/java/netty-transport.jar",
+                       "/usr/share/java/netty-common.jar", "/usr/share/java/netty-buffer.jar",
+                       "/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar",
+                       "/usr/share/java/commons-io.jar", "/usr/share/java/metrics-core.jar"]
+
+# Dev defaults: small internal topics so a cluster starts in seconds.
+DEV_DEFAULTS = {
+    "transaction.state.log.num.partitions": "4",
+    "offsets.topic.num.partitions": "4",
+}
+
+
+class DevClusterError(RuntimeError):
+    """A service did not start or is unknown."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` runs and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_serving(address: str, timeout_s: float) -> bool:
+    """Poll grpc.health.v1 until SERVING or the timeout (s) passes."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
+
+
+@dataclass
+class Service:
+    name: str
+    role: str
+    port: int
+    pid: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class DevCluster:
+    """A cluster rooted at `dir`; usable from Python (tests) and from the CLI."""
+
+    dir: pathlib.Path
+    zookeeper: str = ""
+    zookeeper_pid: int = 0
+    services: dict[str, Service] = field(default_factory=dict)
+    props: dict[str, str] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------ persistence
+    @property
+    def state_file(self) -> pathlib.Path:
+        return self.dir / "cluster.json"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(s.address for s in self.services.values() if s.role == "partition_leader")
+
+    def save(self) -> None:
+        body = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "zookeeper": self.zookeeper,
+            "zookeeper_pid": self.zookeeper_pid,
+            "props": self.props,
+            "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address}
+                         for s in self.services.values()],
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body, indent=2))
+        tmp.replace(self.state_file)
+
+    @classmethod
+    def load(cls, dir: str | os.PathLike) -> "DevCluster":
+        d = pathlib.Path(dir)
+        path = d / "cluster.json"
+        if not path.exists():
+            raise DevClusterError(f"no cluster at {d} (missing cluster.json)")
+        body = json.loads(path.read_text())
+        services = {}
+        for s in body["services"]:
+            services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"])
+        return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}))
+
+    # ------------------------------------------------------------ ZooKeeper
+    def start_zookeeper(self, timeout_s: float = 30.0) -> None:
+        zk_dir = self.dir / "zookeeper"
+        zk_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        cfg = zk_dir / "zoo.cfg"
+        cfg.write_text(f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={zk_dir / 'data'}\n"
+                       f"clientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\n"
+                       "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n")
+        classpath = ":".join(p for p in ZOOKEEPER_CLASSPATH if os.path.exists(p))
+        log = open(self.dir / "logs" / "zookeeper.log", "ab")
+        proc = subprocess.Popen(["java", "-Xmx256m", "-Dzookeeper.admin.enableServer=false", "-cp", classpath,
+                                 "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        self._procs["zookeeper"] = proc
+        self.zookeeper_pid = proc.pid
+        self.zookeeper = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DevClusterError(f"ZooKeeper exited with {proc.returncode}; see {log.name}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"ruok")
+                    if s.recv(4) == b"imok":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise DevClusterError("ZooKeeper did not start in time")
+
+    # ------------------------------------------------------------ services
+    def _spawn(self, svc: Service) -> None:
+        data_dir = self.dir / svc.name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name, "--host", "127.0.0.1",
+               "--port", str(svc.port), "--zookeeper", self.zookeeper, "--data-dir", str(data_dir)]
+        for k, v in self.props.items():
+            cmd += ["--set", f"{k}={v}"]
+        log = open(self.dir / "logs" / f"{svc.name}.log", "ab")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        self._procs[svc.name] = proc
+        svc.pid = proc.pid
+
+    def _await(self, names: list[str], timeout_s: float) -> None:
+        for name in names:
+            svc = self.services[name]
+            deadline = time.monotonic() + timeout_s
+            while not wait_serving(svc.address, 0.5):
+                if not pid_alive(svc.pid):
+                    raise DevClusterError(f"{name} exited during start-up; see {self.dir / 'logs' / (name + '.log')}")
+                if time.monotonic() > deadline:
+                    raise DevClusterError(f"{name} did not serve within {timeout_s:.0f} s")
+
+    def up(self, partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
+           zookeeper: str | None = None, timeout_s: float = 60.0) -> None:
+        """Start ZooKeeper (unless given) and the services; wait until all serve."""
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        if zookeeper:
+            self.zookeeper = zookeeper
+        else:
+            self.start_zookeeper()
+        self.props = {**DEV_DEFAULTS, **self.props}
+        groups = [("pl", partition_leaders), ("txn", txn_coordinators), ("group", group_coordinators)]
+        for prefix, count in groups:
+            names = []
+            for i in range(count):
+                svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port())
+                self.services[svc.name] = svc
+                self._spawn(svc)
+                names.append(svc.name)
+            self.save()
+            self._await(names, timeout_s)
+        self.save()
+
+    def _get(self, name: str) -> Service:
+        try:
+            return self.services[name]
+        except KeyError:
+            raise DevClusterError(f"unknown service {name!r}; known: {', '.join(self.services)}") from None
+
+    def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to a service (SIGKILL, SIGTERM, SIGSTOP, SIGCONT)."""
+        svc = self._get(name)
+        if pid_alive(svc.pid):
+            os.kill(svc.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self._reap(name, svc.pid, 30.0)
+
+    def _reap(self, name: str, pid: int, timeout_s: float) -> None:
+        proc = self._procs.get(name)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc is not None and proc.pid == pid:
+                try:
+                    proc.wait(timeout=0.05)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+
+    def stop(self, name: str) -> None:
+        self.signal(name, signal.SIGTERM)
+
+    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start a stopped or killed service again with its data and port; returns once
+        it serves. Raises DevClusterError if it is still running."""
+        svc = self._get(name)
+        if pid_alive(svc.pid):
+            raise DevClusterError(f"{name} is still running (pid {svc.pid})")
+        self._spawn(svc)
+        self.save()
+        self._await([name], timeout_s)
+
+    def down(self) -> None:
+        """Stop every service (SIGTERM, then SIGKILL after 20 s) and our ZooKeeper."""
+        order = sorted(self.services.values(), key=lambda s: s.role == "partition_leader")
+        for svc in order:
+            if pid_alive(svc.pid):
+                os.kill(svc.pid, signal.SIGTERM)
+        for svc in order:
+            self._reap(svc.name, svc.pid, 20.0)
+        if self.zookeeper_pid and pid_alive(self.zookeeper_pid):
+            os.kill(self.zookeeper_pid, signal.SIGTERM)
+            self._reap("zookeeper", self.zookeeper_pid, 10.0)
+
+
+def _parse_props(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise SystemExit(f"exactly-dev: --set expects key=value, got {item!r}")
+        out[k] = v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="exactly-dev", description="Run an Exactly development cluster.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start ZooKeeper and the services")
+    up.add_argument("--dir", required=True, type=pathlib.Path)
+    up.add_argument("--partition-leaders", type=int, default=3)
+    up.add_argument("--txn-coordinators", type=int, default=1)
+    up.add_argument("--group-coordinators", type=int, default=1)
+    up.add_argument("--replication-factor", type=int, default=1,
+                    help="replication factor of the internal topics")
+    up.add_argument("--zookeeper", help="use this ZooKeeper (HOST:PORT) instead of starting one")
+    up.add_argument("--set", dest="props", action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument("--fresh", action="store_true", help="delete DIR first")
+    for name, helptext in (("restart", "start a stopped or killed service again"),
+                           ("kill", "send a signal to a service")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--dir", required=True, type=pathlib.Path)
+        p.add_argument("name")
+        if name == "kill":
+            p.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
+    for name, helptext in (("down", "stop everything"), ("status", "show the services")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--dir", required=True, type=pathlib.Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "up":
+            if args.fresh and args.dir.exists():
+                shutil.rmtree(args.dir)
+            if (args.dir / "cluster.json").exists():
+                old = DevCluster.load(args.dir)
+                if any(pid_alive(s.pid) for s in old.services.values()):
+                    raise DevClusterError(f"a cluster is already running in {args.dir}; "
+                                          "run 'exactly-dev down' first")
+            props = _parse_props(args.props)
+            if args.replication_factor > 1:
+                props.setdefault("transaction.state.log.replication.factor", str(args.replication_factor))
+                props.setdefault("offsets.topic.replication.factor", str(args.replication_factor))
+            cluster = DevCluster(args.dir, props=props)
+            cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper)
+            print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
+        else:
+            cluster = DevCluster.load(args.dir)
+            if args.cmd == "restart":
+                cluster.restart(args.name)
+                print(f"{args.name} serving, pid {cluster.services[args.name].pid}")
+            elif args.cmd == "kill":
+                cluster.signal(args.name, getattr(signal, "SIG" + args.signal))
+            elif args.cmd == "down":
+                cluster.down()
+            elif args.cmd == "status":
+                for s in cluster.services.values():
+                    state = "running" if pid_alive(s.pid) else "stopped"
+                    print(f"{s.name:10} {s.role:18} {s.address:22} pid {s.pid:<8} {state}")
+    except DevClusterError as exc:
+        print(f"exactly-dev: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
