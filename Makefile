@@ -1,0 +1,29 @@
+# Exactly: every target installs what it needs first (scripts/setup.sh).
+PY := .venv/bin/python
+RUN_DIR ?= .run
+
+.PHONY: setup demo test unit proto bench down clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m demo.purchases --dir $(RUN_DIR)/demo
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+unit: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+proto: setup
+	PYTHON=$(PY) bash scripts/gen_protos.sh
+
+bench: setup
+	$(PY) bench/producer_perf.py --dir $(RUN_DIR)/bench
+
+down:
+	-$(PY) -m services.devcluster down --dir $(RUN_DIR)/demo
+
+clean: down
+	rm -rf $(RUN_DIR)

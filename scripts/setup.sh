@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
+# ZooKeeper and a Java runtime (apt), then a virtualenv with the package and its
+# development tools. Safe to run again: steps already done are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing Python packages"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
