@@ -1,0 +1,200 @@
+"""The main job: the purchases pipeline on a dev cluster, with failures injected.
+
+    python -m demo.purchases --dir DIR [--keep]
+
+1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
+2. loads the Olist order items into topic `purchases` (3 partitions) with an
+   idempotent producer;
+3. runs the purchases -> invoices + shipments worker (demo.pipeline); midway it
+   SIGKILLs the worker inside an open transaction and restarts it with the same
+   transactional.id, then SIGKILLs and restarts the transaction coordinator;
+4. reads both outputs with read_committed and prints a summary; exits 0 only if
+   every item produced exactly one invoice and one shipment and the totals match.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+
+from tqdm import tqdm
+
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from services.devcluster import DevCluster
+
+from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, item_key, read_order_items,
+                     read_topic)
+
+PARTITIONS = 3
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_purchases(bootstrap: str, rows: list[dict]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 10})
+    futures = []
+    with tqdm(total=len(rows), desc="records loaded", unit="rec", file=sys.stdout, mininterval=0.5) as bar:
+        for row in rows:
+            f = producer.send(PURCHASES, json.dumps(row).encode(), key=row["order_id"].encode())
+            f.add_done_callback(lambda _f: bar.update(1))
+            futures.append(f)
+        producer.flush()
+        for f in futures:
+            f.result()
+    producer.close()
+
+
+class Worker:
+    """One pipeline worker process."""
+
+    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None):
+        self.status_file = run_dir / f"{name}.status"
+        self.status_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "demo.pipeline", "--bootstrap-servers", bootstrap,
+               "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
+        if hold_open_after is not None:
+            cmd += ["--hold-open-after", str(hold_open_after)]
+        self.log = open(run_dir / "logs" / f"{name}.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=pathlib.Path(__file__).resolve().parent.parent)
+
+    def status(self) -> dict:
+        try:
+            return json.loads(self.status_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"pipeline worker exited with {self.proc.returncode}; see {self.log.name}")
+
+
+def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
+    return sum(om.offset for om in consumer.committed(parts).values() if om is not None)
+
+
+def run(run_dir: pathlib.Path, keep: bool) -> int:
+    rows = read_order_items()
+    expected = {item_key(r): r for r in rows}
+    say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, coordinators) ...")
+    if run_dir.exists():
+        old = run_dir / "cluster.json"
+        if old.exists():
+            DevCluster.load(run_dir).down()
+        shutil.rmtree(run_dir)
+    cluster = DevCluster(run_dir)
+    try:
+        cluster.up(partition_leaders=3, txn_coordinators=1, group_coordinators=1)
+        bootstrap = cluster.bootstrap_servers
+        say(f"Cluster serving: bootstrap.servers={bootstrap}, zookeeper={cluster.zookeeper}")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(t, PARTITIONS, replication_factor=1) for t in (PURCHASES, INVOICES, SHIPMENTS)])
+        admin.close()
+        say(f"Created topics {PURCHASES}, {INVOICES}, {SHIPMENTS} ({PARTITIONS} partitions each)")
+
+        say(f"Loading {len(rows):,} order items from data/olist/order_items.csv into '{PURCHASES}' ...")
+        load_purchases(bootstrap, rows)
+
+        watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP_ID, "enable.auto.commit": False})
+        parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
+        total = len(rows)
+        hold_after = total // 4
+        say(f"Running the pipeline; the worker will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
+        worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after)
+        bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
+        done = 0
+
+        def progress() -> int:
+            nonlocal done
+            now = committed_total(watcher, parts)
+            bar.update(now - done)
+            done = now
+            return now
+
+        deadline = time.monotonic() + 600
+        while worker.status().get("state") != "holding":
+            worker.check_alive()
+            progress()
+            if time.monotonic() > deadline:
+                raise RuntimeError("worker did not reach the hold point")
+            time.sleep(0.2)
+        held = worker.status().get("open_records", 0)
+        worker.proc.send_signal(signal.SIGKILL)
+        worker.proc.wait()
+        bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
+                  f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
+        worker = Worker(bootstrap, run_dir, "worker-2")
+        coordinator_killed = False
+        while progress() < total:
+            worker.check_alive()
+            if not coordinator_killed and done >= total * 0.6:
+                cluster.kill("txn-0")
+                bar.write("SIGKILLed the transaction coordinator txn-0; restarting it")
+                cluster.restart("txn-0")
+                bar.write(f"txn-0 serving again (pid {cluster.services['txn-0'].pid})")
+                coordinator_killed = True
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pipeline stalled at {done:,}/{total:,}")
+            time.sleep(0.2)
+        bar.close()
+        worker.proc.send_signal(signal.SIGTERM)
+        worker.proc.wait(timeout=60)
+        watcher.close()
+
+        say("Reading the outputs ...")
+        return summarize(bootstrap, expected)
+    finally:
+        if not keep:
+            cluster.down()
+
+
+def summarize(bootstrap: str, expected: dict[str, dict]) -> int:
+    committed = {t: read_topic(bootstrap, t, "read_committed") for t in (INVOICES, SHIPMENTS)}
+    uncommitted = {t: read_topic(bootstrap, t, "read_uncommitted") for t in (INVOICES, SHIPMENTS)}
+    ok = True
+    lines = [f"items in:                       {len(expected):>8,}"]
+    for topic in (INVOICES, SHIPMENTS):
+        keys = collections.Counter(r.key.decode() for r in committed[topic])
+        dups = sum(n - 1 for n in keys.values() if n > 1)
+        missing = len(set(expected) - set(keys))
+        unexpected = len(set(keys) - set(expected))
+        lines.append(f"{topic + ' out (read_committed):':31} {len(committed[topic]):>8,}   "
+                     f"duplicates {dups:,}   missing {missing:,}")
+        ok &= len(committed[topic]) == len(expected) and dups == 0 and missing == 0 and unexpected == 0
+    aborted = sum(len(uncommitted[t]) - len(committed[t]) for t in (INVOICES, SHIPMENTS))
+    lines.append(f"aborted records seen by read_uncommitted: {aborted:,}")
+    ok &= aborted > 0
+    invoice_total = sum(Decimal(json.loads(r.value)["total"]) for r in committed[INVOICES])
+    csv_total = sum(Decimal(r["price"]) + Decimal(r["freight_value"]) for r in expected.values())
+    lines.append(f"sum of invoice totals:          {invoice_total:>14,}")
+    lines.append(f"sum of price + freight (CSV):   {csv_total:>14,}   "
+                 f"{'match' if invoice_total == csv_total else 'MISMATCH'}")
+    ok &= invoice_total == csv_total
+    say("\n=== Summary ===")
+    for line in lines:
+        say(line)
+    say("RESULT: exactly once" if ok else "RESULT: FAILED")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m demo.purchases", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(".run/demo"))
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    args = parser.parse_args(argv)
+    return run(args.dir.resolve(), args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
