@@ -1,0 +1,198 @@
+"""Per-partition bookkeeping of the Consumer: assignment, positions, pending offset
+resets and fetch backoff. Pure (no I/O); the Consumer and the Fetcher drive it.
+
+A partition's position is the offset of the next record `poll` will return. It is
+unknown (None) until it is initialised from the group's committed offset or by the
+offset reset policy (`auto.offset.reset`, or `seek_to_beginning` / `seek_to_end`,
+which are evaluated lazily on the next `poll` / `position` as in Kafka).
+Every change of position that is not the result of consuming bumps the partition's
+`epoch`, so responses to requests sent for an older position are discarded.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+from exactly import errors
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from ._fetcher import AbortedTransactions, FetchedRecords
+
+# ListOffsets sentinel timestamps (design doc "ListOffsetRequest").
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+LSO_TIMESTAMP = -3
+
+
+class NoOffsetForPartitionError(errors.OffsetOutOfRangeError):
+    """`auto.offset.reset` is `none` and the partition has no committed offset
+    (or its position is out of range). Subclass of OffsetOutOfRangeError."""
+
+    def __init__(self, partitions: Iterable[TopicPartition], message: str | None = None):
+        self.partitions = sorted(partitions)
+        super().__init__(message or f"no offset to reset to for {self.partitions} (auto.offset.reset=none)")
+
+
+class ResetStrategy(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, value: str) -> "ResetStrategy":
+        """'earliest' | 'latest' | 'none' ('smallest'/'largest' accepted as Kafka
+        aliases). Raises ValueError."""
+        v = str(value).strip().lower()
+        v = {"smallest": "earliest", "beginning": "earliest", "largest": "latest", "end": "latest"}.get(v, v)
+        try:
+            return cls(v)
+        except ValueError:
+            raise ValueError(f"auto.offset.reset must be earliest, latest or none, not {value!r}") from None
+
+
+def reset_timestamp(strategy: ResetStrategy, read_committed: bool) -> int:
+    """ListOffsets timestamp for a reset: earliest -2; latest -1 (high watermark)
+    or, under read_committed, -3 (the LSO: design doc "Discussion on Seeks").
+    Raises ValueError for NONE, which has no offset to reset to."""
+    if strategy is ResetStrategy.EARLIEST:
+        return EARLIEST_TIMESTAMP
+    if strategy is ResetStrategy.LATEST:
+        return LSO_TIMESTAMP if read_committed else LATEST_TIMESTAMP
+    raise ValueError("reset strategy none has no timestamp")
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """State of one assigned partition."""
+
+    position: int | None = None
+    reset_strategy: ResetStrategy | None = None  # a pending reset (ListOffsets)
+    awaiting_committed: bool = False            # position comes from OffsetFetch first
+    epoch: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    buffered: "FetchedRecords | None" = None
+    aborted: "AbortedTransactions | None" = None
+    backoff_until: float = 0.0                  # time.monotonic() seconds
+    failures: int = 0
+
+    @property
+    def has_position(self) -> bool:
+        return self.position is not None and self.reset_strategy is None and not self.awaiting_committed
+
+    def seek(self, offset: int) -> None:
+        """Move to `offset`, dropping buffered records and read_committed state
+        (design doc "Consumer": cleared on seek, rebuilt from the next fetch)."""
+        self.position = offset
+        self.reset_strategy = None
+        self.awaiting_committed = False
+        self._invalidate()
+
+    def request_reset(self, strategy: ResetStrategy) -> None:
+        self.reset_strategy = strategy
+        self.awaiting_committed = False
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self.epoch += 1
+        self.buffered = None
+        self.aborted = None
+        self.backoff_until = 0.0
+        self.failures = 0
+
+    def advance(self, position: int) -> None:
+        """Consumption moved the position forward (keeps buffered/aborted state)."""
+        self.position = position
+
+    def backoff(self, now: float, base_s: float, max_s: float) -> None:
+        """Exponential backoff after a failed request for this partition."""
+        self.failures += 1
+        self.backoff_until = now + min(max_s, base_s * (2 ** (self.failures - 1)))
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.backoff_until = 0.0
+
+    def ready(self, now: float) -> bool:
+        return now >= self.backoff_until
+
+
+@dataclass
+class SubscriptionState:
+    """What the consumer reads: a topic subscription (group-managed assignment) or
+    a user assignment, and the PartitionState of each assigned partition."""
+
+    default_reset: ResetStrategy = ResetStrategy.LATEST
+    subscription: tuple[str, ...] | None = None
+    user_assigned: bool = False
+    assignment: dict[TopicPartition, PartitionState] = field(default_factory=dict)
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Raises errors.IllegalStateError when partitions were assigned manually."""
+        if self.user_assigned:
+            raise errors.IllegalStateError("subscribe() is not allowed after assign(); call unsubscribe() first")
+        self.subscription = tuple(dict.fromkeys(topics))
+
+    def assign_from_user(self, partitions: Iterable[TopicPartition]) -> None:
+        """Raises errors.IllegalStateError when subscribed to topics."""
+        if self.subscription is not None:
+            raise errors.IllegalStateError("assign() is not allowed after subscribe(); call unsubscribe() first")
+        self.user_assigned = True
+        self._set_assignment(partitions)
+
+    def assign_from_group(self, partitions: Iterable[TopicPartition]) -> None:
+        self._set_assignment(partitions)
+
+    def unsubscribe(self) -> None:
+        self.subscription = None
+        self.user_assigned = False
+        self.assignment = {}
+
+    def _set_assignment(self, partitions: Iterable[TopicPartition]) -> None:
+        new: dict[TopicPartition, PartitionState] = {}
+        for tp in sorted(set(TopicPartition(*tp) for tp in partitions)):
+            new[tp] = self.assignment.get(tp) or PartitionState(awaiting_committed=True)
+        self.assignment = new
+
+    def state(self, tp: TopicPartition) -> PartitionState:
+        """Raises errors.IllegalStateError for a partition not assigned to this consumer."""
+        st = self.assignment.get(tp)
+        if st is None:
+            raise errors.IllegalStateError(f"{tp.topic}-{tp.partition} is not assigned to this consumer")
+        return st
+
+    def positions(self) -> dict[TopicPartition, int]:
+        """Known positions of all assigned partitions (what `commit()` commits)."""
+        return {tp: st.position for tp, st in self.assignment.items() if st.has_position}
+
+    def fetchable(self, now: float) -> list[TopicPartition]:
+        """Partitions with a position, nothing buffered, and not backing off."""
+        return [tp for tp, st in self.assignment.items()
+                if st.has_position and st.buffered is None and st.ready(now)]
+
+    def awaiting_committed(self) -> list[TopicPartition]:
+        return [tp for tp, st in self.assignment.items() if st.awaiting_committed]
+
+    def awaiting_reset(self) -> list[TopicPartition]:
+        return [tp for tp, st in self.assignment.items() if st.reset_strategy is not None]
+
+    def apply_committed(self, tp: TopicPartition, epoch: int, offset: int | None) -> None:
+        """Result of OffsetFetch sent at `epoch`: seek to `offset`, or, with no
+        committed offset (None / -1), fall back to the default reset policy."""
+        st = self.assignment.get(tp)
+        if st is None or st.epoch != epoch or not st.awaiting_committed:
+            return
+        if offset is not None and offset >= 0:
+            st.seek(offset)
+        else:
+            st.request_reset(self.default_reset)
+
+    def apply_reset(self, tp: TopicPartition, epoch: int, offset: int) -> None:
+        """Result of ListOffsets sent at `epoch` for a pending reset."""
+        st = self.assignment.get(tp)
+        if st is None or st.epoch != epoch or st.reset_strategy is None:
+            return
+        st.seek(offset)

@@ -1,0 +1,416 @@
+"""Fetching for the Consumer: Fetch requests per partition leader, batch decoding,
+and the read_committed filter of aborted transactions.
+
+The pure parts (`AbortedTransactions`, `parse_fetched`, `FetchedRecords`) do no I/O
+and are driven directly by unit tests; `Fetcher` sends one Fetch per leader address
+as a gRPC future, so fetches to different leaders run in parallel and a fetch
+started at the end of one `poll` (prefetch) is picked up by the next.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from exactly import errors, records
+from exactly._client import METADATA_ERRORS
+from exactly._consumer_state import NoOffsetForPartitionError, ResetStrategy
+from exactly.errors import ErrorCode
+from exactly.types import ConsumerRecord, TopicPartition
+from exactly.v1 import exactly_pb2 as pb
+
+if TYPE_CHECKING:
+    from exactly._client import ClientCore
+    from exactly._consumer_state import SubscriptionState
+
+log = logging.getLogger(__name__)
+
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+
+
+class AbortedTransactions:
+    """read_committed state of one partition: which records belong to aborted
+    transactions (design doc "Consumer", the min-heap algorithm).
+
+    Fetch responses carry `(producer_id, first_offset)` for every aborted
+    transaction intersecting the fetched range. They go into a min-heap ordered by
+    first offset. While batches are processed in offset order, every heap entry
+    whose first offset is at or below the batch's last offset is popped and its PID
+    joins the set of PIDs inside an aborted transaction; transactional data batches
+    of such a PID are dropped, and the PID leaves the set at its ABORT marker.
+    Popping by offset (not only when the head's PID matches the batch's) is the
+    refinement Kafka's consumer uses: it stays correct when a fetch starts inside
+    an aborted transaction or when producers interleave.
+
+    The state lives across fetch responses (a transaction may span several) and is
+    cleared on seek. An entry is ignored when its transaction already ended at an
+    ABORT marker this state has processed, or when it is already queued, so a
+    leader repeating entries in consecutive responses does no harm.
+    """
+
+    __slots__ = ("_heap", "_queued", "_aborted_pids", "_ended_at")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int]] = []          # (first_offset, pid)
+        self._queued: set[tuple[int, int]] = set()
+        self._aborted_pids: set[int] = set()
+        self._ended_at: dict[int, int] = {}             # pid -> offset of its last ABORT marker
+
+    def add(self, aborted: Iterable[tuple[int, int]]) -> None:
+        """Queue aborted transactions given as `(producer_id, first_offset)` pairs."""
+        for pid, first_offset in aborted:
+            key = (first_offset, pid)
+            if key in self._queued or first_offset <= self._ended_at.get(pid, -1):
+                continue
+            heapq.heappush(self._heap, key)
+            self._queued.add(key)
+
+    def _consume_up_to(self, offset: int) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= offset:
+            key = heapq.heappop(heap)
+            self._queued.discard(key)
+            self._aborted_pids.add(key[1])
+
+    def is_aborted(self, header: records.BatchHeader) -> bool:
+        """For a data batch, in offset order: True when it belongs to an aborted
+        transaction and must be dropped."""
+        if header.producer_id < 0:
+            return False
+        self._consume_up_to(header.last_offset)
+        return header.is_transactional and header.producer_id in self._aborted_pids
+
+    def on_marker(self, header: records.BatchHeader, control_type: int) -> None:
+        """For a control batch (transaction marker) of type ABORT (0) or COMMIT (1)."""
+        self._consume_up_to(header.last_offset)
+        if control_type == records.CONTROL_ABORT:
+            self._aborted_pids.discard(header.producer_id)
+            self._ended_at[header.producer_id] = header.last_offset
+
+    @property
+    def aborted_pids(self) -> frozenset[int]:
+        """PIDs currently inside an aborted transaction (for tests and debugging)."""
+        return frozenset(self._aborted_pids)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+@dataclass(slots=True)
+class FetchedRecords:
+    """Records of one partition from one Fetch response, drained by `poll`.
+
+    `next_fetch_offset` is one past the last batch processed, including control
+    batches and dropped aborted batches, so the position moves past them once the
+    deliverable records are drained. `error` (if any) is raised after the records
+    before it were returned.
+    """
+
+    tp: TopicPartition
+    fetch_offset: int
+    next_fetch_offset: int
+    records: list[ConsumerRecord]
+    error: errors.ExactlyError | None = None
+    index: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.index >= len(self.records)
+
+    def drain(self, max_records: int) -> tuple[list[ConsumerRecord], int]:
+        """Take up to `max_records` records; returns (records, new position)."""
+        start = self.index
+        end = min(len(self.records), start + max_records)
+        out = self.records[start:end]
+        self.index = end
+        if end >= len(self.records):
+            return out, self.next_fetch_offset
+        return out, out[-1].offset + 1 if out else self.records[start].offset
+
+
+def parse_fetched(tp: TopicPartition, data: bytes, fetch_offset: int,
+                  aborted: AbortedTransactions | None = None,
+                  last_stable_offset: int = -1, check_crcs: bool = True) -> FetchedRecords:
+    """Decode the raw record batches of a Fetch response for `tp`.
+
+    `fetch_offset` is the position the fetch was sent for; records below it (the
+    batch holding it may start earlier) are skipped. `aborted` is the partition's
+    read_committed state (None for read_uncommitted); the response's aborted
+    transactions must already be added to it. With read_committed and a known
+    `last_stable_offset`, batches at or past it are not processed (the leader
+    already bounds the data by the LSO; this keeps the consumer safe anyway).
+
+    Control batches are never returned. A corrupt batch ends the parse: the records
+    before it are returned and `error` is a CorruptMessageError; the next fetch
+    starts at that batch.
+    """
+    out: list[ConsumerRecord] = []
+    next_offset = fetch_offset
+    error: errors.ExactlyError | None = None
+    topic, partition = tp.topic, tp.partition
+    bound_by_lso = aborted is not None and last_stable_offset >= 0
+    try:
+        for pos, h in records.iter_batches(data, verify=check_crcs):
+            if bound_by_lso and h.base_offset >= last_stable_offset:
+                break
+            if h.is_control:
+                if aborted is not None:
+                    ctrl = records.decode_records(data, pos, h)
+                    if ctrl:
+                        aborted.on_marker(h, records.decode_control_record(ctrl[0])[0])
+            elif aborted is None or not aborted.is_aborted(h):
+                use_max = bool(h.attributes & records.TIMESTAMP_TYPE_BIT)  # LogAppendTime
+                for r in records.decode_records(data, pos, h):
+                    if r.offset >= fetch_offset:
+                        out.append(ConsumerRecord(topic, partition, r.offset, r.key, r.value,
+                                                  list(r.headers),
+                                                  h.max_timestamp if use_max else r.timestamp))
+            if h.last_offset + 1 > next_offset:
+                next_offset = h.last_offset + 1
+    except records.CorruptRecordError as exc:
+        error = errors.CorruptMessageError(f"{topic}-{partition} at offset {next_offset}: {exc}")
+    return FetchedRecords(tp, fetch_offset, next_offset, out, error)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    address: str
+    future: concurrent.futures.Future
+    sent: dict[TopicPartition, tuple[int, int]]  # tp -> (fetch offset, partition epoch)
+
+
+class Fetcher:
+    """Sends Fetch requests and turns responses into buffered records.
+
+    At most one Fetch is in flight per leader address, covering every partition
+    of that leader that has a position, nothing buffered, and no backoff pending.
+    A partition is fetched again only once its buffered records are drained, so
+    records stay in offset order. Retriable failures (leader moved or down,
+    network errors) back the partition off exponentially and mark metadata
+    stale; a refresh is attempted at most once per `backoff_s`.
+    """
+
+    def __init__(self, core: "ClientCore", subs: "SubscriptionState", *, isolation_level: int,
+                 max_wait_ms: int, min_bytes: int, max_bytes: int, partition_max_bytes: int,
+                 check_crcs: bool = True, backoff_s: float = 0.1, backoff_max_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._core = core
+        self._subs = subs
+        self.isolation_level = isolation_level
+        self._max_wait_ms = max_wait_ms
+        self._min_bytes = min_bytes
+        self._max_bytes = max_bytes
+        self._partition_max_bytes = partition_max_bytes
+        self._check_crcs = check_crcs
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._inflight: dict[str, _InFlight] = {}
+        self._errors: list[errors.ExactlyError] = []
+        self._metadata_stale = False
+        self._last_refresh = float("-inf")
+        self._rotation = 0
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation_level == READ_COMMITTED
+
+    # ------------------------------------------------------------ metadata
+
+    def mark_metadata_stale(self) -> None:
+        self._metadata_stale = True
+
+    def maybe_refresh_metadata(self) -> None:
+        """Refresh metadata if a failure marked it stale (throttled)."""
+        now = self._clock()
+        if not self._metadata_stale or now - self._last_refresh < self._backoff_s:
+            return
+        self._last_refresh = now
+        try:
+            self._core.metadata(refresh=True)
+            self._metadata_stale = False
+        except errors.ExactlyError as exc:
+            log.debug("metadata refresh failed: %r", exc)
+
+    def leader(self, tp: TopicPartition) -> str | None:
+        """Cached leader address of `tp`, None when unknown (marks metadata stale)."""
+        try:
+            addr = self._core.metadata().leader(tp.topic, tp.partition)
+        except errors.ExactlyError as exc:
+            log.debug("metadata unavailable: %r", exc)
+            addr = None
+        if addr is None:
+            self._metadata_stale = True
+        return addr
+
+    # ------------------------------------------------------------ sending
+
+    def in_flight(self) -> list[concurrent.futures.Future]:
+        return [f.future for f in self._inflight.values()]
+
+    def send_fetches(self) -> int:
+        """Send a Fetch to every leader with fetchable partitions and no Fetch in
+        flight. Returns the number of requests sent."""
+        self.maybe_refresh_metadata()
+        now = self._clock()
+        busy = {tp for f in self._inflight.values() for tp in f.sent}
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in self._subs.fetchable(now):
+            if tp in busy:
+                continue
+            addr = self.leader(tp)
+            if addr is None:
+                self._subs.assignment[tp].backoff(now, self._backoff_s, self._backoff_max_s)
+                continue
+            if addr not in self._inflight:
+                by_leader.setdefault(addr, []).append(tp)
+        for addr, tps in by_leader.items():
+            self._send(addr, tps)
+        return len(by_leader)
+
+    def _send(self, address: str, tps: list[TopicPartition]) -> None:
+        topics: dict[str, list[pb.FetchPartition]] = {}
+        sent: dict[TopicPartition, tuple[int, int]] = {}
+        for tp in tps:
+            st = self._subs.assignment[tp]
+            topics.setdefault(tp.topic, []).append(pb.FetchPartition(
+                partition=tp.partition, fetch_offset=st.position,
+                partition_max_bytes=self._partition_max_bytes, current_leader_epoch=-1))
+            sent[tp] = (st.position, st.epoch)
+        req = pb.FetchRequest(replica_id="", max_wait_ms=self._max_wait_ms, min_bytes=self._min_bytes,
+                              max_bytes=self._max_bytes, isolation_level=self.isolation_level,
+                              topics=[pb.FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()])
+        try:
+            stub = self._core.leader_stub(address)
+        except errors.ExactlyError as exc:  # client closed
+            log.debug("no stub for %s: %r", address, exc)
+            return
+        timeout_s = self._max_wait_ms / 1000.0 + self._core.request_timeout_s
+        fut = self._core.call_future(stub.Fetch, req, timeout_s)
+        self._inflight[address] = _InFlight(address, fut, sent)
+
+    # ------------------------------------------------------------ receiving
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for an in-flight Fetch to complete, then handle
+        every completed one."""
+        futures = self.in_flight()
+        if futures and timeout_s > 0:
+            concurrent.futures.wait(futures, timeout=timeout_s,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        self.handle_completed()
+
+    def handle_completed(self) -> None:
+        for addr, inf in list(self._inflight.items()):
+            if inf.future.done():
+                del self._inflight[addr]
+                self._handle(inf)
+
+    def _handle(self, inf: _InFlight) -> None:
+        now = self._clock()
+        exc = inf.future.exception()
+        if exc is not None:
+            log.debug("fetch from %s failed: %r", inf.address, exc)
+            for tp in inf.sent:
+                st = self._subs.assignment.get(tp)
+                if st is not None:
+                    st.backoff(now, self._backoff_s, self._backoff_max_s)
+            self._metadata_stale = True
+            return
+        resp = inf.future.result()
+        for tr in resp.responses:
+            for pr in tr.partitions:
+                self.handle_partition(TopicPartition(tr.topic, pr.partition), pr, inf.sent, resp.error_code)
+
+    def handle_partition(self, tp: TopicPartition, pr, sent: dict[TopicPartition, tuple[int, int]],
+                         top_error: int = 0) -> None:
+        """Apply one FetchPartitionResponse `pr` for a request that fetched
+        `sent[tp] = (fetch offset, epoch)`. Responses for a partition that was
+        since revoked, sought or already has buffered records are dropped."""
+        if tp not in sent:
+            return
+        fetch_offset, epoch = sent[tp]
+        st = self._subs.assignment.get(tp)
+        if st is None or st.epoch != epoch or st.position != fetch_offset or st.buffered is not None:
+            return
+        now = self._clock()
+        code = pr.error_code or top_error
+        if code == ErrorCode.NONE:
+            st.succeeded()
+            st.high_watermark = pr.high_watermark
+            st.last_stable_offset = pr.last_stable_offset
+            st.log_start_offset = pr.log_start_offset
+            aborted = None
+            lso = -1
+            if self.read_committed:
+                if st.aborted is None:
+                    st.aborted = AbortedTransactions()
+                st.aborted.add((a.producer_id, a.first_offset) for a in pr.aborted_transactions)
+                aborted = st.aborted
+                lso = pr.last_stable_offset if pr.last_stable_offset > 0 else -1
+            fetched = parse_fetched(tp, pr.records, fetch_offset, aborted, lso, self._check_crcs)
+            if fetched.records or fetched.error is not None:
+                st.buffered = fetched
+            elif fetched.next_fetch_offset > fetch_offset:
+                st.advance(fetched.next_fetch_offset)  # only markers / aborted data
+        elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if self._subs.default_reset is ResetStrategy.NONE:
+                st.backoff(now, self._backoff_s, self._backoff_max_s)
+                self._errors.append(NoOffsetForPartitionError(
+                    [tp], f"fetch offset {fetch_offset} is out of range for {tp.topic}-{tp.partition}"
+                          " and auto.offset.reset is none"))
+            else:
+                log.info("fetch offset %d out of range for %s-%d; resetting to %s",
+                         fetch_offset, tp.topic, tp.partition, self._subs.default_reset.value)
+                st.request_reset(self._subs.default_reset)
+        else:
+            st.backoff(now, self._backoff_s, self._backoff_max_s)
+            err = errors.for_code(code, f"fetch {tp.topic}-{tp.partition}")
+            if err.retriable or code in METADATA_ERRORS:
+                self._metadata_stale = True
+            else:
+                self._errors.append(err)
+
+    # ------------------------------------------------------------ draining
+
+    def drain(self, max_records: int) -> list[ConsumerRecord]:
+        """Up to `max_records` buffered records, taken from the partitions in
+        rotating order, advancing their positions. Raises a deferred fetch error
+        (e.g. NoOffsetForPartitionError, CorruptMessageError, an authorization
+        error) when no records are returned with it."""
+        out: list[ConsumerRecord] = []
+        ready = [tp for tp, st in self._subs.assignment.items() if st.buffered is not None]
+        if ready:
+            k = self._rotation % len(ready)
+            self._rotation += 1
+            for tp in ready[k:] + ready[:k]:
+                if len(out) >= max_records:
+                    break
+                st = self._subs.assignment[tp]
+                fetched = st.buffered
+                recs, pos = fetched.drain(max_records - len(out))
+                out.extend(recs)
+                st.advance(pos)
+                if fetched.exhausted:
+                    if fetched.error is not None:
+                        if out:
+                            break  # raise on the next poll, after these records
+                        st.buffered = None
+                        st.backoff(self._clock(), self._backoff_s, self._backoff_max_s)
+                        raise fetched.error
+                    st.buffered = None
+        if not out and self._errors:
+            raise self._errors.pop(0)
+        return out
+
+    def has_buffered(self) -> bool:
+        return any(st.buffered is not None for st in self._subs.assignment.values())
+
+    def close(self) -> None:
+        for inf in self._inflight.values():
+            inf.future.cancel()
+        self._inflight.clear()
