@@ -1,0 +1,711 @@
+"""The partition log: segment files of record batches v2, stored byte for byte.
+
+Layout of one partition (`<data_dir>/logs/<topic>-<partition>/`), as Kafka's `Log`:
+
+    00000000000000000000.log       record batches v2, appended as received
+    00000000000000000000.index     sparse offset index: (relative offset int32, position int32)
+    00000000000000000000.txnindex  aborted transactions, 34-byte `AbortedTxn` entries
+    recovery-point                 "<offset> <segment base> <position>": flushed up to here
+
+A segment is named by the offset of its first batch (%020d). The active (last)
+segment rolls when the next batch would make it exceed `segment.bytes`. One index
+entry is added when more than `index.interval.bytes` were appended since the
+previous entry; it maps the batch's last offset (relative to the segment base) to
+the batch's file position, as Kafka's OffsetIndex does.
+
+Durability (DESIGN.md §9): appends do not fsync unless `flush.messages` records were
+appended since the last flush; rolls and `close()` fsync. The recovery point records
+how far the log is known to be flushed. Opening after a crash (SIGKILL, power loss)
+scans from the recovery point, verifying every batch's CRC32C and offset continuity,
+truncates a torn or corrupt tail and rebuilds index entries past the known-good
+position. A missing or inconsistent index is rebuilt from its segment.
+
+Not thread-safe: one owner (the partition leader's event loop) calls it.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from exactly import records
+from exactly.records import BatchHeader, CorruptRecordError
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TXN_INDEX_SUFFIX = ".txnindex"
+RECOVERY_POINT_FILE = "recovery-point"
+
+INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
+ABORTED_TXN = struct.Struct(">hqqqq")  # version, pid, first offset, last offset, LSO (34 bytes)
+ABORTED_TXN_VERSION = 0
+INT32_MAX = 0x7FFFFFFF
+
+_SCAN_CHUNK = 256 * 1024
+_POSITION_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Per-log settings (Kafka topic-level names).
+
+    segment_bytes (`segment.bytes`): roll the active segment past this size, bytes.
+    index_interval_bytes (`index.interval.bytes`): bytes between offset index entries.
+    flush_messages (`flush.messages`): fsync after this many appended records;
+        the default (sys.maxsize) never fsyncs on append, only on roll and close.
+    """
+
+    segment_bytes: int = 1073741824
+    index_interval_bytes: int = 4096
+    flush_messages: int = sys.maxsize
+
+
+class AbortedTxn(NamedTuple):
+    """One entry of the aborted transaction index (Kafka `AbortedTxn`, 34 bytes;
+    design doc "Aborted Transaction Index"). Offsets are absolute.
+
+    last_offset is the offset of the ABORT marker; last_stable_offset is the LSO
+    when the entry was written: later entries start at or above it, which lets a
+    fetch stop scanning (design doc "Client-Broker request handling", fetch step 4).
+    """
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    last_stable_offset: int
+    version: int = ABORTED_TXN_VERSION
+
+    def encode(self) -> bytes:
+        return ABORTED_TXN.pack(self.version, self.producer_id, self.first_offset,
+                                self.last_offset, self.last_stable_offset)
+
+    @classmethod
+    def decode(cls, buf: bytes, pos: int = 0) -> "AbortedTxn":
+        version, pid, first, last, lso = ABORTED_TXN.unpack_from(buf, pos)
+        return cls(pid, first, last, lso, version)
+
+
+class ReadResult(NamedTuple):
+    """Whole batches read from the log.
+
+    records: raw batch bytes (possibly empty); first_offset: base offset of the
+    first batch (may be below the requested offset: the batch containing it);
+    next_offset: last offset of the last batch + 1 (the requested offset when empty).
+    """
+
+    records: bytes
+    first_offset: int
+    next_offset: int
+
+
+class AppendInfo(NamedTuple):
+    """Where an appended batch landed: first and last offset, segment base, byte position."""
+
+    base_offset: int
+    last_offset: int
+    segment_base: int
+    position: int
+
+
+class LogBatch(NamedTuple):
+    """A batch found while scanning the log (header carries its real offsets)."""
+
+    header: BatchHeader
+    segment: "Segment"
+    position: int
+
+    def read(self) -> bytes:
+        """The batch's raw bytes."""
+        return self.segment.read_at(self.position, self.header.size)
+
+
+def _fsync(fd: int | None) -> None:
+    if fd is not None:
+        os.fsync(fd)
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, position)
+        view = view[n:]
+        position += n
+
+
+class Segment:
+    """One segment: its log file, sparse offset index and aborted transaction index.
+
+    `size` is the log file size in bytes; `next_offset` the offset after its last
+    batch (`base_offset` when empty). Index entries are mirrored in memory.
+    """
+
+    def __init__(self, directory: Path, base_offset: int, config: LogConfig):
+        self.base_offset = base_offset
+        self.config = config
+        stem = directory / f"{base_offset:020d}"
+        self.log_path = stem.with_suffix(LOG_SUFFIX)
+        self.index_path = stem.with_suffix(INDEX_SUFFIX)
+        self.txn_index_path = stem.with_suffix(TXN_INDEX_SUFFIX)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        if self.size == 0:
+            self.index_path.touch()  # an index file always exists, even without entries
+        self.next_offset = base_offset
+        self._index_offsets: list[int] = []  # relative last offsets
+        self._index_positions: list[int] = []
+        self._index_fd: int | None = None
+        self._bytes_since_index = 0
+        self.aborted: list[AbortedTxn] = []
+        self._txn_fd: int | None = None
+        self._positions: OrderedDict[int, int] = OrderedDict()  # batch base offset -> position
+
+    # ------------------------------------------------------------ files
+    def close(self) -> None:
+        for name in ("_index_fd", "_txn_fd", "_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path, self.txn_index_path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def flush(self) -> None:
+        """fsync the log file and both indexes."""
+        _fsync(self._fd)
+        _fsync(self._index_fd)
+        _fsync(self._txn_fd)
+
+    def seal(self) -> None:
+        """The segment stops being active: flush and release the index writers."""
+        self.flush()
+        for name in ("_index_fd", "_txn_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    def _index_writer(self) -> int:
+        if self._index_fd is None:
+            self._index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._index_fd
+
+    def _txn_writer(self) -> int:
+        if self._txn_fd is None:
+            self._txn_fd = os.open(self.txn_index_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        return self._txn_fd
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    # ------------------------------------------------------------ offset index
+    def load_index(self, limit: int | None = None) -> bool:
+        """Load the .index file. Returns False (index left empty) when it is missing or
+        fails the sanity checks: whole entries, strictly increasing offsets and
+        positions, positions inside the log file, last entry pointing at a batch whose
+        last offset matches. With `limit`, entries at positions >= limit are dropped
+        (the data there is about to be validated again)."""
+        self._index_offsets, self._index_positions = [], []
+        try:
+            data = self.index_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) % INDEX_ENTRY.size:
+            return False
+        offsets, positions = [], []
+        prev_off, prev_pos = -1, -1
+        for rel, pos in INDEX_ENTRY.iter_unpack(data):
+            if limit is not None and pos >= limit:
+                break
+            if rel <= prev_off or pos <= prev_pos or pos >= self.size:
+                return False
+            offsets.append(rel)
+            positions.append(pos)
+            prev_off, prev_pos = rel, pos
+        if offsets:
+            try:
+                h = records.parse_header(self.read_at(positions[-1], records.HEADER_SIZE))
+            except CorruptRecordError:
+                return False
+            if h.last_offset != self.base_offset + offsets[-1] or positions[-1] + h.size > self.size:
+                return False
+        self._index_offsets, self._index_positions = offsets, positions
+        self._bytes_since_index = self.size - (positions[-1] if positions else 0)
+        return True
+
+    def _truncate_index(self, position: int) -> None:
+        """Drop index entries for batches at or after `position`."""
+        keep = bisect.bisect_left(self._index_positions, position)
+        del self._index_offsets[keep:]
+        del self._index_positions[keep:]
+        os.ftruncate(self._index_writer(), keep * INDEX_ENTRY.size)
+        last = self._index_positions[-1] if self._index_positions else 0
+        self._bytes_since_index = position - last
+
+    def _maybe_index(self, header: BatchHeader, position: int) -> None:
+        if self._bytes_since_index > self.config.index_interval_bytes:
+            rel = header.last_offset - self.base_offset
+            fd = self._index_writer()
+            _write_all(fd, INDEX_ENTRY.pack(rel, position), len(self._index_offsets) * INDEX_ENTRY.size)
+            self._index_offsets.append(rel)
+            self._index_positions.append(position)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+
+    def lookup(self, offset: int) -> int:
+        """A file position at or before the batch holding `offset` (sparse index lookup)."""
+        cached = self._positions.get(offset)
+        if cached is not None:
+            return cached
+        i = bisect.bisect_right(self._index_offsets, offset - self.base_offset) - 1
+        return self._index_positions[i] if i >= 0 else 0
+
+    def index_entries(self) -> list[tuple[int, int]]:
+        """(absolute offset, position) pairs of the offset index, for inspection."""
+        return [(self.base_offset + o, p) for o, p in zip(self._index_offsets, self._index_positions)]
+
+    def _remember(self, base_offset: int, position: int) -> None:
+        self._positions[base_offset] = position
+        if len(self._positions) > _POSITION_CACHE_SIZE:
+            self._positions.popitem(last=False)
+
+    # ------------------------------------------------------------ scanning
+    def scan(self, start: int = 0, verify: bool = False) -> Iterator[tuple[int, BatchHeader]]:
+        """Yield (position, header) of the batches from file position `start`. Stops at
+        a truncated tail; raises CorruptRecordError at a malformed header (or a CRC
+        mismatch when `verify`)."""
+        buf = b""
+        buf_start = start
+        pos = start
+        end = self.size
+        while pos < end:
+            rel = pos - buf_start
+            if len(buf) - rel < records.HEADER_SIZE:
+                buf_start, buf = pos, self.read_at(pos, min(_SCAN_CHUNK, end - pos))
+                rel = 0
+                if len(buf) < records.HEADER_SIZE:
+                    return
+            h = records.parse_header(buf, rel)
+            if pos + h.size > end:
+                return
+            if verify:
+                if rel + h.size > len(buf):
+                    buf_start, buf = pos, self.read_at(pos, max(h.size, min(_SCAN_CHUNK, end - pos)))
+                    rel = 0
+                records.verify_crc(buf, rel, h)
+            yield pos, h
+            pos += h.size
+
+    def rebuild_index(self) -> None:
+        """Recreate the .index file and `next_offset` from the segment's batches
+        (headers only; the data is trusted)."""
+        self._positions.clear()
+        self._truncate_index(0)
+        self.next_offset = self.base_offset
+        for pos, h in self.scan(0):
+            self._maybe_index(h, pos)
+            self.next_offset = h.last_offset + 1
+
+    def load_tail(self) -> int:
+        """Find `next_offset` by walking headers from the last index entry; returns the
+        position after the last whole batch (a trailing partial batch is ignored)."""
+        start = self._index_positions[-1] if self._index_positions else 0
+        self.next_offset = self.base_offset
+        end = start
+        for pos, h in self.scan(start):
+            self.next_offset = h.last_offset + 1
+            end = pos + h.size
+        return end
+
+    def recover(self, start: int, expected_offset: int) -> bool:
+        """Validate batches from file position `start` (whose first batch must begin at
+        `expected_offset`): CRC32C and contiguous offsets. Truncates the file at the
+        first bad or partial batch and re-indexes what is kept. Returns True when the
+        whole segment was valid."""
+        self._positions.clear()
+        self._truncate_index(start)
+        self.next_offset = expected_offset
+        valid_end = start
+        clean = True
+        try:
+            for pos, h in self.scan(start, verify=True):
+                if h.base_offset != self.next_offset or h.record_count < 0 or \
+                        h.last_offset - self.base_offset > INT32_MAX:
+                    raise CorruptRecordError(f"batch at position {pos} has offset {h.base_offset}, "
+                                             f"expected {self.next_offset}")
+                self._maybe_index(h, pos)
+                self.next_offset = h.last_offset + 1
+                valid_end = pos + h.size
+        except CorruptRecordError as exc:
+            log.warning("%s: corrupt batch at position %d: %s", self.log_path, valid_end, exc)
+            clean = False
+        if valid_end < self.size:
+            log.warning("%s: truncating %d bytes after position %d", self.log_path,
+                        self.size - valid_end, valid_end)
+            os.ftruncate(self._fd, valid_end)
+            self.size = valid_end
+            clean = False
+        return clean
+
+    # ------------------------------------------------------------ append / read
+    def append(self, batch: bytes | bytearray, header: BatchHeader) -> int:
+        """Write one batch (offsets already assigned) at the end; returns its position."""
+        position = self.size
+        _write_all(self._fd, batch, position)
+        self.size += header.size
+        self._maybe_index(header, position)
+        self.next_offset = header.last_offset + 1
+        self._remember(self.next_offset, self.size)
+        return position
+
+    def find(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset >= `offset`, or None."""
+        for pos, h in self.scan(self.lookup(offset)):
+            if h.last_offset >= offset:
+                return pos, h
+        return None
+
+    def read(self, offset: int, max_bytes: int, max_offset: int) -> ReadResult | None:
+        """Whole batches from the one holding `offset`: only batches whose last offset is
+        below `max_offset`, at most `max_bytes` bytes, but at least one batch (so a
+        batch larger than max_bytes still makes progress). None when this segment
+        holds no batch at or after `offset`."""
+        found = self.find(offset)
+        if found is None:
+            return None
+        start, first = found
+        if first.last_offset >= max_offset:
+            return ReadResult(b"", first.base_offset, offset)
+        want = min(max(max_bytes, first.size), self.size - start)
+        buf = self.read_at(start, want)
+        end = 0
+        next_offset = offset
+        for rel, h in records.iter_batches(buf):
+            if h.last_offset >= max_offset:
+                break
+            end = rel + h.size
+            next_offset = h.last_offset + 1
+        self._remember(next_offset, start + end)
+        return ReadResult(buf[:end] if end < len(buf) else buf, first.base_offset, next_offset)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove batches at and after `offset` (must be a batch boundary or beyond the end)."""
+        found = self.find(offset)
+        if found is None:
+            return
+        pos, h = found
+        if h.base_offset < offset:
+            raise ValueError(f"offset {offset} is inside a batch starting at {h.base_offset}")
+        os.ftruncate(self._fd, pos)
+        self.size = pos
+        self._positions.clear()
+        self._truncate_index(pos)
+        self.next_offset = h.base_offset
+        self.truncate_aborted(offset)
+
+    # ------------------------------------------------------------ aborted txn index
+    def load_aborted(self) -> None:
+        """Read the .txnindex file; a partial trailing entry (torn write) is cut off."""
+        self.aborted = []
+        try:
+            data = self.txn_index_path.read_bytes()
+        except FileNotFoundError:
+            return
+        whole = len(data) - len(data) % ABORTED_TXN.size
+        for pos in range(0, whole, ABORTED_TXN.size):
+            entry = AbortedTxn.decode(data, pos)
+            if entry.version != ABORTED_TXN_VERSION:
+                whole = pos
+                break
+            self.aborted.append(entry)
+        if whole != len(data):
+            log.warning("%s: dropping %d bytes of a partial entry", self.txn_index_path, len(data) - whole)
+            os.truncate(self.txn_index_path, whole)
+
+    def append_aborted(self, entry: AbortedTxn) -> None:
+        """Append one entry (the file is created lazily, design doc "Aborted Transaction Index")."""
+        os.write(self._txn_writer(), entry.encode())
+        self.aborted.append(entry)
+
+    def truncate_aborted(self, offset: int) -> None:
+        """Drop entries whose marker (last offset) is at or after `offset`."""
+        keep = [e for e in self.aborted if e.last_offset < offset]
+        if len(keep) == len(self.aborted):
+            return
+        self.aborted = keep
+        if self._txn_fd is not None:
+            os.close(self._txn_fd)
+            self._txn_fd = None
+        self.txn_index_path.write_bytes(b"".join(e.encode() for e in keep))
+
+    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> tuple[list[AbortedTxn], bool]:
+        """Entries intersecting [fetch_offset, upper_bound); True when no later entry
+        (here or in later segments) can intersect (an entry's LSO >= upper_bound)."""
+        out = []
+        for e in self.aborted:
+            if e.last_offset >= fetch_offset and e.first_offset < upper_bound:
+                out.append(e)
+            if e.last_stable_offset >= upper_bound:
+                return out, True
+        return out, False
+
+
+class Log:
+    """All segments of one partition. Offsets are assigned here on append.
+
+    Use `Log.open(directory, config)`; `log_start_offset` is the first offset held,
+    `log_end_offset` the offset the next batch will get.
+    """
+
+    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment]):
+        self.dir = directory
+        self.config = config
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._unflushed_records = 0
+        self.recovered_bytes = 0  # bytes cut off by the last open (torn/corrupt tail)
+        self.recovery_scanned = False  # the last open validated batches past the recovery point
+        self._recovery_point = (segments[0].base_offset, segments[0].base_offset, 0)
+
+    # ------------------------------------------------------------ open / close
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig | None = None) -> "Log":
+        """Open (creating if needed) the log in `directory` and recover it.
+
+        Segments before the recovery point are trusted (their index is only
+        sanity-checked, and rebuilt if bad); batches after it are CRC-checked and a
+        corrupt/torn tail is truncated (later segments deleted). Raises OSError on
+        I/O failure."""
+        config = config or LogConfig()
+        directory.mkdir(parents=True, exist_ok=True)
+        bases = sorted(int(p.stem) for p in directory.glob(f"*{LOG_SUFFIX}") if p.stem.isdigit())
+        for stray in list(directory.glob(f"*{INDEX_SUFFIX}")) + list(directory.glob(f"*{TXN_INDEX_SUFFIX}")):
+            if stray.stem.isdigit() and int(stray.stem) not in bases:
+                stray.unlink()
+        if not bases:
+            bases = [0]
+        segments = [Segment(directory, b, config) for b in bases]
+        self = cls(directory, config, segments)
+        self._recover(cls._read_recovery_point(directory))
+        return self
+
+    @staticmethod
+    def _read_recovery_point(directory: Path) -> tuple[int, int, int] | None:
+        try:
+            offset, base, position = (int(x) for x in (directory / RECOVERY_POINT_FILE).read_text().split())
+        except (FileNotFoundError, ValueError):
+            return None
+        return offset, base, position
+
+    def _recover(self, point: tuple[int, int, int] | None) -> None:
+        # First segment that must be validated, and the known-good position inside it.
+        first_dirty, start_pos, start_offset = 0, 0, self.segments[0].base_offset
+        if point is not None and point[1] in self._bases:
+            offset, base, position = point
+            first_dirty = self._bases.index(base)
+            seg = self.segments[first_dirty]
+            if 0 < position <= seg.size and seg.load_index(limit=position) and \
+                    self._is_boundary(seg, position, offset):
+                start_pos, start_offset = position, offset
+        for seg in self.segments[:first_dirty]:
+            if not seg.load_index():
+                log.warning("%s: rebuilding a missing or inconsistent offset index", seg.index_path)
+                seg.rebuild_index()
+            else:
+                seg.load_tail()
+            seg.load_aborted()
+        for i in range(first_dirty, len(self.segments)):
+            seg = self.segments[i]
+            if i > first_dirty or start_pos == 0:
+                start_pos, start_offset = 0, seg.base_offset
+            seg.load_aborted()
+            size_before = seg.size
+            if start_pos < seg.size:
+                self.recovery_scanned = True
+            clean = seg.recover(start_pos, start_offset)
+            self.recovered_bytes += size_before - seg.size
+            seg.truncate_aborted(seg.next_offset)
+            if not clean:
+                for later in self.segments[i + 1:]:
+                    log.warning("%s: deleting a segment after a corrupt one", later.log_path)
+                    self.recovered_bytes += later.size
+                    later.delete()
+                del self.segments[i + 1:]
+                break
+        self._bases = [s.base_offset for s in self.segments]
+        for seg in self.segments[:-1]:
+            seg.seal()
+        if self.recovery_scanned or point is None:
+            self.flush()
+        else:
+            active = self.segments[-1]
+            self._recovery_point = (active.next_offset, active.base_offset, active.size)
+
+    @staticmethod
+    def _is_boundary(seg: Segment, position: int, offset: int) -> bool:
+        """Whether a batch starting at `offset` begins at `position` (or it is the end)."""
+        if position == seg.size:
+            return True
+        try:
+            return records.parse_header(seg.read_at(position, records.HEADER_SIZE)).base_offset == offset
+        except CorruptRecordError:
+            return False
+
+    def close(self) -> None:
+        """Flush (fsync) everything, record the recovery point and close the files."""
+        self.flush()
+        for seg in self.segments:
+            seg.close()
+
+    def flush(self) -> None:
+        """fsync segments written since the last flush and advance the recovery point."""
+        _, flushed_base, _ = self._recovery_point
+        for seg in self.segments:
+            if seg.base_offset >= flushed_base:
+                seg.flush()
+        active = self.segments[-1]
+        point = (active.next_offset, active.base_offset, active.size)
+        tmp = self.dir / (RECOVERY_POINT_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write("%d %d %d\n" % point)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / RECOVERY_POINT_FILE)
+        self._recovery_point = point
+        self._unflushed_records = 0
+
+    # ------------------------------------------------------------ properties
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def active_segment(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def recovery_point(self) -> int:
+        """Offset up to which the log is known to be on disk (fsynced)."""
+        return self._recovery_point[0]
+
+    def segment_for(self, offset: int) -> int:
+        """Index in `segments` of the segment that would hold `offset`."""
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    # ------------------------------------------------------------ append
+    def _roll(self) -> None:
+        active = self.segments[-1]
+        new = Segment(self.dir, active.next_offset, self.config)
+        active.seal()
+        self.segments.append(new)
+        self._bases.append(new.base_offset)
+        # The sealed segment is fsynced: the recovery point may move past it.
+        self.flush()
+
+    def append(self, batch: bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
+        """Append one validated batch: rewrite its base offset (and partition leader
+        epoch, when >= 0) in place, then write it. `header` is the batch's parsed
+        header; the batch must be exactly `header.size` bytes. Rolls the segment
+        first when needed. Returns where it landed. Raises OSError on I/O failure."""
+        active = self.segments[-1]
+        base = active.next_offset
+        if active.size > 0 and (active.size + header.size > self.config.segment_bytes or
+                                base + header.last_offset_delta - active.base_offset > INT32_MAX):
+            self._roll()
+            active = self.segments[-1]
+        records.set_base_offset(batch, base)
+        if leader_epoch >= 0:
+            records.set_partition_leader_epoch(batch, leader_epoch)
+        h = header._replace(base_offset=base)
+        position = active.append(batch, h)
+        self._unflushed_records += max(h.record_count, 1)
+        if self._unflushed_records >= self.config.flush_messages:
+            self.flush()
+        return AppendInfo(base, h.last_offset, active.base_offset, position)
+
+    def append_aborted(self, entry: AbortedTxn) -> None:
+        """Add an aborted-transaction index entry to the segment holding its marker."""
+        self.segments[self.segment_for(entry.last_offset)].append_aborted(entry)
+
+    def has_aborted_entry(self, producer_id: int, last_offset: int) -> bool:
+        seg = self.segments[self.segment_for(last_offset)]
+        return any(e.producer_id == producer_id and e.last_offset == last_offset for e in seg.aborted)
+
+    # ------------------------------------------------------------ read
+    def read(self, offset: int, max_bytes: int, max_offset: int) -> ReadResult:
+        """Whole batches starting with the one that holds `offset`, each ending below
+        `max_offset` (exclusive upper offset bound: high watermark or LSO), at most
+        `max_bytes` bytes except that one batch is always returned if it fits under
+        max_offset. Reads from a single segment, like Kafka. Empty when nothing
+        qualifies."""
+        i = self.segment_for(offset)
+        while i < len(self.segments):
+            res = self.segments[i].read(offset, max_bytes, max_offset)
+            if res is not None:
+                return res
+            i += 1
+        return ReadResult(b"", offset, offset)
+
+    def batches(self, start_offset: int = 0, end_offset: int | None = None) -> Iterator[LogBatch]:
+        """Batches whose last offset >= start_offset (and base offset < end_offset when
+        given), in offset order; headers carry the real offsets."""
+        for seg in self.segments[self.segment_for(start_offset):]:
+            start = 0
+            if seg.base_offset < start_offset:
+                found = seg.find(start_offset)
+                if found is None:
+                    continue
+                start = found[0]
+            for pos, h in seg.scan(start):
+                if end_offset is not None and h.base_offset >= end_offset:
+                    return
+                yield LogBatch(h, seg, pos)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """Aborted transactions intersecting [fetch_offset, upper_bound), scanning the
+        txn indexes from the segment holding fetch_offset until an entry's LSO reaches
+        upper_bound (design doc "Client-Broker request handling", fetch step 4)."""
+        out: list[AbortedTxn] = []
+        for seg in self.segments[self.segment_for(fetch_offset):]:
+            found, complete = seg.collect_aborted(fetch_offset, upper_bound)
+            out.extend(found)
+            if complete:
+                break
+        return out
+
+    # ------------------------------------------------------------ truncation
+    def truncate_to(self, offset: int) -> None:
+        """Remove everything at and after `offset` (a batch boundary), e.g. for a
+        follower diverging from its leader. Keeps at least one (possibly empty) segment."""
+        if offset >= self.log_end_offset:
+            return
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            self.segments.pop().delete()
+            self._bases.pop()
+        seg = self.segments[-1]
+        if seg.base_offset >= offset:
+            seg.truncate_to(seg.base_offset)
+        else:
+            seg.truncate_to(offset)
+        self.flush()

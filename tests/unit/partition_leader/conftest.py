@@ -1,0 +1,53 @@
+"""Helpers for the partition leader's unit tests: batch builders and a fake clock."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from exactly import records
+
+NOW_MS = 1_700_000_000_000
+
+
+def make_batch(n: int = 3, *, pid: int = -1, epoch: int = 0, seq: int = -1, txn: bool = False,
+               ts: int = NOW_MS, value_size: int = 40, key: bytes = b"k") -> bytes:
+    """A record batch v2 of `n` records as a client would send it (base offset 0)."""
+    return records.encode_batch([(key, bytes([65 + i % 26]) * value_size, (), ts + i) for i in range(n)],
+                                producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                                transactional=txn)
+
+
+def header(batch: bytes, base_offset: int | None = None) -> records.BatchHeader:
+    h = records.parse_header(batch)
+    return h if base_offset is None else h._replace(base_offset=base_offset)
+
+
+class FakeClock:
+    """Wall clock in ms that tests move by hand."""
+
+    def __init__(self, now_ms: int = NOW_MS):
+        self.now = now_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def crash(partition_or_log) -> None:
+    """Drop a log's file descriptors without flushing or recording a recovery point,
+    as a SIGKILL would (the page cache keeps what was written)."""
+    plog = getattr(partition_or_log, "log", partition_or_log)
+    for seg in plog.segments:
+        seg.close()
+
+
+def real_now_ms() -> int:
+    return int(time.time() * 1000)
