@@ -1,0 +1,389 @@
+"""Per-partition producer state: idempotence, fencing and ongoing transactions.
+
+For every PID that wrote to the partition we keep a `ProducerStateEntry` (design doc
+"PID-Sequence Management"; Kafka's `ProducerStateManager`): producer epoch, the
+metadata of its last 5 batches (so up to 5 in-flight batches deduplicate on retry,
+Kafka >= 1.0), coordinator epoch, last timestamp and the first offset of its
+ongoing transaction (-1 = none).
+
+Appends follow prepare -> persist -> complete (STYLE.md 2): `check_append` /
+`check_marker` validate without mutating; the partition writes the log; then
+`on_append` / `complete_marker` update the state. `replay_batch` rebuilds the state
+from the log (recovery, no validation: the log is the source of truth).
+
+Ongoing transactions live in `ongoing` (first offset -> PID). A transaction starts
+at the current log end, so inserting in append order keeps the dict sorted by first
+offset; the LSO is its first key (STYLE.md 9). Snapshots (`encode_snapshot` /
+`decode_snapshot`) are versioned and CRC32C-checked (STYLE.md 8).
+
+Not thread-safe: one owner (the partition) calls it.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, NamedTuple
+
+import crc32c
+
+from exactly.errors import ErrorCode
+from exactly.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+
+NUM_BATCHES_TO_RETAIN = 5
+INT32_MAX = 0x7FFFFFFF
+
+SNAPSHOT_VERSION = 1
+_SNAP_HEADER = struct.Struct(">hI")  # version, crc32c of the body
+_SNAP_COUNT = struct.Struct(">i")
+_SNAP_ENTRY = struct.Struct(">qhiqqb")  # pid, epoch, coordinator epoch, txn first offset, last ts, #batches
+_SNAP_BATCH = struct.Struct(">iiqiq")  # first seq, last seq, last offset, offset delta, timestamp
+
+
+class SnapshotError(ValueError):
+    """A producer-state snapshot is unreadable: unknown version, bad CRC or truncated."""
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    """Whether `next_seq` directly follows `last_seq` (sequences wrap at Int32 max)."""
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    """What is kept of one appended batch: sequences, offsets (absolute), timestamp (ms)."""
+
+    first_seq: int
+    last_seq: int
+    last_offset: int
+    offset_delta: int
+    timestamp: int
+
+    @property
+    def first_offset(self) -> int:
+        return self.last_offset - self.offset_delta
+
+
+@dataclass(slots=True)
+class ProducerStateEntry:
+    """State of one PID on one partition (STYLE.md 8 entry fields).
+
+    producer_epoch -1 = none yet; coordinator_epoch -1 = no marker seen;
+    current_txn_first_offset -1 = no ongoing transaction; last_timestamp in ms.
+    """
+
+    producer_id: int
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+    coordinator_epoch: int = -1
+    current_txn_first_offset: int = -1
+    last_timestamp: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    @property
+    def first_seq(self) -> int:
+        return self.batches[0].first_seq if self.batches else NO_SEQUENCE
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset if self.batches else -1
+
+    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        """The cached batch with exactly these sequences under the current epoch."""
+        if epoch != self.producer_epoch:
+            return None
+        for b in self.batches:
+            if b.first_seq == first_seq and b.last_seq == last_seq:
+                return b
+        return None
+
+    def maybe_update_epoch(self, epoch: int) -> bool:
+        """Move to `epoch`; a new epoch forgets the batches (sequences restart at 0)."""
+        if epoch == self.producer_epoch:
+            return False
+        self.batches.clear()
+        self.producer_epoch = epoch
+        return True
+
+    def add_batch(self, epoch: int, first_seq: int, last_seq: int, last_offset: int,
+                  offset_delta: int, timestamp: int) -> None:
+        self.maybe_update_epoch(epoch)
+        if first_seq != NO_SEQUENCE:
+            self.batches.append(BatchMetadata(first_seq, last_seq, last_offset, offset_delta, timestamp))
+        self.last_timestamp = timestamp
+
+
+class AppendCheck(NamedTuple):
+    """Outcome of `check_append`: error NONE means append; DUPLICATE_SEQUENCE_NUMBER
+    comes with the original batch in `duplicate`."""
+
+    error: ErrorCode
+    message: str = ""
+    duplicate: BatchMetadata | None = None
+
+
+OK = AppendCheck(ErrorCode.NONE)
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction ended by a marker: first data offset (the marker offset if the
+    PID had no ongoing transaction here) and the marker's offset."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ProducerStateManager:
+    """All producer state of one partition.
+
+    internal: the topic is internal (name starts with "__"): batches with a PID but
+        no sequence (base sequence -1) are accepted, without sequence checks.
+    expiration_ms: `producer.id.expiration.ms`, idle time after which a PID without
+        an ongoing transaction is forgotten.
+    clock_ms: wall clock in ms (injectable for tests).
+    """
+
+    def __init__(self, *, internal: bool = False, expiration_ms: int = 86400000,
+                 clock_ms: Callable[[], int] = _now_ms):
+        self.internal = internal
+        self.expiration_ms = expiration_ms
+        self.clock_ms = clock_ms
+        self.producers: dict[int, ProducerStateEntry] = {}
+        self.ongoing: dict[int, int] = {}  # txn first offset -> pid, ascending
+        self.map_end_offset = 0  # state reflects every batch below this offset
+
+    # ------------------------------------------------------------ queries
+    def entry(self, producer_id: int) -> ProducerStateEntry | None:
+        return self.producers.get(producer_id)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """Smallest first offset of the ongoing transactions, or None."""
+        return next(iter(self.ongoing), None)
+
+    def lso_excluding(self, producer_id: int, default: int) -> int:
+        """LSO once `producer_id`'s transaction completes: the first offset of the
+        earliest other ongoing transaction, else `default` (the offset after the
+        marker). Computed before completing, for the aborted-index entry (Kafka's
+        `lastStableOffset(completedTxn)`; STYLE.md 9)."""
+        for first, pid in self.ongoing.items():
+            if pid != producer_id:
+                return first
+        return default
+
+    # ------------------------------------------------------------ data batches
+    def check_append(self, h: BatchHeader) -> AppendCheck:
+        """Validate a client batch with a PID (design doc "Client-Broker request
+        handling", produce steps 2a-2b, plus Kafka >= 1.0 rules). No mutation.
+
+        Errors: INVALID_PRODUCER_EPOCH (epoch older than the current one);
+        DUPLICATE_SEQUENCE_NUMBER (same sequences as one of the last 5 batches of the
+        current epoch; `duplicate` holds its offsets); OUT_OF_ORDER_SEQUENCE_NUMBER
+        (gap, old sequence outside the cache, or a new epoch not starting at 0);
+        UNKNOWN_PRODUCER_ID (unknown PID starting above 0); INVALID_REQUEST (no
+        sequence on a non-internal topic); INVALID_TXN_STATE (non-transactional
+        batch while the PID has an ongoing transaction)."""
+        pid, epoch, first_seq = h.producer_id, h.producer_epoch, h.base_sequence
+        entry = self.producers.get(pid)
+        if first_seq == NO_SEQUENCE:
+            if not self.internal:
+                return AppendCheck(ErrorCode.INVALID_REQUEST,
+                                   f"batch of producer {pid} has no sequence number")
+        elif entry is not None:
+            dup = entry.find_duplicate(epoch, first_seq, h.last_sequence)
+            if dup is not None:
+                return AppendCheck(ErrorCode.DUPLICATE_SEQUENCE_NUMBER,
+                                   f"duplicate of the batch at offset {dup.first_offset}", dup)
+        if entry is not None and epoch < entry.producer_epoch:
+            return AppendCheck(ErrorCode.INVALID_PRODUCER_EPOCH,
+                               f"producer {pid} epoch {epoch} is older than {entry.producer_epoch}")
+        if first_seq != NO_SEQUENCE:
+            err = self._check_sequence(entry, epoch, first_seq)
+            if err is not OK:
+                return err
+        if entry is not None and entry.current_txn_first_offset >= 0 and not h.is_transactional:
+            return AppendCheck(ErrorCode.INVALID_TXN_STATE,
+                               f"producer {pid} has an ongoing transaction; expected a transactional batch")
+        return OK
+
+    @staticmethod
+    def _check_sequence(entry: ProducerStateEntry | None, epoch: int, first_seq: int) -> AppendCheck:
+        if entry is None or entry.producer_epoch == NO_PRODUCER_EPOCH:
+            if first_seq != 0:
+                return AppendCheck(ErrorCode.UNKNOWN_PRODUCER_ID,
+                                   f"no state for this producer; sequence {first_seq} must be 0")
+            return OK
+        if epoch != entry.producer_epoch:
+            if first_seq != 0:
+                return AppendCheck(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                   f"new epoch {epoch} must start at sequence 0, got {first_seq}")
+            return OK
+        last = entry.last_seq
+        if not in_sequence(last, first_seq):
+            return AppendCheck(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                               f"sequence {first_seq} does not follow {last} (epoch {epoch})")
+        return OK
+
+    def on_append(self, h: BatchHeader) -> None:
+        """Record an appended data batch (`h` carries its assigned offsets): batch
+        metadata, epoch, and the start of a transaction for the PID."""
+        entry = self.producers.get(h.producer_id)
+        if entry is None:
+            entry = self.producers[h.producer_id] = ProducerStateEntry(h.producer_id)
+        entry.add_batch(h.producer_epoch, h.base_sequence, h.last_sequence, h.last_offset,
+                        h.last_offset_delta, h.max_timestamp)
+        if h.is_transactional and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = h.base_offset
+            self._add_ongoing(h.base_offset, h.producer_id)
+        self.map_end_offset = h.last_offset + 1
+
+    def _add_ongoing(self, first_offset: int, pid: int) -> None:
+        if self.ongoing and first_offset < next(reversed(self.ongoing)):
+            # Out of order only while loading; keep the dict sorted by first offset.
+            self.ongoing[first_offset] = pid
+            self.ongoing = dict(sorted(self.ongoing.items()))
+        else:
+            self.ongoing[first_offset] = pid
+
+    # ------------------------------------------------------------ markers
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> AppendCheck:
+        """Validate a WriteTxnMarkers request for this partition (design doc
+        "Coordinator-Broker request handling", step 1). No mutation.
+
+        Errors: TRANSACTION_COORDINATOR_FENCED (coordinator epoch older than the one
+        stored for the PID); INVALID_PRODUCER_EPOCH (producer epoch older than the
+        current one). An unknown PID, or one without an ongoing transaction, is fine:
+        the coordinator's retries must succeed."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return OK
+        if coordinator_epoch < entry.coordinator_epoch:
+            return AppendCheck(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                               f"coordinator epoch {coordinator_epoch} is older than {entry.coordinator_epoch}")
+        if producer_epoch < entry.producer_epoch:
+            return AppendCheck(ErrorCode.INVALID_PRODUCER_EPOCH,
+                               f"marker epoch {producer_epoch} is older than {entry.producer_epoch}")
+        return OK
+
+    def complete_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                        marker_offset: int, timestamp: int, committed: bool) -> CompletedTxn:
+        """Apply a written marker: bump the epoch if newer, store the coordinator epoch,
+        end the ongoing transaction. Returns the completed transaction."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
+        entry.maybe_update_epoch(producer_epoch)
+        first = entry.current_txn_first_offset
+        if first >= 0:
+            self.ongoing.pop(first, None)
+        else:
+            first = marker_offset
+        entry.current_txn_first_offset = -1
+        entry.coordinator_epoch = coordinator_epoch
+        entry.last_timestamp = timestamp
+        self.map_end_offset = marker_offset + 1
+        return CompletedTxn(producer_id, first, marker_offset, not committed)
+
+    # ------------------------------------------------------------ recovery
+    def replay_batch(self, h: BatchHeader, control: tuple[bool, int] | None = None) -> CompletedTxn | None:
+        """Apply a batch read back from the log, without validation. `control` is
+        (committed, coordinator epoch) for a control batch. Returns the completed
+        transaction for a marker."""
+        if h.producer_id < 0:
+            self.map_end_offset = h.last_offset + 1
+            return None
+        if h.is_control:
+            if control is None:
+                raise ValueError("a control batch needs its marker type")
+            committed, coordinator_epoch = control
+            return self.complete_marker(h.producer_id, h.producer_epoch, coordinator_epoch,
+                                        h.base_offset, h.max_timestamp, committed)
+        self.on_append(h)
+        return None
+
+    # ------------------------------------------------------------ expiration
+    def expire(self, now_ms: int | None = None) -> list[int]:
+        """Forget PIDs idle for at least `expiration_ms` with no ongoing transaction
+        (design doc "PID Expiration"). Returns the expired PIDs."""
+        now = self.clock_ms() if now_ms is None else now_ms
+        gone = [pid for pid, e in self.producers.items()
+                if e.current_txn_first_offset < 0 and now - e.last_timestamp >= self.expiration_ms]
+        for pid in gone:
+            del self.producers[pid]
+        return gone
+
+    # ------------------------------------------------------------ snapshots
+    def encode_snapshot(self) -> bytes:
+        """The state as a snapshot value: version int16, crc32c uint32 of the body,
+        body = count int32 + entries (pid, epoch, coordinator epoch, txn first offset,
+        last timestamp, batches (first seq, last seq, last offset, offset delta, ts))."""
+        parts = [_SNAP_COUNT.pack(len(self.producers))]
+        for e in self.producers.values():
+            parts.append(_SNAP_ENTRY.pack(e.producer_id, e.producer_epoch, e.coordinator_epoch,
+                                          e.current_txn_first_offset, e.last_timestamp, len(e.batches)))
+            for b in e.batches:
+                parts.append(_SNAP_BATCH.pack(b.first_seq, b.last_seq, b.last_offset, b.offset_delta, b.timestamp))
+        body = b"".join(parts)
+        return _SNAP_HEADER.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + body
+
+    def load_snapshot(self, data: bytes, offset: int) -> None:
+        """Replace the state with a snapshot taken at log offset `offset`. Raises
+        SnapshotError (state unchanged) when it is unreadable."""
+        entries = decode_snapshot(data)
+        self.producers = {e.producer_id: e for e in entries}
+        self.ongoing = dict(sorted((e.current_txn_first_offset, e.producer_id)
+                                   for e in entries if e.current_txn_first_offset >= 0))
+        self.map_end_offset = offset
+
+    def reset(self, offset: int = 0) -> None:
+        """Forget everything (before a full log scan from `offset`)."""
+        self.producers = {}
+        self.ongoing = {}
+        self.map_end_offset = offset
+
+
+def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
+    """Parse and verify a snapshot value (see `encode_snapshot`). Raises SnapshotError."""
+    if len(data) < _SNAP_HEADER.size + _SNAP_COUNT.size:
+        raise SnapshotError("snapshot truncated")
+    version, crc = _SNAP_HEADER.unpack_from(data)
+    if version != SNAPSHOT_VERSION:
+        raise SnapshotError(f"unknown snapshot version {version}")
+    body = memoryview(data)[_SNAP_HEADER.size:]
+    if crc32c.crc32c(body) != crc:
+        raise SnapshotError("snapshot CRC32C mismatch")
+    try:
+        (count,), pos = _SNAP_COUNT.unpack_from(body), _SNAP_COUNT.size
+        out = []
+        for _ in range(count):
+            pid, epoch, coord, txn_first, ts, n = _SNAP_ENTRY.unpack_from(body, pos)
+            pos += _SNAP_ENTRY.size
+            entry = ProducerStateEntry(pid, epoch, coordinator_epoch=coord,
+                                       current_txn_first_offset=txn_first, last_timestamp=ts)
+            for _b in range(n):
+                entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
+                pos += _SNAP_BATCH.size
+            out.append(entry)
+    except struct.error as exc:
+        raise SnapshotError(f"snapshot truncated: {exc}") from exc
+    if pos != len(body):
+        raise SnapshotError("trailing bytes after the snapshot entries")
+    return out
+
+
+def entries_equal(a: Iterable[ProducerStateEntry], b: Iterable[ProducerStateEntry]) -> bool:
+    """Whether two collections of entries hold the same state (order-insensitive)."""
+    def key(e: ProducerStateEntry):
+        return (e.producer_id, e.producer_epoch, tuple(e.batches), e.coordinator_epoch,
+                e.current_txn_first_offset, e.last_timestamp)
+    return sorted(map(key, a)) == sorted(map(key, b))

@@ -1,0 +1,252 @@
+"""Producer state: sequence rules (design doc "Client-Broker request handling" plus
+Kafka >= 1.0), last-5-batch dedup, epoch fencing, markers, LSO, snapshots, expiration."""
+from __future__ import annotations
+
+import pytest
+
+from exactly.errors import ErrorCode
+from services.partition_leader.producer_state import (INT32_MAX, ProducerStateManager, SnapshotError,
+                                                      decode_snapshot, entries_equal, in_sequence)
+
+from .conftest import NOW_MS, FakeClock, header, make_batch
+
+PID = 1000
+
+
+class Driver:
+    """Feeds batches through check -> append -> on_append like the partition does."""
+
+    def __init__(self, state: ProducerStateManager):
+        self.state = state
+        self.next_offset = 0
+
+    def produce(self, n: int = 3, **kw):
+        h = header(make_batch(n, **kw))
+        check = self.state.check_append(h)
+        if check.error == ErrorCode.NONE:
+            h = h._replace(base_offset=self.next_offset)
+            self.state.on_append(h)
+            self.next_offset = h.last_offset + 1
+            return check, h.base_offset
+        return check, None
+
+    def marker(self, pid: int, epoch: int, committed: bool, coordinator_epoch: int = 0):
+        check = self.state.check_marker(pid, epoch, coordinator_epoch)
+        if check.error != ErrorCode.NONE:
+            return check.error, None
+        offset = self.next_offset
+        self.next_offset += 1
+        return ErrorCode.NONE, self.state.complete_marker(pid, epoch, coordinator_epoch, offset, NOW_MS, committed)
+
+
+@pytest.fixture
+def state(clock):
+    return ProducerStateManager(clock_ms=clock)
+
+
+@pytest.fixture
+def drive(state):
+    return Driver(state)
+
+
+def test_in_sequence_wraps_at_int32_max():
+    assert in_sequence(4, 5)
+    assert not in_sequence(4, 6) and not in_sequence(4, 4)
+    assert in_sequence(INT32_MAX, 0)
+    assert in_sequence(-1, 0)
+
+
+# (description, setup batches as (epoch, seq, n), probe (epoch, seq, n), expected error)
+SEQUENCE_CASES = [
+    ("unknown pid starts at 0", [], (0, 0, 3), ErrorCode.NONE),
+    ("unknown pid with a non-zero sequence", [], (0, 5, 3), ErrorCode.UNKNOWN_PRODUCER_ID),
+    ("next in sequence", [(0, 0, 3)], (0, 3, 2), ErrorCode.NONE),
+    ("gap", [(0, 0, 3)], (0, 4, 1), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("exact retry of the last batch", [(0, 0, 3)], (0, 0, 3), ErrorCode.DUPLICATE_SEQUENCE_NUMBER),
+    ("overlapping but not equal", [(0, 0, 3)], (0, 1, 3), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("older epoch", [(2, 0, 3)], (1, 3, 1), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("older epoch retrying a batch", [(2, 0, 3)], (1, 0, 3), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ("newer epoch starts at 0", [(0, 0, 3)], (1, 0, 1), ErrorCode.NONE),
+    ("newer epoch not at 0", [(0, 0, 3)], (1, 3, 1), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    ("same sequences under a new epoch are not duplicates", [(0, 0, 3)], (1, 0, 3), ErrorCode.NONE),
+    ("wrap past int32 max", [(0, 0, INT32_MAX), (0, INT32_MAX, 1)], (0, 0, 1), ErrorCode.NONE),
+    ("no wrap to 1", [(0, 0, INT32_MAX), (0, INT32_MAX, 1)], (0, 1, 1), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+]
+
+
+@pytest.mark.parametrize("setup,probe,expected", [c[1:] for c in SEQUENCE_CASES],
+                         ids=[c[0] for c in SEQUENCE_CASES])
+def test_sequence_rules(state, setup, probe, expected):
+    for epoch, seq, n in setup:
+        h = header(make_batch(1, pid=PID, epoch=epoch, seq=seq))._replace(last_offset_delta=n - 1)
+        assert state.check_append(h).error == ErrorCode.NONE
+        state.on_append(h._replace(base_offset=state.map_end_offset))
+    epoch, seq, n = probe
+    h = header(make_batch(1, pid=PID, epoch=epoch, seq=seq))._replace(last_offset_delta=n - 1)
+    assert state.check_append(h).error == expected
+
+
+def test_a_batch_spanning_the_wrap_ends_at_the_right_sequence(drive, state):
+    drive.produce(1, pid=PID, seq=0)
+    assert drive.produce(1, pid=PID, seq=1)[0].error == ErrorCode.NONE
+    h = header(make_batch(1, pid=PID, seq=2))._replace(last_offset_delta=INT32_MAX - 2)
+    state.on_append(h._replace(base_offset=10))
+    assert state.entry(PID).last_seq == INT32_MAX
+    check, _ = drive.produce(3, pid=PID, seq=0)
+    assert check.error == ErrorCode.NONE and state.entry(PID).last_seq == 2
+
+
+def test_the_last_five_batches_deduplicate_with_their_original_offsets(drive):
+    offsets = [drive.produce(2, pid=PID, seq=2 * i)[1] for i in range(6)]
+    assert offsets == [0, 2, 4, 6, 8, 10]
+    for i in range(1, 6):  # five in flight: each retry finds its batch
+        check, _ = drive.produce(2, pid=PID, seq=2 * i)
+        assert check.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+        assert check.duplicate.first_offset == offsets[i]
+        assert (check.duplicate.first_seq, check.duplicate.last_seq) == (2 * i, 2 * i + 1)
+    # The sixth-newest fell out of the cache: a plain out-of-order error.
+    assert drive.produce(2, pid=PID, seq=0)[0].error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert drive.next_offset == 12
+
+
+def test_no_sequence_is_rejected_on_normal_topics(drive):
+    assert drive.produce(1, pid=PID, seq=-1)[0].error == ErrorCode.INVALID_REQUEST
+
+
+def test_no_sequence_on_internal_topics_keeps_fencing_and_transactions(clock):
+    state = ProducerStateManager(internal=True, clock_ms=clock)
+    drive = Driver(state)
+    check, offset = drive.produce(1, pid=PID, epoch=3, seq=-1, txn=True)
+    assert check.error == ErrorCode.NONE
+    # No sequence: the same batch again is a new write, not a duplicate.
+    assert drive.produce(1, pid=PID, epoch=3, seq=-1, txn=True)[0].error == ErrorCode.NONE
+    assert state.entry(PID).batches == type(state.entry(PID).batches)()
+    assert state.first_unstable_offset == offset == 0
+    assert drive.produce(1, pid=PID, epoch=2, seq=-1, txn=True)[0].error == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert drive.marker(PID, 3, committed=True)[0] == ErrorCode.NONE
+    assert state.first_unstable_offset is None
+
+
+def test_non_transactional_write_during_a_transaction_is_rejected(drive):
+    drive.produce(1, pid=PID, seq=0, txn=True)
+    assert drive.produce(1, pid=PID, seq=1)[0].error == ErrorCode.INVALID_TXN_STATE
+
+
+def test_ongoing_transactions_are_ordered_by_first_offset(drive, state):
+    drive.produce(2, pid=1, seq=0, txn=True)  # 0-1
+    drive.produce(2, pid=2, seq=0, txn=True)  # 2-3
+    drive.produce(2, pid=1, seq=2, txn=True)  # 4-5 (same txn)
+    drive.produce(2, pid=3, seq=0, txn=True)  # 6-7
+    assert list(state.ongoing.items()) == [(0, 1), (2, 2), (6, 3)]
+    assert state.first_unstable_offset == 0
+    assert state.lso_excluding(1, default=99) == 2
+    assert state.lso_excluding(2, default=99) == 0
+    _, done = drive.marker(1, 0, committed=False)
+    assert (done.producer_id, done.first_offset, done.last_offset, done.is_aborted) == (1, 0, 8, True)
+    assert state.first_unstable_offset == 2
+    drive.marker(2, 0, committed=True)
+    drive.marker(3, 0, committed=True)
+    assert state.first_unstable_offset is None
+    assert state.lso_excluding(3, default=99) == 99
+
+
+def test_marker_fencing(drive, state):
+    drive.produce(1, pid=PID, epoch=1, seq=0, txn=True)
+    assert drive.marker(PID, 1, True, coordinator_epoch=5)[0] == ErrorCode.NONE
+    assert state.entry(PID).coordinator_epoch == 5
+    assert drive.marker(PID, 1, True, coordinator_epoch=4)[0] == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert drive.marker(PID, 0, True, coordinator_epoch=5)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    # Retried marker: no ongoing transaction, still succeeds and spans only itself.
+    err, done = drive.marker(PID, 1, True, coordinator_epoch=5)
+    assert err == ErrorCode.NONE and done.first_offset == done.last_offset
+
+
+def test_a_marker_with_a_newer_epoch_fences_the_old_producer(drive, state):
+    drive.produce(3, pid=PID, epoch=0, seq=0, txn=True)
+    err, done = drive.marker(PID, 1, committed=False)  # coordinator aborted on timeout, bumped the epoch
+    assert err == ErrorCode.NONE and done.is_aborted and done.first_offset == 0
+    assert state.entry(PID).producer_epoch == 1
+    assert drive.produce(1, pid=PID, epoch=0, seq=3, txn=True)[0].error == ErrorCode.INVALID_PRODUCER_EPOCH
+    # The new epoch restarts at sequence 0.
+    assert drive.produce(1, pid=PID, epoch=1, seq=3, txn=True)[0].error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert drive.produce(1, pid=PID, epoch=1, seq=0, txn=True)[0].error == ErrorCode.NONE
+
+
+def test_a_marker_for_an_unknown_pid_creates_its_entry(drive, state):
+    err, done = drive.marker(77, 4, committed=True, coordinator_epoch=2)
+    assert err == ErrorCode.NONE and done.first_offset == 0
+    entry = state.entry(77)
+    assert (entry.producer_epoch, entry.coordinator_epoch, entry.current_txn_first_offset) == (4, 2, -1)
+    assert drive.produce(1, pid=77, epoch=4, seq=1)[0].error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert drive.produce(1, pid=77, epoch=4, seq=0)[0].error == ErrorCode.NONE
+
+
+def test_snapshot_round_trip(drive, state, clock):
+    for pid in (1, 2, 3):
+        for i in range(7):
+            drive.produce(2, pid=pid, epoch=pid, seq=2 * i, txn=pid == 2)
+    drive.marker(3, 3, committed=True, coordinator_epoch=9)
+    data = state.encode_snapshot()
+    again = ProducerStateManager(clock_ms=clock)
+    again.load_snapshot(data, drive.next_offset)
+    assert entries_equal(again.producers.values(), state.producers.values())
+    assert again.ongoing == state.ongoing and again.map_end_offset == drive.next_offset
+    assert len(again.entry(1).batches) == 5
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "version", "empty"])
+def test_a_damaged_snapshot_is_rejected_and_leaves_state_unchanged(drive, state, clock, damage):
+    drive.produce(2, pid=1, seq=0)
+    data = bytearray(state.encode_snapshot())
+    if damage == "flip":
+        data[-3] ^= 0x01
+    elif damage == "truncate":
+        data = data[:-4]
+    elif damage == "version":
+        data[1] = 9
+    else:
+        data = bytearray()
+    with pytest.raises(SnapshotError):
+        decode_snapshot(bytes(data))
+    other = ProducerStateManager(clock_ms=clock)
+    Driver(other).produce(1, pid=5, seq=0)
+    with pytest.raises(SnapshotError):
+        other.load_snapshot(bytes(data), 10)
+    assert list(other.producers) == [5]
+
+
+def test_idle_pids_expire_unless_in_a_transaction(clock):
+    state = ProducerStateManager(expiration_ms=1000, clock_ms=clock)
+    drive = Driver(state)
+    drive.produce(1, pid=1, seq=0, ts=clock.now)
+    drive.produce(1, pid=2, seq=0, ts=clock.now, txn=True)
+    clock.advance(500)
+    drive.produce(1, pid=3, seq=0, ts=clock.now)
+    assert state.expire() == []
+    clock.advance(500)
+    assert state.expire() == [1]
+    clock.advance(500)
+    assert state.expire() == [3]
+    assert list(state.producers) == [2]
+    # An expired PID is unknown again: continuing its sequence is refused.
+    assert drive.produce(1, pid=1, seq=1)[0].error == ErrorCode.UNKNOWN_PRODUCER_ID
+    drive.marker(2, 0, committed=True)
+    clock.advance(1000)
+    assert state.expire() == [2]
+
+
+def test_replay_rebuilds_the_same_state(drive, state, clock):
+    batches = []
+    for i in range(4):
+        h = header(make_batch(2, pid=1, seq=2 * i, txn=True), drive.next_offset)
+        state.on_append(h)
+        drive.next_offset = h.last_offset + 1
+        batches.append((h, None))
+    h = header(make_batch(1, pid=1, epoch=0), drive.next_offset)._replace(attributes=0x30, base_sequence=-1)
+    state.complete_marker(1, 0, 3, h.base_offset, h.max_timestamp, committed=True)
+    batches.append((h, (True, 3)))
+    replayed = ProducerStateManager(clock_ms=clock)
+    for h, control in batches:
+        replayed.replay_batch(h, control)
+    assert entries_equal(replayed.producers.values(), state.producers.values())
+    assert replayed.ongoing == {} and replayed.map_end_offset == h.base_offset + 1
