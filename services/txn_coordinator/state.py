@@ -1,0 +1,410 @@
+"""Transaction states and the per-transactional.id metadata of the coordinator.
+
+Follows Kafka's `TransactionState.java` / `TransactionMetadata.java` and the design
+doc sections "Transaction Coordinator" and "Transaction Log": every state lists its
+valid previous states (`VALID_PREVIOUS`), checked in one place (`check_transition`);
+a change is made in three steps — `prepare_*()` returns an immutable
+`TxnTransitMetadata` and marks the metadata as pending, the coordinator appends the
+transit to the transaction log, then `complete_transition(transit)` re-checks the
+invariants and applies it (or `cancel_transition()` when the append failed).
+
+While a transition is pending, requests for the transactional.id are answered with
+CONCURRENT_TRANSACTIONS by the coordinator; calling `prepare_*()` then is a bug and
+raises `PendingTransitionError`.
+
+Timestamps are milliseconds since the epoch; the caller passes them (injected clock).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from exactly.errors import ErrorCode
+
+TopicPartition = tuple[str, int]
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+_KEEP = object()
+# Producer epochs are int16 in record batches.
+MAX_PRODUCER_EPOCH = 32767
+
+
+class TxnState(enum.IntEnum):
+    """Transaction states with Kafka's numeric ids (stored in the transaction log)."""
+
+    EMPTY = 0
+    ONGOING = 1
+    PREPARE_COMMIT = 2
+    PREPARE_ABORT = 3
+    COMPLETE_COMMIT = 4
+    COMPLETE_ABORT = 5
+    DEAD = 6
+    PREPARE_EPOCH_FENCE = 7
+
+    @property
+    def kafka_name(self) -> str:
+        """Kafka's name of the state ("Empty", "PrepareCommit", ...), as answered by
+        ListTransactions / DescribeTransactions."""
+        return _KAFKA_NAMES[self]
+
+    @classmethod
+    def from_name(cls, name: str) -> "TxnState":
+        """Parse "PrepareCommit", "PREPARE_COMMIT" or "prepare_commit". Raises
+        ValueError for an unknown name."""
+        for state in cls:
+            if name in (state.kafka_name, state.name) or name.upper() == state.name:
+                return state
+        raise ValueError(f"unknown transaction state {name!r}")
+
+
+_KAFKA_NAMES = {
+    TxnState.EMPTY: "Empty",
+    TxnState.ONGOING: "Ongoing",
+    TxnState.PREPARE_COMMIT: "PrepareCommit",
+    TxnState.PREPARE_ABORT: "PrepareAbort",
+    TxnState.COMPLETE_COMMIT: "CompleteCommit",
+    TxnState.COMPLETE_ABORT: "CompleteAbort",
+    TxnState.DEAD: "Dead",
+    TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence",
+}
+
+S = TxnState
+VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
+    S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.ONGOING: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
+    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
+    S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
+    S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
+}
+del S
+
+# States in which no transaction is in progress.
+COMPLETED_STATES = frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
+
+
+class TxnStateError(Exception):
+    """A broken invariant of the transaction state machine (a bug or a corrupt log),
+    never an expected protocol outcome."""
+
+
+class InvalidTransitionError(TxnStateError):
+    """A transition whose target does not list the current state as valid previous."""
+
+    def __init__(self, transactional_id: str, current: TxnState, target: TxnState):
+        super().__init__(f"transactional.id {transactional_id!r}: invalid transition "
+                         f"{current.kafka_name} -> {target.kafka_name}")
+        self.current = current
+        self.target = target
+
+
+class PendingTransitionError(TxnStateError):
+    """prepare_*() called while another transition is pending (the coordinator
+    answers CONCURRENT_TRANSACTIONS before getting here)."""
+
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class TransitionMismatchError(TxnStateError):
+    """complete_transition() with a transit that does not match the metadata."""
+
+
+def check_transition(transactional_id: str, current: TxnState, target: TxnState) -> None:
+    """The one check of the transition table: raises InvalidTransitionError unless
+    `current` is in VALID_PREVIOUS[target]."""
+    if current not in VALID_PREVIOUS[target]:
+        raise InvalidTransitionError(transactional_id, current, target)
+
+
+def is_epoch_exhausted(epoch: int) -> bool:
+    """Kafka keeps one epoch in reserve for the fencing bump of a timed-out or
+    re-initialised transaction: at MAX-1 the next InitProducerId rotates the PID."""
+    return epoch >= MAX_PRODUCER_EPOCH - 1
+
+
+@dataclass(frozen=True)
+class GroupAssignment:
+    """KIP-447 draft: the consumer group, generation and assigned input partitions
+    passed to a group-aware InitProducerId."""
+
+    group_id: str
+    generation_id: int
+    partitions: frozenset[TopicPartition] = frozenset()
+
+
+@dataclass(frozen=True)
+class TxnTransitMetadata:
+    """Immutable target of a transition: the values appended to the transaction log
+    (design doc "Transaction Log") and applied by `complete_transition`."""
+
+    producer_id: int
+    last_producer_id: int
+    producer_epoch: int
+    last_producer_epoch: int
+    txn_timeout_ms: int
+    state: TxnState
+    partitions: frozenset[TopicPartition]
+    txn_start_timestamp: int
+    txn_last_update_timestamp: int
+    group: GroupAssignment | None = None
+
+
+class TransactionMetadata:
+    """In-memory state of one transactional.id (Kafka's TransactionMetadata).
+
+    Fields: producer_id / producer_epoch (current PID and epoch), last_producer_id /
+    last_producer_epoch (previous ones, kept to recognise retries of an epoch bump or
+    PID rotation), txn_timeout_ms, state, partitions (set of (topic, partition) in the
+    transaction), txn_start_timestamp (ms, -1 when none), txn_last_update_timestamp
+    (ms), pending_state (target of the transition in flight, or None), group (KIP-447).
+    """
+
+    __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
+                 "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
+                 "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
+                 "group", "_fence_epoch")
+
+    def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
+                 producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
+                 txn_timeout_ms: int, state: TxnState = TxnState.EMPTY,
+                 partitions: Iterable[TopicPartition] = (), txn_start_timestamp: int = -1,
+                 txn_last_update_timestamp: int, group: GroupAssignment | None = None):
+        self.transactional_id = transactional_id
+        self.producer_id = producer_id
+        self.last_producer_id = last_producer_id
+        self.producer_epoch = producer_epoch
+        self.last_producer_epoch = last_producer_epoch
+        self.txn_timeout_ms = txn_timeout_ms
+        self.state = state
+        self.partitions: set[TopicPartition] = set(partitions)
+        self.txn_start_timestamp = txn_start_timestamp
+        self.txn_last_update_timestamp = txn_last_update_timestamp
+        self.pending_state: TxnState | None = None
+        self.group = group
+        self._fence_epoch: int | None = None
+
+    @classmethod
+    def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":
+        """Materialise a record read back from the transaction log (coordinator startup)."""
+        return cls(transactional_id, transit.producer_id, last_producer_id=transit.last_producer_id,
+                   producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
+                   txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
+                   partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
+                   txn_last_update_timestamp=transit.txn_last_update_timestamp, group=transit.group)
+
+    def __repr__(self) -> str:
+        return (f"TransactionMetadata({self.transactional_id!r}, pid={self.producer_id}, "
+                f"epoch={self.producer_epoch}, state={self.state.kafka_name}, "
+                f"pending={self.pending_state.kafka_name if self.pending_state else None}, "
+                f"partitions={sorted(self.partitions)})")
+
+    # ------------------------------------------------------------ queries
+    @property
+    def pending_transition_in_progress(self) -> bool:
+        return self.pending_state is not None
+
+    @property
+    def is_producer_epoch_exhausted(self) -> bool:
+        return is_epoch_exhausted(self.producer_epoch)
+
+    def snapshot(self) -> TxnTransitMetadata:
+        """The current values as a transit (no state change)."""
+        return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,
+                                  self.last_producer_epoch, self.txn_timeout_ms, self.state,
+                                  frozenset(self.partitions), self.txn_start_timestamp,
+                                  self.txn_last_update_timestamp, self.group)
+
+    # ------------------------------------------------------------ prepare
+    def _prepare_transition_to(self, target: TxnState, now_ms: int, **changes) -> TxnTransitMetadata:
+        if self.pending_state is not None:
+            raise PendingTransitionError(
+                f"transactional.id {self.transactional_id!r}: preparing {target.kafka_name} while "
+                f"{self.pending_state.kafka_name} is pending")
+        check_transition(self.transactional_id, self.state, target)
+        epoch = changes.get("producer_epoch", self.producer_epoch)
+        if not NO_PRODUCER_EPOCH <= epoch <= MAX_PRODUCER_EPOCH:
+            raise TxnStateError(f"producer epoch {epoch} out of range")
+        transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
+        self.pending_state = target
+        return transit
+
+    def prepare_no_transit(self) -> TxnTransitMetadata:
+        """The current values as a transit; no pending state is set."""
+        return self.snapshot()
+
+    def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int, expected_producer_epoch: int | None,
+                                         now_ms: int, group: GroupAssignment | None | object = _KEEP
+                                         ) -> TxnTransitMetadata | ErrorCode:
+        """InitProducerId on a transactional.id without a transaction in progress:
+        the next epoch of the same PID, state Empty, no partitions.
+
+        expected_producer_epoch (KIP-360, None when the client sent none): equal to the
+        current epoch -> bump and remember the current one as last epoch; equal to the
+        last epoch -> retry of a bump whose answer was lost: same epoch again; other ->
+        PRODUCER_FENCED (returned, not raised). Raises TxnStateError when the epoch is
+        exhausted (the caller rotates the PID instead). `group`: the KIP-447 assignment
+        to store (default: keep the current one)."""
+        if self.is_producer_epoch_exhausted:
+            raise TxnStateError(f"cannot bump exhausted epoch {self.producer_epoch} of "
+                                f"{self.transactional_id!r}; rotate the producer id")
+        bumped = self.producer_epoch + 1
+        if expected_producer_epoch is None:
+            epoch, last_epoch = bumped, NO_PRODUCER_EPOCH
+        elif self.producer_epoch == NO_PRODUCER_EPOCH or expected_producer_epoch == self.producer_epoch:
+            epoch, last_epoch = bumped, self.producer_epoch
+        elif expected_producer_epoch == self.last_producer_epoch:
+            epoch, last_epoch = self.producer_epoch, self.last_producer_epoch
+        else:
+            return ErrorCode.PRODUCER_FENCED
+        return self._prepare_transition_to(TxnState.EMPTY, now_ms, producer_epoch=epoch,
+                                           last_producer_epoch=last_epoch, txn_timeout_ms=new_txn_timeout_ms,
+                                           partitions=frozenset(), txn_start_timestamp=-1,
+                                           group=self.group if group is _KEEP else group)
+
+    def prepare_producer_id_rotation(self, new_producer_id: int, new_txn_timeout_ms: int, now_ms: int,
+                                     record_last_epoch: bool, group: GroupAssignment | None | object = _KEEP
+                                     ) -> TxnTransitMetadata:
+        """InitProducerId when the epoch is exhausted: a new PID with epoch 0, state
+        Empty. The old PID (and, if `record_last_epoch`, its epoch) are kept as last_*
+        so a retried request is recognised."""
+        if new_producer_id < 0:
+            raise TxnStateError(f"cannot rotate to invalid producer id {new_producer_id}")
+        return self._prepare_transition_to(
+            TxnState.EMPTY, now_ms, producer_id=new_producer_id, last_producer_id=self.producer_id,
+            producer_epoch=0,
+            last_producer_epoch=self.producer_epoch if record_last_epoch else NO_PRODUCER_EPOCH,
+            txn_timeout_ms=new_txn_timeout_ms, partitions=frozenset(), txn_start_timestamp=-1,
+            group=self.group if group is _KEEP else group)
+
+    def prepare_fence_producer_epoch(self, now_ms: int) -> TxnTransitMetadata:
+        """First step of aborting an ongoing transaction on behalf of a new producer
+        instance or the timeout (design doc "Coordinator-side Transaction Expiration":
+        "void the PID by bumping up the epoch"). Only sets the in-memory pending state
+        PrepareEpochFence; it is never appended: `prepare_abort_or_commit(PREPARE_ABORT)`
+        follows at once and carries the bumped epoch. At the maximum epoch the abort
+        keeps the epoch (cannot happen after an InitProducerId, which rotates at MAX-1)."""
+        epoch = self.producer_epoch if self.producer_epoch >= MAX_PRODUCER_EPOCH else self.producer_epoch + 1
+        transit = self._prepare_transition_to(TxnState.PREPARE_EPOCH_FENCE, now_ms, producer_epoch=epoch,
+                                              last_producer_epoch=NO_PRODUCER_EPOCH)
+        self._fence_epoch = epoch
+        return transit
+
+    def prepare_add_partitions(self, added: Iterable[TopicPartition], now_ms: int) -> TxnTransitMetadata:
+        """AddPartitionsToTxn / AddOffsetsToTxn: state Ongoing with the union of the
+        partitions; the transaction (and its timeout) starts with the first partition."""
+        start = now_ms if self.state in COMPLETED_STATES else self.txn_start_timestamp
+        return self._prepare_transition_to(TxnState.ONGOING, now_ms,
+                                           partitions=frozenset(self.partitions) | frozenset(added),
+                                           txn_start_timestamp=start)
+
+    def prepare_abort_or_commit(self, target: TxnState, now_ms: int) -> TxnTransitMetadata:
+        """EndTxn (or an abort by the coordinator): PrepareCommit or PrepareAbort with
+        the partitions of the transaction. After `prepare_fence_producer_epoch` only
+        PrepareAbort is allowed, and it carries the bumped epoch."""
+        if target not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            raise TxnStateError(f"prepare_abort_or_commit to {target.kafka_name}")
+        changes = {}
+        if self.pending_state is TxnState.PREPARE_EPOCH_FENCE:
+            check_transition(self.transactional_id, TxnState.PREPARE_EPOCH_FENCE, target)
+            changes = {"producer_epoch": self._fence_epoch, "last_producer_epoch": NO_PRODUCER_EPOCH}
+            self.pending_state = None
+        return self._prepare_transition_to(target, now_ms, **changes)
+
+    def prepare_complete(self, now_ms: int) -> TxnTransitMetadata:
+        """After all markers are written: CompleteCommit / CompleteAbort, partitions
+        cleared (design doc "Transaction Coordinator Startup", step 2 of commit)."""
+        if self.state is TxnState.PREPARE_COMMIT:
+            target = TxnState.COMPLETE_COMMIT
+        elif self.state is TxnState.PREPARE_ABORT:
+            target = TxnState.COMPLETE_ABORT
+        else:
+            raise InvalidTransitionError(self.transactional_id, self.state, TxnState.COMPLETE_COMMIT)
+        return self._prepare_transition_to(target, now_ms, partitions=frozenset())
+
+    def prepare_dead(self, now_ms: int) -> TxnTransitMetadata:
+        """transactional.id expiration: the tombstone is appended, then the entry is
+        removed from the cache."""
+        return self._prepare_transition_to(TxnState.DEAD, now_ms, partitions=frozenset())
+
+    # ------------------------------------------------------------ complete
+    def cancel_transition(self) -> None:
+        """Forget the pending transition (its log append failed)."""
+        self.pending_state = None
+        self._fence_epoch = None
+
+    def complete_transition(self, transit: TxnTransitMetadata) -> None:
+        """Apply a transit after its record was appended to the transaction log.
+
+        Re-checks what Kafka's completeTransitionTo checks: the pending state matches,
+        time does not go backwards, the PID is unchanged (except by a rotation to
+        Empty), the epoch never decreases, and the state-specific invariants. Raises
+        TransitionMismatchError / InvalidTransitionError on a violation (a bug)."""
+        target = transit.state
+        if self.pending_state is not target:
+            raise TransitionMismatchError(
+                f"transactional.id {self.transactional_id!r}: completing {target.kafka_name} but pending is "
+                f"{self.pending_state.kafka_name if self.pending_state else None}")
+        check_transition(self.transactional_id, self.state, target)
+        if transit.txn_last_update_timestamp < self.txn_last_update_timestamp:
+            self._mismatch(transit, "update timestamp goes backwards")
+        rotated = transit.producer_id != self.producer_id
+        if rotated and not (target is TxnState.EMPTY and transit.last_producer_id == self.producer_id):
+            self._mismatch(transit, "producer id changed outside a rotation")
+        if not rotated and transit.producer_epoch < self.producer_epoch:
+            self._mismatch(transit, "producer epoch goes backwards")
+        if target is TxnState.ONGOING:
+            if transit.producer_epoch != self.producer_epoch or not transit.partitions >= self.partitions:
+                self._mismatch(transit, "ongoing transaction lost partitions or changed epoch")
+            if self.state is TxnState.ONGOING and transit.txn_start_timestamp != self.txn_start_timestamp:
+                self._mismatch(transit, "start timestamp of an ongoing transaction changed")
+        elif target in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            if (transit.partitions != frozenset(self.partitions) or transit.txn_timeout_ms != self.txn_timeout_ms
+                    or transit.txn_start_timestamp != self.txn_start_timestamp):
+                self._mismatch(transit, "prepared transaction differs from the ongoing one")
+            if target is TxnState.PREPARE_COMMIT and transit.producer_epoch != self.producer_epoch:
+                self._mismatch(transit, "commit with another epoch")
+        elif target in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT, TxnState.DEAD):
+            if transit.producer_epoch != self.producer_epoch or transit.partitions:
+                self._mismatch(transit, "completion changed the epoch or kept partitions")
+        elif target is TxnState.EMPTY:
+            if transit.partitions:
+                self._mismatch(transit, "empty state with partitions")
+        else:
+            self._mismatch(transit, "PrepareEpochFence is never completed")
+        self.producer_id = transit.producer_id
+        self.last_producer_id = transit.last_producer_id
+        self.producer_epoch = transit.producer_epoch
+        self.last_producer_epoch = transit.last_producer_epoch
+        self.txn_timeout_ms = transit.txn_timeout_ms
+        self.state = target
+        self.partitions = set(transit.partitions)
+        self.txn_start_timestamp = transit.txn_start_timestamp
+        self.txn_last_update_timestamp = transit.txn_last_update_timestamp
+        self.group = transit.group
+        self.pending_state = None
+        self._fence_epoch = None
+
+    def _mismatch(self, transit: TxnTransitMetadata, why: str) -> None:
+        raise TransitionMismatchError(f"transactional.id {self.transactional_id!r}: {why}: {self!r} -> {transit!r}")
+
+
+@dataclass
+class TxnStateSummary:
+    """A read-only view for ListTransactions / DescribeTransactions."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: TxnState
+    txn_timeout_ms: int
+    txn_start_timestamp: int
+    partitions: list[TopicPartition] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, md: TransactionMetadata) -> "TxnStateSummary":
+        return cls(md.transactional_id, md.producer_id, md.producer_epoch, md.state, md.txn_timeout_ms,
+                   md.txn_start_timestamp, sorted(md.partitions))
