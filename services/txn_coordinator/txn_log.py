@@ -1,0 +1,135 @@
+"""Records of the transaction log (`__transaction_state`), design doc "Transaction Log".
+
+One record per state change of a transactional.id, in its own record batch v2
+(`exactly.records.encode_batch`, no producer id, not transactional):
+
+    key   = transactional.id, UTF-8 bytes
+    value = exactly.v1.TransactionLogValue (protos/exactly/v1/txn_log.proto) holding the
+            transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
+            partitions, start and last-update timestamps (ms), KIP-447 group fields;
+            None (a tombstone) when the transactional.id expired.
+
+The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from exactly import records
+from exactly.v1 import txn_log_pb2
+
+from .state import GroupAssignment, TopicPartition, TransactionMetadata, TxnState, TxnTransitMetadata
+
+VALUE_VERSION = 0
+
+
+class CorruptTxnLogError(Exception):
+    """The transaction log cannot be materialised: undecodable record, or a PID whose
+    epoch goes backwards ("Transaction Coordinator Startup" 1.a). The partition is
+    then disabled: requests for it get NOT_COORDINATOR."""
+
+
+@dataclass(frozen=True)
+class TxnLogEntry:
+    """One record read back: its offset, key and transit (None for a tombstone)."""
+
+    offset: int
+    transactional_id: str
+    transit: TxnTransitMetadata | None
+
+
+def _partitions_to_pb(partitions: Iterable[TopicPartition]) -> list[txn_log_pb2.TxnLogTopicPartitions]:
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    return [txn_log_pb2.TxnLogTopicPartitions(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())]
+
+
+def _partitions_from_pb(items) -> frozenset[TopicPartition]:
+    return frozenset((tp.topic, p) for tp in items for p in tp.partitions)
+
+
+def encode_value(transit: TxnTransitMetadata) -> bytes:
+    """Serialize a transit as a TransactionLogValue."""
+    if transit.state in (TxnState.DEAD, TxnState.PREPARE_EPOCH_FENCE):
+        raise ValueError(f"{transit.state.kafka_name} is never written as a value")
+    value = txn_log_pb2.TransactionLogValue(
+        version=VALUE_VERSION, producer_id=transit.producer_id, last_producer_id=transit.last_producer_id,
+        producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
+        transaction_timeout_ms=transit.txn_timeout_ms, state=int(transit.state),
+        partitions=_partitions_to_pb(transit.partitions),
+        txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
+        txn_start_timestamp_ms=transit.txn_start_timestamp)
+    if transit.group is not None:
+        value.consumer_group_id = transit.group.group_id
+        value.generation_id = transit.group.generation_id
+        value.assigned_partitions.extend(_partitions_to_pb(transit.group.partitions))
+    return value.SerializeToString()
+
+
+def decode_value(data: bytes) -> TxnTransitMetadata:
+    """Parse a TransactionLogValue. Raises CorruptTxnLogError."""
+    try:
+        v = txn_log_pb2.TransactionLogValue.FromString(data)
+        state = TxnState(v.state)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+        raise CorruptTxnLogError(f"undecodable transaction log value: {exc}") from exc
+    if v.version != VALUE_VERSION:
+        raise CorruptTxnLogError(f"unknown transaction log value version {v.version}")
+    group = None
+    if v.consumer_group_id:
+        group = GroupAssignment(v.consumer_group_id, v.generation_id, _partitions_from_pb(v.assigned_partitions))
+    return TxnTransitMetadata(
+        producer_id=v.producer_id, last_producer_id=v.last_producer_id, producer_epoch=v.producer_epoch,
+        last_producer_epoch=v.last_producer_epoch, txn_timeout_ms=v.transaction_timeout_ms, state=state,
+        partitions=_partitions_from_pb(v.partitions), txn_start_timestamp=v.txn_start_timestamp_ms,
+        txn_last_update_timestamp=v.txn_last_update_timestamp_ms, group=group)
+
+
+def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int) -> bytes:
+    """One record batch holding the record of `transactional_id`; transit None (or a
+    Dead transit) writes the tombstone."""
+    value = None if transit is None or transit.state is TxnState.DEAD else encode_value(transit)
+    return records.encode_batch([(transactional_id.encode(), value, (), timestamp_ms)])
+
+
+def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | None]:
+    """Entries of the whole batches in `buf` (a Fetch response's records, CRC
+    checked; control batches skipped) and the offset following the last whole batch
+    (None when `buf` holds no whole batch). Raises CorruptTxnLogError."""
+    entries: list[TxnLogEntry] = []
+    next_offset = None
+    try:
+        for pos, header in records.iter_batches(buf, verify=True):
+            next_offset = header.last_offset + 1
+            if header.is_control:
+                continue
+            for rec in records.decode_records(buf, pos, header):
+                if rec.key is None:
+                    raise CorruptTxnLogError(f"transaction log record without key at offset {rec.offset}")
+                transit = None if rec.value is None else decode_value(rec.value)
+                entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))
+    except (records.CorruptRecordError, UnicodeDecodeError) as exc:
+        raise CorruptTxnLogError(str(exc)) from exc
+    return entries, next_offset
+
+
+def rebuild(entries: Iterable[TxnLogEntry]) -> dict[str, TransactionMetadata]:
+    """Materialise the transaction status cache from a partition's entries in log
+    order: the last record of a transactional.id wins, a tombstone removes it.
+    Raises CorruptTxnLogError when a PID's epoch goes backwards (design doc
+    "Transaction Coordinator Startup" 1.a)."""
+    latest: dict[str, TxnTransitMetadata] = {}
+    for entry in entries:
+        if entry.transit is None:
+            latest.pop(entry.transactional_id, None)
+            continue
+        prev = latest.get(entry.transactional_id)
+        t = entry.transit
+        if prev is not None and prev.producer_id == t.producer_id and t.producer_epoch < prev.producer_epoch:
+            raise CorruptTxnLogError(
+                f"transactional.id {entry.transactional_id!r} at offset {entry.offset}: epoch {t.producer_epoch} "
+                f"of PID {t.producer_id} is lower than the earlier {prev.producer_epoch}")
+        latest[entry.transactional_id] = t
+    return {tid: TransactionMetadata.from_transit(tid, t) for tid, t in latest.items()}

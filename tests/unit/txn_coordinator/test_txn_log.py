@@ -1,0 +1,116 @@
+"""Transaction log records: encoding round trip and rebuilding the cache
+(design doc "Transaction Log", "Transaction Coordinator Startup")."""
+from __future__ import annotations
+
+import pytest
+
+from exactly import records
+from exactly.v1 import txn_log_pb2
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.state import GroupAssignment, TxnState, TxnTransitMetadata
+from services.txn_coordinator.txn_log import CorruptTxnLogError, TxnLogEntry
+
+S = TxnState
+
+
+def transit(state=S.ONGOING, pid=7, epoch=2, partitions=frozenset({("orders", 0), ("orders", 2), ("pay", 1)}),
+            group=None, start=1000, update=1500):
+    return TxnTransitMetadata(producer_id=pid, last_producer_id=-1, producer_epoch=epoch, last_producer_epoch=1,
+                              txn_timeout_ms=60000, state=state, partitions=partitions,
+                              txn_start_timestamp=start, txn_last_update_timestamp=update, group=group)
+
+
+@pytest.mark.parametrize("state", [s for s in TxnState if s not in (S.DEAD, S.PREPARE_EPOCH_FENCE)])
+def test_value_round_trip(state):
+    t = transit(state)
+    assert txn_log.decode_value(txn_log.encode_value(t)) == t
+
+
+def test_value_round_trip_with_group():
+    t = transit(group=GroupAssignment("g", 4, frozenset({("in", 0), ("in", 3)})))
+    assert txn_log.decode_value(txn_log.encode_value(t)) == t
+
+
+def test_value_fields_follow_the_schema():
+    v = txn_log_pb2.TransactionLogValue.FromString(txn_log.encode_value(transit(S.PREPARE_COMMIT)))
+    assert (v.version, v.producer_id, v.producer_epoch, v.transaction_timeout_ms, v.state) == (0, 7, 2, 60000, 2)
+    assert [(tp.topic, list(tp.partitions)) for tp in v.partitions] == [("orders", [0, 2]), ("pay", [1])]
+    assert (v.txn_start_timestamp_ms, v.txn_last_update_timestamp_ms) == (1000, 1500)
+
+
+def test_batch_is_a_plain_record_batch_keyed_by_transactional_id():
+    batch = txn_log.encode_batch("my-tid", transit(), 1234)
+    h = records.verify_crc(batch)
+    assert h.producer_id == -1 and not h.is_transactional and not h.is_control
+    [rec] = records.decode_records(batch)
+    assert rec.key == b"my-tid" and rec.timestamp == 1234
+    assert txn_log.decode_value(rec.value) == transit()
+
+
+def test_tombstone_has_null_value():
+    [rec] = records.decode_records(txn_log.encode_batch("t", None, 1))
+    assert rec.value is None
+    [rec] = records.decode_records(txn_log.encode_batch("t", transit(S.DEAD, partitions=frozenset()), 1))
+    assert rec.value is None
+
+
+def _log(*items):
+    buf = bytearray()
+    for offset, (tid, t) in enumerate(items):
+        b = bytearray(txn_log.encode_batch(tid, t, 1))
+        records.set_base_offset(b, offset)
+        buf += b
+    return bytes(buf)
+
+
+def test_decode_fetched_reports_next_offset_and_skips_partial_batch():
+    buf = _log(("a", transit()), ("b", transit()))
+    entries, nxt = txn_log.decode_fetched(buf + buf[:20])
+    assert [(e.offset, e.transactional_id) for e in entries] == [(0, "a"), (1, "b")] and nxt == 2
+    assert txn_log.decode_fetched(b"") == ([], None)
+
+
+def test_decode_rejects_corrupt_batch():
+    buf = bytearray(_log(("a", transit())))
+    buf[-1] ^= 0xFF
+    with pytest.raises(CorruptTxnLogError):
+        txn_log.decode_fetched(bytes(buf))
+
+
+def test_decode_rejects_undecodable_value():
+    batch = records.encode_batch([(b"t", b"\xff\xff\xff", (), 1)])
+    with pytest.raises(CorruptTxnLogError):
+        txn_log.decode_fetched(batch)
+
+
+def test_rebuild_last_record_wins():
+    entries = [TxnLogEntry(0, "a", transit(S.EMPTY, epoch=0, partitions=frozenset(), start=-1)),
+               TxnLogEntry(1, "b", transit(S.EMPTY, pid=9, epoch=0, partitions=frozenset(), start=-1)),
+               TxnLogEntry(2, "a", transit(S.ONGOING, epoch=0)),
+               TxnLogEntry(3, "a", transit(S.PREPARE_COMMIT, epoch=0))]
+    cache = txn_log.rebuild(entries)
+    assert set(cache) == {"a", "b"}
+    a = cache["a"]
+    assert (a.state, a.producer_epoch, a.pending_state) == (S.PREPARE_COMMIT, 0, None)
+    assert a.partitions == {("orders", 0), ("orders", 2), ("pay", 1)}
+
+
+def test_rebuild_tombstone_removes_and_id_can_return():
+    entries = [TxnLogEntry(0, "a", transit(S.COMPLETE_COMMIT, partitions=frozenset())),
+               TxnLogEntry(1, "a", None)]
+    assert txn_log.rebuild(entries) == {}
+    entries.append(TxnLogEntry(2, "a", transit(S.EMPTY, pid=50, epoch=0, partitions=frozenset())))
+    assert txn_log.rebuild(entries)["a"].producer_id == 50
+
+
+def test_rebuild_rejects_epoch_going_backwards():
+    entries = [TxnLogEntry(0, "a", transit(S.EMPTY, epoch=5, partitions=frozenset())),
+               TxnLogEntry(1, "a", transit(S.EMPTY, epoch=4, partitions=frozenset()))]
+    with pytest.raises(CorruptTxnLogError):
+        txn_log.rebuild(entries)
+
+
+def test_rebuild_allows_new_pid_with_lower_epoch():
+    entries = [TxnLogEntry(0, "a", transit(S.EMPTY, epoch=32766, partitions=frozenset())),
+               TxnLogEntry(1, "a", transit(S.EMPTY, pid=8, epoch=0, partitions=frozenset()))]
+    assert txn_log.rebuild(entries)["a"].producer_id == 8
