@@ -1,0 +1,549 @@
+"""Consumer group membership and offset storage through the group coordinator.
+
+`GroupMembership` follows Kafka's consumer protocol with eager rebalancing:
+FindCoordinator (key type 0) -> JoinGroup with the subscribed topics ->
+SyncGroup, which returns this member's share of the range assignment the
+coordinator computed -> Heartbeat from a background thread every
+`heartbeat.interval.ms`. A heartbeat answered REBALANCE_IN_PROGRESS,
+ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID marks the member for rejoining; the
+Consumer rejoins on its next `poll` (revoking, then assigning). NOT_COORDINATOR,
+COORDINATOR_NOT_AVAILABLE and transport failures drop the cached coordinator so
+the next request finds it again.
+
+Join and sync are sent as futures and advanced by `advance()`, so `poll(timeout)`
+keeps its timeout while a rebalance waits for other members.
+
+Offsets: `commit_sync` / `commit_async` (OffsetCommit with this member's
+generation and member id, or -1 / "" outside group management) and
+`fetch_committed` (OffsetFetch; with `require_stable`, UNSTABLE_OFFSET_COMMIT is
+retried with backoff: KIP-447, DESIGN.md §4).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+
+import tenacity
+
+from exactly import errors
+from exactly._client import COORDINATOR_ERRORS, COORDINATOR_GROUP
+from exactly.errors import ErrorCode
+from exactly.types import OffsetAndMetadata, TopicPartition
+from exactly.v1 import exactly_pb2 as pb
+
+if TYPE_CHECKING:
+    from exactly._client import ClientCore
+
+log = logging.getLogger(__name__)
+
+# Answers that mean "the coordinator moved or is unreachable: find it again".
+_FIND_AGAIN = COORDINATOR_ERRORS
+# Answers after which a coordinator request is simply sent again (after backoff).
+_RETRY_CODES = frozenset(COORDINATOR_ERRORS | {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                               ErrorCode.NETWORK_EXCEPTION,
+                                               ErrorCode.REQUEST_TIMED_OUT})
+# Answers that mean this member's generation is over.
+REJOIN_CODES = frozenset({ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION,
+                          ErrorCode.UNKNOWN_MEMBER_ID})
+
+
+def _code(value: int) -> ErrorCode:
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class MemberState(enum.Enum):
+    UNJOINED = "unjoined"
+    JOINING = "joining"    # JoinGroup in flight (or waiting to be sent)
+    SYNCING = "syncing"    # SyncGroup in flight
+    STABLE = "stable"      # assignment received, heartbeating
+
+
+def group_offsets_request(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list[pb.OffsetCommitTopic]:
+    """Group `{tp: OffsetAndMetadata}` by topic as OffsetCommitTopic messages."""
+    by_topic: dict[str, list[pb.OffsetCommitPartition]] = {}
+    for tp, om in sorted(offsets.items()):
+        by_topic.setdefault(tp.topic, []).append(pb.OffsetCommitPartition(
+            partition=tp.partition, committed_offset=om.offset, committed_leader_epoch=-1,
+            metadata=om.metadata or ""))
+    return [pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def topic_partitions_request(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(set(partitions)):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def first_error(results: Iterable[pb.TopicResult]) -> tuple[int, str]:
+    """(first non-zero per-partition error code, 'topic-partition'), or (0, '')."""
+    for tr in results:
+        for pr in tr.partitions:
+            if pr.error_code:
+                return pr.error_code, f"{tr.topic}-{pr.partition}"
+    return 0, ""
+
+
+def parse_offset_fetch(resp: pb.OffsetFetchResponse, wanted: Iterable[TopicPartition]
+                       ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+    """Committed offsets from an OffsetFetchResponse: `{tp: OffsetAndMetadata}`, or
+    None where the group has no committed offset (-1). Raises the error of the
+    response or of the first failed partition (UnstableOffsetCommitError while a
+    transactional offset commit is pending under require_stable)."""
+    errors.check(resp.error_code, "OffsetFetch")
+    out: dict[TopicPartition, OffsetAndMetadata | None] = {tp: None for tp in wanted}
+    for t in resp.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition)
+            if p.error_code:
+                raise errors.for_code(p.error_code, f"OffsetFetch {tp.topic}-{tp.partition}")
+            if tp in out:
+                out[tp] = OffsetAndMetadata(p.committed_offset, p.metadata) if p.committed_offset >= 0 else None
+    return out
+
+
+class GroupMembership:
+    """One consumer's membership in `group_id`. Thread-safe: the heartbeat thread
+    and the polling thread share its state under a lock.
+
+    Times: `session_timeout_ms`, `rebalance_timeout_ms` (how long the coordinator
+    waits for members to rejoin; Kafka's `max.poll.interval.ms`),
+    `heartbeat_interval_ms`; `backoff_s`/`backoff_max_s` in seconds.
+    """
+
+    def __init__(self, core: "ClientCore", group_id: str, *, session_timeout_ms: int = 10000,
+                 rebalance_timeout_ms: int = 300000, heartbeat_interval_ms: int = 3000,
+                 group_instance_id: str | None = None, backoff_s: float = 0.1,
+                 backoff_max_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._core = core
+        self.group_id = group_id
+        self.group_instance_id = group_instance_id
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.state = MemberState.UNJOINED
+        self.generation_id = -1
+        self.member_id = ""
+        self._rejoin_needed = True
+        self._topics: tuple[str, ...] = ()
+        self._pending: concurrent.futures.Future | None = None
+        self._backoff_until = 0.0
+        self._failures = 0
+        self._last_poll = clock()
+        self._last_heartbeat_ok = clock()
+        self._hb_thread: threading.Thread | None = None
+        self._hb_stop = threading.Event()
+        self._hb_wake = threading.Event()
+        self._fatal: errors.ExactlyError | None = None
+
+    # ------------------------------------------------------------ coordinator
+
+    def coordinator(self, timeout_s: float | None = None) -> str:
+        """Coordinator address; raises a retriable error when it cannot be found in time."""
+        return self._core.find_coordinator(self.group_id, COORDINATOR_GROUP, timeout_s)
+
+    def coordinator_dead(self, why: object = None) -> None:
+        log.debug("group %s: coordinator unusable (%s); finding it again", self.group_id, why)
+        self._core.invalidate_coordinator(self.group_id, COORDINATOR_GROUP)
+
+    # ------------------------------------------------------------ membership
+
+    def generation(self) -> tuple[int, str]:
+        """(generation id, member id) as last assigned by the coordinator."""
+        with self._lock:
+            return self.generation_id, self.member_id
+
+    def stable_generation(self) -> tuple[int, str] | None:
+        with self._lock:
+            if self.state is MemberState.STABLE:
+                return self.generation_id, self.member_id
+            return None
+
+    def needs_join(self) -> bool:
+        with self._lock:
+            return self._rejoin_needed or self.state is not MemberState.STABLE
+
+    def join_in_progress(self) -> bool:
+        with self._lock:
+            return self.state in (MemberState.JOINING, MemberState.SYNCING)
+
+    def request_rejoin(self, reason: object = None, reset_member: bool = False) -> None:
+        with self._lock:
+            if reason is not None:
+                log.info("group %s: rejoining (%s)", self.group_id, reason)
+            self._rejoin_needed = True
+            if reset_member:
+                self.member_id = ""
+                self.generation_id = -1
+
+    def start_join(self, topics: Iterable[str]) -> None:
+        """Begin (or restart) a rebalance with subscription `topics`."""
+        with self._lock:
+            self._topics = tuple(topics)
+            self._rejoin_needed = False
+            self.state = MemberState.JOINING
+            if self._pending is not None:
+                self._pending.cancel()
+            self._pending = None
+
+    def polled(self) -> None:
+        """The application called poll (checked against the rebalance timeout)."""
+        self._last_poll = self._clock()
+
+    def _backoff(self) -> None:
+        self._failures += 1
+        self._backoff_until = self._clock() + min(self._backoff_max_s,
+                                                  self._backoff_s * 2 ** (self._failures - 1))
+
+    def _send_join(self) -> bool:
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+        except errors.ExactlyError as exc:
+            log.debug("group %s: no coordinator yet: %r", self.group_id, exc)
+            self._backoff()
+            return False
+        req = pb.JoinGroupRequest(group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
+                                  rebalance_timeout_ms=self.rebalance_timeout_ms,
+                                  member_id=self.member_id, group_instance_id=self.group_instance_id or "",
+                                  protocol_type="consumer", topics=list(self._topics))
+        timeout_s = self.rebalance_timeout_ms / 1000.0 + 5.0
+        self._pending = self._core.call_future(self._core.group_stub(addr).JoinGroup, req, timeout_s)
+        return True
+
+    def _send_sync(self) -> None:
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+        except errors.ExactlyError as exc:
+            self.state = MemberState.JOINING
+            self._backoff()
+            log.debug("group %s: no coordinator for SyncGroup: %r", self.group_id, exc)
+            return
+        req = pb.SyncGroupRequest(group_id=self.group_id, generation_id=self.generation_id,
+                                  member_id=self.member_id)
+        timeout_s = self.rebalance_timeout_ms / 1000.0 + 5.0
+        self._pending = self._core.call_future(self._core.group_stub(addr).SyncGroup, req, timeout_s)
+
+    def pending(self) -> concurrent.futures.Future | None:
+        with self._lock:
+            return self._pending
+
+    def advance(self) -> list[TopicPartition] | None:
+        """Move the rebalance forward without blocking. Returns this member's new
+        assignment when SyncGroup completes, else None. Raises the error of a
+        fatal JoinGroup/SyncGroup answer (e.g. INVALID_SESSION_TIMEOUT,
+        GROUP_AUTHORIZATION_FAILED, FENCED_INSTANCE_ID)."""
+        with self._lock:
+            if self._fatal is not None:
+                exc, self._fatal = self._fatal, None
+                raise exc
+            for _ in range(4):  # a few immediate steps (e.g. MEMBER_ID_REQUIRED -> join again)
+                if self.state is MemberState.JOINING:
+                    if self._pending is None:
+                        if self._clock() < self._backoff_until or not self._send_join():
+                            return None
+                    if not self._pending.done():
+                        return None
+                    fut, self._pending = self._pending, None
+                    self._on_join(fut)
+                elif self.state is MemberState.SYNCING:
+                    if self._pending is None:
+                        self._send_sync()
+                        if self._pending is None:
+                            return None
+                    if not self._pending.done():
+                        return None
+                    fut, self._pending = self._pending, None
+                    assignment = self._on_sync(fut)
+                    if assignment is not None:
+                        return assignment
+                else:
+                    return None
+            return None
+
+    def _on_join(self, fut: concurrent.futures.Future) -> None:
+        try:
+            resp = fut.result()
+        except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
+            self.coordinator_dead(exc)
+            self._backoff()
+            return
+        code = resp.error_code
+        if code == ErrorCode.NONE:
+            self.generation_id = resp.generation_id
+            self.member_id = resp.member_id
+            self._failures = 0
+            log.info("group %s: joined generation %d as %s", self.group_id, self.generation_id, self.member_id)
+            self.state = MemberState.SYNCING
+            self._send_sync()
+        elif code == ErrorCode.MEMBER_ID_REQUIRED:
+            self.member_id = resp.member_id
+        elif code == ErrorCode.UNKNOWN_MEMBER_ID:
+            self.member_id = ""
+            self._backoff()
+        elif code in (ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION):
+            self._backoff()
+        elif code in _RETRY_CODES:
+            if code in _FIND_AGAIN:
+                self.coordinator_dead(ErrorCode(code).name)
+            self._backoff()
+        else:
+            self.state = MemberState.UNJOINED
+            self._rejoin_needed = True
+            self._backoff()
+            raise errors.for_code(code, resp.error_message or f"JoinGroup {self.group_id}")
+
+    def _on_sync(self, fut: concurrent.futures.Future) -> list[TopicPartition] | None:
+        try:
+            resp = fut.result()
+        except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
+            self.coordinator_dead(exc)
+            self.state = MemberState.JOINING
+            self._backoff()
+            return None
+        code = resp.error_code
+        if code == ErrorCode.NONE:
+            self.state = MemberState.STABLE
+            self._failures = 0
+            self._last_heartbeat_ok = self._clock()
+            return [TopicPartition(t.topic, p) for t in resp.assignment for p in t.partitions]
+        self.state = MemberState.JOINING
+        if code == ErrorCode.UNKNOWN_MEMBER_ID:
+            self.member_id, self.generation_id = "", -1
+        elif code == ErrorCode.ILLEGAL_GENERATION:
+            self.generation_id = -1
+        elif code == ErrorCode.REBALANCE_IN_PROGRESS:
+            pass
+        elif code in _RETRY_CODES:
+            if code in _FIND_AGAIN:
+                self.coordinator_dead(ErrorCode(code).name)
+            self._backoff()
+        else:
+            self.state = MemberState.UNJOINED
+            self._rejoin_needed = True
+            self._backoff()
+            raise errors.for_code(code, resp.error_message or f"SyncGroup {self.group_id}")
+        return None
+
+    # ------------------------------------------------------------ heartbeats
+
+    def start_heartbeat(self) -> None:
+        if self._hb_thread is None:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                               name=f"exactly-heartbeat-{self.group_id}")
+            self._hb_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval_ms / 1000.0
+        while not self._hb_stop.is_set():
+            self._hb_wake.wait(interval)
+            self._hb_wake.clear()
+            if self._hb_stop.is_set():
+                return
+            try:
+                self.heartbeat_once()
+            except Exception:  # noqa: BLE001 - the thread must survive anything
+                log.exception("group %s: heartbeat failed", self.group_id)
+
+    def heartbeat_once(self) -> ErrorCode | None:
+        """Send one Heartbeat if the member is stable; apply the answer. Returns the
+        answer's code (None when nothing was sent or the transport failed)."""
+        with self._lock:
+            if self.state is not MemberState.STABLE or self._rejoin_needed:
+                return None
+            gen, member = self.generation_id, self.member_id
+        now = self._clock()
+        if (now - self._last_poll) * 1000 > self.rebalance_timeout_ms:
+            log.warning("group %s: poll() not called for %.0f ms (> max.poll.interval.ms); leaving the group",
+                        self.group_id, (now - self._last_poll) * 1000)
+            self.leave()
+            return None
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            resp = self._core.call(self._core.group_stub(addr).Heartbeat,
+                                   pb.HeartbeatRequest(group_id=self.group_id, generation_id=gen,
+                                                       member_id=member),
+                                   timeout_s=min(self._core.request_timeout_s, self.session_timeout_ms / 1000.0))
+        except errors.ExactlyError as exc:
+            self.coordinator_dead(exc)
+            return None
+        code = _code(resp.error_code)
+        with self._lock:
+            if (gen, member) != (self.generation_id, self.member_id) or self.state is not MemberState.STABLE:
+                return code
+            if code == ErrorCode.NONE:
+                self._last_heartbeat_ok = self._clock()
+            elif code == ErrorCode.UNKNOWN_MEMBER_ID:
+                self.request_rejoin(code.name, reset_member=True)
+            elif code in REJOIN_CODES:
+                self.request_rejoin(code.name)
+            elif code in _FIND_AGAIN:
+                self.coordinator_dead(code.name)
+            elif code not in _RETRY_CODES:
+                self._fatal = errors.for_code(code, f"Heartbeat {self.group_id}")
+                self.request_rejoin(code.name)
+        return code
+
+    # ------------------------------------------------------------ leaving
+
+    def leave(self) -> None:
+        """Send LeaveGroup (best effort) and forget the membership."""
+        with self._lock:
+            member = self.member_id
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+            self.state = MemberState.UNJOINED
+            self._rejoin_needed = True
+            self.member_id, self.generation_id = "", -1
+        if not member:
+            return
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            resp = self._core.call(self._core.group_stub(addr).LeaveGroup,
+                                   pb.LeaveGroupRequest(group_id=self.group_id, member_id=member))
+            if resp.error_code:
+                log.debug("group %s: LeaveGroup answered %s", self.group_id, resp.error_code)
+        except errors.ExactlyError as exc:
+            log.debug("group %s: LeaveGroup failed: %r", self.group_id, exc)
+
+    def close(self) -> None:
+        """Stop heartbeating and leave the group."""
+        self._hb_stop.set()
+        self._hb_wake.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=5)
+        self.leave()
+
+    # ------------------------------------------------------------ offsets
+
+    def _retrying(self, timeout_s: float, retry_codes: frozenset) -> tenacity.Retrying:
+        def _retriable(exc: BaseException) -> bool:
+            return isinstance(exc, errors.ExactlyError) and exc.code in retry_codes
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retriable),
+            wait=tenacity.wait_exponential_jitter(multiplier=self._backoff_s, max=self._backoff_max_s,
+                                                  jitter=self._backoff_s / 5),
+            stop=tenacity.stop_before_delay(timeout_s),
+            reraise=True)
+
+    def _commit_request(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                        managed: bool) -> pb.OffsetCommitRequest:
+        gen, member = self.generation() if managed else (-1, "")
+        return pb.OffsetCommitRequest(group_id=self.group_id, generation_id=gen, member_id=member,
+                                      topics=group_offsets_request(offsets))
+
+    def _commit_outcome(self, resp: pb.OffsetCommitResponse) -> None:
+        code, where = first_error(resp.topics)
+        if not code:
+            return
+        if code in _FIND_AGAIN:
+            self.coordinator_dead(ErrorCode(code).name)
+        elif code == ErrorCode.UNKNOWN_MEMBER_ID:
+            self.request_rejoin("commit: UNKNOWN_MEMBER_ID", reset_member=True)
+        elif code in REJOIN_CODES:
+            self.request_rejoin(f"commit: {ErrorCode(code).name}")
+        raise errors.for_code(code, f"OffsetCommit {self.group_id} {where}")
+
+    def commit_sync(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], managed: bool,
+                    timeout_s: float) -> None:
+        """OffsetCommit `offsets`, retrying coordinator moves and network errors for
+        up to `timeout_s` seconds. `managed`: send this member's generation and
+        member id (subscribe), else -1 / "" (assign). Raises the coordinator's
+        error, e.g. RebalanceInProgressError / IllegalGenerationError /
+        UnknownMemberIdError when the generation is over (the member then rejoins
+        on the next poll)."""
+        if not offsets:
+            return
+
+        def _once() -> None:
+            req = self._commit_request(offsets, managed)
+            addr = self.coordinator(timeout_s)
+            try:
+                resp = self._core.call(self._core.group_stub(addr).OffsetCommit, req)
+            except errors.ExactlyError as exc:
+                if exc.code in _FIND_AGAIN:
+                    self.coordinator_dead(exc)
+                raise
+            self._commit_outcome(resp)
+
+        self._retrying(timeout_s, _RETRY_CODES)(_once)
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], managed: bool,
+                     callback: Callable[[errors.ExactlyError | None], None] | None = None) -> None:
+        """Send OffsetCommit without waiting; failures are logged (auto commit)."""
+        if not offsets:
+            return
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+        except errors.ExactlyError as exc:
+            log.debug("group %s: auto commit skipped, no coordinator: %r", self.group_id, exc)
+            if callback is not None:
+                callback(exc)
+            return
+        fut = self._core.call_future(self._core.group_stub(addr).OffsetCommit,
+                                     self._commit_request(offsets, managed))
+
+        def _done(f: concurrent.futures.Future) -> None:
+            err: errors.ExactlyError | None = None
+            try:
+                self._commit_outcome(f.result())
+            except errors.ExactlyError as exc:
+                if exc.code in _FIND_AGAIN:
+                    self.coordinator_dead(exc)
+                err = exc
+                log.info("group %s: async offset commit failed: %r", self.group_id, exc)
+            except concurrent.futures.CancelledError:
+                return
+            if callback is not None:
+                callback(err)
+
+        fut.add_done_callback(_done)
+
+    def offset_fetch_request(self, partitions: Iterable[TopicPartition],
+                             require_stable: bool) -> pb.OffsetFetchRequest:
+        return pb.OffsetFetchRequest(group_id=self.group_id, topics=topic_partitions_request(partitions),
+                                     require_stable=require_stable)
+
+    def fetch_committed_async(self, partitions: list[TopicPartition],
+                              require_stable: bool) -> concurrent.futures.Future | None:
+        """Send OffsetFetch without waiting; None when the coordinator is unknown."""
+        try:
+            addr = self.coordinator(timeout_s=self._backoff_max_s)
+        except errors.ExactlyError as exc:
+            log.debug("group %s: OffsetFetch deferred, no coordinator: %r", self.group_id, exc)
+            return None
+        return self._core.call_future(self._core.group_stub(addr).OffsetFetch,
+                                      self.offset_fetch_request(partitions, require_stable))
+
+    def fetch_committed(self, partitions: Iterable[TopicPartition], require_stable: bool,
+                        timeout_s: float) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """Committed offsets of `partitions`; retries UNSTABLE_OFFSET_COMMIT,
+        coordinator moves and network errors for up to `timeout_s` seconds."""
+        wanted = sorted(set(partitions))
+        if not wanted:
+            return {}
+
+        def _once() -> dict[TopicPartition, OffsetAndMetadata | None]:
+            addr = self.coordinator(timeout_s)
+            try:
+                resp = self._core.call(self._core.group_stub(addr).OffsetFetch,
+                                       self.offset_fetch_request(wanted, require_stable))
+                return parse_offset_fetch(resp, wanted)
+            except errors.ExactlyError as exc:
+                if exc.code in _FIND_AGAIN:
+                    self.coordinator_dead(exc)
+                raise
+
+        return self._retrying(timeout_s, _RETRY_CODES | {ErrorCode.UNSTABLE_OFFSET_COMMIT})(_once)
