@@ -1,0 +1,131 @@
+"""Records of the __consumer_offsets topic: keys and values as protobuf messages
+of exactly/v1/offsets_log.proto inside Kafka record batches v2.
+
+- Offset commit: key OffsetsLogKey.offset (group, topic, partition), value
+  OffsetCommitValue (offset, leader epoch, metadata, commit timestamp ms), or a
+  null value (tombstone). OffsetCommit writes them in a batch without PID;
+  TxnOffsetCommit in a transactional batch with the producer's PID and epoch and
+  base sequence -1 (records.NO_SEQUENCE), so the transaction's marker decides.
+- Group metadata: key OffsetsLogKey.group, value GroupMetadataValue (the
+  GroupSnapshot of a completed rebalance), never transactional.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Union
+
+from exactly import records
+from exactly.v1 import offsets_log_pb2 as pb
+
+from .group import GroupSnapshot, MemberSnapshot
+from .offsets import OffsetAndMetadata, TopicPartition
+
+
+class OffsetKey(NamedTuple):
+    """Decoded offset commit key."""
+    group: str
+    tp: TopicPartition
+
+
+class GroupKey(NamedTuple):
+    """Decoded group metadata key."""
+    group: str
+
+
+LogKey = Union[OffsetKey, GroupKey]
+
+
+def offset_key(group: str, tp: TopicPartition) -> bytes:
+    return pb.OffsetsLogKey(offset=pb.OffsetCommitKey(
+        group=group, topic=tp.topic, partition=tp.partition)).SerializeToString()
+
+
+def group_key(group: str) -> bytes:
+    return pb.OffsetsLogKey(group=pb.GroupMetadataKey(group=group)).SerializeToString()
+
+
+def decode_key(data: bytes | None) -> LogKey | None:
+    """OffsetKey, GroupKey, or None for a key of no known kind (skipped when
+    replaying, so newer record kinds do not stop an older coordinator).
+    Raises records.CorruptRecordError when the bytes do not parse."""
+    if data is None:
+        return None
+    key = pb.OffsetsLogKey()
+    try:
+        key.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError
+        raise records.CorruptRecordError(f"__consumer_offsets key: {exc}") from exc
+    kind = key.WhichOneof("key")
+    if kind == "offset":
+        return OffsetKey(key.offset.group, TopicPartition(key.offset.topic, key.offset.partition))
+    if kind == "group":
+        return GroupKey(key.group.group)
+    return None
+
+
+def encode_offset_value(value: OffsetAndMetadata) -> bytes:
+    return pb.OffsetCommitValue(offset=value.offset, leader_epoch=value.leader_epoch,
+                                metadata=value.metadata,
+                                commit_timestamp_ms=value.commit_timestamp_ms).SerializeToString()
+
+
+def decode_offset_value(data: bytes | None) -> OffsetAndMetadata | None:
+    """None for a tombstone. Raises records.CorruptRecordError."""
+    if data is None:
+        return None
+    v = pb.OffsetCommitValue()
+    try:
+        v.ParseFromString(data)
+    except Exception as exc:
+        raise records.CorruptRecordError(f"__consumer_offsets offset value: {exc}") from exc
+    return OffsetAndMetadata(v.offset, v.metadata, v.leader_epoch, v.commit_timestamp_ms)
+
+
+def encode_group_value(snap: GroupSnapshot, timestamp_ms: int) -> bytes:
+    return pb.GroupMetadataValue(
+        protocol_type=snap.protocol_type, generation=snap.generation,
+        protocol_name=snap.protocol_name, leader=snap.leader, state_timestamp_ms=timestamp_ms,
+        members=[pb.GroupMemberRecord(
+            member_id=m.member_id, group_instance_id=m.group_instance_id,
+            session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms,
+            topics=list(m.topics),
+            assignment=[pb.MemberAssignment(topic=t, partitions=list(p)) for t, p in m.assignment])
+            for m in snap.members],
+        topic_partition_counts=dict(snap.topic_partition_counts)).SerializeToString()
+
+
+def decode_group_value(group_id: str, data: bytes | None) -> GroupSnapshot | None:
+    """None for a tombstone (group deleted). Raises records.CorruptRecordError."""
+    if data is None:
+        return None
+    v = pb.GroupMetadataValue()
+    try:
+        v.ParseFromString(data)
+    except Exception as exc:
+        raise records.CorruptRecordError(f"__consumer_offsets group value: {exc}") from exc
+    return GroupSnapshot(
+        group_id, v.protocol_type, v.generation, v.protocol_name, v.leader,
+        tuple(MemberSnapshot(m.member_id, m.group_instance_id, m.session_timeout_ms,
+                             m.rebalance_timeout_ms, tuple(m.topics),
+                             tuple((a.topic, tuple(a.partitions)) for a in m.assignment))
+              for m in v.members),
+        tuple(sorted(v.topic_partition_counts.items())))
+
+
+def offsets_batch(group: str, offsets: Mapping[TopicPartition, OffsetAndMetadata], timestamp_ms: int,
+                  producer_id: int = records.NO_PRODUCER_ID,
+                  producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
+    """One record batch with an offset commit record per partition (at least
+    one). With producer_id >= 0 the batch is transactional for that PID and
+    epoch, base sequence NO_SEQUENCE (TxnOffsetCommit); otherwise it has no PID."""
+    recs = [(offset_key(group, TopicPartition(*tp)), encode_offset_value(v), (), timestamp_ms)
+            for tp, v in offsets.items()]
+    if producer_id >= 0:
+        return records.encode_batch(recs, producer_id=producer_id, producer_epoch=producer_epoch,
+                                    base_sequence=records.NO_SEQUENCE, transactional=True)
+    return records.encode_batch(recs)
+
+
+def group_batch(snap: GroupSnapshot, timestamp_ms: int) -> bytes:
+    """One record batch (no PID) holding the group metadata record of `snap`."""
+    return records.encode_batch([(group_key(snap.group_id), encode_group_value(snap, timestamp_ms),
+                                  (), timestamp_ms)])
