@@ -6,6 +6,9 @@ import time
 import pytest
 
 from exactly import records
+from services.partition_leader.log import LogConfig
+from services.partition_leader.partition import Partition, PartitionConfig
+from services.partition_leader.snapshot_store import SnapshotStore
 
 NOW_MS = 1_700_000_000_000
 
@@ -39,6 +42,26 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SnapshotStore(tmp_path / "producer-state")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def small_config() -> PartitionConfig:
+    return PartitionConfig(LogConfig(segment_bytes=2048, index_interval_bytes=256))
+
+
+@pytest.fixture
+def open_partition(tmp_path, store, clock, small_config):
+    """open_partition(topic="t", partition=0, **kw) -> Partition in tmp_path."""
+    def _open(topic: str = "t", partition: int = 0, config: PartitionConfig | None = None, **kw) -> Partition:
+        return Partition.open(topic, partition, tmp_path, config or small_config, store, clock_ms=clock, **kw)
+    return _open
 
 
 def crash(partition_or_log) -> None:
