@@ -1,8 +1,11 @@
 """Exactly: the Python SDK of an exactly-once streaming log (Kafka KIP-98 / KIP-447
 semantics over gRPC). See DESIGN.md §7 for the client API."""
 from . import errors
+from .admin import AdminClient
+from .consumer import Consumer
+from .producer import Producer
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
                     RecordMetadata, TopicPartition)
 
-__all__ = ["errors", "NewTopic", "TopicPartition", "OffsetAndMetadata", "ConsumerRecord",
-           "RecordMetadata", "ConsumerGroupMetadata"]
+__all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
+           "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata"]

@@ -1,0 +1,423 @@
+"""Per-partition record batching for the Producer (Kafka's RecordAccumulator).
+
+`send()` appends each record, already encoded as a v2 record, to the open batch
+of its partition; the sender thread drains batches that are full (`batch.size`
+bytes), old enough (`linger.ms`), or wanted by a flush. A batch is framed
+(header, PID, epoch, base sequence, CRC) once, when first drained, and the same
+bytes are sent again on retry so the leader can deduplicate them (design doc
+"Client-Broker request handling"). Also the default partitioner: murmur2 of the
+key as Kafka's, sticky when there is no key (KIP-480).
+
+No I/O here; time comes from an injectable clock (ms).
+"""
+from __future__ import annotations
+
+import collections
+import random
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Iterable, Sequence
+
+from . import errors
+from . import records as _rec
+from .types import RecordMetadata, TopicPartition
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------- partitioner
+
+_M = 0x5BD1E995
+_MASK32 = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2, seed
+    0x9747b28c) as a signed 32-bit int, so keys land on the same partitions as
+    with Kafka clients."""
+    length = len(data)
+    h = (0x9747B28C ^ length) & _MASK32
+    n4 = length >> 2
+    if n4:
+        for k in struct.unpack_from(f"<{n4}I", data):
+            k = (k * _M) & _MASK32
+            k ^= k >> 24
+            k = (k * _M) & _MASK32
+            h = ((h * _M) & _MASK32) ^ k
+    rem = length & 3
+    tail = n4 << 2
+    if rem == 3:
+        h ^= data[tail + 2] << 16
+    if rem >= 2:
+        h ^= data[tail + 1] << 8
+    if rem >= 1:
+        h ^= data[tail]
+        h = (h * _M) & _MASK32
+    h ^= h >> 13
+    h = (h * _M) & _MASK32
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    """Kafka's default partitioner for keyed records: toPositive(murmur2(key)) % n."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+class StickyPartitioner:
+    """Keyless records stick to one partition per topic until a new batch would be
+    opened there, then move to another partition chosen at random (KIP-480)."""
+
+    def __init__(self, rng: random.Random | None = None):
+        self._rng = rng or random.Random()
+        self._sticky: dict[str, int] = {}
+
+    def partition(self, topic: str, partitions: Sequence[int]) -> int:
+        p = self._sticky.get(topic)
+        if p is None or p not in partitions:
+            p = partitions[self._rng.randrange(len(partitions))]
+            self._sticky[topic] = p
+        return p
+
+    def on_new_batch(self, topic: str, partitions: Sequence[int], previous: int) -> int:
+        """The sticky partition's batch is closed: pick another (if there is one)."""
+        if self._sticky.get(topic) != previous:
+            return self._sticky[topic]  # another thread already moved on
+        if len(partitions) > 1:
+            choices = [p for p in partitions if p != previous]
+            p = choices[self._rng.randrange(len(choices))]
+        else:
+            p = partitions[0]
+        self._sticky[topic] = p
+        return p
+
+
+# ---------------------------------------------------------------- batches
+
+class ProducerBatch:
+    """Records for one partition sent in one produce request.
+
+    Records are appended as encoded bytes with their futures; `seal()` frames
+    the batch. Each record's future resolves to RecordMetadata(offset=base_offset
+    + i) or fails with the batch's error.
+    """
+
+    __slots__ = ("tp", "blobs", "futures", "timestamps", "size", "base_ts", "created_ms",
+                 "closed", "producer_id", "producer_epoch", "base_sequence", "payload",
+                 "attempts", "retry_at_ms", "done", "in_flight", "transactional", "error",
+                 "drained_ms")
+
+    def __init__(self, tp: TopicPartition, created_ms: float, base_ts: int):
+        self.tp = tp
+        self.blobs: list[bytes] = []
+        self.futures: list[Future] = []
+        self.timestamps: list[int] = []
+        self.size = _rec.HEADER_SIZE
+        self.base_ts = base_ts
+        self.created_ms = created_ms
+        self.closed = False
+        self.producer_id = _rec.NO_PRODUCER_ID
+        self.producer_epoch = _rec.NO_PRODUCER_EPOCH
+        self.base_sequence = _rec.NO_SEQUENCE
+        self.payload: bytes | None = None
+        self.attempts = 0
+        self.retry_at_ms = 0.0
+        self.done = threading.Event()
+        self.in_flight = False
+        self.transactional = False
+        self.error: BaseException | None = None
+        self.drained_ms = 0.0
+
+    @property
+    def record_count(self) -> int:
+        return len(self.blobs)
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == _rec.NO_SEQUENCE:
+            return _rec.NO_SEQUENCE
+        return (self.base_sequence + len(self.blobs) - 1) & 0x7FFFFFFF
+
+    def try_append(self, key: bytes | None, value: bytes | None, headers: Headers,
+                   ts: int, batch_size: int) -> Future | None:
+        """Append one record; None when the batch is closed or would exceed
+        `batch_size` bytes (an empty batch takes any one record)."""
+        if self.closed:
+            return None
+        blob = _rec.encode_record(len(self.blobs), ts - self.base_ts, key, value, headers)
+        if self.blobs and self.size + len(blob) > batch_size:
+            return None
+        fut: Future = Future()
+        self.blobs.append(blob)
+        self.futures.append(fut)
+        self.timestamps.append(ts)
+        self.size += len(blob)
+        return fut
+
+    def is_full(self, batch_size: int) -> bool:
+        return self.closed or self.size >= batch_size
+
+    def seal(self, producer_id: int, producer_epoch: int, base_sequence: int,
+             transactional: bool, compression: int) -> bytes:
+        """Frame the records into a v2 batch with the given PID/epoch/sequence; later
+        calls return the same bytes (retries must be byte-identical)."""
+        self.closed = True
+        if self.payload is None:
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self.base_sequence = base_sequence
+            self.transactional = transactional
+            max_ts = max(self.timestamps)
+            self.payload = _rec.build_batch(
+                b"".join(self.blobs), len(self.blobs), self.base_ts, max_ts, len(self.blobs) - 1,
+                producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+                transactional=transactional, compression=compression)
+        return self.payload
+
+    def unseal(self) -> None:
+        """Drop the framing and sequence so the batch is sent again under a new
+        PID/epoch (only for batches the leader rejected without writing)."""
+        self.payload = None
+        self.producer_id = _rec.NO_PRODUCER_ID
+        self.producer_epoch = _rec.NO_PRODUCER_EPOCH
+        self.base_sequence = _rec.NO_SEQUENCE
+
+    @property
+    def has_sequence(self) -> bool:
+        return self.base_sequence != _rec.NO_SEQUENCE
+
+    def complete(self, base_offset: int, log_append_time_ms: int = -1) -> None:
+        """Resolve every record's future with its RecordMetadata."""
+        if self.done.is_set():
+            return
+        topic, partition = self.tp
+        for i, fut in enumerate(self.futures):
+            ts = log_append_time_ms if log_append_time_ms >= 0 else self.timestamps[i]
+            off = base_offset + i if base_offset >= 0 else -1
+            if fut.set_running_or_notify_cancel():
+                fut.set_result(RecordMetadata(topic, partition, off, ts))
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail every record's future with `exc` (one shared instance)."""
+        if self.done.is_set():
+            return
+        self.error = exc
+        for fut in self.futures:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(exc)
+        self.done.set()
+
+    def __repr__(self) -> str:
+        return (f"ProducerBatch({self.tp.topic}-{self.tp.partition}, records={len(self.blobs)}, "
+                f"bytes={self.size}, seq={self.base_sequence}, attempts={self.attempts})")
+
+
+class RecordAccumulator:
+    """Batches per partition, bounded by `buffer_memory` bytes in total.
+
+    `batch_size` (bytes) closes a batch; `linger_ms` is how long a non-full batch
+    waits for more records. `clock()` returns ms (monotonic). Thread-safe.
+    """
+
+    def __init__(self, batch_size: int = 16384, linger_ms: float = 5,
+                 buffer_memory: int = 32 * 1024 * 1024, clock: Callable[[], float] = now_ms):
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.buffer_memory = buffer_memory
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._queues: dict[TopicPartition, collections.deque[ProducerBatch]] = {}
+        self._incomplete: set[ProducerBatch] = set()
+        self._buffered = 0
+        self._flushes = 0
+        self.closed = False
+
+    # ------------------------------------------------------------ append
+
+    def append(self, tp: TopicPartition, ts: int, key: bytes | None, value: bytes | None,
+               headers: Headers = (), abort_on_new_batch: bool = False,
+               max_block_ms: float = 60000) -> tuple[Future, bool, bool] | None:
+        """Append a record to the open batch of `tp`, opening a new batch if needed.
+        Returns (future, batch_is_full, new_batch_created); None if a new batch was
+        needed and `abort_on_new_batch` (the sticky partitioner then moves on).
+        Blocks up to `max_block_ms` while the buffer is full, then raises
+        errors.KafkaTimeoutError; raises errors.IllegalStateError once closed."""
+        with self._lock:
+            if self.closed:
+                raise errors.IllegalStateError("producer is closed")
+            dq = self._queues.get(tp)
+            if dq is None:
+                dq = self._queues[tp] = collections.deque()
+            if dq:
+                last = dq[-1]
+                before = last.size
+                fut = last.try_append(key, value, headers, ts, self.batch_size)
+                if fut is not None:
+                    self._buffered += last.size - before
+                    return fut, last.is_full(self.batch_size), False
+                last.closed = True
+            if abort_on_new_batch:
+                return None
+            self._wait_for_space(max_block_ms)
+            batch = ProducerBatch(tp, self.clock(), ts)
+            fut = batch.try_append(key, value, headers, ts, self.batch_size)
+            dq.append(batch)
+            self._incomplete.add(batch)
+            self._buffered += batch.size
+            return fut, batch.is_full(self.batch_size) or len(dq) > 1, True
+
+    def _wait_for_space(self, max_block_ms: float) -> None:
+        if self._buffered < self.buffer_memory:
+            return
+        deadline = time.monotonic() + max_block_ms / 1000.0
+        while self._buffered >= self.buffer_memory and not self.closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.KafkaTimeoutError(
+                    f"buffer.memory ({self.buffer_memory} bytes) full for max.block.ms ({max_block_ms:.0f} ms)")
+            self._space.wait(remaining)
+        if self.closed:
+            raise errors.IllegalStateError("producer is closed")
+
+    # ------------------------------------------------------------ drain
+
+    def ready(self, now: float | None = None) -> tuple[list[TopicPartition], float | None]:
+        """Partitions whose head batch may be sent now (full, lingered long enough,
+        flushing or closing, and past any retry backoff), and the ms until the next
+        batch becomes ready (None: no batch waits)."""
+        now = self.clock() if now is None else now
+        ready: list[TopicPartition] = []
+        wait: float | None = None
+        with self._lock:
+            force = self._flushes > 0 or self.closed
+            for tp, dq in self._queues.items():
+                if not dq:
+                    continue
+                head = dq[0]
+                if head.attempts:
+                    due = head.retry_at_ms
+                elif force or len(dq) > 1 or head.is_full(self.batch_size):
+                    due = now
+                else:
+                    due = head.created_ms + self.linger_ms
+                if due <= now:
+                    ready.append(tp)
+                else:
+                    wait = due - now if wait is None else min(wait, due - now)
+        return ready, wait
+
+    def peek(self, tp: TopicPartition) -> ProducerBatch | None:
+        with self._lock:
+            dq = self._queues.get(tp)
+            return dq[0] if dq else None
+
+    def drain(self, tp: TopicPartition) -> ProducerBatch | None:
+        """Remove and close the head batch of `tp` (for sending)."""
+        with self._lock:
+            dq = self._queues.get(tp)
+            if not dq:
+                return None
+            batch = dq.popleft()
+            batch.closed = True
+            batch.drained_ms = self.clock()
+            return batch
+
+    def reenqueue(self, batch: ProducerBatch, backoff_ms: float, now: float | None = None) -> None:
+        """Put a batch back for a retry after `backoff_ms`, before any batch with a
+        higher (or no) sequence, so retries keep the partition's order."""
+        now = self.clock() if now is None else now
+        batch.attempts += 1
+        batch.retry_at_ms = now + backoff_ms
+        with self._lock:
+            dq = self._queues.setdefault(batch.tp, collections.deque())
+            i = 0
+            if batch.has_sequence:
+                while i < len(dq) and dq[i].has_sequence and _seq_before(dq[i].base_sequence, batch.base_sequence):
+                    i += 1
+            else:
+                while i < len(dq) and dq[i].attempts:
+                    i += 1
+            dq.insert(i, batch)
+
+    def deallocate(self, batch: ProducerBatch) -> None:
+        """The batch is complete (acknowledged or failed): free its buffer space."""
+        with self._lock:
+            if batch in self._incomplete:
+                self._incomplete.discard(batch)
+                self._buffered -= batch.size
+                self._space.notify_all()
+
+    # ------------------------------------------------------------ bulk operations
+
+    def expired(self, now: float, delivery_timeout_ms: float) -> list[ProducerBatch]:
+        """Remove and return queued (not in-flight) batches older than delivery.timeout.ms."""
+        out = []
+        with self._lock:
+            for dq in self._queues.values():
+                while dq and now - dq[0].created_ms >= delivery_timeout_ms:
+                    out.append(dq.popleft())
+        return out
+
+    def drain_all(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (abort, fatal error, close)."""
+        with self._lock:
+            out = [b for dq in self._queues.values() for b in dq]
+            for dq in self._queues.values():
+                dq.clear()
+            return out
+
+    def has_queued(self) -> bool:
+        with self._lock:
+            return any(self._queues.values())
+
+    def incomplete(self) -> list[ProducerBatch]:
+        with self._lock:
+            return list(self._incomplete)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered
+
+    def begin_flush(self) -> None:
+        with self._lock:
+            self._flushes += 1
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self._flushes -= 1
+
+    @property
+    def flushing(self) -> bool:
+        return self._flushes > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._space.notify_all()
+
+
+def _seq_before(a: int, b: int) -> bool:
+    """a precedes b in int32 sequence space (wrapping)."""
+    return a != b and ((b - a) & 0x7FFFFFFF) < (1 << 30)
+
+
+def fail_batches(batches: Iterable[ProducerBatch], exc: BaseException, acc: RecordAccumulator) -> None:
+    for b in batches:
+        b.fail(exc)
+        acc.deallocate(b)
+
+
+__all__ = ["murmur2", "partition_for_key", "StickyPartitioner", "ProducerBatch",
+           "RecordAccumulator", "fail_batches", "now_ms", "wall_ms"]

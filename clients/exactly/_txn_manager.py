@@ -1,0 +1,440 @@
+"""Producer-side transaction state: PID/epoch, per-partition sequences, the
+partitions and groups of the current transaction, and the state machine.
+
+Pure logic, no I/O (STYLE.md 6): the Producer and its sender thread perform the
+RPCs and report outcomes here. Valid transitions are one table checked in one
+place (STYLE.md 1); error states keep their cause in `last_error` (STYLE.md 7).
+Fatal vs abortable errors follow the KIP-98 design document, "Transactional
+Producer" / "Error Handling". Methods are atomic (an internal lock), because the
+user's threads and the sender thread both report here.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+from typing import Iterable
+
+from . import errors
+from .errors import ErrorCode
+from .types import TopicPartition
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+_INT32_MAX = 0x7FFFFFFF
+
+
+class TxnState(enum.Enum):
+    UNINITIALIZED = "UNINITIALIZED"
+    INITIALIZING = "INITIALIZING"
+    READY = "READY"
+    IN_TRANSACTION = "IN_TRANSACTION"
+    COMMITTING_TRANSACTION = "COMMITTING_TRANSACTION"
+    ABORTING_TRANSACTION = "ABORTING_TRANSACTION"
+    ABORTABLE_ERROR = "ABORTABLE_ERROR"
+    FATAL_ERROR = "FATAL_ERROR"
+
+
+S = TxnState
+
+# For each state, the states it may be entered from (Kafka's TransactionManager.State).
+VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
+    # READY: an idempotent producer drops its PID to get a new one;
+    # INITIALIZING: InitProducerId failed or timed out and may be tried again.
+    S.UNINITIALIZED: frozenset({S.READY, S.INITIALIZING}),
+    # ABORTING_TRANSACTION: the epoch is bumped after an abort that left sequences unknown.
+    S.INITIALIZING: frozenset({S.UNINITIALIZED, S.ABORTING_TRANSACTION}),
+    S.READY: frozenset({S.INITIALIZING, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
+    S.IN_TRANSACTION: frozenset({S.READY}),
+    S.COMMITTING_TRANSACTION: frozenset({S.IN_TRANSACTION}),
+    S.ABORTING_TRANSACTION: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR}),
+    S.ABORTABLE_ERROR: frozenset({S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.ABORTABLE_ERROR,
+                                  S.ABORTING_TRANSACTION, S.INITIALIZING}),
+    S.FATAL_ERROR: frozenset(TxnState),
+}
+
+ERROR_STATES = frozenset({S.ABORTABLE_ERROR, S.FATAL_ERROR})
+
+# Errors after which this producer instance can do nothing useful (design doc
+# "Error Handling": a zombie, a lost log, an invalid timeout, a protocol violation).
+FATAL_CODES = frozenset({
+    ErrorCode.PRODUCER_FENCED,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+    ErrorCode.INVALID_TXN_STATE,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ErrorCode.PRODUCER_ID_AUTHORIZATION_FAILED,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ErrorCode.UNSUPPORTED_VERSION,
+    ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+})
+
+FENCING_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
+
+
+class InvalidTransitionError(errors.IllegalStateError):
+    """A transition not allowed by VALID_PREVIOUS (a bug or a misuse of the API)."""
+
+
+def fenced(cause: BaseException | str | None = None) -> errors.ExactlyError:
+    """A ProducerFencedError for either fencing code (INVALID_PRODUCER_EPOCH from a
+    partition leader, PRODUCER_FENCED from a coordinator): users catch one class."""
+    msg = "producer fenced: another instance with the same transactional.id has a newer epoch"
+    if cause is not None:
+        msg = f"{msg} ({cause})"
+    return errors.ProducerFencedError(msg)
+
+
+def is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, errors.ExactlyError) and exc.code in FATAL_CODES
+
+
+def normalize(exc: BaseException) -> BaseException:
+    """Map both fencing codes to ProducerFencedError; other errors unchanged."""
+    if isinstance(exc, errors.ExactlyError) and exc.code in FENCING_CODES \
+            and not getattr(exc, "_normalized", False):
+        out = fenced(f"{exc.code.name}: {exc.message}" if exc.message != exc.code.name else exc.code.name)
+        out._normalized = True
+        out.__cause__ = exc
+        return out
+    return exc
+
+
+def copy_error(exc: BaseException) -> BaseException:
+    """A fresh instance of a stored error to raise again (keeps class and message)."""
+    if isinstance(exc, errors.ExactlyError):
+        new = type(exc)(exc.message)
+        if getattr(exc, "_normalized", False):
+            new._normalized = True
+    else:
+        try:
+            new = type(exc)(*exc.args)
+        except Exception:  # noqa: BLE001 - odd constructor: fall back to the generic error
+            new = errors.ExactlyError(str(exc))
+    new.__cause__ = exc
+    return new
+
+
+def next_sequence(seq: int, count: int) -> int:
+    """Sequences are int32 and wrap to 0 after 2**31-1, as in Kafka."""
+    return (seq + count) & _INT32_MAX
+
+
+class TransactionManager:
+    """State of one producer's PID, sequences and transaction.
+
+    `transactional_id` None means a non-transactional producer; `idempotent`
+    False means no PID at all (then the manager stays READY and only checks
+    nothing). Thread-safe.
+    """
+
+    def __init__(self, transactional_id: str | None = None, idempotent: bool = True,
+                 transaction_timeout_ms: int = 60000):
+        if transactional_id is not None and not idempotent:
+            raise ValueError("a transactional producer must be idempotent")
+        self.transactional_id = transactional_id
+        self.idempotent = idempotent
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._lock = threading.RLock()
+        self.state = S.UNINITIALIZED if idempotent else S.READY
+        self.last_error: BaseException | None = None
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self._next_seq: dict[TopicPartition, int] = {}
+        self._last_acked: dict[TopicPartition, int] = {}
+        # Transaction membership: partitions known to the coordinator, partitions
+        # waiting for AddPartitionsToTxn, and those in an AddPartitionsToTxn in flight.
+        self._added: set[TopicPartition] = set()
+        self._pending: set[TopicPartition] = set()
+        self._adding: set[TopicPartition] = set()
+        self._groups: set[str] = set()
+        # Some batch with an assigned sequence ended without a known outcome, so the
+        # leader's next expected sequence is unknown: a new epoch (or PID) is needed.
+        self.sequences_unresolved = False
+
+    # ------------------------------------------------------------ state machine
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.transactional_id is not None
+
+    def transition_to(self, target: TxnState, error: BaseException | None = None) -> None:
+        """Move to `target`, checked against VALID_PREVIOUS. Error states require
+        `error` (kept as last_error); other states must not get one. Raises
+        InvalidTransitionError (an errors.IllegalStateError)."""
+        with self._lock:
+            if target in ERROR_STATES:
+                if error is None:
+                    raise ValueError(f"transition to {target.name} needs the error that caused it")
+            elif error is not None:
+                raise ValueError(f"{target.name} is not an error state")
+            if self.state not in VALID_PREVIOUS[target]:
+                raise InvalidTransitionError(
+                    f"invalid transaction state transition {self.state.name} -> {target.name}")
+            if target is S.ABORTABLE_ERROR and self.state is S.ABORTABLE_ERROR:
+                return  # keep the first cause
+            self.state = target
+            if error is not None:
+                self.last_error = error
+            elif target is S.READY:
+                self.last_error = None
+
+    def raise_if_failed(self) -> None:
+        """Raise (a copy of) last_error when in ABORTABLE_ERROR or FATAL_ERROR."""
+        with self._lock:
+            if self.state in ERROR_STATES and self.last_error is not None:
+                raise copy_error(self.last_error)
+
+    def raise_if_fatal(self) -> None:
+        with self._lock:
+            if self.state is S.FATAL_ERROR and self.last_error is not None:
+                raise copy_error(self.last_error)
+
+    def _require_transactional(self, what: str) -> None:
+        if not self.is_transactional:
+            raise errors.IllegalStateError(f"{what} needs a transactional producer (set transactional.id)")
+
+    def record_error(self, exc: BaseException) -> BaseException:
+        """Record a failure reported by a request: fatal codes move to FATAL_ERROR;
+        other non-retriable errors abort the current transaction (ABORTABLE_ERROR)
+        when there is one. Returns the normalized error (fencing -> ProducerFencedError)."""
+        exc = normalize(exc)
+        with self._lock:
+            if self.state is S.FATAL_ERROR:
+                return exc
+            if is_fatal(exc):
+                self.transition_to(S.FATAL_ERROR, exc)
+            elif self.is_transactional and self.state in (
+                    S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.ABORTABLE_ERROR):
+                self.transition_to(S.ABORTABLE_ERROR, exc)
+            return exc
+
+    @property
+    def has_error(self) -> bool:
+        return self.state in ERROR_STATES
+
+    @property
+    def is_fatal_state(self) -> bool:
+        return self.state is S.FATAL_ERROR
+
+    # ------------------------------------------------------------ PID / epoch
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id != NO_PRODUCER_ID
+
+    def begin_initialize(self) -> None:
+        """init_transactions() (or the first send of an idempotent producer)."""
+        with self._lock:
+            self.raise_if_fatal()
+            if self.is_transactional and self.state is not S.UNINITIALIZED \
+                    and self.state is not S.ABORTING_TRANSACTION:
+                raise errors.IllegalStateError(
+                    f"init_transactions() may be called once, not in state {self.state.name}")
+            self.transition_to(S.INITIALIZING)
+
+    def initialize_failed(self, exc: BaseException) -> BaseException:
+        """InitProducerId did not succeed: fatal errors stay, others allow a retry."""
+        with self._lock:
+            exc = normalize(exc)
+            if is_fatal(exc):
+                self.transition_to(S.FATAL_ERROR, exc)
+            elif self.state is S.INITIALIZING:
+                self.transition_to(S.UNINITIALIZED)
+            return exc
+
+    def set_producer_id_and_epoch(self, producer_id: int, producer_epoch: int) -> None:
+        """InitProducerId succeeded: a new PID or epoch restarts every sequence at 0."""
+        with self._lock:
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._next_seq.clear()
+            self._last_acked.clear()
+            self.sequences_unresolved = False
+            self.transition_to(S.READY)
+
+    def reset_producer_id(self) -> None:
+        """Idempotent (non-transactional) producer: forget the PID so the sender gets
+        a new one (after UNKNOWN_PRODUCER_ID or unresolved sequences)."""
+        with self._lock:
+            if self.is_transactional:
+                raise errors.IllegalStateError("a transactional producer bumps its epoch instead")
+            if self.state is S.READY:
+                self.transition_to(S.UNINITIALIZED)
+            self.producer_id = NO_PRODUCER_ID
+            self.producer_epoch = NO_PRODUCER_EPOCH
+
+    # ------------------------------------------------------------ sequences
+
+    def sequence_for(self, tp: TopicPartition, record_count: int) -> int:
+        """Assign the base sequence of a batch of `record_count` records to `tp` and
+        advance the partition's next sequence (done when the batch is drained)."""
+        with self._lock:
+            seq = self._next_seq.get(tp, 0)
+            self._next_seq[tp] = next_sequence(seq, record_count)
+            return seq
+
+    def next_sequence_of(self, tp: TopicPartition) -> int:
+        with self._lock:
+            return self._next_seq.get(tp, 0)
+
+    def ack(self, tp: TopicPartition, last_sequence: int) -> None:
+        """A batch ending at `last_sequence` was acknowledged (or was a duplicate)."""
+        with self._lock:
+            prev = self._last_acked.get(tp, -1)
+            if prev < 0 or next_sequence(last_sequence, -prev) < (1 << 30):
+                self._last_acked[tp] = last_sequence
+
+    def last_acked_sequence(self, tp: TopicPartition) -> int:
+        """Last acknowledged sequence of `tp` under the current PID/epoch, -1 if none."""
+        with self._lock:
+            return self._last_acked.get(tp, -1)
+
+    def is_next_expected(self, tp: TopicPartition, base_sequence: int) -> bool:
+        """True when every batch before `base_sequence` was acknowledged: an
+        OUT_OF_ORDER_SEQUENCE_NUMBER for such a batch is real, not a reordering."""
+        with self._lock:
+            return next_sequence(self._last_acked.get(tp, -1), 1) == base_sequence
+
+    # ------------------------------------------------------------ transaction
+
+    def begin_transaction(self) -> None:
+        """beginTransaction(): local only; the coordinator learns of the transaction
+        with the first AddPartitionsToTxn / AddOffsetsToTxn."""
+        with self._lock:
+            self._require_transactional("begin_transaction()")
+            self.raise_if_failed()
+            if self.state is S.IN_TRANSACTION:
+                raise errors.IllegalStateError("a transaction is already in progress")
+            if self.state is not S.READY:
+                raise errors.IllegalStateError(
+                    f"begin_transaction() needs init_transactions() first (state {self.state.name})")
+            self.transition_to(S.IN_TRANSACTION)
+            self._clear_transaction()
+
+    def _clear_transaction(self) -> None:
+        self._added.clear()
+        self._pending.clear()
+        self._adding.clear()
+        self._groups.clear()
+
+    def check_can_send(self) -> None:
+        """Raise when a record may not be appended now: IllegalStateError outside a
+        transaction (transactional producer) or the stored error in an error state."""
+        state = self.state
+        if state is S.IN_TRANSACTION or (not self.is_transactional and state is not S.FATAL_ERROR):
+            return
+        with self._lock:
+            self.raise_if_failed()
+            if self.is_transactional and self.state is not S.IN_TRANSACTION:
+                if self.state in (S.UNINITIALIZED, S.INITIALIZING):
+                    raise errors.IllegalStateError("call init_transactions() before sending")
+                raise errors.IllegalStateError(
+                    f"cannot send outside a transaction (state {self.state.name}); call begin_transaction()")
+
+    def maybe_add_partition(self, tp: TopicPartition) -> None:
+        """Note that the transaction writes to `tp` (AddPartitionsToTxn pending)."""
+        if tp in self._added or not self.is_transactional:
+            return
+        with self._lock:
+            if tp not in self._added and tp not in self._adding:
+                self._pending.add(tp)
+
+    def is_partition_added(self, tp: TopicPartition) -> bool:
+        return not self.is_transactional or tp in self._added
+
+    def has_pending_partitions(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def add_in_flight(self) -> bool:
+        return bool(self._adding)
+
+    def take_pending_partitions(self) -> list[TopicPartition]:
+        """Partitions for the next AddPartitionsToTxn (none while one is in flight,
+        or outside IN_TRANSACTION / COMMITTING_TRANSACTION)."""
+        with self._lock:
+            if self._adding or not self._pending or \
+                    self.state not in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION):
+                return []
+            tps = sorted(self._pending)
+            self._adding.update(tps)
+            self._pending.clear()
+            return tps
+
+    def partitions_added(self, tps: Iterable[TopicPartition]) -> None:
+        with self._lock:
+            for tp in tps:
+                self._adding.discard(tp)
+                self._added.add(tp)
+
+    def partitions_add_retry(self, tps: Iterable[TopicPartition]) -> None:
+        """AddPartitionsToTxn must be sent again for `tps` (retriable error)."""
+        with self._lock:
+            for tp in tps:
+                self._adding.discard(tp)
+                if self.state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION):
+                    self._pending.add(tp)
+
+    def partitions_add_failed(self, tps: Iterable[TopicPartition], exc: BaseException) -> BaseException:
+        with self._lock:
+            for tp in tps:
+                self._adding.discard(tp)
+            return self.record_error(exc)
+
+    def needs_add_offsets(self, group_id: str) -> bool:
+        return group_id not in self._groups
+
+    def offsets_added(self, group_id: str) -> None:
+        with self._lock:
+            self._groups.add(group_id)
+
+    @property
+    def transaction_started(self) -> bool:
+        """True when the coordinator knows of the transaction (something was added)."""
+        return bool(self._added or self._groups or self._adding)
+
+    def check_in_transaction(self, what: str) -> None:
+        with self._lock:
+            self._require_transactional(what)
+            self.raise_if_failed()
+            if self.state is not S.IN_TRANSACTION:
+                raise errors.IllegalStateError(f"{what} needs an ongoing transaction (state {self.state.name})")
+
+    def begin_commit(self) -> bool:
+        """commitTransaction(). Returns False when a commit is already in progress
+        (a retry after a timeout). Raises the stored error in an error state."""
+        with self._lock:
+            self._require_transactional("commit_transaction()")
+            self.raise_if_failed()
+            if self.state is S.COMMITTING_TRANSACTION:
+                return False
+            if self.state is not S.IN_TRANSACTION:
+                raise errors.IllegalStateError(f"no transaction to commit (state {self.state.name})")
+            self.transition_to(S.COMMITTING_TRANSACTION)
+            return True
+
+    def begin_abort(self) -> bool:
+        """abortTransaction(): allowed in a transaction or after an abortable error.
+        Returns False when an abort is already in progress. Raises a fatal error."""
+        with self._lock:
+            self._require_transactional("abort_transaction()")
+            self.raise_if_fatal()
+            if self.state is S.ABORTING_TRANSACTION:
+                return False
+            if self.state not in (S.IN_TRANSACTION, S.ABORTABLE_ERROR):
+                raise errors.IllegalStateError(f"no transaction to abort (state {self.state.name})")
+            self.transition_to(S.ABORTING_TRANSACTION)
+            self._pending.clear()
+            return True
+
+    def complete_transaction(self) -> None:
+        """EndTxn succeeded (or there was nothing to end): back to READY."""
+        with self._lock:
+            self.transition_to(S.READY)
+            self._clear_transaction()
+
+
+__all__ = ["TxnState", "VALID_PREVIOUS", "ERROR_STATES", "FATAL_CODES", "FENCING_CODES",
+           "TransactionManager", "InvalidTransitionError", "fenced", "is_fatal", "normalize",
+           "copy_error", "next_sequence", "NO_PRODUCER_ID", "NO_PRODUCER_EPOCH"]

@@ -1,0 +1,868 @@
+"""The Producer: batching, idempotence and transactions (KIP-98).
+
+`send()` appends records to per-partition batches (`_accumulator`); a background
+sender thread drains them, assigns sequence numbers, adds partitions to the
+transaction, and pipelines Produce requests to the partition leaders. The
+transaction state lives in `_txn_manager.TransactionManager` (no I/O). The
+coordinator round trips of init_transactions, send_offsets_to_transaction,
+commit_transaction and abort_transaction run in the calling thread.
+
+Follows the KIP-98 design document, "Transactional Producer" (Public APIs, Error
+Handling, Added Configurations) and "Data Flow" steps 1-5; KIP-447 for the group
+metadata passed with transactional offsets.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Mapping, Sequence
+
+from . import errors
+from . import records as _rec
+from ._accumulator import (ProducerBatch, RecordAccumulator, StickyPartitioner, fail_batches,
+                           now_ms, partition_for_key, wall_ms)
+from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSACTION, METADATA_ERRORS,
+                      ClientCore, Metadata, is_retriable)
+from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
+                           TxnState, copy_error)
+from .errors import ErrorCode
+from .types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
+from .v1 import exactly_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_INT32_MAX = 2147483647
+# Kafka retries AddPartitionsToTxn quickly on CONCURRENT_TRANSACTIONS: the previous
+# transaction's markers are usually written within a few ms.
+_ADD_PARTITIONS_RETRY_MS = 20
+
+
+class TransactionAbortedError(errors.ExactlyError):
+    """The record's transaction was aborted before the record was sent."""
+    code = ErrorCode.INVALID_TXN_STATE
+    retriable = False
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, str):
+        if v.strip().lower() in ("true", "1", "yes"):
+            return True
+        if v.strip().lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"not a boolean: {v!r}")
+    return bool(v)
+
+
+def _as_acks(v: Any) -> int:
+    s = str(v).strip().lower()
+    if s in ("all", "-1"):
+        return -1
+    if s in ("0", "1"):
+        return int(s)
+    raise ValueError(f"acks must be 0, 1 or all, not {v!r}")
+
+
+def _to_bytes(v: Any, what: str) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(v).__name__}")
+
+
+def _headers(h: Any) -> tuple[tuple[str, bytes | None], ...]:
+    if not h:
+        return ()
+    items = h.items() if isinstance(h, Mapping) else h
+    out = []
+    for k, v in items:
+        if not isinstance(k, str):
+            raise TypeError(f"header keys must be str, not {type(k).__name__}")
+        out.append((k, _to_bytes(v, "header value")))
+    return tuple(out)
+
+
+def _failed(exc: BaseException) -> Future:
+    f: Future = Future()
+    f.set_exception(exc)
+    return f
+
+
+class Producer:
+    """Sends records to topic partitions, optionally idempotently and in transactions.
+
+    `conf` (Kafka keys; values may be str or native types):
+      bootstrap.servers        "host:port,host:port" (required)
+      transactional.id         enables transactions (init_transactions first)
+      enable.idempotence       default True (PID + sequences; needs acks=all)
+      acks                     0 | 1 | all (default all)
+      linger.ms                ms a non-full batch waits for more records (default 5)
+      batch.size               bytes per partition batch (default 16384)
+      transaction.timeout.ms   ms before the coordinator aborts an open transaction (60000)
+      retries                  tries per batch after the first (default 2147483647)
+      max.in.flight.requests.per.connection  batches in flight per partition (5; 1-5 with idempotence)
+      request.timeout.ms       ms per request (30000)
+      delivery.timeout.ms      ms a record may take from send() to its outcome (120000)
+      compression.type         none | gzip
+      max.block.ms             ms send()/init_transactions() may block (60000)
+      buffer.memory            bytes of unsent records before send() blocks (33554432)
+      max.request.size         largest record batch in bytes (1048576)
+      retry.backoff.ms / retry.backoff.max.ms   backoff between retries (100 / 1000)
+
+    Raises ValueError for invalid or conflicting settings (e.g. transactional.id with
+    enable.idempotence=false). Thread-safe: send() may be called from several threads.
+    """
+
+    def __init__(self, conf: Mapping[str, Any]):
+        conf = dict(conf)
+        self._core = ClientCore(conf)
+        tid = conf.get("transactional.id") or None
+        self._transactional_id: str | None = str(tid) if tid is not None else None
+        idem_set = "enable.idempotence" in conf
+        idempotent = _as_bool(conf.get("enable.idempotence", True))
+        acks_set = "acks" in conf
+        self._acks = _as_acks(conf.get("acks", "all"))
+        self._max_in_flight = int(conf.get("max.in.flight.requests.per.connection", 5))
+        self._retries = int(conf.get("retries", _INT32_MAX))
+        if self._max_in_flight < 1:
+            raise ValueError("max.in.flight.requests.per.connection must be >= 1")
+        if self._transactional_id is not None:
+            if idem_set and not idempotent:
+                raise ValueError("transactional.id requires enable.idempotence=true")
+            idempotent = True
+        if idempotent:
+            conflicts = []
+            if self._acks != -1:
+                conflicts.append("acks=all")
+            if self._max_in_flight > 5:
+                conflicts.append("max.in.flight.requests.per.connection <= 5")
+            if self._retries < 1:
+                conflicts.append("retries > 0")
+            if conflicts:
+                if idem_set or self._transactional_id is not None:
+                    raise ValueError("idempotence requires " + ", ".join(conflicts))
+                idempotent = False  # not asked for explicitly: Kafka >= 3.0 falls back
+        elif not acks_set:
+            self._acks = -1
+        self._idempotent = idempotent
+        self._linger_ms = float(conf.get("linger.ms", 5))
+        self._batch_size = max(int(conf.get("batch.size", 16384)), 1)
+        self._request_timeout_ms = self._core.request_timeout_ms
+        self._delivery_timeout_ms = float(conf.get("delivery.timeout.ms", 120000))
+        self._max_block_ms = float(conf.get("max.block.ms", 60000))
+        self._max_request_size = int(conf.get("max.request.size", 1048576))
+        self._backoff_ms = float(self._core.retry_backoff_ms)
+        self._backoff_max_ms = float(self._core.retry_backoff_max_ms)
+        ctype = str(conf.get("compression.type", "none")).lower()
+        if ctype not in ("none", "gzip"):
+            raise ValueError(f"compression.type must be none or gzip, not {ctype!r}")
+        self._compression = _rec.COMPRESSION_GZIP if ctype == "gzip" else _rec.COMPRESSION_NONE
+        self._txn_timeout_ms = int(conf.get("transaction.timeout.ms", 60000))
+        self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
+        self._acc = RecordAccumulator(self._batch_size, self._linger_ms,
+                                      int(conf.get("buffer.memory", 32 * 1024 * 1024)))
+        self._partitioner = StickyPartitioner()
+        self._partitioner_lock = threading.Lock()
+        self._parts_md: Metadata | None = None
+        self._parts: dict[str, list[int]] = {}
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._sender = _Sender(self)
+        self._sender.start()
+
+    # ------------------------------------------------------------ send
+
+    def send(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
+             headers: Any = None, timestamp_ms: int | None = None) -> Future:
+        """Queue one record and return a concurrent.futures.Future of its
+        RecordMetadata (topic, partition, real log offset, timestamp ms).
+
+        `value`/`key`: bytes, str (utf-8) or None. `headers`: [(str, bytes|str|None)]
+        or a dict. `partition`: explicit partition, else murmur2(key) % partitions
+        as Kafka's default partitioner, or a sticky partition for keyless records.
+        `timestamp_ms`: create time, default now.
+
+        Raises errors.IllegalStateError when closed, or (transactional producer)
+        outside begin_transaction()/commit; TypeError for bad value types;
+        errors.MessageTooLargeError above max.request.size;
+        errors.UnknownTopicOrPartitionError if the topic stays unknown for
+        max.block.ms. Delivery errors (including errors.ProducerFencedError when
+        another producer with the same transactional.id took over, and the stored
+        error once the transaction is in an error state) arrive through the future.
+        Design doc: "Public APIs", send().
+        """
+        if self._closed:
+            raise errors.IllegalStateError("producer is closed")
+        txn = self._txn
+        if txn.has_error:
+            err = txn.last_error
+            if err is not None:
+                return _failed(copy_error(err))
+        txn.check_can_send()
+        key_b = _to_bytes(key, "key")
+        value_b = _to_bytes(value, "value")
+        hdrs = _headers(headers)
+        size = _rec.HEADER_SIZE + 32 + (len(key_b) if key_b else 0) + (len(value_b) if value_b else 0) \
+            + sum(len(k) + (len(v) if v else 0) + 8 for k, v in hdrs)
+        if size > self._max_request_size:
+            raise errors.MessageTooLargeError(
+                f"record of about {size} bytes exceeds max.request.size ({self._max_request_size} bytes)")
+        ts = wall_ms() if timestamp_ms is None else int(timestamp_ms)
+        partitions = self._partitions_for(topic)
+        sticky = False
+        if partition is not None:
+            if partition not in partitions:
+                partitions = self._partitions_for(topic, refresh=True)
+                if partition not in partitions:
+                    raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition}")
+            p = partition
+        elif key_b is not None:
+            p = partitions[partition_for_key(key_b, len(partitions))]
+        else:
+            with self._partitioner_lock:
+                p = self._partitioner.partition(topic, partitions)
+            sticky = True
+        tp = TopicPartition(topic, p)
+        txn.maybe_add_partition(tp)
+        res = self._acc.append(tp, ts, key_b, value_b, hdrs, abort_on_new_batch=sticky,
+                               max_block_ms=self._max_block_ms)
+        if res is None:
+            with self._partitioner_lock:
+                p = self._partitioner.on_new_batch(topic, partitions, p)
+            tp = TopicPartition(topic, p)
+            txn.maybe_add_partition(tp)
+            res = self._acc.append(tp, ts, key_b, value_b, hdrs, max_block_ms=self._max_block_ms)
+        fut, full, new_batch = res
+        if full or new_batch:
+            self._sender.wakeup()
+        return fut
+
+    def _partitions_for(self, topic: str, refresh: bool = False) -> list[int]:
+        md = self._core.metadata([topic], refresh=refresh) if refresh else self._core.metadata()
+        if md is not self._parts_md:
+            self._parts_md, self._parts = md, {}
+        parts = self._parts.get(topic)
+        if parts is None:
+            parts = md.partitions(topic)
+            if not parts:
+                parts = self._core.retry(lambda: self._core.partitions_for(topic),
+                                         timeout_s=self._max_block_ms / 1000.0)
+            self._parts[topic] = parts
+        return parts
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """Partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError."""
+        return list(self._partitions_for(topic))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every queued record now (ignoring linger.ms) and wait until each has
+        an outcome. `timeout` in seconds (None: no limit). Raises
+        errors.KafkaTimeoutError when records are still pending at the timeout.
+        Record errors are reported through their futures, not here."""
+        self._acc.begin_flush()
+        try:
+            self._sender.wakeup()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for batch in self._acc.incomplete():
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+                if not batch.done.wait(remaining):
+                    raise errors.KafkaTimeoutError(f"flush timed out after {timeout} s")
+        finally:
+            self._acc.end_flush()
+
+    # ------------------------------------------------------------ transactions
+
+    def _timeout_s(self, timeout: float | None) -> float:
+        return self._max_block_ms / 1000.0 if timeout is None else timeout
+
+    def _txn_call(self, method: str, request: Any, timeout_s: float) -> Any:
+        core = self._core
+        return core.coordinator_call(self._transactional_id, COORDINATOR_TRANSACTION,
+                                     lambda addr: getattr(core.txn_stub(addr), method), request,
+                                     timeout_s=timeout_s)
+
+    def _init_producer_id(self, timeout_s: float, bump: bool = False) -> None:
+        """InitProducerId to the transaction coordinator (step 2 of the data flow);
+        `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360)."""
+        txn = self._txn
+        req = pb.InitProducerIdRequest(
+            transactional_id=self._transactional_id or "",
+            transaction_timeout_ms=self._txn_timeout_ms,
+            producer_id=txn.producer_id if bump else NO_PRODUCER_ID,
+            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH)
+        try:
+            resp = self._txn_call("InitProducerId", req, timeout_s)
+        except errors.ExactlyError as exc:
+            err = txn.initialize_failed(exc)
+            if is_retriable(err):
+                raise errors.KafkaTimeoutError(f"InitProducerId did not succeed within {timeout_s} s: {err}") from err
+            raise err from None
+        txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
+        log.info("producer %s: PID %d epoch %d", self._transactional_id, resp.producer_id, resp.producer_epoch)
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Get this transactional.id's PID and a new epoch from the transaction
+        coordinator, fencing older instances and completing (aborting) their open
+        transaction. Call once, before the first begin_transaction().
+        `timeout` in seconds (default max.block.ms).
+
+        Raises errors.IllegalStateError without transactional.id or when called
+        twice; errors.KafkaTimeoutError when the coordinator did not answer in time
+        (the call may be repeated); errors.InvalidTransactionTimeoutError and other
+        fatal errors. Design doc: "Public APIs", initTransactions()."""
+        self._check_open()
+        if self._transactional_id is None:
+            raise errors.IllegalStateError("init_transactions() needs transactional.id")
+        self._txn.begin_initialize()
+        self._init_producer_id(self._timeout_s(timeout))
+
+    def begin_transaction(self) -> None:
+        """Start a transaction (local; the coordinator hears of it with the first
+        partition or offsets added). Raises errors.IllegalStateError when not
+        initialized or a transaction is open, or the stored error after a fatal or
+        abortable error. Design doc: "Public APIs", beginTransaction()."""
+        self._check_open()
+        self._txn.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+                                    group_metadata: ConsumerGroupMetadata | str,
+                                    timeout: float | None = None) -> None:
+        """Commit consumed `offsets` (TopicPartition -> OffsetAndMetadata of the next
+        record to read) as part of the transaction: AddOffsetsToTxn to the
+        transaction coordinator (once per group per transaction), then
+        TxnOffsetCommit to the group coordinator with the consumer's group
+        metadata (group id, generation, member id), which rejects a stale
+        generation (KIP-447). The offsets become visible only when the transaction
+        commits. `timeout` in seconds (default max.block.ms).
+
+        Raises errors.ProducerFencedError (fatal) when a newer producer instance
+        exists; errors.IllegalGenerationError / UnknownMemberIdError (the
+        transaction must be aborted); errors.KafkaTimeoutError; errors.IllegalStateError
+        outside a transaction. Design doc: "Public APIs", sendOffsetsToTransaction();
+        data flow 4.3 and 4.4."""
+        self._check_open()
+        txn = self._txn
+        txn.check_in_transaction("send_offsets_to_transaction()")
+        gm = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
+        if not offsets:
+            return
+        timeout_s = self._timeout_s(timeout)
+        deadline = time.monotonic() + timeout_s
+        core = self._core
+        try:
+            if txn.needs_add_offsets(gm.group_id):
+                self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
+                    transactional_id=self._transactional_id, producer_id=txn.producer_id,
+                    producer_epoch=txn.producer_epoch, group_id=gm.group_id), timeout_s)
+                txn.offsets_added(gm.group_id)
+            by_topic: dict[str, list[pb.OffsetCommitPartition]] = collections.defaultdict(list)
+            for tp, om in sorted(offsets.items()):
+                if isinstance(om, int):
+                    om = OffsetAndMetadata(om)
+                by_topic[tp.topic].append(pb.OffsetCommitPartition(
+                    partition=tp.partition, committed_offset=om.offset, committed_leader_epoch=-1,
+                    metadata=om.metadata or ""))
+            req = pb.TxnOffsetCommitRequest(
+                transactional_id=self._transactional_id, group_id=gm.group_id,
+                producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
+                generation_id=gm.generation_id, member_id=gm.member_id or "",
+                group_instance_id=gm.group_instance_id or "",
+                topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+            core.coordinator_call(
+                gm.group_id, COORDINATOR_GROUP, lambda addr: core.group_stub(addr).TxnOffsetCommit, req,
+                error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
+                                           if p.error_code), 0),
+                timeout_s=max(deadline - time.monotonic(), 0.001))
+        except errors.ExactlyError as exc:
+            if is_retriable(exc) and exc.code not in FENCING_CODES:
+                raise errors.KafkaTimeoutError(
+                    f"send_offsets_to_transaction did not succeed within {timeout_s} s: {exc}") from exc
+            raise txn.record_error(exc) from None
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then EndTxn(COMMIT) and wait for the coordinator's answer; the
+        transaction's records and offsets become visible to read_committed
+        consumers. `timeout` in seconds (default max.block.ms).
+
+        Raises errors.ProducerFencedError (fatal); the stored error when the
+        transaction hit an abortable error (call abort_transaction()); any fatal
+        error; errors.KafkaTimeoutError (commit_transaction() may be called again);
+        errors.IllegalStateError without an open transaction.
+        Design doc: "Public APIs", commitTransaction(); data flow 5.1."""
+        self._check_open()
+        txn = self._txn
+        timeout_s = self._timeout_s(timeout)
+        deadline = time.monotonic() + timeout_s
+        txn.begin_commit()
+        try:
+            self.flush(timeout_s)
+        except errors.KafkaTimeoutError as exc:
+            # Records of the transaction are still unacknowledged: it can only be aborted.
+            txn.record_error(exc)
+            raise
+        self._wait_add_partitions(deadline)
+        txn.raise_if_failed()
+        if txn.transaction_started:
+            self._end_txn(True, max(deadline - time.monotonic(), 0.001))
+        txn.complete_transaction()
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Drop unsent records of the transaction (their futures fail with
+        TransactionAbortedError), wait for in-flight ones, then EndTxn(ABORT).
+        Allowed after an abortable error. `timeout` in seconds (default
+        max.block.ms).
+
+        Raises errors.ProducerFencedError and other fatal errors;
+        errors.KafkaTimeoutError (abort_transaction() may be called again);
+        errors.IllegalStateError without an open transaction.
+        Design doc: "Public APIs", abortTransaction(); data flow 5.1."""
+        self._check_open()
+        txn = self._txn
+        timeout_s = self._timeout_s(timeout)
+        deadline = time.monotonic() + timeout_s
+        txn.begin_abort()
+        dropped = self._acc.drain_all()
+        if any(b.has_sequence for b in dropped):
+            txn.sequences_unresolved = True  # sent before, outcome unknown
+        fail_batches(dropped, TransactionAbortedError("transaction aborted before the record was sent"),
+                     self._acc)
+        self._sender.wakeup()
+        for batch in self._acc.incomplete():
+            if not batch.done.wait(max(deadline - time.monotonic(), 0)):
+                raise errors.KafkaTimeoutError(f"abort_transaction timed out after {timeout_s} s")
+        self._wait_add_partitions(deadline)
+        txn.raise_if_fatal()
+        if txn.transaction_started:
+            self._end_txn(False, max(deadline - time.monotonic(), 0.001))
+        if txn.sequences_unresolved:
+            # Some batch of the aborted transaction may or may not be in the log: a
+            # new epoch restarts sequences so later batches are not rejected (KIP-360).
+            txn.transition_to(TxnState.INITIALIZING)
+            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+        else:
+            txn.complete_transaction()
+
+    def _wait_add_partitions(self, deadline: float) -> None:
+        while self._txn.add_in_flight:
+            if time.monotonic() >= deadline:
+                raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
+            time.sleep(0.001)
+
+    def _end_txn(self, commit: bool, timeout_s: float) -> None:
+        txn = self._txn
+        req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
+                               producer_epoch=txn.producer_epoch, committed=commit)
+        try:
+            self._txn_call("EndTxn", req, timeout_s)
+        except errors.ExactlyError as exc:
+            if is_retriable(exc):
+                raise errors.KafkaTimeoutError(
+                    f"EndTxn({'commit' if commit else 'abort'}) did not succeed within {timeout_s:.1f} s: {exc}"
+                ) from exc
+            if not commit and exc.code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+                # The coordinator no longer knows this PID (design doc "Error Handling",
+                # InvalidPidMapping): nothing to abort; get a new mapping.
+                txn.sequences_unresolved = True
+                return
+            err = txn.record_error(exc)
+            if not commit and txn.state is TxnState.ABORTING_TRANSACTION:
+                txn.transition_to(TxnState.ABORTABLE_ERROR, err)
+            raise err from None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.IllegalStateError("producer is closed")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send queued records (unless the producer hit a fatal error), stop the
+        sender thread and release connections. `timeout` in seconds for the flush
+        (None: no limit); records still pending then fail with
+        errors.IllegalStateError. An open transaction is not committed (the
+        coordinator aborts it after transaction.timeout.ms). Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if not self._txn.is_fatal_state:
+                self.flush(timeout)
+        except errors.ExactlyError:
+            pass
+        finally:
+            self._acc.close()
+            self._sender.stop()
+            self._sender.join(timeout=max(self._request_timeout_ms / 1000.0, 1.0))
+            closed = errors.IllegalStateError("producer closed before the record was delivered")
+            fail_batches(self._acc.drain_all(), closed, self._acc)
+            fail_batches(self._acc.incomplete(), closed, self._acc)
+            self._core.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort if the user forgot close()
+        try:
+            if not self._closed:
+                self._sender.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class _Sender(threading.Thread):
+    """Drains ready batches, keeps the transaction's partitions registered, sends
+    Produce requests (one per leader, futures: several leaders at once) and
+    handles their outcomes. Outcomes are processed on this thread only."""
+
+    def __init__(self, producer: Producer):
+        super().__init__(name="exactly-producer-sender", daemon=True)
+        self.p = producer
+        self._cond = threading.Condition()
+        self._woken = False
+        self._running = True
+        self._completions: collections.deque = collections.deque()
+        self._in_flight: dict[TopicPartition, int] = collections.defaultdict(int)
+        self._in_flight_total = 0
+        self._need_metadata = False
+        self._metadata_at = 0.0
+        self._add_retry_at = 0.0
+        self._pid_retry_at = 0.0
+        self._reset_pid = False
+
+    # ------------------------------------------------------------ loop
+
+    def wakeup(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._running = False
+            self._cond.notify()
+
+    def _complete(self, fn) -> None:
+        self._completions.append(fn)
+        with self._cond:
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            try:
+                delay = self._run_once()
+            except Exception:  # noqa: BLE001 - keep sending; the error is a bug to log
+                log.exception("producer sender iteration failed")
+                delay = self.p._backoff_ms
+            with self._cond:
+                if not self._running:
+                    break
+                if not self._woken and not self._completions and (delay is None or delay > 0):
+                    self._cond.wait(None if delay is None else delay / 1000.0)
+                self._woken = False
+        while self._completions:  # outcomes that arrived while stopping
+            try:
+                self._completions.popleft()()
+            except Exception:  # noqa: BLE001
+                log.exception("producer completion failed")
+
+    def _run_once(self) -> float | None:
+        p, txn, acc = self.p, self.p._txn, self.p._acc
+        while self._completions:
+            self._completions.popleft()()
+        now = now_ms()
+        if txn.has_error or txn.state is TxnState.ABORTING_TRANSACTION:
+            err = txn.last_error if txn.has_error else TransactionAbortedError("transaction aborted")
+            queued = acc.drain_all()
+            if queued:
+                fail_batches(queued, err, acc)
+            return None
+        if txn.idempotent and not txn.is_transactional:
+            wait = self._maybe_init_idempotent(now)
+            if wait is not None:
+                return wait
+        if txn.is_transactional and now >= self._add_retry_at:
+            tps = txn.take_pending_partitions()
+            if tps:
+                self._send_add_partitions(tps)
+        delay = self._expire(now)
+        ready, wait = acc.ready(now)
+        if ready:
+            sent_any = self._send_ready(ready, now)
+            if sent_any:
+                wait = 0  # more batches may be ready for the same partitions
+        if self._need_metadata:
+            wait = self._refresh_metadata(now, wait)
+        if delay is not None:
+            wait = delay if wait is None else min(wait, delay)
+        if txn.is_transactional and txn.has_pending_partitions() and not txn.add_in_flight:
+            retry_in = max(self._add_retry_at - now, 0)
+            wait = retry_in if wait is None else min(wait, retry_in)
+        return wait
+
+    def _expire(self, now: float) -> float | None:
+        p = self.p
+        for batch in p._acc.expired(now, p._delivery_timeout_ms):
+            exc = errors.KafkaTimeoutError(
+                f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} expired: "
+                f"delivery.timeout.ms ({p._delivery_timeout_ms:.0f} ms) passed")
+            self._fail(batch, exc)
+        return None
+
+    def _refresh_metadata(self, now: float, wait: float | None) -> float | None:
+        due = self._metadata_at + self.p._backoff_ms
+        if now < due:
+            return due - now if wait is None else min(wait, due - now)
+        self._metadata_at = now
+        self._need_metadata = False
+        try:
+            self.p._core.metadata(refresh=True)
+        except errors.ExactlyError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            self._need_metadata = True
+        return 0
+
+    # ------------------------------------------------------------ PID for idempotence
+
+    def _maybe_init_idempotent(self, now: float) -> float | None:
+        """Non-transactional idempotent producer: get (or renew) the PID before
+        draining. Returns a delay to wait instead of sending, or None."""
+        p, txn, acc = self.p, self.p._txn, self.p._acc
+        if self._reset_pid or txn.sequences_unresolved:
+            if self._in_flight_total:
+                return None  # wait for in-flight batches, then reset
+            self._reset_pid = False
+            txn.reset_producer_id()
+            for b in acc.drain_all():  # re-frame queued batches under the new PID
+                b.unseal()
+                acc.reenqueue(b, 0, now)
+        if txn.has_producer_id:
+            return None
+        if not acc.has_queued():
+            return None
+        if now < self._pid_retry_at:
+            return self._pid_retry_at - now
+        core = p._core
+        try:
+            if txn.state is TxnState.UNINITIALIZED:
+                txn.begin_initialize()
+
+            def _once():
+                md = core.metadata()
+                addrs = sorted(n.address for n in md.nodes.values() if n.role == "txn_coordinator")
+                if not addrs:
+                    core.metadata(refresh=True)
+                    raise errors.CoordinatorNotAvailableError("no transaction coordinator is live")
+                resp = core.call(core.txn_stub(addrs[int(now) % len(addrs)]).InitProducerId,
+                                 pb.InitProducerIdRequest(transactional_id="", producer_id=-1, producer_epoch=-1,
+                                                          transaction_timeout_ms=p._txn_timeout_ms))
+                errors.check(resp.error_code, resp.error_message or None)
+                return resp
+
+            resp = core.retry(_once, timeout_s=p._request_timeout_ms / 1000.0)
+            txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
+            return None
+        except errors.ExactlyError as exc:
+            err = txn.initialize_failed(exc)
+            log.warning("InitProducerId failed: %s", err)
+            if txn.is_fatal_state:
+                fail_batches(p._acc.drain_all(), err, p._acc)
+                return None
+            self._pid_retry_at = now + p._backoff_max_ms
+            return p._backoff_max_ms
+
+    # ------------------------------------------------------------ AddPartitionsToTxn
+
+    def _send_add_partitions(self, tps: list[TopicPartition]) -> None:
+        p, txn, core = self.p, self.p._txn, self.p._core
+        try:
+            addr = core.find_coordinator(p._transactional_id, COORDINATOR_TRANSACTION)
+        except errors.ExactlyError as exc:
+            self._add_failed(tps, exc)
+            return
+        by_topic: dict[str, list[int]] = collections.defaultdict(list)
+        for tp in tps:
+            by_topic[tp.topic].append(tp.partition)
+        req = pb.AddPartitionsToTxnRequest(
+            transactional_id=p._transactional_id, producer_id=txn.producer_id,
+            producer_epoch=txn.producer_epoch,
+            topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        fut = core.call_future(core.txn_stub(addr).AddPartitionsToTxn, req)
+        fut.add_done_callback(lambda f: self._complete(lambda: self._on_add_partitions(tps, f)))
+
+    def _on_add_partitions(self, tps: list[TopicPartition], fut: Future) -> None:
+        txn = self.p._txn
+        exc = fut.exception()
+        if exc is not None:
+            self._add_failed(tps, exc)
+            return
+        codes = {TopicPartition(t.topic, r.partition): r.error_code
+                 for t in fut.result().results for r in t.partitions}
+        ok = [tp for tp in tps if codes.get(tp) == ErrorCode.NONE]
+        txn.partitions_added(ok)
+        failed = [tp for tp in tps if codes.get(tp) != ErrorCode.NONE]
+        if failed:
+            worst = None
+            for tp in failed:
+                code = codes.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
+                err = errors.for_code(code, f"AddPartitionsToTxn {tp.topic}-{tp.partition}")
+                if worst is None or not err.retriable:
+                    worst = err
+            self._add_failed(failed, worst)
+        self.wakeup()
+
+    def _add_failed(self, tps: list[TopicPartition], exc: BaseException) -> None:
+        p, txn = self.p, self.p._txn
+        if is_retriable(exc):
+            if isinstance(exc, errors.ExactlyError) and exc.code in COORDINATOR_ERRORS:
+                p._core.invalidate_coordinator(p._transactional_id, COORDINATOR_TRANSACTION)
+            backoff = _ADD_PARTITIONS_RETRY_MS if getattr(exc, "code", None) == ErrorCode.CONCURRENT_TRANSACTIONS \
+                else p._backoff_ms
+            self._add_retry_at = now_ms() + backoff
+            txn.partitions_add_retry(tps)
+            return
+        err = txn.partitions_add_failed(tps, exc)
+        log.warning("AddPartitionsToTxn failed: %r", err)
+        fail_batches(p._acc.drain_all(), err, p._acc)
+
+    # ------------------------------------------------------------ Produce
+
+    def _send_ready(self, ready: list[TopicPartition], now: float) -> bool:
+        p, txn, acc, core = self.p, self.p._txn, self.p._acc, self.p._core
+        try:
+            md = core.metadata()
+        except errors.ExactlyError:
+            self._need_metadata = True
+            return False
+        if txn.idempotent and not txn.has_producer_id:
+            return False
+        if txn.idempotent and not txn.is_transactional and (self._reset_pid or txn.sequences_unresolved):
+            return False  # the PID is about to be replaced
+        by_leader: dict[str, list[ProducerBatch]] = collections.defaultdict(list)
+        for tp in ready:
+            if not txn.is_partition_added(tp):
+                continue
+            n = self._in_flight[tp]
+            if n >= p._max_in_flight:
+                continue
+            head = acc.peek(tp)
+            if head is None or (head.attempts and n):
+                continue  # a retried batch goes alone, after the earlier ones resolved
+            leader = md.leader(tp.topic, tp.partition)
+            if leader is None:
+                self._need_metadata = True
+                continue
+            batch = acc.drain(tp)
+            if batch is None:
+                continue
+            if batch.payload is None:
+                seq = txn.sequence_for(tp, batch.record_count) if txn.idempotent else _rec.NO_SEQUENCE
+                batch.seal(txn.producer_id, txn.producer_epoch, seq, txn.is_transactional, p._compression)
+            batch.in_flight = True
+            self._in_flight[tp] = n + 1
+            self._in_flight_total += 1
+            by_leader[leader].append(batch)
+        for leader, batches in by_leader.items():
+            self._send_produce(leader, batches)
+        return bool(by_leader)
+
+    def _send_produce(self, leader: str, batches: list[ProducerBatch]) -> None:
+        p, core = self.p, self.p._core
+        by_topic: dict[str, list[pb.PartitionProduceData]] = collections.defaultdict(list)
+        for b in batches:
+            by_topic[b.tp.topic].append(pb.PartitionProduceData(partition=b.tp.partition, records=b.payload))
+        req = pb.ProduceRequest(transactional_id=p._transactional_id or "", acks=p._acks,
+                                timeout_ms=p._request_timeout_ms,
+                                topics=[pb.TopicProduceData(name=t, partitions=ps) for t, ps in by_topic.items()])
+        try:
+            fut = core.call_future(core.leader_stub(leader).Produce, req)
+        except errors.ExactlyError as exc:
+            fut = _failed(exc)
+        fut.add_done_callback(lambda f: self._complete(lambda: self._on_produce(batches, f)))
+
+    def _on_produce(self, batches: list[ProducerBatch], fut: Future) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            for b in batches:
+                self._on_batch_error(b, exc)
+            return
+        results = {(t.name, r.partition): r for t in fut.result().topics for r in t.partitions}
+        for b in batches:
+            r = results.get(b.tp)
+            if r is None:
+                self._on_batch_error(b, errors.UnknownServerError(
+                    f"no produce result for {b.tp.topic}-{b.tp.partition}"))
+            elif r.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+                # DUPLICATE_SEQUENCE_NUMBER: an earlier try was written (design doc
+                # "Error Handling"): success.
+                self._done_in_flight(b)
+                if b.has_sequence:
+                    self.p._txn.ack(b.tp, b.last_sequence)
+                b.complete(r.base_offset, r.log_append_time_ms if r.log_append_time_ms > 0 else -1)
+                self.p._acc.deallocate(b)
+            else:
+                self._on_batch_error(b, errors.for_code(r.error_code, r.error_message or None))
+
+    def _done_in_flight(self, b: ProducerBatch) -> None:
+        if b.in_flight:
+            b.in_flight = False
+            self._in_flight[b.tp] -= 1
+            self._in_flight_total -= 1
+
+    def _retry(self, b: ProducerBatch) -> None:
+        p = self.p
+        backoff = min(p._backoff_ms * (2 ** min(b.attempts, 16)), p._backoff_max_ms)
+        p._acc.reenqueue(b, backoff)
+
+    def _on_batch_error(self, b: ProducerBatch, exc: BaseException) -> None:
+        p, txn = self.p, self.p._txn
+        self._done_in_flight(b)
+        code = exc.code if isinstance(exc, errors.ExactlyError) else None
+        now = now_ms()
+        can_retry = b.attempts < p._retries and now - b.created_ms < p._delivery_timeout_ms
+        if code in FENCING_CODES:
+            self._fail(b, txn.record_error(exc), sequenced=False)
+            return
+        if txn.idempotent and not txn.is_transactional and \
+                code in (ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and \
+                (self._reset_pid or code == ErrorCode.UNKNOWN_PRODUCER_ID) and can_retry:
+            # The leader has no state for this PID (or the PID is being replaced):
+            # it did not write the batch; send it again under a new PID.
+            self._reset_pid = True
+            b.unseal()
+            self._retry(b)
+            return
+        if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and b.has_sequence and \
+                not txn.is_next_expected(b.tp, b.base_sequence) and can_retry:
+            # An earlier batch of this partition is unresolved (retried or reordered).
+            self._retry(b)
+            return
+        if is_retriable(exc) and can_retry and not txn.has_error:
+            if code in METADATA_ERRORS:
+                self._need_metadata = True
+            self._retry(b)
+            return
+        self._fail(b, exc)
+
+    def _fail(self, b: ProducerBatch, exc: BaseException, sequenced: bool = True) -> None:
+        p, txn = self.p, self.p._txn
+        if sequenced and b.has_sequence:
+            # The leader's next sequence is now unknown (or has a gap): later batches
+            # need a new epoch / PID.
+            txn.sequences_unresolved = True
+        # Transactional: any failure aborts the transaction; otherwise only fatal codes matter.
+        err = txn.record_error(exc)
+        self._done_in_flight(b)
+        b.fail(err)
+        p._acc.deallocate(b)
+
+
+__all__ = ["Producer", "TransactionAbortedError"]
