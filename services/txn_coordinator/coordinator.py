@@ -1,0 +1,810 @@
+"""The transaction coordinator: PIDs, epochs, the transaction state machine, two-phase
+commit with transaction markers, timeouts and transactional.id expiration.
+
+Follows the design doc sections "Transaction Coordinator", "Transaction Log",
+"Transaction Coordinator Startup", "Transaction Coordinator Request Handling",
+"Coordinator-side Transaction Expiration" and "Coordinator TransactionalId
+Expiration", with Kafka's TransactionCoordinator.scala where the doc is silent
+(KIP-360 epoch checks, PID rotation on epoch exhaustion, fencing epoch bump).
+
+Pure asyncio, no gRPC: the transaction log, the markers and the cluster topology are
+reached through the small ports below (`TxnLogStore`, `MarkerWriter`, `Topology`),
+implemented over the cluster in `adapters.py` and by fakes in unit tests. Every
+protocol outcome is an `ErrorCode` value; exceptions are bugs.
+
+State changes follow prepare -> append to the log -> complete (state.py). All request
+handling runs on one event loop; the checks and the prepare of a request happen
+without an `await` in between, so a second request sees the pending transition and
+gets CONCURRENT_TRANSACTIONS.
+
+Commit/abort: EndTxn appends PrepareCommit/PrepareAbort (the synchronisation point),
+then a background task writes the markers to the leader of every partition of the
+transaction (WriteTxnMarkers, grouped by leader, with the coordinator epoch), retried
+with backoff until each partition answered, then appends CompleteCommit/
+CompleteAbort. EndTxn answers NONE as soon as the Prepare record is in the log; it
+waits up to `exactly.txn.end.completion.wait.ms` for the completion so that the
+producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
+`__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
+way, from the partition leader of that partition.
+
+Settings (Kafka keys unless prefixed `exactly.`), see `CoordinatorConfig.from_props`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable, Iterable, Protocol
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from exactly.errors import ErrorCode, for_code
+
+from . import metrics, txn_log
+from .pid_manager import ProducerIdAllocationError, ProducerIdManager
+from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TopicPartition,
+                    TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata, is_epoch_exhausted)
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------- ports
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A read of the transaction log: error code, raw record batches, high watermark
+    and log start offset of the partition."""
+
+    error_code: int
+    records: bytes = b""
+    high_watermark: int = -1
+    log_start_offset: int = 0
+
+
+class TxnLogStore(Protocol):
+    """The `__transaction_state` topic."""
+
+    async def append(self, partition: int, batch: bytes) -> int:
+        """Append one record batch with acks=all; returns an ErrorCode value."""
+
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        """Read whole batches from `offset` (read_uncommitted)."""
+
+
+@dataclass(frozen=True)
+class TxnMarker:
+    """A COMMIT (committed=True) or ABORT marker for `partitions`, written with the
+    transaction's PID and epoch and this coordinator's epoch for its partition."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: frozenset[TopicPartition]
+
+
+class MarkerWriter(Protocol):
+    async def write(self, marker: TxnMarker) -> dict[TopicPartition, int]:
+        """One attempt: send WriteTxnMarkers to the leader of every partition (one
+        request per leader). Returns an ErrorCode value per partition (NONE: marker
+        written); a partition left out of the result is retried."""
+
+
+class Topology(Protocol):
+    def txn_partition_for(self, transactional_id: str) -> int:
+        """Partition of `__transaction_state` owning the id (crc32 % N), -1 while the
+        topic does not exist."""
+
+    def offsets_partition_for(self, group_id: str) -> int:
+        """Partition of `__consumer_offsets` of the group, -1 while it does not exist."""
+
+    def partition_exists(self, topic: str, partition: int) -> bool:
+        """Whether the topic partition exists in the cluster metadata."""
+
+
+# ---------------------------------------------------------------- config and results
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Coordinator settings. Durations in ms, sizes in bytes."""
+
+    max_transaction_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 604_800_000
+    abort_timed_out_interval_ms: int = 10_000
+    remove_expired_interval_ms: int = 3_600_000
+    load_buffer_bytes: int = 5_242_880
+    retry_backoff_ms: int = 20
+    retry_backoff_max_ms: int = 1_000
+    end_txn_completion_wait_ms: int = 2_000
+    pause_after_prepare_ms: int = 0
+
+    @classmethod
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+        """Read the settings through `get_int(key, default)` (ServiceConfig.get_int):
+
+        transaction.max.timeout.ms (900000; the design doc's max.transaction.timeout.ms
+            is accepted too): largest transaction.timeout.ms of InitProducerId.
+        transactional.id.expiration.ms (604800000): idle time after which a
+            transactional.id without a transaction is expired (tombstone).
+        transaction.abort.timed.out.transaction.cleanup.interval.ms (10000): period of
+            the scan that aborts timed-out transactions.
+        transaction.remove.expired.transaction.cleanup.interval.ms (3600000): period of
+            the transactional.id expiration scan.
+        transaction.state.log.load.buffer.size (5242880): bytes per Fetch when loading.
+        exactly.txn.retry.backoff.ms (20) / exactly.txn.retry.backoff.max.ms (1000):
+            backoff of marker, completion-append and load retries.
+        exactly.txn.end.completion.wait.ms (2000): how long EndTxn waits for the
+            markers and the Complete record before answering NONE anyway.
+        exactly.test.pause.after.prepare.ms (0): test hook; sleep between the Prepare
+            record of a client's EndTxn and its markers, to widen the window in which a
+            coordinator crash leaves a prepared transaction to roll forward.
+        """
+        d = cls()
+        max_timeout = get_int("max.transaction.timeout.ms", d.max_transaction_timeout_ms)
+        return cls(
+            max_transaction_timeout_ms=get_int("transaction.max.timeout.ms", max_timeout),
+            transactional_id_expiration_ms=get_int("transactional.id.expiration.ms",
+                                                   d.transactional_id_expiration_ms),
+            abort_timed_out_interval_ms=get_int("transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                                                d.abort_timed_out_interval_ms),
+            remove_expired_interval_ms=get_int("transaction.remove.expired.transaction.cleanup.interval.ms",
+                                               d.remove_expired_interval_ms),
+            load_buffer_bytes=get_int("transaction.state.log.load.buffer.size", d.load_buffer_bytes),
+            retry_backoff_ms=get_int("exactly.txn.retry.backoff.ms", d.retry_backoff_ms),
+            retry_backoff_max_ms=get_int("exactly.txn.retry.backoff.max.ms", d.retry_backoff_max_ms),
+            end_txn_completion_wait_ms=get_int("exactly.txn.end.completion.wait.ms",
+                                               d.end_txn_completion_wait_ms),
+            pause_after_prepare_ms=get_int("exactly.test.pause.after.prepare.ms", d.pause_after_prepare_ms),
+        )
+
+
+@dataclass(frozen=True)
+class InitProducerIdResult:
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DescribeResult:
+    transactional_id: str
+    error: ErrorCode
+    summary: TxnStateSummary | None = None
+
+
+class _NotOwner(Exception):
+    """This coordinator no longer owns the partition: stop working on it."""
+
+
+class _Retry(Exception):
+    """A step that must be retried after backoff."""
+
+
+@dataclass(eq=False)
+class _TxnPartition:
+    """One owned partition of `__transaction_state` and its transaction status cache."""
+
+    partition: int
+    coordinator_epoch: int
+    loading: bool = True
+    error: str | None = None  # corrupt log: the partition is disabled
+    txns: dict[str, TransactionMetadata] = field(default_factory=dict)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    completions: dict[str, asyncio.Task] = field(default_factory=dict)
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+_NEED_PID = object()
+
+
+# ---------------------------------------------------------------- coordinator
+
+class TransactionCoordinator:
+    """Handles the transaction coordinator RPCs for the `__transaction_state`
+    partitions this process owns (`on_elected` / `on_resigned`).
+
+    log, markers, topology: the ports above; pids: PID allocation; clock: () -> ms;
+    sleep: async (seconds) -> None (injected in tests).
+    """
+
+    def __init__(self, log_store: TxnLogStore, markers: MarkerWriter, topology: Topology,
+                 pids: ProducerIdManager, config: CoordinatorConfig | None = None,
+                 clock: Callable[[], int] = wall_clock_ms,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        self._log = log_store
+        self._markers = markers
+        self._topology = topology
+        self._pids = pids
+        self.config = config or CoordinatorConfig()
+        self._clock = clock
+        self._sleep = sleep
+        self._partitions: dict[int, _TxnPartition] = {}
+        self._group_generations: dict[str, int] = {}
+        self._timers: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the periodic scans (timed-out transactions, expired ids)."""
+        self._timers = [
+            asyncio.create_task(self._every(self.config.abort_timed_out_interval_ms,
+                                            self.abort_timed_out_transactions), name="txn-timeout-abort"),
+            asyncio.create_task(self._every(self.config.remove_expired_interval_ms,
+                                            self.expire_transactional_ids), name="txn-id-expiration"),
+        ]
+
+    async def stop(self) -> None:
+        """Cancel the scans and the work of every owned partition."""
+        for t in self._timers:
+            t.cancel()
+        for part in list(self._partitions.values()):
+            self._drop(part)
+        self._partitions.clear()
+        await self._pids.close()
+
+    async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[int]]) -> None:
+        while True:
+            await self._sleep(max(interval_ms, 1) / 1000)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a scan bug must not stop later scans
+                log.exception("periodic %s failed", getattr(fn, "__name__", fn))
+
+    # ------------------------------------------------------------ ownership
+    async def on_elected(self, partition: int, coordinator_epoch: int) -> None:
+        """This process now owns `__transaction_state` partition `partition` with
+        `coordinator_epoch`: requests for its ids get COORDINATOR_LOAD_IN_PROGRESS
+        while it is replayed from offset 0 to the high watermark; then prepared
+        transactions are rolled forward ("Transaction Coordinator Startup")."""
+        old = self._partitions.pop(partition, None)
+        if old is not None:
+            self._drop(old)
+        part = _TxnPartition(partition, coordinator_epoch)
+        self._partitions[partition] = part
+        self._spawn(part, self._load(part), f"txn-load-{partition}")
+
+    async def on_resigned(self, partition: int) -> None:
+        """Another coordinator owns `partition` now: forget its cache and stop its
+        marker and completion work (requests get NOT_COORDINATOR)."""
+        part = self._partitions.pop(partition, None)
+        if part is not None:
+            self._drop(part)
+            metrics.TRANSACTIONAL_IDS.remove_partition(partition)
+
+    def owned_partitions(self) -> dict[int, bool]:
+        """partition -> True when loaded (False while loading or disabled)."""
+        return {p: not (part.loading or part.error) for p, part in self._partitions.items()}
+
+    async def wait_loaded(self, partition: int) -> None:
+        """Wait until `partition` is loaded (tests and readiness)."""
+        part = self._partitions.get(partition)
+        if part is not None:
+            await part.loaded.wait()
+
+    def _drop(self, part: _TxnPartition) -> None:
+        for task in list(part.tasks):
+            task.cancel()
+        part.tasks.clear()
+        part.completions.clear()
+
+    def _owns(self, part: _TxnPartition) -> bool:
+        return self._partitions.get(part.partition) is part
+
+    def _spawn(self, part: _TxnPartition, coro, name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        part.tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            part.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed", name, exc_info=t.exception())
+        task.add_done_callback(done)
+        return task
+
+    def _lookup(self, transactional_id: str) -> tuple[ErrorCode, _TxnPartition | None]:
+        partition = self._topology.txn_partition_for(transactional_id)
+        if partition < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        part = self._partitions.get(partition)
+        if part is None or part.error is not None:
+            return ErrorCode.NOT_COORDINATOR, None
+        if part.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
+        return ErrorCode.NONE, part
+
+    # ------------------------------------------------------------ the log
+    async def _append(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata) -> ErrorCode:
+        """Append `transit` (md must have it pending) and complete or cancel it.
+        Returns NONE, NOT_COORDINATOR (ownership lost meanwhile),
+        COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR."""
+        batch = txn_log.encode_batch(md.transactional_id, transit, self._clock())
+        try:
+            code = await self._log.append(part.partition, batch)
+        except BaseException:
+            md.cancel_transition()
+            raise
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        if code == ErrorCode.NONE:
+            md.complete_transition(transit)
+            return ErrorCode.NONE
+        md.cancel_transition()
+        log.warning("appending %s of %r to %s-%d failed: %s", transit.state.kafka_name, md.transactional_id,
+                    "__transaction_state", part.partition, _name(code))
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE if for_code(code).retriable else ErrorCode.UNKNOWN_SERVER_ERROR
+
+    # ------------------------------------------------------------ InitProducerId
+    async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
+                               expected: tuple[int, int] | None = None,
+                               group: GroupAssignment | None = None) -> InitProducerIdResult:
+        """InitProducerId (design doc "Transaction Coordinator Request Handling", InitPid).
+
+        transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
+        Otherwise: transaction_timeout_ms must be in (0, transaction.max.timeout.ms]
+        (INVALID_TRANSACTION_TIMEOUT); expected = (producer_id, producer_epoch) of
+        KIP-360 or None; group: KIP-447 draft group-aware init (stale generation ->
+        ILLEGAL_GENERATION; ongoing transactions of this coordinator whose assignment
+        overlaps are fenced and aborted first -> CONCURRENT_TRANSACTIONS).
+        An ongoing transaction of the id is aborted with a bumped epoch first and the
+        answer is CONCURRENT_TRANSACTIONS until it completed; a prepared one ->
+        CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
+        the epoch is exhausted) and the record appended.
+        Other errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch)."""
+        if not transactional_id:
+            try:
+                return InitProducerIdResult(ErrorCode.NONE, await self._pids.generate(), 0)
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+        if not 0 < transaction_timeout_ms <= self.config.max_transaction_timeout_ms:
+            return InitProducerIdResult(
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                message=f"transaction.timeout.ms {transaction_timeout_ms} not in (0, "
+                        f"{self.config.max_transaction_timeout_ms}] (transaction.max.timeout.ms)")
+        while True:
+            try:
+                await self._pids.ensure_available()
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group)
+            if outcome is not _NEED_PID:
+                break
+        if isinstance(outcome, InitProducerIdResult):
+            return outcome
+        kind, part, md, transit = outcome
+        if kind == "fence":
+            err = await self._fence_and_abort(part, md)
+            return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
+                                        message="aborting the ongoing transaction of the previous producer")
+        err = await self._append(part, md, transit)
+        if err:
+            return InitProducerIdResult(err)
+        if transit.group is not None:
+            self._note_generation(transit.group)
+        return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+
+    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None,
+                      group: GroupAssignment | None):
+        err, part = self._lookup(tid)
+        if err:
+            return InitProducerIdResult(err)
+        now = self._clock()
+        md = part.txns.get(tid)
+        if md is None:
+            pid = self._pids.next_pid()
+            if pid is None:
+                return _NEED_PID
+            md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now)
+            part.txns[tid] = md
+            metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
+        if md.pending_transition_in_progress:
+            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        if expected is not None and not _valid_producer_id(md, *expected):
+            return InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
+                                        message=f"producer id {expected[0]} epoch {expected[1]} is not current")
+        if group is not None:
+            blocked = self._check_group(md, group)
+            if blocked is not None:
+                return blocked
+        state = md.state
+        if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                        message="the previous transaction is completing")
+        if state is TxnState.ONGOING:
+            return "fence", part, md, None
+        if state not in COMPLETED_STATES:
+            log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
+            return InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR)
+        keep_group = group if group is not None else md.group
+        if md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch):
+            new_pid = self._pids.next_pid()
+            if new_pid is None:
+                return _NEED_PID
+            transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None, keep_group)
+        else:
+            transit = md.prepare_increment_producer_epoch(timeout_ms, expected[1] if expected else None,
+                                                          now, keep_group)
+            if isinstance(transit, ErrorCode):
+                return InitProducerIdResult(transit)
+        return "append", part, md, transit
+
+    def _check_group(self, md: TransactionMetadata, group: GroupAssignment) -> InitProducerIdResult | None:
+        """KIP-447 draft: reject a stale generation; fence and abort ongoing
+        transactions of other producers of the group whose assignment overlaps."""
+        known = self._group_generations.get(group.group_id, -1)
+        if group.generation_id < known:
+            return InitProducerIdResult(ErrorCode.ILLEGAL_GENERATION,
+                                        message=f"generation {group.generation_id} of group {group.group_id!r} "
+                                                f"is older than {known}")
+        waiting = False
+        for part in self._partitions.values():
+            if part.loading or part.error:
+                continue
+            for other in list(part.txns.values()):
+                if (other is md or other.group is None or other.group.group_id != group.group_id
+                        or not other.group.partitions & group.partitions or other.state in COMPLETED_STATES):
+                    continue
+                waiting = True
+                if other.state is TxnState.ONGOING and not other.pending_transition_in_progress:
+                    self._spawn(part, self._fence_and_abort(part, other), f"txn-group-fence-{other.transactional_id}")
+        if waiting:
+            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                        message="transactions of the group's previous assignment are completing")
+        return None
+
+    def _note_generation(self, group: GroupAssignment) -> None:
+        if group.generation_id > self._group_generations.get(group.group_id, -1):
+            self._group_generations[group.group_id] = group.generation_id
+
+    # ------------------------------------------------------------ AddPartitions / AddOffsets
+    def _check_producer(self, tid: str, producer_id: int, producer_epoch: int
+                        ) -> tuple[ErrorCode, _TxnPartition | None, TransactionMetadata | None]:
+        err, part = self._lookup(tid)
+        if err:
+            return err, None, None
+        md = part.txns.get(tid)
+        if md is None or md.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None, None
+        if producer_epoch != md.producer_epoch:
+            return ErrorCode.PRODUCER_FENCED, None, None
+        if md.pending_transition_in_progress:
+            return ErrorCode.CONCURRENT_TRANSACTIONS, None, None
+        return ErrorCode.NONE, part, md
+
+    async def add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                    partitions: Iterable[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        """AddPartitionsToTxn: add (topic, partition) pairs to the transaction, starting
+        it (state Ongoing, timer started) with the first. Returns one ErrorCode per
+        partition, the same for all: NONE, UNKNOWN_TOPIC_OR_PARTITION (some partition
+        does not exist; none is added), INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED,
+        CONCURRENT_TRANSACTIONS (pending change or a completing transaction),
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
+        wanted = frozenset(partitions)
+        if not wanted:
+            return {}
+        missing = [tp for tp in wanted if not self._topology.partition_exists(*tp)]
+        if missing:
+            return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for tp in wanted}
+        err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted)
+        return {tp: err for tp in wanted}
+
+    async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                 group_id: str) -> ErrorCode:
+        """AddOffsetsToTxn: add the `__consumer_offsets` partition of `group_id`
+        (crc32(group_id) % offsets.topic.num.partitions) to the transaction, so that it
+        gets the marker. Errors as `add_partitions_to_txn` (COORDINATOR_NOT_AVAILABLE
+        while `__consumer_offsets` does not exist; INVALID_REQUEST for an empty group)."""
+        if not group_id:
+            return ErrorCode.INVALID_REQUEST
+        partition = self._topology.offsets_partition_for(group_id)
+        if partition < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return await self._add_partitions(transactional_id, producer_id, producer_epoch,
+                                          frozenset({(OFFSETS_TOPIC, partition)}))
+
+    async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
+                              wanted: frozenset[TopicPartition]) -> ErrorCode:
+        err, part, md = self._check_producer(tid, producer_id, producer_epoch)
+        if err:
+            return err
+        if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if md.state is TxnState.ONGOING and wanted <= md.partitions:
+            return ErrorCode.NONE
+        transit = md.prepare_add_partitions(wanted, self._clock())
+        return await self._append(part, md, transit)
+
+    # ------------------------------------------------------------ EndTxn
+    async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                      committed: bool) -> ErrorCode:
+        """EndTxn: commit (committed=True) or abort the ongoing transaction.
+
+        Ongoing: PrepareCommit/PrepareAbort is appended to the log, the markers and the
+        Complete record follow in the background; answers NONE once the Prepare record
+        is written (after waiting up to exactly.txn.end.completion.wait.ms for the
+        completion). A retry after completion: same command -> NONE, the other ->
+        INVALID_TXN_STATE; while completing: same command -> CONCURRENT_TRANSACTIONS,
+        the other -> INVALID_TXN_STATE. No transaction (Empty) -> INVALID_TXN_STATE.
+        Also INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
+        CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE."""
+        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch)
+        if err:
+            return err
+        state = md.state
+        if state is TxnState.ONGOING:
+            target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
+            transit = md.prepare_abort_or_commit(target, self._clock())
+            err = await self._append(part, md, transit)
+            if err:
+                return err
+            task = self._start_completion(part, md, transit, from_client=True)
+            if self.config.end_txn_completion_wait_ms > 0:
+                await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
+            return ErrorCode.NONE
+        if state is TxnState.COMPLETE_COMMIT:
+            return ErrorCode.NONE if committed else ErrorCode.INVALID_TXN_STATE
+        if state is TxnState.COMPLETE_ABORT:
+            return ErrorCode.NONE if not committed else ErrorCode.INVALID_TXN_STATE
+        if state is TxnState.PREPARE_COMMIT:
+            return ErrorCode.CONCURRENT_TRANSACTIONS if committed else ErrorCode.INVALID_TXN_STATE
+        if state is TxnState.PREPARE_ABORT:
+            return ErrorCode.CONCURRENT_TRANSACTIONS if not committed else ErrorCode.INVALID_TXN_STATE
+        return ErrorCode.INVALID_TXN_STATE
+
+    # ------------------------------------------------------------ completion (markers)
+    async def _fence_and_abort(self, part: _TxnPartition, md: TransactionMetadata) -> ErrorCode:
+        """Abort md's ongoing transaction with a bumped epoch (fences the producer on
+        the coordinator and, through the markers, on the partition leaders)."""
+        if not self._owns(part) or md.pending_transition_in_progress or md.state is not TxnState.ONGOING:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        now = self._clock()
+        md.prepare_fence_producer_epoch(now)
+        transit = md.prepare_abort_or_commit(TxnState.PREPARE_ABORT, now)
+        err = await self._append(part, md, transit)
+        if err == ErrorCode.NONE:
+            log.info("fenced %r: aborting its transaction with PID %d epoch %d", md.transactional_id,
+                     transit.producer_id, transit.producer_epoch)
+            self._start_completion(part, md, transit, from_client=False)
+        return err
+
+    def _start_completion(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
+                          from_client: bool) -> asyncio.Task:
+        tid = md.transactional_id
+        running = part.completions.get(tid)
+        if running is not None and not running.done():
+            return running
+        task = self._spawn(part, self._complete(part, md, prepared, from_client), f"txn-complete-{tid}")
+        part.completions[tid] = task
+        task.add_done_callback(lambda t: part.completions.pop(tid, None) if part.completions.get(tid) is t else None)
+        return task
+
+    def _retrying(self) -> AsyncRetrying:
+        backoff = self.config.retry_backoff_ms / 1000
+        return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(_Retry), reraise=True,
+                             wait=wait_exponential_jitter(multiplier=backoff, max=self.config.retry_backoff_max_ms / 1000,
+                                                          jitter=backoff))
+
+    async def _complete(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
+                        from_client: bool) -> None:
+        if from_client and self.config.pause_after_prepare_ms > 0:
+            await self._sleep(self.config.pause_after_prepare_ms / 1000)
+        committed = prepared.state is TxnState.PREPARE_COMMIT
+        marker = TxnMarker(prepared.producer_id, prepared.producer_epoch, committed, part.coordinator_epoch,
+                           prepared.partitions)
+        try:
+            await self._write_markers(part, md, marker)
+            async for attempt in self._retrying():
+                with attempt:
+                    await self._append_complete(part, md)
+        except _NotOwner:
+            return
+        metrics.TRANSACTIONS.labels(outcome="commit" if committed else "abort").inc()
+
+    async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> None:
+        remaining = set(marker.partitions)
+        async for attempt in self._retrying():
+            with attempt:
+                if not self._owns(part):
+                    raise _NotOwner()
+                if not remaining:
+                    return
+                results = await self._markers.write(replace(marker, partitions=frozenset(remaining)))
+                for tp, code in results.items():
+                    if tp not in remaining:
+                        continue
+                    if code == ErrorCode.NONE:
+                        remaining.discard(tp)
+                    elif code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
+                        # The leader saw a newer epoch of this PID: this marker is stale.
+                        log.warning("marker for %r on %s-%d rejected (%s); skipping it", md.transactional_id,
+                                    tp[0], tp[1], _name(code))
+                        remaining.discard(tp)
+                    elif not self._topology.partition_exists(*tp):
+                        log.warning("partition %s-%d of %r no longer exists; no marker written",
+                                    tp[0], tp[1], md.transactional_id)
+                        remaining.discard(tp)
+                if remaining:
+                    raise _Retry(f"markers pending for {sorted(remaining)}")
+
+    async def _append_complete(self, part: _TxnPartition, md: TransactionMetadata) -> None:
+        if not self._owns(part):
+            raise _NotOwner()
+        if md.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return  # already completed (a concurrent completion won)
+        if md.pending_transition_in_progress:
+            raise _Retry("transition pending")
+        err = await self._append(part, md, md.prepare_complete(self._clock()))
+        if err == ErrorCode.NOT_COORDINATOR:
+            raise _NotOwner()
+        if err:
+            raise _Retry(f"appending the completion failed: {_name(err)}")
+
+    # ------------------------------------------------------------ periodic scans
+    async def abort_timed_out_transactions(self) -> int:
+        """Design doc "Coordinator-side Transaction Expiration": abort, with an epoch
+        bump, every ongoing transaction older than its transaction.timeout.ms (from its
+        first partition); restart the completion of prepared transactions whose
+        completion is not running. Returns the number of transactions aborted."""
+        now = self._clock()
+        aborts = []
+        for part in list(self._partitions.values()):
+            if part.loading or part.error:
+                continue
+            for md in list(part.txns.values()):
+                if md.pending_transition_in_progress:
+                    continue
+                if md.state is TxnState.ONGOING and md.txn_start_timestamp + md.txn_timeout_ms < now:
+                    log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
+                             md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
+                    aborts.append(self._fence_and_abort(part, md))
+                elif (md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+                      and md.transactional_id not in part.completions):
+                    self._start_completion(part, md, md.snapshot(), from_client=False)
+        results = await asyncio.gather(*aborts)
+        done = sum(1 for r in results if r == ErrorCode.NONE)
+        if done:
+            metrics.TRANSACTIONS.labels(outcome="timeout_abort").inc(done)
+        return done
+
+    async def expire_transactional_ids(self) -> int:
+        """Design doc "Coordinator TransactionalId Expiration": write a tombstone for,
+        and forget, every transactional.id without a transaction in progress whose
+        last update is older than transactional.id.expiration.ms. A failed tombstone
+        is ignored (retried at the next scan). Returns the number expired."""
+        now = self._clock()
+        expiring = []
+        for part in list(self._partitions.values()):
+            if part.loading or part.error:
+                continue
+            for md in list(part.txns.values()):
+                if (md.state in COMPLETED_STATES and not md.pending_transition_in_progress
+                        and md.txn_last_update_timestamp + self.config.transactional_id_expiration_ms <= now):
+                    expiring.append(self._expire(part, md, now))
+        return sum(await asyncio.gather(*expiring))
+
+    async def _expire(self, part: _TxnPartition, md: TransactionMetadata, now: int) -> int:
+        err = await self._append(part, md, md.prepare_dead(now))
+        if err or part.txns.get(md.transactional_id) is not md:
+            return 0
+        del part.txns[md.transactional_id]
+        metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
+        log.info("transactional.id %r expired", md.transactional_id)
+        return 1
+
+    # ------------------------------------------------------------ loading
+    async def _load(self, part: _TxnPartition) -> None:
+        started = time.monotonic()
+        entries: list[txn_log.TxnLogEntry] = []
+        offset, target = 0, None
+        max_bytes = self.config.load_buffer_bytes
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    while True:
+                        if not self._owns(part):
+                            raise _NotOwner()
+                        res = await self._log.fetch(part.partition, offset, max_bytes)
+                        if res.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and offset < res.log_start_offset:
+                            offset = res.log_start_offset
+                            continue
+                        if res.error_code:
+                            raise _Retry(f"fetching __transaction_state-{part.partition}: {_name(res.error_code)}")
+                        if target is None:
+                            target = res.high_watermark
+                        if offset >= target:
+                            break
+                        batch_entries, next_offset = txn_log.decode_fetched(res.records)
+                        if next_offset is None or next_offset <= offset:
+                            max_bytes *= 2  # a batch larger than the buffer
+                            raise _Retry(f"no progress reading __transaction_state-{part.partition} at {offset}")
+                        entries.extend(batch_entries)
+                        offset = next_offset
+            txns = txn_log.rebuild(entries)
+        except _NotOwner:
+            return
+        except txn_log.CorruptTxnLogError as exc:
+            part.error = str(exc)
+            part.loading = False
+            part.loaded.set()
+            log.error("__transaction_state-%d is corrupt; disabled: %s", part.partition, exc)
+            return
+        part.txns = txns
+        part.loading = False
+        part.loaded.set()
+        metrics.TRANSACTIONAL_IDS.set(part.partition, len(txns))
+        for md in txns.values():
+            if md.group is not None:
+                self._note_generation(md.group)
+        prepared = [md for md in txns.values() if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)]
+        log.info("loaded __transaction_state-%d (coordinator epoch %d): %d transactional ids, %d records, "
+                 "%d to roll forward, in %.0f ms", part.partition, part.coordinator_epoch, len(txns), len(entries),
+                 len(prepared), (time.monotonic() - started) * 1000)
+        for md in prepared:
+            self._start_completion(part, md, md.snapshot(), from_client=False)
+
+    # ------------------------------------------------------------ admin
+    def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = ()
+                          ) -> tuple[ErrorCode, list[TxnStateSummary]]:
+        """ListTransactions over the owned partitions. state_filters: Kafka state
+        names ("Ongoing", ...; unknown names match nothing); producer_id_filters: PIDs.
+        Empty filters match all. COORDINATOR_LOAD_IN_PROGRESS while a partition loads."""
+        names = list(state_filters)
+        states = set()
+        for name in names:
+            try:
+                states.add(TxnState.from_name(name))
+            except ValueError:
+                pass
+        if names and not states:
+            return ErrorCode.NONE, []
+        pids = set(producer_id_filters)
+        if any(p.loading for p in self._partitions.values()):
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        out = []
+        for part in self._partitions.values():
+            if part.error:
+                continue
+            for md in part.txns.values():
+                if md.state is TxnState.DEAD or (states and md.state not in states) or \
+                        (pids and md.producer_id not in pids):
+                    continue
+                out.append(TxnStateSummary.of(md))
+        return ErrorCode.NONE, sorted(out, key=lambda s: s.transactional_id)
+
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[DescribeResult]:
+        """DescribeTransactions: per id NONE with its summary, NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE or
+        TRANSACTIONAL_ID_NOT_FOUND."""
+        out = []
+        for tid in transactional_ids:
+            err, part = self._lookup(tid) if tid else (ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, None)
+            md = part.txns.get(tid) if part is not None else None
+            if not err and (md is None or md.state is TxnState.DEAD):
+                err = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+            out.append(DescribeResult(tid, err, TxnStateSummary.of(md) if not err else None))
+        return out
+
+
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
+def _valid_producer_id(md: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
+    """KIP-360 (Kafka's isValidProducerId): the id may be re-initialised when it is
+    new, the PID matches, or it is the previous PID retried after a rotation."""
+    return (md.producer_epoch == NO_PRODUCER_EPOCH or producer_id == md.producer_id
+            or (producer_id == md.last_producer_id and is_epoch_exhausted(producer_epoch)))
+
+
+def _name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)

@@ -1,0 +1,718 @@
+"""Transaction coordinator request handling over in-memory fakes (design doc
+"Transaction Coordinator Request Handling", "Coordinator-side Transaction
+Expiration", "Coordinator TransactionalId Expiration", "Transaction Coordinator
+Startup")."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from txn_coordinator_fakes import FakeLog, Harness, run
+
+from exactly.errors import ErrorCode
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.coordinator import CoordinatorConfig
+from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
+
+S = TxnState
+E = ErrorCode
+
+
+# ---------------------------------------------------------------- InitProducerId
+
+def test_init_without_transactional_id_gives_fresh_pids():
+    async def scenario():
+        h = Harness()
+        a = await h.coord.init_producer_id(None, 0)
+        b = await h.coord.init_producer_id("", 0)
+        assert (a.error, a.producer_epoch, b.error, b.producer_epoch) == (E.NONE, 0, E.NONE, 0)
+        assert a.producer_id != b.producer_id
+        assert h.log.batches == {}  # nothing is logged for an idempotent producer
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("timeout_ms", [0, -1, 900_001])
+def test_init_rejects_invalid_transaction_timeout(timeout_ms):
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", timeout_ms)
+        assert r.error == E.INVALID_TRANSACTION_TIMEOUT
+
+    run(scenario())
+
+
+def test_init_max_timeout_is_configurable():
+    async def scenario():
+        h = Harness(CoordinatorConfig(max_transaction_timeout_ms=1000, end_txn_completion_wait_ms=0))
+        await h.elect()
+        assert (await h.coord.init_producer_id("t", 1001)).error == E.INVALID_TRANSACTION_TIMEOUT
+        assert (await h.coord.init_producer_id("t", 1000)).error == E.NONE
+
+    run(scenario())
+
+
+def test_config_keys():
+    props = {"transaction.max.timeout.ms": "5000", "transactional.id.expiration.ms": "60000",
+             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "100",
+             "transaction.remove.expired.transaction.cleanup.interval.ms": "200",
+             "exactly.test.pause.after.prepare.ms": "3000"}
+    c = CoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
+    assert (c.max_transaction_timeout_ms, c.transactional_id_expiration_ms, c.abort_timed_out_interval_ms,
+            c.remove_expired_interval_ms, c.pause_after_prepare_ms) == (5000, 60000, 100, 200, 3000)
+    assert CoordinatorConfig.from_props(lambda k, d: d).max_transaction_timeout_ms == 900_000
+    legacy = CoordinatorConfig.from_props(lambda k, d: 7000 if k == "max.transaction.timeout.ms" else d)
+    assert legacy.max_transaction_timeout_ms == 7000
+
+
+def test_init_logs_mapping_and_bumps_epoch():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        a = await h.coord.init_producer_id("t", 60000)
+        b = await h.coord.init_producer_id("t", 60000)
+        assert (a.error, a.producer_epoch, b.error, b.producer_epoch) == (E.NONE, 0, E.NONE, 1)
+        assert a.producer_id == b.producer_id
+        entries = h.log.entries()
+        assert [(e.transactional_id, e.transit.state, e.transit.producer_epoch) for e in entries] == \
+            [("t", S.EMPTY, 0), ("t", S.EMPTY, 1)]
+        assert entries[0].transit.txn_timeout_ms == 60000
+
+    run(scenario())
+
+
+def test_not_coordinator_for_unowned_partition():
+    async def scenario():
+        h = Harness(txn_partitions=2)
+        await h.elect(0)
+        tid = next(t for t in (f"t{i}" for i in range(100)) if h.topology.txn_partition_for(t) == 1)
+        assert (await h.coord.init_producer_id(tid, 60000)).error == E.NOT_COORDINATOR
+        assert (await h.coord.end_txn(tid, 1, 0, True)) == E.NOT_COORDINATOR
+        res = await h.coord.add_partitions_to_txn(tid, 1, 0, [("orders", 0)])
+        assert set(res.values()) == {E.NOT_COORDINATOR}
+
+    run(scenario())
+
+
+def test_coordinator_not_available_without_transaction_topic():
+    async def scenario():
+        h = Harness(txn_partitions=0)
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.COORDINATOR_NOT_AVAILABLE
+
+    run(scenario())
+
+
+def test_load_in_progress_while_loading():
+    async def scenario():
+        h = Harness()
+        h.log.fetch_gate = asyncio.Event()
+        await h.coord.on_elected(0, 1)
+        await asyncio.sleep(0)
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.COORDINATOR_LOAD_IN_PROGRESS
+        assert h.coord.list_transactions()[0] == E.COORDINATOR_LOAD_IN_PROGRESS
+        h.log.fetch_gate.set()
+        await h.coord.wait_loaded(0)
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.NONE
+
+    run(scenario())
+
+
+def test_failed_append_leaves_state_unchanged():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.log.append_errors = [E.NOT_ENOUGH_REPLICAS]
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.COORDINATOR_NOT_AVAILABLE
+        md = h.md("t")
+        assert md.state is S.ONGOING and md.pending_state is None
+        h.log.append_errors = [E.MESSAGE_TOO_LARGE]
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.UNKNOWN_SERVER_ERROR
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+
+    run(scenario())
+
+
+def test_pending_transition_answers_concurrent_transactions():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.log.append_gate = asyncio.Event()
+        first = asyncio.create_task(h.coord.end_txn("t", pid, epoch, True))
+        await asyncio.sleep(0)
+        assert h.md("t").pending_state is S.PREPARE_COMMIT
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.CONCURRENT_TRANSACTIONS
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
+        h.log.append_gate.set()
+        assert await first == E.NONE
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- a whole transaction
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_commit_or_abort_writes_prepare_markers_complete(committed):
+    async def scenario():
+        h = Harness()
+        await h.elect(0, coordinator_epoch=3)
+        pid, epoch = await h.begin("t", [("orders", 0), ("orders", 1)])
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("payments", 1), ("orders", 0)])
+        assert set(res.values()) == {E.NONE}
+        assert await h.coord.end_txn("t", pid, epoch, committed) == E.NONE
+        prepare = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
+        assert h.log.states("t")[-1] is prepare  # appended before answering
+        await h.settle()
+        complete = S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT
+        assert h.log.states("t") == [S.EMPTY, S.ONGOING, S.ONGOING, prepare, complete]
+        prepared = h.log.entries()[3].transit
+        assert prepared.partitions == {("orders", 0), ("orders", 1), ("payments", 1)}
+        written = h.markers.written_for(pid)
+        assert {tp for _, tp in written} == {("orders", 0), ("orders", 1), ("payments", 1)}
+        assert all(m.committed is committed and m.producer_epoch == epoch and m.coordinator_epoch == 3
+                   for m, _ in written)
+        md = h.md("t")
+        assert md.state is complete and not md.partitions and md.producer_epoch == epoch
+
+    run(scenario())
+
+
+def test_end_txn_waits_for_completion_when_configured():
+    async def scenario():
+        h = Harness(CoordinatorConfig(end_txn_completion_wait_ms=5000))
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert h.md("t").state is S.COMPLETE_COMMIT  # next AddPartitions will not see CONCURRENT_TRANSACTIONS
+
+    run(scenario())
+
+
+def test_add_partitions_again_is_answered_without_append():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0)])
+        n = len(h.log.entries())
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert res == {("orders", 0): E.NONE} and len(h.log.entries()) == n
+
+    run(scenario())
+
+
+def test_add_unknown_partition():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0)])
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1), ("nope", 0), ("orders", 99)])
+        assert set(res.values()) == {E.UNKNOWN_TOPIC_OR_PARTITION}
+        assert h.md("t").partitions == {("orders", 0)}
+
+    run(scenario())
+
+
+def test_add_offsets_adds_the_groups_consumer_offsets_partition():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0)])
+        assert await h.coord.add_offsets_to_txn("t", pid, epoch, "my-group") == E.NONE
+        offsets_tp = ("__consumer_offsets", h.topology.offsets_partition_for("my-group"))
+        assert h.md("t").partitions == {("orders", 0), offsets_tp}
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert offsets_tp in {tp for m, tp in h.markers.written_for(pid) if m.committed}
+        assert await h.coord.add_offsets_to_txn("t", pid, epoch, "") == E.INVALID_REQUEST
+
+    run(scenario())
+
+
+def test_add_offsets_starts_a_transaction():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        assert await h.coord.add_offsets_to_txn("t", r.producer_id, r.producer_epoch, "g") == E.NONE
+        assert h.md("t").state is S.ONGOING
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- EndTxn retries and errors
+
+def test_end_txn_retry_semantics():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # retry of a completed commit
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
+        assert set(res.values()) == {E.NONE}
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
+        await h.settle()
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.INVALID_TXN_STATE
+
+    run(scenario())
+
+
+def test_end_txn_while_completing():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert h.md("t").state is S.PREPARE_COMMIT
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.CONCURRENT_TRANSACTIONS
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}
+        h.markers.gate.set()
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_end_txn_without_transaction_is_invalid_txn_state(committed):
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        assert await h.coord.end_txn("t", r.producer_id, r.producer_epoch, committed) == E.INVALID_TXN_STATE
+        assert h.md("t").state is S.EMPTY
+
+    run(scenario())
+
+
+def test_producer_id_mapping_and_fencing_errors():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.end_txn("unknown", pid, epoch, True) == E.INVALID_PRODUCER_ID_MAPPING
+        assert await h.coord.end_txn("t", pid + 1, epoch, True) == E.INVALID_PRODUCER_ID_MAPPING
+        assert await h.coord.add_offsets_to_txn("t", pid + 1, epoch, "g") == E.INVALID_PRODUCER_ID_MAPPING
+        assert await h.coord.end_txn("t", pid, epoch - 1, True) == E.PRODUCER_FENCED
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch - 1, [("orders", 1)])
+        assert set(res.values()) == {E.PRODUCER_FENCED}
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- fencing by a new producer instance
+
+def test_init_with_ongoing_transaction_aborts_it_with_bumped_epoch():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0), ("payments", 0)])
+        h.markers.gate = asyncio.Event()
+        r = await h.coord.init_producer_id("t", 60000)
+        assert r.error == E.CONCURRENT_TRANSACTIONS
+        assert h.log.states("t")[-1] is S.PREPARE_ABORT
+        assert h.log.entries()[-1].transit.producer_epoch == epoch + 1
+        # The zombie is fenced at once.
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
+        h.markers.gate.set()
+        await h.settle()
+        aborts = h.markers.written_for(pid)
+        assert {tp for _, tp in aborts} == {("orders", 0), ("payments", 0)}
+        assert all(not m.committed and m.producer_epoch == epoch + 1 for m, _ in aborts)
+        r = await h.coord.init_producer_id("t", 60000)
+        assert (r.error, r.producer_id, r.producer_epoch) == (E.NONE, pid, epoch + 2)
+        assert h.log.states("t")[-3:] == [S.PREPARE_ABORT, S.COMPLETE_ABORT, S.EMPTY]
+
+    run(scenario())
+
+
+def test_epoch_exhaustion_rotates_producer_id():
+    async def scenario():
+        log = FakeLog()
+        log.write(0, txn_log.encode_batch("t", TxnTransitMetadata(
+            5, -1, MAX_PRODUCER_EPOCH - 2, -1, 60000, S.COMPLETE_COMMIT, frozenset(), 10, 20), 20))
+        h = Harness(log=log, first_pid=100)
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        assert (r.error, r.producer_id, r.producer_epoch) == (E.NONE, 5, MAX_PRODUCER_EPOCH - 1)
+        r = await h.coord.init_producer_id("t", 60000)
+        assert r.error == E.NONE and r.producer_id >= 100 and r.producer_epoch == 0
+        md = h.md("t")
+        assert (md.last_producer_id, md.producer_id) == (5, r.producer_id)
+
+    run(scenario())
+
+
+def test_fence_at_exhausted_epoch_then_rotation():
+    async def scenario():
+        log = FakeLog()
+        log.write(0, txn_log.encode_batch("t", TxnTransitMetadata(
+            5, -1, MAX_PRODUCER_EPOCH - 1, -1, 60000, S.ONGOING, frozenset({("orders", 0)}), 10, 20), 20))
+        h = Harness(log=log, first_pid=100)
+        await h.elect()
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
+        await h.settle()
+        assert h.md("t").producer_epoch == MAX_PRODUCER_EPOCH
+        r = await h.coord.init_producer_id("t", 60000)
+        assert (r.error, r.producer_epoch) == (E.NONE, 0) and r.producer_id >= 100
+
+    run(scenario())
+
+
+def test_kip360_expected_producer_id_and_epoch():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        other = await h.coord.init_producer_id("t", 60000, expected=(r.producer_id + 50, 0))
+        assert other.error == E.PRODUCER_FENCED
+        bumped = await h.coord.init_producer_id("t", 60000, expected=(r.producer_id, r.producer_epoch))
+        assert (bumped.error, bumped.producer_epoch) == (E.NONE, r.producer_epoch + 1)
+        retry = await h.coord.init_producer_id("t", 60000, expected=(r.producer_id, r.producer_epoch))
+        assert (retry.error, retry.producer_epoch) == (E.NONE, r.producer_epoch + 1)
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- markers
+
+def test_markers_retried_until_written():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0), ("orders", 1)])
+        h.markers.fail[("orders", 1)] = [E.NOT_LEADER_OR_FOLLOWER, E.NETWORK_EXCEPTION, E.LEADER_NOT_AVAILABLE]
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert {tp for _, tp in h.markers.written_for(pid)} == {("orders", 0), ("orders", 1)}
+        # orders-0 is written once, orders-1 retried alone
+        assert sum(("orders", 0) in m.partitions for m in h.markers.attempts) == 1
+        assert sum(("orders", 1) in m.partitions for m in h.markers.attempts) == 4
+
+    run(scenario())
+
+
+def test_marker_for_deleted_topic_is_dropped():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0), ("payments", 0)])
+        del h.topology.topics["payments"]
+        h.markers.errors[("payments", 0)] = E.UNKNOWN_TOPIC_OR_PARTITION
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert {tp for _, tp in h.markers.written_for(pid)} == {("orders", 0)}
+
+    run(scenario())
+
+
+def test_unknown_partition_of_existing_topic_is_retried():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0)])
+        h.markers.fail[("orders", 0)] = [E.UNKNOWN_TOPIC_OR_PARTITION] * 3
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_ABORT
+        assert len(h.markers.written_for(pid)) == 1
+
+    run(scenario())
+
+
+def test_completion_append_is_retried():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        h.log.append_errors = [E.REQUEST_TIMED_OUT, E.NOT_ENOUGH_REPLICAS]
+        await h.settle()
+        assert h.log.states("t")[-1] is S.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+def test_resigned_partition_stops_completion():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.errors[("orders", 0)] = E.NOT_LEADER_OR_FOLLOWER
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await h.coord.on_resigned(0)
+        await h.settle()
+        assert h.log.states("t")[-1] is S.PREPARE_COMMIT
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- timeouts and expiration
+
+def test_timed_out_transaction_is_aborted_with_epoch_bump():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        h.clock.advance(1000)
+        assert await h.coord.abort_timed_out_transactions() == 0  # not yet (strictly older)
+        h.clock.advance(1)
+        assert await h.coord.abort_timed_out_transactions() == 1
+        await h.settle()
+        md = h.md("t")
+        assert (md.state, md.producer_epoch) == (S.COMPLETE_ABORT, epoch + 1)
+        assert [m.producer_epoch for m, _ in h.markers.written_for(pid)] == [epoch + 1]
+        # The zombie producer is fenced...
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.PRODUCER_FENCED}
+        # ... and a new instance continues with a newer epoch.
+        r = await h.coord.init_producer_id("t", 1000)
+        assert (r.error, r.producer_epoch) == (E.NONE, epoch + 2)
+
+    run(scenario())
+
+
+def test_timeout_counts_from_first_partition_not_last_update():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        h.clock.advance(900)
+        await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
+        h.clock.advance(200)
+        assert await h.coord.abort_timed_out_transactions() == 1
+
+    run(scenario())
+
+
+def test_expired_transactional_id_gets_tombstone():
+    async def scenario():
+        h = Harness(CoordinatorConfig(transactional_id_expiration_ms=10_000, end_txn_completion_wait_ms=0))
+        await h.elect()
+        await h.coord.init_producer_id("idle", 60000)
+        pid, epoch = await h.begin("busy", timeout_ms=60000)
+        h.clock.advance(10_000)
+        assert await h.coord.expire_transactional_ids() == 1
+        assert h.md("idle") is None and h.md("busy") is not None
+        assert h.log.states("idle")[-1] is None
+        [d] = h.coord.describe_transactions(["idle"])
+        assert d.error == E.TRANSACTIONAL_ID_NOT_FOUND
+        assert "idle" not in txn_log.rebuild(h.log.entries())
+        r = await h.coord.init_producer_id("idle", 60000)  # comes back with a new PID
+        assert r.error == E.NONE and r.producer_epoch == 0
+
+    run(scenario())
+
+
+def test_failed_tombstone_keeps_the_id():
+    async def scenario():
+        h = Harness(CoordinatorConfig(transactional_id_expiration_ms=10, end_txn_completion_wait_ms=0))
+        await h.elect()
+        await h.coord.init_producer_id("idle", 60000)
+        h.clock.advance(10)
+        h.log.append_errors = [E.NOT_ENOUGH_REPLICAS]
+        assert await h.coord.expire_transactional_ids() == 0
+        assert h.md("idle").pending_state is None
+        assert await h.coord.expire_transactional_ids() == 1
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- recovery
+
+def _write(log, tid, state, pid=42, epoch=3, partitions=frozenset({("orders", 0), ("payments", 1)}), start=100,
+           timeout_ms=60000, partition=0, last_update=200):
+    log.write(partition, txn_log.encode_batch(tid, TxnTransitMetadata(
+        pid, -1, epoch, -1, timeout_ms, state, partitions if state in (S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT)
+        else frozenset(), start, last_update), last_update))
+
+
+@pytest.mark.parametrize("prepared,committed", [(S.PREPARE_COMMIT, True), (S.PREPARE_ABORT, False)])
+def test_recovery_rolls_prepared_transaction_forward(prepared, committed):
+    async def scenario():
+        log = FakeLog()
+        _write(log, "t", S.EMPTY)
+        _write(log, "t", S.ONGOING)
+        _write(log, "t", prepared)
+        h = Harness(log=log)
+        await h.elect(0, coordinator_epoch=9)
+        await h.settle()
+        written = h.markers.written_for(42)
+        assert {tp for _, tp in written} == {("orders", 0), ("payments", 1)}
+        assert all(m.committed is committed and m.coordinator_epoch == 9 and m.producer_epoch == 3
+                   for m, _ in written)
+        md = h.md("t")
+        assert md.state is (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT)
+        # A retried EndTxn of the producer after failover succeeds.
+        assert await h.coord.end_txn("t", 42, 3, committed) == E.NONE
+
+    run(scenario())
+
+
+def test_recovery_rebuilds_cache_from_many_records():
+    async def scenario():
+        log = FakeLog()
+        _write(log, "a", S.EMPTY, pid=1, epoch=0)
+        _write(log, "b", S.EMPTY, pid=2, epoch=0)
+        _write(log, "a", S.ONGOING, pid=1, epoch=0)
+        _write(log, "a", S.PREPARE_COMMIT, pid=1, epoch=0)
+        _write(log, "a", S.COMPLETE_COMMIT, pid=1, epoch=0)
+        _write(log, "c", S.EMPTY, pid=3, epoch=5)
+        log.write(0, txn_log.encode_batch("c", None, 300))
+        h = Harness(log=log, txn_partitions=1)
+        await h.elect()
+        await h.settle()
+        assert h.markers.attempts == []  # nothing to roll forward
+        err, listing = h.coord.list_transactions()
+        assert err == E.NONE
+        assert [(s.transactional_id, s.producer_id, s.state) for s in listing] == \
+            [("a", 1, S.COMPLETE_COMMIT), ("b", 2, S.EMPTY)]
+        r = await h.coord.init_producer_id("a", 60000)
+        assert (r.producer_id, r.producer_epoch) == (1, 1)
+
+    run(scenario())
+
+
+def test_recovered_ongoing_transaction_times_out():
+    async def scenario():
+        log = FakeLog()
+        h = Harness(log=log)
+        _write(log, "t", S.ONGOING, start=h.clock() - 61_000, last_update=h.clock() - 61_000)
+        await h.elect()
+        assert await h.coord.abort_timed_out_transactions() == 1
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_ABORT and h.md("t").producer_epoch == 4
+
+    run(scenario())
+
+
+def test_load_retries_fetch_errors_and_reads_in_chunks():
+    async def scenario():
+        log = FakeLog()
+        for i in range(50):
+            _write(log, f"t{i}", S.EMPTY, pid=i, epoch=0)
+        h = Harness(log=log, config=CoordinatorConfig(load_buffer_bytes=300, end_txn_completion_wait_ms=0))
+        log.fetch_errors = [E.NOT_LEADER_OR_FOLLOWER, E.NETWORK_EXCEPTION]
+        await h.elect()
+        assert len(h.coord.list_transactions()[1]) == 50
+
+    run(scenario())
+
+
+def test_corrupt_log_disables_partition():
+    async def scenario():
+        log = FakeLog()
+        _write(log, "t", S.EMPTY, epoch=5)
+        _write(log, "t", S.EMPTY, epoch=4)
+        h = Harness(log=log)
+        await h.elect()
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
+        assert h.coord.owned_partitions() == {0: False}
+
+    run(scenario())
+
+
+def test_reelection_reloads_what_was_written():
+    async def scenario():
+        h = Harness()
+        await h.elect(0, 1)
+        pid, epoch = await h.begin("t")
+        await h.coord.on_resigned(0)
+        await h.elect(0, 2)
+        md = h.md("t")
+        assert (md.state, md.producer_id, md.partitions) == (S.ONGOING, pid, {("orders", 0)})
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert [m.coordinator_epoch for m, _ in h.markers.written_for(pid)] == [2]
+
+    run(scenario())
+
+
+def test_pause_after_prepare_delays_markers_of_client_commits_only():
+    async def scenario():
+        slept = []
+        h = Harness(CoordinatorConfig(pause_after_prepare_ms=5000, end_txn_completion_wait_ms=0))
+
+        async def recording_sleep(s):
+            slept.append(s)
+            await asyncio.sleep(0)
+        h.coord._sleep = recording_sleep
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        assert 5.0 in slept and h.md("t").state is S.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- admin
+
+def test_list_and_describe_transactions():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("a", [("orders", 0), ("orders", 1)])
+        await h.coord.init_producer_id("b", 30000)
+        err, listing = h.coord.list_transactions(["Ongoing"])
+        assert err == E.NONE and [s.transactional_id for s in listing] == ["a"]
+        err, listing = h.coord.list_transactions([], [pid])
+        assert [s.transactional_id for s in listing] == ["a"]
+        assert h.coord.list_transactions(["Bogus"]) == (E.NONE, [])
+        assert len(h.coord.list_transactions()[1]) == 2
+        da, db, dn = h.coord.describe_transactions(["a", "b", "nope"])
+        assert (da.error, da.summary.state, da.summary.partitions, da.summary.producer_epoch) == \
+            (E.NONE, S.ONGOING, [("orders", 0), ("orders", 1)], epoch)
+        assert da.summary.txn_start_timestamp == h.clock()
+        assert (db.error, db.summary.state, db.summary.txn_timeout_ms) == (E.NONE, S.EMPTY, 30000)
+        assert dn.error == E.TRANSACTIONAL_ID_NOT_FOUND
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- KIP-447 draft
+
+def test_group_aware_init_rejects_stale_generation():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        g5 = GroupAssignment("g", 5, frozenset({("in", 0)}))
+        assert (await h.coord.init_producer_id("p1", 60000, group=g5)).error == E.NONE
+        g4 = GroupAssignment("g", 4, frozenset({("in", 1)}))
+        assert (await h.coord.init_producer_id("p2", 60000, group=g4)).error == E.ILLEGAL_GENERATION
+        assert h.md("p1").group == g5
+        assert txn_log.rebuild(h.log.entries())["p1"].group == g5
+
+    run(scenario())
+
+
+def test_group_aware_init_fences_overlapping_ongoing_transaction():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r1 = await h.coord.init_producer_id("p1", 60000, group=GroupAssignment("g", 1, frozenset({("in", 0)})))
+        await h.coord.add_partitions_to_txn("p1", r1.producer_id, r1.producer_epoch, [("orders", 0)])
+        g2 = GroupAssignment("g", 2, frozenset({("in", 0), ("in", 1)}))
+        assert (await h.coord.init_producer_id("p2", 60000, group=g2)).error == E.CONCURRENT_TRANSACTIONS
+        await h.settle()
+        assert (h.md("p1").state, h.md("p1").producer_epoch) == (S.COMPLETE_ABORT, r1.producer_epoch + 1)
+        assert (await h.coord.init_producer_id("p2", 60000, group=g2)).error == E.NONE
+
+    run(scenario())

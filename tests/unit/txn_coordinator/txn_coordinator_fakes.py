@@ -1,0 +1,182 @@
+"""In-memory stand-ins for the transaction log, the partition leaders' WriteTxnMarkers
+and the cluster topology, to drive the coordinator without gRPC or ZooKeeper."""
+from __future__ import annotations
+
+import asyncio
+import zlib
+from dataclasses import dataclass, field
+
+from exactly import records
+from exactly.errors import ErrorCode
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.coordinator import (CoordinatorConfig, FetchResult, TransactionCoordinator,
+                                                  TxnMarker)
+from services.txn_coordinator.pid_manager import ProducerIdManager
+from services.txn_coordinator.state import TxnState
+
+
+class FakeClock:
+    def __init__(self, now_ms: int = 1_700_000_000_000):
+        self.now = now_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+async def fast_sleep(_seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+class FakeLog:
+    """`__transaction_state` partitions as lists of batches with assigned offsets."""
+
+    def __init__(self):
+        self.batches: dict[int, list[bytes]] = {}
+        self.next_offset: dict[int, int] = {}
+        self.append_errors: list[int] = []  # consumed one per append
+        self.append_gate: asyncio.Event | None = None  # when set, appends wait for it
+        self.fetch_gate: asyncio.Event | None = None
+        self.fetch_errors: list[int] = []
+
+    async def append(self, partition: int, batch: bytes) -> int:
+        if self.append_gate is not None:
+            await self.append_gate.wait()
+        if self.append_errors:
+            return self.append_errors.pop(0)
+        self.write(partition, batch)
+        return ErrorCode.NONE
+
+    def write(self, partition: int, batch: bytes) -> None:
+        buf = bytearray(batch)
+        offset = self.next_offset.get(partition, 0)
+        records.set_base_offset(buf, offset)
+        self.batches.setdefault(partition, []).append(bytes(buf))
+        self.next_offset[partition] = records.parse_header(buf).last_offset + 1
+
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        if self.fetch_gate is not None:
+            await self.fetch_gate.wait()
+        if self.fetch_errors:
+            return FetchResult(self.fetch_errors.pop(0))
+        out = bytearray()
+        for b in self.batches.get(partition, []):
+            h = records.parse_header(b)
+            if h.last_offset < offset:
+                continue
+            if out and len(out) + len(b) > max_bytes:
+                break
+            out += b
+        return FetchResult(ErrorCode.NONE, bytes(out), self.next_offset.get(partition, 0), 0)
+
+    def entries(self, partition: int = 0) -> list[txn_log.TxnLogEntry]:
+        entries, _ = txn_log.decode_fetched(b"".join(self.batches.get(partition, [])))
+        return entries
+
+    def states(self, transactional_id: str, partition: int = 0) -> list[TxnState | None]:
+        return [e.transit.state if e.transit else None for e in self.entries(partition)
+                if e.transactional_id == transactional_id]
+
+
+class FakeMarkers:
+    """Records every marker attempt; `fail[(topic, p)]` = list of error codes answered
+    before success; `errors[(topic, p)]` = code answered forever."""
+
+    def __init__(self):
+        self.attempts: list[TxnMarker] = []
+        self.written: list[tuple[TxnMarker, tuple[str, int]]] = []
+        self.fail: dict[tuple[str, int], list[int]] = {}
+        self.errors: dict[tuple[str, int], int] = {}
+        self.gate: asyncio.Event | None = None
+
+    async def write(self, marker: TxnMarker) -> dict[tuple[str, int], int]:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.attempts.append(marker)
+        out = {}
+        for tp in marker.partitions:
+            if tp in self.errors:
+                out[tp] = self.errors[tp]
+            elif self.fail.get(tp):
+                out[tp] = self.fail[tp].pop(0)
+            else:
+                out[tp] = ErrorCode.NONE
+                self.written.append((marker, tp))
+        return out
+
+    def written_for(self, producer_id: int) -> list[tuple[TxnMarker, tuple[str, int]]]:
+        return [(m, tp) for m, tp in self.written if m.producer_id == producer_id]
+
+
+@dataclass
+class FakeTopology:
+    txn_partitions: int = 1
+    offsets_partitions: int = 4
+    topics: dict[str, int] = field(default_factory=lambda: {"orders": 3, "payments": 2})
+
+    def txn_partition_for(self, transactional_id: str) -> int:
+        if self.txn_partitions <= 0:
+            return -1
+        return zlib.crc32(transactional_id.encode()) % self.txn_partitions
+
+    def offsets_partition_for(self, group_id: str) -> int:
+        return zlib.crc32(group_id.encode()) % self.offsets_partitions
+
+    def partition_exists(self, topic: str, partition: int) -> bool:
+        if topic == "__consumer_offsets":
+            return 0 <= partition < self.offsets_partitions
+        return 0 <= partition < self.topics.get(topic, 0)
+
+
+class Harness:
+    """A coordinator over the fakes. PIDs come from blocks of `block_size`."""
+
+    def __init__(self, config: CoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
+                 log: FakeLog | None = None, first_pid: int = 0):
+        self.clock = FakeClock()
+        self.log = log or FakeLog()
+        self.markers = FakeMarkers()
+        self.topology = FakeTopology(txn_partitions=txn_partitions)
+        self.block_size = block_size
+        self.next_block = first_pid
+        self.blocks: list[tuple[int, int]] = []
+        self.pids = ProducerIdManager(self._allocate)
+        self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
+                                            config or CoordinatorConfig(end_txn_completion_wait_ms=0),
+                                            clock=self.clock, sleep=fast_sleep)
+
+    async def _allocate(self) -> tuple[int, int]:
+        block = (self.next_block, self.next_block + self.block_size - 1)
+        self.next_block += self.block_size
+        self.blocks.append(block)
+        return block
+
+    async def elect(self, partition: int = 0, coordinator_epoch: int = 1) -> None:
+        await self.coord.on_elected(partition, coordinator_epoch)
+        await self.coord.wait_loaded(partition)
+
+    async def settle(self) -> None:
+        """Run background work (markers, completions) until nothing is left."""
+        for _ in range(1000):
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+            if not pending:
+                return
+            await asyncio.wait(pending, timeout=0.5)
+        raise AssertionError("background tasks never settled")
+
+    def md(self, transactional_id: str, partition: int = 0):
+        return self.coord._partitions[partition].txns.get(transactional_id)
+
+    async def begin(self, tid: str, partitions=(("orders", 0),), timeout_ms: int = 60000):
+        """InitProducerId + AddPartitionsToTxn; returns (pid, epoch)."""
+        r = await self.coord.init_producer_id(tid, timeout_ms)
+        assert r.error == ErrorCode.NONE, r
+        res = await self.coord.add_partitions_to_txn(tid, r.producer_id, r.producer_epoch, partitions)
+        assert set(res.values()) == {ErrorCode.NONE}, res
+        return r.producer_id, r.producer_epoch
+
+
+def run(coro):
+    return asyncio.run(coro)
