@@ -323,7 +323,9 @@ class GroupMembership:
         elif code == ErrorCode.ILLEGAL_GENERATION:
             self.generation_id = -1
         elif code == ErrorCode.REBALANCE_IN_PROGRESS:
-            pass
+            # The generation is still being persisted, or a new rebalance began:
+            # rejoining answers at once in the first case and waits in the second.
+            self._backoff()
         elif code in _RETRY_CODES:
             if code in _FIND_AGAIN:
                 self.coordinator_dead(ErrorCode(code).name)
@@ -359,7 +361,9 @@ class GroupMembership:
         """Send one Heartbeat if the member is stable; apply the answer. Returns the
         answer's code (None when nothing was sent or the transport failed)."""
         with self._lock:
-            if self.state is not MemberState.STABLE or self._rejoin_needed:
+            # Keep heartbeating while a rejoin is pending (until poll sends the
+            # JoinGroup) so the session does not expire meanwhile.
+            if self.state is not MemberState.STABLE or not self.member_id:
                 return None
             gen, member = self.generation_id, self.member_id
         now = self._clock()
@@ -381,8 +385,10 @@ class GroupMembership:
         with self._lock:
             if (gen, member) != (self.generation_id, self.member_id) or self.state is not MemberState.STABLE:
                 return code
-            if code == ErrorCode.NONE:
+            if code in (ErrorCode.NONE, ErrorCode.REBALANCE_IN_PROGRESS):
                 self._last_heartbeat_ok = self._clock()
+            if code == ErrorCode.NONE:
+                pass
             elif code == ErrorCode.UNKNOWN_MEMBER_ID:
                 self.request_rejoin(code.name, reset_member=True)
             elif code in REJOIN_CODES:

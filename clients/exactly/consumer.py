@@ -158,7 +158,8 @@ class Consumer:
         fetches to the partition leaders in the background; while a leader is down
         its partitions are retried with backoff and poll returns what the others
         have (possibly []). Under read_committed, records of aborted transactions
-        and anything at or past the LSO are never returned.
+        and anything at or past the LSO are never returned (design doc "Consumer";
+        DESIGN.md §4, §10). Records of one partition come in offset order.
         Raises errors.IllegalStateError when neither subscribed nor assigned;
         NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
         non-retriable errors from the services (e.g. authorization)."""
