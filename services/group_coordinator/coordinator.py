@@ -1,0 +1,646 @@
+"""The group coordinator: owns partitions of __consumer_offsets, materialises
+them from the log, and answers the GroupCoordinator RPCs as domain calls.
+
+No gRPC here (the servicer adapts messages); I/O goes through an injected log
+client with the shape of services.common.rpc.ClusterClient (`produce`, `fetch`).
+
+State is single-writer and ordered: for each owned partition one tailer task
+fetches the partition (read_uncommitted, long poll) from the last applied
+offset and applies every batch (state.PartitionState). Writes are appended with
+`produce` and answered once the tailer has applied them, so an answer never
+runs ahead of the log. On election the partition is replayed from offset 0 to
+the high watermark before it serves (COORDINATOR_LOAD_IN_PROGRESS meanwhile);
+groups of partitions this process does not own get NOT_COORDINATOR.
+
+Seeds: KIP-98 design document, "Consumer Coordinator" (TxnOffsetCommit appends
+pending offsets that the COMMIT marker makes visible; startup replays them the
+same way); KIP-447 (generation fencing of TxnOffsetCommit, require_stable).
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
+
+from exactly import records
+from exactly.errors import ErrorCode
+
+from . import log_format
+from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
+                    JoinResponse, default_member_id, validate_offset_commit)
+from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
+from .state import PartitionState
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+READ_UNCOMMITTED = 0
+
+
+class LogClient(Protocol):
+    """What the coordinator needs from services.common.rpc.ClusterClient."""
+
+    async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
+                      timeout_ms: int = 30000) -> tuple[int, int]: ...
+
+    async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
+                    isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Settings (Kafka keys in parentheses).
+
+    group: membership limits (group.min.session.timeout.ms default 1000,
+    group.max.session.timeout.ms 1800000, group.initial.rebalance.delay.ms 0,
+    group.max.size). offset_metadata_max_bytes (offset.metadata.max.bytes, 4096).
+    commit_timeout_ms (offsets.commit.timeout.ms, 5000): how long a write waits
+    for the append and for the tailer to apply it. load_buffer_size
+    (offsets.load.buffer.size, bytes per fetch while loading). tail_max_wait_ms
+    (group.coordinator.tail.max.wait.ms): long-poll wait of the tailer's fetches.
+    tick_ms (group.coordinator.tick.ms): period of session-expiry and rebalance
+    timeout checks.
+    """
+
+    group: GroupConfig = field(default_factory=GroupConfig)
+    offset_metadata_max_bytes: int = 4096
+    commit_timeout_ms: int = 5000
+    load_buffer_size: int = 5 * 1024 * 1024
+    tail_max_wait_ms: int = 500
+    tick_ms: int = 100
+
+    @classmethod
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+        """Build from a `get_int(key, default)` lookup (ServiceConfig.get_int)."""
+        d = cls()
+        g = d.group
+        return cls(
+            group=GroupConfig(
+                min_session_timeout_ms=get_int("group.min.session.timeout.ms", g.min_session_timeout_ms),
+                max_session_timeout_ms=get_int("group.max.session.timeout.ms", g.max_session_timeout_ms),
+                initial_rebalance_delay_ms=get_int("group.initial.rebalance.delay.ms",
+                                                   g.initial_rebalance_delay_ms),
+                max_size=get_int("group.max.size", g.max_size)),
+            offset_metadata_max_bytes=get_int("offset.metadata.max.bytes", d.offset_metadata_max_bytes),
+            commit_timeout_ms=get_int("offsets.commit.timeout.ms", d.commit_timeout_ms),
+            load_buffer_size=get_int("offsets.load.buffer.size", d.load_buffer_size),
+            tail_max_wait_ms=get_int("group.coordinator.tail.max.wait.ms", d.tail_max_wait_ms),
+            tick_ms=get_int("group.coordinator.tick.ms", d.tick_ms))
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# Kafka GroupMetadataManager.storeOffsets: append errors as the committer sees them.
+_OFFSET_APPEND_ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.LEADER_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NETWORK_EXCEPTION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+# Kafka GroupMetadataManager.storeGroup: append errors as joining members see them.
+_GROUP_APPEND_ERRORS = {
+    **_OFFSET_APPEND_ERRORS,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
+}
+
+
+def _as_code(code: int) -> ErrorCode:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class _OwnedPartition:
+    """Runtime state of one owned __consumer_offsets partition."""
+
+    def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState):
+        self.partition = partition
+        self.coordinator_epoch = coordinator_epoch
+        self.state = state
+        self.loaded = False
+        self.closed = False
+        self.loaded_event = asyncio.Event()
+        self.kick = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self._seq = itertools.count()
+        self._applied_waiters: list[tuple[int, int, asyncio.Future]] = []
+        # group id -> member id -> future of a JoinGroup waiting for the rebalance
+        self.join_waiters: dict[str, dict[str, asyncio.Future]] = {}
+        # group id -> set once the group metadata record of the latest rebalance is stored
+        self.stored: dict[str, asyncio.Event] = {}
+        self.store_locks: dict[str, asyncio.Lock] = {}
+        # (group, partition) -> offset commit writes in flight (require_stable sees them)
+        self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
+
+    def wait_applied(self, last_offset: int) -> asyncio.Future:
+        """Future resolved True once the tailer applied `last_offset`, False if the
+        partition is resigned first."""
+        fut = asyncio.get_running_loop().create_future()
+        if self.closed:
+            fut.set_result(False)
+        elif self.state.next_offset > last_offset:
+            fut.set_result(True)
+        else:
+            heapq.heappush(self._applied_waiters, (last_offset, next(self._seq), fut))
+        return fut
+
+    def notify_applied(self) -> None:
+        while self._applied_waiters and self._applied_waiters[0][0] < self.state.next_offset:
+            _, _, fut = heapq.heappop(self._applied_waiters)
+            if not fut.done():
+                fut.set_result(True)
+
+    def close(self) -> None:
+        self.closed = True
+        for _, _, fut in self._applied_waiters:
+            if not fut.done():
+                fut.set_result(False)
+        self._applied_waiters.clear()
+        self.loaded_event.set()
+
+
+class GroupCoordinator:
+    """Consumer groups and offsets of the owned __consumer_offsets partitions.
+
+    client: LogClient; partition_for(group_id) -> partition of __consumer_offsets
+    (-1 when the topic does not exist yet); partition_counts() -> {topic:
+    number of partitions} for the range assignment; clock_ms: monotonic ms
+    (sessions, rebalance timeouts); now_wall_ms: wall-clock ms (commit
+    timestamps). Call `start()` on the event loop, then `on_elected` /
+    `on_resigned` from CoordinatorOwnership.
+    """
+
+    def __init__(self, client: LogClient, partition_for: Callable[[str], int],
+                 partition_counts: Callable[[], Mapping[str, int]],
+                 config: CoordinatorConfig | None = None,
+                 clock_ms: Callable[[], int] = monotonic_ms,
+                 now_wall_ms: Callable[[], int] = wall_ms,
+                 new_member_id: Callable[[str], str] = default_member_id):
+        self.client = client
+        self.partition_for = partition_for
+        self.partition_counts = partition_counts
+        self.config = config or CoordinatorConfig()
+        self.clock_ms = clock_ms
+        self.now_wall_ms = now_wall_ms
+        self.new_member_id = new_member_id
+        self._owned: dict[int, _OwnedPartition] = {}
+        self._wake = asyncio.Event()
+        self._ticker: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the timer task (session expiry, rebalance completion)."""
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick_loop(), name="group-coordinator-ticker")
+
+    async def stop(self) -> None:
+        """Resign every partition and stop background tasks."""
+        for p in list(self._owned):
+            await self.on_resigned(p)
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+            self._ticker = None
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def on_elected(self, partition: int, coordinator_epoch: int) -> None:
+        """This process now owns `partition`: start loading it (returns at once)."""
+        if partition in self._owned:
+            await self.on_resigned(partition)
+        owned = _OwnedPartition(partition, coordinator_epoch,
+                                PartitionState(partition, self.config.group, self.new_member_id))
+        self._owned[partition] = owned
+        owned.task = asyncio.create_task(self._tail(owned), name=f"{OFFSETS_TOPIC}-{partition}-tailer")
+
+    async def on_resigned(self, partition: int) -> None:
+        """Another coordinator owns `partition` now: stop its tailer, answer waiting
+        JoinGroups with NOT_COORDINATOR and forget its groups."""
+        owned = self._owned.pop(partition, None)
+        if owned is None:
+            return
+        owned.close()
+        if owned.task is not None:
+            owned.task.cancel()
+            await asyncio.gather(owned.task, return_exceptions=True)
+        now = self.clock_ms()
+        for group in owned.state.groups.values():
+            group.mark_dead(now)
+        for waiters in owned.join_waiters.values():
+            for member_id, fut in waiters.items():
+                if not fut.done():
+                    fut.set_result(JoinResponse(ErrorCode.NOT_COORDINATOR, member_id))
+        owned.join_waiters.clear()
+        for ev in owned.stored.values():
+            ev.set()
+
+    def owned_partitions(self) -> dict[int, bool]:
+        """partition -> loaded?"""
+        return {p: o.loaded for p, o in self._owned.items()}
+
+    async def wait_loaded(self, timeout_s: float) -> bool:
+        """Wait until every owned partition is loaded; False on timeout."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(o.loaded_event.wait() for o in self._owned.values())),
+                                   timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------ the log
+
+    async def _tail(self, owned: _OwnedPartition) -> None:
+        """Replay the partition from offset 0 to the high watermark, mark it
+        loaded, then keep applying new batches (long poll)."""
+        p = owned.partition
+        started = time.monotonic()
+        while True:
+            resp = await self._fetch(owned, max_wait_ms=0)
+            if not self._handle_fetch(owned, resp, loading=True):
+                await asyncio.sleep(0.1)
+                continue
+            if owned.state.next_offset >= resp.high_watermark:
+                break
+            if not resp.records:
+                await asyncio.sleep(0.01)
+        owned.loaded = True
+        owned.loaded_event.set()
+        log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
+                 OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
+                 owned.state.next_offset, time.monotonic() - started)
+        self._wake.set()
+        while True:
+            owned.kick.clear()
+            fetch = asyncio.ensure_future(self._fetch(owned, self.config.tail_max_wait_ms))
+            kicked = asyncio.ensure_future(owned.kick.wait())
+            try:
+                done, _ = await asyncio.wait({fetch, kicked}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                kicked.cancel()
+            if fetch not in done:
+                # A write of ours was appended: fetch again now rather than wait
+                # for the long poll to notice.
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+                continue
+            if not self._handle_fetch(owned, fetch.result(), loading=False):
+                await asyncio.sleep(0.1)
+
+    async def _fetch(self, owned: _OwnedPartition, max_wait_ms: int) -> Any | None:
+        try:
+            return await self.client.fetch(OFFSETS_TOPIC, owned.partition, owned.state.next_offset,
+                                           max_wait_ms=max_wait_ms, isolation_level=READ_UNCOMMITTED,
+                                           max_bytes=self.config.load_buffer_size)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - keep tailing; the leader may be restarting
+            log.exception("%s-%d: fetch failed", OFFSETS_TOPIC, owned.partition)
+            return None
+
+    def _handle_fetch(self, owned: _OwnedPartition, resp: Any | None, loading: bool) -> bool:
+        """Apply a fetch response; False when it carried an error (retry later)."""
+        if resp is None:
+            return False
+        code = resp.error_code
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE and resp.log_start_offset > owned.state.next_offset:
+            log.warning("%s-%d: offset %d below the log start %d; continuing from there",
+                        OFFSETS_TOPIC, owned.partition, owned.state.next_offset, resp.log_start_offset)
+            owned.state.next_offset = resp.log_start_offset
+            return True
+        if code != ErrorCode.NONE:
+            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, owned.partition, _as_code(code).name)
+            return False
+        if resp.records:
+            owned.state.apply_all(resp.records, self.clock_ms(), loading)
+            owned.notify_applied()
+        return True
+
+    async def _append(self, owned: _OwnedPartition, batch: bytes) -> ErrorCode:
+        """Append `batch` to the owned partition and wait until the tailer applied
+        it. Returns the partition leader's error code, NOT_COORDINATOR if the
+        partition was resigned meanwhile, REQUEST_TIMED_OUT after
+        commit_timeout_ms."""
+        if owned.closed:
+            return ErrorCode.NOT_COORDINATOR
+        code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
+                                                      timeout_ms=self.config.commit_timeout_ms)
+        if code != ErrorCode.NONE:
+            return _as_code(code)
+        last_offset = base_offset + records.parse_header(batch).last_offset_delta
+        owned.kick.set()
+        try:
+            applied = await asyncio.wait_for(owned.wait_applied(last_offset),
+                                             self.config.commit_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            return ErrorCode.NOT_COORDINATOR if owned.closed else ErrorCode.REQUEST_TIMED_OUT
+        return ErrorCode.NONE if applied else ErrorCode.NOT_COORDINATOR
+
+    def _owner_of(self, group_id: str) -> tuple[ErrorCode, _OwnedPartition | None]:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, None
+        partition = self.partition_for(group_id)
+        if partition < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        owned = self._owned.get(partition)
+        if owned is None or owned.closed:
+            return ErrorCode.NOT_COORDINATOR, None
+        if not owned.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
+        return ErrorCode.NONE, owned
+
+    # ------------------------------------------------------------ timers and rebalances
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.tick_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - a bug in one group must not stop all timers
+                log.exception("group coordinator tick failed")
+
+    def tick(self) -> None:
+        """Expire sessions, notice partition count changes of subscribed topics
+        and complete rebalances whose members rejoined or whose time is up."""
+        now = self.clock_ms()
+        counts = self.partition_counts()
+        for owned in list(self._owned.values()):
+            if not owned.loaded or owned.closed:
+                continue
+            for group in list(owned.state.groups.values()):
+                for member_id in group.expire_members(now):
+                    log.info("group %s: member %s session expired", group.group_id, member_id)
+                    self._answer_removed(owned, group.group_id, member_id)
+                if group.is_(GroupState.STABLE) and group.partition_counts_changed(counts):
+                    log.info("group %s: subscribed topics changed partitions; rebalancing", group.group_id)
+                    group.prepare_rebalance(now)
+                self._try_complete(owned, group, counts)
+
+    def _answer_removed(self, owned: _OwnedPartition, group_id: str, member_id: str) -> None:
+        fut = owned.join_waiters.get(group_id, {}).pop(member_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+
+    def _try_complete(self, owned: _OwnedPartition, group: GroupMetadata,
+                      counts: Mapping[str, int] | None = None) -> None:
+        if not group.is_(GroupState.PREPARING_REBALANCE):
+            return
+        completed = group.poll_rebalance(self.clock_ms(),
+                                         counts if counts is not None else self.partition_counts())
+        if completed is None:
+            return
+        log.info("group %s: generation %d with %d members%s", group.group_id, completed.generation,
+                 len(completed.snapshot.members),
+                 f" (removed {', '.join(completed.removed)})" if completed.removed else "")
+        waiters = owned.join_waiters.pop(group.group_id, {})
+        stored = asyncio.Event()
+        owned.stored[group.group_id] = stored
+        self._spawn(self._store_generation(owned, group, completed, waiters, stored),
+                    f"store-{group.group_id}-{completed.generation}")
+
+    async def _store_generation(self, owned: _OwnedPartition, group: GroupMetadata,
+                                completed: CompletedRebalance, waiters: dict[str, asyncio.Future],
+                                stored: asyncio.Event) -> None:
+        """Append the new generation's group metadata record, then answer the
+        JoinGroups that waited for it (generation-ordered per group)."""
+        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
+        try:
+            async with lock:
+                raw = await self._append(owned, log_format.group_batch(completed.snapshot,
+                                                                       self.now_wall_ms()))
+            code = _GROUP_APPEND_ERRORS.get(raw, raw)
+            if code != ErrorCode.NONE:
+                log.warning("group %s: storing generation %d failed: %s", group.group_id,
+                            completed.generation, code.name)
+            group.store_completed(completed.generation, code, self.clock_ms())
+            for member_id, fut in waiters.items():
+                if not fut.done():
+                    fut.set_result(completed.join_response(member_id) if code == ErrorCode.NONE
+                                   else JoinResponse(code, member_id))
+        finally:
+            stored.set()
+            self._wake.set()
+
+    # ------------------------------------------------------------ membership RPCs
+
+    async def join_group(self, group_id: str, member_id: str, topics: Iterable[str],
+                         session_timeout_ms: int, rebalance_timeout_ms: int,
+                         protocol_type: str = "consumer", group_instance_id: str = "") -> JoinResponse:
+        """JoinGroup (see group.GroupMetadata.join). Waits until the rebalance
+        completes when the member has to (all known members rejoined, or the
+        rebalance timeout passed) and the new generation is stored. Errors besides
+        the group's: INVALID_GROUP_ID, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE, UNKNOWN_MEMBER_ID (member id given for an
+        unknown group), and append errors of the generation record."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return JoinResponse(code, member_id)
+        now = self.clock_ms()
+        group = owned.state.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+            group = GroupMetadata(group_id, now, self.config.group, self.new_member_id)
+            owned.state.groups[group_id] = group
+        outcome = group.join(member_id, topics, session_timeout_ms, rebalance_timeout_ms, now,
+                             protocol_type, group_instance_id)
+        if outcome.response is not None:
+            return outcome.response
+        waiters = owned.join_waiters.setdefault(group_id, {})
+        fut = asyncio.get_running_loop().create_future()
+        previous = waiters.get(outcome.member_id)
+        if previous is not None and not previous.done():
+            previous.set_result(JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS, outcome.member_id))
+        waiters[outcome.member_id] = fut
+        self._try_complete(owned, group)
+        try:
+            return await fut
+        finally:
+            if owned.join_waiters.get(group_id, {}).get(outcome.member_id) is fut:
+                del owned.join_waiters[group_id][outcome.member_id]
+
+    async def sync_group(self, group_id: str, generation_id: int,
+                         member_id: str) -> tuple[ErrorCode, Assignment]:
+        """SyncGroup: (error, {topic: [partitions]}) of the member in the current
+        generation (group.GroupMetadata.sync). A SyncGroup that arrives while its
+        generation is being stored waits for the store."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code, {}
+        group = owned.state.groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID, {}
+        if group.is_(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation:
+            stored = owned.stored.get(group_id)
+            if stored is not None:
+                try:
+                    await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
+                except asyncio.TimeoutError:
+                    pass
+        return group.sync(member_id, generation_id, self.clock_ms())
+
+    async def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
+        """Heartbeat (group.GroupMetadata.heartbeat); REBALANCE_IN_PROGRESS means
+        rejoin."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code
+        group = owned.state.groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        return group.heartbeat(member_id, generation_id, self.clock_ms())
+
+    async def leave_group(self, group_id: str, member_id: str) -> ErrorCode:
+        """LeaveGroup: remove the member, rebalance the others."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code
+        group = owned.state.groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        code = group.leave(member_id, self.clock_ms())
+        if code == ErrorCode.NONE:
+            self._answer_removed(owned, group_id, member_id)
+            self._try_complete(owned, group)
+        return code
+
+    # ------------------------------------------------------------ offsets
+
+    async def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                             offsets: Mapping[TopicPartition, OffsetAndMetadata]
+                             ) -> dict[TopicPartition, ErrorCode]:
+        """OffsetCommit (generation -1: simple commit; see
+        group.validate_offset_commit). Per partition: NONE once the record is
+        applied, OFFSET_METADATA_TOO_LARGE, the group check's error, or the
+        append error (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
+        INVALID_COMMIT_OFFSET_SIZE, REQUEST_TIMED_OUT, ...)."""
+        code, owned = self._owner_of(group_id)
+        if code == ErrorCode.NONE:
+            group = owned.state.groups.get(group_id)
+            code = validate_offset_commit(group, member_id, generation_id, transactional=False)
+            if code == ErrorCode.NONE and group is not None and member_id in group.members:
+                group.members[member_id].last_heartbeat_ms = self.clock_ms()
+        if code != ErrorCode.NONE:
+            return {TopicPartition(*tp): code for tp in offsets}
+        return await self._write_offsets(owned, group_id, offsets)
+
+    async def txn_commit_offsets(self, transactional_id: str, group_id: str, producer_id: int,
+                                 producer_epoch: int, generation_id: int, member_id: str,
+                                 offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                                 group_instance_id: str = "") -> dict[TopicPartition, ErrorCode]:
+        """TxnOffsetCommit: append the offsets in a transactional batch of
+        (producer_id, producer_epoch); they stay pending until that PID's COMMIT
+        marker (ABORT discards them). KIP-447 fencing: ILLEGAL_GENERATION for a
+        generation other than -1 that is not the group's, UNKNOWN_MEMBER_ID for
+        an unknown member id. The partition leader checks the producer epoch
+        (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED come back per partition).
+        INVALID_PRODUCER_ID_MAPPING when producer_id < 0."""
+        code, owned = self._owner_of(group_id)
+        if code == ErrorCode.NONE:
+            code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
+                                          transactional=True)
+        if code == ErrorCode.NONE and producer_id < 0:
+            code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if code != ErrorCode.NONE:
+            return {TopicPartition(*tp): code for tp in offsets}
+        return await self._write_offsets(owned, group_id, offsets, producer_id, producer_epoch)
+
+    async def _write_offsets(self, owned: _OwnedPartition, group_id: str,
+                             offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                             producer_id: int = records.NO_PRODUCER_ID,
+                             producer_epoch: int = records.NO_PRODUCER_EPOCH
+                             ) -> dict[TopicPartition, ErrorCode]:
+        results: dict[TopicPartition, ErrorCode] = {}
+        valid: dict[TopicPartition, OffsetAndMetadata] = {}
+        now = self.now_wall_ms()
+        for tp, value in offsets.items():
+            tp = TopicPartition(*tp)
+            if len(value.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                valid[tp] = OffsetAndMetadata(value.offset, value.metadata, value.leader_epoch, now)
+        if not valid:
+            return results
+        batch = log_format.offsets_batch(group_id, valid, now, producer_id, producer_epoch)
+        keys = [(group_id, tp) for tp in valid]
+        owned.inflight.update(keys)
+        try:
+            raw = await self._append(owned, batch)
+        finally:
+            owned.inflight.subtract(keys)
+            for k in keys:
+                if owned.inflight[k] <= 0:
+                    del owned.inflight[k]
+        code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+        for tp in valid:
+            results[tp] = code
+        return results
+
+    async def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
+                            require_stable: bool) -> tuple[ErrorCode, dict[TopicPartition, FetchedOffset]]:
+        """OffsetFetch: (top-level error, {partition: FetchedOffset}). partitions
+        None: all committed. With require_stable, partitions with a pending
+        transactional offset (or an offset write in flight) answer offset -1 and
+        UNSTABLE_OFFSET_COMMIT, and the top-level error is UNSTABLE_OFFSET_COMMIT
+        too when any partition is unstable (the whole fetch is retriable, as
+        Kafka's consumer treats it). Top-level errors: INVALID_GROUP_ID,
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code, {}
+        parts = None if partitions is None else [TopicPartition(*tp) for tp in partitions]
+        result = owned.state.offsets.fetch(group_id, parts, require_stable)
+        top = ErrorCode.NONE
+        if require_stable:
+            for tp in result:
+                if owned.inflight.get((group_id, tp), 0) > 0:
+                    result[tp] = FetchedOffset(-1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
+            if any(f.error == ErrorCode.UNSTABLE_OFFSET_COMMIT for f in result.values()):
+                top = ErrorCode.UNSTABLE_OFFSET_COMMIT
+        return top, result
+
+    # ------------------------------------------------------------ introspection
+
+    def group(self, group_id: str) -> GroupMetadata | None:
+        """The in-memory group (None when unknown or not owned), for tests and tools."""
+        partition = self.partition_for(group_id)
+        owned = self._owned.get(partition)
+        return owned.state.groups.get(group_id) if owned else None
+
+    def partition_state(self, partition: int) -> PartitionState | None:
+        owned = self._owned.get(partition)
+        return owned.state if owned else None
