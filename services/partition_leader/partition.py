@@ -273,7 +273,8 @@ class Partition:
 
         isolation_level 0 reads below the high watermark, 1 below the LSO and also
         returns the aborted transactions intersecting the returned range. max_bytes
-        bounds the bytes (one batch is returned even if larger).
+        bounds the bytes (one batch is returned even if larger); max_bytes <= 0
+        returns offsets only (a response whose byte budget is spent).
         Errors: OFFSET_OUT_OF_RANGE outside [log start, high watermark];
         FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH when current_leader_epoch (>= 0)
         is older / newer than ours."""
@@ -285,6 +286,8 @@ class Partition:
         if offset < start or offset > hw:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, lso, start,
                                message=f"offset {offset} outside [{start}, {hw}]")
+        if max_bytes <= 0:
+            return FetchResult(ErrorCode.NONE, hw, lso, start)
         committed = isolation_level == READ_COMMITTED
         res = self.log.read(offset, max_bytes, lso if committed else hw)
         aborted: tuple[tuple[int, int], ...] = ()

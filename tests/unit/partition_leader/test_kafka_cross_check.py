@@ -4,17 +4,16 @@ COMMIT=1 as Apache Kafka)."""
 from __future__ import annotations
 
 import struct
+import warnings
 
-import pytest
-
-from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.memory_records import MemoryRecords
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python's own imports
+    from kafka.record.default_records import DefaultRecordBatch
+    from kafka.record.memory_records import MemoryRecords
 
 from exactly import records
 
 from .conftest import make_batch
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def test_segment_file_decodes_with_kafka_python(open_partition):
