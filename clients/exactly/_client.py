@@ -307,9 +307,9 @@ class ClientCore:
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(is_retriable),
-            wait=tenacity.wait_exponential_jitter(initial=self.retry_backoff_ms / 1000.0,
-                                                  max=self.retry_backoff_max_ms / 1000.0,
-                                                  jitter=self.retry_backoff_ms / 1000.0 / 5),
+            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
+                                           max=self.retry_backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
             stop=tenacity.stop_before_delay(timeout),
             before_sleep=_before_sleep,
             reraise=True,

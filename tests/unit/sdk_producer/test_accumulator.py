@@ -1,0 +1,212 @@
+"""Per-partition batching by size and linger, batch framing, retries in order."""
+import threading
+
+import pytest
+
+from exactly import errors, records
+from exactly._accumulator import ProducerBatch, RecordAccumulator
+from exactly.types import RecordMetadata, TopicPartition
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(batch_size=16384, linger_ms=5.0, **kw):
+    clock = Clock()
+    return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, clock=clock, **kw), clock
+
+
+def test_batches_close_at_batch_size():
+    acc, _ = make(batch_size=300)
+    value = b"x" * 50  # ~58 bytes per encoded record, 61-byte header
+    results = [acc.append(TP0, 1, None, value) for _ in range(10)]
+    new_batches = [r[2] for r in results]
+    assert new_batches[0] and new_batches.count(True) >= 2
+    batches = []
+    while (b := acc.drain(TP0)) is not None:
+        batches.append(b)
+    assert sum(b.record_count for b in batches) == 10
+    assert all(b.size <= 300 for b in batches)
+    assert batches[0].record_count == 4  # 61 + 4 * 58 = 293; a fifth would pass 300
+
+
+def test_record_larger_than_batch_size_gets_its_own_batch():
+    acc, _ = make(batch_size=100)
+    acc.append(TP0, 1, None, b"a")
+    fut, full, new = acc.append(TP0, 1, None, b"y" * 500)
+    assert new and full
+    assert acc.drain(TP0).record_count == 1
+    assert acc.drain(TP0).record_count == 1
+
+
+def test_linger_decides_readiness():
+    acc, clock = make(linger_ms=5)
+    acc.append(TP0, 1, b"k", b"v")
+    ready, wait = acc.ready()
+    assert ready == [] and wait == pytest.approx(5)
+    clock.now += 3
+    assert acc.ready() == ([], pytest.approx(2))
+    clock.now += 2
+    assert acc.ready()[0] == [TP0]
+
+
+def test_full_batch_is_ready_before_linger():
+    acc, _ = make(batch_size=120, linger_ms=10_000)
+    acc.append(TP0, 1, None, b"x" * 40)
+    acc.append(TP0, 1, None, b"x" * 40)  # does not fit: second batch
+    acc.append(TP1, 1, None, b"x")
+    ready, wait = acc.ready()
+    assert ready == [TP0] and wait == pytest.approx(10_000)
+
+
+def test_flush_makes_everything_ready():
+    acc, _ = make(linger_ms=10_000)
+    acc.append(TP0, 1, None, b"v")
+    acc.append(TP1, 1, None, b"v")
+    assert acc.ready()[0] == []
+    acc.begin_flush()
+    assert sorted(acc.ready()[0]) == [TP0, TP1]
+    acc.end_flush()
+    assert acc.ready()[0] == []
+
+
+def test_abort_on_new_batch_for_sticky_partitioner():
+    acc, _ = make()
+    assert acc.append(TP0, 1, None, b"v", abort_on_new_batch=True) is None
+    assert acc.append(TP0, 1, None, b"v") is not None
+    assert acc.append(TP0, 1, None, b"v", abort_on_new_batch=True) is not None  # joins the open batch
+    acc.drain(TP0)
+    assert acc.append(TP0, 1, None, b"v", abort_on_new_batch=True) is None
+
+
+def test_drain_closes_the_batch():
+    acc, _ = make()
+    acc.append(TP0, 1, None, b"a")
+    b = acc.drain(TP0)
+    assert b.closed
+    _, _, new = acc.append(TP0, 1, None, b"b")
+    assert new and acc.drain(TP0) is not b
+
+
+def test_seal_frames_a_valid_v2_batch_and_is_stable():
+    acc, _ = make()
+    acc.append(TP0, 1000, b"k1", b"v1", (("h", b"x"),))
+    acc.append(TP0, 1003, None, b"v2")
+    acc.append(TP0, 1001, b"k3", None)
+    b = acc.drain(TP0)
+    payload = b.seal(42, 3, 17, True, records.COMPRESSION_NONE)
+    h = records.verify_crc(payload)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.record_count) == (42, 3, 17, 3)
+    assert h.is_transactional and not h.is_control and h.last_sequence == 19
+    assert (h.base_timestamp, h.max_timestamp) == (1000, 1003)
+    recs = records.decode_records(payload)
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in recs] == [
+        (0, b"k1", b"v1", 1000), (1, None, b"v2", 1003), (2, b"k3", None, 1001)]
+    assert recs[0].headers == (("h", b"x"),)
+    assert b.seal(1, 1, 1, False, records.COMPRESSION_NONE) is payload  # retries resend the same bytes
+    assert b.last_sequence == 19
+
+
+def test_gzip_batch_round_trips():
+    acc, _ = make()
+    for i in range(20):
+        acc.append(TP0, 1, None, b"abc" * 100)
+    b = acc.drain(TP0)
+    payload = b.seal(-1, -1, -1, False, records.COMPRESSION_GZIP)
+    assert len(payload) < b.size
+    assert [r.value for r in records.decode_records(payload)] == [b"abc" * 100] * 20
+
+
+def test_complete_gives_real_offsets_and_fail_gives_the_error():
+    acc, _ = make()
+    futs = [acc.append(TP0, 500 + i, None, b"v")[0] for i in range(3)]
+    b = acc.drain(TP0)
+    b.complete(100)
+    assert [f.result(0) for f in futs] == [RecordMetadata("t", 0, 100 + i, 500 + i) for i in range(3)]
+    futs = [acc.append(TP1, 1, None, b"v")[0] for _ in range(2)]
+    b = acc.drain(TP1)
+    b.complete(-1, log_append_time_ms=777)
+    assert futs[0].result(0).timestamp == 777 and futs[0].result(0).offset == -1
+    f = acc.append(TP1, 1, None, b"v")[0]
+    b = acc.drain(TP1)
+    exc = errors.MessageTooLargeError("no")
+    b.fail(exc)
+    assert f.exception(0) is exc and b.done.is_set()
+
+
+def test_reenqueue_keeps_sequence_order_and_backoff():
+    acc, clock = make(linger_ms=0)
+    batches = []
+    for seq in (0, 1, 2):
+        acc.append(TP0, 1, None, b"v")
+        b = acc.drain(TP0)
+        b.seal(1, 0, seq, False, 0)
+        batches.append(b)
+    acc.append(TP0, 1, None, b"new")  # not yet drained, no sequence
+    acc.reenqueue(batches[2], backoff_ms=50)
+    acc.reenqueue(batches[0], backoff_ms=50)
+    acc.reenqueue(batches[1], backoff_ms=50)
+    assert acc.ready()[0] == []  # head is a retry waiting for its backoff
+    clock.now += 50
+    assert acc.ready()[0] == [TP0]
+    order = [acc.drain(TP0) for _ in range(4)]
+    assert [b.base_sequence for b in order] == [0, 1, 2, -1]
+    assert [b.attempts for b in order] == [1, 1, 1, 0]
+
+
+def test_expired_batches():
+    acc, clock = make()
+    acc.append(TP0, 1, None, b"v")
+    clock.now += 100
+    acc.append(TP1, 1, None, b"v")
+    assert acc.expired(clock.now, 120) == []
+    clock.now += 30
+    out = acc.expired(clock.now, 120)
+    assert [b.tp for b in out] == [TP0]
+
+
+def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
+    acc, _ = make(batch_size=100, buffer_memory=200)
+    acc.append(TP0, 1, None, b"x" * 80)
+    acc.append(TP1, 1, None, b"x" * 80)
+    with pytest.raises(errors.KafkaTimeoutError):
+        acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=50)
+    b = acc.drain(TP0)
+    done = threading.Event()
+
+    def blocked():
+        acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=5000)
+        done.set()
+
+    th = threading.Thread(target=blocked)
+    th.start()
+    assert not done.wait(0.1)
+    b.complete(0)
+    acc.deallocate(b)
+    assert done.wait(5)
+    th.join()
+
+
+def test_closed_accumulator_rejects_appends():
+    acc, _ = make()
+    acc.close()
+    with pytest.raises(errors.IllegalStateError):
+        acc.append(TP0, 1, None, b"v")
+
+
+def test_batch_unseal_allows_a_new_sequence():
+    b = ProducerBatch(TP0, 0, 1)
+    b.try_append(None, b"v", (), 1, 1000)
+    b.seal(1, 0, 5, False, 0)
+    b.unseal()
+    assert not b.has_sequence and b.payload is None
+    p = b.seal(2, 0, 0, False, 0)
+    assert records.parse_header(p).producer_id == 2

@@ -1,0 +1,181 @@
+"""ClientCore: bootstrap parsing, the transport-error seam, metadata and
+coordinator caches, and the retry helper (STYLE.md 5)."""
+import socket
+import time
+
+import grpc
+import pytest
+
+from exactly import errors
+from exactly._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, parse_bootstrap,
+                             translate_rpc_error)
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+
+from .fake_cluster import FakeCluster
+
+
+@pytest.fixture
+def fc():
+    cluster = FakeCluster({"t": 2})
+    yield cluster
+    cluster.stop()
+
+
+def dead_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def core_for(*addresses, **conf) -> ClientCore:
+    return ClientCore({"bootstrap.servers": ",".join(addresses), "retry.backoff.ms": 10,
+                       "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf})
+
+
+def test_parse_bootstrap():
+    assert parse_bootstrap("a:1, b:2,") == ["a:1", "b:2"]
+    assert parse_bootstrap(["h:9"]) == ["h:9"]
+    for bad in ("", "host", "h:x", ":1"):
+        with pytest.raises(ValueError):
+            parse_bootstrap(bad)
+    with pytest.raises(ValueError):
+        ClientCore({})
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code, details="boom"):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+@pytest.mark.parametrize("status,cls,retriable", [
+    (grpc.StatusCode.UNAVAILABLE, errors.NetworkException, True),
+    (grpc.StatusCode.CANCELLED, errors.NetworkException, True),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, errors.RequestTimedOutError, True),
+    (grpc.StatusCode.UNIMPLEMENTED, errors.UnsupportedVersionError, False),
+    (grpc.StatusCode.INTERNAL, errors.UnknownServerError, False),
+    (grpc.StatusCode.UNKNOWN, errors.UnknownServerError, False),
+])
+def test_transport_errors_become_sdk_errors(status, cls, retriable):
+    exc = translate_rpc_error(_RpcError(status))
+    assert type(exc) is cls and exc.retriable is retriable and "boom" in str(exc)
+
+
+def test_call_translates_and_never_leaks_grpc():
+    core = core_for(dead_address())
+    with pytest.raises(errors.NetworkException) as info:
+        core.call(core.cluster_stub().Metadata, pb.MetadataRequest())
+    assert not isinstance(info.value, grpc.RpcError) and info.value.retriable
+    fut = core.call_future(core.cluster_stub().Metadata, pb.MetadataRequest())
+    assert isinstance(fut.exception(5), errors.NetworkException)
+    core.close()
+
+
+def test_metadata_is_cached_and_refreshed(fc):
+    core = core_for(fc.address)
+    md = core.metadata()
+    assert md.partitions("t") == [0, 1] and md.leader("t", 1) == fc.address
+    assert md.leader("t", 9) is None and md.partitions("missing") == []
+    assert core.metadata() is md and fc.calls["Metadata"] == 1
+    assert core.metadata(refresh=True) is not md and fc.calls["Metadata"] == 2
+    fc.topics["new"] = 3
+    assert core.partitions_for("new") == [0, 1, 2]  # a missing topic triggers a refresh
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        core.partitions_for("missing")
+    assert core.leader_for("t", 0) == fc.address
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        core.leader_for("t", 7)
+    core.close()
+
+
+def test_metadata_max_age(fc):
+    core = core_for(fc.address, **{"metadata.max.age.ms": 1})
+    core.metadata()
+    time.sleep(0.01)
+    core.metadata()
+    assert fc.calls["Metadata"] == 2
+    core.close()
+
+
+def test_bootstrap_skips_a_dead_address(fc):
+    core = core_for(dead_address(), fc.address)
+    for _ in range(3):
+        assert core.metadata(refresh=True).partitions("t") == [0, 1]
+    core.close()
+
+
+def test_find_coordinator_retries_and_caches(fc):
+    core = core_for(fc.address)
+    fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS])
+    assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == fc.address
+    assert fc.calls["FindCoordinator"] == 3
+    core.find_coordinator("tx", COORDINATOR_TRANSACTION)
+    assert fc.calls["FindCoordinator"] == 3  # cached
+    core.find_coordinator("tx", COORDINATOR_GROUP)  # another key type: another entry
+    assert fc.calls["FindCoordinator"] == 4
+    core.invalidate_coordinator("tx", COORDINATOR_TRANSACTION)
+    core.find_coordinator("tx", COORDINATOR_TRANSACTION)
+    assert fc.calls["FindCoordinator"] == 5
+    fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE] * 1000)
+    with pytest.raises(errors.CoordinatorNotAvailableError):
+        core.find_coordinator("other", COORDINATOR_TRANSACTION, timeout_s=0.2)
+    core.close()
+
+
+def test_coordinator_call_refinds_on_not_coordinator(fc):
+    core = core_for(fc.address)
+    fc.end_txn_faults.extend([ErrorCode.NOT_COORDINATOR])
+    fc.txn_ids["tx"] = 5
+    fc.pid_epoch[5] = 0
+    resp = core.coordinator_call("tx", COORDINATOR_TRANSACTION, lambda a: core.txn_stub(a).EndTxn,
+                                 pb.EndTxnRequest(transactional_id="tx", producer_id=5, producer_epoch=0))
+    assert resp.error_code == 0 and fc.calls["FindCoordinator"] == 2
+    fc.end_txn_faults.append(ErrorCode.INVALID_TXN_STATE)
+    with pytest.raises(errors.InvalidTxnStateError):
+        core.coordinator_call("tx", COORDINATOR_TRANSACTION, lambda a: core.txn_stub(a).EndTxn,
+                              pb.EndTxnRequest(transactional_id="tx", producer_id=5, producer_epoch=0))
+    core.close()
+
+
+def test_retry_helper():
+    core = core_for("127.0.0.1:1")
+    attempts = []
+
+    def flaky():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise errors.NotLeaderOrFollowerError()
+        return "ok"
+
+    seen = []
+    assert core.retry(flaky, timeout_s=5, on_retry=seen.append) == "ok"
+    assert len(attempts) == 3 and all(isinstance(e, errors.NotLeaderOrFollowerError) for e in seen)
+
+    def fatal():
+        attempts.append(1)
+        raise errors.InvalidRequestError()
+
+    attempts.clear()
+    with pytest.raises(errors.InvalidRequestError):
+        core.retry(fatal, timeout_s=5)
+    assert len(attempts) == 1
+
+    start = time.monotonic()
+    with pytest.raises(errors.LeaderNotAvailableError):
+        core.retry(lambda: (_ for _ in ()).throw(errors.LeaderNotAvailableError()), timeout_s=0.2)
+    assert time.monotonic() - start < 1.0
+    core.close()
+
+
+def test_closed_core_refuses_new_channels():
+    core = core_for("127.0.0.1:1")
+    core.close()
+    core.close()
+    with pytest.raises(errors.IllegalStateError):
+        core.cluster_stub("127.0.0.1:2")

@@ -1,0 +1,451 @@
+"""Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
+sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
+Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
+import time
+
+import pytest
+
+from exactly import (ConsumerGroupMetadata, OffsetAndMetadata, Producer, RecordMetadata, TopicPartition,
+                     errors, records)
+from exactly._accumulator import partition_for_key
+from exactly._txn_manager import TxnState
+from exactly.errors import ErrorCode
+from exactly.producer import TransactionAbortedError
+
+from .fake_cluster import FakeCluster
+
+
+@pytest.fixture
+def fc():
+    cluster = FakeCluster({"t": 3, "u": 1})
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def make(fc):
+    made = []
+
+    def _make(**conf):
+        conf = {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
+                "request.timeout.ms": 5000, "max.block.ms": 5000, **conf}
+        p = Producer(conf)
+        made.append(p)
+        return p
+
+    yield _make
+    for p in made:
+        p.close(timeout=5)
+
+
+def wait_for(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.005)
+
+
+def batches(fc, topic, partition):
+    return [records.parse_header(b) for b in fc.logs[(topic, partition)]]
+
+
+# ---------------------------------------------------------------- idempotent
+
+def test_keyed_records_land_like_kafka_and_get_real_offsets(fc, make):
+    p = make()
+    futs = [(i, p.send("t", f"value-{i}", key=f"key-{i % 10}")) for i in range(200)]
+    p.flush(5)
+    per_partition = {}
+    for i, f in futs:
+        md = f.result(0)
+        assert isinstance(md, RecordMetadata) and md.topic == "t"
+        assert md.partition == partition_for_key(f"key-{i % 10}".encode(), 3)
+        per_partition.setdefault(md.partition, []).append(md.offset)
+    for part, offsets in per_partition.items():
+        assert offsets == list(range(len(offsets)))  # send order, contiguous real offsets
+        values = [r.value for r, _ in fc.records("t", part)]
+        assert len(values) == len(offsets)
+
+
+def test_idempotent_by_default_with_contiguous_sequences(fc, make):
+    p = make(**{"batch.size": 200})
+    for i in range(50):
+        p.send("u", b"x" * 20, partition=0)
+    p.flush(5)
+    hs = batches(fc, "u", 0)
+    assert len(hs) > 1 and fc.calls["InitProducerId"] == 1
+    assert len({h.producer_id for h in hs}) == 1 and hs[0].producer_id >= 0
+    seq = 0
+    for h in hs:
+        assert h.base_sequence == seq and not h.is_transactional
+        seq += h.record_count
+    assert seq == 50
+
+
+def test_plain_producer_sends_no_pid(fc, make):
+    p = make(**{"enable.idempotence": False, "acks": 1})
+    p.send("u", b"v").result(5)
+    h = batches(fc, "u", 0)[0]
+    assert h.producer_id == -1 and h.base_sequence == -1
+    assert fc.calls["InitProducerId"] == 0 and fc.produce_requests[0].acks == 1
+
+
+def test_acks_1_without_explicit_idempotence_turns_it_off(make):
+    assert not make(acks=1)._idempotent
+    with pytest.raises(ValueError):
+        make(acks=1, **{"enable.idempotence": True})
+    with pytest.raises(ValueError):
+        make(acks=1, **{"transactional.id": "x"})
+    with pytest.raises(ValueError):
+        make(**{"transactional.id": "x", "enable.idempotence": "false"})
+
+
+def test_values_keys_headers(fc, make):
+    p = make()
+    p.send("u", "héllo", key="k", headers=[("a", b"1"), ("b", "2"), ("c", None)]).result(5)
+    p.send("u", None, key=b"tomb").result(5)
+    p.send("u", bytearray(b"ba"), headers={"d": b"4"}).result(5)
+    recs = [r for r, _ in fc.records("u", 0)]
+    assert recs[0].value == "héllo".encode() and recs[0].key == b"k"
+    assert recs[0].headers == (("a", b"1"), ("b", b"2"), ("c", None))
+    assert recs[1].value is None and recs[1].key == b"tomb"
+    assert recs[2].value == b"ba" and recs[2].headers == (("d", b"4"),)
+    with pytest.raises(TypeError):
+        p.send("u", 12)
+
+
+def test_gzip(fc, make):
+    p = make(**{"compression.type": "gzip"})
+    futs = [p.send("u", b"abc" * 200) for _ in range(10)]
+    p.flush(5)
+    assert [f.result(0).offset for f in futs] == list(range(10))
+    assert batches(fc, "u", 0)[0].compression == records.COMPRESSION_GZIP
+    assert all(r.value == b"abc" * 200 for r, _ in fc.records("u", 0))
+
+
+def test_keyless_records_stick_to_a_partition(fc, make):
+    p = make(**{"linger.ms": 1000})
+    futs = [p.send("t", b"v") for _ in range(20)]
+    p.flush(5)
+    assert len({f.result(0).partition for f in futs}) == 1
+
+
+def test_pipelines_batches_of_several_partitions_in_one_request(fc, make):
+    p = make(**{"linger.ms": 50})
+    for part in range(3):
+        p.send("t", b"v", partition=part)
+    p.flush(5)
+    assert len(fc.produce_requests) == 1
+    assert sorted(pd.partition for t in fc.produce_requests[0].topics for pd in t.partitions) == [0, 1, 2]
+
+
+def test_unknown_topic_and_partition(make):
+    p = make(**{"max.block.ms": 300})
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        p.send("nope", b"v")
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        p.send("u", b"v", partition=5)
+
+
+def test_message_too_large_is_rejected_at_send(make):
+    p = make(**{"max.request.size": 1000})
+    with pytest.raises(errors.MessageTooLargeError):
+        p.send("u", b"x" * 2000)
+
+
+def test_not_leader_is_retried_after_a_metadata_refresh(fc, make):
+    p = make()
+    fc.produce_faults.append(("u", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, False))
+    before = fc.calls["Metadata"]
+    md = p.send("u", b"v").result(5)
+    assert md.offset == 0 and fc.calls["Produce"] == 2 and fc.calls["Metadata"] > before
+
+
+def test_lost_answer_is_retried_and_deduplicated(fc, make):
+    """The leader wrote the batch but the answer was an error: the retry gets
+    DUPLICATE_SEQUENCE_NUMBER, which is success, with the original offset."""
+    p = make()
+    p.send("u", b"first").result(5)
+    fc.produce_faults.append(("u", 0, ErrorCode.REQUEST_TIMED_OUT, True))
+    md = p.send("u", b"second").result(5)
+    assert md.offset == 1
+    assert [r.value for r, _ in fc.records("u", 0)] == [b"first", b"second"]
+
+
+def test_non_retriable_error_fails_the_future(fc, make):
+    p = make()
+    fc.produce_faults.append(("u", 0, ErrorCode.CORRUPT_MESSAGE, False))  # retriable in Kafka too
+    assert p.send("u", b"a").result(5).offset == 0
+    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_REQUEST, False))
+    with pytest.raises(errors.InvalidRequestError):
+        p.send("u", b"b").result(5)
+    # The PID is renewed so later sends are not rejected as out of order.
+    assert p.send("u", b"c").result(5).offset == 1
+    assert fc.calls["InitProducerId"] == 2
+
+
+def test_unknown_producer_id_renews_the_pid_and_resends(fc, make):
+    p = make()
+    p.send("u", b"a").result(5)
+    fc.produce_faults.append(("u", 0, ErrorCode.UNKNOWN_PRODUCER_ID, False))
+    assert p.send("u", b"b").result(5).offset == 1
+    assert fc.calls["InitProducerId"] == 2
+    assert len({h.producer_id for h in batches(fc, "u", 0)}) == 2
+
+
+def test_real_out_of_order_sequence_is_fatal(fc, make):
+    p = make()
+    p.send("u", b"a").result(5)
+    fc.produce_faults.append(("u", 0, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, False))
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        p.send("u", b"b").result(5)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        p.send("u", b"c").result(5)
+
+
+def test_flush_timeout(fc, make):
+    p = make()
+    fc.produce_delay.clear()
+    try:
+        f = p.send("u", b"v")
+        with pytest.raises(errors.KafkaTimeoutError):
+            p.flush(0.2)
+    finally:
+        fc.produce_delay.set()
+    assert f.result(5).offset == 0
+
+
+def test_close_flushes_and_rejects_later_sends(fc, make):
+    p = make(**{"linger.ms": 10_000})
+    f = p.send("u", b"v")
+    p.close(5)
+    assert f.result(0).offset == 0
+    with pytest.raises(errors.IllegalStateError):
+        p.send("u", b"v")
+    p.close()  # idempotent
+
+
+# ---------------------------------------------------------------- transactions
+
+def test_transactional_round_trip(fc, make):
+    p = make(**{"transactional.id": "tx-a", "linger.ms": 20})
+    p.init_transactions(5)
+    assert fc.calls["InitProducerId"] == 1
+    p.begin_transaction()
+    futs = [p.send("t", f"v{i}".encode(), partition=i % 3) for i in range(30)]
+    futs.append(p.send("u", b"w"))
+    p.commit_transaction(5)
+    assert all(f.done() for f in futs)
+    assert futs[0].result(0) == RecordMetadata("t", 0, 0, futs[0].result(0).timestamp)
+    assert fc.ended == [("tx-a", True, frozenset({("t", 0), ("t", 1), ("t", 2), ("u", 0)}))]
+    # one AddPartitionsToTxn for all partitions sent before the first drain
+    assert len(fc.add_partitions_requests) == 1
+    for part in range(3):
+        hs = batches(fc, "t", part)
+        assert all(h.is_transactional and h.producer_epoch == 0 for h in hs)
+        assert sum(h.record_count for h in hs) == 10
+    assert all(req.transactional_id == "tx-a" for req in fc.produce_requests)
+    # next transaction: partitions are added again
+    p.begin_transaction()
+    assert p.send("t", b"again", partition=0).result(5).offset == 10
+    p.commit_transaction(5)
+    assert len(fc.add_partitions_requests) == 2 and len(fc.ended) == 2
+
+
+def test_empty_transaction_commits_without_end_txn(fc, make):
+    p = make(**{"transactional.id": "tx-empty"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.commit_transaction(5)
+    assert fc.calls["EndTxn"] == 0 and p._txn.state is TxnState.READY
+
+
+def test_send_offsets_to_transaction(fc, make):
+    p = make(**{"transactional.id": "tx-o"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"out")
+    offsets = {TopicPartition("t", 0): OffsetAndMetadata(5, "m"), TopicPartition("t", 2): OffsetAndMetadata(9)}
+    p.send_offsets_to_transaction(offsets, ConsumerGroupMetadata("g1", 4, "member-1"))
+    p.send_offsets_to_transaction({TopicPartition("t", 1): OffsetAndMetadata(3)},
+                                  ConsumerGroupMetadata("g1", 4, "member-1"))
+    assert fc.calls["AddOffsetsToTxn"] == 1  # once per group per transaction
+    req = fc.last_txn_offset_commit
+    assert (req.group_id, req.generation_id, req.member_id, req.producer_epoch) == ("g1", 4, "member-1", 0)
+    assert fc.committed_offsets["g1"] == {}
+    p.commit_transaction(5)
+    assert fc.committed_offsets["g1"] == {("t", 0): 5, ("t", 2): 9, ("t", 1): 3}
+
+
+def test_stale_generation_is_abortable(fc, make):
+    fc.group_generation["g2"] = 7
+    p = make(**{"transactional.id": "tx-g"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    f = p.send("u", b"out")
+    with pytest.raises(errors.IllegalGenerationError):
+        p.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)},
+                                      ConsumerGroupMetadata("g2", 6, "m"))
+    assert p._txn.state is TxnState.ABORTABLE_ERROR
+    with pytest.raises(errors.IllegalGenerationError):
+        p.commit_transaction(5)
+    p.abort_transaction(5)
+    assert fc.ended[-1][1] is False
+    f.exception(5)  # sent or aborted: it has an outcome
+    p.begin_transaction()
+    p.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)},
+                                  ConsumerGroupMetadata("g2", 7, "m"))
+    p.commit_transaction(5)
+    assert fc.committed_offsets["g2"] == {("t", 0): 1}
+
+
+def test_abort_drops_unsent_records(fc, make):
+    p = make(**{"transactional.id": "tx-ab", "linger.ms": 60_000})
+    p.init_transactions(5)
+    p.begin_transaction()
+    futs = [p.send("t", b"v", partition=0) for _ in range(5)]
+    wait_for(lambda: p._txn.is_partition_added(TopicPartition("t", 0)))
+    p.abort_transaction(5)
+    for f in futs:
+        assert isinstance(f.exception(0), TransactionAbortedError)
+    assert fc.logs[("t", 0)] == [] and fc.ended == [("tx-ab", False, frozenset({("t", 0)}))]
+    p.begin_transaction()
+    f = p.send("t", b"v", partition=0)
+    p.commit_transaction(5)  # flushes despite linger.ms
+    assert f.result(0).offset == 0
+
+
+def test_abort_after_partial_send_keeps_sequences_valid(fc, make):
+    p = make(**{"transactional.id": "tx-seq"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"a").result(5)
+    p.abort_transaction(5)
+    p.begin_transaction()
+    assert p.send("u", b"b").result(5).offset == 1
+    p.commit_transaction(5)
+
+
+def test_concurrent_transactions_on_add_partitions_is_retried(fc, make):
+    fc.add_partitions_faults.extend([ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS])
+    p = make(**{"transactional.id": "tx-c"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    assert p.send("u", b"v").result(5).offset == 0
+    p.commit_transaction(5)
+    assert fc.calls["AddPartitionsToTxn"] == 3
+
+
+def test_coordinator_errors_on_end_txn_are_retried(fc, make):
+    fc.end_txn_faults.extend([ErrorCode.NOT_COORDINATOR, ErrorCode.CONCURRENT_TRANSACTIONS])
+    p = make(**{"transactional.id": "tx-e"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"v")
+    finds = fc.calls["FindCoordinator"]
+    p.commit_transaction(5)
+    assert fc.calls["EndTxn"] == 3 and fc.calls["FindCoordinator"] > finds
+    assert fc.ended[-1][1] is True
+
+
+def test_init_transactions_retries_then_times_out(fc, make):
+    fc.init_faults.extend([ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_NOT_AVAILABLE])
+    p = make(**{"transactional.id": "tx-i"})
+    p.init_transactions(5)
+    assert p._txn.state is TxnState.READY
+    q = make(**{"transactional.id": "tx-i2"})
+    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
+    with pytest.raises(errors.KafkaTimeoutError):
+        q.init_transactions(0.3)
+    fc.init_faults.clear()
+    q.init_transactions(5)  # may be called again after a timeout
+
+
+def test_invalid_transaction_timeout_is_fatal(fc, make):
+    fc.init_faults.append(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+    p = make(**{"transactional.id": "tx-t"})
+    with pytest.raises(errors.InvalidTransactionTimeoutError):
+        p.init_transactions(5)
+    with pytest.raises(errors.InvalidTransactionTimeoutError):
+        p.begin_transaction()
+
+
+def test_usage_errors(fc, make):
+    p = make(**{"transactional.id": "tx-u"})
+    with pytest.raises(errors.IllegalStateError):
+        p.send("u", b"v")  # before init_transactions
+    with pytest.raises(errors.IllegalStateError):
+        p.begin_transaction()
+    p.init_transactions(5)
+    with pytest.raises(errors.IllegalStateError):
+        p.send("u", b"v")  # outside a transaction
+    with pytest.raises(errors.IllegalStateError):
+        p.commit_transaction()
+    with pytest.raises(errors.IllegalStateError):
+        p.abort_transaction()
+    with pytest.raises(errors.IllegalStateError):
+        p.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)}, "g")
+    with pytest.raises(errors.IllegalStateError):
+        p.init_transactions()
+    with pytest.raises(errors.IllegalStateError):
+        make().init_transactions()  # no transactional.id
+
+
+# ---------------------------------------------------------------- fencing
+
+def test_zombie_is_fenced_on_send_offsets_and_commit(fc, make):
+    old = make(**{"transactional.id": "tx-z"})
+    old.init_transactions(5)
+    old.begin_transaction()
+    old.send("t", b"before", partition=0).result(5)
+    new = make(**{"transactional.id": "tx-z"})
+    new.init_transactions(5)  # fences `old`, aborts its open transaction
+    f = old.send("t", b"zombie", partition=0)
+    with pytest.raises(errors.ProducerFencedError):
+        f.result(5)
+    with pytest.raises(errors.ProducerFencedError):
+        old.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)},
+                                        ConsumerGroupMetadata("g", -1, ""))
+    with pytest.raises(errors.ProducerFencedError):
+        old.commit_transaction(5)
+    with pytest.raises(errors.ProducerFencedError):
+        old.abort_transaction(5)
+    with pytest.raises(errors.ProducerFencedError):
+        old.send("t", b"later", partition=0).result(5)
+    assert old._txn.state is TxnState.FATAL_ERROR
+    new.begin_transaction()
+    new.send("t", b"new", partition=0).result(5)
+    new.commit_transaction(5)
+
+
+def test_fenced_on_send_offsets_first(fc, make):
+    old = make(**{"transactional.id": "tx-z2"})
+    old.init_transactions(5)
+    make(**{"transactional.id": "tx-z2"}).init_transactions(5)
+    old.begin_transaction()
+    with pytest.raises(errors.ProducerFencedError):
+        old.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)}, "g")
+
+
+def test_fenced_on_commit_first(fc, make):
+    old = make(**{"transactional.id": "tx-z3"})
+    old.init_transactions(5)
+    old.begin_transaction()
+    old.send("u", b"a").result(5)
+    make(**{"transactional.id": "tx-z3"}).init_transactions(5)
+    with pytest.raises(errors.ProducerFencedError):
+        old.commit_transaction(5)
+
+
+def test_invalid_producer_epoch_from_the_leader_is_fencing(fc, make):
+    p = make(**{"transactional.id": "tx-l"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"a").result(5)
+    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_PRODUCER_EPOCH, False))
+    f = p.send("u", b"b")
+    with pytest.raises(errors.ProducerFencedError):
+        f.result(5)
+    with pytest.raises(errors.ProducerFencedError):
+        p.commit_transaction(5)
