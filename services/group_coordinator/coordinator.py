@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 from exactly import records
 from exactly.errors import ErrorCode
 
-from . import log_format
+from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
                     JoinResponse, default_member_id, validate_offset_commit)
 from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
@@ -50,6 +50,15 @@ class LogClient(Protocol):
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """Counts over the owned partitions (for metrics)."""
+
+    groups_by_state: dict[str, int]
+    members: int
+    pending_txn_offsets: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +218,7 @@ class GroupCoordinator:
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        metrics.GROUPS.track(self)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -423,6 +433,7 @@ class GroupCoordinator:
                                          counts if counts is not None else self.partition_counts())
         if completed is None:
             return
+        metrics.REBALANCES.inc()
         log.info("group %s: generation %d with %d members%s", group.group_id, completed.generation,
                  len(completed.snapshot.members),
                  f" (removed {', '.join(completed.removed)})" if completed.removed else "")
@@ -640,6 +651,16 @@ class GroupCoordinator:
         partition = self.partition_for(group_id)
         owned = self._owned.get(partition)
         return owned.state.groups.get(group_id) if owned else None
+
+    def stats(self) -> CoordinatorStats:
+        by_state: dict[str, int] = {}
+        members = pending = 0
+        for owned in list(self._owned.values()):
+            for group in list(owned.state.groups.values()):
+                by_state[group.state.value] = by_state.get(group.state.value, 0) + 1
+                members += len(group.members)
+            pending += owned.state.offsets.pending_count()
+        return CoordinatorStats(by_state, members, pending)
 
     def partition_state(self, partition: int) -> PartitionState | None:
         owned = self._owned.get(partition)

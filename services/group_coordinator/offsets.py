@@ -115,6 +115,10 @@ class OffsetStore:
     def pending_partitions(self, group: str) -> set[TopicPartition]:
         return {tp for groups in self._pending.values() for tp in groups.get(group, ())}
 
+    def pending_count(self) -> int:
+        """Transactional offsets waiting for a marker, over all groups and PIDs."""
+        return sum(len(tps) for groups in self._pending.values() for tps in groups.values())
+
     def pending_producers(self) -> set[int]:
         return set(self._pending)
 

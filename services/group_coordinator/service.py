@@ -1,0 +1,79 @@
+"""Wiring of the group coordinator process: `setup()` for
+services.common.server (CONTRACT: `python -m services.group_coordinator`).
+
+Settings (Kafka keys, `--set key=value`): group.min.session.timeout.ms (1000),
+group.max.session.timeout.ms (1800000), group.initial.rebalance.delay.ms (0),
+group.max.size, offset.metadata.max.bytes (4096), offsets.commit.timeout.ms
+(5000), offsets.load.buffer.size, offsets.topic.num.partitions (8; read by the
+cluster code that creates __consumer_offsets).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from exactly.v1 import exactly_pb2_grpc as pbg
+from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterState, partition_for_key
+from services.common.config import ServiceConfig
+from services.common.ownership import CoordinatorOwnership
+from services.common.rpc import ClusterClient
+
+from .coordinator import CoordinatorConfig, GroupCoordinator
+from .servicer import GroupCoordinatorServicer
+
+log = logging.getLogger(__name__)
+
+
+class GroupCoordinatorService:
+    """Owns the coordinator and its partition ownership (ZooKeeper election)."""
+
+    def __init__(self, coordinator: GroupCoordinator, ownership: CoordinatorOwnership):
+        self.coordinator = coordinator
+        self.ownership = ownership
+
+    async def start(self) -> None:
+        await self.coordinator.start()
+        await self.ownership.start()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until this process owns partitions of __consumer_offsets and has loaded
+        them (bounded: with more coordinators than partitions it may own none)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        elect_by = loop.time() + min(20.0, timeout_s)
+        while not self.ownership.owned and loop.time() < elect_by:
+            await asyncio.sleep(0.05)
+        if not await self.coordinator.wait_loaded(max(0.0, deadline - loop.time())):
+            log.warning("partitions of %s still loading after %.0f s", CONSUMER_OFFSETS_TOPIC, timeout_s)
+
+    async def stop(self) -> None:
+        await self.ownership.stop()
+        await self.coordinator.stop()
+
+
+def _partition_for(cluster: ClusterState):
+    def partition_for(group_id: str) -> int:
+        topic = cluster.topics().get(CONSUMER_OFFSETS_TOPIC)
+        if topic is None or not topic.partitions:
+            return -1
+        return partition_for_key(group_id, len(topic.partitions))
+    return partition_for
+
+
+def _partition_counts(cluster: ClusterState):
+    def partition_counts() -> dict[str, int]:
+        return {name: len(t.partitions) for name, t in cluster.topics().items()}
+    return partition_counts
+
+
+async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
+                cfg: ServiceConfig) -> GroupCoordinatorService:
+    """Build the coordinator, register the GroupCoordinator servicer, and elect
+    partitions of __consumer_offsets (kind "group")."""
+    coordinator = GroupCoordinator(client, _partition_for(cluster), _partition_counts(cluster),
+                                   CoordinatorConfig.from_props(cfg.get_int))
+    pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)
+    ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
+    return GroupCoordinatorService(coordinator, ownership)

@@ -1,0 +1,147 @@
+"""exactly.v1.GroupCoordinator on grpc.aio: adapts protobuf messages to
+GroupCoordinator (coordinator.py) calls and back. No logic of its own.
+
+JoinGroup is answered asynchronously: the call stays open until the rebalance
+completes (every known member rejoined, or the rebalance timeout passed), so
+clients should give it a deadline above the rebalance timeout.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
+
+from . import metrics
+from .coordinator import GroupCoordinator
+from .group import UNKNOWN_GENERATION
+from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
+
+
+def _instrumented(method):
+    """Record latency and error outcomes of one RPC (metrics.py)."""
+    name = method.__name__
+    duration = metrics.REQUEST_DURATION.labels(service=metrics.SERVICE, method=name)
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        start = time.perf_counter()
+        try:
+            response = await method(self, request, context)
+        finally:
+            duration.observe(time.perf_counter() - start)
+        for code in _error_codes(response):
+            metrics.RPC_ERRORS.labels(service=metrics.SERVICE, method=name,
+                                      error_code=_name(code)).inc()
+        return response
+
+    return wrapper
+
+
+def _error_codes(response) -> set[int]:
+    codes = set()
+    if getattr(response, "error_code", 0):
+        codes.add(response.error_code)
+    for topic in getattr(response, "topics", ()):
+        for part in getattr(topic, "partitions", ()):
+            if part.error_code:
+                codes.add(part.error_code)
+    return codes
+
+
+def _name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _message(code: int) -> str:
+    return "" if code == ErrorCode.NONE else _name(code)
+
+
+def _topic_results(results: dict[TopicPartition, ErrorCode]) -> list[pb.TopicResult]:
+    by_topic: dict[str, list[pb.PartitionResult]] = {}
+    for tp, code in sorted(results.items()):
+        by_topic.setdefault(tp.topic, []).append(pb.PartitionResult(
+            partition=tp.partition, error_code=code, error_message=_message(code)))
+    return [pb.TopicResult(topic=t, partitions=parts) for t, parts in by_topic.items()]
+
+
+def _generation(generation_id: int, member_id: str) -> int:
+    """proto3 has no field defaults: generation 0 with no member id is a request
+    that did not set the field, i.e. Kafka's default -1 (no group metadata)."""
+    return UNKNOWN_GENERATION if generation_id == 0 and not member_id else generation_id
+
+
+def _offsets(topics) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(t.name, p.partition): OffsetAndMetadata(p.committed_offset, p.metadata,
+                                                                   p.committed_leader_epoch)
+            for t in topics for p in t.partitions}
+
+
+class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
+    """Thin adapter; every outcome travels as an error code in the response."""
+
+    def __init__(self, coordinator: GroupCoordinator):
+        self.coordinator = coordinator
+
+    @_instrumented
+    async def JoinGroup(self, request, context):
+        r = await self.coordinator.join_group(
+            request.group_id, request.member_id, list(request.topics), request.session_timeout_ms,
+            request.rebalance_timeout_ms, request.protocol_type or "consumer", request.group_instance_id)
+        return pb.JoinGroupResponse(error_code=r.error, error_message=_message(r.error),
+                                    generation_id=r.generation_id, protocol_name=r.protocol_name,
+                                    leader=r.leader, member_id=r.member_id, members=list(r.members))
+
+    @_instrumented
+    async def SyncGroup(self, request, context):
+        code, assignment = await self.coordinator.sync_group(request.group_id, request.generation_id,
+                                                             request.member_id)
+        return pb.SyncGroupResponse(
+            error_code=code, error_message=_message(code),
+            assignment=[pb.TopicPartitions(topic=t, partitions=p) for t, p in sorted(assignment.items())])
+
+    @_instrumented
+    async def Heartbeat(self, request, context):
+        code = await self.coordinator.heartbeat(request.group_id, request.generation_id, request.member_id)
+        return pb.HeartbeatResponse(error_code=code)
+
+    @_instrumented
+    async def LeaveGroup(self, request, context):
+        code = await self.coordinator.leave_group(request.group_id, request.member_id)
+        return pb.LeaveGroupResponse(error_code=code)
+
+    @_instrumented
+    async def OffsetCommit(self, request, context):
+        results = await self.coordinator.commit_offsets(
+            request.group_id, _generation(request.generation_id, request.member_id), request.member_id,
+            _offsets(request.topics))
+        return pb.OffsetCommitResponse(topics=_topic_results(results))
+
+    @_instrumented
+    async def OffsetFetch(self, request, context):
+        partitions = [TopicPartition(t.topic, p) for t in request.topics for p in t.partitions] or None
+        top, fetched = await self.coordinator.fetch_offsets(request.group_id, partitions,
+                                                            request.require_stable)
+        if not fetched and partitions and top != ErrorCode.NONE:
+            # A group-level error also marks every requested partition, for
+            # clients that only read the per-partition codes.
+            fetched = {tp: FetchedOffset(-1, "", top) for tp in partitions}
+        by_topic: dict[str, list[pb.OffsetFetchPartition]] = {}
+        for tp, f in sorted(fetched.items()):
+            by_topic.setdefault(tp.topic, []).append(pb.OffsetFetchPartition(
+                partition=tp.partition, committed_offset=f.offset, metadata=f.metadata, error_code=f.error))
+        return pb.OffsetFetchResponse(error_code=top, topics=[
+            pb.OffsetFetchTopic(name=t, partitions=parts) for t, parts in by_topic.items()])
+
+    @_instrumented
+    async def TxnOffsetCommit(self, request, context):
+        results = await self.coordinator.txn_commit_offsets(
+            request.transactional_id, request.group_id, request.producer_id, request.producer_epoch,
+            _generation(request.generation_id, request.member_id), request.member_id,
+            _offsets(request.topics), request.group_instance_id)
+        return pb.TxnOffsetCommitResponse(topics=_topic_results(results))
