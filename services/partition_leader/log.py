@@ -556,11 +556,16 @@ class Log:
 
     @staticmethod
     def _is_boundary(seg: Segment, position: int, offset: int) -> bool:
-        """Whether a batch starting at `offset` begins at `position` (or it is the end)."""
-        if position == seg.size:
-            return True
+        """Whether a batch starting at `offset` begins at `position`, or, at the end of
+        the file, whether the last batch ends just before `offset`."""
         try:
-            return records.parse_header(seg.read_at(position, records.HEADER_SIZE)).base_offset == offset
+            if position < seg.size:
+                return records.parse_header(seg.read_at(position, records.HEADER_SIZE)).base_offset == offset
+            start = seg._index_positions[-1] if seg._index_positions else 0
+            end, next_offset = start, seg.base_offset
+            for pos, h in seg.scan(start):
+                end, next_offset = pos + h.size, h.last_offset + 1
+            return end == position and next_offset == offset
         except CorruptRecordError:
             return False
 

@@ -282,3 +282,15 @@ def test_truncate_to_a_batch_boundary(logdir):
     plog.truncate_to(9)
     assert plog.log_end_offset == 9
     assert append(plog, make_batch(3)).base_offset == 9
+
+
+def test_an_inconsistent_recovery_point_means_a_full_scan(logdir):
+    plog = Log.open(logdir)
+    fill(plog, 3)
+    plog.close()
+    size = (logdir / f"{0:020d}.log").stat().st_size
+    (logdir / RECOVERY_POINT_FILE).write_text(f"5 0 {size}\n")  # wrong offset for the end position
+    again = Log.open(logdir)
+    assert again.recovery_scanned and again.log_end_offset == 9
+    (logdir / RECOVERY_POINT_FILE).write_text("4 0 100\n")  # not a batch boundary
+    assert Log.open(logdir).log_end_offset == 9
