@@ -1,0 +1,169 @@
+{{/*
+Chart name, truncated to a DNS label.
+*/}}
+{{- define "exactly.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: the prefix of every resource name. StatefulSet names get a role suffix, and
+the controller-revision-hash label (<statefulset>-<10 chars>) must stay within 63
+characters, hence the shorter limit in exactly.componentName.
+*/}}
+{{- define "exactly.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of one component's resources: (dict "root" $ "component" "partition-leader").
+*/}}
+{{- define "exactly.componentName" -}}
+{{- printf "%s-%s" (include "exactly.fullname" .root) .component | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Chart label value.
+*/}}
+{{- define "exactly.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Standard labels of every resource.
+*/}}
+{{- define "exactly.labels" -}}
+helm.sh/chart: {{ include "exactly.chart" . }}
+{{ include "exactly.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: exactly
+{{- end }}
+
+{{/*
+Selector labels shared by every Exactly service pod (the client Service selects them all:
+every service answers Metadata and FindCoordinator).
+*/}}
+{{- define "exactly.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "exactly.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels of one component: (dict "root" $ "component" "partition-leader").
+*/}}
+{{- define "exactly.componentLabels" -}}
+{{ include "exactly.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Selector labels of one component: (dict "root" $ "component" "partition-leader").
+*/}}
+{{- define "exactly.componentSelectorLabels" -}}
+{{ include "exactly.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+ZooKeeper labels. ZooKeeper pods carry their own app.kubernetes.io/name so that the
+client Service of Exactly does not select them.
+*/}}
+{{- define "exactly.zookeeper.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "exactly.name" . }}-zookeeper
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: zookeeper
+{{- end }}
+
+{{- define "exactly.zookeeper.labels" -}}
+helm.sh/chart: {{ include "exactly.chart" . }}
+{{ include "exactly.zookeeper.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.zookeeper.image.tag | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: exactly
+{{- end }}
+
+{{- define "exactly.zookeeper.name" -}}
+{{- include "exactly.componentName" (dict "root" . "component" "zookeeper") }}
+{{- end }}
+
+{{- define "exactly.zookeeper.headlessName" -}}
+{{- printf "%s-headless" (include "exactly.zookeeper.name" .) }}
+{{- end }}
+
+{{/*
+ZooKeeper connect string passed to every service (--zookeeper), with the chroot.
+*/}}
+{{- define "exactly.zookeeper.connect" -}}
+{{- if .Values.zookeeper.external.connect }}
+{{- printf "%s%s" .Values.zookeeper.external.connect .Values.zookeeper.chroot }}
+{{- else }}
+{{- printf "%s.%s.svc.%s:%d%s" (include "exactly.zookeeper.name" .) .Release.Namespace .Values.clusterDomain (int .Values.zookeeper.clientPort) .Values.zookeeper.chroot }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference of the Exactly services.
+*/}}
+{{- define "exactly.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+ServiceAccount name.
+*/}}
+{{- define "exactly.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "exactly.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Bootstrap address of the SDK: the client Service.
+*/}}
+{{- define "exactly.bootstrapServers" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "exactly.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.network.grpcPort) }}
+{{- end }}
+
+{{/*
+A properties file from a map of Kafka-style settings, one "key=value" per line, sorted.
+Whole-number floats (Helm's reading of unquoted YAML numbers) print as integers.
+*/}}
+{{- define "exactly.properties" -}}
+{{- range $key, $value := . }}
+{{- if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) }}
+{{ $key }}={{ int64 $value }}
+{{- else }}
+{{ $key }}={{ $value }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Default affinity when none is given: prefer one pod of a component per node.
+(dict "affinity" <map> "labels" <selector labels string>)
+*/}}
+{{- define "exactly.affinity" -}}
+{{- if .affinity }}
+{{- toYaml .affinity }}
+{{- else }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- .labels | nindent 12 }}
+{{- end }}
+{{- end }}

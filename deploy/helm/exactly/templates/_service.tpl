@@ -1,0 +1,268 @@
+{{/*
+One Exactly service role: its headless Service, StatefulSet and PodDisruptionBudget.
+
+  include "exactly.service" (dict "root" $ "component" "partition-leader"
+      "role" "partition_leader" "spec" .Values.partitionLeaders "persistent" true)
+
+The pod name is the node id (--node-id), and the pod's DNS name through the headless
+Service is the advertised host, so both survive rescheduling.
+*/}}
+{{- define "exactly.service" -}}
+{{- $root := .root }}
+{{- $spec := .spec }}
+{{- $name := include "exactly.componentName" (dict "root" $root "component" .component) }}
+{{- $labels := include "exactly.componentLabels" (dict "root" $root "component" .component) }}
+{{- $selector := include "exactly.componentSelectorLabels" (dict "root" $root "component" .component) }}
+{{- $grpcPort := int $root.Values.network.grpcPort }}
+{{- $dataDir := "/var/lib/exactly" }}
+{{- if .persistent }}
+{{- $dataDir = $spec.persistence.mountPath }}
+{{- end }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+spec:
+  type: ClusterIP
+  clusterIP: None
+  # Pods must resolve their own name before they are ready: they bind and advertise it.
+  publishNotReadyAddresses: true
+  selector:
+    {{- $selector | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ $grpcPort }}
+      targetPort: grpc
+      protocol: TCP
+    {{- if $root.Values.metrics.enabled }}
+    - name: metrics
+      port: {{ $root.Values.metrics.port }}
+      targetPort: metrics
+      protocol: TCP
+    {{- end }}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+spec:
+  serviceName: {{ $name }}
+  replicas: {{ $spec.replicas }}
+  # Pods do not depend on each other's start order; ZooKeeper elects owners.
+  podManagementPolicy: Parallel
+  updateStrategy:
+    type: RollingUpdate
+  selector:
+    matchLabels:
+      {{- $selector | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- $labels | nindent 8 }}
+        {{- with $spec.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        checksum/config: {{ include (print $root.Template.BasePath "/configmap.yaml") $root | sha256sum }}
+        {{- if and $root.Values.metrics.enabled $root.Values.metrics.podAnnotations }}
+        prometheus.io/scrape: "true"
+        prometheus.io/port: {{ $root.Values.metrics.port | quote }}
+        prometheus.io/path: /metrics
+        {{- end }}
+        {{- with $spec.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    spec:
+      serviceAccountName: {{ include "exactly.serviceAccountName" $root }}
+      automountServiceAccountToken: false
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: {{ $spec.terminationGracePeriodSeconds }}
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $spec.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ .component }}
+          image: {{ include "exactly.image" $root }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command:
+            - /bin/sh
+            - /etc/exactly/launch.sh
+            - {{ .role }}
+            - /etc/exactly/common.properties
+            - /etc/exactly/{{ .component }}.properties
+            - "--"
+          args:
+            - --node-id
+            - $(POD_NAME)
+            {{- if $root.Values.network.bindAllInterfaces }}
+            - --host
+            - 0.0.0.0
+            - --advertised-host
+            - $(POD_FQDN)
+            {{- else }}
+            - --host
+            - $(POD_FQDN)
+            {{- end }}
+            - --port
+            - {{ $grpcPort | quote }}
+            - --zookeeper
+            - {{ include "exactly.zookeeper.connect" $root }}
+            - --data-dir
+            - {{ $dataDir }}
+          env:
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+            - name: POD_FQDN
+              value: $(POD_NAME).{{ $name }}.$(POD_NAMESPACE).svc.{{ $root.Values.clusterDomain }}
+            {{- if not $root.Values.network.bindAllInterfaces }}
+            - name: EXACTLY_WAIT_FOR_HOST
+              value: $(POD_FQDN)
+            - name: EXACTLY_WAIT_FOR_HOST_SECONDS
+              value: {{ $root.Values.network.resolveTimeoutSeconds | quote }}
+            {{- end }}
+            - name: EXACTLY_LOG_LEVEL
+              value: {{ $root.Values.logLevel | quote }}
+            - name: HOME
+              value: /tmp
+            {{- with $spec.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: grpc
+              containerPort: {{ $grpcPort }}
+              protocol: TCP
+            {{- if $root.Values.metrics.enabled }}
+            - name: metrics
+              containerPort: {{ $root.Values.metrics.port }}
+              protocol: TCP
+            {{- end }}
+          startupProbe:
+            grpc:
+              port: {{ $grpcPort }}
+            periodSeconds: {{ $root.Values.probes.startup.periodSeconds }}
+            timeoutSeconds: {{ $root.Values.probes.startup.timeoutSeconds }}
+            failureThreshold: {{ $root.Values.probes.startup.failureThreshold }}
+          readinessProbe:
+            grpc:
+              port: {{ $grpcPort }}
+            periodSeconds: {{ $root.Values.probes.readiness.periodSeconds }}
+            timeoutSeconds: {{ $root.Values.probes.readiness.timeoutSeconds }}
+            failureThreshold: {{ $root.Values.probes.readiness.failureThreshold }}
+            successThreshold: {{ $root.Values.probes.readiness.successThreshold }}
+          livenessProbe:
+            grpc:
+              port: {{ $grpcPort }}
+            periodSeconds: {{ $root.Values.probes.liveness.periodSeconds }}
+            timeoutSeconds: {{ $root.Values.probes.liveness.timeoutSeconds }}
+            failureThreshold: {{ $root.Values.probes.liveness.failureThreshold }}
+          resources:
+            {{- toYaml $spec.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: config
+              mountPath: /etc/exactly
+              readOnly: true
+            - name: tmp
+              mountPath: /tmp
+            - name: data
+              mountPath: {{ $dataDir }}
+            {{- if and .persistent $spec.persistence.snapshots.enabled }}
+            - name: snapshots
+              mountPath: {{ $spec.persistence.snapshots.mountPath }}
+            {{- end }}
+      volumes:
+        - name: config
+          configMap:
+            name: {{ include "exactly.fullname" $root }}-config
+        - name: tmp
+          emptyDir:
+            sizeLimit: 256Mi
+        {{- if not .persistent }}
+        - name: data
+          emptyDir:
+            sizeLimit: {{ $spec.dataSizeLimit }}
+        {{- end }}
+      affinity:
+        {{- include "exactly.affinity" (dict "affinity" $spec.affinity "labels" $selector) | trim | nindent 8 }}
+      {{- with $spec.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $spec.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $spec.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+  {{- if .persistent }}
+  volumeClaimTemplates:
+    - apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata:
+        name: data
+        labels:
+          {{- $selector | nindent 10 }}
+      spec:
+        accessModes:
+          {{- toYaml $spec.persistence.accessModes | nindent 10 }}
+        {{- with $spec.persistence.storageClassName }}
+        storageClassName: {{ . }}
+        {{- end }}
+        resources:
+          requests:
+            storage: {{ $spec.persistence.size }}
+    {{- if $spec.persistence.snapshots.enabled }}
+    - apiVersion: v1
+      kind: PersistentVolumeClaim
+      metadata:
+        name: snapshots
+        labels:
+          {{- $selector | nindent 10 }}
+      spec:
+        accessModes:
+          {{- toYaml $spec.persistence.accessModes | nindent 10 }}
+        {{- with $spec.persistence.storageClassName }}
+        storageClassName: {{ . }}
+        {{- end }}
+        resources:
+          requests:
+            storage: {{ $spec.persistence.snapshots.size }}
+    {{- end }}
+  {{- end }}
+{{- if $spec.pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+spec:
+  maxUnavailable: {{ $spec.pdb.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- $selector | nindent 6 }}
+{{- end }}
+{{- end }}
