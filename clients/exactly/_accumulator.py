@@ -18,6 +18,7 @@ import struct
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import _base as _futures_base
 from typing import Callable, Iterable, Sequence
 
 from . import errors
@@ -104,6 +105,47 @@ class StickyPartitioner:
 
 # ---------------------------------------------------------------- batches
 
+class RecordFuture(Future):
+    """The Future returned by send(): a concurrent.futures.Future whose lock is
+    shared by every record of its batch. One Condition per record would make send()
+    several times slower (allocation and garbage collection); sharing is safe
+    because a batch resolves all its records under one hold of that lock. A
+    record cannot be cancelled once sent (cancel() returns False), as in Kafka."""
+
+    def __init__(self, condition: threading.Condition):  # noqa: super().__init__ would allocate a Condition
+        self._condition = condition
+        self._state = _futures_base.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _resolve_all(condition: threading.Condition, futures: list[RecordFuture],
+                 results: list | None, exc: BaseException | None) -> None:
+    """Resolve `futures` (results[i] or `exc`) atomically, then run their callbacks."""
+    with condition:
+        for i, fut in enumerate(futures):
+            if fut._state != _futures_base.PENDING:
+                continue
+            if exc is None:
+                fut._result = results[i]
+            else:
+                fut._exception = exc
+            fut._state = _futures_base.FINISHED
+            for waiter in fut._waiters:
+                if exc is None:
+                    waiter.add_result(fut)
+                else:
+                    waiter.add_exception(fut)
+        condition.notify_all()
+    for fut in futures:
+        fut._invoke_callbacks()
+
+
 class ProducerBatch:
     """Records for one partition sent in one produce request.
 
@@ -115,12 +157,13 @@ class ProducerBatch:
     __slots__ = ("tp", "blobs", "futures", "timestamps", "size", "base_ts", "created_ms",
                  "closed", "producer_id", "producer_epoch", "base_sequence", "payload",
                  "attempts", "retry_at_ms", "done", "in_flight", "transactional", "error",
-                 "drained_ms")
+                 "drained_ms", "sent_in_order", "_condition")
 
     def __init__(self, tp: TopicPartition, created_ms: float, base_ts: int):
         self.tp = tp
+        self._condition = threading.Condition()
         self.blobs: list[bytes] = []
-        self.futures: list[Future] = []
+        self.futures: list[RecordFuture] = []
         self.timestamps: list[int] = []
         self.size = _rec.HEADER_SIZE
         self.base_ts = base_ts
@@ -137,6 +180,9 @@ class ProducerBatch:
         self.transactional = False
         self.error: BaseException | None = None
         self.drained_ms = 0.0
+        # Every earlier batch of the partition was acknowledged when this one was sent:
+        # an OUT_OF_ORDER_SEQUENCE_NUMBER answer cannot come from reordering then.
+        self.sent_in_order = False
 
     @property
     def record_count(self) -> int:
@@ -157,7 +203,7 @@ class ProducerBatch:
         blob = _rec.encode_record(len(self.blobs), ts - self.base_ts, key, value, headers)
         if self.blobs and self.size + len(blob) > batch_size:
             return None
-        fut: Future = Future()
+        fut = RecordFuture(self._condition)
         self.blobs.append(blob)
         self.futures.append(fut)
         self.timestamps.append(ts)
@@ -201,11 +247,15 @@ class ProducerBatch:
         if self.done.is_set():
             return
         topic, partition = self.tp
-        for i, fut in enumerate(self.futures):
-            ts = log_append_time_ms if log_append_time_ms >= 0 else self.timestamps[i]
-            off = base_offset + i if base_offset >= 0 else -1
-            if fut.set_running_or_notify_cancel():
-                fut.set_result(RecordMetadata(topic, partition, off, ts))
+        if log_append_time_ms >= 0:
+            stamps = [log_append_time_ms] * len(self.futures)
+        else:
+            stamps = self.timestamps
+        if base_offset >= 0:
+            results = [RecordMetadata(topic, partition, base_offset + i, ts) for i, ts in enumerate(stamps)]
+        else:
+            results = [RecordMetadata(topic, partition, -1, ts) for ts in stamps]
+        _resolve_all(self._condition, self.futures, results, None)
         self.done.set()
 
     def fail(self, exc: BaseException) -> None:
@@ -213,9 +263,7 @@ class ProducerBatch:
         if self.done.is_set():
             return
         self.error = exc
-        for fut in self.futures:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(exc)
+        _resolve_all(self._condition, self.futures, None, exc)
         self.done.set()
 
     def __repr__(self) -> str:
@@ -419,5 +467,5 @@ def fail_batches(batches: Iterable[ProducerBatch], exc: BaseException, acc: Reco
         acc.deallocate(b)
 
 
-__all__ = ["murmur2", "partition_for_key", "StickyPartitioner", "ProducerBatch",
+__all__ = ["murmur2", "partition_for_key", "StickyPartitioner", "ProducerBatch", "RecordFuture",
            "RecordAccumulator", "fail_batches", "now_ms", "wall_ms"]

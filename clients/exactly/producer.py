@@ -766,6 +766,8 @@ class _Sender(threading.Thread):
             if batch.payload is None:
                 seq = txn.sequence_for(tp, batch.record_count) if txn.idempotent else _rec.NO_SEQUENCE
                 batch.seal(txn.producer_id, txn.producer_epoch, seq, txn.is_transactional, p._compression)
+            batch.sent_in_order = batch.has_sequence and n == 0 and \
+                txn.is_next_expected(tp, batch.base_sequence)
             batch.in_flight = True
             self._in_flight[tp] = n + 1
             self._in_flight_total += 1
@@ -817,10 +819,10 @@ class _Sender(threading.Thread):
             self._in_flight[b.tp] -= 1
             self._in_flight_total -= 1
 
-    def _retry(self, b: ProducerBatch) -> None:
+    def _retry(self, b: ProducerBatch, backoff: bool = True) -> None:
         p = self.p
-        backoff = min(p._backoff_ms * (2 ** min(b.attempts, 16)), p._backoff_max_ms)
-        p._acc.reenqueue(b, backoff)
+        delay = min(p._backoff_ms * (2 ** min(b.attempts, 16)), p._backoff_max_ms) if backoff else 0
+        p._acc.reenqueue(b, delay)
 
     def _on_batch_error(self, b: ProducerBatch, exc: BaseException) -> None:
         p, txn = self.p, self.p._txn
@@ -841,9 +843,11 @@ class _Sender(threading.Thread):
             self._retry(b)
             return
         if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and b.has_sequence and \
-                not txn.is_next_expected(b.tp, b.base_sequence) and can_retry:
-            # An earlier batch of this partition is unresolved (retried or reordered).
-            self._retry(b)
+                not b.sent_in_order and can_retry:
+            # Sent while an earlier batch of the partition was unresolved: the leader
+            # may have seen them in another order. Retry in sequence order, at once
+            # (retried batches go one at a time, so the order is restored).
+            self._retry(b, backoff=False)
             return
         if is_retriable(exc) and can_retry and not txn.has_error:
             if code in METADATA_ERRORS:

@@ -210,3 +210,47 @@ def test_batch_unseal_allows_a_new_sequence():
     assert not b.has_sequence and b.payload is None
     p = b.seal(2, 0, 0, False, 0)
     assert records.parse_header(p).producer_id == 2
+
+
+def test_record_futures_behave_as_concurrent_futures():
+    import concurrent.futures as cf
+
+    acc, _ = make()
+    futs = [acc.append(TP0, 1, None, b"v")[0] for _ in range(3)]
+    assert all(isinstance(f, cf.Future) for f in futs)
+    assert futs[0].cancel() is False and not futs[0].cancelled()
+    with pytest.raises(cf.TimeoutError):
+        futs[0].result(timeout=0.01)
+    seen = []
+    futs[1].add_done_callback(lambda f: seen.append(f.result().offset))
+    results = {}
+
+    def waiter(i):
+        results[i] = futs[i].result(timeout=5).offset
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    b = acc.drain(TP0)
+    b.complete(40)
+    for th in threads:
+        th.join(5)
+    assert results == {0: 40, 1: 41, 2: 42} and seen == [41]
+    done, not_done = cf.wait(futs, timeout=1)
+    assert len(done) == 3 and not not_done
+    assert sorted(f.result().offset for f in cf.as_completed(futs, timeout=1)) == [40, 41, 42]
+    late = []
+    futs[2].add_done_callback(lambda f: late.append(f.done()))
+    assert late == [True]
+
+
+def test_waiting_on_a_pending_sibling_is_not_woken_early():
+    acc, _ = make()
+    f1 = acc.append(TP0, 1, None, b"a")[0]
+    b1 = acc.drain(TP0)
+    f2 = acc.append(TP0, 1, None, b"b")[0]  # another batch: another lock
+    b1.fail(errors.NetworkException("x"))
+    assert isinstance(f1.exception(0), errors.NetworkException)
+    with pytest.raises(Exception) as info:
+        f2.result(timeout=0.05)
+    assert type(info.value).__name__ == "TimeoutError"
