@@ -160,7 +160,7 @@ class Harness:
     async def settle(self) -> None:
         """Run background work (markers, completions) until nothing is left."""
         for _ in range(1000):
-            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+            pending = [t for part in self.coord._partitions.values() for t in part.tasks if not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending, timeout=0.5)

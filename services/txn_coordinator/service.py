@@ -1,0 +1,97 @@
+"""Wiring of the transaction coordinator process (CONTRACT: `setup(server, cluster,
+client, cfg) -> service` for services.common.server.main_for)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from exactly.v1 import exactly_pb2_grpc as pbg
+from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterState
+from services.common.config import ServiceConfig
+from services.common.ownership import CoordinatorOwnership
+from services.common.rpc import ClusterClient
+
+from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
+from .coordinator import CoordinatorConfig, TransactionCoordinator
+from .pid_manager import BLOCK_SIZE, ProducerIdManager
+from .servicer import TxnCoordinatorServicer
+
+log = logging.getLogger(__name__)
+
+ROLE = "txn_coordinator"
+
+
+class TxnCoordinatorService:
+    """Owns the coordinator, its election to `__transaction_state` partitions and the
+    creation of that topic (transaction.state.log.num.partitions, default 8;
+    transaction.state.log.replication.factor, default 1)."""
+
+    def __init__(self, cluster: ClusterState, coordinator: TransactionCoordinator,
+                 ownership: CoordinatorOwnership, cfg: ServiceConfig):
+        self.cluster = cluster
+        self.coordinator = coordinator
+        self.ownership = ownership
+        self.cfg = cfg
+        self._topic_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.coordinator.start()
+        self._topic_task = asyncio.create_task(self._ensure_topic(), name="ensure-transaction-state-topic")
+        await self.ownership.start()
+
+    async def _ensure_topic(self) -> None:
+        partitions = self.cfg.get_int("transaction.state.log.num.partitions", 8)
+        replication = self.cfg.get_int("transaction.state.log.replication.factor", 1)
+        while True:
+            try:
+                await asyncio.to_thread(self.cluster.ensure_internal_topic, "txn", partitions, replication)
+                return
+            except Exception as exc:  # noqa: BLE001 - no partition leader yet, ZooKeeper hiccup
+                log.info("cannot create %s yet (%s); retrying", TRANSACTION_STATE_TOPIC, exc)
+                await asyncio.sleep(0.5)
+
+    def _expected_partitions(self) -> set[int] | None:
+        """The partitions this process should own (CoordinatorOwnership's rule: live
+        txn coordinators sorted by id, partition p -> coordinator p % n)."""
+        topic = self.cluster.topics().get(TRANSACTION_STATE_TOPIC)
+        live = sorted(n.node_id for n in self.cluster.nodes().values() if n.role == ROLE)
+        if topic is None or self.cluster.node_id not in live:
+            return None
+        return {p for p in topic.partitions if live[p % len(live)] == self.cluster.node_id}
+
+    async def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Return once the partitions this process should own are loaded (bounded by
+        exactly.txn.ready.timeout.ms, default 30000), so that a (re)started
+        coordinator answers requests right after it reports SERVING."""
+        if timeout_s is None:
+            timeout_s = self.cfg.get_int("exactly.txn.ready.timeout.ms", 30_000) / 1000
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            expected = self._expected_partitions()
+            loaded = {p for p, ok in self.coordinator.owned_partitions().items() if ok}
+            if expected is not None and expected <= loaded:
+                return
+            await asyncio.sleep(0.05)
+        log.warning("transaction log partitions not all loaded after %.0f s; serving anyway", timeout_s)
+
+    async def stop(self) -> None:
+        if self._topic_task is not None:
+            self._topic_task.cancel()
+        await self.ownership.stop()
+        await self.coordinator.stop()
+
+
+async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
+                cfg: ServiceConfig) -> TxnCoordinatorService:
+    """Build the coordinator over the cluster and register its gRPC servicer.
+    Settings: see CoordinatorConfig.from_props."""
+    config = CoordinatorConfig.from_props(cfg.get_int)
+    pids = ProducerIdManager(lambda: asyncio.to_thread(cluster.allocate_producer_id_block, BLOCK_SIZE))
+    coordinator = TransactionCoordinator(ClusterTxnLog(client), ClusterMarkerWriter(cluster, client),
+                                         ClusterTopology(cluster), pids, config)
+    ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
+    pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
+    return TxnCoordinatorService(cluster, coordinator, ownership, cfg)

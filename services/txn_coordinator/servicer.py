@@ -1,0 +1,119 @@
+"""gRPC adapter of the TransactionCoordinator service (exactly.v1): protobuf
+messages <-> `TransactionCoordinator` calls. No logic here (STYLE.md 6)."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import defaultdict
+from typing import Iterable
+
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
+
+from . import metrics
+from .coordinator import TransactionCoordinator
+from .state import GroupAssignment, TopicPartition
+
+
+def _partitions(topics: Iterable[pb.TopicPartitions]) -> list[TopicPartition]:
+    return [(t.topic, p) for t in topics for p in t.partitions]
+
+
+def _topics(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for topic, partition in sorted(partitions):
+        by_topic[topic].append(partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def _rpc(name: str):
+    """Time the RPC, and shield the coordinator's work from the cancellation of a
+    call whose client went away (a half-done state change must finish)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def handler(self, request, context):
+            started = time.perf_counter()
+            try:
+                return await asyncio.shield(fn(self, request, context))
+            finally:
+                metrics.REQUEST_LATENCY.labels(rpc=name).observe(time.perf_counter() - started)
+        return handler
+    return wrap
+
+
+class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
+    def __init__(self, coordinator: TransactionCoordinator):
+        self._coordinator = coordinator
+
+    @_rpc("InitProducerId")
+    async def InitProducerId(self, request: pb.InitProducerIdRequest, context) -> pb.InitProducerIdResponse:
+        # KIP-360 fields: -1 (or both unset) means "no current PID".
+        expected = None
+        if request.producer_id >= 0 and request.producer_epoch >= 0 and \
+                (request.producer_id, request.producer_epoch) != (0, 0):
+            expected = (request.producer_id, request.producer_epoch)
+        group = None
+        if request.consumer_group_id:
+            group = GroupAssignment(request.consumer_group_id, request.generation_id,
+                                    frozenset(_partitions(request.assigned_partitions)))
+        r = await self._coordinator.init_producer_id(request.transactional_id, request.transaction_timeout_ms,
+                                                     expected, group)
+        return pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
+                                         producer_id=r.producer_id, producer_epoch=r.producer_epoch)
+
+    @_rpc("AddPartitionsToTxn")
+    async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context
+                                 ) -> pb.AddPartitionsToTxnResponse:
+        wanted = _partitions(request.topics)
+        if not request.transactional_id:
+            results = {tp: ErrorCode.INVALID_REQUEST for tp in wanted}
+        else:
+            results = await self._coordinator.add_partitions_to_txn(
+                request.transactional_id, request.producer_id, request.producer_epoch, wanted)
+        by_topic: dict[str, list[pb.PartitionResult]] = defaultdict(list)
+        for (topic, partition), code in sorted(results.items()):
+            by_topic[topic].append(pb.PartitionResult(partition=partition, error_code=code))
+        return pb.AddPartitionsToTxnResponse(results=[pb.TopicResult(topic=t, partitions=ps)
+                                                      for t, ps in by_topic.items()])
+
+    @_rpc("AddOffsetsToTxn")
+    async def AddOffsetsToTxn(self, request: pb.AddOffsetsToTxnRequest, context) -> pb.AddOffsetsToTxnResponse:
+        if not request.transactional_id:
+            return pb.AddOffsetsToTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
+        code = await self._coordinator.add_offsets_to_txn(request.transactional_id, request.producer_id,
+                                                          request.producer_epoch, request.group_id)
+        return pb.AddOffsetsToTxnResponse(error_code=code)
+
+    @_rpc("EndTxn")
+    async def EndTxn(self, request: pb.EndTxnRequest, context) -> pb.EndTxnResponse:
+        if not request.transactional_id:
+            return pb.EndTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
+        code = await self._coordinator.end_txn(request.transactional_id, request.producer_id,
+                                               request.producer_epoch, request.committed)
+        return pb.EndTxnResponse(error_code=code)
+
+    @_rpc("ListTransactions")
+    async def ListTransactions(self, request: pb.ListTransactionsRequest, context) -> pb.ListTransactionsResponse:
+        code, listing = self._coordinator.list_transactions(request.state_filters, request.producer_id_filters)
+        return pb.ListTransactionsResponse(error_code=code, transaction_states=[
+            pb.TransactionListing(transactional_id=s.transactional_id, producer_id=s.producer_id,
+                                  state=s.state.kafka_name) for s in listing])
+
+    @_rpc("DescribeTransactions")
+    async def DescribeTransactions(self, request: pb.DescribeTransactionsRequest, context
+                                   ) -> pb.DescribeTransactionsResponse:
+        out = []
+        for d in self._coordinator.describe_transactions(request.transactional_ids):
+            desc = pb.TransactionDescription(error_code=d.error, transactional_id=d.transactional_id)
+            if d.summary is not None:
+                s = d.summary
+                desc.state = s.state.kafka_name
+                desc.transaction_timeout_ms = s.txn_timeout_ms
+                desc.transaction_start_time_ms = s.txn_start_timestamp
+                desc.producer_id = s.producer_id
+                desc.producer_epoch = s.producer_epoch
+                desc.topics.extend(_topics(s.partitions))
+            out.append(desc)
+        return pb.DescribeTransactionsResponse(transaction_states=out)
