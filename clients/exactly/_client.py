@@ -260,7 +260,8 @@ class ClientCore:
                     timeout_s: float | None = None) -> concurrent.futures.Future:
         """Like `call` but non-blocking: returns a concurrent.futures.Future that
         resolves to the response or fails with the translated SDK error. Used to
-        pipeline requests to several partition leaders."""
+        pipeline requests to several partition leaders. Cancelling the returned
+        future cancels the RPC."""
         out: concurrent.futures.Future = concurrent.futures.Future()
         try:
             fut = method.future(request, timeout=self.request_timeout_s if timeout_s is None else timeout_s)
@@ -272,15 +273,29 @@ class ClientCore:
             return out
 
         def _done(f) -> None:
+            if out.done():
+                return  # the caller cancelled it
             try:
-                out.set_result(f.result())
-            except grpc.RpcError as exc:
-                out.set_exception(translate_rpc_error(exc))
+                result, exc = f.result(), None
+            except grpc.RpcError as rpc_exc:
+                result, exc = None, translate_rpc_error(rpc_exc)
             except grpc.FutureCancelledError:
-                out.set_exception(errors.NetworkException("request cancelled"))
-            except BaseException as exc:  # noqa: BLE001 - surfaced to the waiter
-                out.set_exception(exc)
+                result, exc = None, errors.NetworkException("request cancelled")
+            except BaseException as other:  # noqa: BLE001 - surfaced to the waiter
+                result, exc = None, other
+            try:
+                if exc is None:
+                    out.set_result(result)
+                else:
+                    out.set_exception(exc)
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled meanwhile
 
+        def _cancelled(o: concurrent.futures.Future) -> None:
+            if o.cancelled():
+                fut.cancel()
+
+        out.add_done_callback(_cancelled)
         fut.add_done_callback(_done)
         return out
 

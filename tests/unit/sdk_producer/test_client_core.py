@@ -179,3 +179,17 @@ def test_closed_core_refuses_new_channels():
     core.close()
     with pytest.raises(errors.IllegalStateError):
         core.cluster_stub("127.0.0.1:2")
+
+
+def test_cancelling_a_call_future_cancels_quietly(fc):
+    core = core_for(fc.address)
+    fc.produce_delay.clear()
+    try:
+        fut = core.call_future(core.leader_stub(fc.address).Produce, pb.ProduceRequest())
+        assert fut.cancel()
+        assert fut.cancelled()
+    finally:
+        fc.produce_delay.set()
+    ok = core.call_future(core.cluster_stub().Metadata, pb.MetadataRequest())
+    assert ok.result(5).nodes
+    core.close()
