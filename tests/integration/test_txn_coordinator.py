@@ -1,0 +1,350 @@
+"""The transaction coordinator as a real process (real ZooKeeper, real partition
+leaders), driven with raw gRPC stubs and record batches: two-phase commit with
+markers, roll-forward after a SIGKILL between PrepareCommit and CompleteCommit
+(design doc "Transaction Coordinator Startup", "Discussion on Coordinator Failure
+During Transaction Completion"), timeout abort with fencing ("Coordinator-side
+Transaction Expiration"), PID uniqueness across restarts, request errors
+("Transaction Coordinator Request Handling")."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+import pytest
+
+from exactly import records
+from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
+
+pytestmark = pytest.mark.integration
+
+E = ErrorCode
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
+
+class Client:
+    """Raw stubs: the transaction coordinator txn-0, and partition leaders by metadata."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def channel(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address)
+        return self._channels[address]
+
+    @property
+    def txn(self) -> pbg.TransactionCoordinatorStub:
+        return pbg.TransactionCoordinatorStub(self.channel(self.cluster.services["txn-0"].address))
+
+    @property
+    def admin(self) -> pbg.ClusterStub:
+        """Cluster RPCs from a partition leader (up while the coordinator is killed)."""
+        return pbg.ClusterStub(self.channel(self.cluster.services["pl-0"].address))
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+
+    def create_topic(self, partitions: int = 2) -> str:
+        name = f"txn-{uuid.uuid4().hex[:8]}"
+        resp = self.admin.CreateTopics(pb.CreateTopicsRequest(topics=[pb.CreatableTopic(
+            name=name, num_partitions=partitions, replication_factor=1)]), timeout=30)
+        assert resp.topics[0].error_code == E.NONE, resp.topics[0].error_message
+        return name
+
+    def leader(self, topic: str, partition: int) -> pbg.PartitionLeaderStub:
+        deadline = time.monotonic() + 30
+        while True:
+            md = self.admin.Metadata(pb.MetadataRequest(topics=[topic]), timeout=30)
+            nodes = {n.node_id: n for n in md.nodes}
+            for p in md.topics[0].partitions:
+                if p.partition == partition and p.leader_id in nodes:
+                    n = nodes[p.leader_id]
+                    return pbg.PartitionLeaderStub(self.channel(f"{n.host}:{n.port}"))
+            assert time.monotonic() < deadline, f"no leader for {topic}-{partition}"
+            time.sleep(0.1)
+
+    def produce(self, topic: str, partition: int, data: bytes) -> pb.PartitionProduceResponse:
+        deadline = time.monotonic() + 30
+        while True:
+            resp = self.leader(topic, partition).Produce(pb.ProduceRequest(acks=-1, timeout_ms=5000, topics=[
+                pb.TopicProduceData(name=topic, partitions=[pb.PartitionProduceData(
+                    partition=partition, records=data)])]), timeout=30)
+            part = resp.topics[0].partitions[0]
+            if part.error_code not in (E.UNKNOWN_TOPIC_OR_PARTITION, E.NOT_LEADER_OR_FOLLOWER) \
+                    or time.monotonic() > deadline:
+                return part
+            time.sleep(0.1)
+
+    def fetch(self, topic: str, partition: int, isolation_level: int) -> pb.FetchPartitionResponse:
+        resp = self.leader(topic, partition).Fetch(pb.FetchRequest(
+            max_wait_ms=0, isolation_level=isolation_level, topics=[pb.FetchTopic(topic=topic, partitions=[
+                pb.FetchPartition(partition=partition, fetch_offset=0, partition_max_bytes=1 << 20,
+                                  current_leader_epoch=-1)])]), timeout=30)
+        return resp.responses[0].partitions[0]
+
+    def data_values(self, topic: str, partition: int, isolation_level: int) -> list[bytes]:
+        """Values of data records; read_committed drops aborted transactions the way the
+        consumer does (design doc "Consumer": aborted-transaction list + ABORT markers)."""
+        part = self.fetch(topic, partition, isolation_level)
+        assert part.error_code == E.NONE
+        pending = sorted((a.first_offset, a.producer_id) for a in part.aborted_transactions)
+        aborting: set[int] = set()
+        out = []
+        for pos, h in records.iter_batches(part.records):
+            while pending and pending[0][0] <= h.base_offset:
+                aborting.add(pending.pop(0)[1])
+            if h.is_control:
+                aborting.discard(h.producer_id)
+            elif not (isolation_level == READ_COMMITTED and h.is_transactional and h.producer_id in aborting):
+                out += [r.value for r in records.decode_records(part.records, pos, h)]
+        return out
+
+    def markers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """(producer id, producer epoch, control type, coordinator epoch) of the markers."""
+        part = self.fetch(topic, partition, READ_UNCOMMITTED)
+        out = []
+        for pos, h in records.iter_batches(part.records):
+            if h.is_control:
+                [rec] = records.decode_records(part.records, pos, h)
+                ctype, cepoch = records.decode_control_record(rec)
+                out.append((h.producer_id, h.producer_epoch, ctype, cepoch))
+        return out
+
+    # -------------------------------------------------------- coordinator calls, retried
+    def call(self, method: str, request, retriable=(E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
+                                                    E.NOT_COORDINATOR), timeout_s: float = 30.0):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                resp = getattr(self.txn, method)(request, timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            code = _code(resp)
+            if code not in retriable or time.monotonic() > deadline:
+                return resp
+            time.sleep(0.05)
+
+    def init(self, tid: str, timeout_ms: int = 60000) -> pb.InitProducerIdResponse:
+        return self.call("InitProducerId", pb.InitProducerIdRequest(
+            transactional_id=tid, transaction_timeout_ms=timeout_ms, producer_id=-1, producer_epoch=-1),
+            retriable=(E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR,
+                       E.CONCURRENT_TRANSACTIONS))
+
+    def add(self, tid: str, pid: int, epoch: int, topic: str, partitions: list[int]) -> set[int]:
+        resp = self.call("AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
+            transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+            topics=[pb.TopicPartitions(topic=topic, partitions=partitions)]),
+            retriable=(E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS, E.UNKNOWN_TOPIC_OR_PARTITION))
+        return {p.error_code for t in resp.results for p in t.partitions}
+
+    def end(self, tid: str, pid: int, epoch: int, committed: bool) -> int:
+        return self.call("EndTxn", pb.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                                                    committed=committed)).error_code
+
+    def describe(self, tid: str) -> pb.TransactionDescription:
+        return self.txn.DescribeTransactions(pb.DescribeTransactionsRequest(transactional_ids=[tid]),
+                                             timeout=10).transaction_states[0]
+
+
+def _code(resp) -> int:
+    if hasattr(resp, "error_code"):
+        return resp.error_code
+    codes = {p.error_code for t in resp.results for p in t.partitions}
+    return codes.pop() if len(codes) == 1 else E.NONE
+
+
+def txn_batch(pid: int, epoch: int, values: list[str], seq: int = 0) -> bytes:
+    now = int(time.time() * 1000)
+    return records.encode_batch([(None, v.encode(), (), now) for v in values], producer_id=pid,
+                                producer_epoch=epoch, base_sequence=seq, transactional=True)
+
+
+def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def client(cluster):
+    c = Client(cluster)
+    yield c
+    c.close()
+
+
+def test_commit_writes_markers_to_every_partition(client):
+    topic = client.create_topic(partitions=3)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    assert r.error_code == E.NONE
+    assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0, 1, 2]) == {E.NONE}
+    for p in range(3):
+        assert client.produce(topic, p, txn_batch(r.producer_id, r.producer_epoch, [f"v{p}"])).error_code == E.NONE
+    assert client.data_values(topic, 0, READ_COMMITTED) == []
+    assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
+    for p in range(3):
+        assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED)) == [f"v{p}".encode()]
+        [(pid, epoch, ctype, _)] = client.markers(topic, p)
+        assert (pid, epoch, ctype) == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
+    assert wait_for(lambda: client.describe(tid).state == "CompleteCommit")
+    assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE  # retry of a completed commit
+    assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.INVALID_TXN_STATE
+
+
+def test_sigkill_between_prepare_and_complete_rolls_forward(make_cluster):
+    cluster = make_cluster(props={"exactly.test.pause.after.prepare.ms": "4000",
+                                  "exactly.txn.end.completion.wait.ms": "0"})
+    client = Client(cluster)
+    try:
+        topic = client.create_topic(partitions=2)
+        tid = f"t-{uuid.uuid4().hex[:6]}"
+        r = client.init(tid)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert client.add(tid, pid, epoch, topic, [0, 1]) == {E.NONE}
+        for p in range(2):
+            assert client.produce(topic, p, txn_batch(pid, epoch, [f"a{p}", f"b{p}"])).error_code == E.NONE
+        assert client.end(tid, pid, epoch, True) == E.NONE  # PrepareCommit is in the log
+        assert client.describe(tid).state == "PrepareCommit"
+        cluster.kill("txn-0")  # within the pause: no marker written yet
+        for p in range(2):
+            assert client.markers(topic, p) == []
+            assert client.data_values(topic, p, READ_COMMITTED) == []
+        cluster.restart("txn-0")
+        for p in range(2):
+            assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), what="roll-forward") == \
+                [f"a{p}".encode(), f"b{p}".encode()]
+            [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
+            assert (mpid, mepoch, ctype) == (pid, epoch, records.CONTROL_COMMIT) and cepoch >= 1
+        assert wait_for(lambda: client.describe(tid).state == "CompleteCommit")
+        # The producer's retried EndTxn after failover succeeds, and it goes on.
+        assert client.end(tid, pid, epoch, True) == E.NONE
+        assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
+    finally:
+        client.close()
+
+
+def test_transaction_timeout_aborts_and_fences(make_cluster):
+    cluster = make_cluster(props={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "100"})
+    client = Client(cluster)
+    try:
+        topic = client.create_topic(partitions=1)
+        tid = f"t-{uuid.uuid4().hex[:6]}"
+        r = client.init(tid, timeout_ms=1000)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
+        assert client.produce(topic, 0, txn_batch(pid, epoch, ["zombie"])).error_code == E.NONE
+        d = wait_for(lambda: (lambda d: d if d.state == "CompleteAbort" else None)(client.describe(tid)),
+                     timeout_s=20, what="timeout abort")
+        assert (d.producer_id, d.producer_epoch) == (pid, epoch + 1)
+        assert client.markers(topic, 0) == [(pid, epoch + 1, records.CONTROL_ABORT, client.markers(topic, 0)[0][3])]
+        part = client.fetch(topic, 0, READ_COMMITTED)
+        assert [a.producer_id for a in part.aborted_transactions] == [pid]
+        assert client.data_values(topic, 0, READ_COMMITTED) == []
+        # The zombie is fenced by the coordinator and by the partition leader.
+        assert client.end(tid, pid, epoch, True) == E.PRODUCER_FENCED
+        assert client.add(tid, pid, epoch, topic, [0]) == {E.PRODUCER_FENCED}
+        assert client.produce(topic, 0, txn_batch(pid, epoch, ["late"], seq=1)).error_code in \
+            (E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED)
+        # A new instance gets a newer epoch and commits.
+        r2 = client.init(tid, timeout_ms=60000)
+        assert (r2.error_code, r2.producer_id, r2.producer_epoch) == (E.NONE, pid, epoch + 2)
+        assert client.add(tid, pid, r2.producer_epoch, topic, [0]) == {E.NONE}
+        assert client.produce(topic, 0, txn_batch(pid, r2.producer_epoch, ["fresh"])).error_code == E.NONE
+        assert client.end(tid, pid, r2.producer_epoch, True) == E.NONE
+        assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED)) == [b"fresh"]
+    finally:
+        client.close()
+
+
+def test_init_with_ongoing_transaction_fences_previous_instance(client):
+    topic = client.create_topic(partitions=1)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0]) == {E.NONE}
+    assert client.produce(topic, 0, txn_batch(r.producer_id, r.producer_epoch, ["old"])).error_code == E.NONE
+    first = client.txn.InitProducerId(pb.InitProducerIdRequest(
+        transactional_id=tid, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1), timeout=10)
+    assert first.error_code == E.CONCURRENT_TRANSACTIONS
+    r2 = client.init(tid)  # retried until the abort completed
+    assert (r2.error_code, r2.producer_id, r2.producer_epoch) == (E.NONE, r.producer_id, r.producer_epoch + 2)
+    assert client.markers(topic, 0)[0][:3] == (r.producer_id, r.producer_epoch + 1, records.CONTROL_ABORT)
+    assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.PRODUCER_FENCED
+
+
+def test_pid_never_reused_across_coordinator_restarts(cluster, client):
+    def idempotent_pid() -> int:
+        resp = client.call("InitProducerId", pb.InitProducerIdRequest(transactional_id="", producer_id=-1,
+                                                                       producer_epoch=-1))
+        assert resp.error_code == E.NONE and resp.producer_epoch == 0
+        return resp.producer_id
+
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    seen = [idempotent_pid() for _ in range(5)]
+    first = client.init(tid)
+    seen.append(first.producer_id)
+    for kill in (True, False):
+        (cluster.kill if kill else cluster.stop)("txn-0")
+        cluster.restart("txn-0")
+        new = [idempotent_pid() for _ in range(5)]
+        assert not set(new) & set(seen), (new, seen)
+        assert min(new) > max(seen)
+        seen += new
+    again = client.init(tid)  # the mapping survives: same PID, next epochs
+    assert (again.producer_id, again.producer_epoch) == (first.producer_id, first.producer_epoch + 1)
+
+
+def test_request_errors_and_service_keeps_serving(make_cluster):
+    cluster = make_cluster(partition_leaders=1, group_coordinators=0,
+                           props={"transaction.max.timeout.ms": "5000"})
+    client = Client(cluster)
+    try:
+        tid = f"t-{uuid.uuid4().hex[:6]}"
+        assert client.init(tid, timeout_ms=5001).error_code == E.INVALID_TRANSACTION_TIMEOUT
+        assert client.init(tid, timeout_ms=0).error_code == E.INVALID_TRANSACTION_TIMEOUT
+        r = client.init(tid, timeout_ms=5000)
+        assert r.error_code == E.NONE
+        assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.INVALID_TXN_STATE
+        assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.INVALID_TXN_STATE
+        assert client.end(tid, r.producer_id + 1, r.producer_epoch, True) == E.INVALID_PRODUCER_ID_MAPPING
+        assert client.end("never-initialised", 1, 0, True) == E.INVALID_PRODUCER_ID_MAPPING
+        topic = client.create_topic(partitions=1)
+        assert client.add(tid, r.producer_id, r.producer_epoch, "no-such-topic", [0]) == \
+            {E.UNKNOWN_TOPIC_OR_PARTITION}
+        # still serving
+        assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0]) == {E.NONE}
+        assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.NONE
+        assert wait_for(lambda: client.describe(tid).state == "CompleteAbort")
+        listing = client.txn.ListTransactions(pb.ListTransactionsRequest(), timeout=10)
+        assert (listing.error_code, [t.transactional_id for t in listing.transaction_states]) == (E.NONE, [tid])
+    finally:
+        client.close()
+
+
+def test_add_offsets_marks_the_groups_consumer_offsets_partition(client):
+    topic = client.create_topic(partitions=1)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0]) == {E.NONE}
+    resp = client.call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
+        transactional_id=tid, producer_id=r.producer_id, producer_epoch=r.producer_epoch, group_id=group))
+    assert resp.error_code == E.NONE
+    fc = client.admin.FindCoordinator(pb.FindCoordinatorRequest(key=group, key_type=0), timeout=10)
+    offsets_tp = ("__consumer_offsets", fc.partition)
+    d = client.describe(tid)
+    assert offsets_tp in {(t.topic, p) for t in d.topics for p in t.partitions}
+    assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
+    wait_for(lambda: any(m[:3] == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
+                         for m in client.markers(*offsets_tp)), what="marker on __consumer_offsets")
