@@ -316,6 +316,9 @@ class GroupCoordinator:
             kicked = asyncio.ensure_future(owned.kick.wait())
             try:
                 done, _ = await asyncio.wait({fetch, kicked}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                fetch.cancel()
+                raise
             finally:
                 kicked.cancel()
             if fetch not in done:
