@@ -21,7 +21,8 @@ import time
 
 from exactly import Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
 
-from .common import GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, invoice_for, shipment_for
+from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, invoice_for, item_key,
+                     shipment_for)
 
 _stop = False
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 offsets: dict[TopicPartition, OffsetAndMetadata] = {}
                 for rec in batch:
                     purchase = json.loads(rec.value)
-                    key = rec.key
+                    key = item_key(purchase).encode()
                     producer.send(INVOICES, json.dumps(invoice_for(purchase)).encode(), key=key)
                     producer.send(SHIPMENTS, json.dumps(shipment_for(purchase)).encode(), key=key)
                     offsets[TopicPartition(rec.topic, rec.partition)] = OffsetAndMetadata(rec.offset + 1)
