@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition
+from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition, errors
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +291,54 @@ def test_poll_keeps_going_while_a_partition_leader_is_down(cluster):
     finally:
         p.close()
         c.close()
+
+
+def test_consume_transform_produce_offsets_visible_only_on_commit(cluster):
+    """KIP-447: the consumer's group metadata goes with the transactional offsets;
+    under read_committed, committed() waits out a pending transactional offset
+    commit (require_stable) and sees it only after the transaction commits."""
+    src, dst = create_topic(cluster), create_topic(cluster)
+    tp = TopicPartition(src, 0)
+    group = _name("g")
+    p = producer(cluster)
+    try:
+        for i in range(4):
+            p.send(src, f"in-{i}".encode(), partition=0)
+        p.flush()
+    finally:
+        p.close()
+    c = consumer(cluster, group_id=group, isolation_level="read_committed")
+    txn = producer(cluster, transactional_id=_name("tx"))
+    out = consumer(cluster, isolation_level="read_committed")
+    try:
+        c.subscribe([src])
+        batch = consume(c, 4)
+        assert len(batch) == 4
+        meta = c.group_metadata()
+        assert meta.generation_id >= 1 and meta.member_id
+        txn.init_transactions()
+
+        txn.begin_transaction()
+        for r in batch:
+            txn.send(dst, r.value.replace(b"in", b"out"), partition=0)
+        txn.send_offsets_to_transaction({tp: OffsetAndMetadata(c.position(tp))}, meta)
+        txn.abort_transaction()
+        assert c.committed([tp]) == {tp: None}
+
+        txn.begin_transaction()
+        for r in batch:
+            txn.send(dst, r.value.replace(b"in", b"out"), partition=0)
+        txn.send_offsets_to_transaction({tp: OffsetAndMetadata(c.position(tp))}, meta)
+        txn.flush()
+        with pytest.raises(errors.UnstableOffsetCommitError):
+            c.committed([tp], timeout=1.0)
+        txn.commit_transaction()
+        assert c.committed([tp]) == {tp: OffsetAndMetadata(4, "")}
+
+        out.assign([TopicPartition(dst, 0)])
+        assert [r.value for r in consume(out, 4) + consume_for(out, 1.0)] == [
+            b"out-0", b"out-1", b"out-2", b"out-3"]
+    finally:
+        txn.close()
+        c.close()
+        out.close()
