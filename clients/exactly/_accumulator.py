@@ -314,7 +314,7 @@ class RecordAccumulator:
                 fut = last.try_append(key, value, headers, ts, self.batch_size)
                 if fut is not None:
                     self._buffered += last.size - before
-                    return fut, last.is_full(self.batch_size), False
+                    return fut, last.size >= self.batch_size, False
                 last.closed = True
             if abort_on_new_batch:
                 return None

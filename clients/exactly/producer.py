@@ -18,12 +18,12 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple
 
 from . import errors
 from . import records as _rec
 from ._accumulator import (ProducerBatch, RecordAccumulator, StickyPartitioner, fail_batches,
-                           now_ms, partition_for_key, wall_ms)
+                           now_ms, partition_for_key)
 from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSACTION, METADATA_ERRORS,
                       ClientCore, Metadata, is_retriable)
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
@@ -38,6 +38,16 @@ _INT32_MAX = 2147483647
 # Kafka retries AddPartitionsToTxn quickly on CONCURRENT_TRANSACTIONS: the previous
 # transaction's markers are usually written within a few ms.
 _ADD_PARTITIONS_RETRY_MS = 20
+
+
+# Bytes a record adds besides key, value and headers, counting the batch header.
+_RECORD_OVERHEAD = _rec.HEADER_SIZE + 32
+
+
+class _TopicPartitions(NamedTuple):
+    ids: list[int]
+    tps: list[TopicPartition]
+    by_id: dict[int, TopicPartition]
 
 
 class TransactionAbortedError(errors.ExactlyError):
@@ -168,8 +178,7 @@ class Producer:
                                       int(conf.get("buffer.memory", 32 * 1024 * 1024)))
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
-        self._parts_md: Metadata | None = None
-        self._parts: dict[str, list[int]] = {}
+        self._topic_cache: dict[str, _TopicPartitions] = {}
         self._closed = False
         self._close_lock = threading.Lock()
         self._sender = _Sender(self)
@@ -199,65 +208,72 @@ class Producer:
         if self._closed:
             raise errors.IllegalStateError("producer is closed")
         txn = self._txn
-        if txn.has_error:
-            err = txn.last_error
-            if err is not None:
-                return _failed(copy_error(err))
-        txn.check_can_send()
-        key_b = _to_bytes(key, "key")
-        value_b = _to_bytes(value, "value")
-        hdrs = _headers(headers)
-        size = _rec.HEADER_SIZE + 32 + (len(key_b) if key_b else 0) + (len(value_b) if value_b else 0) \
-            + sum(len(k) + (len(v) if v else 0) + 8 for k, v in hdrs)
+        if txn.state is not TxnState.IN_TRANSACTION and (txn.is_transactional or txn.has_error):
+            if txn.has_error and txn.last_error is not None:
+                return _failed(copy_error(txn.last_error))
+            txn.check_can_send()
+        key_b = key if key is None or type(key) is bytes else _to_bytes(key, "key")
+        value_b = value if value is None or type(value) is bytes else _to_bytes(value, "value")
+        if headers:
+            hdrs = _headers(headers)
+            size = sum(len(k) + (len(v) if v else 0) + 8 for k, v in hdrs)
+        else:
+            hdrs, size = (), 0
+        size += _RECORD_OVERHEAD + (len(key_b) if key_b else 0) + (len(value_b) if value_b else 0)
         if size > self._max_request_size:
             raise errors.MessageTooLargeError(
                 f"record of about {size} bytes exceeds max.request.size ({self._max_request_size} bytes)")
-        ts = wall_ms() if timestamp_ms is None else int(timestamp_ms)
-        partitions = self._partitions_for(topic)
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        cached = self._topic_cache.get(topic) or self._cache_topic(topic)
         sticky = False
         if partition is not None:
-            if partition not in partitions:
-                partitions = self._partitions_for(topic, refresh=True)
-                if partition not in partitions:
+            tp = cached.by_id.get(partition)
+            if tp is None:
+                cached = self._cache_topic(topic, refresh=True)
+                tp = cached.by_id.get(partition)
+                if tp is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition}")
-            p = partition
         elif key_b is not None:
-            p = partitions[partition_for_key(key_b, len(partitions))]
+            tp = cached.tps[partition_for_key(key_b, len(cached.tps))]
         else:
             with self._partitioner_lock:
-                p = self._partitioner.partition(topic, partitions)
+                tp = cached.by_id[self._partitioner.partition(topic, cached.ids)]
             sticky = True
-        tp = TopicPartition(topic, p)
-        txn.maybe_add_partition(tp)
+        if txn.is_transactional:
+            txn.maybe_add_partition(tp)
         res = self._acc.append(tp, ts, key_b, value_b, hdrs, abort_on_new_batch=sticky,
                                max_block_ms=self._max_block_ms)
         if res is None:
             with self._partitioner_lock:
-                p = self._partitioner.on_new_batch(topic, partitions, p)
-            tp = TopicPartition(topic, p)
-            txn.maybe_add_partition(tp)
+                tp = cached.by_id[self._partitioner.on_new_batch(topic, cached.ids, tp.partition)]
+            if txn.is_transactional:
+                txn.maybe_add_partition(tp)
             res = self._acc.append(tp, ts, key_b, value_b, hdrs, max_block_ms=self._max_block_ms)
         fut, full, new_batch = res
         if full or new_batch:
             self._sender.wakeup()
         return fut
 
-    def _partitions_for(self, topic: str, refresh: bool = False) -> list[int]:
-        md = self._core.metadata([topic], refresh=refresh) if refresh else self._core.metadata()
-        if md is not self._parts_md:
-            self._parts_md, self._parts = md, {}
-        parts = self._parts.get(topic)
-        if parts is None:
-            parts = md.partitions(topic)
-            if not parts:
-                parts = self._core.retry(lambda: self._core.partitions_for(topic),
-                                         timeout_s=self._max_block_ms / 1000.0)
-            self._parts[topic] = parts
-        return parts
+    def _cache_topic(self, topic: str, refresh: bool = False) -> "_TopicPartitions":
+        """Partitions of `topic` from metadata (waiting up to max.block.ms for an
+        unknown topic); cached until the sender sees new metadata."""
+        core = self._core
+        md = core.metadata([topic], refresh=True) if refresh else core.metadata([topic])
+        ids = md.partitions(topic)
+        if not ids:
+            ids = core.retry(lambda: core.partitions_for(topic), timeout_s=self._max_block_ms / 1000.0)
+        tps = [TopicPartition(topic, p) for p in ids]
+        cached = _TopicPartitions(ids, tps, dict(zip(ids, tps)))
+        self._topic_cache = {**self._topic_cache, topic: cached}  # rebinding: readers need no lock
+        return cached
+
+    def metadata_changed(self) -> None:
+        """New cluster metadata: partition lists are looked up again on the next send."""
+        self._topic_cache = {}
 
     def partitions_for(self, topic: str) -> list[int]:
         """Partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError."""
-        return list(self._partitions_for(topic))
+        return list(self._cache_topic(topic).ids)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send every queued record now (ignoring linger.ms) and wait until each has
@@ -537,6 +553,7 @@ class _Sender(threading.Thread):
         self._add_retry_at = 0.0
         self._pid_retry_at = 0.0
         self._reset_pid = False
+        self._last_metadata: Metadata | None = None
 
     # ------------------------------------------------------------ loop
 
@@ -710,11 +727,15 @@ class _Sender(threading.Thread):
         txn.partitions_added(ok)
         failed = [tp for tp in tps if codes.get(tp) != ErrorCode.NONE]
         if failed:
-            worst = None
+            # OPERATION_NOT_ATTEMPTED marks partitions skipped because another one
+            # failed: the other partition's error decides (retry when none other).
+            worst: errors.ExactlyError = errors.CoordinatorLoadInProgressError("AddPartitionsToTxn not attempted")
             for tp in failed:
                 code = codes.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
+                if code == ErrorCode.OPERATION_NOT_ATTEMPTED:
+                    continue
                 err = errors.for_code(code, f"AddPartitionsToTxn {tp.topic}-{tp.partition}")
-                if worst is None or not err.retriable:
+                if worst.retriable:
                     worst = err
             self._add_failed(failed, worst)
         self.wakeup()
@@ -742,6 +763,9 @@ class _Sender(threading.Thread):
         except errors.ExactlyError:
             self._need_metadata = True
             return False
+        if md is not self._last_metadata:
+            self._last_metadata = md
+            p.metadata_changed()
         if txn.idempotent and not txn.has_producer_id:
             return False
         if txn.idempotent and not txn.is_transactional and (self._reset_pid or txn.sequences_unresolved):

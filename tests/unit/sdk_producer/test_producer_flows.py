@@ -337,6 +337,15 @@ def test_concurrent_transactions_on_add_partitions_is_retried(fc, make):
     assert fc.calls["AddPartitionsToTxn"] == 3
 
 
+def test_operation_not_attempted_follows_the_other_partitions_error(fc, make):
+    fc.add_partitions_faults.append(ErrorCode.OPERATION_NOT_ATTEMPTED)
+    p = make(**{"transactional.id": "tx-na"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    assert p.send("u", b"v").result(5).offset == 0
+    p.commit_transaction(5)
+
+
 def test_coordinator_errors_on_end_txn_are_retried(fc, make):
     fc.end_txn_faults.extend([ErrorCode.NOT_COORDINATOR, ErrorCode.CONCURRENT_TRANSACTIONS])
     p = make(**{"transactional.id": "tx-e"})
