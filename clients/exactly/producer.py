@@ -526,13 +526,6 @@ class Producer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def __del__(self):  # pragma: no cover - best effort if the user forgot close()
-        try:
-            if not self._closed:
-                self._sender.stop()
-        except Exception:  # noqa: BLE001
-            pass
-
 
 class _Sender(threading.Thread):
     """Drains ready batches, keeps the transaction's partitions registered, sends

@@ -278,3 +278,28 @@ def test_create_existing_topic_raises(cluster):
         with pytest.raises(errors.TopicAlreadyExistsError):
             admin.create_topics([NewTopic(topic, 1)])
         assert admin.list_topics()[topic] == [0]
+
+
+def test_commit_after_the_transaction_coordinator_restarts(cluster):
+    """The coordinator goes away mid-transaction: the producer finds it again and
+    retries (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, network errors) until
+    the commit succeeds (design doc "Error Handling")."""
+    topic = create_topic(cluster, 2)
+    p = producer(cluster, **{"transactional.id": _name("tx"), "request.timeout.ms": 10000})
+    try:
+        p.init_transactions(30)
+        p.begin_transaction()
+        futs = [p.send(topic, f"v{i}", key=f"k{i}") for i in range(20)]
+        p.flush(30)
+        coordinator = next(s.name for s in cluster.services.values() if s.role == "txn_coordinator")
+        cluster.kill(coordinator)
+        cluster.restart(coordinator)
+        p.commit_transaction(60)
+        assert all(f.result(0).offset >= 0 for f in futs)
+        p.begin_transaction()
+        p.send(topic, b"next", partition=0)
+        p.commit_transaction(60)
+    finally:
+        p.close(30)
+    got = read_all(cluster, topic, 2, "read_committed", expected=21, timeout_s=60)
+    assert sorted(r.value for r in got) == sorted([f"v{i}".encode() for i in range(20)] + [b"next"])
