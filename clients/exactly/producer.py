@@ -29,7 +29,7 @@ from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSAC
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
                            TxnState, copy_error)
 from .errors import ErrorCode
-from .types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
+from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from .v1 import exactly_pb2 as pb
 
 log = logging.getLogger(__name__)
