@@ -1,10 +1,23 @@
 """Process bootstrap shared by every service: gRPC server, ZooKeeper registration,
-the Cluster RPCs (Metadata, CreateTopics, FindCoordinator), health, clean shutdown.
+the Cluster RPCs (Metadata, CreateTopics, FindCoordinator), health, metrics, clean
+shutdown.
 
 A service module provides `async setup(server, cluster, client, cfg) -> service` where
 `service` has `async start()` (after the port is bound, before registration),
-`async stop()` (SIGTERM/SIGINT) and optionally `async wait_ready()`; then
-`main_for(role, setup)` runs it as `python -m services.<role> ...`.
+`async stop()` (SIGTERM/SIGINT), optionally `async wait_ready()` and optionally a
+`loading` attribute (bool, e.g. a property: True while a coordinator loads a
+partition it was elected for); then `main_for(role, setup)` runs it as
+`python -m services.<role> ...`.
+
+Health (grpc.health.v1): service "" is NOT_SERVING until `wait_ready()` returned,
+then SERVING, and NOT_SERVING again whenever `service.loading` is true (polled every
+`exactly.health.poll.ms`, default 100) and from SIGTERM on; readiness and start-up
+checks use it. Service "liveness" is SERVING from start-up to SIGTERM, for liveness
+checks that must not fail while a long partition load runs.
+
+Metrics (services/common/metrics.py): every unary RPC is timed and its error codes
+counted by an interceptor; with `metrics.port` > 0 the process serves /metrics on that
+port, bound to `metrics.bind.address` (default: the gRPC bind host, `--host`).
 """
 from __future__ import annotations
 
@@ -22,6 +35,7 @@ from exactly.errors import ErrorCode
 from exactly.v1 import exactly_pb2 as pb
 from exactly.v1 import exactly_pb2_grpc as pbg
 
+from . import metrics
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -29,6 +43,11 @@ from .rpc import CHANNEL_OPTIONS, ClusterClient
 log = logging.getLogger(__name__)
 
 Setup = Callable[[grpc.aio.Server, ClusterState, ClusterClient, ServiceConfig], Awaitable[Any]]
+
+# gRPC service (exactly.v1) of each role, besides Cluster and Health which every process serves.
+ROLE_SERVICES = {"partition_leader": "PartitionLeader", "txn_coordinator": "TransactionCoordinator",
+                 "group_coordinator": "GroupCoordinator"}
+LIVENESS = "liveness"
 
 
 class ClusterServicer(pbg.ClusterServicer):
@@ -89,9 +108,11 @@ class ClusterServicer(pbg.ClusterServicer):
 async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-    cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.host, port,
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor()])
+    port = server.add_insecure_port(f"{_bracketed(cfg.host)}:{cfg.port}")
+    metrics_server = _start_metrics(cfg)
+    _declare_rpc_series(cfg.role)
+    cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
                            session_timeout_s=cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000,
                            props=cfg.props)
     await asyncio.to_thread(cluster.start)
@@ -100,6 +121,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
     service = await setup(server, cluster, client, cfg)
     await server.start()
     stop = asyncio.Event()
@@ -111,25 +133,79 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     if hasattr(service, "wait_ready"):
         await service.wait_ready()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
+    watcher = None
+    if hasattr(service, "loading"):
+        poll_s = max(cfg.get_int("exactly.health.poll.ms", 100), 10) / 1000
+        watcher = asyncio.create_task(_follow_loading(service, health_servicer, poll_s), name="health")
     (cfg.data_dir / "port").write_text(str(port))
-    log.info("%s %s serving on %s:%d", cfg.role, cfg.node_id, cfg.host, port)
+    log.info("%s %s serving on %s:%d (advertised as %s:%d)", cfg.role, cfg.node_id, cfg.host, port,
+             cfg.advertised, port)
     await stop.wait()
     log.info("%s %s stopping", cfg.role, cfg.node_id)
+    if watcher is not None:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING, LIVENESS)
     await server.stop(grace=1.0)
     await service.stop()
     await client.close()
     await asyncio.to_thread(cluster.stop)
+    if metrics_server is not None:
+        metrics_server.close()
     try:
         os.unlink(cfg.data_dir / "port")
     except FileNotFoundError:
         pass
 
 
-async def _set_health(servicer, status) -> None:
-    res = servicer.set("", status)
+async def _set_health(servicer, status, name: str = "") -> None:
+    res = servicer.set(name, status)
     if asyncio.iscoroutine(res):
         await res
+
+
+async def _follow_loading(service, health_servicer, poll_s: float) -> None:
+    """Keep health "" NOT_SERVING while `service.loading` is true, SERVING otherwise."""
+    serving = True
+    while True:
+        try:
+            loading = bool(service.loading)
+        except Exception:  # noqa: BLE001 - a broken probe must not stop the process; logged
+            log.exception("reading the service's loading state failed")
+            loading = False
+        if loading == serving:
+            serving = not loading
+            log.info("health: %s", "SERVING" if serving else "NOT_SERVING (loading a partition)")
+            await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING if serving
+                              else health_pb2.HealthCheckResponse.NOT_SERVING)
+        await asyncio.sleep(poll_s)
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 literal in brackets, as gRPC addresses need ("::" -> "[::]")."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _start_metrics(cfg: ServiceConfig) -> metrics.MetricsServer | None:
+    """Start /metrics when `metrics.port` > 0 (bound to `metrics.bind.address`,
+    default the gRPC bind host)."""
+    port = cfg.get_int("metrics.port", 0)
+    if port <= 0:
+        return None
+    address = cfg.get_str("metrics.bind.address", cfg.host)
+    server = metrics.start_metrics_server(port, address)
+    log.info("metrics on http://%s:%d/metrics", _bracketed(server.address[0]), server.address[1])
+    return server
+
+
+def _declare_rpc_series(role: str) -> None:
+    """Create the RPC series of every method this process serves, at 0."""
+    metrics.declare_service(pb.DESCRIPTOR.services_by_name["Cluster"])
+    metrics.declare_service(health_pb2.DESCRIPTOR.services_by_name["Health"])
+    name = ROLE_SERVICES.get(role)
+    if name is not None:
+        metrics.declare_service(pb.DESCRIPTOR.services_by_name[name])
 
 
 def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:

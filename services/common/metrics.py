@@ -1,0 +1,306 @@
+"""Prometheus metrics shared by every service process (DESIGN.md §8).
+
+- The HTTP `/metrics` endpoint (`start_metrics_server`), started by `server.serve()`
+  when the setting `metrics.port` is above 0, bound to `metrics.bind.address`
+  (default: the gRPC bind host). It serves the default registry: the series below,
+  the role's own series (services/<role>/metrics.py) and prometheus-client's
+  label-free `process_*` series.
+- `RpcMetricsInterceptor`, installed on every gRPC server by `server.serve()`:
+    exactly_rpc_request_duration_seconds{service, method}   histogram, seconds
+    exactly_rpc_errors_total{service, method, error_code}   counter
+  `service` is the gRPC service name without its package (PartitionLeader,
+  TransactionCoordinator, GroupCoordinator, Cluster, Health) and `method` the RPC
+  name. An answer is counted once per distinct Kafka error code it carries in any
+  `error_code` field (top level, per topic, per partition), under the code's Kafka
+  name (NOT_COORDINATOR, ...). A call that fails at the transport level (handler
+  exception, abort, cancellation) is counted under `GRPC_<status>`
+  (GRPC_UNKNOWN, GRPC_CANCELLED, ...).
+- `LoopCollector`: base of the collectors that read service state at scrape time. A
+  scrape runs on the HTTP server's thread; the collector hops onto the asyncio loop
+  that owns the state, so it never sees a half-applied change.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Sequence
+
+import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
+
+from exactly.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+               1, 2.5, 5, 10, 30)
+
+REQUEST_DURATION = Histogram("exactly_rpc_request_duration_seconds",
+                             "Server-side duration of gRPC calls, by gRPC service and method",
+                             ["service", "method"], buckets=RPC_BUCKETS)
+RPC_ERRORS = Counter("exactly_rpc_errors",
+                     "gRPC answers carrying a Kafka error code (by its name), and calls failed at the "
+                     "transport level (GRPC_<status>), by gRPC service and method",
+                     ["service", "method", "error_code"])
+
+# Error codes whose series exist from start-up (value 0) for every method of a gRPC
+# service, so that dashboards show a flat line rather than "no data" while nothing fails.
+EXPECTED_ERRORS: dict[str, tuple[str, ...]] = {
+    "PartitionLeader": ("NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION", "UNKNOWN_SERVER_ERROR"),
+    "TransactionCoordinator": ("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "CONCURRENT_TRANSACTIONS",
+                               "PRODUCER_FENCED", "UNKNOWN_SERVER_ERROR"),
+    "GroupCoordinator": ("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "REBALANCE_IN_PROGRESS",
+                         "UNKNOWN_SERVER_ERROR"),
+    "Cluster": ("COORDINATOR_NOT_AVAILABLE", "UNKNOWN_SERVER_ERROR"),
+}
+
+
+def code_name(code: int) -> str:
+    """Kafka name of an error code ("NOT_COORDINATOR"); the number as text if unknown."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def split_method(full_method: str) -> tuple[str, str]:
+    """"/exactly.v1.PartitionLeader/Produce" -> ("PartitionLeader", "Produce")."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return service.rpartition(".")[2] or "unknown", method or "unknown"
+
+
+# ------------------------------------------------------------------ error codes of a response
+
+_Plan = tuple[str | None, tuple[tuple[str, bool], ...]]
+_PLANS: dict[str, _Plan] = {}
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    flag = getattr(field, "is_repeated", None)  # protobuf >= 5.29; `label` before
+    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _plan(desc: Descriptor) -> _Plan:
+    """(name of the message's own `error_code` field or None, (name, repeated) of the
+    message fields that may hold error codes further down), once per message type."""
+    plan = _PLANS.get(desc.full_name)
+    if plan is not None:
+        return plan
+    _PLANS[desc.full_name] = (None, ())  # breaks cycles of recursive message types
+    own = desc.fields_by_name.get("error_code")
+    if own is not None and own.type not in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64,
+                                            FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_UINT32):
+        own = None
+    children = tuple((f.name, _repeated(f)) for f in desc.fields
+                     if f.message_type is not None and _may_hold_codes(f.message_type))
+    plan = (own.name if own is not None else None, children)
+    _PLANS[desc.full_name] = plan
+    return plan
+
+
+def _may_hold_codes(desc: Descriptor, seen: frozenset[str] = frozenset()) -> bool:
+    if desc.full_name in seen:
+        return False
+    if "error_code" in desc.fields_by_name:
+        return True
+    seen = seen | {desc.full_name}
+    return any(f.message_type is not None and _may_hold_codes(f.message_type, seen) for f in desc.fields)
+
+
+def response_error_codes(message: Any) -> set[int]:
+    """The distinct non-zero values of every `error_code` field of a protobuf message,
+    at any depth (top level, per topic, per partition, per marker...)."""
+    codes: set[int] = set()
+    _collect(message, codes)
+    return codes
+
+
+def _collect(message: Any, codes: set[int]) -> None:
+    own, children = _plan(message.DESCRIPTOR)
+    if own is not None:
+        value = getattr(message, own)
+        if value:
+            codes.add(value)
+    for name, repeated in children:
+        if repeated:
+            for item in getattr(message, name):
+                _collect(item, codes)
+        elif message.HasField(name):
+            _collect(getattr(message, name), codes)
+
+
+# ------------------------------------------------------------------ the interceptor
+
+def declare_service(service_descriptor) -> None:
+    """Create the duration series of every unary method of a gRPC service (protobuf
+    ServiceDescriptor) and its EXPECTED_ERRORS series, all at 0."""
+    service = service_descriptor.name
+    for method in service_descriptor.methods:
+        if getattr(method, "client_streaming", False) or getattr(method, "server_streaming", False):
+            continue
+        REQUEST_DURATION.labels(service, method.name)
+        for code in EXPECTED_ERRORS.get(service, ()):
+            RPC_ERRORS.labels(service, method.name, code)
+
+
+def _status_name(context) -> str | None:
+    code_of = getattr(context, "code", None)
+    code = code_of() if callable(code_of) else None
+    if code is None:
+        return None
+    if isinstance(code, grpc.StatusCode):
+        return None if code is grpc.StatusCode.OK else code.name
+    try:
+        status = next(s for s in grpc.StatusCode if s.value[0] == int(code))
+    except (StopIteration, TypeError, ValueError):
+        return "UNKNOWN"
+    return None if status is grpc.StatusCode.OK else status.name
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Times every unary gRPC call and counts its error codes (module docstring).
+    Streaming methods (e.g. Health.Watch) are passed through untouched."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        cached = self._handlers.get(method)
+        if cached is not None:
+            return cached
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            _instrument(handler.unary_unary, *split_method(method)),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+        self._handlers[method] = wrapped
+        return wrapped
+
+
+def _instrument(behavior: Callable, service: str, method: str) -> Callable:
+    duration = REQUEST_DURATION.labels(service, method)
+    errors: dict[str, Any] = {}
+
+    def count(name: str) -> None:
+        child = errors.get(name)
+        if child is None:
+            child = errors[name] = RPC_ERRORS.labels(service, method, name)
+        child.inc()
+
+    async def handler(request, context):
+        start = time.perf_counter()
+        try:
+            response = behavior(request, context)
+            if inspect.isawaitable(response):
+                response = await response
+        except asyncio.CancelledError:
+            count("GRPC_CANCELLED")
+            raise
+        except BaseException:
+            count(f"GRPC_{_status_name(context) or 'UNKNOWN'}")
+            raise
+        finally:
+            duration.observe(time.perf_counter() - start)
+        status = _status_name(context)
+        if status is not None:
+            count(f"GRPC_{status}")
+        elif response is not None:
+            for code in response_error_codes(response):
+                count(code_name(code))
+        return response
+
+    return handler
+
+
+# ------------------------------------------------------------------ the HTTP endpoint
+
+class MetricsServer:
+    """A running /metrics HTTP server; `address` is (host, port); `close()` stops it."""
+
+    def __init__(self, httpd, thread: threading.Thread):
+        self._httpd = httpd
+        self._thread = thread
+        self.address: tuple[str, int] = httpd.server_address[:2]
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(port: int, address: str) -> MetricsServer:
+    """Serve the default registry on http://address:port/metrics from a daemon thread
+    (prometheus_client.start_http_server). Raises OSError if the port is taken."""
+    host = address.strip("[]")
+    httpd, thread = start_http_server(port, addr=host)
+    return MetricsServer(httpd, thread)
+
+
+# ------------------------------------------------------------------ scrape-time collectors
+
+def call_on_loop(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
+    """Run `fn()` on `loop`'s thread and return its result; run it here when `loop` is
+    None, not running, or is this thread's running loop. Raises TimeoutError when the
+    loop does not get to it within `timeout_s`."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    if loop is None or loop is here or not loop.is_running():
+        return fn()
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the scraping thread
+            done.set_exception(exc)
+
+    loop.call_soon_threadsafe(run)
+    return done.result(timeout_s)
+
+
+class LoopCollector:
+    """A prometheus-client collector over tracked domain objects, read at scrape time
+    on the event loop that owns them. Subclasses implement `families(objects)`,
+    returning the metric families (and should emit them even for no objects)."""
+
+    timeout_s = 5.0
+
+    def __init__(self, registry=REGISTRY) -> None:
+        self._tracked: weakref.WeakSet = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if registry is not None:
+            registry.register(self)
+
+    def track(self, obj: Any) -> None:
+        """Read `obj` at every scrape, on the event loop running now (if any)."""
+        self._tracked.add(obj)
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        objects = list(self._tracked)
+        try:
+            return call_on_loop(self._loop, lambda: self.families(objects), self.timeout_s)
+        except Exception:  # noqa: BLE001 - one failing collector must not fail the whole scrape
+            log.warning("%s: scrape failed", type(self).__name__, exc_info=True)
+            return []
+
+    def families(self, objects: Sequence[Any]) -> list[Metric]:
+        raise NotImplementedError
