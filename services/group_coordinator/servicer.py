@@ -7,48 +7,13 @@ clients should give it a deadline above the rebalance timeout.
 """
 from __future__ import annotations
 
-import functools
-import time
-
 from exactly.errors import ErrorCode
 from exactly.v1 import exactly_pb2 as pb
 from exactly.v1 import exactly_pb2_grpc as pbg
 
-from . import metrics
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION
 from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
-
-
-def _instrumented(method):
-    """Record latency and error outcomes of one RPC (metrics.py)."""
-    name = method.__name__
-    duration = metrics.REQUEST_DURATION.labels(service=metrics.SERVICE, method=name)
-
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        start = time.perf_counter()
-        try:
-            response = await method(self, request, context)
-        finally:
-            duration.observe(time.perf_counter() - start)
-        for code in _error_codes(response):
-            metrics.RPC_ERRORS.labels(service=metrics.SERVICE, method=name,
-                                      error_code=_name(code)).inc()
-        return response
-
-    return wrapper
-
-
-def _error_codes(response) -> set[int]:
-    codes = set()
-    if getattr(response, "error_code", 0):
-        codes.add(response.error_code)
-    for topic in getattr(response, "topics", ()):
-        for part in getattr(topic, "partitions", ()):
-            if part.error_code:
-                codes.add(part.error_code)
-    return codes
 
 
 def _name(code: int) -> str:
@@ -88,7 +53,6 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
     def __init__(self, coordinator: GroupCoordinator):
         self.coordinator = coordinator
 
-    @_instrumented
     async def JoinGroup(self, request, context):
         r = await self.coordinator.join_group(
             request.group_id, request.member_id, list(request.topics), request.session_timeout_ms,
@@ -97,7 +61,6 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
                                     generation_id=r.generation_id, protocol_name=r.protocol_name,
                                     leader=r.leader, member_id=r.member_id, members=list(r.members))
 
-    @_instrumented
     async def SyncGroup(self, request, context):
         code, assignment = await self.coordinator.sync_group(request.group_id, request.generation_id,
                                                              request.member_id)
@@ -105,24 +68,20 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
             error_code=code, error_message=_message(code),
             assignment=[pb.TopicPartitions(topic=t, partitions=p) for t, p in sorted(assignment.items())])
 
-    @_instrumented
     async def Heartbeat(self, request, context):
         code = await self.coordinator.heartbeat(request.group_id, request.generation_id, request.member_id)
         return pb.HeartbeatResponse(error_code=code)
 
-    @_instrumented
     async def LeaveGroup(self, request, context):
         code = await self.coordinator.leave_group(request.group_id, request.member_id)
         return pb.LeaveGroupResponse(error_code=code)
 
-    @_instrumented
     async def OffsetCommit(self, request, context):
         results = await self.coordinator.commit_offsets(
             request.group_id, _generation(request.generation_id, request.member_id), request.member_id,
             _offsets(request.topics))
         return pb.OffsetCommitResponse(topics=_topic_results(results))
 
-    @_instrumented
     async def OffsetFetch(self, request, context):
         partitions = [TopicPartition(t.topic, p) for t in request.topics for p in t.partitions] or None
         top, fetched = await self.coordinator.fetch_offsets(request.group_id, partitions,
@@ -138,7 +97,6 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
         return pb.OffsetFetchResponse(error_code=top, topics=[
             pb.OffsetFetchTopic(name=t, partitions=parts) for t, parts in by_topic.items()])
 
-    @_instrumented
     async def TxnOffsetCommit(self, request, context):
         results = await self.coordinator.txn_commit_offsets(
             request.transactional_id, request.group_id, request.producer_id, request.producer_epoch,

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from exactly.errors import ErrorCode
 from exactly.v1 import exactly_pb2 as pb
 from exactly.v1 import exactly_pb2_grpc as pbg
+from services.common.metrics import RpcMetricsInterceptor
 from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
 from services.group_coordinator.servicer import GroupCoordinatorServicer
 
@@ -36,7 +37,7 @@ def test_servicer_round_trip():
         for p in range(N):
             await coord.on_elected(p, 0)
         assert await coord.wait_loaded(5)
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[RpcMetricsInterceptor()])
         pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coord), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -100,7 +101,7 @@ def test_servicer_round_trip():
             await server.stop(None)
             await coord.stop()
         text = generate_latest().decode()
-        assert 'exactly_rpc_request_duration_seconds_count{method="JoinGroup",service="group_coordinator"}' in text
+        assert 'exactly_rpc_request_duration_seconds_count{method="JoinGroup",service="GroupCoordinator"}' in text
         assert 'exactly_rpc_errors_total{error_code="ILLEGAL_GENERATION",method="SyncGroup"' in text
         assert "exactly_group_rebalances_total" in text
     asyncio.run(asyncio.wait_for(body(), 20))
