@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from contextlib import contextmanager
 from typing import Callable, Iterable
 
 from exactly.errors import ErrorCode
 from exactly.v1 import exactly_pb2 as pb
 from exactly.v1 import exactly_pb2_grpc as pbg
 
-from .metrics import REQUEST_LATENCY
+from .metrics import count_fetched, count_produced
 from .partition import READ_COMMITTED
 from .replica_manager import ReplicaManager
 
@@ -63,15 +61,6 @@ class AppendNotifier:
                         del self._waiters[tp]
 
 
-@contextmanager
-def _timed(rpc: str):
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        REQUEST_LATENCY.labels(rpc=rpc).observe(time.perf_counter() - start)
-
-
 def _guard(what: str, fn: Callable, *args):
     """Run a domain call; an exception (bug, corruption, I/O failure) becomes an error
     code for this partition instead of failing the whole RPC."""
@@ -85,6 +74,14 @@ def _guard(what: str, fn: Callable, *args):
         return None, ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+def _counted(resp: pb.FetchResponse) -> pb.FetchResponse:
+    """Count the batches a Fetch returns (metrics.py) and pass the response on."""
+    for topic in resp.responses:
+        for part in topic.partitions:
+            count_fetched(topic.topic, part.records)
+    return resp
+
+
 class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
     """Produce, Fetch, ListOffsets and WriteTxnMarkers over `manager`'s partitions."""
 
@@ -94,13 +91,12 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
 
     # ------------------------------------------------------------ Produce
     async def Produce(self, request: pb.ProduceRequest, context) -> pb.ProduceResponse:
-        with _timed("Produce"):
-            resp = pb.ProduceResponse()
-            for topic in request.topics:
-                tresp = resp.topics.add(name=topic.name)
-                for part in topic.partitions:
-                    tresp.partitions.append(self._produce_one(request.acks, topic.name, part))
-            return resp
+        resp = pb.ProduceResponse()
+        for topic in request.topics:
+            tresp = resp.topics.add(name=topic.name)
+            for part in topic.partitions:
+                tresp.partitions.append(self._produce_one(request.acks, topic.name, part))
+        return resp
 
     def _produce_one(self, acks: int, topic: str, part: pb.PartitionProduceData) -> pb.PartitionProduceResponse:
         out = pb.PartitionProduceResponse(partition=part.partition, base_offset=-1, log_append_time_ms=-1,
@@ -119,23 +115,23 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
         out.error_code, out.base_offset, out.log_start_offset = res.error, res.base_offset, res.log_start_offset
         out.error_message = res.message
         if res.error == ErrorCode.NONE:
+            count_produced(topic, part.records)
             self.notifier.notify((topic, part.partition))
         return out
 
     # ------------------------------------------------------------ Fetch
     async def Fetch(self, request: pb.FetchRequest, context) -> pb.FetchResponse:
-        with _timed("Fetch"):
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
-            min_bytes = max(request.min_bytes, 1)
-            tps = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
-            while True:
-                resp, total, failed = self._fetch_once(request)
-                remaining = deadline - loop.time()
-                if total >= min_bytes or failed or remaining <= 0:
-                    return resp
-                if not await self.notifier.wait(tps, remaining):
-                    return self._fetch_once(request)[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
+        min_bytes = max(request.min_bytes, 1)
+        tps = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+        while True:
+            resp, total, failed = self._fetch_once(request)
+            remaining = deadline - loop.time()
+            if total >= min_bytes or failed or remaining <= 0:
+                return _counted(resp)
+            if not await self.notifier.wait(tps, remaining):
+                return _counted(self._fetch_once(request)[0])
 
     def _fetch_once(self, request: pb.FetchRequest) -> tuple[pb.FetchResponse, int, bool]:
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
@@ -172,35 +168,33 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
 
     # ------------------------------------------------------------ ListOffsets
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context) -> pb.ListOffsetsResponse:
-        with _timed("ListOffsets"):
-            resp = pb.ListOffsetsResponse()
-            for topic in request.topics:
-                tresp = resp.topics.add(name=topic.name)
-                for lp in topic.partitions:
-                    out = tresp.partitions.add(partition=lp.partition, timestamp=-1, offset=-1)
-                    p, err = self.manager.get(topic.name, lp.partition)
-                    if p is None:
-                        out.error_code = err
-                        continue
-                    res, err = _guard(f"list offsets of {topic.name}-{lp.partition}", p.list_offset,
-                                      lp.timestamp, request.isolation_level)
-                    if res is None:
-                        out.error_code = err
-                        continue
-                    out.error_code, out.offset, out.timestamp = res
-            return resp
+        resp = pb.ListOffsetsResponse()
+        for topic in request.topics:
+            tresp = resp.topics.add(name=topic.name)
+            for lp in topic.partitions:
+                out = tresp.partitions.add(partition=lp.partition, timestamp=-1, offset=-1)
+                p, err = self.manager.get(topic.name, lp.partition)
+                if p is None:
+                    out.error_code = err
+                    continue
+                res, err = _guard(f"list offsets of {topic.name}-{lp.partition}", p.list_offset,
+                                  lp.timestamp, request.isolation_level)
+                if res is None:
+                    out.error_code = err
+                    continue
+                out.error_code, out.offset, out.timestamp = res
+        return resp
 
     # ------------------------------------------------------------ WriteTxnMarkers
     async def WriteTxnMarkers(self, request: pb.WriteTxnMarkersRequest, context) -> pb.WriteTxnMarkersResponse:
-        with _timed("WriteTxnMarkers"):
-            resp = pb.WriteTxnMarkersResponse()
-            for marker in request.markers:
-                mresp = resp.markers.add(producer_id=marker.producer_id)
-                for topic in marker.topics:
-                    tresp = mresp.topics.add(topic=topic.topic)
-                    for partition in topic.partitions:
-                        tresp.partitions.append(self._marker_one(marker, topic.topic, partition))
-            return resp
+        resp = pb.WriteTxnMarkersResponse()
+        for marker in request.markers:
+            mresp = resp.markers.add(producer_id=marker.producer_id)
+            for topic in marker.topics:
+                tresp = mresp.topics.add(topic=topic.topic)
+                for partition in topic.partitions:
+                    tresp.partitions.append(self._marker_one(marker, topic.topic, partition))
+        return resp
 
     def _marker_one(self, marker: pb.WritableTxnMarker, topic: str, partition: int) -> pb.PartitionResult:
         out = pb.PartitionResult(partition=partition)
