@@ -1,32 +1,86 @@
 """Ownership of internal-topic partitions by coordinators, elected through ZooKeeper.
 
 Partition p of `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
-belongs to the live coordinator sorted_ids[p % n] of that kind. The owner claims it
-with a compare-and-set that bumps the coordinator epoch (DESIGN.md §1), then loads it;
-a coordinator whose claim was overwritten, or whose ZooKeeper session was lost,
-resigns at once (STYLE.md 10).
+belongs to the live coordinator sorted_ids[p % n] of that kind (DESIGN.md §1). The
+owner claims it with a compare-and-set on /exactly/coordinators/<kind>/<p> that
+bumps the coordinator epoch, then loads it; a coordinator whose claim was
+overwritten, whose ZooKeeper session was lost, or whose writes were fenced resigns
+at once (STYLE.md 10).
+
+Fencing of a deposed owner. Coordinators are not the partition leaders of their
+internal topic, so a deposed owner that has not noticed yet could still append. To
+keep it from corrupting the state of the new owner, every claim also bumps a
+*writer epoch*: each internal partition has a writer producer id (reserved once
+from the PID blocks, so never handed to a client) and the owner writes all its
+non-transactional batches with that PID and its writer epoch (no sequence;
+internal topics accept that). Before loading, the new owner appends a fence
+record (`fence_batch`) with its epoch; from then on the partition leader rejects
+batches with an older epoch (INVALID_PRODUCER_EPOCH), and the replay, which reads
+up to the high watermark after the fence, sees every batch the old owner got in.
+This is Kafka's producer-epoch fencing applied to the coordinators themselves.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Awaitable, Callable
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from exactly import records
+from exactly.errors import ErrorCode
 
 from .cluster import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
 
 log = logging.getLogger(__name__)
 
+# Producer epochs are int16 in record batches; a writer epoch past this gets a new PID.
+MAX_WRITER_EPOCH = 32766
+
+# Errors of an internal-topic append that mean "a newer owner wrote with a higher
+# writer epoch": the writer is deposed.
+FENCED_APPEND_ERRORS = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of a claim: coordinator epoch (markers carry it) and the writer
+    identity (producer id, producer epoch) of the owner's internal-topic batches."""
+
+    partition: int
+    coordinator_epoch: int
+    producer_id: int
+    producer_epoch: int
+
+
+def fence_batch(producer_id: int, producer_epoch: int, timestamp_ms: int) -> bytes:
+    """A record batch that only moves the writer epoch forward on the partition
+    leader: one record with an empty key and no value, written with the writer's
+    PID and epoch, no sequence, not transactional. Readers of the internal topics
+    skip records with an empty key."""
+    return records.encode_batch([(b"", None, (), timestamp_ms)], producer_id=producer_id,
+                                producer_epoch=producer_epoch, base_sequence=records.NO_SEQUENCE)
+
+
+def is_fence_record(key: bytes | None) -> bool:
+    """Whether a record of an internal topic is a fence record (empty key)."""
+    return key is not None and len(key) == 0
+
 
 class CoordinatorOwnership:
-    """Runs on the service's asyncio loop.
+    """Elects this process to partitions of one internal topic. Runs on the
+    service's asyncio loop.
 
-    on_elected(partition, coordinator_epoch) and on_resigned(partition) are awaited on
-    that loop; on_elected should start loading in a task of its own and return quickly.
+    on_elected(partition, coordinator_epoch, producer_id=..., producer_epoch=...)
+    and on_resigned(partition) are awaited on that loop; on_elected should start
+    loading in a task of its own and return quickly. The writer identity passed to
+    on_elected is what the coordinator must put on its internal-topic batches.
     """
 
     def __init__(self, cluster: ClusterState, kind: str,
-                 on_elected: Callable[[int, int], Awaitable[None]],
+                 on_elected: Callable[..., Awaitable[None]],
                  on_resigned: Callable[[int], Awaitable[None]]):
         self.cluster = cluster
         self.kind = kind
@@ -34,23 +88,30 @@ class CoordinatorOwnership:
         self.role = ROLE_FOR_KIND[kind]
         self._on_elected = on_elected
         self._on_resigned = on_resigned
-        self._owned: dict[int, int] = {}  # partition -> coordinator epoch
+        self._owned: dict[int, Claim] = {}
+        self._watched: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._lost = False
+        self._stopped = False
         self._task: asyncio.Task | None = None
 
     @property
     def owned(self) -> dict[int, int]:
         """partition -> coordinator epoch of the partitions this process owns."""
-        return dict(self._owned)
+        return {p: c.coordinator_epoch for p, c in self._owned.items()}
 
     def owns(self, partition: int) -> bool:
         return partition in self._owned
 
     def epoch(self, partition: int) -> int:
         """Coordinator epoch of an owned partition (-1 if not owned)."""
-        return self._owned.get(partition, -1)
+        claim = self._owned.get(partition)
+        return claim.coordinator_epoch if claim else -1
+
+    def claim(self, partition: int) -> Claim | None:
+        """The current claim of an owned partition, or None."""
+        return self._owned.get(partition)
 
     async def start(self) -> None:
         """Create the internal topic if needed (waiting for a live partition leader),
@@ -69,10 +130,24 @@ class CoordinatorOwnership:
         self._kick()
 
     async def stop(self) -> None:
+        """Stop electing and resign every owned partition (clean shutdown; the
+        others claim them when this process leaves /exactly/services)."""
+        self._stopped = True
         if self._task:
             self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         for p in list(self._owned):
             await self._resign(p)
+
+    def fenced(self, partition: int, coordinator_epoch: int) -> None:
+        """Called by the coordinator when the partition leader rejected its
+        write as coming from an older writer epoch: a newer owner exists, so resign
+        `partition` if it is still held with `coordinator_epoch`. Call on the loop."""
+        claim = self._owned.get(partition)
+        if claim is not None and claim.coordinator_epoch == coordinator_epoch:
+            log.warning("%s coordinator fenced on %s-%d (coordinator epoch %d); resigning",
+                        self.kind, self.topic, partition, coordinator_epoch)
+            asyncio.get_running_loop().create_task(self._resign(partition, coordinator_epoch))
 
     def _kick(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -91,13 +166,15 @@ class CoordinatorOwnership:
             self._wake.clear()
             try:
                 await self._reconcile()
+            except asyncio.CancelledError:
+                raise
             except Exception:  # noqa: BLE001 - keep electing; ZooKeeper may be flapping
                 log.exception("coordinator election for %s failed; retrying", self.kind)
                 await asyncio.sleep(0.5)
                 self._wake.set()
 
     def _desired(self) -> set[int]:
-        if self._lost:
+        if self._lost or self._stopped:
             return set()
         topic = self.cluster.topics().get(self.topic)
         if topic is None:
@@ -112,28 +189,76 @@ class CoordinatorOwnership:
         for p in sorted(set(self._owned) - desired):
             await self._resign(p)
         for p in sorted(desired - set(self._owned)):
-            epoch = await asyncio.to_thread(self.cluster.claim_coordinator, self.kind, p)
-            self._owned[p] = epoch
-            log.info("%s coordinator for %s-%d, coordinator epoch %d", self.kind, self.topic, p, epoch)
-            self.cluster.zk.DataWatch(f"{COORDINATORS}/{self.kind}/{p}",
-                                      lambda data, stat, p=p: self._on_owner_change(p, data))
-            await self._on_elected(p, epoch)
+            if p not in self._desired():
+                continue  # the view changed while we were claiming others
+            claim = await asyncio.to_thread(self._claim, p)
+            self._owned[p] = claim
+            log.info("%s coordinator for %s-%d, coordinator epoch %d, writer %d/%d", self.kind, self.topic, p,
+                     claim.coordinator_epoch, claim.producer_id, claim.producer_epoch)
+            if p not in self._watched:
+                self._watched.add(p)
+                self.cluster.zk.DataWatch(f"{COORDINATORS}/{self.kind}/{p}",
+                                          lambda data, stat, p=p: self._on_owner_change(p, data))
+            # A claim by another process between our write and the watch is caught here.
+            owner, epoch = await asyncio.to_thread(self.cluster.coordinator_owner, self.kind, p)
+            if owner != self.cluster.node_id or epoch != claim.coordinator_epoch:
+                await self._resign(p, claim.coordinator_epoch)
+                continue
+            try:
+                await self._on_elected(p, claim.coordinator_epoch, producer_id=claim.producer_id,
+                                       producer_epoch=claim.producer_epoch)
+            except Exception:  # noqa: BLE001 - do not keep a partition we cannot serve
+                log.exception("%s coordinator failed to take %s-%d", self.kind, self.topic, p)
+                await self._resign(p, claim.coordinator_epoch)
+                raise
 
-    def _on_owner_change(self, partition: int, data: bytes | None) -> bool | None:
-        if partition not in self._owned:
-            return False  # stop watching
-        if data:
-            d = json.loads(data)
-            if d.get("owner") != self.cluster.node_id or int(d.get("coordinator_epoch", -1)) != self._owned.get(partition):
-                # Someone else claimed it: stop at once.
-                if self._loop is not None:
-                    asyncio.run_coroutine_threadsafe(self._resign(partition), self._loop)
-        return None
+    def _claim(self, partition: int) -> Claim:
+        """Compare-and-set /exactly/coordinators/<kind>/<p>: owner = this node, coordinator
+        epoch + 1 (also on a restart of the same owner, so markers of the previous
+        incarnation are fenced), writer epoch + 1 (a new writer PID from the PID blocks
+        the first time, or when the epoch would overflow int16). Runs in a thread."""
+        zk = self.cluster.zk
+        path = f"{COORDINATORS}/{self.kind}/{partition}"
+        while True:
+            try:
+                data, stat = zk.get(path)
+            except NoNodeError:
+                data, stat = b"", None
+            d = json.loads(data) if data else {}
+            coordinator_epoch = int(d.get("coordinator_epoch", -1)) + 1
+            producer_id = int(d.get("producer_id", -1))
+            producer_epoch = int(d.get("producer_epoch", -1)) + 1
+            if producer_id < 0 or producer_epoch > MAX_WRITER_EPOCH:
+                producer_id, _ = self.cluster.allocate_producer_id_block(1)
+                producer_epoch = 0
+            body = json.dumps({"owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch,
+                               "producer_id": producer_id, "producer_epoch": producer_epoch}).encode()
+            try:
+                if stat is None:
+                    zk.create(path, body, makepath=True)
+                else:
+                    zk.set(path, body, version=stat.version)
+            except (NodeExistsError, BadVersionError):
+                continue
+            return Claim(partition, coordinator_epoch, producer_id, producer_epoch)
 
-    async def _resign(self, partition: int) -> None:
-        if self._owned.pop(partition, None) is None:
+    def _on_owner_change(self, partition: int, data: bytes | None) -> None:
+        """DataWatch callback (kazoo thread): resign when the znode no longer names
+        this process with the epoch of our claim."""
+        claim = self._owned.get(partition)
+        if claim is None or self._loop is None or self._loop.is_closed():
             return
-        log.info("%s coordinator resigns %s-%d", self.kind, self.topic, partition)
+        d = json.loads(data) if data else {}
+        if d.get("owner") != self.cluster.node_id or int(d.get("coordinator_epoch", -1)) != claim.coordinator_epoch:
+            asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
+
+    async def _resign(self, partition: int, coordinator_epoch: int | None = None) -> None:
+        claim = self._owned.get(partition)
+        if claim is None or (coordinator_epoch is not None and claim.coordinator_epoch != coordinator_epoch):
+            return
+        del self._owned[partition]
+        log.info("%s coordinator resigns %s-%d (coordinator epoch %d)", self.kind, self.topic, partition,
+                 claim.coordinator_epoch)
         try:
             await self._on_resigned(partition)
         finally:

@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 from exactly import records
 from exactly.errors import ErrorCode
+from services.common.ownership import FENCED_APPEND_ERRORS, fence_batch
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
@@ -144,9 +145,11 @@ def _as_code(code: int) -> ErrorCode:
 class _OwnedPartition:
     """Runtime state of one owned __consumer_offsets partition."""
 
-    def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState):
+    def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState,
+                 writer: tuple[int, int] = log_format.NO_WRITER):
         self.partition = partition
         self.coordinator_epoch = coordinator_epoch
+        self.writer = writer  # (producer id, producer epoch) of our batches
         self.state = state
         self.loaded = False
         self.closed = False
@@ -198,7 +201,10 @@ class GroupCoordinator:
     number of partitions} for the range assignment; clock_ms: monotonic ms
     (sessions, rebalance timeouts); now_wall_ms: wall-clock ms (commit
     timestamps). Call `start()` on the event loop, then `on_elected` /
-    `on_resigned` from CoordinatorOwnership.
+    `on_resigned` from CoordinatorOwnership. `on_fenced(partition,
+    coordinator_epoch)` (settable attribute) is called on the loop when the
+    partition leader rejected one of our writes because a newer owner wrote with
+    a higher writer epoch (CoordinatorOwnership.fenced).
     """
 
     def __init__(self, client: LogClient, partition_for: Callable[[str], int],
@@ -218,6 +224,7 @@ class GroupCoordinator:
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.on_fenced: Callable[[int, int], None] | None = None
         metrics.GROUPS.track(self)
 
     # ------------------------------------------------------------ lifecycle
@@ -239,12 +246,18 @@ class GroupCoordinator:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def on_elected(self, partition: int, coordinator_epoch: int) -> None:
-        """This process now owns `partition`: start loading it (returns at once)."""
+    async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                         producer_epoch: int = -1) -> None:
+        """This process now owns `partition`: start loading it (returns at once).
+        producer_id/producer_epoch: the claim's writer identity
+        (services.common.ownership); with producer_id >= 0 the load first appends a
+        fence record so that a deposed owner can no longer append, and our plain
+        batches carry it."""
         if partition in self._owned:
             await self.on_resigned(partition)
         owned = _OwnedPartition(partition, coordinator_epoch,
-                                PartitionState(partition, self.config.group, self.new_member_id))
+                                PartitionState(partition, self.config.group, self.new_member_id),
+                                (producer_id, producer_epoch) if producer_id >= 0 else log_format.NO_WRITER)
         self._owned[partition] = owned
         owned.task = asyncio.create_task(self._tail(owned), name=f"{OFFSETS_TOPIC}-{partition}-tailer")
 
@@ -295,6 +308,8 @@ class GroupCoordinator:
         loaded, then keep applying new batches (long poll)."""
         p = owned.partition
         started = time.monotonic()
+        if not await self._fence_previous_owner(owned):
+            return
         while True:
             resp = await self._fetch(owned, max_wait_ms=0)
             if not self._handle_fetch(owned, resp, loading=True):
@@ -330,6 +345,43 @@ class GroupCoordinator:
             if not self._handle_fetch(owned, fetch.result(), loading=False):
                 await asyncio.sleep(0.1)
 
+    async def _fence_previous_owner(self, owned: _OwnedPartition) -> bool:
+        """Append the fence record of our writer epoch, retried until it is in the
+        log. False when a newer owner fenced us first (the partition is dropped)."""
+        if owned.writer[0] < 0:
+            return True
+        delay = 0.02
+        while True:
+            code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition,
+                                                fence_batch(*owned.writer, self.now_wall_ms()), acks=-1,
+                                                timeout_ms=self.config.commit_timeout_ms)
+            if code == ErrorCode.NONE:
+                return True
+            if self._is_fenced(owned, code):
+                return False
+            log.info("%s-%d: fencing the previous owner failed (%s); retrying", OFFSETS_TOPIC,
+                     owned.partition, _as_code(code).name)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _is_fenced(self, owned: _OwnedPartition, code: int) -> bool:
+        """`code` answered a batch written with our writer PID: INVALID_PRODUCER_EPOCH
+        means a newer owner exists. Stop serving the partition and tell the
+        ownership."""
+        if owned.writer[0] < 0 or code not in FENCED_APPEND_ERRORS:
+            return False
+        log.warning("%s-%d: writes of coordinator epoch %d fenced (%s); a newer owner exists", OFFSETS_TOPIC,
+                    owned.partition, owned.coordinator_epoch, _as_code(code).name)
+        owned.close()
+        self._spawn(self._resign_if_current(owned), f"{OFFSETS_TOPIC}-{owned.partition}-fenced")
+        if self.on_fenced is not None:
+            self.on_fenced(owned.partition, owned.coordinator_epoch)
+        return True
+
+    async def _resign_if_current(self, owned: _OwnedPartition) -> None:
+        if self._owned.get(owned.partition) is owned:
+            await self.on_resigned(owned.partition)
+
     async def _fetch(self, owned: _OwnedPartition, max_wait_ms: int) -> Any | None:
         try:
             return await self.client.fetch(OFFSETS_TOPIC, owned.partition, owned.state.next_offset,
@@ -364,11 +416,13 @@ class GroupCoordinator:
         it. Returns the partition leader's error code, NOT_COORDINATOR if the
         partition was resigned meanwhile, REQUEST_TIMED_OUT after
         commit_timeout_ms."""
-        if owned.closed:
+        if owned.closed or self._owned.get(owned.partition) is not owned:
             return ErrorCode.NOT_COORDINATOR
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
                                                       timeout_ms=self.config.commit_timeout_ms)
         if code != ErrorCode.NONE:
+            if records.parse_header(batch).producer_id == owned.writer[0] and self._is_fenced(owned, code):
+                return ErrorCode.NOT_COORDINATOR
             return _as_code(code)
         last_offset = base_offset + records.parse_header(batch).last_offset_delta
         owned.kick.set()
@@ -455,7 +509,7 @@ class GroupCoordinator:
         try:
             async with lock:
                 raw = await self._append(owned, log_format.group_batch(completed.snapshot,
-                                                                       self.now_wall_ms()))
+                                                                       self.now_wall_ms(), owned.writer))
             code = _GROUP_APPEND_ERRORS.get(raw, raw)
             if code != ErrorCode.NONE:
                 log.warning("group %s: storing generation %d failed: %s", group.group_id,
@@ -609,7 +663,7 @@ class GroupCoordinator:
                 valid[tp] = OffsetAndMetadata(value.offset, value.metadata, value.leader_epoch, now)
         if not valid:
             return results
-        batch = log_format.offsets_batch(group_id, valid, now, producer_id, producer_epoch)
+        batch = log_format.offsets_batch(group_id, valid, now, producer_id, producer_epoch, owned.writer)
         keys = [(group_id, tp) for tp in valid]
         owned.inflight.update(keys)
         try:

@@ -3,11 +3,16 @@ of exactly/v1/offsets_log.proto inside Kafka record batches v2.
 
 - Offset commit: key OffsetsLogKey.offset (group, topic, partition), value
   OffsetCommitValue (offset, leader epoch, metadata, commit timestamp ms), or a
-  null value (tombstone). OffsetCommit writes them in a batch without PID;
-  TxnOffsetCommit in a transactional batch with the producer's PID and epoch and
-  base sequence -1 (records.NO_SEQUENCE), so the transaction's marker decides.
+  null value (tombstone). OffsetCommit writes them in a non-transactional batch
+  carrying the owner's writer PID and epoch (services.common.ownership: the
+  partition leader fences a deposed owner); TxnOffsetCommit in a transactional
+  batch with the producer's PID and epoch and base sequence -1
+  (records.NO_SEQUENCE), so the transaction's marker decides.
 - Group metadata: key OffsetsLogKey.group, value GroupMetadataValue (the
-  GroupSnapshot of a completed rebalance), never transactional.
+  GroupSnapshot of a completed rebalance), never transactional, with the writer
+  PID and epoch.
+- Records with an empty key are a new owner's fence records; `decode_key`
+  returns None for them (skipped).
 """
 from __future__ import annotations
 
@@ -47,8 +52,8 @@ def decode_key(data: bytes | None) -> LogKey | None:
     """OffsetKey, GroupKey, or None for a key of no known kind (skipped when
     replaying, so newer record kinds do not stop an older coordinator).
     Raises records.CorruptRecordError when the bytes do not parse."""
-    if data is None:
-        return None
+    if not data:
+        return None  # no key, or a fence record
     key = pb.OffsetsLogKey()
     try:
         key.ParseFromString(data)
@@ -111,21 +116,29 @@ def decode_group_value(group_id: str, data: bytes | None) -> GroupSnapshot | Non
         tuple(sorted(v.topic_partition_counts.items())))
 
 
+NO_WRITER = (records.NO_PRODUCER_ID, records.NO_PRODUCER_EPOCH)
+
+
 def offsets_batch(group: str, offsets: Mapping[TopicPartition, OffsetAndMetadata], timestamp_ms: int,
                   producer_id: int = records.NO_PRODUCER_ID,
-                  producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
+                  producer_epoch: int = records.NO_PRODUCER_EPOCH,
+                  writer: tuple[int, int] = NO_WRITER) -> bytes:
     """One record batch with an offset commit record per partition (at least
     one). With producer_id >= 0 the batch is transactional for that PID and
-    epoch, base sequence NO_SEQUENCE (TxnOffsetCommit); otherwise it has no PID."""
+    epoch, base sequence NO_SEQUENCE (TxnOffsetCommit); otherwise it is a plain
+    batch with the owner's `writer` (producer id, producer epoch), (-1, -1): no PID."""
     recs = [(offset_key(group, TopicPartition(*tp)), encode_offset_value(v), (), timestamp_ms)
             for tp, v in offsets.items()]
     if producer_id >= 0:
         return records.encode_batch(recs, producer_id=producer_id, producer_epoch=producer_epoch,
                                     base_sequence=records.NO_SEQUENCE, transactional=True)
-    return records.encode_batch(recs)
+    return records.encode_batch(recs, producer_id=writer[0], producer_epoch=writer[1],
+                                base_sequence=records.NO_SEQUENCE)
 
 
-def group_batch(snap: GroupSnapshot, timestamp_ms: int) -> bytes:
-    """One record batch (no PID) holding the group metadata record of `snap`."""
+def group_batch(snap: GroupSnapshot, timestamp_ms: int, writer: tuple[int, int] = NO_WRITER) -> bytes:
+    """One record batch holding the group metadata record of `snap`, written with
+    the owner's `writer` (producer id, producer epoch); (-1, -1): no PID."""
     return records.encode_batch([(group_key(snap.group_id), encode_group_value(snap, timestamp_ms),
-                                  (), timestamp_ms)])
+                                  (), timestamp_ms)], producer_id=writer[0], producer_epoch=writer[1],
+                                base_sequence=records.NO_SEQUENCE)

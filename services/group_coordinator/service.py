@@ -76,4 +76,5 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                                    CoordinatorConfig.from_props(cfg.get_int))
     pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)
     ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
+    coordinator.on_fenced = ownership.fenced
     return GroupCoordinatorService(coordinator, ownership)

@@ -40,6 +40,7 @@ from typing import Awaitable, Callable, Iterable, Protocol
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from exactly.errors import ErrorCode, for_code
+from services.common.ownership import FENCED_APPEND_ERRORS, fence_batch
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
@@ -192,6 +193,8 @@ class _TxnPartition:
 
     partition: int
     coordinator_epoch: int
+    producer_id: int = -1  # writer identity of our batches (services.common.ownership)
+    producer_epoch: int = -1
     loading: bool = True
     error: str | None = None  # corrupt log: the partition is disabled
     txns: dict[str, TransactionMetadata] = field(default_factory=dict)
@@ -210,13 +213,18 @@ class TransactionCoordinator:
     partitions this process owns (`on_elected` / `on_resigned`).
 
     log, markers, topology: the ports above; pids: PID allocation; clock: () -> ms;
-    sleep: async (seconds) -> None (injected in tests).
+    sleep: async (seconds) -> None (injected in tests); on_fenced(partition,
+    coordinator_epoch): called (on the loop) when the partition leader rejected a
+    write of ours because a newer owner wrote with a higher writer epoch
+    (CoordinatorOwnership.fenced).
     """
 
     def __init__(self, log_store: TxnLogStore, markers: MarkerWriter, topology: Topology,
                  pids: ProducerIdManager, config: CoordinatorConfig | None = None,
                  clock: Callable[[], int] = wall_clock_ms,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 on_fenced: Callable[[int, int], None] | None = None):
+        self.on_fenced = on_fenced
         self._log = log_store
         self._markers = markers
         self._topology = topology
@@ -258,15 +266,22 @@ class TransactionCoordinator:
                 log.exception("periodic %s failed", getattr(fn, "__name__", fn))
 
     # ------------------------------------------------------------ ownership
-    async def on_elected(self, partition: int, coordinator_epoch: int) -> None:
+    async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                         producer_epoch: int = -1) -> None:
         """This process now owns `__transaction_state` partition `partition` with
         `coordinator_epoch`: requests for its ids get COORDINATOR_LOAD_IN_PROGRESS
         while it is replayed from offset 0 to the high watermark; then prepared
-        transactions are rolled forward ("Transaction Coordinator Startup")."""
+        transactions are rolled forward and their timeouts run again
+        ("Transaction Coordinator Startup").
+
+        producer_id/producer_epoch: the writer identity of this claim (see
+        services.common.ownership). With producer_id >= 0 the load first appends a
+        fence record with it, so a deposed owner can no longer append, and every
+        record of this owner carries it; -1 writes batches without a PID."""
         old = self._partitions.pop(partition, None)
         if old is not None:
             self._drop(old)
-        part = _TxnPartition(partition, coordinator_epoch)
+        part = _TxnPartition(partition, coordinator_epoch, producer_id, producer_epoch)
         self._partitions[partition] = part
         self._spawn(part, self._load(part), f"txn-load-{partition}")
 
@@ -282,6 +297,17 @@ class TransactionCoordinator:
         """partition -> True when loaded (False while loading or disabled)."""
         return {p: not (part.loading or part.error) for p, part in self._partitions.items()}
 
+    def state_counts(self) -> dict[str, int]:
+        """Kafka state name -> transactional ids in that state, over the loaded owned
+        partitions (metrics)."""
+        counts: dict[str, int] = {}
+        for part in self._partitions.values():
+            if part.loading or part.error:
+                continue
+            for md in part.txns.values():
+                counts[md.state.kafka_name] = counts.get(md.state.kafka_name, 0) + 1
+        return counts
+
     async def wait_loaded(self, partition: int) -> None:
         """Wait until `partition` is loaded (tests and readiness)."""
         part = self._partitions.get(partition)
@@ -296,6 +322,38 @@ class TransactionCoordinator:
 
     def _owns(self, part: _TxnPartition) -> bool:
         return self._partitions.get(part.partition) is part
+
+    def _is_fenced(self, part: _TxnPartition, code: int) -> bool:
+        """An append error meaning a newer owner wrote with a higher writer epoch:
+        stop serving the partition at once and tell the ownership."""
+        if part.producer_id < 0 or code not in FENCED_APPEND_ERRORS:
+            return False
+        log.warning("__transaction_state-%d: writes of coordinator epoch %d fenced (%s); a newer owner exists",
+                    part.partition, part.coordinator_epoch, _name(code))
+        if self._partitions.get(part.partition) is part:
+            del self._partitions[part.partition]
+            self._drop(part)
+        if self.on_fenced is not None:
+            self.on_fenced(part.partition, part.coordinator_epoch)
+        return True
+
+    async def _fence_previous_owner(self, part: _TxnPartition) -> None:
+        """Append the fence record of this claim's writer epoch (retried); raises
+        _NotOwner when the ownership ended or a newer owner already fenced us."""
+        if part.producer_id < 0:
+            return
+        batch = fence_batch(part.producer_id, part.producer_epoch, self._clock())
+        async for attempt in self._retrying():
+            with attempt:
+                if not self._owns(part):
+                    raise _NotOwner()
+                code = await self._log.append(part.partition, batch)
+                if not self._owns(part):
+                    raise _NotOwner()
+                if self._is_fenced(part, code):
+                    raise _NotOwner()
+                if code != ErrorCode.NONE:
+                    raise _Retry(f"fencing __transaction_state-{part.partition}: {_name(code)}")
 
     def _spawn(self, part: _TxnPartition, coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -324,7 +382,11 @@ class TransactionCoordinator:
         """Append `transit` (md must have it pending) and complete or cancel it.
         Returns NONE, NOT_COORDINATOR (ownership lost meanwhile),
         COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR."""
-        batch = txn_log.encode_batch(md.transactional_id, transit, self._clock())
+        if not self._owns(part):
+            md.cancel_transition()
+            return ErrorCode.NOT_COORDINATOR
+        batch = txn_log.encode_batch(md.transactional_id, transit, self._clock(),
+                                     producer_id=part.producer_id, producer_epoch=part.producer_epoch)
         try:
             code = await self._log.append(part.partition, batch)
         except BaseException:
@@ -336,6 +398,8 @@ class TransactionCoordinator:
             md.complete_transition(transit)
             return ErrorCode.NONE
         md.cancel_transition()
+        if self._is_fenced(part, code):
+            return ErrorCode.NOT_COORDINATOR
         log.warning("appending %s of %r to %s-%d failed: %s", transit.state.kafka_name, md.transactional_id,
                     "__transaction_state", part.partition, _name(code))
         return ErrorCode.COORDINATOR_NOT_AVAILABLE if for_code(code).retriable else ErrorCode.UNKNOWN_SERVER_ERROR
@@ -540,12 +604,13 @@ class TransactionCoordinator:
             return err
         state = md.state
         if state is TxnState.ONGOING:
+            started = time.monotonic()
             target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
             transit = md.prepare_abort_or_commit(target, self._clock())
             err = await self._append(part, md, transit)
             if err:
                 return err
-            task = self._start_completion(part, md, transit, from_client=True)
+            task = self._start_completion(part, md, transit, from_client=True, started=started)
             if self.config.end_txn_completion_wait_ms > 0:
                 await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
             return ErrorCode.NONE
@@ -560,9 +625,11 @@ class TransactionCoordinator:
         return ErrorCode.INVALID_TXN_STATE
 
     # ------------------------------------------------------------ completion (markers)
-    async def _fence_and_abort(self, part: _TxnPartition, md: TransactionMetadata) -> ErrorCode:
+    async def _fence_and_abort(self, part: _TxnPartition, md: TransactionMetadata,
+                               cause: str = "fencing") -> ErrorCode:
         """Abort md's ongoing transaction with a bumped epoch (fences the producer on
-        the coordinator and, through the markers, on the partition leaders)."""
+        the coordinator and, through the markers, on the partition leaders). cause:
+        "fencing" or "timeout" (metrics)."""
         if not self._owns(part) or md.pending_transition_in_progress or md.state is not TxnState.ONGOING:
             return ErrorCode.CONCURRENT_TRANSACTIONS
         now = self._clock()
@@ -572,16 +639,19 @@ class TransactionCoordinator:
         if err == ErrorCode.NONE:
             log.info("fenced %r: aborting its transaction with PID %d epoch %d", md.transactional_id,
                      transit.producer_id, transit.producer_epoch)
-            self._start_completion(part, md, transit, from_client=False)
+            self._start_completion(part, md, transit, from_client=False, cause=cause)
         return err
 
     def _start_completion(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
-                          from_client: bool) -> asyncio.Task:
+                          from_client: bool, cause: str = "client", started: float | None = None) -> asyncio.Task:
+        """Write the markers and the Complete record in the background. cause (client,
+        timeout, fencing) and started (time.monotonic() of the EndTxn) feed the metrics."""
         tid = md.transactional_id
         running = part.completions.get(tid)
         if running is not None and not running.done():
             return running
-        task = self._spawn(part, self._complete(part, md, prepared, from_client), f"txn-complete-{tid}")
+        task = self._spawn(part, self._complete(part, md, prepared, from_client, cause, started),
+                           f"txn-complete-{tid}")
         part.completions[tid] = task
         task.add_done_callback(lambda t: part.completions.pop(tid, None) if part.completions.get(tid) is t else None)
         return task
@@ -593,20 +663,24 @@ class TransactionCoordinator:
                                                           jitter=backoff))
 
     async def _complete(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
-                        from_client: bool) -> None:
+                        from_client: bool, cause: str = "client", started: float | None = None) -> None:
         if from_client and self.config.pause_after_prepare_ms > 0:
             await self._sleep(self.config.pause_after_prepare_ms / 1000)
         committed = prepared.state is TxnState.PREPARE_COMMIT
         marker = TxnMarker(prepared.producer_id, prepared.producer_epoch, committed, part.coordinator_epoch,
                            prepared.partitions)
         try:
+            markers_started = time.monotonic()
             await self._write_markers(part, md, marker)
+            metrics.MARKER_WRITE_SECONDS.observe(time.monotonic() - markers_started)
             async for attempt in self._retrying():
                 with attempt:
                     await self._append_complete(part, md)
         except _NotOwner:
             return
-        metrics.TRANSACTIONS.labels(outcome="commit" if committed else "abort").inc()
+        metrics.completed(committed, cause)
+        if started is not None:
+            metrics.END_TO_COMPLETE_SECONDS.observe(time.monotonic() - started)
 
     async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> None:
         remaining = set(marker.partitions)
@@ -664,15 +738,12 @@ class TransactionCoordinator:
                 if md.state is TxnState.ONGOING and md.txn_start_timestamp + md.txn_timeout_ms < now:
                     log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
                              md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
-                    aborts.append(self._fence_and_abort(part, md))
+                    aborts.append(self._fence_and_abort(part, md, cause="timeout"))
                 elif (md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
                       and md.transactional_id not in part.completions):
                     self._start_completion(part, md, md.snapshot(), from_client=False)
         results = await asyncio.gather(*aborts)
-        done = sum(1 for r in results if r == ErrorCode.NONE)
-        if done:
-            metrics.TRANSACTIONS.labels(outcome="timeout_abort").inc(done)
-        return done
+        return sum(1 for r in results if r == ErrorCode.NONE)
 
     async def expire_transactional_ids(self) -> int:
         """Design doc "Coordinator TransactionalId Expiration": write a tombstone for,
@@ -706,6 +777,7 @@ class TransactionCoordinator:
         offset, target = 0, None
         max_bytes = self.config.load_buffer_bytes
         try:
+            await self._fence_previous_owner(part)
             async for attempt in self._retrying():
                 with attempt:
                     while True:

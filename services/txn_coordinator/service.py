@@ -95,5 +95,6 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     coordinator = TransactionCoordinator(ClusterTxnLog(client), ClusterMarkerWriter(cluster, client),
                                          ClusterTopology(cluster), pids, config)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
+    coordinator.on_fenced = ownership.fenced
     pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
     return TxnCoordinatorService(cluster, coordinator, ownership, cfg)

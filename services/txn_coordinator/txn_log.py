@@ -1,7 +1,9 @@
 """Records of the transaction log (`__transaction_state`), design doc "Transaction Log".
 
 One record per state change of a transactional.id, in its own record batch v2
-(`exactly.records.encode_batch`, no producer id, not transactional):
+(`exactly.records.encode_batch`, not transactional; with the owner's writer
+producer id and epoch and no sequence, so that the partition leader fences a
+deposed owner, see services.common.ownership):
 
     key   = transactional.id, UTF-8 bytes
     value = exactly.v1.TransactionLogValue (protos/exactly/v1/txn_log.proto) holding the
@@ -10,6 +12,7 @@ One record per state change of a transactional.id, in its own record batch v2
             None (a tombstone) when the transactional.id expired.
 
 The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
+Records with an empty key are fence records of a new owner and are skipped.
 """
 from __future__ import annotations
 
@@ -87,11 +90,16 @@ def decode_value(data: bytes) -> TxnTransitMetadata:
         txn_last_update_timestamp=v.txn_last_update_timestamp_ms, group=group)
 
 
-def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int) -> bytes:
+def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int,
+                 producer_id: int = records.NO_PRODUCER_ID,
+                 producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
     """One record batch holding the record of `transactional_id`; transit None (or a
-    Dead transit) writes the tombstone."""
+    Dead transit) writes the tombstone. producer_id/producer_epoch: the owner's
+    writer identity (-1: a batch without PID)."""
     value = None if transit is None or transit.state is TxnState.DEAD else encode_value(transit)
-    return records.encode_batch([(transactional_id.encode(), value, (), timestamp_ms)])
+    return records.encode_batch([(transactional_id.encode(), value, (), timestamp_ms)],
+                                producer_id=producer_id, producer_epoch=producer_epoch,
+                                base_sequence=records.NO_SEQUENCE)
 
 
 def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | None]:
@@ -108,6 +116,8 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | No
             for rec in records.decode_records(buf, pos, header):
                 if rec.key is None:
                     raise CorruptTxnLogError(f"transaction log record without key at offset {rec.offset}")
+                if not rec.key:
+                    continue  # a new owner's fence record
                 transit = None if rec.value is None else decode_value(rec.value)
                 entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))
     except (records.CorruptRecordError, UnicodeDecodeError) as exc:
