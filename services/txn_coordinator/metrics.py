@@ -1,14 +1,46 @@
-"""Prometheus series of the transaction coordinator (DESIGN.md §8)."""
+"""Prometheus series of the transaction coordinator (DESIGN.md §8), as the Grafana
+dashboards in deploy/grafana read them:
+
+- exactly_txn_active_transactional_ids{partition}: transactional ids cached by this
+  coordinator, per owned `__transaction_state` partition (gauge);
+- exactly_txn_transactions{state}: transactional ids by state of the transaction
+  state machine (Empty, Ongoing, PrepareCommit, ...; every state exported, 0 when
+  none), read at scrape time on the event loop;
+- exactly_txn_completed_total{outcome, cause}: completed transactions, outcome
+  commit|abort, cause client (the producer's EndTxn; also completions resumed after a
+  coordinator move, whose cause the log does not record), timeout (aborted after
+  transaction.timeout.ms) or fencing (aborted for a newer producer epoch: InitProducerId
+  of the same transactional.id or of the group's next generation);
+- exactly_txn_end_to_complete_seconds: from an EndTxn request to its Complete record
+  (markers written on every partition), histogram;
+- exactly_txn_marker_write_seconds: writing one transaction's markers to all of its
+  partitions, retries included, histogram;
+- exactly_txn_pid_blocks_allocated_total: producer id blocks reserved in ZooKeeper.
+
+RPC latency and error codes are recorded for every service by services/common/metrics.py.
+"""
 from __future__ import annotations
 
+from typing import Sequence
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from services.common.metrics import LoopCollector
+
+from .state import TxnState
+
+OUTCOMES = ("commit", "abort")
+CAUSES = ("client", "timeout", "fencing")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class _PerPartitionGauge:
     """Active transactional ids per owned `__transaction_state` partition."""
 
     def __init__(self) -> None:
-        self._gauge = Gauge("exactly_txn_coordinator_transactional_ids",
+        self._gauge = Gauge("exactly_txn_active_transactional_ids",
                             "Transactional ids cached by this coordinator, per __transaction_state partition",
                             ["partition"])
 
@@ -24,11 +56,41 @@ class _PerPartitionGauge:
 
 TRANSACTIONAL_IDS = _PerPartitionGauge()
 
-TRANSACTIONS = Counter("exactly_txn_coordinator_transactions",
-                       "Transactions completed by this coordinator, by outcome "
-                       "(commit, abort; timeout_abort counts the aborts started by the timeout)",
-                       ["outcome"])
 
-REQUEST_LATENCY = Histogram("exactly_txn_coordinator_request_seconds",
-                            "Latency of transaction coordinator RPCs", ["rpc"],
-                            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+class TransactionStateCollector(LoopCollector):
+    """exactly_txn_transactions{state} over every tracked TransactionCoordinator
+    (its `state_counts()`)."""
+
+    def families(self, coordinators: Sequence) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily("exactly_txn_transactions",
+                                   "Transactional ids by transaction state", labels=["state"])
+        counts = {state.kafka_name: 0 for state in TxnState}
+        for coordinator in coordinators:
+            for state, n in coordinator.state_counts().items():
+                counts[state] = counts.get(state, 0) + n
+        for state, n in counts.items():
+            family.add_metric([state], n)
+        return [family]
+
+
+STATES = TransactionStateCollector()
+
+COMPLETED = Counter("exactly_txn_completed", "Transactions completed by this coordinator, by outcome "
+                    "(commit, abort) and cause (client, timeout, fencing)", ["outcome", "cause"])
+for _outcome in OUTCOMES:
+    for _cause in CAUSES:
+        if _outcome == "abort" or _cause == "client":
+            COMPLETED.labels(_outcome, _cause)
+
+END_TO_COMPLETE_SECONDS = Histogram("exactly_txn_end_to_complete_seconds",
+                                    "From an EndTxn request to the transaction's Complete record, seconds",
+                                    buckets=_LATENCY_BUCKETS)
+MARKER_WRITE_SECONDS = Histogram("exactly_txn_marker_write_seconds",
+                                 "Writing one transaction's markers to all its partitions, seconds",
+                                 buckets=_LATENCY_BUCKETS)
+PID_BLOCKS = Counter("exactly_txn_pid_blocks_allocated", "Producer id blocks reserved in ZooKeeper")
+
+
+def completed(committed: bool, cause: str) -> None:
+    """Count one completed transaction (cause: client | timeout | fencing)."""
+    COMPLETED.labels("commit" if committed else "abort", cause).inc()

@@ -14,8 +14,9 @@ from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
 
+from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
-from .coordinator import CoordinatorConfig, TransactionCoordinator
+from .coordinator import CoordinatorConfig, FetchResult, TransactionCoordinator
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
 from .servicer import TxnCoordinatorServicer
 
@@ -79,6 +80,12 @@ class TxnCoordinatorService:
             await asyncio.sleep(0.05)
         log.warning("transaction log partitions not all loaded after %.0f s; serving anyway", timeout_s)
 
+    @property
+    def loading(self) -> bool:
+        """True while an owned `__transaction_state` partition is loading (or is
+        disabled as corrupt): services.common.server reports NOT_SERVING meanwhile."""
+        return not all(self.coordinator.owned_partitions().values())
+
     async def stop(self) -> None:
         if self._topic_task is not None:
             self._topic_task.cancel()
@@ -91,10 +98,37 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     """Build the coordinator over the cluster and register its gRPC servicer.
     Settings: see CoordinatorConfig.from_props."""
     config = CoordinatorConfig.from_props(cfg.get_int)
-    pids = ProducerIdManager(lambda: asyncio.to_thread(cluster.allocate_producer_id_block, BLOCK_SIZE))
-    coordinator = TransactionCoordinator(ClusterTxnLog(client), ClusterMarkerWriter(cluster, client),
+    async def allocate_block() -> tuple[int, int]:
+        block = await asyncio.to_thread(cluster.allocate_producer_id_block, BLOCK_SIZE)
+        metrics.PID_BLOCKS.inc()
+        return block
+
+    pids = ProducerIdManager(allocate_block)
+    txn_log = ClusterTxnLog(client)
+    load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
+    if load_delay_ms > 0:
+        txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
+    coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client),
                                          ClusterTopology(cluster), pids, config)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
     coordinator.on_fenced = ownership.fenced
     pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
+    metrics.STATES.track(coordinator)
     return TxnCoordinatorService(cluster, coordinator, ownership, cfg)
+
+
+class SlowLoadTxnLog:
+    """Test hook, setting `exactly.test.load.delay.ms` (default 0: off): every read of
+    the transaction log waits that long first. Only partition loads read the log, so
+    this stretches each load, e.g. to watch health report NOT_SERVING meanwhile."""
+
+    def __init__(self, inner: ClusterTxnLog, delay_ms: int):
+        self._inner = inner
+        self._delay_s = delay_ms / 1000
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        await asyncio.sleep(self._delay_s)
+        return await self._inner.fetch(partition, offset, max_bytes)
