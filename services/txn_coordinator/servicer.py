@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections import defaultdict
 from typing import Iterable
 
@@ -12,7 +11,6 @@ from exactly.errors import ErrorCode
 from exactly.v1 import exactly_pb2 as pb
 from exactly.v1 import exactly_pb2_grpc as pbg
 
-from . import metrics
 from .coordinator import TransactionCoordinator
 from .state import GroupAssignment, TopicPartition
 
@@ -29,16 +27,13 @@ def _topics(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
 
 
 def _rpc(name: str):
-    """Time the RPC, and shield the coordinator's work from the cancellation of a
-    call whose client went away (a half-done state change must finish)."""
+    """Shield the coordinator's work from the cancellation of a call whose client
+    went away (a half-done state change must finish). RPC latency and error codes
+    are recorded by services.common.metrics for every method."""
     def wrap(fn):
         @functools.wraps(fn)
         async def handler(self, request, context):
-            started = time.perf_counter()
-            try:
-                return await asyncio.shield(fn(self, request, context))
-            finally:
-                metrics.REQUEST_LATENCY.labels(rpc=name).observe(time.perf_counter() - started)
+            return await asyncio.shield(fn(self, request, context))
         return handler
     return wrap
 
