@@ -48,6 +48,12 @@ class GroupCoordinatorService:
         if not await self.coordinator.wait_loaded(max(0.0, deadline - loop.time())):
             log.warning("partitions of %s still loading after %.0f s", CONSUMER_OFFSETS_TOPIC, timeout_s)
 
+    @property
+    def loading(self) -> bool:
+        """True while an owned `__consumer_offsets` partition is loading:
+        services.common.server reports NOT_SERVING meanwhile."""
+        return not all(self.coordinator.owned_partitions().values())
+
     async def stop(self) -> None:
         await self.ownership.stop()
         await self.coordinator.stop()
@@ -72,9 +78,32 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                 cfg: ServiceConfig) -> GroupCoordinatorService:
     """Build the coordinator, register the GroupCoordinator servicer, and elect
     partitions of __consumer_offsets (kind "group")."""
-    coordinator = GroupCoordinator(client, _partition_for(cluster), _partition_counts(cluster),
+    load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
+    log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client
+    coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
                                    CoordinatorConfig.from_props(cfg.get_int))
+    if load_delay_ms > 0:
+        log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False
     pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)
     ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
     coordinator.on_fenced = ownership.fenced
     return GroupCoordinatorService(coordinator, ownership)
+
+
+class SlowLoadClient:
+    """Test hook, setting `exactly.test.load.delay.ms` (default 0: off): a fetch of an
+    owned partition that is still loading waits that long first, which stretches each
+    load, e.g. to watch health report NOT_SERVING meanwhile."""
+
+    def __init__(self, inner: ClusterClient, delay_ms: int):
+        self._inner = inner
+        self._delay_s = delay_ms / 1000
+        self.is_loading = lambda partition: False
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    async def fetch(self, topic: str, partition: int, offset: int, *args, **kwargs):
+        if self.is_loading(partition):
+            await asyncio.sleep(self._delay_s)
+        return await self._inner.fetch(topic, partition, offset, *args, **kwargs)
