@@ -496,7 +496,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("error_code", "transactional_id", "state", "transaction_timeout_ms", "transaction_start_time_ms", "producer_id", "producer_epoch", "topics")
+    __slots__ = ("error_code", "transactional_id", "state", "transaction_timeout_ms", "transaction_start_time_ms", "producer_id", "producer_epoch", "topics", "prepared_time_ms")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +505,7 @@ class TransactionDescription(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     transactional_id: str
     state: str
@@ -513,13 +514,32 @@ class TransactionDescription(_message.Message):
     producer_id: int
     producer_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
-    def __init__(self, error_code: _Optional[int] = ..., transactional_id: _Optional[str] = ..., state: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+    prepared_time_ms: int
+    def __init__(self, error_code: _Optional[int] = ..., transactional_id: _Optional[str] = ..., state: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ..., prepared_time_ms: _Optional[int] = ...) -> None: ...
 
 class DescribeTransactionsResponse(_message.Message):
     __slots__ = ("transaction_states",)
     TRANSACTION_STATES_FIELD_NUMBER: _ClassVar[int]
     transaction_states: _containers.RepeatedCompositeFieldContainer[TransactionDescription]
     def __init__(self, transaction_states: _Optional[_Iterable[_Union[TransactionDescription, _Mapping]]] = ...) -> None: ...
+
+class PrepareTxnRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class PrepareTxnResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class JoinGroupRequest(_message.Message):
     __slots__ = ("group_id", "session_timeout_ms", "rebalance_timeout_ms", "member_id", "group_instance_id", "protocol_type", "topics")

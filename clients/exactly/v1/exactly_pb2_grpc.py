@@ -433,6 +433,11 @@ class TransactionCoordinatorStub:
                 request_serializer=exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsRequest.SerializeToString,
                 response_deserializer=exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsResponse.FromString,
                 _registered_method=True)
+        self.PrepareTxn = channel.unary_unary(
+                '/exactly.v1.TransactionCoordinator/PrepareTxn',
+                request_serializer=exactly_dot_v1_dot_exactly__pb2.PrepareTxnRequest.SerializeToString,
+                response_deserializer=exactly_dot_v1_dot_exactly__pb2.PrepareTxnResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -475,6 +480,14 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareTxn(self, request, context):
+        """Two-phase commit in the spirit of KIP-939: seal the ongoing transaction so that
+        another process may complete it later with EndTxn (same PID and epoch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -507,6 +520,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.DescribeTransactions,
                     request_deserializer=exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsRequest.FromString,
                     response_serializer=exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsResponse.SerializeToString,
+            ),
+            'PrepareTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTxn,
+                    request_deserializer=exactly_dot_v1_dot_exactly__pb2.PrepareTxnRequest.FromString,
+                    response_serializer=exactly_dot_v1_dot_exactly__pb2.PrepareTxnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -672,6 +690,33 @@ class TransactionCoordinator:
             '/exactly.v1.TransactionCoordinator/DescribeTransactions',
             exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsRequest.SerializeToString,
             exactly_dot_v1_dot_exactly__pb2.DescribeTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/exactly.v1.TransactionCoordinator/PrepareTxn',
+            exactly_dot_v1_dot_exactly__pb2.PrepareTxnRequest.SerializeToString,
+            exactly_dot_v1_dot_exactly__pb2.PrepareTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xactly/v1/txn_log.proto\x12\nexactly.v1\":\n\x15TxnLogTopicPartitions\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\xa8\x03\n\x13TransactionLogValue\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x18\n\x10last_producer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\x12\x1b\n\x13last_producer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12\r\n\x05state\x18\x07 \x01(\x05\x12\x35\n\npartitions\x18\x08 \x03(\x0b\x32!.exactly.v1.TxnLogTopicPartitions\x12$\n\x1ctxn_last_update_timestamp_ms\x18\t \x01(\x03\x12\x1e\n\x16txn_start_timestamp_ms\x18\n \x01(\x03\x12\x19\n\x11\x63onsumer_group_id\x18\x0b \x01(\t\x12\x15\n\rgeneration_id\x18\x0c \x01(\x05\x12>\n\x13\x61ssigned_partitions\x18\r \x03(\x0b\x32!.exactly.v1.TxnLogTopicPartitionsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x65xactly/v1/txn_log.proto\x12\nexactly.v1\":\n\x15TxnLogTopicPartitions\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\xc7\x03\n\x13TransactionLogValue\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x18\n\x10last_producer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\x12\x1b\n\x13last_producer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12\r\n\x05state\x18\x07 \x01(\x05\x12\x35\n\npartitions\x18\x08 \x03(\x0b\x32!.exactly.v1.TxnLogTopicPartitions\x12$\n\x1ctxn_last_update_timestamp_ms\x18\t \x01(\x03\x12\x1e\n\x16txn_start_timestamp_ms\x18\n \x01(\x03\x12\x19\n\x11\x63onsumer_group_id\x18\x0b \x01(\t\x12\x15\n\rgeneration_id\x18\x0c \x01(\x05\x12>\n\x13\x61ssigned_partitions\x18\r \x03(\x0b\x32!.exactly.v1.TxnLogTopicPartitions\x12\x1d\n\x15prepared_timestamp_ms\x18\x0e \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TXNLOGTOPICPARTITIONS']._serialized_start=40
   _globals['_TXNLOGTOPICPARTITIONS']._serialized_end=98
   _globals['_TRANSACTIONLOGVALUE']._serialized_start=101
-  _globals['_TRANSACTIONLOGVALUE']._serialized_end=525
+  _globals['_TRANSACTIONLOGVALUE']._serialized_end=556
 # @@protoc_insertion_point(module_scope)

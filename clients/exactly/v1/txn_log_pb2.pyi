@@ -15,7 +15,7 @@ class TxnLogTopicPartitions(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TransactionLogValue(_message.Message):
-    __slots__ = ("version", "producer_id", "last_producer_id", "producer_epoch", "last_producer_epoch", "transaction_timeout_ms", "state", "partitions", "txn_last_update_timestamp_ms", "txn_start_timestamp_ms", "consumer_group_id", "generation_id", "assigned_partitions")
+    __slots__ = ("version", "producer_id", "last_producer_id", "producer_epoch", "last_producer_epoch", "transaction_timeout_ms", "state", "partitions", "txn_last_update_timestamp_ms", "txn_start_timestamp_ms", "consumer_group_id", "generation_id", "assigned_partitions", "prepared_timestamp_ms")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class TransactionLogValue(_message.Message):
     CONSUMER_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     version: int
     producer_id: int
     last_producer_id: int
@@ -42,4 +43,5 @@ class TransactionLogValue(_message.Message):
     consumer_group_id: str
     generation_id: int
     assigned_partitions: _containers.RepeatedCompositeFieldContainer[TxnLogTopicPartitions]
-    def __init__(self, version: _Optional[int] = ..., producer_id: _Optional[int] = ..., last_producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., state: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TxnLogTopicPartitions, _Mapping]]] = ..., txn_last_update_timestamp_ms: _Optional[int] = ..., txn_start_timestamp_ms: _Optional[int] = ..., consumer_group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., assigned_partitions: _Optional[_Iterable[_Union[TxnLogTopicPartitions, _Mapping]]] = ...) -> None: ...
+    prepared_timestamp_ms: int
+    def __init__(self, version: _Optional[int] = ..., producer_id: _Optional[int] = ..., last_producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., state: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TxnLogTopicPartitions, _Mapping]]] = ..., txn_last_update_timestamp_ms: _Optional[int] = ..., txn_start_timestamp_ms: _Optional[int] = ..., consumer_group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., assigned_partitions: _Optional[_Iterable[_Union[TxnLogTopicPartitions, _Mapping]]] = ..., prepared_timestamp_ms: _Optional[int] = ...) -> None: ...
