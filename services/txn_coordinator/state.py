@@ -151,6 +151,9 @@ class TxnTransitMetadata:
     txn_start_timestamp: int
     txn_last_update_timestamp: int
     group: GroupAssignment | None = None
+    # Two-phase commit (KIP-939 style): when PrepareTxn sealed the Ongoing
+    # transaction, ms; -1 when not prepared.
+    prepared_timestamp: int = -1
 
 
 class TransactionMetadata:
@@ -160,19 +163,21 @@ class TransactionMetadata:
     last_producer_epoch (previous ones, kept to recognise retries of an epoch bump or
     PID rotation), txn_timeout_ms, state, partitions (set of (topic, partition) in the
     transaction), txn_start_timestamp (ms, -1 when none), txn_last_update_timestamp
-    (ms), pending_state (target of the transition in flight, or None), group (KIP-447).
+    (ms), pending_state (target of the transition in flight, or None), group (KIP-447),
+    prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared).
     """
 
     __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
                  "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
-                 "group", "_fence_epoch")
+                 "group", "_fence_epoch", "prepared_timestamp")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
                  txn_timeout_ms: int, state: TxnState = TxnState.EMPTY,
                  partitions: Iterable[TopicPartition] = (), txn_start_timestamp: int = -1,
-                 txn_last_update_timestamp: int, group: GroupAssignment | None = None):
+                 txn_last_update_timestamp: int, group: GroupAssignment | None = None,
+                 prepared_timestamp: int = -1):
         self.transactional_id = transactional_id
         self.producer_id = producer_id
         self.last_producer_id = last_producer_id
@@ -186,6 +191,7 @@ class TransactionMetadata:
         self.pending_state: TxnState | None = None
         self.group = group
         self._fence_epoch: int | None = None
+        self.prepared_timestamp = prepared_timestamp
 
     @classmethod
     def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":
@@ -194,7 +200,8 @@ class TransactionMetadata:
                    producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
                    txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
                    partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
-                   txn_last_update_timestamp=transit.txn_last_update_timestamp, group=transit.group)
+                   txn_last_update_timestamp=transit.txn_last_update_timestamp, group=transit.group,
+                   prepared_timestamp=transit.prepared_timestamp)
 
     def __repr__(self) -> str:
         return (f"TransactionMetadata({self.transactional_id!r}, pid={self.producer_id}, "
@@ -208,6 +215,11 @@ class TransactionMetadata:
         return self.pending_state is not None
 
     @property
+    def is_prepared(self) -> bool:
+        """An Ongoing transaction sealed by PrepareTxn (two-phase commit)."""
+        return self.state is TxnState.ONGOING and self.prepared_timestamp >= 0
+
+    @property
     def is_producer_epoch_exhausted(self) -> bool:
         return is_epoch_exhausted(self.producer_epoch)
 
@@ -216,7 +228,7 @@ class TransactionMetadata:
         return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,
                                   self.last_producer_epoch, self.txn_timeout_ms, self.state,
                                   frozenset(self.partitions), self.txn_start_timestamp,
-                                  self.txn_last_update_timestamp, self.group)
+                                  self.txn_last_update_timestamp, self.group, self.prepared_timestamp)
 
     # ------------------------------------------------------------ prepare
     def _prepare_transition_to(self, target: TxnState, now_ms: int, **changes) -> TxnTransitMetadata:
@@ -228,6 +240,8 @@ class TransactionMetadata:
         epoch = changes.get("producer_epoch", self.producer_epoch)
         if not NO_PRODUCER_EPOCH <= epoch <= MAX_PRODUCER_EPOCH:
             raise TxnStateError(f"producer epoch {epoch} out of range")
+        if target in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT, TxnState.DEAD):
+            changes.setdefault("prepared_timestamp", -1)  # no transaction left to be prepared
         transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
         self.pending_state = target
         return transit
@@ -300,6 +314,16 @@ class TransactionMetadata:
         return self._prepare_transition_to(TxnState.ONGOING, now_ms,
                                            partitions=frozenset(self.partitions) | frozenset(added),
                                            txn_start_timestamp=start)
+
+    def prepare_mark_prepared(self, now_ms: int) -> TxnTransitMetadata:
+        """PrepareTxn (two-phase commit in the spirit of KIP-939): seal the Ongoing
+        transaction, which stays Ongoing with `prepared_timestamp` = now_ms until an
+        EndTxn (from any process, with the same PID and epoch) completes it. Without a
+        transaction in progress (Empty / Complete*), an empty transaction is started
+        and sealed, so that the later EndTxn has a transaction to complete."""
+        start = now_ms if self.state in COMPLETED_STATES else self.txn_start_timestamp
+        return self._prepare_transition_to(TxnState.ONGOING, now_ms, txn_start_timestamp=start,
+                                           prepared_timestamp=now_ms)
 
     def prepare_abort_or_commit(self, target: TxnState, now_ms: int) -> TxnTransitMetadata:
         """EndTxn (or an abort by the coordinator): PrepareCommit or PrepareAbort with
@@ -385,6 +409,7 @@ class TransactionMetadata:
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
         self.group = transit.group
+        self.prepared_timestamp = transit.prepared_timestamp
         self.pending_state = None
         self._fence_epoch = None
 
@@ -403,8 +428,9 @@ class TxnStateSummary:
     txn_timeout_ms: int
     txn_start_timestamp: int
     partitions: list[TopicPartition] = field(default_factory=list)
+    prepared_timestamp: int = -1  # ms; -1: not prepared
 
     @classmethod
     def of(cls, md: TransactionMetadata) -> "TxnStateSummary":
         return cls(md.transactional_id, md.producer_id, md.producer_epoch, md.state, md.txn_timeout_ms,
-                   md.txn_start_timestamp, sorted(md.partitions))
+                   md.txn_start_timestamp, sorted(md.partitions), md.prepared_timestamp)
