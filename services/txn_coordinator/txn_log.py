@@ -8,7 +8,8 @@ deposed owner, see services.common.ownership):
     key   = transactional.id, UTF-8 bytes
     value = exactly.v1.TransactionLogValue (protos/exactly/v1/txn_log.proto) holding the
             transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
-            partitions, start and last-update timestamps (ms), KIP-447 group fields;
+            partitions, start and last-update timestamps (ms), KIP-447 group fields,
+            the prepared timestamp (ms) of a transaction sealed by PrepareTxn;
             None (a tombstone) when the transactional.id expired.
 
 The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
@@ -63,7 +64,8 @@ def encode_value(transit: TxnTransitMetadata) -> bytes:
         transaction_timeout_ms=transit.txn_timeout_ms, state=int(transit.state),
         partitions=_partitions_to_pb(transit.partitions),
         txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
-        txn_start_timestamp_ms=transit.txn_start_timestamp)
+        txn_start_timestamp_ms=transit.txn_start_timestamp,
+        prepared_timestamp_ms=max(transit.prepared_timestamp, 0))
     if transit.group is not None:
         value.consumer_group_id = transit.group.group_id
         value.generation_id = transit.group.generation_id
@@ -87,7 +89,8 @@ def decode_value(data: bytes) -> TxnTransitMetadata:
         producer_id=v.producer_id, last_producer_id=v.last_producer_id, producer_epoch=v.producer_epoch,
         last_producer_epoch=v.last_producer_epoch, txn_timeout_ms=v.transaction_timeout_ms, state=state,
         partitions=_partitions_from_pb(v.partitions), txn_start_timestamp=v.txn_start_timestamp_ms,
-        txn_last_update_timestamp=v.txn_last_update_timestamp_ms, group=group)
+        txn_last_update_timestamp=v.txn_last_update_timestamp_ms, group=group,
+        prepared_timestamp=v.prepared_timestamp_ms if v.prepared_timestamp_ms > 0 else -1)
 
 
 def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int,
