@@ -123,6 +123,7 @@ class CoordinatorConfig:
     retry_backoff_max_ms: int = 1_000
     end_txn_completion_wait_ms: int = 2_000
     pause_after_prepare_ms: int = 0
+    prepared_max_ms: int = 3_600_000
 
     @classmethod
     def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
@@ -141,6 +142,10 @@ class CoordinatorConfig:
             backoff of marker, completion-append and load retries.
         exactly.txn.end.completion.wait.ms (2000): how long EndTxn waits for the
             markers and the Complete record before answering NONE anyway.
+        transaction.prepared.max.ms (3600000): how long a transaction sealed by
+            PrepareTxn (two-phase commit) may wait for its EndTxn; it replaces
+            transaction.timeout.ms while prepared. Past it the coordinator aborts the
+            transaction with an epoch bump, as for a timeout.
         exactly.test.pause.after.prepare.ms (0): test hook; sleep between the Prepare
             record of a client's EndTxn and its markers, to widen the window in which a
             coordinator crash leaves a prepared transaction to roll forward.
@@ -161,6 +166,7 @@ class CoordinatorConfig:
             end_txn_completion_wait_ms=get_int("exactly.txn.end.completion.wait.ms",
                                                d.end_txn_completion_wait_ms),
             pause_after_prepare_ms=get_int("exactly.test.pause.after.prepare.ms", d.pause_after_prepare_ms),
+            prepared_max_ms=get_int("transaction.prepared.max.ms", d.prepared_max_ms),
         )
 
 
