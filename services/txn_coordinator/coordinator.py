@@ -422,7 +422,8 @@ class TransactionCoordinator:
         KIP-360 or None; group: KIP-447 draft group-aware init (stale generation ->
         ILLEGAL_GENERATION; ongoing transactions of this coordinator whose assignment
         overlaps are fenced and aborted first -> CONCURRENT_TRANSACTIONS).
-        An ongoing transaction of the id is aborted with a bumped epoch first and the
+        An ongoing transaction of the id (also one sealed by PrepareTxn: the
+        keepPreparedTxn=false behaviour of KIP-939) is aborted with a bumped epoch first and the
         answer is CONCURRENT_TRANSACTIONS until it completed; a prepared one ->
         CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
         the epoch is exhausted) and the record appended.
@@ -586,6 +587,8 @@ class TransactionCoordinator:
             return err
         if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return ErrorCode.CONCURRENT_TRANSACTIONS
+        if md.is_prepared:
+            return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
         if md.state is TxnState.ONGOING and wanted <= md.partitions:
             return ErrorCode.NONE
         transit = md.prepare_add_partitions(wanted, self._clock())
@@ -596,7 +599,8 @@ class TransactionCoordinator:
                       committed: bool) -> ErrorCode:
         """EndTxn: commit (committed=True) or abort the ongoing transaction.
 
-        Ongoing: PrepareCommit/PrepareAbort is appended to the log, the markers and the
+        Ongoing (also sealed by PrepareTxn; then the request may come from any process
+        holding the PID and epoch): PrepareCommit/PrepareAbort is appended to the log, the markers and the
         Complete record follow in the background; answers NONE once the Prepare record
         is written (after waiting up to exactly.txn.end.completion.wait.ms for the
         completion). A retry after completion: same command -> NONE, the other ->
@@ -629,6 +633,31 @@ class TransactionCoordinator:
         if state is TxnState.PREPARE_ABORT:
             return ErrorCode.CONCURRENT_TRANSACTIONS if not committed else ErrorCode.INVALID_TXN_STATE
         return ErrorCode.INVALID_TXN_STATE
+
+    # ------------------------------------------------------------ PrepareTxn
+    async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
+        """PrepareTxn: two-phase commit in the spirit of KIP-939. Seals the ongoing
+        transaction: it stays Ongoing (its data below the LSO stays undecided), later
+        AddPartitionsToTxn / AddOffsetsToTxn get INVALID_TXN_STATE, and instead of
+        transaction.timeout.ms it is bounded by transaction.prepared.max.ms. The prepared
+        timestamp is appended to the transaction log, so it survives coordinator restart
+        and failover. EndTxn with the same PID and epoch, from any process, completes it;
+        InitProducerId of the transactional.id aborts it with an epoch bump (fencing), as
+        for any ongoing transaction.
+
+        Answers NONE (also when already prepared: a retry); without a transaction in
+        progress an empty one is started and sealed. INVALID_TXN_STATE while the
+        transaction is completing; INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another
+        epoch), CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE as EndTxn."""
+        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch)
+        if err:
+            return err
+        if md.is_prepared:
+            return ErrorCode.NONE
+        if md.state not in COMPLETED_STATES and md.state is not TxnState.ONGOING:
+            return ErrorCode.INVALID_TXN_STATE
+        return await self._append(part, md, md.prepare_mark_prepared(self._clock()))
 
     # ------------------------------------------------------------ completion (markers)
     async def _fence_and_abort(self, part: _TxnPartition, md: TransactionMetadata,
@@ -731,7 +760,8 @@ class TransactionCoordinator:
     async def abort_timed_out_transactions(self) -> int:
         """Design doc "Coordinator-side Transaction Expiration": abort, with an epoch
         bump, every ongoing transaction older than its transaction.timeout.ms (from its
-        first partition); restart the completion of prepared transactions whose
+        first partition), and every prepared one (PrepareTxn) older than
+        transaction.prepared.max.ms (from its prepare); restart the completion of prepared transactions whose
         completion is not running. Returns the number of transactions aborted."""
         now = self._clock()
         aborts = []
@@ -741,7 +771,13 @@ class TransactionCoordinator:
             for md in list(part.txns.values()):
                 if md.pending_transition_in_progress:
                     continue
-                if md.state is TxnState.ONGOING and md.txn_start_timestamp + md.txn_timeout_ms < now:
+                if md.is_prepared:
+                    if md.prepared_timestamp + self.config.prepared_max_ms < now:
+                        log.info("prepared transaction of %r (PID %d epoch %d) waited more than "
+                                 "transaction.prepared.max.ms (%d ms); aborting", md.transactional_id,
+                                 md.producer_id, md.producer_epoch, self.config.prepared_max_ms)
+                        aborts.append(self._fence_and_abort(part, md))
+                elif md.state is TxnState.ONGOING and md.txn_start_timestamp + md.txn_timeout_ms < now:
                     log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
                              md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
                     aborts.append(self._fence_and_abort(part, md, cause="timeout"))
