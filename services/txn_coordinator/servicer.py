@@ -89,6 +89,14 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                                                request.producer_epoch, request.committed)
         return pb.EndTxnResponse(error_code=code)
 
+    @_rpc("PrepareTxn")
+    async def PrepareTxn(self, request: pb.PrepareTxnRequest, context) -> pb.PrepareTxnResponse:
+        if not request.transactional_id:
+            return pb.PrepareTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
+        code = await self._coordinator.prepare_txn(request.transactional_id, request.producer_id,
+                                                   request.producer_epoch)
+        return pb.PrepareTxnResponse(error_code=code)
+
     @_rpc("ListTransactions")
     async def ListTransactions(self, request: pb.ListTransactionsRequest, context) -> pb.ListTransactionsResponse:
         code, listing = self._coordinator.list_transactions(request.state_filters, request.producer_id_filters)
@@ -110,5 +118,6 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                 desc.producer_id = s.producer_id
                 desc.producer_epoch = s.producer_epoch
                 desc.topics.extend(_topics(s.partitions))
+                desc.prepared_time_ms = s.prepared_timestamp
             out.append(desc)
         return pb.DescribeTransactionsResponse(transaction_states=out)
