@@ -1,0 +1,173 @@
+"""PrepareTxn: two-phase commit in the spirit of KIP-939 over in-memory fakes. A
+sealed transaction stays Ongoing, is not aborted after transaction.timeout.ms but
+after transaction.prepared.max.ms, survives a reload of the transaction log, is
+completed by EndTxn with its PID and epoch, and is aborted by InitProducerId
+(fencing)."""
+from __future__ import annotations
+
+import asyncio
+
+from txn_coordinator_fakes import FakeLog, Harness, run
+
+from exactly.errors import ErrorCode
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.coordinator import CoordinatorConfig
+from services.txn_coordinator.state import TxnState, TxnTransitMetadata
+
+S = TxnState
+E = ErrorCode
+
+
+def _config(**kw) -> CoordinatorConfig:
+    return CoordinatorConfig(end_txn_completion_wait_ms=0, **kw)
+
+
+def test_prepare_seals_the_ongoing_transaction_and_logs_it():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.NONE
+        md = h.md("t")
+        assert md.state is S.ONGOING and md.is_prepared and md.prepared_timestamp == h.clock.now
+        last = h.log.entries()[-1].transit
+        assert (last.state, last.prepared_timestamp) == (S.ONGOING, h.clock.now)
+        n = len(h.log.entries())
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.NONE  # a retry: nothing logged
+        assert len(h.log.entries()) == n
+        [d] = h.coord.describe_transactions(["t"])
+        assert d.summary.prepared_timestamp == h.clock.now
+
+    run(scenario())
+
+
+def test_prepared_transaction_rejects_new_partitions():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        await h.coord.prepare_txn("t", pid, epoch)
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.INVALID_TXN_STATE}
+        assert await h.coord.add_offsets_to_txn("t", pid, epoch, "g") == E.INVALID_TXN_STATE
+
+    run(scenario())
+
+
+def test_prepared_transaction_outlives_transaction_timeout_until_prepared_max():
+    async def scenario():
+        h = Harness(_config(prepared_max_ms=10_000))
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        await h.coord.prepare_txn("t", pid, epoch)
+        h.clock.advance(5000)  # well past transaction.timeout.ms
+        assert await h.coord.abort_timed_out_transactions() == 0
+        assert h.md("t").is_prepared
+        h.clock.advance(5001)  # past transaction.prepared.max.ms
+        assert await h.coord.abort_timed_out_transactions() == 1
+        await h.settle()
+        md = h.md("t")
+        assert (md.state, md.producer_epoch, md.prepared_timestamp) == (S.COMPLETE_ABORT, epoch + 1, -1)
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+
+    run(scenario())
+
+
+def test_prepared_transaction_completed_with_its_pid_and_epoch():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", partitions=(("orders", 0), ("payments", 1)))
+        await h.coord.prepare_txn("t", pid, epoch)
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        md = h.md("t")
+        assert (md.state, md.prepared_timestamp) == (S.COMPLETE_COMMIT, -1)
+        assert {tp for m, tp in h.markers.written_for(pid) if m.committed} == {("orders", 0), ("payments", 1)}
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # retried completion
+        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+
+    run(scenario())
+
+
+def test_new_epoch_fences_and_aborts_a_prepared_transaction():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        await h.coord.prepare_txn("t", pid, epoch)
+        first = await h.coord.init_producer_id("t", 60000)
+        assert first.error == E.CONCURRENT_TRANSACTIONS
+        await h.settle()
+        again = await h.coord.init_producer_id("t", 60000)
+        assert (again.error, again.producer_id, again.producer_epoch) == (E.NONE, pid, epoch + 2)
+        assert [m.committed for m, _ in h.markers.written_for(pid)] == [False]
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED
+
+    run(scenario())
+
+
+def test_prepare_without_a_transaction_starts_an_empty_sealed_one():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        assert await h.coord.prepare_txn("t", r.producer_id, r.producer_epoch) == E.NONE
+        md = h.md("t")
+        assert (md.state, md.partitions, md.txn_start_timestamp) == (S.ONGOING, set(), h.clock.now)
+        assert md.is_prepared
+        assert await h.coord.end_txn("t", r.producer_id, r.producer_epoch, True) == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert h.markers.written_for(r.producer_id) == []
+
+    run(scenario())
+
+
+def test_prepare_errors():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert await h.coord.prepare_txn("t", pid, epoch - 1) == E.PRODUCER_FENCED
+        assert await h.coord.prepare_txn("t", pid + 1, epoch) == E.INVALID_PRODUCER_ID_MAPPING
+        assert await h.coord.prepare_txn("unknown", pid, epoch) == E.INVALID_PRODUCER_ID_MAPPING
+        h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.INVALID_TXN_STATE
+        h.markers.gate.set()
+        await h.settle()
+
+    run(scenario())
+
+
+def test_prepared_state_survives_reload():
+    async def scenario():
+        log = FakeLog()
+        h = Harness(_config(prepared_max_ms=10_000), log=log)
+        await h.elect(0, 1)
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        await h.coord.prepare_txn("t", pid, epoch)
+        prepared_at = h.clock.now
+        # Another coordinator loads the partition (failover).
+        h2 = Harness(_config(prepared_max_ms=10_000), log=log)
+        h2.clock.now = h.clock.now + 5000
+        await h2.elect(0, 2)
+        md = h2.md("t")
+        assert md.is_prepared and md.prepared_timestamp == prepared_at
+        assert await h2.coord.abort_timed_out_transactions() == 0
+        assert await h2.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h2.settle()
+        assert h2.md("t").state is S.COMPLETE_COMMIT
+        assert [m.coordinator_epoch for m, _ in h2.markers.written_for(pid)] == [2]
+
+    run(scenario())
+
+
+def test_log_value_round_trip_of_the_prepared_timestamp():
+    t = TxnTransitMetadata(7, -1, 2, -1, 60000, S.ONGOING, frozenset({("orders", 0)}), 100, 200,
+                           prepared_timestamp=150)
+    assert txn_log.decode_value(txn_log.encode_value(t)) == t
+    plain = TxnTransitMetadata(7, -1, 2, -1, 60000, S.ONGOING, frozenset({("orders", 0)}), 100, 200)
+    assert txn_log.decode_value(txn_log.encode_value(plain)).prepared_timestamp == -1
