@@ -10,7 +10,9 @@
 
 `up` starts a ZooKeeper server (unless --zookeeper) and the services as background
 processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
-{"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address"}]}.
+{"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
+"metrics_address"}]}; every service serves Prometheus /metrics on its own port
+(`--set metrics.port=P`), at http://<metrics_address>/metrics.
 Service logs go to DIR/logs/NAME.log; data to DIR/NAME/.
 """
 from __future__ import annotations
@@ -90,10 +92,16 @@ class Service:
     role: str
     port: int
     pid: int = 0
+    metrics_port: int = 0
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        """host:port of the service's /metrics endpoint ("" when it has none)."""
+        return f"127.0.0.1:{self.metrics_port}" if self.metrics_port else ""
 
 
 @dataclass
@@ -122,7 +130,8 @@ class DevCluster:
             "zookeeper": self.zookeeper,
             "zookeeper_pid": self.zookeeper_pid,
             "props": self.props,
-            "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address}
+            "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address,
+                          "metrics_address": s.metrics_address}
                          for s in self.services.values()],
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -138,7 +147,9 @@ class DevCluster:
         body = json.loads(path.read_text())
         services = {}
         for s in body["services"]:
-            services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"])
+            metrics = s.get("metrics_address") or ":0"
+            services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"],
+                                          int(metrics.rsplit(":", 1)[1]))
         return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}))
 
     # ------------------------------------------------------------ ZooKeeper
@@ -181,6 +192,8 @@ class DevCluster:
                "--port", str(svc.port), "--zookeeper", self.zookeeper, "--data-dir", str(data_dir)]
         for k, v in self.props.items():
             cmd += ["--set", f"{k}={v}"]
+        if svc.metrics_port:
+            cmd += ["--set", f"metrics.port={svc.metrics_port}"]
         log = open(self.dir / "logs" / f"{svc.name}.log", "ab")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -210,7 +223,7 @@ class DevCluster:
         for prefix, count in groups:
             names = []
             for i in range(count):
-                svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port())
+                svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port(), metrics_port=free_port())
                 self.services[svc.name] = svc
                 self._spawn(svc)
                 names.append(svc.name)
