@@ -58,9 +58,25 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class PartitionState:
+    """Content of /exactly/topics/<topic>/<p>/state: leader node id (None: offline),
+    leader epoch, in-sync replicas; `version` and `mzxid` of the znode when read from
+    ZooKeeper (-1 otherwise), for compare-and-set and for telling whether a leader
+    registered after the state was written (it restarted)."""
+
     leader: str | None
     leader_epoch: int
     isr: tuple[str, ...]
+    version: int = -1
+    mzxid: int = -1
+
+    def encode(self) -> bytes:
+        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch,
+                           "isr": list(self.isr)}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, version: int = -1, mzxid: int = -1) -> "PartitionState":
+        d = json.loads(data)
+        return cls(d.get("leader"), int(d.get("leader_epoch", 0)), tuple(d.get("isr", ())), version, mzxid)
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,11 @@ class TopicInfo:
             return st.leader
         replicas = self.partitions.get(partition)
         return replicas[0] if replicas else None
+
+
+def state_path(topic: str, partition: int) -> str:
+    """ZooKeeper path of a partition's state znode."""
+    return f"{TOPICS}/{topic}/{partition}/state"
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:
@@ -220,17 +241,19 @@ class ClusterState:
             self._topics[name] = topic
         for p in parts:
             self.zk.DataWatch(f"{TOPICS}/{name}/{p}/state",
-                              lambda data, stat, name=name, p=p: self._on_state(name, p, data))
+                              lambda data, stat, name=name, p=p: self._on_state(name, p, data, stat))
 
-    def _on_state(self, name: str, partition: int, data: bytes | None) -> None:
+    def _on_state(self, name: str, partition: int, data: bytes | None, stat=None) -> None:
         with self._lock:
             topic = self._topics.get(name)
             if topic is None:
                 return
             if data:
-                d = json.loads(data)
-                topic.states[partition] = PartitionState(d.get("leader"), int(d.get("leader_epoch", 0)),
-                                                         tuple(d.get("isr", ())))
+                new = PartitionState.decode(data, stat.version if stat else -1, stat.mzxid if stat else -1)
+                old = topic.states.get(partition)
+                if old is not None and 0 <= new.version < old.version:
+                    return  # an older read arriving late
+                topic.states[partition] = new
             else:
                 topic.states.pop(partition, None)
         self._notify()
@@ -261,11 +284,38 @@ class ClusterState:
     def partition_state(self, topic: str, partition: int) -> tuple[PartitionState | None, int]:
         """(state, znode version) read straight from ZooKeeper, for compare-and-set."""
         try:
-            data, stat = self.zk.get(f"{TOPICS}/{topic}/{partition}/state")
+            data, stat = self.zk.get(state_path(topic, partition))
         except NoNodeError:
             return None, -1
-        d = json.loads(data)
-        return PartitionState(d.get("leader"), int(d.get("leader_epoch", 0)), tuple(d.get("isr", ()))), stat.version
+        return PartitionState.decode(data, stat.version, stat.mzxid), stat.version
+
+    def read_partition_states(self, tps: list[tuple[str, int]], timeout_s: float = 10.0
+                              ) -> dict[tuple[str, int], PartitionState | None]:
+        """Fresh partition states of `tps` from ZooKeeper, read in one pipelined burst
+        (None for a missing znode). Raises kazoo errors (connection loss, session
+        expiry, timeout) when ZooKeeper cannot answer."""
+        pending = [(tp, self.zk.get_async(state_path(*tp))) for tp in tps]
+        out: dict[tuple[str, int], PartitionState | None] = {}
+        for tp, res in pending:
+            try:
+                data, stat = res.get(timeout=timeout_s)
+            except NoNodeError:
+                out[tp] = None
+                continue
+            out[tp] = PartitionState.decode(data, stat.version, stat.mzxid)
+        return out
+
+    def update_partition_state(self, topic: str, partition: int, state: PartitionState,
+                               expected_version: int) -> tuple[bool, int]:
+        """Compare-and-set the partition state (the leader's ISR changes). Returns
+        (True, new version) on success, (False, -1) when the znode changed since
+        `expected_version` (someone else, e.g. the controller, wrote it) or is gone.
+        Raises kazoo connection errors."""
+        try:
+            stat = self.zk.set(state_path(topic, partition), state.encode(), version=expected_version)
+        except (BadVersionError, NoNodeError):
+            return False, -1
+        return True, stat.version
 
     # ------------------------------------------------------------ topics
     def create_topic(self, name: str, num_partitions: int, replication_factor: int,

@@ -628,26 +628,45 @@ class Log:
         # The sealed segment is fsynced: the recovery point may move past it.
         self.flush()
 
-    def append(self, batch: bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
-        """Append one validated batch: rewrite its base offset (and partition leader
-        epoch, when >= 0) in place, then write it. `header` is the batch's parsed
-        header; the batch must be exactly `header.size` bytes. Rolls the segment
-        first when needed. Returns where it landed. Raises OSError on I/O failure."""
+    def _segment_for_append(self, header: BatchHeader) -> Segment:
         active = self.segments[-1]
         base = active.next_offset
         if active.size > 0 and (active.size + header.size > self.config.segment_bytes or
                                 base + header.last_offset_delta - active.base_offset > INT32_MAX):
             self._roll()
             active = self.segments[-1]
+        return active
+
+    def append(self, batch: bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
+        """Append one validated batch: rewrite its base offset (and partition leader
+        epoch, when >= 0) in place, then write it. `header` is the batch's parsed
+        header; the batch must be exactly `header.size` bytes. Rolls the segment
+        first when needed. Returns where it landed. Raises OSError on I/O failure."""
+        active = self._segment_for_append(header)
+        base = active.next_offset
         records.set_base_offset(batch, base)
         if leader_epoch >= 0:
             records.set_partition_leader_epoch(batch, leader_epoch)
         h = header._replace(base_offset=base)
+        return self._write(active, batch, h)
+
+    def append_replicated(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> AppendInfo:
+        """Append a batch copied from the leader byte for byte: its offsets and
+        partition leader epoch are kept, so its base offset must be the log end
+        offset. Raises ValueError otherwise (a gap or overlap: the caller must
+        truncate or fetch again), OSError on I/O failure."""
+        if header.base_offset != self.log_end_offset:
+            raise ValueError(f"replicated batch at offset {header.base_offset}, log ends at {self.log_end_offset}")
+        if len(batch) != header.size:
+            raise ValueError(f"replicated batch has {len(batch)} bytes, header says {header.size}")
+        return self._write(self._segment_for_append(header), batch, header)
+
+    def _write(self, active: Segment, batch, h: BatchHeader) -> AppendInfo:
         position = active.append(batch, h)
         self._unflushed_records += max(h.record_count, 1)
         if self._unflushed_records >= self.config.flush_messages:
             self.flush()
-        return AppendInfo(base, h.last_offset, active.base_offset, position)
+        return AppendInfo(h.base_offset, h.last_offset, active.base_offset, position)
 
     def append_aborted(self, entry: AbortedTxn) -> None:
         """Add an aborted-transaction index entry to the segment holding its marker."""

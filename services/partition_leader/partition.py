@@ -1,15 +1,26 @@
-"""One partition replica led by this process: log + producer state + LSO.
+"""One partition replica hosted by this process: log + producer state + LSO, as
+leader or follower.
 
-Produce (`append`), transaction markers (`write_marker`), Fetch (`fetch`) and
-ListOffsets (`list_offset`) as the design doc's "Client-Broker request handling",
+As leader: Produce (`append`), transaction markers (`write_marker`), Fetch (`fetch`)
+and ListOffsets (`list_offset`) as the design doc's "Client-Broker request handling",
 "Coordinator-Broker request handling", "Last Stable Offset Tracking" and "Aborted
-Transaction Index" sections describe them. Expected outcomes are ErrorCode values in
-the results; exceptions mean bugs, corruption or I/O failure (STYLE.md 3).
+Transaction Index" sections describe them; replica fetches (`fetch_for_follower`)
+advance the followers' log end offsets, the in-sync replica set (ISR) and the high
+watermark (`replication.LeaderReplication`); OffsetForLeaderEpoch
+(`end_offset_for_epoch`) answers from the leader-epoch cache (KIP-101).
+As follower: `append_as_follower` copies the leader's batches byte for byte (offsets
+and partition leader epochs kept) and rebuilds the same producer state, aborted
+transaction index and epoch cache from them; `truncate_to` cuts a divergent tail
+(never below the high watermark) and rebuilds the producer state.
 
-The high watermark is kept apart from the log end offset: with a single replica it
-follows the log end after every append (`_advance_high_watermark`), and replication
-will move it on follower acknowledgement instead. `leader_epoch` is stamped into
-every appended batch and checked against Fetch's `current_leader_epoch`.
+Expected outcomes are ErrorCode values in the results; exceptions mean bugs,
+corruption or I/O failure (STYLE.md 3).
+
+High watermark = min log end offset over the ISR (a single replica: the log end);
+consumers read below it (below the LSO in read_committed, itself bounded by it). It is
+checkpointed to `high-watermark` in the partition directory (a lower bound: used to
+never truncate below it after a restart). `leader_epoch` is stamped into every batch
+appended as leader and checked against Fetch's `current_leader_epoch`.
 
 Producer-state snapshots go to the shared `SnapshotStore` at most every
 `producer.snapshot.interval.ms` when the log end moved, and on `close()`; opening
@@ -19,6 +30,8 @@ it, falling back to older snapshots and finally to a full log scan.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,8 +42,10 @@ from exactly import records
 from exactly.errors import ErrorCode
 from exactly.records import CorruptRecordError
 
+from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig
 from .producer_state import ProducerStateManager, SnapshotError
+from .replication import LeaderReplication
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +56,10 @@ READ_COMMITTED = 1
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 LAST_STABLE_OFFSET_TIMESTAMP = -3  # the design doc's sentinel ("ListOffsetRequest")
+
+ACKS_ALL = -1
+HIGH_WATERMARK_FILE = "high-watermark"
+LOCAL_REPLICA = "local"  # replica id of a partition opened outside a cluster (tests, tools)
 
 
 def _now_ms() -> int:
@@ -56,6 +75,7 @@ _SETTINGS = {
     "producer.snapshot.interval.ms": (None, 30000),
     "producer.snapshot.retained": (None, 3),
     "producer.id.expiration.ms": (None, 86400000),
+    "min.insync.replicas": (None, 1),
 }
 
 
@@ -66,13 +86,17 @@ class PartitionConfig:
     snapshot_interval_ms: `producer.snapshot.interval.ms`, minimum ms between
         periodic producer-state snapshots; snapshots_retained:
         `producer.snapshot.retained`, how many snapshots to keep (>= 1);
-    producer_id_expiration_ms: `producer.id.expiration.ms`.
+    producer_id_expiration_ms: `producer.id.expiration.ms`;
+    min_insync_replicas: `min.insync.replicas`, the ISR size acks=all (and markers)
+        need; capped at the replication factor, so a topic with fewer replicas than
+        a cluster-wide setting stays writable.
     """
 
     log: LogConfig = field(default_factory=LogConfig)
     snapshot_interval_ms: int = 30000
     snapshots_retained: int = 3
     producer_id_expiration_ms: int = 86400000
+    min_insync_replicas: int = 1
 
     @classmethod
     def from_settings(cls, props: Mapping[str, str], topic_configs: Mapping[str, str] | None = None
@@ -97,17 +121,20 @@ class PartitionConfig:
                              flush_messages=max(get("flush.messages"), 1)),
                    snapshot_interval_ms=get("producer.snapshot.interval.ms"),
                    snapshots_retained=max(get("producer.snapshot.retained"), 1),
-                   producer_id_expiration_ms=get("producer.id.expiration.ms"))
+                   producer_id_expiration_ms=get("producer.id.expiration.ms"),
+                   min_insync_replicas=max(get("min.insync.replicas"), 1))
 
 
 class AppendResult(NamedTuple):
-    """Produce outcome: base_offset is the assigned offset (or, for
-    DUPLICATE_SEQUENCE_NUMBER, the offset the original batch got); -1 on error."""
+    """Produce outcome: base_offset / last_offset are the assigned offsets (or, for
+    DUPLICATE_SEQUENCE_NUMBER, the offsets the original batch got); -1 on error.
+    acks=all is satisfied once the high watermark passes last_offset."""
 
     error: ErrorCode
     base_offset: int = -1
     log_start_offset: int = -1
     message: str = ""
+    last_offset: int = -1
 
 
 class MarkerResult(NamedTuple):
@@ -115,6 +142,20 @@ class MarkerResult(NamedTuple):
 
     error: ErrorCode
     offset: int = -1
+    message: str = ""
+
+
+class ReplicaFetchResult(NamedTuple):
+    """Answer to a follower's fetch: the leader's high watermark and log end offset,
+    raw batches from the fetch offset up to the log end; hw_changed says whether
+    this fetch advanced the leader's high watermark."""
+
+    error: ErrorCode
+    high_watermark: int = -1
+    log_end_offset: int = -1
+    log_start_offset: int = -1
+    records: bytes = b""
+    hw_changed: bool = False
     message: str = ""
 
 
@@ -132,11 +173,19 @@ class FetchResult(NamedTuple):
 
 
 class Partition:
-    """A led partition replica. Build with `Partition.open(...)`."""
+    """A partition replica hosted here. Build with `Partition.open(...)`.
+
+    With `single_replica` (the default) it starts as the leader of a single-replica
+    partition (ISR = {local_id}); otherwise it starts with no role and the replica
+    manager calls `become_leader` / `become_follower` with the partition state from
+    ZooKeeper. `lease_until` (time.monotonic() seconds) is when the leader's last
+    confirmation of its leadership expires; `math.inf` when no lease is kept.
+    """
 
     def __init__(self, topic: str, partition: int, plog: Log, producers: ProducerStateManager,
                  store: SnapshotStore | None, config: PartitionConfig, *, leader_epoch: int = 0,
-                 clock_ms: Callable[[], int] = _now_ms):
+                 clock_ms: Callable[[], int] = _now_ms, local_id: str = LOCAL_REPLICA,
+                 epochs: LeaderEpochCache | None = None, single_replica: bool = True):
         self.topic = topic
         self.partition = partition
         self.log = plog
@@ -145,7 +194,16 @@ class Partition:
         self.config = config
         self.leader_epoch = leader_epoch
         self.clock_ms = clock_ms
+        self.local_id = local_id
+        self.epochs = epochs if epochs is not None else LeaderEpochCache()
+        self.leader_id: str | None = local_id if single_replica else None
+        self.replicas: tuple[str, ...] = (local_id,)
+        self.replication: LeaderReplication | None = LeaderReplication(
+            local_id, (local_id,), (local_id,), epoch_start_offset=plog.log_end_offset, now_ms=clock_ms()) \
+            if single_replica else None
+        self.lease_until = math.inf if single_replica else 0.0
         self.high_watermark = plog.log_end_offset
+        self._checkpointed_hw = -1
         self._last_snapshot_offset = -1
         self._last_snapshot_ms = clock_ms()
         self.snapshot_loaded_from: int | None = None  # offset of the snapshot used by open()
@@ -154,23 +212,66 @@ class Partition:
     @classmethod
     def open(cls, topic: str, partition: int, data_dir: Path, config: PartitionConfig | None = None,
              store: SnapshotStore | None = None, *, internal: bool | None = None, leader_epoch: int = 0,
-             clock_ms: Callable[[], int] = _now_ms) -> "Partition":
-        """Open (or create) `<data_dir>/logs/<topic>-<partition>/`, recover the log and
-        rebuild the producer state (snapshot + replay). `internal` defaults to the
-        topic name starting with "__". Raises OSError on I/O failure."""
+             clock_ms: Callable[[], int] = _now_ms, local_id: str = LOCAL_REPLICA,
+             single_replica: bool = True) -> "Partition":
+        """Open (or create) `<data_dir>/logs/<topic>-<partition>/`, recover the log,
+        load the leader-epoch cache (rebuilt from the batches when missing) and the
+        high-watermark checkpoint, and rebuild the producer state (snapshot + replay).
+        `internal` defaults to the topic name starting with "__"; `single_replica`
+        see the class. Raises OSError on I/O failure."""
         config = config or PartitionConfig()
-        plog = Log.open(data_dir / "logs" / f"{topic}-{partition}", config.log)
+        directory = data_dir / "logs" / f"{topic}-{partition}"
+        fresh = not directory.exists()
+        plog = Log.open(directory, config.log)
         producers = ProducerStateManager(internal=topic.startswith("__") if internal is None else internal,
                                          expiration_ms=config.producer_id_expiration_ms, clock_ms=clock_ms)
-        self = cls(topic, partition, plog, producers, store, config, leader_epoch=leader_epoch, clock_ms=clock_ms)
+        epochs = LeaderEpochCache.load(directory)
+        if epochs is None:
+            epochs = _rebuild_epochs(plog)
+        elif epochs.truncate_from_end(plog.log_end_offset):
+            log.warning("%s-%d: leader epochs past the recovered log end dropped", topic, partition)
+        self = cls(topic, partition, plog, producers, store, config, leader_epoch=leader_epoch,
+                   clock_ms=clock_ms, local_id=local_id, epochs=epochs, single_replica=single_replica)
+        self.high_watermark = 0 if fresh else self._read_hw_checkpoint()
         self._load_producer_state()
+        self.maybe_advance_high_watermark()
+        self.checkpoint_high_watermark()
         return self
 
     def close(self) -> None:
-        """Flush the log and write a final producer-state snapshot (clean shutdown)."""
+        """Flush the log and write a final producer-state snapshot and high-watermark
+        checkpoint (clean shutdown)."""
         self.log.flush()
         self.take_snapshot(sync=True)
+        self.checkpoint_high_watermark()
         self.log.close()
+
+    def _read_hw_checkpoint(self) -> int:
+        try:
+            value = int((self.log.dir / HIGH_WATERMARK_FILE).read_text().strip())
+        except FileNotFoundError:
+            # A log written before high watermarks were checkpointed: single replica.
+            return self.log.log_end_offset
+        except ValueError:
+            log.warning("%s-%d: unreadable high-watermark checkpoint; using the log start",
+                        self.topic, self.partition)
+            return self.log.log_start_offset
+        return max(min(value, self.log.log_end_offset), self.log.log_start_offset)
+
+    def checkpoint_high_watermark(self) -> bool:
+        """Write the high watermark to `high-watermark` (atomic replace) when it moved
+        since the last write. Returns whether written. Raises OSError."""
+        hw = self.high_watermark
+        if hw == self._checkpointed_hw:
+            return False
+        tmp = self.log.dir / (HIGH_WATERMARK_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{hw}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.log.dir / HIGH_WATERMARK_FILE)
+        self._checkpointed_hw = hw
+        return True
 
     # ------------------------------------------------------------ offsets
     @property
@@ -183,26 +284,106 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """Smallest first offset of the ongoing transactions, else the high watermark
-        (design doc "Last Stable Offset Tracking")."""
+        """Smallest first offset of the ongoing transactions, else the high watermark;
+        never above the high watermark (design doc "Last Stable Offset Tracking")."""
         first = self.producers.first_unstable_offset
         return self.high_watermark if first is None else min(first, self.high_watermark)
 
-    def _advance_high_watermark(self) -> None:
-        # Single replica: everything appended is replicated. Replication will move
-        # the high watermark on follower acknowledgement instead.
-        self.high_watermark = self.log.log_end_offset
+    # ------------------------------------------------------------ roles
+    @property
+    def is_leader(self) -> bool:
+        return self.replication is not None
+
+    @property
+    def isr(self) -> tuple[str, ...]:
+        """In-sync replicas as this leader applies them (empty on a follower)."""
+        return self.replication.isr if self.replication is not None else ()
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """`min.insync.replicas`, capped at the replication factor."""
+        return max(min(self.config.min_insync_replicas, len(self.replicas)), 1)
+
+    def become_leader(self, leader_epoch: int, replicas: tuple[str, ...], isr: tuple[str, ...],
+                      zk_version: int = -1) -> None:
+        """Lead `leader_epoch` (from ZooKeeper's partition state): record the epoch's
+        start offset (our log end) in the epoch cache, start tracking the followers
+        (ISR followers count as caught up now) and recompute the high watermark."""
+        self.leader_epoch = leader_epoch
+        self.leader_id = self.local_id
+        self.replicas = tuple(replicas) or (self.local_id,)
+        self.epochs.assign(leader_epoch, self.log_end_offset)
+        self.replication = LeaderReplication(self.local_id, self.replicas, isr, zk_version=zk_version,
+                                             epoch_start_offset=self.log_end_offset, now_ms=self.clock_ms())
+        self.maybe_advance_high_watermark()
+
+    def become_follower(self, leader_id: str | None, leader_epoch: int, replicas: tuple[str, ...]) -> None:
+        """Follow `leader_id` (None: the partition has no leader) in `leader_epoch`:
+        stop leading; the replica fetcher truncates, then fetches."""
+        self.leader_epoch = leader_epoch
+        self.leader_id = leader_id
+        self.replicas = tuple(replicas) or (self.local_id,)
+        self.replication = None
+        self.lease_until = 0.0
+
+    def enough_replicas(self) -> bool:
+        """Whether the ISR has at least `min.insync.replicas` members."""
+        return self.replication is not None and len(self.replication.isr) >= self.min_insync_replicas
+
+    def maybe_advance_high_watermark(self) -> bool:
+        """Leader: move the high watermark to the min log end offset over the ISR (never
+        back). Returns whether it moved."""
+        if self.replication is None:
+            return False
+        hw = self.replication.high_watermark(self.log.log_end_offset)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            return True
+        return False
+
+    def set_isr(self, isr: tuple[str, ...], zk_version: int) -> bool:
+        """Leader: apply an ISR stored in ZooKeeper at `zk_version`; returns whether the
+        high watermark moved."""
+        if self.replication is None:
+            return False
+        self.replication.set_isr(isr, zk_version)
+        return self.maybe_advance_high_watermark()
+
+    def isr_shrink_candidate(self, max_lag_ms: int, now_ms: int | None = None) -> tuple[str, ...] | None:
+        """Leader: the ISR without followers not caught up for `replica.lag.time.max.ms`,
+        or None when nobody lags (Kafka's `Partition.maybeShrinkIsr`)."""
+        if self.replication is None:
+            return None
+        now = self.clock_ms() if now_ms is None else now_ms
+        return self.replication.shrink_candidate(now, max_lag_ms)
+
+    def isr_expand_candidate(self, replica: str) -> tuple[str, ...] | None:
+        """Leader: the ISR with `replica` added when it caught up, else None."""
+        if self.replication is None:
+            return None
+        return self.replication.expand_candidate(replica, self.high_watermark)
+
+    def _check_epoch(self, current_leader_epoch: int) -> ErrorCode:
+        if current_leader_epoch >= 0 and current_leader_epoch != self.leader_epoch:
+            return (ErrorCode.FENCED_LEADER_EPOCH if current_leader_epoch < self.leader_epoch
+                    else ErrorCode.UNKNOWN_LEADER_EPOCH)
+        return ErrorCode.NONE
 
     # ------------------------------------------------------------ produce
-    def append(self, batch: bytes) -> AppendResult:
-        """Append one client record batch v2 (Produce).
+    def append(self, batch: bytes, required_acks: int = 1) -> AppendResult:
+        """Append one client record batch v2 (Produce) as leader.
 
         Validates without decoding records: CRC32C and framing (CORRUPT_MESSAGE, the
         log unchanged), exactly one batch and no control bit (INVALID_REQUEST), PID /
-        epoch / sequence rules (`ProducerStateManager.check_append`). A retried batch
-        equal to one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the
-        original base offset and is not appended again. Offsets are assigned by
-        rewriting the base offset in place."""
+        epoch / sequence rules (`ProducerStateManager.check_append`). With
+        required_acks -1 (all), NOT_ENOUGH_REPLICAS when the ISR is smaller than
+        `min.insync.replicas`, before anything is appended. A retried batch equal to
+        one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
+        offsets and is not appended again. Offsets are assigned by rewriting the base
+        offset in place; the batch gets this leader's epoch. NOT_LEADER_OR_FOLLOWER
+        on a follower."""
+        if self.replication is None:
+            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
         buf = bytearray(batch)
         try:
             h = records.verify_crc(buf)
@@ -220,81 +401,199 @@ class Partition:
                                 message="control batches are written only through WriteTxnMarkers")
         if h.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
             return AppendResult(ErrorCode.INVALID_REQUEST, message=f"unsupported compression {h.compression}")
+        if required_acks == ACKS_ALL and not self.enough_replicas():
+            return AppendResult(ErrorCode.NOT_ENOUGH_REPLICAS, -1, self.log_start_offset,
+                                f"{len(self.isr)} in-sync replicas, min.insync.replicas is "
+                                f"{self.min_insync_replicas}")
         if h.producer_id < 0:
             if h.is_transactional:
                 return AppendResult(ErrorCode.INVALID_REQUEST, message="transactional batch without a producer id")
         else:
             check = self.producers.check_append(h)
             if check.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
-                return AppendResult(check.error, check.duplicate.first_offset, self.log_start_offset, check.message)
+                dup = check.duplicate
+                return AppendResult(check.error, dup.first_offset, self.log_start_offset, check.message,
+                                    dup.last_offset)
             if check.error != ErrorCode.NONE:
                 return AppendResult(check.error, -1, self.log_start_offset, check.message)
+        self._note_epoch(self.leader_epoch, self.log_end_offset)
         info = self.log.append(buf, h, self.leader_epoch)
         if h.producer_id >= 0:
             self.producers.on_append(h._replace(base_offset=info.base_offset))
         else:
             self.producers.map_end_offset = info.last_offset + 1
-        self._advance_high_watermark()
-        return AppendResult(ErrorCode.NONE, info.base_offset, self.log_start_offset)
+        self.maybe_advance_high_watermark()
+        return AppendResult(ErrorCode.NONE, info.base_offset, self.log_start_offset, last_offset=info.last_offset)
+
+    def _note_epoch(self, epoch: int, start_offset: int) -> None:
+        if epoch > self.epochs.latest_epoch:
+            self.epochs.assign(epoch, start_offset)
 
     # ------------------------------------------------------------ markers
     def write_marker(self, producer_id: int, producer_epoch: int, committed: bool,
                      coordinator_epoch: int) -> MarkerResult:
         """Write a COMMIT or ABORT marker for `producer_id` (WriteTxnMarkers; design doc
-        "Coordinator-Broker request handling").
+        "Coordinator-Broker request handling"). The caller waits for the high
+        watermark to pass the marker (markers are written with acks=all).
 
         TRANSACTION_COORDINATOR_FENCED for a coordinator epoch older than the PID's,
-        INVALID_PRODUCER_EPOCH for an older producer epoch. A marker for a PID without
-        an ongoing transaction here is still written (coordinator retries succeed).
-        On ABORT, the aborted-index entry gets the LSO computed before the
-        transaction completes (STYLE.md 9)."""
+        INVALID_PRODUCER_EPOCH for an older producer epoch, NOT_ENOUGH_REPLICAS when
+        the ISR is below `min.insync.replicas`, NOT_LEADER_OR_FOLLOWER on a follower.
+        A marker for a PID without an ongoing transaction here is still written
+        (coordinator retries succeed). On ABORT, the aborted-index entry gets the LSO
+        computed before the transaction completes (STYLE.md 9)."""
+        if self.replication is None:
+            return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
         check = self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
         if check.error != ErrorCode.NONE:
             return MarkerResult(check.error, message=check.message)
+        if not self.enough_replicas():
+            return MarkerResult(ErrorCode.NOT_ENOUGH_REPLICAS,
+                                message=f"{len(self.isr)} in-sync replicas, min.insync.replicas is "
+                                        f"{self.min_insync_replicas}")
         now = self.clock_ms()
         batch = bytearray(records.encode_control_batch(committed, producer_id, producer_epoch,
                                                        coordinator_epoch, now))
         h = records.parse_header(batch)
         marker_offset = self.log.log_end_offset
         lso = self.producers.lso_excluding(producer_id, marker_offset + 1)
+        self._note_epoch(self.leader_epoch, marker_offset)
         info = self.log.append(batch, h, self.leader_epoch)
         completed = self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch,
                                                    info.base_offset, now, committed)
         if completed.is_aborted:
             self.log.append_aborted(AbortedTxn(producer_id, completed.first_offset, info.base_offset, lso))
-        self._advance_high_watermark()
+        self.maybe_advance_high_watermark()
         return MarkerResult(ErrorCode.NONE, info.base_offset)
 
     # ------------------------------------------------------------ fetch
     def fetch(self, offset: int, max_bytes: int, isolation_level: int = READ_UNCOMMITTED,
               current_leader_epoch: int = -1) -> FetchResult:
-        """Read whole batches from `offset` (design doc "Client-Broker request
-        handling", fetch steps 1-5).
+        """Read whole batches from `offset` for a consumer (design doc "Client-Broker
+        request handling", fetch steps 1-5).
 
         isolation_level 0 reads below the high watermark, 1 below the LSO and also
-        returns the aborted transactions intersecting the returned range. max_bytes
-        bounds the bytes (one batch is returned even if larger); max_bytes <= 0
-        returns offsets only (a response whose byte budget is spent).
-        Errors: OFFSET_OUT_OF_RANGE outside [log start, high watermark];
+        returns the aborted transactions intersecting the returned range. An offset
+        between the bound and the log end answers no records (a new leader's high
+        watermark may still be catching up). max_bytes bounds the bytes (one batch is
+        returned even if larger); max_bytes <= 0 returns offsets only (a response
+        whose byte budget is spent).
+        Errors: OFFSET_OUT_OF_RANGE outside [log start, log end];
         FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH when current_leader_epoch (>= 0)
         is older / newer than ours."""
         hw, lso, start = self.high_watermark, self.last_stable_offset, self.log_start_offset
-        if current_leader_epoch >= 0 and current_leader_epoch != self.leader_epoch:
-            err = (ErrorCode.FENCED_LEADER_EPOCH if current_leader_epoch < self.leader_epoch
-                   else ErrorCode.UNKNOWN_LEADER_EPOCH)
+        err = self._check_epoch(current_leader_epoch)
+        if err != ErrorCode.NONE:
             return FetchResult(err, hw, lso, start)
-        if offset < start or offset > hw:
+        if offset < start or offset > self.log_end_offset:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, lso, start,
-                               message=f"offset {offset} outside [{start}, {hw}]")
-        if max_bytes <= 0:
-            return FetchResult(ErrorCode.NONE, hw, lso, start)
+                               message=f"offset {offset} outside [{start}, {self.log_end_offset}]")
         committed = isolation_level == READ_COMMITTED
-        res = self.log.read(offset, max_bytes, lso if committed else hw)
+        bound = lso if committed else hw
+        if max_bytes <= 0 or offset >= bound:
+            return FetchResult(ErrorCode.NONE, hw, lso, start)
+        res = self.log.read(offset, max_bytes, bound)
         aborted: tuple[tuple[int, int], ...] = ()
         if committed and res.records:
             aborted = tuple((t.producer_id, t.first_offset)
                             for t in self.log.collect_aborted(offset, res.next_offset))
         return FetchResult(ErrorCode.NONE, hw, lso, start, aborted, res.records)
+
+    def fetch_for_follower(self, replica_id: str, offset: int, max_bytes: int, current_leader_epoch: int = -1,
+                           now_ms: int | None = None) -> ReplicaFetchResult:
+        """Serve a follower's fetch (Fetch with replica_id): record its log end offset
+        (`offset`), advance the high watermark, and return whole batches from
+        `offset` up to the log end (not bounded by the high watermark).
+
+        Errors: NOT_LEADER_OR_FOLLOWER on a follower; FENCED_LEADER_EPOCH /
+        UNKNOWN_LEADER_EPOCH when the follower's view of the epoch differs;
+        REPLICA_NOT_AVAILABLE for a replica not assigned to the partition;
+        OFFSET_OUT_OF_RANGE beyond our log end (the follower must truncate) or below
+        the log start."""
+        rep = self.replication
+        if rep is None:
+            return ReplicaFetchResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
+        hw, leo, start = self.high_watermark, self.log_end_offset, self.log_start_offset
+        err = self._check_epoch(current_leader_epoch)
+        if err != ErrorCode.NONE:
+            return ReplicaFetchResult(err, hw, leo, start)
+        if replica_id not in rep.followers:
+            return ReplicaFetchResult(ErrorCode.REPLICA_NOT_AVAILABLE, hw, leo, start,
+                                      message=f"{replica_id} is not a follower of {self.topic}-{self.partition}")
+        if offset < start or offset > leo:
+            return ReplicaFetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, leo, start,
+                                      message=f"offset {offset} outside [{start}, {leo}]")
+        rep.update_follower(replica_id, offset, leo, self.clock_ms() if now_ms is None else now_ms)
+        moved = self.maybe_advance_high_watermark()
+        data = b""
+        if max_bytes > 0 and offset < leo:
+            data = self.log.read(offset, max_bytes, leo).records
+        return ReplicaFetchResult(ErrorCode.NONE, self.high_watermark, leo, start, data, moved)
+
+    def end_offset_for_epoch(self, leader_epoch: int, current_leader_epoch: int = -1
+                             ) -> tuple[ErrorCode, EpochEndOffset]:
+        """OffsetForLeaderEpoch as leader (KIP-101): the largest epoch <= `leader_epoch`
+        we know and where it ends (next epoch's start, or our log end).
+        Errors: NOT_LEADER_OR_FOLLOWER on a follower; FENCED_LEADER_EPOCH /
+        UNKNOWN_LEADER_EPOCH for a mismatching current_leader_epoch."""
+        none = EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+        if self.replication is None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, none
+        err = self._check_epoch(current_leader_epoch)
+        if err != ErrorCode.NONE:
+            return err, none
+        return ErrorCode.NONE, self.epochs.end_offset_for(leader_epoch, self.log_end_offset)
+
+    # ------------------------------------------------------------ follower
+    def append_as_follower(self, data: bytes) -> int:
+        """Append the batches of a replica fetch response, byte for byte (offsets and
+        partition leader epochs kept), updating the epoch cache, producer state and
+        aborted-transaction index as the leader did. Batches below our log end are
+        skipped; a trailing partial batch is ignored. Returns the number of batches
+        appended. Raises CorruptRecordError (bad CRC) or ValueError (a gap: the
+        first new batch does not start at our log end); batches before it are kept."""
+        view = memoryview(data)
+        appended = 0
+        for pos, h in records.iter_batches(view, verify=True):
+            if h.last_offset < self.log.log_end_offset:
+                continue
+            batch = view[pos:pos + h.size]
+            self._note_epoch(h.partition_leader_epoch, h.base_offset)
+            self.log.append_replicated(batch, h)
+            self._apply_batch(h, lambda b=batch: bytes(b))
+            appended += 1
+        return appended
+
+    def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
+        """Follower: high watermark = min(leader's, our log end), never back. Returns
+        whether it moved."""
+        hw = min(leader_high_watermark, self.log_end_offset)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            return True
+        return False
+
+    def truncate_to(self, offset: int) -> int:
+        """Follower: remove the log from `offset` (rounded down to a batch start), but
+        never below the high watermark; then drop newer leader epochs and producer-state
+        snapshots past the new end and rebuild the producer state (snapshot + replay)
+        and aborted index. Returns the new log end offset. Raises OSError."""
+        if offset < self.high_watermark:
+            log.warning("%s-%d: not truncating to %d, below the high watermark %d",
+                        self.topic, self.partition, offset, self.high_watermark)
+            offset = self.high_watermark
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        for b in self.log.batches(offset):
+            offset = min(offset, b.header.base_offset)
+            break
+        log.info("%s-%d: truncating from %d to %d", self.topic, self.partition, self.log_end_offset, offset)
+        self.log.truncate_to(offset)
+        self.epochs.truncate_from_end(offset)
+        self._last_snapshot_offset = -1
+        self._load_producer_state()
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        return self.log_end_offset
 
     # ------------------------------------------------------------ list offsets
     def list_offset(self, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[ErrorCode, int, int]:
@@ -352,7 +651,7 @@ class Partition:
         loaded_from = None
         for off in reversed(offsets):
             if off > end:
-                # Taken past what survived (an unflushed tail was lost): unusable.
+                # Taken past what survived (an unflushed or truncated tail): unusable.
                 self.store.delete(self.topic, self.partition, off)
                 continue
             if off < start:
@@ -378,15 +677,35 @@ class Partition:
         """Rebuild producer state from the batches at and after `start_offset`; restore
         an aborted-index entry missing for an ABORT marker (crash between the two)."""
         for b in self.log.batches(start_offset):
-            h = b.header
-            if h.base_offset < start_offset:
+            if b.header.base_offset < start_offset:
                 continue
-            control = None
-            if h.is_control:
-                ctype, coordinator_epoch = records.decode_control_record(records.decode_records(b.read(), 0, h)[0])
-                control = (ctype == records.CONTROL_COMMIT, coordinator_epoch)
-                lso = self.producers.lso_excluding(h.producer_id, h.base_offset + 1)
-            completed = self.producers.replay_batch(h, control)
-            if completed is not None and completed.is_aborted and \
-                    not self.log.has_aborted_entry(h.producer_id, h.base_offset):
-                self.log.append_aborted(AbortedTxn(h.producer_id, completed.first_offset, h.base_offset, lso))
+            self._apply_batch(b.header, b.read)
+
+    def _apply_batch(self, h: records.BatchHeader, read: Callable[[], bytes]) -> None:
+        """Apply one batch already in the log to the producer state (a marker ends its
+        transaction and, for ABORT, gets its aborted-index entry unless present)."""
+        control = None
+        lso = -1
+        if h.is_control:
+            ctype, coordinator_epoch = records.decode_control_record(records.decode_records(read(), 0, h)[0])
+            control = (ctype == records.CONTROL_COMMIT, coordinator_epoch)
+            lso = self.producers.lso_excluding(h.producer_id, h.base_offset + 1)
+        completed = self.producers.replay_batch(h, control)
+        if completed is not None and completed.is_aborted and \
+                not self.log.has_aborted_entry(h.producer_id, h.base_offset):
+            self.log.append_aborted(AbortedTxn(h.producer_id, completed.first_offset, h.base_offset, lso))
+
+
+def _rebuild_epochs(plog: Log) -> LeaderEpochCache:
+    """The epoch cache from the partitionLeaderEpoch of the log's batches (headers only)."""
+    cache = LeaderEpochCache(plog.dir)
+    entries = []
+    for b in plog.batches(plog.log_start_offset):
+        epoch = b.header.partition_leader_epoch
+        if epoch >= 0 and (not entries or epoch > entries[-1][0]):
+            entries.append((epoch, b.header.base_offset))
+    for epoch, start in entries:
+        cache.assign(epoch, start)
+    if not entries:
+        cache.flush()
+    return cache

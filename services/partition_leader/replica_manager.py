@@ -1,141 +1,303 @@
-"""The partitions this process leads, opened from and closed into its data directory.
+"""The partition replicas hosted by this process, as leaders or followers.
 
-`ReplicaManager.refresh()` compares the cluster's assignment
-(`cluster.partitions_led_by(node_id)`) with the open partitions: newly led ones are
-opened (log recovery + producer-state load), no longer led ones are closed (snapshot,
-flush) and their files kept. `get()` resolves a request's (topic, partition) to an
-open partition or an error code. Pure domain code: the cluster is anything with
-`topics()` and `partitions_led_by(node_id)` (services.common.cluster.ClusterState).
+`ReplicaManager.refresh()` compares the cluster's assignment (topics whose replica
+list names this node) and the partition states in ZooKeeper ({leader, leader_epoch,
+isr}, kept fresh by watches) with the open replicas: newly assigned ones are opened
+(log recovery + producer-state load), no longer assigned ones are closed (snapshot,
+flush) and their files kept, and each replica becomes leader or follower of the
+state's epoch (`Partition.become_leader` / `become_follower`). A state with an older
+leader epoch than the replica already applied is ignored. A leader adopts a newer ISR
+of its own epoch (written by itself or by the controller).
 
-Not thread-safe: the service calls it from its event loop only.
+`get()` resolves a client request's (topic, partition) to a replica this process
+leads, or an error code; followers answer NOT_LEADER_OR_FOLLOWER. Replica fetches
+(`fetch_for_follower`) and OffsetForLeaderEpoch (`end_offset_for_epoch`) go to the
+leader replica. `follower_targets()` tells the replica fetchers whom to follow;
+`isr_updates()` which leaders want a different ISR.
+
+Leadership lease: with `lease_ms` set, a leader acknowledges writes only while its
+leadership was confirmed in ZooKeeper less than `lease_ms` ago (`lease_valid`), so a
+leader that wakes from a pause longer than its session cannot acknowledge anything
+before learning it was replaced. The service renews leases; without `lease_ms`
+(tests, tools) leadership needs no confirmation.
+
+Pure domain code: the cluster is anything with `topics()` (TopicInfo with
+`partitions` and `states`). Not thread-safe: the service calls it from its event
+loop only.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol
 
 from exactly.errors import ErrorCode
 
-from .partition import Partition, PartitionConfig
+from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
+from .partition import Partition, PartitionConfig, ReplicaFetchResult
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
+TopicPartition = tuple[str, int]
+
+DEFAULT_REPLICA_LAG_TIME_MAX_MS = 10000
+
 
 class ClusterView(Protocol):
     def topics(self) -> Mapping[str, object]: ...
-
-    def partitions_led_by(self, node_id: str) -> list[tuple[str, int]]: ...
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _leader_epoch(topic_info, partition: int) -> int:
+class _State:
+    """The partition state fields the manager reads (services.common.cluster.PartitionState)."""
+
+    def __init__(self, leader: str | None, leader_epoch: int, isr: tuple[str, ...], version: int = -1):
+        self.leader, self.leader_epoch, self.isr, self.version = leader, leader_epoch, isr, version
+
+
+def _state(topic_info, partition: int):
+    """ZooKeeper's state of a partition; a topic written without states is led by its
+    first replica in epoch 0 with every replica in sync."""
     st = getattr(topic_info, "states", {}).get(partition)
-    return st.leader_epoch if st is not None else 0
-
-
-def _leader(topic_info, partition: int) -> str | None:
-    return topic_info.leader(partition)
+    if st is not None:
+        return st
+    replicas = tuple(topic_info.partitions.get(partition, ()))
+    return _State(replicas[0] if replicas else None, 0, replicas)
 
 
 class ReplicaManager:
-    """Open partitions by (topic, partition).
+    """Open replicas by (topic, partition).
 
     node_id: this process; data_dir: its data directory (logs under `logs/`,
     snapshots in `store`); props: process settings (Kafka keys, see
-    `PartitionConfig.from_settings`), topic configs from the cluster override them.
+    `PartitionConfig.from_settings`; `replica.lag.time.max.ms`, default 10000),
+    topic configs from the cluster override them; clock_ms: wall clock (ms),
+    monotonic_s: clock of the leadership leases (s).
     """
 
     def __init__(self, node_id: str, data_dir: Path, props: Mapping[str, str], cluster: ClusterView,
-                 store: SnapshotStore, clock_ms: Callable[[], int] = _now_ms):
+                 store: SnapshotStore, clock_ms: Callable[[], int] = _now_ms,
+                 monotonic_s: Callable[[], float] = time.monotonic):
         self.node_id = node_id
         self.data_dir = data_dir
         self.props = dict(props)
         self.cluster = cluster
         self.store = store
         self.clock_ms = clock_ms
-        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.monotonic_s = monotonic_s
+        self.max_lag_ms = int(self.props.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
+        self.lease_ms: int | None = None
+        self.replicas: dict[TopicPartition, Partition] = {}
+        self.changed: set[TopicPartition] = set()  # see refresh()
+        self.on_isr_update: Callable[[TopicPartition], None] | None = None
+
+    @property
+    def partitions(self) -> dict[TopicPartition, Partition]:
+        """The replicas this process leads."""
+        return {tp: p for tp, p in self.replicas.items() if p.is_leader}
 
     def __iter__(self) -> Iterator[Partition]:
-        return iter(list(self.partitions.values()))
+        """Every open replica (leaders and followers)."""
+        return iter(list(self.replicas.values()))
 
+    # ------------------------------------------------------------ assignment and roles
     def _open(self, topic_info, partition: int) -> Partition:
         name = topic_info.name
         config = PartitionConfig.from_settings(self.props, getattr(topic_info, "configs", {}))
         p = Partition.open(name, partition, self.data_dir, config, self.store,
                            internal=bool(getattr(topic_info, "internal", False)) or name.startswith("__"),
-                           leader_epoch=_leader_epoch(topic_info, partition), clock_ms=self.clock_ms)
-        self.partitions[(name, partition)] = p
-        log.info("leading %s-%d: log end %d, high watermark %d, %d producers (snapshot at %s)",
+                           leader_epoch=-1, clock_ms=self.clock_ms, local_id=self.node_id, single_replica=False)
+        self.replicas[(name, partition)] = p
+        log.info("opened %s-%d: log end %d, high watermark %d, %d producers (snapshot at %s)",
                  name, partition, p.log_end_offset, p.high_watermark, len(p.producers.producers),
                  p.snapshot_loaded_from)
         return p
 
-    def refresh(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-        """Open newly led partitions and close the ones no longer led here.
-        Returns (opened, closed). A partition that fails to open (OSError) is logged
-        and retried at the next refresh."""
+    def _apply_state(self, p: Partition, replicas: tuple[str, ...], st) -> bool:
+        """Make `p` leader or follower as `st` says; returns whether its role, epoch or
+        high watermark changed."""
+        if st.leader_epoch < p.leader_epoch:
+            log.debug("%s-%d: ignoring a state of epoch %d, already at %d",
+                      p.topic, p.partition, st.leader_epoch, p.leader_epoch)
+            return False
+        version = getattr(st, "version", -1)
+        if st.leader == self.node_id:
+            if not p.is_leader or p.leader_epoch != st.leader_epoch:
+                p.become_leader(st.leader_epoch, replicas, tuple(st.isr), version)
+                p.lease_until = math.inf if self.lease_ms is None else 0.0
+                log.info("leading %s-%d in epoch %d from offset %d (ISR %s, high watermark %d)",
+                         p.topic, p.partition, st.leader_epoch, p.log_end_offset, ",".join(p.isr),
+                         p.high_watermark)
+                return True
+            # A newer ISR of our epoch (our own write, or the controller's): adopt it;
+            # a smaller ISR may move the high watermark.
+            return version > p.replication.zk_version and p.set_isr(tuple(st.isr), version)
+        if p.is_leader or p.leader_id != st.leader or p.leader_epoch != st.leader_epoch:
+            was_leader = p.is_leader
+            p.become_follower(st.leader, st.leader_epoch, replicas)
+            log.info("%s %s-%d: following %s in epoch %d", "resigned," if was_leader else "now",
+                     p.topic, p.partition, st.leader or "no leader (offline)", st.leader_epoch)
+            return True
+        return False
+
+    def refresh(self) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        """Open newly assigned replicas, close the ones no longer assigned here, and
+        apply the partition states (leader / follower, epoch, ISR). Returns (opened,
+        closed); `changed` then holds the replicas whose role, epoch or high watermark
+        changed (waiters on them must look again). A
+        replica that fails to open (OSError) is logged and retried at the next refresh."""
         topics = self.cluster.topics()
-        led = set(self.cluster.partitions_led_by(self.node_id))
+        wanted: dict[TopicPartition, tuple[object, tuple[str, ...]]] = {}
+        for info in topics.values():
+            for partition, replicas in info.partitions.items():
+                if self.node_id in replicas:
+                    wanted[(info.name, partition)] = (info, tuple(replicas))
         opened, closed = [], []
-        for tp in sorted(led - set(self.partitions)):
-            try:
-                self._open(topics[tp[0]], tp[1])
+        self.changed = set()
+        for tp in sorted(wanted):
+            info, replicas = wanted[tp]
+            p = self.replicas.get(tp)
+            if p is None:
+                try:
+                    p = self._open(info, tp[1])
+                except OSError:
+                    log.exception("cannot open %s-%d", *tp)
+                    continue
                 opened.append(tp)
-            except (OSError, KeyError):
-                log.exception("cannot open %s-%d", *tp)
-        for tp in sorted(set(self.partitions) - led):
+            if self._apply_state(p, replicas, _state(info, tp[1])):
+                self.changed.add(tp)
+        for tp in sorted(set(self.replicas) - set(wanted)):
             self.close_partition(tp)
             closed.append(tp)
-        for (name, partition), p in self.partitions.items():
-            info = topics.get(name)
-            if info is not None:
-                p.leader_epoch = max(p.leader_epoch, _leader_epoch(info, partition))
+            self.changed.add(tp)
         return opened, closed
 
-    def close_partition(self, tp: tuple[str, int]) -> None:
-        p = self.partitions.pop(tp, None)
+    def close_partition(self, tp: TopicPartition) -> None:
+        p = self.replicas.pop(tp, None)
         if p is None:
             return
         try:
             p.close()
         except OSError:
             log.exception("closing %s-%d failed", *tp)
-        log.info("no longer leading %s-%d", *tp)
+        log.info("closed %s-%d (no longer a replica here)", *tp)
 
+    def follower_targets(self) -> dict[TopicPartition, tuple[str, int]]:
+        """(leader node id, leader epoch) of each followed replica that has a leader."""
+        return {tp: (p.leader_id, p.leader_epoch) for tp, p in self.replicas.items()
+                if not p.is_leader and p.leader_id is not None}
+
+    # ------------------------------------------------------------ requests
     def get(self, topic: str, partition: int) -> tuple[Partition | None, ErrorCode]:
-        """The open partition for a request, or (None, error): UNKNOWN_TOPIC_OR_PARTITION
-        (no such topic or partition), NOT_LEADER_OR_FOLLOWER (led elsewhere),
-        KAFKA_STORAGE_ERROR (led here but its files cannot be opened). A partition
-        just assigned here but not yet opened by `refresh` is opened on demand."""
-        p = self.partitions.get((topic, partition))
+        """The replica this process leads, for a client request, or (None, error):
+        UNKNOWN_TOPIC_OR_PARTITION (no such topic or partition), NOT_LEADER_OR_FOLLOWER
+        (led elsewhere, or no leader), KAFKA_STORAGE_ERROR (led here but its files
+        cannot be opened). A partition just assigned here but not yet opened by
+        `refresh` is opened on demand."""
+        p = self.replicas.get((topic, partition))
         if p is not None:
-            return p, ErrorCode.NONE
+            return (p, ErrorCode.NONE) if p.is_leader else (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
         info = self.cluster.topics().get(topic)
         if info is None or partition not in info.partitions:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        if _leader(info, partition) != self.node_id:
+        replicas = tuple(info.partitions[partition])
+        st = _state(info, partition)
+        if st.leader != self.node_id or self.node_id not in replicas:
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         try:
-            return self._open(info, partition), ErrorCode.NONE
+            p = self._open(info, partition)
         except OSError:
             log.exception("cannot open %s-%d", topic, partition)
             return None, ErrorCode.KAFKA_STORAGE_ERROR
+        self._apply_state(p, replicas, st)
+        return p, ErrorCode.NONE
 
+    def _leader_replica(self, topic: str, partition: int) -> tuple[Partition | None, ErrorCode]:
+        p = self.replicas.get((topic, partition))
+        if p is not None:
+            return (p, ErrorCode.NONE) if p.is_leader else (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        info = self.cluster.topics().get(topic)
+        if info is None or partition not in info.partitions:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    def fetch_for_follower(self, topic: str, partition: int, replica_id: str, offset: int, max_bytes: int,
+                           current_leader_epoch: int = -1) -> ReplicaFetchResult:
+        """A follower's fetch (see `Partition.fetch_for_follower`); asks for an ISR
+        update (`on_isr_update`) when the follower caught up outside the ISR.
+        UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER when not led here."""
+        p, err = self._leader_replica(topic, partition)
+        if p is None:
+            return ReplicaFetchResult(err)
+        res = p.fetch_for_follower(replica_id, offset, max_bytes, current_leader_epoch)
+        if res.error == ErrorCode.NONE and self.on_isr_update is not None and \
+                p.isr_expand_candidate(replica_id) is not None:
+            self.on_isr_update((topic, partition))
+        return res
+
+    def end_offset_for_epoch(self, topic: str, partition: int, leader_epoch: int,
+                             current_leader_epoch: int = -1) -> tuple[ErrorCode, EpochEndOffset]:
+        """OffsetForLeaderEpoch (see `Partition.end_offset_for_epoch`)."""
+        p, err = self._leader_replica(topic, partition)
+        if p is None:
+            return err, EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+        return p.end_offset_for_epoch(leader_epoch, current_leader_epoch)
+
+    # ------------------------------------------------------------ ISR and leases
+    def desired_isr(self, tp: TopicPartition, now_ms: int | None = None) -> tuple[str, ...] | None:
+        """The ISR the leader of `tp` should store: without followers lagging more than
+        `replica.lag.time.max.ms`, with followers that caught up; None when it is the
+        current one (or `tp` is not led here)."""
+        p = self.replicas.get(tp)
+        if p is None or not p.is_leader:
+            return None
+        now = self.clock_ms() if now_ms is None else now_ms
+        current = p.isr
+        isr = set(p.isr_shrink_candidate(self.max_lag_ms, now) or current)
+        for r in p.replication.followers:
+            if r not in isr and p.isr_expand_candidate(r) is not None:
+                isr.add(r)
+        ordered = tuple(r for r in p.replicas if r in isr)
+        return None if set(ordered) == set(current) else ordered
+
+    def isr_updates(self, now_ms: int | None = None) -> list[TopicPartition]:
+        """Led partitions whose ISR should change (periodic check, every half
+        `replica.lag.time.max.ms` as Kafka does)."""
+        return [tp for tp, p in self.replicas.items() if p.is_leader and self.desired_isr(tp, now_ms) is not None]
+
+    def lease_valid(self, p: Partition) -> bool:
+        """Whether leader `p` may acknowledge writes now (see the module docstring)."""
+        return p.is_leader and p.lease_until > self.monotonic_s()
+
+    def invalidate_leases(self) -> None:
+        """ZooKeeper connection suspended or session lost: no leader acknowledges
+        anything until its leadership is confirmed again."""
+        if self.lease_ms is None:
+            return
+        for p in self.replicas.values():
+            p.lease_until = 0.0
+
+    # ------------------------------------------------------------ periodic work
     def maybe_snapshot_all(self, now_ms: int | None = None) -> int:
-        """Periodic producer-state snapshots; returns how many were written."""
-        return sum(p.maybe_snapshot(now_ms) for p in self)
+        """Periodic producer-state snapshots and high-watermark checkpoints; returns
+        how many snapshots were written."""
+        written = 0
+        for p in self:
+            written += p.maybe_snapshot(now_ms)
+            p.checkpoint_high_watermark()
+        return written
 
     def expire_producers(self, now_ms: int | None = None) -> int:
-        """PID expiration on every partition; returns how many PIDs were dropped."""
+        """PID expiration on every replica; returns how many PIDs were dropped."""
         return sum(len(p.expire_producers(now_ms)) for p in self)
 
     def close(self) -> None:
-        """Close every partition (flush, final snapshot). Clean shutdown."""
-        for tp in list(self.partitions):
+        """Close every replica (flush, final snapshot). Clean shutdown."""
+        for tp in list(self.replicas):
             self.close_partition(tp)

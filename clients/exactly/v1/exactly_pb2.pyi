@@ -375,6 +375,58 @@ class WriteTxnMarkersResponse(_message.Message):
     markers: _containers.RepeatedCompositeFieldContainer[WritableTxnMarkerResult]
     def __init__(self, markers: _Optional[_Iterable[_Union[WritableTxnMarkerResult, _Mapping]]] = ...) -> None: ...
 
+class OffsetForLeaderPartition(_message.Message):
+    __slots__ = ("partition", "current_leader_epoch", "leader_epoch")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    current_leader_epoch: int
+    leader_epoch: int
+    def __init__(self, partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+
+class OffsetForLeaderTopic(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[OffsetForLeaderPartition]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetForLeaderPartition, _Mapping]]] = ...) -> None: ...
+
+class OffsetForLeaderEpochRequest(_message.Message):
+    __slots__ = ("replica_id", "topics")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    topics: _containers.RepeatedCompositeFieldContainer[OffsetForLeaderTopic]
+    def __init__(self, replica_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[OffsetForLeaderTopic, _Mapping]]] = ...) -> None: ...
+
+class EpochEndOffset(_message.Message):
+    __slots__ = ("partition", "error_code", "leader_epoch", "end_offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error_code: int
+    leader_epoch: int
+    end_offset: int
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class OffsetForLeaderTopicResult(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedCompositeFieldContainer[EpochEndOffset]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[EpochEndOffset, _Mapping]]] = ...) -> None: ...
+
+class OffsetForLeaderEpochResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[OffsetForLeaderTopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[OffsetForLeaderTopicResult, _Mapping]]] = ...) -> None: ...
+
 class InitProducerIdRequest(_message.Message):
     __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch", "consumer_group_id", "generation_id", "assigned_partitions")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]

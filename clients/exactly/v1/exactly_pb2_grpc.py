@@ -219,6 +219,11 @@ class PartitionLeaderStub:
                 request_serializer=exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/exactly.v1.PartitionLeader/OffsetForLeaderEpoch',
+                request_serializer=exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionLeaderServicer:
@@ -249,6 +254,15 @@ class PartitionLeaderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OffsetForLeaderEpoch(self, request, context):
+        """Replication (KIP-101): a follower asks the leader where its log for a leader
+        epoch ends, to truncate a divergent tail. Followers replicate with Fetch and
+        replica_id set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionLeaderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -271,6 +285,11 @@ def add_PartitionLeaderServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -382,6 +401,33 @@ class PartitionLeader:
             '/exactly.v1.PartitionLeader/WriteTxnMarkers',
             exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersRequest.SerializeToString,
             exactly_dot_v1_dot_exactly__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/exactly.v1.PartitionLeader/OffsetForLeaderEpoch',
+            exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            exactly_dot_v1_dot_exactly__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
