@@ -162,26 +162,28 @@ def test_node_id_and_advertised_host_are_the_pod_name_and_its_dns_name():
         assert c["command"][:3] == ["/bin/sh", "/etc/exactly/launch.sh", role]
         args = c["args"]
         assert args[args.index("--node-id") + 1] == "$(POD_NAME)"
-        assert args[args.index("--host") + 1] == "$(POD_FQDN)"
+        assert args[args.index("--host") + 1] == "0.0.0.0"
+        assert args[args.index("--advertised-host") + 1] == "$(POD_FQDN)"
         assert args[args.index("--port") + 1] == "9092"
         assert args[args.index("--zookeeper") + 1] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert env["POD_FQDN"]["value"] == (f"$(POD_NAME).{sts['spec']['serviceName']}.$(POD_NAMESPACE)"
                                            ".svc.cluster.local")
-        assert env["EXACTLY_WAIT_FOR_HOST"]["value"] == "$(POD_FQDN)"
+        assert "EXACTLY_WAIT_FOR_HOST" not in env
         names = [e["name"] for e in c["env"]]
         assert names.index("POD_NAME") < names.index("POD_FQDN")  # dependent variables come later
 
 
-def test_bind_all_interfaces_advertises_the_fqdn_separately():
-    objects = render(EXTERNAL_ZK)
+def test_without_bind_all_interfaces_the_service_binds_its_dns_name():
+    objects = render({"network": {"bindAllInterfaces": False}})
     for component in COMPONENTS:
         c = container(statefulset(objects, component))
         args = c["args"]
-        assert args[args.index("--host") + 1] == "0.0.0.0"
-        assert args[args.index("--advertised-host") + 1] == "$(POD_FQDN)"
-        assert "EXACTLY_WAIT_FOR_HOST" not in {e["name"] for e in c["env"]}
+        assert args[args.index("--host") + 1] == "$(POD_FQDN)"
+        assert "--advertised-host" not in args
+        env = {e["name"]: e for e in c["env"]}
+        assert env["EXACTLY_WAIT_FOR_HOST"]["value"] == "$(POD_FQDN)"
 
 
 def test_probes_are_native_grpc_probes_on_the_grpc_port(rendered):
@@ -189,8 +191,10 @@ def test_probes_are_native_grpc_probes_on_the_grpc_port(rendered):
     for component in COMPONENTS:
         c = container(statefulset(objects, component))
         (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "grpc"]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("startupProbe", "readinessProbe"):
             assert c[probe]["grpc"] == {"port": port}, (component, probe)
+        # the health service that stays SERVING while a coordinator loads a partition
+        assert c["livenessProbe"]["grpc"] == {"port": port, "service": "liveness"}, component
 
 
 def test_pods_run_as_non_root_with_a_read_only_root_and_no_capabilities(rendered):
@@ -384,6 +388,7 @@ def _write_pod_files(tmp_path: pathlib.Path, objects: list[dict]) -> pathlib.Pat
         "import json, sys; from services.common.config import parse_args; "
         "cfg = parse_args(sys.argv[1].split(\".\", 1)[1], sys.argv[2:]); "
         "print(json.dumps({\"role\": cfg.role, \"node_id\": cfg.node_id, \"host\": cfg.host, "
+        "\"advertised_host\": cfg.advertised_host, "
         "\"port\": cfg.port, \"zookeeper\": cfg.zookeeper, \"data_dir\": str(cfg.data_dir), "
         "\"props\": cfg.props}))' \"$module\" \"$@\"\n")
     stub.chmod(0o755)
@@ -407,7 +412,8 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
     cfg = json.loads(out.stdout)
     assert cfg["role"] == "partition_leader"
     assert cfg["node_id"] == "exactly-partition-leader-0"
-    assert cfg["host"] == f"exactly-partition-leader-0.exactly-partition-leader.{NAMESPACE}.svc.cluster.local"
+    assert cfg["host"] == "0.0.0.0"
+    assert cfg["advertised_host"] == f"exactly-partition-leader-0.exactly-partition-leader.{NAMESPACE}.svc.cluster.local"
     assert cfg["port"] == 9092
     assert cfg["zookeeper"] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
     assert cfg["data_dir"] == "/var/lib/exactly"

@@ -170,6 +170,8 @@ spec:
           livenessProbe:
             grpc:
               port: {{ $grpcPort }}
+              # SERVING while the process runs, also while a coordinator loads a partition.
+              service: liveness
             periodSeconds: {{ $root.Values.probes.liveness.periodSeconds }}
             timeoutSeconds: {{ $root.Values.probes.liveness.timeoutSeconds }}
             failureThreshold: {{ $root.Values.probes.liveness.failureThreshold }}
