@@ -32,12 +32,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from exactly.errors import ErrorCode
 
 log = logging.getLogger(__name__)
+
+disable_created_metrics()  # no `*_created` series: Prometheus does not need them
 
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                1, 2.5, 5, 10, 30)
