@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
-# ZooKeeper and a Java runtime (apt), then a virtualenv with the package and its
-# development tools. Safe to run again: steps already done are skipped.
+# ZooKeeper, a Java runtime and Prometheus (apt; the metrics tests run a real
+# Prometheus server), then a virtualenv with the package and its development tools.
+# Safe to run again: steps already done are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+[ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
