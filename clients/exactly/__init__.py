@@ -3,9 +3,10 @@ semantics over gRPC). See DESIGN.md §7 for the client API."""
 from . import errors
 from .admin import AdminClient
 from .consumer import Consumer
-from .producer import Producer
+from .producer import PreparedTransaction, Producer, complete_transaction
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
                     RecordMetadata, TopicPartition)
 
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
-           "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata"]
+           "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
+           "PreparedTransaction", "complete_transaction"]

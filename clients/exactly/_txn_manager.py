@@ -7,6 +7,11 @@ place (STYLE.md 1); error states keep their cause in `last_error` (STYLE.md 7).
 Fatal vs abortable errors follow the KIP-98 design document, "Transactional
 Producer" / "Error Handling". Methods are atomic (an internal lock), because the
 user's threads and the sender thread both report here.
+
+Two-phase commit (in the spirit of KIP-939): `begin_prepare` moves an open transaction
+to PREPARED_TRANSACTION while the producer flushes and seals it with PrepareTxn; from
+there it is committed or aborted by this producer or by another process
+(`exactly.complete_transaction`).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class TxnState(enum.Enum):
     READY = "READY"
     IN_TRANSACTION = "IN_TRANSACTION"
     COMMITTING_TRANSACTION = "COMMITTING_TRANSACTION"
+    PREPARED_TRANSACTION = "PREPARED_TRANSACTION"
     ABORTING_TRANSACTION = "ABORTING_TRANSACTION"
     ABORTABLE_ERROR = "ABORTABLE_ERROR"
     FATAL_ERROR = "FATAL_ERROR"
@@ -45,10 +51,11 @@ VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
     S.INITIALIZING: frozenset({S.UNINITIALIZED, S.ABORTING_TRANSACTION}),
     S.READY: frozenset({S.INITIALIZING, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
     S.IN_TRANSACTION: frozenset({S.READY}),
-    S.COMMITTING_TRANSACTION: frozenset({S.IN_TRANSACTION}),
-    S.ABORTING_TRANSACTION: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR}),
+    S.PREPARED_TRANSACTION: frozenset({S.IN_TRANSACTION}),
+    S.COMMITTING_TRANSACTION: frozenset({S.IN_TRANSACTION, S.PREPARED_TRANSACTION}),
+    S.ABORTING_TRANSACTION: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.PREPARED_TRANSACTION}),
     S.ABORTABLE_ERROR: frozenset({S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.ABORTABLE_ERROR,
-                                  S.ABORTING_TRANSACTION, S.INITIALIZING}),
+                                  S.ABORTING_TRANSACTION, S.INITIALIZING, S.PREPARED_TRANSACTION}),
     S.FATAL_ERROR: frozenset(TxnState),
 }
 
@@ -150,6 +157,9 @@ class TransactionManager:
         # Some batch with an assigned sequence ended without a known outcome, so the
         # leader's next expected sequence is unknown: a new epoch (or PID) is needed.
         self.sequences_unresolved = False
+        # PrepareTxn succeeded for the current transaction: EndTxn is due even when
+        # nothing was added (the coordinator then holds an empty sealed transaction).
+        self.sealed = False
 
     # ------------------------------------------------------------ state machine
 
@@ -204,7 +214,7 @@ class TransactionManager:
             if is_fatal(exc):
                 self.transition_to(S.FATAL_ERROR, exc)
             elif self.is_transactional and self.state in (
-                    S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.ABORTABLE_ERROR):
+                    S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.PREPARED_TRANSACTION, S.ABORTABLE_ERROR):
                 self.transition_to(S.ABORTABLE_ERROR, exc)
             return exc
 
@@ -316,6 +326,7 @@ class TransactionManager:
         self._pending.clear()
         self._adding.clear()
         self._groups.clear()
+        self.sealed = False
 
     def check_can_send(self) -> None:
         """Raise when a record may not be appended now: IllegalStateError outside a
@@ -354,7 +365,7 @@ class TransactionManager:
         or outside IN_TRANSACTION / COMMITTING_TRANSACTION)."""
         with self._lock:
             if self._adding or not self._pending or \
-                    self.state not in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION):
+                    self.state not in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.PREPARED_TRANSACTION):
                 return []
             tps = sorted(self._pending)
             self._adding.update(tps)
@@ -372,7 +383,7 @@ class TransactionManager:
         with self._lock:
             for tp in tps:
                 self._adding.discard(tp)
-                if self.state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION):
+                if self.state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.PREPARED_TRANSACTION):
                     self._pending.add(tp)
 
     def partitions_add_failed(self, tps: Iterable[TopicPartition], exc: BaseException) -> BaseException:
@@ -400,28 +411,55 @@ class TransactionManager:
             if self.state is not S.IN_TRANSACTION:
                 raise errors.IllegalStateError(f"{what} needs an ongoing transaction (state {self.state.name})")
 
+    def begin_prepare(self) -> bool:
+        """prepare_transaction(): IN_TRANSACTION -> PREPARED_TRANSACTION (sends are
+        refused from now on). Returns False when already prepared or preparing (a
+        retry after a timeout). Raises the stored error in an error state,
+        errors.IllegalStateError without an open transaction."""
+        with self._lock:
+            self._require_transactional("prepare_transaction()")
+            self.raise_if_failed()
+            if self.state is S.PREPARED_TRANSACTION:
+                return False
+            if self.state is not S.IN_TRANSACTION:
+                raise errors.IllegalStateError(f"no transaction to prepare (state {self.state.name})")
+            self.transition_to(S.PREPARED_TRANSACTION)
+            return True
+
+    def transaction_sealed(self) -> None:
+        """PrepareTxn succeeded: the coordinator holds the transaction until EndTxn."""
+        with self._lock:
+            self.sealed = True
+
+    @property
+    def needs_end_txn(self) -> bool:
+        """Whether the coordinator has a transaction to end (something was added, or
+        it was sealed by PrepareTxn)."""
+        return self.transaction_started or self.sealed
+
     def begin_commit(self) -> bool:
-        """commitTransaction(). Returns False when a commit is already in progress
-        (a retry after a timeout). Raises the stored error in an error state."""
+        """commitTransaction(), also of a prepared transaction. Returns False when a
+        commit is already in progress (a retry after a timeout). Raises the stored
+        error in an error state."""
         with self._lock:
             self._require_transactional("commit_transaction()")
             self.raise_if_failed()
             if self.state is S.COMMITTING_TRANSACTION:
                 return False
-            if self.state is not S.IN_TRANSACTION:
+            if self.state not in (S.IN_TRANSACTION, S.PREPARED_TRANSACTION):
                 raise errors.IllegalStateError(f"no transaction to commit (state {self.state.name})")
             self.transition_to(S.COMMITTING_TRANSACTION)
             return True
 
     def begin_abort(self) -> bool:
-        """abortTransaction(): allowed in a transaction or after an abortable error.
+        """abortTransaction(): allowed in a transaction (also a prepared one) or after an abortable error.
         Returns False when an abort is already in progress. Raises a fatal error."""
         with self._lock:
             self._require_transactional("abort_transaction()")
             self.raise_if_fatal()
             if self.state is S.ABORTING_TRANSACTION:
                 return False
-            if self.state not in (S.IN_TRANSACTION, S.ABORTABLE_ERROR):
+            if self.state not in (S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.PREPARED_TRANSACTION):
                 raise errors.IllegalStateError(f"no transaction to abort (state {self.state.name})")
             self.transition_to(S.ABORTING_TRANSACTION)
             self._pending.clear()

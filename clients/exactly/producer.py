@@ -10,6 +10,15 @@ commit_transaction and abort_transaction run in the calling thread.
 Follows the KIP-98 design document, "Transactional Producer" (Public APIs, Error
 Handling, Added Configurations) and "Data Flow" steps 1-5; KIP-447 for the group
 metadata passed with transactional offsets.
+
+Two-phase commit, in the spirit of KIP-939: `Producer.prepare_transaction()` flushes
+and seals the open transaction at the coordinator (PrepareTxn) and returns a
+`PreparedTransaction` (transactional.id, PID, epoch); any process may then decide
+its outcome with `complete_transaction(prepared, conf, commit=...)` (EndTxn with that
+PID and epoch). A prepared transaction is not aborted after transaction.timeout.ms
+but after the coordinator's transaction.prepared.max.ms (default 1 hour); a new
+producer instance calling init_transactions() with the same transactional.id aborts
+it (fencing: KIP-939's keepPreparedTxn=false behaviour).
 """
 from __future__ import annotations
 
@@ -27,7 +36,7 @@ from ._accumulator import (ProducerBatch, RecordAccumulator, StickyPartitioner, 
 from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSACTION, METADATA_ERRORS,
                       ClientCore, Metadata, is_retriable)
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
-                           TxnState, copy_error)
+                           TxnState, copy_error, normalize)
 from .errors import ErrorCode
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from .v1 import exactly_pb2 as pb
@@ -48,6 +57,16 @@ class _TopicPartitions(NamedTuple):
     ids: list[int]
     tps: list[TopicPartition]
     by_id: dict[int, TopicPartition]
+
+
+class PreparedTransaction(NamedTuple):
+    """A transaction sealed by `Producer.prepare_transaction()`, to be completed by
+    `complete_transaction()` from any process: its transactional.id, producer id
+    (PID) and producer epoch. Plain values (picklable, JSON-friendly)."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
 
 
 class TransactionAbortedError(errors.ExactlyError):
@@ -423,9 +442,50 @@ class Producer:
             raise
         self._wait_add_partitions(deadline)
         txn.raise_if_failed()
-        if txn.transaction_started:
+        if txn.needs_end_txn:
             self._end_txn(True, max(deadline - time.monotonic(), 0.001))
         txn.complete_transaction()
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
+        """First phase of a two-phase commit (in the spirit of KIP-939): flush the
+        transaction's records, then seal it at the transaction coordinator
+        (PrepareTxn). The transaction stays open: no record may be sent to it any
+        more, and the coordinator no longer aborts it after transaction.timeout.ms
+        but after transaction.prepared.max.ms (coordinator setting, default 1 hour).
+        Returns PreparedTransaction(transactional_id, producer_id, epoch); the second
+        phase is `complete_transaction(prepared, conf, commit=...)` from any process,
+        or commit_transaction() / abort_transaction() on this producer. close() leaves
+        a prepared transaction open. A transaction without records is prepared too
+        (the coordinator keeps an empty sealed transaction). `timeout` in seconds
+        (default max.block.ms).
+
+        Raises errors.ProducerFencedError (fatal); the stored error after an
+        abortable error (call abort_transaction()); errors.KafkaTimeoutError (records
+        unacknowledged: the transaction must be aborted; or PrepareTxn unanswered:
+        prepare_transaction() may be called again); errors.IllegalStateError without
+        an open transaction."""
+        self._check_open()
+        txn = self._txn
+        timeout_s = self._timeout_s(timeout)
+        deadline = time.monotonic() + timeout_s
+        txn.begin_prepare()
+        try:
+            self.flush(timeout_s)
+        except errors.KafkaTimeoutError as exc:
+            txn.record_error(exc)
+            raise
+        self._wait_add_partitions(deadline)
+        txn.raise_if_failed()
+        req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
+                                   producer_epoch=txn.producer_epoch)
+        try:
+            self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
+        except errors.ExactlyError as exc:
+            if is_retriable(exc):
+                raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
+            raise txn.record_error(exc) from None
+        txn.transaction_sealed()
+        return PreparedTransaction(self._transactional_id, txn.producer_id, txn.producer_epoch)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Drop unsent records of the transaction (their futures fail with
@@ -453,7 +513,7 @@ class Producer:
                 raise errors.KafkaTimeoutError(f"abort_transaction timed out after {timeout_s} s")
         self._wait_add_partitions(deadline)
         txn.raise_if_fatal()
-        if txn.transaction_started:
+        if txn.needs_end_txn:
             self._end_txn(False, max(deadline - time.monotonic(), 0.001))
         if txn.sequences_unresolved:
             # Some batch of the aborted transaction may or may not be in the log: a
@@ -886,4 +946,43 @@ class _Sender(threading.Thread):
         p._acc.deallocate(b)
 
 
-__all__ = ["Producer", "TransactionAbortedError"]
+def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], conf: Mapping[str, Any] | str,
+                         commit: bool = True, timeout: float | None = None) -> None:
+    """Second phase of a two-phase commit: commit (commit=True) or abort the
+    transaction sealed by `Producer.prepare_transaction()`, from any process, with
+    EndTxn carrying its PID and epoch. `prepared`: a PreparedTransaction or a
+    (transactional_id, producer_id, epoch) tuple; `conf`: client settings with
+    bootstrap.servers (and optionally request.timeout.ms, retry.backoff.ms,
+    retry.backoff.max.ms), or the bootstrap.servers string itself; `timeout` in
+    seconds (default request.timeout.ms). Idempotent: completing again with the same
+    decision succeeds. Returns once the coordinator has logged the decision; the
+    transaction markers follow within milliseconds (the coordinator rolls them forward
+    after a failover).
+
+    Raises errors.ProducerFencedError when the transactional.id has a newer epoch
+    (a new producer instance or transaction.prepared.max.ms aborted it);
+    errors.InvalidTxnStateError when it was completed the other way, or has no
+    transaction; errors.InvalidProducerIdMappingError for an unknown PID;
+    errors.KafkaTimeoutError when the coordinator does not answer in time (call again).
+    """
+    tid, pid, epoch = prepared
+    settings = {"bootstrap.servers": conf} if isinstance(conf, str) else dict(conf)
+    core = ClientCore(settings)
+    try:
+        timeout_s = core.request_timeout_s if timeout is None else timeout
+        req = pb.EndTxnRequest(transactional_id=tid, producer_id=int(pid), producer_epoch=int(epoch),
+                               committed=bool(commit))
+        try:
+            core.coordinator_call(tid, COORDINATOR_TRANSACTION, lambda addr: core.txn_stub(addr).EndTxn, req,
+                                  timeout_s=timeout_s)
+        except errors.ExactlyError as exc:
+            if is_retriable(exc):
+                raise errors.KafkaTimeoutError(
+                    f"EndTxn({'commit' if commit else 'abort'}) of {tid!r} did not succeed within "
+                    f"{timeout_s:.1f} s: {exc}") from exc
+            raise normalize(exc) from None
+    finally:
+        core.close()
+
+
+__all__ = ["Producer", "PreparedTransaction", "complete_transaction", "TransactionAbortedError"]
