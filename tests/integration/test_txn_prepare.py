@@ -1,0 +1,157 @@
+"""Two-phase commit (in the spirit of KIP-939) against a real cluster:
+Producer.prepare_transaction() seals a transaction that another process completes
+with exactly.complete_transaction(); a prepared transaction is not aborted after
+transaction.timeout.ms but after transaction.prepared.max.ms, survives a
+transaction coordinator restart, and is fenced by a newer epoch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from exactly import (AdminClient, Consumer, NewTopic, PreparedTransaction, Producer, TopicPartition,
+                     complete_transaction, errors)
+
+pytestmark = pytest.mark.integration
+
+FAST_TIMEOUTS = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "200"}
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topic(cluster, partitions: int = 2) -> str:
+    topic = _name("t")
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, partitions)], timeout=60)
+    return topic
+
+
+def read_values(cluster, topic: str, partitions: int, isolation: str, quiet_s: float = 1.5) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": isolation,
+                  "enable.auto.commit": False, "fetch.max.wait.ms": 100})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        c.seek_to_beginning(tps)
+        out: list[bytes] = []
+        quiet_until = time.monotonic() + quiet_s
+        deadline = time.monotonic() + 30
+        while time.monotonic() < min(quiet_until, deadline):
+            got = c.poll(0.2)
+            if got:
+                out += [r.value for r in got]
+                quiet_until = time.monotonic() + quiet_s
+        return sorted(out)
+    finally:
+        c.close()
+
+
+def prepare(cluster, topic: str, tid: str, n: int = 10, timeout_ms: int = 60000) -> PreparedTransaction:
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid,
+                  "transaction.timeout.ms": timeout_ms, "linger.ms": 5})
+    try:
+        p.init_transactions(30)
+        p.begin_transaction()
+        for i in range(n):
+            p.send(topic, f"v{i}".encode(), partition=i % 2)
+        prepared = p.prepare_transaction(30)
+        with pytest.raises(errors.IllegalStateError):
+            p.send(topic, b"late")
+        return prepared
+    finally:
+        p.close()  # leaves the prepared transaction open
+
+
+def describe(cluster, tid: str):
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        return admin.describe_transactions([tid])[tid]
+
+
+def test_prepared_transaction_outlives_its_timeout_and_is_committed_by_another_process(make_cluster):
+    cluster = make_cluster(props=FAST_TIMEOUTS)
+    topic = create_topic(cluster)
+    tid = _name("2pc")
+    prepared = prepare(cluster, topic, tid, timeout_ms=1000)
+    assert prepared.transactional_id == tid and prepared.producer_id >= 0 and prepared.epoch >= 0
+    time.sleep(3.0)  # three transaction.timeout.ms, many abort scans
+    d = describe(cluster, tid)
+    assert (d.state, d.producer_id, d.producer_epoch) == ("Ongoing", prepared.producer_id, prepared.epoch)
+    assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
+    # The second phase, from another process, with only the three values.
+    script = ("import json, sys; from exactly import complete_transaction; "
+              "complete_transaction(tuple(json.loads(sys.argv[1])), sys.argv[2], commit=True)")
+    subprocess.run([sys.executable, "-c", script, json.dumps(list(prepared)), cluster.bootstrap_servers],
+                   check=True, timeout=60)
+    assert read_values(cluster, topic, 2, "read_committed") == sorted(f"v{i}".encode() for i in range(10))
+    complete_transaction(prepared, {"bootstrap.servers": cluster.bootstrap_servers}, commit=True)  # idempotent
+    with pytest.raises(errors.InvalidTxnStateError):
+        complete_transaction(prepared, cluster.bootstrap_servers, commit=False)
+
+
+def test_prepared_transaction_is_aborted_after_prepared_max(make_cluster):
+    cluster = make_cluster(props={**FAST_TIMEOUTS, "transaction.prepared.max.ms": "1500"})
+    topic = create_topic(cluster)
+    tid = _name("2pc")
+    prepared = prepare(cluster, topic, tid, timeout_ms=60000)
+    deadline = time.monotonic() + 20
+    while describe(cluster, tid).state != "CompleteAbort":
+        assert time.monotonic() < deadline, "the prepared transaction was not aborted"
+        time.sleep(0.2)
+    with pytest.raises(errors.ProducerFencedError):
+        complete_transaction(prepared, cluster.bootstrap_servers, commit=True)
+    assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
+    assert len(read_values(cluster, topic, 2, "read_uncommitted", quiet_s=0.5)) == 10
+
+
+def test_new_epoch_fences_a_prepared_transaction(cluster):
+    topic = create_topic(cluster)
+    tid = _name("2pc")
+    prepared = prepare(cluster, topic, tid)
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid})
+    try:
+        p.init_transactions(30)  # aborts the prepared transaction (keepPreparedTxn=false)
+        p.begin_transaction()
+        p.send(topic, b"new", partition=0)
+        p.commit_transaction(30)
+    finally:
+        p.close()
+    with pytest.raises(errors.ProducerFencedError):
+        complete_transaction(prepared, cluster.bootstrap_servers, commit=True)
+    assert read_values(cluster, topic, 2, "read_committed") == [b"new"]
+    assert len(read_values(cluster, topic, 2, "read_uncommitted")) == 11
+
+
+def test_prepared_transaction_survives_coordinator_restart(cluster):
+    topic = create_topic(cluster)
+    tid = _name("2pc")
+    prepared = prepare(cluster, topic, tid)
+    cluster.kill("txn-0")
+    cluster.restart("txn-0")
+    d = describe(cluster, tid)
+    assert (d.state, d.producer_epoch) == ("Ongoing", prepared.epoch)
+    complete_transaction(prepared, cluster.bootstrap_servers, commit=False, timeout=60)
+    assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
+    assert describe(cluster, tid).state == "CompleteAbort"
+
+
+def test_prepared_transaction_committed_by_its_own_producer(cluster):
+    topic = create_topic(cluster)
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": _name("2pc")})
+    try:
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.send(topic, b"a", partition=0)
+        p.prepare_transaction(30)
+        p.commit_transaction(30)
+        p.begin_transaction()  # an empty transaction can be prepared and completed too
+        p.prepare_transaction(30)
+        p.abort_transaction(30)
+    finally:
+        p.close()
+    assert read_values(cluster, topic, 2, "read_committed") == [b"a"]
