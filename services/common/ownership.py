@@ -22,6 +22,7 @@ This is Kafka's producer-epoch fencing applied to the coordinators themselves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -197,8 +198,10 @@ class CoordinatorOwnership:
                      claim.coordinator_epoch, claim.producer_id, claim.producer_epoch)
             if p not in self._watched:
                 self._watched.add(p)
+                # kazoo passes (data, stat, event): bind the partition with partial,
+                # not with a default argument that the event would overwrite.
                 self.cluster.zk.DataWatch(f"{COORDINATORS}/{self.kind}/{p}",
-                                          lambda data, stat, p=p: self._on_owner_change(p, data))
+                                          functools.partial(self._on_owner_change, p))
             # A claim by another process between our write and the watch is caught here.
             owner, epoch = await asyncio.to_thread(self.cluster.coordinator_owner, self.kind, p)
             if owner != self.cluster.node_id or epoch != claim.coordinator_epoch:
@@ -242,7 +245,7 @@ class CoordinatorOwnership:
                 continue
             return Claim(partition, coordinator_epoch, producer_id, producer_epoch)
 
-    def _on_owner_change(self, partition: int, data: bytes | None) -> None:
+    def _on_owner_change(self, partition: int, data: bytes | None, stat=None, event=None) -> None:
         """DataWatch callback (kazoo thread): resign when the znode no longer names
         this process with the epoch of our claim."""
         claim = self._owned.get(partition)
