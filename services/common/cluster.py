@@ -240,8 +240,9 @@ class ClusterState:
         with self._lock:
             self._topics[name] = topic
         for p in parts:
-            self.zk.DataWatch(f"{TOPICS}/{name}/{p}/state",
-                              lambda data, stat, name=name, p=p: self._on_state(name, p, data, stat))
+            # kazoo calls func(data, stat, event) when it accepts three arguments.
+            self.zk.DataWatch(state_path(name, p),
+                              lambda data, stat, event=None, name=name, p=p: self._on_state(name, p, data, stat))
 
     def _on_state(self, name: str, partition: int, data: bytes | None, stat=None) -> None:
         with self._lock:

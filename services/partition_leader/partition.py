@@ -357,11 +357,14 @@ class Partition:
         now = self.clock_ms() if now_ms is None else now_ms
         return self.replication.shrink_candidate(now, max_lag_ms)
 
-    def isr_expand_candidate(self, replica: str) -> tuple[str, ...] | None:
-        """Leader: the ISR with `replica` added when it caught up, else None."""
+    def isr_expand_candidate(self, replica: str, max_lag_ms: int,
+                             now_ms: int | None = None) -> tuple[str, ...] | None:
+        """Leader: the ISR with `replica` added when it caught up (within
+        `replica.lag.time.max.ms`), else None."""
         if self.replication is None:
             return None
-        return self.replication.expand_candidate(replica, self.high_watermark)
+        now = self.clock_ms() if now_ms is None else now_ms
+        return self.replication.expand_candidate(replica, self.high_watermark, now, max_lag_ms)
 
     def _check_epoch(self, current_leader_epoch: int) -> ErrorCode:
         if current_leader_epoch >= 0 and current_leader_epoch != self.leader_epoch:

@@ -96,6 +96,7 @@ class ReplicaManager:
         self.replicas: dict[TopicPartition, Partition] = {}
         self.changed: set[TopicPartition] = set()  # see refresh()
         self.on_isr_update: Callable[[TopicPartition], None] | None = None
+        self.is_live: Callable[[str], bool] = lambda node_id: True  # registered in ZooKeeper
 
     @property
     def partitions(self) -> dict[TopicPartition, Partition]:
@@ -131,9 +132,9 @@ class ReplicaManager:
             if not p.is_leader or p.leader_epoch != st.leader_epoch:
                 p.become_leader(st.leader_epoch, replicas, tuple(st.isr), version)
                 p.lease_until = math.inf if self.lease_ms is None else 0.0
-                log.info("leading %s-%d in epoch %d from offset %d (ISR %s, high watermark %d)",
-                         p.topic, p.partition, st.leader_epoch, p.log_end_offset, ",".join(p.isr),
-                         p.high_watermark)
+                log.info("leading %s-%d: log end %d, high watermark %d, epoch %d, ISR %s, %d producers "
+                         "(snapshot at %s)", p.topic, p.partition, p.log_end_offset, p.high_watermark,
+                         st.leader_epoch, ",".join(p.isr), len(p.producers.producers), p.snapshot_loaded_from)
                 return True
             # A newer ISR of our epoch (our own write, or the controller's): adopt it;
             # a smaller ISR may move the high watermark.
@@ -186,7 +187,7 @@ class ReplicaManager:
             p.close()
         except OSError:
             log.exception("closing %s-%d failed", *tp)
-        log.info("closed %s-%d (no longer a replica here)", *tp)
+        log.info("closed %s-%d", *tp)
 
     def follower_targets(self) -> dict[TopicPartition, tuple[str, int]]:
         """(leader node id, leader epoch) of each followed replica that has a leader."""
@@ -237,7 +238,7 @@ class ReplicaManager:
             return ReplicaFetchResult(err)
         res = p.fetch_for_follower(replica_id, offset, max_bytes, current_leader_epoch)
         if res.error == ErrorCode.NONE and self.on_isr_update is not None and \
-                p.isr_expand_candidate(replica_id) is not None:
+                p.isr_expand_candidate(replica_id, self.max_lag_ms) is not None:
             self.on_isr_update((topic, partition))
         return res
 
@@ -252,7 +253,7 @@ class ReplicaManager:
     # ------------------------------------------------------------ ISR and leases
     def desired_isr(self, tp: TopicPartition, now_ms: int | None = None) -> tuple[str, ...] | None:
         """The ISR the leader of `tp` should store: without followers lagging more than
-        `replica.lag.time.max.ms`, with followers that caught up; None when it is the
+        `replica.lag.time.max.ms`, with live followers that caught up; None when it is the
         current one (or `tp` is not led here)."""
         p = self.replicas.get(tp)
         if p is None or not p.is_leader:
@@ -261,7 +262,7 @@ class ReplicaManager:
         current = p.isr
         isr = set(p.isr_shrink_candidate(self.max_lag_ms, now) or current)
         for r in p.replication.followers:
-            if r not in isr and p.isr_expand_candidate(r) is not None:
+            if r not in isr and self.is_live(r) and p.isr_expand_candidate(r, self.max_lag_ms, now) is not None:
                 isr.add(r)
         ordered = tuple(r for r in p.replicas if r in isr)
         return None if set(ordered) == set(current) else ordered

@@ -9,8 +9,9 @@ Pure logic, driven by the partition with an injected clock (ms), as Kafka's
   previous fetch (then it was caught up at that previous fetch time), so a follower
   that keeps fetching under continuous load stays in sync.
 - An ISR follower not caught up for more than `replica.lag.time.max.ms` is dropped
-  from the ISR; a follower whose LEO reached both the high watermark and the start
-  offset of the leader's epoch joins it again. The leader itself is always in it.
+  from the ISR; a follower caught up within that time whose LEO reached both the high
+  watermark and the start offset of the leader's epoch joins it again. The leader
+  itself is always in it.
 - High watermark = min LEO over the ISR (an ISR follower with unknown LEO holds it);
   it never moves back.
 - On a leader change, a follower asks the new leader where its latest epoch ends
@@ -115,13 +116,17 @@ class LeaderReplication:
             return None
         return tuple(r for r in self.isr if r not in lagging)
 
-    def expand_candidate(self, replica: str, high_watermark: int) -> tuple[str, ...] | None:
+    def expand_candidate(self, replica: str, high_watermark: int, now_ms: int,
+                         max_lag_ms: int) -> tuple[str, ...] | None:
         """The ISR plus `replica` when it is an assigned follower outside the ISR whose
-        LEO reached the high watermark and the start of this leader epoch; else None."""
+        LEO reached the high watermark and the start of this leader epoch, and that
+        was caught up within `max_lag_ms` (so a follower that stopped fetching is not
+        added back); else None."""
         st = self.followers.get(replica)
         if st is None or replica in self.isr:
             return None
-        if st.log_end_offset < max(high_watermark, self.epoch_start_offset):
+        if st.log_end_offset < max(high_watermark, self.epoch_start_offset) or \
+                now_ms - st.last_caught_up_ms > max_lag_ms:
             return None
         return self._ordered(set(self.isr) | {replica})
 

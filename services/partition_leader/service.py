@@ -1,5 +1,6 @@
 """The partition leader process: wiring of the replica manager, the servicer, the
-cluster listener and the periodic producer-state tasks.
+cluster listener, replication (replica fetchers, ISR updates, leadership leases), the
+controller, and the periodic producer-state tasks.
 
 `setup(server, cluster, client, cfg)` is what `services.common.server.serve` calls
 (see `__main__.py`). Settings (`--set key=value`, Kafka names; topic configs override
@@ -12,6 +13,11 @@ the log ones per topic):
     producer.snapshot.retained                        3
     producer.id.expiration.ms                         86400000
     producer.id.expiration.check.interval.ms          600000
+    min.insync.replicas                               1 (topic config or process setting)
+    replica.lag.time.max.ms                           10000
+    replica.fetch.wait.max.ms / .max.bytes / .backoff.ms   500 / 1048576 / 200
+    controller.sweep.interval.ms                      1000
+    zookeeper.session.timeout.ms                      10000 (leadership leases last 2/3 of it)
 """
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ import grpc
 from exactly.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import ClusterState
 from services.common.config import ServiceConfig
+from services.common.controller import Controller
 from services.common.rpc import ClusterClient
 
+from .lease import IsrUpdater, LeaseKeeper
 from .metrics import PARTITIONS
+from .replica_fetcher import ReplicaFetchers
 from .replica_manager import ReplicaManager
 from .servicer import AppendNotifier, PartitionLeaderServicer
 from .snapshot_store import SnapshotStore
@@ -36,37 +45,60 @@ log = logging.getLogger(__name__)
 class PartitionLeaderService:
     """Lifecycle of one partition leader process (`start` / `stop`, as server.serve expects)."""
 
-    def __init__(self, cfg: ServiceConfig, cluster: ClusterState, store: SnapshotStore,
-                 manager: ReplicaManager, servicer: PartitionLeaderServicer):
+    def __init__(self, cfg: ServiceConfig, cluster: ClusterState, client: ClusterClient, store: SnapshotStore,
+                 manager: ReplicaManager, servicer: PartitionLeaderServicer, leases: LeaseKeeper):
         self.cfg = cfg
         self.cluster = cluster
+        self.client = client
         self.store = store
         self.manager = manager
         self.servicer = servicer
+        self.leases = leases
+        self.notifier = servicer.notifier
+        self.fetchers = ReplicaFetchers(manager, self._address, client.channel, cfg.props, self.notifier.notify)
+        self.isr = IsrUpdater(manager, cluster, self.notifier.notify)
+        self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False
         self._stopped = False
 
+    def _address(self, node_id: str) -> str | None:
+        node = self.cluster.nodes().get(node_id)
+        return node.address if node is not None else None
+
     async def start(self) -> None:
-        """Open the partitions led here, follow assignment changes, start the
-        snapshot and PID-expiration tasks."""
+        """Open the replicas assigned here and take their roles, follow assignment and
+        state changes, start replication, the controller candidacy, and the
+        snapshot, PID-expiration and ISR-check tasks."""
         self._loop = asyncio.get_running_loop()
+        self.manager.on_isr_update = self.isr.request
+        self.manager.is_live = lambda node_id: node_id in self.cluster.nodes()
+        self.leases.start()
         self._refresh()
         self.cluster.add_listener(self._on_cluster_change)
+        self.cluster.add_session_listener(self._on_session)
+        self.controller.start()
         snapshot_tick = max(min(self.cfg.get_int("producer.snapshot.interval.ms", 30000), 1000), 10) / 1000
         expiry_tick = max(self.cfg.get_int("producer.id.expiration.check.interval.ms", 600000), 10) / 1000
+        isr_tick = max(self.manager.max_lag_ms / 2, 10) / 1000
         self._tasks = [
             asyncio.create_task(self._every(snapshot_tick, self.manager.maybe_snapshot_all), name="snapshots"),
             asyncio.create_task(self._every(expiry_tick, self.manager.expire_producers), name="pid-expiration"),
+            asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
         ]
 
     async def stop(self) -> None:
-        """Clean shutdown: stop the tasks, flush every log, write final snapshots."""
+        """Clean shutdown: resign as controller, stop replication and the tasks, flush
+        every log, write final snapshots."""
         self._stopped = True
+        await asyncio.to_thread(self.controller.stop)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.fetchers.stop()
+        await self.isr.stop()
+        await self.leases.stop()
         self.manager.close()
         self.store.close()
 
@@ -81,13 +113,34 @@ class PartitionLeaderService:
         except RuntimeError:  # loop closed during shutdown
             pass
 
+    def _on_session(self, state: str) -> None:
+        # From a kazoo thread; LOST/SUSPENDED void the leases right away, before the
+        # event loop runs anything else queued.
+        if state in ("LOST", "SUSPENDED"):
+            self.manager.invalidate_leases()
+        loop = self._loop
+        if loop is None or self._stopped:
+            return
+        try:
+            loop.call_soon_threadsafe(self.leases.on_session_state, state)
+        except RuntimeError:
+            pass
+
     def _refresh(self) -> None:
         self._refresh_pending = False
         if self._stopped:
             return
         opened, closed = self.manager.refresh()
-        for tp in opened + closed:
-            self.servicer.notifier.notify(tp)
+        self.fetchers.sync()
+        changed = set(opened) | set(closed) | self.manager.changed
+        if any(p.is_leader for tp, p in self.manager.replicas.items() if tp in changed):
+            self.leases.wake()
+        for tp in changed:
+            self.notifier.notify(tp)
+
+    def _check_isr(self) -> None:
+        for tp in self.manager.isr_updates():
+            self.isr.request(tp)
 
     async def _every(self, seconds: float, fn) -> None:
         while True:
@@ -105,6 +158,9 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     store = SnapshotStore(cfg.data_dir / "producer-state")
     manager = ReplicaManager(cfg.node_id, cfg.data_dir, cfg.props, cluster, store)
     PARTITIONS.track(manager)
-    servicer = PartitionLeaderServicer(manager, AppendNotifier())
+    notifier = AppendNotifier()
+    session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
+    leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), notifier.notify)
+    servicer = PartitionLeaderServicer(manager, notifier, leases)
     pbg.add_PartitionLeaderServicer_to_server(servicer, server)
-    return PartitionLeaderService(cfg, cluster, store, manager, servicer)
+    return PartitionLeaderService(cfg, cluster, client, store, manager, servicer, leases)

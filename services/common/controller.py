@@ -1,0 +1,229 @@
+"""The controller: partition leader election through ZooKeeper (Kafka's controller
+with unclean leader election off).
+
+One partition-leader process at a time is the controller: the one holding the
+ephemeral znode /exactly/controller ({"node_id"}). Every partition-leader process
+runs a `Controller`; the others wait on a watch of that znode and run for it again
+when it goes away (its holder's session ended). A new controller increments
+/exactly/controller_epoch and every state write it makes is a ZooKeeper multi-op that
+also checks that znode's version, so a controller that was replaced (paused, or
+disconnected) cannot write anything any more. A process that restarts under the same
+node id replaces the controller znode its previous incarnation left behind.
+
+The controller sweeps all partitions at each change of live services or partition
+states (ZooKeeper watches) and every `controller.sweep.interval.ms` (1000):
+
+- Live replicas are the registered partition-leader processes; each registration's
+  czxid tells when that process (session) registered.
+- A partition keeps its leader while the leader is live and registered before the
+  state was last written; dead replicas are removed from its ISR (the leader stays).
+- Otherwise (the leader's session ended, or it registered again since: it restarted)
+  a new leader is elected: the first live ISR member in assignment order (the
+  restarted leader last); ISR = its live members; leader epoch + 1. With no live ISR
+  member the partition goes offline (leader none, leader epoch + 1, ISR kept): no
+  unclean election; it comes back when an ISR member does.
+
+Writes are compare-and-set on the state znode's version; a lost race is simply
+decided again at the next sweep. `plan_partition` is the pure decision, unit-tested.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Mapping, Sequence
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+from .cluster import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
+
+log = logging.getLogger(__name__)
+
+CONTROLLER = f"{ROOT}/controller"
+CONTROLLER_EPOCH = f"{ROOT}/controller_epoch"
+
+
+def plan_partition(replicas: Sequence[str], state: PartitionState,
+                   live: Mapping[str, int]) -> PartitionState | None:
+    """The state a partition should move to, or None to leave it.
+
+    replicas: assigned replica ids in assignment order; state: as read from ZooKeeper
+    (`mzxid` set); live: live partition-leader node id -> czxid of its registration.
+    See the module docstring for the rules."""
+    leader = state.leader
+    in_sync_live = [r for r in replicas if r in state.isr and r in live] + \
+        sorted(r for r in state.isr if r not in replicas and r in live)
+    if leader is not None and leader in live and live[leader] < state.mzxid:
+        isr = tuple(r for r in state.isr if r in live)
+        if set(isr) != set(state.isr):
+            return PartitionState(leader, state.leader_epoch, isr)
+        return None
+    restarted = leader if leader is not None and leader in live else None
+    candidates = [r for r in in_sync_live if r != restarted] + [r for r in in_sync_live if r == restarted]
+    if candidates:
+        return PartitionState(candidates[0], state.leader_epoch + 1, tuple(in_sync_live))
+    if leader is None:
+        return None
+    return PartitionState(None, state.leader_epoch + 1, tuple(state.isr))
+
+
+class Controller:
+    """Runs the controller election and, while elected, the sweeps, in a thread of
+    its own (kazoo calls block). `start()` / `stop()`; `is_controller` for tests and
+    metrics. Settings: controller.sweep.interval.ms (1000)."""
+
+    def __init__(self, cluster: ClusterState, sweep_interval_ms: int = 1000):
+        self.cluster = cluster
+        self.zk = cluster.zk
+        self.node_id = cluster.node_id
+        self.sweep_interval_s = max(sweep_interval_ms, 10) / 1000
+        self.is_controller = False
+        self.controller_epoch = -1
+        self._epoch_version = -1
+        self._event = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.cluster.add_listener(self._event.set)
+        self.cluster.add_session_listener(lambda state: self._event.set())
+        self._thread = threading.Thread(target=self._run, name="controller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop; a controller resigns (deletes its znode) so another takes over at once."""
+        self._stopped.set()
+        self._event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.is_controller:
+            self.is_controller = False
+            try:
+                _, stat = self.zk.get(CONTROLLER)
+                if stat.ephemeralOwner == self.zk.client_id[0]:
+                    self.zk.delete(CONTROLLER, version=stat.version)
+            except Exception:  # noqa: BLE001 - best effort on shutdown; the session end removes it anyway
+                pass
+
+    # ------------------------------------------------------------ election
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                if self._campaign():
+                    self._lead()
+            except KazooException as exc:
+                log.warning("controller: ZooKeeper error: %r", exc)
+                self._stopped.wait(0.5)
+            except Exception:  # noqa: BLE001 - keep the controller alive; logged with its traceback
+                log.exception("controller failed")
+                self._stopped.wait(0.5)
+            self.is_controller = False
+
+    def _session(self) -> int | None:
+        cid = self.zk.client_id
+        return cid[0] if cid else None
+
+    def _campaign(self) -> bool:
+        """Try to become the controller; waits for a change when someone else is."""
+        if self.zk.state != KazooState.CONNECTED:
+            self._stopped.wait(0.2)
+            return False
+        try:
+            self.zk.create(CONTROLLER, json.dumps({"node_id": self.node_id}).encode(), ephemeral=True,
+                           makepath=True)
+        except NodeExistsError:
+            self._event.clear()
+            try:
+                data, stat = self.zk.get(CONTROLLER, watch=lambda event: self._event.set())
+            except NoNodeError:
+                return False
+            if stat.ephemeralOwner != self._session():
+                if json.loads(data).get("node_id") == self.node_id:
+                    # Left by this node's previous incarnation: its session is dead or dying.
+                    try:
+                        self.zk.delete(CONTROLLER, version=stat.version)
+                    except (NoNodeError, KazooException):
+                        pass
+                    return False
+                self._event.wait(self.sweep_interval_s * 5)
+                return False
+        self._bump_epoch()
+        return True
+
+    def _bump_epoch(self) -> None:
+        self.zk.ensure_path(CONTROLLER_EPOCH)
+        while True:
+            data, stat = self.zk.get(CONTROLLER_EPOCH)
+            epoch = int(json.loads(data).get("epoch", 0)) + 1 if data else 1
+            try:
+                new = self.zk.set(CONTROLLER_EPOCH, json.dumps({"epoch": epoch}).encode(), version=stat.version)
+            except BadVersionError:
+                continue
+            self.controller_epoch, self._epoch_version = epoch, new.version
+            self.is_controller = True
+            log.info("%s is the controller (controller epoch %d)", self.node_id, epoch)
+            return
+
+    def _still_controller(self) -> bool:
+        if self.zk.state != KazooState.CONNECTED:
+            return False
+        stat = self.zk.exists(CONTROLLER)
+        return stat is not None and stat.ephemeralOwner == self._session()
+
+    def _lead(self) -> None:
+        while not self._stopped.is_set():
+            if not self._still_controller():
+                log.warning("%s: no longer the controller", self.node_id)
+                return
+            self._event.clear()
+            self.sweep()
+            self._event.wait(self.sweep_interval_s)
+            self._stopped.wait(0.02)  # coalesce bursts of watch events
+
+    # ------------------------------------------------------------ sweeps
+    def live_replicas(self) -> dict[str, int]:
+        """Live partition-leader node id -> czxid of its registration."""
+        live = {}
+        for child in self.zk.get_children(SERVICES):
+            try:
+                data, stat = self.zk.get(f"{SERVICES}/{child}")
+            except NoNodeError:
+                continue
+            if json.loads(data).get("role") == PARTITION_LEADER:
+                live[child] = stat.czxid
+        return live
+
+    def sweep(self) -> int:
+        """Decide and write every partition's state once. Returns the writes made."""
+        live = self.live_replicas()
+        parts = [(t.name, p, tuple(replicas)) for t in self.cluster.topics().values()
+                 for p, replicas in sorted(t.partitions.items())]
+        pending = [(name, p, replicas, self.zk.get_async(state_path(name, p))) for name, p, replicas in parts]
+        writes = 0
+        for name, p, replicas, res in pending:
+            try:
+                data, stat = res.get(timeout=10)
+            except NoNodeError:
+                continue
+            state = PartitionState.decode(data, stat.version, stat.mzxid)
+            new = plan_partition(replicas, state, live)
+            if new is None:
+                continue
+            if self._write(name, p, new, stat.version):
+                writes += 1
+                log.info("%s-%d: leader %s epoch %d ISR %s -> leader %s epoch %d ISR %s", name, p,
+                         state.leader, state.leader_epoch, ",".join(state.isr), new.leader or "none",
+                         new.leader_epoch, ",".join(new.isr))
+        return writes
+
+    def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
+        tx = self.zk.transaction()
+        tx.check(CONTROLLER_EPOCH, self._epoch_version)
+        tx.set_data(state_path(topic, partition), state.encode(), version=version)
+        results = tx.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            log.info("%s-%d: state write refused (%r); deciding again", topic, partition, failed[0])
+            return False
+        return True
