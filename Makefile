@@ -2,13 +2,16 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo test unit proto bench down clean
+.PHONY: setup demo spark-demo test unit proto bench down clean
 
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	$(PY) -m demo.purchases --dir $(RUN_DIR)/demo
+
+spark-demo: setup
+	$(PY) -m demo.spark_purchases --dir $(RUN_DIR)/spark-demo
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
