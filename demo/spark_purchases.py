@@ -118,14 +118,14 @@ def drive(args: argparse.Namespace) -> int:
         for p in query.recentProgress:
             if p["batchId"] not in seen:
                 seen.add(p["batchId"])
-                say(f"  driver: micro-batch {p["batchId"]} done, {p['numInputRows']:,} purchases")
+                say(f"  driver: micro-batch {p['batchId']} done, {p['numInputRows']:,} purchases")
         query.awaitTermination(0.5)
     if query.exception() is not None:
         say(f"  driver: query failed: {query.exception()}")
         return 1
     for p in query.recentProgress:
         if p["batchId"] not in seen:
-            say(f"  driver: micro-batch {p["batchId"]} done, {p['numInputRows']:,} purchases")
+            say(f"  driver: micro-batch {p['batchId']} done, {p['numInputRows']:,} purchases")
     spark.stop()
     return 0
 
