@@ -81,3 +81,90 @@ def test_periodic_work_covers_every_partition(tmp_path, store, clock):
     assert m.maybe_snapshot_all() == 0
     clock.advance(1000)
     assert m.expire_producers() == 2
+
+
+# ---------------------------------------------------------------- replication roles
+
+def replicated(name, leader, epoch, isr, replicas=("me", "x", "y"), version=0):
+    return TopicInfo(name, {0: list(replicas)}, {}, False,
+                     {0: PartitionState(leader, epoch, tuple(isr), version=version)})
+
+
+def test_roles_follow_the_partition_state(tmp_path, store, clock):
+    cluster = FakeCluster({"r": replicated("r", "x", 0, ("me", "x", "y"))})
+    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, cluster, store, clock)
+    assert m.refresh() == ([("r", 0)], []) and m.changed == {("r", 0)}
+    p = m.replicas[("r", 0)]
+    assert not p.is_leader and m.partitions == {}
+    assert m.follower_targets() == {("r", 0): ("x", 0)}
+    assert m.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    # Elected: leader of epoch 1, the epoch recorded at our log end.
+    cluster._topics["r"] = replicated("r", "me", 1, ("me", "y"), version=1)
+    m.refresh()
+    assert m.changed == {("r", 0)} and p.is_leader and p.isr == ("me", "y") and p.leader_epoch == 1
+    assert m.get("r", 0) == (p, ErrorCode.NONE) and m.follower_targets() == {}
+    assert p.epochs.entries[-1] == (1, 0)
+    # A newer ISR of the same epoch (the controller's) is adopted without a role change.
+    cluster._topics["r"] = replicated("r", "me", 1, ("me",), version=2)
+    m.refresh()
+    assert m.changed == set() and p.isr == ("me",) and p.replication.zk_version == 2
+    # A stale state (older epoch) is ignored.
+    cluster._topics["r"] = replicated("r", "x", 0, ("x",), version=3)
+    m.refresh()
+    assert p.is_leader and p.leader_epoch == 1
+    # Deposed: follower of the new leader; offline: no leader to follow.
+    cluster._topics["r"] = replicated("r", "y", 2, ("y",), version=4)
+    m.refresh()
+    assert not p.is_leader and m.follower_targets() == {("r", 0): ("y", 2)}
+    cluster._topics["r"] = replicated("r", None, 3, ("y",), version=5)
+    m.refresh()
+    assert m.follower_targets() == {} and m.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    m.close()
+
+
+def test_replica_fetches_drive_the_isr_and_high_watermark(tmp_path, store, clock):
+    cluster = FakeCluster({"r": replicated("r", "me", 0, ("me", "x"))})
+    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000", "min.insync.replicas": "2"},
+                       cluster, store, clock)
+    requested = []
+    m.on_isr_update = requested.append
+    m.refresh()
+    p = m.replicas[("r", 0)]
+    assert p.append(make_batch(3), -1).error == ErrorCode.NONE and p.high_watermark == 0
+    assert m.fetch_for_follower("r", 0, "x", 0, 1 << 20, 0).high_watermark == 0
+    res = m.fetch_for_follower("r", 0, "x", 3, 1 << 20, 0)
+    assert res.hw_changed and res.high_watermark == 3 and res.records == b""
+    # y catches up from outside the ISR: an ISR update is asked for.
+    m.fetch_for_follower("r", 0, "y", 3, 1 << 20, 0)
+    assert requested == [("r", 0)] and m.desired_isr(("r", 0)) == ("me", "x", "y")
+    # ... unless y is not registered any more.
+    m.is_live = lambda node: node != "y"
+    assert m.desired_isr(("r", 0)) is None
+    # x stops fetching: after replica.lag.time.max.ms it leaves the ISR.
+    clock.advance(1001)
+    assert m.isr_updates() == [("r", 0)] and m.desired_isr(("r", 0)) == ("me",)
+    assert m.fetch_for_follower("nope", 0, "x", 0, 1, 0).error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    err, answer = m.end_offset_for_epoch("r", 0, 0, 0)
+    assert err == ErrorCode.NONE and tuple(answer) == (0, 3)
+    m.close()
+
+
+def test_leases(tmp_path, store, clock):
+    now = [100.0]
+    cluster = FakeCluster({"r": replicated("r", "me", 0, ("me",))})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0])
+    m.refresh()
+    p = m.replicas[("r", 0)]
+    assert m.lease_valid(p)  # no leases kept: leadership needs no confirmation
+    m.lease_ms = 3000
+    cluster._topics["r"] = replicated("r", "me", 1, ("me",))
+    m.refresh()
+    assert not m.lease_valid(p)  # a new epoch waits for its first confirmation
+    p.lease_until = now[0] + 3
+    assert m.lease_valid(p)
+    now[0] += 3
+    assert not m.lease_valid(p)
+    p.lease_until = now[0] + 3
+    m.invalidate_leases()
+    assert not m.lease_valid(p)
+    m.close()
