@@ -1,0 +1,1 @@
+"""System tests: real ZooKeeper, real processes, injected failures."""

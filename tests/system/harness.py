@@ -1,0 +1,262 @@
+"""Shared pieces of the system tests: input loading, copier processes, fault
+injection on a dev cluster (kill/stop and restart of any service), waiting for
+replicas to be back in sync, and reading a topic to its end."""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from services.devcluster import DevCluster, pid_alive
+
+COPIER = pathlib.Path(__file__).resolve().parent / "copier.py"
+ROOT = COPIER.parent.parent.parent
+
+
+class SystemTestError(AssertionError):
+    """The system under test did not get where it should within its time bound."""
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll `predicate()` until truthy; raises SystemTestError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemTestError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- topics and data
+
+def create_topics(bootstrap: str, topics: dict[str, int], replication_factor: int, min_insync: int) -> None:
+    """Create `topics` (name -> partitions) with the replication factor and
+    min.insync.replicas given."""
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(name, n, replication_factor, {"min.insync.replicas": str(min_insync)})
+                             for name, n in topics.items()], timeout=60)
+
+
+def load_input(bootstrap: str, topic: str, partitions: int, count: int) -> list[bytes]:
+    """Write `count` distinct values round-robin over the partitions with an
+    idempotent acks=all producer; returns the values."""
+    values = [f"value-{n:07d}".encode() for n in range(count)]
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 10})
+    try:
+        futures = [producer.send(topic, v, key=v, partition=n % partitions) for n, v in enumerate(values)]
+        producer.flush(120)
+        for f in futures:
+            f.result(0)
+    finally:
+        producer.close(30)
+    return values
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Partition -> high watermark (read_uncommitted end)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        c.seek_to_end(tps)
+        return {tp.partition: c.position(tp, timeout=60) for tp in tps}
+    finally:
+        c.close()
+
+
+def read_values(bootstrap: str, topic: str, partitions: int, isolation_level: str,
+                timeout_s: float = 120.0) -> list[bytes]:
+    """Every value of `topic` from the beginning up to its end at the time of the
+    call (the LSO under read_committed)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation_level,
+                  "enable.auto.commit": False, "fetch.max.wait.ms": 100})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        c.seek_to_end(tps)
+        ends = {tp: c.position(tp, timeout=60) for tp in tps}
+        c.seek_to_beginning(tps)
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise SystemTestError(f"reading {topic} did not reach its end in {timeout_s:.0f} s")
+            out += [r.value for r in c.poll(timeout=0.5)]
+        return out
+    finally:
+        c.close()
+
+
+@dataclass
+class Comparison:
+    """Output against input: counts of duplicates, missing and unexpected values."""
+
+    expected: int
+    found: int
+    duplicates: int
+    missing: int
+    unexpected: int
+
+    @classmethod
+    def of(cls, expected: list[bytes], found: list[bytes]) -> "Comparison":
+        counts = collections.Counter(found)
+        want = set(expected)
+        return cls(len(want), len(found), sum(n - 1 for n in counts.values() if n > 1),
+                   len(want - set(counts)), len(set(counts) - want))
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.duplicates == 0 and self.missing == 0 and self.unexpected == 0 and self.found == self.expected
+
+
+# ---------------------------------------------------------------- cluster state
+
+def wait_in_sync(bootstrap: str, topics: list[str], timeout_s: float = 60.0) -> None:
+    """Until every partition of `topics` has a live leader and its whole replica
+    set in the ISR (a restarted replica caught up)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        def in_sync() -> bool:
+            try:
+                desc = admin.describe_topics(topics)
+            except errors.ExactlyError:
+                return False
+            return all(p.leader is not None and set(p.isr) == set(p.replicas)
+                       for t in desc.values() for p in t.partitions.values())
+        wait_until(in_sync, timeout_s, f"every replica of {', '.join(topics)} in sync", 0.25)
+    finally:
+        admin.close()
+
+
+def wait_unregistered(cluster: DevCluster, name: str, timeout_s: float = 30.0) -> None:
+    """Until `name` is gone from the cluster's live services (its ZooKeeper session
+    expired or it deregistered), so that the others took over its work."""
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zookeeper)
+    zk.start(timeout=15)
+    try:
+        wait_until(lambda: not zk.exists(f"/exactly/services/{name}"), timeout_s, f"{name} to leave the cluster")
+    finally:
+        zk.stop()
+        zk.close()
+
+
+# ---------------------------------------------------------------- copiers
+
+@dataclass
+class CopierProcess:
+    """One copier (tests/system/copier.py) for one input partition; restartable
+    with the same transactional.id."""
+
+    name: str
+    bootstrap: str
+    input_topic: str
+    input_partition: int
+    output_topic: str
+    end_offset: int
+    group_id: str
+    run_dir: pathlib.Path
+    gate_file: pathlib.Path | None = None
+    transaction_size: int = 300
+    abort_every: int = 3
+    max_rate: float = 0.0
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.name}-{self.input_topic}-{self.input_partition}"
+
+    @property
+    def status_file(self) -> pathlib.Path:
+        return self.run_dir / f"{self.name}.status"
+
+    @property
+    def log_file(self) -> pathlib.Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def start(self) -> None:
+        cmd = [sys.executable, str(COPIER), "--bootstrap-servers", self.bootstrap,
+               "--transactional-id", self.transactional_id, "--group-id", self.group_id,
+               "--input-topic", self.input_topic, "--input-partition", str(self.input_partition),
+               "--output-topic", self.output_topic, "--end-offset", str(self.end_offset),
+               "--status-file", str(self.status_file), "--transaction-size", str(self.transaction_size),
+               "--abort-every", str(self.abort_every), "--max-rate", str(self.max_rate)]
+        if self.gate_file is not None:
+            cmd += ["--gate-file", str(self.gate_file)]
+        self.status_file.unlink(missing_ok=True)
+        log = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=ROOT)
+        log.close()
+        self.starts += 1
+
+    def status(self) -> dict:
+        try:
+            return json.loads(self.status_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    @property
+    def position(self) -> int:
+        return int(self.status().get("position", 0))
+
+    @property
+    def progress(self) -> float:
+        return self.position / self.end_offset if self.end_offset else 1.0
+
+    def check_alive(self) -> None:
+        """Raise if the copier exited other than by our signal or completion."""
+        if self.proc is not None and self.proc.poll() is not None and self.status().get("state") != "done":
+            raise SystemTestError(f"copier {self.name} exited with {self.proc.returncode} "
+                                  f"(state {self.status().get('state')}); log tail:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def signal_and_wait(self, sig: int, timeout_s: float = 90.0) -> int:
+        """Send `sig` and wait for the process to end; returns its exit code."""
+        assert self.proc is not None
+        self.history.append(self.status())
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise SystemTestError(f"copier {self.name} did not end within {timeout_s:.0f} s of signal {sig}")
+
+    def stop(self) -> None:
+        if self.proc is not None and pid_alive(self.proc.pid):
+            self.signal_and_wait(signal.SIGTERM)
+
+    def totals(self) -> dict[str, int]:
+        """Committed and aborted transactions over every run of this copier."""
+        runs = self.history + [self.status()]
+        return {k: sum(int(r.get(k, 0)) for r in runs) for k in ("committed_txns", "aborted_txns", "failed_txns")}
+
+
+def set_gate(gate_file: pathlib.Path, fraction: float) -> None:
+    """Let the copiers consume up to `fraction` of their input."""
+    tmp = gate_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"fraction": min(1.0, fraction)}))
+    tmp.replace(gate_file)
+
+
+def gate_offset(fraction: float, end: int) -> int:
+    return min(end, math.ceil(fraction * end))

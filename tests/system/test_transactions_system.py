@@ -1,0 +1,141 @@
+"""Transactions under failures, in the spirit of Kafka's transactions system test
+(tests/kafkatest/tests/core/transactions_test.py), on real processes and a real
+ZooKeeper.
+
+An input topic (2 partitions) holds 20,000 distinct values. One transactional
+copier per input partition (tests/system/copier.py) copies them to an output topic
+(3 partitions) in consume-transform-produce transactions of up to 300 records with
+the consumed offsets (send_offsets_to_transaction); every third transaction is
+aborted on purpose and copied again. Both topics and the internal topics have the
+replication factor and min.insync.replicas below. While the copy runs, each partition leader in turn is
+stopped and restarted, then each coordinator, then each copier (at 20 % progress or
+more, restarted with the same transactional.id). Afterwards a read_committed reader
+of the output must find exactly the input: no duplicate, nothing missing.
+
+Two variants: hard failures (SIGKILL: the others take over when the ZooKeeper
+session of the killed process expires, then it comes back) and clean restarts
+(SIGTERM). The copy is paced with a gate so that every fault hits a running copy
+and the copy does not end before the last fault.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input, read_values,
+                      set_gate, wait_in_sync, wait_unregistered, wait_until)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+INPUT, OUTPUT = "input", "output"
+INPUT_PARTITIONS, OUTPUT_PARTITIONS = 2, 3
+RECORDS = 20_000
+REPLICATION_FACTOR, MIN_INSYNC = 1, 1
+TRANSACTION_SIZE = 300
+# Records per second per copier (aborted ones included): a tenth of the input, the
+# slice of one fault, takes longer than the fault itself, so each fault hits a copy
+# in progress.
+MAX_RATE = 250.0
+PHASE_TIMEOUT_S = 180.0
+
+CLUSTER_PROPS = {
+    "zookeeper.session.timeout.ms": "4000",
+    "transaction.state.log.replication.factor": str(REPLICATION_FACTOR),
+    "offsets.topic.replication.factor": str(REPLICATION_FACTOR),
+    "min.insync.replicas": str(MIN_INSYNC),
+    "transaction.state.log.min.isr": str(MIN_INSYNC),
+}
+INTERNAL = ["__transaction_state", "__consumer_offsets"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@pytest.mark.parametrize("hard", [True, False], ids=["sigkill", "sigterm"])
+def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
+    started = time.monotonic()
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=2, props=CLUSTER_PROPS)
+    bootstrap = cluster.bootstrap_servers
+    create_topics(bootstrap, {INPUT: INPUT_PARTITIONS, OUTPUT: OUTPUT_PARTITIONS}, REPLICATION_FACTOR, MIN_INSYNC)
+    expected = load_input(bootstrap, INPUT, INPUT_PARTITIONS, RECORDS)
+    ends = end_offsets(bootstrap, INPUT, INPUT_PARTITIONS)
+    assert sum(ends.values()) == RECORDS
+    log(f"cluster up and {RECORDS:,} input records loaded in {time.monotonic() - started:.1f} s")
+
+    run_dir = tmp_path / "copiers"
+    run_dir.mkdir()
+    gate = run_dir / "gate.json"
+    copiers = [CopierProcess(f"copier-{p}", bootstrap, INPUT, p, OUTPUT, ends[p], "system-copiers", run_dir,
+                             gate_file=gate, transaction_size=TRANSACTION_SIZE, max_rate=MAX_RATE) for p in range(INPUT_PARTITIONS)]
+    faults = [("pl-0", "service"), ("pl-1", "service"), ("pl-2", "service"),
+              ("txn-0", "service"), ("txn-1", "service"), ("group-0", "service"), ("group-1", "service"),
+              ("copier-0", "copier"), ("copier-1", "copier")]
+    by_name = {c.name: c for c in copiers}
+    sig = signal.SIGKILL if hard else signal.SIGTERM
+    topics = [INPUT, OUTPUT, *INTERNAL]
+
+    def check_copiers() -> None:
+        for c in copiers:
+            c.check_alive()
+
+    def wait_gate(fraction: float) -> None:
+        def reached() -> bool:
+            check_copiers()
+            return all(c.position >= gate_offset(fraction, c.end_offset) for c in copiers)
+        wait_until(reached, PHASE_TIMEOUT_S, f"the copiers to reach {fraction:.0%} of their input", 0.2)
+
+    try:
+        set_gate(gate, 1 / (len(faults) + 1) / 2)
+        for c in copiers:
+            c.start()
+        for k, (name, kind) in enumerate(faults):
+            fraction = (k + 1) / (len(faults) + 1)
+            set_gate(gate, fraction)
+            wait_until(lambda: all(c.status().get("state") == "running" for c in copiers), PHASE_TIMEOUT_S,
+                       "the copiers to run")
+            time.sleep(0.5)  # let the copiers get into a transaction
+            t0 = time.monotonic()
+            if kind == "copier":
+                copier = by_name[name]
+                assert copier.progress >= 0.2, f"{name} at {copier.progress:.0%} when it should be killed"
+                at = copier.progress
+                code = copier.signal_and_wait(sig)
+                copier.start()
+                log(f"{'SIGKILLed' if hard else 'stopped'} {name} at {at:.0%} of its input "
+                    f"(exit {code}); restarted with transactional.id {copier.transactional_id}")
+            else:
+                if hard:
+                    cluster.kill(name)
+                    wait_unregistered(cluster, name)  # the others take over its work first
+                else:
+                    cluster.stop(name)
+                cluster.restart(name)
+                if kind == "service" and name.startswith("pl-"):
+                    wait_in_sync(bootstrap, topics, PHASE_TIMEOUT_S)
+                log(f"{'SIGKILLed' if hard else 'stopped'} and restarted {name} in {time.monotonic() - t0:.1f} s "
+                    f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
+            wait_gate(fraction)
+        set_gate(gate, 1.0)
+        wait_until(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
+                   PHASE_TIMEOUT_S, "the copiers to finish")
+        for c in copiers:
+            assert c.proc.wait(60) == 0, c.log_tail()
+        log(f"copy finished in {time.monotonic() - started:.1f} s since start")
+    finally:
+        for c in copiers:
+            c.stop()
+
+    committed = read_values(bootstrap, OUTPUT, OUTPUT_PARTITIONS, "read_committed")
+    uncommitted = read_values(bootstrap, OUTPUT, OUTPUT_PARTITIONS, "read_uncommitted")
+    result = Comparison.of(expected, committed)
+    totals = {c.name: c.totals() for c in copiers}
+    log(f"output (read_committed): {result.found:,} records of {result.expected:,} expected; "
+        f"duplicates {result.duplicates}, missing {result.missing}, unexpected {result.unexpected}; "
+        f"read_uncommitted {len(uncommitted):,}; transactions {totals}; total {time.monotonic() - started:.1f} s")
+    assert result.exactly_once, result
+    # The aborted transactions were really written, and really hidden.
+    assert all(t["aborted_txns"] >= 3 for t in totals.values()), totals
+    assert len(uncommitted) > len(committed)
