@@ -289,6 +289,18 @@ class DevCluster:
             self._reap("zookeeper", self.zookeeper_pid, 10.0)
 
 
+def replication_props(replication_factor: int) -> dict[str, str]:
+    """Settings for internal topics replicated `replication_factor` times:
+    transaction.state.log.replication.factor, offsets.topic.replication.factor and,
+    above 1, transaction.state.log.min.isr 2 (Kafka's defaults for a 3-broker
+    cluster). Empty for 1."""
+    if replication_factor <= 1:
+        return {}
+    return {"transaction.state.log.replication.factor": str(replication_factor),
+            "offsets.topic.replication.factor": str(replication_factor),
+            "transaction.state.log.min.isr": str(min(2, replication_factor))}
+
+
 def _parse_props(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -308,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--txn-coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
     up.add_argument("--replication-factor", type=int, default=1,
-                    help="replication factor of the internal topics")
+                    help="replication factor of the internal topics (user topics choose their own); "
+                         "above 1 also transaction.state.log.min.isr=2")
     up.add_argument("--zookeeper", help="use this ZooKeeper (HOST:PORT) instead of starting one")
     up.add_argument("--set", dest="props", action="append", default=[], metavar="KEY=VALUE")
     up.add_argument("--fresh", action="store_true", help="delete DIR first")
@@ -332,10 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 if any(pid_alive(s.pid) for s in old.services.values()):
                     raise DevClusterError(f"a cluster is already running in {args.dir}; "
                                           "run 'exactly-dev down' first")
-            props = _parse_props(args.props)
-            if args.replication_factor > 1:
-                props.setdefault("transaction.state.log.replication.factor", str(args.replication_factor))
-                props.setdefault("offsets.topic.replication.factor", str(args.replication_factor))
+            props = {**replication_props(args.replication_factor), **_parse_props(args.props)}
             cluster = DevCluster(args.dir, props=props)
             cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper)
             print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
