@@ -306,6 +306,17 @@ class ClusterState:
             out[tp] = PartitionState.decode(data, stat.version, stat.mzxid)
         return out
 
+    def registration_zxid(self, timeout_s: float = 10.0) -> int | None:
+        """czxid of this process's /exactly/services/<node_id> znode when it belongs to
+        the current session (a leader elected after it was written has a newer state
+        znode), else None (not registered yet, or registered by an older session).
+        Raises kazoo errors when ZooKeeper cannot answer."""
+        stat = self.zk.exists_async(f"{SERVICES}/{self.node_id}").get(timeout=timeout_s)
+        cid = self.zk.client_id
+        if stat is None or cid is None or stat.ephemeralOwner != cid[0]:
+            return None
+        return stat.czxid
+
     def update_partition_state(self, topic: str, partition: int, state: PartitionState,
                                expected_version: int) -> tuple[bool, int]:
         """Compare-and-set the partition state (the leader's ISR changes). Returns

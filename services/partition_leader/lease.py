@@ -3,8 +3,11 @@ the request path.
 
 `LeaseKeeper` confirms, every `lease_ms / 3`, that each partition led here is still
 led by this node in the same leader epoch, by reading the state znodes from
-ZooKeeper over this process's session. A confirmation read sent at time t holds
-until t + `lease_ms` (`lease_ms` is two thirds of the ZooKeeper session timeout: the
+ZooKeeper over this process's session; the state must also have been written after
+this process registered with its current session (a restarted process, or one whose
+session was lost, waits for the controller to elect again rather than resume an
+epoch it may no longer hold). A confirmation read sent at time t holds until
+t + `lease_ms` (`lease_ms` is two thirds of the ZooKeeper session timeout: the
 session cannot expire, and so the controller cannot replace us, before t + session
 timeout). A leader acknowledges writes only under a valid lease, so one that wakes
 from a pause (SIGSTOP) longer than its session, or whose session was lost, answers
@@ -35,6 +38,7 @@ from .replica_manager import ReplicaManager, TopicPartition
 log = logging.getLogger(__name__)
 
 ZK_ERRORS = (KazooException, OSError, TimeoutError)
+RETRY_S = 0.05
 
 
 class LeaseKeeper:
@@ -75,22 +79,23 @@ class LeaseKeeper:
         self._wake.set()
 
     async def ensure(self, p: Partition, deadline: float) -> bool:
-        """Wait until `p`'s lease is valid, until `deadline` (loop time, s) at most.
-        False when it could not be confirmed (not the leader any more, ZooKeeper
-        unreachable or the session lost)."""
+        """Wait until `p`'s lease is valid, until `deadline` (loop time, s) at most,
+        asking for renewals. False when `p` stopped leading or the deadline passed
+        (ZooKeeper unreachable, the session lost, leadership moved)."""
         loop = asyncio.get_running_loop()
-        attempts = 0
         while not self.manager.lease_valid(p):
             remaining = deadline - loop.time()
-            if not p.is_leader or remaining <= 0 or attempts >= 3:
+            if not p.is_leader or remaining <= 0:
                 return False
-            attempts += 1
             self._renewed.clear()
             self._wake.set()
             try:
                 await asyncio.wait_for(self._renewed.wait(), remaining)
             except asyncio.TimeoutError:
                 return False
+            if not self.manager.lease_valid(p):
+                # Not confirmed (yet): a new election or the watch demoting us comes soon.
+                await asyncio.sleep(min(RETRY_S, max(deadline - loop.time(), 0)))
         return True
 
     async def _run(self) -> None:
@@ -114,18 +119,24 @@ class LeaseKeeper:
         if not led:
             return
         sent = self.manager.monotonic_s()
+
+        def read():
+            return (self.cluster.registration_zxid(self.lease_ms / 1000),
+                    self.cluster.read_partition_states(list(led), self.lease_ms / 1000))
         try:
-            states = await asyncio.to_thread(self.cluster.read_partition_states, list(led),
-                                             self.lease_ms / 1000)
+            registered, states = await asyncio.to_thread(read)
         except ZK_ERRORS as exc:
             log.warning("cannot confirm leadership in ZooKeeper: %r", exc)
+            return
+        if registered is None:
             return
         until = sent + self.lease_ms / 1000
         for tp, st in states.items():
             p = led[tp]
             if self.manager.replicas.get(tp) is not p or not p.is_leader:
                 continue
-            if st is not None and st.leader == self.manager.node_id and st.leader_epoch == p.leader_epoch:
+            if st is not None and st.leader == self.manager.node_id and st.leader_epoch == p.leader_epoch \
+                    and st.mzxid > registered:
                 p.lease_until = until
                 if st.version > p.replication.zk_version and p.set_isr(st.isr, st.version):
                     self.notify(tp)

@@ -88,6 +88,27 @@ class PartitionLeaderService:
             asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
         ]
 
+    async def wait_ready(self) -> None:
+        """Called once registered: wait (at most twice the ZooKeeper session timeout)
+        until no partition state names this process leader from before it registered,
+        i.e. until the controller has elected again after a restart, so that serving
+        starts with leaderships this process can confirm."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000
+        registered = None
+        while loop.time() < deadline:
+            try:
+                registered = registered or await asyncio.to_thread(self.cluster.registration_zxid)
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: try again
+                log.debug("registration check failed: %r", exc)
+            if registered is not None:
+                stale = [(t.name, p) for t in self.cluster.topics().values() for p, st in list(t.states.items())
+                         if st.leader == self.cfg.node_id and 0 <= st.mzxid < registered]
+                if not stale:
+                    return
+            await asyncio.sleep(0.1)
+        log.warning("still named leader by states older than this process's registration; serving anyway")
+
     async def stop(self) -> None:
         """Clean shutdown: resign as controller, stop replication and the tasks, flush
         every log, write final snapshots."""
