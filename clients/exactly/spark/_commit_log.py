@@ -114,7 +114,10 @@ class CommitLogState:
     decided_batch: dict[str, int] = field(default_factory=dict)
     decided_txns: dict[str, dict[TxnRef, tuple[int, str]]] = field(default_factory=dict)
     outcomes: dict[tuple[str, int, str], BatchOutcome] = field(default_factory=dict)
-    _open: dict[int, list[TaskRecord]] = field(default_factory=dict)
+    # Fate of each task's transaction seen ending: (transactional.id, PID, epoch) -> committed.
+    fates: dict[TxnRef, bool] = field(default_factory=dict)
+    _last_decision: dict[str, Decision] = field(default_factory=dict)
+    _open: dict[int, list[tuple[TaskRecord, int]]] = field(default_factory=dict)
 
     def apply(self, header: _rec.BatchHeader, batch_records: Iterable[_rec.Record]) -> None:
         """Feed one record batch (its header and decoded records). Batches wholly
@@ -124,7 +127,8 @@ class CommitLogState:
         if header.is_control:
             recs = list(batch_records)
             committed = bool(recs) and _rec.decode_control_record(recs[0])[0] == _rec.CONTROL_COMMIT
-            for task in self._open.pop(header.producer_id, []):
+            for task, epoch in self._open.pop(header.producer_id, []):
+                self.fates[(task.transactional_id, header.producer_id, epoch)] = committed
                 out = self.outcomes.setdefault((task.query_id, task.batch_id, task.write_id), BatchOutcome())
                 if committed:
                     out.committed += 1
@@ -141,7 +145,8 @@ class CommitLogState:
                 kind = _kind(rec)
                 try:
                     if kind == KIND_TASK and header.is_transactional:
-                        self._open.setdefault(header.producer_id, []).append(TaskRecord.decode(rec.value))
+                        self._open.setdefault(header.producer_id, []).append(
+                            (TaskRecord.decode(rec.value), header.producer_epoch))
                     elif kind == KIND_DECISION and not header.is_transactional:
                         self._add_decision(Decision.decode(rec.value))
                 except (ValueError, KeyError, TypeError, IndexError):
@@ -151,6 +156,7 @@ class CommitLogState:
     def _add_decision(self, d: Decision) -> None:
         if d.batch_id > self.decided_batch.get(d.query_id, -1):
             self.decided_batch[d.query_id] = d.batch_id
+            self._last_decision[d.query_id] = d
         txns = self.decided_txns.setdefault(d.query_id, {})
         for t in d.txns:
             txns[t] = (d.batch_id, d.write_id)
@@ -161,7 +167,14 @@ class CommitLogState:
         return max(self.committed_batch.get(query_id, -1), self.decided_batch.get(query_id, -1))
 
     def open_records(self, query_id: str) -> list[TaskRecord]:
-        return [t for recs in self._open.values() for t in recs if t.query_id == query_id]
+        return [t for recs in self._open.values() for t, _ in recs if t.query_id == query_id]
+
+    def lost(self, query_id: str) -> list[TxnRef]:
+        """Transactions of the query's last decided micro-batch that ended aborted
+        although the decision committed them (e.g. transaction.prepared.max.ms passed
+        while the driver was down): their rows are lost and the caller must fail."""
+        d = self._last_decision.get(query_id)
+        return [] if d is None else [t for t in d.txns if self.fates.get(t) is False]
 
     def is_decided(self, query_id: str, txn: TxnRef) -> bool:
         return txn in self.decided_txns.get(query_id, {})

@@ -380,6 +380,11 @@ class ExactlyStreamWriter(DataSourceStreamWriter):
             log.warning("%s transaction %s left open by an earlier run or attempt",
                         "committing" if commit else "aborting", txn)
             _io.complete(bootstrap, txn, commit)
+        lost = state.lost(query_id)
+        if lost:
+            raise RuntimeError(f"transactions {lost} of micro-batch {state.decided_batch[query_id]} of query "
+                               f"{query_id} were decided committed but ended aborted (a driver down longer "
+                               "than transaction.prepared.max.ms?); their rows are lost")
         if already_committed(state, query_id, batchId):
             log.warning("micro-batch %d of query %s was committed before; aborting its replay (%d transactions)",
                         batchId, query_id, len(msgs))

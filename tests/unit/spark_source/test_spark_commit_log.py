@@ -113,3 +113,17 @@ def test_recovery_rolls_forward_decided_and_aborts_the_rest():
     plan = recovery_plan(state, Q, [current, zombie, decided], keep=[current])
     assert plan == [(decided, True), (zombie, False)]
     assert recovery_plan(state, "another-query", [decided]) == [(decided, False)]
+
+
+def test_decided_transactions_that_ended_aborted_are_reported_lost():
+    log = Log()
+    log.task(7, 3, "w3", partition=0)
+    log.task(8, 3, "w3", partition=1)
+    log.decision(3, "w3", [(f"spark-{Q}-0-0", 7, 0), (f"spark-{Q}-1-0", 8, 0)])
+    log.marker(7, commit=True)
+    state = log.feed(CommitLogState())
+    assert state.lost(Q) == []
+    log.marker(8, commit=False)  # e.g. aborted by transaction.prepared.max.ms
+    log.feed(state)
+    assert state.lost(Q) == [(f"spark-{Q}-1-0", 8, 0)]
+    assert state.fates[(f"spark-{Q}-0-0", 7, 0)] is True
