@@ -1,13 +1,19 @@
 """The main job: the purchases pipeline on a dev cluster, with failures injected.
 
-    python -m demo.purchases --dir DIR [--keep]
+    python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
+        [--txn-coordinators 1] [--group-coordinators 1]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
+   --replication-factor sets the replication factor of the internal topics and of
+   the demo's topics (min.insync.replicas 2 from 2 up), --txn-coordinators and
+   --group-coordinators how many coordinators share the internal topics;
 2. loads the Olist order items into topic `purchases` (3 partitions) with an
    idempotent producer;
 3. runs the purchases -> invoices + shipments worker (demo.pipeline); midway it
    SIGKILLs the worker inside an open transaction and restarts it with the same
-   transactional.id, then SIGKILLs and restarts the transaction coordinator;
+   transactional.id, then SIGKILLs and restarts the transaction coordinator txn-0
+   (with several coordinators another one takes its partitions over meanwhile) and,
+   with a replication factor above 1, a partition leader;
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
    every item produced exactly one invoice and one shipment and the totals match.
 """
@@ -28,7 +34,7 @@ from decimal import Decimal
 from tqdm import tqdm
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from services.devcluster import DevCluster
+from services.devcluster import DevCluster, replication_props
 
 from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, item_key, read_order_items,
                      read_topic)
@@ -84,24 +90,29 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
     return sum(om.offset for om in consumer.committed(parts).values() if om is not None)
 
 
-def run(run_dir: pathlib.Path, keep: bool) -> int:
+def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
+        group_coordinators: int = 1) -> int:
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
-    say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, coordinators) ...")
+    say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
+        f"coordinator(s), {group_coordinators} group coordinator(s), replication factor {replication_factor}) ...")
     if run_dir.exists():
         old = run_dir / "cluster.json"
         if old.exists():
             DevCluster.load(run_dir).down()
         shutil.rmtree(run_dir)
-    cluster = DevCluster(run_dir)
+    cluster = DevCluster(run_dir, props=replication_props(replication_factor))
     try:
-        cluster.up(partition_leaders=3, txn_coordinators=1, group_coordinators=1)
+        cluster.up(partition_leaders=3, txn_coordinators=txn_coordinators, group_coordinators=group_coordinators)
         bootstrap = cluster.bootstrap_servers
         say(f"Cluster serving: bootstrap.servers={bootstrap}, zookeeper={cluster.zookeeper}")
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(t, PARTITIONS, replication_factor=1) for t in (PURCHASES, INVOICES, SHIPMENTS)])
+        configs = {"min.insync.replicas": str(min(2, replication_factor))}
+        admin.create_topics([NewTopic(t, PARTITIONS, replication_factor, configs)
+                             for t in (PURCHASES, INVOICES, SHIPMENTS)])
         admin.close()
-        say(f"Created topics {PURCHASES}, {INVOICES}, {SHIPMENTS} ({PARTITIONS} partitions each)")
+        say(f"Created topics {PURCHASES}, {INVOICES}, {SHIPMENTS} ({PARTITIONS} partitions each, "
+            f"replication factor {replication_factor})")
 
         say(f"Loading {len(rows):,} order items from data/olist/order_items.csv into '{PURCHASES}' ...")
         load_purchases(bootstrap, rows)
@@ -135,15 +146,29 @@ def run(run_dir: pathlib.Path, keep: bool) -> int:
         bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                   f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
         worker = Worker(bootstrap, run_dir, "worker-2")
-        coordinator_killed = False
+        coordinator_killed = leader_killed = False
         while progress() < total:
             worker.check_alive()
             if not coordinator_killed and done >= total * 0.6:
                 cluster.kill("txn-0")
-                bar.write("SIGKILLed the transaction coordinator txn-0; restarting it")
+                if txn_coordinators > 1:
+                    bar.write("SIGKILLed the transaction coordinator txn-0; the others take over its "
+                              "partitions of __transaction_state when its ZooKeeper session expires")
+                    wait_gone(cluster, "txn-0", deadline)
+                    bar.write("txn-0's partitions moved; restarting txn-0")
+                else:
+                    bar.write("SIGKILLed the transaction coordinator txn-0; restarting it")
                 cluster.restart("txn-0")
                 bar.write(f"txn-0 serving again (pid {cluster.services['txn-0'].pid})")
                 coordinator_killed = True
+            if replication_factor > 1 and not leader_killed and done >= total * 0.8:
+                cluster.kill("pl-1")
+                bar.write("SIGKILLed the partition leader pl-1; its partitions are led by other replicas "
+                          "once its ZooKeeper session expires")
+                wait_gone(cluster, "pl-1", deadline)
+                cluster.restart("pl-1")
+                bar.write(f"pl-1 serving again (pid {cluster.services['pl-1'].pid}) as a follower")
+                leader_killed = True
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pipeline stalled at {done:,}/{total:,}")
             time.sleep(0.2)
@@ -157,6 +182,22 @@ def run(run_dir: pathlib.Path, keep: bool) -> int:
     finally:
         if not keep:
             cluster.down()
+
+
+def wait_gone(cluster: DevCluster, name: str, deadline: float) -> None:
+    """Until `name` left the cluster's live services in ZooKeeper (its session
+    expired), i.e. the others took over its work."""
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zookeeper)
+    zk.start(timeout=30)
+    try:
+        while zk.exists(f"/exactly/services/{name}"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} still registered")
+            time.sleep(0.2)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def summarize(bootstrap: str, expected: dict[str, dict]) -> int:
@@ -192,8 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo.purchases", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(".run/demo"))
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--replication-factor", type=int, default=1,
+                        help="replication factor of the internal and the demo's topics (default 1)")
+    parser.add_argument("--txn-coordinators", type=int, default=1, help="transaction coordinators (default 1)")
+    parser.add_argument("--group-coordinators", type=int, default=1, help="group coordinators (default 1)")
     args = parser.parse_args(argv)
-    return run(args.dir.resolve(), args.keep)
+    if not 1 <= args.replication_factor <= 3:
+        parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
+    if args.txn_coordinators < 1 or args.group_coordinators < 1:
+        parser.error("at least one coordinator of each kind is needed")
+    return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
+               args.group_coordinators)
 
 
 if __name__ == "__main__":

@@ -695,7 +695,8 @@ class TransactionCoordinator:
         backoff = self.config.retry_backoff_ms / 1000
         return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(_Retry), reraise=True,
                              wait=wait_exponential_jitter(multiplier=backoff, max=self.config.retry_backoff_max_ms / 1000,
-                                                          jitter=backoff))
+                                                          jitter=backoff),
+                             before_sleep=_log_retry)
 
     async def _complete(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
                         from_client: bool, cause: str = "client", started: float | None = None) -> None:
@@ -915,6 +916,14 @@ def _valid_producer_id(md: TransactionMetadata, producer_id: int, producer_epoch
     new, the PID matches, or it is the previous PID retried after a rotation."""
     return (md.producer_epoch == NO_PRODUCER_EPOCH or producer_id == md.producer_id
             or (producer_id == md.last_producer_id and is_epoch_exhausted(producer_epoch)))
+
+
+def _log_retry(state) -> None:
+    """Log a retried step at its 1st, 10th, 100th... retry (not every one)."""
+    n = state.attempt_number
+    if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.info("retrying (attempt %d): %s", n, exc)
 
 
 def _name(code: int) -> str:
