@@ -285,7 +285,10 @@ def connect(context: str | None = None) -> tuple[Any, Any]:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config(context=context)
+        try:
+            config.load_kube_config(context=context)
+        except config.ConfigException as exc:
+            raise RestartError(f"no Kubernetes API configuration (in-cluster or kubeconfig): {exc}") from None
     return client.CoreV1Api(), client.AppsV1Api()
 
 
@@ -309,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     rr.add_argument("--dry-run", action="store_true", help="print the plan only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    core, apps = connect(args.context)
     kwargs = dict(name_label=args.name_label, cluster_domain=args.cluster_domain)
     try:
+        core, apps = connect(args.context)
         if args.cmd == "pods":
             for ident in RollingRestart(core, apps, args.namespace, args.release, **kwargs).identities():
                 print(f"{ident.node_id:40} {ident.component:18} {ident.advertised:70} "
