@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 from txn_coordinator_fakes import FakeLog, Harness, run
 
 from exactly.errors import ErrorCode
+from exactly.v1 import exactly_pb2 as pb
+from exactly.v1 import exactly_pb2_grpc as pbg
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.coordinator import CoordinatorConfig
+from services.txn_coordinator.servicer import TxnCoordinatorServicer
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -171,3 +175,32 @@ def test_log_value_round_trip_of_the_prepared_timestamp():
     assert txn_log.decode_value(txn_log.encode_value(t)) == t
     plain = TxnTransitMetadata(7, -1, 2, -1, 60000, S.ONGOING, frozenset({("orders", 0)}), 100, 200)
     assert txn_log.decode_value(txn_log.encode_value(plain)).prepared_timestamp == -1
+
+
+def test_prepare_txn_over_grpc():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        server = grpc.aio.server()
+        pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(h.coord), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        stub = pbg.TransactionCoordinatorStub(channel)
+        try:
+            desc = await stub.DescribeTransactions(pb.DescribeTransactionsRequest(transactional_ids=["t"]))
+            assert desc.transaction_states[0].prepared_time_ms == -1
+            r = await stub.PrepareTxn(pb.PrepareTxnRequest(transactional_id="t", producer_id=pid,
+                                                           producer_epoch=epoch))
+            assert r.error_code == E.NONE
+            desc = await stub.DescribeTransactions(pb.DescribeTransactionsRequest(transactional_ids=["t"]))
+            d = desc.transaction_states[0]
+            assert (d.state, d.prepared_time_ms) == ("Ongoing", h.clock.now)
+            bad = await stub.PrepareTxn(pb.PrepareTxnRequest(producer_id=pid, producer_epoch=epoch))
+            assert bad.error_code == E.INVALID_REQUEST
+        finally:
+            await channel.close()
+            await server.stop(None)
+
+    run(scenario())
