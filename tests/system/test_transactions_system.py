@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 INPUT, OUTPUT = "input", "output"
 INPUT_PARTITIONS, OUTPUT_PARTITIONS = 2, 3
 RECORDS = 20_000
-REPLICATION_FACTOR, MIN_INSYNC = 1, 1
+REPLICATION_FACTOR, MIN_INSYNC = 3, 2
 TRANSACTION_SIZE = 300
 # Records per second per copier (aborted ones included): a tenth of the input, the
 # slice of one fault, takes longer than the fault itself, so each fault hits a copy
