@@ -291,14 +291,14 @@ class DevCluster:
 
 def replication_props(replication_factor: int) -> dict[str, str]:
     """Settings for internal topics replicated `replication_factor` times:
-    transaction.state.log.replication.factor, offsets.topic.replication.factor and,
-    above 1, transaction.state.log.min.isr 2 (Kafka's defaults for a 3-broker
-    cluster). Empty for 1."""
+    transaction.state.log.replication.factor, offsets.topic.replication.factor and
+    the process-wide min.insync.replicas 2 (capped per topic at its replication
+    factor; topics may set their own). Empty for 1."""
     if replication_factor <= 1:
         return {}
     return {"transaction.state.log.replication.factor": str(replication_factor),
             "offsets.topic.replication.factor": str(replication_factor),
-            "transaction.state.log.min.isr": str(min(2, replication_factor))}
+            "min.insync.replicas": str(min(2, replication_factor))}
 
 
 def _parse_props(items: list[str]) -> dict[str, str]:
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--group-coordinators", type=int, default=1)
     up.add_argument("--replication-factor", type=int, default=1,
                     help="replication factor of the internal topics (user topics choose their own); "
-                         "above 1 also transaction.state.log.min.isr=2")
+                         "above 1 also min.insync.replicas=2")
     up.add_argument("--zookeeper", help="use this ZooKeeper (HOST:PORT) instead of starting one")
     up.add_argument("--set", dest="props", action="append", default=[], metavar="KEY=VALUE")
     up.add_argument("--fresh", action="store_true", help="delete DIR first")

@@ -45,7 +45,6 @@ CLUSTER_PROPS = {
     "transaction.state.log.replication.factor": str(REPLICATION_FACTOR),
     "offsets.topic.replication.factor": str(REPLICATION_FACTOR),
     "min.insync.replicas": str(MIN_INSYNC),
-    "transaction.state.log.min.isr": str(MIN_INSYNC),
 }
 INTERNAL = ["__transaction_state", "__consumer_offsets"]
 
