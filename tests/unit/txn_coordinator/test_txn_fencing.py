@@ -124,3 +124,25 @@ def test_fence_records_are_skipped_when_reading_the_log():
     batch = bytearray(fence_batch(WRITER, 3, 1_700_000_000_000))
     entries, next_offset = txn_log.decode_fetched(bytes(batch))
     assert (entries, next_offset) == ([], 1)
+
+
+def test_new_owner_resumes_the_timeout_of_an_ongoing_transaction():
+    async def scenario():
+        log = FencingLog()
+        old, new = Owner(log, 0), Owner(log, 5000)
+        await old.take(0, 0)
+        pid, epoch = await old.begin("t", timeout_ms=1000)
+        await old.coord.on_resigned(0)  # the old owner dies with the transaction open
+        new.clock.now = old.clock.now + 500
+        await new.take(1, 1)
+        assert await new.coord.abort_timed_out_transactions() == 0  # not yet: 500 of 1000 ms
+        new.clock.advance(600)
+        assert await new.coord.abort_timed_out_transactions() == 1
+        await new.settle()
+        md = new.md("t")
+        assert (md.state, md.producer_id, md.producer_epoch) == (TxnState.COMPLETE_ABORT, pid, epoch + 1)
+        [(marker, tp)] = new.markers.written_for(pid)
+        assert (marker.committed, marker.producer_epoch, marker.coordinator_epoch, tp) == \
+            (False, epoch + 1, 1, ("orders", 0))
+
+    run(scenario())
