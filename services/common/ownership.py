@@ -18,6 +18,9 @@ record (`fence_batch`) with its epoch; from then on the partition leader rejects
 batches with an older epoch (INVALID_PRODUCER_EPOCH), and the replay, which reads
 up to the high watermark after the fence, sees every batch the old owner got in.
 This is Kafka's producer-epoch fencing applied to the coordinators themselves.
+When the writer epoch would overflow int16 the claim takes a new writer PID and
+records the old one as retired; every owner then also closes the retired PID with a
+fence at the highest epoch, so that no owner from before the rotation can write.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # Producer epochs are int16 in record batches; a writer epoch past this gets a new PID.
 MAX_WRITER_EPOCH = 32766
+# The epoch of the fence that closes a retired writer PID for good.
+RETIRED_WRITER_EPOCH = 32767
 
 # Errors of an internal-topic append that mean "a newer owner wrote with a higher
 # writer epoch": the writer is deposed.
@@ -47,13 +52,15 @@ FENCED_APPEND_ERRORS = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PR
 
 @dataclass(frozen=True)
 class Claim:
-    """The outcome of a claim: coordinator epoch (markers carry it) and the writer
-    identity (producer id, producer epoch) of the owner's internal-topic batches."""
+    """The outcome of a claim: coordinator epoch (markers carry it), the writer
+    identity (producer id, producer epoch) of the owner's internal-topic batches, and
+    the retired writer PID to close (-1: none)."""
 
     partition: int
     coordinator_epoch: int
     producer_id: int
     producer_epoch: int
+    retired_producer_id: int = -1
 
 
 def fence_batch(producer_id: int, producer_epoch: int, timestamp_ms: int) -> bytes:
@@ -65,6 +72,17 @@ def fence_batch(producer_id: int, producer_epoch: int, timestamp_ms: int) -> byt
                                 producer_epoch=producer_epoch, base_sequence=records.NO_SEQUENCE)
 
 
+def fence_batches(producer_id: int, producer_epoch: int, retired_producer_id: int,
+                  timestamp_ms: int) -> list[bytes]:
+    """The fence batches a new owner appends before replaying: the one closing the
+    retired writer PID (if any, at RETIRED_WRITER_EPOCH), then its own."""
+    out = []
+    if retired_producer_id >= 0:
+        out.append(fence_batch(retired_producer_id, RETIRED_WRITER_EPOCH, timestamp_ms))
+    out.append(fence_batch(producer_id, producer_epoch, timestamp_ms))
+    return out
+
+
 def is_fence_record(key: bytes | None) -> bool:
     """Whether a record of an internal topic is a fence record (empty key)."""
     return key is not None and len(key) == 0
@@ -74,10 +92,11 @@ class CoordinatorOwnership:
     """Elects this process to partitions of one internal topic. Runs on the
     service's asyncio loop.
 
-    on_elected(partition, coordinator_epoch, producer_id=..., producer_epoch=...)
-    and on_resigned(partition) are awaited on that loop; on_elected should start
-    loading in a task of its own and return quickly. The writer identity passed to
-    on_elected is what the coordinator must put on its internal-topic batches.
+    on_elected(partition, coordinator_epoch, producer_id=..., producer_epoch=...,
+    retired_producer_id=...) and on_resigned(partition) are awaited on that loop;
+    on_elected should start loading in a task of its own and return quickly. The
+    writer identity passed to on_elected is what the coordinator must put on its
+    internal-topic batches, after appending `fence_batches`.
     """
 
     def __init__(self, cluster: ClusterState, kind: str,
@@ -209,7 +228,8 @@ class CoordinatorOwnership:
                 continue
             try:
                 await self._on_elected(p, claim.coordinator_epoch, producer_id=claim.producer_id,
-                                       producer_epoch=claim.producer_epoch)
+                                       producer_epoch=claim.producer_epoch,
+                                       retired_producer_id=claim.retired_producer_id)
             except Exception:  # noqa: BLE001 - do not keep a partition we cannot serve
                 log.exception("%s coordinator failed to take %s-%d", self.kind, self.topic, p)
                 await self._resign(p, claim.coordinator_epoch)
@@ -219,7 +239,8 @@ class CoordinatorOwnership:
         """Compare-and-set /exactly/coordinators/<kind>/<p>: owner = this node, coordinator
         epoch + 1 (also on a restart of the same owner, so markers of the previous
         incarnation are fenced), writer epoch + 1 (a new writer PID from the PID blocks
-        the first time, or when the epoch would overflow int16). Runs in a thread."""
+        the first time, or when the epoch would overflow int16: the old PID is then
+        kept as retired). Runs in a thread."""
         zk = self.cluster.zk
         path = f"{COORDINATORS}/{self.kind}/{partition}"
         while True:
@@ -231,11 +252,15 @@ class CoordinatorOwnership:
             coordinator_epoch = int(d.get("coordinator_epoch", -1)) + 1
             producer_id = int(d.get("producer_id", -1))
             producer_epoch = int(d.get("producer_epoch", -1)) + 1
+            retired = int(d.get("retired_producer_id", -1))
             if producer_id < 0 or producer_epoch > MAX_WRITER_EPOCH:
+                if producer_id >= 0:
+                    retired = producer_id
                 producer_id, _ = self.cluster.allocate_producer_id_block(1)
                 producer_epoch = 0
             body = json.dumps({"owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch,
-                               "producer_id": producer_id, "producer_epoch": producer_epoch}).encode()
+                               "producer_id": producer_id, "producer_epoch": producer_epoch,
+                               "retired_producer_id": retired}).encode()
             try:
                 if stat is None:
                     zk.create(path, body, makepath=True)
@@ -243,7 +268,7 @@ class CoordinatorOwnership:
                     zk.set(path, body, version=stat.version)
             except (NodeExistsError, BadVersionError):
                 continue
-            return Claim(partition, coordinator_epoch, producer_id, producer_epoch)
+            return Claim(partition, coordinator_epoch, producer_id, producer_epoch, retired)
 
     def _on_owner_change(self, partition: int, data: bytes | None, stat=None, event=None) -> None:
         """DataWatch callback (kazoo thread): resign when the znode no longer names

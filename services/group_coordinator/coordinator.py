@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 from exactly import records
 from exactly.errors import ErrorCode
-from services.common.ownership import FENCED_APPEND_ERRORS, fence_batch
+from services.common.ownership import FENCED_APPEND_ERRORS, fence_batches
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
@@ -146,10 +146,11 @@ class _OwnedPartition:
     """Runtime state of one owned __consumer_offsets partition."""
 
     def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState,
-                 writer: tuple[int, int] = log_format.NO_WRITER):
+                 writer: tuple[int, int] = log_format.NO_WRITER, retired_writer: int = -1):
         self.partition = partition
         self.coordinator_epoch = coordinator_epoch
         self.writer = writer  # (producer id, producer epoch) of our batches
+        self.retired_writer = retired_writer  # writer PID to close, -1: none
         self.state = state
         self.loaded = False
         self.closed = False
@@ -247,17 +248,18 @@ class GroupCoordinator:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
-                         producer_epoch: int = -1) -> None:
+                         producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
         """This process now owns `partition`: start loading it (returns at once).
         producer_id/producer_epoch: the claim's writer identity
-        (services.common.ownership); with producer_id >= 0 the load first appends a
-        fence record so that a deposed owner can no longer append, and our plain
-        batches carry it."""
+        (services.common.ownership); with producer_id >= 0 the load first appends the
+        fence records (closing `retired_producer_id` too, if >= 0) so that a deposed
+        owner can no longer append, and our plain batches carry it."""
         if partition in self._owned:
             await self.on_resigned(partition)
         owned = _OwnedPartition(partition, coordinator_epoch,
                                 PartitionState(partition, self.config.group, self.new_member_id),
-                                (producer_id, producer_epoch) if producer_id >= 0 else log_format.NO_WRITER)
+                                (producer_id, producer_epoch) if producer_id >= 0 else log_format.NO_WRITER,
+                                retired_producer_id)
         self._owned[partition] = owned
         owned.task = asyncio.create_task(self._tail(owned), name=f"{OFFSETS_TOPIC}-{partition}-tailer")
 
@@ -346,23 +348,24 @@ class GroupCoordinator:
                 await asyncio.sleep(0.1)
 
     async def _fence_previous_owner(self, owned: _OwnedPartition) -> bool:
-        """Append the fence record of our writer epoch, retried until it is in the
+        """Append the fence records of our claim, each retried until it is in the
         log. False when a newer owner fenced us first (the partition is dropped)."""
         if owned.writer[0] < 0:
             return True
-        delay = 0.02
-        while True:
-            code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition,
-                                                fence_batch(*owned.writer, self.now_wall_ms()), acks=-1,
-                                                timeout_ms=self.config.commit_timeout_ms)
-            if code == ErrorCode.NONE:
-                return True
-            if self._is_fenced(owned, code):
-                return False
-            log.info("%s-%d: fencing the previous owner failed (%s); retrying", OFFSETS_TOPIC,
-                     owned.partition, _as_code(code).name)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        for batch in fence_batches(*owned.writer, owned.retired_writer, self.now_wall_ms()):
+            delay = 0.02
+            while True:
+                code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
+                                                    timeout_ms=self.config.commit_timeout_ms)
+                if code == ErrorCode.NONE:
+                    break
+                if self._is_fenced(owned, code):
+                    return False
+                log.info("%s-%d: fencing the previous owner failed (%s); retrying", OFFSETS_TOPIC,
+                         owned.partition, _as_code(code).name)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        return True
 
     def _is_fenced(self, owned: _OwnedPartition, code: int) -> bool:
         """`code` answered a batch written with our writer PID: INVALID_PRODUCER_EPOCH

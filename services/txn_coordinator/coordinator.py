@@ -40,7 +40,7 @@ from typing import Awaitable, Callable, Iterable, Protocol
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from exactly.errors import ErrorCode, for_code
-from services.common.ownership import FENCED_APPEND_ERRORS, fence_batch
+from services.common.ownership import FENCED_APPEND_ERRORS, fence_batches
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
@@ -201,6 +201,7 @@ class _TxnPartition:
     coordinator_epoch: int
     producer_id: int = -1  # writer identity of our batches (services.common.ownership)
     producer_epoch: int = -1
+    retired_producer_id: int = -1
     loading: bool = True
     error: str | None = None  # corrupt log: the partition is disabled
     txns: dict[str, TransactionMetadata] = field(default_factory=dict)
@@ -273,7 +274,7 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------ ownership
     async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
-                         producer_epoch: int = -1) -> None:
+                         producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
         """This process now owns `__transaction_state` partition `partition` with
         `coordinator_epoch`: requests for its ids get COORDINATOR_LOAD_IN_PROGRESS
         while it is replayed from offset 0 to the high watermark; then prepared
@@ -281,13 +282,14 @@ class TransactionCoordinator:
         ("Transaction Coordinator Startup").
 
         producer_id/producer_epoch: the writer identity of this claim (see
-        services.common.ownership). With producer_id >= 0 the load first appends a
-        fence record with it, so a deposed owner can no longer append, and every
-        record of this owner carries it; -1 writes batches without a PID."""
+        services.common.ownership). With producer_id >= 0 the load first appends the
+        fence records (closing `retired_producer_id` too, if >= 0), so a deposed owner
+        can no longer append, and every record of this owner carries it; -1 writes
+        batches without a PID."""
         old = self._partitions.pop(partition, None)
         if old is not None:
             self._drop(old)
-        part = _TxnPartition(partition, coordinator_epoch, producer_id, producer_epoch)
+        part = _TxnPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
         self._partitions[partition] = part
         self._spawn(part, self._load(part), f"txn-load-{partition}")
 
@@ -344,22 +346,23 @@ class TransactionCoordinator:
         return True
 
     async def _fence_previous_owner(self, part: _TxnPartition) -> None:
-        """Append the fence record of this claim's writer epoch (retried); raises
-        _NotOwner when the ownership ended or a newer owner already fenced us."""
+        """Append the fence records of this claim (retried); raises _NotOwner when
+        the ownership ended or a newer owner already fenced us."""
         if part.producer_id < 0:
             return
-        batch = fence_batch(part.producer_id, part.producer_epoch, self._clock())
-        async for attempt in self._retrying():
-            with attempt:
-                if not self._owns(part):
-                    raise _NotOwner()
-                code = await self._log.append(part.partition, batch)
-                if not self._owns(part):
-                    raise _NotOwner()
-                if self._is_fenced(part, code):
-                    raise _NotOwner()
-                if code != ErrorCode.NONE:
-                    raise _Retry(f"fencing __transaction_state-{part.partition}: {_name(code)}")
+        for batch in fence_batches(part.producer_id, part.producer_epoch, part.retired_producer_id,
+                                   self._clock()):
+            async for attempt in self._retrying():
+                with attempt:
+                    if not self._owns(part):
+                        raise _NotOwner()
+                    code = await self._log.append(part.partition, batch)
+                    if not self._owns(part):
+                        raise _NotOwner()
+                    if self._is_fenced(part, code):
+                        raise _NotOwner()
+                    if code != ErrorCode.NONE:
+                        raise _Retry(f"fencing __transaction_state-{part.partition}: {_name(code)}")
 
     def _spawn(self, part: _TxnPartition, coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)

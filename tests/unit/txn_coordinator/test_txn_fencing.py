@@ -146,3 +146,19 @@ def test_new_owner_resumes_the_timeout_of_an_ongoing_transaction():
             (False, epoch + 1, 1, ("orders", 0))
 
     run(scenario())
+
+
+def test_rotated_writer_pid_closes_the_retired_one():
+    async def scenario():
+        log = FencingLog()
+        old, new = Owner(log, 0), Owner(log, 5000)
+        await old.take(0, 32766)  # the last writer epoch of PID WRITER
+        pid, epoch = await old.begin("t")
+        await new.coord.on_elected(0, 1, producer_id=WRITER + 1, producer_epoch=0, retired_producer_id=WRITER)
+        await new.coord.wait_loaded(0)
+        assert new.md("t").state is TxnState.ONGOING
+        assert await old.coord.end_txn("t", pid, epoch, True) == E.NOT_COORDINATOR
+        assert old.fenced == [(0, 0)]
+        assert await new.coord.end_txn("t", pid, epoch, True) == E.NONE
+
+    run(scenario())

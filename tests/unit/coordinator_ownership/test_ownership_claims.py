@@ -1,0 +1,176 @@
+"""CoordinatorOwnership's claims in ZooKeeper (services/common/ownership.py) over an
+in-memory znode store: the coordinator epoch and the writer epoch rise with every
+claim, the writer PID comes from the PID blocks and is rotated (and retired) before
+its epoch overflows int16, a lost compare-and-set is retried, the partition rule
+sorted(live)[p % n], and resignation when the znode names another owner."""
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from exactly import records
+from services.common.cluster import NodeInfo, TopicInfo
+from services.common.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership, fence_batches,
+                                       is_fence_record)
+
+PATH = "/exactly/coordinators/txn/0"
+
+
+class FakeZk:
+    """get/set/create with versions, like kazoo's; `race` changes the znode once
+    between a get and the next set."""
+
+    def __init__(self):
+        self.nodes: dict[str, tuple[bytes, int]] = {}
+        self.race: bytes | None = None
+
+    def get(self, path):
+        if path not in self.nodes:
+            raise NoNodeError()
+        data, version = self.nodes[path]
+        if self.race is not None:
+            self.nodes[path] = (self.race, version + 1)
+            self.race = None
+        return data, SimpleNamespace(version=version)
+
+    def set(self, path, data, version=-1):
+        if self.nodes[path][1] != version:
+            raise BadVersionError()
+        self.nodes[path] = (data, version + 1)
+
+    def create(self, path, data, makepath=False):
+        if path in self.nodes:
+            raise NodeExistsError()
+        self.nodes[path] = (data, 0)
+
+
+class FakeCluster:
+    def __init__(self, node_id: str, live: list[str], zk: FakeZk | None = None, partitions: int = 4):
+        self.node_id = node_id
+        self.zk = zk or FakeZk()
+        self.live = live
+        self.partitions = partitions
+        self.next_pid = 1000
+
+    def allocate_producer_id_block(self, size: int = 1000):
+        first = self.next_pid
+        self.next_pid += size
+        return first, first + size - 1
+
+    def nodes(self):
+        return {n: NodeInfo(n, "txn_coordinator", "127.0.0.1", 1) for n in self.live}
+
+    def topics(self):
+        return {"__transaction_state": TopicInfo("__transaction_state", {p: ["pl-0"] for p in range(self.partitions)})}
+
+    def coordinator_owner(self, kind, partition):
+        data, _ = self.zk.get(f"/exactly/coordinators/{kind}/{partition}")
+        d = json.loads(data)
+        return d["owner"], d["coordinator_epoch"]
+
+
+async def _noop(*args, **kwargs):
+    return None
+
+
+def ownership(cluster: FakeCluster, elected=None, resigned=None) -> CoordinatorOwnership:
+    return CoordinatorOwnership(cluster, "txn", elected or _noop, resigned or _noop)
+
+
+def znode(zk: FakeZk) -> dict:
+    return json.loads(zk.nodes[PATH][0])
+
+
+def test_claims_bump_both_epochs_and_keep_the_writer_pid():
+    zk = FakeZk()
+    a = ownership(FakeCluster("txn-0", ["txn-0"], zk))
+    b = ownership(FakeCluster("txn-1", ["txn-1"], zk))
+    first = a._claim(0)
+    assert (first.coordinator_epoch, first.producer_id, first.producer_epoch, first.retired_producer_id) == \
+        (0, 1000, 0, -1)
+    second = b._claim(0)
+    assert (second.coordinator_epoch, second.producer_id, second.producer_epoch) == (1, 1000, 1)
+    assert znode(zk) == {"owner": "txn-1", "coordinator_epoch": 1, "producer_id": 1000, "producer_epoch": 1,
+                         "retired_producer_id": -1}
+    again = a._claim(0)  # a restart of the same owner also bumps
+    assert (again.coordinator_epoch, again.producer_epoch) == (2, 2)
+
+
+def test_writer_pid_is_rotated_before_the_epoch_overflows():
+    zk = FakeZk()
+    zk.nodes[PATH] = (json.dumps({"owner": "txn-0", "coordinator_epoch": 40000, "producer_id": 7,
+                                  "producer_epoch": MAX_WRITER_EPOCH}).encode(), 3)
+    claim = ownership(FakeCluster("txn-1", ["txn-1"], zk))._claim(0)
+    assert (claim.coordinator_epoch, claim.producer_id, claim.producer_epoch, claim.retired_producer_id) == \
+        (40001, 1000, 0, 7)
+    later = ownership(FakeCluster("txn-0", ["txn-0"], zk))._claim(0)
+    assert (later.producer_id, later.producer_epoch, later.retired_producer_id) == (1000, 1, 7)
+    closing, own = (records.parse_header(b) for b in fence_batches(1000, 1, 7, 0))
+    assert (closing.producer_id, closing.producer_epoch) == (7, RETIRED_WRITER_EPOCH)
+    assert (own.producer_id, own.producer_epoch, own.base_sequence) == (1000, 1, records.NO_SEQUENCE)
+
+
+def test_claim_written_by_an_old_version_without_writer_gets_one():
+    zk = FakeZk()
+    zk.nodes[PATH] = (json.dumps({"owner": "txn-0", "coordinator_epoch": 5}).encode(), 0)
+    claim = ownership(FakeCluster("txn-0", ["txn-0"], zk))._claim(0)
+    assert (claim.coordinator_epoch, claim.producer_id, claim.producer_epoch) == (6, 1000, 0)
+
+
+def test_lost_compare_and_set_is_retried_on_the_new_value():
+    zk = FakeZk()
+    zk.nodes[PATH] = (json.dumps({"owner": "txn-0", "coordinator_epoch": 1, "producer_id": 9,
+                                  "producer_epoch": 1}).encode(), 0)
+    zk.race = json.dumps({"owner": "txn-2", "coordinator_epoch": 2, "producer_id": 9, "producer_epoch": 2}).encode()
+    claim = ownership(FakeCluster("txn-1", ["txn-1"], zk))._claim(0)
+    assert (claim.coordinator_epoch, claim.producer_epoch) == (3, 3)
+
+
+def test_partitions_are_spread_over_the_sorted_live_coordinators():
+    o = ownership(FakeCluster("txn-1", ["txn-2", "txn-0", "txn-1"], partitions=7))
+    assert o._desired() == {1, 4}
+    o._lost = True
+    assert o._desired() == set()
+
+
+def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
+    async def body():
+        zk = FakeZk()
+        cluster = FakeCluster("txn-0", ["txn-0"], zk, partitions=1)
+        cluster.zk.DataWatch = lambda path, fn: fn(zk.nodes[path][0], None, None)
+        elected, resigned = [], []
+
+        async def on_elected(p, epoch, **writer):
+            elected.append((p, epoch, writer))
+
+        async def on_resigned(p):
+            resigned.append(p)
+
+        o = ownership(cluster, on_elected, on_resigned)
+        o._loop = asyncio.get_running_loop()
+        await o._reconcile()
+        assert elected == [(0, 0, {"producer_id": 1000, "producer_epoch": 0, "retired_producer_id": -1})]
+        assert o.owned == {0: 0}
+        # Another process claims it: the watch resigns us.
+        zk.nodes[PATH] = (json.dumps({"owner": "txn-1", "coordinator_epoch": 1}).encode(), 9)
+        o._on_owner_change(0, zk.nodes[PATH][0], None, None)
+        await asyncio.sleep(0.01)
+        assert resigned == [0] and o.owned == {}
+        # Claimed again, then fenced by the partition leader: resign at once.
+        await o._reconcile()
+        assert o.owned == {0: 2}
+        o.fenced(0, 1)  # an older claim: ignored
+        await asyncio.sleep(0.01)
+        assert o.owned == {0: 2}
+        o.fenced(0, 2)
+        await asyncio.sleep(0.01)
+        assert resigned == [0, 0] and o.owned == {}
+
+    asyncio.run(asyncio.wait_for(body(), 5))
+
+
+def test_fence_records_have_an_empty_key():
+    assert is_fence_record(b"") and not is_fence_record(None) and not is_fence_record(b"t")
