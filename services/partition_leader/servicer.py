@@ -250,7 +250,6 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
             return False
         out.error_code = res.error
         out.high_watermark, out.log_start_offset = res.high_watermark, res.log_start_offset
-        out.last_stable_offset = res.log_end_offset  # unused by followers
         if res.hw_changed:
             self.notifier.notify((topic, fp.partition))
         if res.error != ErrorCode.NONE:

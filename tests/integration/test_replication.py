@@ -163,7 +163,7 @@ def test_sigkill_of_the_leader_elects_a_new_leader_and_loses_nothing(rf3):
         killed_at = time.monotonic()
         rf3.kill(leader)
         new_leader = wait_for("a new leader", lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
-            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 8)
+            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5)
         elected_after = time.monotonic() - killed_at
         acked_at_election = len(sender.acked)
         # The producer continues on the new leader.
@@ -173,7 +173,7 @@ def test_sigkill_of_the_leader_elects_a_new_leader_and_loses_nothing(rf3):
     finally:
         sender.stop()
         p.close(10)
-    assert new_leader in isr and elected_after < SESSION_MS / 1000 + 8
+    assert new_leader in isr and elected_after < SESSION_MS / 1000 + 5
     assert not sender.failed, sender.failed[:3]
     assert len(sender.acked) == sender.sent
     got = [r.value for r in read_all(rf3, topic, len(sender.acked))]
@@ -221,7 +221,7 @@ def test_paused_leader_acknowledges_nothing_after_a_new_leader_was_elected(rf3):
         early = [_raw_produce(address, topic, f"zombie-early-{i}".encode(), 910_000 + i, 0, acks)
                  for i, acks in enumerate((-1, 1))]
         new_leader = wait_for("a new leader", lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
-            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 8)
+            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5)
         # Writes go on at the new leader while the old one sleeps.
         sender.send(100)
         p.flush(40)
