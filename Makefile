@@ -7,8 +7,9 @@ RUN_DIR ?= .run
 setup:
 	@bash scripts/setup.sh
 
+# make demo DEMO_ARGS="--replication-factor 3 --txn-coordinators 2 --group-coordinators 2"
 demo: setup
-	$(PY) -m demo.purchases --dir $(RUN_DIR)/demo
+	$(PY) -m demo.purchases --dir $(RUN_DIR)/demo $(DEMO_ARGS)
 
 spark-demo: setup
 	$(PY) -m demo.spark_purchases --dir $(RUN_DIR)/spark-demo
