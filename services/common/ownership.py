@@ -122,6 +122,7 @@ class CoordinatorOwnership:
         return {p: c.coordinator_epoch for p, c in self._owned.items()}
 
     def owns(self, partition: int) -> bool:
+        """Whether this process currently holds a claim on `partition`."""
         return partition in self._owned
 
     def epoch(self, partition: int) -> int:
