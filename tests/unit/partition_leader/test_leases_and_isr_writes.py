@@ -1,0 +1,127 @@
+"""Leadership leases and ISR writes against a fake ZooKeeper view: a lease needs the
+state to name this node in the same epoch, written after this process registered;
+ISR changes are compare-and-set, adopting the controller's newer ISR on a conflict
+and giving up (no acknowledgements) when leadership moved."""
+from __future__ import annotations
+
+import asyncio
+
+from services.common.cluster import PartitionState, TopicInfo
+from services.partition_leader.lease import IsrUpdater, LeaseKeeper
+from services.partition_leader.replica_manager import ReplicaManager
+
+from .conftest import make_batch
+
+TP = ("r", 0)
+
+
+class FakeZk:
+    """The ClusterState calls the lease keeper and ISR updater make, over a dict."""
+
+    def __init__(self, state: PartitionState, registered: int | None = 50):
+        self.state = state
+        self.registered = registered
+        self.writes: list[tuple[PartitionState, int]] = []
+
+    def topics(self):
+        return {"r": TopicInfo("r", {0: ["me", "x", "y"]}, {}, False, {0: self.state})}
+
+    def registration_zxid(self, timeout_s=10.0):
+        return self.registered
+
+    def read_partition_states(self, tps, timeout_s=10.0):
+        return {tp: self.state for tp in tps}
+
+    def partition_state(self, topic, partition):
+        return self.state, self.state.version
+
+    def update_partition_state(self, topic, partition, state, expected_version):
+        self.writes.append((state, expected_version))
+        if expected_version != self.state.version:
+            return False, -1
+        self.state = PartitionState(state.leader, state.leader_epoch, state.isr, self.state.version + 1,
+                                    self.state.mzxid + 1)
+        return True, self.state.version
+
+
+def manager_for(zk, tmp_path, store, clock, now):
+    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
+                       monotonic_s=lambda: now[0])
+    return m
+
+
+def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
+    now = [10.0]
+    zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
+    m = manager_for(zk, tmp_path, store, clock, now)
+
+    async def main():
+        keeper = LeaseKeeper(m, zk, 3000)
+        m.refresh()
+        p = m.replicas[TP]
+        assert not m.lease_valid(p)
+        await keeper.renew()
+        assert m.lease_valid(p) and p.lease_until == 13.0
+        now[0] = 13.0
+        assert not m.lease_valid(p)
+        # A newer ISR of our epoch is adopted while renewing.
+        zk.state = PartitionState("me", 2, ("me",), version=5, mzxid=101)
+        await keeper.renew()
+        assert m.lease_valid(p) and p.isr == ("me",)
+        # Written before this process registered (it restarted): no lease until the
+        # controller elects again.
+        zk.registered = 200
+        p.lease_until = 0.0
+        await keeper.renew()
+        assert not m.lease_valid(p)
+        zk.registered = None  # not registered with the current session
+        await keeper.renew()
+        assert not m.lease_valid(p)
+        # Another leader: the lease is voided at once.
+        zk.registered = 50
+        await keeper.renew()
+        assert m.lease_valid(p)
+        zk.state = PartitionState("x", 3, ("x",), version=6, mzxid=102)
+        await keeper.renew()
+        assert not m.lease_valid(p)
+        # ensure() gives up once the watch made it a follower.
+        m.refresh()
+        assert not await keeper.ensure(p, asyncio.get_running_loop().time() + 5)
+        keeper.on_session_state("LOST")
+    asyncio.run(main())
+    m.close()
+
+
+def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
+    now = [10.0]
+    zk = FakeZk(PartitionState("me", 1, ("me", "x", "y"), version=0, mzxid=100))
+    m = manager_for(zk, tmp_path, store, clock, now)
+    notified = []
+
+    async def main():
+        m.refresh()
+        p = m.replicas[TP]
+        p.append(make_batch(2), 1)
+        m.fetch_for_follower("r", 0, "x", 2, 100, 1)
+        clock.advance(1001)  # y never fetched; x fetched 1001 ms ago too
+        m.fetch_for_follower("r", 0, "x", 2, 100, 1)
+        updater = IsrUpdater(m, zk, notified.append)
+        # The controller changed the ISR meanwhile: our first write fails, the newer
+        # ISR of our epoch is adopted, and the change is decided again on top of it
+        # (y lags: out; x is caught up: back in).
+        zk.state = PartitionState("me", 1, ("me", "y"), version=1, mzxid=101)
+        updater.request(TP)
+        await asyncio.sleep(0.1)
+        assert [w[1] for w in zk.writes] == [0, 1]
+        assert zk.state.isr == ("me", "x") and p.isr == ("me", "x") and p.replication.zk_version == 2
+        assert m.desired_isr(TP) is None and notified
+        # Leadership moved: the write fails and the lease is voided.
+        clock.advance(1001)
+        p.lease_until = 99.0
+        zk.state = PartitionState("y", 2, ("y",), version=7, mzxid=120)
+        updater.request(TP)
+        await asyncio.sleep(0.1)
+        assert p.lease_until == 0.0 and zk.state.leader == "y"
+        await updater.stop()
+    asyncio.run(main())
+    m.close()
