@@ -17,7 +17,9 @@ ended; init_transactions fences and aborts whatever its predecessor left open) a
 exits 0 once the committed offset reaches --end-offset. --gate-file, when given,
 holds {"fraction": f}: the copier does not consume past ceil(f * end offset), so a
 test can pace the copy against its fault schedule; --max-rate caps the records sent
-per second (aborted ones included), so that a fault lands in a running copy.
+per second (aborted ones included) by pausing inside the transactions, between
+sends, so that a fault most likely lands in an open transaction with records in the
+log.
 SIGTERM/SIGINT: finish (commit or
 abort) the current transaction, then exit 0. The status file (JSON, replaced
 atomically) has state, position (committed offset), end, committed and aborted
@@ -37,6 +39,7 @@ import time
 from exactly import Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
 
 _stop = False
+PACE_EVERY = 50  # records sent between two pauses of the pacer
 
 
 def _on_signal(signum, frame) -> None:
@@ -114,7 +117,7 @@ def poll_batch(consumer: Consumer, want: int) -> list:
 
 
 class Pacer:
-    """Sleeps before a transaction so that records sent stay under `rate` per second."""
+    """Sleeps between sends so that records sent stay under `rate` per second."""
 
     def __init__(self, rate: float):
         self.rate = rate
@@ -157,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
         txn_index = 0
         pacer = Pacer(args.max_rate)
         while position < args.end_offset and not _stop:
-            pacer.wait()
             limit = gate_limit(gate_file, args.end_offset)
             if position >= limit:
                 time.sleep(0.05)
@@ -167,13 +169,16 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if batch[0].offset != position:
                 raise RuntimeError(f"expected offset {position}, polled {batch[0].offset}")
-            pacer.record(len(batch))
             abort_on_purpose = args.abort_every > 0 and txn_index % args.abort_every == args.abort_every - 1
             txn_index += 1
             producer.begin_transaction()
             try:
-                for rec in batch:
+                for i, rec in enumerate(batch, 1):
                     producer.send(args.output_topic, rec.value, key=rec.key)
+                    pacer.record(1)
+                    if i % PACE_EVERY == 0:
+                        producer.flush(60)  # records of the open transaction reach the log
+                        pacer.wait()
                 next_offset = batch[-1].offset + 1
                 producer.send_offsets_to_transaction({tp: OffsetAndMetadata(next_offset)},
                                                      consumer.group_metadata(), timeout=60)
