@@ -336,14 +336,18 @@ class TransactionCoordinator:
         stop serving the partition at once and tell the ownership."""
         if part.producer_id < 0 or code not in FENCED_APPEND_ERRORS:
             return False
-        log.warning("__transaction_state-%d: writes of coordinator epoch %d fenced (%s); a newer owner exists",
-                    part.partition, part.coordinator_epoch, _name(code))
+        self._deposed(part, f"writes fenced ({_name(code)})")
+        return True
+
+    def _deposed(self, part: _TxnPartition, reason: str) -> None:
+        """A newer owner of `part` exists: stop serving it and tell the ownership."""
+        log.warning("__transaction_state-%d: coordinator epoch %d deposed, %s", part.partition,
+                    part.coordinator_epoch, reason)
         if self._partitions.get(part.partition) is part:
             del self._partitions[part.partition]
             self._drop(part)
         if self.on_fenced is not None:
             self.on_fenced(part.partition, part.coordinator_epoch)
-        return True
 
     async def _fence_previous_owner(self, part: _TxnPartition) -> None:
         """Append the fence records of this claim (retried); raises _NotOwner when
@@ -735,6 +739,11 @@ class TransactionCoordinator:
                         continue
                     if code == ErrorCode.NONE:
                         remaining.discard(tp)
+                    elif code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                        # A marker of a newer coordinator epoch is there: we were replaced.
+                        self._deposed(part, f"marker for {md.transactional_id!r} on {tp[0]}-{tp[1]} rejected "
+                                            "(TRANSACTION_COORDINATOR_FENCED)")
+                        raise _NotOwner()
                     elif code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
                         # The leader saw a newer epoch of this PID: this marker is stale.
                         log.warning("marker for %r on %s-%d rejected (%s); skipping it", md.transactional_id,

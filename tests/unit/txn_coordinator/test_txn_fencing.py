@@ -162,3 +162,18 @@ def test_rotated_writer_pid_closes_the_retired_one():
         assert await new.coord.end_txn("t", pid, epoch, True) == E.NONE
 
     run(scenario())
+
+
+def test_marker_rejected_for_an_older_coordinator_epoch_deposes_the_owner():
+    async def scenario():
+        h = Owner(FencingLog(), 0)
+        await h.take(3, 3)
+        pid, epoch = await h.begin("t")
+        h.markers.errors = {("orders", 0): E.TRANSACTION_COORDINATOR_FENCED}
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # PrepareCommit written
+        await h.settle()
+        assert h.fenced == [(0, 3)]
+        assert h.coord.owned_partitions() == {}
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
+
+    run(scenario())
