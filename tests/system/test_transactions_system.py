@@ -6,16 +6,17 @@ An input topic (2 partitions) holds 20,000 distinct values. One transactional
 copier per input partition (tests/system/copier.py) copies them to an output topic
 (3 partitions) in consume-transform-produce transactions of up to 300 records with
 the consumed offsets (send_offsets_to_transaction); every third transaction is
-aborted on purpose and copied again. Both topics and the internal topics have the
-replication factor and min.insync.replicas below. While the copy runs, each partition leader in turn is
-stopped and restarted, then each coordinator, then each copier (at 20 % progress or
-more, restarted with the same transactional.id). Afterwards a read_committed reader
+aborted on purpose and copied again. Both topics and the internal topics have
+replication factor 3 and min.insync.replicas 2. While the copy runs, each partition
+leader in turn is stopped and restarted, then each coordinator, then each copier (at
+20 % progress or more, restarted with the same transactional.id). Afterwards a read_committed reader
 of the output must find exactly the input: no duplicate, nothing missing.
 
 Two variants: hard failures (SIGKILL: the others take over when the ZooKeeper
 session of the killed process expires, then it comes back) and clean restarts
-(SIGTERM). The copy is paced with a gate so that every fault hits a running copy
-and the copy does not end before the last fault.
+(SIGTERM). The copy is paced (a gate on the input offsets, and a rate cap applied
+inside the transactions) so that every fault hits open transactions and the copy
+does not end before the last fault.
 """
 from __future__ import annotations
 
