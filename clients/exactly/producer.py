@@ -645,7 +645,7 @@ class _Sender(threading.Thread):
                 log.exception("producer completion failed")
 
     def _run_once(self) -> float | None:
-        p, txn, acc = self.p, self.p._txn, self.p._acc
+        txn, acc = self.p._txn, self.p._acc
         while self._completions:
             self._completions.popleft()()
         now = now_ms()

@@ -19,7 +19,7 @@ from exactly.types import ConsumerRecord
 from exactly.v1 import exactly_pb2 as pb
 
 from ._commit_log import CommitLogState, Decision, TxnRef
-from ._options import EARLIEST, READ_COMMITTED
+from ._options import READ_COMMITTED
 
 log = logging.getLogger(__name__)
 

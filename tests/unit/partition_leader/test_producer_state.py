@@ -8,7 +8,7 @@ from exactly.errors import ErrorCode
 from services.partition_leader.producer_state import (INT32_MAX, ProducerStateManager, SnapshotError,
                                                       decode_snapshot, entries_equal, in_sequence)
 
-from .conftest import NOW_MS, FakeClock, header, make_batch
+from .conftest import NOW_MS, header, make_batch
 
 PID = 1000
 

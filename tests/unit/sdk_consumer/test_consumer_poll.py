@@ -75,7 +75,7 @@ def test_read_committed_stops_at_lso_until_commit(core):
     log.append([b"before"])
     log.append([b"open-0"], pid=9, transactional=True)
     log.append([b"plain-after"])
-    leader = FakeLeader(core, "l:1", {("t", 0): log})
+    FakeLeader(core, "l:1", {("t", 0): log})
     c = make(core, isolation_level="read_committed", auto_offset_reset="earliest")
     c.assign([A])
     assert [r.value for r in poll_all(c)] == [b"before"]
