@@ -1,6 +1,7 @@
 """Shared pieces of the purchases demo: the CSV, record shapes and a reader."""
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import pathlib
@@ -76,3 +77,28 @@ def _partition_count(consumer, bootstrap: str, topic: str) -> int:
 
 def loads(value: bytes) -> dict:
     return json.loads(value)
+
+
+def check_outputs(committed: dict[str, list], expected: dict[str, dict], width: int = 31) -> tuple[list[str], bool]:
+    """Compare the read_committed outputs (topic -> records) with the expected items.
+
+    Returns (summary lines, ok): per output topic its count, duplicates and missing keys,
+    then the sum of invoice totals against price + freight from the CSV; ok is True only
+    when every item appears exactly once in each output and the totals match exactly.
+    """
+    ok = True
+    lines = [f"{'items in:':{width}} {len(expected):>8,}"]
+    for topic in (INVOICES, SHIPMENTS):
+        keys = collections.Counter(r.key.decode() for r in committed[topic])
+        dups = sum(n - 1 for n in keys.values() if n > 1)
+        missing = len(set(expected) - set(keys))
+        unexpected = len(set(keys) - set(expected))
+        lines.append(f"{topic + ' out (read_committed):':{width}} {len(committed[topic]):>8,}   "
+                     f"duplicates {dups:,}   missing {missing:,}")
+        ok &= len(committed[topic]) == len(expected) and dups == 0 and missing == 0 and unexpected == 0
+    invoice_total = sum(Decimal(json.loads(r.value)["total"]) for r in committed[INVOICES])
+    csv_total = sum(Decimal(r["price"]) + Decimal(r["freight_value"]) for r in expected.values())
+    lines.append(f"{'sum of invoice totals:':{width}} {invoice_total:>14,}")
+    lines.append(f"{'sum of price + freight (CSV):':{width}} {csv_total:>14,}   "
+                 f"{'match' if invoice_total == csv_total else 'MISMATCH'}")
+    return lines, ok and invoice_total == csv_total

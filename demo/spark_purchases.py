@@ -26,7 +26,6 @@ runs one Spark driver (used by the steps above).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import pathlib
@@ -36,13 +35,12 @@ import subprocess
 import sys
 import threading
 import time
-from decimal import Decimal
 
 from exactly import AdminClient, NewTopic, Producer
 from services.devcluster import DevCluster
 
-from .common import INVOICES, PURCHASES, ROOT, SHIPMENTS, invoice_for, item_key, read_order_items, read_topic, \
-    shipment_for
+from .common import (INVOICES, PURCHASES, ROOT, SHIPMENTS, check_outputs, invoice_for, item_key, read_order_items,
+                     read_topic, shipment_for)
 
 PARTITIONS = 3
 PER_BATCH = 1500
@@ -239,16 +237,10 @@ def _header(rec, name: str) -> str:
 def summarize(bootstrap: str, expected: dict[str, dict], left_open: int) -> int:
     committed = {t: read_topic(bootstrap, t, "read_committed") for t in (INVOICES, SHIPMENTS)}
     uncommitted = {t: read_topic(bootstrap, t, "read_uncommitted") for t in (INVOICES, SHIPMENTS)}
-    ok = left_open == 0
-    lines = [f"items in:                          {len(expected):>8,}"]
-    for topic in (INVOICES, SHIPMENTS):
-        keys = collections.Counter(r.key.decode() for r in committed[topic])
-        dups = sum(n - 1 for n in keys.values() if n > 1)
-        missing = len(set(expected) - set(keys))
-        unexpected = len(set(keys) - set(expected))
-        lines.append(f"{topic + ' out (read_committed):':34} {len(committed[topic]):>8,}   "
-                     f"duplicates {dups:,}   missing {missing:,}")
-        ok &= len(committed[topic]) == len(expected) and dups == 0 and missing == 0 and unexpected == 0
+    lines, ok = check_outputs(committed, expected, width=34)
+    totals = lines[3:]
+    del lines[3:]
+    ok &= left_open == 0
     batch, partition, rows = FAIL_TASK
 
     def failed_attempt(r) -> bool:
@@ -270,12 +262,7 @@ def summarize(bootstrap: str, expected: dict[str, dict], left_open: int) -> int:
     ok &= replay_rows > 0
     aborted = sum(len(uncommitted[t]) - len(committed[t]) for t in (INVOICES, SHIPMENTS))
     lines.append(f"aborted rows seen by read_uncommitted:  {aborted:,}")
-    invoice_total = sum(Decimal(json.loads(r.value)["total"]) for r in committed[INVOICES])
-    csv_total = sum(Decimal(r["price"]) + Decimal(r["freight_value"]) for r in expected.values())
-    lines.append(f"sum of invoice totals:             {invoice_total:>14,}")
-    lines.append(f"sum of price + freight (CSV):      {csv_total:>14,}   "
-                 f"{'match' if invoice_total == csv_total else 'MISMATCH'}")
-    ok &= invoice_total == csv_total
+    lines.extend(totals)
     say("\n=== Summary ===")
     for line in lines:
         say(line)
