@@ -6,4 +6,4 @@ PY=${PYTHON:-python3}
 mkdir -p clients/exactly/v1
 "$PY" -m grpc_tools.protoc -Iprotos --python_out=clients --pyi_out=clients \
   --grpc_python_out=clients protos/exactly/v1/*.proto
-touch clients/exactly/v1/__init__.py
+test -f clients/exactly/v1/__init__.py || touch clients/exactly/v1/__init__.py

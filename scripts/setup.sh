@@ -29,3 +29,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+
+# The gRPC modules are generated from protos/ (never committed): regenerate when missing
+# or older than any .proto.
+gen=clients/exactly/v1/exactly_pb2.py
+if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -quit)" ]; then
+  echo "setup: generating gRPC code from protos/"
+  PYTHON=.venv/bin/python bash scripts/gen_protos.sh
+fi
