@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import inspect
@@ -272,7 +273,7 @@ def call_on_loop(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], Any], 
     return done.result(timeout_s)
 
 
-class LoopCollector:
+class LoopCollector(abc.ABC):
     """A prometheus-client collector over tracked domain objects, read at scrape time
     on the event loop that owns them. Subclasses implement `families(objects)`,
     returning the metric families (and should emit them even for no objects)."""
@@ -304,5 +305,6 @@ class LoopCollector:
             log.warning("%s: scrape failed", type(self).__name__, exc_info=True)
             return []
 
+    @abc.abstractmethod
     def families(self, objects: Sequence[Any]) -> list[Metric]:
-        raise NotImplementedError
+        """The metric families of `objects` (the tracked objects alive now)."""
