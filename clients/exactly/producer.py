@@ -434,6 +434,15 @@ class Producer:
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_commit()
+        self._flush_transaction(timeout_s, deadline)
+        if txn.needs_end_txn:
+            self._end_txn(True, max(deadline - time.monotonic(), 0.001))
+        txn.complete_transaction()
+
+    def _flush_transaction(self, timeout_s: float, deadline: float) -> None:
+        """Send every record of the transaction and its pending AddPartitionsToTxn;
+        raise the transaction's stored error, if any."""
+        txn = self._txn
         try:
             self.flush(timeout_s)
         except errors.KafkaTimeoutError as exc:
@@ -442,9 +451,6 @@ class Producer:
             raise
         self._wait_add_partitions(deadline)
         txn.raise_if_failed()
-        if txn.needs_end_txn:
-            self._end_txn(True, max(deadline - time.monotonic(), 0.001))
-        txn.complete_transaction()
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
         """First phase of a two-phase commit (in the spirit of KIP-939): flush the
@@ -469,13 +475,7 @@ class Producer:
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_prepare()
-        try:
-            self.flush(timeout_s)
-        except errors.KafkaTimeoutError as exc:
-            txn.record_error(exc)
-            raise
-        self._wait_add_partitions(deadline)
-        txn.raise_if_failed()
+        self._flush_transaction(timeout_s, deadline)
         req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                    producer_epoch=txn.producer_epoch)
         try:
