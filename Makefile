@@ -27,7 +27,7 @@ bench: setup
 	$(PY) bench/producer_perf.py --dir $(RUN_DIR)/bench
 
 down:
-	-$(PY) -m services.devcluster down --dir $(RUN_DIR)/demo
+	-$(PY) -m exactly_tools.devcluster down --dir $(RUN_DIR)/demo
 
 clean: down
 	rm -rf $(RUN_DIR)

@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
-from services.devcluster import DevCluster  # noqa: E402
+from exactly_tools.devcluster import DevCluster  # noqa: E402
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -31,7 +31,7 @@ import time
 from tqdm import tqdm
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from services.devcluster import DevCluster, replication_props
+from exactly_tools.devcluster import DevCluster, replication_props
 
 from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, item_key,
                      read_order_items, read_topic)

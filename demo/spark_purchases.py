@@ -37,7 +37,7 @@ import threading
 import time
 
 from exactly import AdminClient, NewTopic, Producer
-from services.devcluster import DevCluster
+from exactly_tools.devcluster import DevCluster
 
 from .common import (INVOICES, PURCHASES, ROOT, SHIPMENTS, check_outputs, invoice_for, item_key, read_order_items,
                      read_topic, shipment_for)

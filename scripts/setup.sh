@@ -32,7 +32,7 @@ fi
 
 # The gRPC modules are generated from protos/ (never committed): regenerate when missing
 # or older than any .proto.
-gen=clients/exactly/v1/exactly_pb2.py
+gen=clients/exactly_wire/v1/exactly_pb2.py
 if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -quit)" ]; then
   echo "setup: generating gRPC code from protos/"
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh

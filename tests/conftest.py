@@ -1,5 +1,5 @@
 """Shared fixtures: a real ZooKeeper server per test session and real service
-processes per test (services.devcluster.DevCluster)."""
+processes per test (exactly_tools.devcluster.DevCluster)."""
 from __future__ import annotations
 
 import pathlib
@@ -9,7 +9,7 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 
-from services.devcluster import DevCluster
+from exactly_tools.devcluster import DevCluster
 
 
 @pytest.fixture(scope="session")

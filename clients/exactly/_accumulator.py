@@ -22,7 +22,7 @@ from concurrent.futures import _base as _futures_base
 from typing import Callable, Iterable, Sequence
 
 from . import errors
-from . import records as _rec
+from exactly_wire import records as _rec
 from .types import RecordMetadata, TopicPartition
 
 Headers = Sequence[tuple[str, bytes | None]]

@@ -21,9 +21,9 @@ import grpc
 import tenacity
 
 from . import errors
-from .errors import ErrorCode
-from .v1 import exactly_pb2 as pb
-from .v1 import exactly_pb2_grpc as pb_grpc
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

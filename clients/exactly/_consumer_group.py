@@ -31,9 +31,9 @@ import tenacity
 
 from exactly import errors
 from exactly._client import COORDINATOR_ERRORS, COORDINATOR_GROUP
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 if TYPE_CHECKING:
     from exactly._client import ClientCore

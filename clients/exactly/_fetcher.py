@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from exactly import errors, records
+from exactly import errors
+from exactly_wire import records
 from exactly._client import METADATA_ERRORS
 from exactly._consumer_state import NoOffsetForPartitionError, ResetStrategy
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerRecord, TopicPartition
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 if TYPE_CHECKING:
     from exactly._client import ClientCore

@@ -20,7 +20,7 @@ import threading
 from typing import Iterable
 
 from . import errors
-from .errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from .types import TopicPartition
 
 NO_PRODUCER_ID = -1

@@ -6,9 +6,9 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 from . import errors
 from ._client import COORDINATOR_TRANSACTION, ClientCore
-from .errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic
-from .v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 
 class PartitionDescription(NamedTuple):

@@ -24,9 +24,9 @@ from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
                                      reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -30,16 +30,16 @@ from concurrent.futures import Future
 from typing import Any, Mapping, NamedTuple
 
 from . import errors
-from . import records as _rec
+from exactly_wire import records as _rec
 from ._accumulator import (ProducerBatch, RecordAccumulator, StickyPartitioner, fail_batches,
                            now_ms, partition_for_key)
 from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSACTION, METADATA_ERRORS,
                       ClientCore, Metadata, is_retriable)
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
                            TxnState, copy_error, normalize)
-from .errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
-from .v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 log = logging.getLogger(__name__)
 

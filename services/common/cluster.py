@@ -23,7 +23,7 @@ from typing import Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.metrics_core import Metric
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 log = logging.getLogger(__name__)
 

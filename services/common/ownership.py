@@ -33,8 +33,8 @@ from typing import Awaitable, Callable
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 
 from .cluster import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
 

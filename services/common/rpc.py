@@ -10,9 +10,9 @@ import logging
 
 import grpc
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .cluster import ClusterState, NodeInfo
 

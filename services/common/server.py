@@ -31,9 +31,9 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from . import metrics
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 PROTOCOL_TYPE = "consumer"
 PROTOCOL_NAME = "range"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Union
 
-from exactly import records
-from exactly.v1 import offsets_log_pb2 as pb
+from exactly_wire import records
+from exactly_wire.v1 import offsets_log_pb2 as pb
 
 from .group import GroupSnapshot, MemberSnapshot
 from .offsets import OffsetAndMetadata, TopicPartition

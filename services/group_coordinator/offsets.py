@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 NO_OFFSET = -1
 

@@ -14,7 +14,7 @@ import logging
 
 import grpc
 
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterState, partition_for_key
 from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership

@@ -7,9 +7,9 @@ clients should give it a deadline above the rebalance timeout.
 """
 from __future__ import annotations
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION

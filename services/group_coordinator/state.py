@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from exactly import records
+from exactly_wire import records
 
 from . import log_format
 from .group import GroupConfig, GroupMetadata, default_member_id

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from exactly import records
-from exactly.records import BatchHeader, CorruptRecordError
+from exactly_wire import records
+from exactly_wire.records import BatchHeader, CorruptRecordError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from exactly import records
+from exactly_wire import records
 from services.common.metrics import LoopCollector
 
 _LABELS = ["topic", "partition"]

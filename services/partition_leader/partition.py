@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
 
-from exactly import records
-from exactly.errors import ErrorCode
-from exactly.records import CorruptRecordError
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.records import CorruptRecordError
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig

@@ -28,8 +28,8 @@ from typing import Callable, Iterable, NamedTuple
 
 import crc32c
 
-from exactly.errors import ErrorCode
-from exactly.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
 
 NUM_BATCHES_TO_RETAIN = 5
 INT32_MAX = 0x7FFFFFFF

@@ -27,10 +27,10 @@ from typing import Callable, Mapping
 
 import grpc
 
-from exactly.errors import ErrorCode
-from exactly.records import CorruptRecordError
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.records import CorruptRecordError
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .leader_epoch import UNDEFINED_EPOCH, EpochEndOffset
 from .partition import Partition

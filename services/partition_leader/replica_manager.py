@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import Partition, PartitionConfig, ReplicaFetchResult

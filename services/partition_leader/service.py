@@ -26,7 +26,7 @@ import logging
 
 import grpc
 
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import ClusterState
 from services.common.config import ServiceConfig
 from services.common.controller import Controller

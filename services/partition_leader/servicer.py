@@ -25,9 +25,9 @@ import asyncio
 import logging
 from typing import Awaitable, Callable, Iterable, Protocol
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .metrics import count_fetched, count_produced
 from .partition import ACKS_ALL, READ_COMMITTED, Partition

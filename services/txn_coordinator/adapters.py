@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
                                      partition_for_key)
 from services.common.rpc import ClusterClient

@@ -39,7 +39,8 @@ from typing import Awaitable, Callable, Iterable, Protocol
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from exactly.errors import ErrorCode, for_code
+from exactly.errors import for_code
+from exactly_wire.error_codes import ErrorCode
 from services.common.ownership import FENCED_APPEND_ERRORS, fence_batches
 
 from . import metrics, txn_log

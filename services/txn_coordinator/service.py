@@ -8,7 +8,7 @@ import time
 
 import grpc
 
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterState
 from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership

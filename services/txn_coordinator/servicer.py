@@ -7,9 +7,9 @@ import functools
 from collections import defaultdict
 from typing import Iterable
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .coordinator import TransactionCoordinator
 from .state import GroupAssignment, TopicPartition

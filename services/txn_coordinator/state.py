@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 
 TopicPartition = tuple[str, int]
 

@@ -1,12 +1,12 @@
 """Records of the transaction log (`__transaction_state`), design doc "Transaction Log".
 
 One record per state change of a transactional.id, in its own record batch v2
-(`exactly.records.encode_batch`, not transactional; with the owner's writer
+(`exactly_wire.records.encode_batch`, not transactional; with the owner's writer
 producer id and epoch and no sequence, so that the partition leader fences a
 deposed owner, see services.common.ownership):
 
     key   = transactional.id, UTF-8 bytes
-    value = exactly.v1.TransactionLogValue (protos/exactly/v1/txn_log.proto) holding the
+    value = exactly.v1.TransactionLogValue (protos/exactly_wire/v1/txn_log.proto) holding the
             transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
             partitions, start and last-update timestamps (ms), KIP-447 group fields,
             the prepared timestamp (ms) of a transaction sealed by PrepareTxn;
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from exactly import records
-from exactly.v1 import txn_log_pb2
+from exactly_wire import records
+from exactly_wire.v1 import txn_log_pb2
 
 from .state import GroupAssignment, TopicPartition, TransactionMetadata, TxnState, TxnTransitMetadata
 

@@ -26,11 +26,12 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, records
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
-from services.devcluster import pid_alive
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from exactly_tools.devcluster import pid_alive
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,11 @@ import uuid
 import grpc
 import pytest
 
-from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors, records
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 pytestmark = pytest.mark.integration
 

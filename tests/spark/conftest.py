@@ -9,7 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 from spark_helpers import SPARK_ENV
 
-from services.devcluster import DevCluster
+from exactly_tools.devcluster import DevCluster
 
 
 @pytest.fixture(scope="module")

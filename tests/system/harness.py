@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
-from services.devcluster import DevCluster, pid_alive
+from exactly_tools.devcluster import DevCluster, pid_alive
 
 COPIER = pathlib.Path(__file__).resolve().parent / "copier.py"
 ROOT = COPIER.parent.parent.parent

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from exactly import records as _rec
+from exactly_wire import records as _rec
 
 KIND_HEADER = "exactly.spark"
 KIND_TASK = b"task"

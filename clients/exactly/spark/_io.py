@@ -11,12 +11,12 @@ import time
 from typing import Iterable, Iterator
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, complete_transaction, errors
-from exactly import records as _rec
+from exactly_wire import records as _rec
 from exactly._accumulator import partition_for_key
 from exactly._client import ClientCore
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerRecord
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from ._commit_log import CommitLogState, Decision, TxnRef
 from ._options import READ_COMMITTED

@@ -1,4 +1,4 @@
-"""services.k8s: the rolling-restart plan, readiness rules and pod identities over
+"""exactly_tools.k8s: the rolling-restart plan, readiness rules and pod identities over
 fake Kubernetes API objects (shaped like the kubernetes package's models), and the
 restart loop against a fake API whose StatefulSets recreate deleted pods."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from services import k8s
+from exactly_tools import k8s
 
 NAMESPACE = "streams"
 

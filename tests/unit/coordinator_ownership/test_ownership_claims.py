@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from exactly import records
+from exactly_wire import records
 from services.common.cluster import NodeInfo, TopicInfo
 from services.common.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership, fence_batches,
                                        is_fence_record)

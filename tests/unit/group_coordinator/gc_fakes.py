@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from exactly import records
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 
 
 class ManualClock:

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
 from services.group_coordinator.group import GroupConfig, GroupState
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, TopicPartition

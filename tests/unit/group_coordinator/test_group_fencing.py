@@ -10,8 +10,8 @@ import asyncio
 import itertools
 import zlib
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator import log_format
 from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, TopicPartition

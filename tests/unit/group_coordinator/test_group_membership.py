@@ -8,7 +8,7 @@ from collections import namedtuple
 
 import pytest
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator.group import (
     GroupConfig, GroupMetadata, GroupState, IllegalGroupTransitionError, range_assign,
     validate_offset_commit)

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator import log_format
 from services.group_coordinator.group import GroupMetadata
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, OffsetStore, TopicPartition

@@ -8,9 +8,9 @@ import zlib
 import grpc
 from prometheus_client import generate_latest
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.metrics import RpcMetricsInterceptor
 from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
 from services.group_coordinator.servicer import GroupCoordinatorServicer

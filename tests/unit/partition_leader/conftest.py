@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from exactly import records
+from exactly_wire import records
 from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import Partition, PartitionConfig
 from services.partition_leader.snapshot_store import SnapshotStore

@@ -11,7 +11,7 @@ with warnings.catch_warnings():
     from kafka.record.default_records import DefaultRecordBatch
     from kafka.record.memory_records import MemoryRecords
 
-from exactly import records
+from exactly_wire import records
 
 from .conftest import make_batch
 

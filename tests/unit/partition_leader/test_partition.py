@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.partition_leader.log import AbortedTxn, LogConfig
 from services.partition_leader.partition import PartitionConfig
 from services.partition_leader.producer_state import entries_equal

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from exactly import records
+from exactly_wire import records
 from services.partition_leader.log import (ABORTED_TXN, INDEX_ENTRY, RECOVERY_POINT_FILE, AbortedTxn,
                                            Log, LogConfig)
 

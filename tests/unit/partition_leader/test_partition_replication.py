@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.partition_leader.leader_epoch import EpochEntry
 from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import Partition, PartitionConfig

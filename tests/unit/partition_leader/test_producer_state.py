@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.partition_leader.producer_state import (INT32_MAX, ProducerStateManager, SnapshotError,
                                                       decode_snapshot, entries_equal, in_sequence)
 

@@ -1,7 +1,7 @@
 """ReplicaManager: which partitions are open here, and the errors for the others."""
 from __future__ import annotations
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.common.cluster import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
 

@@ -9,9 +9,9 @@ import asyncio
 import grpc
 import pytest
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
 from services.partition_leader.servicer import AppendNotifier, PartitionLeaderServicer

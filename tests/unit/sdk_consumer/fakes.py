@@ -6,8 +6,8 @@ import concurrent.futures
 from typing import Any, Callable
 
 from exactly import errors
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from .logbuilder import PartitionLog
 

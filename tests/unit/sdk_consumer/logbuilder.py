@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exactly import records
+from exactly_wire import records
 
 
 @dataclass

@@ -8,7 +8,8 @@ import struct
 
 import pytest
 
-from exactly import errors, records
+from exactly import errors
+from exactly_wire import records
 from exactly._fetcher import AbortedTransactions, parse_fetched
 from exactly.types import TopicPartition
 

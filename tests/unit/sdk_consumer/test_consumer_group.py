@@ -8,9 +8,9 @@ import pytest
 
 from exactly import errors
 from exactly._consumer_group import GroupMembership, MemberState, parse_offset_fetch
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from .fakes import FakeCore, FakeGroupCoordinator
 

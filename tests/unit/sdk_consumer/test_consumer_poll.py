@@ -8,7 +8,7 @@ import pytest
 import exactly.consumer as consumer_mod
 from exactly import errors
 from exactly.consumer import Consumer, NoOffsetForPartitionError
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
 from .fakes import FakeCore, FakeGroupCoordinator, FakeLeader

@@ -7,9 +7,9 @@ import pytest
 from exactly import errors
 from exactly._consumer_state import NoOffsetForPartitionError, PartitionState, ResetStrategy, SubscriptionState
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, parse_fetched
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.types import TopicPartition
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from .fakes import FakeCore, FakeLeader
 from .logbuilder import PartitionLog

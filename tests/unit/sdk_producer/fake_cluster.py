@@ -10,10 +10,10 @@ from concurrent import futures
 
 import grpc
 
-from exactly import records
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 
 class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.TransactionCoordinatorServicer,

@@ -3,7 +3,8 @@ import threading
 
 import pytest
 
-from exactly import errors, records
+from exactly import errors
+from exactly_wire import records
 from exactly._accumulator import ProducerBatch, RecordAccumulator
 from exactly.types import RecordMetadata, TopicPartition
 

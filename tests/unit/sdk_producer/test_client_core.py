@@ -9,8 +9,8 @@ import pytest
 from exactly import errors
 from exactly._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, parse_bootstrap,
                              translate_rpc_error)
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from .fake_cluster import FakeCluster
 

@@ -6,10 +6,11 @@ import time
 import pytest
 
 from exactly import (ConsumerGroupMetadata, OffsetAndMetadata, Producer, RecordMetadata, TopicPartition,
-                     errors, records)
+                     errors)
+from exactly_wire import records
 from exactly._accumulator import partition_for_key
 from exactly._txn_manager import TxnState
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from exactly.producer import TransactionAbortedError
 
 from .fake_cluster import FakeCluster

@@ -2,7 +2,7 @@
 record batches (markers included), the commit decision (a replayed micro-batch is
 not committed twice) and the recovery plan (roll forward what a decision lists,
 abort the rest)."""
-from exactly import records
+from exactly_wire import records
 from exactly.spark._commit_log import (CommitLogState, Decision, TaskRecord, already_committed,
                                        recovery_plan)
 

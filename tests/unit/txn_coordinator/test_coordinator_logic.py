@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from txn_coordinator_fakes import FakeLog, Harness, run
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.coordinator import CoordinatorConfig
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata

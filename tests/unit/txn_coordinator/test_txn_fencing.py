@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from txn_coordinator_fakes import FakeLog, Harness, run
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.common.ownership import fence_batch
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import TxnState

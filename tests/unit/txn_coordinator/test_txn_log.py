@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exactly import records
-from exactly.v1 import txn_log_pb2
+from exactly_wire import records
+from exactly_wire.v1 import txn_log_pb2
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import GroupAssignment, TxnState, TxnTransitMetadata
 from services.txn_coordinator.txn_log import CorruptTxnLogError, TxnLogEntry

@@ -10,9 +10,9 @@ import asyncio
 import grpc
 from txn_coordinator_fakes import FakeLog, Harness, run
 
-from exactly.errors import ErrorCode
-from exactly.v1 import exactly_pb2 as pb
-from exactly.v1 import exactly_pb2_grpc as pbg
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.coordinator import CoordinatorConfig
 from services.txn_coordinator.servicer import TxnCoordinatorServicer

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from exactly.errors import ErrorCode
+from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator.state import (MAX_PRODUCER_EPOCH, VALID_PREVIOUS, InvalidTransitionError,
                                             PendingTransitionError, TransactionMetadata, TransitionMismatchError,
                                             TxnState, TxnStateError, check_transition, is_epoch_exhausted)

@@ -6,8 +6,8 @@ import asyncio
 import zlib
 from dataclasses import dataclass, field
 
-from exactly import records
-from exactly.errors import ErrorCode
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.coordinator import (CoordinatorConfig, FetchResult, TransactionCoordinator,
                                                   TxnMarker)
