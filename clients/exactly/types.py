@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-
-class TopicPartition(NamedTuple):
-    """One partition of a topic."""
-
-    topic: str
-    partition: int
+from exactly_wire.types import TopicPartition
 
 
 class OffsetAndMetadata(NamedTuple):
