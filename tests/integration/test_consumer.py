@@ -1,7 +1,7 @@
 """The Consumer against a real cluster (real ZooKeeper, real service processes):
 isolation levels, the LSO, seek_to_end, consumer groups, committed offsets and a
 partition leader going down. Design doc "Consumer" (READ_COMMITTED, "Discussion
-on Seeks"); DESIGN.md §4, §10."""
+on Seeks"); docs/design.md, "Last stable offset and read_committed" and "Decisions"."""
 from __future__ import annotations
 
 import time

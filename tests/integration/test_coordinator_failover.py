@@ -33,6 +33,8 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from exactly_tools.devcluster import pid_alive
 
+from waiting import wait_for
+
 pytestmark = pytest.mark.integration
 
 E = ErrorCode
@@ -43,16 +45,6 @@ TXN, GROUP = 1, 0
 
 def _uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 class Client:
@@ -83,7 +75,7 @@ class Client:
             except grpc.RpcError:
                 return None
             return r if r.error_code == E.NONE else None
-        return wait_for(once, what=f"coordinator of {key}")
+        return wait_for(once, 30, f"coordinator of {key}")
 
     def coordinator_name(self, key: str, key_type: int) -> str:
         return self.find(key, key_type).node_id
@@ -110,7 +102,7 @@ class Client:
                     n = nodes[p.leader_id]
                     return pbg.PartitionLeaderStub(self.channel(f"{n.host}:{n.port}"))
             return None
-        return wait_for(once, what=f"leader of {topic}-{partition}")
+        return wait_for(once, 30, f"leader of {topic}-{partition}")
 
     def produce(self, topic: str, partition: int, data: bytes) -> int:
         resp = self.leader(topic, partition).Produce(pb.ProduceRequest(acks=-1, timeout_ms=5000, topics=[
@@ -234,16 +226,16 @@ def test_other_coordinator_completes_a_prepared_commit_of_a_killed_one(two_coord
 
         # The survivor takes the partition over within the session timeout and rolls forward.
         survivor = wait_for(lambda: (lambda f: f if f.node_id != owner else None)(client.find(tid, TXN)),
-                            what="the other coordinator to claim the partition")
+                            30, "the other coordinator to claim the partition")
         assert survivor.node_id == other(owner) and survivor.partition == partition
         assert survivor.coordinator_epoch > old_epoch
         for p in range(3):
-            assert wait_for(lambda: client.committed_values(topic, p), what="roll-forward") == \
+            assert wait_for(lambda: client.committed_values(topic, p), 30, "roll-forward") == \
                 [f"a{p}".encode(), f"b{p}".encode()]
             [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
             assert (mpid, mepoch, ctype) == (pid, epoch, records.CONTROL_COMMIT)
             assert cepoch == survivor.coordinator_epoch
-        assert wait_for(lambda: client.describe(survivor.node_id, tid).state == "CompleteCommit")
+        assert wait_for(lambda: client.describe(survivor.node_id, tid).state == "CompleteCommit", 30, "CompleteCommit")
         took = time.monotonic() - killed_at
         assert took < 25, f"failover took {took:.1f} s"
         assert not pid_alive(dead_pid), "the killed coordinator must not have been restarted"
@@ -284,7 +276,7 @@ def test_group_coordinator_failover_keeps_committed_and_pending_offsets(two_coor
                     {p.error_code for t in r.topics for p in t.partitions}
                 retriable = {E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE}
                 return r if not codes & retriable and ok(r) else None
-            return wait_for(once, timeout_s=40, what=f"{method} on {group}")
+            return wait_for(once, 40, f"{method} on {group}")
 
         def offsets(values: dict[int, int]) -> list[pb.OffsetCommitTopic]:
             return [pb.OffsetCommitTopic(name=topic, partitions=[pb.OffsetCommitPartition(
@@ -331,7 +323,7 @@ def test_group_coordinator_failover_keeps_committed_and_pending_offsets(two_coor
         assert {p.error_code for t in txn_commit.topics for p in t.partitions} == {E.NONE}
 
         cluster.kill(owner)
-        wait_for(lambda: client.coordinator_name(group, GROUP) == other(owner), what="group coordinator failover")
+        wait_for(lambda: client.coordinator_name(group, GROUP) == other(owner), 30, "group coordinator failover")
 
         # Committed offsets are served by the new owner; the transactional one is still pending.
         assert fetch(require_stable=False) == (E.NONE, {0: (7, E.NONE), 1: (8, E.NONE)})
@@ -345,7 +337,7 @@ def test_group_coordinator_failover_keeps_committed_and_pending_offsets(two_coor
         assert client.txn_call(tid, "EndTxn", pb.EndTxnRequest(
             transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True)).error_code == E.NONE
         stable = wait_for(lambda: (lambda f: f if f[0] == E.NONE else None)(fetch(require_stable=True)),
-                          what="stable offsets")
+                          30, "stable offsets")
         assert stable == (E.NONE, {0: (7, E.NONE), 1: (80, E.NONE)})
     finally:
         client.close()
@@ -364,7 +356,7 @@ def test_paused_coordinator_is_deposed_and_fenced(make_cluster):
         cluster.signal(owner, signal.SIGSTOP)
         try:
             survivor = wait_for(lambda: (lambda f: f if f.node_id != owner else None)(client.find(tid, TXN)),
-                                what="a new owner while the old one is paused")
+                                30, "a new owner while the old one is paused")
             assert survivor.coordinator_epoch > first.coordinator_epoch
             assert client.init(tid).producer_epoch == epoch + 1
             added = client.txn_call(tid, "AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
@@ -381,14 +373,14 @@ def test_paused_coordinator_is_deposed_and_fenced(make_cluster):
         # It resigns, and its view of the owners agrees with ZooKeeper again.
         wait_for(lambda: client.txn_at(owner).DescribeTransactions(pb.DescribeTransactionsRequest(
             transactional_ids=[tid]), timeout=10).transaction_states[0].error_code == E.NOT_COORDINATOR,
-            what="the deposed coordinator to resign")
+            30, "the deposed coordinator to resign")
         znode = coordinator_znode(cluster, "txn", first.partition)
         assert znode["owner"] == survivor.node_id and znode["coordinator_epoch"] == survivor.coordinator_epoch
         # The new owner's state is intact: the ongoing transaction of epoch + 1 commits.
         assert client.produce(topic, 0, txn_batch(pid, epoch + 1, ["after"])) == E.NONE
         assert client.txn_call(tid, "EndTxn", pb.EndTxnRequest(
             transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1, committed=True)).error_code == E.NONE
-        assert wait_for(lambda: client.committed_values(topic, 0)) == [b"after"]
+        assert wait_for(lambda: client.committed_values(topic, 0), 30, "the committed record") == [b"after"]
         d = client.describe(survivor.node_id, tid)
         assert (d.producer_id, d.producer_epoch) == (pid, epoch + 1)
     finally:

@@ -12,7 +12,6 @@ transaction coordinator), driven with raw gRPC stubs.
 from __future__ import annotations
 
 import concurrent.futures
-import time
 import uuid
 
 import grpc
@@ -21,6 +20,8 @@ import pytest
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,18 +33,18 @@ def _uid(prefix: str) -> str:
 
 
 def _retry(call, ok, timeout_s: float = 30.0, what: str = ""):
-    """Call until `ok(result)`; coordinators may still be electing or loading."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """Call until `ok(result)` and return the result; coordinators may still be
+    electing or loading (a transport error counts as not ok)."""
+    last: list = [None]
+
+    def attempt():
         try:
-            result = call()
-            if ok(result):
-                return result
+            last[0] = call()
         except grpc.RpcError as exc:
-            result = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what or 'condition'} not reached: {result}")
-        time.sleep(0.1)
+            last[0] = exc
+            return None
+        return (last[0],) if ok(last[0]) else None
+    return wait_for(attempt, timeout_s, lambda: f"{what or 'condition'} (last answer: {last[0]})")[0]
 
 
 class Client:

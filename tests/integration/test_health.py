@@ -15,6 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from waiting import wait_for
+
 pytestmark = pytest.mark.integration
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -71,13 +73,10 @@ class HealthRecorder:
     def statuses(self) -> list[int]:
         return [overall for _, overall, _ in self.changes]
 
-    def wait_for(self, status: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.changes and self.changes[-1][1] == status:
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"{self.address}: health not {status} after {timeout_s} s: {self.changes}")
+    def wait_status(self, status: int, timeout_s: float) -> None:
+        """Until the last recorded overall status is `status`."""
+        wait_for(lambda: self.changes and self.changes[-1][1] == status, timeout_s,
+                 lambda: f"{self.address}: health {status}; recorded {self.changes}", interval_s=0.02)
 
     def not_serving_seconds(self) -> float:
         """Length of the longest NOT_SERVING stretch that SERVING ended."""
@@ -105,7 +104,7 @@ def test_every_service_kind_serves_once_ready(make_cluster):
     assert check(leader.address) == UNREACHABLE
     with HealthRecorder(leader.address) as rec:
         cluster.restart("pl-0")
-        rec.wait_for(SERVING, 10)
+        rec.wait_status(SERVING, 10)
     assert NOT_SERVING not in rec.statuses()[rec.statuses().index(SERVING):]
 
 
@@ -121,10 +120,10 @@ def test_coordinator_is_not_serving_while_it_loads_a_partition(make_cluster, rol
 
     # Take-over: once `second` stops, `first` is elected for its partitions and loads them.
     with HealthRecorder(first.address) as rec:
-        rec.wait_for(SERVING, 5)
+        rec.wait_status(SERVING, 5)
         cluster.stop(second.name)
-        rec.wait_for(NOT_SERVING, 30)
-        rec.wait_for(SERVING, 30)
+        rec.wait_status(NOT_SERVING, 30)
+        rec.wait_status(SERVING, 30)
     statuses = rec.statuses()
     assert statuses[0] == SERVING and NOT_SERVING in statuses and statuses[-1] == SERVING, rec.changes
     assert UNREACHABLE not in statuses, rec.changes
@@ -134,7 +133,7 @@ def test_coordinator_is_not_serving_while_it_loads_a_partition(make_cluster, rol
     # Start-up: the restarted coordinator is NOT_SERVING until its partitions are loaded.
     with HealthRecorder(second.address) as rec:
         cluster.restart(second.name)
-        rec.wait_for(SERVING, 10)
+        rec.wait_status(SERVING, 10)
     statuses = [s for s in rec.statuses() if s != UNREACHABLE]
     assert statuses[0] == NOT_SERVING and statuses[-1] == SERVING, rec.changes
     assert rec.not_serving_seconds() >= LOAD_DELAY_MS / 1000 * 0.8, rec.changes

@@ -3,8 +3,8 @@ every process of a dev cluster under a transactional workload; every PromQL expr
 of the Grafana dashboards (deploy/grafana, through deploy/grafana/exprs.py) must return
 data through Prometheus's HTTP API. With a transaction held open the LSO series stays
 below the high watermark and the oldest-open-transaction age grows; after the commit
-the LSO equals the high watermark (DESIGN.md §8, design doc "Last Stable Offset
-Tracking")."""
+the LSO equals the high watermark (docs/design.md, "Metrics"; design doc "Last Stable
+Offset Tracking")."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,6 +23,8 @@ import uuid
 import pytest
 
 from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition
+
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,18 +69,15 @@ class PrometheusServer:
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"prometheus exited with {self.proc.returncode}; see {self.log.name}")
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready")
+                return False
+        wait_for(ready, timeout_s, "prometheus to be ready", interval_s=0.2)
 
     def query(self, expr: str) -> list[dict]:
         """Instant query through /api/v1/query; the result vector (or [] for none)."""
@@ -120,18 +119,6 @@ def prometheus(cluster, tmp_path):
         yield server
     finally:
         server.stop()
-
-
-def wait_for(fn, timeout_s: float, what: str, interval_s: float = 0.5):
-    """Call fn until it returns a truthy value; fail after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = fn()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def _name(prefix: str) -> str:
@@ -194,7 +181,7 @@ def run_workload(cluster, src: str, dst: str) -> None:
 
 def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cluster, prometheus):
     wait_for(lambda: prometheus.value("count(up == 1)") == len(cluster.services), 30,
-             "every service to be scraped")
+             "every service to be scraped", interval_s=0.5)
     src, dst = _name("src"), _name("dst")
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     try:
@@ -219,9 +206,10 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
             lso = prometheus.value(f"exactly_partition_last_stable_offset{sel}")
             return (hw, lso) if hw is not None and lso is not None and lso < hw else None
 
-        hw_open, _ = wait_for(lso_below_hw, 30, "the LSO of the open transaction's partition to trail the HW")
+        hw_open, _ = wait_for(lso_below_hw, 30, "the LSO of the open transaction's partition to trail the HW",
+                              interval_s=0.5)
         age_1 = wait_for(lambda: prometheus.value(f"exactly_partition_oldest_open_transaction_age_seconds{sel}"),
-                         30, "a non-zero oldest open transaction age")
+                         30, "a non-zero oldest open transaction age", interval_s=0.5)
         assert prometheus.value(f"exactly_partition_lso_lag_offsets{sel}") >= 5
         assert prometheus.value(f"exactly_partition_ongoing_transactions{sel}") == 1
 
@@ -234,10 +222,8 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
             missing[:] = [(board, panel, expr) for board, panel, expr in exprs if not prometheus.query(expr)]
             return not missing
 
-        try:
-            wait_for(all_have_data, 60, "every dashboard expression to return data", interval_s=1.0)
-        except AssertionError:
-            raise AssertionError("expressions without data:\n" + "\n".join(" | ".join(m) for m in missing))
+        wait_for(all_have_data, 60, lambda: "every dashboard expression to return data; without data:\n"
+                 + "\n".join(" | ".join(m) for m in missing), interval_s=1.0)
 
         # While it stays open the LSO stays below the high watermark and the age grows.
         deadline = time.monotonic() + 3
@@ -257,10 +243,11 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
         hw = prometheus.value(f"exactly_partition_high_watermark{sel}")
         lso = prometheus.value(f"exactly_partition_last_stable_offset{sel}")
         return hw is not None and hw == lso and hw > hw_open  # the COMMIT marker is in
-    wait_for(lso_caught_up, 30, "the LSO to equal the high watermark after the commit")
-    wait_for(lambda: prometheus.value(f"exactly_partition_lso_lag_offsets{sel}") == 0, 30, "LSO lag 0")
+    wait_for(lso_caught_up, 30, "the LSO to equal the high watermark after the commit", interval_s=0.5)
+    wait_for(lambda: prometheus.value(f"exactly_partition_lso_lag_offsets{sel}") == 0, 30, "LSO lag 0",
+             interval_s=0.5)
     wait_for(lambda: prometheus.value(f"exactly_partition_oldest_open_transaction_age_seconds{sel}") == 0, 30,
-             "no open transaction")
+             "no open transaction", interval_s=0.5)
 
     # The workload shows up in the coordinator and throughput series (once scraped).
     expected = {
@@ -277,4 +264,4 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
         'sum(exactly_rpc_request_duration_seconds_count{service="TransactionCoordinator",method="EndTxn"})': 4,
     }
     for expr, least in expected.items():
-        wait_for(lambda: (prometheus.value(expr) or 0) >= least, 30, f"{expr} >= {least}")
+        wait_for(lambda: (prometheus.value(expr) or 0) >= least, 30, f"{expr} >= {least}", interval_s=0.5)

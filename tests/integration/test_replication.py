@@ -27,6 +27,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from waiting import wait_for
+
 pytestmark = pytest.mark.integration
 
 SESSION_MS = 4000
@@ -66,20 +68,9 @@ def describe(cluster, topic: str, partition: int = 0, exclude: tuple[str, ...] =
         admin.close()
 
 
-def wait_for(what: str, fn, timeout_s: float, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def wait_isr(cluster, topic: str, expected: set[str], exclude: tuple[str, ...] = (), timeout_s: float = 20.0):
-    return wait_for(f"ISR {sorted(expected)}",
-                    lambda: set(describe(cluster, topic, exclude=exclude)[1]) == expected, timeout_s)
+    return wait_for(lambda: set(describe(cluster, topic, exclude=exclude)[1]) == expected, timeout_s,
+                    f"ISR {sorted(expected)}")
 
 
 def producer(cluster, **conf) -> Producer:
@@ -163,12 +154,12 @@ def test_sigkill_of_the_leader_elects_a_new_leader_and_loses_nothing(rf3):
         time.sleep(0.5)
         killed_at = time.monotonic()
         rf3.kill(leader)
-        new_leader = wait_for("a new leader", lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
-            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5)
+        new_leader = wait_for(lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
+            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5, "a new leader")
         elected_after = time.monotonic() - killed_at
         acked_at_election = len(sender.acked)
         # The producer continues on the new leader.
-        wait_for("acknowledgements from the new leader", lambda: len(sender.acked) >= acked_at_election + 100, 20)
+        wait_for(lambda: len(sender.acked) >= acked_at_election + 100, 20, "acknowledgements from the new leader")
         sender.stop()
         p.flush(30)
     finally:
@@ -221,8 +212,8 @@ def test_paused_leader_acknowledges_nothing_after_a_new_leader_was_elected(rf3):
         # Sent to the paused leader before anyone noticed: they wait in its socket.
         early = [_raw_produce(address, topic, f"zombie-early-{i}".encode(), 910_000 + i, 0, acks)
                  for i, acks in enumerate((-1, 1))]
-        new_leader = wait_for("a new leader", lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
-            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5)
+        new_leader = wait_for(lambda: (lambda st: st[0] if st[0] not in (None, leader) else None)(
+            describe(rf3, topic, exclude=(leader,))), SESSION_MS / 1000 + 5, "a new leader")
         # Writes go on at the new leader while the old one sleeps.
         sender.send(100)
         p.flush(40)
@@ -234,9 +225,9 @@ def test_paused_leader_acknowledges_nothing_after_a_new_leader_was_elected(rf3):
         codes = [_error_of(f) for f in early + late]
         assert all(c != ErrorCode.NONE for c in codes), [ErrorCode(c).name for c in codes]
         # Once awake it knows it is a follower.
-        after = wait_for("NOT_LEADER_OR_FOLLOWER from the old leader", lambda: (lambda c: c if c == (
-            ErrorCode.NOT_LEADER_OR_FOLLOWER) else None)(_error_of(_raw_produce(
-                address, topic, b"zombie-after", 930_000, 0, 1, timeout_s=5))), 20)
+        after = wait_for(lambda: (lambda c: c if c == ErrorCode.NOT_LEADER_OR_FOLLOWER else None)(_error_of(
+            _raw_produce(address, topic, b"zombie-after", 930_000, 0, 1, timeout_s=5))), 20,
+            "NOT_LEADER_OR_FOLLOWER from the old leader")
         assert after == ErrorCode.NOT_LEADER_OR_FOLLOWER
         # It catches up as a follower and rejoins the ISR.
         wait_isr(rf3, topic, set(isr), timeout_s=30)
@@ -266,9 +257,8 @@ def test_acks_all_with_one_in_sync_replica_left_is_refused_and_invisible(rf3):
     survivor = followers[0]
     for name in (leader, followers[1]):
         rf3.kill(name)
-    wait_for("the survivor leading alone",
-             lambda: describe(rf3, topic, exclude=(leader, followers[1])) == (survivor, (survivor,)),
-             SESSION_MS / 1000 + 10)
+    wait_for(lambda: describe(rf3, topic, exclude=(leader, followers[1])) == (survivor, (survivor,)),
+             SESSION_MS / 1000 + 10, "the survivor leading alone")
     address = rf3.services[survivor].address
     # Through the SDK: no retries, so the error surfaces.
     plain = Producer({"bootstrap.servers": address, "acks": "all", "enable.idempotence": False, "retries": 0,

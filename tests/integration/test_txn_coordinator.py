@@ -18,6 +18,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from waiting import wait_for
+
 pytestmark = pytest.mark.integration
 
 E = ErrorCode
@@ -57,16 +59,15 @@ class Client:
         return name
 
     def leader(self, topic: str, partition: int) -> pbg.PartitionLeaderStub:
-        deadline = time.monotonic() + 30
-        while True:
+        def once():
             md = self.admin.Metadata(pb.MetadataRequest(topics=[topic]), timeout=30)
             nodes = {n.node_id: n for n in md.nodes}
             for p in md.topics[0].partitions:
                 if p.partition == partition and p.leader_id in nodes:
                     n = nodes[p.leader_id]
                     return pbg.PartitionLeaderStub(self.channel(f"{n.host}:{n.port}"))
-            assert time.monotonic() < deadline, f"no leader for {topic}-{partition}"
-            time.sleep(0.1)
+            return None
+        return wait_for(once, 30, f"a leader for {topic}-{partition}")
 
     def produce(self, topic: str, partition: int, data: bytes) -> pb.PartitionProduceResponse:
         deadline = time.monotonic() + 30
@@ -167,16 +168,6 @@ def txn_batch(pid: int, epoch: int, values: list[str], seq: int = 0) -> bytes:
                                 producer_epoch=epoch, base_sequence=seq, transactional=True)
 
 
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def client(cluster):
     c = Client(cluster)
@@ -195,10 +186,11 @@ def test_commit_writes_markers_to_every_partition(client):
     assert client.data_values(topic, 0, READ_COMMITTED) == []
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
     for p in range(3):
-        assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED)) == [f"v{p}".encode()]
+        assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), 30, "committed data") == \
+            [f"v{p}".encode()]
         [(pid, epoch, ctype, _)] = client.markers(topic, p)
         assert (pid, epoch, ctype) == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
-    assert wait_for(lambda: client.describe(tid).state == "CompleteCommit")
+    assert wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "CompleteCommit")
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE  # retry of a completed commit
     assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.INVALID_TXN_STATE
 
@@ -223,11 +215,11 @@ def test_sigkill_between_prepare_and_complete_rolls_forward(make_cluster):
             assert client.data_values(topic, p, READ_COMMITTED) == []
         cluster.restart("txn-0")
         for p in range(2):
-            assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), what="roll-forward") == \
+            assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), 30, "roll-forward") == \
                 [f"a{p}".encode(), f"b{p}".encode()]
             [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
             assert (mpid, mepoch, ctype) == (pid, epoch, records.CONTROL_COMMIT) and cepoch >= 1
-        assert wait_for(lambda: client.describe(tid).state == "CompleteCommit")
+        assert wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "CompleteCommit")
         # The producer's retried EndTxn after failover succeeds, and it goes on.
         assert client.end(tid, pid, epoch, True) == E.NONE
         assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
@@ -246,7 +238,7 @@ def test_transaction_timeout_aborts_and_fences(make_cluster):
         assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
         assert client.produce(topic, 0, txn_batch(pid, epoch, ["zombie"])).error_code == E.NONE
         d = wait_for(lambda: (lambda d: d if d.state == "CompleteAbort" else None)(client.describe(tid)),
-                     timeout_s=20, what="timeout abort")
+                     20, "timeout abort")
         assert (d.producer_id, d.producer_epoch) == (pid, epoch + 1)
         assert client.markers(topic, 0) == [(pid, epoch + 1, records.CONTROL_ABORT, client.markers(topic, 0)[0][3])]
         part = client.fetch(topic, 0, READ_COMMITTED)
@@ -263,7 +255,7 @@ def test_transaction_timeout_aborts_and_fences(make_cluster):
         assert client.add(tid, pid, r2.producer_epoch, topic, [0]) == {E.NONE}
         assert client.produce(topic, 0, txn_batch(pid, r2.producer_epoch, ["fresh"])).error_code == E.NONE
         assert client.end(tid, pid, r2.producer_epoch, True) == E.NONE
-        assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED)) == [b"fresh"]
+        assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED), 30, "committed data") == [b"fresh"]
     finally:
         client.close()
 
@@ -325,7 +317,7 @@ def test_request_errors_and_service_keeps_serving(make_cluster):
         # still serving
         assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0]) == {E.NONE}
         assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.NONE
-        assert wait_for(lambda: client.describe(tid).state == "CompleteAbort")
+        assert wait_for(lambda: client.describe(tid).state == "CompleteAbort", 30, "CompleteAbort")
         listing = client.txn.ListTransactions(pb.ListTransactionsRequest(), timeout=10)
         assert (listing.error_code, [t.transactional_id for t in listing.transaction_states]) == (E.NONE, [tid])
     finally:
@@ -347,4 +339,4 @@ def test_add_offsets_marks_the_groups_consumer_offsets_partition(client):
     assert offsets_tp in {(t.topic, p) for t in d.topics for p in t.partitions}
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
     wait_for(lambda: any(m[:3] == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
-                         for m in client.markers(*offsets_tp)), what="marker on __consumer_offsets")
+                         for m in client.markers(*offsets_tp)), 30, "marker on __consumer_offsets")

@@ -2,7 +2,8 @@
 Producer.prepare_transaction() seals a transaction that another process completes
 with exactly.complete_transaction(); a prepared transaction is not aborted after
 transaction.timeout.ms but after transaction.prepared.max.ms, survives a
-transaction coordinator restart, and is fenced by a newer epoch."""
+transaction coordinator restart, and is fenced by a newer epoch
+(docs/design.md, "Transactions")."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,8 @@ import pytest
 
 from exactly import (AdminClient, Consumer, NewTopic, PreparedTransaction, Producer, TopicPartition,
                      complete_transaction, errors)
+
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +71,22 @@ def prepare(cluster, topic: str, tid: str, n: int = 10, timeout_ms: int = 60000)
         p.close()  # leaves the prepared transaction open
 
 
+def leave_open(cluster, topic: str, tid: str, timeout_ms: int) -> tuple[int, int]:
+    """Start a transaction that writes one record to partition 0 and is neither
+    prepared nor ended; returns its (producer id, epoch)."""
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid,
+                  "transaction.timeout.ms": timeout_ms, "linger.ms": 0})
+    try:
+        p.init_transactions(30)
+        d = describe(cluster, tid)  # Empty: no timer runs before the first partition is added
+        p.begin_transaction()
+        p.send(topic, b"unprepared", partition=0)
+        p.flush(30)  # AddPartitionsToTxn done: the coordinator times the transaction from here
+        return d.producer_id, d.producer_epoch
+    finally:
+        p.close()  # leaves the transaction open
+
+
 def describe(cluster, tid: str):
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
         return admin.describe_transactions([tid])[tid]
@@ -79,7 +98,14 @@ def test_prepared_transaction_outlives_its_timeout_and_is_committed_by_another_p
     tid = _name("2pc")
     prepared = prepare(cluster, topic, tid, timeout_ms=1000)
     assert prepared.transactional_id == tid and prepared.producer_id >= 0 and prepared.epoch >= 0
-    time.sleep(3.0)  # three transaction.timeout.ms, many abort scans
+    # The control: an unprepared transaction with the same timeout, started after the
+    # prepared one. When the timeout scan aborts it, that same scan also found the
+    # prepared transaction past its transaction.timeout.ms, and left it open.
+    control = _name("open")
+    pid, epoch = leave_open(cluster, topic, control, timeout_ms=1000)
+    aborted = wait_for(lambda: (lambda d: d if d.state == "CompleteAbort" else None)(describe(cluster, control)),
+                       20, "the timeout scan to abort the unprepared transaction")
+    assert (aborted.producer_id, aborted.producer_epoch) == (pid, epoch + 1)  # fenced by the abort
     d = describe(cluster, tid)
     assert (d.state, d.producer_id, d.producer_epoch) == ("Ongoing", prepared.producer_id, prepared.epoch)
     assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
@@ -99,10 +125,8 @@ def test_prepared_transaction_is_aborted_after_prepared_max(make_cluster):
     topic = create_topic(cluster)
     tid = _name("2pc")
     prepared = prepare(cluster, topic, tid, timeout_ms=60000)
-    deadline = time.monotonic() + 20
-    while describe(cluster, tid).state != "CompleteAbort":
-        assert time.monotonic() < deadline, "the prepared transaction was not aborted"
-        time.sleep(0.2)
+    wait_for(lambda: describe(cluster, tid).state == "CompleteAbort", 20,
+             "the prepared transaction to be aborted after transaction.prepared.max.ms", interval_s=0.2)
     with pytest.raises(errors.ProducerFencedError):
         complete_transaction(prepared, cluster.bootstrap_servers, commit=True)
     assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []

@@ -16,24 +16,14 @@ from dataclasses import dataclass, field
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.devcluster import DevCluster, pid_alive
 
+from waiting import wait_for
+
 COPIER = pathlib.Path(__file__).resolve().parent / "copier.py"
 ROOT = COPIER.parent.parent.parent
 
 
 class SystemTestError(AssertionError):
     """The system under test did not get where it should within its time bound."""
-
-
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
-    """Poll `predicate()` until truthy; raises SystemTestError after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemTestError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 # ---------------------------------------------------------------- topics and data
@@ -133,7 +123,7 @@ def wait_in_sync(bootstrap: str, topics: list[str], timeout_s: float = 60.0) -> 
                 return False
             return all(p.leader is not None and set(p.isr) == set(p.replicas)
                        for t in desc.values() for p in t.partitions.values())
-        wait_until(in_sync, timeout_s, f"every replica of {', '.join(topics)} in sync", 0.25)
+        wait_for(in_sync, timeout_s, f"every replica of {', '.join(topics)} in sync", interval_s=0.25)
     finally:
         admin.close()
 
@@ -145,7 +135,7 @@ def wait_unregistered(cluster: DevCluster, name: str, timeout_s: float = 30.0) -
     zk = KazooClient(hosts=cluster.zookeeper)
     zk.start(timeout=15)
     try:
-        wait_until(lambda: not zk.exists(f"/exactly/services/{name}"), timeout_s, f"{name} to leave the cluster")
+        wait_for(lambda: not zk.exists(f"/exactly/services/{name}"), timeout_s, f"{name} to leave the cluster")
     finally:
         zk.stop()
         zk.close()

@@ -25,8 +25,10 @@ import time
 
 import pytest
 
+from waiting import wait_for
+
 from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input, read_values,
-                      set_gate, wait_in_sync, wait_unregistered, wait_until)
+                      set_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -85,7 +87,7 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
         def reached() -> bool:
             check_copiers()
             return all(c.position >= gate_offset(fraction, c.end_offset) for c in copiers)
-        wait_until(reached, PHASE_TIMEOUT_S, f"the copiers to reach {fraction:.0%} of their input", 0.2)
+        wait_for(reached, PHASE_TIMEOUT_S, f"the copiers to reach {fraction:.0%} of their input", interval_s=0.2)
 
     try:
         set_gate(gate, 1 / (len(faults) + 1) / 2)
@@ -94,8 +96,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
         for k, (name, kind) in enumerate(faults):
             fraction = (k + 1) / (len(faults) + 1)
             set_gate(gate, fraction)
-            wait_until(lambda: all(c.status().get("state") == "running" for c in copiers), PHASE_TIMEOUT_S,
-                       "the copiers to run")
+            wait_for(lambda: all(c.status().get("state") == "running" for c in copiers), PHASE_TIMEOUT_S,
+                     "the copiers to run")
             time.sleep(0.5)  # let the copiers get into a transaction
             t0 = time.monotonic()
             if kind == "copier":
@@ -119,8 +121,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
                     f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
             wait_gate(fraction)
         set_gate(gate, 1.0)
-        wait_until(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
-                   PHASE_TIMEOUT_S, "the copiers to finish")
+        wait_for(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
+                 PHASE_TIMEOUT_S, "the copiers to finish")
         for c in copiers:
             assert c.proc.wait(60) == 0, c.log_tail()
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
