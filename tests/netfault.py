@@ -53,6 +53,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -381,7 +382,8 @@ def cut(cluster: DevCluster, name: str, mode: str) -> Partition:
         raise NetFaultError(f"service {name!r} is not running")
     require_nft()
     if mode == ZOOKEEPER:
-        others = [listener_pid(int(cluster.zookeeper.split("/", 1)[0].rsplit(":", 1)[1]))]
+        servers = cluster.zookeeper.split("/", 1)[0].split(",")  # "host:port[,host:port][/chroot]"
+        others = sorted({listener_pid(int(hp.rsplit(":", 1)[1])) for hp in servers})
     elif mode == PEERS:
         others = [s.pid for n, s in cluster.services.items() if n != name and pid_alive(s.pid)]
     else:
@@ -507,7 +509,6 @@ def network_faults():
     """Checks that network faults can be made (fails the test loudly otherwise),
     removes what a killed earlier run left, and heals every cut the test made when it
     ends, passed or failed. Yields this module."""
-    import sys
     try:
         require_nft()
         remove_stale()
