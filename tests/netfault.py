@@ -413,10 +413,11 @@ def _rules(table: str, chain: str, victim: int, others: list[int], mode: str) ->
     a_cgroup = f'socket cgroupv2 level 2 "{_registry.cgroup_name(victim)}"'
     rules: list[str] = []
     if mode == ALL:
-        own = {(l, r) for (l, r) in a.connections if (r, l) in a.connections}
+        own = {(local, remote) for (local, remote) in a.connections if (remote, local) in a.connections}
         external = a.connections - own
         if external:
-            rules.append(f"tcp sport . tcp dport {_pairs(external | {(r, l) for l, r in external})} drop")
+            both_ways = external | {(remote, local) for local, remote in external}
+            rules.append(f"tcp sport . tcp dport {_pairs(both_ways)} drop")
         if a.listening:
             rules.append(f"{a_cgroup} tcp dport {_set(a.listening)} accept")  # to itself
         rules.append(f"{a_cgroup} drop")  # new connections of the victim, to anyone else
