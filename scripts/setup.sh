@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
-# ZooKeeper, a Java runtime and Prometheus (apt; the metrics tests run a real
-# Prometheus server), then a virtualenv with the package and its development tools.
+# ZooKeeper, a Java runtime, Prometheus and nftables (apt; the metrics tests run a real
+# Prometheus server, the network-partition tests cut services off with nft), then a
+# virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,7 @@ need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,7 @@
 """Shared pieces of the system tests: input loading, copier processes, fault
-injection on a dev cluster (kill/stop and restart of any service), waiting for
-replicas to be back in sync, and reading a topic to its end."""
+injection on a dev cluster (kill/stop and restart of any service, network
+partitions of a running one), waiting for replicas to be back in sync, and reading
+a topic to its end."""
 from __future__ import annotations
 
 import collections
@@ -139,6 +140,66 @@ def wait_unregistered(cluster: DevCluster, name: str, timeout_s: float = 30.0) -
     finally:
         zk.stop()
         zk.close()
+
+
+def wait_registered(cluster: DevCluster, name: str, timeout_s: float = 60.0) -> None:
+    """Until `name` is among the cluster's live services again (a new session after
+    a partition healed)."""
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zookeeper)
+    zk.start(timeout=15)
+    try:
+        wait_for(lambda: zk.exists(f"/exactly/services/{name}"), timeout_s, f"{name} to rejoin the cluster")
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def partition_and_heal(cluster: DevCluster, name: str, mode: str, topics: list[str], hold_s: float,
+                       timeout_s: float = 60.0) -> str:
+    """Cut service `name` off the network in `mode` (tests/netfault.py: ZOOKEEPER,
+    PEERS or ALL) while it keeps running, until the cut had its effect, then heal and
+    wait until it is back; returns what happened, for the log.
+
+    ZOOKEEPER and ALL: until its ZooKeeper session expired (it left the live services,
+    so the others took over its partitions or coordinator role); healed, until it
+    registered again. PEERS: a partition leader until it dropped an unreachable
+    follower from the ISR of a partition it leads (it keeps its ZooKeeper session and
+    stays leader), at most `hold_s` s when it leads none with followers; a
+    coordinator for `hold_s` s (it stays owner; requests that need its internal
+    topic fail meanwhile). Raises SystemTestError when an effect does not come within
+    `timeout_s` s."""
+    import netfault
+    role = cluster.services[name].role
+    with netfault.cut(cluster, name, mode) as fault:
+        if mode in (netfault.ZOOKEEPER, netfault.ALL):
+            wait_unregistered(cluster, name, timeout_s)
+            effect = f"session expired after {time.monotonic() - fault.started:.1f} s"
+        elif role == "partition_leader":
+            effect = _wait_isr_shrink(cluster, name, topics, hold_s, timeout_s)
+        else:
+            time.sleep(hold_s)  # the fault's duration: nothing in ZooKeeper shows it
+            effect = f"held {hold_s:.0f} s"
+    if mode in (netfault.ZOOKEEPER, netfault.ALL):
+        wait_registered(cluster, name, timeout_s)
+    return effect
+
+
+def _wait_isr_shrink(cluster: DevCluster, name: str, topics: list[str], hold_s: float, timeout_s: float) -> str:
+    started = time.monotonic()
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        def led() -> list:
+            try:
+                desc = admin.describe_topics(topics)
+            except errors.ExactlyError:
+                return []
+            return [p for t in desc.values() for p in t.partitions.values()
+                    if p.leader_id == name and len(p.replicas) > 1]
+        if wait_for(lambda: led() or time.monotonic() - started > hold_s, timeout_s, f"{name}'s partitions") is True:
+            return f"led nothing with followers; held {hold_s:.0f} s"
+        wait_for(lambda: any(len(p.isr) < len(p.replicas) for p in led()), timeout_s,
+                   f"{name} to drop its unreachable followers from an ISR")
+        return f"ISR shrunk after {time.monotonic() - started:.1f} s"
 
 
 # ---------------------------------------------------------------- copiers

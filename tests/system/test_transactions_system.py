@@ -12,11 +12,16 @@ leader in turn is stopped and restarted, then each coordinator, then each copier
 20 % progress or more, restarted with the same transactional.id). Afterwards a read_committed reader
 of the output must find exactly the input: no duplicate, nothing missing.
 
-Two variants: hard failures (SIGKILL: the others take over when the ZooKeeper
-session of the killed process expires, then it comes back) and clean restarts
-(SIGTERM). The copy is paced (a gate on the input offsets, and a rate cap applied
-inside the transactions) so that every fault hits open transactions and the copy
-does not end before the last fault.
+Three variants: hard failures (SIGKILL: the others take over when the ZooKeeper
+session of the killed process expires, then it comes back), clean restarts
+(SIGTERM), and network partitions of processes that keep running (tests/netfault.py):
+each partition leader and each coordinator in turn is cut off from ZooKeeper (its
+session expires and the others take over while it still reaches, and is reached by,
+the other services and the clients), from its peers (it keeps its session and its
+role but no other service reaches it), or from everything, then healed; the copiers
+are not touched in that variant. The copy is paced (a gate on the input offsets, and
+a rate cap applied inside the transactions) so that every fault hits open
+transactions and the copy does not end before the last fault.
 """
 from __future__ import annotations
 
@@ -25,10 +30,12 @@ import time
 
 import pytest
 
+import netfault
+from netfault import network_faults  # noqa: F401 - fixture of the partition variant
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input, read_values,
-                      set_gate, wait_in_sync, wait_unregistered)
+from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input,
+                      partition_and_heal, read_values, set_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -50,16 +57,27 @@ CLUSTER_PROPS = {
     "min.insync.replicas": str(MIN_INSYNC),
 }
 INTERNAL = ["__transaction_state", "__consumer_offsets"]
+# Partition variant: followers cut off leave the ISR within 3 s; a coordinator cut off
+# from its peers stays so for PEER_CUT_S.
+PARTITION_PROPS = {"replica.lag.time.max.ms": "3000"}
+PEER_CUT_S = 4.0
+PARTITION_FAULTS = [("pl-0", netfault.ZOOKEEPER), ("pl-1", netfault.PEERS), ("pl-2", netfault.ALL),
+                    ("txn-0", netfault.ZOOKEEPER), ("txn-1", netfault.PEERS),
+                    ("group-0", netfault.PEERS), ("group-1", netfault.ZOOKEEPER)]
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-@pytest.mark.parametrize("hard", [True, False], ids=["sigkill", "sigterm"])
-def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
+@pytest.mark.parametrize("variant", ["sigkill", "sigterm", "partition"])
+def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, variant):
     started = time.monotonic()
-    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=2, props=CLUSTER_PROPS)
+    hard = variant == "sigkill"
+    if variant == "partition":
+        request.getfixturevalue("network_faults")  # fails the test without nft; heals on any exit
+    props = {**CLUSTER_PROPS, **(PARTITION_PROPS if variant == "partition" else {})}
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=2, props=props)
     bootstrap = cluster.bootstrap_servers
     create_topics(bootstrap, {INPUT: INPUT_PARTITIONS, OUTPUT: OUTPUT_PARTITIONS}, REPLICATION_FACTOR, MIN_INSYNC)
     expected = load_input(bootstrap, INPUT, INPUT_PARTITIONS, RECORDS)
@@ -75,6 +93,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
     faults = [("pl-0", "service"), ("pl-1", "service"), ("pl-2", "service"),
               ("txn-0", "service"), ("txn-1", "service"), ("group-0", "service"), ("group-1", "service"),
               ("copier-0", "copier"), ("copier-1", "copier")]
+    if variant == "partition":
+        faults = PARTITION_FAULTS
     by_name = {c.name: c for c in copiers}
     sig = signal.SIGKILL if hard else signal.SIGTERM
     topics = [INPUT, OUTPUT, *INTERNAL]
@@ -100,7 +120,13 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, hard):
                      "the copiers to run")
             time.sleep(0.5)  # let the copiers get into a transaction
             t0 = time.monotonic()
-            if kind == "copier":
+            if kind in netfault.MODES:
+                effect = partition_and_heal(cluster, name, kind, topics, PEER_CUT_S)
+                if name.startswith("pl-"):
+                    wait_in_sync(bootstrap, topics, PHASE_TIMEOUT_S)
+                log(f"cut {name} off ({kind}; {effect}) and healed in {time.monotonic() - t0:.1f} s "
+                    f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
+            elif kind == "copier":
                 copier = by_name[name]
                 assert copier.progress >= 0.2, f"{name} at {copier.progress:.0%} when it should be killed"
                 at = copier.progress
