@@ -1,5 +1,5 @@
 """Exactly: the Python SDK of an exactly-once streaming log (Kafka KIP-98 / KIP-447
-semantics over gRPC). See DESIGN.md §7 for the client API."""
+semantics over gRPC). See docs/design.md, "SDK" for the client API."""
 from . import errors
 from .admin import AdminClient
 from .consumer import Consumer

@@ -3,9 +3,9 @@
 `ClientCore` owns one gRPC channel per service address, a cached cluster
 metadata view, a coordinator cache, and the one place where transport errors
 (`grpc.RpcError`) become SDK errors (`errors.ExactlyError`), so users never see
-gRPC or protobuf types (STYLE.md 5). Every service answers the Cluster RPCs
+gRPC or protobuf types (docs/design.md, "Code conventions"). Every service answers the Cluster RPCs
 (Metadata, CreateTopics, FindCoordinator), so any address bootstraps the client
-(DESIGN.md §1).
+(docs/design.md, "Architecture").
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ COORDINATOR_ERRORS = frozenset({
 
 
 def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
-    """Map a gRPC transport failure to an SDK error (the seam of STYLE.md 5)."""
+    """Map a gRPC transport failure to an SDK error (the seam of docs/design.md, "Code conventions")."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else None
     cls = _ERROR_BY_STATUS.get(code, errors.UnknownServerError)

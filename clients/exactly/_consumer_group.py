@@ -16,7 +16,7 @@ keeps its timeout while a rebalance waits for other members.
 Offsets: `commit_sync` / `commit_async` (OffsetCommit with this member's
 generation and member id, or -1 / "" outside group management) and
 `fetch_committed` (OffsetFetch; with `require_stable`, UNSTABLE_OFFSET_COMMIT is
-retried with backoff: KIP-447, DESIGN.md §4).
+retried with backoff: KIP-447, docs/design.md, "Transactions").
 """
 from __future__ import annotations
 

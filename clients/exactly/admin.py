@@ -56,7 +56,7 @@ class AdminClient:
         are still created and waited for); errors.InvalidPartitionsError /
         InvalidReplicationFactorError / InvalidTopicExceptionError for bad
         arguments; errors.KafkaTimeoutError when the topics do not serve in time.
-        DESIGN.md §10."""
+        docs/design.md, "Decisions"."""
         topics = list(new_topics)
         if not topics:
             return

@@ -1,6 +1,6 @@
 """The Consumer: reads records from partition leaders, optionally as a member of a
-consumer group, with Kafka's isolation levels (design doc "Consumer"; DESIGN.md
-§4, §7, §10).
+consumer group, with Kafka's isolation levels (KIP-98 design document, "Consumer";
+docs/design.md, "Last stable offset and read_committed", "SDK" and "Decisions").
 
 Under `read_committed` the Fetch asks the leader to bound the data by the last
 stable offset (LSO) and the consumer drops the records of aborted transactions
@@ -159,7 +159,7 @@ class Consumer:
         its partitions are retried with backoff and poll returns what the others
         have (possibly []). Under read_committed, records of aborted transactions
         and anything at or past the LSO are never returned (design doc "Consumer";
-        DESIGN.md §4, §10). Records of one partition come in offset order.
+        docs/design.md, "Transactions" and "Decisions"). Records of one partition come in offset order.
         Raises errors.IllegalStateError when neither subscribed nor assigned;
         NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
         non-retriable errors from the services (e.g. authorization)."""

@@ -2,7 +2,7 @@
 
 One enum (`ErrorCode`) with Kafka's names and numeric codes, and one exception
 class per code, each a subclass of `ExactlyError` with a `retriable` flag.
-Protocol outcomes travel as these codes inside responses (DESIGN.md §5); the SDK
+Protocol outcomes travel as these codes inside responses (docs/design.md, "Errors"); the SDK
 raises the matching exception via `for_code(code)`.
 """
 from __future__ import annotations

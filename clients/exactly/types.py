@@ -1,7 +1,7 @@
 """Plain value types shared by the Producer, the Consumer and the AdminClient.
 
 They mirror the Java client's TopicPartition, OffsetAndMetadata, ConsumerRecord,
-RecordMetadata, ConsumerGroupMetadata and NewTopic (DESIGN.md §7, §10). All are
+RecordMetadata, ConsumerGroupMetadata and NewTopic (docs/design.md, "SDK" and "Decisions"). All are
 immutable; TopicPartition is hashable and ordered (topic, then partition).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Kafka record batch format v2 (magic 2): encode, validate and decode.
 
-Layout (DESIGN.md §3; Kafka's DefaultRecordBatch), big-endian:
+Layout (docs/design.md, "Wire and storage format"; Kafka's DefaultRecordBatch), big-endian:
 
     baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8
     crc uint32 (CRC32C of attributes..end) | attributes int16 | lastOffsetDelta int32

@@ -1,7 +1,7 @@
 """Cluster state in ZooKeeper (kazoo): live services, topics, partition state,
 coordinator ownership and PID blocks.
 
-Layout (DESIGN.md §6):
+Layout (docs/design.md, "ZooKeeper layout"):
 
     /exactly/services/<node_id>            ephemeral: {"role", "host", "port"}
     /exactly/topics/<topic>                {"partitions": {"0": [replica ids]}, "configs", "internal"}
@@ -102,7 +102,7 @@ def state_path(topic: str, partition: int) -> str:
 
 def partition_for_key(key: str, num_partitions: int) -> int:
     """Stable partition of an internal topic for a transactional.id or group id:
-    crc32(utf-8 key) % num_partitions (never Python's hash(); DESIGN.md §1)."""
+    crc32(utf-8 key) % num_partitions (never Python's hash(); docs/design.md, "Architecture")."""
     return zlib.crc32(key.encode()) % num_partitions
 
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics shared by every service process (DESIGN.md §8).
+"""Prometheus metrics shared by every service process (docs/design.md, "Metrics").
 
 - The HTTP `/metrics` endpoint (`start_metrics_server`), started by `server.serve()`
   when the setting `metrics.port` is above 0, bound to `metrics.bind.address`

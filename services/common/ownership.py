@@ -1,11 +1,11 @@
 """Ownership of internal-topic partitions by coordinators, elected through ZooKeeper.
 
 Partition p of `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
-belongs to the live coordinator sorted_ids[p % n] of that kind (DESIGN.md §1). The
+belongs to the live coordinator sorted_ids[p % n] of that kind (docs/design.md, "Architecture"). The
 owner claims it with a compare-and-set on /exactly/coordinators/<kind>/<p> that
 bumps the coordinator epoch, then loads it; a coordinator whose claim was
 overwritten, whose ZooKeeper session was lost, or whose writes were fenced resigns
-at once (STYLE.md 10).
+at once (docs/design.md, "Coordinator ownership").
 
 Fencing of a deposed owner. Coordinators are not the partition leaders of their
 internal topic, so a deposed owner that has not noticed yet could still append. To

@@ -2,7 +2,7 @@
 (Produce/Fetch/ListOffsets on internal topics, WriteTxnMarkers) through it.
 
 Transport failures (grpc.aio.AioRpcError) become error codes here, at one seam, so
-callers handle only ErrorCode values (STYLE.md 5).
+callers handle only ErrorCode values (docs/design.md, "Code conventions").
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ LIVENESS = "liveness"
 
 
 class ClusterServicer(pbg.ClusterServicer):
-    """Metadata, CreateTopics and FindCoordinator from the ZooKeeper cache (DESIGN.md §1)."""
+    """Metadata, CreateTopics and FindCoordinator from the ZooKeeper cache (docs/design.md, "Architecture")."""
 
     def __init__(self, cluster: ClusterState):
         self.cluster = cluster

@@ -6,7 +6,7 @@ clock in milliseconds, injected by the caller) so tests drive time by hand.
 Expected outcomes are ErrorCode values; an illegal state transition is a bug and
 raises IllegalGroupTransitionError.
 
-Differences from Apache Kafka, decided for Exactly (DESIGN.md §4, §10):
+Differences from Apache Kafka, decided for Exactly (docs/design.md, "Transactions" and "Decisions"):
 - The coordinator computes the assignment itself (Kafka's RangeAssignor over the
   members' subscribed topics, `range_assign`); there is no client-side leader
   assignment, so SyncGroup carries no assignment from the leader.

@@ -1,4 +1,4 @@
-"""Prometheus series of the group coordinator (DESIGN.md §8), as the Grafana
+"""Prometheus series of the group coordinator (docs/design.md, "Metrics"), as the Grafana
 dashboard deploy/grafana/services.json reads them:
 
 - exactly_group_groups{state}: groups of the owned __consumer_offsets partitions, by

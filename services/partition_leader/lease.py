@@ -13,7 +13,7 @@ timeout). A leader acknowledges writes only under a valid lease, so one that wak
 from a pause (SIGSTOP) longer than its session, or whose session was lost, answers
 NOT_LEADER_OR_FOLLOWER instead of acknowledging: its next confirmation fails, or
 shows the new leader. SUSPENDED and LOST connection states void all leases at once
-(STYLE.md 10).
+(docs/design.md, "Coordinator ownership").
 
 `IsrUpdater` writes a leader's ISR changes (shrink after `replica.lag.time.max.ms`,
 expand when a follower caught up) with compare-and-set on the state znode's version

@@ -13,7 +13,7 @@ entry is added when more than `index.interval.bytes` were appended since the
 previous entry; it maps the batch's last offset (relative to the segment base) to
 the batch's file position, as Kafka's OffsetIndex does.
 
-Durability (DESIGN.md §9): appends do not fsync unless `flush.messages` records were
+Durability (docs/design.md, "Replication"): appends do not fsync unless `flush.messages` records were
 appended since the last flush; rolls and `close()` fsync. The recovery point records
 how far the log is known to be flushed. Opening after a crash (SIGKILL, power loss)
 scans from the recovery point, verifying every batch's CRC32C and offset continuity,

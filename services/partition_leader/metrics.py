@@ -1,4 +1,4 @@
-"""Prometheus series of the partition leader (DESIGN.md §8), as the Grafana
+"""Prometheus series of the partition leader (docs/design.md, "Metrics"), as the Grafana
 dashboards in deploy/grafana read them.
 
 Gauges per led partition (labels topic, partition), read from the open partitions at

@@ -14,7 +14,7 @@ transaction index and epoch cache from them; `truncate_to` cuts a divergent tail
 (never below the high watermark) and rebuilds the producer state.
 
 Expected outcomes are ErrorCode values in the results; exceptions mean bugs,
-corruption or I/O failure (STYLE.md 3).
+corruption or I/O failure (docs/design.md, "Code conventions").
 
 High watermark = min log end offset over the ISR (a single replica: the log end);
 consumers read below it (below the LSO in read_committed, itself bounded by it). It is
@@ -444,7 +444,7 @@ class Partition:
         the ISR is below `min.insync.replicas`, NOT_LEADER_OR_FOLLOWER on a follower.
         A marker for a PID without an ongoing transaction here is still written
         (coordinator retries succeed). On ABORT, the aborted-index entry gets the LSO
-        computed before the transaction completes (STYLE.md 9)."""
+        computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")."""
         if self.replication is None:
             return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
         check = self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)

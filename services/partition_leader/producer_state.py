@@ -6,15 +6,15 @@ metadata of its last 5 batches (so up to 5 in-flight batches deduplicate on retr
 Kafka >= 1.0), coordinator epoch, last timestamp and the first offset of its
 ongoing transaction (-1 = none).
 
-Appends follow prepare -> persist -> complete (STYLE.md 2): `check_append` /
+Appends follow prepare -> persist -> complete (docs/design.md, "Code conventions"): `check_append` /
 `check_marker` validate without mutating; the partition writes the log; then
 `on_append` / `complete_marker` update the state. `replay_batch` rebuilds the state
 from the log (recovery, no validation: the log is the source of truth).
 
 Ongoing transactions live in `ongoing` (first offset -> PID). A transaction starts
 at the current log end, so inserting in append order keeps the dict sorted by first
-offset; the LSO is its first key (STYLE.md 9). Snapshots (`encode_snapshot` /
-`decode_snapshot`) are versioned and CRC32C-checked (STYLE.md 8).
+offset; the LSO is its first key (docs/design.md, "Last stable offset and read_committed"). Snapshots (`encode_snapshot` /
+`decode_snapshot`) are versioned and CRC32C-checked (docs/design.md, "Code conventions").
 
 Not thread-safe: one owner (the partition) calls it.
 """
@@ -67,7 +67,7 @@ class BatchMetadata:
 
 @dataclass(slots=True)
 class ProducerStateEntry:
-    """State of one PID on one partition (STYLE.md 8 entry fields).
+    """State of one PID on one partition (docs/design.md, "Idempotence and fencing").
 
     producer_epoch -1 = none yet; coordinator_epoch -1 = no marker seen;
     current_txn_first_offset -1 = no ongoing transaction; last_timestamp in ms.
@@ -175,7 +175,7 @@ class ProducerStateManager:
         """LSO once `producer_id`'s transaction completes: the first offset of the
         earliest other ongoing transaction, else `default` (the offset after the
         marker). Computed before completing, for the aborted-index entry (Kafka's
-        `lastStableOffset(completedTxn)`; STYLE.md 9)."""
+        `lastStableOffset(completedTxn)`; docs/design.md, "Last stable offset and read_committed")."""
         for first, pid in self.ongoing.items():
             if pid != producer_id:
                 return first

@@ -1,8 +1,8 @@
 """gRPC adapter of the partition leader: exactly.v1.PartitionLeader.
 
 Only translates protobuf messages to calls on the ReplicaManager / Partition domain
-objects and back (STYLE.md 6); protocol outcomes are per-partition error codes
-(DESIGN.md §5). Runs on grpc.aio: one event loop, synchronous domain calls.
+objects and back (docs/design.md, "Code conventions"); protocol outcomes are per-partition error codes
+(docs/design.md, "Errors"). Runs on grpc.aio: one event loop, synchronous domain calls.
 
 Fetch long-polls (Kafka's delayed fetch): when fewer than `min_bytes` bytes are
 available it waits, up to `max_wait_ms`, for an append, marker or high-watermark move

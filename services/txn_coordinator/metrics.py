@@ -1,4 +1,4 @@
-"""Prometheus series of the transaction coordinator (DESIGN.md §8), as the Grafana
+"""Prometheus series of the transaction coordinator (docs/design.md, "Metrics"), as the Grafana
 dashboards in deploy/grafana read them:
 
 - exactly_txn_active_transactional_ids{partition}: transactional ids cached by this

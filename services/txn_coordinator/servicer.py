@@ -1,5 +1,5 @@
 """gRPC adapter of the TransactionCoordinator service (exactly.v1): protobuf
-messages <-> `TransactionCoordinator` calls. No logic here (STYLE.md 6)."""
+messages <-> `TransactionCoordinator` calls. No logic here (docs/design.md, "Code conventions")."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,5 @@
 """Segment files written by the log decode with kafka-python's DefaultRecordBatch, an
-independent implementation of record batch v2 (DESIGN.md §3: control type ABORT=0,
+independent implementation of record batch v2 (docs/design.md, "Wire and storage format": control type ABORT=0,
 COMMIT=1 as Apache Kafka)."""
 from __future__ import annotations
 

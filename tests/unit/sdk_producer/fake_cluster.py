@@ -1,7 +1,7 @@
 """An in-process gRPC stand-in for the services, just enough to drive the SDK's
 producer: metadata, produce with KIP-98 sequence/epoch checks, transaction
 coordinator RPCs with fencing, TxnOffsetCommit with a generation check, and
-fault injection. It binds 127.0.0.1:0 (STYLE.md 12); it is not the services."""
+fault injection. It binds 127.0.0.1:0 (docs/design.md, "Code conventions"); it is not the services."""
 from __future__ import annotations
 
 import collections

@@ -1,4 +1,4 @@
-"""AdminClient against the in-process stand-in (DESIGN.md §10)."""
+"""AdminClient against the in-process stand-in (docs/design.md, "Decisions")."""
 import pytest
 
 from exactly import AdminClient, NewTopic, errors

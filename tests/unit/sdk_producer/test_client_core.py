@@ -1,5 +1,5 @@
 """ClientCore: bootstrap parsing, the transport-error seam, metadata and
-coordinator caches, and the retry helper (STYLE.md 5)."""
+coordinator caches, and the retry helper (docs/design.md, "Code conventions")."""
 import socket
 import time
 
