@@ -716,3 +716,31 @@ def test_group_aware_init_fences_overlapping_ongoing_transaction():
         assert (await h.coord.init_producer_id("p2", 60000, group=g2)).error == E.NONE
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- clock steps
+
+def test_wall_clock_stepping_back_does_not_wedge_the_transactional_id():
+    """The coordinator's wall clock steps back 5 s in the middle of a transaction (an NTP
+    step, or a failover to a host whose clock is behind): the commit completes, the id
+    takes new transactions at once, and a reload of the log gives the same state."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.clock.advance(-5000)
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        md = h.md("t")
+        assert (md.state, md.pending_state) == (S.COMPLETE_COMMIT, None)
+        h.clock.advance(-5000)
+        res = await h.coord.add_partitions_to_txn("t", pid, md.producer_epoch, [("orders", 1)])
+        assert res == {("orders", 1): E.NONE}
+        assert await h.coord.end_txn("t", pid, md.producer_epoch, False) == E.NONE
+        await h.settle()
+        assert (h.md("t").state, h.md("t").pending_state) == (S.COMPLETE_ABORT, None)
+        await h.coord.on_resigned(0)
+        await h.elect(coordinator_epoch=2)
+        assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())

@@ -113,11 +113,71 @@ def test_complete_needs_matching_pending_state():
         m.complete_transition(t)
 
 
-def test_complete_rejects_time_going_backwards():
-    m = md(S.ONGOING, partitions=[("a", 0)], start=NOW)
-    t = m.prepare_abort_or_commit(S.PREPARE_COMMIT, NOW - 10)
-    with pytest.raises(TransitionMismatchError):
-        m.complete_transition(t)
+# Kafka's TransactionMetadataTest.testTolerateTimeShiftDuring*: the wall clock steps
+# back between two transitions (NTP, a failover to a host whose clock is behind); the
+# transition completes with the earlier timestamp instead of wedging the id with a
+# pending state after its record was appended.
+SHIFTED = NOW - 10
+
+
+def _shift_epoch_bump(m):
+    return m.prepare_increment_producer_epoch(30000, None, SHIFTED)
+
+
+def _shift_pid_rotation(m):
+    return m.prepare_producer_id_rotation(101, 30000, SHIFTED, record_last_epoch=True)
+
+
+def _shift_add_partitions(m):
+    return m.prepare_add_partitions([("b", 1)], SHIFTED)
+
+
+def _shift_prepare_commit(m):
+    return m.prepare_abort_or_commit(S.PREPARE_COMMIT, SHIFTED)
+
+
+def _shift_prepare_abort(m):
+    return m.prepare_abort_or_commit(S.PREPARE_ABORT, SHIFTED)
+
+
+def _shift_fenced_abort(m):
+    m.prepare_fence_producer_epoch(SHIFTED)
+    return m.prepare_abort_or_commit(S.PREPARE_ABORT, SHIFTED)
+
+
+def _shift_complete(m):
+    return m.prepare_complete(SHIFTED)
+
+
+def _shift_dead(m):
+    return m.prepare_dead(SHIFTED)
+
+
+@pytest.mark.parametrize("state,partitions,prepare,final", [
+    (S.EMPTY, (), _shift_epoch_bump, S.EMPTY),
+    (S.COMPLETE_COMMIT, (), _shift_pid_rotation, S.EMPTY),
+    (S.EMPTY, (), _shift_add_partitions, S.ONGOING),
+    (S.COMPLETE_ABORT, (), _shift_add_partitions, S.ONGOING),
+    (S.ONGOING, [("a", 0)], _shift_add_partitions, S.ONGOING),
+    (S.ONGOING, [("a", 0)], _shift_prepare_commit, S.PREPARE_COMMIT),
+    (S.ONGOING, [("a", 0)], _shift_prepare_abort, S.PREPARE_ABORT),
+    (S.ONGOING, [("a", 0)], _shift_fenced_abort, S.PREPARE_ABORT),
+    (S.PREPARE_COMMIT, [("a", 0)], _shift_complete, S.COMPLETE_COMMIT),
+    (S.PREPARE_ABORT, [("a", 0)], _shift_complete, S.COMPLETE_ABORT),
+    (S.COMPLETE_COMMIT, (), _shift_dead, S.DEAD),
+], ids=["epoch-bump", "pid-rotation", "add-from-empty", "add-from-complete", "add-to-ongoing", "prepare-commit",
+        "prepare-abort", "timeout-abort", "complete-commit", "complete-abort", "dead"])
+def test_tolerates_time_shift_during_transition(state, partitions, prepare, final):
+    start = NOW if state in (S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT) else -1
+    m = md(state, epoch=3, partitions=partitions, start=start)
+    t = prepare(m)
+    m.complete_transition(t)
+    assert m.state is final and m.pending_state is None
+    assert m.txn_last_update_timestamp == SHIFTED
+    if final is S.ONGOING and state is S.ONGOING:
+        assert m.txn_start_timestamp == NOW  # the transaction's start is kept
+    elif final is S.ONGOING:
+        assert m.txn_start_timestamp == SHIFTED
 
 
 def test_fence_bumps_epoch_on_abort():
