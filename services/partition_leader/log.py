@@ -436,9 +436,22 @@ class Segment:
             os.truncate(self.txn_index_path, whole)
 
     def append_aborted(self, entry: AbortedTxn) -> None:
-        """Append one entry (the file is created lazily, design doc "Aborted Transaction Index")."""
+        """Append one entry (the file is created lazily, design doc "Aborted Transaction Index").
+        Entries stay ordered by marker offset: an entry restored by recovery for an
+        earlier marker than the last one present is inserted in order and the file
+        rewritten."""
+        if self.aborted and entry.last_offset < self.aborted[-1].last_offset:
+            bisect.insort(self.aborted, entry, key=lambda e: e.last_offset)
+            self._rewrite_aborted()
+            return
         os.write(self._txn_writer(), entry.encode())
         self.aborted.append(entry)
+
+    def _rewrite_aborted(self) -> None:
+        if self._txn_fd is not None:
+            os.close(self._txn_fd)
+            self._txn_fd = None
+        self.txn_index_path.write_bytes(b"".join(e.encode() for e in self.aborted))
 
     def truncate_aborted(self, offset: int) -> None:
         """Drop entries whose marker (last offset) is at or after `offset`."""
@@ -446,10 +459,7 @@ class Segment:
         if len(keep) == len(self.aborted):
             return
         self.aborted = keep
-        if self._txn_fd is not None:
-            os.close(self._txn_fd)
-            self._txn_fd = None
-        self.txn_index_path.write_bytes(b"".join(e.encode() for e in keep))
+        self._rewrite_aborted()
 
     def collect_aborted(self, fetch_offset: int, upper_bound: int) -> tuple[list[AbortedTxn], bool]:
         """Entries intersecting [fetch_offset, upper_bound); True when no later entry
@@ -478,6 +488,11 @@ class Log:
         self._unflushed_records = 0
         self.recovered_bytes = 0  # bytes cut off by the last open (torn/corrupt tail)
         self.recovery_scanned = False  # the last open validated batches past the recovery point
+        # Offset up to which the files were flushed before the last open (the recovery
+        # point it found, or the log start without one); what was written past it may
+        # have been lost in part by a machine crash, so state derived from it
+        # (producer-state snapshots) is not trusted past it.
+        self.flushed_at_open = segments[0].base_offset
         self._recovery_point = (segments[0].base_offset, segments[0].base_offset, 0)
 
     # ------------------------------------------------------------ open / close
@@ -520,6 +535,7 @@ class Log:
             if 0 < position <= seg.size and seg.load_index(limit=position) and \
                     self._is_boundary(seg, position, offset):
                 start_pos, start_offset = position, offset
+        self.flushed_at_open = point[0] if point is not None else self.segments[0].base_offset
         for seg in self.segments[:first_dirty]:
             if not seg.load_index():
                 log.warning("%s: rebuilding a missing or inconsistent offset index", seg.index_path)

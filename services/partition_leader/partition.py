@@ -233,7 +233,7 @@ class Partition:
         self = cls(topic, partition, plog, producers, store, config, leader_epoch=leader_epoch,
                    clock_ms=clock_ms, local_id=local_id, epochs=epochs, single_replica=single_replica)
         self.high_watermark = 0 if fresh else self._read_hw_checkpoint()
-        self._load_producer_state()
+        self._load_producer_state(trusted_to=plog.flushed_at_open)
         self.maybe_advance_high_watermark()
         self.checkpoint_high_watermark()
         return self
@@ -637,24 +637,38 @@ class Partition:
 
     def take_snapshot(self, sync: bool = False, now_ms: int | None = None) -> bool:
         """Write the producer state keyed by the log end offset, unless one exists for
-        that offset; keep the newest `producer.snapshot.retained`. Returns whether written."""
+        that offset; keep the newest `producer.snapshot.retained`. Returns whether written.
+
+        The log (with its aborted-transaction index) is flushed first, so a snapshot never
+        covers data that a machine crash could still take away (Kafka's
+        ProducerStateManager snapshots at flushed offsets only)."""
         self._last_snapshot_ms = self.clock_ms() if now_ms is None else now_ms
         offset = self.log.log_end_offset
         if self.store is None or offset == self._last_snapshot_offset:
             return False
+        if self.log.recovery_point < offset:
+            self.log.flush()
         self.store.put(self.topic, self.partition, offset, self.producers.encode_snapshot(), sync=sync)
         self._last_snapshot_offset = offset
         for old in self.store.offsets(self.topic, self.partition)[:-self.config.snapshots_retained]:
             self.store.delete(self.topic, self.partition, old)
         return True
 
-    def _load_producer_state(self) -> None:
+    def _load_producer_state(self, trusted_to: int | None = None) -> None:
+        """Load the newest usable snapshot and replay the log after it. `trusted_to`:
+        after a crash, the offset up to which the log is known to be flushed; snapshots
+        past it are dropped, so the replay covers every batch written since the last
+        flush and restores what a machine crash lost with them (aborted-index entries
+        of surviving ABORT markers; Kafka's LogLoader deletes snapshots after the
+        recovery point the same way)."""
         start, end = self.log.log_start_offset, self.log.log_end_offset
+        limit = end if trusted_to is None else min(end, trusted_to)
         offsets = self.store.offsets(self.topic, self.partition) if self.store else []
         loaded_from = None
         for off in reversed(offsets):
-            if off > end:
-                # Taken past what survived (an unflushed or truncated tail): unusable.
+            if off > limit:
+                # Taken past what is known to have survived (an unflushed or truncated
+                # tail): unusable.
                 self.store.delete(self.topic, self.partition, off)
                 continue
             if off < start:

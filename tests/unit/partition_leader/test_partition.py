@@ -313,6 +313,59 @@ def test_a_missing_aborted_entry_is_restored_on_replay(open_partition):
     assert again.last_stable_offset == 1
 
 
+def test_aborted_entries_lost_in_a_machine_crash_are_rebuilt_below_a_snapshot(open_partition, store):
+    """A machine crash after the ABORT marker reached the disk but before its
+    aborted-index entry did, with a producer-state snapshot taken after the marker and
+    never covered by a flush: recovery drops the snapshot (it is past the recovery
+    point) and rebuilds the entry from the marker, so read_committed still skips the
+    aborted records."""
+    p = open_partition()
+    p.append(make_batch(1, pid=1, seq=0, txn=True))
+    p.append(make_batch(1, pid=2, seq=0))
+    p.write_marker(1, 0, False, 0)
+    p.append(make_batch(1, pid=2, seq=1))
+    entries = list(p.log.active_segment.aborted)
+    assert [(e.producer_id, e.first_offset, e.last_offset) for e in entries] == [(1, 0, 2)]
+    end = p.log_end_offset
+    # A snapshot written without the log being flushed (what the store may hold after
+    # a crash), then the index entry lost with the page cache.
+    store.put("t", 0, end, p.producers.encode_snapshot(), sync=True)
+    assert p.log.recovery_point < end
+    crash(p)
+    p.log.active_segment.txn_index_path.write_bytes(b"")
+    again = open_partition()
+    assert store.offsets("t", 0) == [] and again.snapshot_loaded_from == 0  # replayed from the start
+    assert again.log.active_segment.aborted == entries
+    assert again.fetch(0, 1 << 30, isolation_level=1).aborted == ((1, 0),)
+
+
+def test_a_snapshot_is_taken_only_at_a_flushed_offset(open_partition, store):
+    p = open_partition()
+    p.append(make_batch(1, pid=1, seq=0, txn=True))
+    p.write_marker(1, 0, False, 0)
+    assert p.log.recovery_point < p.log_end_offset
+    assert p.take_snapshot()
+    assert store.offsets("t", 0) == [p.log_end_offset] and p.log.recovery_point == p.log_end_offset
+    crash(p)
+    again = open_partition()
+    assert again.snapshot_loaded_from == 2  # trusted: the log was flushed up to it
+
+
+def test_a_restored_aborted_entry_keeps_the_index_in_marker_order(open_partition):
+    p = open_partition()
+    for pid in (1, 2):
+        p.append(make_batch(1, pid=pid, seq=0, txn=True))
+    p.write_marker(1, 0, False, 0)
+    p.write_marker(2, 0, False, 0)
+    entries = list(p.log.active_segment.aborted)
+    crash(p)
+    path = p.log.active_segment.txn_index_path
+    path.write_bytes(entries[1].encode())  # only the later entry reached the disk
+    again = open_partition()
+    assert again.log.active_segment.aborted == entries
+    assert path.read_bytes() == b"".join(e.encode() for e in entries)
+
+
 def test_transactions_survive_a_crash_across_segment_rolls(open_partition):
     p = open_partition()
     for i in range(30):
