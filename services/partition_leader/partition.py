@@ -284,9 +284,11 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """Smallest first offset of the ongoing transactions, else the high watermark;
-        never above the high watermark (design doc "Last Stable Offset Tracking")."""
-        first = self.producers.first_unstable_offset
+        """Smallest first offset of the ongoing transactions and of the completed ones
+        whose marker the high watermark has not passed yet, else the high watermark;
+        never above the high watermark (design doc "Last Stable Offset Tracking";
+        Kafka's first unstable offset)."""
+        first = self.producers.first_unstable_offset_at(self.high_watermark)
         return self.high_watermark if first is None else min(first, self.high_watermark)
 
     # ------------------------------------------------------------ roles
@@ -573,6 +575,7 @@ class Partition:
         hw = min(leader_high_watermark, self.log_end_offset)
         if hw > self.high_watermark:
             self.high_watermark = hw
+            self.producers.first_unstable_offset_at(hw)  # forget replicated markers
             return True
         return False
 

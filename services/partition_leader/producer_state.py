@@ -160,6 +160,9 @@ class ProducerStateManager:
         self.clock_ms = clock_ms
         self.producers: dict[int, ProducerStateEntry] = {}
         self.ongoing: dict[int, int] = {}  # txn first offset -> pid, ascending
+        # Completed transactions whose marker may not be replicated yet: txn first
+        # offset -> marker offset (Kafka's unreplicatedTxns); see first_unstable_offset_at.
+        self.unreplicated: dict[int, int] = {}
         self.map_end_offset = 0  # state reflects every batch below this offset
 
     # ------------------------------------------------------------ queries
@@ -170,6 +173,21 @@ class ProducerStateManager:
     def first_unstable_offset(self) -> int | None:
         """Smallest first offset of the ongoing transactions, or None."""
         return next(iter(self.ongoing), None)
+
+    def first_unstable_offset_at(self, high_watermark: int) -> int | None:
+        """Smallest first offset of a transaction whose outcome a read_committed reader
+        must not see yet, or None: an ongoing one, or a completed one whose marker is
+        not below `high_watermark` (replicated to the ISR) yet, since a leader change
+        could still lose that marker (Kafka's `firstUnstableOffset` over ongoing and
+        unreplicated transactions; docs/design.md, "Last stable offset and
+        read_committed"). Forgets completed transactions whose marker is below it."""
+        if self.unreplicated:
+            self.unreplicated = {f: m for f, m in self.unreplicated.items() if m >= high_watermark}
+        first = next(iter(self.ongoing), None)
+        if self.unreplicated:
+            oldest = min(self.unreplicated)
+            first = oldest if first is None else min(first, oldest)
+        return first
 
     def lso_excluding(self, producer_id: int, default: int) -> int:
         """LSO once `producer_id`'s transaction completes: the first offset of the
@@ -288,6 +306,7 @@ class ProducerStateManager:
             self.ongoing.pop(first, None)
         else:
             first = marker_offset
+        self.unreplicated[first] = marker_offset
         entry.current_txn_first_offset = -1
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp = timestamp
@@ -343,12 +362,14 @@ class ProducerStateManager:
         self.producers = {e.producer_id: e for e in entries}
         self.ongoing = dict(sorted((e.current_txn_first_offset, e.producer_id)
                                    for e in entries if e.current_txn_first_offset >= 0))
+        self.unreplicated = {}
         self.map_end_offset = offset
 
     def reset(self, offset: int = 0) -> None:
         """Forget everything (before a full log scan from `offset`)."""
         self.producers = {}
         self.ongoing = {}
+        self.unreplicated = {}
         self.map_end_offset = offset
 
 

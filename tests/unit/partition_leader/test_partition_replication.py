@@ -227,3 +227,35 @@ def test_a_log_without_an_epoch_checkpoint_rebuilds_it_from_the_batches(tmp_path
     again = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock)
     assert again.epochs.entries == [EpochEntry(2, 0), EpochEntry(4, 2)]
     again.close()
+
+
+def test_read_committed_waits_until_the_marker_is_replicated(pair):
+    """A transaction's marker that only the leader has could be lost in a leader
+    change: until the high watermark passes it, the LSO stays at the transaction's
+    first offset (Kafka's unreplicated transactions), so read_committed readers see
+    nothing of it and the LSO does not go back when the follower takes over."""
+    a, b = pair
+    assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE  # 0-1
+    replicate(a, b)
+    assert (a.high_watermark, a.last_stable_offset) == (2, 0)
+    assert a.write_marker(PID, 0, True, 0).offset == 2
+    assert a.append(make_batch(1), -1).error == ErrorCode.NONE  # 3
+    assert a.high_watermark == 2 and not a.producers.ongoing
+    assert a.last_stable_offset == 0
+    res = a.fetch(0, 1 << 20, isolation_level=1)
+    assert (res.error, res.last_stable_offset, res.records) == (ErrorCode.NONE, 0, b"")
+    # The follower takes over without the marker: its LSO is where readers were.
+    b.become_leader(1, REPLICAS, ("b",), zk_version=1)
+    assert b.last_stable_offset == 0
+
+
+def test_the_lso_passes_a_transaction_once_its_marker_is_replicated(pair):
+    a, b = pair
+    assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE
+    assert a.write_marker(PID, 0, True, 0).error == ErrorCode.NONE
+    assert a.last_stable_offset == 0
+    replicate(a, b)
+    assert a.high_watermark == a.last_stable_offset == 3 and not a.producers.unreplicated
+    res = a.fetch(0, 1 << 20, isolation_level=1)
+    assert [h.base_offset for _, h in records.iter_batches(res.records)] == [0, 2]
+    assert b.producers.unreplicated == {}  # the follower forgets them with the high watermark
