@@ -147,9 +147,11 @@ class ProducerStateManager:
     """All producer state of one partition.
 
     internal: the topic is internal (name starts with "__"): batches with a PID but
-        no sequence (base sequence -1) are accepted, without sequence checks.
+        no sequence (base sequence -1) are accepted, without sequence checks, and PIDs
+        never expire: the only PIDs there are the coordinators' writer PIDs, whose
+        epoch fences deposed owners however long the partition stays quiet.
     expiration_ms: `producer.id.expiration.ms`, idle time after which a PID without
-        an ongoing transaction is forgotten.
+        an ongoing transaction is forgotten (user topics).
     clock_ms: wall clock in ms (injectable for tests).
     """
 
@@ -333,7 +335,10 @@ class ProducerStateManager:
     # ------------------------------------------------------------ expiration
     def expire(self, now_ms: int | None = None) -> list[int]:
         """Forget PIDs idle for at least `expiration_ms` with no ongoing transaction
-        (design doc "PID Expiration"). Returns the expired PIDs."""
+        (design doc "PID Expiration"); never on an internal topic, where a PID's epoch
+        is a coordinator's fence. Returns the expired PIDs."""
+        if self.internal:
+            return []
         now = self.clock_ms() if now_ms is None else now_ms
         gone = [pid for pid, e in self.producers.items()
                 if e.current_txn_first_offset < 0 and now - e.last_timestamp >= self.expiration_ms]

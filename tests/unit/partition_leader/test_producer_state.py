@@ -235,6 +235,18 @@ def test_idle_pids_expire_unless_in_a_transaction(clock):
     assert state.expire() == [2]
 
 
+def test_a_coordinator_writer_pid_on_an_internal_topic_never_expires(clock):
+    """The writer PID of a coordinator fences deposed owners by its epoch; forgetting it
+    after a quiet period would let a deposed owner write again."""
+    state = ProducerStateManager(internal=True, expiration_ms=1000, clock_ms=clock)
+    drive = Driver(state)
+    drive.produce(1, pid=9, epoch=4, seq=-1, ts=clock.now)
+    clock.advance(10_000)
+    assert state.expire() == [] and state.entry(9).producer_epoch == 4
+    stale = drive.produce(1, pid=9, epoch=3, seq=-1, ts=clock.now)[0]
+    assert stale.error == ErrorCode.INVALID_PRODUCER_EPOCH
+
+
 def test_replay_rebuilds_the_same_state(drive, state, clock):
     batches = []
     for i in range(4):
