@@ -44,10 +44,10 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
 
     @_rpc("InitProducerId")
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context) -> pb.InitProducerIdResponse:
-        # KIP-360 fields: -1 (or both unset) means "no current PID".
+        # KIP-360 fields: unset or -1 means "no current PID"; (0, 0) is a real pair.
         expected = None
-        if request.producer_id >= 0 and request.producer_epoch >= 0 and \
-                (request.producer_id, request.producer_epoch) != (0, 0):
+        if request.HasField("producer_id") and request.HasField("producer_epoch") and \
+                request.producer_id >= 0 and request.producer_epoch >= 0:
             expected = (request.producer_id, request.producer_epoch)
         group = None
         if request.consumer_group_id:

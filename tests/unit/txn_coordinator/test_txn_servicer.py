@@ -84,6 +84,31 @@ def test_unset_kip360_fields_do_not_fence():
     run(scenario())
 
 
+def test_producer_id_zero_epoch_zero_is_a_real_kip360_pair():
+    """PID 0 with epoch 0 is a PID the coordinator hands out; sent as the KIP-360
+    current pair it must not read as "absent" (proto3 field presence)."""
+    async def scenario():
+        h = Harness(first_pid=0)
+        await h.elect()
+        server, channel, stub = await _serve(h)
+        try:
+            first = await stub.InitProducerId(pb.InitProducerIdRequest(transactional_id="t",
+                                                                       transaction_timeout_ms=1000))
+            assert (first.error_code, first.producer_id, first.producer_epoch) == (E.NONE, 0, 0)
+            bump = pb.InitProducerIdRequest(transactional_id="t", transaction_timeout_ms=1000, producer_id=0,
+                                            producer_epoch=0)
+            r = await stub.InitProducerId(bump)
+            assert (r.error_code, r.producer_id, r.producer_epoch) == (E.NONE, 0, 1)
+            # The same request again is a retry whose answer was lost: the same epoch.
+            r = await stub.InitProducerId(bump)
+            assert (r.error_code, r.producer_id, r.producer_epoch) == (E.NONE, 0, 1)
+        finally:
+            await channel.close()
+            await server.stop(None)
+
+    run(scenario())
+
+
 def test_group_aware_init_fields():
     async def scenario():
         h = Harness()
