@@ -50,6 +50,14 @@ from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TopicP
 
 log = logging.getLogger(__name__)
 
+# Append outcomes that do not tell whether the record reached the log: the leader may
+# have appended it before answering (timeout, ISR shrink or leadership change while
+# waiting for acks=all, a storage error after the write) or the answer was lost.
+AMBIGUOUS_APPEND_ERRORS = frozenset({
+    ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.NETWORK_EXCEPTION, ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.UNKNOWN_SERVER_ERROR,
+})
+
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
@@ -294,6 +302,14 @@ class TransactionCoordinator:
         self._partitions[partition] = part
         self._spawn(part, self._load(part), f"txn-load-{partition}")
 
+    async def _reload(self, part: _TxnPartition) -> None:
+        """Replace `part` by a fresh load of the same claim (same coordinator epoch and
+        writer identity): its cache, pending transitions and background work are
+        dropped, requests get COORDINATOR_LOAD_IN_PROGRESS until the replay is done."""
+        if self._owns(part):
+            await self.on_elected(part.partition, part.coordinator_epoch, part.producer_id, part.producer_epoch,
+                                  part.retired_producer_id)
+
     async def on_resigned(self, partition: int) -> None:
         """Another coordinator owns `partition` now: forget its cache and stop its
         marker and completion work (requests get NOT_COORDINATOR)."""
@@ -411,6 +427,15 @@ class TransactionCoordinator:
         if code == ErrorCode.NONE:
             md.complete_transition(transit)
             return ErrorCode.NONE
+        if code in AMBIGUOUS_APPEND_ERRORS:
+            # The record may be in the log: neither complete nor cancel; learn the
+            # outcome from the log itself (the reload fences first, so every earlier
+            # record of ours is then committed or gone for good).
+            log.warning("appending %s of %r to __transaction_state-%d: outcome unknown (%s); reloading the "
+                        "partition from its log", transit.state.kafka_name, md.transactional_id, part.partition,
+                        _name(code))
+            await self._reload(part)
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         md.cancel_transition()
         if self._is_fenced(part, code):
             return ErrorCode.NOT_COORDINATOR

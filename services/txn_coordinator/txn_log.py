@@ -17,6 +17,8 @@ Records with an empty key are fence records of a new owner and are skipped.
 """
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -26,6 +28,8 @@ from exactly_wire.v1 import txn_log_pb2
 from .state import GroupAssignment, TopicPartition, TransactionMetadata, TxnState, TxnTransitMetadata
 
 VALUE_VERSION = 0
+
+log = logging.getLogger(__name__)
 
 
 class CorruptTxnLogError(Exception):
@@ -130,9 +134,15 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | No
 
 def rebuild(entries: Iterable[TxnLogEntry]) -> dict[str, TransactionMetadata]:
     """Materialise the transaction status cache from a partition's entries in log
-    order: the last record of a transactional.id wins, a tombstone removes it.
-    Raises CorruptTxnLogError when a PID's epoch goes backwards (design doc
-    "Transaction Coordinator Startup" 1.a)."""
+    order: the last record of a transactional.id wins, a tombstone removes it (design
+    doc "Transaction Coordinator Startup" 1.a, as Kafka's loader does).
+
+    A record whose epoch is lower than an earlier one of the same PID is not an error:
+    an append whose outcome the coordinator could not learn (a timeout, a leader
+    change after the local append) may have landed while the coordinator went on from
+    its previous state, so the log can hold, say, a PrepareAbort at epoch e+1 followed
+    by a commit at epoch e. The later record is what the coordinator acted on last;
+    it wins, and the regression is logged."""
     latest: dict[str, TxnTransitMetadata] = {}
     for entry in entries:
         if entry.transit is None:
@@ -141,8 +151,8 @@ def rebuild(entries: Iterable[TxnLogEntry]) -> dict[str, TransactionMetadata]:
         prev = latest.get(entry.transactional_id)
         t = entry.transit
         if prev is not None and prev.producer_id == t.producer_id and t.producer_epoch < prev.producer_epoch:
-            raise CorruptTxnLogError(
-                f"transactional.id {entry.transactional_id!r} at offset {entry.offset}: epoch {t.producer_epoch} "
-                f"of PID {t.producer_id} is lower than the earlier {prev.producer_epoch}")
+            log.warning("transactional.id %r at offset %d: epoch %d of PID %d follows the higher epoch %d; "
+                        "the later record wins", entry.transactional_id, entry.offset, t.producer_epoch,
+                        t.producer_id, prev.producer_epoch)
         latest[entry.transactional_id] = t
     return {tid: TransactionMetadata.from_transit(tid, t) for tid, t in latest.items()}

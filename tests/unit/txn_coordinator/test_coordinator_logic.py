@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from txn_coordinator_fakes import FakeLog, Harness, run
 
+from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.coordinator import CoordinatorConfig
@@ -620,7 +621,7 @@ def test_corrupt_log_disables_partition():
     async def scenario():
         log = FakeLog()
         _write(log, "t", S.EMPTY, epoch=5)
-        _write(log, "t", S.EMPTY, epoch=4)
+        log.write(0, records.encode_batch([(None, b"not a transaction log record", (), 300)]))
         h = Harness(log=log)
         await h.elect()
         assert (await h.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
@@ -742,5 +743,51 @@ def test_wall_clock_stepping_back_does_not_wedge_the_transactional_id():
         await h.coord.on_resigned(0)
         await h.elect(coordinator_epoch=2)
         assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- ambiguous appends
+
+def test_an_ambiguous_append_that_landed_is_learned_from_the_log():
+    """A timeout abort appends PrepareAbort at epoch e+1 and the leader answers
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND although the record is in the log. The coordinator
+    neither cancels nor completes it blindly: it reloads the partition, finds the
+    abort, finishes it, and the live producer's commit at epoch e is fenced; the
+    partition stays loadable."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        h.clock.advance(1001)
+        h.log.errors_after_write.append(E.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+        await h.coord.abort_timed_out_transactions()
+        await h.coord.wait_loaded(0)
+        await h.settle()
+        md = h.md("t")
+        assert (md.state, md.producer_epoch, md.pending_state) == (S.COMPLETE_ABORT, epoch + 1, None)
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert [m.committed for m, _ in h.markers.written_for(pid)] == [False]
+        await h.coord.on_resigned(0)
+        await h.elect(coordinator_epoch=2)
+        assert h.coord.owned_partitions() == {0: True}
+        assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())
+
+
+def test_an_ambiguous_append_that_did_not_land_leaves_the_transaction_as_it_was():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.log.append_errors.append(E.REQUEST_TIMED_OUT)  # answered before anything was written
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.COORDINATOR_LOAD_IN_PROGRESS
+        await h.coord.wait_loaded(0)
+        md = h.md("t")
+        assert (md.state, md.producer_epoch, md.pending_state) == (S.ONGOING, epoch, None)
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # the client's retry
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
 
     run(scenario())

@@ -103,11 +103,16 @@ def test_rebuild_tombstone_removes_and_id_can_return():
     assert txn_log.rebuild(entries)["a"].producer_id == 50
 
 
-def test_rebuild_rejects_epoch_going_backwards():
-    entries = [TxnLogEntry(0, "a", transit(S.EMPTY, epoch=5, partitions=frozenset())),
-               TxnLogEntry(1, "a", transit(S.EMPTY, epoch=4, partitions=frozenset()))]
-    with pytest.raises(CorruptTxnLogError):
-        txn_log.rebuild(entries)
+def test_rebuild_lets_the_last_record_win_when_an_epoch_goes_backwards():
+    """An ambiguous append (PrepareAbort at epoch 6 by a timeout abort) landed although
+    the coordinator went on at epoch 5, where the producer committed: the log's last
+    record is the state (Kafka's loader), not a corrupt partition."""
+    entries = [TxnLogEntry(0, "a", transit(S.ONGOING, epoch=5)),
+               TxnLogEntry(1, "a", transit(S.PREPARE_ABORT, epoch=6)),
+               TxnLogEntry(2, "a", transit(S.PREPARE_COMMIT, epoch=5)),
+               TxnLogEntry(3, "a", transit(S.COMPLETE_COMMIT, epoch=5, partitions=frozenset()))]
+    md = txn_log.rebuild(entries)["a"]
+    assert (md.state, md.producer_epoch) == (S.COMPLETE_COMMIT, 5)
 
 
 def test_rebuild_allows_new_pid_with_lower_epoch():

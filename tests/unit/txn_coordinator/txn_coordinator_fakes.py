@@ -37,6 +37,9 @@ class FakeLog:
         self.batches: dict[int, list[bytes]] = {}
         self.next_offset: dict[int, int] = {}
         self.append_errors: list[int] = []  # consumed one per append
+        # consumed one per append after append_errors: the batch is written, then this
+        # error is answered (an ambiguous outcome, e.g. NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+        self.errors_after_write: list[int] = []
         self.append_gate: asyncio.Event | None = None  # when set, appends wait for it
         self.fetch_gate: asyncio.Event | None = None
         self.fetch_errors: list[int] = []
@@ -47,6 +50,8 @@ class FakeLog:
         if self.append_errors:
             return self.append_errors.pop(0)
         self.write(partition, batch)
+        if self.errors_after_write:
+            return self.errors_after_write.pop(0)
         return ErrorCode.NONE
 
     def write(self, partition: int, batch: bytes) -> None:
