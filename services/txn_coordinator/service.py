@@ -108,10 +108,11 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
+    # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client),
-                                         ClusterTopology(cluster), pids, config)
+                                         ClusterTopology(cluster), pids, config,
+                                         on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    coordinator.on_fenced = ownership.fenced
     pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
     metrics.STATES.track(coordinator)
     return TxnCoordinatorService(cluster, coordinator, ownership, cfg)

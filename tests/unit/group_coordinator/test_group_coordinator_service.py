@@ -42,13 +42,13 @@ class Env:
         self.coord = GroupCoordinator(
             self.log, partition_for, lambda: dict(self.counts),
             config or CoordinatorConfig(tail_max_wait_ms=50),
-            clock_ms=self.clock, now_wall_ms=lambda: 1_700_000_000_000,
+            clock=self.clock, wall_clock=lambda: 1_700_000_000_000,
             new_member_id=lambda _i: f"member-{next(ids)}")
 
     async def up(self, partitions=range(N)):
         for p in partitions:
             await self.coord.on_elected(p, 0)
-        assert await self.coord.wait_loaded(5)
+        assert await self.coord.wait_loaded(timeout_s=5)
         return self
 
     async def join(self, group, member_id="", topics=("orders",), rebalance_timeout_ms=10_000):
@@ -99,7 +99,7 @@ def test_load_in_progress_until_replayed():
         assert (await env.coord.commit_offsets("g", -1, "", {TP0: om(1)})) == \
             {TP0: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
         log.gate.set()
-        assert await env.coord.wait_loaded(5)
+        assert await env.coord.wait_loaded(timeout_s=5)
         assert (await env.join("g")).error == ErrorCode.NONE
         await env.coord.stop()
     run(body())

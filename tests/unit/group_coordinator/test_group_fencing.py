@@ -42,11 +42,11 @@ class FencingLog(FakeLog):
 
 def coordinator(log: FakeLog) -> tuple[GroupCoordinator, list]:
     ids = itertools.count(1)
-    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, CoordinatorConfig(tail_max_wait_ms=50),
-                             clock_ms=ManualClock(), now_wall_ms=lambda: 1_700_000_000_000,
-                             new_member_id=lambda _i: f"member-{next(ids)}")
     fenced: list = []
-    coord.on_fenced = lambda p, e: fenced.append((p, e))
+    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, CoordinatorConfig(tail_max_wait_ms=50),
+                             clock=ManualClock(), wall_clock=lambda: 1_700_000_000_000,
+                             new_member_id=lambda _i: f"member-{next(ids)}",
+                             on_fenced=lambda p, e: fenced.append((p, e)))
     return coord, fenced
 
 
@@ -57,7 +57,7 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
         p = partition_for(group)
         old, old_fenced = coordinator(log)
         await old.on_elected(p, 0, producer_id=WRITER, producer_epoch=0)
-        assert await old.wait_loaded(5)
+        assert await old.wait_loaded(timeout_s=5)
         first = records.parse_header(log.batches[p][0])
         assert (first.producer_id, first.producer_epoch, first.is_transactional) == (WRITER, 0, False)
         assert await old.commit_offsets(group, -1, "", {TP0: OffsetAndMetadata(7)}) == {TP0: ErrorCode.NONE}
@@ -69,7 +69,7 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
 
         new, new_fenced = coordinator(log)
         await new.on_elected(p, 1, producer_id=WRITER, producer_epoch=1)
-        assert await new.wait_loaded(5)
+        assert await new.wait_loaded(timeout_s=5)
         assert await new.fetch_offsets(group, [TP0, TP1], require_stable=True) == (
             ErrorCode.UNSTABLE_OFFSET_COMMIT,
             {TP0: FetchedOffset(7, "", ErrorCode.NONE), TP1: FetchedOffset(-1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)})

@@ -36,7 +36,7 @@ def test_servicer_round_trip():
         await coord.start()
         for p in range(N):
             await coord.on_elected(p, 0)
-        assert await coord.wait_loaded(5)
+        assert await coord.wait_loaded(timeout_s=5)
         server = grpc.aio.server(interceptors=[RpcMetricsInterceptor()])
         pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coord), server)
         port = server.add_insecure_port("127.0.0.1:0")

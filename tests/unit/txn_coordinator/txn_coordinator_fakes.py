@@ -134,7 +134,7 @@ class Harness:
     """A coordinator over the fakes. PIDs come from blocks of `block_size`."""
 
     def __init__(self, config: CoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
-                 log: FakeLog | None = None, first_pid: int = 0):
+                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None):
         self.clock = FakeClock()
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
@@ -145,7 +145,7 @@ class Harness:
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
                                             config or CoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=fast_sleep)
+                                            clock=self.clock, sleep=fast_sleep, on_fenced=on_fenced)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)
@@ -160,14 +160,14 @@ class Harness:
     async def settle(self) -> None:
         """Run background work (markers, completions) until nothing is left."""
         for _ in range(1000):
-            pending = [t for part in self.coord._partitions.values() for t in part.tasks if not t.done()]
+            pending = [t for part in self.coord._parts.values() for t in part.tasks if not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending, timeout=0.5)
         raise AssertionError("background tasks never settled")
 
     def md(self, transactional_id: str, partition: int = 0):
-        return self.coord._partitions[partition].txns.get(transactional_id)
+        return self.coord._parts[partition].txns.get(transactional_id)
 
     async def begin(self, tid: str, partitions=(("orders", 0),), timeout_ms: int = 60000):
         """InitProducerId + AddPartitionsToTxn; returns (pid, epoch)."""
