@@ -6,7 +6,7 @@ client with the shape of services.common.rpc.ClusterClient (`produce`, `fetch`).
 
 State is single-writer and ordered: for each owned partition one tailer task
 fetches the partition (read_uncommitted, long poll) from the last applied
-offset and applies every batch (state.PartitionState). Writes are appended with
+offset and applies every batch (state.OffsetsPartitionState). Writes are appended with
 `produce` and answered once the tailer has applied them, so an answer never
 runs ahead of the log. On election the partition is replayed from offset 0 to
 the high watermark before it serves (COORDINATOR_LOAD_IN_PROGRESS meanwhile);
@@ -30,13 +30,14 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 from exactly_wire import records
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code_name
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
                     JoinResponse, default_member_id, validate_offset_commit)
-from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
-from .state import PartitionState
+from .offsets import FetchedOffset, OffsetAndMetadata
+from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class CoordinatorStats:
 
 
 @dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
+class GroupCoordinatorConfig:
     """Settings (Kafka keys in parentheses).
 
     group: membership limits (group.min.session.timeout.ms default 1000,
@@ -86,7 +87,7 @@ class CoordinatorConfig:
     tick_ms: int = 100
 
     @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "GroupCoordinatorConfig":
         """Build from a `get_int(key, default)` lookup (ServiceConfig.get_int)."""
         d = cls()
         g = d.group
@@ -139,7 +140,7 @@ class _OwnedPartition(OwnedPartition):
     """Runtime state of one owned __consumer_offsets partition: its materialised
     state, the waiters of the tailer and of rebalances, the writes in flight."""
 
-    def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState,
+    def __init__(self, partition: int, coordinator_epoch: int, state: OffsetsPartitionState,
                  producer_id: int = -1, producer_epoch: int = -1, retired_producer_id: int = -1):
         super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
         self.state = state
@@ -204,7 +205,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def __init__(self, client: LogClient, partition_for: Callable[[str], int],
                  partition_counts: Callable[[], Mapping[str, int]],
-                 config: CoordinatorConfig | None = None,
+                 config: GroupCoordinatorConfig | None = None,
                  clock: Clock = monotonic_ms,
                  wall_clock: Clock = wall_clock_ms,
                  new_member_id: Callable[[str], str] = default_member_id,
@@ -214,7 +215,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         self.client = client
         self.partition_for = partition_for
         self.partition_counts = partition_counts
-        self.config = config or CoordinatorConfig()
+        self.config = config or GroupCoordinatorConfig()
         self.new_member_id = new_member_id
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
@@ -235,7 +236,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
                        retired_producer_id: int) -> _OwnedPartition:
         return _OwnedPartition(partition, coordinator_epoch,
-                               PartitionState(partition, self.config.group, self.new_member_id),
+                               OffsetsPartitionState(partition, self.config.group, self.new_member_id),
                                producer_id, producer_epoch, retired_producer_id)
 
     def _dropped(self, owned: _OwnedPartition) -> None:
@@ -639,6 +640,6 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             pending += owned.state.offsets.pending_count()
         return CoordinatorStats(by_state, members, pending)
 
-    def partition_state(self, partition: int) -> PartitionState | None:
+    def partition_state(self, partition: int) -> OffsetsPartitionState | None:
         owned = self._parts.get(partition)
         return owned.state if owned else None

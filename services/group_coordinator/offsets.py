@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 
 NO_OFFSET = -1
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
 
-from .coordinator import CoordinatorConfig, GroupCoordinator
+from .coordinator import GroupCoordinator, GroupCoordinatorConfig
 from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client
     # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
-                                   CoordinatorConfig.from_props(cfg.get_int),
+                                   GroupCoordinatorConfig.from_props(cfg.get_int),
                                    on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False

@@ -21,7 +21,7 @@ from .offsets import OffsetStore
 log = logging.getLogger(__name__)
 
 
-class PartitionState:
+class OffsetsPartitionState:
     """Groups and offsets of one __consumer_offsets partition.
 
     `next_offset` is the log offset after the last applied batch. Group metadata

@@ -27,7 +27,7 @@ producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
 way, from the partition leader of that partition.
 
-Settings (Kafka keys unless prefixed `exactly.`), see `CoordinatorConfig.from_props`.
+Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from_props`.
 """
 from __future__ import annotations
 
@@ -38,25 +38,23 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Iterable, Protocol
 
 from exactly.errors import for_code
+from exactly_wire.clock import Clock, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, RetryLater, code_name
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
-from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TopicPartition,
-                    TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata, is_epoch_exhausted)
+from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TransactionMetadata, TxnState,
+                    TxnStateSummary, TxnTransitMetadata, is_epoch_exhausted)
 
 log = logging.getLogger(__name__)
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---------------------------------------------------------------- ports
 
 @dataclass(frozen=True)
-class FetchResult:
+class TxnLogFetch:
     """A read of the transaction log: error code, raw record batches, high watermark
     and log start offset of the partition."""
 
@@ -72,7 +70,7 @@ class TxnLogStore(Protocol):
     async def append(self, partition: int, batch: bytes) -> int:
         """Append one record batch with acks=all; returns an ErrorCode value."""
 
-    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         """Read whole batches from `offset` (read_uncommitted)."""
 
 
@@ -110,7 +108,7 @@ class Topology(Protocol):
 # ---------------------------------------------------------------- config and results
 
 @dataclass(frozen=True)
-class CoordinatorConfig:
+class TxnCoordinatorConfig:
     """Coordinator settings. Durations in ms, sizes in bytes."""
 
     max_transaction_timeout_ms: int = 900_000
@@ -125,7 +123,7 @@ class CoordinatorConfig:
     prepared_max_ms: int = 3_600_000
 
     @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "TxnCoordinatorConfig":
         """Read the settings through `get_int(key, default)` (ServiceConfig.get_int):
 
         transaction.max.timeout.ms (900000; the design doc's max.transaction.timeout.ms
@@ -221,11 +219,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     topic = "__transaction_state"
 
     def __init__(self, log_store: TxnLogStore, markers: MarkerWriter, topology: Topology,
-                 pids: ProducerIdManager, config: CoordinatorConfig | None = None,
-                 clock: Callable[[], int] = wall_clock_ms,
+                 pids: ProducerIdManager, config: TxnCoordinatorConfig | None = None,
+                 clock: Clock = wall_clock_ms,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  on_fenced: Callable[[int, int], None] | None = None):
-        self.config = config or CoordinatorConfig()
+        self.config = config or TxnCoordinatorConfig()
         super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.retry_backoff_ms,
                          retry_backoff_max_ms=self.config.retry_backoff_max_ms)
         self._log = log_store

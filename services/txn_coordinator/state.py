@@ -21,8 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from exactly_wire.error_codes import ErrorCode
-
-TopicPartition = tuple[str, int]
+from exactly_wire.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
