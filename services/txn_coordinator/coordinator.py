@@ -37,9 +37,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Iterable, Protocol
 
-from exactly.errors import for_code
 from exactly_wire.clock import Clock, wall_clock_ms
-from exactly_wire.error_codes import ErrorCode
+from exactly_wire.error_codes import RETRIABLE, ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, RetryLater, code_name
 
@@ -331,7 +330,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return ErrorCode.NOT_COORDINATOR
         log.warning("appending %s of %r to %s-%d failed: %s", transit.state.kafka_name, md.transactional_id,
                     "__transaction_state", part.partition, code_name(code))
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE if for_code(code).retriable else ErrorCode.UNKNOWN_SERVER_ERROR
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE if code in RETRIABLE else ErrorCode.UNKNOWN_SERVER_ERROR
 
     # ------------------------------------------------------------ InitProducerId
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
