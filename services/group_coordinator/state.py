@@ -10,7 +10,7 @@ after a restart equals the state before it.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Callable
 
 from exactly_wire import records
 
@@ -112,6 +112,3 @@ class OffsetsPartitionState:
             pos += header.size
             n += 1
         return n
-
-    def group_ids(self) -> Iterable[str]:
-        return self.groups.keys()

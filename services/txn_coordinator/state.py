@@ -245,10 +245,6 @@ class TransactionMetadata:
         self.pending_state = target
         return transit
 
-    def prepare_no_transit(self) -> TxnTransitMetadata:
-        """The current values as a transit; no pending state is set."""
-        return self.snapshot()
-
     def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int, expected_producer_epoch: int | None,
                                          now_ms: int, group: GroupAssignment | None | object = _KEEP
                                          ) -> TxnTransitMetadata | ErrorCode:
