@@ -276,12 +276,6 @@ class ClusterState:
             leader = t.leader(partition) if t and partition in t.partitions else None
             return self._nodes.get(leader) if leader else None
 
-    def partitions_led_by(self, node_id: str) -> list[tuple[str, int]]:
-        """(topic, partition) pairs whose leader is `node_id`."""
-        with self._lock:
-            return sorted((t.name, p) for t in self._topics.values()
-                          for p in t.partitions if t.leader(p) == node_id)
-
     def partition_state(self, topic: str, partition: int) -> tuple[PartitionState | None, int]:
         """(state, znode version) read straight from ZooKeeper, for compare-and-set."""
         try:
@@ -414,29 +408,6 @@ class ClusterState:
             return None, -1
         d = json.loads(data)
         return d.get("owner"), int(d.get("coordinator_epoch", -1))
-
-    def claim_coordinator(self, kind: str, partition: int) -> int:
-        """Become the owner of an internal partition: compare-and-set the owner and bump
-        the coordinator epoch (also on a restart of the same owner, so markers of the
-        previous incarnation are fenced). Returns the new coordinator epoch."""
-        path = f"{COORDINATORS}/{kind}/{partition}"
-        while True:
-            try:
-                data, stat = self.zk.get(path)
-            except NoNodeError:
-                try:
-                    self.zk.create(path, json.dumps({"owner": self.node_id, "coordinator_epoch": 0}).encode(),
-                                   makepath=True)
-                    return 0
-                except NodeExistsError:
-                    continue
-            epoch = int(json.loads(data).get("coordinator_epoch", -1)) + 1
-            try:
-                self.zk.set(path, json.dumps({"owner": self.node_id, "coordinator_epoch": epoch}).encode(),
-                            version=stat.version)
-                return epoch
-            except BadVersionError:
-                continue
 
     # ------------------------------------------------------------ producer ids
     def allocate_producer_id_block(self, size: int = 1000) -> tuple[int, int]:

@@ -54,25 +54,6 @@ class ServiceConfig:
         except ValueError:
             raise ValueError(f"setting {key}={raw!r} is not an integer") from None
 
-    def get_float(self, key: str, default: float) -> float:
-        raw = self.props.get(key)
-        if raw is None:
-            return default
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError(f"setting {key}={raw!r} is not a number") from None
-
-    def get_bool(self, key: str, default: bool) -> bool:
-        raw = self.props.get(key)
-        if raw is None:
-            return default
-        if raw.lower() in ("true", "1", "yes"):
-            return True
-        if raw.lower() in ("false", "0", "no"):
-            return False
-        raise ValueError(f"setting {key}={raw!r} is not a boolean")
-
 
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")

@@ -79,7 +79,6 @@ class Controller:
         self.node_id = cluster.node_id
         self.sweep_interval_s = max(sweep_interval_ms, 10) / 1000
         self.is_controller = False
-        self.controller_epoch = -1
         self._epoch_version = -1
         self._event = threading.Event()
         self._stopped = threading.Event()
@@ -160,7 +159,7 @@ class Controller:
                 new = self.zk.set(CONTROLLER_EPOCH, json.dumps({"epoch": epoch}).encode(), version=stat.version)
             except BadVersionError:
                 continue
-            self.controller_epoch, self._epoch_version = epoch, new.version
+            self._epoch_version = new.version
             self.is_controller = True
             log.info("%s is the controller (controller epoch %d)", self.node_id, epoch)
             return

@@ -121,10 +121,6 @@ class CoordinatorOwnership:
         """partition -> coordinator epoch of the partitions this process owns."""
         return {p: c.coordinator_epoch for p, c in self._owned.items()}
 
-    def owns(self, partition: int) -> bool:
-        """Whether this process currently holds a claim on `partition`."""
-        return partition in self._owned
-
     def epoch(self, partition: int) -> int:
         """Coordinator epoch of an owned partition (-1 if not owned)."""
         claim = self._owned.get(partition)

@@ -6,7 +6,7 @@ client with the shape of services.common.rpc.ClusterClient (`produce`, `fetch`).
 
 State is single-writer and ordered: for each owned partition one tailer task
 fetches the partition (read_uncommitted, long poll) from the last applied
-offset and applies every batch (state.PartitionState). Writes are appended with
+offset and applies every batch (state.OffsetsPartitionState). Writes are appended with
 `produce` and answered once the tailer has applied them, so an answer never
 runs ahead of the log. On election the partition is replayed from offset 0 to
 the high watermark before it serves (COORDINATOR_LOAD_IN_PROGRESS meanwhile);
@@ -28,14 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 from exactly_wire import records
+from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
-from services.common.ownership import FENCED_APPEND_ERRORS, fence_batches
+from exactly_wire.types import TopicPartition
+from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code_name
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
                     JoinResponse, default_member_id, validate_offset_commit)
-from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
-from .state import PartitionState
+from .offsets import FetchedOffset, OffsetAndMetadata
+from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class CoordinatorStats:
 
 
 @dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
+class GroupCoordinatorConfig:
     """Settings (Kafka keys in parentheses).
 
     group: membership limits (group.min.session.timeout.ms default 1000,
@@ -85,7 +87,7 @@ class CoordinatorConfig:
     tick_ms: int = 100
 
     @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "GroupCoordinatorConfig":
         """Build from a `get_int(key, default)` lookup (ServiceConfig.get_int)."""
         d = cls()
         g = d.group
@@ -101,14 +103,6 @@ class CoordinatorConfig:
             load_buffer_size=get_int("offsets.load.buffer.size", d.load_buffer_size),
             tail_max_wait_ms=get_int("group.coordinator.tail.max.wait.ms", d.tail_max_wait_ms),
             tick_ms=get_int("group.coordinator.tick.ms", d.tick_ms))
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # Kafka GroupMetadataManager.storeOffsets: append errors as the committer sees them.
@@ -142,21 +136,15 @@ def _as_code(code: int) -> ErrorCode:
         return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
-class _OwnedPartition:
-    """Runtime state of one owned __consumer_offsets partition."""
+class _OwnedPartition(OwnedPartition):
+    """Runtime state of one owned __consumer_offsets partition: its materialised
+    state, the waiters of the tailer and of rebalances, the writes in flight."""
 
-    def __init__(self, partition: int, coordinator_epoch: int, state: PartitionState,
-                 writer: tuple[int, int] = log_format.NO_WRITER, retired_writer: int = -1):
-        self.partition = partition
-        self.coordinator_epoch = coordinator_epoch
-        self.writer = writer  # (producer id, producer epoch) of our batches
-        self.retired_writer = retired_writer  # writer PID to close, -1: none
+    def __init__(self, partition: int, coordinator_epoch: int, state: OffsetsPartitionState,
+                 producer_id: int = -1, producer_epoch: int = -1, retired_producer_id: int = -1):
+        super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
         self.state = state
-        self.loaded = False
-        self.closed = False
-        self.loaded_event = asyncio.Event()
         self.kick = asyncio.Event()
-        self.task: asyncio.Task | None = None
         self._seq = itertools.count()
         self._applied_waiters: list[tuple[int, int, asyncio.Future]] = []
         # group id -> member id -> future of a JoinGroup waiting for the rebalance
@@ -166,6 +154,11 @@ class _OwnedPartition:
         self.store_locks: dict[str, asyncio.Lock] = {}
         # (group, partition) -> offset commit writes in flight (require_stable sees them)
         self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
+
+    @property
+    def writer(self) -> tuple[int, int]:
+        """(producer id, producer epoch) of our plain batches (log_format.NO_WRITER: none)."""
+        return (self.producer_id, self.producer_epoch) if self.producer_id >= 0 else log_format.NO_WRITER
 
     def wait_applied(self, last_offset: int) -> asyncio.Future:
         """Future resolved True once the tailer applied `last_offset`, False if the
@@ -186,46 +179,46 @@ class _OwnedPartition:
                 fut.set_result(True)
 
     def close(self) -> None:
-        self.closed = True
+        """Stop the partition: pending `wait_applied` futures resolve False."""
+        super().close()
         for _, _, fut in self._applied_waiters:
             if not fut.done():
                 fut.set_result(False)
         self._applied_waiters.clear()
-        self.loaded_event.set()
 
 
-class GroupCoordinator:
+class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     """Consumer groups and offsets of the owned __consumer_offsets partitions.
 
     client: LogClient; partition_for(group_id) -> partition of __consumer_offsets
     (-1 when the topic does not exist yet); partition_counts() -> {topic:
-    number of partitions} for the range assignment; clock_ms: monotonic ms
-    (sessions, rebalance timeouts); now_wall_ms: wall-clock ms (commit
-    timestamps). Call `start()` on the event loop, then `on_elected` /
-    `on_resigned` from CoordinatorOwnership. `on_fenced(partition,
-    coordinator_epoch)` (settable attribute) is called on the loop when the
-    partition leader rejected one of our writes because a newer owner wrote with
-    a higher writer epoch (CoordinatorOwnership.fenced).
+    number of partitions} for the range assignment; clock: monotonic ms
+    (sessions, rebalance timeouts); wall_clock: wall-clock ms (commit and fence
+    timestamps); new_member_id(client_id) -> member id. Call `start()` on the event
+    loop, then `on_elected` / `on_resigned` from CoordinatorOwnership.
+    on_fenced(partition, coordinator_epoch) is called on the loop when a newer owner
+    of the partition exists (services.common.owned.PartitionOwner,
+    CoordinatorOwnership.fenced); sleep: async (seconds) -> None, backoff of retries.
     """
+
+    topic = OFFSETS_TOPIC
 
     def __init__(self, client: LogClient, partition_for: Callable[[str], int],
                  partition_counts: Callable[[], Mapping[str, int]],
-                 config: CoordinatorConfig | None = None,
-                 clock_ms: Callable[[], int] = monotonic_ms,
-                 now_wall_ms: Callable[[], int] = wall_ms,
-                 new_member_id: Callable[[str], str] = default_member_id):
+                 config: GroupCoordinatorConfig | None = None,
+                 clock: Clock = monotonic_ms,
+                 wall_clock: Clock = wall_clock_ms,
+                 new_member_id: Callable[[str], str] = default_member_id,
+                 on_fenced: Callable[[int, int], None] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        super().__init__(clock, wall_clock, sleep=sleep, on_fenced=on_fenced)
         self.client = client
         self.partition_for = partition_for
         self.partition_counts = partition_counts
-        self.config = config or CoordinatorConfig()
-        self.clock_ms = clock_ms
-        self.now_wall_ms = now_wall_ms
+        self.config = config or GroupCoordinatorConfig()
         self.new_member_id = new_member_id
-        self._owned: dict[int, _OwnedPartition] = {}
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self.on_fenced: Callable[[int, int], None] | None = None
         metrics.GROUPS.track(self)
 
     # ------------------------------------------------------------ lifecycle
@@ -233,47 +226,23 @@ class GroupCoordinator:
     async def start(self) -> None:
         """Start the timer task (session expiry, rebalance completion)."""
         if self._ticker is None:
-            self._ticker = asyncio.create_task(self._tick_loop(), name="group-coordinator-ticker")
+            self._ticker = self._spawn(None, self._tick_loop(), "group-coordinator-ticker")
 
     async def stop(self) -> None:
         """Resign every partition and stop background tasks."""
-        for p in list(self._owned):
-            await self.on_resigned(p)
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
-            self._ticker = None
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().stop()
+        self._ticker = None
 
-    async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
-                         producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
-        """This process now owns `partition`: start loading it (returns at once).
-        producer_id/producer_epoch: the claim's writer identity
-        (services.common.ownership); with producer_id >= 0 the load first appends the
-        fence records (closing `retired_producer_id` too, if >= 0) so that a deposed
-        owner can no longer append, and our plain batches carry it."""
-        if partition in self._owned:
-            await self.on_resigned(partition)
-        owned = _OwnedPartition(partition, coordinator_epoch,
-                                PartitionState(partition, self.config.group, self.new_member_id),
-                                (producer_id, producer_epoch) if producer_id >= 0 else log_format.NO_WRITER,
-                                retired_producer_id)
-        self._owned[partition] = owned
-        owned.task = asyncio.create_task(self._tail(owned), name=f"{OFFSETS_TOPIC}-{partition}-tailer")
+    def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
+                       retired_producer_id: int) -> _OwnedPartition:
+        return _OwnedPartition(partition, coordinator_epoch,
+                               OffsetsPartitionState(partition, self.config.group, self.new_member_id),
+                               producer_id, producer_epoch, retired_producer_id)
 
-    async def on_resigned(self, partition: int) -> None:
-        """Another coordinator owns `partition` now: stop its tailer, answer waiting
-        JoinGroups with NOT_COORDINATOR and forget its groups."""
-        owned = self._owned.pop(partition, None)
-        if owned is None:
-            return
-        owned.close()
-        if owned.task is not None:
-            owned.task.cancel()
-            await asyncio.gather(owned.task, return_exceptions=True)
-        now = self.clock_ms()
+    def _dropped(self, owned: _OwnedPartition) -> None:
+        """The partition is no longer ours: its groups are dead, waiting JoinGroups
+        get NOT_COORDINATOR."""
+        now = self._clock()
         for group in owned.state.groups.values():
             group.mark_dead(now)
         for waiters in owned.join_waiters.values():
@@ -284,45 +253,27 @@ class GroupCoordinator:
         for ev in owned.stored.values():
             ev.set()
 
-    def owned_partitions(self) -> dict[int, bool]:
-        """partition -> loaded?"""
-        return {p: o.loaded for p, o in self._owned.items()}
-
-    async def wait_loaded(self, timeout_s: float) -> bool:
-        """Wait until every owned partition is loaded; False on timeout."""
-        try:
-            await asyncio.wait_for(asyncio.gather(*(o.loaded_event.wait() for o in self._owned.values())),
-                                   timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # ------------------------------------------------------------ the log
 
-    async def _tail(self, owned: _OwnedPartition) -> None:
-        """Replay the partition from offset 0 to the high watermark, mark it
-        loaded, then keep applying new batches (long poll)."""
+    async def _load(self, owned: _OwnedPartition) -> None:
+        """Fence the previous owner, replay the partition from offset 0 to the high
+        watermark, mark it loaded, then keep applying new batches (long poll)."""
         p = owned.partition
         started = time.monotonic()
-        if not await self._fence_previous_owner(owned):
+        try:
+            await self._fence_previous_owner(owned)
+        except NotOwner:
             return
         while True:
             resp = await self._fetch(owned, max_wait_ms=0)
             if not self._handle_fetch(owned, resp, loading=True):
-                await asyncio.sleep(0.1)
+                await self._sleep(0.1)
                 continue
             if owned.state.next_offset >= resp.high_watermark:
                 break
             if not resp.records:
-                await asyncio.sleep(0.01)
-        owned.loaded = True
-        owned.loaded_event.set()
+                await self._sleep(0.01)
+        owned.finish_loading()
         log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
                  OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
                  owned.state.next_offset, time.monotonic() - started)
@@ -345,45 +296,12 @@ class GroupCoordinator:
                 await asyncio.gather(fetch, return_exceptions=True)
                 continue
             if not self._handle_fetch(owned, fetch.result(), loading=False):
-                await asyncio.sleep(0.1)
+                await self._sleep(0.1)
 
-    async def _fence_previous_owner(self, owned: _OwnedPartition) -> bool:
-        """Append the fence records of our claim, each retried until it is in the
-        log. False when a newer owner fenced us first (the partition is dropped)."""
-        if owned.writer[0] < 0:
-            return True
-        for batch in fence_batches(*owned.writer, owned.retired_writer, self.now_wall_ms()):
-            delay = 0.02
-            while True:
-                code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                                    timeout_ms=self.config.commit_timeout_ms)
-                if code == ErrorCode.NONE:
-                    break
-                if self._is_fenced(owned, code):
-                    return False
-                log.info("%s-%d: fencing the previous owner failed (%s); retrying", OFFSETS_TOPIC,
-                         owned.partition, _as_code(code).name)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        return True
-
-    def _is_fenced(self, owned: _OwnedPartition, code: int) -> bool:
-        """`code` answered a batch written with our writer PID: INVALID_PRODUCER_EPOCH
-        means a newer owner exists. Stop serving the partition and tell the
-        ownership."""
-        if owned.writer[0] < 0 or code not in FENCED_APPEND_ERRORS:
-            return False
-        log.warning("%s-%d: writes of coordinator epoch %d fenced (%s); a newer owner exists", OFFSETS_TOPIC,
-                    owned.partition, owned.coordinator_epoch, _as_code(code).name)
-        owned.close()
-        self._spawn(self._resign_if_current(owned), f"{OFFSETS_TOPIC}-{owned.partition}-fenced")
-        if self.on_fenced is not None:
-            self.on_fenced(owned.partition, owned.coordinator_epoch)
-        return True
-
-    async def _resign_if_current(self, owned: _OwnedPartition) -> None:
-        if self._owned.get(owned.partition) is owned:
-            await self.on_resigned(owned.partition)
+    async def _append_fence(self, owned: _OwnedPartition, batch: bytes) -> int:
+        code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
+                                            timeout_ms=self.config.commit_timeout_ms)
+        return code
 
     async def _fetch(self, owned: _OwnedPartition, max_wait_ms: int) -> Any | None:
         try:
@@ -407,10 +325,10 @@ class GroupCoordinator:
             owned.state.next_offset = resp.log_start_offset
             return True
         if code != ErrorCode.NONE:
-            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, owned.partition, _as_code(code).name)
+            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, owned.partition, code_name(code))
             return False
         if resp.records:
-            owned.state.apply_all(resp.records, self.clock_ms(), loading)
+            owned.state.apply_all(resp.records, self._clock(), loading)
             owned.notify_applied()
         return True
 
@@ -419,12 +337,12 @@ class GroupCoordinator:
         it. Returns the partition leader's error code, NOT_COORDINATOR if the
         partition was resigned meanwhile, REQUEST_TIMED_OUT after
         commit_timeout_ms."""
-        if owned.closed or self._owned.get(owned.partition) is not owned:
+        if not self._owns(owned):
             return ErrorCode.NOT_COORDINATOR
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
                                                       timeout_ms=self.config.commit_timeout_ms)
         if code != ErrorCode.NONE:
-            if records.parse_header(batch).producer_id == owned.writer[0] and self._is_fenced(owned, code):
+            if records.parse_header(batch).producer_id == owned.producer_id and self._is_fenced(owned, code):
                 return ErrorCode.NOT_COORDINATOR
             return _as_code(code)
         last_offset = base_offset + records.parse_header(batch).last_offset_delta
@@ -442,10 +360,10 @@ class GroupCoordinator:
         partition = self.partition_for(group_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        owned = self._owned.get(partition)
+        owned = self._parts.get(partition)
         if owned is None or owned.closed:
             return ErrorCode.NOT_COORDINATOR, None
-        if not owned.loaded:
+        if owned.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
         return ErrorCode.NONE, owned
 
@@ -466,10 +384,10 @@ class GroupCoordinator:
     def tick(self) -> None:
         """Expire sessions, notice partition count changes of subscribed topics
         and complete rebalances whose members rejoined or whose time is up."""
-        now = self.clock_ms()
+        now = self._clock()
         counts = self.partition_counts()
-        for owned in list(self._owned.values()):
-            if not owned.loaded or owned.closed:
+        for owned in list(self._parts.values()):
+            if owned.loading or owned.closed:
                 continue
             for group in list(owned.state.groups.values()):
                 for member_id in group.expire_members(now):
@@ -489,7 +407,7 @@ class GroupCoordinator:
                       counts: Mapping[str, int] | None = None) -> None:
         if not group.is_(GroupState.PREPARING_REBALANCE):
             return
-        completed = group.poll_rebalance(self.clock_ms(),
+        completed = group.poll_rebalance(self._clock(),
                                          counts if counts is not None else self.partition_counts())
         if completed is None:
             return
@@ -500,7 +418,7 @@ class GroupCoordinator:
         waiters = owned.join_waiters.pop(group.group_id, {})
         stored = asyncio.Event()
         owned.stored[group.group_id] = stored
-        self._spawn(self._store_generation(owned, group, completed, waiters, stored),
+        self._spawn(None, self._store_generation(owned, group, completed, waiters, stored),
                     f"store-{group.group_id}-{completed.generation}")
 
     async def _store_generation(self, owned: _OwnedPartition, group: GroupMetadata,
@@ -512,12 +430,12 @@ class GroupCoordinator:
         try:
             async with lock:
                 raw = await self._append(owned, log_format.group_batch(completed.snapshot,
-                                                                       self.now_wall_ms(), owned.writer))
+                                                                       self._wall_clock(), owned.writer))
             code = _GROUP_APPEND_ERRORS.get(raw, raw)
             if code != ErrorCode.NONE:
                 log.warning("group %s: storing generation %d failed: %s", group.group_id,
                             completed.generation, code.name)
-            group.store_completed(completed.generation, code, self.clock_ms())
+            group.store_completed(completed.generation, code, self._clock())
             for member_id, fut in waiters.items():
                 if not fut.done():
                     fut.set_result(completed.join_response(member_id) if code == ErrorCode.NONE
@@ -540,7 +458,7 @@ class GroupCoordinator:
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return JoinResponse(code, member_id)
-        now = self.clock_ms()
+        now = self._clock()
         group = owned.state.groups.get(group_id)
         if group is None:
             if member_id:
@@ -582,7 +500,7 @@ class GroupCoordinator:
                     await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
                 except asyncio.TimeoutError:
                     pass
-        return group.sync(member_id, generation_id, self.clock_ms())
+        return group.sync(member_id, generation_id, self._clock())
 
     async def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
         """Heartbeat (group.GroupMetadata.heartbeat); REBALANCE_IN_PROGRESS means
@@ -593,7 +511,7 @@ class GroupCoordinator:
         group = owned.state.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(member_id, generation_id, self.clock_ms())
+        return group.heartbeat(member_id, generation_id, self._clock())
 
     async def leave_group(self, group_id: str, member_id: str) -> ErrorCode:
         """LeaveGroup: remove the member, rebalance the others."""
@@ -603,7 +521,7 @@ class GroupCoordinator:
         group = owned.state.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        code = group.leave(member_id, self.clock_ms())
+        code = group.leave(member_id, self._clock())
         if code == ErrorCode.NONE:
             self._answer_removed(owned, group_id, member_id)
             self._try_complete(owned, group)
@@ -624,7 +542,7 @@ class GroupCoordinator:
             group = owned.state.groups.get(group_id)
             code = validate_offset_commit(group, member_id, generation_id, transactional=False)
             if code == ErrorCode.NONE and group is not None and member_id in group.members:
-                group.members[member_id].last_heartbeat_ms = self.clock_ms()
+                group.members[member_id].last_heartbeat_ms = self._clock()
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
         return await self._write_offsets(owned, group_id, offsets)
@@ -657,7 +575,7 @@ class GroupCoordinator:
                              ) -> dict[TopicPartition, ErrorCode]:
         results: dict[TopicPartition, ErrorCode] = {}
         valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        now = self.now_wall_ms()
+        now = self._wall_clock()
         for tp, value in offsets.items():
             tp = TopicPartition(*tp)
             if len(value.metadata.encode()) > self.config.offset_metadata_max_bytes:
@@ -709,19 +627,19 @@ class GroupCoordinator:
     def group(self, group_id: str) -> GroupMetadata | None:
         """The in-memory group (None when unknown or not owned), for tests and tools."""
         partition = self.partition_for(group_id)
-        owned = self._owned.get(partition)
+        owned = self._parts.get(partition)
         return owned.state.groups.get(group_id) if owned else None
 
     def stats(self) -> CoordinatorStats:
         by_state: dict[str, int] = {}
         members = pending = 0
-        for owned in list(self._owned.values()):
+        for owned in list(self._parts.values()):
             for group in list(owned.state.groups.values()):
                 by_state[group.state.value] = by_state.get(group.state.value, 0) + 1
                 members += len(group.members)
             pending += owned.state.offsets.pending_count()
         return CoordinatorStats(by_state, members, pending)
 
-    def partition_state(self, partition: int) -> PartitionState | None:
-        owned = self._owned.get(partition)
+    def partition_state(self, partition: int) -> OffsetsPartitionState | None:
+        owned = self._parts.get(partition)
         return owned.state if owned else None

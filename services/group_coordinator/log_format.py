@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Union
 
 from exactly_wire import records
+from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import offsets_log_pb2 as pb
 
 from .group import GroupSnapshot, MemberSnapshot
-from .offsets import OffsetAndMetadata, TopicPartition
+from .offsets import OffsetAndMetadata
 
 
 class OffsetKey(NamedTuple):

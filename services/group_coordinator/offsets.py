@@ -19,13 +19,9 @@ from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 
 NO_OFFSET = -1
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +96,6 @@ class OffsetStore:
                         offsets[tp] = entry
         return set(groups)
 
-    def remove_group(self, group: str) -> None:
-        """Forget the committed and pending offsets of `group`."""
-        self._committed.pop(group, None)
-        for groups in self._pending.values():
-            groups.pop(group, None)
-
     # ------------------------------------------------------------ reading
 
     def has_pending(self, group: str, tp: TopicPartition) -> bool:
@@ -118,9 +108,6 @@ class OffsetStore:
     def pending_count(self) -> int:
         """Transactional offsets waiting for a marker, over all groups and PIDs."""
         return sum(len(tps) for groups in self._pending.values() for tps in groups.values())
-
-    def pending_producers(self) -> set[int]:
-        return set(self._pending)
 
     def committed(self, group: str, tp: TopicPartition) -> OffsetAndMetadata | None:
         entry = self._committed.get(group, {}).get(tp)

@@ -20,7 +20,7 @@ from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
 
-from .coordinator import CoordinatorConfig, GroupCoordinator
+from .coordinator import GroupCoordinator, GroupCoordinatorConfig
 from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class GroupCoordinatorService:
         elect_by = loop.time() + min(20.0, timeout_s)
         while not self.ownership.owned and loop.time() < elect_by:
             await asyncio.sleep(0.05)
-        if not await self.coordinator.wait_loaded(max(0.0, deadline - loop.time())):
+        if not await self.coordinator.wait_loaded(timeout_s=max(0.0, deadline - loop.time())):
             log.warning("partitions of %s still loading after %.0f s", CONSUMER_OFFSETS_TOPIC, timeout_s)
 
     @property
@@ -80,13 +80,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     partitions of __consumer_offsets (kind "group")."""
     load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
     log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client
+    # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
-                                   CoordinatorConfig.from_props(cfg.get_int))
+                                   GroupCoordinatorConfig.from_props(cfg.get_int),
+                                   on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False
     pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)
     ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
-    coordinator.on_fenced = ownership.fenced
     return GroupCoordinatorService(coordinator, ownership)
 
 

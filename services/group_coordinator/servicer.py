@@ -8,12 +8,13 @@ clients should give it a deadline above the rebalance timeout.
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION
-from .offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
+from .offsets import FetchedOffset, OffsetAndMetadata
 
 
 def _name(code: int) -> str:

@@ -10,7 +10,7 @@ after a restart equals the state before it.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Callable
 
 from exactly_wire import records
 
@@ -21,7 +21,7 @@ from .offsets import OffsetStore
 log = logging.getLogger(__name__)
 
 
-class PartitionState:
+class OffsetsPartitionState:
     """Groups and offsets of one __consumer_offsets partition.
 
     `next_offset` is the log offset after the last applied batch. Group metadata
@@ -112,6 +112,3 @@ class PartitionState:
             pos += header.size
             n += 1
         return n
-
-    def group_ids(self) -> Iterable[str]:
-        return self.groups.keys()

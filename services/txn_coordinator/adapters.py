@@ -7,13 +7,13 @@ import asyncio
 from collections import defaultdict
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
                                      partition_for_key)
 from services.common.rpc import ClusterClient
 
-from .coordinator import FetchResult, TxnMarker
-from .state import TopicPartition
+from .coordinator import TxnLogFetch, TxnMarker
 
 
 class ClusterTxnLog:
@@ -29,13 +29,13 @@ class ClusterTxnLog:
                                              timeout_ms=self._timeout_ms)
         return code
 
-    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         resp = await self._client.fetch(TRANSACTION_STATE_TOPIC, partition, offset, max_wait_ms=0,
                                         isolation_level=0, max_bytes=max_bytes)
         if resp.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             code, start = await self._client.list_offset(TRANSACTION_STATE_TOPIC, partition, -2)
-            return FetchResult(resp.error_code, log_start_offset=start if code == ErrorCode.NONE else 0)
-        return FetchResult(resp.error_code, resp.records, resp.high_watermark, resp.log_start_offset)
+            return TxnLogFetch(resp.error_code, log_start_offset=start if code == ErrorCode.NONE else 0)
+        return TxnLogFetch(resp.error_code, resp.records, resp.high_watermark, resp.log_start_offset)
 
 
 class ClusterMarkerWriter:

@@ -27,26 +27,25 @@ producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
 way, from the partition leader of that partition.
 
-Settings (Kafka keys unless prefixed `exactly.`), see `CoordinatorConfig.from_props`.
+Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from_props`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Iterable, Protocol
 
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
-
-from exactly.errors import for_code
-from exactly_wire.error_codes import ErrorCode
-from services.common.ownership import FENCED_APPEND_ERRORS, fence_batches
+from exactly_wire.clock import Clock, wall_clock_ms
+from exactly_wire.error_codes import RETRIABLE, ErrorCode
+from exactly_wire.types import TopicPartition
+from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, RetryLater, code_name
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
-from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TopicPartition,
-                    TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata, is_epoch_exhausted)
+from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TransactionMetadata, TxnState,
+                    TxnStateSummary, TxnTransitMetadata, is_epoch_exhausted)
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +58,10 @@ AMBIGUOUS_APPEND_ERRORS = frozenset({
 })
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 # ---------------------------------------------------------------- ports
 
 @dataclass(frozen=True)
-class FetchResult:
+class TxnLogFetch:
     """A read of the transaction log: error code, raw record batches, high watermark
     and log start offset of the partition."""
 
@@ -82,7 +77,7 @@ class TxnLogStore(Protocol):
     async def append(self, partition: int, batch: bytes) -> int:
         """Append one record batch with acks=all; returns an ErrorCode value."""
 
-    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         """Read whole batches from `offset` (read_uncommitted)."""
 
 
@@ -120,7 +115,7 @@ class Topology(Protocol):
 # ---------------------------------------------------------------- config and results
 
 @dataclass(frozen=True)
-class CoordinatorConfig:
+class TxnCoordinatorConfig:
     """Coordinator settings. Durations in ms, sizes in bytes."""
 
     max_transaction_timeout_ms: int = 900_000
@@ -135,7 +130,7 @@ class CoordinatorConfig:
     prepared_max_ms: int = 3_600_000
 
     @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "CoordinatorConfig":
+    def from_props(cls, get_int: Callable[[str, int], int]) -> "TxnCoordinatorConfig":
         """Read the settings through `get_int(key, default)` (ServiceConfig.get_int):
 
         transaction.max.timeout.ms (900000; the design doc's max.transaction.timeout.ms
@@ -194,29 +189,22 @@ class DescribeResult:
     summary: TxnStateSummary | None = None
 
 
-class _NotOwner(Exception):
-    """This coordinator no longer owns the partition: stop working on it."""
+class _TxnPartition(OwnedPartition):
+    """One owned partition of `__transaction_state` and its transaction status cache:
+    txns (transactional.id -> metadata), completions (transactional.id -> the task
+    writing its markers and Complete record), error (corrupt log: the partition is
+    disabled and answers NOT_COORDINATOR)."""
 
+    def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                 producer_epoch: int = -1, retired_producer_id: int = -1):
+        super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
+        self.error: str | None = None
+        self.txns: dict[str, TransactionMetadata] = {}
+        self.completions: dict[str, asyncio.Task] = {}
 
-class _Retry(Exception):
-    """A step that must be retried after backoff."""
-
-
-@dataclass(eq=False)
-class _TxnPartition:
-    """One owned partition of `__transaction_state` and its transaction status cache."""
-
-    partition: int
-    coordinator_epoch: int
-    producer_id: int = -1  # writer identity of our batches (services.common.ownership)
-    producer_epoch: int = -1
-    retired_producer_id: int = -1
-    loading: bool = True
-    error: str | None = None  # corrupt log: the partition is disabled
-    txns: dict[str, TransactionMetadata] = field(default_factory=dict)
-    tasks: set[asyncio.Task] = field(default_factory=set)
-    completions: dict[str, asyncio.Task] = field(default_factory=dict)
-    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    @property
+    def serving(self) -> bool:
+        return not self.loading and self.error is None
 
 
 _NEED_PID = object()
@@ -224,51 +212,44 @@ _NEED_PID = object()
 
 # ---------------------------------------------------------------- coordinator
 
-class TransactionCoordinator:
+class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     """Handles the transaction coordinator RPCs for the `__transaction_state`
     partitions this process owns (`on_elected` / `on_resigned`).
 
-    log, markers, topology: the ports above; pids: PID allocation; clock: () -> ms;
-    sleep: async (seconds) -> None (injected in tests); on_fenced(partition,
-    coordinator_epoch): called (on the loop) when the partition leader rejected a
-    write of ours because a newer owner wrote with a higher writer epoch
-    (CoordinatorOwnership.fenced).
+    log, markers, topology: the ports above; pids: PID allocation; clock: wall-clock
+    ms (timestamps of the transaction log, timeouts); sleep: async (seconds) -> None
+    (injected in tests); on_fenced(partition, coordinator_epoch): called (on the loop)
+    when a newer owner of the partition exists (services.common.owned.PartitionOwner,
+    CoordinatorOwnership.fenced).
     """
 
+    topic = "__transaction_state"
+
     def __init__(self, log_store: TxnLogStore, markers: MarkerWriter, topology: Topology,
-                 pids: ProducerIdManager, config: CoordinatorConfig | None = None,
-                 clock: Callable[[], int] = wall_clock_ms,
+                 pids: ProducerIdManager, config: TxnCoordinatorConfig | None = None,
+                 clock: Clock = wall_clock_ms,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  on_fenced: Callable[[int, int], None] | None = None):
-        self.on_fenced = on_fenced
+        self.config = config or TxnCoordinatorConfig()
+        super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.retry_backoff_ms,
+                         retry_backoff_max_ms=self.config.retry_backoff_max_ms)
         self._log = log_store
         self._markers = markers
         self._topology = topology
         self._pids = pids
-        self.config = config or CoordinatorConfig()
-        self._clock = clock
-        self._sleep = sleep
-        self._partitions: dict[int, _TxnPartition] = {}
         self._group_generations: dict[str, int] = {}
-        self._timers: list[asyncio.Task] = []
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start the periodic scans (timed-out transactions, expired ids)."""
-        self._timers = [
-            asyncio.create_task(self._every(self.config.abort_timed_out_interval_ms,
-                                            self.abort_timed_out_transactions), name="txn-timeout-abort"),
-            asyncio.create_task(self._every(self.config.remove_expired_interval_ms,
-                                            self.expire_transactional_ids), name="txn-id-expiration"),
-        ]
+        self._spawn(None, self._every(self.config.abort_timed_out_interval_ms, self.abort_timed_out_transactions),
+                    "txn-timeout-abort")
+        self._spawn(None, self._every(self.config.remove_expired_interval_ms, self.expire_transactional_ids),
+                    "txn-id-expiration")
 
     async def stop(self) -> None:
         """Cancel the scans and the work of every owned partition."""
-        for t in self._timers:
-            t.cancel()
-        for part in list(self._partitions.values()):
-            self._drop(part)
-        self._partitions.clear()
+        await super().stop()
         await self._pids.close()
 
     async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[int]]) -> None:
@@ -282,25 +263,19 @@ class TransactionCoordinator:
                 log.exception("periodic %s failed", getattr(fn, "__name__", fn))
 
     # ------------------------------------------------------------ ownership
+    def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
+                       retired_producer_id: int) -> _TxnPartition:
+        return _TxnPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
+
     async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
                          producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
         """This process now owns `__transaction_state` partition `partition` with
         `coordinator_epoch`: requests for its ids get COORDINATOR_LOAD_IN_PROGRESS
         while it is replayed from offset 0 to the high watermark; then prepared
         transactions are rolled forward and their timeouts run again
-        ("Transaction Coordinator Startup").
-
-        producer_id/producer_epoch: the writer identity of this claim (see
-        services.common.ownership). With producer_id >= 0 the load first appends the
-        fence records (closing `retired_producer_id` too, if >= 0), so a deposed owner
-        can no longer append, and every record of this owner carries it; -1 writes
-        batches without a PID."""
-        old = self._partitions.pop(partition, None)
-        if old is not None:
-            self._drop(old)
-        part = _TxnPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
-        self._partitions[partition] = part
-        self._spawn(part, self._load(part), f"txn-load-{partition}")
+        ("Transaction Coordinator Startup"). Writer identity and fencing as
+        PartitionOwner.on_elected."""
+        await super().on_elected(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
 
     async def _reload(self, part: _TxnPartition) -> None:
         """Replace `part` by a fresh load of the same claim (same coordinator epoch and
@@ -313,94 +288,33 @@ class TransactionCoordinator:
     async def on_resigned(self, partition: int) -> None:
         """Another coordinator owns `partition` now: forget its cache and stop its
         marker and completion work (requests get NOT_COORDINATOR)."""
-        part = self._partitions.pop(partition, None)
-        if part is not None:
-            self._drop(part)
+        owned = partition in self._parts
+        await super().on_resigned(partition)
+        if owned:
             metrics.TRANSACTIONAL_IDS.remove_partition(partition)
-
-    def owned_partitions(self) -> dict[int, bool]:
-        """partition -> True when loaded (False while loading or disabled)."""
-        return {p: not (part.loading or part.error) for p, part in self._partitions.items()}
 
     def state_counts(self) -> dict[str, int]:
         """Kafka state name -> transactional ids in that state, over the loaded owned
         partitions (metrics)."""
         counts: dict[str, int] = {}
-        for part in self._partitions.values():
+        for part in self._parts.values():
             if part.loading or part.error:
                 continue
             for md in part.txns.values():
                 counts[md.state.kafka_name] = counts.get(md.state.kafka_name, 0) + 1
         return counts
 
-    async def wait_loaded(self, partition: int) -> None:
-        """Wait until `partition` is loaded (tests and readiness)."""
-        part = self._partitions.get(partition)
-        if part is not None:
-            await part.loaded.wait()
-
-    def _drop(self, part: _TxnPartition) -> None:
-        for task in list(part.tasks):
-            task.cancel()
-        part.tasks.clear()
+    def _dropped(self, part: _TxnPartition) -> None:
         part.completions.clear()
 
-    def _owns(self, part: _TxnPartition) -> bool:
-        return self._partitions.get(part.partition) is part
-
-    def _is_fenced(self, part: _TxnPartition, code: int) -> bool:
-        """An append error meaning a newer owner wrote with a higher writer epoch:
-        stop serving the partition at once and tell the ownership."""
-        if part.producer_id < 0 or code not in FENCED_APPEND_ERRORS:
-            return False
-        self._deposed(part, f"writes fenced ({_name(code)})")
-        return True
-
-    def _deposed(self, part: _TxnPartition, reason: str) -> None:
-        """A newer owner of `part` exists: stop serving it and tell the ownership."""
-        log.warning("__transaction_state-%d: coordinator epoch %d deposed, %s", part.partition,
-                    part.coordinator_epoch, reason)
-        if self._partitions.get(part.partition) is part:
-            del self._partitions[part.partition]
-            self._drop(part)
-        if self.on_fenced is not None:
-            self.on_fenced(part.partition, part.coordinator_epoch)
-
-    async def _fence_previous_owner(self, part: _TxnPartition) -> None:
-        """Append the fence records of this claim (retried); raises _NotOwner when
-        the ownership ended or a newer owner already fenced us."""
-        if part.producer_id < 0:
-            return
-        for batch in fence_batches(part.producer_id, part.producer_epoch, part.retired_producer_id,
-                                   self._clock()):
-            async for attempt in self._retrying():
-                with attempt:
-                    if not self._owns(part):
-                        raise _NotOwner()
-                    code = await self._log.append(part.partition, batch)
-                    if not self._owns(part):
-                        raise _NotOwner()
-                    if self._is_fenced(part, code):
-                        raise _NotOwner()
-                    if code != ErrorCode.NONE:
-                        raise _Retry(f"fencing __transaction_state-{part.partition}: {_name(code)}")
-
-    def _spawn(self, part: _TxnPartition, coro, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        part.tasks.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            part.tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("%s failed", name, exc_info=t.exception())
-        task.add_done_callback(done)
-        return task
+    async def _append_fence(self, part: _TxnPartition, batch: bytes) -> int:
+        return await self._log.append(part.partition, batch)
 
     def _lookup(self, transactional_id: str) -> tuple[ErrorCode, _TxnPartition | None]:
         partition = self._topology.txn_partition_for(transactional_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        part = self._partitions.get(partition)
+        part = self._parts.get(partition)
         if part is None or part.error is not None:
             return ErrorCode.NOT_COORDINATOR, None
         if part.loading:
@@ -440,8 +354,8 @@ class TransactionCoordinator:
         if self._is_fenced(part, code):
             return ErrorCode.NOT_COORDINATOR
         log.warning("appending %s of %r to %s-%d failed: %s", transit.state.kafka_name, md.transactional_id,
-                    "__transaction_state", part.partition, _name(code))
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE if for_code(code).retriable else ErrorCode.UNKNOWN_SERVER_ERROR
+                    "__transaction_state", part.partition, code_name(code))
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE if code in RETRIABLE else ErrorCode.UNKNOWN_SERVER_ERROR
 
     # ------------------------------------------------------------ InitProducerId
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
@@ -548,7 +462,7 @@ class TransactionCoordinator:
                                         message=f"generation {group.generation_id} of group {group.group_id!r} "
                                                 f"is older than {known}")
         waiting = False
-        for part in self._partitions.values():
+        for part in self._parts.values():
             if part.loading or part.error:
                 continue
             for other in list(part.txns.values()):
@@ -724,13 +638,6 @@ class TransactionCoordinator:
         task.add_done_callback(lambda t: part.completions.pop(tid, None) if part.completions.get(tid) is t else None)
         return task
 
-    def _retrying(self) -> AsyncRetrying:
-        backoff = self.config.retry_backoff_ms / 1000
-        return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(_Retry), reraise=True,
-                             wait=wait_exponential_jitter(multiplier=backoff, max=self.config.retry_backoff_max_ms / 1000,
-                                                          jitter=backoff),
-                             before_sleep=_log_retry)
-
     async def _complete(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
                         from_client: bool, cause: str = "client", started: float | None = None) -> None:
         if from_client and self.config.pause_after_prepare_ms > 0:
@@ -745,7 +652,7 @@ class TransactionCoordinator:
             async for attempt in self._retrying():
                 with attempt:
                     await self._append_complete(part, md)
-        except _NotOwner:
+        except NotOwner:
             return
         metrics.completed(committed, cause)
         if started is not None:
@@ -756,7 +663,7 @@ class TransactionCoordinator:
         async for attempt in self._retrying():
             with attempt:
                 if not self._owns(part):
-                    raise _NotOwner()
+                    raise NotOwner()
                 if not remaining:
                     return
                 results = await self._markers.write(replace(marker, partitions=frozenset(remaining)))
@@ -769,31 +676,31 @@ class TransactionCoordinator:
                         # A marker of a newer coordinator epoch is there: we were replaced.
                         self._deposed(part, f"marker for {md.transactional_id!r} on {tp[0]}-{tp[1]} rejected "
                                             "(TRANSACTION_COORDINATOR_FENCED)")
-                        raise _NotOwner()
+                        raise NotOwner()
                     elif code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
                         # The leader saw a newer epoch of this PID: this marker is stale.
                         log.warning("marker for %r on %s-%d rejected (%s); skipping it", md.transactional_id,
-                                    tp[0], tp[1], _name(code))
+                                    tp[0], tp[1], code_name(code))
                         remaining.discard(tp)
                     elif not self._topology.partition_exists(*tp):
                         log.warning("partition %s-%d of %r no longer exists; no marker written",
                                     tp[0], tp[1], md.transactional_id)
                         remaining.discard(tp)
                 if remaining:
-                    raise _Retry(f"markers pending for {sorted(remaining)}")
+                    raise RetryLater(f"markers pending for {sorted(remaining)}")
 
     async def _append_complete(self, part: _TxnPartition, md: TransactionMetadata) -> None:
         if not self._owns(part):
-            raise _NotOwner()
+            raise NotOwner()
         if md.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return  # already completed (a concurrent completion won)
         if md.pending_transition_in_progress:
-            raise _Retry("transition pending")
+            raise RetryLater("transition pending")
         err = await self._append(part, md, md.prepare_complete(self._clock()))
         if err == ErrorCode.NOT_COORDINATOR:
-            raise _NotOwner()
+            raise NotOwner()
         if err:
-            raise _Retry(f"appending the completion failed: {_name(err)}")
+            raise RetryLater(f"appending the completion failed: {code_name(err)}")
 
     # ------------------------------------------------------------ periodic scans
     async def abort_timed_out_transactions(self) -> int:
@@ -804,7 +711,7 @@ class TransactionCoordinator:
         completion is not running. Returns the number of transactions aborted."""
         now = self._clock()
         aborts = []
-        for part in list(self._partitions.values()):
+        for part in list(self._parts.values()):
             if part.loading or part.error:
                 continue
             for md in list(part.txns.values()):
@@ -833,7 +740,7 @@ class TransactionCoordinator:
         is ignored (retried at the next scan). Returns the number expired."""
         now = self._clock()
         expiring = []
-        for part in list(self._partitions.values()):
+        for part in list(self._parts.values()):
             if part.loading or part.error:
                 continue
             for md in list(part.txns.values()):
@@ -863,13 +770,13 @@ class TransactionCoordinator:
                 with attempt:
                     while True:
                         if not self._owns(part):
-                            raise _NotOwner()
+                            raise NotOwner()
                         res = await self._log.fetch(part.partition, offset, max_bytes)
                         if res.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and offset < res.log_start_offset:
                             offset = res.log_start_offset
                             continue
                         if res.error_code:
-                            raise _Retry(f"fetching __transaction_state-{part.partition}: {_name(res.error_code)}")
+                            raise RetryLater(f"fetching __transaction_state-{part.partition}: {code_name(res.error_code)}")
                         if target is None:
                             target = res.high_watermark
                         if offset >= target:
@@ -877,21 +784,19 @@ class TransactionCoordinator:
                         batch_entries, next_offset = txn_log.decode_fetched(res.records)
                         if next_offset is None or next_offset <= offset:
                             max_bytes *= 2  # a batch larger than the buffer
-                            raise _Retry(f"no progress reading __transaction_state-{part.partition} at {offset}")
+                            raise RetryLater(f"no progress reading __transaction_state-{part.partition} at {offset}")
                         entries.extend(batch_entries)
                         offset = next_offset
             txns = txn_log.rebuild(entries)
-        except _NotOwner:
+        except NotOwner:
             return
         except txn_log.CorruptTxnLogError as exc:
             part.error = str(exc)
-            part.loading = False
-            part.loaded.set()
+            part.finish_loading()
             log.error("__transaction_state-%d is corrupt; disabled: %s", part.partition, exc)
             return
         part.txns = txns
-        part.loading = False
-        part.loaded.set()
+        part.finish_loading()
         metrics.TRANSACTIONAL_IDS.set(part.partition, len(txns))
         for md in txns.values():
             if md.group is not None:
@@ -919,10 +824,10 @@ class TransactionCoordinator:
         if names and not states:
             return ErrorCode.NONE, []
         pids = set(producer_id_filters)
-        if any(p.loading for p in self._partitions.values()):
+        if any(p.loading for p in self._parts.values()):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         out = []
-        for part in self._partitions.values():
+        for part in self._parts.values():
             if part.error:
                 continue
             for md in part.txns.values():
@@ -954,18 +859,3 @@ def _valid_producer_id(md: TransactionMetadata, producer_id: int, producer_epoch
     new, the PID matches, or it is the previous PID retried after a rotation."""
     return (md.producer_epoch == NO_PRODUCER_EPOCH or producer_id == md.producer_id
             or (producer_id == md.last_producer_id and is_epoch_exhausted(producer_epoch)))
-
-
-def _log_retry(state) -> None:
-    """Log a retried step at its 1st, 10th, 100th... retry (not every one)."""
-    n = state.attempt_number
-    if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.info("retrying (attempt %d): %s", n, exc)
-
-
-def _name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)

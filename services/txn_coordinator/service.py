@@ -16,7 +16,7 @@ from services.common.rpc import ClusterClient
 
 from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
-from .coordinator import CoordinatorConfig, FetchResult, TransactionCoordinator
+from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
 from .servicer import TxnCoordinatorServicer
 
@@ -96,8 +96,8 @@ class TxnCoordinatorService:
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
                 cfg: ServiceConfig) -> TxnCoordinatorService:
     """Build the coordinator over the cluster and register its gRPC servicer.
-    Settings: see CoordinatorConfig.from_props."""
-    config = CoordinatorConfig.from_props(cfg.get_int)
+    Settings: see TxnCoordinatorConfig.from_props."""
+    config = TxnCoordinatorConfig.from_props(cfg.get_int)
     async def allocate_block() -> tuple[int, int]:
         block = await asyncio.to_thread(cluster.allocate_producer_id_block, BLOCK_SIZE)
         metrics.PID_BLOCKS.inc()
@@ -108,10 +108,11 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
+    # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client),
-                                         ClusterTopology(cluster), pids, config)
+                                         ClusterTopology(cluster), pids, config,
+                                         on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    coordinator.on_fenced = ownership.fenced
     pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
     metrics.STATES.track(coordinator)
     return TxnCoordinatorService(cluster, coordinator, ownership, cfg)
@@ -129,6 +130,6 @@ class SlowLoadTxnLog:
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
-    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         await asyncio.sleep(self._delay_s)
         return await self._inner.fetch(partition, offset, max_bytes)

@@ -8,11 +8,12 @@ from collections import defaultdict
 from typing import Iterable
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .coordinator import TransactionCoordinator
-from .state import GroupAssignment, TopicPartition
+from .state import GroupAssignment
 
 
 def _partitions(topics: Iterable[pb.TopicPartitions]) -> list[TopicPartition]:

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from exactly_wire.error_codes import ErrorCode
-
-TopicPartition = tuple[str, int]
+from exactly_wire.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -245,10 +244,6 @@ class TransactionMetadata:
         transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
         self.pending_state = target
         return transit
-
-    def prepare_no_transit(self) -> TxnTransitMetadata:
-        """The current values as a transit; no pending state is set."""
-        return self.snapshot()
 
     def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int, expected_producer_epoch: int | None,
                                          now_ms: int, group: GroupAssignment | None | object = _KEEP

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from exactly_wire import records
+from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import txn_log_pb2
 
-from .state import GroupAssignment, TopicPartition, TransactionMetadata, TxnState, TxnTransitMetadata
+from .state import GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 VALUE_VERSION = 0
 

@@ -11,9 +11,10 @@ import zlib
 import pytest
 
 from exactly_wire.error_codes import ErrorCode
-from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
+from exactly_wire.types import TopicPartition
+from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
 from services.group_coordinator.group import GroupConfig, GroupState
-from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
+from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata
 
 from .gc_fakes import FakeLog, ManualClock
 
@@ -34,21 +35,21 @@ def run(coro, timeout=10):
 
 class Env:
     def __init__(self, log: FakeLog | None = None, clock: ManualClock | None = None,
-                 counts: dict | None = None, config: CoordinatorConfig | None = None):
+                 counts: dict | None = None, config: GroupCoordinatorConfig | None = None):
         self.log = log or FakeLog()
         self.clock = clock or ManualClock()
         self.counts = counts if counts is not None else {"orders": 4, "payments": 2}
         ids = itertools.count(1)
         self.coord = GroupCoordinator(
             self.log, partition_for, lambda: dict(self.counts),
-            config or CoordinatorConfig(tail_max_wait_ms=50),
-            clock_ms=self.clock, now_wall_ms=lambda: 1_700_000_000_000,
+            config or GroupCoordinatorConfig(tail_max_wait_ms=50),
+            clock=self.clock, wall_clock=lambda: 1_700_000_000_000,
             new_member_id=lambda _i: f"member-{next(ids)}")
 
     async def up(self, partitions=range(N)):
         for p in partitions:
             await self.coord.on_elected(p, 0)
-        assert await self.coord.wait_loaded(5)
+        assert await self.coord.wait_loaded(timeout_s=5)
         return self
 
     async def join(self, group, member_id="", topics=("orders",), rebalance_timeout_ms=10_000):
@@ -99,7 +100,7 @@ def test_load_in_progress_until_replayed():
         assert (await env.coord.commit_offsets("g", -1, "", {TP0: om(1)})) == \
             {TP0: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
         log.gate.set()
-        assert await env.coord.wait_loaded(5)
+        assert await env.coord.wait_loaded(timeout_s=5)
         assert (await env.join("g")).error == ErrorCode.NONE
         await env.coord.stop()
     run(body())
@@ -389,7 +390,7 @@ def test_restart_replays_offsets_groups_and_pending_transactions():
 def test_config_from_kafka_keys():
     props = {"group.min.session.timeout.ms": "100", "group.initial.rebalance.delay.ms": "3000",
              "offset.metadata.max.bytes": "10", "group.max.size": "5"}
-    cfg = CoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
+    cfg = GroupCoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
     assert cfg.group == GroupConfig(min_session_timeout_ms=100, max_session_timeout_ms=1_800_000,
                                     initial_rebalance_delay_ms=3000, max_size=5)
     assert cfg.offset_metadata_max_bytes == 10 and cfg.commit_timeout_ms == 5000

@@ -12,9 +12,10 @@ import zlib
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from services.group_coordinator import log_format
-from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
-from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, TopicPartition
+from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
+from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata
 
 from .gc_fakes import FakeLog, ManualClock
 
@@ -42,11 +43,11 @@ class FencingLog(FakeLog):
 
 def coordinator(log: FakeLog) -> tuple[GroupCoordinator, list]:
     ids = itertools.count(1)
-    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, CoordinatorConfig(tail_max_wait_ms=50),
-                             clock_ms=ManualClock(), now_wall_ms=lambda: 1_700_000_000_000,
-                             new_member_id=lambda _i: f"member-{next(ids)}")
     fenced: list = []
-    coord.on_fenced = lambda p, e: fenced.append((p, e))
+    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, GroupCoordinatorConfig(tail_max_wait_ms=50),
+                             clock=ManualClock(), wall_clock=lambda: 1_700_000_000_000,
+                             new_member_id=lambda _i: f"member-{next(ids)}",
+                             on_fenced=lambda p, e: fenced.append((p, e)))
     return coord, fenced
 
 
@@ -57,7 +58,7 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
         p = partition_for(group)
         old, old_fenced = coordinator(log)
         await old.on_elected(p, 0, producer_id=WRITER, producer_epoch=0)
-        assert await old.wait_loaded(5)
+        assert await old.wait_loaded(timeout_s=5)
         first = records.parse_header(log.batches[p][0])
         assert (first.producer_id, first.producer_epoch, first.is_transactional) == (WRITER, 0, False)
         assert await old.commit_offsets(group, -1, "", {TP0: OffsetAndMetadata(7)}) == {TP0: ErrorCode.NONE}
@@ -69,7 +70,7 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
 
         new, new_fenced = coordinator(log)
         await new.on_elected(p, 1, producer_id=WRITER, producer_epoch=1)
-        assert await new.wait_loaded(5)
+        assert await new.wait_loaded(timeout_s=5)
         assert await new.fetch_offsets(group, [TP0, TP1], require_stable=True) == (
             ErrorCode.UNSTABLE_OFFSET_COMMIT,
             {TP0: FetchedOffset(7, "", ErrorCode.NONE), TP1: FetchedOffset(-1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)})
@@ -79,12 +80,11 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
             {TP0: ErrorCode.NOT_COORDINATOR}
         assert old_fenced == [(p, 0)]
         assert len(log.batches[p]) == before
-        await asyncio.sleep(0.05)
-        assert old.owned_partitions() == {}
+        assert old.owned_partitions() == {}  # deposed at once, before the ownership resigns
         assert (await old.fetch_offsets(group, [TP0], False))[0] == ErrorCode.NOT_COORDINATOR
 
-        log.write_marker(p, 42, committed=True, producer_epoch=3, coordinator_epoch=1)
-        await asyncio.sleep(0.2)
+        marker_offset = log.write_marker(p, 42, committed=True, producer_epoch=3, coordinator_epoch=1)
+        assert await asyncio.wait_for(new._parts[p].wait_applied(marker_offset), 5)  # the tailer applied it
         assert await new.fetch_offsets(group, [TP0, TP1], require_stable=True) == (
             ErrorCode.NONE, {TP0: FetchedOffset(7, "", ErrorCode.NONE), TP1: FetchedOffset(80, "", ErrorCode.NONE)})
         assert new_fenced == []

@@ -9,10 +9,11 @@ import pytest
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 from services.group_coordinator import log_format
 from services.group_coordinator.group import GroupMetadata
-from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, OffsetStore, TopicPartition
-from services.group_coordinator.state import PartitionState
+from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata, OffsetStore
+from services.group_coordinator.state import OffsetsPartitionState
 
 TP0 = TopicPartition("orders", 0)
 TP1 = TopicPartition("orders", 1)
@@ -141,10 +142,10 @@ class _Log:
         return base
 
 
-def _replay(buf: bytes, max_bytes: int | None = None) -> PartitionState:
+def _replay(buf: bytes, max_bytes: int | None = None) -> OffsetsPartitionState:
     """Load a partition as the tailer does: fetches of whole batches from
     next_offset, at most max_bytes each (at least one batch)."""
-    st = PartitionState(0)
+    st = OffsetsPartitionState(0)
     batches = [bytes(buf[pos:pos + h.size]) for pos, h in records.iter_batches(buf)]
     while True:
         piece = b""
@@ -161,7 +162,7 @@ def _replay(buf: bytes, max_bytes: int | None = None) -> PartitionState:
 
 def test_replay_applies_markers_like_the_live_state():
     log = _Log()
-    live = PartitionState(0)
+    live = OffsetsPartitionState(0)
 
     def write(batch):
         base = log.append(batch)
@@ -208,7 +209,7 @@ def test_replay_keeps_the_latest_generation_of_each_group():
 
 
 def test_live_tail_does_not_overwrite_groups_with_their_own_records():
-    st = PartitionState(0)
+    st = OffsetsPartitionState(0)
     ids = itertools.count(1)
     g = GroupMetadata("grp", 0, new_member_id=lambda _i: f"m{next(ids)}")
     st.groups["grp"] = g

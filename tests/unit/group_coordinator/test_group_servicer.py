@@ -12,7 +12,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.metrics import RpcMetricsInterceptor
-from services.group_coordinator.coordinator import CoordinatorConfig, GroupCoordinator
+from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
 from services.group_coordinator.servicer import GroupCoordinatorServicer
 
 from .gc_fakes import FakeLog
@@ -32,11 +32,11 @@ def test_servicer_round_trip():
     async def body():
         log = FakeLog()
         coord = GroupCoordinator(log, lambda g: zlib.crc32(g.encode()) % N, lambda: {"orders": 3},
-                                 CoordinatorConfig(tail_max_wait_ms=50))
+                                 GroupCoordinatorConfig(tail_max_wait_ms=50))
         await coord.start()
         for p in range(N):
             await coord.on_elected(p, 0)
-        assert await coord.wait_loaded(5)
+        assert await coord.wait_loaded(timeout_s=5)
         server = grpc.aio.server(interceptors=[RpcMetricsInterceptor()])
         pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coord), server)
         port = server.add_insecure_port("127.0.0.1:0")

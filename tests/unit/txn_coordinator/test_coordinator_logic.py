@@ -12,7 +12,7 @@ from txn_coordinator_fakes import FakeLog, Harness, run
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import CoordinatorConfig
+from services.txn_coordinator.coordinator import TxnCoordinatorConfig
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -46,7 +46,7 @@ def test_init_rejects_invalid_transaction_timeout(timeout_ms):
 
 def test_init_max_timeout_is_configurable():
     async def scenario():
-        h = Harness(CoordinatorConfig(max_transaction_timeout_ms=1000, end_txn_completion_wait_ms=0))
+        h = Harness(TxnCoordinatorConfig(max_transaction_timeout_ms=1000, end_txn_completion_wait_ms=0))
         await h.elect()
         assert (await h.coord.init_producer_id("t", 1001)).error == E.INVALID_TRANSACTION_TIMEOUT
         assert (await h.coord.init_producer_id("t", 1000)).error == E.NONE
@@ -59,11 +59,11 @@ def test_config_keys():
              "transaction.abort.timed.out.transaction.cleanup.interval.ms": "100",
              "transaction.remove.expired.transaction.cleanup.interval.ms": "200",
              "exactly.test.pause.after.prepare.ms": "3000"}
-    c = CoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
+    c = TxnCoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
     assert (c.max_transaction_timeout_ms, c.transactional_id_expiration_ms, c.abort_timed_out_interval_ms,
             c.remove_expired_interval_ms, c.pause_after_prepare_ms) == (5000, 60000, 100, 200, 3000)
-    assert CoordinatorConfig.from_props(lambda k, d: d).max_transaction_timeout_ms == 900_000
-    legacy = CoordinatorConfig.from_props(lambda k, d: 7000 if k == "max.transaction.timeout.ms" else d)
+    assert TxnCoordinatorConfig.from_props(lambda k, d: d).max_transaction_timeout_ms == 900_000
+    legacy = TxnCoordinatorConfig.from_props(lambda k, d: 7000 if k == "max.transaction.timeout.ms" else d)
     assert legacy.max_transaction_timeout_ms == 7000
 
 
@@ -184,7 +184,7 @@ def test_commit_or_abort_writes_prepare_markers_complete(committed):
 
 def test_end_txn_waits_for_completion_when_configured():
     async def scenario():
-        h = Harness(CoordinatorConfig(end_txn_completion_wait_ms=5000))
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=5000))
         await h.elect()
         pid, epoch = await h.begin("t")
         assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
@@ -505,7 +505,7 @@ def test_timeout_counts_from_first_partition_not_last_update():
 
 def test_expired_transactional_id_gets_tombstone():
     async def scenario():
-        h = Harness(CoordinatorConfig(transactional_id_expiration_ms=10_000, end_txn_completion_wait_ms=0))
+        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=10_000, end_txn_completion_wait_ms=0))
         await h.elect()
         await h.coord.init_producer_id("idle", 60000)
         pid, epoch = await h.begin("busy", timeout_ms=60000)
@@ -524,7 +524,7 @@ def test_expired_transactional_id_gets_tombstone():
 
 def test_failed_tombstone_keeps_the_id():
     async def scenario():
-        h = Harness(CoordinatorConfig(transactional_id_expiration_ms=10, end_txn_completion_wait_ms=0))
+        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=10, end_txn_completion_wait_ms=0))
         await h.elect()
         await h.coord.init_producer_id("idle", 60000)
         h.clock.advance(10)
@@ -609,7 +609,7 @@ def test_load_retries_fetch_errors_and_reads_in_chunks():
         log = FakeLog()
         for i in range(50):
             _write(log, f"t{i}", S.EMPTY, pid=i, epoch=0)
-        h = Harness(log=log, config=CoordinatorConfig(load_buffer_bytes=300, end_txn_completion_wait_ms=0))
+        h = Harness(log=log, config=TxnCoordinatorConfig(load_buffer_bytes=300, end_txn_completion_wait_ms=0))
         log.fetch_errors = [E.NOT_LEADER_OR_FOLLOWER, E.NETWORK_EXCEPTION]
         await h.elect()
         assert len(h.coord.list_transactions()[1]) == 50
@@ -649,7 +649,7 @@ def test_reelection_reloads_what_was_written():
 def test_pause_after_prepare_delays_markers_of_client_commits_only():
     async def scenario():
         slept = []
-        h = Harness(CoordinatorConfig(pause_after_prepare_ms=5000, end_txn_completion_wait_ms=0))
+        h = Harness(TxnCoordinatorConfig(pause_after_prepare_ms=5000, end_txn_completion_wait_ms=0))
 
         async def recording_sleep(s):
             slept.append(s)

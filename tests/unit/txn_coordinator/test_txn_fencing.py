@@ -38,9 +38,8 @@ class Owner(Harness):
     """A coordinator on the shared log that records its fencing callbacks."""
 
     def __init__(self, log: FencingLog, first_pid: int):
-        super().__init__(log=log, first_pid=first_pid)
         self.fenced: list[tuple[int, int]] = []
-        self.coord.on_fenced = lambda p, e: self.fenced.append((p, e))
+        super().__init__(log=log, first_pid=first_pid, on_fenced=lambda p, e: self.fenced.append((p, e)))
 
     async def take(self, coordinator_epoch: int, writer_epoch: int) -> None:
         await self.coord.on_elected(0, coordinator_epoch, producer_id=WRITER, producer_epoch=writer_epoch)

@@ -14,7 +14,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import CoordinatorConfig
+from services.txn_coordinator.coordinator import TxnCoordinatorConfig
 from services.txn_coordinator.servicer import TxnCoordinatorServicer
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -22,8 +22,8 @@ S = TxnState
 E = ErrorCode
 
 
-def _config(**kw) -> CoordinatorConfig:
-    return CoordinatorConfig(end_txn_completion_wait_ms=0, **kw)
+def _config(**kw) -> TxnCoordinatorConfig:
+    return TxnCoordinatorConfig(end_txn_completion_wait_ms=0, **kw)
 
 
 def test_prepare_seals_the_ongoing_transaction_and_logs_it():

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import (CoordinatorConfig, FetchResult, TransactionCoordinator,
+from services.txn_coordinator.coordinator import (TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch,
                                                   TxnMarker)
 from services.txn_coordinator.pid_manager import ProducerIdManager
 from services.txn_coordinator.state import TxnState
@@ -61,11 +61,11 @@ class FakeLog:
         self.batches.setdefault(partition, []).append(bytes(buf))
         self.next_offset[partition] = records.parse_header(buf).last_offset + 1
 
-    async def fetch(self, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         if self.fetch_gate is not None:
             await self.fetch_gate.wait()
         if self.fetch_errors:
-            return FetchResult(self.fetch_errors.pop(0))
+            return TxnLogFetch(self.fetch_errors.pop(0))
         out = bytearray()
         for b in self.batches.get(partition, []):
             h = records.parse_header(b)
@@ -74,7 +74,7 @@ class FakeLog:
             if out and len(out) + len(b) > max_bytes:
                 break
             out += b
-        return FetchResult(ErrorCode.NONE, bytes(out), self.next_offset.get(partition, 0), 0)
+        return TxnLogFetch(ErrorCode.NONE, bytes(out), self.next_offset.get(partition, 0), 0)
 
     def entries(self, partition: int = 0) -> list[txn_log.TxnLogEntry]:
         entries, _ = txn_log.decode_fetched(b"".join(self.batches.get(partition, [])))
@@ -138,8 +138,8 @@ class FakeTopology:
 class Harness:
     """A coordinator over the fakes. PIDs come from blocks of `block_size`."""
 
-    def __init__(self, config: CoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
-                 log: FakeLog | None = None, first_pid: int = 0):
+    def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
+                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None):
         self.clock = FakeClock()
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
@@ -149,8 +149,8 @@ class Harness:
         self.blocks: list[tuple[int, int]] = []
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
-                                            config or CoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=fast_sleep)
+                                            config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
+                                            clock=self.clock, sleep=fast_sleep, on_fenced=on_fenced)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)
@@ -165,14 +165,14 @@ class Harness:
     async def settle(self) -> None:
         """Run background work (markers, completions) until nothing is left."""
         for _ in range(1000):
-            pending = [t for part in self.coord._partitions.values() for t in part.tasks if not t.done()]
+            pending = [t for part in self.coord._parts.values() for t in part.tasks if not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending, timeout=0.5)
         raise AssertionError("background tasks never settled")
 
     def md(self, transactional_id: str, partition: int = 0):
-        return self.coord._partitions[partition].txns.get(transactional_id)
+        return self.coord._parts[partition].txns.get(transactional_id)
 
     async def begin(self, tid: str, partitions=(("orders", 0),), timeout_ms: int = 60000):
         """InitProducerId + AddPartitionsToTxn; returns (pid, epoch)."""

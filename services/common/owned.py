@@ -1,0 +1,291 @@
+"""The owned-partition lifecycle both coordinators share (docs/design.md, "Coordinator
+ownership").
+
+A coordinator owns some partitions of its internal topic (`__transaction_state` or
+`__consumer_offsets`), as `CoordinatorOwnership` (ownership.py) decides. For each it
+keeps an `OwnedPartition`: the partition, the coordinator epoch of the claim, the
+claim's writer identity (producer id and epoch, and a retired writer PID to close),
+the background tasks working on it, a `loaded` event and a `closed` flag.
+
+`PartitionOwner` is the base of both coordinators. It implements:
+
+- `on_elected` / `on_resigned`: the callbacks of `CoordinatorOwnership`. Election
+  creates the partition (`_new_partition`) and starts its main task (`_load`);
+  resignation closes it and cancels its tasks.
+- fencing of the previous owner (`_fence_previous_owner`): before loading, the fence
+  batches of the claim are appended, retried with backoff (tenacity), so that a
+  deposed owner can no longer append;
+- deposition (`_is_fenced`, `_deposed`): an append refused because a newer owner
+  wrote with a higher writer epoch makes this coordinator stop serving the
+  partition at once and call `on_fenced(partition, coordinator_epoch)`
+  (`CoordinatorOwnership.fenced`), which resigns the claim.
+
+Subclasses supply `_new_partition`, `_load`, `_append_fence` and, for their own
+clean-up, `_dropped`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Coroutine, Generic, TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from exactly_wire.clock import Clock
+from exactly_wire.error_codes import ErrorCode
+
+from .ownership import FENCED_APPEND_ERRORS, fence_batches
+
+log = logging.getLogger(__name__)
+
+
+class NotOwner(Exception):
+    """This coordinator no longer owns the partition: stop working on it."""
+
+
+class RetryLater(Exception):
+    """A step that must be retried after backoff (`PartitionOwner._retrying`)."""
+
+
+def code_name(code: int) -> str:
+    """The ErrorCode name of `code`, or the number when it is not a known code."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _log_retry(state) -> None:
+    """Log a retried step at its 1st, 10th, 100th... retry (not every one)."""
+    n = state.attempt_number
+    if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.info("retrying (attempt %d): %s", n, exc)
+
+
+class OwnedPartition:
+    """One partition of an internal topic this process owns.
+
+    partition: the partition number; coordinator_epoch: the epoch of the claim.
+    producer_id/producer_epoch: the writer identity of the claim (see
+    services.common.ownership), producer_id -1 when batches are written without a
+    PID; retired_producer_id: a writer PID the fence also closes, -1 for none.
+    tasks: the background tasks working on the partition (cancelled when it is
+    dropped). loading: True until the load finished. loaded: event set when the load
+    finished, or when the partition was closed first. closed: set once the partition
+    was dropped (resigned, deposed or replaced).
+    """
+
+    def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                 producer_epoch: int = -1, retired_producer_id: int = -1):
+        self.partition = partition
+        self.coordinator_epoch = coordinator_epoch
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.retired_producer_id = retired_producer_id
+        self.tasks: set[asyncio.Task] = set()
+        self.loading = True
+        self.loaded = asyncio.Event()
+        self.closed = False
+
+    @property
+    def serving(self) -> bool:
+        """Whether the partition answers requests (loaded)."""
+        return not self.loading
+
+    def finish_loading(self) -> None:
+        """The load finished: the partition serves from now on."""
+        self.loading = False
+        self.loaded.set()
+
+    def close(self) -> None:
+        """Stop the partition (idempotent); wakes the waiters of `loaded`."""
+        self.closed = True
+        self.loaded.set()
+
+
+P = TypeVar("P", bound=OwnedPartition)
+
+
+class PartitionOwner(Generic[P]):
+    """Base of the coordinators: the partitions of `topic` this process owns.
+
+    clock: milliseconds (exactly_wire.clock.Clock) of the subclass's choice;
+    wall_clock: wall-clock milliseconds for the timestamps of fence records (the
+    `clock` when None). sleep: async (seconds) -> None, the backoff of retries
+    (injected in tests). on_fenced(partition, coordinator_epoch): called on the loop
+    when a newer owner of the partition exists (CoordinatorOwnership.fenced).
+    retry_backoff_ms / retry_backoff_max_ms: first and largest backoff of retried
+    steps (exponential with jitter).
+    """
+
+    topic = ""  # the internal topic (log messages)
+
+    def __init__(self, clock: Clock, wall_clock: Clock | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 on_fenced: Callable[[int, int], None] | None = None,
+                 retry_backoff_ms: int = 20, retry_backoff_max_ms: int = 1_000):
+        self.on_fenced = on_fenced
+        self._clock = clock
+        self._wall_clock = wall_clock or clock
+        self._sleep = sleep
+        self._retry_backoff_ms = retry_backoff_ms
+        self._retry_backoff_max_ms = retry_backoff_max_ms
+        self._parts: dict[int, P] = {}
+        self._tasks: set[asyncio.Task] = set()  # work not tied to one partition
+
+    # ------------------------------------------------------------ subclass hooks
+    def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int,
+                       producer_epoch: int, retired_producer_id: int) -> P:
+        raise NotImplementedError
+
+    async def _load(self, part: P) -> None:
+        """The main task of a newly owned partition: fence, replay, serve."""
+        raise NotImplementedError
+
+    async def _append_fence(self, part: P, batch: bytes) -> int:
+        """Append one fence batch to the partition; returns an ErrorCode value."""
+        raise NotImplementedError
+
+    def _dropped(self, part: P) -> None:
+        """Called once `part` was closed and its tasks cancelled: forget its state."""
+
+    # ------------------------------------------------------------ ownership
+    async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                         producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
+        """This process now owns `partition` with `coordinator_epoch`: start loading
+        it (returns at once; requests get COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+        producer_id/producer_epoch: the writer identity of the claim (see
+        services.common.ownership); with producer_id >= 0 the load first appends the
+        fence records (closing `retired_producer_id` too, if >= 0), so that a deposed
+        owner can no longer append, and every batch of this owner carries it; -1
+        writes batches without a PID."""
+        old = self._parts.pop(partition, None)
+        if old is not None:
+            await self._resign(old)
+        part = self._new_partition(partition, coordinator_epoch, producer_id, producer_epoch,
+                                   retired_producer_id)
+        self._parts[partition] = part
+        self._spawn(part, self._load(part), f"{self.topic}-{partition}-load")
+
+    async def on_resigned(self, partition: int) -> None:
+        """Another coordinator owns `partition` now: stop its work and forget its
+        state (requests get NOT_COORDINATOR). Returns once its tasks ended."""
+        part = self._parts.pop(partition, None)
+        if part is not None:
+            await self._resign(part)
+
+    def owned_partitions(self) -> dict[int, bool]:
+        """partition -> True when it serves (False while loading or disabled)."""
+        return {p: part.serving for p, part in self._parts.items()}
+
+    async def wait_loaded(self, partition: int | None = None, *, timeout_s: float | None = None) -> bool:
+        """Wait until `partition` (every owned partition when None) finished loading,
+        at most `timeout_s` seconds (None: no limit); an unowned partition does not
+        wait. Returns False on timeout (tests and readiness)."""
+        if partition is None:
+            parts = list(self._parts.values())
+        else:
+            parts = [self._parts[partition]] if partition in self._parts else []
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.loaded.wait() for p in parts)), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Drop every owned partition and cancel all background work."""
+        parts = list(self._parts.values())
+        self._parts.clear()
+        for part in parts:
+            await self._resign(part)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resign(self, part: P) -> None:
+        """Drop `part` (already removed from the owned partitions) and wait until its
+        tasks ended."""
+        tasks = self._drop(part)
+        current = asyncio.current_task()
+        await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
+
+    def _drop(self, part: P) -> list[asyncio.Task]:
+        """Close `part`, cancel its tasks and forget its state; returns the tasks."""
+        part.close()
+        tasks = list(part.tasks)
+        for task in tasks:
+            task.cancel()
+        part.tasks.clear()
+        self._dropped(part)
+        return tasks
+
+    def _owns(self, part: P) -> bool:
+        """Whether `part` is still the current, open ownership of its partition."""
+        return not part.closed and self._parts.get(part.partition) is part
+
+    def _is_fenced(self, part: P, code: int) -> bool:
+        """Whether `code`, the answer to an append written with our writer PID, means
+        that a newer owner wrote with a higher writer epoch; then the partition is
+        deposed (`_deposed`)."""
+        if part.producer_id < 0 or code not in FENCED_APPEND_ERRORS:
+            return False
+        self._deposed(part, f"writes fenced ({code_name(code)})")
+        return True
+
+    def _deposed(self, part: P, reason: str) -> None:
+        """A newer owner of `part` exists: stop serving it at once and tell the
+        ownership (`on_fenced`)."""
+        log.warning("%s-%d: coordinator epoch %d deposed, %s", self.topic, part.partition,
+                    part.coordinator_epoch, reason)
+        if self._parts.get(part.partition) is part:
+            del self._parts[part.partition]
+            self._drop(part)
+        if self.on_fenced is not None:
+            self.on_fenced(part.partition, part.coordinator_epoch)
+
+    async def _fence_previous_owner(self, part: P) -> None:
+        """Append the fence records of this claim, each retried until it is in the
+        log. Raises NotOwner when the ownership ended or a newer owner already fenced
+        us (the partition is then deposed)."""
+        if part.producer_id < 0:
+            return
+        for batch in fence_batches(part.producer_id, part.producer_epoch, part.retired_producer_id,
+                                   self._wall_clock()):
+            async for attempt in self._retrying():
+                with attempt:
+                    if not self._owns(part):
+                        raise NotOwner()
+                    code = await self._append_fence(part, batch)
+                    if not self._owns(part) or self._is_fenced(part, code):
+                        raise NotOwner()
+                    if code != ErrorCode.NONE:
+                        raise RetryLater(f"fencing {self.topic}-{part.partition}: {code_name(code)}")
+
+    def _retrying(self) -> AsyncRetrying:
+        """Retries of a step that raises RetryLater: exponential backoff with jitter
+        from retry_backoff_ms up to retry_backoff_max_ms, forever; other exceptions
+        propagate."""
+        backoff = self._retry_backoff_ms / 1000
+        return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
+                             wait=wait_exponential_jitter(multiplier=backoff, max=self._retry_backoff_max_ms / 1000,
+                                                          jitter=backoff),
+                             before_sleep=_log_retry)
+
+    def _spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
+        """Run `coro` as a task of `part` (cancelled when it is dropped) or, with
+        part None, of the coordinator (cancelled by `stop`). A failure is logged."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        tasks = part.tasks if part is not None else self._tasks
+        tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed", name, exc_info=t.exception())
+        task.add_done_callback(done)
+        return task
+
+
+__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "code_name"]
