@@ -168,6 +168,21 @@ class PartitionOwner(Generic[P]):
         self._parts[partition] = part
         self._spawn(part, self._load(part), f"{self.topic}-{partition}-load")
 
+    def _restart(self, part: P) -> None:
+        """Load `part` again under the same claim (coordinator epoch and writer
+        identity), e.g. to learn the outcome of an ambiguous append from the log: its
+        state and tasks are dropped and a fresh load starts (fence first, then replay),
+        requests get COORDINATOR_LOAD_IN_PROGRESS meanwhile. Synchronous, so one of
+        `part`'s own tasks may call it: that task is cancelled at its next await."""
+        if not self._owns(part):
+            return
+        del self._parts[part.partition]
+        self._drop(part)
+        new = self._new_partition(part.partition, part.coordinator_epoch, part.producer_id, part.producer_epoch,
+                                  part.retired_producer_id)
+        self._parts[part.partition] = new
+        self._spawn(new, self._load(new), f"{self.topic}-{part.partition}-reload")
+
     async def on_resigned(self, partition: int) -> None:
         """Another coordinator owns `partition` now: stop its work and forget its
         state (requests get NOT_COORDINATOR). Returns once its tasks ended."""

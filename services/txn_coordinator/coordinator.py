@@ -277,14 +277,6 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         PartitionOwner.on_elected."""
         await super().on_elected(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
 
-    async def _reload(self, part: _TxnPartition) -> None:
-        """Replace `part` by a fresh load of the same claim (same coordinator epoch and
-        writer identity): its cache, pending transitions and background work are
-        dropped, requests get COORDINATOR_LOAD_IN_PROGRESS until the replay is done."""
-        if self._owns(part):
-            await self.on_elected(part.partition, part.coordinator_epoch, part.producer_id, part.producer_epoch,
-                                  part.retired_producer_id)
-
     async def on_resigned(self, partition: int) -> None:
         """Another coordinator owns `partition` now: forget its cache and stop its
         marker and completion work (requests get NOT_COORDINATOR)."""
@@ -347,8 +339,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             # record of ours is then committed or gone for good).
             log.warning("appending %s of %r to __transaction_state-%d: outcome unknown (%s); reloading the "
                         "partition from its log", transit.state.kafka_name, md.transactional_id, part.partition,
-                        _name(code))
-            await self._reload(part)
+                        code_name(code))
+            self._restart(part)
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         md.cancel_transition()
         if self._is_fenced(part, code):

@@ -791,3 +791,22 @@ def test_an_ambiguous_append_that_did_not_land_leaves_the_transaction_as_it_was(
         assert h.md("t").state is S.COMPLETE_COMMIT
 
     run(scenario())
+
+
+def test_an_ambiguous_append_in_the_background_reloads_without_losing_the_partition():
+    """The Complete record's append (in the completion task) is ambiguous: the task that
+    hit it is cancelled by the reload it starts, and the reloaded partition serves."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.log.errors_after_write.extend([E.NONE, E.REQUEST_TIMED_OUT])  # PrepareCommit fine, Complete ambiguous
+        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        await h.settle()
+        await h.coord.wait_loaded(0)
+        await h.settle()
+        assert h.coord.owned_partitions() == {0: True}
+        md = h.md("t")
+        assert (md.state, md.pending_state) == (S.COMPLETE_COMMIT, None)
+
+    run(scenario())
