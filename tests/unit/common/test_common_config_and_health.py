@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+from waiting import wait_for_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common import server
@@ -59,11 +60,9 @@ def test_health_follows_the_loading_state():
                     return (await stub.Check(health_pb2.HealthCheckRequest(service=name))).status
 
                 async def becomes(expected: int) -> None:
-                    for _ in range(200):
-                        if await status() == expected:
-                            return
-                        await asyncio.sleep(0.01)
-                    raise AssertionError(f"health never became {expected}")
+                    async def reached():
+                        return await status() == expected
+                    await wait_for_async(reached, 5, f"health status {expected}")
 
                 await becomes(health_pb2.HealthCheckResponse.SERVING)
                 service.loading = True

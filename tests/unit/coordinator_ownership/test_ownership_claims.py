@@ -146,8 +146,11 @@ def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
         async def on_elected(p, epoch, **writer):
             elected.append((p, epoch, writer))
 
+        resign_calls = asyncio.Queue()
+
         async def on_resigned(p):
             resigned.append(p)
+            resign_calls.put_nowait(p)
 
         o = ownership(cluster, on_elected, on_resigned)
         o._loop = asyncio.get_running_loop()
@@ -157,16 +160,17 @@ def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
         # Another process claims it: the watch resigns us.
         zk.nodes[PATH] = (json.dumps({"owner": "txn-1", "coordinator_epoch": 1}).encode(), 9)
         o._on_owner_change(0, zk.nodes[PATH][0], None, None)
-        await asyncio.sleep(0.01)
+        assert await resign_calls.get() == 0
         assert resigned == [0] and o.owned == {}
         # Claimed again, then fenced by the partition leader: resign at once.
         await o._reconcile()
         assert o.owned == {0: 2}
         o.fenced(0, 1)  # an older claim: ignored
-        await asyncio.sleep(0.01)
-        assert o.owned == {0: 2}
+        for _ in range(20):  # let anything it might have started run
+            await asyncio.sleep(0)
+        assert o.owned == {0: 2} and resign_calls.empty()
         o.fenced(0, 2)
-        await asyncio.sleep(0.01)
+        assert await resign_calls.get() == 0
         assert resigned == [0, 0] and o.owned == {}
 
     asyncio.run(asyncio.wait_for(body(), 5))

@@ -9,6 +9,7 @@ import itertools
 import zlib
 
 import pytest
+from waiting import wait_for_async
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -56,10 +57,7 @@ class Env:
         return await self.coord.join_group(group, member_id, topics, SESSION, rebalance_timeout_ms)
 
     async def until(self, predicate, timeout=5.0):
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate():
-            assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-            await asyncio.sleep(0.005)
+        await wait_for_async(predicate, timeout, "the coordinator to reach the condition")
 
 
 def om(offset: int, metadata: str = "") -> OffsetAndMetadata:
@@ -186,7 +184,8 @@ def test_rebalance_timeout_completes_without_the_silent_member():
         await env.until(lambda: env.coord.group("g").is_(GroupState.PREPARING_REBALANCE))
         env.clock.advance(3999)
         env.coord.tick()
-        await asyncio.sleep(0.01)
+        for _ in range(20):  # let every task the tick woke run
+            await asyncio.sleep(0)
         assert not join_b.done()
         env.clock.advance(1)
         env.coord.tick()

@@ -6,6 +6,7 @@ import asyncio
 import zlib
 
 import grpc
+from waiting import wait_for_async
 from prometheus_client import generate_latest
 
 from exactly_wire.error_codes import ErrorCode
@@ -82,11 +83,11 @@ def test_servicer_round_trip():
                 assert [(p.partition, p.committed_offset, p.error_code) for p in fetch.topics[0].partitions] == \
                     [(0, 5, 0), (1, 6, 0), (2, -1, ErrorCode.UNSTABLE_OFFSET_COMMIT)]
                 log.write_marker(zlib.crc32(b"g") % N, 42, committed=True)
-                for _ in range(200):
-                    fetch = await stub.OffsetFetch(pb.OffsetFetchRequest(group_id="g", require_stable=True))
-                    if fetch.error_code == 0:
-                        break
-                    await asyncio.sleep(0.01)
+
+                async def stable():
+                    resp = await stub.OffsetFetch(pb.OffsetFetchRequest(group_id="g", require_stable=True))
+                    return resp if resp.error_code == 0 else None
+                fetch = await wait_for_async(stable, 5, "the committed offsets to become stable")
                 assert [(p.partition, p.committed_offset) for p in fetch.topics[0].partitions] == \
                     [(0, 5), (1, 6), (2, 9)]
 
