@@ -157,7 +157,7 @@ class ProducerBatch:
     __slots__ = ("tp", "blobs", "futures", "timestamps", "size", "base_ts", "created_ms",
                  "closed", "producer_id", "producer_epoch", "base_sequence", "payload",
                  "attempts", "retry_at_ms", "done", "in_flight", "transactional", "error",
-                 "drained_ms", "sent_in_order", "_condition")
+                 "sent_in_order", "_condition")
 
     def __init__(self, tp: TopicPartition, created_ms: float, base_ts: int):
         self.tp = tp
@@ -179,7 +179,6 @@ class ProducerBatch:
         self.in_flight = False
         self.transactional = False
         self.error: BaseException | None = None
-        self.drained_ms = 0.0
         # Every earlier batch of the partition was acknowledged when this one was sent:
         # an OUT_OF_ORDER_SEQUENCE_NUMBER answer cannot come from reordering then.
         self.sent_in_order = False
@@ -379,7 +378,6 @@ class RecordAccumulator:
                 return None
             batch = dq.popleft()
             batch.closed = True
-            batch.drained_ms = self.clock()
             return batch
 
     def reenqueue(self, batch: ProducerBatch, backoff_ms: float, now: float | None = None) -> None:
@@ -433,10 +431,6 @@ class RecordAccumulator:
     def incomplete(self) -> list[ProducerBatch]:
         with self._lock:
             return list(self._incomplete)
-
-    @property
-    def buffered_bytes(self) -> int:
-        return self._buffered
 
     def begin_flush(self) -> None:
         with self._lock:

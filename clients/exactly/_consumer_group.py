@@ -141,7 +141,6 @@ class GroupMembership:
         self._backoff_until = 0.0
         self._failures = 0
         self._last_poll = clock()
-        self._last_heartbeat_ok = clock()
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
         self._hb_wake = threading.Event()
@@ -315,7 +314,6 @@ class GroupMembership:
         if code == ErrorCode.NONE:
             self.state = MemberState.STABLE
             self._failures = 0
-            self._last_heartbeat_ok = self._clock()
             return [TopicPartition(t.topic, p) for t in resp.assignment for p in t.partitions]
         self.state = MemberState.JOINING
         if code == ErrorCode.UNKNOWN_MEMBER_ID:
@@ -385,8 +383,6 @@ class GroupMembership:
         with self._lock:
             if (gen, member) != (self.generation_id, self.member_id) or self.state is not MemberState.STABLE:
                 return code
-            if code in (ErrorCode.NONE, ErrorCode.REBALANCE_IN_PROGRESS):
-                self._last_heartbeat_ok = self._clock()
             if code == ErrorCode.NONE:
                 pass
             elif code == ErrorCode.UNKNOWN_MEMBER_ID:

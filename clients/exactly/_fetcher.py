@@ -408,9 +408,6 @@ class Fetcher:
             raise self._errors.pop(0)
         return out
 
-    def has_buffered(self) -> bool:
-        return any(st.buffered is not None for st in self._subs.assignment.values())
-
     def close(self) -> None:
         for inf in self._inflight.values():
             inf.future.cancel()

@@ -169,6 +169,11 @@ class IsrUpdater:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def drain(self) -> None:
+        """Wait until every requested update has ended (written, adopted or given up)."""
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
     async def _update(self, tp: TopicPartition) -> None:
         topic, partition = tp
         try:

@@ -622,10 +622,6 @@ class Log:
         return self.segments[-1]
 
     @property
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
-
-    @property
     def recovery_point(self) -> int:
         """Offset up to which the log is known to be on disk (fsynced)."""
         return self._recovery_point[0]

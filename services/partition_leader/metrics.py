@@ -26,26 +26,23 @@ services/common/metrics.py.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from services.common.metrics import LoopCollector
 
 _LABELS = ["topic", "partition"]
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 class PartitionCollector(LoopCollector):
     """Reads the partitions of every tracked ReplicaManager at scrape time."""
 
-    def __init__(self, clock_ms=_now_ms, **kwargs) -> None:
+    def __init__(self, clock_ms=wall_clock_ms, **kwargs) -> None:
         super().__init__(**kwargs)
         self._clock_ms = clock_ms
         # (topic, partition) -> {first offset of an ongoing transaction: its start, ms}

@@ -33,11 +33,11 @@ import logging
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
 
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
@@ -61,9 +61,6 @@ ACKS_ALL = -1
 HIGH_WATERMARK_FILE = "high-watermark"
 LOCAL_REPLICA = "local"  # replica id of a partition opened outside a cluster (tests, tools)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # Setting name -> (Kafka broker-level alias, default). Topic configs override
@@ -184,7 +181,7 @@ class Partition:
 
     def __init__(self, topic: str, partition: int, plog: Log, producers: ProducerStateManager,
                  store: SnapshotStore | None, config: PartitionConfig, *, leader_epoch: int = 0,
-                 clock_ms: Callable[[], int] = _now_ms, local_id: str = LOCAL_REPLICA,
+                 clock_ms: Callable[[], int] = wall_clock_ms, local_id: str = LOCAL_REPLICA,
                  epochs: LeaderEpochCache | None = None, single_replica: bool = True):
         self.topic = topic
         self.partition = partition
@@ -212,7 +209,7 @@ class Partition:
     @classmethod
     def open(cls, topic: str, partition: int, data_dir: Path, config: PartitionConfig | None = None,
              store: SnapshotStore | None = None, *, internal: bool | None = None, leader_epoch: int = 0,
-             clock_ms: Callable[[], int] = _now_ms, local_id: str = LOCAL_REPLICA,
+             clock_ms: Callable[[], int] = wall_clock_ms, local_id: str = LOCAL_REPLICA,
              single_replica: bool = True) -> "Partition":
         """Open (or create) `<data_dir>/logs/<topic>-<partition>/`, recover the log,
         load the leader-epoch cache (rebuilt from the batches when missing) and the

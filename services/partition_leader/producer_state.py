@@ -21,13 +21,13 @@ Not thread-safe: one owner (the partition) calls it.
 from __future__ import annotations
 
 import struct
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 import crc32c
 
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
 
@@ -139,9 +139,6 @@ class CompletedTxn(NamedTuple):
     is_aborted: bool
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 class ProducerStateManager:
     """All producer state of one partition.
@@ -156,7 +153,7 @@ class ProducerStateManager:
     """
 
     def __init__(self, *, internal: bool = False, expiration_ms: int = 86400000,
-                 clock_ms: Callable[[], int] = _now_ms):
+                 clock_ms: Callable[[], int] = wall_clock_ms):
         self.internal = internal
         self.expiration_ms = expiration_ms
         self.clock_ms = clock_ms

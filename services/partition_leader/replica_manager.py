@@ -27,31 +27,87 @@ loop only.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Protocol
+from typing import Awaitable, Callable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
 
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
-from .partition import Partition, PartitionConfig, ReplicaFetchResult
+from .partition import (ACKS_ALL, READ_COMMITTED, AppendResult, FetchResult, MarkerResult, Partition,
+                        PartitionConfig, ReplicaFetchResult)
+from .purgatory import Purgatory
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
-
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 10000
+DEFAULT_FETCH_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes
+DEFAULT_PARTITION_MAX_BYTES = 1048576  # Kafka's max.partition.fetch.bytes
+VALID_ACKS = (0, 1, -1)
+DEFAULT_PRODUCE_TIMEOUT_MS = 30000
+MARKER_TIMEOUT_MS = 25000  # below the coordinators' 30 s WriteTxnMarkers deadline
+
+T = TypeVar("T")
 
 
 class ClusterView(Protocol):
     def topics(self) -> Mapping[str, object]: ...
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+class Leases(Protocol):
+    """Confirms a leader's leadership (see lease.LeaseKeeper)."""
+
+    def ensure(self, p: Partition, deadline: float) -> Awaitable[bool]: ...
+
+
+class ProduceEntry(NamedTuple):
+    """One partition's data of a Produce: a single record batch v2, raw bytes."""
+
+    topic: str
+    partition: int
+    records: bytes
+
+
+class MarkerEntry(NamedTuple):
+    """One transaction marker of a WriteTxnMarkers for `partitions` ((topic, partition) pairs)."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: tuple[TopicPartition, ...]
+
+
+class FetchEntry(NamedTuple):
+    """One partition of a Fetch: where to read and at most how many bytes (0: Kafka's
+    max.partition.fetch.bytes default); current_leader_epoch -1 skips the epoch check."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    max_bytes: int = 0
+    current_leader_epoch: int = -1
+
+
+def guarded(what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
+    """Run a domain call; an exception (a bug, corruption, an I/O failure) becomes an
+    error code for this partition instead of failing the whole request:
+    (result, NONE), (None, KAFKA_STORAGE_ERROR) for OSError, else (None,
+    UNKNOWN_SERVER_ERROR); logged with its traceback."""
+    try:
+        return fn(*args), ErrorCode.NONE
+    except OSError:
+        log.exception("%s failed with an I/O error", what)
+        return None, ErrorCode.KAFKA_STORAGE_ERROR
+    except Exception:  # noqa: BLE001 - reported as UNKNOWN_SERVER_ERROR, logged with its traceback
+        log.exception("%s failed", what)
+        return None, ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 class _State:
@@ -82,7 +138,7 @@ class ReplicaManager:
     """
 
     def __init__(self, node_id: str, data_dir: Path, props: Mapping[str, str], cluster: ClusterView,
-                 store: SnapshotStore, clock_ms: Callable[[], int] = _now_ms,
+                 store: SnapshotStore, clock_ms: Callable[[], int] = wall_clock_ms,
                  monotonic_s: Callable[[], float] = time.monotonic):
         self.node_id = node_id
         self.data_dir = data_dir
@@ -97,6 +153,13 @@ class ReplicaManager:
         self.changed: set[TopicPartition] = set()  # see refresh()
         self.on_isr_update: Callable[[TopicPartition], None] | None = None
         self.is_live: Callable[[str], bool] = lambda node_id: True  # registered in ZooKeeper
+        # Requests waiting for events on a partition (see purgatory.py); the service
+        # notifies it on appends, markers, high-watermark, ISR and leadership changes.
+        self.purgatory = Purgatory(monotonic_s)
+        # Leadership confirmation before acknowledging writes; None: always confirmed.
+        self.leases: Leases | None = None
+        # Called with (topic, batch) for every client batch appended (metrics).
+        self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
 
     @property
     def partitions(self) -> dict[TopicPartition, Partition]:
@@ -249,6 +312,171 @@ class ReplicaManager:
         if p is None:
             return err, EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_OFFSET)
         return p.end_offset_for_epoch(leader_epoch, current_leader_epoch)
+
+    # ------------------------------------------------------------ delayed produce and fetch
+    async def _confirmed(self, p: Partition, deadline: float) -> bool:
+        """Whether leader `p` may acknowledge: its lease is valid, or the lease keeper
+        confirms it before `deadline` (monotonic s)."""
+        if self.leases is None or self.lease_valid(p):
+            return True
+        return await self.leases.ensure(p, deadline)
+
+    async def _leader_for_write(self, topic: str, partition: int, deadline: float,
+                                confirm: bool) -> tuple[Partition | None, ErrorCode]:
+        """`get()`, first confirming leadership (when `confirm` and the lease is not
+        valid) so that a deposed or paused leader appends nothing."""
+        p, err = self.get(topic, partition)
+        if p is not None and confirm and self.leases is not None and not self.lease_valid(p):
+            if not await self.leases.ensure(p, deadline):
+                return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+            p, err = self.get(topic, partition)
+        return p, err
+
+    async def _await_high_watermark(self, p: Partition, epoch: int, last_offset: int, deadline: float) -> ErrorCode:
+        """Kafka's DelayedProduce: wait until the high watermark passes `last_offset`
+        while `p` leads `epoch`. NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND (the ISR fell
+        below min.insync.replicas meanwhile), NOT_LEADER_OR_FOLLOWER (leadership
+        moved), REQUEST_TIMED_OUT (deadline)."""
+        tp = (p.topic, p.partition)
+        while True:
+            if self.replicas.get(tp) is not p or not p.is_leader or p.leader_epoch != epoch:
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER
+            if p.high_watermark > last_offset:
+                return ErrorCode.NONE if len(p.isr) >= p.min_insync_replicas \
+                    else ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+            if not await self.purgatory.wait((tp,), deadline) and self.purgatory.clock() >= deadline:
+                return ErrorCode.REQUEST_TIMED_OUT
+
+    async def _complete(self, p: Partition, epoch: int, acks: int, last_offset: int, deadline: float) -> ErrorCode:
+        """The acknowledgement of an append that succeeded locally: acks=all waits
+        for the high watermark; acks 1 and all confirm leadership of `epoch`."""
+        if acks == ACKS_ALL:
+            err = await self._await_high_watermark(p, epoch, last_offset, deadline)
+            if err != ErrorCode.NONE:
+                return err
+        if acks != 0 and not (await self._confirmed(p, deadline) and p.leader_epoch == epoch):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
+
+    async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
+                             timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS) -> list[AppendResult]:
+        """Produce (design doc "Client-Broker request handling", produce; Kafka's
+        ReplicaManager.appendRecords): append each entry's batch to the partition led
+        here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
+        (all) once the high watermark passed it. Before appending and before
+        acknowledging (acks != 0) the leader confirms its lease. timeout_ms (<= 0:
+        30000) bounds the whole request. Returns one AppendResult per entry, in
+        order: INVALID_REQUIRED_ACKS, the errors of `get()` and `Partition.append`,
+        and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT (offsets kept)."""
+        deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+        jobs = [self._append_one(acks, e, deadline) for e in entries]
+        if len(jobs) == 1:
+            return [await jobs[0]]
+        return list(await asyncio.gather(*jobs))
+
+    async def _append_one(self, acks: int, e: ProduceEntry, deadline: float) -> AppendResult:
+        if acks not in VALID_ACKS:
+            return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
+        p, err = await self._leader_for_write(e.topic, e.partition, deadline, confirm=acks != 0)
+        if p is None:
+            return AppendResult(err)
+        epoch = p.leader_epoch
+        res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks)
+        if res is None:
+            return AppendResult(err)
+        if res.error == ErrorCode.NONE:
+            self.on_appended(e.topic, e.records)
+            self.purgatory.notify((e.topic, e.partition))
+        if res.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+            err = await self._complete(p, epoch, acks, res.last_offset, deadline)
+            if err != ErrorCode.NONE:
+                res = res._replace(error=err, message="")
+        return res
+
+    async def write_markers(self, markers: Sequence[MarkerEntry],
+                            timeout_ms: int = MARKER_TIMEOUT_MS) -> list[list[MarkerResult]]:
+        """WriteTxnMarkers (design doc "Coordinator-Broker request handling"): append
+        each marker to each of its partitions led here (see `Partition.write_marker`)
+        and acknowledge as acks=all. Markers of one partition are appended in request
+        order (each append happens before its first wait). Returns, per marker, one
+        MarkerResult per partition in order."""
+        deadline = self.monotonic_s() + timeout_ms / 1000
+        jobs = [self._marker_one(m, topic, partition, deadline) for m in markers for topic, partition in m.partitions]
+        flat = list(await asyncio.gather(*jobs))
+        out, i = [], 0
+        for m in markers:
+            out.append(flat[i:i + len(m.partitions)])
+            i += len(m.partitions)
+        return out
+
+    async def _marker_one(self, m: MarkerEntry, topic: str, partition: int, deadline: float) -> MarkerResult:
+        p, err = await self._leader_for_write(topic, partition, deadline, confirm=True)
+        if p is None:
+            return MarkerResult(err)
+        epoch = p.leader_epoch
+        res, err = guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id, m.producer_epoch,
+                           m.committed, m.coordinator_epoch)
+        if res is None:
+            return MarkerResult(err)
+        if res.error == ErrorCode.NONE:
+            self.purgatory.notify((topic, partition))
+            err = await self._complete(p, epoch, ACKS_ALL, res.offset, deadline)
+            if err != ErrorCode.NONE:
+                res = res._replace(error=err, message="")
+        return res
+
+    async def fetch_messages(self, entries: Sequence[FetchEntry], *, max_wait_ms: int = 0, min_bytes: int = 1,
+                             max_bytes: int = 0, isolation_level: int = 0,
+                             replica_id: str = "") -> list[FetchResult | ReplicaFetchResult]:
+        """Fetch (design doc "Client-Broker request handling", fetch; Kafka's
+        ReplicaManager.fetchMessages with DelayedFetch): read every entry once; when
+        fewer than `min_bytes` (at least 1) bytes came back and no partition failed,
+        wait up to `max_wait_ms` for an append, marker or high-watermark move on one
+        of them and read again. max_bytes (0: 52428800) bounds the whole answer,
+        each entry's max_bytes its partition. With `replica_id` the fetch is a
+        follower's (`fetch_for_follower`, ReplicaFetchResult per entry); otherwise
+        a consumer's at `isolation_level` (FetchResult per entry)."""
+        deadline = self.monotonic_s() + max(max_wait_ms, 0) / 1000
+        min_bytes = max(min_bytes, 1)
+        tps = [(e.topic, e.partition) for e in entries]
+        while True:
+            results, total, failed = self._read_once(entries, max_bytes, isolation_level, replica_id)
+            if total >= min_bytes or failed or self.monotonic_s() >= deadline:
+                return results
+            if not await self.purgatory.wait(tps, deadline):
+                return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
+
+    def _read_once(self, entries: Sequence[FetchEntry], max_bytes: int, isolation_level: int,
+                   replica_id: str) -> tuple[list, int, bool]:
+        budget = max_bytes if max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        total, failed = 0, False
+        results: list = []
+        for e in entries:
+            limit = min(e.max_bytes if e.max_bytes > 0 else DEFAULT_PARTITION_MAX_BYTES, budget - total)
+            if replica_id:
+                res, err = guarded(f"replica fetch from {e.topic}-{e.partition}", self.fetch_for_follower,
+                                   e.topic, e.partition, replica_id, e.fetch_offset, limit, e.current_leader_epoch)
+                if res is None:
+                    res = ReplicaFetchResult(err)
+                if res.hw_changed:
+                    self.purgatory.notify((e.topic, e.partition))
+            else:
+                p, err = self.get(e.topic, e.partition)
+                res = None
+                if p is not None:
+                    res, err = guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
+                                       isolation_level, e.current_leader_epoch)
+                if res is None:
+                    res = FetchResult(err)
+                elif isolation_level != READ_COMMITTED and res.aborted:
+                    res = res._replace(aborted=())
+            results.append(res)
+            if res.error != ErrorCode.NONE:
+                failed = True
+            else:
+                total += len(res.records)
+        return results, total, failed
 
     # ------------------------------------------------------------ ISR and leases
     def desired_isr(self, tp: TopicPartition, now_ms: int | None = None) -> tuple[str, ...] | None:

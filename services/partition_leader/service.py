@@ -33,10 +33,10 @@ from services.common.controller import Controller
 from services.common.rpc import ClusterClient
 
 from .lease import IsrUpdater, LeaseKeeper
-from .metrics import PARTITIONS
+from .metrics import PARTITIONS, count_produced
 from .replica_fetcher import ReplicaFetchers
 from .replica_manager import ReplicaManager
-from .servicer import AppendNotifier, PartitionLeaderServicer
+from .servicer import PartitionLeaderServicer
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,9 @@ class PartitionLeaderService:
         self.manager = manager
         self.servicer = servicer
         self.leases = leases
-        self.notifier = servicer.notifier
-        self.fetchers = ReplicaFetchers(manager, self._address, client.channel, cfg.props, self.notifier.notify)
-        self.isr = IsrUpdater(manager, cluster, self.notifier.notify)
+        self.notify = manager.purgatory.notify
+        self.fetchers = ReplicaFetchers(manager, self._address, client.channel, cfg.props, self.notify)
+        self.isr = IsrUpdater(manager, cluster, self.notify)
         self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,7 +157,7 @@ class PartitionLeaderService:
         if any(p.is_leader for tp, p in self.manager.replicas.items() if tp in changed):
             self.leases.wake()
         for tp in changed:
-            self.notifier.notify(tp)
+            self.notify(tp)
 
     def _check_isr(self) -> None:
         for tp in self.manager.isr_updates():
@@ -179,9 +179,10 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     store = SnapshotStore(cfg.data_dir / "producer-state")
     manager = ReplicaManager(cfg.node_id, cfg.data_dir, cfg.props, cluster, store)
     PARTITIONS.track(manager)
-    notifier = AppendNotifier()
+    manager.on_appended = count_produced
     session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
-    leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), notifier.notify)
-    servicer = PartitionLeaderServicer(manager, notifier, leases)
+    leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)
+    manager.leases = leases
+    servicer = PartitionLeaderServicer(manager)
     pbg.add_PartitionLeaderServicer_to_server(servicer, server)
     return PartitionLeaderService(cfg, cluster, client, store, manager, servicer, leases)

@@ -64,7 +64,3 @@ class SnapshotStore:
 
     def delete(self, topic: str, partition: int, offset: int) -> None:
         del self._db[_prefix(topic, partition) + _OFFSET.pack(offset)]
-
-    def delete_all(self, topic: str, partition: int) -> None:
-        for offset in self.offsets(topic, partition):
-            self.delete(topic, partition, offset)

@@ -111,7 +111,7 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
         # (y lags: out; x is caught up: back in).
         zk.state = PartitionState("me", 1, ("me", "y"), version=1, mzxid=101)
         updater.request(TP)
-        await asyncio.sleep(0.1)
+        await updater.drain()
         assert [w[1] for w in zk.writes] == [0, 1]
         assert zk.state.isr == ("me", "x") and p.isr == ("me", "x") and p.replication.zk_version == 2
         assert m.desired_isr(TP) is None and notified
@@ -120,7 +120,7 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
         p.lease_until = 99.0
         zk.state = PartitionState("y", 2, ("y",), version=7, mzxid=120)
         updater.request(TP)
-        await asyncio.sleep(0.1)
+        await updater.drain()
         assert p.lease_until == 0.0 and zk.state.leader == "y"
         await updater.stop()
     asyncio.run(main())

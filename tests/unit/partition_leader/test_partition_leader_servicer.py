@@ -7,13 +7,14 @@ import time
 
 import grpc
 import pytest
+from waiting import wait_for_async
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.partition_leader.replica_manager import ReplicaManager
-from services.partition_leader.servicer import AppendNotifier, PartitionLeaderServicer
+from services.partition_leader.servicer import PartitionLeaderServicer
 
 from .conftest import make_batch
 from .test_replica_manager import FakeCluster, topic
@@ -33,7 +34,7 @@ def run(manager, scenario):
     async def main():
         server = grpc.aio.server()
         port = server.add_insecure_port("127.0.0.1:0")
-        pbg.add_PartitionLeaderServicer_to_server(PartitionLeaderServicer(manager, AppendNotifier()), server)
+        pbg.add_PartitionLeaderServicer_to_server(PartitionLeaderServicer(manager), server)
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -105,7 +106,7 @@ def test_fetch_long_polls_until_an_append(manager):
     async def scenario(stub):
         start = time.monotonic()
         waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 0, max_wait_ms=5000)))
-        await asyncio.sleep(0.2)
+        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
         await stub.Produce(produce_req(("a", 0, make_batch(1))))
         resp = await waiting
@@ -122,7 +123,7 @@ def test_read_committed_fetch_waits_for_the_marker(manager):
     async def scenario(stub):
         await stub.Produce(produce_req(("a", 1, make_batch(2, pid=9, seq=0, txn=True))))
         waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 1, 0, max_wait_ms=5000, isolation_level=1)))
-        await asyncio.sleep(0.2)
+        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
         markers = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
             producer_id=9, producer_epoch=0, committed=False, coordinator_epoch=1,

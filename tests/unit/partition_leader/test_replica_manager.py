@@ -17,9 +17,6 @@ class FakeCluster:
     def topics(self):
         return dict(self._topics)
 
-    def partitions_led_by(self, node_id):
-        return sorted((t.name, p) for t in self._topics.values() for p in t.partitions if t.leader(p) == node_id)
-
 
 def topic(name, leaders, configs=None, internal=False, epochs=None):
     states = {p: PartitionState(leader, (epochs or {}).get(p, 0), (leader,)) for p, leader in enumerate(leaders)}

@@ -8,13 +8,14 @@ import asyncio
 
 import grpc
 import pytest
+from waiting import wait_for_async
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
-from services.partition_leader.servicer import AppendNotifier, PartitionLeaderServicer
+from services.partition_leader.servicer import PartitionLeaderServicer
 
 from .conftest import make_batch
 from .test_partition_leader_servicer import produce_req
@@ -47,7 +48,8 @@ def run(manager, scenario, leases=None):
     async def main():
         server = grpc.aio.server()
         port = server.add_insecure_port("127.0.0.1:0")
-        pbg.add_PartitionLeaderServicer_to_server(PartitionLeaderServicer(manager, AppendNotifier(), leases), server)
+        manager.leases = leases
+        pbg.add_PartitionLeaderServicer_to_server(PartitionLeaderServicer(manager), server)
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -70,12 +72,11 @@ def first(resp):
 def test_acks_all_answers_once_the_follower_has_the_batch(manager):
     async def scenario(stub):
         produce = asyncio.ensure_future(stub.Produce(produce_req(("r", 0, make_batch(3))), timeout=10))
-        await asyncio.sleep(0.2)
+        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the produce to wait in the purgatory")
         assert not produce.done()  # appended, waiting for the high watermark
         part = (await stub.Fetch(replica_fetch(0), timeout=5)).responses[0].partitions[0]
         assert part.error_code == ErrorCode.NONE and part.records and part.high_watermark == 0
-        await asyncio.sleep(0.1)
-        assert not produce.done()
+        assert not produce.done() and len(manager.purgatory) == 1
         # The next fetch reports the follower's log end: the high watermark passes the batch.
         part = (await stub.Fetch(replica_fetch(3), timeout=5)).responses[0].partitions[0]
         assert part.high_watermark == 3 and part.records == b""

@@ -1,0 +1,200 @@
+"""Kafka's delayed produce and delayed fetch in the domain, without gRPC: the
+ReplicaManager's `append_records`, `write_markers` and `fetch_messages` over real
+partitions, with a manual monotonic clock and a purgatory whose deadlines expire only
+when the test says so (`expire_due`). Waiting is observed through the purgatory, never
+by sleeping."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from services.common.cluster import PartitionState, TopicInfo
+from services.partition_leader.purgatory import Purgatory
+from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
+
+from .conftest import make_batch
+from .test_replica_manager import FakeCluster
+
+TP = ("r", 0)
+
+
+class Now:
+    """Monotonic seconds moved by hand."""
+
+    def __init__(self) -> None:
+        self.s = 100.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+class FakeLeases:
+    def __init__(self, answer: bool):
+        self.answer, self.calls = answer, 0
+
+    async def ensure(self, p, deadline) -> bool:
+        self.calls += 1
+        return self.answer
+
+
+@pytest.fixture
+def now():
+    return Now()
+
+
+@pytest.fixture
+def manager(tmp_path, store, clock, now):
+    """Leader "me" of r-0 (replicas me, x; ISR both; min.insync.replicas 2)."""
+    cluster = FakeCluster({"r": TopicInfo("r", {0: ["me", "x"]}, {"min.insync.replicas": "2"}, False,
+                                          {0: PartitionState("me", 3, ("me", "x"), version=0)})})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=now)
+    m.purgatory = Purgatory(now, timers=False)
+    m.refresh()
+    yield m
+    m.close()
+
+
+async def parked(m: ReplicaManager, n: int = 1) -> None:
+    """Let the event loop run until `n` requests wait in the purgatory."""
+    for _ in range(200):
+        if len(m.purgatory) >= n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(m.purgatory)} requests parked, expected {n}")
+
+
+def follower_fetch(m: ReplicaManager, offset: int):
+    return m.fetch_messages([FetchEntry("r", 0, offset, 1 << 20, 3)], replica_id="x")
+
+
+def produce(m: ReplicaManager, batch: bytes, acks: int = -1, timeout_ms: int = 1000):
+    return asyncio.ensure_future(m.append_records(acks, [ProduceEntry("r", 0, batch)], timeout_ms))
+
+
+def test_acks_all_completes_when_the_high_watermark_passes_the_batch(manager):
+    async def main():
+        pending = produce(manager, make_batch(3))
+        await parked(manager)
+        assert not pending.done()
+        [res] = await follower_fetch(manager, 0)  # the follower reads the batch
+        assert res.error == ErrorCode.NONE and res.records and res.high_watermark == 0
+        await parked(manager)
+        assert not pending.done()
+        await follower_fetch(manager, 3)  # its next fetch reports it has it: the HW moves
+        [done] = await pending
+        assert (done.error, done.base_offset) == (ErrorCode.NONE, 0)
+        assert len(manager.purgatory) == 0
+    asyncio.run(main())
+
+
+def test_acks_all_after_the_isr_shrank_below_min_insync(manager):
+    async def main():
+        pending = produce(manager, make_batch(1))
+        await parked(manager)
+        p = manager.replicas[TP]
+        p.set_isr(("me",), 1)  # the follower left the ISR: the HW passes the batch at once
+        manager.purgatory.notify(TP)
+        [res] = await pending
+        assert (res.error, res.base_offset) == (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, 0)
+    asyncio.run(main())
+
+
+def test_acks_all_when_leadership_moves_while_waiting(manager):
+    async def main():
+        pending = produce(manager, make_batch(1))
+        await parked(manager)
+        manager.replicas[TP].become_follower("x", 4, ("me", "x"))
+        manager.purgatory.notify(TP)
+        [res] = await pending
+        assert res.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    asyncio.run(main())
+
+
+def test_acks_all_times_out_at_the_deadline(manager, now):
+    async def main():
+        pending = produce(manager, make_batch(1), timeout_ms=500)
+        await parked(manager)
+        now.s += 0.499
+        assert manager.purgatory.expire_due() == 0 and not pending.done()
+        now.s += 0.001
+        assert manager.purgatory.expire_due() == 1
+        [res] = await pending
+        assert (res.error, res.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, 0)
+    asyncio.run(main())
+
+
+def test_acks_one_answers_after_the_local_append(manager):
+    async def main():
+        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(2))])
+        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0)
+        [bad] = await manager.append_records(2, [ProduceEntry("r", 0, make_batch(2))])
+        assert bad.error == ErrorCode.INVALID_REQUIRED_ACKS
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("confirmed", [False, True])
+def test_a_leader_confirms_its_lease_before_appending(manager, confirmed):
+    async def main():
+        leases = FakeLeases(confirmed)
+        manager.leases = leases
+        p = manager.replicas[TP]
+        p.set_isr(("me",), 1)
+        p.lease_until = 0.0  # the lease ran out: leadership must be confirmed first
+        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(2))])
+        if confirmed:
+            assert res.error == ErrorCode.NONE and p.log_end_offset == 2
+        else:
+            assert res.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 0
+        assert leases.calls >= 1
+        # acks=0 never waits for a confirmation.
+        leases.calls = 0
+        await manager.append_records(0, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        assert leases.calls == 0
+    asyncio.run(main())
+
+
+def test_markers_wait_like_acks_all(manager):
+    async def main():
+        await produce(manager, make_batch(1, pid=7, seq=0, txn=True), acks=1)
+        pending = asyncio.ensure_future(manager.write_markers([MarkerEntry(7, 0, True, 0, (TP, ("r", 9)))]))
+        await parked(manager)
+        await follower_fetch(manager, 2)
+        [[ok, unknown]] = await pending
+        assert (ok.error, ok.offset) == (ErrorCode.NONE, 1)
+        assert unknown.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    asyncio.run(main())
+
+
+def test_fetch_long_polls_until_enough_bytes(manager, now):
+    async def main():
+        batch = make_batch(1)
+        manager.replicas[TP].set_isr(("me",), 1)  # one replica: appends are committed at once
+        waiting = asyncio.ensure_future(manager.fetch_messages(
+            [FetchEntry("r", 0, 0)], max_wait_ms=5000, min_bytes=2 * len(batch)))
+        await parked(manager)
+        await manager.append_records(1, [ProduceEntry("r", 0, batch)])
+        await parked(manager)  # woken, one batch is not min_bytes: waiting again
+        assert not waiting.done()
+        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1))])
+        [res] = await waiting
+        assert res.error == ErrorCode.NONE
+        assert [h.base_offset for _, h in records.iter_batches(res.records)] == [0, 1]
+    asyncio.run(main())
+
+
+def test_fetch_answers_what_there_is_at_the_deadline(manager, now):
+    async def main():
+        manager.replicas[TP].set_isr(("me",), 1)
+        waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=300))
+        await parked(manager)
+        now.s += 0.3
+        manager.purgatory.expire_due()
+        [res] = await waiting
+        assert (res.error, res.records, res.high_watermark) == (ErrorCode.NONE, b"", 0)
+        # A failed partition answers at once, without waiting.
+        [gone] = await manager.fetch_messages([FetchEntry("r", 5, 0)], max_wait_ms=300)
+        assert gone.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and len(manager.purgatory) == 0
+    asyncio.run(main())
