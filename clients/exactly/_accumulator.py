@@ -19,21 +19,14 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import _base as _futures_base
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from . import errors
 from exactly_wire import records as _rec
+from exactly_wire.clock import Clock, monotonic_ms
 from .types import RecordMetadata, TopicPartition
 
 Headers = Sequence[tuple[str, bytes | None]]
-
-
-def now_ms() -> float:
-    return time.monotonic() * 1000.0
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---------------------------------------------------------------- partitioner
@@ -278,7 +271,7 @@ class RecordAccumulator:
     """
 
     def __init__(self, batch_size: int = 16384, linger_ms: float = 5,
-                 buffer_memory: int = 32 * 1024 * 1024, clock: Callable[[], float] = now_ms):
+                 buffer_memory: int = 32 * 1024 * 1024, clock: Clock = monotonic_ms):
         self.batch_size = batch_size
         self.linger_ms = linger_ms
         self.buffer_memory = buffer_memory
@@ -456,10 +449,18 @@ def _seq_before(a: int, b: int) -> bool:
 
 
 def fail_batches(batches: Iterable[ProducerBatch], exc: BaseException, acc: RecordAccumulator) -> None:
+    """Fail every record of `batches` with `exc` and give their memory back to `acc`."""
     for b in batches:
         b.fail(exc)
         acc.deallocate(b)
 
 
+def failed_future(exc: BaseException) -> Future:
+    """A Future that already failed with `exc`."""
+    f: Future = Future()
+    f.set_exception(exc)
+    return f
+
+
 __all__ = ["murmur2", "partition_for_key", "StickyPartitioner", "ProducerBatch", "RecordFuture",
-           "RecordAccumulator", "fail_batches", "now_ms", "wall_ms"]
+           "RecordAccumulator", "fail_batches", "failed_future"]

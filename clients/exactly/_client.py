@@ -13,7 +13,6 @@ import concurrent.futures
 import itertools
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -21,6 +20,7 @@ import grpc
 import tenacity
 
 from . import errors
+from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pb_grpc
@@ -124,10 +124,10 @@ class Metadata:
 
     nodes: dict[str, NodeMetadata]
     topics: dict[str, TopicMetadata]
-    fetched_at: float = field(default_factory=time.monotonic)  # time.monotonic() seconds
+    fetched_at: int = field(default_factory=monotonic_ms)  # monotonic ms (exactly_wire.clock)
 
     @classmethod
-    def from_response(cls, resp: pb.MetadataResponse) -> "Metadata":
+    def from_response(cls, resp: pb.MetadataResponse, fetched_at: int | None = None) -> "Metadata":
         nodes = {n.node_id: NodeMetadata(n.node_id, n.role, n.host, n.port) for n in resp.nodes}
         topics = {}
         for t in resp.topics:
@@ -135,7 +135,7 @@ class Metadata:
                                                     p.leader_epoch, tuple(p.replicas), tuple(p.isr))
                      for p in t.partitions}
             topics[t.name] = TopicMetadata(t.name, t.error_code, t.is_internal, parts)
-        return cls(nodes, topics)
+        return cls(nodes, topics) if fetched_at is None else cls(nodes, topics, fetched_at)
 
     def has_topic(self, topic: str) -> bool:
         t = self.topics.get(topic)
@@ -169,10 +169,11 @@ class ClientCore:
 
     `conf` keys (Kafka names): `bootstrap.servers` ("host:port,host:port", required),
     `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
-    (1000), `metadata.max.age.ms` (300000). Thread-safe.
+    (1000), `metadata.max.age.ms` (300000); clock: monotonic ms (injectable). Thread-safe.
     """
 
-    def __init__(self, conf: dict[str, Any]):
+    def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
+        self.clock = clock
         if "bootstrap.servers" not in conf:
             raise ValueError("bootstrap.servers is required")
         self.bootstrap = parse_bootstrap(conf["bootstrap.servers"])
@@ -337,7 +338,7 @@ class ClientCore:
         md = self._metadata
         if md is not None:
             # Keep the node list for bootstrapping; force the next read to refetch.
-            self._metadata = Metadata(md.nodes, md.topics, fetched_at=float("-inf"))
+            self._metadata = Metadata(md.nodes, md.topics, fetched_at=-(1 << 62))
 
     def _fetch_metadata(self) -> Metadata:
         last: errors.ExactlyError | None = None
@@ -347,7 +348,7 @@ class ClientCore:
             addr = addrs[(start + i) % len(addrs)]
             try:
                 resp = self.call(self.cluster_stub(addr).Metadata, pb.MetadataRequest())
-                return Metadata.from_response(resp)
+                return Metadata.from_response(resp, self.clock())
             except errors.ExactlyError as exc:
                 if not exc.retriable:
                     raise
@@ -370,7 +371,7 @@ class ClientCore:
             return self._metadata
 
     def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
-        if (time.monotonic() - md.fetched_at) * 1000 > self.metadata_max_age_ms:
+        if self.clock() - md.fetched_at > self.metadata_max_age_ms:
             return False
         return topics is None or all(md.has_topic(t) for t in topics)
 

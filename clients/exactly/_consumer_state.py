@@ -64,7 +64,7 @@ def reset_timestamp(strategy: ResetStrategy, read_committed: bool) -> int:
 
 
 @dataclass(slots=True)
-class PartitionState:
+class TopicPartitionState:
     """State of one assigned partition."""
 
     position: int | None = None
@@ -123,12 +123,12 @@ class PartitionState:
 @dataclass
 class SubscriptionState:
     """What the consumer reads: a topic subscription (group-managed assignment) or
-    a user assignment, and the PartitionState of each assigned partition."""
+    a user assignment, and the TopicPartitionState of each assigned partition."""
 
     default_reset: ResetStrategy = ResetStrategy.LATEST
     subscription: tuple[str, ...] | None = None
     user_assigned: bool = False
-    assignment: dict[TopicPartition, PartitionState] = field(default_factory=dict)
+    assignment: dict[TopicPartition, TopicPartitionState] = field(default_factory=dict)
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Raises errors.IllegalStateError when partitions were assigned manually."""
@@ -152,12 +152,12 @@ class SubscriptionState:
         self.assignment = {}
 
     def _set_assignment(self, partitions: Iterable[TopicPartition]) -> None:
-        new: dict[TopicPartition, PartitionState] = {}
+        new: dict[TopicPartition, TopicPartitionState] = {}
         for tp in sorted(set(TopicPartition(*tp) for tp in partitions)):
-            new[tp] = self.assignment.get(tp) or PartitionState(awaiting_committed=True)
+            new[tp] = self.assignment.get(tp) or TopicPartitionState(awaiting_committed=True)
         self.assignment = new
 
-    def state(self, tp: TopicPartition) -> PartitionState:
+    def state(self, tp: TopicPartition) -> TopicPartitionState:
         """Raises errors.IllegalStateError for a partition not assigned to this consumer."""
         st = self.assignment.get(tp)
         if st is None:

@@ -28,7 +28,7 @@ NO_PRODUCER_EPOCH = -1
 _INT32_MAX = 0x7FFFFFFF
 
 
-class TxnState(enum.Enum):
+class TransactionManagerState(enum.Enum):
     UNINITIALIZED = "UNINITIALIZED"
     INITIALIZING = "INITIALIZING"
     READY = "READY"
@@ -40,10 +40,10 @@ class TxnState(enum.Enum):
     FATAL_ERROR = "FATAL_ERROR"
 
 
-S = TxnState
+S = TransactionManagerState
 
 # For each state, the states it may be entered from (Kafka's TransactionManager.State).
-VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
+VALID_PREVIOUS: dict[TransactionManagerState, frozenset[TransactionManagerState]] = {
     # READY: an idempotent producer drops its PID to get a new one;
     # INITIALIZING: InitProducerId failed or timed out and may be tried again.
     S.UNINITIALIZED: frozenset({S.READY, S.INITIALIZING}),
@@ -56,7 +56,7 @@ VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
     S.ABORTING_TRANSACTION: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.PREPARED_TRANSACTION}),
     S.ABORTABLE_ERROR: frozenset({S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.ABORTABLE_ERROR,
                                   S.ABORTING_TRANSACTION, S.INITIALIZING, S.PREPARED_TRANSACTION}),
-    S.FATAL_ERROR: frozenset(TxnState),
+    S.FATAL_ERROR: frozenset(TransactionManagerState),
 }
 
 ERROR_STATES = frozenset({S.ABORTABLE_ERROR, S.FATAL_ERROR})
@@ -167,7 +167,7 @@ class TransactionManager:
     def is_transactional(self) -> bool:
         return self.transactional_id is not None
 
-    def transition_to(self, target: TxnState, error: BaseException | None = None) -> None:
+    def transition_to(self, target: TransactionManagerState, error: BaseException | None = None) -> None:
         """Move to `target`, checked against VALID_PREVIOUS. Error states require
         `error` (kept as last_error); other states must not get one. Raises
         InvalidTransitionError (an errors.IllegalStateError)."""
@@ -472,6 +472,6 @@ class TransactionManager:
             self._clear_transaction()
 
 
-__all__ = ["TxnState", "VALID_PREVIOUS", "ERROR_STATES", "FATAL_CODES", "FENCING_CODES",
+__all__ = ["TransactionManagerState", "VALID_PREVIOUS", "ERROR_STATES", "FATAL_CODES", "FENCING_CODES",
            "TransactionManager", "InvalidTransitionError", "fenced", "is_fatal", "normalize",
            "copy_error", "next_sequence", "NO_PRODUCER_ID", "NO_PRODUCER_EPOCH"]

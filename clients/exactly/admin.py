@@ -54,7 +54,7 @@ class AdminClient:
 
         Raises errors.TopicAlreadyExistsError when a topic exists (the other topics
         are still created and waited for); errors.InvalidPartitionsError /
-        InvalidReplicationFactorError / InvalidTopicExceptionError for bad
+        InvalidReplicationFactorError / InvalidTopicException for bad
         arguments; errors.KafkaTimeoutError when the topics do not serve in time.
         docs/design.md, "Decisions"."""
         topics = list(new_topics)

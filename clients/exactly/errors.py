@@ -65,6 +65,13 @@ InvalidProducerEpochError = _BY_CODE[ErrorCode.INVALID_PRODUCER_EPOCH]
 ProducerFencedError = _BY_CODE[ErrorCode.PRODUCER_FENCED]
 
 
+class TransactionAbortedError(ExactlyError):
+    """The record's transaction was aborted before the record was sent (the
+    producer's abort_transaction, or an earlier error of the transaction)."""
+    code = ErrorCode.INVALID_TXN_STATE
+    retriable = False
+
+
 def for_code(code: int, message: str | None = None) -> ExactlyError:
     """Return the exception instance for a non-zero error code (unknown codes map
     to UnknownServerError). Raises ValueError for NONE (0)."""
@@ -80,5 +87,5 @@ def check(code: int, message: str | None = None) -> None:
         raise for_code(code, message)
 
 
-__all__ = ["ErrorCode", "ExactlyError", "KafkaTimeoutError", "IllegalStateError",
+__all__ = ["ErrorCode", "ExactlyError", "KafkaTimeoutError", "IllegalStateError", "TransactionAbortedError",
            "for_code", "check"] + [c.__name__ for c in _BY_CODE.values()]

@@ -29,24 +29,23 @@ import time
 from concurrent.futures import Future
 from typing import Any, Mapping, NamedTuple
 
-from . import errors
 from exactly_wire import records as _rec
-from ._accumulator import (ProducerBatch, RecordAccumulator, StickyPartitioner, fail_batches,
-                           now_ms, partition_for_key)
-from ._client import (COORDINATOR_ERRORS, COORDINATOR_GROUP, COORDINATOR_TRANSACTION, METADATA_ERRORS,
-                      ClientCore, Metadata, is_retriable)
-from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager,
-                           TxnState, copy_error, normalize)
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
-from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
+
+from . import errors
+from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable
+from ._sender import Sender, SenderConfig
+from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
+                           copy_error, normalize)
+from .errors import TransactionAbortedError
+from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
 
 _INT32_MAX = 2147483647
-# Kafka retries AddPartitionsToTxn quickly on CONCURRENT_TRANSACTIONS: the previous
-# transaction's markers are usually written within a few ms.
-_ADD_PARTITIONS_RETRY_MS = 20
 
 
 # Bytes a record adds besides key, value and headers, counting the batch header.
@@ -67,12 +66,6 @@ class PreparedTransaction(NamedTuple):
     transactional_id: str
     producer_id: int
     epoch: int
-
-
-class TransactionAbortedError(errors.ExactlyError):
-    """The record's transaction was aborted before the record was sent."""
-    code = ErrorCode.INVALID_TXN_STATE
-    retriable = False
 
 
 def _as_bool(v: Any) -> bool:
@@ -114,12 +107,6 @@ def _headers(h: Any) -> tuple[tuple[str, bytes | None], ...]:
             raise TypeError(f"header keys must be str, not {type(k).__name__}")
         out.append((k, _to_bytes(v, "header value")))
     return tuple(out)
-
-
-def _failed(exc: BaseException) -> Future:
-    f: Future = Future()
-    f.set_exception(exc)
-    return f
 
 
 class Producer:
@@ -200,7 +187,13 @@ class Producer:
         self._topic_cache: dict[str, _TopicPartitions] = {}
         self._closed = False
         self._close_lock = threading.Lock()
-        self._sender = _Sender(self)
+        self._sender = Sender(
+            SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
+                         request_timeout_ms=self._request_timeout_ms, delivery_timeout_ms=self._delivery_timeout_ms,
+                         retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
+                         max_in_flight=self._max_in_flight, compression=self._compression,
+                         txn_timeout_ms=self._txn_timeout_ms),
+            self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed)
         self._sender.start()
 
     # ------------------------------------------------------------ send
@@ -227,9 +220,9 @@ class Producer:
         if self._closed:
             raise errors.IllegalStateError("producer is closed")
         txn = self._txn
-        if txn.state is not TxnState.IN_TRANSACTION and (txn.is_transactional or txn.has_error):
+        if txn.state is not TransactionManagerState.IN_TRANSACTION and (txn.is_transactional or txn.has_error):
             if txn.has_error and txn.last_error is not None:
-                return _failed(copy_error(txn.last_error))
+                return failed_future(copy_error(txn.last_error))
             txn.check_can_send()
         key_b = key if key is None or type(key) is bytes else _to_bytes(key, "key")
         value_b = value if value is None or type(value) is bytes else _to_bytes(value, "value")
@@ -242,7 +235,7 @@ class Producer:
         if size > self._max_request_size:
             raise errors.MessageTooLargeError(
                 f"record of about {size} bytes exceeds max.request.size ({self._max_request_size} bytes)")
-        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        ts = wall_clock_ms() if timestamp_ms is None else int(timestamp_ms)
         cached = self._topic_cache.get(topic) or self._cache_topic(topic)
         sticky = False
         if partition is not None:
@@ -518,7 +511,7 @@ class Producer:
         if txn.sequences_unresolved:
             # Some batch of the aborted transaction may or may not be in the log: a
             # new epoch restarts sequences so later batches are not rejected (KIP-360).
-            txn.transition_to(TxnState.INITIALIZING)
+            txn.transition_to(TransactionManagerState.INITIALIZING)
             self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
         else:
             txn.complete_transaction()
@@ -546,8 +539,8 @@ class Producer:
                 txn.sequences_unresolved = True
                 return
             err = txn.record_error(exc)
-            if not commit and txn.state is TxnState.ABORTING_TRANSACTION:
-                txn.transition_to(TxnState.ABORTABLE_ERROR, err)
+            if not commit and txn.state is TransactionManagerState.ABORTING_TRANSACTION:
+                txn.transition_to(TransactionManagerState.ABORTABLE_ERROR, err)
             raise err from None
 
     # ------------------------------------------------------------ lifecycle
@@ -585,365 +578,6 @@ class Producer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-class _Sender(threading.Thread):
-    """Drains ready batches, keeps the transaction's partitions registered, sends
-    Produce requests (one per leader, futures: several leaders at once) and
-    handles their outcomes. Outcomes are processed on this thread only."""
-
-    def __init__(self, producer: Producer):
-        super().__init__(name="exactly-producer-sender", daemon=True)
-        self.p = producer
-        self._cond = threading.Condition()
-        self._woken = False
-        self._running = True
-        self._completions: collections.deque = collections.deque()
-        self._in_flight: dict[TopicPartition, int] = collections.defaultdict(int)
-        self._in_flight_total = 0
-        self._need_metadata = False
-        self._metadata_at = 0.0
-        self._add_retry_at = 0.0
-        self._pid_retry_at = 0.0
-        self._reset_pid = False
-        self._last_metadata: Metadata | None = None
-
-    # ------------------------------------------------------------ loop
-
-    def wakeup(self) -> None:
-        with self._cond:
-            self._woken = True
-            self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._running = False
-            self._cond.notify()
-
-    def _complete(self, fn) -> None:
-        self._completions.append(fn)
-        with self._cond:
-            self._cond.notify()
-
-    def run(self) -> None:
-        while True:
-            try:
-                delay = self._run_once()
-            except Exception:  # noqa: BLE001 - keep sending; the error is a bug to log
-                log.exception("producer sender iteration failed")
-                delay = self.p._backoff_ms
-            with self._cond:
-                if not self._running:
-                    break
-                if not self._woken and not self._completions and (delay is None or delay > 0):
-                    self._cond.wait(None if delay is None else delay / 1000.0)
-                self._woken = False
-        while self._completions:  # outcomes that arrived while stopping
-            try:
-                self._completions.popleft()()
-            except Exception:  # noqa: BLE001
-                log.exception("producer completion failed")
-
-    def _run_once(self) -> float | None:
-        txn, acc = self.p._txn, self.p._acc
-        while self._completions:
-            self._completions.popleft()()
-        now = now_ms()
-        if txn.has_error or txn.state is TxnState.ABORTING_TRANSACTION:
-            err = txn.last_error if txn.has_error else TransactionAbortedError("transaction aborted")
-            queued = acc.drain_all()
-            if queued:
-                fail_batches(queued, err, acc)
-            return None
-        if txn.idempotent and not txn.is_transactional:
-            wait = self._maybe_init_idempotent(now)
-            if wait is not None:
-                return wait
-        if txn.is_transactional and now >= self._add_retry_at:
-            tps = txn.take_pending_partitions()
-            if tps:
-                self._send_add_partitions(tps)
-        delay = self._expire(now)
-        ready, wait = acc.ready(now)
-        if ready:
-            sent_any = self._send_ready(ready, now)
-            if sent_any:
-                wait = 0  # more batches may be ready for the same partitions
-        if self._need_metadata:
-            wait = self._refresh_metadata(now, wait)
-        if delay is not None:
-            wait = delay if wait is None else min(wait, delay)
-        if txn.is_transactional and txn.has_pending_partitions() and not txn.add_in_flight:
-            retry_in = max(self._add_retry_at - now, 0)
-            wait = retry_in if wait is None else min(wait, retry_in)
-        return wait
-
-    def _expire(self, now: float) -> float | None:
-        p = self.p
-        for batch in p._acc.expired(now, p._delivery_timeout_ms):
-            exc = errors.KafkaTimeoutError(
-                f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} expired: "
-                f"delivery.timeout.ms ({p._delivery_timeout_ms:.0f} ms) passed")
-            self._fail(batch, exc)
-        return None
-
-    def _refresh_metadata(self, now: float, wait: float | None) -> float | None:
-        due = self._metadata_at + self.p._backoff_ms
-        if now < due:
-            return due - now if wait is None else min(wait, due - now)
-        self._metadata_at = now
-        self._need_metadata = False
-        try:
-            self.p._core.metadata(refresh=True)
-        except errors.ExactlyError as exc:
-            log.debug("metadata refresh failed: %s", exc)
-            self._need_metadata = True
-        return 0
-
-    # ------------------------------------------------------------ PID for idempotence
-
-    def _maybe_init_idempotent(self, now: float) -> float | None:
-        """Non-transactional idempotent producer: get (or renew) the PID before
-        draining. Returns a delay to wait instead of sending, or None."""
-        p, txn, acc = self.p, self.p._txn, self.p._acc
-        if self._reset_pid or txn.sequences_unresolved:
-            if self._in_flight_total:
-                return None  # wait for in-flight batches, then reset
-            self._reset_pid = False
-            txn.reset_producer_id()
-            for b in acc.drain_all():  # re-frame queued batches under the new PID
-                b.unseal()
-                acc.reenqueue(b, 0, now)
-        if txn.has_producer_id:
-            return None
-        if not acc.has_queued():
-            return None
-        if now < self._pid_retry_at:
-            return self._pid_retry_at - now
-        core = p._core
-        try:
-            if txn.state is TxnState.UNINITIALIZED:
-                txn.begin_initialize()
-
-            def _once():
-                md = core.metadata()
-                addrs = sorted(n.address for n in md.nodes.values() if n.role == "txn_coordinator")
-                if not addrs:
-                    core.metadata(refresh=True)
-                    raise errors.CoordinatorNotAvailableError("no transaction coordinator is live")
-                resp = core.call(core.txn_stub(addrs[int(now) % len(addrs)]).InitProducerId,
-                                 pb.InitProducerIdRequest(transactional_id="", producer_id=-1, producer_epoch=-1,
-                                                          transaction_timeout_ms=p._txn_timeout_ms))
-                errors.check(resp.error_code, resp.error_message or None)
-                return resp
-
-            resp = core.retry(_once, timeout_s=p._request_timeout_ms / 1000.0)
-            txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
-            return None
-        except errors.ExactlyError as exc:
-            err = txn.initialize_failed(exc)
-            log.warning("InitProducerId failed: %s", err)
-            if txn.is_fatal_state:
-                fail_batches(p._acc.drain_all(), err, p._acc)
-                return None
-            self._pid_retry_at = now + p._backoff_max_ms
-            return p._backoff_max_ms
-
-    # ------------------------------------------------------------ AddPartitionsToTxn
-
-    def _send_add_partitions(self, tps: list[TopicPartition]) -> None:
-        p, txn, core = self.p, self.p._txn, self.p._core
-        try:
-            addr = core.find_coordinator(p._transactional_id, COORDINATOR_TRANSACTION)
-        except errors.ExactlyError as exc:
-            self._add_failed(tps, exc)
-            return
-        by_topic: dict[str, list[int]] = collections.defaultdict(list)
-        for tp in tps:
-            by_topic[tp.topic].append(tp.partition)
-        req = pb.AddPartitionsToTxnRequest(
-            transactional_id=p._transactional_id, producer_id=txn.producer_id,
-            producer_epoch=txn.producer_epoch,
-            topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        fut = core.call_future(core.txn_stub(addr).AddPartitionsToTxn, req)
-        fut.add_done_callback(lambda f: self._complete(lambda: self._on_add_partitions(tps, f)))
-
-    def _on_add_partitions(self, tps: list[TopicPartition], fut: Future) -> None:
-        txn = self.p._txn
-        exc = fut.exception()
-        if exc is not None:
-            self._add_failed(tps, exc)
-            return
-        codes = {TopicPartition(t.topic, r.partition): r.error_code
-                 for t in fut.result().results for r in t.partitions}
-        ok = [tp for tp in tps if codes.get(tp) == ErrorCode.NONE]
-        txn.partitions_added(ok)
-        failed = [tp for tp in tps if codes.get(tp) != ErrorCode.NONE]
-        if failed:
-            # OPERATION_NOT_ATTEMPTED marks partitions skipped because another one
-            # failed: the other partition's error decides (retry when none other).
-            worst: errors.ExactlyError = errors.CoordinatorLoadInProgressError("AddPartitionsToTxn not attempted")
-            for tp in failed:
-                code = codes.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR)
-                if code == ErrorCode.OPERATION_NOT_ATTEMPTED:
-                    continue
-                err = errors.for_code(code, f"AddPartitionsToTxn {tp.topic}-{tp.partition}")
-                if worst.retriable:
-                    worst = err
-            self._add_failed(failed, worst)
-        self.wakeup()
-
-    def _add_failed(self, tps: list[TopicPartition], exc: BaseException) -> None:
-        p, txn = self.p, self.p._txn
-        if is_retriable(exc):
-            if isinstance(exc, errors.ExactlyError) and exc.code in COORDINATOR_ERRORS:
-                p._core.invalidate_coordinator(p._transactional_id, COORDINATOR_TRANSACTION)
-            backoff = _ADD_PARTITIONS_RETRY_MS if getattr(exc, "code", None) == ErrorCode.CONCURRENT_TRANSACTIONS \
-                else p._backoff_ms
-            self._add_retry_at = now_ms() + backoff
-            txn.partitions_add_retry(tps)
-            return
-        err = txn.partitions_add_failed(tps, exc)
-        log.warning("AddPartitionsToTxn failed: %r", err)
-        fail_batches(p._acc.drain_all(), err, p._acc)
-
-    # ------------------------------------------------------------ Produce
-
-    def _send_ready(self, ready: list[TopicPartition], now: float) -> bool:
-        p, txn, acc, core = self.p, self.p._txn, self.p._acc, self.p._core
-        try:
-            md = core.metadata()
-        except errors.ExactlyError:
-            self._need_metadata = True
-            return False
-        if md is not self._last_metadata:
-            self._last_metadata = md
-            p.metadata_changed()
-        if txn.idempotent and not txn.has_producer_id:
-            return False
-        if txn.idempotent and not txn.is_transactional and (self._reset_pid or txn.sequences_unresolved):
-            return False  # the PID is about to be replaced
-        by_leader: dict[str, list[ProducerBatch]] = collections.defaultdict(list)
-        for tp in ready:
-            if not txn.is_partition_added(tp):
-                continue
-            n = self._in_flight[tp]
-            if n >= p._max_in_flight:
-                continue
-            head = acc.peek(tp)
-            if head is None or (head.attempts and n):
-                continue  # a retried batch goes alone, after the earlier ones resolved
-            leader = md.leader(tp.topic, tp.partition)
-            if leader is None:
-                self._need_metadata = True
-                continue
-            batch = acc.drain(tp)
-            if batch is None:
-                continue
-            if batch.payload is None:
-                seq = txn.sequence_for(tp, batch.record_count) if txn.idempotent else _rec.NO_SEQUENCE
-                batch.seal(txn.producer_id, txn.producer_epoch, seq, txn.is_transactional, p._compression)
-            batch.sent_in_order = batch.has_sequence and n == 0 and \
-                txn.is_next_expected(tp, batch.base_sequence)
-            batch.in_flight = True
-            self._in_flight[tp] = n + 1
-            self._in_flight_total += 1
-            by_leader[leader].append(batch)
-        for leader, batches in by_leader.items():
-            self._send_produce(leader, batches)
-        return bool(by_leader)
-
-    def _send_produce(self, leader: str, batches: list[ProducerBatch]) -> None:
-        p, core = self.p, self.p._core
-        by_topic: dict[str, list[pb.PartitionProduceData]] = collections.defaultdict(list)
-        for b in batches:
-            by_topic[b.tp.topic].append(pb.PartitionProduceData(partition=b.tp.partition, records=b.payload))
-        req = pb.ProduceRequest(transactional_id=p._transactional_id or "", acks=p._acks,
-                                timeout_ms=p._request_timeout_ms,
-                                topics=[pb.TopicProduceData(name=t, partitions=ps) for t, ps in by_topic.items()])
-        try:
-            fut = core.call_future(core.leader_stub(leader).Produce, req)
-        except errors.ExactlyError as exc:
-            fut = _failed(exc)
-        fut.add_done_callback(lambda f: self._complete(lambda: self._on_produce(batches, f)))
-
-    def _on_produce(self, batches: list[ProducerBatch], fut: Future) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            for b in batches:
-                self._on_batch_error(b, exc)
-            return
-        results = {(t.name, r.partition): r for t in fut.result().topics for r in t.partitions}
-        for b in batches:
-            r = results.get(b.tp)
-            if r is None:
-                self._on_batch_error(b, errors.UnknownServerError(
-                    f"no produce result for {b.tp.topic}-{b.tp.partition}"))
-            elif r.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
-                # DUPLICATE_SEQUENCE_NUMBER: an earlier try was written (design doc
-                # "Error Handling"): success.
-                self._done_in_flight(b)
-                if b.has_sequence:
-                    self.p._txn.ack(b.tp, b.last_sequence)
-                b.complete(r.base_offset, r.log_append_time_ms if r.log_append_time_ms > 0 else -1)
-                self.p._acc.deallocate(b)
-            else:
-                self._on_batch_error(b, errors.for_code(r.error_code, r.error_message or None))
-
-    def _done_in_flight(self, b: ProducerBatch) -> None:
-        if b.in_flight:
-            b.in_flight = False
-            self._in_flight[b.tp] -= 1
-            self._in_flight_total -= 1
-
-    def _retry(self, b: ProducerBatch, backoff: bool = True) -> None:
-        p = self.p
-        delay = min(p._backoff_ms * (2 ** min(b.attempts, 16)), p._backoff_max_ms) if backoff else 0
-        p._acc.reenqueue(b, delay)
-
-    def _on_batch_error(self, b: ProducerBatch, exc: BaseException) -> None:
-        p, txn = self.p, self.p._txn
-        self._done_in_flight(b)
-        code = exc.code if isinstance(exc, errors.ExactlyError) else None
-        now = now_ms()
-        can_retry = b.attempts < p._retries and now - b.created_ms < p._delivery_timeout_ms
-        if code in FENCING_CODES:
-            self._fail(b, txn.record_error(exc), sequenced=False)
-            return
-        if txn.idempotent and not txn.is_transactional and \
-                code in (ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and \
-                (self._reset_pid or code == ErrorCode.UNKNOWN_PRODUCER_ID) and can_retry:
-            # The leader has no state for this PID (or the PID is being replaced):
-            # it did not write the batch; send it again under a new PID.
-            self._reset_pid = True
-            b.unseal()
-            self._retry(b)
-            return
-        if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and b.has_sequence and \
-                not b.sent_in_order and can_retry:
-            # Sent while an earlier batch of the partition was unresolved: the leader
-            # may have seen them in another order. Retry in sequence order, at once
-            # (retried batches go one at a time, so the order is restored).
-            self._retry(b, backoff=False)
-            return
-        if is_retriable(exc) and can_retry and not txn.has_error:
-            if code in METADATA_ERRORS:
-                self._need_metadata = True
-            self._retry(b)
-            return
-        self._fail(b, exc)
-
-    def _fail(self, b: ProducerBatch, exc: BaseException, sequenced: bool = True) -> None:
-        p, txn = self.p, self.p._txn
-        if sequenced and b.has_sequence:
-            # The leader's next sequence is now unknown (or has a gap): later batches
-            # need a new epoch / PID.
-            txn.sequences_unresolved = True
-        # Transactional: any failure aborts the transaction; otherwise only fatal codes matter.
-        err = txn.record_error(exc)
-        self._done_in_flight(b)
-        b.fail(err)
-        p._acc.deallocate(b)
 
 
 def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], conf: Mapping[str, Any] | str,

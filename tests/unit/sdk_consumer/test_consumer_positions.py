@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exactly import errors
-from exactly._consumer_state import NoOffsetForPartitionError, PartitionState, ResetStrategy, SubscriptionState
+from exactly._consumer_state import NoOffsetForPartitionError, TopicPartitionState, ResetStrategy, SubscriptionState
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, parse_fetched
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import TopicPartition
@@ -103,7 +103,7 @@ def test_seek_drops_buffer_and_stale_responses():
 
 
 def test_seek_clears_read_committed_state():
-    st = PartitionState(position=0)
+    st = TopicPartitionState(position=0)
     from exactly._fetcher import AbortedTransactions
     st.aborted = AbortedTransactions()
     st.aborted.add([(1, 0)])

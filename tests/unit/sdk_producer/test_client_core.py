@@ -95,9 +95,13 @@ def test_metadata_is_cached_and_refreshed(fc):
 
 
 def test_metadata_max_age(fc):
-    core = core_for(fc.address, **{"metadata.max.age.ms": 1})
+    now = [1000]
+    core = ClientCore({"bootstrap.servers": fc.address, "metadata.max.age.ms": 5}, clock=lambda: now[0])
     core.metadata()
-    time.sleep(0.01)
+    now[0] += 5
+    core.metadata()
+    assert fc.calls["Metadata"] == 1  # not older than metadata.max.age.ms yet
+    now[0] += 1
     core.metadata()
     assert fc.calls["Metadata"] == 2
     core.close()

@@ -1,15 +1,16 @@
 """Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
 sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
 Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
-import time
+
 
 import pytest
+from waiting import wait_for
 
 from exactly import (ConsumerGroupMetadata, OffsetAndMetadata, Producer, RecordMetadata, TopicPartition,
                      errors)
 from exactly_wire import records
 from exactly._accumulator import partition_for_key
-from exactly._txn_manager import TxnState
+from exactly._txn_manager import TransactionManagerState
 from exactly_wire.error_codes import ErrorCode
 from exactly.producer import TransactionAbortedError
 
@@ -37,14 +38,6 @@ def make(fc):
     yield _make
     for p in made:
         p.close(timeout=5)
-
-
-def wait_for(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.005)
 
 
 def batches(fc, topic, partition):
@@ -259,7 +252,7 @@ def test_empty_transaction_commits_without_end_txn(fc, make):
     p.init_transactions(5)
     p.begin_transaction()
     p.commit_transaction(5)
-    assert fc.calls["EndTxn"] == 0 and p._txn.state is TxnState.READY
+    assert fc.calls["EndTxn"] == 0 and p._txn.state is TransactionManagerState.READY
 
 
 def test_send_offsets_to_transaction(fc, make):
@@ -288,7 +281,7 @@ def test_stale_generation_is_abortable(fc, make):
     with pytest.raises(errors.IllegalGenerationError):
         p.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)},
                                       ConsumerGroupMetadata("g2", 6, "m"))
-    assert p._txn.state is TxnState.ABORTABLE_ERROR
+    assert p._txn.state is TransactionManagerState.ABORTABLE_ERROR
     with pytest.raises(errors.IllegalGenerationError):
         p.commit_transaction(5)
     p.abort_transaction(5)
@@ -306,7 +299,8 @@ def test_abort_drops_unsent_records(fc, make):
     p.init_transactions(5)
     p.begin_transaction()
     futs = [p.send("t", b"v", partition=0) for _ in range(5)]
-    wait_for(lambda: p._txn.is_partition_added(TopicPartition("t", 0)))
+    wait_for(lambda: p._txn.is_partition_added(TopicPartition("t", 0)), 5, "the sender to add t-0 to the transaction",
+             interval_s=0.005)
     p.abort_transaction(5)
     for f in futs:
         assert isinstance(f.exception(0), TransactionAbortedError)
@@ -363,7 +357,7 @@ def test_init_transactions_retries_then_times_out(fc, make):
     fc.init_faults.extend([ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_NOT_AVAILABLE])
     p = make(**{"transactional.id": "tx-i"})
     p.init_transactions(5)
-    assert p._txn.state is TxnState.READY
+    assert p._txn.state is TransactionManagerState.READY
     q = make(**{"transactional.id": "tx-i2"})
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
     with pytest.raises(errors.KafkaTimeoutError):
@@ -423,7 +417,7 @@ def test_zombie_is_fenced_on_send_offsets_and_commit(fc, make):
         old.abort_transaction(5)
     with pytest.raises(errors.ProducerFencedError):
         old.send("t", b"later", partition=0).result(5)
-    assert old._txn.state is TxnState.FATAL_ERROR
+    assert old._txn.state is TransactionManagerState.FATAL_ERROR
     new.begin_transaction()
     new.send("t", b"new", partition=0).result(5)
     new.commit_transaction(5)

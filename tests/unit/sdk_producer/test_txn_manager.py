@@ -6,15 +6,15 @@ import pytest
 
 from exactly import errors
 from exactly._txn_manager import (ERROR_STATES, FATAL_CODES, VALID_PREVIOUS, InvalidTransitionError,
-                                  TransactionManager, TxnState, next_sequence)
+                                  TransactionManager, TransactionManagerState, next_sequence)
 from exactly.types import TopicPartition
 
-S = TxnState
+S = TransactionManagerState
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
 
-def manager_in(state: TxnState, transactional: bool = True) -> TransactionManager:
+def manager_in(state: TransactionManagerState, transactional: bool = True) -> TransactionManager:
     tm = TransactionManager("tx" if transactional else None)
     tm.state = state
     if state in ERROR_STATES:
@@ -29,7 +29,7 @@ def ready_manager() -> TransactionManager:
     return tm
 
 
-@pytest.mark.parametrize("source,target", list(itertools.product(TxnState, TxnState)))
+@pytest.mark.parametrize("source,target", list(itertools.product(TransactionManagerState, TransactionManagerState)))
 def test_transition_table_is_the_only_rule(source, target):
     tm = manager_in(source)
     err = errors.KafkaTimeoutError("cause") if target in ERROR_STATES else None
@@ -64,7 +64,7 @@ def test_non_error_state_rejects_an_error():
 
 def test_fatal_is_terminal():
     tm = manager_in(S.FATAL_ERROR)
-    for target in TxnState:
+    for target in TransactionManagerState:
         if target is S.FATAL_ERROR:
             continue
         with pytest.raises(InvalidTransitionError):

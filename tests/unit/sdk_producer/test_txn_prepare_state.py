@@ -4,10 +4,10 @@ while flushing, and ends with a commit or abort like an open transaction."""
 import pytest
 
 from exactly import errors
-from exactly._txn_manager import TransactionManager, TxnState
+from exactly._txn_manager import TransactionManager, TransactionManagerState
 from exactly.types import TopicPartition
 
-S = TxnState
+S = TransactionManagerState
 TP0 = TopicPartition("t", 0)
 
 
