@@ -27,6 +27,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -169,7 +170,7 @@ class Client:
 
 
 def txn_batch(pid: int, epoch: int, values: list[str], seq: int = 0) -> bytes:
-    now = int(time.time() * 1000)
+    now = wall_clock_ms()
     return records.encode_batch([(None, v.encode(), (), now) for v in values], producer_id=pid,
                                 producer_epoch=epoch, base_sequence=seq, transactional=True)
 

@@ -34,6 +34,7 @@ from kazoo.client import KazooClient
 
 import netfault
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -194,7 +195,7 @@ class DirectWriter:
 
     def send(self, acks: int, timeout_s: float = 5.0) -> grpc.Future:
         value = f"{self.prefix}-{len(self.writes)}".encode()
-        batch = records.encode_batch([(None, value, (), int(time.time() * 1000))], producer_id=self.next_pid,
+        batch = records.encode_batch([(None, value, (), wall_clock_ms())], producer_id=self.next_pid,
                                      producer_epoch=0, base_sequence=0)
         self.next_pid += 1
         w = RawWrite(value, acks, time.monotonic())
@@ -210,7 +211,7 @@ class DirectWriter:
             except grpc.RpcError as exc:
                 code = E.REQUEST_TIMED_OUT if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED \
                     else E.NETWORK_EXCEPTION
-            w.done_wall_ms, w.done_at, w.code = int(time.time() * 1000), time.monotonic(), code
+            w.done_wall_ms, w.done_at, w.code = wall_clock_ms(), time.monotonic(), code
         fut.add_done_callback(done)
         return fut
 

@@ -11,6 +11,7 @@ import uuid
 import grpc
 import pytest
 
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -45,7 +46,7 @@ def create_topic(cluster, partitions: int = 1) -> str:
 
 
 def batch(n: int = 3, *, pid: int = -1, epoch: int = 0, seq: int = -1, txn: bool = False, tag: str = "") -> bytes:
-    now = int(time.time() * 1000)
+    now = wall_clock_ms()
     return records.encode_batch([(f"k{i}".encode(), f"{tag}v{i}".encode(), (), now) for i in range(n)],
                                 producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=txn)
 
@@ -111,7 +112,7 @@ def test_control_batches_and_unknown_partitions_are_rejected(leader):
     stub, _, ch = stub_for(leader)
     with ch:
         assert produce(stub, topic, batch(1)).error_code == ErrorCode.NONE
-        ctrl = records.encode_control_batch(True, PID, 0, 0, int(time.time() * 1000))
+        ctrl = records.encode_control_batch(True, PID, 0, 0, wall_clock_ms())
         assert produce(stub, topic, ctrl).error_code == ErrorCode.INVALID_REQUEST
         assert fetch(stub, topic).high_watermark == 1
         assert produce(stub, topic, batch(1), partition=5, wait_s=0).error_code == \

@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -177,7 +178,7 @@ def test_sigkill_of_the_leader_elects_a_new_leader_and_loses_nothing(rf3):
 
 def _raw_produce(address: str, topic: str, value: bytes, pid: int, seq: int, acks: int = -1,
                  timeout_s: float = 30.0) -> grpc.Future:
-    batch = records.encode_batch([(None, value, (), int(time.time() * 1000))], producer_id=pid, producer_epoch=0,
+    batch = records.encode_batch([(None, value, (), wall_clock_ms())], producer_id=pid, producer_epoch=0,
                                  base_sequence=seq)
     ch = grpc.insecure_channel(address)
     stub = pbg.PartitionLeaderStub(ch)

@@ -1,7 +1,6 @@
 """Helpers for the partition leader's unit tests: batch builders and a fake clock."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -70,7 +69,3 @@ def crash(partition_or_log) -> None:
     plog = getattr(partition_or_log, "log", partition_or_log)
     for seg in plog.segments:
         seg.close()
-
-
-def real_now_ms() -> int:
-    return int(time.time() * 1000)
