@@ -61,14 +61,16 @@ class ClusterClient:
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
                       timeout_ms: int = 30000) -> tuple[int, int]:
-        """Append one record batch. Returns (error code, base offset or -1)."""
+        """Append one record batch to a coordinator's internal topic (the leader's
+        CoordinatorProduce; clients' Produce cannot write internal topics). Returns
+        (error code, base offset or -1)."""
         stub = self.leader_stub(topic, partition)
         if stub is None:
             return self._no_leader(topic), -1
         req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[pb.TopicProduceData(
             name=topic, partitions=[pb.PartitionProduceData(partition=partition, records=batch)])])
         try:
-            resp = await stub.Produce(req, timeout=timeout_ms / 1000 + 5)
+            resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:
             return transport_error_code(exc), -1
         part = resp.topics[0].partitions[0]

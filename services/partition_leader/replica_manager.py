@@ -358,26 +358,43 @@ class ReplicaManager:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
+    def is_internal(self, topic: str) -> bool:
+        """Whether `topic` is an internal topic (`__transaction_state`,
+        `__consumer_offsets`: marked internal, or named with a leading "__")."""
+        info = self.cluster.topics().get(topic)
+        return topic.startswith("__") or bool(getattr(info, "internal", False))
+
     async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
-                             timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS) -> list[AppendResult]:
+                             timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
+                             origin: str = "client") -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
         (all) once the high watermark passed it. Before appending and before
         acknowledging (acks != 0) the leader confirms its lease. timeout_ms (<= 0:
-        30000) bounds the whole request. Returns one AppendResult per entry, in
-        order: INVALID_REQUIRED_ACKS, the errors of `get()` and `Partition.append`,
+        30000) bounds the whole request. origin "client" (Produce) may not write
+        internal topics, "coordinator" (CoordinatorProduce) writes only internal
+        topics (Kafka's internal-topics-allowed appends): INVALID_TOPIC_EXCEPTION
+        otherwise, so a client can never forge a coordinator's record. Returns one
+        AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
+        INVALID_TOPIC_EXCEPTION, the errors of `get()` and `Partition.append`,
         and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT (offsets kept)."""
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-        jobs = [self._append_one(acks, e, deadline) for e in entries]
+        if origin not in ("client", "coordinator"):
+            raise ValueError(f"unknown append origin {origin!r}")
+        jobs = [self._append_one(acks, e, deadline, origin == "coordinator") for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
         return list(await asyncio.gather(*jobs))
 
-    async def _append_one(self, acks: int, e: ProduceEntry, deadline: float) -> AppendResult:
+    async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool) -> AppendResult:
         if acks not in VALID_ACKS:
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
+        if self.is_internal(e.topic) != internal_only:
+            why = (f"{e.topic} is an internal topic: only its coordinators write it" if not internal_only
+                   else f"{e.topic} is not an internal topic")
+            return AppendResult(ErrorCode.INVALID_TOPIC_EXCEPTION, message=why)
         p, err = await self._leader_for_write(e.topic, e.partition, deadline, confirm=acks != 0)
         if p is None:
             return AppendResult(err)

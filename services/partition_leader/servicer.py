@@ -37,9 +37,15 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
 
     # ------------------------------------------------------------ Produce
     async def Produce(self, request: pb.ProduceRequest, context) -> pb.ProduceResponse:
+        return await self._produce(request, "client")
+
+    async def CoordinatorProduce(self, request: pb.ProduceRequest, context) -> pb.ProduceResponse:
+        return await self._produce(request, "coordinator")
+
+    async def _produce(self, request: pb.ProduceRequest, origin: str) -> pb.ProduceResponse:
         entries = [ProduceEntry(topic.name, part.partition, part.records)
                    for topic in request.topics for part in topic.partitions]
-        results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms))
+        results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

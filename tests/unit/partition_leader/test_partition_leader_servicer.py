@@ -173,3 +173,29 @@ def test_list_offsets(manager):
         parts = (await stub.ListOffsets(req)).topics[0].partitions
         assert parts[1].offset == 2
     run(manager, scenario)
+
+
+def test_clients_cannot_produce_to_internal_topics(tmp_path, store, clock):
+    """A forged PrepareCommit record in __transaction_state would be rolled forward by
+    the next coordinator: a client Produce to an internal topic is refused, only
+    CoordinatorProduce writes there, and CoordinatorProduce writes nothing else."""
+    cluster = FakeCluster({"a": topic("a", ["me"]), "__transaction_state": topic("__transaction_state", ["me"],
+                                                                              internal=True)})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m.refresh()
+    forged = make_batch(1, pid=77, seq=-1)
+
+    async def scenario(stub):
+        refused = await stub.Produce(produce_req(("__transaction_state", 0, forged)))
+        part = refused.topics[0].partitions[0]
+        assert (part.error_code, part.base_offset) == (ErrorCode.INVALID_TOPIC_EXCEPTION, -1)
+        assert "internal topic" in part.error_message
+        assert m.replicas[("__transaction_state", 0)].log_end_offset == 0
+        user = await stub.CoordinatorProduce(produce_req(("a", 0, make_batch(1))))
+        assert user.topics[0].partitions[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
+        assert m.replicas[("a", 0)].log_end_offset == 0
+        ok = await stub.CoordinatorProduce(produce_req(("__transaction_state", 0, forged)))
+        assert results(ok)[("__transaction_state", 0)] == (ErrorCode.NONE, 0)
+        assert results(await stub.Produce(produce_req(("a", 0, make_batch(1)))))[("a", 0)] == (ErrorCode.NONE, 0)
+    run(m, scenario)
+    m.close()
