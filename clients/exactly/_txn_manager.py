@@ -48,7 +48,7 @@ VALID_PREVIOUS: dict[TransactionManagerState, frozenset[TransactionManagerState]
     # INITIALIZING: InitProducerId failed or timed out and may be tried again.
     S.UNINITIALIZED: frozenset({S.READY, S.INITIALIZING}),
     # ABORTING_TRANSACTION: the epoch is bumped after an abort that left sequences unknown.
-    S.INITIALIZING: frozenset({S.UNINITIALIZED, S.ABORTING_TRANSACTION}),
+    S.INITIALIZING: frozenset({S.UNINITIALIZED, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
     S.READY: frozenset({S.INITIALIZING, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
     S.IN_TRANSACTION: frozenset({S.READY}),
     S.PREPARED_TRANSACTION: frozenset({S.IN_TRANSACTION}),
@@ -63,10 +63,12 @@ ERROR_STATES = frozenset({S.ABORTABLE_ERROR, S.FATAL_ERROR})
 
 # Errors after which this producer instance can do nothing useful (design doc
 # "Error Handling": a zombie, a lost log, an invalid timeout, a protocol violation).
+# OUT_OF_ORDER_SEQUENCE_NUMBER is not among them (Kafka >= 2.5, KIP-360): it aborts the
+# transaction, and the abort ends it under a new epoch, which restarts sequences; an
+# idempotent producer without transactions takes a new PID.
 FATAL_CODES = frozenset({
     ErrorCode.PRODUCER_FENCED,
     ErrorCode.INVALID_PRODUCER_EPOCH,
-    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
     ErrorCode.INVALID_TRANSACTION_TIMEOUT,
     ErrorCode.INVALID_TXN_STATE,
     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
@@ -76,6 +78,10 @@ FATAL_CODES = frozenset({
 })
 
 FENCING_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
+
+# From this epoch on the coordinator starts no transaction (each transaction ends
+# under the next epoch, and the int16 epoch must not overflow): Kafka's MAX - 1.
+EXHAUSTED_PRODUCER_EPOCH = 32766
 
 
 class InvalidTransitionError(errors.IllegalStateError):
@@ -465,11 +471,26 @@ class TransactionManager:
             self._pending.clear()
             return True
 
-    def complete_transaction(self) -> None:
-        """EndTxn succeeded (or there was nothing to end): back to READY."""
+    def complete_transaction(self, producer_id: int = NO_PRODUCER_ID,
+                             producer_epoch: int = NO_PRODUCER_EPOCH) -> None:
+        """EndTxn succeeded (or there was nothing to end): back to READY. With the PID
+        and epoch EndTxn answered (KIP-890 part 2: every transaction ends under the
+        next epoch), the producer continues with them and every sequence restarts at 0."""
         with self._lock:
+            if producer_epoch >= 0 and producer_id >= 0:
+                self.producer_id = producer_id
+                self.producer_epoch = producer_epoch
+                self._next_seq.clear()
+                self._last_acked.clear()
+                self.sequences_unresolved = False
             self.transition_to(S.READY)
             self._clear_transaction()
+
+    @property
+    def epoch_exhausted(self) -> bool:
+        """Whether the epoch is too high to run another transaction (each one ends
+        under the next epoch): InitProducerId must rotate the PID first."""
+        return self.producer_epoch >= EXHAUSTED_PRODUCER_EPOCH
 
 
 __all__ = ["TransactionManagerState", "VALID_PREVIOUS", "ERROR_STATES", "FATAL_CODES", "FENCING_CODES",

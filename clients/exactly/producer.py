@@ -428,9 +428,27 @@ class Producer:
         deadline = time.monotonic() + timeout_s
         txn.begin_commit()
         self._flush_transaction(timeout_s, deadline)
-        if txn.needs_end_txn:
-            self._end_txn(True, max(deadline - time.monotonic(), 0.001))
-        txn.complete_transaction()
+        self._finish_transaction(True, deadline)
+
+    def _finish_transaction(self, commit: bool, deadline: float) -> None:
+        """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
+        under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
+        txn = self._txn
+        resp = self._end_txn(commit, max(deadline - time.monotonic(), 0.001)) if txn.needs_end_txn else None
+        if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
+            txn.complete_transaction(resp.producer_id, resp.producer_epoch)
+        elif txn.sequences_unresolved and not commit:
+            # Nothing was ended under a new epoch, but some batch of the aborted
+            # transaction may or may not be in the log: a new epoch restarts sequences
+            # so later batches are not rejected (KIP-360).
+            txn.transition_to(TransactionManagerState.INITIALIZING)
+            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            return
+        else:
+            txn.complete_transaction()
+        if txn.epoch_exhausted:
+            txn.transition_to(TransactionManagerState.INITIALIZING)
+            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
 
     def _flush_transaction(self, timeout_s: float, deadline: float) -> None:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
@@ -506,15 +524,7 @@ class Producer:
                 raise errors.KafkaTimeoutError(f"abort_transaction timed out after {timeout_s} s")
         self._wait_add_partitions(deadline)
         txn.raise_if_fatal()
-        if txn.needs_end_txn:
-            self._end_txn(False, max(deadline - time.monotonic(), 0.001))
-        if txn.sequences_unresolved:
-            # Some batch of the aborted transaction may or may not be in the log: a
-            # new epoch restarts sequences so later batches are not rejected (KIP-360).
-            txn.transition_to(TransactionManagerState.INITIALIZING)
-            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
-        else:
-            txn.complete_transaction()
+        self._finish_transaction(False, deadline)
 
     def _wait_add_partitions(self, deadline: float) -> None:
         while self._txn.add_in_flight:
@@ -522,12 +532,14 @@ class Producer:
                 raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
             time.sleep(0.001)
 
-    def _end_txn(self, commit: bool, timeout_s: float) -> None:
+    def _end_txn(self, commit: bool, timeout_s: float) -> pb.EndTxnResponse | None:
+        """EndTxn; returns the response (its PID and epoch are the ones the producer
+        continues with), or None when there was nothing to abort."""
         txn = self._txn
         req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                producer_epoch=txn.producer_epoch, committed=commit)
         try:
-            self._txn_call("EndTxn", req, timeout_s)
+            return self._txn_call("EndTxn", req, timeout_s)
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(
@@ -537,7 +549,7 @@ class Producer:
                 # The coordinator no longer knows this PID (design doc "Error Handling",
                 # InvalidPidMapping): nothing to abort; get a new mapping.
                 txn.sequences_unresolved = True
-                return
+                return None
             err = txn.record_error(exc)
             if not commit and txn.state is TransactionManagerState.ABORTING_TRANSACTION:
                 txn.transition_to(TransactionManagerState.ABORTABLE_ERROR, err)

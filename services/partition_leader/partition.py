@@ -433,7 +433,7 @@ class Partition:
 
     # ------------------------------------------------------------ markers
     def write_marker(self, producer_id: int, producer_epoch: int, committed: bool,
-                     coordinator_epoch: int) -> MarkerResult:
+                     coordinator_epoch: int, transaction_version: int = 1) -> MarkerResult:
         """Write a COMMIT or ABORT marker for `producer_id` (WriteTxnMarkers; design doc
         "Coordinator-Broker request handling"). The caller waits for the high
         watermark to pass the marker (markers are written with acks=all).
@@ -446,7 +446,7 @@ class Partition:
         computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")."""
         if self.replication is None:
             return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
-        check = self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        check = self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch, transaction_version)
         if check.error != ErrorCode.NONE:
             return MarkerResult(check.error, message=check.message)
         if not self.enough_replicas():

@@ -273,13 +273,16 @@ class ProducerStateManager:
             self.ongoing[first_offset] = pid
 
     # ------------------------------------------------------------ markers
-    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> AppendCheck:
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                     transaction_version: int = 1) -> AppendCheck:
         """Validate a WriteTxnMarkers request for this partition (design doc
         "Coordinator-Broker request handling", step 1). No mutation.
 
         Errors: TRANSACTION_COORDINATOR_FENCED (coordinator epoch older than the one
         stored for the PID); INVALID_PRODUCER_EPOCH (producer epoch older than the
-        current one). An unknown PID, or one without an ongoing transaction, is fine:
+        current one; with transaction_version 2, also not above the epoch of the PID's
+        ongoing transaction here: such markers end a transaction under the next epoch,
+        KIP-890 part 2). An unknown PID, or one without an ongoing transaction, is fine:
         the coordinator's retries must succeed."""
         entry = self.producers.get(producer_id)
         if entry is None:
@@ -290,6 +293,13 @@ class ProducerStateManager:
         if producer_epoch < entry.producer_epoch:
             return AppendCheck(ErrorCode.INVALID_PRODUCER_EPOCH,
                                f"marker epoch {producer_epoch} is older than {entry.producer_epoch}")
+        if transaction_version >= 2 and entry.current_txn_first_offset >= 0 and producer_epoch <= entry.producer_epoch:
+            # Every transaction ends under the next epoch (KIP-890 part 2): a marker at
+            # the epoch of the ongoing transaction's data is a late duplicate of the
+            # previous transaction's marker, and must not end this one.
+            return AppendCheck(ErrorCode.INVALID_PRODUCER_EPOCH,
+                               f"marker epoch {producer_epoch} does not end the transaction of producer "
+                               f"{producer_id} at epoch {entry.producer_epoch} (a stale marker)")
         return OK
 
     def complete_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,

@@ -82,6 +82,7 @@ class MarkerEntry(NamedTuple):
     committed: bool
     coordinator_epoch: int
     partitions: tuple[TopicPartition, ...]
+    transaction_version: int = 1  # 2: ends the transaction under the next epoch (KIP-890 part 2)
 
 
 class FetchEntry(NamedTuple):
@@ -433,7 +434,7 @@ class ReplicaManager:
             return MarkerResult(err)
         epoch = p.leader_epoch
         res, err = guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id, m.producer_epoch,
-                           m.committed, m.coordinator_epoch)
+                           m.committed, m.coordinator_epoch, m.transaction_version)
         if res is None:
             return MarkerResult(err)
         if res.error == ErrorCode.NONE:

@@ -104,7 +104,7 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
     # ------------------------------------------------------------ WriteTxnMarkers
     async def WriteTxnMarkers(self, request: pb.WriteTxnMarkersRequest, context) -> pb.WriteTxnMarkersResponse:
         markers = [MarkerEntry(m.producer_id, m.producer_epoch, m.committed, m.coordinator_epoch,
-                               tuple((t.topic, p) for t in m.topics for p in t.partitions))
+                               tuple((t.topic, p) for t in m.topics for p in t.partitions), m.transaction_version)
                    for m in request.markers]
         results = iter(await self.manager.write_markers(markers))
         resp = pb.WriteTxnMarkersResponse()

@@ -16,6 +16,10 @@ from services.common.rpc import ClusterClient
 from .coordinator import TxnLogFetch, TxnMarker
 
 
+# Markers end each transaction under the next producer epoch (KIP-890 part 2).
+TRANSACTION_VERSION = 2
+
+
 class ClusterTxnLog:
     """`__transaction_state` through its partition leaders. Appends use acks=all
     (design doc: "wait for this message to be replicated")."""
@@ -69,7 +73,7 @@ class ClusterMarkerWriter:
             by_topic[topic].append(partition)
         request = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch, committed=marker.committed,
-            coordinator_epoch=marker.coordinator_epoch,
+            coordinator_epoch=marker.coordinator_epoch, transaction_version=TRANSACTION_VERSION,
             topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])])
         resp = await self._client.write_txn_markers(node, request, timeout_s=self._timeout_s)
         if not isinstance(resp, pb.WriteTxnMarkersResponse):

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Iterable, Protocol
+from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 from exactly_wire.clock import Clock, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
@@ -180,6 +180,15 @@ class InitProducerIdResult:
     producer_id: int = -1
     producer_epoch: int = -1
     message: str = ""
+
+
+class EndTxnResult(NamedTuple):
+    """EndTxn outcome: the error code, and the producer id and epoch the producer
+    continues with (the epoch after the end-of-transaction bump; -1 on error)."""
+
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
 
 
 @dataclass(frozen=True)
@@ -528,6 +537,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return ErrorCode.CONCURRENT_TRANSACTIONS
         if md.is_prepared:
             return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
+        if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
+            # Every transaction ends under the next epoch: none may start at the last ones.
+            # InitProducerId (KIP-360, with the current PID and epoch) rotates the PID.
+            return ErrorCode.INVALID_PRODUCER_EPOCH
         if md.state is TxnState.ONGOING and wanted <= md.partitions:
             return ErrorCode.NONE
         transit = md.prepare_add_partitions(wanted, self._clock())
@@ -535,43 +548,57 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
 
     # ------------------------------------------------------------ EndTxn
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                      committed: bool) -> ErrorCode:
+                      committed: bool) -> EndTxnResult:
         """EndTxn: commit (committed=True) or abort the ongoing transaction.
 
         Ongoing (also sealed by PrepareTxn; then the request may come from any process
-        holding the PID and epoch): PrepareCommit/PrepareAbort is appended to the log, the markers and the
-        Complete record follow in the background; answers NONE once the Prepare record
+        holding the PID and epoch): PrepareCommit/PrepareAbort is appended to the log
+        under the next producer epoch (KIP-890 part 2: the markers carry it, so late
+        batches and late duplicate markers of this transaction are fenced), the markers
+        and the Complete record follow in the background; answers NONE with the PID and
+        the bumped epoch, which the producer uses from now on, once the Prepare record
         is written (after waiting up to exactly.txn.end.completion.wait.ms for the
-        completion). A retry after completion: same command -> NONE, the other ->
-        INVALID_TXN_STATE; while completing: same command -> CONCURRENT_TRANSACTIONS,
-        the other -> INVALID_TXN_STATE. No transaction (Empty) -> INVALID_TXN_STATE.
-        Also INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
+        completion). A retry (the same request, from before the bump) after
+        completion: same command -> NONE, the other -> INVALID_TXN_STATE; while
+        completing: same command -> CONCURRENT_TRANSACTIONS, the other ->
+        INVALID_TXN_STATE. No transaction (Empty) -> INVALID_TXN_STATE. Also
+        INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
         CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE."""
+        COORDINATOR_NOT_AVAILABLE (design doc "Transaction Coordinator Request
+        Handling", EndTxn)."""
+        err, part = self._lookup(transactional_id)
+        md = part.txns.get(transactional_id) if part is not None else None
+        if md is not None and not md.pending_transition_in_progress and \
+                md.is_end_txn_retry(producer_id, producer_epoch):
+            return self._end_txn_outcome(md, committed)
         err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch)
         if err:
-            return err
-        state = md.state
-        if state is TxnState.ONGOING:
+            return EndTxnResult(err)
+        if md.state is TxnState.ONGOING:
             started = time.monotonic()
             target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
-            transit = md.prepare_abort_or_commit(target, self._clock())
+            transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=True)
             err = await self._append(part, md, transit)
             if err:
-                return err
+                return EndTxnResult(err)
             task = self._start_completion(part, md, transit, from_client=True, started=started)
             if self.config.end_txn_completion_wait_ms > 0:
                 await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
-            return ErrorCode.NONE
-        if state is TxnState.COMPLETE_COMMIT:
-            return ErrorCode.NONE if committed else ErrorCode.INVALID_TXN_STATE
-        if state is TxnState.COMPLETE_ABORT:
-            return ErrorCode.NONE if not committed else ErrorCode.INVALID_TXN_STATE
-        if state is TxnState.PREPARE_COMMIT:
-            return ErrorCode.CONCURRENT_TRANSACTIONS if committed else ErrorCode.INVALID_TXN_STATE
-        if state is TxnState.PREPARE_ABORT:
-            return ErrorCode.CONCURRENT_TRANSACTIONS if not committed else ErrorCode.INVALID_TXN_STATE
-        return ErrorCode.INVALID_TXN_STATE
+            return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+        return self._end_txn_outcome(md, committed)
+
+    @staticmethod
+    def _end_txn_outcome(md: TransactionMetadata, committed: bool) -> EndTxnResult:
+        """The answer to an EndTxn when no transaction is ongoing: a retry of the end
+        that is completing or completed, or a request without a transaction."""
+        state = md.state
+        done = TxnState.COMPLETE_COMMIT if committed else TxnState.COMPLETE_ABORT
+        completing = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
+        if state is done:
+            return EndTxnResult(ErrorCode.NONE, md.producer_id, md.producer_epoch)
+        if state is completing:
+            return EndTxnResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        return EndTxnResult(ErrorCode.INVALID_TXN_STATE)
 
     # ------------------------------------------------------------ PrepareTxn
     async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
@@ -596,6 +623,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return ErrorCode.NONE
         if md.state not in COMPLETED_STATES and md.state is not TxnState.ONGOING:
             return ErrorCode.INVALID_TXN_STATE
+        if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
+            return ErrorCode.INVALID_PRODUCER_EPOCH  # as AddPartitionsToTxn: InitProducerId first
         return await self._append(part, md, md.prepare_mark_prepared(self._clock()))
 
     # ------------------------------------------------------------ completion (markers)

@@ -86,9 +86,9 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
     async def EndTxn(self, request: pb.EndTxnRequest, context) -> pb.EndTxnResponse:
         if not request.transactional_id:
             return pb.EndTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
-        code = await self._coordinator.end_txn(request.transactional_id, request.producer_id,
-                                               request.producer_epoch, request.committed)
-        return pb.EndTxnResponse(error_code=code)
+        r = await self._coordinator.end_txn(request.transactional_id, request.producer_id,
+                                            request.producer_epoch, request.committed)
+        return pb.EndTxnResponse(error_code=r.error, producer_id=r.producer_id, producer_epoch=r.producer_epoch)
 
     @_rpc("PrepareTxn")
     async def PrepareTxn(self, request: pb.PrepareTxnRequest, context) -> pb.PrepareTxnResponse:

@@ -320,10 +320,18 @@ class TransactionMetadata:
         return self._prepare_transition_to(TxnState.ONGOING, now_ms, txn_start_timestamp=start,
                                            prepared_timestamp=now_ms)
 
-    def prepare_abort_or_commit(self, target: TxnState, now_ms: int) -> TxnTransitMetadata:
+    def prepare_abort_or_commit(self, target: TxnState, now_ms: int, bump_epoch: bool = False
+                                ) -> TxnTransitMetadata:
         """EndTxn (or an abort by the coordinator): PrepareCommit or PrepareAbort with
         the partitions of the transaction. After `prepare_fence_producer_epoch` only
-        PrepareAbort is allowed, and it carries the bumped epoch."""
+        PrepareAbort is allowed, and it carries the fencing epoch.
+
+        bump_epoch (a client's EndTxn; Kafka's KIP-890 part 2): the transaction ends
+        under the next producer epoch, e+1, with e kept as last_producer_epoch so a
+        retried EndTxn is recognised. The markers carry e+1, so a late batch or a late
+        duplicate marker of this transaction is fenced on every partition, and the
+        producer's next transaction runs at e+1. Raises TxnStateError when the epoch
+        is exhausted (the coordinator refuses to start transactions there)."""
         if target not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             raise TxnStateError(f"prepare_abort_or_commit to {target.kafka_name}")
         changes = {}
@@ -331,7 +339,20 @@ class TransactionMetadata:
             check_transition(self.transactional_id, TxnState.PREPARE_EPOCH_FENCE, target)
             changes = {"producer_epoch": self._fence_epoch, "last_producer_epoch": NO_PRODUCER_EPOCH}
             self.pending_state = None
+        elif bump_epoch:
+            if self.producer_epoch >= MAX_PRODUCER_EPOCH:
+                raise TxnStateError(f"cannot bump exhausted epoch {self.producer_epoch} of {self.transactional_id!r}")
+            changes = {"producer_epoch": self.producer_epoch + 1, "last_producer_epoch": self.producer_epoch}
         return self._prepare_transition_to(target, now_ms, **changes)
+
+    def is_end_txn_retry(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether an EndTxn with (producer_id, producer_epoch) is a retry of the
+        client's EndTxn that moved this transaction to Prepare*/Complete* under the
+        next epoch (KIP-890 part 2)."""
+        return (producer_id == self.producer_id and producer_epoch >= 0
+                and producer_epoch == self.last_producer_epoch and self.producer_epoch == producer_epoch + 1
+                and self.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT,
+                                   TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT))
 
     def prepare_complete(self, now_ms: int) -> TxnTransitMetadata:
         """After all markers are written: CompleteCommit / CompleteAbort, partitions
@@ -388,8 +409,9 @@ class TransactionMetadata:
             if (transit.partitions != frozenset(self.partitions) or transit.txn_timeout_ms != self.txn_timeout_ms
                     or transit.txn_start_timestamp != self.txn_start_timestamp):
                 self._mismatch(transit, "prepared transaction differs from the ongoing one")
-            if target is TxnState.PREPARE_COMMIT and transit.producer_epoch != self.producer_epoch:
-                self._mismatch(transit, "commit with another epoch")
+            if target is TxnState.PREPARE_COMMIT and transit.producer_epoch not in (self.producer_epoch,
+                                                                                  self.producer_epoch + 1):
+                self._mismatch(transit, "commit with another epoch than the transaction's or the next")
         elif target in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT, TxnState.DEAD):
             if transit.producer_epoch != self.producer_epoch or transit.partitions:
                 self._mismatch(transit, "completion changed the epoch or kept partitions")

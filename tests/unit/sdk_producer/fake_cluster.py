@@ -24,7 +24,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.logs: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
         self.next_offset: dict[tuple[str, int], int] = collections.defaultdict(int)
         # (pid, tp) -> list of (first_seq, last_seq, base_offset), last 5 batches
-        self.producer_batches: dict[tuple[int, tuple[str, int]], list] = collections.defaultdict(list)
+        self.producer_batches: dict[tuple[int, int, tuple[str, int]], list] = collections.defaultdict(list)
         self.pid_epoch: dict[int, int] = {}
         self.next_pid = 1000
         self.txn_ids: dict[str, int] = {}
@@ -133,7 +133,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             if tid not in self.txn_ids or tp not in self.txn_partitions[tid]:
                 return ErrorCode.INVALID_TXN_STATE, -1
         if h.producer_id >= 0:
-            hist = self.producer_batches[(h.producer_id, tp)]
+            hist = self.producer_batches[(h.producer_id, h.producer_epoch, tp)]
             for first, last, base in hist:
                 if first == h.base_sequence and last == h.last_sequence:
                     return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, base
@@ -146,7 +146,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.logs[tp].append(bytes(buf))
         self.next_offset[tp] = base + h.record_count
         if h.producer_id >= 0:
-            hist = self.producer_batches[(h.producer_id, tp)]
+            hist = self.producer_batches[(h.producer_id, h.producer_epoch, tp)]
             hist.append((h.base_sequence, h.last_sequence, base))
             del hist[:-5]
         return ErrorCode.NONE, base
@@ -235,6 +235,10 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
                         self.committed_offsets[group].update(pending)
                 self.txn_partitions[tid].clear()
                 self.txn_groups[tid].clear()
+                # KIP-890 part 2: the transaction ends under the next epoch.
+                self.pid_epoch[request.producer_id] = request.producer_epoch + 1
+                return pb.EndTxnResponse(error_code=code, producer_id=request.producer_id,
+                                         producer_epoch=request.producer_epoch + 1)
             return pb.EndTxnResponse(error_code=code)
 
     # ---------------------------------------------------------------- GroupCoordinator

@@ -188,14 +188,17 @@ def test_unknown_producer_id_renews_the_pid_and_resends(fc, make):
     assert len({h.producer_id for h in batches(fc, "u", 0)}) == 2
 
 
-def test_real_out_of_order_sequence_is_fatal(fc, make):
+def test_real_out_of_order_sequence_fails_the_batch_and_a_new_pid_continues(fc, make):
+    """Kafka >= 2.5 (KIP-360): OUT_OF_ORDER_SEQUENCE_NUMBER is not fatal. The batch
+    fails; the idempotent producer takes a new PID, whose sequences start at 0."""
     p = make()
     p.send("u", b"a").result(5)
     fc.produce_faults.append(("u", 0, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, False))
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         p.send("u", b"b").result(5)
-    with pytest.raises(errors.OutOfOrderSequenceNumberError):
-        p.send("u", b"c").result(5)
+    assert p.send("u", b"c").result(5).offset == 1
+    pids = [h.producer_id for h in batches(fc, "u", 0)]
+    assert len(set(pids)) == 2 and batches(fc, "u", 0)[-1].base_sequence == 0
 
 
 def test_flush_timeout(fc, make):

@@ -192,8 +192,32 @@ def test_non_transactional_errors_only_matter_when_fatal():
     tm.set_producer_id_and_epoch(1, 0)
     tm.record_error(errors.MessageTooLargeError())
     assert tm.state is S.READY
-    tm.record_error(errors.OutOfOrderSequenceNumberError())
+    tm.record_error(errors.OutOfOrderSequenceNumberError())  # KIP-360: not fatal
+    assert tm.state is S.READY
+    tm.record_error(errors.ProducerFencedError())
     assert tm.state is S.FATAL_ERROR
+
+
+def test_out_of_order_sequence_aborts_the_transaction():
+    tm = ready_manager()
+    tm.begin_transaction()
+    tm.record_error(errors.OutOfOrderSequenceNumberError())
+    assert tm.state is S.ABORTABLE_ERROR
+
+
+def test_a_completed_transaction_continues_under_the_epoch_end_txn_answered():
+    tm = ready_manager()
+    tm.begin_transaction()
+    tm.maybe_add_partition(TP0)
+    assert tm.sequence_for(TP0, 3) == 0
+    tm.begin_commit()
+    tm.complete_transaction(tm.producer_id, tm.producer_epoch + 1)
+    assert tm.state is S.READY and tm.sequence_for(TP0, 1) == 0  # a new epoch restarts sequences
+    assert not tm.epoch_exhausted
+    tm.begin_transaction()
+    tm.begin_commit()
+    tm.complete_transaction(tm.producer_id, 32766)
+    assert tm.epoch_exhausted  # InitProducerId must rotate the PID before the next transaction
 
 
 def test_partitions_are_added_once_per_transaction():

@@ -89,7 +89,7 @@ def test_not_coordinator_for_unowned_partition():
         await h.elect(0)
         tid = next(t for t in (f"t{i}" for i in range(100)) if h.topology.txn_partition_for(t) == 1)
         assert (await h.coord.init_producer_id(tid, 60000)).error == E.NOT_COORDINATOR
-        assert (await h.coord.end_txn(tid, 1, 0, True)) == E.NOT_COORDINATOR
+        assert ((await h.coord.end_txn(tid, 1, 0, True)).error) == E.NOT_COORDINATOR
         res = await h.coord.add_partitions_to_txn(tid, 1, 0, [("orders", 0)])
         assert set(res.values()) == {E.NOT_COORDINATOR}
 
@@ -125,12 +125,12 @@ def test_failed_append_leaves_state_unchanged():
         await h.elect()
         pid, epoch = await h.begin("t")
         h.log.append_errors = [E.NOT_ENOUGH_REPLICAS]
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.COORDINATOR_NOT_AVAILABLE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.COORDINATOR_NOT_AVAILABLE
         md = h.md("t")
         assert md.state is S.ONGOING and md.pending_state is None
         h.log.append_errors = [E.MESSAGE_TOO_LARGE]
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.UNKNOWN_SERVER_ERROR
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.UNKNOWN_SERVER_ERROR
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
 
     run(scenario())
 
@@ -144,12 +144,12 @@ def test_pending_transition_answers_concurrent_transactions():
         first = asyncio.create_task(h.coord.end_txn("t", pid, epoch, True))
         await asyncio.sleep(0)
         assert h.md("t").pending_state is S.PREPARE_COMMIT
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.CONCURRENT_TRANSACTIONS
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.CONCURRENT_TRANSACTIONS
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
         assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}
         assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
         h.log.append_gate.set()
-        assert await first == E.NONE
+        assert (await first) == (E.NONE, pid, epoch + 1)
 
     run(scenario())
 
@@ -164,7 +164,7 @@ def test_commit_or_abort_writes_prepare_markers_complete(committed):
         pid, epoch = await h.begin("t", [("orders", 0), ("orders", 1)])
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("payments", 1), ("orders", 0)])
         assert set(res.values()) == {E.NONE}
-        assert await h.coord.end_txn("t", pid, epoch, committed) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, committed)).error == E.NONE
         prepare = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
         assert h.log.states("t")[-1] is prepare  # appended before answering
         await h.settle()
@@ -174,10 +174,12 @@ def test_commit_or_abort_writes_prepare_markers_complete(committed):
         assert prepared.partitions == {("orders", 0), ("orders", 1), ("payments", 1)}
         written = h.markers.written_for(pid)
         assert {tp for _, tp in written} == {("orders", 0), ("orders", 1), ("payments", 1)}
-        assert all(m.committed is committed and m.producer_epoch == epoch and m.coordinator_epoch == 3
+        # KIP-890 part 2: the transaction ends under the next epoch, markers included.
+        assert prepared.producer_epoch == epoch + 1 and prepared.last_producer_epoch == epoch
+        assert all(m.committed is committed and m.producer_epoch == epoch + 1 and m.coordinator_epoch == 3
                    for m, _ in written)
         md = h.md("t")
-        assert md.state is complete and not md.partitions and md.producer_epoch == epoch
+        assert md.state is complete and not md.partitions and md.producer_epoch == epoch + 1
 
     run(scenario())
 
@@ -187,7 +189,7 @@ def test_end_txn_waits_for_completion_when_configured():
         h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=5000))
         await h.elect()
         pid, epoch = await h.begin("t")
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         assert h.md("t").state is S.COMPLETE_COMMIT  # next AddPartitions will not see CONCURRENT_TRANSACTIONS
 
     run(scenario())
@@ -225,7 +227,7 @@ def test_add_offsets_adds_the_groups_consumer_offsets_partition():
         assert await h.coord.add_offsets_to_txn("t", pid, epoch, "my-group") == E.NONE
         offsets_tp = ("__consumer_offsets", h.topology.offsets_partition_for("my-group"))
         assert h.md("t").partitions == {("orders", 0), offsets_tp}
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         assert offsets_tp in {tp for m, tp in h.markers.written_for(pid) if m.committed}
         assert await h.coord.add_offsets_to_txn("t", pid, epoch, "") == E.INVALID_REQUEST
@@ -251,16 +253,21 @@ def test_end_txn_retry_semantics():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)) == (E.NONE, pid, epoch + 1)
         await h.settle()
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # retry of a completed commit
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+        # A retry carries the epoch from before the bump: recognised, answered with the new one.
+        assert (await h.coord.end_txn("t", pid, epoch, True)) == (E.NONE, pid, epoch + 1)
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.INVALID_TXN_STATE
+        # The old epoch cannot start a transaction any more.
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
+        assert set(res.values()) == {E.PRODUCER_FENCED}
+        epoch += 1
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
         assert set(res.values()) == {E.NONE}
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, False)) == (E.NONE, pid, epoch + 1)
         await h.settle()
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.INVALID_TXN_STATE
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.INVALID_TXN_STATE
 
     run(scenario())
 
@@ -271,11 +278,11 @@ def test_end_txn_while_completing():
         await h.elect()
         pid, epoch = await h.begin("t")
         h.markers.gate = asyncio.Event()
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         assert h.md("t").state is S.PREPARE_COMMIT
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.CONCURRENT_TRANSACTIONS
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
-        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.CONCURRENT_TRANSACTIONS
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.INVALID_TXN_STATE
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)])
         assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}
         h.markers.gate.set()
         await h.settle()
@@ -290,7 +297,7 @@ def test_end_txn_without_transaction_is_invalid_txn_state(committed):
         h = Harness()
         await h.elect()
         r = await h.coord.init_producer_id("t", 60000)
-        assert await h.coord.end_txn("t", r.producer_id, r.producer_epoch, committed) == E.INVALID_TXN_STATE
+        assert (await h.coord.end_txn("t", r.producer_id, r.producer_epoch, committed)).error == E.INVALID_TXN_STATE
         assert h.md("t").state is S.EMPTY
 
     run(scenario())
@@ -301,10 +308,10 @@ def test_producer_id_mapping_and_fencing_errors():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        assert await h.coord.end_txn("unknown", pid, epoch, True) == E.INVALID_PRODUCER_ID_MAPPING
-        assert await h.coord.end_txn("t", pid + 1, epoch, True) == E.INVALID_PRODUCER_ID_MAPPING
+        assert (await h.coord.end_txn("unknown", pid, epoch, True)).error == E.INVALID_PRODUCER_ID_MAPPING
+        assert (await h.coord.end_txn("t", pid + 1, epoch, True)).error == E.INVALID_PRODUCER_ID_MAPPING
         assert await h.coord.add_offsets_to_txn("t", pid + 1, epoch, "g") == E.INVALID_PRODUCER_ID_MAPPING
-        assert await h.coord.end_txn("t", pid, epoch - 1, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch - 1, True)).error == E.PRODUCER_FENCED
         res = await h.coord.add_partitions_to_txn("t", pid, epoch - 1, [("orders", 1)])
         assert set(res.values()) == {E.PRODUCER_FENCED}
 
@@ -324,7 +331,7 @@ def test_init_with_ongoing_transaction_aborts_it_with_bumped_epoch():
         assert h.log.states("t")[-1] is S.PREPARE_ABORT
         assert h.log.entries()[-1].transit.producer_epoch == epoch + 1
         # The zombie is fenced at once.
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
         assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
         h.markers.gate.set()
         await h.settle()
@@ -394,7 +401,7 @@ def test_markers_retried_until_written():
         await h.elect()
         pid, epoch = await h.begin("t", [("orders", 0), ("orders", 1)])
         h.markers.fail[("orders", 1)] = [E.NOT_LEADER_OR_FOLLOWER, E.NETWORK_EXCEPTION, E.LEADER_NOT_AVAILABLE]
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         assert h.md("t").state is S.COMPLETE_COMMIT
         assert {tp for _, tp in h.markers.written_for(pid)} == {("orders", 0), ("orders", 1)}
@@ -412,7 +419,7 @@ def test_marker_for_deleted_topic_is_dropped():
         pid, epoch = await h.begin("t", [("orders", 0), ("payments", 0)])
         del h.topology.topics["payments"]
         h.markers.errors[("payments", 0)] = E.UNKNOWN_TOPIC_OR_PARTITION
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         assert h.md("t").state is S.COMPLETE_COMMIT
         assert {tp for _, tp in h.markers.written_for(pid)} == {("orders", 0)}
@@ -426,7 +433,7 @@ def test_unknown_partition_of_existing_topic_is_retried():
         await h.elect()
         pid, epoch = await h.begin("t", [("orders", 0)])
         h.markers.fail[("orders", 0)] = [E.UNKNOWN_TOPIC_OR_PARTITION] * 3
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.NONE
         await h.settle()
         assert h.md("t").state is S.COMPLETE_ABORT
         assert len(h.markers.written_for(pid)) == 1
@@ -439,7 +446,7 @@ def test_completion_append_is_retried():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         h.log.append_errors = [E.REQUEST_TIMED_OUT, E.NOT_ENOUGH_REPLICAS]
         await h.settle()
         assert h.log.states("t")[-1] is S.COMPLETE_COMMIT
@@ -453,7 +460,7 @@ def test_resigned_partition_stops_completion():
         await h.elect()
         pid, epoch = await h.begin("t")
         h.markers.errors[("orders", 0)] = E.NOT_LEADER_OR_FOLLOWER
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         for _ in range(5):
             await asyncio.sleep(0)
         await h.coord.on_resigned(0)
@@ -480,7 +487,7 @@ def test_timed_out_transaction_is_aborted_with_epoch_bump():
         assert (md.state, md.producer_epoch) == (S.COMPLETE_ABORT, epoch + 1)
         assert [m.producer_epoch for m, _ in h.markers.written_for(pid)] == [epoch + 1]
         # The zombie producer is fenced...
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
         assert set(res.values()) == {E.PRODUCER_FENCED}
         # ... and a new instance continues with a newer epoch.
@@ -562,7 +569,7 @@ def test_recovery_rolls_prepared_transaction_forward(prepared, committed):
         md = h.md("t")
         assert md.state is (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT)
         # A retried EndTxn of the producer after failover succeeds.
-        assert await h.coord.end_txn("t", 42, 3, committed) == E.NONE
+        assert (await h.coord.end_txn("t", 42, 3, committed)).error == E.NONE
 
     run(scenario())
 
@@ -639,7 +646,7 @@ def test_reelection_reloads_what_was_written():
         await h.elect(0, 2)
         md = h.md("t")
         assert (md.state, md.producer_id, md.partitions) == (S.ONGOING, pid, {("orders", 0)})
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         assert [m.coordinator_epoch for m, _ in h.markers.written_for(pid)] == [2]
 
@@ -657,7 +664,7 @@ def test_pause_after_prepare_delays_markers_of_client_commits_only():
         h.coord._sleep = recording_sleep
         await h.elect()
         pid, epoch = await h.begin("t")
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         assert 5.0 in slept and h.md("t").state is S.COMPLETE_COMMIT
 
@@ -730,14 +737,14 @@ def test_wall_clock_stepping_back_does_not_wedge_the_transactional_id():
         await h.elect()
         pid, epoch = await h.begin("t")
         h.clock.advance(-5000)
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         md = h.md("t")
         assert (md.state, md.pending_state) == (S.COMPLETE_COMMIT, None)
         h.clock.advance(-5000)
         res = await h.coord.add_partitions_to_txn("t", pid, md.producer_epoch, [("orders", 1)])
         assert res == {("orders", 1): E.NONE}
-        assert await h.coord.end_txn("t", pid, md.producer_epoch, False) == E.NONE
+        assert (await h.coord.end_txn("t", pid, md.producer_epoch, False)).error == E.NONE
         await h.settle()
         assert (h.md("t").state, h.md("t").pending_state) == (S.COMPLETE_ABORT, None)
         await h.coord.on_resigned(0)
@@ -766,7 +773,7 @@ def test_an_ambiguous_append_that_landed_is_learned_from_the_log():
         await h.settle()
         md = h.md("t")
         assert (md.state, md.producer_epoch, md.pending_state) == (S.COMPLETE_ABORT, epoch + 1, None)
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
         assert [m.committed for m, _ in h.markers.written_for(pid)] == [False]
         await h.coord.on_resigned(0)
         await h.elect(coordinator_epoch=2)
@@ -782,11 +789,11 @@ def test_an_ambiguous_append_that_did_not_land_leaves_the_transaction_as_it_was(
         await h.elect()
         pid, epoch = await h.begin("t")
         h.log.append_errors.append(E.REQUEST_TIMED_OUT)  # answered before anything was written
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.COORDINATOR_LOAD_IN_PROGRESS
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.COORDINATOR_LOAD_IN_PROGRESS
         await h.coord.wait_loaded(0)
         md = h.md("t")
         assert (md.state, md.producer_epoch, md.pending_state) == (S.ONGOING, epoch, None)
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # the client's retry
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE  # the client's retry
         await h.settle()
         assert h.md("t").state is S.COMPLETE_COMMIT
 
@@ -801,7 +808,7 @@ def test_an_ambiguous_append_in_the_background_reloads_without_losing_the_partit
         await h.elect()
         pid, epoch = await h.begin("t")
         h.log.errors_after_write.extend([E.NONE, E.REQUEST_TIMED_OUT])  # PrepareCommit fine, Complete ambiguous
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         await h.coord.wait_loaded(0)
         await h.settle()

@@ -64,14 +64,14 @@ def test_new_owner_fences_then_replays_and_old_owner_is_refused():
         # The deposed owner still has the partition in its cache: its next write is refused,
         # it stops serving and reports it; nothing of it reaches the log.
         before = len(log.batches[0])
-        assert await old.coord.end_txn("t", pid, epoch, True) == E.NOT_COORDINATOR
+        assert (await old.coord.end_txn("t", pid, epoch, True)).error == E.NOT_COORDINATOR
         assert old.fenced == [(0, 0)]
         assert old.coord.owned_partitions() == {}
         assert (await old.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
         assert len(log.batches[0]) == before
 
         # The new owner's state is intact and moves on.
-        assert await new.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await new.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await new.settle()
         assert new.md("t").state is TxnState.COMPLETE_COMMIT
         assert [m.coordinator_epoch for m, _ in new.markers.written_for(pid)] == [1]
@@ -87,7 +87,7 @@ def test_prepared_commit_of_the_old_owner_is_rolled_forward_by_the_new_one():
         await old.take(0, 0)
         pid, epoch = await old.begin("t", partitions=(("orders", 0), ("payments", 1)))
         old.markers.errors = {("orders", 0): E.NOT_LEADER_OR_FOLLOWER}  # markers cannot finish
-        assert await old.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await old.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         assert old.md("t").state is TxnState.PREPARE_COMMIT
 
         await new.take(1, 1)
@@ -98,8 +98,8 @@ def test_prepared_commit_of_the_old_owner_is_rolled_forward_by_the_new_one():
         # The old owner's completion stops at its next write; the retried EndTxn at the
         # new owner answers NONE (same result).
         await old.coord.on_resigned(0)
-        assert await new.coord.end_txn("t", pid, epoch, True) == E.NONE
-        assert await new.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+        assert (await new.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert (await new.coord.end_txn("t", pid, epoch, False)).error == E.INVALID_TXN_STATE
 
     run(scenario())
 
@@ -156,9 +156,9 @@ def test_rotated_writer_pid_closes_the_retired_one():
         await new.coord.on_elected(0, 1, producer_id=WRITER + 1, producer_epoch=0, retired_producer_id=WRITER)
         await new.coord.wait_loaded(0)
         assert new.md("t").state is TxnState.ONGOING
-        assert await old.coord.end_txn("t", pid, epoch, True) == E.NOT_COORDINATOR
+        assert (await old.coord.end_txn("t", pid, epoch, True)).error == E.NOT_COORDINATOR
         assert old.fenced == [(0, 0)]
-        assert await new.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await new.coord.end_txn("t", pid, epoch, True)).error == E.NONE
 
     run(scenario())
 
@@ -169,7 +169,7 @@ def test_marker_rejected_for_an_older_coordinator_epoch_deposes_the_owner():
         await h.take(3, 3)
         pid, epoch = await h.begin("t")
         h.markers.errors = {("orders", 0): E.TRANSACTION_COORDINATOR_FENCED}
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # PrepareCommit written
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE  # PrepareCommit written
         await h.settle()
         assert h.fenced == [(0, 3)]
         assert h.coord.owned_partitions() == {}

@@ -72,7 +72,7 @@ def test_prepared_transaction_outlives_transaction_timeout_until_prepared_max():
         await h.settle()
         md = h.md("t")
         assert (md.state, md.producer_epoch, md.prepared_timestamp) == (S.COMPLETE_ABORT, epoch + 1, -1)
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
 
     run(scenario())
 
@@ -83,13 +83,13 @@ def test_prepared_transaction_completed_with_its_pid_and_epoch():
         await h.elect()
         pid, epoch = await h.begin("t", partitions=(("orders", 0), ("payments", 1)))
         await h.coord.prepare_txn("t", pid, epoch)
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
         md = h.md("t")
         assert (md.state, md.prepared_timestamp) == (S.COMPLETE_COMMIT, -1)
         assert {tp for m, tp in h.markers.written_for(pid) if m.committed} == {("orders", 0), ("payments", 1)}
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE  # retried completion
-        assert await h.coord.end_txn("t", pid, epoch, False) == E.INVALID_TXN_STATE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE  # retried completion
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.INVALID_TXN_STATE
 
     run(scenario())
 
@@ -106,7 +106,7 @@ def test_new_epoch_fences_and_aborts_a_prepared_transaction():
         again = await h.coord.init_producer_id("t", 60000)
         assert (again.error, again.producer_id, again.producer_epoch) == (E.NONE, pid, epoch + 2)
         assert [m.committed for m, _ in h.markers.written_for(pid)] == [False]
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.PRODUCER_FENCED
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
         assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED
 
     run(scenario())
@@ -121,7 +121,7 @@ def test_prepare_without_a_transaction_starts_an_empty_sealed_one():
         md = h.md("t")
         assert (md.state, md.partitions, md.txn_start_timestamp) == (S.ONGOING, set(), h.clock.now)
         assert md.is_prepared
-        assert await h.coord.end_txn("t", r.producer_id, r.producer_epoch, True) == E.NONE
+        assert (await h.coord.end_txn("t", r.producer_id, r.producer_epoch, True)).error == E.NONE
         await h.settle()
         assert h.md("t").state is S.COMPLETE_COMMIT
         assert h.markers.written_for(r.producer_id) == []
@@ -138,8 +138,9 @@ def test_prepare_errors():
         assert await h.coord.prepare_txn("t", pid + 1, epoch) == E.INVALID_PRODUCER_ID_MAPPING
         assert await h.coord.prepare_txn("unknown", pid, epoch) == E.INVALID_PRODUCER_ID_MAPPING
         h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
-        assert await h.coord.end_txn("t", pid, epoch, True) == E.NONE
-        assert await h.coord.prepare_txn("t", pid, epoch) == E.INVALID_TXN_STATE
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert await h.coord.prepare_txn("t", pid, epoch + 1) == E.INVALID_TXN_STATE  # completing
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED  # the epoch before the bump
         h.markers.gate.set()
         await h.settle()
 
@@ -161,7 +162,7 @@ def test_prepared_state_survives_reload():
         md = h2.md("t")
         assert md.is_prepared and md.prepared_timestamp == prepared_at
         assert await h2.coord.abort_timed_out_transactions() == 0
-        assert await h2.coord.end_txn("t", pid, epoch, True) == E.NONE
+        assert (await h2.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h2.settle()
         assert h2.md("t").state is S.COMPLETE_COMMIT
         assert [m.coordinator_epoch for m, _ in h2.markers.written_for(pid)] == [2]
