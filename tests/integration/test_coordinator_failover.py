@@ -234,7 +234,8 @@ def test_other_coordinator_completes_a_prepared_commit_of_a_killed_one(two_coord
             assert wait_for(lambda: client.committed_values(topic, p), 30, "roll-forward") == \
                 [f"a{p}".encode(), f"b{p}".encode()]
             [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
-            assert (mpid, mepoch, ctype) == (pid, epoch, records.CONTROL_COMMIT)
+            # KIP-890 part 2: the transaction ends under the next epoch.
+            assert (mpid, mepoch, ctype) == (pid, epoch + 1, records.CONTROL_COMMIT)
             assert cepoch == survivor.coordinator_epoch
         assert wait_for(lambda: client.describe(survivor.node_id, tid).state == "CompleteCommit", 30, "CompleteCommit")
         took = time.monotonic() - killed_at
@@ -249,10 +250,10 @@ def test_other_coordinator_completes_a_prepared_commit_of_a_killed_one(two_coord
             transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=False)).error_code == \
             E.INVALID_TXN_STATE
         again = client.init(tid)
-        assert (again.error_code, again.producer_id, again.producer_epoch) == (E.NONE, pid, epoch + 1)
+        assert (again.error_code, again.producer_id, again.producer_epoch) == (E.NONE, pid, epoch + 2)
         # A marker from the dead coordinator's epoch is now rejected by the partition leader.
         stale = client.leader(topic, 0).WriteTxnMarkers(pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
-            producer_id=pid, producer_epoch=epoch + 1, committed=False, coordinator_epoch=old_epoch,
+            producer_id=pid, producer_epoch=epoch + 2, committed=False, coordinator_epoch=old_epoch,
             topics=[pb.TopicPartitions(topic=topic, partitions=[0])])]), timeout=10)
         assert stale.markers[0].topics[0].partitions[0].error_code == E.TRANSACTION_COORDINATOR_FENCED
     finally:
@@ -383,7 +384,7 @@ def test_paused_coordinator_is_deposed_and_fenced(make_cluster):
             transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1, committed=True)).error_code == E.NONE
         assert wait_for(lambda: client.committed_values(topic, 0), 30, "the committed record") == [b"after"]
         d = client.describe(survivor.node_id, tid)
-        assert (d.producer_id, d.producer_epoch) == (pid, epoch + 1)
+        assert (d.producer_id, d.producer_epoch) == (pid, epoch + 2)  # committed under the next epoch
     finally:
         client.close()
 

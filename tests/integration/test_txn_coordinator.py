@@ -190,7 +190,8 @@ def test_commit_writes_markers_to_every_partition(client):
         assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), 30, "committed data") == \
             [f"v{p}".encode()]
         [(pid, epoch, ctype, _)] = client.markers(topic, p)
-        assert (pid, epoch, ctype) == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
+        # KIP-890 part 2: the transaction ends under the next epoch.
+        assert (pid, epoch, ctype) == (r.producer_id, r.producer_epoch + 1, records.CONTROL_COMMIT)
     assert wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "CompleteCommit")
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE  # retry of a completed commit
     assert client.end(tid, r.producer_id, r.producer_epoch, False) == E.INVALID_TXN_STATE
@@ -219,11 +220,12 @@ def test_sigkill_between_prepare_and_complete_rolls_forward(make_cluster):
             assert wait_for(lambda: client.data_values(topic, p, READ_COMMITTED), 30, "roll-forward") == \
                 [f"a{p}".encode(), f"b{p}".encode()]
             [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
-            assert (mpid, mepoch, ctype) == (pid, epoch, records.CONTROL_COMMIT) and cepoch >= 1
+            assert (mpid, mepoch, ctype) == (pid, epoch + 1, records.CONTROL_COMMIT) and cepoch >= 1
         assert wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "CompleteCommit")
         # The producer's retried EndTxn after failover succeeds, and it goes on.
         assert client.end(tid, pid, epoch, True) == E.NONE
-        assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
+        assert client.add(tid, pid, epoch, topic, [0]) == {E.PRODUCER_FENCED}  # the epoch before the bump
+        assert client.add(tid, pid, epoch + 1, topic, [0]) == {E.NONE}
     finally:
         client.close()
 
@@ -339,5 +341,5 @@ def test_add_offsets_marks_the_groups_consumer_offsets_partition(client):
     d = client.describe(tid)
     assert offsets_tp in {(t.topic, p) for t in d.topics for p in t.partitions}
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
-    wait_for(lambda: any(m[:3] == (r.producer_id, r.producer_epoch, records.CONTROL_COMMIT)
+    wait_for(lambda: any(m[:3] == (r.producer_id, r.producer_epoch + 1, records.CONTROL_COMMIT)
                          for m in client.markers(*offsets_tp)), 30, "marker on __consumer_offsets")
