@@ -699,9 +699,17 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                                             "(TRANSACTION_COORDINATOR_FENCED)")
                         raise NotOwner()
                     elif code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED):
-                        # The leader saw a newer epoch of this PID: this marker is stale.
-                        log.warning("marker for %r on %s-%d rejected (%s); skipping it", md.transactional_id,
-                                    tp[0], tp[1], code_name(code))
+                        # The leader holds a newer epoch of this PID than the one this
+                        # coordinator issued. With transaction verification and the
+                        # end-of-transaction bump that should not happen; retrying would
+                        # wedge the id, so the marker is not written — never silently:
+                        # an error in the log and a counter to alert on.
+                        log.error("marker %s of %r (PID %d epoch %d, coordinator epoch %d) refused on %s-%d: %s; "
+                                  "the partition holds a newer epoch of the PID, marker not written",
+                                  "COMMIT" if marker.committed else "ABORT", md.transactional_id,
+                                  marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                  tp[0], tp[1], code_name(code))
+                        metrics.MARKERS_REJECTED.labels(code_name(code)).inc()
                         remaining.discard(tp)
                     elif not self._topology.partition_exists(*tp):
                         log.warning("partition %s-%d of %r no longer exists; no marker written",

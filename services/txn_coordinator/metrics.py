@@ -89,6 +89,9 @@ MARKER_WRITE_SECONDS = Histogram("exactly_txn_marker_write_seconds",
                                  "Writing one transaction's markers to all its partitions, seconds",
                                  buckets=_LATENCY_BUCKETS)
 PID_BLOCKS = Counter("exactly_txn_pid_blocks_allocated", "Producer id blocks reserved in ZooKeeper")
+MARKERS_REJECTED = Counter("exactly_txn_markers_rejected", "Transaction markers a partition leader refused for a "
+                           "newer producer epoch of the PID, so not written (reason: the error code); "
+                           "alert on any", ["reason"])
 
 
 def completed(committed: bool, cause: str) -> None:

@@ -343,3 +343,39 @@ def test_add_offsets_marks_the_groups_consumer_offsets_partition(client):
     assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
     wait_for(lambda: any(m[:3] == (r.producer_id, r.producer_epoch + 1, records.CONTROL_COMMIT)
                          for m in client.markers(*offsets_tp)), 30, "marker on __consumer_offsets")
+
+
+def test_late_duplicate_marker_and_late_batch_of_a_finished_transaction_are_fenced(client):
+    """KIP-890 part 2 on a real cluster. T1 commits (its markers carry epoch e+1); T2
+    runs at e+1 and writes its first batch; a delayed duplicate of T1's COMMIT marker
+    then reaches the partition leader: refused, so T2's partial data is not committed.
+    T2 aborts: none of its records is visible. A delayed retry of T2's batch (epoch
+    e+1) after the abort (markers at e+2) is refused too."""
+    topic = client.create_topic(partitions=1)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    pid, epoch = r.producer_id, r.producer_epoch
+    assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
+    assert client.produce(topic, 0, txn_batch(pid, epoch, ["t1"])).error_code == E.NONE
+    assert client.end(tid, pid, epoch, True) == E.NONE
+    wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "T1 to complete")
+    [(_, t1_marker_epoch, _, coordinator_epoch)] = client.markers(topic, 0)
+    assert t1_marker_epoch == epoch + 1
+
+    epoch += 1  # T2
+    assert client.add(tid, pid, epoch, topic, [0]) == {E.NONE}
+    t2_batch = txn_batch(pid, epoch, ["t2-partial"])
+    assert client.produce(topic, 0, t2_batch).error_code == E.NONE
+    stale = client.leader(topic, 0).WriteTxnMarkers(pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
+        producer_id=pid, producer_epoch=t1_marker_epoch, committed=True, coordinator_epoch=coordinator_epoch,
+        transaction_version=2, topics=[pb.TopicPartitions(topic=topic, partitions=[0])])]), timeout=10)
+    assert stale.markers[0].topics[0].partitions[0].error_code == E.INVALID_PRODUCER_EPOCH
+    assert client.data_values(topic, 0, READ_COMMITTED) == [b"t1"]  # T2 still undecided
+    assert client.end(tid, pid, epoch, False) == E.NONE
+    wait_for(lambda: client.describe(tid).state == "CompleteAbort", 30, "T2 to abort")
+    late = client.produce(topic, 0, t2_batch)  # the same batch, delayed in the network
+    assert late.error_code in (E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED)
+    assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED) == [b"t1"] or None, 30,
+                    "read_committed to show only T1") is True
+    assert [m[:3] for m in client.markers(topic, 0)] == [(pid, epoch, records.CONTROL_COMMIT),
+                                                         (pid, epoch + 1, records.CONTROL_ABORT)]

@@ -262,3 +262,28 @@ def test_replay_rebuilds_the_same_state(drive, state, clock):
         replayed.replay_batch(h, control)
     assert entries_equal(replayed.producers.values(), state.producers.values())
     assert replayed.ongoing == {} and replayed.map_end_offset == h.base_offset + 1
+
+
+def test_a_stale_duplicate_marker_cannot_end_the_next_transaction(drive, state):
+    """KIP-890 part 2: T1 (epoch 0) ends with markers at epoch 1; T2 runs at epoch 1. A
+    delayed duplicate of T1's COMMIT marker (epoch 1) arriving after T2's first batch
+    is refused, so T2's partial data is not committed (no torn transaction)."""
+    drive.produce(1, pid=PID, epoch=0, seq=0, txn=True)
+    assert state.check_marker(PID, 1, 0, transaction_version=2).error == ErrorCode.NONE
+    state.complete_marker(PID, 1, 0, drive.next_offset, NOW_MS, committed=True)
+    drive.next_offset += 1
+    check, offset = drive.produce(1, pid=PID, epoch=1, seq=0, txn=True)  # T2 starts at epoch 1
+    assert check.error == ErrorCode.NONE and state.ongoing == {offset: PID}
+    stale = state.check_marker(PID, 1, 0, transaction_version=2)
+    assert stale.error == ErrorCode.INVALID_PRODUCER_EPOCH and "stale marker" in stale.message
+    assert state.ongoing == {offset: PID}
+    assert state.check_marker(PID, 2, 0, transaction_version=2).error == ErrorCode.NONE  # T2's own marker
+
+
+def test_a_late_batch_of_a_finished_transaction_is_fenced(drive, state):
+    drive.produce(1, pid=PID, epoch=0, seq=0, txn=True)
+    state.complete_marker(PID, 1, 0, drive.next_offset, NOW_MS, committed=False)  # aborted under epoch 1
+    drive.next_offset += 1
+    late, offset = drive.produce(1, pid=PID, epoch=0, seq=1, txn=True)  # a retry delayed in the network
+    assert late.error == ErrorCode.INVALID_PRODUCER_EPOCH and offset is None
+    assert state.ongoing == {}

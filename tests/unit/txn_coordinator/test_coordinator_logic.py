@@ -817,3 +817,43 @@ def test_an_ambiguous_append_in_the_background_reloads_without_losing_the_partit
         assert (md.state, md.pending_state) == (S.COMPLETE_COMMIT, None)
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- KIP-890 part 2
+
+def test_a_marker_refused_for_a_newer_epoch_is_never_skipped_silently(caplog):
+    from services.txn_coordinator import metrics
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", [("orders", 0), ("orders", 1)])
+        h.markers.errors[("orders", 1)] = E.INVALID_PRODUCER_EPOCH
+        before = metrics.MARKERS_REJECTED.labels("INVALID_PRODUCER_EPOCH")._value.get()
+        with caplog.at_level("ERROR", logger="services.txn_coordinator.coordinator"):
+            assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+            await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert metrics.MARKERS_REJECTED.labels("INVALID_PRODUCER_EPOCH")._value.get() == before + 1
+        [rec] = [r for r in caplog.records if "refused on orders-1" in r.getMessage()]
+        assert rec.levelname == "ERROR" and f"PID {pid} epoch {epoch + 1}" in rec.getMessage()
+
+    run(scenario())
+
+
+def test_no_transaction_starts_at_an_exhausted_epoch():
+    """Each transaction ends under the next epoch, so none may start at the last ones:
+    the producer rotates its PID with InitProducerId (KIP-360) first."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        h.md("t").producer_epoch = MAX_PRODUCER_EPOCH - 1
+        res = await h.coord.add_partitions_to_txn("t", r.producer_id, MAX_PRODUCER_EPOCH - 1, [("orders", 0)])
+        assert set(res.values()) == {E.INVALID_PRODUCER_EPOCH}
+        assert await h.coord.prepare_txn("t", r.producer_id, MAX_PRODUCER_EPOCH - 1) == E.INVALID_PRODUCER_EPOCH
+        rotated = await h.coord.init_producer_id("t", 60000, expected=(r.producer_id, MAX_PRODUCER_EPOCH - 1))
+        assert rotated.error == E.NONE and rotated.producer_id != r.producer_id and rotated.producer_epoch == 0
+        res = await h.coord.add_partitions_to_txn("t", rotated.producer_id, 0, [("orders", 0)])
+        assert set(res.values()) == {E.NONE}
+
+    run(scenario())
