@@ -44,6 +44,16 @@ class ServiceConfig:
     def get_str(self, key: str, default: str) -> str:
         return self.props.get(key, default)
 
+    def get_bool(self, key: str, default: bool) -> bool:
+        """Boolean setting ("true"/"false", any case); raises ValueError naming the key
+        for anything else."""
+        raw = self.props.get(key)
+        if raw is None:
+            return default
+        if raw.strip().lower() in ("true", "false"):
+            return raw.strip().lower() == "true"
+        raise ValueError(f"setting {key}={raw!r} is not true or false")
+
     def get_int(self, key: str, default: int) -> int:
         """Integer setting; raises ValueError naming the key when malformed."""
         raw = self.props.get(key)

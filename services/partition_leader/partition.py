@@ -372,7 +372,7 @@ class Partition:
         return ErrorCode.NONE
 
     # ------------------------------------------------------------ produce
-    def append(self, batch: bytes, required_acks: int = 1) -> AppendResult:
+    def append(self, batch: bytes, required_acks: int = 1, verification_guard: object | None = None) -> AppendResult:
         """Append one client record batch v2 (Produce) as leader.
 
         Validates without decoding records: CRC32C and framing (CORRUPT_MESSAGE, the
@@ -383,7 +383,9 @@ class Partition:
         one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
         offsets and is not appended again. Offsets are assigned by rewriting the base
         offset in place; the batch gets this leader's epoch. NOT_LEADER_OR_FOLLOWER
-        on a follower."""
+        on a follower. verification_guard: the guard of the transaction verification
+        done for this batch (ReplicaManager.append_records; INVALID_TXN_STATE when a
+        marker made it stale)."""
         if self.replication is None:
             return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
         buf = bytearray(batch)
@@ -411,7 +413,7 @@ class Partition:
             if h.is_transactional:
                 return AppendResult(ErrorCode.INVALID_REQUEST, message="transactional batch without a producer id")
         else:
-            check = self.producers.check_append(h)
+            check = self.producers.check_append(h, verification_guard)
             if check.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
                 dup = check.duplicate
                 return AppendResult(check.error, dup.first_offset, self.log_start_offset, check.message,

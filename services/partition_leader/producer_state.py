@@ -162,6 +162,9 @@ class ProducerStateManager:
         # Completed transactions whose marker may not be replicated yet: txn first
         # offset -> marker offset (Kafka's unreplicatedTxns); see first_unstable_offset_at.
         self.unreplicated: dict[int, int] = {}
+        # PID -> guard of a transaction verification in flight (KIP-890 part 1): a
+        # marker for the PID drops it, so an append verified before the marker fails.
+        self.verification_guards: dict[int, object] = {}
         self.map_end_offset = 0  # state reflects every batch below this offset
 
     # ------------------------------------------------------------ queries
@@ -198,8 +201,25 @@ class ProducerStateManager:
                 return first
         return default
 
+    # ------------------------------------------------------------ verification
+    def needs_verification(self, h: BatchHeader) -> bool:
+        """Whether a client batch would start a transaction of its PID here (the PID has
+        none ongoing, or one under another epoch), so its transaction coordinator must
+        confirm it first (KIP-890 part 1). Never on internal topics, whose writers are
+        the coordinators."""
+        if self.internal or not h.is_transactional or h.producer_id < 0:
+            return False
+        entry = self.producers.get(h.producer_id)
+        return entry is None or entry.current_txn_first_offset < 0 or entry.producer_epoch != h.producer_epoch
+
+    def verification_guard(self, producer_id: int) -> object:
+        """The guard of a verification about to start for `producer_id` (the current
+        one if one is in flight). Pass it to `check_append`; a marker for the PID
+        invalidates it."""
+        return self.verification_guards.setdefault(producer_id, object())
+
     # ------------------------------------------------------------ data batches
-    def check_append(self, h: BatchHeader) -> AppendCheck:
+    def check_append(self, h: BatchHeader, verification_guard: object | None = None) -> AppendCheck:
         """Validate a client batch with a PID (design doc "Client-Broker request
         handling", produce steps 2a-2b, plus Kafka >= 1.0 rules). No mutation.
 
@@ -209,7 +229,8 @@ class ProducerStateManager:
         (gap, old sequence outside the cache, or a new epoch not starting at 0);
         UNKNOWN_PRODUCER_ID (unknown PID starting above 0); INVALID_REQUEST (no
         sequence on a non-internal topic); INVALID_TXN_STATE (non-transactional
-        batch while the PID has an ongoing transaction)."""
+        batch while the PID has an ongoing transaction, or, with `verification_guard`
+        from a verification, the guard no longer current: a marker arrived meanwhile)."""
         pid, epoch, first_seq = h.producer_id, h.producer_epoch, h.base_sequence
         entry = self.producers.get(pid)
         if first_seq == NO_SEQUENCE:
@@ -231,6 +252,10 @@ class ProducerStateManager:
         if entry is not None and entry.current_txn_first_offset >= 0 and not h.is_transactional:
             return AppendCheck(ErrorCode.INVALID_TXN_STATE,
                                f"producer {pid} has an ongoing transaction; expected a transactional batch")
+        if verification_guard is not None and self.needs_verification(h) and \
+                self.verification_guards.get(pid) is not verification_guard:
+            return AppendCheck(ErrorCode.INVALID_TXN_STATE,
+                               f"the transaction of producer {pid} ended while its batch was being verified")
         return OK
 
     @staticmethod
@@ -262,6 +287,7 @@ class ProducerStateManager:
         if h.is_transactional and entry.current_txn_first_offset < 0:
             entry.current_txn_first_offset = h.base_offset
             self._add_ongoing(h.base_offset, h.producer_id)
+            self.verification_guards.pop(h.producer_id, None)
         self.map_end_offset = h.last_offset + 1
 
     def _add_ongoing(self, first_offset: int, pid: int) -> None:
@@ -310,6 +336,7 @@ class ProducerStateManager:
         if entry is None:
             entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
         entry.maybe_update_epoch(producer_epoch)
+        self.verification_guards.pop(producer_id, None)
         first = entry.current_txn_first_offset
         if first >= 0:
             self.ongoing.pop(first, None)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
 
+from exactly_wire import records
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -64,6 +65,14 @@ class Leases(Protocol):
     """Confirms a leader's leadership (see lease.LeaseKeeper)."""
 
     def ensure(self, p: Partition, deadline: float) -> Awaitable[bool]: ...
+
+
+class Verifier(Protocol):
+    """Transaction verification with the transaction coordinator (see
+    services.common.verification.TxnVerifier): the writer's answer as an ErrorCode."""
+
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
+               deadline: float) -> Awaitable[ErrorCode]: ...
 
 
 class ProduceEntry(NamedTuple):
@@ -159,6 +168,10 @@ class ReplicaManager:
         self.purgatory = Purgatory(monotonic_s)
         # Leadership confirmation before acknowledging writes; None: always confirmed.
         self.leases: Leases | None = None
+        # Transaction verification (KIP-890 part 1) of client batches that would start
+        # a transaction; None: not verified (`transaction.partition.verification.enable`
+        # false, tests and tools).
+        self.verifier: Verifier | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
 
@@ -367,7 +380,7 @@ class ReplicaManager:
 
     async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
                              timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
-                             origin: str = "client") -> list[AppendResult]:
+                             origin: str = "client", transactional_id: str = "") -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
@@ -376,7 +389,12 @@ class ReplicaManager:
         30000) bounds the whole request. origin "client" (Produce) may not write
         internal topics, "coordinator" (CoordinatorProduce) writes only internal
         topics (Kafka's internal-topics-allowed appends): INVALID_TOPIC_EXCEPTION
-        otherwise, so a client can never forge a coordinator's record. Returns one
+        otherwise, so a client can never forge a coordinator's record. With a
+        verifier, a client batch that would start its producer's transaction on a
+        partition is appended only after the coordinator of `transactional_id`
+        confirmed the partition is in that transaction (KIP-890 part 1;
+        INVALID_TXN_STATE without transactional_id or when it is not,
+        INVALID_PRODUCER_EPOCH for another epoch). Returns one
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the errors of `get()` and `Partition.append`,
         and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -384,12 +402,13 @@ class ReplicaManager:
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         if origin not in ("client", "coordinator"):
             raise ValueError(f"unknown append origin {origin!r}")
-        jobs = [self._append_one(acks, e, deadline, origin == "coordinator") for e in entries]
+        jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id) for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
         return list(await asyncio.gather(*jobs))
 
-    async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool) -> AppendResult:
+    async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
+                          transactional_id: str = "") -> AppendResult:
         if acks not in VALID_ACKS:
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
         if self.is_internal(e.topic) != internal_only:
@@ -399,8 +418,16 @@ class ReplicaManager:
         p, err = await self._leader_for_write(e.topic, e.partition, deadline, confirm=acks != 0)
         if p is None:
             return AppendResult(err)
+        guard = None
+        if self.verifier is not None and not internal_only:
+            guard, refused = await self._verify(p, e, transactional_id, deadline)
+            if refused is not None:
+                return refused
+            p, err = self.get(e.topic, e.partition)  # leadership may have moved meanwhile
+            if p is None:
+                return AppendResult(err)
         epoch = p.leader_epoch
-        res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks)
+        res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks, guard)
         if res is None:
             return AppendResult(err)
         if res.error == ErrorCode.NONE:
@@ -411,6 +438,29 @@ class ReplicaManager:
             if err != ErrorCode.NONE:
                 res = res._replace(error=err, message="")
         return res
+
+    async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str,
+                      deadline: float) -> tuple[object | None, AppendResult | None]:
+        """(guard, None) when the batch may be appended (guard None: it starts no
+        transaction), or (None, refusal)."""
+        try:
+            h = records.parse_header(e.records)
+        except records.CorruptRecordError:
+            return None, None  # Partition.append answers CORRUPT_MESSAGE
+        if not p.producers.needs_verification(h):
+            return None, None
+        if not transactional_id:
+            return None, AppendResult(ErrorCode.INVALID_TXN_STATE, message=(
+                f"transactional batch of producer {h.producer_id} without a transactional.id: "
+                "no coordinator knows its transaction"))
+        guard = p.producers.verification_guard(h.producer_id)
+        code = await self.verifier.verify(transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
+                                          deadline)
+        if code != ErrorCode.NONE:
+            return None, AppendResult(code, message=(
+                f"the coordinator of {transactional_id!r} does not have {e.topic}-{e.partition} in the ongoing "
+                f"transaction of producer {h.producer_id} epoch {h.producer_epoch}"))
+        return guard, None
 
     async def write_markers(self, markers: Sequence[MarkerEntry],
                             timeout_ms: int = MARKER_TIMEOUT_MS) -> list[list[MarkerResult]]:

@@ -18,6 +18,9 @@ the log ones per topic):
     replica.fetch.wait.max.ms / .max.bytes / .backoff.ms   500 / 1048576 / 200
     controller.sweep.interval.ms                      1000
     zookeeper.session.timeout.ms                      10000 (leadership leases last 2/3 of it)
+    transaction.partition.verification.enable         true (KIP-890: the first transactional
+                                                      batch of a producer on a partition is
+                                                      verified with its transaction coordinator)
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from services.common.cluster import ClusterState
 from services.common.config import ServiceConfig
 from services.common.controller import Controller
 from services.common.rpc import ClusterClient
+from services.common.verification import TxnVerifier
 
 from .lease import IsrUpdater, LeaseKeeper
 from .metrics import PARTITIONS, count_produced
@@ -180,6 +184,8 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     manager = ReplicaManager(cfg.node_id, cfg.data_dir, cfg.props, cluster, store)
     PARTITIONS.track(manager)
     manager.on_appended = count_produced
+    if cfg.get_bool("transaction.partition.verification.enable", True):
+        manager.verifier = TxnVerifier(cluster, client)
     session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
     leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)
     manager.leases = leases

@@ -45,7 +45,8 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
     async def _produce(self, request: pb.ProduceRequest, origin: str) -> pb.ProduceResponse:
         entries = [ProduceEntry(topic.name, part.partition, part.records)
                    for topic in request.topics for part in topic.partitions]
-        results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin))
+        results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin,
+                                                         transactional_id=request.transactional_id))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

@@ -498,21 +498,46 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return ErrorCode.NONE, part, md
 
     async def add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                    partitions: Iterable[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+                                    partitions: Iterable[TopicPartition], verify_only: bool = False
+                                    ) -> dict[TopicPartition, ErrorCode]:
         """AddPartitionsToTxn: add (topic, partition) pairs to the transaction, starting
         it (state Ongoing, timer started) with the first. Returns one ErrorCode per
         partition, the same for all: NONE, UNKNOWN_TOPIC_OR_PARTITION (some partition
         does not exist; none is added), INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED,
         CONCURRENT_TRANSACTIONS (pending change or a completing transaction),
-        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE.
+
+        verify_only (KIP-890 part 1, asked by a partition leader before it accepts a
+        producer's first transactional batch, and by the group coordinator before a
+        TxnOffsetCommit): nothing is appended; per partition NONE when the id's
+        transaction is Ongoing with this PID and epoch, not sealed or completing, and
+        holds the partition, else INVALID_TXN_STATE; INVALID_PRODUCER_ID_MAPPING,
+        PRODUCER_FENCED and the coordinator errors as above."""
         wanted = frozenset(partitions)
         if not wanted:
             return {}
+        if verify_only:
+            return self._verify(transactional_id, producer_id, producer_epoch, wanted)
         missing = [tp for tp in wanted if not self._topology.partition_exists(*tp)]
         if missing:
             return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for tp in wanted}
         err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted)
         return {tp: err for tp in wanted}
+
+    def _verify(self, tid: str, producer_id: int, producer_epoch: int,
+                wanted: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
+        err, part = self._lookup(tid)
+        if err:
+            return {tp: err for tp in wanted}
+        md = part.txns.get(tid)
+        if md is None or md.producer_id != producer_id:
+            return {tp: ErrorCode.INVALID_PRODUCER_ID_MAPPING for tp in wanted}
+        if producer_epoch != md.producer_epoch:
+            return {tp: ErrorCode.PRODUCER_FENCED for tp in wanted}
+        ending = md.pending_state is not None and md.pending_state is not TxnState.ONGOING
+        if md.state is not TxnState.ONGOING or md.is_prepared or ending:
+            return {tp: ErrorCode.INVALID_TXN_STATE for tp in wanted}
+        return {tp: ErrorCode.NONE if tp in md.partitions else ErrorCode.INVALID_TXN_STATE for tp in wanted}
 
     async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                  group_id: str) -> ErrorCode:

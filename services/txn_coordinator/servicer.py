@@ -67,7 +67,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
             results = {tp: ErrorCode.INVALID_REQUEST for tp in wanted}
         else:
             results = await self._coordinator.add_partitions_to_txn(
-                request.transactional_id, request.producer_id, request.producer_epoch, wanted)
+                request.transactional_id, request.producer_id, request.producer_epoch, wanted,
+                verify_only=request.verify_only)
         by_topic: dict[str, list[pb.PartitionResult]] = defaultdict(list)
         for (topic, partition), code in sorted(results.items()):
             by_topic[topic].append(pb.PartitionResult(partition=partition, error_code=code))

@@ -54,6 +54,7 @@ class Client:
     def __init__(self, cluster):
         self.cluster = cluster
         self._channels: dict[str, grpc.Channel] = {}
+        self.tids: dict[int, str] = {}  # producer id -> transactional.id (from init)
 
     def channel(self, address: str) -> grpc.Channel:
         if address not in self._channels:
@@ -106,7 +107,11 @@ class Client:
         return wait_for(once, 30, f"leader of {topic}-{partition}")
 
     def produce(self, topic: str, partition: int, data: bytes) -> int:
-        resp = self.leader(topic, partition).Produce(pb.ProduceRequest(acks=-1, timeout_ms=5000, topics=[
+        """Produce one batch; a transactional one carries the transactional.id its PID
+        was initialised for (the leader verifies it with the coordinator, KIP-890)."""
+        tid = self.tids.get(records.parse_header(data).producer_id, "")
+        resp = self.leader(topic, partition).Produce(pb.ProduceRequest(acks=-1, timeout_ms=5000,
+                                                                       transactional_id=tid, topics=[
             pb.TopicProduceData(name=topic, partitions=[pb.PartitionProduceData(
                 partition=partition, records=data)])]), timeout=30)
         return resp.topics[0].partitions[0].error_code
@@ -161,8 +166,10 @@ class Client:
             time.sleep(0.1)
 
     def init(self, tid: str) -> pb.InitProducerIdResponse:
-        return self.txn_call(tid, "InitProducerId", pb.InitProducerIdRequest(
+        r = self.txn_call(tid, "InitProducerId", pb.InitProducerIdRequest(
             transactional_id=tid, transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1))
+        self.tids[r.producer_id] = tid
+        return r
 
     def describe(self, name: str, tid: str) -> pb.TransactionDescription:
         return self.txn_at(name).DescribeTransactions(

@@ -24,9 +24,13 @@ PID = 7001
 
 @pytest.fixture
 def leader(make_cluster):
-    """One partition leader (every partition is led by it), short snapshot interval."""
+    """One partition leader (every partition is led by it), short snapshot interval.
+    There is no transaction coordinator: these tests write transactional batches by
+    hand to check the leader's own log and producer state, so transaction
+    verification (KIP-890) is off; tests/integration/test_txn_coordinator.py covers it."""
     c = make_cluster(partition_leaders=1, txn_coordinators=0, group_coordinators=0,
-                     props={"producer.snapshot.interval.ms": "200", "segment.bytes": "4096"})
+                     props={"producer.snapshot.interval.ms": "200", "segment.bytes": "4096",
+                            "transaction.partition.verification.enable": "false"})
     return c
 
 

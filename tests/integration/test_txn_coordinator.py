@@ -33,6 +33,7 @@ class Client:
     def __init__(self, cluster):
         self.cluster = cluster
         self._channels: dict[str, grpc.Channel] = {}
+        self.tids: dict[int, str] = {}  # producer id -> transactional.id (from init)
 
     def channel(self, address: str) -> grpc.Channel:
         if address not in self._channels:
@@ -70,10 +71,17 @@ class Client:
             return None
         return wait_for(once, 30, f"a leader for {topic}-{partition}")
 
-    def produce(self, topic: str, partition: int, data: bytes) -> pb.PartitionProduceResponse:
+    def produce(self, topic: str, partition: int, data: bytes, transactional_id: str | None = None
+                ) -> pb.PartitionProduceResponse:
+        """Produce one batch; a transactional one carries the transactional.id its PID
+        was initialised for unless `transactional_id` is given (the leader verifies it
+        with the coordinator, KIP-890)."""
+        if transactional_id is None:
+            transactional_id = self.tids.get(records.parse_header(data).producer_id, "")
         deadline = time.monotonic() + 30
         while True:
-            resp = self.leader(topic, partition).Produce(pb.ProduceRequest(acks=-1, timeout_ms=5000, topics=[
+            resp = self.leader(topic, partition).Produce(pb.ProduceRequest(
+                acks=-1, timeout_ms=5000, transactional_id=transactional_id, topics=[
                 pb.TopicProduceData(name=topic, partitions=[pb.PartitionProduceData(
                     partition=partition, records=data)])]), timeout=30)
             part = resp.topics[0].partitions[0]
@@ -135,6 +143,11 @@ class Client:
             time.sleep(0.05)
 
     def init(self, tid: str, timeout_ms: int = 60000) -> pb.InitProducerIdResponse:
+        r = self._init(tid, timeout_ms)
+        self.tids[r.producer_id] = tid
+        return r
+
+    def _init(self, tid: str, timeout_ms: int) -> pb.InitProducerIdResponse:
         return self.call("InitProducerId", pb.InitProducerIdRequest(
             transactional_id=tid, transaction_timeout_ms=timeout_ms, producer_id=-1, producer_epoch=-1),
             retriable=(E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR,
@@ -379,3 +392,39 @@ def test_late_duplicate_marker_and_late_batch_of_a_finished_transaction_are_fenc
                     "read_committed to show only T1") is True
     assert [m[:3] for m in client.markers(topic, 0)] == [(pid, epoch, records.CONTROL_COMMIT),
                                                          (pid, epoch + 1, records.CONTROL_ABORT)]
+
+
+def test_a_transactional_batch_no_coordinator_knows_is_refused(client):
+    """KIP-890 part 1 on a real cluster: a raw transactional batch (PID 987654, epoch 0,
+    sequence 0) without transactional.id, without InitProducerId or
+    AddPartitionsToTxn, used to be appended and pin the LSO forever. It is refused with
+    INVALID_TXN_STATE, the log is unchanged, and a later plain record is readable
+    under read_committed (the LSO is the high watermark)."""
+    topic = client.create_topic(partitions=1)
+    rogue = txn_batch(987654, 0, ["rogue"])
+    refused = client.produce(topic, 0, rogue, transactional_id="")
+    assert (refused.error_code, refused.base_offset) == (E.INVALID_TXN_STATE, -1)
+    # With a transactional.id whose transaction does not hold the partition: refused too.
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    unknown = client.produce(topic, 0, txn_batch(r.producer_id, r.producer_epoch, ["not added"]))
+    assert unknown.error_code == E.INVALID_TXN_STATE
+    plain = records.encode_batch([(None, b"plain", (), wall_clock_ms())])
+    assert client.produce(topic, 0, plain).error_code == E.NONE
+    part = client.fetch(topic, 0, READ_COMMITTED)
+    assert part.last_stable_offset == part.high_watermark == 1
+    assert client.data_values(topic, 0, READ_COMMITTED) == [b"plain"]
+
+
+def test_a_data_batch_with_a_higher_epoch_than_the_coordinator_issued_is_refused(client):
+    topic = client.create_topic(partitions=1)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    assert client.add(tid, r.producer_id, r.producer_epoch, topic, [0]) == {E.NONE}
+    forged = client.produce(topic, 0, txn_batch(r.producer_id, r.producer_epoch + 5, ["forged"]))
+    assert forged.error_code == E.INVALID_PRODUCER_EPOCH
+    assert client.produce(topic, 0, txn_batch(r.producer_id, r.producer_epoch, ["real"])).error_code == E.NONE
+    assert client.end(tid, r.producer_id, r.producer_epoch, True) == E.NONE
+    assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED), 30, "the commit") == [b"real"]
+    assert [m[:3] for m in client.markers(topic, 0)] == [(r.producer_id, r.producer_epoch + 1,
+                                                         records.CONTROL_COMMIT)]

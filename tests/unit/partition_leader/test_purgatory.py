@@ -198,3 +198,60 @@ def test_fetch_answers_what_there_is_at_the_deadline(manager, now):
         [gone] = await manager.fetch_messages([FetchEntry("r", 5, 0)], max_wait_ms=300)
         assert gone.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and len(manager.purgatory) == 0
     asyncio.run(main())
+
+
+class FakeVerifier:
+    """The coordinator's answer for every verification, and the calls seen; `before`
+    runs while the verification is in flight (e.g. a marker arriving)."""
+
+    def __init__(self, answer=ErrorCode.NONE, before=None):
+        self.answer, self.before, self.calls = answer, before, []
+
+    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+        self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
+        if self.before is not None:
+            self.before()
+        return self.answer
+
+
+def txn_produce(m, batch, tid="tx"):
+    return m.append_records(1, [ProduceEntry("r", 0, batch)], transactional_id=tid)
+
+
+def test_a_transactional_batch_is_verified_before_it_starts_a_transaction(manager):
+    async def main():
+        manager.replicas[TP].set_isr(("me",), 1)
+        manager.verifier = FakeVerifier()
+        [ok] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
+        assert ok.error == ErrorCode.NONE and manager.verifier.calls == [("tx", 9, 0, "r", 0)]
+        [more] = await txn_produce(manager, make_batch(1, pid=9, seq=1, txn=True))  # same transaction
+        assert more.error == ErrorCode.NONE and len(manager.verifier.calls) == 1
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("answer", [ErrorCode.INVALID_TXN_STATE, ErrorCode.INVALID_PRODUCER_EPOCH])
+def test_a_batch_the_coordinator_does_not_confirm_is_refused(manager, answer):
+    async def main():
+        manager.replicas[TP].set_isr(("me",), 1)
+        manager.verifier = FakeVerifier(answer)
+        [res] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
+        p = manager.replicas[TP]
+        assert res.error == answer and p.log_end_offset == 0 and p.last_stable_offset == p.high_watermark
+        [rogue] = await txn_produce(manager, make_batch(1, pid=987654, seq=0, txn=True), tid="")
+        assert rogue.error == ErrorCode.INVALID_TXN_STATE and "without a transactional.id" in rogue.message
+        assert len(manager.verifier.calls) == 1  # no transactional.id: no coordinator to ask
+    asyncio.run(main())
+
+
+def test_a_marker_during_verification_makes_the_append_fail(manager):
+    """The verification succeeded, but the transaction it confirmed ended (a marker
+    arrived) before the append: the batch would open a transaction nobody knows."""
+    async def main():
+        p = manager.replicas[TP]  # ISR (me, x): markers have their min.insync.replicas
+        manager.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
+        [res] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
+        assert res.error == ErrorCode.INVALID_PRODUCER_EPOCH  # the marker moved the PID to epoch 1
+        manager.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
+        [res] = await txn_produce(manager, make_batch(1, pid=9, epoch=1, seq=0, txn=True))
+        assert res.error == ErrorCode.INVALID_TXN_STATE and not p.producers.ongoing
+    asyncio.run(main())

@@ -857,3 +857,31 @@ def test_no_transaction_starts_at_an_exhausted_epoch():
         assert set(res.values()) == {E.NONE}
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- KIP-890 part 1: verification
+
+def test_verify_only_answers_without_appending():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        r = await h.coord.init_producer_id("t", 60000)
+        pid, epoch = r.producer_id, r.producer_epoch
+        verify = lambda tps, e=epoch, p=pid, tid="t": h.coord.add_partitions_to_txn(tid, p, e, tps, verify_only=True)
+        assert await verify([("orders", 0)]) == {("orders", 0): E.INVALID_TXN_STATE}  # Empty
+        await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        appended = len(h.log.entries())
+        assert await verify([("orders", 0), ("orders", 1)]) == {("orders", 0): E.NONE,
+                                                               ("orders", 1): E.INVALID_TXN_STATE}
+        assert await verify([("orders", 0)], e=epoch + 1) == {("orders", 0): E.PRODUCER_FENCED}
+        assert await verify([("orders", 0)], p=pid + 1) == {("orders", 0): E.INVALID_PRODUCER_ID_MAPPING}
+        assert await verify([("orders", 0)], tid="nobody") == {("orders", 0): E.INVALID_PRODUCER_ID_MAPPING}
+        assert len(h.log.entries()) == appended  # nothing was appended
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert await verify([("orders", 0)]) == {("orders", 0): E.PRODUCER_FENCED}  # ended under epoch + 1
+        assert await verify([("orders", 0)], e=epoch + 1) == {("orders", 0): E.INVALID_TXN_STATE}  # completing
+        h.markers.gate.set()
+        await h.settle()
+
+    run(scenario())
