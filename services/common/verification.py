@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable, Protocol
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_exponential_jitter
@@ -56,6 +56,14 @@ def writer_error(code: int) -> ErrorCode:
     if code in RETRY_CODES:
         return ErrorCode.NOT_ENOUGH_REPLICAS
     return ErrorCode.INVALID_TXN_STATE
+
+
+class Verifier(Protocol):
+    """The port writers use (TxnVerifier, or a fake in unit tests): the writer's
+    answer for a verification, as an ErrorCode; deadline in monotonic seconds."""
+
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
+               deadline: float) -> Awaitable[ErrorCode]: ...
 
 
 class TxnVerifier:

@@ -32,6 +32,7 @@ from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code_name
+from services.common.verification import Verifier
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
@@ -213,6 +214,9 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         super().__init__(clock, wall_clock, sleep=sleep, on_fenced=on_fenced)
         self.client = client
+        # Transaction verification of TxnOffsetCommit (KIP-890 part 1, see
+        # services.common.verification); None: not verified (tests, tools).
+        self.verifier: Verifier | None = None
         self.partition_for = partition_for
         self.partition_counts = partition_counts
         self.config = config or GroupCoordinatorConfig()
@@ -557,13 +561,26 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         generation other than -1 that is not the group's, UNKNOWN_MEMBER_ID for
         an unknown member id. The partition leader checks the producer epoch
         (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED come back per partition).
-        INVALID_PRODUCER_ID_MAPPING when producer_id < 0."""
+        INVALID_PRODUCER_ID_MAPPING when producer_id < 0. With a verifier, the
+        transaction coordinator must first confirm that the group's
+        `__consumer_offsets` partition is in the producer's ongoing transaction
+        (AddOffsetsToTxn put it there; KIP-890 part 1): otherwise INVALID_TXN_STATE
+        (INVALID_PRODUCER_EPOCH for another epoch) and nothing is written, so no
+        phantom pending offset can block require_stable or be committed by a later
+        marker."""
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
             code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
                                           transactional=True)
         if code == ErrorCode.NONE and producer_id < 0:
             code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if code == ErrorCode.NONE and self.verifier is not None:
+            if not transactional_id:
+                code = ErrorCode.INVALID_TXN_STATE
+            else:
+                code = await self.verifier.verify(transactional_id, producer_id, producer_epoch, OFFSETS_TOPIC,
+                                                  owned.partition,
+                                                  time.monotonic() + self.config.commit_timeout_ms / 1000)
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
         return await self._write_offsets(owned, group_id, offsets, producer_id, producer_epoch)

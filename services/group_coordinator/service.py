@@ -19,6 +19,7 @@ from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterState, partit
 from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
+from services.common.verification import TxnVerifier
 
 from .coordinator import GroupCoordinator, GroupCoordinatorConfig
 from .servicer import GroupCoordinatorServicer
@@ -84,6 +85,8 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
                                    GroupCoordinatorConfig.from_props(cfg.get_int),
                                    on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
+    if cfg.get_bool("transaction.partition.verification.enable", True):
+        coordinator.verifier = TxnVerifier(cluster, client)
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False
     pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)

@@ -39,6 +39,8 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
+from services.common.verification import Verifier
+
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import (ACKS_ALL, READ_COMMITTED, AppendResult, FetchResult, MarkerResult, Partition,
                         PartitionConfig, ReplicaFetchResult)
@@ -65,14 +67,6 @@ class Leases(Protocol):
     """Confirms a leader's leadership (see lease.LeaseKeeper)."""
 
     def ensure(self, p: Partition, deadline: float) -> Awaitable[bool]: ...
-
-
-class Verifier(Protocol):
-    """Transaction verification with the transaction coordinator (see
-    services.common.verification.TxnVerifier): the writer's answer as an ErrorCode."""
-
-    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
-               deadline: float) -> Awaitable[ErrorCode]: ...
 
 
 class ProduceEntry(NamedTuple):

@@ -245,3 +245,27 @@ def test_offsets_and_groups_replayed_after_sigkill(cluster, client):
         group_id=group, member_id=a.member_id)).error_code == ErrorCode.NONE
     c = client.join(group)
     assert c.error_code == ErrorCode.NONE and c.generation_id == a.generation_id + 2
+
+
+def test_a_phantom_txn_offset_commit_is_refused(client):
+    """KIP-890 part 1 on a real cluster: a TxnOffsetCommit without AddOffsetsToTxn, and
+    one delayed past the end of its transaction, are refused; the group's offsets stay
+    stable (no UNSTABLE_OFFSET_COMMIT forever, nothing committed by a later marker)."""
+    group, tid = _uid("g"), _uid("tx")
+    assert client.commit(group, {0: 3}) == {0: ErrorCode.NONE}
+    pid, epoch = client.init_producer(tid)
+    assert client.txn_commit(tid, group, pid, epoch, {0: 99}) == {0: ErrorCode.INVALID_TXN_STATE}
+    assert client.fetch(group, [0], require_stable=True) == (ErrorCode.NONE, {0: (3, ErrorCode.NONE)})
+    # A real transaction commits offset 10; a delayed TxnOffsetCommit of it arriving after
+    # the commit (its epoch is now the old one) is refused, and the next COMMIT of the
+    # producer cannot rewind the group to it.
+    client.add_offsets(tid, pid, epoch, group)
+    assert client.txn_commit(tid, group, pid, epoch, {0: 10}) == {0: ErrorCode.NONE}
+    client.end_txn(tid, pid, epoch, committed=True)
+    assert _wait_stable(client, group, [0]) == (ErrorCode.NONE, {0: (10, ErrorCode.NONE)})
+    late = client.txn_commit(tid, group, pid, epoch, {0: 4})
+    assert late[0] in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.INVALID_TXN_STATE)
+    epoch += 1
+    client.add_offsets(tid, pid, epoch, group)
+    client.end_txn(tid, pid, epoch, committed=True)
+    assert _wait_stable(client, group, [0]) == (ErrorCode.NONE, {0: (10, ErrorCode.NONE)})

@@ -403,3 +403,36 @@ def test_session_timeout_bounds(session_timeout_ms):
         assert resp.error == ErrorCode.INVALID_SESSION_TIMEOUT
         await env.coord.stop()
     run(body())
+
+
+class FakeVerifier:
+    """The transaction coordinator's answer to every verification, and the calls."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+        self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
+        return self.answer
+
+
+def test_a_phantom_txn_offset_commit_is_refused():
+    """KIP-890 part 1: a TxnOffsetCommit whose transaction does not hold the group's
+    __consumer_offsets partition (no AddOffsetsToTxn, or a delayed request after the
+    transaction ended) writes nothing, so require_stable never sees a phantom."""
+    async def body():
+        env = await Env().up()
+        env.coord.verifier = FakeVerifier(ErrorCode.INVALID_TXN_STATE)
+        res = await env.coord.txn_commit_offsets("tx", "g", PID, 0, -1, "", {TP0: om(50)})
+        assert res == {TP0: ErrorCode.INVALID_TXN_STATE}
+        assert env.coord.verifier.calls == [("tx", PID, 0, "__consumer_offsets", partition_for("g"))]
+        assert not env.coord.partition_state(partition_for("g")).offsets.has_pending("g", TP0)
+        assert await env.coord.fetch_offsets("g", [TP0], True) == (
+            ErrorCode.NONE, {TP0: FetchedOffset(-1, "", ErrorCode.NONE)})
+        assert (await env.coord.txn_commit_offsets("", "g", PID, 0, -1, "", {TP0: om(50)})) == \
+            {TP0: ErrorCode.INVALID_TXN_STATE}  # no transactional.id: nothing to verify against
+        env.coord.verifier = FakeVerifier(ErrorCode.NONE)
+        assert await env.coord.txn_commit_offsets("tx", "g", PID, 0, -1, "", {TP0: om(50)}) == \
+            {TP0: ErrorCode.NONE}
+        await env.coord.stop()
+    run(body())
