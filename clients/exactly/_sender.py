@@ -35,6 +35,9 @@ from .types import TopicPartition
 
 log = logging.getLogger(__name__)
 
+# Transport outcomes of a request that may have been applied by the coordinator.
+AMBIGUOUS_CODES = frozenset({ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT})
+
 # Kafka retries AddPartitionsToTxn quickly on CONCURRENT_TRANSACTIONS: the previous
 # transaction's markers are usually written within a few ms.
 ADD_PARTITIONS_RETRY_MS = 20
@@ -282,7 +285,9 @@ class Sender(threading.Thread):
             backoff = ADD_PARTITIONS_RETRY_MS if getattr(exc, "code", None) == ErrorCode.CONCURRENT_TRANSACTIONS \
                 else self.config.backoff_ms
             self._add_retry_at = self.clock() + backoff
-            txn.partitions_add_retry(tps)
+            # Without an answer from the coordinator the request may have been applied.
+            ambiguous = not isinstance(exc, errors.ExactlyError) or exc.code in AMBIGUOUS_CODES
+            txn.partitions_add_retry(tps, ambiguous)
             return
         err = txn.partitions_add_failed(tps, exc)
         log.warning("AddPartitionsToTxn failed: %r", err)

@@ -159,6 +159,9 @@ class TransactionManager:
         self._added: set[TopicPartition] = set()
         self._pending: set[TopicPartition] = set()
         self._adding: set[TopicPartition] = set()
+        # Partitions whose AddPartitionsToTxn may have been applied although no answer
+        # said so (a timeout, a lost connection): the coordinator may hold a transaction.
+        self._maybe_added: set[TopicPartition] = set()
         self._groups: set[str] = set()
         # Some batch with an assigned sequence ended without a known outcome, so the
         # leader's next expected sequence is unknown: a new epoch (or PID) is needed.
@@ -331,6 +334,7 @@ class TransactionManager:
         self._added.clear()
         self._pending.clear()
         self._adding.clear()
+        self._maybe_added.clear()
         self._groups.clear()
         self.sealed = False
 
@@ -384,11 +388,15 @@ class TransactionManager:
                 self._adding.discard(tp)
                 self._added.add(tp)
 
-    def partitions_add_retry(self, tps: Iterable[TopicPartition]) -> None:
-        """AddPartitionsToTxn must be sent again for `tps` (retriable error)."""
+    def partitions_add_retry(self, tps: Iterable[TopicPartition], ambiguous: bool = False) -> None:
+        """AddPartitionsToTxn must be sent again for `tps` (retriable error).
+        ambiguous: the request may have been applied (no answer came back), so an abort
+        must still end the transaction at the coordinator."""
         with self._lock:
             for tp in tps:
                 self._adding.discard(tp)
+                if ambiguous:
+                    self._maybe_added.add(tp)
                 if self.state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION, S.PREPARED_TRANSACTION):
                     self._pending.add(tp)
 
@@ -441,7 +449,13 @@ class TransactionManager:
     def needs_end_txn(self) -> bool:
         """Whether the coordinator has a transaction to end (something was added, or
         it was sealed by PrepareTxn)."""
-        return self.transaction_started or self.sealed
+        return self.transaction_started or self.sealed or bool(self._maybe_added)
+
+    @property
+    def only_maybe_started(self) -> bool:
+        """Whether the transaction may exist at the coordinator only through an
+        AddPartitionsToTxn whose outcome is unknown (nothing was confirmed added)."""
+        return bool(self._maybe_added) and not (self.transaction_started or self.sealed)
 
     def begin_commit(self) -> bool:
         """commitTransaction(), also of a prepared transaction. Returns False when a

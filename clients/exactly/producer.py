@@ -545,6 +545,10 @@ class Producer:
                 raise errors.KafkaTimeoutError(
                     f"EndTxn({'commit' if commit else 'abort'}) did not succeed within {timeout_s:.1f} s: {exc}"
                 ) from exc
+            if not commit and exc.code == ErrorCode.INVALID_TXN_STATE and txn.only_maybe_started:
+                # Sent only because an AddPartitionsToTxn went unanswered: the
+                # coordinator never started the transaction, so there is nothing to abort.
+                return None
             if not commit and exc.code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
                 # The coordinator no longer knows this PID (design doc "Error Handling",
                 # InvalidPidMapping): nothing to abort; get a new mapping.

@@ -456,3 +456,32 @@ def test_invalid_producer_epoch_from_the_leader_is_fencing(fc, make):
         f.result(5)
     with pytest.raises(errors.ProducerFencedError):
         p.commit_transaction(5)
+
+
+def test_abort_after_an_unanswered_add_partitions_still_ends_the_transaction(fc, make):
+    """AddPartitionsToTxn timed out: the coordinator may hold an Ongoing transaction the
+    client never saw confirmed. The abort sends EndTxn anyway (Kafka finishes the
+    pending add first); if the coordinator has no transaction, its INVALID_TXN_STATE
+    means there was nothing to abort."""
+    p = make(**{"transactional.id": "tx-amb", "linger.ms": 60_000})
+    p.init_transactions(5)
+    fc.add_partitions_faults.extend([ErrorCode.REQUEST_TIMED_OUT] * 10_000)
+    p.begin_transaction()
+    p.send("t", b"v", partition=0)
+    wait_for(lambda: fc.calls["AddPartitionsToTxn"] >= 1, 5, "an AddPartitionsToTxn attempt", interval_s=0.005)
+    p.abort_transaction(5)
+    assert fc.calls["EndTxn"] == 1 and fc.ended[-1][:2] == ("tx-amb", False)
+    fc.add_partitions_faults.clear()
+    # The same again, with a coordinator that never started the transaction.
+    p.begin_transaction()
+    fc.add_partitions_faults.extend([ErrorCode.REQUEST_TIMED_OUT] * 10_000)
+    p.send("t", b"w", partition=0)
+    wait_for(lambda: fc.calls["AddPartitionsToTxn"] >= 2, 5, "another AddPartitionsToTxn attempt",
+             interval_s=0.005)
+    fc.end_txn_faults.append(ErrorCode.INVALID_TXN_STATE)
+    p.abort_transaction(5)  # nothing to abort: no error
+    fc.add_partitions_faults.clear()
+    p.begin_transaction()
+    f = p.send("t", b"x", partition=0)
+    p.commit_transaction(5)
+    assert f.result(0).offset == 0
