@@ -17,6 +17,7 @@ from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, P
 
 from .conftest import make_batch
 from .test_replica_manager import FakeCluster
+from .test_replication_servicer import FakeLeases
 
 TP = ("r", 0)
 
@@ -29,15 +30,6 @@ class Now:
 
     def __call__(self) -> float:
         return self.s
-
-
-class FakeLeases:
-    def __init__(self, answer: bool):
-        self.answer, self.calls = answer, 0
-
-    async def ensure(self, p, deadline) -> bool:
-        self.calls += 1
-        return self.answer
 
 
 @pytest.fixture
