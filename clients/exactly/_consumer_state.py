@@ -146,11 +146,6 @@ class SubscriptionState:
     def assign_from_group(self, partitions: Iterable[TopicPartition]) -> None:
         self._set_assignment(partitions)
 
-    def unsubscribe(self) -> None:
-        self.subscription = None
-        self.user_assigned = False
-        self.assignment = {}
-
     def _set_assignment(self, partitions: Iterable[TopicPartition]) -> None:
         new: dict[TopicPartition, TopicPartitionState] = {}
         for tp in sorted(set(TopicPartition(*tp) for tp in partitions)):
