@@ -433,10 +433,6 @@ class RecordAccumulator:
         with self._lock:
             self._flushes -= 1
 
-    @property
-    def flushing(self) -> bool:
-        return self._flushes > 0
-
     def close(self) -> None:
         with self._lock:
             self.closed = True

@@ -24,13 +24,13 @@ import concurrent.futures
 import enum
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import tenacity
 
 from exactly import errors
 from exactly._client import COORDINATOR_ERRORS, COORDINATOR_GROUP
+from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -115,21 +115,22 @@ class GroupMembership:
 
     Times: `session_timeout_ms`, `rebalance_timeout_ms` (how long the coordinator
     waits for members to rejoin; Kafka's `max.poll.interval.ms`),
-    `heartbeat_interval_ms`; `backoff_s`/`backoff_max_s` in seconds.
+    `heartbeat_interval_ms`, `backoff_ms`/`backoff_max_ms`; `clock`: monotonic ms
+    (`exactly_wire.clock`).
     """
 
     def __init__(self, core: "ClientCore", group_id: str, *, session_timeout_ms: int = 10000,
                  rebalance_timeout_ms: int = 300000, heartbeat_interval_ms: int = 3000,
-                 group_instance_id: str | None = None, backoff_s: float = 0.1,
-                 backoff_max_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 group_instance_id: str | None = None, backoff_ms: float = 100,
+                 backoff_max_ms: float = 1000, clock: Clock = monotonic_ms):
         self._core = core
         self.group_id = group_id
         self.group_instance_id = group_instance_id
         self.session_timeout_ms = session_timeout_ms
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
-        self._backoff_s = backoff_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff_ms = backoff_ms
+        self._backoff_max_ms = backoff_max_ms
         self._clock = clock
         self._lock = threading.RLock()
         self.state = MemberState.UNJOINED
@@ -138,7 +139,7 @@ class GroupMembership:
         self._rejoin_needed = True
         self._topics: tuple[str, ...] = ()
         self._pending: concurrent.futures.Future | None = None
-        self._backoff_until = 0.0
+        self._backoff_until = 0
         self._failures = 0
         self._last_poll = clock()
         self._hb_thread: threading.Thread | None = None
@@ -202,12 +203,12 @@ class GroupMembership:
 
     def _backoff(self) -> None:
         self._failures += 1
-        self._backoff_until = self._clock() + min(self._backoff_max_s,
-                                                  self._backoff_s * 2 ** (self._failures - 1))
+        self._backoff_until = self._clock() + min(self._backoff_max_ms,
+                                                  self._backoff_ms * 2 ** (self._failures - 1))
 
     def _send_join(self) -> bool:
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
             log.debug("group %s: no coordinator yet: %r", self.group_id, exc)
             self._backoff()
@@ -222,7 +223,7 @@ class GroupMembership:
 
     def _send_sync(self) -> None:
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
             self.state = MemberState.JOINING
             self._backoff()
@@ -365,13 +366,13 @@ class GroupMembership:
                 return None
             gen, member = self.generation_id, self.member_id
         now = self._clock()
-        if (now - self._last_poll) * 1000 > self.rebalance_timeout_ms:
-            log.warning("group %s: poll() not called for %.0f ms (> max.poll.interval.ms); leaving the group",
-                        self.group_id, (now - self._last_poll) * 1000)
+        if now - self._last_poll > self.rebalance_timeout_ms:
+            log.warning("group %s: poll() not called for %d ms (> max.poll.interval.ms); leaving the group",
+                        self.group_id, now - self._last_poll)
             self.leave()
             return None
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
             resp = self._core.call(self._core.group_stub(addr).Heartbeat,
                                    pb.HeartbeatRequest(group_id=self.group_id, generation_id=gen,
                                                        member_id=member),
@@ -411,7 +412,7 @@ class GroupMembership:
         if not member:
             return
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
             resp = self._core.call(self._core.group_stub(addr).LeaveGroup,
                                    pb.LeaveGroupRequest(group_id=self.group_id, member_id=member))
             if resp.error_code:
@@ -435,8 +436,9 @@ class GroupMembership:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(_retriable),
-            wait=tenacity.wait_exponential_jitter(multiplier=self._backoff_s, max=self._backoff_max_s,
-                                                  jitter=self._backoff_s / 5),
+            wait=tenacity.wait_exponential_jitter(multiplier=self._backoff_ms / 1000,
+                                                  max=self._backoff_max_ms / 1000,
+                                                  jitter=self._backoff_ms / 1000 / 5),
             stop=tenacity.stop_before_delay(timeout_s),
             reraise=True)
 
@@ -488,7 +490,7 @@ class GroupMembership:
         if not offsets:
             return
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
             log.debug("group %s: auto commit skipped, no coordinator: %r", self.group_id, exc)
             if callback is not None:
@@ -522,7 +524,7 @@ class GroupMembership:
                               require_stable: bool) -> concurrent.futures.Future | None:
         """Send OffsetFetch without waiting; None when the coordinator is unknown."""
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_s)
+            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
             log.debug("group %s: OffsetFetch deferred, no coordinator: %r", self.group_id, exc)
             return None

@@ -76,7 +76,7 @@ class TopicPartitionState:
     log_start_offset: int = -1
     buffered: "FetchedRecords | None" = None
     aborted: "AbortedTransactions | None" = None
-    backoff_until: float = 0.0                  # time.monotonic() seconds
+    backoff_until: int = 0                      # ms of the consumer's monotonic clock
     failures: int = 0
 
     @property
@@ -100,24 +100,25 @@ class TopicPartitionState:
         self.epoch += 1
         self.buffered = None
         self.aborted = None
-        self.backoff_until = 0.0
+        self.backoff_until = 0
         self.failures = 0
 
     def advance(self, position: int) -> None:
         """Consumption moved the position forward (keeps buffered/aborted state)."""
         self.position = position
 
-    def backoff(self, now: float, base_s: float, max_s: float) -> None:
-        """Exponential backoff after a failed request for this partition."""
+    def backoff(self, now_ms: int, base_ms: float, max_ms: float) -> None:
+        """Exponential backoff after a failed request for this partition: not ready
+        for min(max_ms, base_ms * 2**(failures - 1)) ms after `now_ms`."""
         self.failures += 1
-        self.backoff_until = now + min(max_s, base_s * (2 ** (self.failures - 1)))
+        self.backoff_until = now_ms + min(max_ms, base_ms * (2 ** (self.failures - 1)))
 
     def succeeded(self) -> None:
         self.failures = 0
-        self.backoff_until = 0.0
+        self.backoff_until = 0
 
-    def ready(self, now: float) -> bool:
-        return now >= self.backoff_until
+    def ready(self, now_ms: int) -> bool:
+        return now_ms >= self.backoff_until
 
 
 @dataclass
@@ -145,11 +146,6 @@ class SubscriptionState:
 
     def assign_from_group(self, partitions: Iterable[TopicPartition]) -> None:
         self._set_assignment(partitions)
-
-    def unsubscribe(self) -> None:
-        self.subscription = None
-        self.user_assigned = False
-        self.assignment = {}
 
     def _set_assignment(self, partitions: Iterable[TopicPartition]) -> None:
         new: dict[TopicPartition, TopicPartitionState] = {}

@@ -11,12 +11,12 @@ from __future__ import annotations
 import concurrent.futures
 import heapq
 import logging
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from exactly import errors
 from exactly_wire import records
+from exactly_wire.clock import Clock, monotonic_ms
 from exactly._client import METADATA_ERRORS
 from exactly._consumer_state import NoOffsetForPartitionError, ResetStrategy
 from exactly_wire.error_codes import ErrorCode
@@ -192,13 +192,14 @@ class Fetcher:
     A partition is fetched again only once its buffered records are drained, so
     records stay in offset order. Retriable failures (leader moved or down,
     network errors) back the partition off exponentially and mark metadata
-    stale; a refresh is attempted at most once per `backoff_s`.
+    stale; a refresh is attempted at most once per `backoff_ms`. `clock`: monotonic
+    ms (`exactly_wire.clock`), the same clock as the Consumer's.
     """
 
     def __init__(self, core: "ClientCore", subs: "SubscriptionState", *, isolation_level: int,
                  max_wait_ms: int, min_bytes: int, max_bytes: int, partition_max_bytes: int,
-                 check_crcs: bool = True, backoff_s: float = 0.1, backoff_max_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 check_crcs: bool = True, backoff_ms: float = 100, backoff_max_ms: float = 1000,
+                 clock: Clock = monotonic_ms):
         self._core = core
         self._subs = subs
         self.isolation_level = isolation_level
@@ -207,8 +208,8 @@ class Fetcher:
         self._max_bytes = max_bytes
         self._partition_max_bytes = partition_max_bytes
         self._check_crcs = check_crcs
-        self._backoff_s = backoff_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff_ms = backoff_ms
+        self._backoff_max_ms = backoff_max_ms
         self._clock = clock
         self._inflight: dict[str, _InFlight] = {}
         self._errors: list[errors.ExactlyError] = []
@@ -228,7 +229,7 @@ class Fetcher:
     def maybe_refresh_metadata(self) -> None:
         """Refresh metadata if a failure marked it stale (throttled)."""
         now = self._clock()
-        if not self._metadata_stale or now - self._last_refresh < self._backoff_s:
+        if not self._metadata_stale or now - self._last_refresh < self._backoff_ms:
             return
         self._last_refresh = now
         try:
@@ -265,7 +266,7 @@ class Fetcher:
                 continue
             addr = self.leader(tp)
             if addr is None:
-                self._subs.assignment[tp].backoff(now, self._backoff_s, self._backoff_max_s)
+                self._subs.assignment[tp].backoff(now, self._backoff_ms, self._backoff_max_ms)
                 continue
             if addr not in self._inflight:
                 by_leader.setdefault(addr, []).append(tp)
@@ -319,7 +320,7 @@ class Fetcher:
             for tp in inf.sent:
                 st = self._subs.assignment.get(tp)
                 if st is not None:
-                    st.backoff(now, self._backoff_s, self._backoff_max_s)
+                    st.backoff(now, self._backoff_ms, self._backoff_max_ms)
             self._metadata_stale = True
             return
         resp = inf.future.result()
@@ -360,7 +361,7 @@ class Fetcher:
                 st.advance(fetched.next_fetch_offset)  # only markers / aborted data
         elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if self._subs.default_reset is ResetStrategy.NONE:
-                st.backoff(now, self._backoff_s, self._backoff_max_s)
+                st.backoff(now, self._backoff_ms, self._backoff_max_ms)
                 self._errors.append(NoOffsetForPartitionError(
                     [tp], f"fetch offset {fetch_offset} is out of range for {tp.topic}-{tp.partition}"
                           " and auto.offset.reset is none"))
@@ -369,7 +370,7 @@ class Fetcher:
                          fetch_offset, tp.topic, tp.partition, self._subs.default_reset.value)
                 st.request_reset(self._subs.default_reset)
         else:
-            st.backoff(now, self._backoff_s, self._backoff_max_s)
+            st.backoff(now, self._backoff_ms, self._backoff_max_ms)
             err = errors.for_code(code, f"fetch {tp.topic}-{tp.partition}")
             if err.retriable or code in METADATA_ERRORS:
                 self._metadata_stale = True
@@ -401,7 +402,7 @@ class Fetcher:
                         if out:
                             break  # raise on the next poll, after these records
                         st.buffered = None
-                        st.backoff(self._clock(), self._backoff_s, self._backoff_max_s)
+                        st.backoff(self._clock(), self._backoff_ms, self._backoff_max_ms)
                         raise fetched.error
                     st.buffered = None
         if not out and self._errors:

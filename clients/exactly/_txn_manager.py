@@ -1,9 +1,10 @@
 """Producer-side transaction state: PID/epoch, per-partition sequences, the
 partitions and groups of the current transaction, and the state machine.
 
-Pure logic, no I/O (docs/design.md, "Code conventions"): the Producer and its sender thread perform the
-RPCs and report outcomes here. Valid transitions are one table checked in one
-place (docs/design.md, "Code conventions"); error states keep their cause in `last_error` (docs/design.md, "Code conventions").
+Pure logic, no I/O: the Producer and its sender thread perform the RPCs and
+report outcomes here. Valid transitions are one table checked in one place; error
+states keep their cause in `last_error` (docs/design.md, "Code conventions" and
+"The client's transaction manager").
 Fatal vs abortable errors follow the KIP-98 design document, "Transactional
 Producer" / "Error Handling". Methods are atomic (an internal lock), because the
 user's threads and the sender thread both report here.

@@ -53,9 +53,11 @@ class AdminClient:
         answers requests. `timeout` in seconds (default request.timeout.ms, at least 30 s).
 
         Raises errors.TopicAlreadyExistsError when a topic exists (the other topics
-        are still created and waited for); errors.InvalidPartitionsError /
-        InvalidReplicationFactorError / InvalidTopicException for bad
-        arguments; errors.KafkaTimeoutError when the topics do not serve in time.
+        are still created and waited for); errors.InvalidTopicException for a bad
+        or reserved ('__' prefix) name, errors.InvalidPartitionsError for fewer than
+        1 partition, errors.InvalidReplicationFactorError for a replication factor
+        below 1 or above the live partition leaders; errors.KafkaTimeoutError when
+        the topics do not serve in time.
         docs/design.md, "Decisions"."""
         topics = list(new_topics)
         if not topics:

@@ -24,6 +24,7 @@ from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
                                      reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher
+from exactly_wire.clock import monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -76,15 +77,18 @@ class Consumer:
         self._isolation_level = _ISOLATION[iso]
         self._group_id: str | None = conf.get("group.id") or None
         self._auto_commit = _bool(conf.get("enable.auto.commit", True)) and self._group_id is not None
-        self._auto_commit_interval_s = int(conf.get("auto.commit.interval.ms", 5000)) / 1000.0
+        self._auto_commit_interval_ms = int(conf.get("auto.commit.interval.ms", 5000))
         self._max_poll_records = int(conf.get("max.poll.records", 500))
         if self._max_poll_records < 1:
             raise ValueError("max.poll.records must be >= 1")
         self._api_timeout_s = int(conf.get("default.api.timeout.ms", 60000)) / 1000.0
         self._session_timeout_ms = int(conf.get("session.timeout.ms", 10000))
         self._core = ClientCore(conf)
-        self._backoff_s = self._core.retry_backoff_ms / 1000.0
-        self._backoff_max_s = max(self._core.retry_backoff_max_ms / 1000.0, self._backoff_s)
+        # Timers (backoff, auto-commit) run on one monotonic ms clock, shared with the
+        # Fetcher and the GroupMembership; blocking waits for `timeout` use seconds.
+        self._clock = monotonic_ms
+        self._backoff_ms = self._core.retry_backoff_ms
+        self._backoff_max_ms = max(self._core.retry_backoff_max_ms, self._backoff_ms)
         self._subs = SubscriptionState(default_reset=ResetStrategy.parse(conf.get("auto.offset.reset", "latest")))
         self._fetcher = Fetcher(
             self._core, self._subs, isolation_level=self._isolation_level,
@@ -93,7 +97,7 @@ class Consumer:
             max_bytes=int(conf.get("fetch.max.bytes", 52428800)),
             partition_max_bytes=int(conf.get("max.partition.fetch.bytes", 1048576)),
             check_crcs=_bool(conf.get("check.crcs", True)),
-            backoff_s=self._backoff_s, backoff_max_s=self._backoff_max_s)
+            backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._group: GroupMembership | None = None
         if self._group_id is not None:
             self._group = GroupMembership(
@@ -101,16 +105,16 @@ class Consumer:
                 rebalance_timeout_ms=int(conf.get("max.poll.interval.ms", 300000)),
                 heartbeat_interval_ms=int(conf.get("heartbeat.interval.ms", 3000)),
                 group_instance_id=conf.get("group.instance.id") or None,
-                backoff_s=self._backoff_s, backoff_max_s=self._backoff_max_s)
+                backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._on_assign: Rebalance | None = None
         self._on_revoke: Rebalance | None = None
         # OffsetFetch in flight for positions: (future, {tp: epoch}); and its backoff.
         self._offset_fetch: tuple[concurrent.futures.Future, dict[TopicPartition, int]] | None = None
         self._offset_fetch_failures = 0
-        self._offset_fetch_backoff_until = 0.0
+        self._offset_fetch_backoff_until = 0
         # ListOffsets in flight for resets, per leader address.
         self._list_offsets: dict[str, tuple[concurrent.futures.Future, dict[TopicPartition, int]]] = {}
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+        self._next_auto_commit = self._clock() + self._auto_commit_interval_ms
         self._closed = False
 
     # ------------------------------------------------------------ subscription
@@ -183,7 +187,7 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._wait(min(remaining, self._backoff_s))
+            self._wait(min(remaining, self._backoff_ms / 1000))
 
     def _wait(self, timeout_s: float) -> None:
         futures = self._fetcher.in_flight()
@@ -251,10 +255,10 @@ class Consumer:
     def _maybe_auto_commit(self) -> None:
         if not self._auto_commit or self._group is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_auto_commit:
             return
-        self._next_auto_commit = now + self._auto_commit_interval_s
+        self._next_auto_commit = now + self._auto_commit_interval_ms
         managed = self._subs.subscription is not None
         if managed and self._group.stable_generation() is None:
             return
@@ -270,7 +274,7 @@ class Consumer:
         self._update_from_resets()
 
     def _update_from_committed(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if self._offset_fetch is not None and self._offset_fetch[0].done():
             fut, epochs = self._offset_fetch
             self._offset_fetch = None
@@ -286,7 +290,7 @@ class Consumer:
                 log.debug("OffsetFetch for positions failed: %r", exc)
                 self._offset_fetch_failures += 1
                 self._offset_fetch_backoff_until = now + min(
-                    self._backoff_max_s, self._backoff_s * 2 ** (self._offset_fetch_failures - 1))
+                    self._backoff_max_ms, self._backoff_ms * 2 ** (self._offset_fetch_failures - 1))
                 committed = None
             if committed is not None:
                 self._offset_fetch_failures = 0
@@ -302,7 +306,7 @@ class Consumer:
         fut = self._group.fetch_committed_async(awaiting, self._isolation_level == READ_COMMITTED)
         if fut is None:
             self._offset_fetch_failures += 1
-            self._offset_fetch_backoff_until = now + self._backoff_s
+            self._offset_fetch_backoff_until = now + self._backoff_ms
             return
         self._offset_fetch = (fut, {tp: self._subs.assignment[tp].epoch for tp in awaiting})
 
@@ -317,7 +321,7 @@ class Consumer:
         none = [tp for tp in pending if self._subs.assignment[tp].reset_strategy is ResetStrategy.NONE]
         if none:
             raise NoOffsetForPartitionError(none)
-        now = time.monotonic()
+        now = self._clock()
         busy = {tp for _, epochs in self._list_offsets.values() for tp in epochs}
         by_leader: dict[str, list[TopicPartition]] = {}
         for tp in pending:
@@ -326,7 +330,7 @@ class Consumer:
                 continue
             addr = self._fetcher.leader(tp)
             if addr is None:
-                st.backoff(now, self._backoff_s, self._backoff_max_s)
+                st.backoff(now, self._backoff_ms, self._backoff_max_ms)
                 continue
             if addr not in self._list_offsets:
                 by_leader.setdefault(addr, []).append(tp)
@@ -342,7 +346,7 @@ class Consumer:
             self._list_offsets[addr] = (fut, {tp: self._subs.assignment[tp].epoch for tp in tps})
 
     def _apply_list_offsets(self, fut: concurrent.futures.Future, epochs: dict[TopicPartition, int]) -> None:
-        now = time.monotonic()
+        now = self._clock()
         try:
             resp = fut.result()
         except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
@@ -351,7 +355,7 @@ class Consumer:
             for tp in epochs:
                 st = self._subs.assignment.get(tp)
                 if st is not None:
-                    st.backoff(now, self._backoff_s, self._backoff_max_s)
+                    st.backoff(now, self._backoff_ms, self._backoff_max_ms)
             return
         for t in resp.topics:
             for p in t.partitions:
@@ -369,7 +373,7 @@ class Consumer:
                     raise err
                 self._fetcher.mark_metadata_stale()
                 if st is not None:
-                    st.backoff(now, self._backoff_s, self._backoff_max_s)
+                    st.backoff(now, self._backoff_ms, self._backoff_max_ms)
 
     def position(self, tp: TopicPartition, timeout: float | None = None) -> int:
         """Offset of the next record `poll` returns for `tp`. If the position is not
@@ -388,7 +392,7 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.KafkaTimeoutError(f"position of {tp[0]}-{tp[1]} not known in time")
-            self._wait(min(remaining, self._backoff_s))
+            self._wait(min(remaining, self._backoff_ms / 1000))
         return st.position
 
     def seek(self, tp: TopicPartition, offset: int) -> None:

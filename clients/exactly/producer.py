@@ -165,7 +165,6 @@ class Producer:
                 idempotent = False  # not asked for explicitly: Kafka >= 3.0 falls back
         elif not acks_set:
             self._acks = -1
-        self._idempotent = idempotent
         self._linger_ms = float(conf.get("linger.ms", 5))
         self._batch_size = max(int(conf.get("batch.size", 16384)), 1)
         self._request_timeout_ms = self._core.request_timeout_ms

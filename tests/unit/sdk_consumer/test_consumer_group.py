@@ -22,7 +22,7 @@ B = TopicPartition("t", 1)
 def env():
     core = FakeCore()
     coord = FakeGroupCoordinator(core)
-    member = GroupMembership(core, "g", backoff_s=0.0, backoff_max_s=0.0)
+    member = GroupMembership(core, "g", backoff_ms=0, backoff_max_ms=0)
     return core, coord, member
 
 
@@ -121,6 +121,22 @@ def test_heartbeat_not_coordinator_invalidates(env):
     coord.heartbeat_code = ErrorCode.NOT_COORDINATOR
     member.heartbeat_once()
     assert core.invalidations == 1 and not member.needs_join()
+
+
+def test_heartbeat_leaves_the_group_after_max_poll_interval_on_the_injected_clock():
+    core = FakeCore()
+    FakeGroupCoordinator(core)
+    now = [1_000]
+    member = GroupMembership(core, "g", rebalance_timeout_ms=300, backoff_ms=0, backoff_max_ms=0,
+                             clock=lambda: now[0])
+    join(member)
+    member.polled()
+    now[0] += 300  # ms; not more than max.poll.interval.ms yet
+    assert member.heartbeat_once() == ErrorCode.NONE and member.state is MemberState.STABLE
+    now[0] += 1
+    assert member.heartbeat_once() is None
+    assert member.state is MemberState.UNJOINED and member.member_id == ""
+    assert len(core.calls_of("LeaveGroup")) == 1
 
 
 def test_heartbeat_only_when_stable(env):

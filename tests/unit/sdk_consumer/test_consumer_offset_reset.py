@@ -40,6 +40,21 @@ def test_none_has_no_timestamp():
         reset_timestamp(ResetStrategy.NONE, False)
 
 
+def test_partition_backoff_is_exponential_in_ms_and_cleared_by_success():
+    subs = SubscriptionState(default_reset=ResetStrategy.EARLIEST)
+    subs.assign_from_user([A])
+    st = subs.state(A)
+    assert st.ready(0)
+    st.backoff(1_000, 100, 250)
+    assert not st.ready(1_099) and st.ready(1_100)
+    st.backoff(1_100, 100, 250)
+    assert not st.ready(1_299) and st.ready(1_300)
+    st.backoff(1_300, 100, 250)  # 400 ms capped at 250
+    assert not st.ready(1_549) and st.ready(1_550)
+    st.succeeded()
+    assert st.ready(0) and st.failures == 0
+
+
 def test_committed_offset_sets_position():
     subs = SubscriptionState(default_reset=ResetStrategy.EARLIEST)
     subs.assign_from_user([A])

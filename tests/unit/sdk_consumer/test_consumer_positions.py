@@ -26,7 +26,7 @@ def make_fetcher(logs, isolation=READ_UNCOMMITTED, reset=ResetStrategy.EARLIEST)
     for tp in logs:
         subs.assignment[tp].seek(0)
     fetcher = Fetcher(core, subs, isolation_level=isolation, max_wait_ms=0, min_bytes=1,
-                      max_bytes=1 << 20, partition_max_bytes=1 << 20, backoff_s=0.0, backoff_max_s=0.0)
+                      max_bytes=1 << 20, partition_max_bytes=1 << 20, backoff_ms=0, backoff_max_ms=0)
     return core, leader, subs, fetcher
 
 

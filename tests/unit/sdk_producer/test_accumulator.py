@@ -181,7 +181,14 @@ def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
     with pytest.raises(errors.KafkaTimeoutError):
         acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=50)
     b = acc.drain(TP0)
-    done = threading.Event()
+    waiting, done = threading.Event(), threading.Event()
+
+    class SpaceCondition(threading.Condition):
+        def wait(self, timeout=None):
+            waiting.set()
+            return super().wait(timeout)
+
+    acc._space = SpaceCondition(acc._lock)
 
     def blocked():
         acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=5000)
@@ -189,7 +196,8 @@ def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
 
     th = threading.Thread(target=blocked)
     th.start()
-    assert not done.wait(0.1)
+    assert waiting.wait(5)  # the append blocks on buffer.memory
+    assert not done.is_set()
     b.complete(0)
     acc.deallocate(b)
     assert done.wait(5)

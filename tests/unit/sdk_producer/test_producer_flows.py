@@ -86,7 +86,7 @@ def test_plain_producer_sends_no_pid(fc, make):
 
 
 def test_acks_1_without_explicit_idempotence_turns_it_off(make):
-    assert not make(acks=1)._idempotent
+    assert not make(acks=1)._txn.idempotent
     with pytest.raises(ValueError):
         make(acks=1, **{"enable.idempotence": True})
     with pytest.raises(ValueError):
