@@ -29,6 +29,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Mapping, NamedTuple
 
+from exactly_wire import compression
 from exactly_wire import records as _rec
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
@@ -124,7 +125,7 @@ class Producer:
       max.in.flight.requests.per.connection  batches in flight per partition (5; 1-5 with idempotence)
       request.timeout.ms       ms per request (30000)
       delivery.timeout.ms      ms a record may take from send() to its outcome (120000)
-      compression.type         none | gzip
+      compression.type         none | gzip | snappy | lz4 | zstd
       max.block.ms             ms send()/init_transactions() may block (60000)
       buffer.memory            bytes of unsent records before send() blocks (33554432)
       max.request.size         largest record batch in bytes (1048576)
@@ -173,10 +174,7 @@ class Producer:
         self._max_request_size = int(conf.get("max.request.size", 1048576))
         self._backoff_ms = float(self._core.retry_backoff_ms)
         self._backoff_max_ms = float(self._core.retry_backoff_max_ms)
-        ctype = str(conf.get("compression.type", "none")).lower()
-        if ctype not in ("none", "gzip"):
-            raise ValueError(f"compression.type must be none or gzip, not {ctype!r}")
-        self._compression = _rec.COMPRESSION_GZIP if ctype == "gzip" else _rec.COMPRESSION_NONE
+        self._compression = compression.codec_for(conf.get("compression.type", "none"))
         self._txn_timeout_ms = int(conf.get("transaction.timeout.ms", 60000))
         self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
         self._acc = RecordAccumulator(self._batch_size, self._linger_ms,

@@ -7,7 +7,7 @@ Layout (docs/design.md, "Wire and storage format"; Kafka's DefaultRecordBatch), 
     baseTimestamp int64 | maxTimestamp int64 | producerId int64 | producerEpoch int16
     baseSequence int32 | recordCount int32 | records...
 
-Attributes: bits 0-2 compression (0 none, 1 gzip), bit 3 timestamp type,
+Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), bit 3 timestamp type,
 bit 4 transactional, bit 5 control. A control batch holds one record whose key is
 `version:int16, type:int16` (ABORT=0, COMMIT=1) and whose value is
 `version:int16, coordinator_epoch:int32`.
@@ -18,12 +18,13 @@ produce path; record decoding is for consumers and coordinators.
 """
 from __future__ import annotations
 
-import gzip
 import struct
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 import crc32c as _crc32c
+
+from . import compression as compression_codecs
 
 MAGIC = 2
 HEADER_SIZE = 61
@@ -33,8 +34,11 @@ _CRC_OFFSET = 17
 _ATTR_OFFSET = 21
 
 COMPRESSION_MASK = 0x07
-COMPRESSION_NONE = 0
-COMPRESSION_GZIP = 1
+COMPRESSION_NONE = compression_codecs.NONE
+COMPRESSION_GZIP = compression_codecs.GZIP
+COMPRESSION_SNAPPY = compression_codecs.SNAPPY
+COMPRESSION_LZ4 = compression_codecs.LZ4
+COMPRESSION_ZSTD = compression_codecs.ZSTD
 TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
@@ -244,11 +248,12 @@ def build_batch(records_blob: bytes, record_count: int, base_timestamp: int, max
                 transactional: bool = False, control: bool = False,
                 compression: int = COMPRESSION_NONE, partition_leader_epoch: int = -1) -> bytes:
     """Frame already-encoded records (concatenated `encode_record` outputs) into a
-    batch and compute its CRC32C. `compression`: 0 none, 1 gzip."""
-    if compression == COMPRESSION_GZIP:
-        records_blob = gzip.compress(records_blob, compresslevel=1)
-    elif compression != COMPRESSION_NONE:
+    batch and compute its CRC32C. `compression`: a codec id of
+    `exactly_wire.compression` (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd); ValueError
+    for another."""
+    if compression not in compression_codecs.CODECS:
         raise ValueError(f"unsupported compression type {compression}")
+    records_blob = compression_codecs.compress(compression, records_blob)
     attributes = compression | (TRANSACTIONAL_BIT if transactional else 0) | (CONTROL_BIT if control else 0)
     batch_length = HEADER_SIZE - LOG_OVERHEAD + len(records_blob)
     header = bytearray(_HEADER.pack(base_offset, batch_length, partition_leader_epoch, MAGIC, 0,
@@ -300,13 +305,10 @@ def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | 
     """Decode the records of the batch at `pos`. Raises CorruptRecordError."""
     h = header or parse_header(buf, pos)
     body = bytes(memoryview(buf)[pos + HEADER_SIZE: pos + h.size])
-    if h.compression == COMPRESSION_GZIP:
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError) as exc:
-            raise CorruptRecordError(f"gzip: {exc}") from exc
-    elif h.compression != COMPRESSION_NONE:
-        raise CorruptRecordError(f"unsupported compression type {h.compression}")
+    try:
+        body = compression_codecs.decompress(h.compression, body)
+    except compression_codecs.CompressionError as exc:
+        raise CorruptRecordError(str(exc)) from exc
     out: list[Record] = []
     p = 0
     n = len(body)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
 
 from exactly_wire.clock import wall_clock_ms
-from exactly_wire import records
+from exactly_wire import compression, records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 
@@ -403,7 +403,7 @@ class Partition:
         if h.is_control:
             return AppendResult(ErrorCode.INVALID_REQUEST,
                                 message="control batches are written only through WriteTxnMarkers")
-        if h.compression not in (records.COMPRESSION_NONE, records.COMPRESSION_GZIP):
+        if h.compression not in compression.CODECS:
             return AppendResult(ErrorCode.INVALID_REQUEST, message=f"unsupported compression {h.compression}")
         if required_acks == ACKS_ALL and not self.enough_replicas():
             return AppendResult(ErrorCode.NOT_ENOUGH_REPLICAS, -1, self.log_start_offset,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import struct
 import warnings
 
+import pytest
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # kafka-python's own imports
-    from kafka.record.default_records import DefaultRecordBatch
+    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
     from kafka.record.memory_records import MemoryRecords
 
 from exactly_wire import records
@@ -54,3 +56,39 @@ def test_segment_file_decodes_with_kafka_python(open_partition):
     last_pos, _ = list(records.iter_batches(data))[-1]
     rec = next(iter(DefaultRecordBatch(data[last_pos:])))
     assert (rec.key, rec.value, rec.headers) == (b"g", b"z" * 500, [("h", b"v")])
+
+
+CODECS = [records.COMPRESSION_GZIP, records.COMPRESSION_SNAPPY, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_decode_with_kafka_python(codec):
+    """Every codec the SDK writes decodes with kafka-python's own decoder (python-snappy,
+    lz4 and zstandard under it), beyond one snappy block (32 KiB) too."""
+    recs = [(f"k{i}".encode(), (f"value {i} " * 900).encode(), (("h", b"v"),), 1000 + i) for i in range(12)]
+    batch = records.encode_batch(recs, producer_id=7, producer_epoch=0, base_sequence=0, compression=codec)
+    assert records.parse_header(batch).compression == codec
+    decoded = DefaultRecordBatch(batch)
+    assert decoded.validate_crc() and decoded.compression_type == codec
+    assert [(r.key, r.value, r.headers, r.timestamp) for r in decoded] == \
+        [(k, v, [("h", b"v")], ts) for k, v, _, ts in recs]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=["gzip", "snappy", "lz4", "zstd"])
+def test_kafka_python_compressed_batches_decode_here(codec):
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i in range(5):
+        builder.append(i, timestamp=2000 + i, key=f"k{i}".encode(), value=b"x" * 3000, headers=[])
+    batch = bytes(builder.build())
+    h = records.verify_crc(bytearray(batch))
+    assert h.compression == codec
+    assert [(r.key, r.value) for r in records.decode_records(batch, 0, h)] == \
+        [(f"k{i}".encode(), b"x" * 3000) for i in range(5)]
+
+
+def test_a_corrupt_compressed_blob_is_a_corrupt_record():
+    batch = bytearray(records.encode_batch([(b"k", b"v" * 100, (), 1)], compression=records.COMPRESSION_ZSTD))
+    batch[records.HEADER_SIZE + 4] ^= 0xFF
+    with pytest.raises(records.CorruptRecordError):
+        records.decode_records(bytes(batch))

@@ -3,7 +3,9 @@ producer-state snapshots and recovery after a crash."""
 from __future__ import annotations
 
 import os
+import struct
 
+import crc32c
 import pytest
 
 from exactly_wire import records
@@ -399,3 +401,23 @@ def test_settings_resolution():
     assert PartitionConfig.from_settings({"log.segment.bytes": "5000"}).log.segment_bytes == 5000
     with pytest.raises(ValueError, match="segment.bytes"):
         PartitionConfig.from_settings({}, {"segment.bytes": "big"})
+
+
+@pytest.mark.parametrize("codec", [records.COMPRESSION_SNAPPY, records.COMPRESSION_LZ4, records.COMPRESSION_ZSTD])
+def test_compressed_batches_are_stored_as_sent(open_partition, codec):
+    p = open_partition()
+    batch = records.encode_batch([(b"k", b"v" * 300, (), 1)], compression=codec)
+    assert p.append(batch).error == ErrorCode.NONE
+    stored = log_bytes(p)
+    assert stored[16:] == batch[16:]  # byte for byte but the base offset and leader epoch the leader sets
+
+
+@pytest.mark.parametrize("codec", [5, 6, 7])
+def test_an_unknown_compression_codec_is_refused_and_the_log_is_unchanged(open_partition, codec):
+    p = open_partition()
+    buf = bytearray(records.encode_batch([(b"k", b"v", (), 1)]))
+    buf[22] = (buf[22] & ~records.COMPRESSION_MASK) | codec  # attributes (int16 at 21; low byte), fresh CRC
+    struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
+    res = p.append(bytes(buf))
+    assert res.error == ErrorCode.INVALID_REQUEST and "compression" in res.message
+    assert p.log_end_offset == 0

@@ -109,13 +109,20 @@ def test_values_keys_headers(fc, make):
         p.send("u", 12)
 
 
-def test_gzip(fc, make):
-    p = make(**{"compression.type": "gzip"})
+@pytest.mark.parametrize("name,codec", [("gzip", records.COMPRESSION_GZIP), ("snappy", records.COMPRESSION_SNAPPY),
+                                        ("lz4", records.COMPRESSION_LZ4), ("ZSTD", records.COMPRESSION_ZSTD)])
+def test_compression_types(fc, make, name, codec):
+    p = make(**{"compression.type": name})
     futs = [p.send("u", b"abc" * 200) for _ in range(10)]
     p.flush(5)
     assert [f.result(0).offset for f in futs] == list(range(10))
-    assert batches(fc, "u", 0)[0].compression == records.COMPRESSION_GZIP
+    assert batches(fc, "u", 0)[0].compression == codec
     assert all(r.value == b"abc" * 200 for r, _ in fc.records("u", 0))
+
+
+def test_an_unknown_compression_type_is_refused_naming_the_choices(fc, make):
+    with pytest.raises(ValueError, match="none, gzip, snappy, lz4, zstd.*'brotli'"):
+        make(**{"compression.type": "brotli"})
 
 
 def test_keyless_records_stick_to_a_partition(fc, make):
