@@ -255,7 +255,9 @@ def test_idempotent_producer_survives_a_leader_restart(cluster):
 
 def test_idempotent_and_plain_round_trip(cluster):
     topic = create_topic(cluster, 2)
-    for conf in ({}, {"enable.idempotence": False, "acks": 1}, {"compression.type": "gzip"}):
+    confs = ({}, {"enable.idempotence": False, "acks": 1}, {"compression.type": "gzip"},
+             {"compression.type": "snappy"}, {"compression.type": "lz4"}, {"compression.type": "zstd"})
+    for conf in confs:
         p = producer(cluster, **conf)
         try:
             futs = [p.send(topic, f"{conf}-{i}", key=f"k{i}", headers=[("h", b"v")]) for i in range(100)]
@@ -268,8 +270,9 @@ def test_idempotent_and_plain_round_trip(cluster):
                 assert offs == sorted(offs) and len(set(offs)) == len(offs)
         finally:
             p.close(30)
-    got = read_all(cluster, topic, 2, "read_uncommitted", expected=300)
-    assert len(got) == 300 and all(r.headers and r.headers[0] == ("h", b"v") for r in got)
+    got = read_all(cluster, topic, 2, "read_uncommitted", expected=100 * len(confs))
+    assert len(got) == 100 * len(confs) and all(r.headers and r.headers[0] == ("h", b"v") for r in got)
+    assert {r.value.decode() for r in got} == {f"{conf}-{i}" for conf in confs for i in range(100)}
 
 
 def test_create_existing_topic_raises(cluster):
