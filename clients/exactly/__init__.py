@@ -3,10 +3,10 @@ semantics over gRPC). See docs/design.md, "SDK" for the client API."""
 from . import errors
 from .admin import AdminClient
 from .consumer import Consumer
-from .producer import PreparedTransaction, Producer, complete_transaction
+from .producer import PreparedTransaction, Producer, complete_transaction, rewind_to_committed
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
                     RecordMetadata, TopicPartition)
 
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
            "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
-           "PreparedTransaction", "complete_transaction"]
+           "PreparedTransaction", "complete_transaction", "rewind_to_committed"]

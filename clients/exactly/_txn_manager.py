@@ -21,7 +21,7 @@ import threading
 from typing import Iterable
 
 from . import errors
-from exactly_wire.error_codes import ErrorCode
+from exactly_wire.error_codes import FATAL, ErrorCode
 from .types import TopicPartition
 
 NO_PRODUCER_ID = -1
@@ -62,22 +62,6 @@ VALID_PREVIOUS: dict[TransactionManagerState, frozenset[TransactionManagerState]
 
 ERROR_STATES = frozenset({S.ABORTABLE_ERROR, S.FATAL_ERROR})
 
-# Errors after which this producer instance can do nothing useful (design doc
-# "Error Handling": a zombie, a lost log, an invalid timeout, a protocol violation).
-# OUT_OF_ORDER_SEQUENCE_NUMBER is not among them (Kafka >= 2.5, KIP-360): it aborts the
-# transaction, and the abort ends it under a new epoch, which restarts sequences; an
-# idempotent producer without transactions takes a new PID.
-FATAL_CODES = frozenset({
-    ErrorCode.PRODUCER_FENCED,
-    ErrorCode.INVALID_PRODUCER_EPOCH,
-    ErrorCode.INVALID_TRANSACTION_TIMEOUT,
-    ErrorCode.INVALID_TXN_STATE,
-    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-    ErrorCode.UNSUPPORTED_VERSION,
-    ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-})
-
 FENCING_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
 
 # From this epoch on the coordinator starts no transaction (each transaction ends
@@ -99,7 +83,7 @@ def fenced(cause: BaseException | str | None = None) -> errors.ExactlyError:
 
 
 def is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, errors.ExactlyError) and exc.code in FATAL_CODES
+    return isinstance(exc, errors.ExactlyError) and exc.code in FATAL
 
 
 def normalize(exc: BaseException) -> BaseException:
@@ -508,6 +492,6 @@ class TransactionManager:
         return self.producer_epoch >= EXHAUSTED_PRODUCER_EPOCH
 
 
-__all__ = ["TransactionManagerState", "VALID_PREVIOUS", "ERROR_STATES", "FATAL_CODES", "FENCING_CODES",
+__all__ = ["TransactionManagerState", "VALID_PREVIOUS", "ERROR_STATES", "FENCING_CODES",
            "TransactionManager", "InvalidTransitionError", "fenced", "is_fatal", "normalize",
            "copy_error", "next_sequence", "NO_PRODUCER_ID", "NO_PRODUCER_EPOCH"]

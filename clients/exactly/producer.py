@@ -23,11 +23,15 @@ it (fencing: KIP-939's keepPreparedTxn=false behaviour).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar
+
+import tenacity
 
 from exactly_wire import compression
 from exactly_wire import records as _rec
@@ -47,6 +51,8 @@ from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 log = logging.getLogger(__name__)
 
 _INT32_MAX = 2147483647
+
+T = TypeVar("T")
 
 
 # Bytes a record adds besides key, value and headers, counting the batch header.
@@ -556,6 +562,106 @@ class Producer:
                 txn.transition_to(TransactionManagerState.ABORTABLE_ERROR, err)
             raise err from None
 
+    # ------------------------------------------------------------ transaction helpers
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float | None = None) -> Iterator["Producer"]:
+        """`with producer.transaction(): ...` — begin a transaction, commit it when
+        the block ends normally, abort it when the block raises.
+
+        On an exception from the block (or from the commit): a fatal error
+        (`exc.fatal`: fenced, not authorized, ...) closes the producer and is
+        re-raised, as the KIP-98 design document ("Error Handling") requires of a
+        zombie; any other exception aborts the transaction (abort_transaction()) and
+        is re-raised, so the caller can rewind its input and try again. A
+        KafkaTimeoutError of the commit itself is re-raised without an abort: the
+        outcome is not known yet, and only commit_transaction() may be called again.
+        `timeout` in seconds for the commit and the abort (default max.block.ms).
+        Yields the producer. Raises errors.IllegalStateError when a transaction is
+        already open or init_transactions() was not called."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException as exc:
+            self._end_failed_transaction(exc, timeout)
+            raise
+        try:
+            self.commit_transaction(timeout)
+        except errors.KafkaTimeoutError:
+            if self._txn.state is TransactionManagerState.COMMITTING_TRANSACTION:
+                raise  # outcome unknown: commit_transaction() may be called again
+            self._end_failed_transaction(sys.exc_info()[1], timeout)
+            raise
+        except BaseException as exc:
+            self._end_failed_transaction(exc, timeout)
+            raise
+
+    def _end_failed_transaction(self, exc: BaseException, timeout: float | None) -> None:
+        """A transaction failed with `exc`: close the producer on a fatal error,
+        else abort the transaction (an abort that fails fatally closes it too)."""
+        if isinstance(exc, errors.ExactlyError) and exc.fatal:
+            self.close(timeout=0)
+            return
+        try:
+            self.abort_transaction(timeout)
+        except errors.ExactlyError as abort_exc:
+            if abort_exc.fatal:
+                self.close(timeout=0)
+            raise abort_exc from exc
+
+    def run_in_transaction(self, fn: Callable[["Producer"], T], attempts: int = 5,
+                           consumer: Any = None, timeout: float | None = None) -> T:
+        """Run `fn(producer)` inside a transaction and commit it, retrying the whole
+        transaction after abortable and retriable failures — the loop every
+        exactly-once application otherwise writes by hand.
+
+        Each attempt is `with self.transaction(timeout): result = fn(self)`. After a
+        failed attempt that is not fatal, the transaction has been aborted;
+        `consumer` (an exactly.Consumer, optional) is then rewound to its committed
+        offsets (the beginning of a partition without one) so records read in the
+        aborted attempt are read again, and the next attempt starts after a backoff
+        (retry.backoff.ms doubling up to retry.backoff.max.ms, with jitter). `fn`
+        must therefore read its input inside the call (e.g. `consumer.poll()`), and
+        send its offsets with send_offsets_to_transaction. A commit that timed out is
+        completed with commit_transaction() instead of being run again.
+
+        `attempts`: tries in all (>= 1). Returns fn's result of the committed
+        attempt. Raises a fatal error at once (the producer is closed, fn is not
+        called again); the last error when every attempt failed; any non-Kafka
+        exception of fn after aborting (not retried: it is a bug, not a fault).
+        KIP-98 design document, "Transactional Producer": Error Handling."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, not {attempts}")
+
+        def _retriable(exc: BaseException) -> bool:
+            return isinstance(exc, errors.ExactlyError) and not exc.fatal \
+                and (exc.txn_requires_abort or exc.retriable) and not self._closed
+
+        def _attempt() -> T:
+            if self._txn.state is TransactionManagerState.COMMITTING_TRANSACTION:
+                self.commit_transaction(timeout)  # the previous attempt's commit timed out
+                return outcome.pop()
+            outcome.clear()
+            with self.transaction(timeout):
+                outcome.append(fn(self))
+            return outcome.pop()
+
+        def _before_sleep(state: tenacity.RetryCallState) -> None:
+            log.info("transaction attempt %d failed (%r); retrying", state.attempt_number, state.outcome.exception())
+            if consumer is not None and self._txn.state is not TransactionManagerState.COMMITTING_TRANSACTION:
+                rewind_to_committed(consumer)
+
+        outcome: list[T] = []
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retriable),
+            wait=tenacity.wait_exponential(multiplier=self._backoff_ms / 1000.0, max=self._backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self._backoff_ms / 1000.0 / 5),
+            stop=tenacity.stop_after_attempt(attempts),
+            before_sleep=_before_sleep,
+            reraise=True,
+        )
+        return retrying(_attempt)
+
     # ------------------------------------------------------------ lifecycle
 
     def _check_open(self) -> None:
@@ -591,6 +697,22 @@ class Producer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def rewind_to_committed(consumer: Any) -> None:
+    """Seek every partition assigned to `consumer` back to its committed offset (the
+    beginning when nothing is committed), so records of an aborted transaction are
+    consumed again. Raises what Consumer.committed raises."""
+    parts = list(consumer.assignment())
+    if not parts:
+        return
+    committed = consumer.committed(parts)
+    for tp in parts:
+        om = committed.get(tp)
+        if om is None:
+            consumer.seek_to_beginning([tp])
+        else:
+            consumer.seek(tp, om.offset)
 
 
 def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], conf: Mapping[str, Any] | str,

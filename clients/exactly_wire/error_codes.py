@@ -5,7 +5,7 @@ Protocol outcomes travel as these codes inside responses (per partition where th
 is per partition); gRPC status codes signal transport failures only (docs/design.md,
 "Errors"). `RETRIABLE` lists the codes after which the same request may succeed when
 sent again (after backoff and a metadata refresh), as Kafka's `RetriableException`
-subclasses.
+subclasses; `FATAL` the codes after which a producer must be closed (KIP-1050).
 """
 from __future__ import annotations
 
@@ -111,4 +111,23 @@ RETRIABLE: frozenset[ErrorCode] = frozenset({
 })
 
 
-__all__ = ["ErrorCode", "RETRIABLE"]
+# Errors after which a producer instance can do nothing useful and must be closed
+# (KIP-98 design document, "Error Handling": a zombie, an invalid timeout, a protocol
+# violation; KIP-1050's "application-recoverable" and fatal categories). Every other
+# non-retriable error that reaches a transactional producer only aborts the transaction
+# (KIP-1050's "abortable"). OUT_OF_ORDER_SEQUENCE_NUMBER is abortable (Kafka >= 2.5,
+# KIP-360): the abort ends the transaction under a new epoch, which restarts sequences.
+FATAL: frozenset[ErrorCode] = frozenset({
+    ErrorCode.PRODUCER_FENCED,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+    ErrorCode.INVALID_TXN_STATE,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ErrorCode.UNSUPPORTED_VERSION,
+    ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+    ErrorCode.INVALID_CONFIG,
+})
+
+
+__all__ = ["ErrorCode", "RETRIABLE", "FATAL"]

@@ -5,7 +5,8 @@ import itertools
 import pytest
 
 from exactly import errors
-from exactly._txn_manager import (ERROR_STATES, FATAL_CODES, VALID_PREVIOUS, InvalidTransitionError,
+from exactly_wire.error_codes import FATAL
+from exactly._txn_manager import (ERROR_STATES, VALID_PREVIOUS, InvalidTransitionError,
                                   TransactionManager, TransactionManagerState, next_sequence)
 from exactly.types import TopicPartition
 
@@ -151,7 +152,7 @@ def test_fencing_is_fatal_and_raised_as_producer_fenced(code):
             call()
 
 
-@pytest.mark.parametrize("code", sorted(FATAL_CODES))
+@pytest.mark.parametrize("code", sorted(FATAL))
 def test_fatal_codes(code):
     tm = ready_manager()
     tm.begin_transaction()
