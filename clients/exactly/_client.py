@@ -181,6 +181,7 @@ class ClientCore:
         self.retry_backoff_ms = int(conf.get("retry.backoff.ms", 100))
         self.retry_backoff_max_ms = int(conf.get("retry.backoff.max.ms", 1000))
         self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
+        self.client_id = str(conf.get("client.id") or "")
         self._lock = threading.RLock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[type, str], Any] = {}
@@ -210,7 +211,7 @@ class ClientCore:
                     ("grpc.min_reconnect_backoff_ms", max(self.retry_backoff_ms, 50)),
                     ("grpc.max_reconnect_backoff_ms", max(self.retry_backoff_max_ms, 100)),
                     ("grpc.enable_retries", 0),
-                ])
+                ] + ([("grpc.primary_user_agent", f"exactly/{self.client_id}")] if self.client_id else []))
                 self._channels[address] = ch
             return ch
 

@@ -5,6 +5,7 @@ import time
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from . import errors
+from .config import AdminSchema, parse
 from ._client import COORDINATOR_TRANSACTION, ClientCore
 from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic
@@ -42,11 +43,12 @@ class TransactionDescription(NamedTuple):
 
 
 class AdminClient:
-    """Administrative operations. `conf`: bootstrap.servers (required),
-    request.timeout.ms, retry.backoff.ms, retry.backoff.max.ms (see ClientCore)."""
+    """Administrative operations. `conf`: the keys of `config.AdminSchema`
+    (bootstrap.servers required; request.timeout.ms, retry.backoff.ms, ...).
+    Raises errors.ConfigurationError for an unknown key or a wrong value."""
 
     def __init__(self, conf: Mapping[str, Any]):
-        self._core = ClientCore(dict(conf))
+        self._core = ClientCore(parse(AdminSchema, conf).as_dict())
 
     def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
         """Create topics and return when every new partition has a leader that

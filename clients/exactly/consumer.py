@@ -24,6 +24,7 @@ from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
                                      reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher
+from exactly.config import ConsumerSchema, parse
 from exactly_wire.clock import monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
@@ -34,17 +35,6 @@ log = logging.getLogger(__name__)
 Rebalance = Callable[[list[TopicPartition]], Any]
 
 _ISOLATION = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("true", "1", "yes", "on"):
-            return True
-        if v in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"not a boolean: {value!r}")
-    return bool(value)
 
 
 class Consumer:
@@ -66,45 +56,39 @@ class Consumer:
       check.crcs              True; default.api.timeout.ms 60000 (blocking calls);
       request.timeout.ms      30000; retry.backoff.ms 100; retry.backoff.max.ms 1000
       group.instance.id       optional static member id
-    Raises ValueError for an invalid configuration.
+    Keys, defaults and allowed values: `config.ConsumerSchema` (the README's
+    "Consumer configuration" table). Raises errors.ConfigurationError (a ValueError)
+    for an unknown or unsupported key or a wrong value.
     """
 
     def __init__(self, conf: Mapping[str, Any]):
-        conf = dict(conf)
-        iso = str(conf.get("isolation.level", "read_uncommitted")).strip().lower()
-        if iso not in _ISOLATION:
-            raise ValueError(f"isolation.level must be read_uncommitted or read_committed, not {iso!r}")
-        self._isolation_level = _ISOLATION[iso]
-        self._group_id: str | None = conf.get("group.id") or None
-        self._auto_commit = _bool(conf.get("enable.auto.commit", True)) and self._group_id is not None
-        self._auto_commit_interval_ms = int(conf.get("auto.commit.interval.ms", 5000))
-        self._max_poll_records = int(conf.get("max.poll.records", 500))
-        if self._max_poll_records < 1:
-            raise ValueError("max.poll.records must be >= 1")
-        self._api_timeout_s = int(conf.get("default.api.timeout.ms", 60000)) / 1000.0
-        self._session_timeout_ms = int(conf.get("session.timeout.ms", 10000))
+        cfg = parse(ConsumerSchema, conf)
+        conf = cfg.as_dict()
+        self._isolation_level = _ISOLATION[cfg.isolation_level]
+        self._group_id: str | None = cfg.group_id
+        self._auto_commit = cfg.enable_auto_commit and self._group_id is not None
+        self._auto_commit_interval_ms = cfg.auto_commit_interval_ms
+        self._max_poll_records = cfg.max_poll_records
+        self._api_timeout_s = cfg.default_api_timeout_ms / 1000.0
+        self._session_timeout_ms = cfg.session_timeout_ms
         self._core = ClientCore(conf)
         # Timers (backoff, auto-commit) run on one monotonic ms clock, shared with the
         # Fetcher and the GroupMembership; blocking waits for `timeout` use seconds.
         self._clock = monotonic_ms
         self._backoff_ms = self._core.retry_backoff_ms
         self._backoff_max_ms = max(self._core.retry_backoff_max_ms, self._backoff_ms)
-        self._subs = SubscriptionState(default_reset=ResetStrategy.parse(conf.get("auto.offset.reset", "latest")))
+        self._subs = SubscriptionState(default_reset=ResetStrategy.parse(cfg.auto_offset_reset))
         self._fetcher = Fetcher(
             self._core, self._subs, isolation_level=self._isolation_level,
-            max_wait_ms=int(conf.get("fetch.max.wait.ms", 500)),
-            min_bytes=int(conf.get("fetch.min.bytes", 1)),
-            max_bytes=int(conf.get("fetch.max.bytes", 52428800)),
-            partition_max_bytes=int(conf.get("max.partition.fetch.bytes", 1048576)),
-            check_crcs=_bool(conf.get("check.crcs", True)),
+            max_wait_ms=cfg.fetch_max_wait_ms, min_bytes=cfg.fetch_min_bytes, max_bytes=cfg.fetch_max_bytes,
+            partition_max_bytes=cfg.max_partition_fetch_bytes, check_crcs=cfg.check_crcs,
             backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._group: GroupMembership | None = None
         if self._group_id is not None:
             self._group = GroupMembership(
                 self._core, self._group_id, session_timeout_ms=self._session_timeout_ms,
-                rebalance_timeout_ms=int(conf.get("max.poll.interval.ms", 300000)),
-                heartbeat_interval_ms=int(conf.get("heartbeat.interval.ms", 3000)),
-                group_instance_id=conf.get("group.instance.id") or None,
+                rebalance_timeout_ms=cfg.max_poll_interval_ms, heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+                group_instance_id=cfg.group_instance_id,
                 backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._on_assign: Rebalance | None = None
         self._on_revoke: Rebalance | None = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from exactly_wire import config
 from exactly_wire.error_codes import FATAL, RETRIABLE, ErrorCode
 
 
@@ -641,15 +642,15 @@ class TransactionAbortedError(InvalidTxnStateError):
     txn_requires_abort: ClassVar[bool] = True
 
 
-class ConfigurationError(InvalidConfigError, ValueError):
+class ConfigurationError(InvalidConfigError, config.ConfigurationError):
     """A configuration key is unknown or unsupported, or its value is of the wrong
-    type or outside the allowed values. Raised when a Producer, Consumer, AdminClient
-    or service is created, before any I/O. Attributes: `key`, `value` (as given) and
-    `allowed` (a description of what the key accepts)."""
+    type or outside the allowed values (also a ValueError). Raised when a Producer,
+    Consumer or AdminClient is created, before any I/O. Attributes: `key`, `value`
+    (as given) and `allowed` (what the key accepts, in words)."""
 
     def __init__(self, message: str | None = None, key: str | None = None, value: object = None,
                  allowed: str | None = None):
-        super().__init__(message)
+        InvalidConfigError.__init__(self, message)
         self.key = key
         self.value = value
         self.allowed = allowed

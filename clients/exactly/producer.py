@@ -45,7 +45,8 @@ from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_
 from ._sender import Sender, SenderConfig
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
                            copy_error, normalize)
-from .errors import TransactionAbortedError
+from .config import ProducerSchema, parse
+from .errors import ConfigurationError, TransactionAbortedError
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -75,25 +76,6 @@ class PreparedTransaction(NamedTuple):
     epoch: int
 
 
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, str):
-        if v.strip().lower() in ("true", "1", "yes"):
-            return True
-        if v.strip().lower() in ("false", "0", "no"):
-            return False
-        raise ValueError(f"not a boolean: {v!r}")
-    return bool(v)
-
-
-def _as_acks(v: Any) -> int:
-    s = str(v).strip().lower()
-    if s in ("all", "-1"):
-        return -1
-    if s in ("0", "1"):
-        return int(s)
-    raise ValueError(f"acks must be 0, 1 or all, not {v!r}")
-
-
 def _to_bytes(v: Any, what: str) -> bytes | None:
     if v is None or isinstance(v, bytes):
         return v
@@ -119,44 +101,31 @@ def _headers(h: Any) -> tuple[tuple[str, bytes | None], ...]:
 class Producer:
     """Sends records to topic partitions, optionally idempotently and in transactions.
 
-    `conf` (Kafka keys; values may be str or native types):
-      bootstrap.servers        "host:port,host:port" (required)
-      transactional.id         enables transactions (init_transactions first)
-      enable.idempotence       default True (PID + sequences; needs acks=all)
-      acks                     0 | 1 | all (default all)
-      linger.ms                ms a non-full batch waits for more records (default 5)
-      batch.size               bytes per partition batch (default 16384)
-      transaction.timeout.ms   ms before the coordinator aborts an open transaction (60000)
-      retries                  tries per batch after the first (default 2147483647)
-      max.in.flight.requests.per.connection  batches in flight per partition (5; 1-5 with idempotence)
-      request.timeout.ms       ms per request (30000)
-      delivery.timeout.ms      ms a record may take from send() to its outcome (120000)
-      compression.type         none | gzip | snappy | lz4 | zstd
-      max.block.ms             ms send()/init_transactions() may block (60000)
-      buffer.memory            bytes of unsent records before send() blocks (33554432)
-      max.request.size         largest record batch in bytes (1048576)
-      retry.backoff.ms / retry.backoff.max.ms   backoff between retries (100 / 1000)
+    `conf`: Kafka keys (values may be str or native types), defined with their
+    defaults and allowed values by `config.ProducerSchema` (the README's "Producer
+    configuration" table): bootstrap.servers (required), transactional.id,
+    enable.idempotence, acks, linger.ms, batch.size, compression.type, ...
 
-    Raises ValueError for invalid or conflicting settings (e.g. transactional.id with
+    Raises errors.ConfigurationError (a ValueError) for an unknown or unsupported
+    key, a wrong value, or conflicting settings (e.g. transactional.id with
     enable.idempotence=false). Thread-safe: send() may be called from several threads.
     """
 
     def __init__(self, conf: Mapping[str, Any]):
-        conf = dict(conf)
-        self._core = ClientCore(conf)
-        tid = conf.get("transactional.id") or None
-        self._transactional_id: str | None = str(tid) if tid is not None else None
-        idem_set = "enable.idempotence" in conf
-        idempotent = _as_bool(conf.get("enable.idempotence", True))
-        acks_set = "acks" in conf
-        self._acks = _as_acks(conf.get("acks", "all"))
-        self._max_in_flight = int(conf.get("max.in.flight.requests.per.connection", 5))
-        self._retries = int(conf.get("retries", _INT32_MAX))
-        if self._max_in_flight < 1:
-            raise ValueError("max.in.flight.requests.per.connection must be >= 1")
+        given = {k for k, v in conf.items() if v is not None}
+        cfg = parse(ProducerSchema, conf)
+        self._core = ClientCore(cfg.as_dict())
+        self._transactional_id: str | None = cfg.transactional_id
+        idem_set = "enable.idempotence" in given
+        idempotent = cfg.enable_idempotence
+        acks_set = "acks" in given
+        self._acks = -1 if cfg.acks == "all" else int(cfg.acks)
+        self._max_in_flight = cfg.max_in_flight_requests_per_connection
+        self._retries = cfg.retries
         if self._transactional_id is not None:
             if idem_set and not idempotent:
-                raise ValueError("transactional.id requires enable.idempotence=true")
+                raise ConfigurationError("transactional.id requires enable.idempotence=true",
+                                         key="enable.idempotence", value=False, allowed="true with transactional.id")
             idempotent = True
         if idempotent:
             conflicts = []
@@ -168,23 +137,24 @@ class Producer:
                 conflicts.append("retries > 0")
             if conflicts:
                 if idem_set or self._transactional_id is not None:
-                    raise ValueError("idempotence requires " + ", ".join(conflicts))
+                    raise ConfigurationError("enable.idempotence=true (also implied by transactional.id) "
+                                             "requires " + ", ".join(conflicts),
+                                             key="enable.idempotence", value=True, allowed=", ".join(conflicts))
                 idempotent = False  # not asked for explicitly: Kafka >= 3.0 falls back
         elif not acks_set:
             self._acks = -1
-        self._linger_ms = float(conf.get("linger.ms", 5))
-        self._batch_size = max(int(conf.get("batch.size", 16384)), 1)
+        self._linger_ms = float(cfg.linger_ms)
+        self._batch_size = cfg.batch_size
         self._request_timeout_ms = self._core.request_timeout_ms
-        self._delivery_timeout_ms = float(conf.get("delivery.timeout.ms", 120000))
-        self._max_block_ms = float(conf.get("max.block.ms", 60000))
-        self._max_request_size = int(conf.get("max.request.size", 1048576))
+        self._delivery_timeout_ms = float(cfg.delivery_timeout_ms)
+        self._max_block_ms = float(cfg.max_block_ms)
+        self._max_request_size = cfg.max_request_size
         self._backoff_ms = float(self._core.retry_backoff_ms)
         self._backoff_max_ms = float(self._core.retry_backoff_max_ms)
-        self._compression = compression.codec_for(conf.get("compression.type", "none"))
-        self._txn_timeout_ms = int(conf.get("transaction.timeout.ms", 60000))
+        self._compression = compression.codec_for(cfg.compression_type)
+        self._txn_timeout_ms = cfg.transaction_timeout_ms
         self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
-        self._acc = RecordAccumulator(self._batch_size, self._linger_ms,
-                                      int(conf.get("buffer.memory", 32 * 1024 * 1024)))
+        self._acc = RecordAccumulator(self._batch_size, self._linger_ms, cfg.buffer_memory)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
@@ -720,9 +690,9 @@ def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], c
     """Second phase of a two-phase commit: commit (commit=True) or abort the
     transaction sealed by `Producer.prepare_transaction()`, from any process, with
     EndTxn carrying its PID and epoch. `prepared`: a PreparedTransaction or a
-    (transactional_id, producer_id, epoch) tuple; `conf`: client settings with
-    bootstrap.servers (and optionally request.timeout.ms, retry.backoff.ms,
-    retry.backoff.max.ms), or the bootstrap.servers string itself; `timeout` in
+    (transactional_id, producer_id, epoch) tuple; `conf`: producer settings
+    (`config.ProducerSchema`, bootstrap.servers required), or the bootstrap.servers
+    string itself; `timeout` in
     seconds (default request.timeout.ms). Idempotent: completing again with the same
     decision succeeds. Returns once the coordinator has logged the decision; the
     transaction markers follow within milliseconds (the coordinator rolls them forward
@@ -736,7 +706,7 @@ def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], c
     """
     tid, pid, epoch = prepared
     settings = {"bootstrap.servers": conf} if isinstance(conf, str) else dict(conf)
-    core = ClientCore(settings)
+    core = ClientCore(parse(ProducerSchema, settings).as_dict())
     try:
         timeout_s = core.request_timeout_s if timeout is None else timeout
         req = pb.EndTxnRequest(transactional_id=tid, producer_id=int(pid), producer_epoch=int(epoch),

@@ -12,6 +12,13 @@ from __future__ import annotations
 import argparse
 import pathlib
 from dataclasses import dataclass, field
+from typing import Any
+
+import jproperties
+
+from exactly_wire.config import ConfigSchema, ConfigurationError, parse
+
+from .settings import SERVICE_SCHEMAS
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 
@@ -35,34 +42,35 @@ class ServiceConfig:
     data_dir: pathlib.Path = pathlib.Path(".")
     props: dict[str, str] = field(default_factory=dict)
     advertised_host: str = ""
+    settings: ConfigSchema | None = field(default=None, init=False, repr=False)
 
     @property
     def advertised(self) -> str:
         """The host registered in ZooKeeper: `advertised_host`, else `host`."""
         return self.advertised_host or self.host
 
+    def __post_init__(self) -> None:
+        schema = SERVICE_SCHEMAS.get(self.role)
+        self.settings = parse(schema, self.props) if schema is not None else None
+
+    def _value(self, key: str, default: Any) -> Any:
+        """The validated value of `key` when it was set, else `default`."""
+        if self.settings is None or key not in self.props:
+            return default
+        value = self.settings.get(key)
+        return default if value is None else value
+
     def get_str(self, key: str, default: str) -> str:
-        return self.props.get(key, default)
+        """String setting `key`, or `default` when unset."""
+        return self._value(key, default)
 
     def get_bool(self, key: str, default: bool) -> bool:
-        """Boolean setting ("true"/"false", any case); raises ValueError naming the key
-        for anything else."""
-        raw = self.props.get(key)
-        if raw is None:
-            return default
-        if raw.strip().lower() in ("true", "false"):
-            return raw.strip().lower() == "true"
-        raise ValueError(f"setting {key}={raw!r} is not true or false")
+        """Boolean setting `key` (validated true/false), or `default` when unset."""
+        return self._value(key, default)
 
     def get_int(self, key: str, default: int) -> int:
-        """Integer setting; raises ValueError naming the key when malformed."""
-        raw = self.props.get(key)
-        if raw is None:
-            return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"setting {key}={raw!r} is not an integer") from None
+        """Integer setting `key` (validated), or `default` when unset."""
+        return self._value(key, default)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -85,12 +93,33 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0: pick a free one)")
     parser.add_argument("--zookeeper", required=True, help="ZooKeeper connect string host:port")
     parser.add_argument("--data-dir", required=True, type=pathlib.Path, help="directory for this process's data")
+    parser.add_argument("--config", type=pathlib.Path, metavar="FILE",
+                        help="Java properties file of settings (key=value lines); --set overrides it")
     parser.add_argument("--set", dest="props", action="append", type=_key_value, default=[],
                         metavar="KEY=VALUE", help="Kafka-style setting (repeatable)")
     args = parser.parse_args(argv)
+    props: dict[str, str] = {}
+    if args.config is not None:
+        try:
+            props.update(read_properties(args.config))
+        except OSError as exc:
+            parser.error(f"--config {args.config}: {exc.strerror or exc}")
+    props.update(dict(args.props))
     if args.host in WILDCARD_HOSTS and not args.advertised_host:
         parser.error(f"--host {args.host} binds every interface; give --advertised-host, the name "
                      "clients and other services connect to")
-    return ServiceConfig(node_id=args.node_id, role=role, host=args.host, port=args.port,
-                         zookeeper=args.zookeeper, data_dir=args.data_dir, props=dict(args.props),
-                         advertised_host=args.advertised_host or args.host)
+    try:
+        return ServiceConfig(node_id=args.node_id, role=role, host=args.host, port=args.port,
+                             zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
+                             advertised_host=args.advertised_host or args.host)
+    except ConfigurationError as exc:
+        parser.error(str(exc))
+
+
+def read_properties(path: pathlib.Path) -> dict[str, str]:
+    """Settings from a Java properties file (`key=value` or `key: value` lines, `#`
+    and `!` comments, `\\` continuations), parsed by jproperties. Raises OSError."""
+    props = jproperties.Properties()
+    with open(path, "rb") as f:
+        props.load(f, "utf-8")
+    return {str(k): str(v.data) for k, v in props.items()}

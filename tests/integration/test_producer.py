@@ -275,6 +275,32 @@ def test_idempotent_and_plain_round_trip(cluster):
     assert {r.value.decode() for r in got} == {f"{conf}-{i}" for conf in confs for i in range(100)}
 
 
+def test_transactions_with_every_codec_read_committed(cluster):
+    """Each codec through a real partition leader inside transactions: the committed
+    records are read back under read_committed, the aborted ones are filtered out."""
+    topic = create_topic(cluster, 2)
+    codecs = ("none", "gzip", "snappy", "lz4", "zstd")
+    for codec in codecs:
+        p = producer(cluster, **{"transactional.id": _name(f"tx-{codec}"), "compression.type": codec})
+        try:
+            p.init_transactions(30)
+            with p.transaction():
+                for i in range(50):
+                    p.send(topic, f"{codec}-kept-{i}" * 10, key=f"k{i}")
+            p.begin_transaction()
+            for i in range(50):
+                p.send(topic, f"{codec}-aborted-{i}" * 10, key=f"k{i}")
+            p.flush(30)
+            p.abort_transaction(30)
+        finally:
+            p.close(30)
+    committed = read_all(cluster, topic, 2, "read_committed", expected=50 * len(codecs))
+    assert sorted(r.value.decode() for r in committed) == sorted(
+        f"{codec}-kept-{i}" * 10 for codec in codecs for i in range(50))
+    everything = read_all(cluster, topic, 2, "read_uncommitted", expected=100 * len(codecs))
+    assert len(everything) == 100 * len(codecs)
+
+
 def test_create_existing_topic_raises(cluster):
     topic = create_topic(cluster, 1)
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:

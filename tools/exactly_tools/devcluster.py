@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from exactly_wire.config import ConfigurationError
+from services.common.settings import settings_by_role
+
 ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
 ZOOKEEPER_CLASSPATH = ["/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar",
                        "/usr/share/java/slf4j-api.jar", "/usr/share/java/slf4j-simple.jar",
@@ -190,7 +193,7 @@ class DevCluster:
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name, "--host", "127.0.0.1",
                "--port", str(svc.port), "--zookeeper", self.zookeeper, "--data-dir", str(data_dir)]
-        for k, v in self.props.items():
+        for k, v in settings_by_role(self.props)[svc.role].items():
             cmd += ["--set", f"{k}={v}"]
         if svc.metrics_port:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
@@ -212,7 +215,9 @@ class DevCluster:
 
     def up(self, partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
            zookeeper: str | None = None, timeout_s: float = 60.0) -> None:
-        """Start ZooKeeper (unless given) and the services; wait until all serve."""
+        """Start ZooKeeper (unless given) and the services; wait until all serve.
+        Raises ConfigurationError for a wrong setting before anything starts."""
+        settings_by_role({**DEV_DEFAULTS, **self.props})
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         if zookeeper:
             self.zookeeper = zookeeper
@@ -362,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s in cluster.services.values():
                     state = "running" if pid_alive(s.pid) else "stopped"
                     print(f"{s.name:10} {s.role:18} {s.address:22} pid {s.pid:<8} {state}")
-    except DevClusterError as exc:
+    except (DevClusterError, ConfigurationError) as exc:
         print(f"exactly-dev: {exc}", file=sys.stderr)
         return 1
     return 0

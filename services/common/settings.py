@@ -1,0 +1,201 @@
+"""The settings schema of each service role, on the SDK's configuration machinery
+(`exactly_wire.config`: key, type, default, allowed values, importance, documentation).
+
+`--set key=value` and `--config FILE` (a Java properties file) of every service are
+validated against its role's schema before the process starts: an unknown key, a key
+of another role, or a wrong value stops the process with a ConfigurationError
+naming the key, the value and what is allowed. Names and defaults are Kafka's broker
+settings where Kafka has one; `exactly.*` keys are Exactly's own (docs/design.md,
+"Decisions"). The README's service tables are generated from these classes.
+"""
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import ClassVar, Mapping
+
+from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
+
+_SERVICE_UNSUPPORTED = {
+    "ssl.": "TLS is not available in this version",
+    "sasl.": "SASL authentication is not available in this version",
+    "listeners": "use --host, --port and --advertised-host",
+    "advertised.listeners": "use --advertised-host",
+    "broker.id": "use --node-id",
+    "log.dirs": "use --data-dir",
+    "zookeeper.connect": "use --zookeeper",
+    "authorizer.class.name": "authorization is not available in this version",
+}
+
+
+class ServiceSchema(ConfigSchema):
+    """Settings every service process has."""
+
+    ROLE: ClassVar[str] = "service"
+    UNSUPPORTED: ClassVar[dict[str, str]] = _SERVICE_UNSUPPORTED
+
+    zookeeper_session_timeout_ms: int = setting(
+        "zookeeper.session.timeout.ms", 10000, "ZooKeeper session timeout in ms; leadership leases and "
+        "coordinator ownership last 2/3 of it.", HIGH, ge=1000)
+    metrics_port: int = setting("metrics.port", 0, "Port of the Prometheus /metrics endpoint (0: a free port).",
+                                MEDIUM, ge=0, le=65535)
+    metrics_bind_address: str | None = setting("metrics.bind.address", None, "Address the /metrics endpoint "
+                                               "binds (unset: --host).", LOW)
+    health_poll_ms: int = setting("exactly.health.poll.ms", 100, "ms between updates of the gRPC health status.",
+                                  LOW, ge=10)
+    test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
+                                      "before loading a partition (widens failover windows in tests).", LOW, ge=0)
+
+
+class PartitionLeaderSchema(ServiceSchema):
+    """Partition leader settings (topic configs override the log ones per topic)."""
+
+    ROLE: ClassVar[str] = "partition leader"
+
+    segment_bytes: int | None = setting("segment.bytes", None, "Roll the active segment past this many bytes "
+                                        "(default 1073741824; alias log.segment.bytes).", MEDIUM, ge=1024)
+    log_segment_bytes: int | None = setting("log.segment.bytes", None, "Broker-level name of segment.bytes.",
+                                            LOW, ge=1024)
+    index_interval_bytes: int | None = setting("index.interval.bytes", None, "Bytes between offset index "
+                                               "entries (default 4096; alias log.index.interval.bytes).", LOW,
+                                               ge=1)
+    log_index_interval_bytes: int | None = setting("log.index.interval.bytes", None,
+                                                   "Broker-level name of index.interval.bytes.", LOW, ge=1)
+    flush_messages: int | None = setting("flush.messages", None, "fsync after this many appended records "
+                                         f"(default {sys.maxsize}: on roll and shutdown only; alias "
+                                         "log.flush.interval.messages).", MEDIUM, ge=1)
+    log_flush_interval_messages: int | None = setting("log.flush.interval.messages", None,
+                                                      "Broker-level name of flush.messages.", LOW, ge=1)
+    min_insync_replicas: int = setting("min.insync.replicas", 1, "In-sync replicas acks=all writes and "
+                                       "markers need (capped at the replication factor).", HIGH, ge=1)
+    producer_snapshot_interval_ms: int = setting("producer.snapshot.interval.ms", 30000, "Least ms between "
+                                                 "periodic producer-state snapshots.", LOW, ge=1)
+    producer_snapshot_retained: int = setting("producer.snapshot.retained", 3, "Producer-state snapshots kept "
+                                              "per partition.", LOW, ge=1)
+    producer_id_expiration_ms: int = setting("producer.id.expiration.ms", 86400000, "ms after its last write "
+                                             "after which an idle producer id's state is dropped.", MEDIUM, ge=1)
+    producer_id_expiration_check_interval_ms: int = setting(
+        "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id expiration scans.", LOW, ge=1)
+    replica_lag_time_max_ms: int = setting("replica.lag.time.max.ms", 10000, "A follower not caught up for this "
+                                           "many ms leaves the ISR.", MEDIUM, ge=1)
+    replica_fetch_wait_max_ms: int = setting("replica.fetch.wait.max.ms", 500, "ms a follower's fetch waits "
+                                             "for new data.", LOW, ge=0)
+    replica_fetch_max_bytes: int = setting("replica.fetch.max.bytes", 1048576, "Bytes per partition per "
+                                           "follower fetch.", LOW, ge=1)
+    replica_fetch_backoff_ms: int = setting("replica.fetch.backoff.ms", 200, "ms a follower waits after a "
+                                            "failed fetch.", LOW, ge=0)
+    controller_sweep_interval_ms: int = setting("controller.sweep.interval.ms", 1000, "ms between the "
+                                                "controller's leader and ISR checks.", LOW, ge=10)
+    transaction_partition_verification_enable: Bool = setting(
+        "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
+        "batch on a partition with its transaction coordinator.", MEDIUM)
+
+
+class TxnCoordinatorSchema(ServiceSchema):
+    """Transaction coordinator settings (KIP-98 design document, "Added Configurations")."""
+
+    ROLE: ClassVar[str] = "transaction coordinator"
+
+    transaction_max_timeout_ms: int | None = setting(
+        "transaction.max.timeout.ms", None, "Largest transaction.timeout.ms a producer may ask for (default "
+        "900000; the design document's max.transaction.timeout.ms is accepted too).", HIGH, ge=1)
+    max_transaction_timeout_ms: int | None = setting("max.transaction.timeout.ms", None,
+                                                     "The design document's name of transaction.max.timeout.ms.",
+                                                     LOW, ge=1)
+    transactional_id_expiration_ms: int = setting(
+        "transactional.id.expiration.ms", 604800000, "ms without a transaction after which a transactional.id "
+        "is expired.", MEDIUM, ge=1)
+    abort_timed_out_interval_ms: int = setting(
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000, "ms between scans that abort "
+        "timed-out transactions.", LOW, ge=1)
+    remove_expired_interval_ms: int = setting(
+        "transaction.remove.expired.transaction.cleanup.interval.ms", 3600000, "ms between transactional.id "
+        "expiration scans.", LOW, ge=1)
+    transaction_prepared_max_ms: int = setting(
+        "transaction.prepared.max.ms", 3600000, "ms a transaction sealed by PrepareTxn may wait for its EndTxn "
+        "before it is aborted.", MEDIUM, ge=1)
+    state_log_num_partitions: int = setting("transaction.state.log.num.partitions", 8, "Partitions of "
+                                            "__transaction_state when this coordinator creates it.", MEDIUM, ge=1)
+    state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "
+                                                "__transaction_state when created (capped at the live partition "
+                                                "leaders).", HIGH, ge=1)
+    state_log_load_buffer_size: int = setting("transaction.state.log.load.buffer.size", 5242880, "Bytes per "
+                                              "fetch while loading a __transaction_state partition.", LOW, ge=1)
+    txn_retry_backoff_ms: int = setting("exactly.txn.retry.backoff.ms", 20, "ms before retrying a marker, "
+                                        "completion append or load.", LOW, ge=0)
+    txn_retry_backoff_max_ms: int = setting("exactly.txn.retry.backoff.max.ms", 1000, "Largest ms between "
+                                            "those retries.", LOW, ge=0)
+    txn_end_completion_wait_ms: int = setting("exactly.txn.end.completion.wait.ms", 2000, "ms EndTxn waits for "
+                                              "the markers and the Complete record before answering.", LOW, ge=0)
+    txn_ready_timeout_ms: int = setting("exactly.txn.ready.timeout.ms", 30000, "ms the coordinator waits for "
+                                        "its internal topic at start.", LOW, ge=1)
+    test_pause_after_prepare_ms: int = setting("exactly.test.pause.after.prepare.ms", 0, "Test hook: ms between "
+                                               "a Prepare record and its markers.", LOW, ge=0)
+
+
+class GroupCoordinatorSchema(ServiceSchema):
+    """Group coordinator settings."""
+
+    ROLE: ClassVar[str] = "group coordinator"
+
+    group_min_session_timeout_ms: int = setting("group.min.session.timeout.ms", 1000, "Smallest "
+                                                "session.timeout.ms a member may ask for.", MEDIUM, ge=1)
+    group_max_session_timeout_ms: int = setting("group.max.session.timeout.ms", 1800000, "Largest "
+                                                "session.timeout.ms a member may ask for.", MEDIUM, ge=1)
+    group_initial_rebalance_delay_ms: int = setting("group.initial.rebalance.delay.ms", 0, "ms the first "
+                                                    "rebalance of an empty group waits for more members.", LOW, ge=0)
+    group_max_size: int = setting("group.max.size", 2147483647, "Members per group.", LOW, ge=1)
+    offset_metadata_max_bytes: int = setting("offset.metadata.max.bytes", 4096, "Largest metadata string of "
+                                             "a committed offset.", LOW, ge=0)
+    offsets_commit_timeout_ms: int = setting("offsets.commit.timeout.ms", 5000, "ms an offset commit waits "
+                                             "for its append.", LOW, ge=1)
+    offsets_load_buffer_size: int = setting("offsets.load.buffer.size", 5242880, "Bytes per fetch while "
+                                            "loading a __consumer_offsets partition.", LOW, ge=1)
+    offsets_topic_num_partitions: int = setting("offsets.topic.num.partitions", 8, "Partitions of "
+                                                "__consumer_offsets when this coordinator creates it.", MEDIUM, ge=1)
+    offsets_topic_replication_factor: int = setting("offsets.topic.replication.factor", 1, "Replicas of "
+                                                    "__consumer_offsets when created (capped at the live "
+                                                    "partition leaders).", HIGH, ge=1)
+    tail_max_wait_ms: int = setting("group.coordinator.tail.max.wait.ms", 500, "ms a fetch of the coordinator's "
+                                    "own partition waits for new records.", LOW, ge=0)
+    tick_ms: int = setting("group.coordinator.tick.ms", 100, "ms between session and rebalance timer checks.",
+                           LOW, ge=1)
+    transaction_partition_verification_enable: Bool = setting(
+        "transaction.partition.verification.enable", True, "KIP-890: verify a TxnOffsetCommit with the "
+        "transaction coordinator before accepting it.", MEDIUM)
+
+
+SERVICE_SCHEMAS: dict[str, type[ServiceSchema]] = {
+    "partition_leader": PartitionLeaderSchema,
+    "txn_coordinator": TxnCoordinatorSchema,
+    "group_coordinator": GroupCoordinatorSchema,
+}
+
+def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Split one set of cluster-wide settings (as a development cluster or a Helm
+    values file gives them) into each role's own: role -> {key: value}, every value
+    validated by its role's schema. Raises ConfigurationError for a key no role has
+    (with the closest key), an unsupported key, or a wrong value."""
+    out: dict[str, dict[str, str]] = {role: {} for role in SERVICE_SCHEMAS}
+    every = sorted({k for schema in SERVICE_SCHEMAS.values() for k in keys(schema)})
+    for key, value in props.items():
+        roles = [role for role, schema in SERVICE_SCHEMAS.items() if key in keys(schema)]
+        if not roles:
+            try:
+                parse(ServiceSchema, {key: value})
+            except ConfigurationError as exc:
+                if exc.allowed == "not supported":
+                    raise  # with the reason
+            guess = difflib.get_close_matches(key.replace("_", ".").lower(), every, n=1, cutoff=0.75)
+            hint = f"; did you mean {guess[0]!r}?" if guess else ""
+            raise ConfigurationError(f"unknown configuration key {key!r} for every service role{hint}",
+                                     key=key, value=value, allowed="the keys of the service roles")
+        for role in roles:
+            out[role][key] = value
+    for role, schema in SERVICE_SCHEMAS.items():
+        parse(schema, out[role])
+    return out
+
+
+__all__ = ["settings_by_role", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema", "GroupCoordinatorSchema",
+           "SERVICE_SCHEMAS"]

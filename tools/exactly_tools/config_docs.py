@@ -1,0 +1,64 @@
+"""Generate the configuration reference tables of README.md from the schemas.
+
+    python -m exactly_tools.config_docs [--check] [--readme README.md]
+
+Each table sits between `<!-- config-table: NAME -->` and `<!-- /config-table -->`
+in the README, NAME being a role of `TABLES`; the text between the markers is
+replaced by `exactly_wire.config.markdown_table` of that role's schema. `--check`
+changes nothing and exits 1 when the README differs from the schemas (drift).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+
+from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema
+from exactly_wire.config import ConfigSchema, markdown_table
+from services.common.settings import GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema
+
+TABLES: dict[str, type[ConfigSchema]] = {
+    "producer": ProducerSchema,
+    "consumer": ConsumerSchema,
+    "admin": AdminSchema,
+    "partition_leader": PartitionLeaderSchema,
+    "txn_coordinator": TxnCoordinatorSchema,
+    "group_coordinator": GroupCoordinatorSchema,
+}
+
+_BLOCK = re.compile(r"(<!-- config-table: (\w+) -->\n)(.*?)(<!-- /config-table -->)", re.S)
+
+
+def render(text: str) -> str:
+    """`text` with every config-table block regenerated. Raises KeyError for a block
+    naming no known role."""
+    return _BLOCK.sub(lambda m: m.group(1) + markdown_table(TABLES[m.group(2)]) + "\n" + m.group(4), text)
+
+
+def blocks(text: str) -> list[str]:
+    """The role names of the config-table blocks in `text`, in order."""
+    return [m.group(2) for m in _BLOCK.finditer(text)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exactly_tools.config_docs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--readme", type=pathlib.Path, default=pathlib.Path("README.md"))
+    parser.add_argument("--check", action="store_true", help="exit 1 when the README's tables are out of date")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(f"{args.readme}: configuration tables differ from the schemas; run "
+                  "python -m exactly_tools.config_docs", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+    print(f"{args.readme}: {len(blocks(new))} configuration tables")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
