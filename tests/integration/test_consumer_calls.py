@@ -17,15 +17,16 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
-from kazoo.client import KazooClient
 from waiting import wait_for
 
-from exactly import (AdminClient, Consumer, NewTopic, OffsetAndMetadata, OffsetAndTimestamp, Producer,
-                     TopicPartition, errors)
+from conftest import _chroot
+from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition, errors
 from exactly_tools.devcluster import DevCluster
+
+from .test_consumer import _name, consume, consumer, producer
+from .test_consumer import create_topic as create_any_topic
 
 pytestmark = pytest.mark.integration
 
@@ -34,63 +35,27 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cluster(zk, tmp_path_factory):
-    root = f"/t-{uuid.uuid4().hex[:12]}"
-    kz = KazooClient(hosts=zk)
-    kz.start()
-    kz.ensure_path(root)
-    kz.stop()
-    kz.close()
     c = DevCluster(tmp_path_factory.mktemp("consumer-calls"), props={})
     try:
-        c.up(3, 1, 1, zookeeper=zk + root)
+        c.up(3, 1, 1, zookeeper=_chroot(zk))
         yield c
     finally:
         c.down()
 
 
-def _name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def create_topic(cluster, partitions: int = 1, name: str | None = None) -> str:
-    topic = name or _name("t")
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    try:
-        admin.create_topics([NewTopic(topic, partitions)], timeout=60)
-    finally:
-        admin.close()
-    return topic
-
-
-def consumer(cluster, **conf) -> Consumer:
-    base = {"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest",
-            "fetch.max.wait.ms": 100, "enable.auto.commit": False}
-    base.update({k.replace("_", "."): v for k, v in conf.items()})
-    return Consumer(base)
-
-
-def producer(cluster, **conf) -> Producer:
-    base = {"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 0}
-    base.update({k.replace("_", "."): v for k, v in conf.items()})
-    return Producer(base)
+    if name is None:
+        return create_any_topic(cluster, partitions)
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(name, partitions)], timeout=60)
+    return name
 
 
 def produce(cluster, topic: str, values: list[bytes], partition: int = 0, timestamps=None) -> None:
-    p = producer(cluster)
-    try:
+    with producer(cluster) as p:
         for i, v in enumerate(values):
             p.send(topic, v, partition=partition,
                    timestamp_ms=None if timestamps is None else timestamps[i]).result(30)
-    finally:
-        p.close()
-
-
-def consume(c: Consumer, count: int, timeout_s: float = 30.0) -> list:
-    out: list = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < count and time.monotonic() < deadline:
-        out += c.poll(0.2)
-    return out
 
 
 def poll_until(c: Consumer, predicate, timeout_s: float, what: str) -> list:

@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-import exactly.consumer as consumer_mod
 from exactly import errors
 from exactly._consumer_group import GroupMembership, MemberState
 from exactly._consumer_state import SubscriptionState, matching_topics
@@ -20,30 +19,16 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from .fakes import FakeCore, FakeGroupCoordinator, FakeLeader
 from .logbuilder import PartitionLog
+from .test_consumer_group import join
+from .test_consumer_poll import core, poll_all  # noqa: F401 - `core` is a fixture
+from .test_consumer_poll import make as make_consumer
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
 
 
-@pytest.fixture
-def core(monkeypatch):
-    fake = FakeCore()
-    monkeypatch.setattr(consumer_mod, "ClientCore", lambda conf: fake)
-    return fake
-
-
 def make(core, **conf) -> Consumer:
-    base = {"bootstrap.servers": "127.0.0.1:1", "fetch.max.wait.ms": 0, "heartbeat.interval.ms": 600000,
-            "enable.auto.commit": False, "auto.offset.reset": "earliest"}
-    base.update({k.replace("_", "."): v for k, v in conf.items()})
-    return Consumer(base)
-
-
-def poll_all(c: Consumer, rounds: int = 20) -> list:
-    out = []
-    for _ in range(rounds):
-        out += c.poll(0.01)
-    return out
+    return make_consumer(core, **{"auto_offset_reset": "earliest", **conf})
 
 
 def log_of(*values: bytes) -> PartitionLog:
@@ -114,15 +99,6 @@ def env():
     coord = FakeGroupCoordinator(core)
     member = GroupMembership(core, "g", group_instance_id="i-1", backoff_ms=0, backoff_max_ms=0)
     return core, coord, member
-
-
-def join(member: GroupMembership, topics=("t",)):
-    member.start_join(topics)
-    for _ in range(10):
-        got = member.advance()
-        if got is not None:
-            return got
-    raise AssertionError(f"no assignment, state {member.state}")
 
 
 def test_static_member_requests_carry_the_instance_id_and_close_sends_no_leave_group(env):
