@@ -5,8 +5,8 @@ from .admin import AdminClient
 from .consumer import Consumer
 from .producer import PreparedTransaction, Producer, complete_transaction, rewind_to_committed
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
-                    RecordMetadata, TopicPartition)
+                    OffsetAndTimestamp, RecordMetadata, TopicPartition)
 
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
-           "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
+           "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
            "PreparedTransaction", "complete_transaction", "rewind_to_committed"]

@@ -13,6 +13,19 @@ the next request finds it again.
 Join and sync are sent as futures and advanced by `advance()`, so `poll(timeout)`
 keeps its timeout while a rebalance waits for other members.
 
+Lost partitions: when the coordinator says this member's generation is over
+without a rebalance it took part in (UNKNOWN_MEMBER_ID after a session expiry,
+ILLEGAL_GENERATION, FENCED_INSTANCE_ID) or the member left after
+`max.poll.interval.ms`, `take_lost()` tells the Consumer to call `on_lost`
+instead of `on_revoke` and to commit nothing (Kafka's onPartitionsLost).
+
+Static membership (KIP-345): with `group.instance.id` every request carries the
+instance id; a restarted instance rejoins with no member id and gets its old
+assignment back without a rebalance. FENCED_INSTANCE_ID (another process joined
+with the same instance id) is fatal: `advance()` raises it from then on. A static
+member never sends LeaveGroup (closing, or after max.poll.interval.ms), so its
+partitions wait `session.timeout.ms` for it, as in Kafka.
+
 Offsets: `commit_sync` / `commit_async` (OffsetCommit with this member's
 generation and member id, or -1 / "" outside group management) and
 `fetch_committed` (OffsetFetch; with `require_stable`, UNSTABLE_OFFSET_COMMIT is
@@ -146,6 +159,8 @@ class GroupMembership:
         self._hb_stop = threading.Event()
         self._hb_wake = threading.Event()
         self._fatal: errors.ExactlyError | None = None
+        self._fenced: errors.ExactlyError | None = None  # FENCED_INSTANCE_ID: permanent
+        self._lost = False
 
     # ------------------------------------------------------------ coordinator
 
@@ -178,20 +193,40 @@ class GroupMembership:
         with self._lock:
             return self.state in (MemberState.JOINING, MemberState.SYNCING)
 
-    def request_rejoin(self, reason: object = None, reset_member: bool = False) -> None:
+    def request_rejoin(self, reason: object = None, reset_member: bool = False,
+                       reset_generation: bool = False) -> None:
+        """Rejoin on the next poll. `reset_member` forgets the member id and the
+        generation, `reset_generation` the generation only; either means the
+        partitions owned are lost (`take_lost`)."""
         with self._lock:
             if reason is not None:
                 log.info("group %s: rejoining (%s)", self.group_id, reason)
             self._rejoin_needed = True
             if reset_member:
                 self.member_id = ""
+            if reset_member or reset_generation:
                 self.generation_id = -1
+                self._lost = True
+
+    def take_lost(self) -> bool:
+        """True once after the generation ended without this member rejoining in
+        time (see the module docstring): the owned partitions are lost."""
+        with self._lock:
+            lost, self._lost = self._lost, False
+            return lost
+
+    @property
+    def fenced(self) -> errors.ExactlyError | None:
+        """The FENCED_INSTANCE_ID error once another instance took this static
+        member's place, else None."""
+        return self._fenced
 
     def start_join(self, topics: Iterable[str]) -> None:
         """Begin (or restart) a rebalance with subscription `topics`."""
         with self._lock:
             self._topics = tuple(topics)
             self._rejoin_needed = False
+            self._lost = False
             self.state = MemberState.JOINING
             if self._pending is not None:
                 self._pending.cancel()
@@ -230,7 +265,7 @@ class GroupMembership:
             log.debug("group %s: no coordinator for SyncGroup: %r", self.group_id, exc)
             return
         req = pb.SyncGroupRequest(group_id=self.group_id, generation_id=self.generation_id,
-                                  member_id=self.member_id)
+                                  member_id=self.member_id, group_instance_id=self.group_instance_id or "")
         timeout_s = self.rebalance_timeout_ms / 1000.0 + 5.0
         self._pending = self._core.call_future(self._core.group_stub(addr).SyncGroup, req, timeout_s)
 
@@ -244,6 +279,8 @@ class GroupMembership:
         fatal JoinGroup/SyncGroup answer (e.g. INVALID_SESSION_TIMEOUT,
         GROUP_AUTHORIZATION_FAILED, FENCED_INSTANCE_ID)."""
         with self._lock:
+            if self._fenced is not None:
+                raise self._fenced
             if self._fatal is not None:
                 exc, self._fatal = self._fatal, None
                 raise exc
@@ -301,7 +338,10 @@ class GroupMembership:
             self.state = MemberState.UNJOINED
             self._rejoin_needed = True
             self._backoff()
-            raise errors.for_code(code, resp.error_message or f"JoinGroup {self.group_id}")
+            exc = errors.for_code(code, resp.error_message or f"JoinGroup {self.group_id}")
+            if code == ErrorCode.FENCED_INSTANCE_ID:
+                self._fence(exc)
+            raise exc
 
     def _on_sync(self, fut: concurrent.futures.Future) -> list[TopicPartition] | None:
         try:
@@ -333,8 +373,20 @@ class GroupMembership:
             self.state = MemberState.UNJOINED
             self._rejoin_needed = True
             self._backoff()
-            raise errors.for_code(code, resp.error_message or f"SyncGroup {self.group_id}")
+            exc = errors.for_code(code, resp.error_message or f"SyncGroup {self.group_id}")
+            if code == ErrorCode.FENCED_INSTANCE_ID:
+                self._fence(exc)
+            raise exc
         return None
+
+    def _fence(self, exc: errors.ExactlyError) -> None:
+        """Another instance took this static member's place (FENCED_INSTANCE_ID):
+        the partitions are lost and the membership is over for good (fatal, as in
+        Kafka)."""
+        log.error("group %s: static member %s fenced by a newer instance", self.group_id,
+                  self.group_instance_id)
+        self._fenced = exc
+        self.request_rejoin(exc.code.name, reset_generation=True)
 
     # ------------------------------------------------------------ heartbeats
 
@@ -375,7 +427,8 @@ class GroupMembership:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
             resp = self._core.call(self._core.group_stub(addr).Heartbeat,
                                    pb.HeartbeatRequest(group_id=self.group_id, generation_id=gen,
-                                                       member_id=member),
+                                                       member_id=member,
+                                                       group_instance_id=self.group_instance_id or ""),
                                    timeout_s=min(self._core.request_timeout_s, self.session_timeout_ms / 1000.0))
         except errors.ExactlyError as exc:
             self.coordinator_dead(exc)
@@ -388,6 +441,10 @@ class GroupMembership:
                 pass
             elif code == ErrorCode.UNKNOWN_MEMBER_ID:
                 self.request_rejoin(code.name, reset_member=True)
+            elif code == ErrorCode.ILLEGAL_GENERATION:
+                self.request_rejoin(code.name, reset_generation=True)
+            elif code == ErrorCode.FENCED_INSTANCE_ID:
+                self._fence(errors.for_code(code, f"Heartbeat {self.group_id}"))
             elif code in REJOIN_CODES:
                 self.request_rejoin(code.name)
             elif code in _FIND_AGAIN:
@@ -400,16 +457,20 @@ class GroupMembership:
     # ------------------------------------------------------------ leaving
 
     def leave(self) -> None:
-        """Send LeaveGroup (best effort) and forget the membership."""
+        """Forget the membership (its partitions count as lost) and send
+        LeaveGroup, best effort; a static member sends none (KIP-345: the
+        coordinator keeps its place for session.timeout.ms)."""
         with self._lock:
             member = self.member_id
             if self._pending is not None:
                 self._pending.cancel()
                 self._pending = None
+            if self.state is MemberState.STABLE and member:
+                self._lost = True
             self.state = MemberState.UNJOINED
             self._rejoin_needed = True
             self.member_id, self.generation_id = "", -1
-        if not member:
+        if not member or self.group_instance_id:
             return
         try:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
@@ -421,7 +482,7 @@ class GroupMembership:
             log.debug("group %s: LeaveGroup failed: %r", self.group_id, exc)
 
     def close(self) -> None:
-        """Stop heartbeating and leave the group."""
+        """Stop heartbeating and leave the group (a static member only stops)."""
         self._hb_stop.set()
         self._hb_wake.set()
         if self._hb_thread is not None:
@@ -446,7 +507,8 @@ class GroupMembership:
                         managed: bool) -> pb.OffsetCommitRequest:
         gen, member = self.generation() if managed else (-1, "")
         return pb.OffsetCommitRequest(group_id=self.group_id, generation_id=gen, member_id=member,
-                                      topics=group_offsets_request(offsets))
+                                      topics=group_offsets_request(offsets),
+                                      group_instance_id=(self.group_instance_id or "") if managed else "")
 
     def _commit_outcome(self, resp: pb.OffsetCommitResponse) -> None:
         code, where = first_error(resp.topics)
@@ -456,6 +518,10 @@ class GroupMembership:
             self.coordinator_dead(ErrorCode(code).name)
         elif code == ErrorCode.UNKNOWN_MEMBER_ID:
             self.request_rejoin("commit: UNKNOWN_MEMBER_ID", reset_member=True)
+        elif code == ErrorCode.ILLEGAL_GENERATION:
+            self.request_rejoin("commit: ILLEGAL_GENERATION", reset_generation=True)
+        elif code == ErrorCode.FENCED_INSTANCE_ID:
+            self._fence(errors.for_code(code, f"OffsetCommit {self.group_id}"))
         elif code in REJOIN_CODES:
             self.request_rejoin(f"commit: {ErrorCode(code).name}")
         raise errors.for_code(code, f"OffsetCommit {self.group_id} {where}")
@@ -485,17 +551,23 @@ class GroupMembership:
         self._retrying(timeout_s, _RETRY_CODES)(_once)
 
     def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], managed: bool,
-                     callback: Callable[[errors.ExactlyError | None], None] | None = None) -> None:
-        """Send OffsetCommit without waiting; failures are logged (auto commit)."""
+                     callback: Callable[[errors.ExactlyError | None], None] | None = None
+                     ) -> concurrent.futures.Future | None:
+        """Send OffsetCommit without waiting. `callback(error or None)` runs once
+        it completed, on a gRPC thread (or at once, in the caller's thread, when
+        the coordinator is unknown; a cancelled commit reports a
+        KafkaTimeoutError). Returns the request's future (None when not sent)."""
         if not offsets:
-            return
+            if callback is not None:
+                callback(None)
+            return None
         try:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
-            log.debug("group %s: auto commit skipped, no coordinator: %r", self.group_id, exc)
+            log.debug("group %s: async commit not sent, no coordinator: %r", self.group_id, exc)
             if callback is not None:
                 callback(exc)
-            return
+            return None
         fut = self._core.call_future(self._core.group_stub(addr).OffsetCommit,
                                      self._commit_request(offsets, managed))
 
@@ -509,11 +581,12 @@ class GroupMembership:
                 err = exc
                 log.info("group %s: async offset commit failed: %r", self.group_id, exc)
             except concurrent.futures.CancelledError:
-                return
+                err = errors.KafkaTimeoutError("offset commit cancelled")
             if callback is not None:
                 callback(err)
 
         fut.add_done_callback(_done)
+        return fut
 
     def offset_fetch_request(self, partitions: Iterable[TopicPartition],
                              require_stable: bool) -> pb.OffsetFetchRequest:

@@ -7,10 +7,17 @@ offset reset policy (`auto.offset.reset`, or `seek_to_beginning` / `seek_to_end`
 which are evaluated lazily on the next `poll` / `position` as in Kafka).
 Every change of position that is not the result of consuming bumps the partition's
 `epoch`, so responses to requests sent for an older position are discarded.
+
+A paused partition (`pause`) stays assigned and keeps its position and buffered
+records, but is neither fetched nor drained until `resume`. A subscription is a
+list of topics or a regular expression (`subscribe_pattern`), matched against the
+cluster's topics on each metadata refresh (`update_pattern_topics`; internal
+topics, named `__*`, never match), as Kafka's `SubscriptionState`.
 """
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -52,6 +59,13 @@ class ResetStrategy(enum.Enum):
             raise ValueError(f"auto.offset.reset must be earliest, latest or none, not {value!r}") from None
 
 
+def matching_topics(pattern: re.Pattern, topics: Iterable[str]) -> tuple[str, ...]:
+    """Sorted names of `topics` that `pattern` matches from their start
+    (`re.match`, as Kafka's Pattern.matcher(topic).matches() with a leading "^";
+    a "$" anchors the end). Internal topics (`__*`) are excluded."""
+    return tuple(sorted(t for t in set(topics) if not t.startswith("__") and pattern.match(t)))
+
+
 def reset_timestamp(strategy: ResetStrategy, read_committed: bool) -> int:
     """ListOffsets timestamp for a reset: earliest -2; latest -1 (high watermark)
     or, under read_committed, -3 (the LSO: design doc "Discussion on Seeks").
@@ -78,6 +92,7 @@ class TopicPartitionState:
     aborted: "AbortedTransactions | None" = None
     backoff_until: int = 0                      # ms of the consumer's monotonic clock
     failures: int = 0
+    paused: bool = False                        # pause(): not fetched, position kept
 
     @property
     def has_position(self) -> bool:
@@ -128,6 +143,7 @@ class SubscriptionState:
 
     default_reset: ResetStrategy = ResetStrategy.LATEST
     subscription: tuple[str, ...] | None = None
+    pattern: re.Pattern | None = None
     user_assigned: bool = False
     assignment: dict[TopicPartition, TopicPartitionState] = field(default_factory=dict)
 
@@ -135,7 +151,52 @@ class SubscriptionState:
         """Raises errors.IllegalStateError when partitions were assigned manually."""
         if self.user_assigned:
             raise errors.IllegalStateError("subscribe() is not allowed after assign(); call unsubscribe() first")
+        self.pattern = None
         self.subscription = tuple(dict.fromkeys(topics))
+
+    def subscribe_pattern(self, pattern: re.Pattern) -> None:
+        """Subscribe to the topics matching `pattern` (none until
+        `update_pattern_topics`). Raises errors.IllegalStateError after assign."""
+        if self.user_assigned:
+            raise errors.IllegalStateError("subscribe() is not allowed after assign(); call unsubscribe() first")
+        self.pattern = pattern
+        self.subscription = ()
+
+    def update_pattern_topics(self, topics: Iterable[str]) -> bool:
+        """With a pattern subscription, set the subscription to the topics of
+        `topics` (all the cluster's topic names) that match it. Returns True when
+        the subscription changed (the member must rejoin)."""
+        if self.pattern is None:
+            return False
+        matched = matching_topics(self.pattern, topics)
+        if matched == self.subscription:
+            return False
+        self.subscription = matched
+        return True
+
+    def unsubscribe(self) -> None:
+        """Forget the subscription or user assignment and every partition state."""
+        self.subscription = None
+        self.pattern = None
+        self.user_assigned = False
+        self.assignment = {}
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching `partitions` (positions and buffered records are kept).
+        Raises errors.IllegalStateError for a partition not assigned (nothing paused)."""
+        states = [self.state(TopicPartition(*tp)) for tp in partitions]
+        for st in states:
+            st.paused = True
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        """Fetch `partitions` again. Raises errors.IllegalStateError for a
+        partition not assigned (nothing resumed)."""
+        states = [self.state(TopicPartition(*tp)) for tp in partitions]
+        for st in states:
+            st.paused = False
+
+    def paused(self) -> set[TopicPartition]:
+        return {tp for tp, st in self.assignment.items() if st.paused}
 
     def assign_from_user(self, partitions: Iterable[TopicPartition]) -> None:
         """Raises errors.IllegalStateError when subscribed to topics."""
@@ -165,9 +226,9 @@ class SubscriptionState:
         return {tp: st.position for tp, st in self.assignment.items() if st.has_position}
 
     def fetchable(self, now: float) -> list[TopicPartition]:
-        """Partitions with a position, nothing buffered, and not backing off."""
+        """Partitions with a position, nothing buffered, not paused and not backing off."""
         return [tp for tp, st in self.assignment.items()
-                if st.has_position and st.buffered is None and st.ready(now)]
+                if st.has_position and st.buffered is None and not st.paused and st.ready(now)]
 
     def awaiting_committed(self) -> list[TopicPartition]:
         return [tp for tp, st in self.assignment.items() if st.awaiting_committed]

@@ -177,6 +177,35 @@ def parse_fetched(tp: TopicPartition, data: bytes, fetch_offset: int,
     return FetchedRecords(tp, fetch_offset, next_offset, out, error)
 
 
+def list_offsets_request(queries: dict[TopicPartition, int], isolation_level: int) -> pb.ListOffsetsRequest:
+    """A ListOffsetsRequest for `{tp: timestamp}` (ms, or -2 earliest, -1 latest,
+    -3 LSO; docs/design.md, "Last stable offset and read_committed")."""
+    topics: dict[str, list[pb.ListOffsetsPartition]] = {}
+    for tp, ts in sorted(queries.items()):
+        topics.setdefault(tp.topic, []).append(pb.ListOffsetsPartition(partition=tp.partition, timestamp=ts))
+    return pb.ListOffsetsRequest(isolation_level=isolation_level,
+                                 topics=[pb.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()])
+
+
+def parse_list_offsets(resp: pb.ListOffsetsResponse, wanted: Iterable[TopicPartition]
+                       ) -> tuple[dict[TopicPartition, tuple[int, int]], dict[TopicPartition, errors.ExactlyError]]:
+    """({tp: (offset, timestamp)}, {tp: error}) for the `wanted` partitions of a
+    ListOffsetsResponse; offset -1 means none (no record at or after a timestamp)."""
+    wanted = set(wanted)
+    found: dict[TopicPartition, tuple[int, int]] = {}
+    failed: dict[TopicPartition, errors.ExactlyError] = {}
+    for t in resp.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition)
+            if tp not in wanted:
+                continue
+            if p.error_code == ErrorCode.NONE:
+                found[tp] = (p.offset, p.timestamp)
+            else:
+                failed[tp] = errors.for_code(p.error_code, f"ListOffsets {tp.topic}-{tp.partition}")
+    return found, failed
+
+
 @dataclass(slots=True)
 class _InFlight:
     address: str
@@ -248,6 +277,46 @@ class Fetcher:
         if addr is None:
             self._metadata_stale = True
         return addr
+
+    # ------------------------------------------------------------ ListOffsets
+
+    def list_offsets(self, queries: dict[TopicPartition, int], isolation_level: int,
+                     timeout_s: float) -> dict[TopicPartition, tuple[int, int]]:
+        """Blocking ListOffsets for `{tp: timestamp}` (see `list_offsets_request`),
+        one request per leader, retrying leader moves and network errors (with a
+        metadata refresh) for up to `timeout_s` seconds. Returns {tp: (offset,
+        timestamp)}. Raises errors.KafkaTimeoutError when some partition has no
+        answer in time; a non-retriable error as is (e.g. authorization)."""
+        results: dict[TopicPartition, tuple[int, int]] = {}
+        pending = {TopicPartition(*tp): ts for tp, ts in queries.items()}
+
+        def _once() -> None:
+            by_leader: dict[str, dict[TopicPartition, int]] = {}
+            for tp, ts in pending.items():
+                by_leader.setdefault(self._core.leader_for(tp.topic, tp.partition), {})[tp] = ts
+            retry: errors.ExactlyError | None = None
+            for addr, q in by_leader.items():
+                resp = self._core.call(self._core.leader_stub(addr).ListOffsets,
+                                       list_offsets_request(q, isolation_level))
+                found, failed = parse_list_offsets(resp, q)
+                for tp, res in found.items():
+                    results[tp] = res
+                    pending.pop(tp, None)
+                for err in failed.values():
+                    if not err.retriable and err.code not in METADATA_ERRORS:
+                        raise err
+                    retry = retry or err
+            if pending:
+                raise retry or errors.LeaderNotAvailableError(f"ListOffsets: no answer for {sorted(pending)}")
+
+        if pending:
+            try:
+                self._core.retry(_once, timeout_s)
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+                raise errors.KafkaTimeoutError(f"ListOffsets not answered in {timeout_s:g} s: {exc!r}") from exc
+        return results
 
     # ------------------------------------------------------------ sending
 
@@ -381,11 +450,11 @@ class Fetcher:
 
     def drain(self, max_records: int) -> list[ConsumerRecord]:
         """Up to `max_records` buffered records, taken from the partitions in
-        rotating order, advancing their positions. Raises a deferred fetch error
+        rotating order (paused partitions keep theirs), advancing their positions. Raises a deferred fetch error
         (e.g. NoOffsetForPartitionError, CorruptMessageError, an authorization
         error) when no records are returned with it."""
         out: list[ConsumerRecord] = []
-        ready = [tp for tp, st in self._subs.assignment.items() if st.buffered is not None]
+        ready = [tp for tp, st in self._subs.assignment.items() if st.buffered is not None and not st.paused]
         if ready:
             k = self._rotation % len(ready)
             self._rotation += 1

@@ -9,30 +9,38 @@ with the design doc's min-heap algorithm (`exactly._fetcher.AbortedTransactions`
 (transaction markers) are never returned; positions move past them.
 
 Not thread-safe (like Kafka's consumer), except that a background thread sends the
-group heartbeats.
+group heartbeats. Every callback (on_assign, on_revoke, on_lost, commit callbacks)
+runs in the thread that calls the Consumer's methods.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
+import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 from exactly import errors
 from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
-from exactly._consumer_state import (NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
-                                     reset_timestamp)
-from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher
+from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
+                                     ResetStrategy, SubscriptionState, reset_timestamp)
+from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, list_offsets_request
 from exactly.config import ConsumerSchema, parse
 from exactly_wire.clock import monotonic_ms
 from exactly_wire.error_codes import ErrorCode
-from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
-from exactly_wire.v1 import exactly_pb2 as pb
+from exactly.types import (ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp,
+                           TopicPartition)
 
 log = logging.getLogger(__name__)
 
 Rebalance = Callable[[list[TopicPartition]], Any]
+CommitCallback = Callable[[errors.ExactlyError | None, dict[TopicPartition, OffsetAndMetadata]], Any]
+
+# get_watermark_offsets(cached=True) for a partition not fetched yet (librdkafka's
+# RD_KAFKA_OFFSET_INVALID, as confluent-kafka returns it).
+OFFSET_INVALID = -1001
 
 _ISOLATION = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 
@@ -55,10 +63,19 @@ class Consumer:
       fetch.max.bytes         52428800; max.partition.fetch.bytes 1048576
       check.crcs              True; default.api.timeout.ms 60000 (blocking calls);
       request.timeout.ms      30000; retry.backoff.ms 100; retry.backoff.max.ms 1000
-      group.instance.id       optional static member id
+      group.instance.id       static membership (KIP-345): a restart within
+                              session.timeout.ms gets the same partitions back
+                              without a rebalance; close() sends no LeaveGroup
+      metadata.max.age.ms     300000: how often a pattern subscription looks for
+                              new matching topics
     Keys, defaults and allowed values: `config.ConsumerSchema` (the README's
     "Consumer configuration" table). Raises errors.ConfigurationError (a ValueError)
     for an unknown or unsupported key or a wrong value.
+
+    Calls: subscribe / unsubscribe / assign / assignment; poll; pause / resume /
+    paused; position / seek / seek_to_beginning / seek_to_end; commit (sync or
+    asynchronous with a callback) / committed; get_watermark_offsets,
+    beginning_offsets, end_offsets, offsets_for_times; group_metadata; close.
     """
 
     def __init__(self, conf: Mapping[str, Any]):
@@ -92,6 +109,12 @@ class Consumer:
                 backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._on_assign: Rebalance | None = None
         self._on_revoke: Rebalance | None = None
+        self._on_lost: Rebalance | None = None
+        # Asynchronous commits: in flight, and completed ones whose callbacks wait
+        # for the application's thread (appended from gRPC threads).
+        self._async_commits: set[concurrent.futures.Future] = set()
+        self._commit_results: collections.deque[tuple[CommitCallback, errors.ExactlyError | None,
+                                                      dict[TopicPartition, OffsetAndMetadata]]] = collections.deque()
         # OffsetFetch in flight for positions: (future, {tp: epoch}); and its backoff.
         self._offset_fetch: tuple[concurrent.futures.Future, dict[TopicPartition, int]] | None = None
         self._offset_fetch_failures = 0
@@ -99,29 +122,67 @@ class Consumer:
         # ListOffsets in flight for resets, per leader address.
         self._list_offsets: dict[str, tuple[concurrent.futures.Future, dict[TopicPartition, int]]] = {}
         self._next_auto_commit = self._clock() + self._auto_commit_interval_ms
+        self._pattern_checked_at: int | None = None
         self._closed = False
 
     # ------------------------------------------------------------ subscription
 
-    def subscribe(self, topics: Iterable[str] | str, on_assign: Rebalance | None = None,
-                  on_revoke: Rebalance | None = None) -> None:
+    def subscribe(self, topics: Iterable[str] | str | re.Pattern, on_assign: Rebalance | None = None,
+                  on_revoke: Rebalance | None = None, on_lost: Rebalance | None = None) -> None:
         """Join the consumer group (`group.id`) and read the partitions the group
-        coordinator assigns to this member from `topics` (list of topic names).
-        `on_assign(partitions)` / `on_revoke(partitions)` get a list of
-        TopicPartition after an assignment / before partitions are given up in a
-        rebalance (and on close). The join happens in `poll`.
-        Raises errors.InvalidGroupIdError without group.id, errors.IllegalStateError
-        after `assign`."""
+        coordinator assigns to this member from `topics`: a list of topic names,
+        or a regular expression — a str starting with "^" or a compiled
+        `re.Pattern` (alone, or as the only element of the list) — matched with
+        `re.match` against the cluster's topics on each metadata refresh
+        (`metadata.max.age.ms`); internal topics (`__*`) never match, and a new
+        matching topic makes the member rejoin.
+
+        Rebalance callbacks get a sorted list of TopicPartition, in the thread
+        that calls poll: `on_assign(partitions)` after an assignment;
+        `on_revoke(partitions)` before partitions are given up in a rebalance, on
+        unsubscribe and on close (after the auto commit); `on_lost(partitions)`
+        instead of on_revoke when the partitions were already lost — the session
+        expired, the generation was fenced (ILLEGAL_GENERATION,
+        UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID) or poll was not called for
+        max.poll.interval.ms — so other members may own them and nothing is
+        committed (Kafka's onPartitionsLost; without on_lost, on_revoke is
+        called). The join happens in `poll`. Raises errors.InvalidGroupIdError
+        without group.id, errors.IllegalStateError after `assign`, ValueError
+        (no topics, or an invalid pattern)."""
         self._check_open()
         if self._group is None:
             raise errors.InvalidGroupIdError("subscribe() requires group.id")
-        topics = [topics] if isinstance(topics, str) else list(topics)
-        if not topics:
-            raise ValueError("subscribe() needs at least one topic")
-        self._subs.subscribe(topics)
-        self._on_assign, self._on_revoke = on_assign, on_revoke
+        pattern = _pattern_of(topics)
+        if pattern is not None:
+            self._subs.subscribe_pattern(pattern)
+            self._pattern_checked_at = None
+        else:
+            names = [topics] if isinstance(topics, str) else list(topics)
+            if not names:
+                raise ValueError("subscribe() needs at least one topic")
+            self._subs.subscribe(names)
+        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
         self._group.request_rejoin("subscription changed")
         self._group.start_heartbeat()
+
+    def unsubscribe(self) -> None:
+        """Stop reading: give up the group's partitions (auto commit, then
+        on_revoke — or on_lost when they were lost — and LeaveGroup, which a
+        static member does not send) or the partitions of `assign`. Buffered
+        records are dropped. A later `subscribe` or `assign` starts afresh.
+        Raises the exception of a failing rebalance callback (after
+        unsubscribing)."""
+        self._check_open()
+        failure = None
+        if self._subs.subscription is not None and self._group is not None:
+            failure = self._give_up_partitions()
+            self._group.leave()
+            self._group.take_lost()
+        self._subs.unsubscribe()
+        self._on_assign = self._on_revoke = self._on_lost = None
+        self._cancel_position_requests()
+        if failure is not None:
+            raise failure
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly `partitions` (TopicPartition list), without group
@@ -134,6 +195,25 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         """The partitions currently assigned to this consumer."""
         return set(self._subs.assignment)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching `partitions` (TopicPartition list): `poll` returns none
+        of their records until `resume`, while they stay assigned, keep their
+        positions (and what was already fetched) and are committed as before.
+        A rebalance that revokes a partition forgets its pause. Raises
+        errors.IllegalStateError for a partition not assigned (nothing paused)."""
+        self._check_open()
+        self._subs.pause(partitions)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        """Fetch paused `partitions` again from their positions. Raises
+        errors.IllegalStateError for a partition not assigned."""
+        self._check_open()
+        self._subs.resume(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        """The assigned partitions that are paused."""
+        return self._subs.paused()
 
     # ------------------------------------------------------------ polling
 
@@ -148,9 +228,12 @@ class Consumer:
         have (possibly []). Under read_committed, records of aborted transactions
         and anything at or past the LSO are never returned (design doc "Consumer";
         docs/design.md, "Transactions" and "Decisions"). Records of one partition come in offset order.
+        Callbacks of completed asynchronous commits run first, in this thread.
         Raises errors.IllegalStateError when neither subscribed nor assigned;
         NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
-        non-retriable errors from the services (e.g. authorization)."""
+        errors.FencedInstanceIdError (another process joined with this
+        group.instance.id; fatal: close the consumer); non-retriable errors from
+        the services (e.g. authorization); what a callback raised."""
         self._check_open()
         if self._subs.subscription is None and not self._subs.user_assigned:
             raise errors.IllegalStateError("poll() needs subscribe() or assign() first")
@@ -158,6 +241,7 @@ class Consumer:
         if limit < 1:
             raise ValueError("max_records must be >= 1")
         deadline = time.monotonic() + max(0.0, timeout)
+        self._run_commit_callbacks()
         if self._group is not None:
             self._group.polled()
         self._maybe_auto_commit()
@@ -178,6 +262,7 @@ class Consumer:
         if self._offset_fetch is not None:
             futures.append(self._offset_fetch[0])
         futures.extend(f for f, _ in self._list_offsets.values())
+        futures.extend(self._async_commits)
         if self._group is not None and (p := self._group.pending()) is not None:
             futures.append(p)
         if futures:
@@ -192,9 +277,12 @@ class Consumer:
         group = self._group
         if group is None or self._subs.subscription is None:
             return
+        self._maybe_update_pattern()
         failure: BaseException | None = None
         if group.needs_join() and not group.join_in_progress():
-            failure = self._revoke_all()
+            failure = self._give_up_partitions()
+            if group.fenced is not None:
+                raise group.fenced
             group.start_join(self._subs.subscription)
         assignment = group.advance()
         if assignment is not None:
@@ -209,20 +297,43 @@ class Consumer:
         if failure is not None:
             raise failure
 
-    def _revoke_all(self) -> BaseException | None:
-        """Before rejoining (eager rebalance): commit positions if auto commit is on,
-        call on_revoke, give the partitions up. Returns an on_revoke failure."""
+    def _maybe_update_pattern(self) -> None:
+        """With a pattern subscription, match the cluster's topics again whenever
+        the metadata was refreshed; a changed match makes the member rejoin."""
+        if self._subs.pattern is None:
+            return
+        try:
+            md = self._core.metadata()
+        except errors.ExactlyError as exc:
+            log.debug("metadata for the pattern subscription unavailable: %r", exc)
+            return
+        if md.fetched_at == self._pattern_checked_at:
+            return
+        self._pattern_checked_at = md.fetched_at
+        names = [t.name for t in md.topics.values() if not t.is_internal and t.error_code == ErrorCode.NONE]
+        if self._subs.update_pattern_topics(names):
+            log.info("group %s: pattern %r now matches %s", self._group_id, self._subs.pattern.pattern,
+                     list(self._subs.subscription))
+            self._group.request_rejoin("the subscribed pattern matches other topics")
+
+    def _give_up_partitions(self) -> BaseException | None:
+        """Before rejoining (eager rebalance), unsubscribing or closing: give the
+        group's partitions up. Revoked: commit positions if auto commit is on,
+        then on_revoke. Lost (the generation is over, `GroupMembership.take_lost`):
+        no commit, on_lost (on_revoke without one). Returns a callback failure."""
         owned = sorted(self._subs.assignment)
+        lost = self._group is not None and self._group.take_lost()
         if not owned:
             return None
-        if self._auto_commit:
+        if self._auto_commit and not lost:
             self._commit_quietly(self._session_timeout_ms / 1000.0)
+        callback = (self._on_lost or self._on_revoke) if lost else self._on_revoke
         failure = None
-        if self._on_revoke is not None:
+        if callback is not None:
             try:
-                self._on_revoke(owned)
+                callback(owned)
             except Exception as exc:  # noqa: BLE001
-                log.exception("on_revoke callback failed")
+                log.exception("%s callback failed", "on_lost" if lost else "on_revoke")
                 failure = exc
         self._subs.assign_from_group([])
         return failure
@@ -320,12 +431,9 @@ class Consumer:
                 by_leader.setdefault(addr, []).append(tp)
         read_committed = self._isolation_level == READ_COMMITTED
         for addr, tps in by_leader.items():
-            topics: dict[str, list[pb.ListOffsetsPartition]] = {}
-            for tp in tps:
-                ts = reset_timestamp(self._subs.assignment[tp].reset_strategy, read_committed)
-                topics.setdefault(tp.topic, []).append(pb.ListOffsetsPartition(partition=tp.partition, timestamp=ts))
-            req = pb.ListOffsetsRequest(isolation_level=self._isolation_level,
-                                        topics=[pb.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()])
+            req = list_offsets_request(
+                {tp: reset_timestamp(self._subs.assignment[tp].reset_strategy, read_committed) for tp in tps},
+                self._isolation_level)
             fut = self._core.call_future(self._core.leader_stub(addr).ListOffsets, req)
             self._list_offsets[addr] = (fut, {tp: self._subs.assignment[tp].epoch for tp in tps})
 
@@ -409,15 +517,27 @@ class Consumer:
     # ------------------------------------------------------------ offsets
 
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
-               timeout: float | None = None) -> None:
-        """Commit offsets synchronously: `offsets` maps TopicPartition to
-        OffsetAndMetadata (or an int offset): the offset of the next record to
-        read. None commits the current positions of all assigned partitions.
-        Retries coordinator moves for up to `timeout` seconds (default
-        default.api.timeout.ms). Raises errors.InvalidGroupIdError (no group.id);
+               timeout: float | None = None, *, asynchronous: bool = False,
+               callback: CommitCallback | None = None) -> None:
+        """Commit offsets: `offsets` maps TopicPartition to OffsetAndMetadata (or
+        an int offset): the offset of the next record to read. None commits the
+        current positions of all assigned partitions (paused ones included).
+
+        Synchronous (default): retries coordinator moves for up to `timeout`
+        seconds (default default.api.timeout.ms), then calls `callback(None,
+        offsets)` — or `callback(error, offsets)` and raises the error.
+        `asynchronous=True` (confluent-kafka's default, Kafka's commitAsync):
+        sends one OffsetCommit and returns at once; `callback(error or None,
+        offsets)` (`offsets`: {TopicPartition: OffsetAndMetadata}) runs once the
+        commit completed, in the application's thread: on the next `poll`,
+        `commit` or `close` (like confluent-kafka's on_commit); close waits for
+        commits in flight. Asynchronous commits are not retried.
+
+        Raises errors.InvalidGroupIdError (no group.id); synchronously:
         RebalanceInProgressError / IllegalGenerationError / UnknownMemberIdError
-        when the group rebalanced (the consumer rejoins on the next poll); the
-        last retriable error (e.g. NotCoordinatorError) after the timeout."""
+        when the group rebalanced (the consumer rejoins on the next poll),
+        FencedInstanceIdError, the last retriable error (e.g.
+        NotCoordinatorError) after the timeout."""
         self._check_open()
         if self._group is None:
             raise errors.InvalidGroupIdError("commit() requires group.id")
@@ -426,8 +546,40 @@ class Consumer:
         else:
             todo = {TopicPartition(*tp): om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
                     for tp, om in offsets.items()}
-        self._group.commit_sync(todo, self._subs.subscription is not None,
-                                self._api_timeout_s if timeout is None else timeout)
+        managed = self._subs.subscription is not None
+        if asynchronous:
+            def _completed(err: errors.ExactlyError | None) -> None:
+                if callback is not None:
+                    self._commit_results.append((callback, err, todo))
+
+            fut = self._group.commit_async(todo, managed, _completed)
+            if fut is not None:
+                self._async_commits.add(fut)
+                fut.add_done_callback(self._async_commits.discard)
+            return
+        self._run_commit_callbacks()
+        try:
+            self._group.commit_sync(todo, managed, self._api_timeout_s if timeout is None else timeout)
+        except errors.ExactlyError as exc:
+            if callback is not None:
+                callback(exc, todo)
+            raise
+        if callback is not None:
+            callback(None, todo)
+
+    def _run_commit_callbacks(self) -> None:
+        """Run the callbacks of completed asynchronous commits (this thread);
+        raises the first exception a callback raised, after running all."""
+        failure: BaseException | None = None
+        while self._commit_results:
+            callback, err, offsets = self._commit_results.popleft()
+            try:
+                callback(err, offsets)
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                log.exception("commit callback failed")
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def committed(self, partitions: Iterable[TopicPartition],
                   timeout: float | None = None) -> dict[TopicPartition, OffsetAndMetadata | None]:
@@ -443,6 +595,73 @@ class Consumer:
                                            self._isolation_level == READ_COMMITTED,
                                            self._api_timeout_s if timeout is None else timeout)
 
+    # ------------------------------------------------------------ offsets of the log
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        """(low, high) offsets of `partition`, as confluent-kafka: low is the log
+        start offset, high the high watermark (the offset after the last
+        replicated record, whatever the isolation level; under read_committed
+        `end_offsets` answers the LSO). Asks the partition's leader (ListOffsets
+        -2 and -1), waiting up to `timeout` seconds (default
+        default.api.timeout.ms). `cached=True` answers from the last fetch
+        response of an assigned partition without a request, OFFSET_INVALID
+        (-1001) for what is not known yet. Raises errors.KafkaTimeoutError;
+        non-retriable errors of the leader."""
+        self._check_open()
+        tp = TopicPartition(*partition)
+        if cached:
+            st = self._subs.assignment.get(tp)
+            if st is None:
+                return OFFSET_INVALID, OFFSET_INVALID
+            return (st.log_start_offset if st.log_start_offset >= 0 else OFFSET_INVALID,
+                    st.high_watermark if st.high_watermark >= 0 else OFFSET_INVALID)
+        deadline = time.monotonic() + (self._api_timeout_s if timeout is None else timeout)
+        low = self._fetcher.list_offsets({tp: EARLIEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - time.monotonic()))
+        high = self._fetcher.list_offsets({tp: LATEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - time.monotonic()))
+        return low[tp][0], high[tp][0]
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition],
+                          timeout: float | None = None) -> dict[TopicPartition, int]:
+        """{tp: first offset} (the log start offset) of `partitions`, assigned or
+        not (Kafka's beginningOffsets). Waits up to `timeout` seconds (default
+        default.api.timeout.ms). Raises errors.KafkaTimeoutError."""
+        return self._offsets_at(partitions, EARLIEST_TIMESTAMP, timeout)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition],
+                    timeout: float | None = None) -> dict[TopicPartition, int]:
+        """{tp: end offset} of `partitions`: the high watermark under
+        read_uncommitted, the last stable offset under read_committed (Kafka's
+        endOffsets; where `seek_to_end` goes). Waits up to `timeout` seconds
+        (default default.api.timeout.ms). Raises errors.KafkaTimeoutError."""
+        return self._offsets_at(partitions, LATEST_TIMESTAMP, timeout)
+
+    def _offsets_at(self, partitions: Iterable[TopicPartition], timestamp: int,
+                    timeout: float | None) -> dict[TopicPartition, int]:
+        self._check_open()
+        tps = [TopicPartition(*tp) for tp in partitions]
+        found = self._fetcher.list_offsets({tp: timestamp for tp in tps}, self._isolation_level,
+                                           self._api_timeout_s if timeout is None else timeout)
+        return {tp: found[tp][0] for tp in tps}
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int],
+                          timeout: float | None = None) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each `{tp: timestamp_ms}`, the earliest offset whose record
+        timestamp is >= timestamp_ms, with that record's timestamp, as
+        OffsetAndTimestamp(offset, timestamp); None when there is no such record
+        (below the high watermark, or the LSO under read_committed). Kafka's
+        offsetsForTimes (ListOffsets by timestamp; the leaders use a time index).
+        Waits up to `timeout` seconds (default default.api.timeout.ms). Raises
+        ValueError for a negative timestamp, errors.KafkaTimeoutError."""
+        self._check_open()
+        queries = {TopicPartition(*tp): int(ts) for tp, ts in timestamps.items()}
+        for tp, ts in queries.items():
+            if ts < 0:
+                raise ValueError(f"timestamp of {tp.topic}-{tp.partition} must be >= 0, not {ts}")
+        found = self._fetcher.list_offsets(queries, self._isolation_level,
+                                           self._api_timeout_s if timeout is None else timeout)
+        return {tp: OffsetAndTimestamp(*found[tp]) if found[tp][0] >= 0 else None for tp in queries}
+
     def group_metadata(self) -> ConsumerGroupMetadata:
         """This member's group id, generation and member id, for
         `Producer.send_offsets_to_transaction` (KIP-447; generation -1 and member
@@ -456,29 +675,42 @@ class Consumer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def close(self) -> None:
-        """Commit positions (if auto commit), call on_revoke for the owned partitions,
-        leave the group, and close connections. Idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for asynchronous commits in flight and run their callbacks, commit
+        positions (if auto commit), call on_revoke (on_lost when the partitions
+        were lost) for the owned partitions, leave the group (a static member
+        sends no LeaveGroup: its partitions wait session.timeout.ms for it,
+        KIP-345), and close connections. `timeout`: seconds for the commits
+        (default default.api.timeout.ms). Idempotent."""
         if self._closed:
             return
+        wait_s = self._api_timeout_s if timeout is None else timeout
         try:
-            if self._auto_commit:
-                self._commit_quietly(min(self._api_timeout_s, self._session_timeout_ms / 1000.0))
-            if self._subs.subscription is not None and self._subs.assignment and self._on_revoke is not None:
-                try:
-                    self._on_revoke(sorted(self._subs.assignment))
-                except Exception:  # noqa: BLE001 - closing anyway
-                    log.exception("on_revoke callback failed during close")
+            if self._async_commits:
+                concurrent.futures.wait(list(self._async_commits), timeout=wait_s)
+            try:
+                self._run_commit_callbacks()
+            except Exception:  # noqa: BLE001 - closing anyway
+                log.exception("commit callback failed during close")
+            if self._group is not None and self._subs.subscription is not None:
+                self._give_up_partitions()
+            elif self._auto_commit:
+                self._commit_quietly(min(wait_s, self._session_timeout_ms / 1000.0))
             if self._group is not None:
                 self._group.close()
         finally:
             self._closed = True
             self._fetcher.close()
-            for fut, _ in self._list_offsets.values():
-                fut.cancel()
-            if self._offset_fetch is not None:
-                self._offset_fetch[0].cancel()
+            self._cancel_position_requests()
             self._core.close()
+
+    def _cancel_position_requests(self) -> None:
+        for fut, _ in self._list_offsets.values():
+            fut.cancel()
+        self._list_offsets.clear()
+        if self._offset_fetch is not None:
+            self._offset_fetch[0].cancel()
+            self._offset_fetch = None
 
     def __enter__(self) -> "Consumer":
         return self
@@ -491,4 +723,23 @@ class Consumer:
             raise errors.IllegalStateError("consumer is closed")
 
 
-__all__ = ["Consumer", "NoOffsetForPartitionError"]
+def _pattern_of(topics: Iterable[str] | str | re.Pattern) -> re.Pattern | None:
+    """The regular expression of a pattern subscription (a compiled pattern, or
+    a str starting with "^", alone or as the only list element), else None.
+    Raises ValueError for an invalid expression or a pattern mixed with names."""
+    items = [topics] if isinstance(topics, (str, re.Pattern)) else list(topics)
+    patterns = [t for t in items if isinstance(t, re.Pattern) or (isinstance(t, str) and t.startswith("^"))]
+    if not patterns:
+        return None
+    if len(items) != 1:
+        raise ValueError("subscribe() takes one pattern, or topic names, not both")
+    p = patterns[0]
+    if isinstance(p, re.Pattern):
+        return p
+    try:
+        return re.compile(p)
+    except re.error as exc:
+        raise ValueError(f"invalid topic pattern {p!r}: {exc}") from None
+
+
+__all__ = ["Consumer", "NoOffsetForPartitionError", "OFFSET_INVALID"]

@@ -1,7 +1,7 @@
 """Plain value types shared by the Producer, the Consumer and the AdminClient.
 
-They mirror the Java client's TopicPartition, OffsetAndMetadata, ConsumerRecord,
-RecordMetadata, ConsumerGroupMetadata and NewTopic (docs/design.md, "SDK" and "Decisions"). All are
+They mirror the Java client's TopicPartition, OffsetAndMetadata, OffsetAndTimestamp,
+ConsumerRecord, RecordMetadata, ConsumerGroupMetadata and NewTopic (docs/design.md, "SDK" and "Decisions"). All are
 immutable; TopicPartition is hashable and ordered (topic, then partition).
 """
 from __future__ import annotations
@@ -29,6 +29,15 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes | None]]
+    timestamp: int
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """The answer of `Consumer.offsets_for_times` for one partition: the earliest
+    offset whose record timestamp is >= the one asked for, and that record's
+    timestamp in ms since the epoch (Kafka's OffsetAndTimestamp)."""
+
+    offset: int
     timestamp: int
 
 
@@ -63,5 +72,5 @@ class NewTopic(NamedTuple):
     config: dict[str, str] | None = None
 
 
-__all__ = ["TopicPartition", "OffsetAndMetadata", "ConsumerRecord", "RecordMetadata",
+__all__ = ["TopicPartition", "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata",
            "ConsumerGroupMetadata", "NewTopic"]

@@ -473,6 +473,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                              protocol_type, group_instance_id)
         if outcome.response is not None:
             return outcome.response
+        if outcome.replaced:
+            fenced = owned.join_waiters.get(group_id, {}).pop(outcome.replaced, None)
+            if fenced is not None and not fenced.done():
+                fenced.set_result(JoinResponse(ErrorCode.FENCED_INSTANCE_ID, outcome.replaced))
+        if outcome.store_then_answer:
+            return await self._store_static_member(owned, group, group_instance_id, outcome.replaced,
+                                                   outcome.member_id)
         waiters = owned.join_waiters.setdefault(group_id, {})
         fut = asyncio.get_running_loop().create_future()
         previous = waiters.get(outcome.member_id)
@@ -486,8 +493,32 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             if owned.join_waiters.get(group_id, {}).get(outcome.member_id) is fut:
                 del owned.join_waiters[group_id][outcome.member_id]
 
+    async def _store_static_member(self, owned: _OwnedPartition, group: GroupMetadata, group_instance_id: str,
+                                   old_member_id: str, new_member_id: str) -> JoinResponse:
+        """A restarted static member replaced `old_member_id` in a Stable group
+        without a rebalance (KIP-345): persist the group with its new member id
+        (same generation, so a coordinator failover keeps the replacement), then
+        answer the current generation. A failed append undoes the replacement and
+        returns the append error (Kafka's GroupCoordinator does the same)."""
+        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
+        async with lock:
+            raw = await self._append(owned, log_format.group_batch(group.snapshot(), self._wall_clock(),
+                                                                   owned.writer))
+        code = _GROUP_APPEND_ERRORS.get(raw, raw)
+        if code != ErrorCode.NONE:
+            log.warning("group %s: storing static member %s failed: %s", group.group_id, group_instance_id,
+                        code.name)
+            if group.static_members.get(group_instance_id) == new_member_id and new_member_id in group.members:
+                group.replace_static_member(group_instance_id, new_member_id, old_member_id)
+            return JoinResponse(code, new_member_id)
+        if new_member_id not in group.members:
+            return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, new_member_id)
+        log.info("group %s: static member %s rejoined as %s in generation %d without a rebalance",
+                 group.group_id, group_instance_id, new_member_id, group.generation)
+        return group.current_join_response(new_member_id)
+
     async def sync_group(self, group_id: str, generation_id: int,
-                         member_id: str) -> tuple[ErrorCode, Assignment]:
+                         member_id: str, group_instance_id: str = "") -> tuple[ErrorCode, Assignment]:
         """SyncGroup: (error, {topic: [partitions]}) of the member in the current
         generation (group.GroupMetadata.sync). A SyncGroup that arrives while its
         generation is being stored waits for the store."""
@@ -504,28 +535,30 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                     await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
                 except asyncio.TimeoutError:
                     pass
-        return group.sync(member_id, generation_id, self._clock())
+        return group.sync(member_id, generation_id, self._clock(), group_instance_id)
 
-    async def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
+    async def heartbeat(self, group_id: str, generation_id: int, member_id: str,
+                        group_instance_id: str = "") -> ErrorCode:
         """Heartbeat (group.GroupMetadata.heartbeat); REBALANCE_IN_PROGRESS means
-        rejoin."""
+        rejoin, FENCED_INSTANCE_ID that a newer instance replaced this static member."""
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
         group = owned.state.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(member_id, generation_id, self._clock())
+        return group.heartbeat(member_id, generation_id, self._clock(), group_instance_id)
 
-    async def leave_group(self, group_id: str, member_id: str) -> ErrorCode:
-        """LeaveGroup: remove the member, rebalance the others."""
+    async def leave_group(self, group_id: str, member_id: str, group_instance_id: str = "") -> ErrorCode:
+        """LeaveGroup: remove the member, rebalance the others (FENCED_INSTANCE_ID
+        for a replaced static member)."""
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
         group = owned.state.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        code = group.leave(member_id, self._clock())
+        code = group.leave(member_id, self._clock(), group_instance_id)
         if code == ErrorCode.NONE:
             self._answer_removed(owned, group_id, member_id)
             self._try_complete(owned, group)
@@ -534,8 +567,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     # ------------------------------------------------------------ offsets
 
     async def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
-                             offsets: Mapping[TopicPartition, OffsetAndMetadata]
-                             ) -> dict[TopicPartition, ErrorCode]:
+                             offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                             group_instance_id: str = "") -> dict[TopicPartition, ErrorCode]:
         """OffsetCommit (generation -1: simple commit; see
         group.validate_offset_commit). Per partition: NONE once the record is
         applied, OFFSET_METADATA_TOO_LARGE, the group check's error, or the
@@ -544,7 +577,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
             group = owned.state.groups.get(group_id)
-            code = validate_offset_commit(group, member_id, generation_id, transactional=False)
+            code = validate_offset_commit(group, member_id, generation_id, transactional=False,
+                                          group_instance_id=group_instance_id)
             if code == ErrorCode.NONE and group is not None and member_id in group.members:
                 group.members[member_id].last_heartbeat_ms = self._clock()
         if code != ErrorCode.NONE:
@@ -571,7 +605,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
             code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
-                                          transactional=True)
+                                          transactional=True, group_instance_id=group_instance_id)
         if code == ErrorCode.NONE and producer_id < 0:
             code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
         if code == ErrorCode.NONE and self.verifier is not None:

@@ -15,6 +15,16 @@ Differences from Apache Kafka, decided for Exactly (docs/design.md, "Transaction
 - CompletingRebalance lasts while the new generation's group metadata record is
   being appended to __consumer_offsets; `store_completed()` moves the group to
   Stable (or back to PreparingRebalance when the append failed).
+
+Static membership (KIP-345): a member that joins with a `group_instance_id` is
+mapped from that id to its member id. When the same instance id joins again with
+no member id (the process restarted) the old member id is replaced by a new one
+that inherits the old member's assignment: in a Stable group with an unchanged
+subscription there is no rebalance (the generation stays; the coordinator
+persists the group with the new member id before answering), otherwise the
+group rebalances as Kafka's GroupCoordinator does. A request carrying the
+instance id with a member id that is no longer the instance's gets
+FENCED_INSTANCE_ID. Static members expire by session timeout like the others.
 """
 from __future__ import annotations
 
@@ -101,10 +111,15 @@ class JoinResponse:
 @dataclass(frozen=True, slots=True)
 class JoinOutcome:
     """Result of `GroupMetadata.join`: `response` is None when the member must
-    wait for the rebalance to complete (see `poll_rebalance`)."""
+    wait for the rebalance to complete (see `poll_rebalance`), or, with
+    `store_then_answer`, until the group (a static member replaced without a
+    rebalance) is persisted. `replaced`: the member id a static member's new id
+    replaced (a JoinGroup it has waiting gets FENCED_INSTANCE_ID), else ""."""
 
     member_id: str
     response: JoinResponse | None
+    replaced: str = ""
+    store_then_answer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +233,8 @@ class GroupMetadata:
         self.topic_partition_counts: dict[str, int] = {}
         self.rebalance_started_ms = now_ms
         self.join_not_before_ms = now_ms
+        # group instance id -> member id of the static members (KIP-345)
+        self.static_members: dict[str, str] = {}
 
     # ------------------------------------------------------------ state machine
 
@@ -261,10 +278,13 @@ class GroupMetadata:
 
         Returns a JoinOutcome whose response is set at once for errors
         (INVALID_SESSION_TIMEOUT, INCONSISTENT_GROUP_PROTOCOL, UNKNOWN_MEMBER_ID,
-        GROUP_MAX_SIZE_REACHED, COORDINATOR_NOT_AVAILABLE for a Dead group) and for
-        a known member rejoining a Stable / CompletingRebalance group with an
-        unchanged subscription (current generation); otherwise the member waits
-        for `poll_rebalance` to complete the rebalance.
+        FENCED_INSTANCE_ID for a replaced static member, GROUP_MAX_SIZE_REACHED,
+        COORDINATOR_NOT_AVAILABLE for a Dead group) and for a known member
+        rejoining a Stable / CompletingRebalance group with an unchanged
+        subscription (current generation); otherwise the member waits for
+        `poll_rebalance` to complete the rebalance, or (`store_then_answer`, a
+        restarted static member of a Stable group, KIP-345) for the caller to
+        persist the group and answer `current_join_response`.
         """
         protocol_type = protocol_type or PROTOCOL_TYPE
         topics = tuple(sorted(set(topics)))
@@ -283,6 +303,14 @@ class GroupMetadata:
                 and protocol_type != self.protocol_type:
             return fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
 
+        if group_instance_id:
+            current = self.static_members.get(group_instance_id)
+            if member_id and current is not None and current != member_id:
+                return fail(ErrorCode.FENCED_INSTANCE_ID)
+            if not member_id and current is not None:
+                return self._rejoin_static(group_instance_id, current, topics, session_timeout_ms,
+                                           rebalance_timeout_ms, now_ms)
+
         if not member_id:
             if len(self.members) >= self.config.max_size:
                 return fail(ErrorCode.GROUP_MAX_SIZE_REACHED)
@@ -290,6 +318,8 @@ class GroupMetadata:
             self.members[member_id] = MemberMetadata(
                 member_id, group_instance_id, session_timeout_ms, rebalance_timeout_ms,
                 topics, now_ms, awaiting_join=True)
+            if group_instance_id:
+                self.static_members[group_instance_id] = member_id
             self.protocol_type = protocol_type
             if self.state is GroupState.PREPARING_REBALANCE:
                 if now_ms < self.join_not_before_ms:
@@ -315,6 +345,47 @@ class GroupMetadata:
         self.prepare_rebalance(now_ms)
         return JoinOutcome(member_id, None)
 
+    def _rejoin_static(self, group_instance_id: str, old_member_id: str, topics: tuple[str, ...],
+                       session_timeout_ms: int, rebalance_timeout_ms: int, now_ms: int) -> JoinOutcome:
+        """A known static member joins with no member id (it restarted): a new
+        member id replaces the old one and keeps its assignment (Kafka's
+        updateStaticMemberAndRebalance). Stable with the same subscription: no
+        rebalance, the caller persists the group and then answers the current
+        generation. Otherwise the member waits for a rebalance."""
+        new_member_id = self._new_member_id(group_instance_id)
+        member = self.replace_static_member(group_instance_id, old_member_id, new_member_id)
+        changed = member.topics != topics
+        member.topics = topics
+        member.session_timeout_ms = session_timeout_ms
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.last_heartbeat_ms = now_ms
+        if self.state is GroupState.STABLE and not changed:
+            return JoinOutcome(new_member_id, None, old_member_id, store_then_answer=True)
+        member.awaiting_join = True
+        self.prepare_rebalance(now_ms)
+        return JoinOutcome(new_member_id, None, old_member_id)
+
+    def replace_static_member(self, group_instance_id: str, old_member_id: str,
+                              new_member_id: str) -> MemberMetadata:
+        """Move static member `old_member_id` (of `group_instance_id`) to
+        `new_member_id`, keeping its assignment, subscription and place as leader;
+        also used to undo a replacement whose store failed. Returns the member."""
+        member = self.members.pop(old_member_id)
+        member.member_id = new_member_id
+        self.members[new_member_id] = member
+        self.static_members[group_instance_id] = new_member_id
+        if self.leader == old_member_id:
+            self.leader = new_member_id
+        return member
+
+    def is_static_member_fenced(self, member_id: str, group_instance_id: str) -> bool:
+        """True when `group_instance_id` belongs to a static member whose member id
+        is not `member_id` (FENCED_INSTANCE_ID, KIP-345)."""
+        if not group_instance_id:
+            return False
+        current = self.static_members.get(group_instance_id)
+        return current is not None and current != member_id
+
     def current_join_response(self, member_id: str) -> JoinResponse:
         """JoinGroup answer describing the current generation."""
         return JoinResponse(ErrorCode.NONE, member_id, self.generation, self.protocol_name,
@@ -336,7 +407,9 @@ class GroupMetadata:
             return None
         removed = tuple(m for m, meta in self.members.items() if not meta.awaiting_join)
         for member_id in removed:
-            del self.members[member_id]
+            iid = self.members.pop(member_id).group_instance_id
+            if iid and self.static_members.get(iid) == member_id:
+                del self.static_members[iid]
         self.generation += 1
         if not self.members:
             self.protocol_name = ""
@@ -387,21 +460,24 @@ class GroupMetadata:
 
     # ------------------------------------------------------------ SyncGroup / Heartbeat / Leave
 
-    def _check_member(self, member_id: str, generation_id: int) -> ErrorCode:
+    def _check_member(self, member_id: str, generation_id: int, group_instance_id: str = "") -> ErrorCode:
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self.is_static_member_fenced(member_id, group_instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in self.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation_id != self.generation:
             return ErrorCode.ILLEGAL_GENERATION
         return ErrorCode.NONE
 
-    def sync(self, member_id: str, generation_id: int, now_ms: int) -> tuple[ErrorCode, Assignment]:
+    def sync(self, member_id: str, generation_id: int, now_ms: int,
+             group_instance_id: str = "") -> tuple[ErrorCode, Assignment]:
         """SyncGroup: the member's assignment of the current generation.
-        Errors: UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS
-        (PreparingRebalance, or CompletingRebalance while the generation is
-        being persisted), COORDINATOR_NOT_AVAILABLE (Dead)."""
-        code = self._check_member(member_id, generation_id)
+        Errors: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
+        REBALANCE_IN_PROGRESS (PreparingRebalance, or CompletingRebalance while
+        the generation is being persisted), COORDINATOR_NOT_AVAILABLE (Dead)."""
+        code = self._check_member(member_id, generation_id, group_instance_id)
         if code != ErrorCode.NONE:
             return code, {}
         if self.state is not GroupState.STABLE:
@@ -410,11 +486,12 @@ class GroupMetadata:
         member.last_heartbeat_ms = now_ms
         return ErrorCode.NONE, {t: list(p) for t, p in member.assignment.items()}
 
-    def heartbeat(self, member_id: str, generation_id: int, now_ms: int) -> ErrorCode:
-        """Heartbeat: refreshes the member's session. Errors: UNKNOWN_MEMBER_ID,
-        ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS (the member must rejoin),
-        COORDINATOR_NOT_AVAILABLE (Dead)."""
-        code = self._check_member(member_id, generation_id)
+    def heartbeat(self, member_id: str, generation_id: int, now_ms: int,
+                  group_instance_id: str = "") -> ErrorCode:
+        """Heartbeat: refreshes the member's session. Errors: FENCED_INSTANCE_ID,
+        UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS (the member
+        must rejoin), COORDINATOR_NOT_AVAILABLE (Dead)."""
+        code = self._check_member(member_id, generation_id, group_instance_id)
         if code != ErrorCode.NONE:
             return code
         self.members[member_id].last_heartbeat_ms = now_ms
@@ -422,18 +499,22 @@ class GroupMetadata:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def leave(self, member_id: str, now_ms: int) -> ErrorCode:
+    def leave(self, member_id: str, now_ms: int, group_instance_id: str = "") -> ErrorCode:
         """LeaveGroup: removes the member and triggers a rebalance.
-        Errors: UNKNOWN_MEMBER_ID, COORDINATOR_NOT_AVAILABLE (Dead)."""
+        Errors: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID, COORDINATOR_NOT_AVAILABLE (Dead)."""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self.is_static_member_fenced(member_id, group_instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in self.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
         self._remove_member(member_id, now_ms)
         return ErrorCode.NONE
 
     def _remove_member(self, member_id: str, now_ms: int) -> None:
-        del self.members[member_id]
+        member = self.members.pop(member_id)
+        if member.group_instance_id and self.static_members.get(member.group_instance_id) == member_id:
+            del self.static_members[member.group_instance_id]
         if self.leader == member_id:
             self.leader = ""
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
@@ -482,13 +563,15 @@ class GroupMetadata:
             group.members[m.member_id] = MemberMetadata(
                 m.member_id, m.group_instance_id, m.session_timeout_ms, m.rebalance_timeout_ms,
                 tuple(m.topics), now_ms, {t: list(p) for t, p in m.assignment})
+            if m.group_instance_id:
+                group.static_members[m.group_instance_id] = m.member_id
         if group.members:
             group.state = GroupState.STABLE
         return group
 
 
 def validate_offset_commit(group: GroupMetadata | None, member_id: str, generation_id: int,
-                           transactional: bool) -> ErrorCode:
+                           transactional: bool, group_instance_id: str = "") -> ErrorCode:
     """May an OffsetCommit (transactional=False) or TxnOffsetCommit
     (transactional=True) be written for this group? `group` None: unknown group.
 
@@ -503,10 +586,13 @@ def validate_offset_commit(group: GroupMetadata | None, member_id: str, generati
     member_id must be a member -> UNKNOWN_MEMBER_ID. The producer's PID and epoch
     are checked by the partition leader when the batch is appended.
 
-    A Dead group answers COORDINATOR_NOT_AVAILABLE.
+    A Dead group answers COORDINATOR_NOT_AVAILABLE; a member id that is no longer
+    the one of `group_instance_id` (a replaced static member) FENCED_INSTANCE_ID.
     """
     if group is not None and group.is_(GroupState.DEAD):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if group is not None and group.is_static_member_fenced(member_id, group_instance_id):
+        return ErrorCode.FENCED_INSTANCE_ID
     generation = group.generation if group is not None else 0
     members = group.members if group is not None else {}
     if transactional:

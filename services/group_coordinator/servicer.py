@@ -64,23 +64,25 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
 
     async def SyncGroup(self, request, context):
         code, assignment = await self.coordinator.sync_group(request.group_id, request.generation_id,
-                                                             request.member_id)
+                                                             request.member_id, request.group_instance_id)
         return pb.SyncGroupResponse(
             error_code=code, error_message=_message(code),
             assignment=[pb.TopicPartitions(topic=t, partitions=p) for t, p in sorted(assignment.items())])
 
     async def Heartbeat(self, request, context):
-        code = await self.coordinator.heartbeat(request.group_id, request.generation_id, request.member_id)
+        code = await self.coordinator.heartbeat(request.group_id, request.generation_id, request.member_id,
+                                                request.group_instance_id)
         return pb.HeartbeatResponse(error_code=code)
 
     async def LeaveGroup(self, request, context):
-        code = await self.coordinator.leave_group(request.group_id, request.member_id)
+        code = await self.coordinator.leave_group(request.group_id, request.member_id,
+                                                  request.group_instance_id)
         return pb.LeaveGroupResponse(error_code=code)
 
     async def OffsetCommit(self, request, context):
         results = await self.coordinator.commit_offsets(
             request.group_id, _generation(request.generation_id, request.member_id), request.member_id,
-            _offsets(request.topics))
+            _offsets(request.topics), request.group_instance_id)
         return pb.OffsetCommitResponse(topics=_topic_results(results))
 
     async def OffsetFetch(self, request, context):

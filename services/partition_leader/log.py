@@ -13,6 +13,11 @@ entry is added when more than `index.interval.bytes` were appended since the
 previous entry; it maps the batch's last offset (relative to the segment base) to
 the batch's file position, as Kafka's OffsetIndex does.
 
+Each segment also has a sparse time index (`TimeIndex`), kept in memory only: it
+is built from the batch headers (`max_timestamp`) the first time a ListOffsets by
+timestamp needs the segment, and extended on append from the header alone, so the
+produce path never decodes records. `Log.offset_for_timestamp` uses it.
+
 Durability (docs/design.md, "Replication"): appends do not fsync unless `flush.messages` records were
 appended since the last flush; rolls and `close()` fsync. The recovery point records
 how far the log is known to be flushed. Opening after a crash (SIGKILL, power loss)
@@ -127,6 +132,49 @@ class LogBatch(NamedTuple):
         return self.segment.read_at(self.position, self.header.size)
 
 
+class TimeIndex:
+    """Sparse in-memory time index of one segment, from batch headers only.
+
+    Entry i is (`prefix_max[i]`, `positions[i]`): every batch before file position
+    `positions[i]` has a max timestamp <= `prefix_max[i]` (ms). Entries are added
+    at most every `interval_bytes` (index.interval.bytes); while the running
+    maximum does not grow, the last entry's position moves forward instead, so a
+    lookup starts as late as the index allows. `max_timestamp` is the largest
+    batch max timestamp of the segment (-1 when empty). Control batches count
+    too, which only makes lookups start earlier (never wrong).
+    """
+
+    __slots__ = ("prefix_max", "positions", "max_timestamp", "_interval", "_bytes_since")
+
+    def __init__(self, interval_bytes: int):
+        self.prefix_max: list[int] = []
+        self.positions: list[int] = []
+        self.max_timestamp = -1
+        self._interval = interval_bytes
+        self._bytes_since = 0
+
+    def add(self, position: int, header: BatchHeader) -> None:
+        """The batch with `header` starts at `position` (batches in file order)."""
+        if position > 0 and self._bytes_since > self._interval:
+            if self.prefix_max and self.prefix_max[-1] == self.max_timestamp:
+                self.positions[-1] = position
+            else:
+                self.prefix_max.append(self.max_timestamp)
+                self.positions.append(position)
+            self._bytes_since = 0
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+        self._bytes_since += header.size
+
+    def start_position(self, timestamp: int) -> int | None:
+        """A file position before which no batch has a timestamp >= `timestamp`
+        (ms); None when no batch of the segment has one."""
+        if self.max_timestamp < timestamp:
+            return None
+        i = bisect.bisect_left(self.prefix_max, timestamp)
+        return self.positions[i - 1] if i > 0 else 0
+
+
 def _fsync(fd: int | None) -> None:
     if fd is not None:
         os.fsync(fd)
@@ -166,6 +214,7 @@ class Segment:
         self.aborted: list[AbortedTxn] = []
         self._txn_fd: int | None = None
         self._positions: OrderedDict[int, int] = OrderedDict()  # batch base offset -> position
+        self._time_index: TimeIndex | None = None  # built on first use
 
     # ------------------------------------------------------------ files
     def close(self) -> None:
@@ -273,6 +322,15 @@ class Segment:
         i = bisect.bisect_right(self._index_offsets, offset - self.base_offset) - 1
         return self._index_positions[i] if i >= 0 else 0
 
+    def time_index(self) -> TimeIndex:
+        """The segment's time index, built from its batch headers on first use."""
+        if self._time_index is None:
+            ti = TimeIndex(self.config.index_interval_bytes)
+            for pos, h in self.scan(0):
+                ti.add(pos, h)
+            self._time_index = ti
+        return self._time_index
+
     def index_entries(self) -> list[tuple[int, int]]:
         """(absolute offset, position) pairs of the offset index, for inspection."""
         return [(self.base_offset + o, p) for o, p in zip(self._index_offsets, self._index_positions)]
@@ -313,6 +371,7 @@ class Segment:
         """Recreate the .index file and `next_offset` from the segment's batches
         (headers only; the data is trusted)."""
         self._positions.clear()
+        self._time_index = None
         self._truncate_index(0)
         self.next_offset = self.base_offset
         for pos, h in self.scan(0):
@@ -336,6 +395,7 @@ class Segment:
         first bad or partial batch and re-indexes what is kept. Returns True when the
         whole segment was valid."""
         self._positions.clear()
+        self._time_index = None
         self._truncate_index(start)
         self.next_offset = expected_offset
         valid_end = start
@@ -367,6 +427,8 @@ class Segment:
         _write_all(self._fd, batch, position)
         self.size += header.size
         self._maybe_index(header, position)
+        if self._time_index is not None:
+            self._time_index.add(position, header)
         self.next_offset = header.last_offset + 1
         self._remember(self.next_offset, self.size)
         return position
@@ -412,6 +474,7 @@ class Segment:
         os.ftruncate(self._fd, pos)
         self.size = pos
         self._positions.clear()
+        self._time_index = None
         self._truncate_index(pos)
         self.next_offset = h.base_offset
         self.truncate_aborted(offset)
@@ -717,6 +780,29 @@ class Log:
                 if end_offset is not None and h.base_offset >= end_offset:
                     return
                 yield LogBatch(h, seg, pos)
+
+    def offset_for_timestamp(self, timestamp: int, end_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record, in offset order, whose timestamp
+        is >= `timestamp` (ms), or None when there is none below `end_offset` (high
+        watermark or LSO). Kafka's ListOffsets by timestamp: segments and positions
+        are skipped with their time index (headers only); the one batch holding the
+        answer is decoded. Control batches never answer. With LogAppendTime every
+        record of a batch has the batch's max timestamp."""
+        for seg in self.segments:
+            start = seg.time_index().start_position(timestamp)
+            if start is None:
+                continue
+            for pos, h in seg.scan(start):
+                if h.base_offset >= end_offset:
+                    return None
+                if h.is_control or h.max_timestamp < timestamp:
+                    continue
+                if h.attributes & records.TIMESTAMP_TYPE_BIT:
+                    return (h.base_offset, h.max_timestamp)
+                for r in records.decode_records(seg.read_at(pos, h.size), 0, h):
+                    if r.timestamp >= timestamp:
+                        return (r.offset, r.timestamp) if r.offset < end_offset else None
+        return None
 
     def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
         """Aborted transactions intersecting [fetch_offset, upper_bound), scanning the

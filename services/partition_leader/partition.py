@@ -604,8 +604,10 @@ class Partition:
     def list_offset(self, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[ErrorCode, int, int]:
         """ListOffsets: returns (error, offset, timestamp). timestamp -2: log start;
         -1: high watermark (the LSO for read_committed); -3: LSO. A timestamp >= 0
-        (ms) finds the first record at or after it below that bound (offset -1 when
-        none); this scans batch headers, there is no time index."""
+        (ms) answers the first offset whose record timestamp is >= it, with that
+        record's timestamp, if it is below that bound, else (NONE, -1, -1) (Kafka's
+        ListOffsets; the segments' time indexes skip what cannot match,
+        `Log.offset_for_timestamp`). Other negative timestamps: INVALID_REQUEST."""
         bound = self.last_stable_offset if isolation_level == READ_COMMITTED else self.high_watermark
         if timestamp == EARLIEST_TIMESTAMP:
             return ErrorCode.NONE, self.log_start_offset, -1
@@ -615,14 +617,10 @@ class Partition:
             return ErrorCode.NONE, self.last_stable_offset, -1
         if timestamp < 0:
             return ErrorCode.INVALID_REQUEST, -1, -1
-        for b in self.log.batches(self.log_start_offset, bound):
-            h = b.header
-            if h.is_control or h.max_timestamp < timestamp or h.last_offset >= bound:
-                continue
-            for r in records.decode_records(b.read(), 0, h):
-                if r.timestamp >= timestamp:
-                    return ErrorCode.NONE, r.offset, r.timestamp
-        return ErrorCode.NONE, -1, -1
+        found = self.log.offset_for_timestamp(timestamp, bound)
+        if found is None:
+            return ErrorCode.NONE, -1, -1
+        return ErrorCode.NONE, found[0], found[1]
 
     # ------------------------------------------------------------ producer state
     def expire_producers(self, now_ms: int | None = None) -> list[int]:

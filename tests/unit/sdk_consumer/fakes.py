@@ -24,9 +24,19 @@ class _Stub:
         return method
 
 
+class FakeTopic:
+    def __init__(self, name: str):
+        self.name, self.is_internal, self.error_code = name, name.startswith("__"), 0
+
+
 class FakeMetadata:
     def __init__(self, core: "FakeCore"):
         self._core = core
+        self.fetched_at = core.metadata_refreshes
+
+    @property
+    def topics(self) -> dict[str, FakeTopic]:
+        return {t: FakeTopic(t) for t in sorted({t for t, _ in self._core.leaders} | self._core.extra_topics)}
 
     def leader(self, topic: str, partition: int) -> str | None:
         addr = self._core.leaders.get((topic, partition))
@@ -53,6 +63,7 @@ class FakeCore:
         self.coordinator_address = "coord:1"
         self.invalidations = 0
         self.metadata_refreshes = 0
+        self.extra_topics: set[str] = set()
 
     def dispatch(self, address: str, rpc: str, request):
         self.calls.append((address, rpc, request))
@@ -67,6 +78,22 @@ class FakeCore:
         if refresh:
             self.metadata_refreshes += 1
         return FakeMetadata(self)
+
+    def leader_for(self, topic: str, partition: int) -> str:
+        addr = FakeMetadata(self).leader(topic, partition)
+        if addr is None:
+            raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
+        return addr
+
+    def retry(self, fn, timeout_s: float | None = None, on_retry=None):
+        """Like ClientCore.retry, without waiting between tries (at most 20)."""
+        for _ in range(19):
+            try:
+                return fn()
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+        return fn()
 
     def leader_stub(self, address: str) -> _Stub:
         return _Stub(self, address)
@@ -147,10 +174,14 @@ class FakeLeader:
             parts = []
             for p in t.partitions:
                 log = self.logs[(t.name, p.partition)]
-                offset = {-2: 0, -1: log.next_offset, -3: log.lso()}[p.timestamp]
+                offset = {-2: 0, -1: log.next_offset, -3: log.lso()}.get(p.timestamp, -1)
+                if p.timestamp >= 0:  # the fake's records have no timestamps: offset = timestamp
+                    offset = p.timestamp if p.timestamp < log.next_offset else -1
                 if p.timestamp == -1 and req.isolation_level == 1:
                     offset = log.lso()
-                parts.append(pb.ListOffsetsPartitionResponse(partition=p.partition, offset=offset))
+                parts.append(pb.ListOffsetsPartitionResponse(
+                    partition=p.partition, offset=offset,
+                    timestamp=p.timestamp if p.timestamp >= 0 and offset >= 0 else -1))
             out.append(pb.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         return pb.ListOffsetsResponse(topics=out)
 
