@@ -81,9 +81,11 @@ class ErrorCode(enum.IntEnum):
     UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
-    # KIP-447 draft (seed) codes; numbers outside Kafka's assigned range.
-    CONCURRENT_PRODUCER_COMMIT = 1001
-    PENDING_TRANSACTION = 1002
+    # KIP-447 draft codes. The draft gives both the number 85, which Kafka has since
+    # assigned to NO_REASSIGNMENT_IN_PROGRESS; Exactly uses two distinct numbers outside
+    # Kafka's range so they can never collide with a Kafka code.
+    CONCURRENT_PRODUCER_COMMIT = 1001  # another producer owns the partition in this generation
+    PENDING_TRANSACTION = 1002  # an older transaction on newly assigned partitions is completing
 
 
 RETRIABLE: frozenset[ErrorCode] = frozenset({
@@ -106,7 +108,6 @@ RETRIABLE: frozenset[ErrorCode] = frozenset({
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.UNSTABLE_OFFSET_COMMIT,
-    ErrorCode.CONCURRENT_PRODUCER_COMMIT,
     ErrorCode.PENDING_TRANSACTION,
 })
 

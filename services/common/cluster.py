@@ -38,8 +38,9 @@ CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_TOPIC_FOR_KIND = {"txn": TRANSACTION_STATE_TOPIC, "group": CONSUMER_OFFSETS_TOPIC}
 ROLE_FOR_KIND = {"txn": "txn_coordinator", "group": "group_coordinator"}
 # FindCoordinator key types: 0 group, 1 transaction, 2 transaction-group (KIP-447 draft:
-# the transactional producer's coordinator is found by its consumer group).
-KIND_FOR_KEY_TYPE = {0: "group", 1: "txn", 2: "group"}
+# a group-aware producer's transaction coordinator is the owner of partition
+# crc32(group id) % n of __transaction_state, so every producer of a group has one).
+KIND_FOR_KEY_TYPE = {0: "group", 1: "txn", 2: "txn"}
 
 PARTITION_LEADER = "partition_leader"
 

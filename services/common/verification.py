@@ -63,7 +63,7 @@ class Verifier(Protocol):
     answer for a verification, as an ErrorCode; deadline in monotonic seconds."""
 
     def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
-               deadline: float) -> Awaitable[ErrorCode]: ...
+               deadline: float, group_id: str = "") -> Awaitable[ErrorCode]: ...
 
 
 class TxnVerifier:
@@ -80,10 +80,12 @@ class TxnVerifier:
         self.clock = clock
 
     async def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
-                     partition: int, deadline: float) -> ErrorCode:
+                     partition: int, deadline: float, group_id: str = "") -> ErrorCode:
         """Whether `topic`-`partition` is in the ongoing transaction of
         `transactional_id` with (producer_id, producer_epoch); asks until `deadline`
-        (clock seconds). Returns the writer's answer (see the module docstring)."""
+        (clock seconds). group_id: the consumer group of a group-aware producer (KIP-447
+        draft), whose transaction lives with the group's coordinator; "" otherwise.
+        Returns the writer's answer (see the module docstring)."""
         remaining = deadline - self.clock()
         if remaining <= 0:
             return ErrorCode.NOT_ENOUGH_REPLICAS
@@ -92,21 +94,23 @@ class TxnVerifier:
             wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
                                          jitter=self.backoff_ms / 1000),
             retry_error_callback=lambda state: state.outcome.result())
-        code = await retrying(self._ask, transactional_id, producer_id, producer_epoch, topic, partition, deadline)
+        code = await retrying(self._ask, transactional_id, producer_id, producer_epoch, topic, partition, deadline,
+                              group_id)
         if code != ErrorCode.NONE:
             log.info("transaction verification of %r (PID %d epoch %d) for %s-%d: %s", transactional_id,
                      producer_id, producer_epoch, topic, partition, ErrorCode(code).name)
         return writer_error(code)
 
     async def _ask(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
-                   partition: int, deadline: float) -> int:
-        _, node, _ = await asyncio.to_thread(self.cluster.coordinator_for, "txn", transactional_id)
+                   partition: int, deadline: float, group_id: str = "") -> int:
+        _, node, _ = await asyncio.to_thread(self.cluster.coordinator_for, "txn", group_id or transactional_id)
         if node is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         stub = pbg.TransactionCoordinatorStub(self.client.channel(node.address))
         request = pb.AddPartitionsToTxnRequest(
             transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
-            verify_only=True, topics=[pb.TopicPartitions(topic=topic, partitions=[partition])])
+            verify_only=True, topics=[pb.TopicPartitions(topic=topic, partitions=[partition])],
+            consumer_group_id=group_id)
         try:
             resp = await stub.AddPartitionsToTxn(request, timeout=max(deadline - self.clock(), 0.05))
         except grpc.RpcError as exc:

@@ -35,7 +35,7 @@ from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code
 from services.common.verification import Verifier
 
 from . import log_format, metrics
-from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState,
+from .group import (Assignment, CompletedRebalance, concurrent_commits, GroupConfig, GroupMetadata, GroupState,
                     JoinResponse, default_member_id, validate_offset_commit)
 from .offsets import FetchedOffset, OffsetAndMetadata
 from .state import OffsetsPartitionState
@@ -155,6 +155,10 @@ class _OwnedPartition(OwnedPartition):
         self.store_locks: dict[str, asyncio.Lock] = {}
         # (group, partition) -> offset commit writes in flight (require_stable sees them)
         self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
+        # group id -> partition -> (transactional.id, generation) of the last
+        # transactional offset commit (KIP-447 draft compatibility fencing; in memory:
+        # after a failover the generation and assignment checks still hold).
+        self.committers: dict[str, dict[TopicPartition, tuple[str, int]]] = {}
 
     @property
     def writer(self) -> tuple[int, int]:
@@ -588,7 +592,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     async def txn_commit_offsets(self, transactional_id: str, group_id: str, producer_id: int,
                                  producer_epoch: int, generation_id: int, member_id: str,
                                  offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                                 group_instance_id: str = "") -> dict[TopicPartition, ErrorCode]:
+                                 group_instance_id: str = "", group_aware_producer: bool = False
+                                 ) -> dict[TopicPartition, ErrorCode]:
         """TxnOffsetCommit: append the offsets in a transactional batch of
         (producer_id, producer_epoch); they stay pending until that PID's COMMIT
         marker (ABORT discards them). KIP-447 fencing: ILLEGAL_GENERATION for a
@@ -601,7 +606,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         (AddOffsetsToTxn put it there; KIP-890 part 1): otherwise INVALID_TXN_STATE
         (INVALID_PRODUCER_EPOCH for another epoch) and nothing is written, so no
         phantom pending offset can block require_stable or be committed by a later
-        marker."""
+        marker; group_aware_producer: the producer's transaction lives with the
+        transaction coordinator of `group_id` (KIP-447 draft), which is asked then.
+        CONCURRENT_PRODUCER_COMMIT (KIP-447 draft) for each partition another producer
+        owns (group.concurrent_commits); the other partitions are still written."""
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
             code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
@@ -614,10 +622,25 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             else:
                 code = await self.verifier.verify(transactional_id, producer_id, producer_epoch, OFFSETS_TOPIC,
                                                   owned.partition,
-                                                  time.monotonic() + self.config.commit_timeout_ms / 1000)
+                                                  time.monotonic() + self.config.commit_timeout_ms / 1000,
+                                                  group_id if group_aware_producer else "")
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
-        return await self._write_offsets(owned, group_id, offsets, producer_id, producer_epoch)
+        committers = owned.committers.setdefault(group_id, {})
+        refused = concurrent_commits(owned.state.groups.get(group_id), member_id, generation_id, transactional_id,
+                                     offsets, committers)
+        results = {tp: ErrorCode.CONCURRENT_PRODUCER_COMMIT for tp in refused}
+        allowed = {TopicPartition(*tp): om for tp, om in offsets.items() if TopicPartition(*tp) not in refused}
+        if refused:
+            log.info("TxnOffsetCommit of %r for group %r (generation %d): %s owned by another producer; "
+                     "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
+        if allowed:
+            written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch)
+            for tp, c in written.items():
+                if c == ErrorCode.NONE:
+                    committers[tp] = (transactional_id, generation_id)
+            results.update(written)
+        return results
 
     async def _write_offsets(self, owned: _OwnedPartition, group_id: str,
                              offsets: Mapping[TopicPartition, OffsetAndMetadata],

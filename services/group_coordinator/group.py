@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
 
 PROTOCOL_TYPE = "consumer"
 PROTOCOL_NAME = "range"
@@ -612,3 +613,30 @@ def validate_offset_commit(group: GroupMetadata | None, member_id: str, generati
     if generation_id != generation:
         return ErrorCode.ILLEGAL_GENERATION
     return ErrorCode.NONE
+
+
+def concurrent_commits(group: GroupMetadata | None, member_id: str, generation_id: int, transactional_id: str,
+                       partitions: Iterable[TopicPartition],
+                       committers: Mapping[TopicPartition, tuple[str, int]]) -> set[TopicPartition]:
+    """KIP-447 draft, CONCURRENT_PRODUCER_COMMIT: the partitions of a TxnOffsetCommit
+    that another producer owns, to be refused. A partition is refused when
+    - the commit is of the group's current generation and the partition is assigned
+      in it to another member than `member_id`; or
+    - `committers` (partition -> (transactional.id, generation) of the last
+      transactional commit of the group's offsets for it, the draft's "Compatibility
+      fencing" map) names another producer whose generation is newer than this
+      request's, or known while this request carries none (-1) — a stale producer of a
+      group mixing per-partition transactional.ids and group-aware producers."""
+    refused: set[TopicPartition] = set()
+    wanted = [TopicPartition(*tp) for tp in partitions]
+    if group is not None and generation_id >= 0 and generation_id == group.generation and member_id in group.members:
+        owner = {TopicPartition(t, p): m.member_id for m in group.members.values()
+                 for t, ps in m.assignment.items() for p in ps}
+        refused.update(tp for tp in wanted if owner.get(tp, member_id) != member_id)
+    for tp in wanted:
+        last = committers.get(tp)
+        if last is None or last[0] == transactional_id:
+            continue
+        if generation_id < last[1] or (generation_id < 0 <= last[1]):
+            refused.add(tp)
+    return refused

@@ -104,5 +104,5 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
         results = await self.coordinator.txn_commit_offsets(
             request.transactional_id, request.group_id, request.producer_id, request.producer_epoch,
             _generation(request.generation_id, request.member_id), request.member_id,
-            _offsets(request.topics), request.group_instance_id)
+            _offsets(request.topics), request.group_instance_id, request.group_aware_producer)
         return pb.TxnOffsetCommitResponse(topics=_topic_results(results))

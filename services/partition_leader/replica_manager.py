@@ -374,7 +374,8 @@ class ReplicaManager:
 
     async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
                              timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
-                             origin: str = "client", transactional_id: str = "") -> list[AppendResult]:
+                             origin: str = "client", transactional_id: str = "",
+                             consumer_group_id: str = "") -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
@@ -388,7 +389,9 @@ class ReplicaManager:
         partition is appended only after the coordinator of `transactional_id`
         confirmed the partition is in that transaction (KIP-890 part 1;
         INVALID_TXN_STATE without transactional_id or when it is not,
-        INVALID_PRODUCER_EPOCH for another epoch). Returns one
+        INVALID_PRODUCER_EPOCH for another epoch); `consumer_group_id` names a
+        group-aware producer's group, whose coordinator holds its transaction (KIP-447
+        draft). Returns one
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the errors of `get()` and `Partition.append`,
         and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -396,13 +399,14 @@ class ReplicaManager:
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         if origin not in ("client", "coordinator"):
             raise ValueError(f"unknown append origin {origin!r}")
-        jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id) for e in entries]
+        jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id, consumer_group_id)
+                for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
         return list(await asyncio.gather(*jobs))
 
     async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
-                          transactional_id: str = "") -> AppendResult:
+                          transactional_id: str = "", consumer_group_id: str = "") -> AppendResult:
         if acks not in VALID_ACKS:
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
         if self.is_internal(e.topic) != internal_only:
@@ -414,7 +418,7 @@ class ReplicaManager:
             return AppendResult(err)
         guard = None
         if self.verifier is not None and not internal_only:
-            guard, refused = await self._verify(p, e, transactional_id, deadline)
+            guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id)
             if refused is not None:
                 return refused
             p, err = self.get(e.topic, e.partition)  # leadership may have moved meanwhile
@@ -434,7 +438,7 @@ class ReplicaManager:
         return res
 
     async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str,
-                      deadline: float) -> tuple[object | None, AppendResult | None]:
+                      deadline: float, consumer_group_id: str = "") -> tuple[object | None, AppendResult | None]:
         """(guard, None) when the batch may be appended (guard None: it starts no
         transaction), or (None, refusal)."""
         try:
@@ -449,7 +453,7 @@ class ReplicaManager:
                 "no coordinator knows its transaction"))
         guard = p.producers.verification_guard(h.producer_id)
         code = await self.verifier.verify(transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
-                                          deadline)
+                                          deadline, consumer_group_id)
         if code != ErrorCode.NONE:
             return None, AppendResult(code, message=(
                 f"the coordinator of {transactional_id!r} does not have {e.topic}-{e.partition} in the ongoing "

@@ -46,7 +46,8 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
         entries = [ProduceEntry(topic.name, part.partition, part.records)
                    for topic in request.topics for part in topic.partitions]
         results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin,
-                                                         transactional_id=request.transactional_id))
+                                                         transactional_id=request.transactional_id,
+                                                         consumer_group_id=request.consumer_group_id))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

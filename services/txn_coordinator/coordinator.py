@@ -201,8 +201,8 @@ class DescribeResult:
 class _TxnPartition(OwnedPartition):
     """One owned partition of `__transaction_state` and its transaction status cache:
     txns (transactional.id -> metadata), completions (transactional.id -> the task
-    writing its markers and Complete record), error (corrupt log: the partition is
-    disabled and answers NOT_COORDINATOR)."""
+    writing its markers and Complete record), groups (KIP-447 draft group assignments),
+    error (corrupt log: the partition is disabled and answers NOT_COORDINATOR)."""
 
     def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
                  producer_epoch: int = -1, retired_producer_id: int = -1):
@@ -210,6 +210,14 @@ class _TxnPartition(OwnedPartition):
         self.error: str | None = None
         self.txns: dict[str, TransactionMetadata] = {}
         self.completions: dict[str, asyncio.Task] = {}
+        # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
+        # the group assignment records of this partition.
+        self.groups: dict[str, dict[str, GroupAssignment]] = {}
+
+    def generation(self, group_id: str) -> int:
+        """The newest generation of `group_id` a group-aware InitProducerId recorded
+        here (-1: none)."""
+        return max((a.generation_id for a in self.groups.get(group_id, {}).values()), default=-1)
 
     @property
     def serving(self) -> bool:
@@ -246,7 +254,6 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         self._markers = markers
         self._topology = topology
         self._pids = pids
-        self._group_generations: dict[str, int] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -311,8 +318,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     async def _append_fence(self, part: _TxnPartition, batch: bytes) -> int:
         return await self._log.append(part.partition, batch)
 
-    def _lookup(self, transactional_id: str) -> tuple[ErrorCode, _TxnPartition | None]:
-        partition = self._topology.txn_partition_for(transactional_id)
+    def _lookup(self, transactional_id: str, group_id: str = "") -> tuple[ErrorCode, _TxnPartition | None]:
+        """The owned partition holding `transactional_id`: partition crc32(key) % n
+        with key = the consumer group of a group-aware producer (KIP-447 draft: every
+        producer of a group lives with one coordinator), else the transactional.id."""
+        partition = self._topology.txn_partition_for(group_id or transactional_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         part = self._parts.get(partition)
@@ -367,9 +377,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
         Otherwise: transaction_timeout_ms must be in (0, transaction.max.timeout.ms]
         (INVALID_TRANSACTION_TIMEOUT); expected = (producer_id, producer_epoch) of
-        KIP-360 or None; group: KIP-447 draft group-aware init (stale generation ->
-        ILLEGAL_GENERATION; ongoing transactions of this coordinator whose assignment
-        overlaps are fenced and aborted first -> CONCURRENT_TRANSACTIONS).
+        KIP-360 or None; group: KIP-447 draft group-aware init, see `_init_group`
+        (ILLEGAL_GENERATION, PENDING_TRANSACTION, INVALID_GROUP_ID).
         An ongoing transaction of the id (also one sealed by PrepareTxn: the
         keepPreparedTxn=false behaviour of KIP-939) is aborted with a bumped epoch first and the
         answer is CONCURRENT_TRANSACTIONS until it completed; a prepared one ->
@@ -387,12 +396,20 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 ErrorCode.INVALID_TRANSACTION_TIMEOUT,
                 message=f"transaction.timeout.ms {transaction_timeout_ms} not in (0, "
                         f"{self.config.max_transaction_timeout_ms}] (transaction.max.timeout.ms)")
+        if "\0" in transactional_id:
+            return InitProducerIdResult(ErrorCode.INVALID_REQUEST, message="transactional.id holds a NUL character")
+        group_id = ""
+        if group is not None:
+            blocked = await self._init_group(transactional_id, group)
+            if blocked is not None:
+                return blocked
+            group_id = group.group_id
         while True:
             try:
                 await self._pids.ensure_available()
             except ProducerIdAllocationError as exc:
                 return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
-            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group)
+            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id)
             if outcome is not _NEED_PID:
                 break
         if isinstance(outcome, InitProducerIdResult):
@@ -405,13 +422,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         err = await self._append(part, md, transit)
         if err:
             return InitProducerIdResult(err)
-        if transit.group is not None:
-            self._note_generation(transit.group)
         return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
-    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None,
-                      group: GroupAssignment | None):
-        err, part = self._lookup(tid)
+    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str):
+        err, part = self._lookup(tid, group_id)
         if err:
             return InitProducerIdResult(err)
         now = self._clock()
@@ -420,7 +434,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             pid = self._pids.next_pid()
             if pid is None:
                 return _NEED_PID
-            md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now)
+            md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
+                                     group=part.groups.get(group_id, {}).get(tid))
             part.txns[tid] = md
             metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
         if md.pending_transition_in_progress:
@@ -428,10 +443,6 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if expected is not None and not _valid_producer_id(md, *expected):
             return InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
                                         message=f"producer id {expected[0]} epoch {expected[1]} is not current")
-        if group is not None:
-            blocked = self._check_group(md, group)
-            if blocked is not None:
-                return blocked
         state = md.state
         if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
@@ -441,51 +452,104 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if state not in COMPLETED_STATES:
             log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
             return InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR)
-        keep_group = group if group is not None else md.group
         if md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch):
             new_pid = self._pids.next_pid()
             if new_pid is None:
                 return _NEED_PID
-            transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None, keep_group)
+            transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None)
         else:
-            transit = md.prepare_increment_producer_epoch(timeout_ms, expected[1] if expected else None,
-                                                          now, keep_group)
+            transit = md.prepare_increment_producer_epoch(timeout_ms, expected[1] if expected else None, now)
             if isinstance(transit, ErrorCode):
                 return InitProducerIdResult(transit)
         return "append", part, md, transit
 
-    def _check_group(self, md: TransactionMetadata, group: GroupAssignment) -> InitProducerIdResult | None:
-        """KIP-447 draft: reject a stale generation; fence and abort ongoing
-        transactions of other producers of the group whose assignment overlaps."""
-        known = self._group_generations.get(group.group_id, -1)
+    async def _init_group(self, tid: str, group: GroupAssignment) -> InitProducerIdResult | None:
+        """KIP-447 draft, "Proposed Changes": the group-aware part of InitProducerId,
+        on the partition of crc32(group id). Refuses a generation older than the newest
+        one recorded for the group (ILLEGAL_GENERATION); aborts, with an epoch bump
+        that fences them, the ongoing transactions of the group's other producers whose
+        recorded assignment overlaps the new one, and answers PENDING_TRANSACTION
+        (retriable) until none of those is open or completing; then appends the group
+        assignment record (its own record type, replayed on load and failover).
+        Returns None when the init may go on, else the answer."""
+        if not group.group_id or "\0" in group.group_id:
+            return InitProducerIdResult(ErrorCode.INVALID_GROUP_ID, message="invalid consumer group id")
+        err, part = self._lookup(tid, group.group_id)
+        if err:
+            return InitProducerIdResult(err)
+        known = part.generation(group.group_id)
         if group.generation_id < known:
             return InitProducerIdResult(ErrorCode.ILLEGAL_GENERATION,
                                         message=f"generation {group.generation_id} of group {group.group_id!r} "
                                                 f"is older than {known}")
-        waiting = False
-        for part in self._parts.values():
-            if part.loading or part.error:
+        waiting = []
+        for other_tid, assignment in list(part.groups.get(group.group_id, {}).items()):
+            other = part.txns.get(other_tid)
+            if other_tid == tid or other is None or not assignment.partitions & group.partitions:
                 continue
-            for other in list(part.txns.values()):
-                if (other is md or other.group is None or other.group.group_id != group.group_id
-                        or not other.group.partitions & group.partitions or other.state in COMPLETED_STATES):
-                    continue
-                waiting = True
-                if other.state is TxnState.ONGOING and not other.pending_transition_in_progress:
-                    self._spawn(part, self._fence_and_abort(part, other), f"txn-group-fence-{other.transactional_id}")
+            if other.state in COMPLETED_STATES and not other.pending_transition_in_progress:
+                continue
+            waiting.append(other_tid)
+            if other.state is TxnState.ONGOING and not other.pending_transition_in_progress:
+                self._spawn(part, self._fence_and_abort(part, other), f"txn-group-fence-{other_tid}")
         if waiting:
-            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
-                                        message="transactions of the group's previous assignment are completing")
-        return None
+            return InitProducerIdResult(ErrorCode.PENDING_TRANSACTION,
+                                        message=f"transactions of {sorted(waiting)} on partitions newly assigned "
+                                                "to this producer are being completed")
+        if part.groups.get(group.group_id, {}).get(tid) == group:
+            return None
+        err = await self._append_group(part, tid, group)
+        return InitProducerIdResult(err) if err else None
 
-    def _note_generation(self, group: GroupAssignment) -> None:
-        if group.generation_id > self._group_generations.get(group.group_id, -1):
-            self._group_generations[group.group_id] = group.generation_id
+    async def _append_group(self, part: _TxnPartition, tid: str, assignment: GroupAssignment | None,
+                            group_id: str | None = None) -> ErrorCode:
+        """Append the group assignment record of `tid` (a tombstone when `assignment`
+        is None; then `group_id` names the group) and apply it. An append whose outcome
+        is unknown reloads the partition, as for any record of the log."""
+        group_id = assignment.group_id if assignment is not None else group_id
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        batch = txn_log.encode_group_batch(group_id, tid, assignment, self._clock(),
+                                           producer_id=part.producer_id, producer_epoch=part.producer_epoch)
+        code = await self._log.append(part.partition, batch)
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        if code in AMBIGUOUS_APPEND_ERRORS:
+            self._restart(part)
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if code:
+            if self._is_fenced(part, code):
+                return ErrorCode.NOT_COORDINATOR
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE if code in RETRIABLE else ErrorCode.UNKNOWN_SERVER_ERROR
+        members = part.groups.setdefault(group_id, {})
+        if assignment is None:
+            members.pop(tid, None)
+            if not members:
+                del part.groups[group_id]
+        else:
+            members[tid] = assignment
+        md = part.txns.get(tid)
+        if md is not None:
+            md.group = assignment
+        return ErrorCode.NONE
+
+    @staticmethod
+    def _check_generation(part: _TxnPartition, md: TransactionMetadata, group_id: str,
+                          generation_id: int) -> ErrorCode:
+        """KIP-447 draft: a group-aware producer's request must carry the generation it
+        initialised with, and no newer generation of the group may have been recorded
+        since ("it will refuse to handle requests from the previous generation")."""
+        if md.group is None or md.group.group_id != group_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        if generation_id != md.group.generation_id or generation_id < part.generation(group_id):
+            return ErrorCode.ILLEGAL_GENERATION
+        return ErrorCode.NONE
 
     # ------------------------------------------------------------ AddPartitions / AddOffsets
-    def _check_producer(self, tid: str, producer_id: int, producer_epoch: int
+    def _check_producer(self, tid: str, producer_id: int, producer_epoch: int, group_id: str = "",
+                        generation_id: int = -1
                         ) -> tuple[ErrorCode, _TxnPartition | None, TransactionMetadata | None]:
-        err, part = self._lookup(tid)
+        err, part = self._lookup(tid, group_id)
         if err:
             return err, None, None
         md = part.txns.get(tid)
@@ -493,12 +557,17 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None, None
         if producer_epoch != md.producer_epoch:
             return ErrorCode.PRODUCER_FENCED, None, None
+        if group_id:
+            err = self._check_generation(part, md, group_id, generation_id)
+            if err:
+                return err, None, None
         if md.pending_transition_in_progress:
             return ErrorCode.CONCURRENT_TRANSACTIONS, None, None
         return ErrorCode.NONE, part, md
 
     async def add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                    partitions: Iterable[TopicPartition], verify_only: bool = False
+                                    partitions: Iterable[TopicPartition], verify_only: bool = False,
+                                    group_id: str = "", generation_id: int = -1
                                     ) -> dict[TopicPartition, ErrorCode]:
         """AddPartitionsToTxn: add (topic, partition) pairs to the transaction, starting
         it (state Ongoing, timer started) with the first. Returns one ErrorCode per
@@ -512,21 +581,27 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         TxnOffsetCommit): nothing is appended; per partition NONE when the id's
         transaction is Ongoing with this PID and epoch, not sealed or completing, and
         holds the partition, else INVALID_TXN_STATE; INVALID_PRODUCER_ID_MAPPING,
-        PRODUCER_FENCED and the coordinator errors as above."""
+        PRODUCER_FENCED and the coordinator errors as above.
+
+        group_id / generation_id (KIP-447 draft): a group-aware producer's group (its
+        state lives on the group's partition) and the generation it initialised with;
+        ILLEGAL_GENERATION for another or an outdated one (not checked on
+        verify_only, whose askers know no generation)."""
         wanted = frozenset(partitions)
         if not wanted:
             return {}
         if verify_only:
-            return self._verify(transactional_id, producer_id, producer_epoch, wanted)
+            return self._verify(transactional_id, producer_id, producer_epoch, wanted, group_id)
         missing = [tp for tp in wanted if not self._topology.partition_exists(*tp)]
         if missing:
             return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for tp in wanted}
-        err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted)
+        err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted, group_id,
+                                         generation_id)
         return {tp: err for tp in wanted}
 
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
-                wanted: frozenset[TopicPartition]) -> dict[TopicPartition, ErrorCode]:
-        err, part = self._lookup(tid)
+                wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
+        err, part = self._lookup(tid, group_id)
         if err:
             return {tp: err for tp in wanted}
         md = part.txns.get(tid)
@@ -540,22 +615,24 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return {tp: ErrorCode.NONE if tp in md.partitions else ErrorCode.INVALID_TXN_STATE for tp in wanted}
 
     async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                 group_id: str) -> ErrorCode:
+                                 group_id: str, consumer_group_id: str = "", generation_id: int = -1) -> ErrorCode:
         """AddOffsetsToTxn: add the `__consumer_offsets` partition of `group_id`
         (crc32(group_id) % offsets.topic.num.partitions) to the transaction, so that it
         gets the marker. Errors as `add_partitions_to_txn` (COORDINATOR_NOT_AVAILABLE
-        while `__consumer_offsets` does not exist; INVALID_REQUEST for an empty group)."""
+        while `__consumer_offsets` does not exist; INVALID_REQUEST for an empty group).
+        consumer_group_id / generation_id: a group-aware producer's, as there."""
         if not group_id:
             return ErrorCode.INVALID_REQUEST
         partition = self._topology.offsets_partition_for(group_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return await self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                          frozenset({(OFFSETS_TOPIC, partition)}))
+                                          frozenset({(OFFSETS_TOPIC, partition)}), consumer_group_id, generation_id)
 
     async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
-                              wanted: frozenset[TopicPartition]) -> ErrorCode:
-        err, part, md = self._check_producer(tid, producer_id, producer_epoch)
+                              wanted: frozenset[TopicPartition], group_id: str = "",
+                              generation_id: int = -1) -> ErrorCode:
+        err, part, md = self._check_producer(tid, producer_id, producer_epoch, group_id, generation_id)
         if err:
             return err
         if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
@@ -573,7 +650,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
 
     # ------------------------------------------------------------ EndTxn
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                      committed: bool) -> EndTxnResult:
+                      committed: bool, group_id: str = "", generation_id: int = -1) -> EndTxnResult:
         """EndTxn: commit (committed=True) or abort the ongoing transaction.
 
         Ongoing (also sealed by PrepareTxn; then the request may come from any process
@@ -590,13 +667,15 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
         CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE (design doc "Transaction Coordinator Request
-        Handling", EndTxn)."""
-        err, part = self._lookup(transactional_id)
+        Handling", EndTxn). group_id / generation_id: a group-aware producer's, as in
+        add_partitions_to_txn (ILLEGAL_GENERATION)."""
+        err, part = self._lookup(transactional_id, group_id)
         md = part.txns.get(transactional_id) if part is not None else None
         if md is not None and not md.pending_transition_in_progress and \
                 md.is_end_txn_retry(producer_id, producer_epoch):
             return self._end_txn_outcome(md, committed)
-        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch)
+        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
+                                             generation_id)
         if err:
             return EndTxnResult(err)
         if md.state is TxnState.ONGOING:
@@ -626,7 +705,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return EndTxnResult(ErrorCode.INVALID_TXN_STATE)
 
     # ------------------------------------------------------------ PrepareTxn
-    async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
+    async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          group_id: str = "", generation_id: int = -1) -> ErrorCode:
         """PrepareTxn: two-phase commit in the spirit of KIP-939. Seals the ongoing
         transaction: it stays Ongoing (its data below the LSO stays undecided), later
         AddPartitionsToTxn / AddOffsetsToTxn get INVALID_TXN_STATE, and instead of
@@ -640,8 +720,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         progress an empty one is started and sealed. INVALID_TXN_STATE while the
         transaction is completing; INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another
         epoch), CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE as EndTxn."""
-        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch)
+        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
+        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
+                                             generation_id)
         if err:
             return err
         if md.is_prepared:
@@ -804,10 +885,15 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return sum(await asyncio.gather(*expiring))
 
     async def _expire(self, part: _TxnPartition, md: TransactionMetadata, now: int) -> int:
+        group = md.group
         err = await self._append(part, md, md.prepare_dead(now))
         if err or part.txns.get(md.transactional_id) is not md:
             return 0
         del part.txns[md.transactional_id]
+        if group is not None:
+            # Best effort: a failed tombstone leaves an assignment without its id,
+            # which blocks nothing (no transaction) and is replaced by a later init.
+            await self._append_group(part, md.transactional_id, None, group.group_id)
         metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
         log.info("transactional.id %r expired", md.transactional_id)
         return 1
@@ -842,6 +928,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                         entries.extend(batch_entries)
                         offset = next_offset
             txns = txn_log.rebuild(entries)
+            groups = txn_log.rebuild_groups(entries)
         except NotOwner:
             return
         except txn_log.CorruptTxnLogError as exc:
@@ -850,15 +937,17 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             log.error("__transaction_state-%d is corrupt; disabled: %s", part.partition, exc)
             return
         part.txns = txns
+        part.groups = groups
+        for members in groups.values():
+            for tid, assignment in members.items():
+                if tid in txns:
+                    txns[tid].group = assignment
         part.finish_loading()
         metrics.TRANSACTIONAL_IDS.set(part.partition, len(txns))
-        for md in txns.values():
-            if md.group is not None:
-                self._note_generation(md.group)
         prepared = [md for md in txns.values() if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)]
-        log.info("loaded __transaction_state-%d (coordinator epoch %d): %d transactional ids, %d records, "
-                 "%d to roll forward, in %.0f ms", part.partition, part.coordinator_epoch, len(txns), len(entries),
-                 len(prepared), (time.monotonic() - started) * 1000)
+        log.info("loaded __transaction_state-%d (coordinator epoch %d): %d transactional ids, %d groups, %d records, "
+                 "%d to roll forward, in %.0f ms", part.partition, part.coordinator_epoch, len(txns), len(groups),
+                 len(entries), len(prepared), (time.monotonic() - started) * 1000)
         for md in prepared:
             self._start_completion(part, md, md.snapshot(), from_client=False)
 

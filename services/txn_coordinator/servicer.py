@@ -68,7 +68,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         else:
             results = await self._coordinator.add_partitions_to_txn(
                 request.transactional_id, request.producer_id, request.producer_epoch, wanted,
-                verify_only=request.verify_only)
+                verify_only=request.verify_only, group_id=request.consumer_group_id,
+                generation_id=request.generation_id)
         by_topic: dict[str, list[pb.PartitionResult]] = defaultdict(list)
         for (topic, partition), code in sorted(results.items()):
             by_topic[topic].append(pb.PartitionResult(partition=partition, error_code=code))
@@ -80,7 +81,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         if not request.transactional_id:
             return pb.AddOffsetsToTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
         code = await self._coordinator.add_offsets_to_txn(request.transactional_id, request.producer_id,
-                                                          request.producer_epoch, request.group_id)
+                                                          request.producer_epoch, request.group_id,
+                                                          request.consumer_group_id, request.generation_id)
         return pb.AddOffsetsToTxnResponse(error_code=code)
 
     @_rpc("EndTxn")
@@ -88,7 +90,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         if not request.transactional_id:
             return pb.EndTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
         r = await self._coordinator.end_txn(request.transactional_id, request.producer_id,
-                                            request.producer_epoch, request.committed)
+                                            request.producer_epoch, request.committed,
+                                            request.consumer_group_id, request.generation_id)
         return pb.EndTxnResponse(error_code=r.error, producer_id=r.producer_id, producer_epoch=r.producer_epoch)
 
     @_rpc("PrepareTxn")
@@ -96,7 +99,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         if not request.transactional_id:
             return pb.PrepareTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
         code = await self._coordinator.prepare_txn(request.transactional_id, request.producer_id,
-                                                   request.producer_epoch)
+                                                   request.producer_epoch, request.consumer_group_id,
+                                                   request.generation_id)
         return pb.PrepareTxnResponse(error_code=code)
 
     @_rpc("ListTransactions")

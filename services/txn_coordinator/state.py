@@ -25,7 +25,6 @@ from exactly_wire.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
-_KEEP = object()
 # Producer epochs are int16 in record batches.
 MAX_PRODUCER_EPOCH = 32767
 
@@ -149,7 +148,6 @@ class TxnTransitMetadata:
     partitions: frozenset[TopicPartition]
     txn_start_timestamp: int
     txn_last_update_timestamp: int
-    group: GroupAssignment | None = None
     # Two-phase commit (KIP-939 style): when PrepareTxn sealed the Ongoing
     # transaction, ms; -1 when not prepared.
     prepared_timestamp: int = -1
@@ -162,7 +160,9 @@ class TransactionMetadata:
     last_producer_epoch (previous ones, kept to recognise retries of an epoch bump or
     PID rotation), txn_timeout_ms, state, partitions (set of (topic, partition) in the
     transaction), txn_start_timestamp (ms, -1 when none), txn_last_update_timestamp
-    (ms), pending_state (target of the transition in flight, or None), group (KIP-447),
+    (ms), pending_state (target of the transition in flight, or None), group (the KIP-447
+    draft group assignment of a group-aware producer: its own log record, kept here by the
+    coordinator, not by transitions),
     prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared).
     """
 
@@ -199,7 +199,7 @@ class TransactionMetadata:
                    producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
                    txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
                    partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
-                   txn_last_update_timestamp=transit.txn_last_update_timestamp, group=transit.group,
+                   txn_last_update_timestamp=transit.txn_last_update_timestamp,
                    prepared_timestamp=transit.prepared_timestamp)
 
     def __repr__(self) -> str:
@@ -227,7 +227,7 @@ class TransactionMetadata:
         return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,
                                   self.last_producer_epoch, self.txn_timeout_ms, self.state,
                                   frozenset(self.partitions), self.txn_start_timestamp,
-                                  self.txn_last_update_timestamp, self.group, self.prepared_timestamp)
+                                  self.txn_last_update_timestamp, self.prepared_timestamp)
 
     # ------------------------------------------------------------ prepare
     def _prepare_transition_to(self, target: TxnState, now_ms: int, **changes) -> TxnTransitMetadata:
@@ -246,8 +246,7 @@ class TransactionMetadata:
         return transit
 
     def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int, expected_producer_epoch: int | None,
-                                         now_ms: int, group: GroupAssignment | None | object = _KEEP
-                                         ) -> TxnTransitMetadata | ErrorCode:
+                                         now_ms: int) -> TxnTransitMetadata | ErrorCode:
         """InitProducerId on a transactional.id without a transaction in progress:
         the next epoch of the same PID, state Empty, no partitions.
 
@@ -255,8 +254,7 @@ class TransactionMetadata:
         current epoch -> bump and remember the current one as last epoch; equal to the
         last epoch -> retry of a bump whose answer was lost: same epoch again; other ->
         PRODUCER_FENCED (returned, not raised). Raises TxnStateError when the epoch is
-        exhausted (the caller rotates the PID instead). `group`: the KIP-447 assignment
-        to store (default: keep the current one)."""
+        exhausted (the caller rotates the PID instead)."""
         if self.is_producer_epoch_exhausted:
             raise TxnStateError(f"cannot bump exhausted epoch {self.producer_epoch} of "
                                 f"{self.transactional_id!r}; rotate the producer id")
@@ -271,12 +269,10 @@ class TransactionMetadata:
             return ErrorCode.PRODUCER_FENCED
         return self._prepare_transition_to(TxnState.EMPTY, now_ms, producer_epoch=epoch,
                                            last_producer_epoch=last_epoch, txn_timeout_ms=new_txn_timeout_ms,
-                                           partitions=frozenset(), txn_start_timestamp=-1,
-                                           group=self.group if group is _KEEP else group)
+                                           partitions=frozenset(), txn_start_timestamp=-1)
 
     def prepare_producer_id_rotation(self, new_producer_id: int, new_txn_timeout_ms: int, now_ms: int,
-                                     record_last_epoch: bool, group: GroupAssignment | None | object = _KEEP
-                                     ) -> TxnTransitMetadata:
+                                     record_last_epoch: bool) -> TxnTransitMetadata:
         """InitProducerId when the epoch is exhausted: a new PID with epoch 0, state
         Empty. The old PID (and, if `record_last_epoch`, its epoch) are kept as last_*
         so a retried request is recognised."""
@@ -286,8 +282,7 @@ class TransactionMetadata:
             TxnState.EMPTY, now_ms, producer_id=new_producer_id, last_producer_id=self.producer_id,
             producer_epoch=0,
             last_producer_epoch=self.producer_epoch if record_last_epoch else NO_PRODUCER_EPOCH,
-            txn_timeout_ms=new_txn_timeout_ms, partitions=frozenset(), txn_start_timestamp=-1,
-            group=self.group if group is _KEEP else group)
+            txn_timeout_ms=new_txn_timeout_ms, partitions=frozenset(), txn_start_timestamp=-1)
 
     def prepare_fence_producer_epoch(self, now_ms: int) -> TxnTransitMetadata:
         """First step of aborting an ongoing transaction on behalf of a new producer
@@ -429,7 +424,6 @@ class TransactionMetadata:
         self.partitions = set(transit.partitions)
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
-        self.group = transit.group
         self.prepared_timestamp = transit.prepared_timestamp
         self.pending_state = None
         self._fence_epoch = None

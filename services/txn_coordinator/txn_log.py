@@ -8,8 +8,14 @@ deposed owner, see services.common.ownership):
     key   = transactional.id, UTF-8 bytes
     value = exactly.v1.TransactionLogValue (protos/exactly_wire/v1/txn_log.proto) holding the
             transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
-            partitions, start and last-update timestamps (ms), KIP-447 group fields,
+            partitions, start and last-update timestamps (ms),
             the prepared timestamp (ms) of a transaction sealed by PrepareTxn;
+            None (a tombstone) when the transactional.id expired.
+
+KIP-447 draft group assignments are records of their own (`encode_group_batch`):
+
+    key   = "\\0group\\0" + consumer group id + "\\0" + transactional.id (UTF-8)
+    value = exactly.v1.GroupAssignmentValue: generation and assigned input partitions;
             None (a tombstone) when the transactional.id expired.
 
 The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
@@ -48,6 +54,60 @@ class TxnLogEntry:
     transit: TxnTransitMetadata | None
 
 
+@dataclass(frozen=True)
+class GroupAssignmentEntry:
+    """A group assignment record read back (KIP-447 draft): its offset, consumer group,
+    transactional.id and assignment (None for a tombstone)."""
+
+    offset: int
+    group_id: str
+    transactional_id: str
+    assignment: GroupAssignment | None
+
+
+GROUP_KEY_PREFIX = b"\0group\0"
+
+
+def group_key(group_id: str, transactional_id: str) -> bytes:
+    """Key of the group assignment record of (group, transactional.id). Group ids and
+    transactional.ids never hold NUL (the coordinator refuses them), so the key is
+    unambiguous and never equal to a transactional.id's key."""
+    return GROUP_KEY_PREFIX + group_id.encode() + b"\0" + transactional_id.encode()
+
+
+def encode_group_batch(group_id: str, transactional_id: str, assignment: GroupAssignment | None,
+                       timestamp_ms: int, producer_id: int = records.NO_PRODUCER_ID,
+                       producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
+    """One record batch holding the group assignment record of (group_id,
+    transactional_id): a GroupAssignmentValue, or the tombstone when `assignment` is
+    None. producer_id/producer_epoch: the owner's writer identity."""
+    value = None
+    if assignment is not None:
+        value = txn_log_pb2.GroupAssignmentValue(
+            version=VALUE_VERSION, generation_id=assignment.generation_id,
+            assigned_partitions=_partitions_to_pb(assignment.partitions)).SerializeToString()
+    return records.encode_batch([(group_key(group_id, transactional_id), value, (), timestamp_ms)],
+                                producer_id=producer_id, producer_epoch=producer_epoch,
+                                base_sequence=records.NO_SEQUENCE)
+
+
+def _decode_group(offset: int, key: bytes, value: bytes | None) -> GroupAssignmentEntry:
+    group, sep, tid = key[len(GROUP_KEY_PREFIX):].partition(b"\0")
+    if not sep:
+        raise CorruptTxnLogError(f"group assignment key without transactional.id at offset {offset}")
+    group_id = group.decode()
+    if value is None:
+        return GroupAssignmentEntry(offset, group_id, tid.decode(), None)
+    try:
+        v = txn_log_pb2.GroupAssignmentValue.FromString(value)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+        raise CorruptTxnLogError(f"undecodable group assignment at offset {offset}: {exc}") from exc
+    if v.version != VALUE_VERSION:
+        raise CorruptTxnLogError(f"unknown group assignment version {v.version} at offset {offset}")
+    return GroupAssignmentEntry(offset, group_id, tid.decode(),
+                                GroupAssignment(group_id, v.generation_id, _partitions_from_pb(v.assigned_partitions)))
+
+
 def _partitions_to_pb(partitions: Iterable[TopicPartition]) -> list[txn_log_pb2.TxnLogTopicPartitions]:
     by_topic: dict[str, list[int]] = {}
     for topic, partition in partitions:
@@ -71,10 +131,6 @@ def encode_value(transit: TxnTransitMetadata) -> bytes:
         txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
         txn_start_timestamp_ms=transit.txn_start_timestamp,
         prepared_timestamp_ms=max(transit.prepared_timestamp, 0))
-    if transit.group is not None:
-        value.consumer_group_id = transit.group.group_id
-        value.generation_id = transit.group.generation_id
-        value.assigned_partitions.extend(_partitions_to_pb(transit.group.partitions))
     return value.SerializeToString()
 
 
@@ -87,14 +143,11 @@ def decode_value(data: bytes) -> TxnTransitMetadata:
         raise CorruptTxnLogError(f"undecodable transaction log value: {exc}") from exc
     if v.version != VALUE_VERSION:
         raise CorruptTxnLogError(f"unknown transaction log value version {v.version}")
-    group = None
-    if v.consumer_group_id:
-        group = GroupAssignment(v.consumer_group_id, v.generation_id, _partitions_from_pb(v.assigned_partitions))
     return TxnTransitMetadata(
         producer_id=v.producer_id, last_producer_id=v.last_producer_id, producer_epoch=v.producer_epoch,
         last_producer_epoch=v.last_producer_epoch, txn_timeout_ms=v.transaction_timeout_ms, state=state,
         partitions=_partitions_from_pb(v.partitions), txn_start_timestamp=v.txn_start_timestamp_ms,
-        txn_last_update_timestamp=v.txn_last_update_timestamp_ms, group=group,
+        txn_last_update_timestamp=v.txn_last_update_timestamp_ms,
         prepared_timestamp=v.prepared_timestamp_ms if v.prepared_timestamp_ms > 0 else -1)
 
 
@@ -110,11 +163,12 @@ def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, time
                                 base_sequence=records.NO_SEQUENCE)
 
 
-def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | None]:
+def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry | GroupAssignmentEntry], int | None]:
     """Entries of the whole batches in `buf` (a Fetch response's records, CRC
-    checked; control batches skipped) and the offset following the last whole batch
-    (None when `buf` holds no whole batch). Raises CorruptTxnLogError."""
-    entries: list[TxnLogEntry] = []
+    checked; control batches skipped) — TxnLogEntry for a transactional.id's record,
+    GroupAssignmentEntry for a group assignment — and the offset following the last
+    whole batch (None when `buf` holds no whole batch). Raises CorruptTxnLogError."""
+    entries: list[TxnLogEntry | GroupAssignmentEntry] = []
     next_offset = None
     try:
         for pos, header in records.iter_batches(buf, verify=True):
@@ -126,6 +180,9 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | No
                     raise CorruptTxnLogError(f"transaction log record without key at offset {rec.offset}")
                 if not rec.key:
                     continue  # a new owner's fence record
+                if rec.key.startswith(GROUP_KEY_PREFIX):
+                    entries.append(_decode_group(rec.offset, rec.key, rec.value))
+                    continue
                 transit = None if rec.value is None else decode_value(rec.value)
                 entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))
     except (records.CorruptRecordError, UnicodeDecodeError) as exc:
@@ -133,7 +190,23 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry], int | No
     return entries, next_offset
 
 
-def rebuild(entries: Iterable[TxnLogEntry]) -> dict[str, TransactionMetadata]:
+def rebuild_groups(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]
+                   ) -> dict[str, dict[str, GroupAssignment]]:
+    """The group assignments of a partition's entries in log order: group id ->
+    {transactional.id -> its latest assignment}; a tombstone removes one."""
+    groups: dict[str, dict[str, GroupAssignment]] = {}
+    for entry in entries:
+        if not isinstance(entry, GroupAssignmentEntry):
+            continue
+        members = groups.setdefault(entry.group_id, {})
+        if entry.assignment is None:
+            members.pop(entry.transactional_id, None)
+        else:
+            members[entry.transactional_id] = entry.assignment
+    return {g: m for g, m in groups.items() if m}
+
+
+def rebuild(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]) -> dict[str, TransactionMetadata]:
     """Materialise the transaction status cache from a partition's entries in log
     order: the last record of a transactional.id wins, a tombstone removes it (design
     doc "Transaction Coordinator Startup" 1.a, as Kafka's loader does).
@@ -146,6 +219,8 @@ def rebuild(entries: Iterable[TxnLogEntry]) -> dict[str, TransactionMetadata]:
     it wins, and the regression is logged."""
     latest: dict[str, TxnTransitMetadata] = {}
     for entry in entries:
+        if isinstance(entry, GroupAssignmentEntry):
+            continue
         if entry.transit is None:
             latest.pop(entry.transactional_id, None)
             continue

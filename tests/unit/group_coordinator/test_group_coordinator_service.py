@@ -348,9 +348,9 @@ def test_restart_replays_offsets_groups_and_pending_transactions():
         await first.join("g", a.member_id)
         b = await join_b
         await first.coord.commit_offsets("g", 2, a.member_id, {TP0: om(10)})
-        await first.coord.txn_commit_offsets("tx1", "g", PID, 0, 2, b.member_id, {TP1: om(20)})
+        await first.coord.txn_commit_offsets("tx1", "g", PID, 0, 2, a.member_id, {TP1: om(20)})
         log.write_marker(partition_for("g"), PID, committed=True)
-        await first.coord.txn_commit_offsets("tx2", "g", PID + 1, 0, 2, b.member_id, {TP0: om(30)})
+        await first.coord.txn_commit_offsets("tx2", "g", PID + 1, 0, 2, a.member_id, {TP0: om(30)})
         await first.until(lambda: not first.coord.partition_state(partition_for("g")).offsets.has_pending("g", TP1))
         before_offsets = first.coord.partition_state(partition_for("g")).offsets.state()
         before_group = first.coord.group("g").snapshot()
@@ -411,7 +411,7 @@ class FakeVerifier:
     def __init__(self, answer):
         self.answer, self.calls = answer, []
 
-    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline, group_id=""):
         self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
         return self.answer
 

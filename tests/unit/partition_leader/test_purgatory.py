@@ -199,7 +199,7 @@ class FakeVerifier:
     def __init__(self, answer=ErrorCode.NONE, before=None):
         self.answer, self.before, self.calls = answer, before, []
 
-    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline, group_id=""):
         self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
         if self.before is not None:
             self.before()

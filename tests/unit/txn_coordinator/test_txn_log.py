@@ -14,10 +14,10 @@ S = TxnState
 
 
 def transit(state=S.ONGOING, pid=7, epoch=2, partitions=frozenset({("orders", 0), ("orders", 2), ("pay", 1)}),
-            group=None, start=1000, update=1500):
+            start=1000, update=1500):
     return TxnTransitMetadata(producer_id=pid, last_producer_id=-1, producer_epoch=epoch, last_producer_epoch=1,
                               txn_timeout_ms=60000, state=state, partitions=partitions,
-                              txn_start_timestamp=start, txn_last_update_timestamp=update, group=group)
+                              txn_start_timestamp=start, txn_last_update_timestamp=update)
 
 
 @pytest.mark.parametrize("state", [s for s in TxnState if s not in (S.DEAD, S.PREPARE_EPOCH_FENCE)])
@@ -26,9 +26,32 @@ def test_value_round_trip(state):
     assert txn_log.decode_value(txn_log.encode_value(t)) == t
 
 
-def test_value_round_trip_with_group():
-    t = transit(group=GroupAssignment("g", 4, frozenset({("in", 0), ("in", 3)})))
-    assert txn_log.decode_value(txn_log.encode_value(t)) == t
+def test_group_assignment_is_a_record_of_its_own():
+    """KIP-447 draft: the assignment of a group-aware producer has its own key and
+    value type; the last record of (group, transactional.id) wins, a tombstone removes
+    it, and transaction records next to it are unaffected."""
+    a4 = GroupAssignment("g", 4, frozenset({("in", 0), ("in", 3)}))
+    a5 = GroupAssignment("g", 5, frozenset({("in", 1)}))
+    log = bytearray()
+    for i, batch in enumerate([txn_log.encode_group_batch("g", "p1", a4, 10),
+                               txn_log.encode_batch("p1", transit(), 11),
+                               txn_log.encode_group_batch("g", "p2", a4, 12),
+                               txn_log.encode_group_batch("g", "p1", a5, 13),
+                               txn_log.encode_group_batch("g", "p2", None, 14)]):
+        b = bytearray(batch)
+        records.set_base_offset(b, i)
+        log += b
+    entries, next_offset = txn_log.decode_fetched(bytes(log))
+    assert next_offset == 5
+    groups = [e for e in entries if isinstance(e, txn_log.GroupAssignmentEntry)]
+    assert [(e.group_id, e.transactional_id, e.assignment) for e in groups] == [
+        ("g", "p1", a4), ("g", "p2", a4), ("g", "p1", a5), ("g", "p2", None)]
+    assert txn_log.rebuild_groups(entries) == {"g": {"p1": a5}}
+    assert set(txn_log.rebuild(entries)) == {"p1"}
+    [rec] = records.decode_records(txn_log.encode_group_batch("g", "p1", a4, 10))
+    assert rec.key == b"\0group\0g\0p1"
+    v = txn_log_pb2.GroupAssignmentValue.FromString(rec.value)
+    assert (v.version, v.generation_id) == (0, 4)
 
 
 def test_value_fields_follow_the_schema():
