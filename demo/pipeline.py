@@ -32,6 +32,11 @@ def _on_signal(signum, frame) -> None:
     _stop = True
 
 
+def stopping() -> bool:
+    """Whether SIGTERM or SIGINT asked the worker to stop."""
+    return _stop
+
+
 def _status(path: pathlib.Path | None, **fields) -> None:
     if path is not None:
         tmp = path.with_suffix(".tmp")

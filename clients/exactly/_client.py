@@ -32,6 +32,14 @@ T = TypeVar("T")
 # FindCoordinator key types (FindCoordinatorRequest.key_type).
 COORDINATOR_GROUP = 0
 COORDINATOR_TRANSACTION = 1
+# KIP-447 draft: the transaction coordinator of a consumer group (group-aware producers).
+COORDINATOR_TRANSACTION_GROUP = 2
+
+
+def txn_coordinator_key(transactional_id: str, group_id: str | None) -> tuple[str, int]:
+    """FindCoordinator (key, key type) of a transactional producer: its consumer group
+    with type 2 when it is group-aware (KIP-447 draft), else its transactional.id."""
+    return (group_id, COORDINATOR_TRANSACTION_GROUP) if group_id else (transactional_id, COORDINATOR_TRANSACTION)
 
 _MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
@@ -475,5 +483,5 @@ class ClientCore:
 
 
 __all__ = ["ClientCore", "Metadata", "NodeMetadata", "TopicMetadata", "PartitionMetadata",
-           "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "translate_rpc_error", "is_retriable",
+           "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP", "txn_coordinator_key", "translate_rpc_error", "is_retriable",
            "parse_bootstrap", "METADATA_ERRORS", "COORDINATOR_ERRORS"]

@@ -27,7 +27,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import errors
 from ._accumulator import ProducerBatch, RecordAccumulator, fail_batches, failed_future
-from ._client import (COORDINATOR_ERRORS, COORDINATOR_TRANSACTION, METADATA_ERRORS, ClientCore, Metadata,
+from ._client import (COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, Metadata, txn_coordinator_key,
                       is_retriable)
 from ._txn_manager import FENCING_CODES, TransactionManager, TransactionManagerState
 from .errors import TransactionAbortedError
@@ -238,7 +238,7 @@ class Sender(threading.Thread):
     def _send_add_partitions(self, tps: list[TopicPartition]) -> None:
         txn, core = self.txn, self.core
         try:
-            addr = core.find_coordinator(self.config.transactional_id, COORDINATOR_TRANSACTION)
+            addr = core.find_coordinator(*txn_coordinator_key(self.config.transactional_id, txn.group_id))
         except errors.ExactlyError as exc:
             self._add_failed(tps, exc)
             return
@@ -247,7 +247,8 @@ class Sender(threading.Thread):
             by_topic[tp.topic].append(tp.partition)
         req = pb.AddPartitionsToTxnRequest(
             transactional_id=self.config.transactional_id, producer_id=txn.producer_id,
-            producer_epoch=txn.producer_epoch,
+            producer_epoch=txn.producer_epoch, consumer_group_id=txn.group_id or "",
+            generation_id=txn.generation_id if txn.group_id else 0,
             topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
         fut = core.call_future(core.txn_stub(addr).AddPartitionsToTxn, req)
         fut.add_done_callback(lambda f: self._complete(lambda: self._on_add_partitions(tps, f)))
@@ -281,7 +282,7 @@ class Sender(threading.Thread):
         txn = self.txn
         if is_retriable(exc):
             if isinstance(exc, errors.ExactlyError) and exc.code in COORDINATOR_ERRORS:
-                self.core.invalidate_coordinator(self.config.transactional_id, COORDINATOR_TRANSACTION)
+                self.core.invalidate_coordinator(*txn_coordinator_key(self.config.transactional_id, txn.group_id))
             backoff = ADD_PARTITIONS_RETRY_MS if getattr(exc, "code", None) == ErrorCode.CONCURRENT_TRANSACTIONS \
                 else self.config.backoff_ms
             self._add_retry_at = self.clock() + backoff
@@ -345,6 +346,7 @@ class Sender(threading.Thread):
         for b in batches:
             by_topic[b.tp.topic].append(pb.PartitionProduceData(partition=b.tp.partition, records=b.payload))
         req = pb.ProduceRequest(transactional_id=self.config.transactional_id or "", acks=self.config.acks,
+                                consumer_group_id=self.txn.group_id or "",
                                 timeout_ms=self.config.request_timeout_ms,
                                 topics=[pb.TopicProduceData(name=t, partitions=ps) for t, ps in by_topic.items()])
         try:

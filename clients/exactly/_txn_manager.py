@@ -49,7 +49,10 @@ VALID_PREVIOUS: dict[TransactionManagerState, frozenset[TransactionManagerState]
     # INITIALIZING: InitProducerId failed or timed out and may be tried again.
     S.UNINITIALIZED: frozenset({S.READY, S.INITIALIZING}),
     # ABORTING_TRANSACTION: the epoch is bumped after an abort that left sequences unknown.
-    S.INITIALIZING: frozenset({S.UNINITIALIZED, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
+    # READY, IN_TRANSACTION, ABORTABLE_ERROR, FATAL_ERROR: a group-aware producer
+    # initialises again after every rebalance and after being fenced (KIP-447 draft).
+    S.INITIALIZING: frozenset({S.UNINITIALIZED, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION, S.READY,
+                               S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.FATAL_ERROR}),
     S.READY: frozenset({S.INITIALIZING, S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION}),
     S.IN_TRANSACTION: frozenset({S.READY}),
     S.PREPARED_TRANSACTION: frozenset({S.IN_TRANSACTION}),
@@ -80,6 +83,11 @@ def fenced(cause: BaseException | str | None = None) -> errors.ExactlyError:
     if cause is not None:
         msg = f"{msg} ({cause})"
     return errors.ProducerFencedError(msg)
+
+
+def fenced_error(exc: BaseException | None) -> bool:
+    """Whether `exc` is a fencing error (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH)."""
+    return isinstance(exc, errors.ExactlyError) and exc.code in FENCING_CODES
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -154,6 +162,10 @@ class TransactionManager:
         # PrepareTxn succeeded for the current transaction: EndTxn is due even when
         # nothing was added (the coordinator then holds an empty sealed transaction).
         self.sealed = False
+        # KIP-447 draft: the consumer group and generation of a group-aware producer
+        # (None / -1 otherwise), set by begin_group_initialize.
+        self.group_id: str | None = None
+        self.generation_id = -1
 
     # ------------------------------------------------------------ state machine
 
@@ -235,6 +247,28 @@ class TransactionManager:
                 raise errors.IllegalStateError(
                     f"init_transactions() may be called once, not in state {self.state.name}")
             self.transition_to(S.INITIALIZING)
+
+    def begin_group_initialize(self, group_id: str, generation_id: int) -> None:
+        """Group-aware init_transactions (KIP-447 draft): allowed before the first
+        init, between transactions, inside a transaction (which is dropped: the
+        coordinator aborts it) and after being fenced (ProducerFencedError) — "it is
+        safe to call after receiving a ProducerFencedException". Any other fatal error
+        is raised; so is a committing or aborting transaction (finish it first)."""
+        with self._lock:
+            self._require_transactional("init_transactions()")
+            if self.state is S.FATAL_ERROR and not fenced_error(self.last_error):
+                self.raise_if_fatal()
+            if self.state in (S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION, S.PREPARED_TRANSACTION):
+                raise errors.IllegalStateError(
+                    f"init_transactions() while the transaction is {self.state.name}; complete it first")
+            if self.group_id is not None and self.group_id != group_id:
+                raise errors.IllegalStateError(
+                    f"the producer belongs to group {self.group_id!r}, not {group_id!r}")
+            self.transition_to(S.INITIALIZING)
+            self.last_error = None
+            self._clear_transaction()
+            self.group_id = group_id
+            self.generation_id = generation_id
 
     def initialize_failed(self, exc: BaseException) -> BaseException:
         """InitProducerId did not succeed: fatal errors stay, others allow a retry."""

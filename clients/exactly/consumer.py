@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import inspect
 import logging
 import re
 import time
@@ -138,7 +139,10 @@ class Consumer:
         matching topic makes the member rejoin.
 
         Rebalance callbacks get a sorted list of TopicPartition, in the thread
-        that calls poll: `on_assign(partitions)` after an assignment;
+        that calls poll: `on_assign(partitions)` after an assignment — or
+        `on_assign(partitions, generation)` when the callback takes two
+        arguments (the KIP-447 draft's onPartitionsAssigned overload, for
+        `Producer.init_transactions(partitions, group_id, generation)`);
         `on_revoke(partitions)` before partitions are given up in a rebalance, on
         unsubscribe and on close (after the auto commit); `on_lost(partitions)`
         instead of on_revoke when the partitions were already lost — the session
@@ -290,7 +294,10 @@ class Consumer:
             log.info("group %s: assigned %s", self._group_id, sorted(assignment))
             if self._on_assign is not None:
                 try:
-                    self._on_assign(sorted(assignment))
+                    if _takes_generation(self._on_assign):
+                        self._on_assign(sorted(assignment), group.generation()[0])
+                    else:
+                        self._on_assign(sorted(assignment))
                 except Exception as exc:  # noqa: BLE001 - re-raised below, state already updated
                     log.exception("on_assign callback failed")
                     failure = failure or exc
@@ -721,6 +728,16 @@ class Consumer:
     def _check_open(self) -> None:
         if self._closed:
             raise errors.IllegalStateError("consumer is closed")
+
+
+def _takes_generation(callback: Callable) -> bool:
+    """Whether an on_assign callback accepts (partitions, generation)."""
+    try:
+        params = inspect.signature(callback).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def _pattern_of(topics: Iterable[str] | str | re.Pattern) -> re.Pattern | None:

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 import tenacity
 
@@ -41,10 +41,10 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, txn_coordinator_key
 from ._sender import Sender, SenderConfig
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
-                           copy_error, normalize)
+                           copy_error, fenced_error, normalize)
 from .config import ProducerSchema, parse
 from .errors import ConfigurationError, TransactionAbortedError
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
@@ -158,6 +158,7 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
+        self._assigned: list[TopicPartition] = []  # a group-aware producer's input partitions
         self._closed = False
         self._close_lock = threading.Lock()
         self._sender = Sender(
@@ -283,19 +284,33 @@ class Producer:
 
     def _txn_call(self, method: str, request: Any, timeout_s: float) -> Any:
         core = self._core
-        return core.coordinator_call(self._transactional_id, COORDINATOR_TRANSACTION,
-                                     lambda addr: getattr(core.txn_stub(addr), method), request,
+        key, key_type = txn_coordinator_key(self._transactional_id, self._txn.group_id)
+        return core.coordinator_call(key, key_type, lambda addr: getattr(core.txn_stub(addr), method), request,
                                      timeout_s=timeout_s)
 
-    def _init_producer_id(self, timeout_s: float, bump: bool = False) -> None:
+    def _group_fields(self) -> dict[str, Any]:
+        """consumer_group_id / generation_id of a group-aware producer's transactional
+        requests (KIP-447 draft); empty for the others."""
+        txn = self._txn
+        return {"consumer_group_id": txn.group_id, "generation_id": txn.generation_id} if txn.group_id else {}
+
+    def _init_producer_id(self, timeout_s: float, bump: bool = False,
+                          assigned: Iterable[TopicPartition] = ()) -> None:
         """InitProducerId to the transaction coordinator (step 2 of the data flow);
-        `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360)."""
+        `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360);
+        a group-aware producer sends its group, generation and `assigned` partitions."""
         txn = self._txn
         req = pb.InitProducerIdRequest(
             transactional_id=self._transactional_id or "",
             transaction_timeout_ms=self._txn_timeout_ms,
             producer_id=txn.producer_id if bump else NO_PRODUCER_ID,
-            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH)
+            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH, **self._group_fields())
+        if txn.group_id:
+            by_topic: dict[str, list[int]] = collections.defaultdict(list)
+            for tp in assigned if not bump else self._assigned:
+                by_topic[tp.topic].append(tp.partition)
+            req.assigned_partitions.extend(pb.TopicPartitions(topic=t, partitions=sorted(ps))
+                                           for t, ps in sorted(by_topic.items()))
         try:
             resp = self._txn_call("InitProducerId", req, timeout_s)
         except errors.ExactlyError as exc:
@@ -306,21 +321,72 @@ class Producer:
         txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
         log.info("producer %s: PID %d epoch %d", self._transactional_id, resp.producer_id, resp.producer_epoch)
 
-    def init_transactions(self, timeout: float | None = None) -> None:
+    def init_transactions(self, partitions: Iterable[TopicPartition] | float | None = None,
+                          group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
+                          timeout: float | None = None) -> None:
         """Get this transactional.id's PID and a new epoch from the transaction
         coordinator, fencing older instances and completing (aborting) their open
-        transaction. Call once, before the first begin_transaction().
-        `timeout` in seconds (default max.block.ms).
+        transaction. `timeout` in seconds (default max.block.ms).
 
-        Raises errors.IllegalStateError without transactional.id or when called
-        twice; errors.KafkaTimeoutError when the coordinator did not answer in time
-        (the call may be repeated); errors.InvalidTransactionTimeoutError and other
-        fatal errors. Design doc: "Public APIs", initTransactions()."""
+        `init_transactions()` (or `init_transactions(timeout)`): once, before the first
+        begin_transaction() (KIP-98 design document, "Public APIs", initTransactions()).
+
+        `init_transactions(partitions, group_id, generation)` or
+        `init_transactions(partitions, consumer.group_metadata())`: the group-aware form
+        of the KIP-447 draft, for ONE producer per process in a consume-transform-produce
+        loop. `partitions`: the input partitions the consumer group assigned in the
+        rebalance of `generation`. The producer's transactions then live with the
+        transaction coordinator of the group, which aborts and fences any open
+        transaction of another producer of the group on these partitions and returns
+        once those are complete, and refuses later requests of older generations
+        (ILLEGAL_GENERATION). Call it in `on_assign` after every rebalance (the
+        callback gets the generation as its second argument), and after a
+        ProducerFencedError; the producer is never closed on a rebalance. An open
+        transaction is dropped (the coordinator aborts it).
+
+        Raises errors.IllegalStateError without transactional.id, when the classic
+        form is called twice, or for a group-aware call on a producer of another
+        group; errors.KafkaTimeoutError when the coordinator did not answer in time
+        (the call may be repeated; PENDING_TRANSACTION is waited on until then);
+        errors.IllegalGenerationError for a generation older than the coordinator
+        has seen; errors.InvalidTransactionTimeoutError and other fatal errors."""
+        if isinstance(partitions, (int, float)) and not isinstance(partitions, bool):
+            partitions, timeout = None, float(partitions)
         self._check_open()
         if self._transactional_id is None:
             raise errors.IllegalStateError("init_transactions() needs transactional.id")
-        self._txn.begin_initialize()
-        self._init_producer_id(self._timeout_s(timeout))
+        if group is None:
+            if partitions is not None or generation is not None:
+                raise ValueError("the group-aware init_transactions() needs a consumer group")
+            self._txn.begin_initialize()
+            self._init_producer_id(self._timeout_s(timeout))
+            return
+        if isinstance(group, ConsumerGroupMetadata):
+            group_id = group.group_id
+            generation = group.generation_id if generation is None else generation
+        else:
+            group_id = str(group)
+        if not group_id or generation is None or generation < 0:
+            raise ValueError("the group-aware init_transactions() needs a group id and a generation >= 0")
+        assigned = sorted(TopicPartition(*tp) for tp in (partitions or ()))
+        timeout_s = self._timeout_s(timeout)
+        self._drop_transaction(timeout_s)
+        self._txn.begin_group_initialize(group_id, int(generation))
+        self._assigned = assigned
+        self._init_producer_id(timeout_s, assigned=assigned)
+
+    def _drop_transaction(self, timeout_s: float) -> None:
+        """Before a group-aware re-initialisation: fail the unsent records of an open
+        transaction (TransactionAbortedError) and wait for those in flight; the
+        coordinator aborts the transaction itself."""
+        dropped = self._acc.drain_all()
+        fail_batches(dropped, TransactionAbortedError("transaction dropped by init_transactions()"), self._acc)
+        self._sender.wakeup()
+        deadline = time.monotonic() + timeout_s
+        for batch in self._acc.incomplete():
+            batch.done.wait(max(deadline - time.monotonic(), 0))
+        while self._txn.add_in_flight and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def begin_transaction(self) -> None:
         """Start a transaction (local; the coordinator hears of it with the first
@@ -359,7 +425,7 @@ class Producer:
             if txn.needs_add_offsets(gm.group_id):
                 self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
                     transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                    producer_epoch=txn.producer_epoch, group_id=gm.group_id), timeout_s)
+                    producer_epoch=txn.producer_epoch, group_id=gm.group_id, **self._group_fields()), timeout_s)
                 txn.offsets_added(gm.group_id)
             by_topic: dict[str, list[pb.OffsetCommitPartition]] = collections.defaultdict(list)
             for tp, om in sorted(offsets.items()):
@@ -372,7 +438,7 @@ class Producer:
                 transactional_id=self._transactional_id, group_id=gm.group_id,
                 producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
                 generation_id=gm.generation_id, member_id=gm.member_id or "",
-                group_instance_id=gm.group_instance_id or "",
+                group_instance_id=gm.group_instance_id or "", group_aware_producer=txn.group_id == gm.group_id,
                 topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
             core.coordinator_call(
                 gm.group_id, COORDINATOR_GROUP, lambda addr: core.group_stub(addr).TxnOffsetCommit, req,
@@ -461,7 +527,7 @@ class Producer:
         txn.begin_prepare()
         self._flush_transaction(timeout_s, deadline)
         req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                                   producer_epoch=txn.producer_epoch)
+                                   producer_epoch=txn.producer_epoch, **self._group_fields())
         try:
             self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
         except errors.ExactlyError as exc:
@@ -510,7 +576,7 @@ class Producer:
         continues with), or None when there was nothing to abort."""
         txn = self._txn
         req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                               producer_epoch=txn.producer_epoch, committed=commit)
+                               producer_epoch=txn.producer_epoch, committed=commit, **self._group_fields())
         try:
             return self._txn_call("EndTxn", req, timeout_s)
         except errors.ExactlyError as exc:
@@ -568,9 +634,12 @@ class Producer:
 
     def _end_failed_transaction(self, exc: BaseException, timeout: float | None) -> None:
         """A transaction failed with `exc`: close the producer on a fatal error,
-        else abort the transaction (an abort that fails fatally closes it too)."""
+        else abort the transaction (an abort that fails fatally closes it too). A
+        group-aware producer that was fenced stays open: the next group-aware
+        init_transactions() recovers it (KIP-447 draft)."""
         if isinstance(exc, errors.ExactlyError) and exc.fatal:
-            self.close(timeout=0)
+            if not (self._txn.group_id and fenced_error(exc)):
+                self.close(timeout=0)
             return
         try:
             self.abort_transaction(timeout)

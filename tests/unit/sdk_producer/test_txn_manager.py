@@ -64,9 +64,11 @@ def test_non_error_state_rejects_an_error():
 
 
 def test_fatal_is_terminal():
+    """Only a group-aware re-initialisation leaves FATAL_ERROR (KIP-447 draft: after a
+    ProducerFencedError), through begin_group_initialize."""
     tm = manager_in(S.FATAL_ERROR)
     for target in TransactionManagerState:
-        if target is S.FATAL_ERROR:
+        if target in (S.FATAL_ERROR, S.INITIALIZING):
             continue
         with pytest.raises(InvalidTransitionError):
             tm.transition_to(target, errors.KafkaTimeoutError("x") if target in ERROR_STATES else None)
@@ -305,3 +307,32 @@ def test_transactional_requires_idempotence():
         TransactionManager("tx", idempotent=False)
     plain = TransactionManager(None, idempotent=False)
     assert plain.state is S.READY and not plain.has_producer_id
+
+
+def test_group_aware_initialization_after_being_fenced_or_inside_a_transaction():
+    tm = TransactionManager("tid")
+    tm.begin_group_initialize("g", 3)
+    tm.set_producer_id_and_epoch(5, 0)
+    tm.begin_transaction()
+    tm.maybe_add_partition(TP0)
+    # A rebalance: the open transaction is dropped, the generation is the new one.
+    tm.begin_group_initialize("g", 4)
+    assert (tm.state, tm.generation_id, tm.group_id, tm.has_pending_partitions()) == \
+        (S.INITIALIZING, 4, "g", False)
+    tm.set_producer_id_and_epoch(5, 1)
+    # Fenced by another member's init: recoverable by the group-aware init only.
+    tm.transition_to(S.FATAL_ERROR, errors.ProducerFencedError("fenced"))
+    with pytest.raises(errors.ProducerFencedError):
+        tm.begin_transaction()
+    tm.begin_group_initialize("g", 5)
+    assert tm.state is S.INITIALIZING and tm.last_error is None
+    with pytest.raises(errors.IllegalStateError, match="group 'g'"):
+        tm.begin_group_initialize("other", 6)
+
+
+def test_group_aware_initialization_does_not_hide_other_fatal_errors():
+    tm = TransactionManager("tid")
+    tm.begin_group_initialize("g", 1)
+    tm.transition_to(S.FATAL_ERROR, errors.TransactionalIdAuthorizationFailedError("no"))
+    with pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+        tm.begin_group_initialize("g", 2)
