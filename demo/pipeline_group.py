@@ -3,7 +3,7 @@ producer per process (the KIP-447 draft's read-process-write loop).
 
     python -m demo.pipeline_group --bootstrap-servers H:P[,H:P] --transactional-id ID
         [--group-id G] [--input-topic purchases] [--status-file F] [--hold-open-after N]
-        [--max-records 200] [--session-timeout-ms 6000]
+        [--max-records 200] [--session-timeout-ms 6000] [--pause-ms 0]
 
 The consumer's rebalance callback re-initialises the producer with the partitions
 and the generation of each new assignment
@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
                 rewind_to_committed(consumer)
                 continue
             copied += len(batch)
-            _status(status_file, state="running", copied=copied)
+            _status(status_file, state="running", copied=copied, generation=initialised["generation"])
+            if args.pause_ms:
+                time.sleep(args.pause_ms / 1000)  # pacing, so tests can land faults mid-run
     finally:
         _status(status_file, state="stopped", copied=copied)
         producer.close()
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-open-after", type=int)
     parser.add_argument("--max-records", type=int, default=200)
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
+    parser.add_argument("--pause-ms", type=int, default=0, help="pause after each committed transaction")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

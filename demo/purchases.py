@@ -1,7 +1,7 @@
 """The main job: the purchases pipeline on a dev cluster, with failures injected.
 
     python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
-        [--txn-coordinators 1] [--group-coordinators 1]
+        [--txn-coordinators 1] [--group-coordinators 1] [--group-aware]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
    --replication-factor sets the replication factor of the internal topics and of
@@ -14,6 +14,9 @@
    transactional.id, then SIGKILLs and restarts the transaction coordinator txn-0
    (with several coordinators another one takes its partitions over meanwhile) and,
    with a replication factor above 1, a partition leader;
+   With --group-aware two workers share the consumer group, each with one
+   group-aware producer (KIP-447 draft); the SIGKILLed one's partitions move to the
+   other, and a new worker joins;
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
    every item produced exactly one invoice and one shipment and the totals match.
 """
@@ -61,11 +64,16 @@ def load_purchases(bootstrap: str, rows: list[dict]) -> None:
 class Worker:
     """One pipeline worker process."""
 
-    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None):
+    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
+                 group_aware_id: str | None = None):
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "demo.pipeline", "--bootstrap-servers", bootstrap,
-               "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
+        if group_aware_id is None:
+            cmd = [sys.executable, "-m", "demo.pipeline", "--bootstrap-servers", bootstrap,
+                   "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
+        else:  # one group-aware producer per worker (KIP-447 draft), each its own transactional.id
+            cmd = [sys.executable, "-m", "demo.pipeline_group", "--bootstrap-servers", bootstrap,
+                   "--transactional-id", group_aware_id, "--status-file", str(self.status_file)]
         if hold_open_after is not None:
             cmd += ["--hold-open-after", str(hold_open_after)]
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
@@ -88,7 +96,7 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
 
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
-        group_coordinators: int = 1) -> int:
+        group_coordinators: int = 1, group_aware: bool = False) -> int:
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
@@ -118,8 +126,17 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
         total = len(rows)
         hold_after = total // 4
-        say(f"Running the pipeline; the worker will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
-        worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after)
+        if group_aware:
+            say(f"Running the pipeline with two group-aware workers (one producer each, KIP-447 draft); "
+                f"worker-1 will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
+            worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after,
+                            group_aware_id=f"{TRANSACTIONAL_ID}-worker-1")
+            others = [Worker(bootstrap, run_dir, "worker-b", group_aware_id=f"{TRANSACTIONAL_ID}-worker-b")]
+        else:
+            say(f"Running the pipeline; the worker will be SIGKILLed inside an open transaction after "
+                f"~{hold_after:,} items")
+            worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after)
+            others = []
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
 
@@ -132,7 +149,8 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
 
         deadline = time.monotonic() + 600
         while worker.status().get("state") != "holding":
-            worker.check_alive()
+            for w in [worker, *others]:
+                w.check_alive()
             progress()
             if time.monotonic() > deadline:
                 raise RuntimeError("worker did not reach the hold point")
@@ -140,12 +158,19 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         held = worker.status().get("open_records", 0)
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait()
-        bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
-                  f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
-        worker = Worker(bootstrap, run_dir, "worker-2")
+        if group_aware:
+            bar.write(f"SIGKILLed worker-1 (pid {worker.proc.pid}) inside an open transaction ({held} items sent, "
+                      "not committed); worker-b takes its partitions over (its init_transactions aborts the open "
+                      "transaction first), then a new worker-2 joins the group")
+            worker = Worker(bootstrap, run_dir, "worker-2", group_aware_id=f"{TRANSACTIONAL_ID}-worker-2")
+        else:
+            bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
+                      f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
+            worker = Worker(bootstrap, run_dir, "worker-2")
         coordinator_killed = leader_killed = False
         while progress() < total:
-            worker.check_alive()
+            for w in [worker, *others]:
+                w.check_alive()
             if not coordinator_killed and done >= total * 0.6:
                 cluster.kill("txn-0")
                 if txn_coordinators > 1:
@@ -170,8 +195,10 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
                 raise RuntimeError(f"pipeline stalled at {done:,}/{total:,}")
             time.sleep(0.2)
         bar.close()
-        worker.proc.send_signal(signal.SIGTERM)
-        worker.proc.wait(timeout=60)
+        for w in [worker, *others]:
+            w.proc.send_signal(signal.SIGTERM)
+        for w in [worker, *others]:
+            w.proc.wait(timeout=60)
         watcher.close()
 
         say("Reading the outputs ...")
@@ -219,13 +246,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="replication factor of the internal and the demo's topics (default 1)")
     parser.add_argument("--txn-coordinators", type=int, default=1, help="transaction coordinators (default 1)")
     parser.add_argument("--group-coordinators", type=int, default=1, help="group coordinators (default 1)")
+    parser.add_argument("--group-aware", action="store_true",
+                        help="two workers sharing the group, one group-aware producer each (KIP-447 draft)")
     args = parser.parse_args(argv)
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
-               args.group_coordinators)
+               args.group_coordinators, args.group_aware)
 
 
 if __name__ == "__main__":
