@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from exactly import Consumer, Producer, TopicPartition, errors
+from exactly import Consumer, ConsumerGroupMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_TRANSACTION_GROUP
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -192,3 +192,38 @@ def test_the_group_assignment_survives_a_transaction_coordinator_failover(cluste
         assert group_init(stub, tid, group, 5, parts).error_code == ErrorCode.NONE
     finally:
         p.close()
+
+
+def test_a_mixed_group_refuses_the_stale_per_partition_producer(cluster2):
+    """The draft's "Compatibility" section: in a group where a producer with a
+    transactional.id per input partition (no generation) and a group-aware producer
+    meet, the group coordinator remembers who committed each partition's offsets
+    last and answers CONCURRENT_PRODUCER_COMMIT to the stale one."""
+    src, dst = create_topic(cluster2, 1), create_topic(cluster2, 1)
+    group = _name("g")
+    tp = TopicPartition(src, 0)
+    legacy = producer(cluster2, **{"transactional.id": _name("app-0")})
+    c = member(cluster2, group, src)
+    aware = producer(cluster2, **{"transactional.id": _name("tx")})
+    try:
+        legacy.init_transactions(30)
+        with legacy.transaction():  # an old-style producer commits without a generation
+            legacy.send(dst, b"legacy-1")
+            legacy.send_offsets_to_transaction({tp: 1}, ConsumerGroupMetadata(group))
+        settle(c)
+        aware.init_transactions([tp], c.group_metadata())
+        with aware.transaction():
+            aware.send(dst, b"aware-2")
+            aware.send_offsets_to_transaction({tp: 2}, c.group_metadata())
+        legacy.begin_transaction()
+        legacy.send(dst, b"legacy-stale")
+        with pytest.raises(errors.ConcurrentProducerCommitError):
+            legacy.send_offsets_to_transaction({tp: 3}, ConsumerGroupMetadata(group))
+        legacy.abort_transaction(30)
+        assert c.committed([tp])[tp].offset == 2
+    finally:
+        c.close()
+        legacy.close()
+        aware.close()
+    assert sorted(r.value for r in read_all(cluster2, dst, 1, "read_committed", expected=2)) == \
+        [b"aware-2", b"legacy-1"]
