@@ -284,9 +284,9 @@ def test_settings_configmap_renders_kafka_style_properties():
     objects = render({"config": {"partitionLeader": {"segment.bytes": 1073741824, "x.ratio": 0.5},
                                  "txnCoordinator": {"transaction.max.timeout.ms": "900000"}}})
     data = by_kind(objects, "ConfigMap")[f"{RELEASE}-config"]["data"]
-    common = data["common.properties"].splitlines()
-    assert "transaction.state.log.num.partitions=8" in common
-    assert "offsets.topic.num.partitions=8" in common
+    assert "zookeeper.session.timeout.ms=10000" in data["common.properties"].splitlines()
+    assert "transaction.state.log.num.partitions=8" in data["txn-coordinator.properties"].splitlines()
+    assert "offsets.topic.num.partitions=8" in data["group-coordinator.properties"].splitlines()
     leader = data["partition-leader.properties"].splitlines()
     assert "segment.bytes=1073741824" in leader and "x.ratio=0.5" in leader
     assert "transaction.max.timeout.ms=900000" in data["txn-coordinator.properties"].splitlines()
@@ -396,9 +396,8 @@ def _write_pod_files(tmp_path: pathlib.Path, objects: list[dict]) -> pathlib.Pat
 
 
 def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_path):
-    objects = render({"config": {"common": {"offsets.topic.num.partitions": "16"},
-                                 "partitionLeader": {"segment.bytes": "1048576",
-                                                     "offsets.topic.num.partitions": "16"}}})
+    objects = render({"config": {"common": {"zookeeper.session.timeout.ms": "6000"},
+                                 "partitionLeader": {"segment.bytes": "1048576", "min.insync.replicas": "2"}}})
     etc = _write_pod_files(tmp_path, objects)
     c = container(statefulset(objects, "partition-leader"))
     env = {"POD_NAME": "exactly-partition-leader-0", "POD_NAMESPACE": NAMESPACE}
@@ -417,11 +416,27 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
     assert cfg["port"] == 9092
     assert cfg["zookeeper"] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
     assert cfg["data_dir"] == "/var/lib/exactly"
-    assert cfg["props"] == {"metrics.port": "9404", "offsets.topic.num.partitions": "16",
-                            "offsets.topic.replication.factor": "1",
-                            "transaction.state.log.num.partitions": "8",
-                            "transaction.state.log.replication.factor": "1",
-                            "zookeeper.session.timeout.ms": "10000", "segment.bytes": "1048576"}
+    assert cfg["props"] == {"metrics.port": "9404", "zookeeper.session.timeout.ms": "6000",
+                            "segment.bytes": "1048576", "min.insync.replicas": "2"}
+
+
+@pytest.mark.parametrize("values", ["default", "ci"])
+def test_every_services_rendered_settings_pass_its_schema(values):
+    """Each service refuses a setting its role does not have: the chart's defaults (and
+    the CI values) must only give each role its own keys."""
+    from services.common.settings import SERVICE_SCHEMAS
+    from exactly_wire.config import parse
+    overrides = {} if values == "default" else yaml.safe_load((CHART / "ci" / "values-5-leaders.yaml").read_text())
+    data = by_kind(render(overrides), "ConfigMap")[f"{RELEASE}-config"]["data"]
+    files = {"partition_leader": "partition-leader.properties", "txn_coordinator": "txn-coordinator.properties",
+             "group_coordinator": "group-coordinator.properties"}
+    for role, name in files.items():
+        props = {}
+        for line in data["common.properties"].splitlines() + data[name].splitlines():
+            if line and not line.startswith(("#", "!")):
+                key, _, value = line.partition("=")
+                props[key] = value
+        parse(SERVICE_SCHEMAS[role], props)  # raises ConfigurationError naming a wrong key
 
 
 def test_launcher_gives_up_when_the_advertised_name_never_resolves(tmp_path):
