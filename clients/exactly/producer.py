@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Generator, Mapping, NamedTuple
 
 from exactly_wire import compression
 from exactly_wire import records as _rec
@@ -37,7 +37,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, run_flow
 from ._sender import Sender, SenderConfig
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
                            copy_error, normalize)
@@ -67,6 +67,42 @@ class PreparedTransaction(NamedTuple):
     transactional_id: str
     producer_id: int
     epoch: int
+
+
+# I/O effects yielded by the transaction flows of the Producer (see `run_flow` in
+# exactly._client): the Producer performs them blocking, exactly.aio awaits them.
+class CoordinatorRequest(NamedTuple):
+    """Send `request` to the coordinator of `key` (key_type COORDINATOR_GROUP or
+    COORDINATOR_TRANSACTION) with `ClientCore.coordinator_call` semantics; the
+    outcome is the response. `stub`: "txn" or "group"; `method`: the RPC name."""
+
+    key: str
+    key_type: int
+    stub: str
+    method: str
+    request: Any
+    timeout_s: float
+    error_code: Callable[[Any], int] = lambda r: r.error_code
+
+
+class Flush(NamedTuple):
+    """`flush(timeout_s)`: send every queued record now and wait for all outcomes."""
+
+    timeout_s: float | None
+
+
+class AwaitBatches(NamedTuple):
+    """Wait until every incomplete batch has its outcome; errors.KafkaTimeoutError
+    (`what` timed out) at `deadline` (time.monotonic() seconds)."""
+
+    deadline: float
+    what: str
+
+
+class AwaitAddPartitions(NamedTuple):
+    """Wait until no AddPartitionsToTxn is in flight; errors.KafkaTimeoutError at `deadline`."""
+
+    deadline: float
 
 
 def _as_bool(v: Any) -> bool:
@@ -135,9 +171,13 @@ class Producer:
     enable.idempotence=false). Thread-safe: send() may be called from several threads.
     """
 
+    # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and sender.
+    _core_class: type = ClientCore
+    _sender_class: type = Sender
+
     def __init__(self, conf: Mapping[str, Any]):
         conf = dict(conf)
-        self._core = ClientCore(conf)
+        self._core = self._core_class(conf)
         tid = conf.get("transactional.id") or None
         self._transactional_id: str | None = str(tid) if tid is not None else None
         idem_set = "enable.idempotence" in conf
@@ -184,7 +224,7 @@ class Producer:
         self._topic_cache: dict[str, _TopicPartitions] = {}
         self._closed = False
         self._close_lock = threading.Lock()
-        self._sender = Sender(
+        self._sender = self._sender_class(
             SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
                          request_timeout_ms=self._request_timeout_ms, delivery_timeout_ms=self._delivery_timeout_ms,
                          retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
@@ -293,25 +333,40 @@ class Producer:
         try:
             self._sender.wakeup()
             deadline = None if timeout is None else time.monotonic() + timeout
-            for batch in self._acc.incomplete():
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-                if not batch.done.wait(remaining):
-                    raise errors.KafkaTimeoutError(f"flush timed out after {timeout} s")
+            self._await_batches(deadline, f"flush timed out after {timeout} s")
         finally:
             self._acc.end_flush()
+
+    def _await_batches(self, deadline: float | None, timed_out: str) -> None:
+        for batch in self._acc.incomplete():
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not batch.done.wait(remaining):
+                raise errors.KafkaTimeoutError(timed_out)
+
+    def _perform(self, effect: Any) -> Any:
+        """Perform one effect of a transaction flow, blocking this thread."""
+        if isinstance(effect, CoordinatorRequest):
+            core = self._core
+            stub = core.txn_stub if effect.stub == "txn" else core.group_stub
+            return core.coordinator_call(effect.key, effect.key_type, lambda addr: getattr(stub(addr), effect.method),
+                                         effect.request, error_code=effect.error_code, timeout_s=effect.timeout_s)
+        if isinstance(effect, Flush):
+            return self.flush(effect.timeout_s)
+        if isinstance(effect, AwaitBatches):
+            return self._await_batches(effect.deadline, effect.what)
+        if isinstance(effect, AwaitAddPartitions):
+            return self._wait_add_partitions(effect.deadline)
+        raise TypeError(f"unknown effect {effect!r}")
 
     # ------------------------------------------------------------ transactions
 
     def _timeout_s(self, timeout: float | None) -> float:
         return self._max_block_ms / 1000.0 if timeout is None else timeout
 
-    def _txn_call(self, method: str, request: Any, timeout_s: float) -> Any:
-        core = self._core
-        return core.coordinator_call(self._transactional_id, COORDINATOR_TRANSACTION,
-                                     lambda addr: getattr(core.txn_stub(addr), method), request,
-                                     timeout_s=timeout_s)
+    def _txn_call(self, method: str, request: Any, timeout_s: float) -> CoordinatorRequest:
+        return CoordinatorRequest(self._transactional_id, COORDINATOR_TRANSACTION, "txn", method, request, timeout_s)
 
-    def _init_producer_id(self, timeout_s: float, bump: bool = False) -> None:
+    def _init_producer_id(self, timeout_s: float, bump: bool = False) -> Generator:
         """InitProducerId to the transaction coordinator (step 2 of the data flow);
         `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360)."""
         txn = self._txn
@@ -321,7 +376,7 @@ class Producer:
             producer_id=txn.producer_id if bump else NO_PRODUCER_ID,
             producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH)
         try:
-            resp = self._txn_call("InitProducerId", req, timeout_s)
+            resp = yield self._txn_call("InitProducerId", req, timeout_s)
         except errors.ExactlyError as exc:
             err = txn.initialize_failed(exc)
             if is_retriable(err):
@@ -341,10 +396,13 @@ class Producer:
         (the call may be repeated); errors.InvalidTransactionTimeoutError and other
         fatal errors. Design doc: "Public APIs", initTransactions()."""
         self._check_open()
+        run_flow(self._init_transactions_flow(timeout), self._perform)
+
+    def _init_transactions_flow(self, timeout: float | None) -> Generator:
         if self._transactional_id is None:
             raise errors.IllegalStateError("init_transactions() needs transactional.id")
         self._txn.begin_initialize()
-        self._init_producer_id(self._timeout_s(timeout))
+        yield from self._init_producer_id(self._timeout_s(timeout))
 
     def begin_transaction(self) -> None:
         """Start a transaction (local; the coordinator hears of it with the first
@@ -371,6 +429,10 @@ class Producer:
         outside a transaction. Design doc: "Public APIs", sendOffsetsToTransaction();
         data flow 4.3 and 4.4."""
         self._check_open()
+        run_flow(self._send_offsets_flow(offsets, group_metadata, timeout), self._perform)
+
+    def _send_offsets_flow(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+                           group_metadata: ConsumerGroupMetadata | str, timeout: float | None) -> Generator:
         txn = self._txn
         txn.check_in_transaction("send_offsets_to_transaction()")
         gm = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
@@ -378,10 +440,9 @@ class Producer:
             return
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
-        core = self._core
         try:
             if txn.needs_add_offsets(gm.group_id):
-                self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
+                yield self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
                     transactional_id=self._transactional_id, producer_id=txn.producer_id,
                     producer_epoch=txn.producer_epoch, group_id=gm.group_id), timeout_s)
                 txn.offsets_added(gm.group_id)
@@ -398,11 +459,11 @@ class Producer:
                 generation_id=gm.generation_id, member_id=gm.member_id or "",
                 group_instance_id=gm.group_instance_id or "",
                 topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
-            core.coordinator_call(
-                gm.group_id, COORDINATOR_GROUP, lambda addr: core.group_stub(addr).TxnOffsetCommit, req,
+            yield CoordinatorRequest(
+                gm.group_id, COORDINATOR_GROUP, "group", "TxnOffsetCommit", req,
+                max(deadline - time.monotonic(), 0.001),
                 error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
-                                           if p.error_code), 0),
-                timeout_s=max(deadline - time.monotonic(), 0.001))
+                                           if p.error_code), 0))
         except errors.ExactlyError as exc:
             if is_retriable(exc) and exc.code not in FENCING_CODES:
                 raise errors.KafkaTimeoutError(
@@ -420,18 +481,22 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", commitTransaction(); data flow 5.1."""
         self._check_open()
+        run_flow(self._commit_flow(timeout), self._perform)
+
+    def _commit_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_commit()
-        self._flush_transaction(timeout_s, deadline)
-        self._finish_transaction(True, deadline)
+        yield from self._flush_transaction(timeout_s, deadline)
+        yield from self._finish_transaction(True, deadline)
 
-    def _finish_transaction(self, commit: bool, deadline: float) -> None:
+    def _finish_transaction(self, commit: bool, deadline: float) -> Generator:
         """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
         under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
         txn = self._txn
-        resp = self._end_txn(commit, max(deadline - time.monotonic(), 0.001)) if txn.needs_end_txn else None
+        resp = (yield from self._end_txn(commit, max(deadline - time.monotonic(), 0.001))) \
+            if txn.needs_end_txn else None
         if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
             txn.complete_transaction(resp.producer_id, resp.producer_epoch)
         elif txn.sequences_unresolved and not commit:
@@ -439,25 +504,25 @@ class Producer:
             # transaction may or may not be in the log: a new epoch restarts sequences
             # so later batches are not rejected (KIP-360).
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
             return
         else:
             txn.complete_transaction()
         if txn.epoch_exhausted:
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
 
-    def _flush_transaction(self, timeout_s: float, deadline: float) -> None:
+    def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
         raise the transaction's stored error, if any."""
         txn = self._txn
         try:
-            self.flush(timeout_s)
+            yield Flush(timeout_s)
         except errors.KafkaTimeoutError as exc:
             # Records of the transaction are still unacknowledged: it can only be aborted.
             txn.record_error(exc)
             raise
-        self._wait_add_partitions(deadline)
+        yield AwaitAddPartitions(deadline)
         txn.raise_if_failed()
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
@@ -479,15 +544,18 @@ class Producer:
         prepare_transaction() may be called again); errors.IllegalStateError without
         an open transaction."""
         self._check_open()
+        return run_flow(self._prepare_flow(timeout), self._perform)
+
+    def _prepare_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_prepare()
-        self._flush_transaction(timeout_s, deadline)
+        yield from self._flush_transaction(timeout_s, deadline)
         req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                    producer_epoch=txn.producer_epoch)
         try:
-            self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
+            yield self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
@@ -506,6 +574,9 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", abortTransaction(); data flow 5.1."""
         self._check_open()
+        run_flow(self._abort_flow(timeout), self._perform)
+
+    def _abort_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
@@ -516,12 +587,10 @@ class Producer:
         fail_batches(dropped, TransactionAbortedError("transaction aborted before the record was sent"),
                      self._acc)
         self._sender.wakeup()
-        for batch in self._acc.incomplete():
-            if not batch.done.wait(max(deadline - time.monotonic(), 0)):
-                raise errors.KafkaTimeoutError(f"abort_transaction timed out after {timeout_s} s")
-        self._wait_add_partitions(deadline)
+        yield AwaitBatches(deadline, f"abort_transaction timed out after {timeout_s} s")
+        yield AwaitAddPartitions(deadline)
         txn.raise_if_fatal()
-        self._finish_transaction(False, deadline)
+        yield from self._finish_transaction(False, deadline)
 
     def _wait_add_partitions(self, deadline: float) -> None:
         while self._txn.add_in_flight:
@@ -529,14 +598,14 @@ class Producer:
                 raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
             time.sleep(0.001)
 
-    def _end_txn(self, commit: bool, timeout_s: float) -> pb.EndTxnResponse | None:
+    def _end_txn(self, commit: bool, timeout_s: float) -> Generator:
         """EndTxn; returns the response (its PID and epoch are the ones the producer
         continues with), or None when there was nothing to abort."""
         txn = self._txn
         req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                producer_epoch=txn.producer_epoch, committed=commit)
         try:
-            return self._txn_call("EndTxn", req, timeout_s)
+            return (yield self._txn_call("EndTxn", req, timeout_s))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(
