@@ -354,7 +354,9 @@ class CoreBase:
             with self._lock:
                 self._coordinators.clear()
 
-    def _coordinator_outcome(self, key: str, key_type: int, resp: Any, error_code: Callable[[Any], int]) -> Any:
+    @staticmethod
+    def _coordinator_outcome(resp: Any, error_code: Callable[[Any], int]) -> Any:
+        """The response of a coordinator request, or its error raised."""
         errors.check(error_code(resp), getattr(resp, "error_message", None) or None)
         return resp
 
@@ -545,7 +547,7 @@ class ClientCore(CoreBase):
         def _once() -> Any:
             addr = self.find_coordinator(key, key_type, timeout_s)
             try:
-                return self._coordinator_outcome(key, key_type, self.call(stub_method(addr), request), error_code)
+                return self._coordinator_outcome(self.call(stub_method(addr), request), error_code)
             except errors.ExactlyError as exc:
                 if exc.code in COORDINATOR_ERRORS:
                     self.invalidate_coordinator(key, key_type)
@@ -561,6 +563,7 @@ class ClientCore(CoreBase):
             ch.close()
 
 
-__all__ = ["ClientCore", "CoreBase", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata", "TopicMetadata", "PartitionMetadata",
+__all__ = ["ClientCore", "CoreBase", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
+           "TopicMetadata", "PartitionMetadata",
            "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "translate_rpc_error", "is_retriable",
            "parse_bootstrap", "METADATA_ERRORS", "COORDINATOR_ERRORS"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from exactly import errors
-from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore
+from exactly._client import CANCELLED, COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, run_flow
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
                                      reset_timestamp)
@@ -34,6 +34,37 @@ log = logging.getLogger(__name__)
 Rebalance = Callable[[list[TopicPartition]], Any]
 
 _ISOLATION = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
+
+
+# I/O effects yielded by the Consumer's flows (see `run_flow` in exactly._client): the
+# Consumer performs them blocking, exactly.aio awaits them.
+class WaitForResponses(NamedTuple):
+    """Wait up to `timeout_s` seconds for any request in flight (fetches, offset
+    lookups, a join), then handle the completed fetches."""
+
+    timeout_s: float
+
+
+class CommitOffsets(NamedTuple):
+    """`GroupMembership.commit_sync(offsets, managed, timeout_s)`; `quiet`: log a
+    failure instead of raising it."""
+
+    offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    managed: bool
+    timeout_s: float
+    quiet: bool = False
+
+
+class FetchCommitted(NamedTuple):
+    """`GroupMembership.fetch_committed(partitions, require_stable, timeout_s)`."""
+
+    partitions: list[TopicPartition]
+    require_stable: bool
+    timeout_s: float
+
+
+class LeaveGroup(NamedTuple):
+    """Stop heartbeating and leave the group (`GroupMembership.close`)."""
 
 
 def _bool(value: Any) -> bool:
@@ -83,7 +114,7 @@ class Consumer:
             raise ValueError("max.poll.records must be >= 1")
         self._api_timeout_s = int(conf.get("default.api.timeout.ms", 60000)) / 1000.0
         self._session_timeout_ms = int(conf.get("session.timeout.ms", 10000))
-        self._core = ClientCore(conf)
+        self._core = self._make_core(conf)
         # Timers (backoff, auto-commit) run on one monotonic ms clock, shared with the
         # Fetcher and the GroupMembership; blocking waits for `timeout` use seconds.
         self._clock = monotonic_ms
@@ -100,7 +131,7 @@ class Consumer:
             backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._group: GroupMembership | None = None
         if self._group_id is not None:
-            self._group = GroupMembership(
+            self._group = self._make_membership(
                 self._core, self._group_id, session_timeout_ms=self._session_timeout_ms,
                 rebalance_timeout_ms=int(conf.get("max.poll.interval.ms", 300000)),
                 heartbeat_interval_ms=int(conf.get("heartbeat.interval.ms", 3000)),
@@ -116,6 +147,32 @@ class Consumer:
         self._list_offsets: dict[str, tuple[concurrent.futures.Future, dict[TopicPartition, int]]] = {}
         self._next_auto_commit = self._clock() + self._auto_commit_interval_ms
         self._closed = False
+
+    # The I/O of a consumer instance: `exactly.aio` swaps in its grpc.aio core and
+    # a membership that heartbeats from a task.
+    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
+        return ClientCore(conf)
+
+    def _make_membership(self, core: ClientCore, group_id: str, **settings: Any) -> GroupMembership:
+        return GroupMembership(core, group_id, **settings)
+
+    def _perform(self, effect: Any) -> Any:
+        """Perform one effect of a flow, blocking this thread."""
+        if isinstance(effect, WaitForResponses):
+            return self._wait(effect.timeout_s)
+        if isinstance(effect, CommitOffsets):
+            try:
+                return self._group.commit_sync(effect.offsets, effect.managed, effect.timeout_s)
+            except errors.ExactlyError as exc:
+                if not effect.quiet:
+                    raise
+                log.warning("group %s: offset commit failed: %r", self._group_id, exc)
+                return None
+        if isinstance(effect, FetchCommitted):
+            return self._group.fetch_committed(effect.partitions, effect.require_stable, effect.timeout_s)
+        if isinstance(effect, LeaveGroup):
+            return self._group.close()
+        raise TypeError(f"unknown effect {effect!r}")
 
     # ------------------------------------------------------------ subscription
 
@@ -168,6 +225,9 @@ class Consumer:
         NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
         non-retriable errors from the services (e.g. authorization)."""
         self._check_open()
+        return run_flow(self._poll_flow(timeout, max_records), self._perform)
+
+    def _poll_flow(self, timeout: float, max_records: int | None) -> Generator:
         if self._subs.subscription is None and not self._subs.user_assigned:
             raise errors.IllegalStateError("poll() needs subscribe() or assign() first")
         limit = self._max_poll_records if max_records is None else int(max_records)
@@ -178,7 +238,7 @@ class Consumer:
             self._group.polled()
         self._maybe_auto_commit()
         while True:
-            self._ensure_group()
+            yield from self._ensure_group()
             self._update_positions()
             out = self._fetcher.drain(limit)
             self._fetcher.send_fetches()  # prefetch while the application processes `out`
@@ -187,15 +247,20 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._wait(min(remaining, self._backoff_ms / 1000))
+            yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
 
-    def _wait(self, timeout_s: float) -> None:
+    def _requests_in_flight(self) -> list:
+        """Futures of every request a poll may wait for."""
         futures = self._fetcher.in_flight()
         if self._offset_fetch is not None:
             futures.append(self._offset_fetch[0])
         futures.extend(f for f, _ in self._list_offsets.values())
         if self._group is not None and (p := self._group.pending()) is not None:
             futures.append(p)
+        return futures
+
+    def _wait(self, timeout_s: float) -> None:
+        futures = self._requests_in_flight()
         if futures:
             concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
         else:
@@ -204,13 +269,13 @@ class Consumer:
 
     # ------------------------------------------------------------ group
 
-    def _ensure_group(self) -> None:
+    def _ensure_group(self) -> Generator:
         group = self._group
         if group is None or self._subs.subscription is None:
             return
         failure: BaseException | None = None
         if group.needs_join() and not group.join_in_progress():
-            failure = self._revoke_all()
+            failure = yield from self._revoke_all()
             group.start_join(self._subs.subscription)
         assignment = group.advance()
         if assignment is not None:
@@ -225,14 +290,14 @@ class Consumer:
         if failure is not None:
             raise failure
 
-    def _revoke_all(self) -> BaseException | None:
+    def _revoke_all(self) -> Generator:
         """Before rejoining (eager rebalance): commit positions if auto commit is on,
         call on_revoke, give the partitions up. Returns an on_revoke failure."""
         owned = sorted(self._subs.assignment)
         if not owned:
             return None
         if self._auto_commit:
-            self._commit_quietly(self._session_timeout_ms / 1000.0)
+            yield from self._commit_quietly(self._session_timeout_ms / 1000.0)
         failure = None
         if self._on_revoke is not None:
             try:
@@ -243,14 +308,11 @@ class Consumer:
         self._subs.assign_from_group([])
         return failure
 
-    def _commit_quietly(self, timeout_s: float) -> None:
+    def _commit_quietly(self, timeout_s: float) -> Generator:
         offsets = {tp: OffsetAndMetadata(pos) for tp, pos in self._subs.positions().items()}
         if not offsets or self._group is None:
             return
-        try:
-            self._group.commit_sync(offsets, self._subs.subscription is not None, timeout_s)
-        except errors.ExactlyError as exc:
-            log.warning("group %s: offset commit failed: %r", self._group_id, exc)
+        yield CommitOffsets(offsets, self._subs.subscription is not None, timeout_s, quiet=True)
 
     def _maybe_auto_commit(self) -> None:
         if not self._auto_commit or self._group is None:
@@ -280,7 +342,7 @@ class Consumer:
             self._offset_fetch = None
             try:
                 committed = parse_offset_fetch(fut.result(), epochs)
-            except concurrent.futures.CancelledError:
+            except CANCELLED:
                 committed = None
             except errors.ExactlyError as exc:
                 if not exc.retriable:
@@ -349,7 +411,7 @@ class Consumer:
         now = self._clock()
         try:
             resp = fut.result()
-        except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
+        except (errors.ExactlyError, *CANCELLED) as exc:
             log.debug("ListOffsets failed: %r", exc)
             self._fetcher.mark_metadata_stale()
             for tp in epochs:
@@ -383,6 +445,9 @@ class Consumer:
         Raises errors.IllegalStateError (not assigned), errors.KafkaTimeoutError,
         NoOffsetForPartitionError."""
         self._check_open()
+        return run_flow(self._position_flow(tp, timeout), self._perform)
+
+    def _position_flow(self, tp: TopicPartition, timeout: float | None) -> Generator:
         st = self._subs.state(TopicPartition(*tp))
         deadline = time.monotonic() + (self._api_timeout_s if timeout is None else timeout)
         while not st.has_position:
@@ -392,7 +457,7 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.KafkaTimeoutError(f"position of {tp[0]}-{tp[1]} not known in time")
-            self._wait(min(remaining, self._backoff_ms / 1000))
+            yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
         return st.position
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -435,6 +500,10 @@ class Consumer:
         when the group rebalanced (the consumer rejoins on the next poll); the
         last retriable error (e.g. NotCoordinatorError) after the timeout."""
         self._check_open()
+        run_flow(self._commit_flow(offsets, timeout), self._perform)
+
+    def _commit_flow(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None,
+                     timeout: float | None) -> Generator:
         if self._group is None:
             raise errors.InvalidGroupIdError("commit() requires group.id")
         if offsets is None:
@@ -442,8 +511,8 @@ class Consumer:
         else:
             todo = {TopicPartition(*tp): om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
                     for tp, om in offsets.items()}
-        self._group.commit_sync(todo, self._subs.subscription is not None,
-                                self._api_timeout_s if timeout is None else timeout)
+        yield CommitOffsets(todo, self._subs.subscription is not None,
+                            self._api_timeout_s if timeout is None else timeout)
 
     def committed(self, partitions: Iterable[TopicPartition],
                   timeout: float | None = None) -> dict[TopicPartition, OffsetAndMetadata | None]:
@@ -453,11 +522,14 @@ class Consumer:
         Raises errors.InvalidGroupIdError (no group.id); the last retriable error
         after `timeout` seconds (default default.api.timeout.ms)."""
         self._check_open()
+        return run_flow(self._committed_flow(partitions, timeout), self._perform)
+
+    def _committed_flow(self, partitions: Iterable[TopicPartition], timeout: float | None) -> Generator:
         if self._group is None:
             raise errors.InvalidGroupIdError("committed() requires group.id")
-        return self._group.fetch_committed([TopicPartition(*tp) for tp in partitions],
-                                           self._isolation_level == READ_COMMITTED,
-                                           self._api_timeout_s if timeout is None else timeout)
+        return (yield FetchCommitted([TopicPartition(*tp) for tp in partitions],
+                                     self._isolation_level == READ_COMMITTED,
+                                     self._api_timeout_s if timeout is None else timeout))
 
     def group_metadata(self) -> ConsumerGroupMetadata:
         """This member's group id, generation and member id, for
@@ -478,23 +550,30 @@ class Consumer:
         if self._closed:
             return
         try:
-            if self._auto_commit:
-                self._commit_quietly(min(self._api_timeout_s, self._session_timeout_ms / 1000.0))
-            if self._subs.subscription is not None and self._subs.assignment and self._on_revoke is not None:
-                try:
-                    self._on_revoke(sorted(self._subs.assignment))
-                except Exception:  # noqa: BLE001 - closing anyway
-                    log.exception("on_revoke callback failed during close")
-            if self._group is not None:
-                self._group.close()
+            run_flow(self._close_flow(), self._perform)
         finally:
-            self._closed = True
-            self._fetcher.close()
-            for fut, _ in self._list_offsets.values():
-                fut.cancel()
-            if self._offset_fetch is not None:
-                self._offset_fetch[0].cancel()
+            self._release()
             self._core.close()
+
+    def _close_flow(self) -> Generator:
+        if self._auto_commit:
+            yield from self._commit_quietly(min(self._api_timeout_s, self._session_timeout_ms / 1000.0))
+        if self._subs.subscription is not None and self._subs.assignment and self._on_revoke is not None:
+            try:
+                self._on_revoke(sorted(self._subs.assignment))
+            except Exception:  # noqa: BLE001 - closing anyway
+                log.exception("on_revoke callback failed during close")
+        if self._group is not None:
+            yield LeaveGroup()
+
+    def _release(self) -> None:
+        """Closed: cancel every request in flight (the core is closed next)."""
+        self._closed = True
+        self._fetcher.close()
+        for fut, _ in self._list_offsets.values():
+            fut.cancel()
+        if self._offset_fetch is not None:
+            self._offset_fetch[0].cancel()
 
     def __enter__(self) -> "Consumer":
         return self

@@ -171,13 +171,9 @@ class Producer:
     enable.idempotence=false). Thread-safe: send() may be called from several threads.
     """
 
-    # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and sender.
-    _core_class: type = ClientCore
-    _sender_class: type = Sender
-
     def __init__(self, conf: Mapping[str, Any]):
         conf = dict(conf)
-        self._core = self._core_class(conf)
+        self._core = self._make_core(conf)
         tid = conf.get("transactional.id") or None
         self._transactional_id: str | None = str(tid) if tid is not None else None
         idem_set = "enable.idempotence" in conf
@@ -224,7 +220,7 @@ class Producer:
         self._topic_cache: dict[str, _TopicPartitions] = {}
         self._closed = False
         self._close_lock = threading.Lock()
-        self._sender = self._sender_class(
+        self._sender = self._make_sender(
             SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
                          request_timeout_ms=self._request_timeout_ms, delivery_timeout_ms=self._delivery_timeout_ms,
                          retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
@@ -232,6 +228,14 @@ class Producer:
                          txn_timeout_ms=self._txn_timeout_ms),
             self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed)
         self._sender.start()
+
+    # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
+    # an asyncio sender task.
+    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
+        return ClientCore(conf)
+
+    def _make_sender(self, *args: Any, **kwargs: Any) -> Sender:
+        return Sender(*args, **kwargs)
 
     # ------------------------------------------------------------ send
 
