@@ -283,21 +283,35 @@ class CoreBase:
         start = next(self._rr)
         return [addrs[(start + i) % len(addrs)] for i in range(len(addrs))]
 
-    def _retry_wait(self) -> Any:
-        """tenacity wait: retry.backoff.ms doubling up to retry.backoff.max.ms, with jitter."""
-        return tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
-                                         max=self.retry_backoff_max_ms / 1000.0) \
-            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5)
+    def _retry_policy(self, timeout_s: float | None,
+                      on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
+        """tenacity arguments of `retry` (sync and asyncio): retriable errors are
+        retried with retry.backoff.ms doubling up to retry.backoff.max.ms (with
+        jitter) for `timeout_s` (default request.timeout.ms); between tries metadata
+        is refreshed after leader/network errors and cached coordinators are dropped
+        after coordinator errors, then `on_retry(exc)` is called."""
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
 
-    def _before_retry(self, exc: BaseException | None, attempt: int) -> None:
-        """Between tries: refresh metadata after leader/network errors, drop cached
-        coordinators after coordinator errors."""
-        log.debug("retrying after %r (attempt %d)", exc, attempt)
-        if isinstance(exc, errors.ExactlyError):
-            if exc.code in METADATA_ERRORS:
-                self._invalidate_metadata()
-            if exc.code in COORDINATOR_ERRORS:
-                self._invalidate_all_coordinators_if_network(exc)
+        def _before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception()
+            log.debug("retrying after %r (attempt %d)", exc, state.attempt_number)
+            if isinstance(exc, errors.ExactlyError):
+                if exc.code in METADATA_ERRORS:
+                    self._invalidate_metadata()
+                if exc.code in COORDINATOR_ERRORS:
+                    self._invalidate_all_coordinators_if_network(exc)
+            if on_retry is not None:
+                on_retry(exc)
+
+        return dict(
+            retry=tenacity.retry_if_exception(is_retriable),
+            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
+                                           max=self.retry_backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
+            stop=tenacity.stop_before_delay(timeout),
+            before_sleep=_before_sleep,
+            reraise=True,
+        )
 
     def _invalidate_metadata(self) -> None:
         md = self._metadata
@@ -451,22 +465,7 @@ class ClientCore(CoreBase):
         tries, metadata is refreshed after leader/network errors, cached coordinators
         are dropped after coordinator errors, then `on_retry(exc)` is called.
         Non-retriable errors and the last retriable one propagate."""
-        timeout = self.request_timeout_s if timeout_s is None else timeout_s
-
-        def _before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception()
-            self._before_retry(exc, state.attempt_number)
-            if on_retry is not None:
-                on_retry(exc)
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_retriable),
-            wait=self._retry_wait(),
-            stop=tenacity.stop_before_delay(timeout),
-            before_sleep=_before_sleep,
-            reraise=True,
-        )
-        return retrying(fn)
+        return tenacity.Retrying(**self._retry_policy(timeout_s, on_retry))(fn)
 
     # ------------------------------------------------------------ metadata
 

@@ -46,13 +46,11 @@ class WaitForResponses(NamedTuple):
 
 
 class CommitOffsets(NamedTuple):
-    """`GroupMembership.commit_sync(offsets, managed, timeout_s)`; `quiet`: log a
-    failure instead of raising it."""
+    """`GroupMembership.commit_sync(offsets, managed, timeout_s)`."""
 
     offsets: Mapping[TopicPartition, OffsetAndMetadata]
     managed: bool
     timeout_s: float
-    quiet: bool = False
 
 
 class FetchCommitted(NamedTuple):
@@ -161,13 +159,7 @@ class Consumer:
         if isinstance(effect, WaitForResponses):
             return self._wait(effect.timeout_s)
         if isinstance(effect, CommitOffsets):
-            try:
-                return self._group.commit_sync(effect.offsets, effect.managed, effect.timeout_s)
-            except errors.ExactlyError as exc:
-                if not effect.quiet:
-                    raise
-                log.warning("group %s: offset commit failed: %r", self._group_id, exc)
-                return None
+            return self._group.commit_sync(effect.offsets, effect.managed, effect.timeout_s)
         if isinstance(effect, FetchCommitted):
             return self._group.fetch_committed(effect.partitions, effect.require_stable, effect.timeout_s)
         if isinstance(effect, LeaveGroup):
@@ -312,7 +304,10 @@ class Consumer:
         offsets = {tp: OffsetAndMetadata(pos) for tp, pos in self._subs.positions().items()}
         if not offsets or self._group is None:
             return
-        yield CommitOffsets(offsets, self._subs.subscription is not None, timeout_s, quiet=True)
+        try:
+            yield CommitOffsets(offsets, self._subs.subscription is not None, timeout_s)
+        except errors.ExactlyError as exc:
+            log.warning("group %s: offset commit failed: %r", self._group_id, exc)
 
     def _maybe_auto_commit(self) -> None:
         if not self._auto_commit or self._group is None:

@@ -85,17 +85,11 @@ class CoordinatorRequest(NamedTuple):
     error_code: Callable[[Any], int] = lambda r: r.error_code
 
 
-class Flush(NamedTuple):
-    """`flush(timeout_s)`: send every queued record now and wait for all outcomes."""
-
-    timeout_s: float | None
-
-
 class AwaitBatches(NamedTuple):
-    """Wait until every incomplete batch has its outcome; errors.KafkaTimeoutError
-    (`what` timed out) at `deadline` (time.monotonic() seconds)."""
+    """Wait until every batch incomplete now has its outcome; errors.KafkaTimeoutError
+    (`what` timed out) at `deadline` (time.monotonic() seconds, None: no limit)."""
 
-    deadline: float
+    deadline: float | None
     what: str
 
 
@@ -333,11 +327,14 @@ class Producer:
         an outcome. `timeout` in seconds (None: no limit). Raises
         errors.KafkaTimeoutError when records are still pending at the timeout.
         Record errors are reported through their futures, not here."""
+        run_flow(self._flush_flow(timeout), self._perform)
+
+    def _flush_flow(self, timeout: float | None) -> Generator:
         self._acc.begin_flush()
         try:
             self._sender.wakeup()
             deadline = None if timeout is None else time.monotonic() + timeout
-            self._await_batches(deadline, f"flush timed out after {timeout} s")
+            yield AwaitBatches(deadline, f"flush timed out after {timeout} s")
         finally:
             self._acc.end_flush()
 
@@ -354,8 +351,6 @@ class Producer:
             stub = core.txn_stub if effect.stub == "txn" else core.group_stub
             return core.coordinator_call(effect.key, effect.key_type, lambda addr: getattr(stub(addr), effect.method),
                                          effect.request, error_code=effect.error_code, timeout_s=effect.timeout_s)
-        if isinstance(effect, Flush):
-            return self.flush(effect.timeout_s)
         if isinstance(effect, AwaitBatches):
             return self._await_batches(effect.deadline, effect.what)
         if isinstance(effect, AwaitAddPartitions):
@@ -521,7 +516,7 @@ class Producer:
         raise the transaction's stored error, if any."""
         txn = self._txn
         try:
-            yield Flush(timeout_s)
+            yield from self._flush_flow(timeout_s)
         except errors.KafkaTimeoutError as exc:
             # Records of the transaction are still unacknowledged: it can only be aborted.
             txn.record_error(exc)
@@ -641,10 +636,8 @@ class Producer:
         (None: no limit); records still pending then fail with
         errors.IllegalStateError. An open transaction is not committed (the
         coordinator aborts it after transaction.timeout.ms). Idempotent."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._mark_closed():
+            return
         try:
             if not self._txn.is_fatal_state:
                 self.flush(timeout)
@@ -654,10 +647,22 @@ class Producer:
             self._acc.close()
             self._sender.stop()
             self._sender.join(timeout=max(self._request_timeout_ms / 1000.0, 1.0))
-            closed = errors.IllegalStateError("producer closed before the record was delivered")
-            fail_batches(self._acc.drain_all(), closed, self._acc)
-            fail_batches(self._acc.incomplete(), closed, self._acc)
+            self._fail_unfinished()
             self._core.close()
+
+    def _mark_closed(self) -> bool:
+        """Start closing; False when closing already started."""
+        with self._close_lock:
+            if self._closed:
+                return False
+            self._closed = True
+            return True
+
+    def _fail_unfinished(self) -> None:
+        """After the sender stopped: records without an outcome fail with IllegalStateError."""
+        closed = errors.IllegalStateError("producer closed before the record was delivered")
+        fail_batches(self._acc.drain_all(), closed, self._acc)
+        fail_batches(self._acc.incomplete(), closed, self._acc)
 
     def __enter__(self) -> "Producer":
         return self
