@@ -1,7 +1,7 @@
 """The main job: the purchases pipeline on a dev cluster, with failures injected.
 
     python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
-        [--txn-coordinators 1] [--group-coordinators 1]
+        [--txn-coordinators 1] [--group-coordinators 1] [--aio]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
    --replication-factor sets the replication factor of the internal topics and of
@@ -14,6 +14,7 @@
    transactional.id, then SIGKILLs and restarts the transaction coordinator txn-0
    (with several coordinators another one takes its partitions over meanwhile) and,
    with a replication factor above 1, a partition leader;
+   (--aio: the worker is demo.pipeline_aio, the same pipeline written with exactly.aio);
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
    every item produced exactly one invoice and one shipment and the totals match.
 """
@@ -61,10 +62,11 @@ def load_purchases(bootstrap: str, rows: list[dict]) -> None:
 class Worker:
     """One pipeline worker process."""
 
-    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None):
+    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
+                 module: str = "demo.pipeline"):
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "demo.pipeline", "--bootstrap-servers", bootstrap,
+        cmd = [sys.executable, "-m", module, "--bootstrap-servers", bootstrap,
                "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
         if hold_open_after is not None:
             cmd += ["--hold-open-after", str(hold_open_after)]
@@ -88,7 +90,8 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
 
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
-        group_coordinators: int = 1) -> int:
+        group_coordinators: int = 1, aio: bool = False) -> int:
+    worker_module = "demo.pipeline_aio" if aio else "demo.pipeline"
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
@@ -118,8 +121,9 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
         total = len(rows)
         hold_after = total // 4
-        say(f"Running the pipeline; the worker will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
-        worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after)
+        say(f"Running the pipeline ({worker_module}); the worker will be SIGKILLed inside an open transaction "
+            f"after ~{hold_after:,} items")
+        worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module)
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
 
@@ -142,7 +146,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         worker.proc.wait()
         bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                   f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
-        worker = Worker(bootstrap, run_dir, "worker-2")
+        worker = Worker(bootstrap, run_dir, "worker-2", module=worker_module)
         coordinator_killed = leader_killed = False
         while progress() < total:
             worker.check_alive()
@@ -219,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="replication factor of the internal and the demo's topics (default 1)")
     parser.add_argument("--txn-coordinators", type=int, default=1, help="transaction coordinators (default 1)")
     parser.add_argument("--group-coordinators", type=int, default=1, help="group coordinators (default 1)")
+    parser.add_argument("--aio", action="store_true",
+                        help="run the workers written with exactly.aio (demo.pipeline_aio)")
     args = parser.parse_args(argv)
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
-               args.group_coordinators)
+               args.group_coordinators, args.aio)
 
 
 if __name__ == "__main__":
