@@ -175,8 +175,10 @@ class AIOProducer:
     def __init__(self, conf: Mapping[str, Any]):
         self._p = _Producer(conf)
         self._sender: AIOSender = self._p._sender
-        self._order = asyncio.Lock()
-        self._queued = 0  # sends waiting for metadata or buffer space, in call order
+        # Sends waiting for metadata or buffer space queue their records in call order:
+        # each waits for the previous one's `appended` future (the tail).
+        self._queued = 0
+        self._tail: asyncio.Future | None = None
 
     # ------------------------------------------------------------ send
 
@@ -199,27 +201,31 @@ class AIOProducer:
         if not self._queued and self._can_queue_now(topic):
             return _on_loop(self._p.send(*args))
         self._p._check_open()
+        previous, appended = self._tail, asyncio.get_running_loop().create_future()
+        self._tail = appended
         self._queued += 1
-        return asyncio.ensure_future(self._send_queued(args))
+        return asyncio.ensure_future(self._send_queued(args, previous, appended))
 
     def _can_queue_now(self, topic: str) -> bool:
         return topic in self._p._topic_cache and self._p._acc.has_space()
 
-    async def _send_queued(self, args: tuple) -> RecordMetadata:
+    async def _send_queued(self, args: tuple, previous: asyncio.Future | None,
+                           appended: asyncio.Future) -> RecordMetadata:
         try:
-            async with self._order:  # FIFO: later sends queue behind this one
-                deadline = time.monotonic() + self._p._max_block_ms / 1000.0
-                topic = args[0]
-                if topic not in self._p._topic_cache:
-                    core = self._p._core
-                    await core.retry(lambda: core.partitions_for_async(topic),
-                                     timeout_s=self._p._max_block_ms / 1000.0)
-                if not await self._sender.wait_until(self._p._acc.has_space, deadline):
-                    raise errors.KafkaTimeoutError(
-                        f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")
-                fut = self._p.send(*args)
+            if previous is not None:
+                await previous
+            deadline = time.monotonic() + self._p._max_block_ms / 1000.0
+            topic = args[0]
+            if topic not in self._p._topic_cache:
+                core = self._p._core
+                await core.retry(lambda: core.partitions_for_async(topic), timeout_s=self._p._max_block_ms / 1000.0)
+            if not await self._sender.wait_until(self._p._acc.has_space, deadline):
+                raise errors.KafkaTimeoutError(
+                    f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")
+            fut = self._p.send(*args)
         finally:
             self._queued -= 1
+            appended.set_result(None)
         return await _on_loop(fut)
 
     async def partitions_for(self, topic: str) -> list[int]:
@@ -300,6 +306,10 @@ class AIOProducer:
     # ------------------------------------------------------------ effects
 
     async def _drive(self, flow) -> Any:
+        """Run a Producer flow after the records of earlier send_nowait() calls are
+        queued (a flush, commit or abort covers them, as in the synchronous Producer)."""
+        if self._queued and self._tail is not None:
+            await self._tail
         return await run_flow_async(flow, self._perform)
 
     async def _perform(self, effect: Any) -> Any:
