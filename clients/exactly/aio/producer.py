@@ -30,11 +30,12 @@ from ._core import AIOClientCore, run_flow_async
 log = logging.getLogger(__name__)
 
 
-def _on_loop(fut: concurrent.futures.Future) -> asyncio.Future:
-    """An asyncio Future resolved with `fut`, at once: records are resolved on the
-    loop's thread (by the sender task, an abort or close), so after `await flush()`
-    every earlier record's future is done (asyncio.wrap_future would lag a loop step)."""
-    out = asyncio.get_running_loop().create_future()
+def _on_loop(fut: concurrent.futures.Future, out: asyncio.Future | None = None) -> asyncio.Future:
+    """An asyncio Future (`out`, or a new one) resolved with `fut`, at once: records
+    are resolved on the loop's thread (by the sender task, an abort or close), so
+    after `await flush()` every earlier record's future is done (asyncio.wrap_future
+    would lag a loop step)."""
+    out = asyncio.get_running_loop().create_future() if out is None else out
 
     def _copy(f: concurrent.futures.Future) -> None:
         if out.done():
@@ -179,6 +180,7 @@ class AIOProducer:
         # each waits for the previous one's `appended` future (the tail).
         self._queued = 0
         self._tail: asyncio.Future | None = None
+        self._queueing: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------ send
 
@@ -201,16 +203,22 @@ class AIOProducer:
         if not self._queued and self._can_queue_now(topic):
             return _on_loop(self._p.send(*args))
         self._p._check_open()
-        previous, appended = self._tail, asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        previous, appended, out = self._tail, loop.create_future(), loop.create_future()
         self._tail = appended
         self._queued += 1
-        return asyncio.ensure_future(self._send_queued(args, previous, appended))
+        task = loop.create_task(self._send_queued(args, previous, appended, out))
+        self._queueing.add(task)
+        task.add_done_callback(self._queueing.discard)
+        return out
 
     def _can_queue_now(self, topic: str) -> bool:
         return topic in self._p._topic_cache and self._p._acc.has_space()
 
-    async def _send_queued(self, args: tuple, previous: asyncio.Future | None,
-                           appended: asyncio.Future) -> RecordMetadata:
+    async def _send_queued(self, args: tuple, previous: asyncio.Future | None, appended: asyncio.Future,
+                           out: asyncio.Future) -> None:
+        """Queue a record once the earlier queued sends did, its topic's partitions
+        are known and buffer.memory has room; `out` gets its outcome."""
         try:
             if previous is not None:
                 await previous
@@ -222,11 +230,16 @@ class AIOProducer:
             if not await self._sender.wait_until(self._p._acc.has_space, deadline):
                 raise errors.KafkaTimeoutError(
                     f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")
-            fut = self._p.send(*args)
+            _on_loop(self._p.send(*args), out)
+        except asyncio.CancelledError:
+            out.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - the caller's future carries it
+            if not out.done():
+                out.set_exception(exc)
         finally:
             self._queued -= 1
             appended.set_result(None)
-        return await _on_loop(fut)
 
     async def partitions_for(self, topic: str) -> list[int]:
         """Partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError."""
