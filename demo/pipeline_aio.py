@@ -23,20 +23,14 @@ import sys
 from exactly import OffsetAndMetadata, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
 
-from .common import GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, invoice_for, item_key, shipment_for
-from .pipeline import _status
+from .common import INVOICES, PURCHASES, SHIPMENTS, invoice_for, item_key, shipment_for
+from .pipeline import _status, seek_to_committed, worker_arguments, worker_confs
 
 
 async def _rewind(consumer: AIOConsumer) -> None:
     """After an abort, go back to the last committed offsets so nothing is skipped."""
     parts = list(consumer.assignment())
-    committed = await consumer.committed(parts)
-    for tp in parts:
-        om = committed.get(tp)
-        if om is None:
-            consumer.seek_to_beginning([tp])
-        else:
-            consumer.seek(tp, om.offset)
+    seek_to_committed(consumer, parts, await consumer.committed(parts))
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -45,11 +39,9 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     status_file = pathlib.Path(args.status_file) if args.status_file else None
-    consumer = AIOConsumer({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
-                            "isolation.level": "read_committed", "enable.auto.commit": False,
-                            "auto.offset.reset": "earliest"})
-    producer = AIOProducer({"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
-                            "transaction.timeout.ms": 60000, "linger.ms": 5})
+    consumer_conf, producer_conf = worker_confs(args)
+    consumer = AIOConsumer(consumer_conf)
+    producer = AIOProducer(producer_conf)
     await consumer.subscribe([PURCHASES])
     await producer.init_transactions()
     copied = 0
@@ -96,14 +88,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m demo.pipeline_aio", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--transactional-id", default=TRANSACTIONAL_ID)
-    parser.add_argument("--group-id", default=GROUP_ID)
-    parser.add_argument("--status-file")
-    parser.add_argument("--hold-open-after", type=int)
-    parser.add_argument("--max-records", type=int, default=200)
-    return asyncio.run(run(parser.parse_args(argv)))
+    return asyncio.run(run(worker_arguments("python -m demo.pipeline_aio", __doc__, argv)))
 
 
 if __name__ == "__main__":

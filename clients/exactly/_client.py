@@ -277,11 +277,23 @@ class CoreBase:
         addrs = self._known_addresses()
         return addrs[next(self._rr) % len(addrs)]
 
-    def _metadata_addresses(self) -> list[str]:
-        """The known addresses in the order a metadata fetch asks them."""
+    def _metadata_flow(self) -> Generator[tuple[Callable, pb.MetadataRequest], Any, Metadata]:
+        """Fetch metadata, asking the known addresses in turn until one answers:
+        yields (stub method, request) pairs for `call`; raises the last retriable
+        error when none answers, a non-retriable one at once."""
+        last: errors.ExactlyError | None = None
         addrs = self._known_addresses()
         start = next(self._rr)
-        return [addrs[(start + i) % len(addrs)] for i in range(len(addrs))]
+        for i in range(len(addrs)):
+            try:
+                resp = yield self.cluster_stub(addrs[(start + i) % len(addrs)]).Metadata, pb.MetadataRequest()
+                return Metadata.from_response(resp, self.clock())
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
 
     def _retry_policy(self, timeout_s: float | None,
                       on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
@@ -470,17 +482,7 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ metadata
 
     def _fetch_metadata(self) -> Metadata:
-        last: errors.ExactlyError | None = None
-        for addr in self._metadata_addresses():
-            try:
-                resp = self.call(self.cluster_stub(addr).Metadata, pb.MetadataRequest())
-                return Metadata.from_response(resp, self.clock())
-            except errors.ExactlyError as exc:
-                if not exc.retriable:
-                    raise
-                last = exc
-        assert last is not None
-        raise last
+        return run_flow(self._metadata_flow(), lambda request: self.call(*request))
 
     def metadata(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
         """The cached cluster metadata, fetched again when `refresh`, older than

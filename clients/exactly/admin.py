@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Generator, Iterable, Mapping, NamedTuple
 
 from . import errors
-from ._client import COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata
+from ._client import COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
 from ._sender import txn_coordinator_addresses
 from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic
@@ -127,6 +127,57 @@ def transaction_descriptions(resp: pb.DescribeTransactionsResponse) -> dict[str,
         for d in resp.transaction_states}
 
 
+class RefreshMetadata(NamedTuple):
+    """Effect of `wait_serving_flow`: metadata fetched now, for `topics`; outcome: Metadata."""
+
+    topics: frozenset[str]
+
+
+class ProbeLeader(NamedTuple):
+    """Effect of `wait_serving_flow`: whether the leader at `address` answers
+    `leader_probe(topic, partition)`; outcome: bool."""
+
+    address: str
+    topic: str
+    partition: int
+
+
+class Sleep(NamedTuple):
+    """Effect of `wait_serving_flow`: wait `seconds`."""
+
+    seconds: float
+
+
+def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Generator:
+    """Until every partition of `topics` has a leader that answers (a flow of the
+    effects above, see exactly._client.run_flow); raises errors.KafkaTimeoutError
+    at `deadline` (time.monotonic() seconds) and non-retriable metadata errors."""
+    pending = set(topics)
+    backoff = core.retry_backoff_ms / 1000.0
+    while pending:
+        try:
+            md = yield RefreshMetadata(frozenset(pending))
+            for topic in sorted(pending):
+                parts = md.partitions(topic)
+                if not parts:
+                    continue
+                answers = []
+                for p in parts:
+                    address = md.leader(topic, p)
+                    answers.append(address is not None and (yield ProbeLeader(address, topic, p)))
+                if all(answers):
+                    pending.discard(topic)
+        except errors.ExactlyError as exc:
+            if not exc.retriable:
+                raise
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise errors.KafkaTimeoutError(f"topics {sorted(pending)} do not serve yet")
+        yield Sleep(backoff)
+        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+
+
 def create_topics_timeout_s(core: CoreBase, timeout: float | None) -> float:
     """create_topics' default timeout: request.timeout.ms, at least 30 s."""
     return max(core.request_timeout_s, 30.0) if timeout is None else timeout
@@ -169,29 +220,18 @@ class AdminClient:
             raise failures[0]
 
     def _wait_serving(self, topics: list[str], deadline: float) -> None:
-        core = self._core
-        pending = set(topics)
-        backoff = core.retry_backoff_ms / 1000.0
-        while pending:
-            try:
-                md = core.metadata(pending, refresh=True)
-                for topic in sorted(pending):
-                    parts = md.partitions(topic)
-                    if parts and all(self._leader_answers(md.leader(topic, p), topic, p) for p in parts):
-                        pending.discard(topic)
-            except errors.ExactlyError as exc:
-                if not exc.retriable:
-                    raise
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                raise errors.KafkaTimeoutError(f"topics {sorted(pending)} do not serve yet")
-            time.sleep(backoff)
-            backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+        run_flow(wait_serving_flow(self._core, topics, deadline), self._perform)
 
-    def _leader_answers(self, address: str | None, topic: str, partition: int) -> bool:
-        if address is None:
-            return False
+    def _perform(self, effect: Any) -> Any:
+        if isinstance(effect, RefreshMetadata):
+            return self._core.metadata(effect.topics, refresh=True)
+        if isinstance(effect, ProbeLeader):
+            return self._leader_answers(*effect)
+        if isinstance(effect, Sleep):
+            return time.sleep(effect.seconds)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def _leader_answers(self, address: str, topic: str, partition: int) -> bool:
         core = self._core
         try:
             resp = core.call(core.leader_stub(address).ListOffsets, leader_probe(topic, partition),

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from exactly import (Consumer, ConsumerGroupMetadata, NewTopic, OffsetAndMetadata, TopicPartition, errors)
+from exactly import Consumer, NewTopic, OffsetAndMetadata, TopicPartition, errors
 from exactly.aio import AIOAdminClient, AIOConsumer, AIOProducer
 from waiting import wait_for, wait_for_async
 

@@ -108,18 +108,8 @@ class AIOClientCore(CoreBase):
     # ------------------------------------------------------------ metadata
 
     async def _fetch_metadata(self) -> Metadata:
-        last: errors.ExactlyError | None = None
-        for addr in self._metadata_addresses():
-            try:
-                resp = await self.call(self.cluster_stub(addr).Metadata, pb.MetadataRequest())
-                self._metadata = Metadata.from_response(resp, self.clock())
-                return self._metadata
-            except errors.ExactlyError as exc:
-                if not exc.retriable:
-                    raise
-                last = exc
-        assert last is not None
-        raise last
+        self._metadata = await run_flow_async(self._metadata_flow(), lambda request: self.call(*request))
+        return self._metadata
 
     def _refresh(self) -> asyncio.Task:
         task = self._metadata_task

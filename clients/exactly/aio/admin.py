@@ -9,13 +9,14 @@ from typing import Any, Iterable, Mapping
 from exactly import errors
 from exactly._client import COORDINATOR_TRANSACTION
 from exactly._sender import txn_coordinator_addresses
-from exactly.admin import (TopicDescription, TransactionDescription, TransactionListing, create_topics_outcome,
+from exactly.admin import (ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription, TransactionListing, create_topics_outcome,
                            create_topics_request, create_topics_timeout_s, describe_transaction_code,
                            describe_transaction_request, leader_probe, list_transactions_request, probe_answered,
-                           topic_descriptions, topic_listing, transaction_descriptions, transaction_listings)
+                           topic_descriptions, topic_listing, transaction_descriptions, transaction_listings,
+                           wait_serving_flow)
 from exactly.types import NewTopic
 
-from ._core import AIOClientCore
+from ._core import AIOClientCore, run_flow_async
 
 
 class AIOAdminClient:
@@ -52,29 +53,18 @@ class AIOAdminClient:
             raise failures[0]
 
     async def _wait_serving(self, topics: list[str], deadline: float) -> None:
-        core = self._core
-        pending = set(topics)
-        backoff = core.retry_backoff_ms / 1000.0
-        while pending:
-            try:
-                md = await core.metadata_async(pending, refresh=True)
-                for topic in sorted(pending):
-                    parts = md.partitions(topic)
-                    if parts and all([await self._leader_answers(md.leader(topic, p), topic, p) for p in parts]):
-                        pending.discard(topic)
-            except errors.ExactlyError as exc:
-                if not exc.retriable:
-                    raise
-            if not pending:
-                return
-            if time.monotonic() >= deadline:
-                raise errors.KafkaTimeoutError(f"topics {sorted(pending)} do not serve yet")
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+        await run_flow_async(wait_serving_flow(self._core, topics, deadline), self._perform)
 
-    async def _leader_answers(self, address: str | None, topic: str, partition: int) -> bool:
-        if address is None:
-            return False
+    async def _perform(self, effect: Any) -> Any:
+        if isinstance(effect, RefreshMetadata):
+            return await self._core.metadata_async(effect.topics, refresh=True)
+        if isinstance(effect, ProbeLeader):
+            return await self._leader_answers(*effect)
+        if isinstance(effect, Sleep):
+            return await asyncio.sleep(effect.seconds)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    async def _leader_answers(self, address: str, topic: str, partition: int) -> bool:
         core = self._core
         try:
             resp = await core.call(core.leader_stub(address).ListOffsets, leader_probe(topic, partition),
