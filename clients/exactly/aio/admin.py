@@ -9,8 +9,8 @@ from typing import Any, Iterable, Mapping
 from exactly import errors
 from exactly._client import COORDINATOR_TRANSACTION
 from exactly._sender import txn_coordinator_addresses
-from exactly.admin import (ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription, TransactionListing, create_topics_outcome,
-                           create_topics_request, create_topics_timeout_s, describe_transaction_code,
+from exactly.admin import (ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription,
+                           TransactionListing, create_topics_outcome, create_topics_request, create_topics_timeout_s, describe_transaction_code,
                            describe_transaction_request, leader_probe, list_transactions_request, probe_answered,
                            topic_descriptions, topic_listing, transaction_descriptions, transaction_listings,
                            wait_serving_flow)
