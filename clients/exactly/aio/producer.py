@@ -196,14 +196,22 @@ class AIOProducer:
         """Queue one record now and return an asyncio Future of its RecordMetadata.
         Records keep the order of the calls (per partition). When the topic's
         partitions are not known yet or buffer.memory is full, queueing waits (up to
-        max.block.ms) in a task; errors of queueing and of delivery arrive through
-        the future, except errors.IllegalStateError when closed and TypeError for bad
-        value types, raised at once."""
+        max.block.ms) in a task. Errors arrive through the future (e.g.
+        errors.MessageTooLargeError, errors.IllegalStateError outside a transaction,
+        delivery errors), except errors.IllegalStateError when closed and TypeError
+        for bad value types (when the record is queued at once), raised here."""
         args = (topic, value, key, partition, headers, timestamp_ms)
-        if not self._queued and self._can_queue_now(topic):
-            return _on_loop(self._p.send(*args))
         self._p._check_open()
         loop = asyncio.get_running_loop()
+        if not self._queued and self._can_queue_now(topic):
+            try:
+                return _on_loop(self._p.send(*args))
+            except TypeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as for a queued send: through the future
+                out = loop.create_future()
+                out.set_exception(exc)
+                return out
         previous, appended, out = self._tail, loop.create_future(), loop.create_future()
         self._tail = appended
         self._queued += 1
