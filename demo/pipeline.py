@@ -47,7 +47,11 @@ def _status(path: pathlib.Path | None, **fields) -> None:
 def _rewind(consumer: Consumer) -> None:
     """After an abort, go back to the last committed offsets so nothing is skipped."""
     parts = list(consumer.assignment())
-    committed = consumer.committed(parts)
+    seek_to_committed(consumer, parts, consumer.committed(parts))
+
+
+def seek_to_committed(consumer, parts: list[TopicPartition], committed: dict) -> None:
+    """Seek `parts` to their `committed` offsets (the beginning where there is none)."""
     for tp in parts:
         om = committed.get(tp)
         if om is None:
@@ -58,11 +62,9 @@ def _rewind(consumer: Consumer) -> None:
 
 def run(args: argparse.Namespace) -> int:
     status_file = pathlib.Path(args.status_file) if args.status_file else None
-    consumer = Consumer({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest"})
-    producer = Producer({"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
-                         "transaction.timeout.ms": 60000, "linger.ms": 5})
+    consumer_conf, producer_conf = worker_confs(args)
+    consumer = Consumer(consumer_conf)
+    producer = Producer(producer_conf)
     consumer.subscribe([PURCHASES])
     producer.init_transactions()
     copied = 0
@@ -107,15 +109,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m demo.pipeline", description=__doc__.split("\n\n")[0])
+def worker_confs(args: argparse.Namespace) -> tuple[dict, dict]:
+    """(consumer, producer) settings of a worker: a read_committed consumer without
+    auto commit, a transactional producer."""
+    return ({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
+             "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest"},
+            {"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
+             "transaction.timeout.ms": 60000, "linger.ms": 5})
+
+
+def worker_arguments(prog: str, doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a pipeline worker (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--transactional-id", default=TRANSACTIONAL_ID)
     parser.add_argument("--group-id", default=GROUP_ID)
     parser.add_argument("--status-file")
     parser.add_argument("--hold-open-after", type=int)
     parser.add_argument("--max-records", type=int, default=200)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_arguments("python -m demo.pipeline", __doc__, argv)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     return run(args)

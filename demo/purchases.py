@@ -1,7 +1,7 @@
 """The main job: the purchases pipeline on a dev cluster, with failures injected.
 
     python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
-        [--txn-coordinators 1] [--group-coordinators 1] [--group-aware]
+        [--txn-coordinators 1] [--group-coordinators 1] [--group-aware] [--aio]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
    --replication-factor sets the replication factor of the internal topics and of
@@ -16,7 +16,8 @@
    with a replication factor above 1, a partition leader;
    With --group-aware two workers share the consumer group, each with one
    group-aware producer (KIP-447 draft); the SIGKILLed one's partitions move to the
-   other, and a new worker joins;
+   other, and a new worker joins. With --aio the worker is demo.pipeline_aio, the
+   same pipeline written with exactly.aio;
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
    every item produced exactly one invoice and one shipment and the totals match.
 """
@@ -65,11 +66,11 @@ class Worker:
     """One pipeline worker process."""
 
     def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
-                 group_aware_id: str | None = None):
+                 group_aware_id: str | None = None, module: str = "demo.pipeline"):
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
         if group_aware_id is None:
-            cmd = [sys.executable, "-m", "demo.pipeline", "--bootstrap-servers", bootstrap,
+            cmd = [sys.executable, "-m", module, "--bootstrap-servers", bootstrap,
                    "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
         else:  # one group-aware producer per worker (KIP-447 draft), each its own transactional.id
             cmd = [sys.executable, "-m", "demo.pipeline_group", "--bootstrap-servers", bootstrap,
@@ -96,7 +97,8 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
 
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
-        group_coordinators: int = 1, group_aware: bool = False) -> int:
+        group_coordinators: int = 1, group_aware: bool = False, aio: bool = False) -> int:
+    worker_module = "demo.pipeline_aio" if aio else "demo.pipeline"
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
@@ -133,9 +135,9 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
                             group_aware_id=f"{TRANSACTIONAL_ID}-worker-1")
             others = [Worker(bootstrap, run_dir, "worker-b", group_aware_id=f"{TRANSACTIONAL_ID}-worker-b")]
         else:
-            say(f"Running the pipeline; the worker will be SIGKILLed inside an open transaction after "
-                f"~{hold_after:,} items")
-            worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after)
+            say(f"Running the pipeline ({worker_module}); the worker will be SIGKILLed inside an open transaction "
+                f"after ~{hold_after:,} items")
+            worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module)
             others = []
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
@@ -166,7 +168,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         else:
             bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                       f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
-            worker = Worker(bootstrap, run_dir, "worker-2")
+            worker = Worker(bootstrap, run_dir, "worker-2", module=worker_module)
         coordinator_killed = leader_killed = False
         while progress() < total:
             for w in [worker, *others]:
@@ -248,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-coordinators", type=int, default=1, help="group coordinators (default 1)")
     parser.add_argument("--group-aware", action="store_true",
                         help="two workers sharing the group, one group-aware producer each (KIP-447 draft)")
+    parser.add_argument("--aio", action="store_true",
+                        help="run the workers written with exactly.aio (demo.pipeline_aio)")
     args = parser.parse_args(argv)
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
-               args.group_coordinators, args.group_aware)
+               args.group_coordinators, args.group_aware, args.aio)
 
 
 if __name__ == "__main__":

@@ -318,6 +318,10 @@ class RecordAccumulator:
             self._buffered += batch.size
             return fut, batch.is_full(self.batch_size) or len(dq) > 1, True
 
+    def has_space(self) -> bool:
+        """Whether a new batch may be opened without waiting for buffer.memory."""
+        return self._buffered < self.buffer_memory
+
     def _wait_for_space(self, max_block_ms: float) -> None:
         if self._buffered < self.buffer_memory:
             return

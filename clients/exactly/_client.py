@@ -9,12 +9,13 @@ gRPC or protobuf types (docs/design.md, "Code conventions"). Every service answe
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Generator, Iterable, TypeVar
 
 import grpc
 import tenacity
@@ -172,12 +173,56 @@ class Metadata:
         return sorted({n.address for n in self.nodes.values()})
 
 
-class ClientCore:
-    """Channels, metadata and coordinators for one SDK client instance.
+def channel_options(retry_backoff_ms: int, retry_backoff_max_ms: int, client_id: str = "") -> list[tuple[str, Any]]:
+    """gRPC channel options of every SDK channel (sync and asyncio): large messages,
+    fast reconnects after a service restart (the gRPC default backs off to 120 s),
+    no transparent retries (the SDK decides what to retry), and `client.id` as the
+    user agent."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", max(retry_backoff_ms, 50)),
+        ("grpc.min_reconnect_backoff_ms", max(retry_backoff_ms, 50)),
+        ("grpc.max_reconnect_backoff_ms", max(retry_backoff_max_ms, 100)),
+        ("grpc.enable_retries", 0),
+    ]
+    if client_id:
+        options.append(("grpc.primary_user_agent", f"exactly/{client_id}"))
+    return options
+
+
+# A cancelled request future (concurrent.futures or asyncio: distinct classes since
+# Python 3.8), for code shared by the synchronous and the asyncio clients.
+CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
+
+
+def run_flow(flow: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
+    """Drive a flow synchronously: a generator that yields I/O effects (requests,
+    waits) and receives their outcomes, so the rules between the I/O steps exist
+    once for the synchronous clients and `exactly.aio`. `perform(effect)` returns
+    the outcome sent back into the flow, or raises the exception thrown into it.
+    Returns the flow's return value."""
+    try:
+        effect = next(flow)
+        while True:
+            try:
+                outcome = perform(effect)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                effect = flow.throw(exc)
+            else:
+                effect = flow.send(outcome)
+    except StopIteration as stop:
+        return stop.value
+
+
+class CoreBase:
+    """The I/O-free part of a client core, shared by `ClientCore` (blocking gRPC)
+    and `exactly.aio`'s core (grpc.aio): settings, the metadata and coordinator
+    caches, address rotation, and what a failed try invalidates.
 
     `conf` keys (Kafka names): `bootstrap.servers` ("host:port,host:port", required),
     `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
-    (1000), `metadata.max.age.ms` (300000); clock: monotonic ms (injectable). Thread-safe.
+    (1000), `metadata.max.age.ms` (300000); clock: monotonic ms (injectable).
     """
 
     def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
@@ -191,35 +236,27 @@ class ClientCore:
         self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
         self.client_id = str(conf.get("client.id") or "")
         self._lock = threading.RLock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, Any] = {}
         self._stubs: dict[tuple[type, str], Any] = {}
         self._metadata: Metadata | None = None
-        self._metadata_lock = threading.Lock()
         self._coordinators: dict[tuple[int, str], str] = {}
         self._rr = itertools.count()
         self._closed = False
-
-    # ------------------------------------------------------------ channels
 
     @property
     def request_timeout_s(self) -> float:
         return self.request_timeout_ms / 1000.0
 
-    def channel(self, address: str) -> grpc.Channel:
+    def _new_channel(self, address: str) -> Any:
+        raise NotImplementedError
+
+    def channel(self, address: str) -> Any:
         with self._lock:
             if self._closed:
                 raise errors.IllegalStateError("client is closed")
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=[
-                    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                    # Reconnect fast after a service restart (gRPC default backs off to 120 s).
-                    ("grpc.initial_reconnect_backoff_ms", max(self.retry_backoff_ms, 50)),
-                    ("grpc.min_reconnect_backoff_ms", max(self.retry_backoff_ms, 50)),
-                    ("grpc.max_reconnect_backoff_ms", max(self.retry_backoff_max_ms, 100)),
-                    ("grpc.enable_retries", 0),
-                ] + ([("grpc.primary_user_agent", f"exactly/{self.client_id}")] if self.client_id else []))
+                ch = self._new_channel(address)
                 self._channels[address] = ch
             return ch
 
@@ -252,6 +289,142 @@ class ClientCore:
     def _next_address(self) -> str:
         addrs = self._known_addresses()
         return addrs[next(self._rr) % len(addrs)]
+
+    def _metadata_flow(self) -> Generator[tuple[Callable, pb.MetadataRequest], Any, Metadata]:
+        """Fetch metadata, asking the known addresses in turn until one answers:
+        yields (stub method, request) pairs for `call`; raises the last retriable
+        error when none answers, a non-retriable one at once."""
+        last: errors.ExactlyError | None = None
+        addrs = self._known_addresses()
+        start = next(self._rr)
+        for i in range(len(addrs)):
+            try:
+                resp = yield self.cluster_stub(addrs[(start + i) % len(addrs)]).Metadata, pb.MetadataRequest()
+                return Metadata.from_response(resp, self.clock())
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    def _retry_policy(self, timeout_s: float | None,
+                      on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
+        """tenacity arguments of `retry` (sync and asyncio): retriable errors are
+        retried with retry.backoff.ms doubling up to retry.backoff.max.ms (with
+        jitter) for `timeout_s` (default request.timeout.ms); between tries metadata
+        is refreshed after leader/network errors and cached coordinators are dropped
+        after coordinator errors, then `on_retry(exc)` is called."""
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+
+        def _before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception()
+            log.debug("retrying after %r (attempt %d)", exc, state.attempt_number)
+            if isinstance(exc, errors.ExactlyError):
+                if exc.code in METADATA_ERRORS:
+                    self._invalidate_metadata()
+                if exc.code in COORDINATOR_ERRORS:
+                    self._invalidate_all_coordinators_if_network(exc)
+            if on_retry is not None:
+                on_retry(exc)
+
+        return dict(
+            retry=tenacity.retry_if_exception(is_retriable),
+            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
+                                           max=self.retry_backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
+            stop=tenacity.stop_before_delay(timeout),
+            before_sleep=_before_sleep,
+            reraise=True,
+        )
+
+    def _invalidate_metadata(self) -> None:
+        md = self._metadata
+        if md is not None:
+            # Keep the node list for bootstrapping; force the next read to refetch.
+            self._metadata = Metadata(md.nodes, md.topics, fetched_at=-(1 << 62))
+
+    def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
+        if self.clock() - md.fetched_at > self.metadata_max_age_ms:
+            return False
+        return topics is None or all(md.has_topic(t) for t in topics)
+
+    @staticmethod
+    def _leader_in(md: Metadata, topic: str, partition: int) -> str:
+        """Leader address of a partition in `md`; raises errors.UnknownTopicOrPartitionError
+        or errors.LeaderNotAvailableError (both retriable)."""
+        addr = md.leader(topic, partition)
+        if addr is None:
+            if partition not in md.partitions(topic):
+                raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
+            raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
+        return addr
+
+    @staticmethod
+    def _require_partitions(topic: str, parts: list[int]) -> list[int]:
+        if not parts:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return parts
+
+    @staticmethod
+    def _coordinator_address(key: str, resp: pb.FindCoordinatorResponse) -> str:
+        """'host:port' from a FindCoordinator answer; raises its error, or
+        errors.CoordinatorNotAvailableError when no coordinator was named."""
+        errors.check(resp.error_code, resp.error_message or None)
+        if not resp.host:
+            raise errors.CoordinatorNotAvailableError(f"no coordinator for {key!r}")
+        return f"{resp.host}:{resp.port}"
+
+    def cached_coordinator(self, key: str, key_type: int) -> str | None:
+        with self._lock:
+            return self._coordinators.get((key_type, key))
+
+    def _cache_coordinator(self, key: str, key_type: int, address: str) -> None:
+        with self._lock:
+            self._coordinators[(key_type, key)] = address
+
+    def invalidate_coordinator(self, key: str, key_type: int) -> None:
+        with self._lock:
+            self._coordinators.pop((key_type, key), None)
+
+    def _invalidate_all_coordinators_if_network(self, exc: errors.ExactlyError) -> None:
+        # A dead process takes all coordinators it hosted with it.
+        if exc.code in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+            with self._lock:
+                self._coordinators.clear()
+
+    @staticmethod
+    def _coordinator_outcome(resp: Any, error_code: Callable[[Any], int]) -> Any:
+        """The response of a coordinator request, or its error raised."""
+        errors.check(error_code(resp), getattr(resp, "error_message", None) or None)
+        return resp
+
+    def _take_channels(self) -> list[Any]:
+        """Mark closed and hand over the channels to close (empty when already closed)."""
+        with self._lock:
+            if self._closed:
+                return []
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+            return channels
+
+
+class ClientCore(CoreBase):
+    """Channels, metadata and coordinators for one SDK client instance (blocking
+    gRPC). Settings: see `CoreBase`. Thread-safe.
+    """
+
+    def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
+        super().__init__(conf, clock)
+        self._metadata_lock = threading.Lock()
+
+    # ------------------------------------------------------------ channels
+
+    def _new_channel(self, address: str) -> grpc.Channel:
+        return grpc.insecure_channel(address, options=channel_options(
+            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id))
 
     # ------------------------------------------------------------ calls
 
@@ -317,53 +490,12 @@ class ClientCore:
         tries, metadata is refreshed after leader/network errors, cached coordinators
         are dropped after coordinator errors, then `on_retry(exc)` is called.
         Non-retriable errors and the last retriable one propagate."""
-        timeout = self.request_timeout_s if timeout_s is None else timeout_s
-
-        def _before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception()
-            log.debug("retrying after %r (attempt %d)", exc, state.attempt_number)
-            if isinstance(exc, errors.ExactlyError):
-                if exc.code in METADATA_ERRORS:
-                    self._invalidate_metadata()
-                if exc.code in COORDINATOR_ERRORS:
-                    self._invalidate_all_coordinators_if_network(exc)
-            if on_retry is not None:
-                on_retry(exc)
-
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_retriable),
-            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
-                                           max=self.retry_backoff_max_ms / 1000.0)
-            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
-            stop=tenacity.stop_before_delay(timeout),
-            before_sleep=_before_sleep,
-            reraise=True,
-        )
-        return retrying(fn)
+        return tenacity.Retrying(**self._retry_policy(timeout_s, on_retry))(fn)
 
     # ------------------------------------------------------------ metadata
 
-    def _invalidate_metadata(self) -> None:
-        md = self._metadata
-        if md is not None:
-            # Keep the node list for bootstrapping; force the next read to refetch.
-            self._metadata = Metadata(md.nodes, md.topics, fetched_at=-(1 << 62))
-
     def _fetch_metadata(self) -> Metadata:
-        last: errors.ExactlyError | None = None
-        addrs = self._known_addresses()
-        start = next(self._rr)
-        for i in range(len(addrs)):
-            addr = addrs[(start + i) % len(addrs)]
-            try:
-                resp = self.call(self.cluster_stub(addr).Metadata, pb.MetadataRequest())
-                return Metadata.from_response(resp, self.clock())
-            except errors.ExactlyError as exc:
-                if not exc.retriable:
-                    raise
-                last = exc
-        assert last is not None
-        raise last
+        return run_flow(self._metadata_flow(), lambda request: self.call(*request))
 
     def metadata(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
         """The cached cluster metadata, fetched again when `refresh`, older than
@@ -379,35 +511,22 @@ class ClientCore:
             self._metadata = self._fetch_metadata()
             return self._metadata
 
-    def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
-        if self.clock() - md.fetched_at > self.metadata_max_age_ms:
-            return False
-        return topics is None or all(md.has_topic(t) for t in topics)
-
     def partitions_for(self, topic: str) -> list[int]:
         """Sorted partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError
         when the topic is still unknown after a metadata refresh."""
         parts = self.metadata([topic]).partitions(topic)
         if not parts:
             parts = self.metadata(refresh=True).partitions(topic)
-        if not parts:
-            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
-        return parts
+        return self._require_partitions(topic, parts)
 
     def leader_for(self, topic: str, partition: int) -> str:
         """'host:port' of the partition's leader, refreshing metadata once if unknown.
         Raises errors.UnknownTopicOrPartitionError (no such topic/partition) or
         errors.LeaderNotAvailableError (no live leader); both retriable."""
         md = self.metadata([topic])
-        addr = md.leader(topic, partition)
-        if addr is None:
+        if md.leader(topic, partition) is None:
             md = self.metadata(refresh=True)
-            addr = md.leader(topic, partition)
-        if addr is None:
-            if partition not in md.partitions(topic):
-                raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
-            raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
-        return addr
+        return self._leader_in(md, topic, partition)
 
     # ------------------------------------------------------------ coordinators
 
@@ -416,33 +535,18 @@ class ClientCore:
         COORDINATOR_TRANSACTION=1), cached until `invalidate_coordinator`. Retries
         COORDINATOR_NOT_AVAILABLE and network errors with backoff for up to
         `timeout_s` (default request.timeout.ms); raises the last error after that."""
-        with self._lock:
-            cached = self._coordinators.get((key_type, key))
+        cached = self.cached_coordinator(key, key_type)
         if cached is not None:
             return cached
 
         def _find() -> str:
             resp = self.call(self.cluster_stub().FindCoordinator,
                              pb.FindCoordinatorRequest(key=key, key_type=key_type))
-            errors.check(resp.error_code, resp.error_message or None)
-            if not resp.host:
-                raise errors.CoordinatorNotAvailableError(f"no coordinator for {key!r}")
-            return f"{resp.host}:{resp.port}"
+            return self._coordinator_address(key, resp)
 
         addr = self.retry(_find, timeout_s)
-        with self._lock:
-            self._coordinators[(key_type, key)] = addr
+        self._cache_coordinator(key, key_type, addr)
         return addr
-
-    def invalidate_coordinator(self, key: str, key_type: int) -> None:
-        with self._lock:
-            self._coordinators.pop((key_type, key), None)
-
-    def _invalidate_all_coordinators_if_network(self, exc: errors.ExactlyError) -> None:
-        # A dead process takes all coordinators it hosted with it.
-        if exc.code in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
-            with self._lock:
-                self._coordinators.clear()
 
     def coordinator_call(self, key: str, key_type: int, stub_method: Callable[[str], Callable],
                          request: Any, error_code: Callable[[Any], int] = lambda r: r.error_code,
@@ -457,9 +561,7 @@ class ClientCore:
         def _once() -> Any:
             addr = self.find_coordinator(key, key_type, timeout_s)
             try:
-                resp = self.call(stub_method(addr), request)
-                errors.check(error_code(resp), getattr(resp, "error_message", None) or None)
-                return resp
+                return self._coordinator_outcome(self.call(stub_method(addr), request), error_code)
             except errors.ExactlyError as exc:
                 if exc.code in COORDINATOR_ERRORS:
                     self.invalidate_coordinator(key, key_type)
@@ -471,17 +573,12 @@ class ClientCore:
 
     def close(self) -> None:
         """Close every channel. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
-            self._stubs.clear()
-        for ch in channels:
+        for ch in self._take_channels():
             ch.close()
 
 
-__all__ = ["ClientCore", "Metadata", "NodeMetadata", "TopicMetadata", "PartitionMetadata",
-           "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP", "txn_coordinator_key", "translate_rpc_error", "is_retriable",
+__all__ = ["ClientCore", "CoreBase", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
+           "TopicMetadata", "PartitionMetadata",
+           "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP",
+           "txn_coordinator_key", "translate_rpc_error", "is_retriable",
            "parse_bootstrap", "METADATA_ERRORS", "COORDINATOR_ERRORS"]

@@ -37,12 +37,12 @@ import concurrent.futures
 import enum
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 import tenacity
 
 from exactly import errors
-from exactly._client import COORDINATOR_ERRORS, COORDINATOR_GROUP
+from exactly._client import CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
@@ -53,12 +53,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Answers that mean "the coordinator moved or is unreachable: find it again".
 _FIND_AGAIN = COORDINATOR_ERRORS
 # Answers after which a coordinator request is simply sent again (after backoff).
 _RETRY_CODES = frozenset(COORDINATOR_ERRORS | {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                                ErrorCode.NETWORK_EXCEPTION,
                                                ErrorCode.REQUEST_TIMED_OUT})
+# OffsetFetch retries these too: UNSTABLE_OFFSET_COMMIT while a transactional offset
+# commit is pending under require_stable (KIP-447).
+FETCH_COMMITTED_RETRY_CODES = frozenset(_RETRY_CODES | {ErrorCode.UNSTABLE_OFFSET_COMMIT})
 # Answers that mean this member's generation is over.
 REJOIN_CODES = frozenset({ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION,
                           ErrorCode.UNKNOWN_MEMBER_ID})
@@ -311,7 +316,7 @@ class GroupMembership:
     def _on_join(self, fut: concurrent.futures.Future) -> None:
         try:
             resp = fut.result()
-        except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
+        except (errors.ExactlyError, *CANCELLED) as exc:
             self.coordinator_dead(exc)
             self._backoff()
             return
@@ -346,7 +351,7 @@ class GroupMembership:
     def _on_sync(self, fut: concurrent.futures.Future) -> list[TopicPartition] | None:
         try:
             resp = fut.result()
-        except (errors.ExactlyError, concurrent.futures.CancelledError) as exc:
+        except (errors.ExactlyError, *CANCELLED) as exc:
             self.coordinator_dead(exc)
             self.state = MemberState.JOINING
             self._backoff()
@@ -408,32 +413,52 @@ class GroupMembership:
             except Exception:  # noqa: BLE001 - the thread must survive anything
                 log.exception("group %s: heartbeat failed", self.group_id)
 
-    def heartbeat_once(self) -> ErrorCode | None:
-        """Send one Heartbeat if the member is stable; apply the answer. Returns the
-        answer's code (None when nothing was sent or the transport failed)."""
+    def heartbeat_request(self) -> pb.HeartbeatRequest | None:
+        """The Heartbeat to send now, or None when the member is not stable."""
         with self._lock:
             # Keep heartbeating while a rejoin is pending (until poll sends the
             # JoinGroup) so the session does not expire meanwhile.
             if self.state is not MemberState.STABLE or not self.member_id:
                 return None
-            gen, member = self.generation_id, self.member_id
+            return pb.HeartbeatRequest(group_id=self.group_id, generation_id=self.generation_id,
+                                       member_id=self.member_id, group_instance_id=self.group_instance_id or "")
+
+    def poll_interval_exceeded(self) -> bool:
+        """True (and logged) when poll() was not called for max.poll.interval.ms: the
+        member must leave the group."""
         now = self._clock()
-        if now - self._last_poll > self.rebalance_timeout_ms:
-            log.warning("group %s: poll() not called for %d ms (> max.poll.interval.ms); leaving the group",
-                        self.group_id, now - self._last_poll)
+        if now - self._last_poll <= self.rebalance_timeout_ms:
+            return False
+        log.warning("group %s: poll() not called for %d ms (> max.poll.interval.ms); leaving the group",
+                    self.group_id, now - self._last_poll)
+        return True
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return min(self._core.request_timeout_s, self.session_timeout_ms / 1000.0)
+
+    def heartbeat_once(self) -> ErrorCode | None:
+        """Send one Heartbeat if the member is stable; apply the answer. Returns the
+        answer's code (None when nothing was sent or the transport failed)."""
+        req = self.heartbeat_request()
+        if req is None:
+            return None
+        if self.poll_interval_exceeded():
             self.leave()
             return None
         try:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
-            resp = self._core.call(self._core.group_stub(addr).Heartbeat,
-                                   pb.HeartbeatRequest(group_id=self.group_id, generation_id=gen,
-                                                       member_id=member,
-                                                       group_instance_id=self.group_instance_id or ""),
-                                   timeout_s=min(self._core.request_timeout_s, self.session_timeout_ms / 1000.0))
+            resp = self._core.call(self._core.group_stub(addr).Heartbeat, req, timeout_s=self.heartbeat_timeout_s)
         except errors.ExactlyError as exc:
             self.coordinator_dead(exc)
             return None
-        code = _code(resp.error_code)
+        return self.on_heartbeat(req, resp.error_code)
+
+    def on_heartbeat(self, req: pb.HeartbeatRequest, error_code: int) -> ErrorCode:
+        """Apply the answer to heartbeat `req`: rejoin, find the coordinator again,
+        or keep a fatal error for the next poll. Returns the answer's code."""
+        gen, member = req.generation_id, req.member_id
+        code = _code(error_code)
         with self._lock:
             if (gen, member) != (self.generation_id, self.member_id) or self.state is not MemberState.STABLE:
                 return code
@@ -456,10 +481,11 @@ class GroupMembership:
 
     # ------------------------------------------------------------ leaving
 
-    def leave(self) -> None:
-        """Forget the membership (its partitions count as lost) and send
-        LeaveGroup, best effort; a static member sends none (KIP-345: the
-        coordinator keeps its place for session.timeout.ms)."""
+    def forget_membership(self) -> pb.LeaveGroupRequest | None:
+        """Forget the membership (cancelling a join in progress; its partitions count
+        as lost); returns the LeaveGroup to send, None when there was no member id or
+        the member is static (KIP-345: the coordinator keeps its place for
+        session.timeout.ms)."""
         with self._lock:
             member = self.member_id
             if self._pending is not None:
@@ -471,11 +497,18 @@ class GroupMembership:
             self._rejoin_needed = True
             self.member_id, self.generation_id = "", -1
         if not member or self.group_instance_id:
+            return None
+        return pb.LeaveGroupRequest(group_id=self.group_id, member_id=member)
+
+    def leave(self) -> None:
+        """Forget the membership and send LeaveGroup, best effort (none for a static
+        member)."""
+        req = self.forget_membership()
+        if req is None:
             return
         try:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
-            resp = self._core.call(self._core.group_stub(addr).LeaveGroup,
-                                   pb.LeaveGroupRequest(group_id=self.group_id, member_id=member))
+            resp = self._core.call(self._core.group_stub(addr).LeaveGroup, req)
             if resp.error_code:
                 log.debug("group %s: LeaveGroup answered %s", self.group_id, resp.error_code)
         except errors.ExactlyError as exc:
@@ -492,10 +525,15 @@ class GroupMembership:
     # ------------------------------------------------------------ offsets
 
     def _retrying(self, timeout_s: float, retry_codes: frozenset) -> tenacity.Retrying:
+        return tenacity.Retrying(**self._retry_policy(timeout_s, retry_codes))
+
+    def _retry_policy(self, timeout_s: float, retry_codes: frozenset) -> dict:
+        """tenacity arguments of the offset requests: retry `retry_codes` with
+        backoff_ms doubling up to backoff_max_ms (with jitter) for `timeout_s`."""
         def _retriable(exc: BaseException) -> bool:
             return isinstance(exc, errors.ExactlyError) and exc.code in retry_codes
 
-        return tenacity.Retrying(
+        return dict(
             retry=tenacity.retry_if_exception(_retriable),
             wait=tenacity.wait_exponential_jitter(multiplier=self._backoff_ms / 1000,
                                                   max=self._backoff_max_ms / 1000,
@@ -536,19 +574,35 @@ class GroupMembership:
         on the next poll)."""
         if not offsets:
             return
+        self._retrying(timeout_s, _RETRY_CODES)(self._request, "OffsetCommit",
+                                                lambda: self._commit_request(offsets, managed), timeout_s,
+                                                self._commit_outcome)
 
-        def _once() -> None:
-            req = self._commit_request(offsets, managed)
-            addr = self.coordinator(timeout_s)
-            try:
-                resp = self._core.call(self._core.group_stub(addr).OffsetCommit, req)
-            except errors.ExactlyError as exc:
-                if exc.code in _FIND_AGAIN:
-                    self.coordinator_dead(exc)
-                raise
-            self._commit_outcome(resp)
+    def _request(self, method: str, request: Callable[[], Any], timeout_s: float,
+                 outcome: Callable[[Any], T]) -> T:
+        """One try of an offset request: `outcome(answer)` of the coordinator to
+        `request()`; a failure meaning the coordinator moved drops it first."""
+        addr = self.coordinator(timeout_s)
+        try:
+            resp = self._core.call(getattr(self._core.group_stub(addr), method), request())
+        except errors.ExactlyError as exc:
+            self.request_failed(exc)
+            raise
+        return outcome(resp)
 
-        self._retrying(timeout_s, _RETRY_CODES)(_once)
+    def request_failed(self, exc: errors.ExactlyError) -> None:
+        """A coordinator request failed: find the coordinator again if it moved."""
+        if exc.code in _FIND_AGAIN:
+            self.coordinator_dead(exc)
+
+    def offset_fetch_outcome(self, resp: pb.OffsetFetchResponse, wanted: list[TopicPartition]
+                             ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """`parse_offset_fetch`, dropping the coordinator when the answer says it moved."""
+        try:
+            return parse_offset_fetch(resp, wanted)
+        except errors.ExactlyError as exc:
+            self.request_failed(exc)
+            raise
 
     def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], managed: bool,
                      callback: Callable[[errors.ExactlyError | None], None] | None = None
@@ -580,7 +634,7 @@ class GroupMembership:
                     self.coordinator_dead(exc)
                 err = exc
                 log.info("group %s: async offset commit failed: %r", self.group_id, exc)
-            except concurrent.futures.CancelledError:
+            except CANCELLED:
                 err = errors.KafkaTimeoutError("offset commit cancelled")
             if callback is not None:
                 callback(err)
@@ -611,16 +665,6 @@ class GroupMembership:
         wanted = sorted(set(partitions))
         if not wanted:
             return {}
-
-        def _once() -> dict[TopicPartition, OffsetAndMetadata | None]:
-            addr = self.coordinator(timeout_s)
-            try:
-                resp = self._core.call(self._core.group_stub(addr).OffsetFetch,
-                                       self.offset_fetch_request(wanted, require_stable))
-                return parse_offset_fetch(resp, wanted)
-            except errors.ExactlyError as exc:
-                if exc.code in _FIND_AGAIN:
-                    self.coordinator_dead(exc)
-                raise
-
-        return self._retrying(timeout_s, _RETRY_CODES | {ErrorCode.UNSTABLE_OFFSET_COMMIT})(_once)
+        return self._retrying(timeout_s, FETCH_COMMITTED_RETRY_CODES)(
+            self._request, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable), timeout_s,
+            lambda resp: self.offset_fetch_outcome(resp, wanted))

@@ -27,7 +27,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import errors
 from ._accumulator import ProducerBatch, RecordAccumulator, fail_batches, failed_future
-from ._client import (COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, Metadata, txn_coordinator_key,
+from ._client import (COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, CoreBase, Metadata, txn_coordinator_key,
                       is_retriable)
 from ._txn_manager import FENCING_CODES, TransactionManager, TransactionManagerState
 from .errors import TransactionAbortedError
@@ -65,24 +65,33 @@ class SenderConfig:
     txn_timeout_ms: int
 
 
-class Sender(threading.Thread):
-    """Drains ready batches, keeps the transaction's partitions registered, sends
-    Produce requests (one per leader, futures: several leaders at once) and
-    handles their outcomes. Outcomes are processed on this thread only."""
+def txn_coordinator_addresses(md: Metadata) -> list[str]:
+    """Addresses of the live transaction coordinators in `md`, sorted (an idempotent
+    producer without transactional.id asks any of them for a PID)."""
+    return sorted(n.address for n in md.nodes.values() if n.role == "txn_coordinator")
+
+
+class SenderCore:
+    """The sender's rules, shared by the sender thread (`Sender`) and the asyncio
+    sender of `exactly.aio`: one `_run_once` step drains ready batches, keeps the
+    transaction's partitions registered, sends Produce requests (one per leader,
+    as request futures: several leaders at once) and handles their outcomes.
+    A driver runs `_run_once` again after `wakeup()`, after an outcome arrives
+    (`_complete`) or after the delay `_run_once` returns (ms, None: until woken).
+    The core's `metadata()`, `find_coordinator()` and `call_future()` must not wait
+    for the network longer than a step may take (the asyncio core answers from its
+    caches and refreshes them in the background). Outcomes are processed by the
+    driver's one thread or task only."""
 
     def __init__(self, config: SenderConfig, accumulator: RecordAccumulator, txn: TransactionManager,
-                 core: ClientCore, on_metadata_change: Callable[[], None] = lambda: None,
+                 core: CoreBase, on_metadata_change: Callable[[], None] = lambda: None,
                  clock: Clock = monotonic_ms):
-        super().__init__(name="exactly-producer-sender", daemon=True)
         self.on_metadata_change = on_metadata_change
         self.config = config
         self.acc = accumulator
         self.txn = txn
         self.core = core
         self.clock = clock
-        self._cond = threading.Condition()
-        self._woken = False
-        self._running = True
         self._completions: collections.deque = collections.deque()
         self._in_flight: dict[TopicPartition, int] = collections.defaultdict(int)
         self._in_flight_total = 0
@@ -93,37 +102,27 @@ class Sender(threading.Thread):
         self._reset_pid = False
         self._last_metadata: Metadata | None = None
 
-    # ------------------------------------------------------------ loop
+    # ------------------------------------------------------------ driver hooks
 
     def wakeup(self) -> None:
-        with self._cond:
-            self._woken = True
-            self._cond.notify()
+        """Run the next step now (new batches, a flush, an abort)."""
+        raise NotImplementedError
 
-    def stop(self) -> None:
-        with self._cond:
-            self._running = False
-            self._cond.notify()
+    def _complete(self, fn: Callable[[], None]) -> None:
+        """Queue an outcome handler for the driver's thread/task and wake it."""
+        raise NotImplementedError
 
-    def _complete(self, fn) -> None:
-        self._completions.append(fn)
-        with self._cond:
-            self._cond.notify()
+    def _step(self) -> float | None:
+        """One step, guarded: a failing step is a bug to log, not a reason to stop."""
+        try:
+            return self._run_once()
+        except Exception:  # noqa: BLE001 - keep sending; the error is a bug to log
+            log.exception("producer sender iteration failed")
+            return self.config.backoff_ms
 
-    def run(self) -> None:
-        while True:
-            try:
-                delay = self._run_once()
-            except Exception:  # noqa: BLE001 - keep sending; the error is a bug to log
-                log.exception("producer sender iteration failed")
-                delay = self.config.backoff_ms
-            with self._cond:
-                if not self._running:
-                    break
-                if not self._woken and not self._completions and (delay is None or delay > 0):
-                    self._cond.wait(None if delay is None else delay / 1000.0)
-                self._woken = False
-        while self._completions:  # outcomes that arrived while stopping
+    def _drain_completions(self) -> None:
+        """Outcomes that arrived while stopping."""
+        while self._completions:
             try:
                 self._completions.popleft()()
             except Exception:  # noqa: BLE001
@@ -204,34 +203,59 @@ class Sender(threading.Thread):
             return None
         if now < self._pid_retry_at:
             return self._pid_retry_at - now
+        if txn.state is TransactionManagerState.UNINITIALIZED:
+            txn.begin_initialize()
+        return self._init_idempotent_pid(now)
+
+    def _idempotent_pid_request(self) -> pb.InitProducerIdRequest:
+        return pb.InitProducerIdRequest(transactional_id="", producer_id=-1, producer_epoch=-1,
+                                        transaction_timeout_ms=self.config.txn_timeout_ms)
+
+    def _pick_txn_coordinator(self, md: Metadata, now: float) -> str:
+        """A live transaction coordinator to ask for a PID; raises the retriable
+        errors.CoordinatorNotAvailableError when none is live."""
+        addrs = txn_coordinator_addresses(md)
+        if not addrs:
+            raise errors.CoordinatorNotAvailableError("no transaction coordinator is live")
+        return addrs[int(now) % len(addrs)]
+
+    def _init_idempotent_pid(self, now: float) -> float | None:
+        """I/O of `_maybe_init_idempotent`: InitProducerId (retried for up to
+        request.timeout.ms), then `_on_idempotent_pid`. Blocks this thread."""
         core = self.core
+
+        def _once():
+            md = core.metadata()
+            try:
+                addr = self._pick_txn_coordinator(md, now)
+            except errors.ExactlyError:
+                core.metadata(refresh=True)
+                raise
+            resp = core.call(core.txn_stub(addr).InitProducerId, self._idempotent_pid_request())
+            errors.check(resp.error_code, resp.error_message or None)
+            return resp
+
         try:
-            if txn.state is TransactionManagerState.UNINITIALIZED:
-                txn.begin_initialize()
-
-            def _once():
-                md = core.metadata()
-                addrs = sorted(n.address for n in md.nodes.values() if n.role == "txn_coordinator")
-                if not addrs:
-                    core.metadata(refresh=True)
-                    raise errors.CoordinatorNotAvailableError("no transaction coordinator is live")
-                resp = core.call(core.txn_stub(addrs[int(now) % len(addrs)]).InitProducerId,
-                                 pb.InitProducerIdRequest(transactional_id="", producer_id=-1, producer_epoch=-1,
-                                                          transaction_timeout_ms=self.config.txn_timeout_ms))
-                errors.check(resp.error_code, resp.error_message or None)
-                return resp
-
             resp = core.retry(_once, timeout_s=self.config.request_timeout_ms / 1000.0)
+        except errors.ExactlyError as exc:
+            return self._on_idempotent_pid(None, exc, now)
+        return self._on_idempotent_pid(resp, None, now)
+
+    def _on_idempotent_pid(self, resp: pb.InitProducerIdResponse | None, exc: BaseException | None,
+                           now: float) -> float | None:
+        """Outcome of an idempotent producer's InitProducerId: adopt the PID, or fail
+        queued batches on a fatal error, or retry after retry.backoff.max.ms."""
+        txn = self.txn
+        if exc is None:
             txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
             return None
-        except errors.ExactlyError as exc:
-            err = txn.initialize_failed(exc)
-            log.warning("InitProducerId failed: %s", err)
-            if txn.is_fatal_state:
-                fail_batches(self.acc.drain_all(), err, self.acc)
-                return None
-            self._pid_retry_at = now + self.config.backoff_max_ms
-            return self.config.backoff_max_ms
+        err = txn.initialize_failed(exc)
+        log.warning("InitProducerId failed: %s", err)
+        if txn.is_fatal_state:
+            fail_batches(self.acc.drain_all(), err, self.acc)
+            return None
+        self._pid_retry_at = now + self.config.backoff_max_ms
+        return self.config.backoff_max_ms
 
     # ------------------------------------------------------------ AddPartitionsToTxn
 
@@ -250,7 +274,10 @@ class Sender(threading.Thread):
             producer_epoch=txn.producer_epoch, consumer_group_id=txn.group_id or "",
             generation_id=txn.generation_id if txn.group_id else 0,
             topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
-        fut = core.call_future(core.txn_stub(addr).AddPartitionsToTxn, req)
+        try:
+            fut = core.call_future(core.txn_stub(addr).AddPartitionsToTxn, req)
+        except errors.ExactlyError as exc:  # client closed
+            fut = failed_future(exc)
         fut.add_done_callback(lambda f: self._complete(lambda: self._on_add_partitions(tps, f)))
 
     def _on_add_partitions(self, tps: list[TopicPartition], fut: Future) -> None:
@@ -433,4 +460,44 @@ class Sender(threading.Thread):
         self.acc.deallocate(b)
 
 
-__all__ = ["Sender", "SenderConfig", "ADD_PARTITIONS_RETRY_MS"]
+class Sender(SenderCore, threading.Thread):
+    """The sender thread of the synchronous Producer: runs `SenderCore` steps, waiting
+    on a condition between them. Outcomes are processed on this thread only."""
+
+    def __init__(self, config: SenderConfig, accumulator: RecordAccumulator, txn: TransactionManager,
+                 core: ClientCore, on_metadata_change: Callable[[], None] = lambda: None,
+                 clock: Clock = monotonic_ms):
+        threading.Thread.__init__(self, name="exactly-producer-sender", daemon=True)
+        SenderCore.__init__(self, config, accumulator, txn, core, on_metadata_change, clock)
+        self._cond = threading.Condition()
+        self._woken = False
+        self._running = True
+
+    def wakeup(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._running = False
+            self._cond.notify()
+
+    def _complete(self, fn) -> None:
+        self._completions.append(fn)
+        with self._cond:
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            delay = self._step()
+            with self._cond:
+                if not self._running:
+                    break
+                if not self._woken and not self._completions and (delay is None or delay > 0):
+                    self._cond.wait(None if delay is None else delay / 1000.0)
+                self._woken = False
+        self._drain_completions()
+
+
+__all__ = ["Sender", "SenderCore", "SenderConfig", "ADD_PARTITIONS_RETRY_MS", "txn_coordinator_addresses"]

@@ -20,10 +20,10 @@ import inspect
 import logging
 import re
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from exactly import errors
-from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore
+from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, run_flow
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
                                      ResetStrategy, SubscriptionState, reset_timestamp)
@@ -44,6 +44,40 @@ CommitCallback = Callable[[errors.ExactlyError | None, dict[TopicPartition, Offs
 OFFSET_INVALID = -1001
 
 _ISOLATION = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
+
+
+# I/O effects yielded by the Consumer's flows (see `run_flow` in exactly._client): the
+# Consumer performs them blocking, exactly.aio awaits them.
+class WaitForResponses(NamedTuple):
+    """Wait up to `timeout_s` seconds for any request in flight (fetches, offset
+    lookups, a join), then handle the completed fetches."""
+
+    timeout_s: float
+
+
+class CommitOffsets(NamedTuple):
+    """`GroupMembership.commit_sync(offsets, managed, timeout_s)`."""
+
+    offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    managed: bool
+    timeout_s: float
+
+
+class FetchCommitted(NamedTuple):
+    """`GroupMembership.fetch_committed(partitions, require_stable, timeout_s)`."""
+
+    partitions: list[TopicPartition]
+    require_stable: bool
+    timeout_s: float
+
+
+class LeaveGroup(NamedTuple):
+    """Stop heartbeating and leave the group (`GroupMembership.close`)."""
+
+
+class LeaveOnly(NamedTuple):
+    """Leave the group and keep heartbeating ready for a later subscribe
+    (`GroupMembership.leave`, unsubscribe)."""
 
 
 class Consumer:
@@ -89,7 +123,7 @@ class Consumer:
         self._max_poll_records = cfg.max_poll_records
         self._api_timeout_s = cfg.default_api_timeout_ms / 1000.0
         self._session_timeout_ms = cfg.session_timeout_ms
-        self._core = ClientCore(conf)
+        self._core = self._make_core(conf)
         # Timers (backoff, auto-commit) run on one monotonic ms clock, shared with the
         # Fetcher and the GroupMembership; blocking waits for `timeout` use seconds.
         self._clock = monotonic_ms
@@ -103,7 +137,7 @@ class Consumer:
             backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms, clock=self._clock)
         self._group: GroupMembership | None = None
         if self._group_id is not None:
-            self._group = GroupMembership(
+            self._group = self._make_membership(
                 self._core, self._group_id, session_timeout_ms=self._session_timeout_ms,
                 rebalance_timeout_ms=cfg.max_poll_interval_ms, heartbeat_interval_ms=cfg.heartbeat_interval_ms,
                 group_instance_id=cfg.group_instance_id,
@@ -125,6 +159,28 @@ class Consumer:
         self._next_auto_commit = self._clock() + self._auto_commit_interval_ms
         self._pattern_checked_at: int | None = None
         self._closed = False
+
+    # The I/O of a consumer instance: `exactly.aio` swaps in its grpc.aio core and
+    # a membership that heartbeats from a task.
+    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
+        return ClientCore(conf)
+
+    def _make_membership(self, core: ClientCore, group_id: str, **settings: Any) -> GroupMembership:
+        return GroupMembership(core, group_id, **settings)
+
+    def _perform(self, effect: Any) -> Any:
+        """Perform one effect of a flow, blocking this thread."""
+        if isinstance(effect, WaitForResponses):
+            return self._wait(effect.timeout_s)
+        if isinstance(effect, CommitOffsets):
+            return self._group.commit_sync(effect.offsets, effect.managed, effect.timeout_s)
+        if isinstance(effect, FetchCommitted):
+            return self._group.fetch_committed(effect.partitions, effect.require_stable, effect.timeout_s)
+        if isinstance(effect, LeaveGroup):
+            return self._group.close()
+        if isinstance(effect, LeaveOnly):
+            return self._group.leave()
+        raise TypeError(f"unknown effect {effect!r}")
 
     # ------------------------------------------------------------ subscription
 
@@ -179,14 +235,18 @@ class Consumer:
         self._check_open()
         failure = None
         if self._subs.subscription is not None and self._group is not None:
-            failure = self._give_up_partitions()
-            self._group.leave()
+            failure = run_flow(self._unsubscribe_flow(), self._perform)
             self._group.take_lost()
         self._subs.unsubscribe()
         self._on_assign = self._on_revoke = self._on_lost = None
         self._cancel_position_requests()
         if failure is not None:
             raise failure
+
+    def _unsubscribe_flow(self) -> Generator:
+        failure = yield from self._give_up_partitions()
+        yield LeaveOnly()
+        return failure
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly `partitions` (TopicPartition list), without group
@@ -239,6 +299,9 @@ class Consumer:
         group.instance.id; fatal: close the consumer); non-retriable errors from
         the services (e.g. authorization); what a callback raised."""
         self._check_open()
+        return run_flow(self._poll_flow(timeout, max_records), self._perform)
+
+    def _poll_flow(self, timeout: float, max_records: int | None) -> Generator:
         if self._subs.subscription is None and not self._subs.user_assigned:
             raise errors.IllegalStateError("poll() needs subscribe() or assign() first")
         limit = self._max_poll_records if max_records is None else int(max_records)
@@ -250,7 +313,7 @@ class Consumer:
             self._group.polled()
         self._maybe_auto_commit()
         while True:
-            self._ensure_group()
+            yield from self._ensure_group()
             self._update_positions()
             out = self._fetcher.drain(limit)
             self._fetcher.send_fetches()  # prefetch while the application processes `out`
@@ -259,9 +322,10 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._wait(min(remaining, self._backoff_ms / 1000))
+            yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
 
-    def _wait(self, timeout_s: float) -> None:
+    def _requests_in_flight(self) -> list:
+        """Futures of every request a poll may wait for."""
         futures = self._fetcher.in_flight()
         if self._offset_fetch is not None:
             futures.append(self._offset_fetch[0])
@@ -269,6 +333,10 @@ class Consumer:
         futures.extend(self._async_commits)
         if self._group is not None and (p := self._group.pending()) is not None:
             futures.append(p)
+        return futures
+
+    def _wait(self, timeout_s: float) -> None:
+        futures = self._requests_in_flight()
         if futures:
             concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
         else:
@@ -277,14 +345,14 @@ class Consumer:
 
     # ------------------------------------------------------------ group
 
-    def _ensure_group(self) -> None:
+    def _ensure_group(self) -> Generator:
         group = self._group
         if group is None or self._subs.subscription is None:
             return
         self._maybe_update_pattern()
         failure: BaseException | None = None
         if group.needs_join() and not group.join_in_progress():
-            failure = self._give_up_partitions()
+            failure = yield from self._give_up_partitions()
             if group.fenced is not None:
                 raise group.fenced
             group.start_join(self._subs.subscription)
@@ -323,7 +391,7 @@ class Consumer:
                      list(self._subs.subscription))
             self._group.request_rejoin("the subscribed pattern matches other topics")
 
-    def _give_up_partitions(self) -> BaseException | None:
+    def _give_up_partitions(self) -> Generator:
         """Before rejoining (eager rebalance), unsubscribing or closing: give the
         group's partitions up. Revoked: commit positions if auto commit is on,
         then on_revoke. Lost (the generation is over, `GroupMembership.take_lost`):
@@ -333,7 +401,7 @@ class Consumer:
         if not owned:
             return None
         if self._auto_commit and not lost:
-            self._commit_quietly(self._session_timeout_ms / 1000.0)
+            yield from self._commit_quietly(self._session_timeout_ms / 1000.0)
         callback = (self._on_lost or self._on_revoke) if lost else self._on_revoke
         failure = None
         if callback is not None:
@@ -345,12 +413,12 @@ class Consumer:
         self._subs.assign_from_group([])
         return failure
 
-    def _commit_quietly(self, timeout_s: float) -> None:
+    def _commit_quietly(self, timeout_s: float) -> Generator:
         offsets = {tp: OffsetAndMetadata(pos) for tp, pos in self._subs.positions().items()}
         if not offsets or self._group is None:
             return
         try:
-            self._group.commit_sync(offsets, self._subs.subscription is not None, timeout_s)
+            yield CommitOffsets(offsets, self._subs.subscription is not None, timeout_s)
         except errors.ExactlyError as exc:
             log.warning("group %s: offset commit failed: %r", self._group_id, exc)
 
@@ -482,6 +550,9 @@ class Consumer:
         Raises errors.IllegalStateError (not assigned), errors.KafkaTimeoutError,
         NoOffsetForPartitionError."""
         self._check_open()
+        return run_flow(self._position_flow(tp, timeout), self._perform)
+
+    def _position_flow(self, tp: TopicPartition, timeout: float | None) -> Generator:
         st = self._subs.state(TopicPartition(*tp))
         deadline = time.monotonic() + (self._api_timeout_s if timeout is None else timeout)
         while not st.has_position:
@@ -491,7 +562,7 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.KafkaTimeoutError(f"position of {tp[0]}-{tp[1]} not known in time")
-            self._wait(min(remaining, self._backoff_ms / 1000))
+            yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
         return st.position
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -566,13 +637,25 @@ class Consumer:
             return
         self._run_commit_callbacks()
         try:
-            self._group.commit_sync(todo, managed, self._api_timeout_s if timeout is None else timeout)
+            run_flow(self._commit_flow(todo, timeout), self._perform)
         except errors.ExactlyError as exc:
             if callback is not None:
                 callback(exc, todo)
             raise
         if callback is not None:
             callback(None, todo)
+
+    def _commit_flow(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None,
+                     timeout: float | None) -> Generator:
+        if self._group is None:
+            raise errors.InvalidGroupIdError("commit() requires group.id")
+        if offsets is None:
+            todo = {tp: OffsetAndMetadata(pos) for tp, pos in self._subs.positions().items()}
+        else:
+            todo = {TopicPartition(*tp): om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+                    for tp, om in offsets.items()}
+        yield CommitOffsets(todo, self._subs.subscription is not None,
+                            self._api_timeout_s if timeout is None else timeout)
 
     def _run_commit_callbacks(self) -> None:
         """Run the callbacks of completed asynchronous commits (this thread);
@@ -596,13 +679,14 @@ class Consumer:
         Raises errors.InvalidGroupIdError (no group.id); the last retriable error
         after `timeout` seconds (default default.api.timeout.ms)."""
         self._check_open()
+        return run_flow(self._committed_flow(partitions, timeout), self._perform)
+
+    def _committed_flow(self, partitions: Iterable[TopicPartition], timeout: float | None) -> Generator:
         if self._group is None:
             raise errors.InvalidGroupIdError("committed() requires group.id")
-        return self._group.fetch_committed([TopicPartition(*tp) for tp in partitions],
-                                           self._isolation_level == READ_COMMITTED,
-                                           self._api_timeout_s if timeout is None else timeout)
-
-    # ------------------------------------------------------------ offsets of the log
+        return (yield FetchCommitted([TopicPartition(*tp) for tp in partitions],
+                                     self._isolation_level == READ_COMMITTED,
+                                     self._api_timeout_s if timeout is None else timeout))
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
@@ -699,17 +783,25 @@ class Consumer:
                 self._run_commit_callbacks()
             except Exception:  # noqa: BLE001 - closing anyway
                 log.exception("commit callback failed during close")
-            if self._group is not None and self._subs.subscription is not None:
-                self._give_up_partitions()
-            elif self._auto_commit:
-                self._commit_quietly(min(wait_s, self._session_timeout_ms / 1000.0))
-            if self._group is not None:
-                self._group.close()
+            run_flow(self._close_flow(wait_s), self._perform)
         finally:
-            self._closed = True
-            self._fetcher.close()
-            self._cancel_position_requests()
+            self._release()
             self._core.close()
+
+    def _close_flow(self, wait_s: float | None = None) -> Generator:
+        wait_s = self._api_timeout_s if wait_s is None else wait_s
+        if self._group is not None and self._subs.subscription is not None:
+            yield from self._give_up_partitions()
+        elif self._auto_commit:
+            yield from self._commit_quietly(min(wait_s, self._session_timeout_ms / 1000.0))
+        if self._group is not None:
+            yield LeaveGroup()
+
+    def _release(self) -> None:
+        """Closed: cancel every request in flight (the core is closed next)."""
+        self._closed = True
+        self._fetcher.close()
+        self._cancel_position_requests()
 
     def _cancel_position_requests(self) -> None:
         for fut, _ in self._list_offsets.values():
@@ -759,4 +851,4 @@ def _pattern_of(topics: Iterable[str] | str | re.Pattern) -> re.Pattern | None:
         raise ValueError(f"invalid topic pattern {p!r}: {exc}") from None
 
 
-__all__ = ["Consumer", "NoOffsetForPartitionError", "OFFSET_INVALID"]
+__all__ = ["Consumer", "NoOffsetForPartitionError", "WaitForResponses", "CommitOffsets", "FetchCommitted", "LeaveGroup", "OFFSET_INVALID"]

@@ -25,11 +25,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 import tenacity
 
@@ -41,7 +40,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, txn_coordinator_key
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, run_flow, txn_coordinator_key
 from ._sender import Sender, SenderConfig
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
                            copy_error, fenced_error, normalize)
@@ -74,6 +73,36 @@ class PreparedTransaction(NamedTuple):
     transactional_id: str
     producer_id: int
     epoch: int
+
+
+# I/O effects yielded by the transaction flows of the Producer (see `run_flow` in
+# exactly._client): the Producer performs them blocking, exactly.aio awaits them.
+class CoordinatorRequest(NamedTuple):
+    """Send `request` to the coordinator of `key` (key_type COORDINATOR_GROUP or
+    COORDINATOR_TRANSACTION) with `ClientCore.coordinator_call` semantics; the
+    outcome is the response. `stub`: "txn" or "group"; `method`: the RPC name."""
+
+    key: str
+    key_type: int
+    stub: str
+    method: str
+    request: Any
+    timeout_s: float
+    error_code: Callable[[Any], int] = lambda r: r.error_code
+
+
+class AwaitBatches(NamedTuple):
+    """Wait until every batch incomplete now has its outcome; errors.KafkaTimeoutError
+    (`what` timed out) at `deadline` (time.monotonic() seconds, None: no limit)."""
+
+    deadline: float | None
+    what: str
+
+
+class AwaitAddPartitions(NamedTuple):
+    """Wait until no AddPartitionsToTxn is in flight; errors.KafkaTimeoutError at `deadline`."""
+
+    deadline: float
 
 
 def _to_bytes(v: Any, what: str) -> bytes | None:
@@ -114,7 +143,7 @@ class Producer:
     def __init__(self, conf: Mapping[str, Any]):
         given = {k for k, v in conf.items() if v is not None}
         cfg = parse(ProducerSchema, conf)
-        self._core = ClientCore(cfg.as_dict())
+        self._core = self._make_core(cfg.as_dict())
         self._transactional_id: str | None = cfg.transactional_id
         idem_set = "enable.idempotence" in given
         idempotent = cfg.enable_idempotence
@@ -161,7 +190,7 @@ class Producer:
         self._assigned: list[TopicPartition] = []  # a group-aware producer's input partitions
         self._closed = False
         self._close_lock = threading.Lock()
-        self._sender = Sender(
+        self._sender = self._make_sender(
             SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
                          request_timeout_ms=self._request_timeout_ms, delivery_timeout_ms=self._delivery_timeout_ms,
                          retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
@@ -169,6 +198,14 @@ class Producer:
                          txn_timeout_ms=self._txn_timeout_ms),
             self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed)
         self._sender.start()
+
+    # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
+    # an asyncio sender task.
+    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
+        return ClientCore(conf)
+
+    def _make_sender(self, *args: Any, **kwargs: Any) -> Sender:
+        return Sender(*args, **kwargs)
 
     # ------------------------------------------------------------ send
 
@@ -266,27 +303,44 @@ class Producer:
         an outcome. `timeout` in seconds (None: no limit). Raises
         errors.KafkaTimeoutError when records are still pending at the timeout.
         Record errors are reported through their futures, not here."""
+        run_flow(self._flush_flow(timeout), self._perform)
+
+    def _flush_flow(self, timeout: float | None) -> Generator:
         self._acc.begin_flush()
         try:
             self._sender.wakeup()
             deadline = None if timeout is None else time.monotonic() + timeout
-            for batch in self._acc.incomplete():
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-                if not batch.done.wait(remaining):
-                    raise errors.KafkaTimeoutError(f"flush timed out after {timeout} s")
+            yield AwaitBatches(deadline, f"flush timed out after {timeout} s")
         finally:
             self._acc.end_flush()
+
+    def _await_batches(self, deadline: float | None, timed_out: str) -> None:
+        for batch in self._acc.incomplete():
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not batch.done.wait(remaining):
+                raise errors.KafkaTimeoutError(timed_out)
+
+    def _perform(self, effect: Any) -> Any:
+        """Perform one effect of a transaction flow, blocking this thread."""
+        if isinstance(effect, CoordinatorRequest):
+            core = self._core
+            stub = core.txn_stub if effect.stub == "txn" else core.group_stub
+            return core.coordinator_call(effect.key, effect.key_type, lambda addr: getattr(stub(addr), effect.method),
+                                         effect.request, error_code=effect.error_code, timeout_s=effect.timeout_s)
+        if isinstance(effect, AwaitBatches):
+            return self._await_batches(effect.deadline, effect.what)
+        if isinstance(effect, AwaitAddPartitions):
+            return self._wait_add_partitions(effect.deadline)
+        raise TypeError(f"unknown effect {effect!r}")
 
     # ------------------------------------------------------------ transactions
 
     def _timeout_s(self, timeout: float | None) -> float:
         return self._max_block_ms / 1000.0 if timeout is None else timeout
 
-    def _txn_call(self, method: str, request: Any, timeout_s: float) -> Any:
-        core = self._core
+    def _txn_call(self, method: str, request: Any, timeout_s: float) -> CoordinatorRequest:
         key, key_type = txn_coordinator_key(self._transactional_id, self._txn.group_id)
-        return core.coordinator_call(key, key_type, lambda addr: getattr(core.txn_stub(addr), method), request,
-                                     timeout_s=timeout_s)
+        return CoordinatorRequest(key, key_type, "txn", method, request, timeout_s)
 
     def _group_fields(self) -> dict[str, Any]:
         """consumer_group_id / generation_id of a group-aware producer's transactional
@@ -295,7 +349,7 @@ class Producer:
         return {"consumer_group_id": txn.group_id, "generation_id": txn.generation_id} if txn.group_id else {}
 
     def _init_producer_id(self, timeout_s: float, bump: bool = False,
-                          assigned: Iterable[TopicPartition] = ()) -> None:
+                          assigned: Iterable[TopicPartition] = ()) -> Generator:
         """InitProducerId to the transaction coordinator (step 2 of the data flow);
         `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360);
         a group-aware producer sends its group, generation and `assigned` partitions."""
@@ -312,7 +366,7 @@ class Producer:
             req.assigned_partitions.extend(pb.TopicPartitions(topic=t, partitions=sorted(ps))
                                            for t, ps in sorted(by_topic.items()))
         try:
-            resp = self._txn_call("InitProducerId", req, timeout_s)
+            resp = yield self._txn_call("InitProducerId", req, timeout_s)
         except errors.ExactlyError as exc:
             err = txn.initialize_failed(exc)
             if is_retriable(err):
@@ -350,16 +404,21 @@ class Producer:
         (the call may be repeated; PENDING_TRANSACTION is waited on until then);
         errors.IllegalGenerationError for a generation older than the coordinator
         has seen; errors.InvalidTransactionTimeoutError and other fatal errors."""
+        self._check_open()
+        run_flow(self._init_transactions_flow(partitions, group, generation, timeout), self._perform)
+
+    def _init_transactions_flow(self, partitions: Iterable[TopicPartition] | float | None = None,
+                                group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
+                                timeout: float | None = None) -> Generator:
         if isinstance(partitions, (int, float)) and not isinstance(partitions, bool):
             partitions, timeout = None, float(partitions)
-        self._check_open()
         if self._transactional_id is None:
             raise errors.IllegalStateError("init_transactions() needs transactional.id")
         if group is None:
             if partitions is not None or generation is not None:
                 raise ValueError("the group-aware init_transactions() needs a consumer group")
             self._txn.begin_initialize()
-            self._init_producer_id(self._timeout_s(timeout))
+            yield from self._init_producer_id(self._timeout_s(timeout))
             return
         if isinstance(group, ConsumerGroupMetadata):
             group_id = group.group_id
@@ -370,23 +429,17 @@ class Producer:
             raise ValueError("the group-aware init_transactions() needs a group id and a generation >= 0")
         assigned = sorted(TopicPartition(*tp) for tp in (partitions or ()))
         timeout_s = self._timeout_s(timeout)
-        self._drop_transaction(timeout_s)
-        self._txn.begin_group_initialize(group_id, int(generation))
-        self._assigned = assigned
-        self._init_producer_id(timeout_s, assigned=assigned)
-
-    def _drop_transaction(self, timeout_s: float) -> None:
-        """Before a group-aware re-initialisation: fail the unsent records of an open
-        transaction (TransactionAbortedError) and wait for those in flight; the
-        coordinator aborts the transaction itself."""
+        deadline = time.monotonic() + timeout_s
+        # An open transaction is dropped: unsent records fail, those in flight finish;
+        # the coordinator aborts the transaction itself.
         dropped = self._acc.drain_all()
         fail_batches(dropped, TransactionAbortedError("transaction dropped by init_transactions()"), self._acc)
         self._sender.wakeup()
-        deadline = time.monotonic() + timeout_s
-        for batch in self._acc.incomplete():
-            batch.done.wait(max(deadline - time.monotonic(), 0))
-        while self._txn.add_in_flight and time.monotonic() < deadline:
-            time.sleep(0.001)
+        yield AwaitBatches(deadline, f"init_transactions timed out after {timeout_s} s")
+        yield AwaitAddPartitions(deadline)
+        self._txn.begin_group_initialize(group_id, int(generation))
+        self._assigned = assigned
+        yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), assigned=assigned)
 
     def begin_transaction(self) -> None:
         """Start a transaction (local; the coordinator hears of it with the first
@@ -413,6 +466,10 @@ class Producer:
         outside a transaction. Design doc: "Public APIs", sendOffsetsToTransaction();
         data flow 4.3 and 4.4."""
         self._check_open()
+        run_flow(self._send_offsets_flow(offsets, group_metadata, timeout), self._perform)
+
+    def _send_offsets_flow(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+                           group_metadata: ConsumerGroupMetadata | str, timeout: float | None) -> Generator:
         txn = self._txn
         txn.check_in_transaction("send_offsets_to_transaction()")
         gm = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
@@ -420,10 +477,9 @@ class Producer:
             return
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
-        core = self._core
         try:
             if txn.needs_add_offsets(gm.group_id):
-                self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
+                yield self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
                     transactional_id=self._transactional_id, producer_id=txn.producer_id,
                     producer_epoch=txn.producer_epoch, group_id=gm.group_id, **self._group_fields()), timeout_s)
                 txn.offsets_added(gm.group_id)
@@ -440,11 +496,11 @@ class Producer:
                 generation_id=gm.generation_id, member_id=gm.member_id or "",
                 group_instance_id=gm.group_instance_id or "", group_aware_producer=txn.group_id == gm.group_id,
                 topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
-            core.coordinator_call(
-                gm.group_id, COORDINATOR_GROUP, lambda addr: core.group_stub(addr).TxnOffsetCommit, req,
+            yield CoordinatorRequest(
+                gm.group_id, COORDINATOR_GROUP, "group", "TxnOffsetCommit", req,
+                max(deadline - time.monotonic(), 0.001),
                 error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
-                                           if p.error_code), 0),
-                timeout_s=max(deadline - time.monotonic(), 0.001))
+                                           if p.error_code), 0))
         except errors.ExactlyError as exc:
             if is_retriable(exc) and exc.code not in FENCING_CODES:
                 raise errors.KafkaTimeoutError(
@@ -462,18 +518,22 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", commitTransaction(); data flow 5.1."""
         self._check_open()
+        run_flow(self._commit_flow(timeout), self._perform)
+
+    def _commit_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_commit()
-        self._flush_transaction(timeout_s, deadline)
-        self._finish_transaction(True, deadline)
+        yield from self._flush_transaction(timeout_s, deadline)
+        yield from self._finish_transaction(True, deadline)
 
-    def _finish_transaction(self, commit: bool, deadline: float) -> None:
+    def _finish_transaction(self, commit: bool, deadline: float) -> Generator:
         """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
         under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
         txn = self._txn
-        resp = self._end_txn(commit, max(deadline - time.monotonic(), 0.001)) if txn.needs_end_txn else None
+        resp = (yield from self._end_txn(commit, max(deadline - time.monotonic(), 0.001))) \
+            if txn.needs_end_txn else None
         if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
             txn.complete_transaction(resp.producer_id, resp.producer_epoch)
         elif txn.sequences_unresolved and not commit:
@@ -481,25 +541,25 @@ class Producer:
             # transaction may or may not be in the log: a new epoch restarts sequences
             # so later batches are not rejected (KIP-360).
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
             return
         else:
             txn.complete_transaction()
         if txn.epoch_exhausted:
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
 
-    def _flush_transaction(self, timeout_s: float, deadline: float) -> None:
+    def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
         raise the transaction's stored error, if any."""
         txn = self._txn
         try:
-            self.flush(timeout_s)
+            yield from self._flush_flow(timeout_s)
         except errors.KafkaTimeoutError as exc:
             # Records of the transaction are still unacknowledged: it can only be aborted.
             txn.record_error(exc)
             raise
-        self._wait_add_partitions(deadline)
+        yield AwaitAddPartitions(deadline)
         txn.raise_if_failed()
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
@@ -521,15 +581,18 @@ class Producer:
         prepare_transaction() may be called again); errors.IllegalStateError without
         an open transaction."""
         self._check_open()
+        return run_flow(self._prepare_flow(timeout), self._perform)
+
+    def _prepare_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
         txn.begin_prepare()
-        self._flush_transaction(timeout_s, deadline)
+        yield from self._flush_transaction(timeout_s, deadline)
         req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                    producer_epoch=txn.producer_epoch, **self._group_fields())
         try:
-            self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
+            yield self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
@@ -548,6 +611,9 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", abortTransaction(); data flow 5.1."""
         self._check_open()
+        run_flow(self._abort_flow(timeout), self._perform)
+
+    def _abort_flow(self, timeout: float | None) -> Generator:
         txn = self._txn
         timeout_s = self._timeout_s(timeout)
         deadline = time.monotonic() + timeout_s
@@ -558,12 +624,10 @@ class Producer:
         fail_batches(dropped, TransactionAbortedError("transaction aborted before the record was sent"),
                      self._acc)
         self._sender.wakeup()
-        for batch in self._acc.incomplete():
-            if not batch.done.wait(max(deadline - time.monotonic(), 0)):
-                raise errors.KafkaTimeoutError(f"abort_transaction timed out after {timeout_s} s")
-        self._wait_add_partitions(deadline)
+        yield AwaitBatches(deadline, f"abort_transaction timed out after {timeout_s} s")
+        yield AwaitAddPartitions(deadline)
         txn.raise_if_fatal()
-        self._finish_transaction(False, deadline)
+        yield from self._finish_transaction(False, deadline)
 
     def _wait_add_partitions(self, deadline: float) -> None:
         while self._txn.add_in_flight:
@@ -571,14 +635,14 @@ class Producer:
                 raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
             time.sleep(0.001)
 
-    def _end_txn(self, commit: bool, timeout_s: float) -> pb.EndTxnResponse | None:
+    def _end_txn(self, commit: bool, timeout_s: float) -> Generator:
         """EndTxn; returns the response (its PID and epoch are the ones the producer
         continues with), or None when there was nothing to abort."""
         txn = self._txn
         req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
                                producer_epoch=txn.producer_epoch, committed=commit, **self._group_fields())
         try:
-            return self._txn_call("EndTxn", req, timeout_s)
+            return (yield self._txn_call("EndTxn", req, timeout_s))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(
@@ -618,35 +682,33 @@ class Producer:
         self.begin_transaction()
         try:
             yield self
-        except BaseException as exc:
-            self._end_failed_transaction(exc, timeout)
-            raise
-        try:
             self.commit_transaction(timeout)
-        except errors.KafkaTimeoutError:
-            if self._txn.state is TransactionManagerState.COMMITTING_TRANSACTION:
-                raise  # outcome unknown: commit_transaction() may be called again
-            self._end_failed_transaction(sys.exc_info()[1], timeout)
-            raise
         except BaseException as exc:
-            self._end_failed_transaction(exc, timeout)
+            action = self._after_failed_transaction(exc)
+            if action == "close":
+                self.close(timeout=0)
+            elif action == "abort":
+                try:
+                    self.abort_transaction(timeout)
+                except errors.ExactlyError as abort_exc:
+                    if self._after_failed_transaction(abort_exc) == "close":
+                        self.close(timeout=0)
+                    raise abort_exc from exc
             raise
 
-    def _end_failed_transaction(self, exc: BaseException, timeout: float | None) -> None:
-        """A transaction failed with `exc`: close the producer on a fatal error,
-        else abort the transaction (an abort that fails fatally closes it too). A
-        group-aware producer that was fenced stays open: the next group-aware
-        init_transactions() recovers it (KIP-447 draft)."""
+    def _after_failed_transaction(self, exc: BaseException) -> str:
+        """What `transaction()` (sync and asyncio) does when its block or its commit
+        raised `exc`: "close" on a fatal error (KIP-98 "Error Handling") — except a
+        group-aware producer that was fenced, which the next group-aware
+        init_transactions() recovers (KIP-447 draft): "keep"; "keep" for a commit that
+        timed out with its outcome unknown (only commit_transaction() may follow);
+        "abort" otherwise."""
         if isinstance(exc, errors.ExactlyError) and exc.fatal:
-            if not (self._txn.group_id and fenced_error(exc)):
-                self.close(timeout=0)
-            return
-        try:
-            self.abort_transaction(timeout)
-        except errors.ExactlyError as abort_exc:
-            if abort_exc.fatal:
-                self.close(timeout=0)
-            raise abort_exc from exc
+            return "keep" if self._txn.group_id and fenced_error(exc) else "close"
+        if isinstance(exc, errors.KafkaTimeoutError) and \
+                self._txn.state is TransactionManagerState.COMMITTING_TRANSACTION:
+            return "keep"
+        return "abort"
 
     def run_in_transaction(self, fn: Callable[["Producer"], T], attempts: int = 5,
                            consumer: Any = None, timeout: float | None = None) -> T:
@@ -713,10 +775,8 @@ class Producer:
         (None: no limit); records still pending then fail with
         errors.IllegalStateError. An open transaction is not committed (the
         coordinator aborts it after transaction.timeout.ms). Idempotent."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._mark_closed():
+            return
         try:
             if not self._txn.is_fatal_state:
                 self.flush(timeout)
@@ -726,10 +786,22 @@ class Producer:
             self._acc.close()
             self._sender.stop()
             self._sender.join(timeout=max(self._request_timeout_ms / 1000.0, 1.0))
-            closed = errors.IllegalStateError("producer closed before the record was delivered")
-            fail_batches(self._acc.drain_all(), closed, self._acc)
-            fail_batches(self._acc.incomplete(), closed, self._acc)
+            self._fail_unfinished()
             self._core.close()
+
+    def _mark_closed(self) -> bool:
+        """Start closing; False when closing already started."""
+        with self._close_lock:
+            if self._closed:
+                return False
+            self._closed = True
+            return True
+
+    def _fail_unfinished(self) -> None:
+        """After the sender stopped: records without an outcome fail with IllegalStateError."""
+        closed = errors.IllegalStateError("producer closed before the record was delivered")
+        fail_batches(self._acc.drain_all(), closed, self._acc)
+        fail_batches(self._acc.incomplete(), closed, self._acc)
 
     def __enter__(self) -> "Producer":
         return self
