@@ -762,6 +762,14 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
+        stored = owned.stored.get(group_id)
+        if stored is not None:
+            # A completed rebalance (e.g. the last member left) is still being stored:
+            # its record must not land after the tombstones.
+            try:
+                await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                return ErrorCode.REBALANCE_IN_PROGRESS
         lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
         async with lock:
             group = owned.state.groups.get(group_id)
