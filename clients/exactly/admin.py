@@ -1,4 +1,6 @@
-"""AdminClient: create and describe topics, list and describe transactions."""
+"""AdminClient: topics (create, delete, grow, describe, configs), consumer groups
+(list, describe, delete, offsets and lag, offset resets) and transactions (list,
+describe, producer states, hanging transactions and their abort, KIP-664)."""
 from __future__ import annotations
 
 import time
@@ -6,10 +8,10 @@ from typing import Any, Generator, Iterable, Mapping, NamedTuple
 
 from . import errors
 from .config import AdminSchema, parse
-from ._client import COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
 from ._sender import txn_coordinator_addresses
 from exactly_wire.error_codes import ErrorCode
-from .types import NewTopic
+from .types import NewTopic, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 
 
@@ -31,6 +33,8 @@ class TransactionListing(NamedTuple):
     transactional_id: str
     producer_id: int
     state: str
+    producer_epoch: int = -1
+    transaction_start_time_ms: int = -1  # -1: no transaction started
 
 
 class TransactionDescription(NamedTuple):
@@ -104,13 +108,17 @@ def topic_descriptions(md: Metadata, topics: Iterable[str] | None) -> dict[str, 
     return out
 
 
-def list_transactions_request(states: Iterable[str], producer_ids: Iterable[int]) -> pb.ListTransactionsRequest:
-    return pb.ListTransactionsRequest(state_filters=list(states), producer_id_filters=list(producer_ids))
+def list_transactions_request(states: Iterable[str], producer_ids: Iterable[int],
+                              duration_ms: int = 0) -> pb.ListTransactionsRequest:
+    return pb.ListTransactionsRequest(state_filters=list(states), producer_id_filters=list(producer_ids),
+                                      duration_filter_ms=int(duration_ms))
 
 
 def transaction_listings(resp: pb.ListTransactionsResponse) -> list[TransactionListing]:
     errors.check(resp.error_code)
-    return [TransactionListing(t.transactional_id, t.producer_id, t.state) for t in resp.transaction_states]
+    return [TransactionListing(t.transactional_id, t.producer_id, t.state, t.producer_epoch,
+                               t.transaction_start_time_ms)
+            for t in resp.transaction_states]
 
 
 def describe_transaction_request(transactional_id: str) -> pb.DescribeTransactionsRequest:
@@ -183,6 +191,83 @@ def create_topics_timeout_s(core: CoreBase, timeout: float | None) -> float:
     """create_topics' default timeout: request.timeout.ms, at least 30 s."""
     return max(core.request_timeout_s, 30.0) if timeout is None else timeout
 
+class ConfigEntry(NamedTuple):
+    """One topic config: source "TOPIC_CONFIG" (set on the topic) or "DEFAULT_CONFIG"."""
+
+    name: str
+    value: str
+    source: str
+    documentation: str = ""
+
+
+class GroupListing(NamedTuple):
+    group_id: str
+    protocol_type: str  # "consumer"; "" for a group that only has committed offsets
+    state: str  # Kafka's state name: Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
+
+
+class MemberDescription(NamedTuple):
+    member_id: str
+    group_instance_id: str
+    subscription: tuple[str, ...]
+    assignment: tuple[TopicPartition, ...]
+
+
+class GroupDescription(NamedTuple):
+    group_id: str
+    state: str  # "Dead": the group does not exist
+    protocol_type: str
+    protocol_name: str
+    generation_id: int
+    leader: str
+    members: tuple[MemberDescription, ...]
+    coordinator: str  # "host:port" of the group coordinator
+
+
+class OffsetLag(NamedTuple):
+    """A group's position on one partition: committed offset (-1: none), the high
+    watermark, the last stable offset, and lag = end - committed where end is the LSO
+    for read_committed and the high watermark otherwise (None without a commit)."""
+
+    committed_offset: int
+    high_watermark: int
+    last_stable_offset: int
+    lag: int | None
+    metadata: str = ""
+
+
+class ProducerState(NamedTuple):
+    """A producer's state on a partition (DescribeProducers, KIP-664)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int  # ms
+    coordinator_epoch: int
+    current_transaction_start_offset: int  # -1: no open transaction
+
+
+class HangingTransaction(NamedTuple):
+    """An open transaction on a partition that its transaction coordinator does not
+    know as ongoing there (`find_hanging`)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    start_offset: int
+    last_timestamp: int  # ms
+    duration_ms: int
+    transactional_id: str | None  # the id the coordinators list for the producer id, if any
+    reason: str
+
+
+# ListOffsets sentinels (docs/design.md, "Last stable offset and read_committed").
+_EARLIEST, _LATEST, _LAST_STABLE = -2, -1, -3
+READ_COMMITTED = "read_committed"
+DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
+
 
 class AdminClient:
     """Administrative operations. `conf`: the keys of `config.AdminSchema`
@@ -254,12 +339,13 @@ class AdminClient:
     def _txn_coordinators(self) -> list[str]:
         return txn_coordinator_addresses(self._core.metadata(refresh=True))
 
-    def list_transactions(self, states: Iterable[str] = (), producer_ids: Iterable[int] = ()
-                          ) -> list[TransactionListing]:
+    def list_transactions(self, states: Iterable[str] = (), producer_ids: Iterable[int] = (),
+                          duration_ms: int = 0) -> list[TransactionListing]:
         """Transactions known to every live transaction coordinator, optionally
-        filtered by state name ("Ongoing", "PrepareCommit", ...) and PID."""
+        filtered by state name ("Ongoing", "PrepareCommit", ...), PID, and
+        `duration_ms` > 0: started at least that many ms ago (KIP-994)."""
         core = self._core
-        req = list_transactions_request(states, producer_ids)
+        req = list_transactions_request(states, producer_ids, duration_ms)
         out = []
         for addr in self._txn_coordinators():
             resp = core.retry(lambda a=addr: core.call(core.txn_stub(a).ListTransactions, req))
@@ -278,6 +364,349 @@ class AdminClient:
                 describe_transaction_request(tid), error_code=describe_transaction_code)))
         return out
 
+    # ------------------------------------------------------------ topic administration
+
+    def delete_topics(self, topics: Iterable[str], timeout: float | None = None) -> None:
+        """Delete topics and return once the metadata no longer lists them; every
+        replica then removes its data and producer state. `timeout` in seconds
+        (default request.timeout.ms). Raises errors.UnknownTopicOrPartitionError for
+        an unknown topic, errors.InvalidTopicException for an internal one (the others
+        are still deleted), errors.KafkaTimeoutError when they stay listed."""
+        names = list(topics)
+        if not names:
+            return
+        core = self._core
+        timeout_s = core.request_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout_s
+        resp = core.retry(lambda: core.call(core.cluster_stub().DeleteTopics,
+                                            pb.DeleteTopicsRequest(topic_names=names)), timeout_s)
+        failures = [errors.for_code(r.error_code, r.error_message or None) for r in resp.responses if r.error_code]
+        deleted = {r.name for r in resp.responses if not r.error_code}
+        self._wait_until(lambda: not deleted & self._listed_topics(), deadline,
+                         f"topics {sorted(deleted)} are still listed")
+        if failures:
+            raise failures[0]
+
+    def create_partitions(self, new_counts: Mapping[str, int], timeout: float | None = None,
+                          validate_only: bool = False) -> None:
+        """Grow topics to the given total partition counts ({topic: count}) and return
+        when every partition has a serving leader. Raises
+        errors.InvalidPartitionsError (count not larger than the current one),
+        errors.UnknownTopicOrPartitionError, errors.InvalidTopicException (internal
+        topic), errors.InvalidReplicationFactorError (too few live partition leaders)."""
+        if not new_counts:
+            return
+        core = self._core
+        timeout_s = max(core.request_timeout_s, 30.0) if timeout is None else timeout
+        deadline = time.monotonic() + timeout_s
+        req = pb.CreatePartitionsRequest(validate_only=validate_only, topics=[
+            pb.CreatePartitionsTopic(name=t, count=int(n)) for t, n in new_counts.items()])
+        resp = core.retry(lambda: core.call(core.cluster_stub().CreatePartitions, req), timeout_s)
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
+        if not validate_only:
+            self._wait_until(lambda: all(len(core.metadata(refresh=True).partitions(t)) >= n
+                                         for t, n in new_counts.items()), deadline, "new partitions not listed")
+            self._wait_serving(list(new_counts), deadline)
+
+    def describe_configs(self, topics: Iterable[str]) -> dict[str, dict[str, ConfigEntry]]:
+        """topic -> {config name -> ConfigEntry} with every topic config (set or
+        default). Raises errors.UnknownTopicOrPartitionError for an unknown topic."""
+        core = self._core
+        req = pb.DescribeConfigsRequest(resources=[pb.DescribeConfigsResource(resource_name=t) for t in topics])
+        resp = core.retry(lambda: core.call(core.cluster_stub().DescribeConfigs, req))
+        out = {}
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
+            out[r.resource_name] = {c.name: ConfigEntry(c.name, c.value, c.source, c.documentation)
+                                    for c in r.configs}
+        return out
+
+    def incremental_alter_configs(self, changes: Mapping[str, Mapping[str, str | None]],
+                                  validate_only: bool = False) -> None:
+        """Set topic configs ({topic: {key: value}}; value None deletes the key, back to
+        the default). Keys are checked against the topic configs the partition leaders
+        understand: errors.InvalidConfigError names an unknown key or a malformed
+        value (nothing of that topic is changed); errors.UnknownTopicOrPartitionError
+        for an unknown topic. Partition leaders apply the change to their replicas."""
+        core = self._core
+        req = pb.IncrementalAlterConfigsRequest(validate_only=validate_only, resources=[
+            pb.AlterConfigsResource(resource_name=t, configs=[
+                pb.AlterableConfig(name=k, config_operation=1 if v is None else 0, value="" if v is None else str(v))
+                for k, v in kv.items()]) for t, kv in changes.items()])
+        resp = core.retry(lambda: core.call(core.cluster_stub().IncrementalAlterConfigs, req))
+        for r in resp.responses:
+            errors.check(r.error_code, r.error_message or None)
+
+    # ------------------------------------------------------------ consumer groups
+
+    def _coordinators(self, role: str) -> list[str]:
+        md = self._core.metadata(refresh=True)
+        return sorted(n.address for n in md.nodes.values() if n.role == role)
+
+    def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        """Groups of every live group coordinator (also groups that only have
+        committed offsets, as Empty), optionally only in `states` (Kafka names)."""
+        core = self._core
+        req = pb.ListGroupsRequest(states_filter=list(states))
+        out = []
+        for addr in self._coordinators("group_coordinator"):
+            def _list(a=addr):
+                resp = core.call(core.group_stub(a).ListGroups, req)
+                errors.check(resp.error_code)
+                return resp
+            out.extend(GroupListing(g.group_id, g.protocol_type, g.group_state)
+                       for g in core.retry(_list).groups)
+        return sorted(out)
+
+    def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        """group id -> GroupDescription (state, generation, members with their
+        subscriptions and assignments), asked of each group's coordinator. A group
+        that does not exist is described with state "Dead", as Kafka does."""
+        core = self._core
+        out = {}
+        for gid in group_ids:
+            resp = core.coordinator_call(gid, COORDINATOR_GROUP, lambda a: core.group_stub(a).DescribeGroups,
+                                         pb.DescribeGroupsRequest(groups=[gid]),
+                                         error_code=lambda r: r.groups[0].error_code if r.groups else 0)
+            coordinator = core.find_coordinator(gid, COORDINATOR_GROUP)
+            for g in resp.groups:
+                out[g.group_id] = GroupDescription(
+                    g.group_id, g.group_state, g.protocol_type, g.protocol_name, g.generation_id, g.leader,
+                    tuple(MemberDescription(m.member_id, m.group_instance_id, tuple(m.subscription),
+                                            tuple(TopicPartition(t.topic, p) for t in m.assignment
+                                                  for p in t.partitions)) for m in g.members),
+                    coordinator)
+        return out
+
+    def delete_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups with no members: their committed offsets and metadata are
+        tombstoned. Raises the first failure after trying every group:
+        errors.GroupIdNotFoundError, errors.NonEmptyGroupError, ..."""
+        core = self._core
+        failures = []
+        for gid in group_ids:
+            try:
+                core.coordinator_call(gid, COORDINATOR_GROUP, lambda a: core.group_stub(a).DeleteGroups,
+                                      pb.DeleteGroupsRequest(groups_names=[gid]),
+                                      error_code=lambda r: r.results[0].error_code if r.results else 0)
+            except errors.ExactlyError as exc:
+                failures.append(errors.for_code(exc.code, f"group {gid!r}: {exc}"))
+        if failures:
+            raise failures[0]
+
+    def list_consumer_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                                    isolation_level: str = "read_uncommitted") -> dict[TopicPartition, OffsetLag]:
+        """The group's committed offsets with the partitions' high watermark, last
+        stable offset and lag ({TopicPartition: OffsetLag}); lag is measured to the
+        LSO for isolation_level "read_committed" (what such a consumer can still
+        read) and to the high watermark otherwise. `partitions` None: every
+        partition with a committed offset."""
+        core = self._core
+        topics: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            topics.setdefault(tp[0], []).append(tp[1])
+        req = pb.OffsetFetchRequest(group_id=group_id, topics=[
+            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in topics.items()])
+        resp = core.coordinator_call(group_id, COORDINATOR_GROUP, lambda a: core.group_stub(a).OffsetFetch, req)
+        committed = {TopicPartition(t.name, p.partition): (p.committed_offset, p.metadata)
+                     for t in resp.topics for p in t.partitions}
+        ends = self.list_offsets(list(committed))
+        out = {}
+        for tp, (offset, metadata) in sorted(committed.items()):
+            hw, lso = ends.get(tp, (-1, -1))
+            end = lso if isolation_level == READ_COMMITTED else hw
+            lag = max(end - offset, 0) if offset >= 0 and end >= 0 else None
+            out[tp] = OffsetLag(offset, hw, lso, lag, metadata)
+        return out
+
+    def list_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        """{TopicPartition: (high watermark, last stable offset)}, asked of each
+        partition's leader (ListOffsets -1 and -3); (-1, -1) for a partition without
+        a leader. Raises errors.UnknownTopicOrPartitionError."""
+        return {tp: (v[0], v[1]) for tp, v in self._offsets_at(partitions, (_LATEST, _LAST_STABLE)).items()}
+
+    def list_start_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """{TopicPartition: log start offset} (ListOffsets -2); -1 without a leader."""
+        return {tp: v[0] for tp, v in self._offsets_at(partitions, (_EARLIEST,)).items()}
+
+    def _offsets_at(self, partitions: Iterable[TopicPartition], timestamps: tuple[int, ...]
+                    ) -> dict[TopicPartition, list[int]]:
+        out: dict[TopicPartition, list[int]] = {}
+        for addr, tps in self._by_leader(partitions).items():
+            if addr is None:
+                out.update({tp: [-1] * len(timestamps) for tp in tps})
+                continue
+            by_topic: dict[str, list[int]] = {}
+            for tp in tps:
+                by_topic.setdefault(tp[0], []).append(tp[1])
+            req = pb.ListOffsetsRequest(topics=[pb.ListOffsetsTopic(name=t, partitions=[
+                pb.ListOffsetsPartition(partition=p, timestamp=ts) for p in ps for ts in timestamps])
+                for t, ps in by_topic.items()])
+            resp = self._core.retry(lambda a=addr, req=req: self._core.call(self._core.leader_stub(a).ListOffsets,
+                                                                            req))
+            for t in resp.topics:
+                for p in t.partitions:
+                    out.setdefault(TopicPartition(t.name, p.partition), []).append(
+                        p.offset if p.error_code == ErrorCode.NONE else -1)
+        return out
+
+    def alter_consumer_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit `offsets` ({TopicPartition: next offset to consume}) for a group
+        outside group management (OffsetCommit with generation -1), as
+        kafka-consumer-groups --reset-offsets does; the group should have no active
+        members (errors as OffsetCommit: e.g. errors.UnknownMemberIdError)."""
+        core = self._core
+        topics: dict[str, list[pb.OffsetCommitPartition]] = {}
+        for tp, off in offsets.items():
+            topics.setdefault(tp[0], []).append(pb.OffsetCommitPartition(partition=tp[1], committed_offset=int(off),
+                                                                         committed_leader_epoch=-1))
+        req = pb.OffsetCommitRequest(group_id=group_id, generation_id=-1, topics=[
+            pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in topics.items()])
+        core.coordinator_call(group_id, COORDINATOR_GROUP, lambda a: core.group_stub(a).OffsetCommit, req,
+                              error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
+                                                         if p.error_code), 0))
+
+    # ------------------------------------------------------------ producers and hanging transactions
+
+    def _by_leader(self, partitions: Iterable[TopicPartition]) -> dict[str | None, list[TopicPartition]]:
+        md = self._core.metadata(refresh=True)
+        out: dict[str | None, list[TopicPartition]] = {}
+        for tp in partitions:
+            tp = TopicPartition(*tp)
+            if tp.partition not in md.partitions(tp.topic):
+                raise errors.UnknownTopicOrPartitionError(f"unknown partition {tp.topic}-{tp.partition}")
+            out.setdefault(md.leader(tp.topic, tp.partition), []).append(tp)
+        return out
+
+    def describe_producers(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, list[ProducerState]]:
+        """The producer states of each partition, from its leader (KIP-664
+        DescribeProducers): PID, epoch, last sequence, last timestamp (ms),
+        coordinator epoch and the start offset of the open transaction (-1: none).
+        Raises errors.UnknownTopicOrPartitionError, errors.LeaderNotAvailableError."""
+        core = self._core
+        out: dict[TopicPartition, list[ProducerState]] = {}
+        for addr, tps in self._by_leader(partitions).items():
+            if addr is None:
+                raise errors.LeaderNotAvailableError(f"no leader for {', '.join(f'{t}-{p}' for t, p in tps)}")
+            by_topic: dict[str, list[int]] = {}
+            for tp in tps:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            req = pb.DescribeProducersRequest(topics=[pb.TopicPartitions(topic=t, partitions=ps)
+                                                      for t, ps in by_topic.items()])
+
+            def _describe(a=addr, req=req):
+                resp = core.call(core.leader_stub(a).DescribeProducers, req)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        errors.check(p.error_code, p.error_message or f"{t.name}-{p.partition}")
+                return resp
+            for t in core.retry(_describe).topics:
+                for p in t.partitions:
+                    out[TopicPartition(t.name, p.partition)] = [
+                        ProducerState(s.producer_id, s.producer_epoch, s.last_sequence, s.last_timestamp,
+                                      s.coordinator_epoch, s.current_txn_start_offset) for s in p.active_producers]
+        return out
+
+    def abort_transaction(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
+                          coordinator_epoch: int) -> None:
+        """Write an ABORT marker for `producer_id` on one partition (KIP-664
+        abortTransaction: WriteTxnMarkers to the partition's leader, as a transaction
+        coordinator would), ending a hanging transaction; its data stays in the log
+        and read_committed consumers skip it, and the LSO moves past it. Use the
+        epochs `describe_producers` reports. Raises
+        errors.TransactionCoordinatorFencedError (coordinator epoch older than the
+        partition's), errors.InvalidProducerEpochError (older producer epoch),
+        errors.NotEnoughReplicasError, ..."""
+        core = self._core
+        req = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
+            producer_id=producer_id, producer_epoch=producer_epoch, committed=False,
+            coordinator_epoch=coordinator_epoch, transaction_version=0,
+            topics=[pb.TopicPartitions(topic=topic, partitions=[partition])])])
+
+        def _abort():
+            resp = core.call(core.leader_stub(core.leader_for(topic, partition)).WriteTxnMarkers, req)
+            for m in resp.markers:
+                for t in m.topics:
+                    for p in t.partitions:
+                        errors.check(p.error_code, p.error_message or None)
+        core.retry(_abort)
+
+    def find_hanging(self, partitions: Iterable[TopicPartition] | None = None, broker: str | None = None,
+                     max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+                     now_ms: int | None = None) -> list[HangingTransaction]:
+        """Hanging transactions (KIP-664 findHangingTransactions): open transactions on
+        `partitions` (or on the partitions led by node id `broker`, or on every
+        partition) whose producer last wrote more than `max_transaction_timeout_ms`
+        ago (Kafka's transaction.max.timeout.ms, 15 minutes) and that the owning
+        transaction coordinator does not know as an ongoing transaction of that
+        producer id including the partition: no coordinator lists the producer id,
+        or its transaction is in another state, epoch or partition set. Any real
+        transaction that old would have been aborted by its coordinator."""
+        md = self._core.metadata(refresh=True)
+        if partitions is None:
+            partitions = [TopicPartition(t, p) for t, tm in sorted(md.topics.items()) if tm.error_code == 0
+                          for p in sorted(tm.partitions)
+                          if broker is None or tm.partitions[p].leader_id == broker]
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        candidates = [(tp, s) for tp, states in sorted(self.describe_producers(list(partitions)).items())
+                      for s in states
+                      if s.current_transaction_start_offset >= 0 and now - s.last_timestamp > max_transaction_timeout_ms]
+        if not candidates:
+            return []
+        listed = {t.producer_id: t for t in self.list_transactions(producer_ids={s.producer_id for _, s in candidates})}
+        described = self.describe_transactions_lenient(sorted({t.transactional_id for t in listed.values()}))
+        out = []
+        for tp, s in candidates:
+            listing = listed.get(s.producer_id)
+            reason = None
+            if listing is None:
+                reason = f"no transaction coordinator knows producer id {s.producer_id}"
+            else:
+                d = described.get(listing.transactional_id)
+                if d is None:
+                    reason = f"the coordinator cannot describe {listing.transactional_id!r}"
+                elif d.state not in ("Ongoing", "PrepareCommit", "PrepareAbort"):
+                    reason = f"the coordinator's transaction of {d.transactional_id!r} is {d.state}"
+                elif d.producer_id != s.producer_id or d.producer_epoch < s.producer_epoch:
+                    reason = (f"the coordinator's transaction of {d.transactional_id!r} is producer "
+                              f"{d.producer_id} epoch {d.producer_epoch}")
+                elif (tp.topic, tp.partition) not in d.partitions:
+                    reason = f"the coordinator's transaction of {d.transactional_id!r} does not include the partition"
+            if reason is not None:
+                out.append(HangingTransaction(tp.topic, tp.partition, s.producer_id, s.producer_epoch,
+                                              s.coordinator_epoch, s.current_transaction_start_offset,
+                                              s.last_timestamp, now - s.last_timestamp,
+                                              listing.transactional_id if listing else None, reason))
+        return out
+
+    def describe_transactions_lenient(self, transactional_ids: Iterable[str]) -> dict[str, TransactionDescription]:
+        """Like `describe_transactions`, leaving out ids that cannot be described."""
+        out = {}
+        for tid in transactional_ids:
+            try:
+                out.update(self.describe_transactions([tid]))
+            except errors.ExactlyError:
+                continue
+        return out
+
+    def _listed_topics(self) -> set[str]:
+        return {n for n, t in self._core.metadata(refresh=True).topics.items() if t.error_code == ErrorCode.NONE}
+
+    def _wait_until(self, done, deadline: float, what: str) -> None:
+        backoff = self._core.retry_backoff_ms / 1000.0
+        while True:
+            try:
+                if done():
+                    return
+            except errors.ExactlyError as exc:
+                if not exc.retriable:
+                    raise
+            if time.monotonic() >= deadline:
+                raise errors.KafkaTimeoutError(what)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self._core.retry_backoff_max_ms / 1000.0)
+
     def close(self) -> None:
         """Release connections. Idempotent."""
         self._core.close()
@@ -290,4 +719,5 @@ class AdminClient:
 
 
 __all__ = ["AdminClient", "TopicDescription", "PartitionDescription", "TransactionListing",
-           "TransactionDescription"]
+           "TransactionDescription", "ConfigEntry", "GroupListing", "GroupDescription", "MemberDescription",
+           "OffsetLag", "ProducerState", "HangingTransaction"]

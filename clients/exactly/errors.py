@@ -528,6 +528,14 @@ class UnknownProducerIdError(ExactlyError):
     code = ErrorCode.UNKNOWN_PRODUCER_ID
 
 
+class NonEmptyGroupError(ExactlyError):
+    """The group still has members (DeleteGroups deletes only Empty groups).
+
+    Kafka error code 68 (NON_EMPTY_GROUP)."""
+
+    code = ErrorCode.NON_EMPTY_GROUP
+
+
 class GroupIdNotFoundError(ExactlyError):
     """The group does not exist.
 

@@ -126,6 +126,7 @@ class ClusterState:
         self._nodes: dict[str, NodeInfo] = {}
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
+        self._topic_tokens: dict[str, object] = {}
         self._listeners: list[Callable[[], None]] = []
         self._session_listeners: list[Callable[[str], None]] = []
         self._registered = False
@@ -228,22 +229,48 @@ class ClusterState:
         with self._lock:
             for gone in set(self._topics) - set(children):
                 del self._topics[gone]
+                self._topic_watched.discard(gone)
         self._notify()
 
     def _load_topic(self, name: str) -> None:
-        try:
-            data, _ = self.zk.get(f"{TOPICS}/{name}")
-        except NoNodeError:
-            return
-        d = json.loads(data)
-        parts = {int(p): list(r) for p, r in d["partitions"].items()}
-        topic = TopicInfo(name, parts, dict(d.get("configs", {})), bool(d.get("internal", False)))
+        """Watch the topic znode (partitions added, configs altered, deletion) and the
+        state znode of each partition. The watches of one load stop once the topic
+        was deleted or loaded again (a topic re-created under the same name)."""
+        token = object()
         with self._lock:
-            self._topics[name] = topic
-        for p in parts:
-            # kazoo calls func(data, stat, event) when it accepts three arguments.
-            self.zk.DataWatch(state_path(name, p),
-                              lambda data, stat, event=None, name=name, p=p: self._on_state(name, p, data, stat))
+            self._topic_tokens[name] = token
+        watched: set[int] = set()
+
+        def current() -> bool:
+            with self._lock:
+                return self._topic_tokens.get(name) is token
+
+        def on_topic(data, stat, event=None):
+            if not current():
+                return False
+            if data is None:
+                with self._lock:
+                    self._topics.pop(name, None)
+                    self._topic_watched.discard(name)
+                    self._topic_tokens.pop(name, None)
+                self._notify()
+                return False
+            d = json.loads(data)
+            parts = {int(p): list(r) for p, r in d["partitions"].items()}
+            with self._lock:
+                old = self._topics.get(name)
+                self._topics[name] = TopicInfo(name, parts, dict(d.get("configs", {})),
+                                               bool(d.get("internal", False)), old.states if old else {})
+            for p in sorted(set(parts) - watched):
+                watched.add(p)
+                # kazoo calls func(data, stat, event) when it accepts three arguments.
+                self.zk.DataWatch(state_path(name, p),
+                                  lambda data, stat, event=None, p=p: self._on_state(name, p, data, stat)
+                                  if current() else False)
+            self._notify()
+            return None
+
+        self.zk.DataWatch(f"{TOPICS}/{name}", on_topic)
 
     def _on_state(self, name: str, partition: int, data: bytes | None, stat=None) -> None:
         with self._lock:
@@ -339,15 +366,13 @@ class ClusterState:
             return ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}"
         if num_partitions < 1:
             return ErrorCode.INVALID_PARTITIONS, "num_partitions must be at least 1"
-        leaders = sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
-        if replication_factor < 1 or replication_factor > len(leaders):
+        assignment = self._assign(name, range(num_partitions), replication_factor)
+        if assignment is None:
+            live = sum(1 for n in self.nodes().values() if n.role == PARTITION_LEADER)
             return (ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"replication factor {replication_factor} with {len(leaders)} live partition leaders")
+                    f"replication factor {replication_factor} with {live} live partition leaders")
         if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
-        start = zlib.crc32(name.encode()) % len(leaders)
-        assignment = {p: [leaders[(start + p + i) % len(leaders)] for i in range(replication_factor)]
-                      for p in range(num_partitions)}
         body = {"partitions": {str(p): r for p, r in assignment.items()},
                 "configs": dict(configs or {}), "internal": internal}
         tx = self.zk.transaction()
@@ -385,6 +410,125 @@ class ClusterState:
                                       {"cleanup.policy": "compact"}, internal=True)
         if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
             raise RuntimeError(f"cannot create {name}: {msg}")
+
+    # ------------------------------------------------------------ topic administration
+    def _assign(self, name: str, partitions: range, replication_factor: int) -> dict[int, list[str]] | None:
+        """Round-robin replica lists over the live partition leaders for `partitions`
+        (the first replica of partition p is leader number (crc32(name) + p) % n), or
+        None when fewer partition leaders than `replication_factor` are live."""
+        leaders = sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
+        if replication_factor < 1 or replication_factor > len(leaders):
+            return None
+        start = zlib.crc32(name.encode()) % len(leaders)
+        return {p: [leaders[(start + p + i) % len(leaders)] for i in range(replication_factor)]
+                for p in partitions}
+
+    def _read_topic(self, name: str) -> tuple[dict, int] | None:
+        """(topic znode content, znode version), or None when the topic does not exist."""
+        try:
+            data, stat = self.zk.get(f"{TOPICS}/{name}")
+        except NoNodeError:
+            return None
+        return json.loads(data), stat.version
+
+    def delete_topic(self, name: str) -> tuple[ErrorCode, str]:
+        """Remove a topic's znodes (topic, partitions, states). Every partition leader
+        hosting a replica then closes it and deletes its log directory and its
+        producer-state snapshots (`ReplicaManager.refresh`); a replica that was down
+        deletes its orphaned directory at start-up. Returns (NONE, ""),
+        (UNKNOWN_TOPIC_OR_PARTITION, message) or (INVALID_TOPIC_EXCEPTION, message)
+        for an internal topic. Raises kazoo errors when ZooKeeper cannot answer."""
+        found = self._read_topic(name)
+        if found is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        if found[0].get("internal") or name.startswith("__"):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is an internal topic and cannot be deleted"
+        try:
+            self.zk.delete(f"{TOPICS}/{name}", recursive=True)
+        except NoNodeError:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        log.info("deleted topic %s", name)
+        return ErrorCode.NONE, ""
+
+    def create_partitions(self, name: str, count: int, validate_only: bool = False) -> tuple[ErrorCode, str]:
+        """Grow a topic to `count` partitions (Kafka's CreatePartitions): the new
+        partitions get replica lists as `create_topic` assigns them, with the topic's
+        replication factor, and state znodes led by their first replica in epoch 0;
+        written in one multi-op that checks the topic znode's version. Existing
+        partitions keep their data (keys may now hash to other partitions).
+        Returns NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS (count not above
+        the current one), INVALID_TOPIC_EXCEPTION (internal topic: its partition count
+        is the coordinators' hash), INVALID_REPLICATION_FACTOR (too few live partition
+        leaders), with a message. Raises kazoo errors."""
+        while True:
+            found = self._read_topic(name)
+            if found is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+            body, version = found
+            if body.get("internal") or name.startswith("__"):
+                return (ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        f"{name} is an internal topic: its partition count cannot change")
+            current = len(body["partitions"])
+            if count <= current:
+                return (ErrorCode.INVALID_PARTITIONS,
+                        f"topic {name!r} has {current} partitions; the new count must be larger, got {count}")
+            rf = len(next(iter(body["partitions"].values())))
+            assignment = self._assign(name, range(current, count), rf)
+            if assignment is None:
+                return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                        f"replication factor {rf} needs that many live partition leaders")
+            if validate_only:
+                return ErrorCode.NONE, ""
+            body["partitions"].update({str(p): r for p, r in assignment.items()})
+            tx = self.zk.transaction()
+            tx.set_data(f"{TOPICS}/{name}", json.dumps(body).encode(), version=version)
+            for p, replicas in assignment.items():
+                tx.create(f"{TOPICS}/{name}/{p}")
+                tx.create(f"{TOPICS}/{name}/{p}/state",
+                          json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
+            results = tx.commit()
+            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
+                continue  # changed meanwhile: read again
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                return ErrorCode.UNKNOWN_SERVER_ERROR, f"creating partitions failed: {failed[0]!r}"
+            log.info("topic %s: %d -> %d partitions", name, current, count)
+            return ErrorCode.NONE, ""
+
+    def topic_exists(self, name: str) -> bool:
+        """Whether the topic znode exists (read from ZooKeeper, not the cache)."""
+        return self.zk.exists(f"{TOPICS}/{name}") is not None
+
+    def topic_configs(self, name: str) -> dict[str, str] | None:
+        """The configs set on a topic (straight from ZooKeeper), None for an unknown topic."""
+        found = self._read_topic(name)
+        return None if found is None else dict(found[0].get("configs", {}))
+
+    def alter_topic_configs(self, name: str, update: Callable[[dict[str, str]], tuple[ErrorCode, str]],
+                            validate_only: bool = False) -> tuple[ErrorCode, str]:
+        """Change a topic's configs by compare-and-set on its znode: `update(configs)`
+        edits the dict in place and returns (NONE, "") or a refusal, which is
+        returned without writing. Partition leaders apply the new configs to their
+        replicas when the watch fires. UNKNOWN_TOPIC_OR_PARTITION for an unknown
+        topic. Raises kazoo errors."""
+        while True:
+            found = self._read_topic(name)
+            if found is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+            body, version = found
+            configs = dict(body.get("configs", {}))
+            code, msg = update(configs)
+            if code != ErrorCode.NONE or validate_only:
+                return code, msg
+            body["configs"] = configs
+            try:
+                self.zk.set(f"{TOPICS}/{name}", json.dumps(body).encode(), version=version)
+            except BadVersionError:
+                continue
+            except NoNodeError:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+            log.info("topic %s: configs now %s", name, configs)
+            return ErrorCode.NONE, ""
 
     # ------------------------------------------------------------ coordinators
     def coordinator_for(self, kind: str, key: str) -> tuple[int, NodeInfo | None, int]:

@@ -35,7 +35,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import metrics
+from . import metrics, topic_admin
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -51,7 +51,9 @@ LIVENESS = "liveness"
 
 
 class ClusterServicer(pbg.ClusterServicer):
-    """Metadata, CreateTopics and FindCoordinator from the ZooKeeper cache (docs/design.md, "Architecture")."""
+    """Metadata, CreateTopics and FindCoordinator from the ZooKeeper cache (docs/design.md,
+    "Architecture"); DeleteTopics, CreatePartitions, DescribeConfigs and
+    IncrementalAlterConfigs on the topic znodes (docs/design.md, "Administration")."""
 
     def __init__(self, cluster: ClusterState):
         self.cluster = cluster
@@ -83,9 +85,53 @@ class ClusterServicer(pbg.ClusterServicer):
     async def CreateTopics(self, request, context):
         resp = pb.CreateTopicsResponse()
         for t in request.topics:
-            code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
-                                                t.replication_factor or 1, dict(t.configs))
+            bad = topic_admin.validate_topic_configs(dict(t.configs))
+            if bad is not None:
+                code, msg = ErrorCode.INVALID_CONFIG, bad
+            else:
+                code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
+                                                    t.replication_factor or 1, dict(t.configs))
             resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))
+        return resp
+
+    async def DeleteTopics(self, request, context):
+        resp = pb.DeleteTopicsResponse()
+        for name in request.topic_names:
+            code, msg = await asyncio.to_thread(self.cluster.delete_topic, name)
+            resp.responses.append(pb.DeletableTopicResult(name=name, error_code=code, error_message=msg))
+        return resp
+
+    async def CreatePartitions(self, request, context):
+        resp = pb.CreatePartitionsResponse()
+        for t in request.topics:
+            code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
+                                                request.validate_only)
+            resp.results.append(pb.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=msg))
+        return resp
+
+    async def DescribeConfigs(self, request, context):
+        resp = pb.DescribeConfigsResponse()
+        for r in request.resources:
+            configs = await asyncio.to_thread(self.cluster.topic_configs, r.resource_name)
+            out = resp.results.add(resource_name=r.resource_name)
+            if configs is None:
+                out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                out.error_message = f"unknown topic {r.resource_name!r}"
+                continue
+            for entry in topic_admin.describe_topic_configs(configs, list(r.configuration_keys)):
+                out.configs.add(name=entry.name, value=entry.value, source=entry.source,
+                                read_only=False, documentation=entry.documentation)
+        return resp
+
+    async def IncrementalAlterConfigs(self, request, context):
+        resp = pb.IncrementalAlterConfigsResponse()
+        for r in request.resources:
+            ops = [(c.name, c.config_operation, c.value) for c in r.configs]
+            code, msg = await asyncio.to_thread(self.cluster.alter_topic_configs, r.resource_name,
+                                                lambda configs, ops=ops: topic_admin.apply_config_ops(configs, ops),
+                                                request.validate_only)
+            resp.responses.append(pb.AlterConfigsResourceResponse(resource_name=r.resource_name, error_code=code,
+                                                                  error_message=msg))
         return resp
 
     async def FindCoordinator(self, request, context):

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 from exactly_wire import records
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
@@ -54,6 +54,34 @@ class LogClient(Protocol):
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
+
+
+class GroupListing(NamedTuple):
+    """One group of ListGroups."""
+
+    group_id: str
+    protocol_type: str
+    state: str  # Kafka's state name
+
+
+class MemberDescription(NamedTuple):
+    member_id: str
+    group_instance_id: str
+    subscription: tuple[str, ...]
+    assignment: dict[str, tuple[int, ...]]
+
+
+class GroupDescription(NamedTuple):
+    """DescribeGroups answer for one group (state "Dead": unknown group)."""
+
+    group_id: str
+    error: ErrorCode
+    state: str = GroupState.DEAD.value
+    protocol_type: str = ""
+    protocol_name: str = ""
+    generation: int = -1
+    leader: str = ""
+    members: tuple[MemberDescription, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,6 +723,97 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             if any(f.error == ErrorCode.UNSTABLE_OFFSET_COMMIT for f in result.values()):
                 top = ErrorCode.UNSTABLE_OFFSET_COMMIT
         return top, result
+
+    # ------------------------------------------------------------ administration
+
+    def _owned_groups(self, owned: _OwnedPartition) -> dict[str, tuple[str, str]]:
+        """group id -> (state name, protocol type) of one owned partition; a group
+        with committed offsets but no membership (assign() users) is Empty."""
+        out = {gid: (g.state.value, g.protocol_type) for gid, g in owned.state.groups.items()
+               if g.state is not GroupState.DEAD}
+        for gid in owned.state.offsets.groups():
+            out.setdefault(gid, (GroupState.EMPTY.value, ""))
+        return out
+
+    def list_groups(self, states: Iterable[str] = ()) -> tuple[ErrorCode, list[GroupListing]]:
+        """ListGroups over the owned partitions, optionally only groups in `states`
+        (Kafka state names: "Empty", "Stable", ...). COORDINATOR_LOAD_IN_PROGRESS
+        while a partition loads."""
+        wanted = {s.lower() for s in states}
+        if any(owned.loading for owned in self._parts.values()):
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        out = []
+        for owned in list(self._parts.values()):
+            if owned.closed:
+                continue
+            for gid, (state, protocol_type) in self._owned_groups(owned).items():
+                if not wanted or state.lower() in wanted:
+                    out.append(GroupListing(gid, protocol_type, state))
+        return ErrorCode.NONE, sorted(out)
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """DescribeGroups for one group: its state, generation, protocol and members
+        (id, instance id, subscription, assignment). An unknown group is "Dead" with
+        error NONE (Kafka's answer); errors: INVALID_GROUP_ID, NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return GroupDescription(group_id, code)
+        group = owned.state.groups.get(group_id)
+        if group is None or group.state is GroupState.DEAD:
+            state = GroupState.EMPTY if group_id in owned.state.offsets.groups() else GroupState.DEAD
+            return GroupDescription(group_id, ErrorCode.NONE, state.value)
+        members = tuple(MemberDescription(m.member_id, m.group_instance_id, tuple(m.topics),
+                                          {t: tuple(ps) for t, ps in sorted(m.assignment.items())})
+                        for m in sorted(group.members.values(), key=lambda m: m.member_id))
+        return GroupDescription(group_id, ErrorCode.NONE, group.state.value, group.protocol_type,
+                                group.protocol_name, group.generation, group.leader, members)
+
+    async def delete_groups(self, group_ids: Iterable[str]) -> dict[str, ErrorCode]:
+        """DeleteGroups (Kafka's GroupCoordinator.handleDeleteGroups): a group with no
+        members gets tombstones for its committed offsets and its metadata in one
+        batch and is forgotten. Per group: NONE, GROUP_ID_NOT_FOUND (no membership and
+        no offsets), NON_EMPTY_GROUP (members left), INVALID_GROUP_ID,
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, or the append's error.
+        Pending transactional offsets stay until their marker."""
+        out: dict[str, ErrorCode] = {}
+        for group_id in group_ids:
+            out[group_id] = await self._delete_group(group_id)
+        return out
+
+    async def _delete_group(self, group_id: str) -> ErrorCode:
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code
+        stored = owned.stored.get(group_id)
+        if stored is not None:
+            # A completed rebalance (e.g. the last member left) is still being stored:
+            # its record must not land after the tombstones.
+            try:
+                await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                return ErrorCode.REBALANCE_IN_PROGRESS
+        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
+        async with lock:
+            group = owned.state.groups.get(group_id)
+            if group is not None and group.state is GroupState.DEAD:
+                group = None
+            partitions = owned.state.offsets.committed_partitions(group_id)
+            if group is None and not partitions:
+                return ErrorCode.GROUP_ID_NOT_FOUND
+            if group is not None and not group.is_(GroupState.EMPTY):
+                return ErrorCode.NON_EMPTY_GROUP
+            raw = await self._append(owned, log_format.tombstones_batch(group_id, partitions, self._wall_clock(),
+                                                                        owned.writer))
+            code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+            if code != ErrorCode.NONE:
+                return code
+            current = owned.state.groups.get(group_id)
+            if current is group and group is not None and group.is_(GroupState.EMPTY):
+                del owned.state.groups[group_id]
+                group.mark_dead(self._clock())
+            log.info("group %s deleted (%d committed offsets)", group_id, len(partitions))
+            return ErrorCode.NONE
 
     # ------------------------------------------------------------ introspection
 

@@ -16,7 +16,7 @@ of exactly/v1/offsets_log.proto inside Kafka record batches v2.
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Union
+from typing import Iterable, Mapping, NamedTuple, Union
 
 from exactly_wire import records
 from exactly_wire.types import TopicPartition
@@ -142,4 +142,15 @@ def group_batch(snap: GroupSnapshot, timestamp_ms: int, writer: tuple[int, int] 
     the owner's `writer` (producer id, producer epoch); (-1, -1): no PID."""
     return records.encode_batch([(group_key(snap.group_id), encode_group_value(snap, timestamp_ms),
                                   (), timestamp_ms)], producer_id=writer[0], producer_epoch=writer[1],
+                                base_sequence=records.NO_SEQUENCE)
+
+
+def tombstones_batch(group: str, partitions: Iterable[TopicPartition], timestamp_ms: int,
+                     writer: tuple[int, int] = NO_WRITER) -> bytes:
+    """One record batch deleting a group (DeleteGroups): a tombstone (null value) for
+    the offset key of each of `partitions`, then one for the group metadata key,
+    written with the owner's `writer` (producer id, producer epoch)."""
+    recs = [(offset_key(group, TopicPartition(*tp)), None, (), timestamp_ms) for tp in sorted(partitions)]
+    recs.append((group_key(group), None, (), timestamp_ms))
+    return records.encode_batch(recs, producer_id=writer[0], producer_epoch=writer[1],
                                 base_sequence=records.NO_SEQUENCE)

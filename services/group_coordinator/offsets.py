@@ -113,6 +113,10 @@ class OffsetStore:
         entry = self._committed.get(group, {}).get(tp)
         return entry.value if entry else None
 
+    def committed_partitions(self, group: str) -> list[TopicPartition]:
+        """Partitions with a committed offset of `group`, sorted."""
+        return sorted(self._committed.get(group, {}))
+
     def groups(self) -> set[str]:
         """Groups with committed or pending offsets."""
         out = set(self._committed)

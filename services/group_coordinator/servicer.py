@@ -106,3 +106,27 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
             _generation(request.generation_id, request.member_id), request.member_id,
             _offsets(request.topics), request.group_instance_id, request.group_aware_producer)
         return pb.TxnOffsetCommitResponse(topics=_topic_results(results))
+
+    async def ListGroups(self, request, context):
+        code, groups = self.coordinator.list_groups(request.states_filter)
+        return pb.ListGroupsResponse(error_code=code, groups=[
+            pb.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state) for g in groups])
+
+    async def DescribeGroups(self, request, context):
+        resp = pb.DescribeGroupsResponse()
+        for group_id in request.groups:
+            d = self.coordinator.describe_group(group_id)
+            resp.groups.add(
+                error_code=d.error, error_message=_message(d.error), group_id=d.group_id, group_state=d.state,
+                protocol_type=d.protocol_type, protocol_name=d.protocol_name, generation_id=d.generation,
+                leader=d.leader, members=[pb.DescribedGroupMember(
+                    member_id=m.member_id, group_instance_id=m.group_instance_id, subscription=list(m.subscription),
+                    assignment=[pb.TopicPartitions(topic=t, partitions=list(ps)) for t, ps in m.assignment.items()])
+                    for m in d.members])
+        return resp
+
+    async def DeleteGroups(self, request, context):
+        results = await self.coordinator.delete_groups(list(request.groups_names))
+        return pb.DeleteGroupsResponse(results=[
+            pb.DeletableGroupResult(group_id=g, error_code=code, error_message=_message(code))
+            for g, code in results.items()])

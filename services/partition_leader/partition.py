@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from exactly_wire.records import CorruptRecordError
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig
-from .producer_state import ProducerStateManager, SnapshotError
+from .producer_state import ProducerStateEntry, ProducerStateManager, SnapshotError
 from .replication import LeaderReplication
 from .snapshot_store import SnapshotStore
 
@@ -74,6 +75,47 @@ _SETTINGS = {
     "producer.id.expiration.ms": (None, 86400000),
     "min.insync.replicas": (None, 1),
 }
+
+
+# Topic configs a topic may set (CreateTopics, IncrementalAlterConfigs), with Kafka's
+# topic-level names: every key PartitionConfig reads, plus the retention and cleanup
+# keys (docs/design.md, "Administration"). Value: (default shown by DescribeConfigs,
+# documentation).
+TOPIC_CONFIGS: dict[str, tuple[str, str]] = {
+    "segment.bytes": ("1073741824", "Roll the active segment past this many bytes."),
+    "index.interval.bytes": ("4096", "Bytes between offset index entries."),
+    "flush.messages": ("9223372036854775807", "Fsync the log after this many records (default: never)."),
+    "producer.snapshot.interval.ms": ("30000", "ms between periodic producer-state snapshots."),
+    "producer.snapshot.retained": ("3", "Producer-state snapshots kept per partition."),
+    "producer.id.expiration.ms": ("86400000", "Idle ms after which a producer id without an open "
+                                              "transaction is forgotten."),
+    "min.insync.replicas": ("1", "In-sync replicas acks=all and transaction markers need."),
+    "cleanup.policy": ("delete", "delete: segments past retention are deleted; compact: the latest record "
+                                 "per key is kept."),
+    "retention.ms": ("604800000", "Delete segments older than this (ms; -1: no limit)."),
+    "retention.bytes": ("-1", "Delete old segments while the partition is larger (bytes; -1: no limit)."),
+    "segment.ms": ("604800000", "Roll the active segment after this many ms."),
+    "delete.retention.ms": ("86400000", "How long tombstones stay in a compacted topic (ms)."),
+}
+_STRING_TOPIC_CONFIGS = {"cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact")}
+
+
+def validate_topic_configs(configs: Mapping[str, str]) -> str | None:
+    """None when every key is a topic config (TOPIC_CONFIGS) with a well-formed value,
+    else a message naming the first bad key or value and what is allowed."""
+    for key, value in configs.items():
+        if key not in TOPIC_CONFIGS:
+            return f"unknown topic config {key!r}; topic configs are: {', '.join(sorted(TOPIC_CONFIGS))}"
+        allowed = _STRING_TOPIC_CONFIGS.get(key)
+        if allowed is not None:
+            if str(value).replace(" ", "") not in allowed:
+                return f"topic config {key}={value!r}: allowed values are {', '.join(allowed)}"
+            continue
+        try:
+            int(str(value))
+        except ValueError:
+            return f"topic config {key}={value!r} is not an integer"
+    return None
 
 
 @dataclass(frozen=True)
@@ -204,6 +246,7 @@ class Partition:
         self._last_snapshot_offset = -1
         self._last_snapshot_ms = clock_ms()
         self.snapshot_loaded_from: int | None = None  # offset of the snapshot used by open()
+        self.config_source: dict[str, str] = {}  # the topic configs `config` was built from
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -242,6 +285,22 @@ class Partition:
         self.take_snapshot(sync=True)
         self.checkpoint_high_watermark()
         self.log.close()
+
+    def reconfigure(self, config: PartitionConfig) -> None:
+        """Apply changed topic configs (IncrementalAlterConfigs): later rolls, flushes,
+        snapshots and acks=all checks use them; existing segments stay as they are."""
+        self.config = config
+        self.log.config = config.log
+
+    def delete(self) -> None:
+        """Remove this replica for good (its topic was deleted): close the log, delete
+        the partition directory and every producer-state snapshot of the partition.
+        Raises OSError."""
+        self.log.close()
+        if self.store is not None:
+            for off in self.store.offsets(self.topic, self.partition):
+                self.store.delete(self.topic, self.partition, off)
+        shutil.rmtree(self.log.dir, ignore_errors=True)
 
     def _read_hw_checkpoint(self) -> int:
         try:
@@ -623,6 +682,12 @@ class Partition:
         return ErrorCode.NONE, found[0], found[1]
 
     # ------------------------------------------------------------ producer state
+    def active_producers(self) -> list[ProducerStateEntry]:
+        """The producer-state entries of this partition, by PID (DescribeProducers,
+        KIP-664): epoch, last sequence, last timestamp (ms), coordinator epoch of
+        the last marker, first offset of the open transaction (-1: none)."""
+        return [self.producers.producers[pid] for pid in sorted(self.producers.producers)]
+
     def expire_producers(self, now_ms: int | None = None) -> list[int]:
         """Drop PIDs idle longer than `producer.id.expiration.ms` (no ongoing txn)."""
         return self.producers.expire(now_ms)

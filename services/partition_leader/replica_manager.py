@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
@@ -185,6 +186,7 @@ class ReplicaManager:
         p = Partition.open(name, partition, self.data_dir, config, self.store,
                            internal=bool(getattr(topic_info, "internal", False)) or name.startswith("__"),
                            leader_epoch=-1, clock_ms=self.clock_ms, local_id=self.node_id, single_replica=False)
+        p.config_source = dict(getattr(topic_info, "configs", {}))
         self.replicas[(name, partition)] = p
         log.info("opened %s-%d: log end %d, high watermark %d, %d producers (snapshot at %s)",
                  name, partition, p.log_end_offset, p.high_watermark, len(p.producers.producers),
@@ -242,13 +244,61 @@ class ReplicaManager:
                     log.exception("cannot open %s-%d", *tp)
                     continue
                 opened.append(tp)
+            if p.config_source != dict(getattr(info, "configs", {})):
+                self._reconfigure(p, info)
             if self._apply_state(p, replicas, _state(info, tp[1])):
                 self.changed.add(tp)
         for tp in sorted(set(self.replicas) - set(wanted)):
-            self.close_partition(tp)
+            if tp[0] in topics:
+                self.close_partition(tp)
+            else:
+                self.delete_partition(tp)
             closed.append(tp)
             self.changed.add(tp)
         return opened, closed
+
+    def _reconfigure(self, p: Partition, info) -> None:
+        configs = dict(getattr(info, "configs", {}))
+        try:
+            p.reconfigure(PartitionConfig.from_settings(self.props, configs))
+        except ValueError:
+            log.exception("%s-%d: topic configs %s not applied", p.topic, p.partition, configs)
+        p.config_source = configs
+        log.info("%s-%d: topic configs now %s", p.topic, p.partition, configs)
+
+    def delete_partition(self, tp: TopicPartition) -> None:
+        """The topic of `tp` was deleted (DeleteTopics): close the replica and remove
+        its log directory and producer-state snapshots."""
+        p = self.replicas.pop(tp, None)
+        if p is None:
+            return
+        try:
+            p.delete()
+        except OSError:
+            log.exception("deleting %s-%d failed", *tp)
+        log.info("deleted %s-%d (topic deleted)", *tp)
+
+    def orphaned_logs(self) -> list[tuple[TopicPartition, Path]]:
+        """Partition directories under `<data dir>/logs` whose topic the cluster view
+        does not know (deleted while this process was down), as ((topic, partition),
+        path). The caller confirms with ZooKeeper before deleting them."""
+        topics = self.cluster.topics()
+        out = []
+        logs = self.data_dir / "logs"
+        for d in sorted(logs.iterdir()) if logs.is_dir() else ():
+            topic, _, partition = d.name.rpartition("-")
+            if d.is_dir() and topic and partition.isdigit() and topic not in topics and \
+                    (topic, int(partition)) not in self.replicas:
+                out.append(((topic, int(partition)), d))
+        return out
+
+    def delete_orphaned(self, tp: TopicPartition, path: Path) -> None:
+        """Delete the directory and snapshots of a replica of a deleted topic that was
+        never opened here. Raises OSError."""
+        for off in self.store.offsets(*tp):
+            self.store.delete(tp[0], tp[1], off)
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("deleted %s-%d (topic deleted while this process was down)", *tp)
 
     def close_partition(self, tp: TopicPartition) -> None:
         p = self.replicas.pop(tp, None)

@@ -80,6 +80,7 @@ class PartitionLeaderService:
         self.manager.is_live = lambda node_id: node_id in self.cluster.nodes()
         self.leases.start()
         self._refresh()
+        await self._delete_orphaned_logs()
         self.cluster.add_listener(self._on_cluster_change)
         self.cluster.add_session_listener(self._on_session)
         self.controller.start()
@@ -91,6 +92,21 @@ class PartitionLeaderService:
             asyncio.create_task(self._every(expiry_tick, self.manager.expire_producers), name="pid-expiration"),
             asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
         ]
+
+    async def _delete_orphaned_logs(self) -> None:
+        """Delete the replicas of topics deleted while this process was down (their
+        topic znode is gone from ZooKeeper)."""
+        for tp, path in self.manager.orphaned_logs():
+            try:
+                exists = await asyncio.to_thread(self.cluster.topic_exists, tp[0])
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: keep the files, try at the next start
+                log.warning("cannot check topic %s: %r", tp[0], exc)
+                continue
+            if not exists and tp not in self.manager.replicas:
+                try:
+                    self.manager.delete_orphaned(tp, path)
+                except OSError:
+                    log.exception("deleting %s failed", path)
 
     async def wait_ready(self) -> None:
         """Called once registered: wait (at most twice the ZooKeeper session timeout)

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
-    """Produce, Fetch, ListOffsets, WriteTxnMarkers and OffsetForLeaderEpoch over
-    `manager`'s replicas."""
+    """Produce, Fetch, ListOffsets, WriteTxnMarkers, OffsetForLeaderEpoch and
+    DescribeProducers over `manager`'s replicas."""
 
     def __init__(self, manager: ReplicaManager):
         self.manager = manager
@@ -136,4 +136,22 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
                 code, answer = res
                 tresp.partitions.add(partition=op.partition, error_code=code, leader_epoch=answer.epoch,
                                      end_offset=answer.end_offset)
+        return resp
+
+    # ------------------------------------------------------------ DescribeProducers
+    async def DescribeProducers(self, request: pb.DescribeProducersRequest, context) -> pb.DescribeProducersResponse:
+        resp = pb.DescribeProducersResponse()
+        for topic in request.topics:
+            tresp = resp.topics.add(name=topic.topic)
+            for partition in topic.partitions:
+                out = tresp.partitions.add(partition=partition)
+                p, err = self.manager.get(topic.topic, partition)
+                if p is None:
+                    out.error_code = err
+                    continue
+                for e in p.active_producers():
+                    out.active_producers.add(producer_id=e.producer_id, producer_epoch=e.producer_epoch,
+                                             last_sequence=e.last_seq, last_timestamp=e.last_timestamp,
+                                             coordinator_epoch=e.coordinator_epoch,
+                                             current_txn_start_offset=e.current_txn_first_offset)
         return resp

@@ -952,10 +952,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             self._start_completion(part, md, md.snapshot(), from_client=False)
 
     # ------------------------------------------------------------ admin
-    def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = ()
-                          ) -> tuple[ErrorCode, list[TxnStateSummary]]:
+    def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
+                          duration_filter_ms: int = 0) -> tuple[ErrorCode, list[TxnStateSummary]]:
         """ListTransactions over the owned partitions. state_filters: Kafka state
-        names ("Ongoing", ...; unknown names match nothing); producer_id_filters: PIDs.
+        names ("Ongoing", ...; unknown names match nothing); producer_id_filters: PIDs;
+        duration_filter_ms > 0: only transactions started at least that many ms ago
+        (KIP-994; a transactional.id with no transaction started never matches).
         Empty filters match all. COORDINATOR_LOAD_IN_PROGRESS while a partition loads."""
         names = list(state_filters)
         states = set()
@@ -969,6 +971,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         pids = set(producer_id_filters)
         if any(p.loading for p in self._parts.values()):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        now = self._clock()
         out = []
         for part in self._parts.values():
             if part.error:
@@ -976,6 +979,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             for md in part.txns.values():
                 if md.state is TxnState.DEAD or (states and md.state not in states) or \
                         (pids and md.producer_id not in pids):
+                    continue
+                if duration_filter_ms > 0 and (md.txn_start_timestamp < 0 or
+                                               now - md.txn_start_timestamp < duration_filter_ms):
                     continue
                 out.append(TxnStateSummary.of(md))
         return ErrorCode.NONE, sorted(out, key=lambda s: s.transactional_id)

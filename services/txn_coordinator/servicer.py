@@ -105,10 +105,12 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
 
     @_rpc("ListTransactions")
     async def ListTransactions(self, request: pb.ListTransactionsRequest, context) -> pb.ListTransactionsResponse:
-        code, listing = self._coordinator.list_transactions(request.state_filters, request.producer_id_filters)
+        code, listing = self._coordinator.list_transactions(request.state_filters, request.producer_id_filters,
+                                                            request.duration_filter_ms)
         return pb.ListTransactionsResponse(error_code=code, transaction_states=[
             pb.TransactionListing(transactional_id=s.transactional_id, producer_id=s.producer_id,
-                                  state=s.state.kafka_name) for s in listing])
+                                  state=s.state.kafka_name, transaction_start_time_ms=s.txn_start_timestamp,
+                                  producer_epoch=s.producer_epoch) for s in listing])
 
     @_rpc("DescribeTransactions")
     async def DescribeTransactions(self, request: pb.DescribeTransactionsRequest, context

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_ONLY = {"kazoo", "rocksdict", "kubernetes", "tqdm", "pyspark", "pyarrow", "prometheus-client",
-               "grpcio-health-checking", "jproperties"}
+               "grpcio-health-checking"}
 
 pytestmark = pytest.mark.integration
 
@@ -34,3 +34,6 @@ def test_pip_install_of_the_sdk_pulls_no_server_dependencies(tmp_path):
     out = subprocess.run([str(py), "-c", probe], check=True, timeout=120, capture_output=True, text=True,
                          cwd=tmp_path).stdout
     assert out.strip() == "group.id"
+    # The `exactly` command line ships with the SDK and runs without the server extras.
+    cli = subprocess.run([str(venv / "bin" / "exactly"), "topics", "list", "--bootstrap-server", "127.0.0.1:1"], timeout=120, capture_output=True, text=True, cwd=tmp_path)
+    assert cli.returncode != 0 and "Traceback" not in cli.stderr and "cannot reach the cluster" in cli.stderr

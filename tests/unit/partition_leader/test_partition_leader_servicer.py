@@ -199,3 +199,23 @@ def test_clients_cannot_produce_to_internal_topics(tmp_path, store, clock):
         assert results(await stub.Produce(produce_req(("a", 0, make_batch(1)))))[("a", 0)] == (ErrorCode.NONE, 0)
     run(m, scenario)
     m.close()
+
+
+def test_describe_producers(manager):
+    """KIP-664 DescribeProducers: the producer state per led partition; errors for a
+    partition led elsewhere or unknown."""
+    async def scenario(stub):
+        await stub.Produce(produce_req(("a", 0, make_batch(2, pid=5, epoch=1, seq=0)),
+                                       ("a", 0, make_batch(1, pid=6, epoch=0, seq=0, txn=True))))
+        resp = await stub.DescribeProducers(pb.DescribeProducersRequest(topics=[
+            pb.TopicPartitions(topic="a", partitions=[0, 1, 2, 9])]))
+        return {p.partition: p for p in resp.topics[0].partitions}
+
+    parts = run(manager, scenario)
+    states = {s.producer_id: s for s in parts[0].active_producers}
+    assert (states[5].producer_epoch, states[5].last_sequence, states[5].current_txn_start_offset) == (1, 1, -1)
+    assert (states[6].current_txn_start_offset, states[6].coordinator_epoch) == (2, -1)
+    assert states[6].last_timestamp > 0
+    assert parts[1].error_code == ErrorCode.NONE and list(parts[1].active_producers) == []
+    assert parts[2].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert parts[9].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -165,3 +165,41 @@ def test_leases(tmp_path, store, clock):
     m.invalidate_leases()
     assert not m.lease_valid(p)
     m.close()
+
+
+def test_deleted_topic_removes_directory_and_snapshots(tmp_path, store, clock):
+    cluster = FakeCluster({"a": topic("a", ["me"]), "b": topic("b", ["me"])})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m.refresh()
+    p, _ = m.get("a", 0)
+    p.append(make_batch(2))
+    p.take_snapshot()
+    assert store.offsets("a", 0) == [2]
+    del cluster._topics["a"]
+    assert m.refresh() == ([], [("a", 0)])
+    assert not (tmp_path / "logs" / "a-0").exists() and store.offsets("a", 0) == []
+    assert (tmp_path / "logs" / "b-0").is_dir()
+    # A directory of a topic deleted while this process was down.
+    (tmp_path / "logs" / "gone-3").mkdir()
+    store.put("gone", 3, 10, b"snapshot")
+    orphans = m.orphaned_logs()
+    assert orphans == [(("gone", 3), tmp_path / "logs" / "gone-3")]
+    m.delete_orphaned(*orphans[0])
+    assert not (tmp_path / "logs" / "gone-3").exists() and store.offsets("gone", 3) == []
+    assert m.orphaned_logs() == []
+    m.close()
+
+
+def test_altered_topic_configs_apply_to_open_replicas(tmp_path, store, clock):
+    cluster = FakeCluster({"a": topic("a", ["me"])})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m.refresh()
+    p, _ = m.get("a", 0)
+    assert p.config.log.segment_bytes == 1073741824
+    cluster._topics["a"] = topic("a", ["me"], {"segment.bytes": "200", "min.insync.replicas": "3"})
+    m.refresh()
+    assert (p.config.log.segment_bytes, p.log.config.segment_bytes, p.config.min_insync_replicas) == (200, 200, 3)
+    for _ in range(4):
+        p.append(make_batch(3))
+    assert len(list((tmp_path / "logs" / "a-0").glob("*.log"))) > 1
+    m.close()

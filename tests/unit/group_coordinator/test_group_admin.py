@@ -1,0 +1,49 @@
+"""ListGroups, DescribeGroups and DeleteGroups in the group coordinator: states,
+offset-only groups, NON_EMPTY_GROUP, tombstones that a reload honours."""
+from __future__ import annotations
+
+from exactly_wire.error_codes import ErrorCode
+from services.group_coordinator.offsets import OffsetAndMetadata
+
+from .test_group_coordinator_service import TP0, TP1, Env, run
+
+
+def test_list_describe_delete():
+    async def body():
+        env = await Env().up()
+        a = await env.join("g")
+        assert await env.coord.commit_offsets("g", a.generation_id, a.member_id,
+                                              {TP0: OffsetAndMetadata(5), TP1: OffsetAndMetadata(7)}) == \
+            {TP0: ErrorCode.NONE, TP1: ErrorCode.NONE}
+        assert await env.coord.commit_offsets("simple", -1, "", {TP0: OffsetAndMetadata(1)}) == {TP0: ErrorCode.NONE}
+        code, groups = env.coord.list_groups()
+        assert code == ErrorCode.NONE
+        assert [(g.group_id, g.state, g.protocol_type) for g in groups] == [
+            ("g", env.coord.group("g").state.value, "consumer"), ("simple", "Empty", "")]
+        assert groups[0].state in ("CompletingRebalance", "Stable")
+        assert [g.group_id for g in env.coord.list_groups(["empty"])[1]] == ["simple"]
+        d = env.coord.describe_group("g")
+        assert d.error == ErrorCode.NONE and d.generation == a.generation_id and d.protocol_name == "range"
+        assert [(m.member_id, m.subscription) for m in d.members] == [(a.member_id, ("orders",))]
+        assert env.coord.describe_group("simple").state == "Empty"
+        assert env.coord.describe_group("ghost").state == "Dead"
+        assert env.coord.describe_group("").error == ErrorCode.INVALID_GROUP_ID
+
+        assert await env.coord.delete_groups(["g", "ghost"]) == {"g": ErrorCode.NON_EMPTY_GROUP,
+                                                                  "ghost": ErrorCode.GROUP_ID_NOT_FOUND}
+        assert await env.coord.leave_group("g", a.member_id) == ErrorCode.NONE
+        assert await env.coord.delete_groups(["g", "simple"]) == {"g": ErrorCode.NONE, "simple": ErrorCode.NONE}
+        assert env.coord.list_groups()[1] == []
+        assert env.coord.describe_group("g").state == "Dead"
+        assert (await env.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
+        await env.coord.stop()
+
+        # A new owner replays the tombstones: nothing of either group comes back.
+        again = await Env(log=env.log).up()
+        assert again.coord.list_groups() == (ErrorCode.NONE, [])
+        assert (await again.coord.fetch_offsets("simple", None, False)) == (ErrorCode.NONE, {})
+        # The name can be used again.
+        b = await again.join("g")
+        assert b.error == ErrorCode.NONE
+        await again.coord.stop()
+    run(body())
