@@ -393,8 +393,8 @@ class ClusterState:
                               replication_factor: int | None = None) -> None:
         """Create `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
         if missing, with `transaction.state.log.num.partitions` / `offsets.topic.num.partitions`
-        partitions (default 8) and the matching `*.replication.factor` (default 1, capped at
-        the live partition leaders). Raises RuntimeError when no partition leader is live."""
+        partitions (default 8), the matching `*.replication.factor` (default 1, capped at
+        the live partition leaders) and `*.segment.bytes` (default 104857600), compacted. Raises RuntimeError when no partition leader is live."""
         name = INTERNAL_TOPIC_FOR_KIND[kind]
         prefix = "transaction.state.log" if kind == "txn" else "offsets.topic"
         if num_partitions is None:
@@ -406,8 +406,10 @@ class ClusterState:
         leaders = [n for n in self.nodes().values() if n.role == PARTITION_LEADER]
         if not leaders:
             raise RuntimeError(f"cannot create {name}: no live partition leader")
+        segment_bytes = int(self.props.get(f"{prefix}.segment.bytes", 104857600))
         code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)),
-                                      {"cleanup.policy": "compact"}, internal=True)
+                                      {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)},
+                                      internal=True)
         if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
             raise RuntimeError(f"cannot create {name}: {msg}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from typing import ClassVar, Mapping
+from typing import ClassVar, Literal, Mapping
 
 from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
 
@@ -89,6 +89,23 @@ class PartitionLeaderSchema(ServiceSchema):
     transaction_partition_verification_enable: Bool = setting(
         "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
         "batch on a partition with its transaction coordinator.", MEDIUM)
+    log_cleanup_policy: Literal["delete", "compact", "compact,delete", "delete,compact"] = setting(
+        "log.cleanup.policy", "delete", "Default cleanup.policy of topics: delete (retention) and/or compact "
+        "(the latest record per key). Internal topics are always compact.", MEDIUM)
+    log_retention_ms: int = setting("log.retention.ms", 604800000, "Default retention.ms: delete segments whose "
+                                    "newest record is older (ms; -1: no limit).", HIGH, ge=-1)
+    log_retention_bytes: int = setting("log.retention.bytes", -1, "Default retention.bytes: delete the oldest "
+                                       "segments while a partition is larger (bytes; -1: no limit).", HIGH, ge=-1)
+    log_roll_ms: int = setting("log.roll.ms", 604800000, "Default segment.ms: roll the active segment after "
+                               "this many ms, so retention can delete it.", MEDIUM, ge=1)
+    log_cleaner_delete_retention_ms: int = setting(
+        "log.cleaner.delete.retention.ms", 86400000, "Default delete.retention.ms: ms a compacted topic keeps "
+        "tombstones and the markers of transactions whose records are gone.", MEDIUM, ge=0)
+    log_retention_check_interval_ms: int = setting(
+        "log.retention.check.interval.ms", 300000, "ms between passes of the log cleaner (retention, "
+        "DeleteRecords segment deletion, compaction).", MEDIUM, ge=10)
+    log_cleaner_enable: Bool = setting("log.cleaner.enable", True, "Compact topics whose cleanup.policy "
+                                       "includes compact (retention runs either way).", MEDIUM)
 
 
 class TxnCoordinatorSchema(ServiceSchema):
@@ -119,6 +136,9 @@ class TxnCoordinatorSchema(ServiceSchema):
     state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "
                                                 "__transaction_state when created (capped at the live partition "
                                                 "leaders).", HIGH, ge=1)
+    state_log_segment_bytes: int = setting("transaction.state.log.segment.bytes", 104857600, "segment.bytes of "
+                                           "__transaction_state when this coordinator creates it (smaller "
+                                           "segments compact sooner).", MEDIUM, ge=1024)
     state_log_load_buffer_size: int = setting("transaction.state.log.load.buffer.size", 5242880, "Bytes per "
                                               "fetch while loading a __transaction_state partition.", LOW, ge=1)
     txn_retry_backoff_ms: int = setting("exactly.txn.retry.backoff.ms", 20, "ms before retrying a marker, "
@@ -156,6 +176,9 @@ class GroupCoordinatorSchema(ServiceSchema):
     offsets_topic_replication_factor: int = setting("offsets.topic.replication.factor", 1, "Replicas of "
                                                     "__consumer_offsets when created (capped at the live "
                                                     "partition leaders).", HIGH, ge=1)
+    offsets_topic_segment_bytes: int = setting("offsets.topic.segment.bytes", 104857600, "segment.bytes of "
+                                               "__consumer_offsets when this coordinator creates it (smaller "
+                                               "segments compact sooner).", MEDIUM, ge=1024)
     tail_max_wait_ms: int = setting("group.coordinator.tail.max.wait.ms", 500, "ms a fetch of the coordinator's "
                                     "own partition waits for new records.", LOW, ge=0)
     tick_ms: int = setting("group.coordinator.tick.ms", 100, "ms between session and rebalance timer checks.",

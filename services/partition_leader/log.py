@@ -6,6 +6,16 @@ Layout of one partition (`<data_dir>/logs/<topic>-<partition>/`), as Kafka's `Lo
     00000000000000000000.index     sparse offset index: (relative offset int32, position int32)
     00000000000000000000.txnindex  aborted transactions, 34-byte `AbortedTxn` entries
     recovery-point                 "<offset> <segment base> <position>": flushed up to here
+    log-start-offset               the log start offset, when above the first segment's base
+
+Retention and compaction (docs/design.md, "Retention and compaction") change the
+segment list only through `delete_segments` (a prefix, never the active segment),
+`replace_segments` (cleaned segments swapped in) and `truncate_fully_and_start_at`.
+A cleaned segment is written as `<base>.log.cleaned`, fsynced, renamed to
+`<base>-<end>.swap` (the old segments of [base, end) are then deleted) and finally to
+`<base>.log`; opening completes a `.swap` left by a crash and deletes `.cleaned`
+files, so a crash at any step leaves a loadable log. Batches of a cleaned segment
+keep their offsets: offsets may have gaps, never go back.
 
 A segment is named by the offset of its first batch (%020d). The active (last)
 segment rolls when the next batch would make it exceed `segment.bytes`. One index
@@ -37,9 +47,10 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from exactly_wire import records
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire.records import BatchHeader, CorruptRecordError
 
 log = logging.getLogger(__name__)
@@ -48,6 +59,9 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TXN_INDEX_SUFFIX = ".txnindex"
 RECOVERY_POINT_FILE = "recovery-point"
+LOG_START_OFFSET_FILE = "log-start-offset"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
 
 INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
 ABORTED_TXN = struct.Struct(">hqqqq")  # version, pid, first offset, last offset, LSO (34 bytes)
@@ -66,11 +80,14 @@ class LogConfig:
     index_interval_bytes (`index.interval.bytes`): bytes between offset index entries.
     flush_messages (`flush.messages`): fsync after this many appended records;
         the default (sys.maxsize) never fsyncs on append, only on roll and close.
+    segment_ms (`segment.ms`): roll the active segment on append once its first
+        batch is older than this, ms (so retention can delete it later).
     """
 
     segment_bytes: int = 1073741824
     index_interval_bytes: int = 4096
     flush_messages: int = sys.maxsize
+    segment_ms: int = 604800000
 
 
 class AbortedTxn(NamedTuple):
@@ -215,6 +232,9 @@ class Segment:
         self._txn_fd: int | None = None
         self._positions: OrderedDict[int, int] = OrderedDict()  # batch base offset -> position
         self._time_index: TimeIndex | None = None  # built on first use
+        # When the first batch was appended (ms; `segment.ms` rolls from it): the
+        # append time while running, the first batch's max timestamp after an open.
+        self.first_append_ms: int | None = None
 
     # ------------------------------------------------------------ files
     def close(self) -> None:
@@ -391,7 +411,7 @@ class Segment:
 
     def recover(self, start: int, expected_offset: int) -> bool:
         """Validate batches from file position `start` (whose first batch must begin at
-        `expected_offset`): CRC32C and contiguous offsets. Truncates the file at the
+        or after `expected_offset`): CRC32C and increasing offsets. Truncates the file at the
         first bad or partial batch and re-indexes what is kept. Returns True when the
         whole segment was valid."""
         self._positions.clear()
@@ -402,10 +422,11 @@ class Segment:
         clean = True
         try:
             for pos, h in self.scan(start, verify=True):
-                if h.base_offset != self.next_offset or h.record_count < 0 or \
+                # A cleaned (compacted) segment has offset gaps: offsets only never go back.
+                if h.base_offset < self.next_offset or h.record_count < 0 or \
                         h.last_offset - self.base_offset > INT32_MAX:
                     raise CorruptRecordError(f"batch at position {pos} has offset {h.base_offset}, "
-                                             f"expected {self.next_offset}")
+                                             f"expected at least {self.next_offset}")
                 self._maybe_index(h, pos)
                 self.next_offset = h.last_offset + 1
                 valid_end = pos + h.size
@@ -421,6 +442,14 @@ class Segment:
         return clean
 
     # ------------------------------------------------------------ append / read
+    def first_timestamp(self) -> int | None:
+        """The time `segment.ms` counts from (see `first_append_ms`); None when empty."""
+        if self.first_append_ms is None and self.size > 0:
+            for _pos, h in self.scan(0):
+                self.first_append_ms = h.max_timestamp
+                break
+        return self.first_append_ms
+
     def append(self, batch: bytes | bytearray, header: BatchHeader) -> int:
         """Write one batch (offsets already assigned) at the end; returns its position."""
         position = self.size
@@ -477,6 +506,8 @@ class Segment:
         self._time_index = None
         self._truncate_index(pos)
         self.next_offset = h.base_offset
+        if pos == 0:
+            self.first_append_ms = None
         self.truncate_aborted(offset)
 
     # ------------------------------------------------------------ aborted txn index
@@ -543,11 +574,14 @@ class Log:
     `log_end_offset` the offset the next batch will get.
     """
 
-    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment]):
+    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment],
+                 clock_ms: Callable[[], int] = wall_clock_ms):
         self.dir = directory
         self.config = config
         self.segments = segments
+        self.clock_ms = clock_ms
         self._bases = [s.base_offset for s in segments]
+        self._log_start_offset = segments[0].base_offset
         self._unflushed_records = 0
         self.recovered_bytes = 0  # bytes cut off by the last open (torn/corrupt tail)
         self.recovery_scanned = False  # the last open validated batches past the recovery point
@@ -560,15 +594,20 @@ class Log:
 
     # ------------------------------------------------------------ open / close
     @classmethod
-    def open(cls, directory: Path, config: LogConfig | None = None) -> "Log":
+    def open(cls, directory: Path, config: LogConfig | None = None,
+             clock_ms: Callable[[], int] = wall_clock_ms) -> "Log":
         """Open (creating if needed) the log in `directory` and recover it.
 
-        Segments before the recovery point are trusted (their index is only
-        sanity-checked, and rebuilt if bad); batches after it are CRC-checked and a
-        corrupt/torn tail is truncated (later segments deleted). Raises OSError on
-        I/O failure."""
+        An interrupted segment swap of the cleaner is completed first (`.swap`) or
+        dropped (`.cleaned`). Segments before the recovery point are trusted (their
+        index is only sanity-checked, and rebuilt if bad); batches after it are
+        CRC-checked and a corrupt/torn tail is truncated (later segments deleted).
+        The log start offset is read back from `log-start-offset`; a log that
+        recovery left ending below it starts empty at it. `clock_ms`: wall clock
+        (ms) for `segment.ms`. Raises OSError on I/O failure."""
         config = config or LogConfig()
         directory.mkdir(parents=True, exist_ok=True)
+        _finish_swaps(directory)
         bases = sorted(int(p.stem) for p in directory.glob(f"*{LOG_SUFFIX}") if p.stem.isdigit())
         for stray in list(directory.glob(f"*{INDEX_SUFFIX}")) + list(directory.glob(f"*{TXN_INDEX_SUFFIX}")):
             if stray.stem.isdigit() and int(stray.stem) not in bases:
@@ -576,9 +615,24 @@ class Log:
         if not bases:
             bases = [0]
         segments = [Segment(directory, b, config) for b in bases]
-        self = cls(directory, config, segments)
+        self = cls(directory, config, segments, clock_ms)
         self._recover(cls._read_recovery_point(directory))
+        stored = self._read_log_start_offset()
+        self._log_start_offset = max(stored if stored is not None else 0, self.segments[0].base_offset)
+        if self._log_start_offset > self.log_end_offset:
+            log.warning("%s: log ends at %d, below its log start offset %d; starting empty there",
+                        directory, self.log_end_offset, self._log_start_offset)
+            self.truncate_fully_and_start_at(self._log_start_offset)
         return self
+
+    def _read_log_start_offset(self) -> int | None:
+        try:
+            return int((self.dir / LOG_START_OFFSET_FILE).read_text().strip())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            log.warning("%s: unreadable log start offset checkpoint; using the first segment's base", self.dir)
+            return None
 
     @staticmethod
     def _read_recovery_point(directory: Path) -> tuple[int, int, int] | None:
@@ -674,7 +728,29 @@ class Log:
     # ------------------------------------------------------------ properties
     @property
     def log_start_offset(self) -> int:
-        return self.segments[0].base_offset
+        """First offset a reader may fetch: the first segment's base, or above it after
+        DeleteRecords (Kafka's logStartOffset)."""
+        return self._log_start_offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of all segment files (the log's size on disk, without indexes)."""
+        return sum(seg.size for seg in self.segments)
+
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Move the log start offset up to `offset` (never back, never past the log
+        end) and persist it (`log-start-offset`, atomic replace, fsynced). Segments
+        below it are deleted later by the cleaner (`delete_segments`). Returns
+        whether it moved. Raises OSError."""
+        offset = min(offset, self.log_end_offset)
+        if offset <= self._log_start_offset:
+            return False
+        self._log_start_offset = offset
+        self._write_log_start_offset()
+        return True
+
+    def _write_log_start_offset(self) -> None:
+        _write_atomically(self.dir / LOG_START_OFFSET_FILE, f"{self._log_start_offset}\n")
 
     @property
     def log_end_offset(self) -> int:
@@ -707,10 +783,18 @@ class Log:
         active = self.segments[-1]
         base = active.next_offset
         if active.size > 0 and (active.size + header.size > self.config.segment_bytes or
-                                base + header.last_offset_delta - active.base_offset > INT32_MAX):
+                                base + header.last_offset_delta - active.base_offset > INT32_MAX or
+                                self._segment_expired(active)):
             self._roll()
             active = self.segments[-1]
+        if active.first_append_ms is None:
+            active.first_append_ms = self.clock_ms()
         return active
+
+    def _segment_expired(self, active: Segment) -> bool:
+        """`segment.ms` passed since the active segment's first batch."""
+        first = active.first_timestamp()
+        return first is not None and self.clock_ms() - first > self.config.segment_ms
 
     def append(self, batch: bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
         """Append one validated batch: rewrite its base offset (and partition leader
@@ -727,10 +811,11 @@ class Log:
 
     def append_replicated(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> AppendInfo:
         """Append a batch copied from the leader byte for byte: its offsets and
-        partition leader epoch are kept, so its base offset must be the log end
-        offset. Raises ValueError otherwise (a gap or overlap: the caller must
-        truncate or fetch again), OSError on I/O failure."""
-        if header.base_offset != self.log_end_offset:
+        partition leader epoch are kept, so its base offset must be at or after the
+        log end offset (after it: the leader's log was compacted, offsets have
+        gaps). Raises ValueError otherwise (an overlap: the caller must truncate or
+        fetch again), OSError on I/O failure."""
+        if header.base_offset < self.log_end_offset:
             raise ValueError(f"replicated batch at offset {header.base_offset}, log ends at {self.log_end_offset}")
         if len(batch) != header.size:
             raise ValueError(f"replicated batch has {len(batch)} bytes, header says {header.size}")
@@ -831,3 +916,112 @@ class Log:
         else:
             seg.truncate_to(offset)
         self.flush()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start empty at `offset` (log start and end), as
+        Kafka's truncateFullyAndStartAt: a follower whose log ends below its
+        leader's log start offset. Raises OSError."""
+        for seg in self.segments:
+            seg.delete()
+        new = Segment(self.dir, offset, self.config)
+        self.segments = [new]
+        self._bases = [offset]
+        self._log_start_offset = offset
+        self._write_log_start_offset()
+        self._recovery_point = (offset, offset, 0)
+        self.flush()
+
+    # ------------------------------------------------------------ retention and compaction
+    def delete_segments(self, count: int) -> int:
+        """Delete the oldest `count` segments (never the active one) and move the log
+        start offset to the new first segment's base if it was below. Returns the
+        bytes deleted. Raises OSError."""
+        count = min(count, len(self.segments) - 1)
+        if count <= 0:
+            return 0
+        gone = self.segments[:count]
+        new_start = self.segments[count].base_offset
+        if new_start > self._log_start_offset:
+            self._log_start_offset = new_start
+            self._write_log_start_offset()  # before the files go: a crash keeps a consistent start
+        del self.segments[:count]
+        del self._bases[:count]
+        freed = 0
+        for seg in gone:
+            freed += seg.size
+            seg.delete()
+        _fsync_dir(self.dir)
+        return freed
+
+    def cleaned_path(self, base_offset: int) -> Path:
+        """Where the cleaner writes the cleaned replacement of segments starting at
+        `base_offset` (see `replace_segments`)."""
+        return self.dir / f"{base_offset:020d}{LOG_SUFFIX}{CLEANED_SUFFIX}"
+
+    def replace_segments(self, old: list[Segment], cleaned: Path) -> Segment:
+        """Swap consecutive closed segments `old` for the cleaned file `cleaned`
+        (written and fsynced by the cleaner: their kept batches, offsets unchanged,
+        named by `cleaned_path(old[0].base_offset)`). Crash-safe: the file becomes
+        `<base>-<end>.swap`, the old segments are deleted, then it becomes
+        `<base>.log` (`Log.open` finishes an interrupted swap). Their aborted-txn
+        index entries are dropped (the cleaner removed the aborted data). Returns the
+        new segment. Raises ValueError when `old` is not a run of closed segments of
+        this log, OSError on I/O failure."""
+        first = self.segments.index(old[0]) if old and old[0] in self.segments else -1
+        if first < 0 or self.segments[first:first + len(old)] != old or first + len(old) >= len(self.segments):
+            raise ValueError("replace_segments needs consecutive closed segments of this log")
+        base = old[0].base_offset
+        end = self.segments[first + len(old)].base_offset
+        swap = self.dir / f"{base:020d}-{end:020d}{SWAP_SUFFIX}"
+        os.replace(cleaned, swap)
+        _fsync_dir(self.dir)
+        for seg in old:
+            seg.delete()
+        os.replace(swap, self.dir / f"{base:020d}{LOG_SUFFIX}")
+        _fsync_dir(self.dir)
+        new = Segment(self.dir, base, self.config)
+        new.rebuild_index()
+        new.seal()
+        self.segments[first:first + len(old)] = [new]
+        self._bases = [s.base_offset for s in self.segments]
+        return new
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _finish_swaps(directory: Path) -> None:
+    """Complete or drop an interrupted segment swap (see `Log.replace_segments`):
+    `.cleaned` files were never swapped in (deleted); a `<base>-<end>.swap` file
+    replaces the segments of [base, end) that are still present."""
+    for stray in directory.glob(f"*{CLEANED_SUFFIX}"):
+        log.warning("%s: dropping an unfinished cleaned segment", stray)
+        stray.unlink()
+    for swap in sorted(directory.glob(f"*{SWAP_SUFFIX}")):
+        try:
+            base, end = (int(x) for x in swap.stem.split("-"))
+        except ValueError:
+            log.warning("%s: unexpected swap file name; ignored", swap)
+            continue
+        for path in directory.glob(f"*{LOG_SUFFIX}"):
+            if path.stem.isdigit() and base <= int(path.stem) < end:
+                for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+                    path.with_suffix(suffix).unlink(missing_ok=True)
+        log.warning("%s: completing an interrupted segment swap", swap)
+        os.replace(swap, directory / f"{base:020d}{LOG_SUFFIX}")
+        (directory / f"{base:020d}{INDEX_SUFFIX}").unlink(missing_ok=True)  # rebuilt on open
+    _fsync_dir(directory)

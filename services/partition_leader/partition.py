@@ -74,7 +74,13 @@ _SETTINGS = {
     "producer.snapshot.retained": (None, 3),
     "producer.id.expiration.ms": (None, 86400000),
     "min.insync.replicas": (None, 1),
+    "retention.ms": ("log.retention.ms", 604800000),
+    "retention.bytes": ("log.retention.bytes", -1),
+    "segment.ms": ("log.roll.ms", 604800000),
+    "delete.retention.ms": ("log.cleaner.delete.retention.ms", 86400000),
 }
+CLEANUP_POLICY_ALIAS = "log.cleanup.policy"
+DELETE, COMPACT = "delete", "compact"
 
 
 # Topic configs a topic may set (CreateTopics, IncrementalAlterConfigs), with Kafka's
@@ -129,6 +135,12 @@ class PartitionConfig:
     min_insync_replicas: `min.insync.replicas`, the ISR size acks=all (and markers)
         need; capped at the replication factor, so a topic with fewer replicas than
         a cluster-wide setting stays writable.
+    cleanup_policy: `cleanup.policy`, a subset of {"delete", "compact"};
+    retention_ms / retention_bytes: `retention.ms` / `retention.bytes` (-1: no
+        limit), applied by the cleaner when "delete" is in the policy;
+    delete_retention_ms: `delete.retention.ms`, how long a compacted topic keeps
+        tombstones and transaction markers whose data is gone.
+    docs/design.md, "Retention and compaction".
     """
 
     log: LogConfig = field(default_factory=LogConfig)
@@ -136,6 +148,18 @@ class PartitionConfig:
     snapshots_retained: int = 3
     producer_id_expiration_ms: int = 86400000
     min_insync_replicas: int = 1
+    cleanup_policy: frozenset[str] = frozenset({DELETE})
+    retention_ms: int = 604800000
+    retention_bytes: int = -1
+    delete_retention_ms: int = 86400000
+
+    @property
+    def compact(self) -> bool:
+        return COMPACT in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        return DELETE in self.cleanup_policy
 
     @classmethod
     def from_settings(cls, props: Mapping[str, str], topic_configs: Mapping[str, str] | None = None
@@ -155,13 +179,22 @@ class PartitionConfig:
                         raise ValueError(f"setting {name}={source[name]!r} is not an integer") from None
             return default
 
+        policy = topic_configs.get("cleanup.policy", props.get("cleanup.policy",
+                                                               props.get(CLEANUP_POLICY_ALIAS, DELETE)))
+        policies = frozenset(x.strip() for x in str(policy).split(",") if x.strip())
+        if not policies or not policies <= {DELETE, COMPACT}:
+            raise ValueError(f"setting cleanup.policy={policy!r}: allowed values are delete, compact, "
+                             "compact,delete")
         return cls(LogConfig(segment_bytes=get("segment.bytes"),
                              index_interval_bytes=get("index.interval.bytes"),
-                             flush_messages=max(get("flush.messages"), 1)),
+                             flush_messages=max(get("flush.messages"), 1),
+                             segment_ms=max(get("segment.ms"), 1)),
                    snapshot_interval_ms=get("producer.snapshot.interval.ms"),
                    snapshots_retained=max(get("producer.snapshot.retained"), 1),
                    producer_id_expiration_ms=get("producer.id.expiration.ms"),
-                   min_insync_replicas=max(get("min.insync.replicas"), 1))
+                   min_insync_replicas=max(get("min.insync.replicas"), 1),
+                   cleanup_policy=policies, retention_ms=get("retention.ms"),
+                   retention_bytes=get("retention.bytes"), delete_retention_ms=get("delete.retention.ms"))
 
 
 class AppendResult(NamedTuple):
@@ -262,7 +295,7 @@ class Partition:
         config = config or PartitionConfig()
         directory = data_dir / "logs" / f"{topic}-{partition}"
         fresh = not directory.exists()
-        plog = Log.open(directory, config.log)
+        plog = Log.open(directory, config.log, clock_ms)
         producers = ProducerStateManager(internal=topic.startswith("__") if internal is None else internal,
                                          expiration_ms=config.producer_id_expiration_ms, clock_ms=clock_ms)
         epochs = LeaderEpochCache.load(directory)
@@ -345,7 +378,11 @@ class Partition:
         never above the high watermark (design doc "Last Stable Offset Tracking";
         Kafka's first unstable offset)."""
         first = self.producers.first_unstable_offset_at(self.high_watermark)
-        return self.high_watermark if first is None else min(first, self.high_watermark)
+        if first is None:
+            return self.high_watermark
+        # An open transaction whose first batches DeleteRecords removed: the LSO never
+        # points below what a reader can fetch (Kafka does the same).
+        return min(max(first, self.log_start_offset), self.high_watermark)
 
     # ------------------------------------------------------------ roles
     @property
@@ -658,6 +695,120 @@ class Partition:
         self._load_producer_state()
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         return self.log_end_offset
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Follower whose log ends below its leader's log start offset (retention or
+        DeleteRecords removed what it still needs): drop the whole log and start
+        empty at `offset`; producer state and epoch cache restart there (Kafka's
+        truncateFullyAndStartAt). Raises OSError."""
+        log.info("%s-%d: log end %d is below the leader's log start offset %d; starting empty there",
+                 self.topic, self.partition, self.log_end_offset, offset)
+        self.log.truncate_fully_and_start_at(offset)
+        self.epochs.truncate_from_end(offset)
+        self.producers.reset(offset)
+        self._last_snapshot_offset = -1
+        if self.store is not None:
+            for off in self.store.offsets(self.topic, self.partition):
+                self.store.delete(self.topic, self.partition, off)
+        self.high_watermark = offset
+
+    # ------------------------------------------------------------ retention and DeleteRecords
+    def delete_records(self, offset: int) -> tuple[ErrorCode, int]:
+        """DeleteRecords as leader: move the log start offset up to `offset` (-1: the
+        high watermark); segments wholly below it are deleted by the cleaner's next
+        pass, followers follow from the Fetch answers. Returns (error, log start
+        offset). Errors: NOT_LEADER_OR_FOLLOWER on a follower; OFFSET_OUT_OF_RANGE
+        for an offset above the high watermark or below -1. Raises OSError."""
+        if self.replication is None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        target = self.high_watermark if offset == -1 else offset
+        if target < 0 or target > self.high_watermark:
+            return ErrorCode.OFFSET_OUT_OF_RANGE, self.log_start_offset
+        self.log.maybe_increment_log_start_offset(target)
+        return ErrorCode.NONE, self.log_start_offset
+
+    def follow_log_start_offset(self, leader_log_start_offset: int) -> bool:
+        """Follower: adopt the leader's log start offset (never past our own log end
+        or high watermark). Returns whether ours moved."""
+        bound = min(leader_log_start_offset, self.high_watermark, self.log_end_offset)
+        return self.log.maybe_increment_log_start_offset(bound)
+
+    def retention_bound(self) -> int:
+        """Segments ending at or below this offset may be deleted by time or size
+        retention: the high watermark, and the LSO, so the first batch of an open
+        transaction (and with it the producer state it needs) is never removed."""
+        return min(self.high_watermark, self.last_stable_offset)
+
+    def deletable_segments(self, now_ms: int | None = None) -> int:
+        """How many of the oldest segments the cleaner may delete now (Kafka's
+        deleteOldSegments): those wholly below the log start offset, and with
+        "delete" in `cleanup.policy`, those past `retention.ms` (by their largest
+        record timestamp) or while the log exceeds `retention.bytes`; in every case
+        only closed segments ending at or below `retention_bound()` (the log start
+        offset only below the high watermark)."""
+        segs = self.log.segments
+        now = self.clock_ms() if now_ms is None else now_ms
+        bound = self.retention_bound()
+        count = 0
+        size = self.log.size_bytes
+        for i in range(len(segs) - 1):
+            end = segs[i + 1].base_offset
+            if end <= self.log_start_offset and end <= self.high_watermark:
+                count = i + 1
+                size -= segs[i].size
+                continue
+            if not self.config.delete or end > bound:
+                break
+            expired = self.config.retention_ms >= 0 and \
+                segs[i].time_index().max_timestamp < now - self.config.retention_ms
+            too_big = self.config.retention_bytes >= 0 and size - segs[i].size >= self.config.retention_bytes
+            if not (expired or too_big):
+                break
+            count = i + 1
+            size -= segs[i].size
+        return count
+
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Delete the segments `deletable_segments` allows and advance the log start
+        offset to the first remaining batch. A producer-state snapshot is written
+        first, so the producers (and open transactions) whose batches go stay known
+        after a restart. Returns the bytes freed. Raises OSError."""
+        count = self.deletable_segments(now_ms)
+        if count == 0:
+            return 0
+        self.take_snapshot(sync=True)
+        freed = self.log.delete_segments(count)
+        log.info("%s-%d: deleted %d segments (%d bytes); log start offset %d", self.topic, self.partition,
+                 count, freed, self.log_start_offset)
+        return freed
+
+    def cleanable_segments(self) -> list:
+        """Compaction: the closed segments, from the first, that end at or below the
+        first uncleanable offset (min of the high watermark, the LSO and the active
+        segment's base), so every transaction with data in them is complete."""
+        segs = self.log.segments
+        bound = min(self.high_watermark, self.last_stable_offset, segs[-1].base_offset)
+        out = []
+        for i in range(len(segs) - 1):
+            if segs[i + 1].base_offset > bound:
+                break
+            out.append(segs[i])
+        return out
+
+    def install_cleaned(self, old: list, cleaned: Path) -> int:
+        """Swap the cleaned file for the segments `old` (still the first ones of the
+        log); a producer-state snapshot is taken first (the cleaned segments no
+        longer hold every batch the producer state was built from). Returns the
+        bytes saved. Raises ValueError when the log changed meanwhile (the cleaned
+        file is then removed), OSError on I/O failure."""
+        before = sum(seg.size for seg in old)
+        self.take_snapshot(sync=True)
+        try:
+            new = self.log.replace_segments(old, cleaned)
+        except ValueError:
+            cleaned.unlink(missing_ok=True)
+            raise
+        return before - new.size
 
     # ------------------------------------------------------------ list offsets
     def list_offset(self, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[ErrorCode, int, int]:

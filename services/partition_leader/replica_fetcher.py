@@ -9,7 +9,11 @@ Each task follows one (leader, leader epoch), as Kafka's `ReplicaFetcherThread`:
 2. Fetch with `replica_id` from the log end offset, long-polling up to
    `replica.fetch.wait.max.ms`; the leader's batches are appended byte for byte
    (`Partition.append_as_follower`) and the high watermark follows the leader's.
-   OFFSET_OUT_OF_RANGE sends the task back to truncation.
+   OFFSET_OUT_OF_RANGE sends the task back to truncation, except when the replica's
+   log ends below the leader's log start offset (retention or DeleteRecords removed
+   what it misses): it then starts empty there (`Partition.truncate_fully_and_start_at`).
+   Every answer carries the leader's log start offset, which the replica adopts
+   (`Partition.follow_log_start_offset`; its cleaner then deletes the segments below).
 
 Transport failures and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH / NOT_LEADER_OR_FOLLOWER
 (the leader and this replica see different epochs, until the ZooKeeper watches catch
@@ -168,6 +172,10 @@ class ReplicaFetchers:
             return _RETRY
         part = resp.responses[0].partitions[0]
         if part.error_code != ErrorCode.NONE:
+            if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and \
+                    0 <= p.log_end_offset < part.log_start_offset <= part.high_watermark:
+                p.truncate_fully_and_start_at(part.log_start_offset)
+                return _OK
             if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 log.info("%s-%d: offset %d out of range at %s; truncating again", *tp, p.log_end_offset, leader)
                 return _TRUNCATE
@@ -181,4 +189,6 @@ class ReplicaFetchers:
                 return _TRUNCATE
         if p.update_follower_high_watermark(part.high_watermark):
             self.notify(tp)
+        if part.log_start_offset > p.log_start_offset:
+            p.follow_log_start_offset(part.log_start_offset)
         return _OK

@@ -349,6 +349,28 @@ class ReplicaManager:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> tuple[ErrorCode, int, str]:
+        """DeleteRecords on a partition led here: (error, log start offset, message).
+        Moves the log start offset (`Partition.delete_records`) and deletes the
+        segments wholly below it right away. Errors: those of `get`;
+        INVALID_TOPIC_EXCEPTION for an internal topic (compaction keeps them small);
+        OFFSET_OUT_OF_RANGE above the high watermark."""
+        if self.is_internal(topic):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, -1, f"records of the internal topic {topic} cannot be deleted"
+        p, err = self.get(topic, partition)
+        if p is None:
+            return err, -1, ""
+        res, err = guarded(f"DeleteRecords on {topic}-{partition}", p.delete_records, offset)
+        if res is None:
+            return err, -1, ""
+        code, low = res
+        if code != ErrorCode.NONE:
+            return code, low, (f"offset {offset} is above the high watermark {p.high_watermark}"
+                               if code == ErrorCode.OFFSET_OUT_OF_RANGE else "")
+        guarded(f"deleting segments of {topic}-{partition}", p.delete_old_segments)
+        self.purgatory.notify((topic, partition))
+        return ErrorCode.NONE, p.log_start_offset, ""
+
     def fetch_for_follower(self, topic: str, partition: int, replica_id: str, offset: int, max_bytes: int,
                            current_leader_epoch: int = -1) -> ReplicaFetchResult:
         """A follower's fetch (see `Partition.fetch_for_follower`); asks for an ISR

@@ -17,6 +17,13 @@ the log ones per topic):
     replica.lag.time.max.ms                           10000
     replica.fetch.wait.max.ms / .max.bytes / .backoff.ms   500 / 1048576 / 200
     controller.sweep.interval.ms                      1000
+    retention.ms / log.retention.ms                   604800000 (-1: no limit)
+    retention.bytes / log.retention.bytes             -1 (no limit)
+    segment.ms / log.roll.ms                          604800000
+    cleanup.policy / log.cleanup.policy               delete (topic config; internal topics: compact)
+    delete.retention.ms / log.cleaner.delete.retention.ms   86400000
+    log.retention.check.interval.ms                   300000 (retention and compaction passes)
+    log.cleaner.enable                                true (false: no compaction; retention stays)
     zookeeper.session.timeout.ms                      10000 (leadership leases last 2/3 of it)
     transaction.partition.verification.enable         true (KIP-890: the first transactional
                                                       batch of a producer on a partition is
@@ -36,6 +43,7 @@ from services.common.controller import Controller
 from services.common.rpc import ClusterClient
 from services.common.verification import TxnVerifier
 
+from .cleaner import LogCleaner
 from .lease import IsrUpdater, LeaseKeeper
 from .metrics import PARTITIONS, count_produced
 from .replica_fetcher import ReplicaFetchers
@@ -62,6 +70,9 @@ class PartitionLeaderService:
         self.fetchers = ReplicaFetchers(manager, self._address, client.channel, cfg.props, self.notify)
         self.isr = IsrUpdater(manager, cluster, self.notify)
         self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
+        self.cleaner = LogCleaner(lambda: list(manager.replicas.values()),
+                                  lambda p: manager.replicas.get((p.topic, p.partition)) is p,
+                                  compaction=cfg.get_bool("log.cleaner.enable", True), clock_ms=manager.clock_ms)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False
@@ -87,7 +98,9 @@ class PartitionLeaderService:
         snapshot_tick = max(min(self.cfg.get_int("producer.snapshot.interval.ms", 30000), 1000), 10) / 1000
         expiry_tick = max(self.cfg.get_int("producer.id.expiration.check.interval.ms", 600000), 10) / 1000
         isr_tick = max(self.manager.max_lag_ms / 2, 10) / 1000
+        cleaner_tick = max(self.cfg.get_int("log.retention.check.interval.ms", 300000), 10) / 1000
         self._tasks = [
+            asyncio.create_task(self._cleaner_loop(cleaner_tick), name="log-cleaner"),
             asyncio.create_task(self._every(snapshot_tick, self.manager.maybe_snapshot_all), name="snapshots"),
             asyncio.create_task(self._every(expiry_tick, self.manager.expire_producers), name="pid-expiration"),
             asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
@@ -182,6 +195,14 @@ class PartitionLeaderService:
     def _check_isr(self) -> None:
         for tp in self.manager.isr_updates():
             self.isr.request(tp)
+
+    async def _cleaner_loop(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await self.cleaner.run_once()
+            except Exception:  # noqa: BLE001 - keep the cleaner alive; logged with traceback
+                log.exception("log cleaner pass failed")
 
     async def _every(self, seconds: float, fn) -> None:
         while True:

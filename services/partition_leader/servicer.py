@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
     """Produce, Fetch, ListOffsets, WriteTxnMarkers, OffsetForLeaderEpoch and
-    DescribeProducers over `manager`'s replicas."""
+    DescribeProducers and DeleteRecords over `manager`'s replicas."""
 
     def __init__(self, manager: ReplicaManager):
         self.manager = manager
@@ -154,4 +154,14 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
                                              last_sequence=e.last_seq, last_timestamp=e.last_timestamp,
                                              coordinator_epoch=e.coordinator_epoch,
                                              current_txn_start_offset=e.current_txn_first_offset)
+        return resp
+
+    # ------------------------------------------------------------ DeleteRecords
+    async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context) -> pb.DeleteRecordsResponse:
+        resp = pb.DeleteRecordsResponse()
+        for topic in request.topics:
+            tresp = resp.topics.add(name=topic.name)
+            for part in topic.partitions:
+                err, low, msg = self.manager.delete_records(topic.name, part.partition, part.offset)
+                tresp.partitions.add(partition=part.partition, low_watermark=low, error_code=err, error_message=msg)
         return resp
