@@ -608,6 +608,39 @@ class AdminClient:
                                       s.coordinator_epoch, s.current_txn_start_offset) for s in p.active_producers]
         return out
 
+    def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete the records of each partition below an offset (Kafka's
+        deleteRecords): the log start offset moves there (-1: the high watermark),
+        reads below it get OFFSET_OUT_OF_RANGE, the segments wholly below it are
+        deleted on every replica. Returns each partition's new log start offset
+        (its low watermark). Raises errors.OffsetOutOfRangeError for an offset
+        above the high watermark, errors.UnknownTopicOrPartitionError,
+        errors.InvalidTopicException for an internal topic,
+        errors.LeaderNotAvailableError. docs/design.md, "Retention and compaction"."""
+        core = self._core
+        out: dict[TopicPartition, int] = {}
+        for addr, tps in self._by_leader(offsets).items():
+            if addr is None:
+                raise errors.LeaderNotAvailableError(f"no leader for {', '.join(f'{t}-{p}' for t, p in tps)}")
+            by_topic: dict[str, list[pb.DeleteRecordsPartition]] = {}
+            for tp in tps:
+                by_topic.setdefault(tp.topic, []).append(pb.DeleteRecordsPartition(partition=tp.partition,
+                                                                                   offset=int(offsets[tp])))
+            req = pb.DeleteRecordsRequest(topics=[pb.DeleteRecordsTopic(name=t, partitions=ps)
+                                                  for t, ps in by_topic.items()],
+                                          timeout_ms=int(core.request_timeout_s * 1000))
+
+            def _delete(a=addr, req=req):
+                resp = core.call(core.leader_stub(a).DeleteRecords, req)
+                for t in resp.topics:
+                    for p in t.partitions:
+                        errors.check(p.error_code, p.error_message or f"{t.name}-{p.partition}")
+                return resp
+            for t in core.retry(_delete).topics:
+                for p in t.partitions:
+                    out[TopicPartition(t.name, p.partition)] = p.low_watermark
+        return out
+
     def abort_transaction(self, topic: str, partition: int, producer_id: int, producer_epoch: int,
                           coordinator_epoch: int) -> None:
         """Write an ABORT marker for `producer_id` on one partition (KIP-664

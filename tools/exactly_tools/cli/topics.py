@@ -1,10 +1,11 @@
-"""`exactly topics`: list, describe, create, delete, alter-config, add-partitions
+"""`exactly topics`: list, describe, create, delete, alter-config, add-partitions,
+delete-records
 (kafka-topics and kafka-configs for topics)."""
 from __future__ import annotations
 
 import click
 
-from exactly import NewTopic, errors
+from exactly import NewTopic, TopicPartition, errors
 
 from .common import admin_client, connection_options, emit, parse_key_values, print_table
 
@@ -129,3 +130,23 @@ def add_partitions(topic: str, partitions: int) -> None:
         admin.create_partitions({topic: partitions})
     emit({"topic": topic, "partitions": partitions},
          lambda: click.echo(f"Topic {topic} now has {partitions} partitions."))
+
+
+@topics.command("delete-records")
+@click.option("--topic", required=True)
+@click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
+              help="Partition (repeatable; default every partition of the topic).")
+@click.option("--offset", type=click.IntRange(min=-1), required=True,
+              help="Delete the records below this offset; -1: below the high watermark.")
+@connection_options
+def delete_records(topic: str, partitions: tuple[int, ...], offset: int) -> None:
+    """Move the log start offset of partitions up to --offset (kafka-delete-records):
+    consumers below it reset by auto.offset.reset, every replica deletes the segments below."""
+    with admin_client() as admin:
+        wanted = list(partitions) or admin.list_topics(include_internal=True).get(topic)
+        if not wanted:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        low = admin.delete_records({TopicPartition(topic, p): offset for p in wanted})
+    data = [{"topic": tp.topic, "partition": tp.partition, "low_watermark": w} for tp, w in sorted(low.items())]
+    emit(data, lambda: print_table(["TOPIC", "PARTITION", "LOW-WATERMARK"],
+                                   [(d["topic"], d["partition"], d["low_watermark"]) for d in data]))
