@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit proto bench down clean
+.PHONY: setup demo spark-demo test unit soak proto bench down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,11 @@ test: setup
 
 unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# Long runs kept out of `make test` (which runs the same tests at a smaller size):
+# compaction of the internal topics after 50,000 transactions and 50,000 offset commits.
+soak: setup
+	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_compaction.py
 
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh
