@@ -14,7 +14,7 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 
-from exactly import AdminClient, Producer
+from exactly import AdminClient, Producer, TopicPartition
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
@@ -95,6 +95,17 @@ def test_topics_commands(cli_cluster):
                                          bs=bs).stdout
     assert run_json("topics", "delete", "--topic", "cli-t", bs=bs) == {"deleted": ["cli-t"]}
     run("topics", "create", "--topic", "cli-t2", bs=bs)
+    run("produce", "cli-t2", bs=bs, stdin="".join(f"r{i}\n" for i in range(10)))
+    assert run_json("topics", "delete-records", "--topic", "cli-t2", "--offset", "4", bs=bs) == [
+        {"topic": "cli-t2", "partition": 0, "low_watermark": 4}]
+    assert "LOW-WATERMARK" in run("topics", "delete-records", "--topic", "cli-t2", "--partition", "0",
+                                  "--offset", "-1", bs=bs).stdout
+    with AdminClient({"bootstrap.servers": bs}) as admin:
+        assert admin.list_start_offsets([TopicPartition("cli-t2", 0)]) == {("cli-t2", 0): 10}
+    assert_one_line_error(run("topics", "delete-records", "--topic", "cli-t2", "--offset", "99", bs=bs, ok=False),
+                          "OffsetOutOfRangeError", code=1)
+    assert_one_line_error(run("topics", "delete-records", "--topic", "nope", "--offset", "1", bs=bs, ok=False),
+                          "UnknownTopicOrPartitionError", code=1)
     assert "Deleted topic cli-t2." in run("topics", "delete", "--topic", "cli-t2", bs=bs).stdout
     assert "cli-t" not in {t["topic"] for t in run_json("topics", "list", bs=bs)}
     for args in (("topics", "describe", "--topic", "cli-t"), ("topics", "delete", "--topic", "cli-t"),
