@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
-# ZooKeeper, a Java runtime, Prometheus and nftables (apt; the metrics tests run a real
-# Prometheus server, the network-partition tests cut services off with nft), then a
+# ZooKeeper, a Java runtime, Prometheus, nftables and kcat (apt; the metrics tests run a
+# real Prometheus server, the network-partition tests cut services off with nft, the
+# Kafka protocol tests use kcat), then a
 # virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
@@ -12,6 +13,7 @@ need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -51,10 +51,22 @@ class NodeInfo:
     role: str
     host: str
     port: int
+    kafka_port: int = 0  # the Kafka protocol listener's port; 0: none
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def broker_id(self) -> int:
+        """The int32 broker id Kafka clients know this node by."""
+        return broker_id(self.node_id)
+
+
+def broker_id(node_id: str) -> int:
+    """The Kafka broker id of a node id: a stable non-negative int32 (CRC-32 of the
+    UTF-8 node id, top bit cleared), the same in every process without coordination."""
+    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,7 @@ class ClusterState:
         self.role = role
         self.host = host
         self.port = port
+        self.kafka_port = 0  # set before register() when a Kafka listener runs
         self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s)
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
@@ -146,7 +159,8 @@ class ClusterState:
         """Publish this process under /exactly/services/<node_id> (ephemeral). A node
         left by this node_id's previous, killed incarnation is replaced."""
         path = f"{SERVICES}/{self.node_id}"
-        data = json.dumps({"role": self.role, "host": self.host, "port": self.port}).encode()
+        data = json.dumps({"role": self.role, "host": self.host, "port": self.port,
+                           "kafka_port": self.kafka_port}).encode()
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)
@@ -214,7 +228,7 @@ class ClusterState:
             except NoNodeError:
                 continue
             d = json.loads(data)
-            nodes[child] = NodeInfo(child, d["role"], d["host"], int(d["port"]))
+            nodes[child] = NodeInfo(child, d["role"], d["host"], int(d["port"]), int(d.get("kafka_port", 0)))
         with self._lock:
             self._nodes = nodes
         self._notify()

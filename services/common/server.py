@@ -38,6 +38,8 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from . import metrics, topic_admin
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args
+from .kafka.cluster_api import ClusterApis
+from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
 
 log = logging.getLogger(__name__)
@@ -163,7 +165,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                            props=cfg.props)
     await asyncio.to_thread(cluster.start)
     client = ClusterClient(cluster)
-    pbg.add_ClusterServicer_to_server(ClusterServicer(cluster), server)
+    cluster_servicer = ClusterServicer(cluster)
+    pbg.add_ClusterServicer_to_server(cluster_servicer, server)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -175,6 +178,12 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    kafka = None
+    if cfg.kafka_port >= 0:
+        apis = ClusterApis(cluster, cluster_servicer, client.channel).apis()
+        apis.update(service.kafka_apis() if hasattr(service, "kafka_apis") else {})
+        kafka = KafkaListener(apis)
+        cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port)
     await asyncio.to_thread(cluster.register)
     if hasattr(service, "wait_ready"):
         await service.wait_ready()
@@ -184,8 +193,10 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         poll_s = max(cfg.get_int("exactly.health.poll.ms", 100), 10) / 1000
         watcher = asyncio.create_task(_follow_loading(service, health_servicer, poll_s), name="health")
     (cfg.data_dir / "port").write_text(str(port))
-    log.info("%s %s serving on %s:%d (advertised as %s:%d)", cfg.role, cfg.node_id, cfg.host, port,
-             cfg.advertised, port)
+    if kafka is not None:
+        (cfg.data_dir / "kafka-port").write_text(str(cluster.kafka_port))
+    log.info("%s %s serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s", cfg.role, cfg.node_id,
+             cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none")
     await stop.wait()
     log.info("%s %s stopping", cfg.role, cfg.node_id)
     if watcher is not None:
@@ -193,16 +204,19 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         await asyncio.gather(watcher, return_exceptions=True)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING, LIVENESS)
+    if kafka is not None:
+        await kafka.stop()
     await server.stop(grace=1.0)
     await service.stop()
     await client.close()
     await asyncio.to_thread(cluster.stop)
     if metrics_server is not None:
         metrics_server.close()
-    try:
-        os.unlink(cfg.data_dir / "port")
-    except FileNotFoundError:
-        pass
+    for name in ("port", "kafka-port"):
+        try:
+            os.unlink(cfg.data_dir / name)
+        except FileNotFoundError:
+            pass
 
 
 async def _set_health(servicer, status, name: str = "") -> None:

@@ -22,6 +22,7 @@ from services.common.rpc import ClusterClient
 from services.common.verification import TxnVerifier
 
 from .coordinator import GroupCoordinator, GroupCoordinatorConfig
+from .kafka_api import GroupCoordinatorApis
 from .servicer import GroupCoordinatorServicer
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,15 @@ log = logging.getLogger(__name__)
 class GroupCoordinatorService:
     """Owns the coordinator and its partition ownership (ZooKeeper election)."""
 
-    def __init__(self, coordinator: GroupCoordinator, ownership: CoordinatorOwnership):
+    def __init__(self, coordinator: GroupCoordinator, ownership: CoordinatorOwnership,
+                 servicer: GroupCoordinatorServicer | None = None):
         self.coordinator = coordinator
         self.ownership = ownership
+        self.servicer = servicer
+
+    def kafka_apis(self) -> dict:
+        """The Kafka protocol APIs of this role (services.common.kafka)."""
+        return GroupCoordinatorApis(self.servicer).apis()
 
     async def start(self) -> None:
         await self.coordinator.start()
@@ -89,9 +96,10 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
         coordinator.verifier = TxnVerifier(cluster, client)
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False
-    pbg.add_GroupCoordinatorServicer_to_server(GroupCoordinatorServicer(coordinator), server)
+    servicer = GroupCoordinatorServicer(coordinator)
+    pbg.add_GroupCoordinatorServicer_to_server(servicer, server)
     ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
-    return GroupCoordinatorService(coordinator, ownership)
+    return GroupCoordinatorService(coordinator, ownership, servicer)
 
 
 class SlowLoadClient:

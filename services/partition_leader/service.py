@@ -44,6 +44,7 @@ from services.common.rpc import ClusterClient
 from services.common.verification import TxnVerifier
 
 from .cleaner import LogCleaner
+from .kafka_api import PartitionLeaderApis
 from .lease import IsrUpdater, LeaseKeeper
 from .metrics import PARTITIONS, count_produced
 from .replica_fetcher import ReplicaFetchers
@@ -77,6 +78,10 @@ class PartitionLeaderService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False
         self._stopped = False
+
+    def kafka_apis(self) -> dict:
+        """The Kafka protocol APIs of this role (services.common.kafka)."""
+        return PartitionLeaderApis(self.servicer).apis()
 
     def _address(self, node_id: str) -> str | None:
         node = self.cluster.nodes().get(node_id)

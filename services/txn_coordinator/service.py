@@ -18,6 +18,7 @@ from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
 from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
+from .kafka_api import TxnCoordinatorApis
 from .servicer import TxnCoordinatorServicer
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,11 @@ class TxnCoordinatorService:
         self.ownership = ownership
         self.cfg = cfg
         self._topic_task: asyncio.Task | None = None
+        self.servicer: TxnCoordinatorServicer | None = None
+
+    def kafka_apis(self) -> dict:
+        """The Kafka protocol APIs of this role (services.common.kafka)."""
+        return TxnCoordinatorApis(self.servicer).apis()
 
     async def start(self) -> None:
         await self.coordinator.start()
@@ -113,9 +119,12 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                                          ClusterTopology(cluster), pids, config,
                                          on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    pbg.add_TransactionCoordinatorServicer_to_server(TxnCoordinatorServicer(coordinator), server)
+    servicer = TxnCoordinatorServicer(coordinator)
+    pbg.add_TransactionCoordinatorServicer_to_server(servicer, server)
     metrics.STATES.track(coordinator)
-    return TxnCoordinatorService(cluster, coordinator, ownership, cfg)
+    service = TxnCoordinatorService(cluster, coordinator, ownership, cfg)
+    service.servicer = servicer
+    return service
 
 
 class SlowLoadTxnLog:

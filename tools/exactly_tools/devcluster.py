@@ -96,10 +96,16 @@ class Service:
     port: int
     pid: int = 0
     metrics_port: int = 0
+    kafka_port: int = 0
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def kafka_address(self) -> str:
+        """host:port of the service's Kafka protocol listener ("" when it has none)."""
+        return f"127.0.0.1:{self.kafka_port}" if self.kafka_port else ""
 
     @property
     def metrics_address(self) -> str:
@@ -127,14 +133,21 @@ class DevCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(s.address for s in self.services.values() if s.role == "partition_leader")
 
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """The partition leaders' Kafka protocol listeners, for Kafka clients."""
+        return ",".join(s.kafka_address for s in self.services.values()
+                        if s.role == "partition_leader" and s.kafka_port)
+
     def save(self) -> None:
         body = {
             "bootstrap_servers": self.bootstrap_servers,
+            "kafka_bootstrap_servers": self.kafka_bootstrap_servers,
             "zookeeper": self.zookeeper,
             "zookeeper_pid": self.zookeeper_pid,
             "props": self.props,
             "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address,
-                          "metrics_address": s.metrics_address}
+                          "metrics_address": s.metrics_address, "kafka_address": s.kafka_address}
                          for s in self.services.values()],
         }
         tmp = self.state_file.with_suffix(".tmp")
@@ -151,8 +164,9 @@ class DevCluster:
         services = {}
         for s in body["services"]:
             metrics = s.get("metrics_address") or ":0"
+            kafka = s.get("kafka_address") or ":0"
             services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"],
-                                          int(metrics.rsplit(":", 1)[1]))
+                                          int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]))
         return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}))
 
     # ------------------------------------------------------------ ZooKeeper
@@ -192,7 +206,8 @@ class DevCluster:
         data_dir = self.dir / svc.name
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name, "--host", "127.0.0.1",
-               "--port", str(svc.port), "--zookeeper", self.zookeeper, "--data-dir", str(data_dir)]
+               "--port", str(svc.port), "--kafka-port", str(svc.kafka_port or -1), "--zookeeper", self.zookeeper,
+               "--data-dir", str(data_dir)]
         for k, v in settings_by_role(self.props)[svc.role].items():
             cmd += ["--set", f"{k}={v}"]
         if svc.metrics_port:
@@ -228,7 +243,8 @@ class DevCluster:
         for prefix, count in groups:
             names = []
             for i in range(count):
-                svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port(), metrics_port=free_port())
+                svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port(), metrics_port=free_port(),
+                              kafka_port=free_port())
                 self.services[svc.name] = svc
                 self._spawn(svc)
                 names.append(svc.name)

@@ -1,0 +1,153 @@
+"""Kafka APIs every service answers: Metadata, FindCoordinator, CreateTopics,
+DeleteTopics, CreatePartitions — adapters over the Cluster servicer
+(services/common/server.py), so the rules stay in one place (docs/design.md, "Kafka
+protocol").
+
+Node ids become int32 broker ids (`cluster.broker_id`); a node is listed as a broker
+when it runs a Kafka listener, with its Kafka port. Partition leaders, replicas and
+ISR are listed by broker id.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+
+from ..cluster import ClusterState, broker_id
+from .codec import field
+from .listener import Api, RequestContext
+
+CLUSTER_ID = "exactly"
+METADATA, FIND_COORDINATOR, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 10, 19, 20, 37
+INIT_PRODUCER_ID = 22
+
+
+class ClusterApis:
+    """Handlers over `servicer` (a services.common.server.ClusterServicer).
+    `channel(address)`: a grpc.aio channel to another service (ClusterClient.channel),
+    for InitProducerId of idempotent producers sent to a service that is not a
+    transaction coordinator (Kafka clients send it to any broker)."""
+
+    def __init__(self, cluster: ClusterState, servicer: Any, channel=None):
+        self.cluster = cluster
+        self.servicer = servicer
+        self.channel = channel
+
+    def apis(self) -> dict[int, Api]:
+        return {METADATA: Api(1, 12, self.metadata), FIND_COORDINATOR: Api(0, 4, self.find_coordinator),
+                CREATE_TOPICS: Api(2, 7, self.create_topics), DELETE_TOPICS: Api(1, 6, self.delete_topics),
+                CREATE_PARTITIONS: Api(0, 3, self.create_partitions),
+                INIT_PRODUCER_ID: Api(0, 4, self.init_producer_id)}
+
+    def brokers(self) -> list[dict]:
+        return [{"node_id": n.broker_id, "host": n.host, "port": n.kafka_port, "rack": None}
+                for n in sorted(self.cluster.nodes().values(), key=lambda n: n.node_id) if n.kafka_port]
+
+    def controller_id(self) -> int:
+        leaders = sorted(n.node_id for n in self.cluster.nodes().values()
+                         if n.role == "partition_leader" and n.kafka_port)
+        return broker_id(leaders[0]) if leaders else -1
+
+    async def metadata(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        topics = field(req, "topics")
+        names = None if topics is None else [t.name for t in topics if t.name]
+        if names == [] and topics is not None and version >= 1:
+            resp = pb.MetadataResponse()
+        else:
+            resp = await self.servicer.Metadata(pb.MetadataRequest(topics=names or []), None)
+        out = []
+        for t in resp.topics:
+            out.append({"error_code": t.error_code, "name": t.name, "is_internal": t.is_internal,
+                        "topic_authorized_operations": -2147483648,
+                        "partitions": [{"error_code": p.error_code, "partition_index": p.partition,
+                                        "leader_id": broker_id(p.leader_id) if p.leader_id else -1,
+                                        "leader_epoch": p.leader_epoch,
+                                        "replica_nodes": [broker_id(r) for r in p.replicas],
+                                        "isr_nodes": [broker_id(r) for r in p.isr], "offline_replicas": []}
+                                       for p in t.partitions]})
+        return {"throttle_time": 0, "brokers": self.brokers(), "cluster_id": CLUSTER_ID,
+                "controller_id": self.controller_id(), "topics": out,
+                "cluster_authorized_operations": -2147483648}
+
+    async def _coordinator(self, key: str, key_type: int) -> dict:
+        resp = await self.servicer.FindCoordinator(pb.FindCoordinatorRequest(key=key, key_type=key_type), None)
+        if resp.error_code != ErrorCode.NONE:
+            return {"error_code": resp.error_code, "error_message": resp.error_message, "node_id": -1,
+                    "host": "", "port": -1, "key": key}
+        node = self.cluster.nodes().get(resp.node_id)
+        if node is None or not node.kafka_port:
+            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
+                    "key": key, "error_message": f"{resp.node_id} has no Kafka listener"}
+        return {"error_code": 0, "error_message": None, "node_id": node.broker_id, "host": node.host,
+                "port": node.kafka_port, "key": key}
+
+    async def find_coordinator(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        key_type = field(req, "key_type", 0)
+        if version >= 4:
+            coordinators = [await self._coordinator(k, key_type) for k in field(req, "coordinator_keys", ())]
+            return {"throttle_time": 0, "coordinators": coordinators}
+        one = await self._coordinator(field(req, "key", ""), key_type)
+        one.pop("key")
+        return {"throttle_time": 0, **one}
+
+    async def create_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        topics = []
+        for t in req.topics:
+            if t.assignments:
+                topics.append({"name": t.name, "error_code": ErrorCode.INVALID_REQUEST,
+                               "error_message": "manual replica assignments are not supported"})
+                continue
+            creatable = pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions if t.num_partitions > 0 else 1,
+                                          replication_factor=max(t.replication_factor, 1),
+                                          configs={c.name: c.value or "" for c in t.configs})
+            if field(req, "validate_only", False):
+                topics.append({"name": t.name, "error_code": 0})
+                continue
+            resp = await self.servicer.CreateTopics(pb.CreateTopicsRequest(topics=[creatable],
+                                                                           timeout_ms=field(req, "timeout", 0)), None)
+            r = resp.topics[0]
+            topics.append({"name": t.name, "error_code": r.error_code, "error_message": r.error_message or None,
+                           "num_partitions": creatable.num_partitions,
+                           "replication_factor": creatable.replication_factor})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def delete_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        names = list(field(req, "topic_names", None) or [t.name for t in field(req, "topics", ())])
+        resp = await self.servicer.DeleteTopics(pb.DeleteTopicsRequest(topic_names=names), None)
+        return {"throttle_time": 0, "responses": [{"name": r.name, "error_code": r.error_code,
+                                                   "error_message": r.error_message or None}
+                                                  for r in resp.responses]}
+
+    async def create_partitions(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.CreatePartitions(pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=t.name, count=t.count) for t in req.topics],
+            validate_only=field(req, "validate_only", False)), None)
+        return {"throttle_time": 0, "results": [{"name": r.name, "error_code": r.error_code,
+                                                 "error_message": r.error_message or None}
+                                                for r in resp.results]}
+
+    async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """An idempotent producer's InitProducerId, forwarded to a live transaction
+        coordinator; a transactional one gets NOT_COORDINATOR (it must ask
+        FindCoordinator)."""
+        fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
+        if field(req, "transactional_id"):
+            return {**fail, "error_code": ErrorCode.NOT_COORDINATOR}
+        coordinators = sorted((n for n in self.cluster.nodes().values() if n.role == "txn_coordinator"),
+                              key=lambda n: n.node_id)
+        if not coordinators or self.channel is None:
+            return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}
+        stub = pbg.TransactionCoordinatorStub(self.channel(coordinators[0].address))
+        try:
+            resp = await stub.InitProducerId(pb.InitProducerIdRequest(
+                transaction_timeout_ms=field(req, "transaction_timeout", 60000)), timeout=30)
+        except grpc.RpcError:
+            return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}
+        if resp.error_code:
+            return {**fail, "error_code": resp.error_code}
+        return {"throttle_time": 0, "error_code": 0, "producer_id": resp.producer_id,
+                "producer_epoch": resp.producer_epoch}

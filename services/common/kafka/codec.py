@@ -1,0 +1,202 @@
+"""Kafka protocol messages through `kio` (dataclasses generated from Kafka's own JSON
+message schemas, every version): request and response header handling, and a
+version-independent way to build responses (docs/design.md, "Kafka protocol").
+
+Handlers work with plain values: they read request fields by name (`field(req, name,
+default)`, absent in older versions -> default) and return responses as nested dicts
+of plain Python values (ints for error codes and millisecond durations, bytes, lists
+of dicts). `build(cls, value)` turns such a dict into the kio entity of the version
+asked for, keeping only the fields that version has and converting to kio's types
+(ErrorCode, timedelta, UUID, ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import io
+import typing
+import uuid
+from typing import Any
+
+from kio.index import load_payload_module
+from kio.schema.errors import ErrorCode as KioErrorCode
+from kio.schema.index import api_key_map
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+API_VERSIONS_KEY = 18
+NULL_UUID = uuid.UUID(int=0)
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be a Kafka request (the connection is closed)."""
+
+
+@functools.cache
+def request_class(api_key: int, version: int) -> type:
+    """The kio request dataclass of `api_key` at `version`; KeyError when unknown."""
+    module = load_payload_module(api_key, version, EntityType.request)
+    return _payload_class(module, "Request")
+
+
+@functools.cache
+def response_class(api_key: int, version: int) -> type:
+    module = load_payload_module(api_key, version, EntityType.response)
+    return _payload_class(module, "Response")
+
+
+def _payload_class(module, suffix: str) -> type:
+    for name in dir(module):
+        obj = getattr(module, name)
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and name.endswith(suffix) and \
+                getattr(obj, "__type__", None) in (EntityType.request, EntityType.response):
+            return obj
+    raise KeyError(module.__name__)
+
+
+def api_name(api_key: int) -> str:
+    return api_key_map.get(api_key, f"api-{api_key}")
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) of a request frame (without the size
+    prefix); ProtocolError when it is too short."""
+    if len(frame) < 8:
+        raise ProtocolError(f"request of {len(frame)} bytes is shorter than a request header")
+    return (int.from_bytes(frame[0:2], "big", signed=True), int.from_bytes(frame[2:4], "big", signed=True),
+            int.from_bytes(frame[4:8], "big", signed=True))
+
+
+def decode_request(frame: bytes, api_key: int, version: int) -> tuple[Any, Any]:
+    """(header, request entity) of a frame whose API and version are supported.
+    Header v2 for flexible versions, v1 otherwise. Raises ProtocolError when the
+    body does not parse."""
+    cls = request_class(api_key, version)
+    header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
+    try:
+        header, used = entity_reader(header_cls)(frame, 0)
+        body, size = entity_reader(cls)(frame, used)
+    except Exception as exc:  # noqa: BLE001 - kio raises assorted errors on malformed input
+        raise ProtocolError(f"malformed {api_name(api_key)} v{version} request: {exc!r}") from None
+    return header, body
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, value: dict) -> bytes:
+    """A size-prefixed response frame. Response header v1 (tagged fields) for flexible
+    versions, except ApiVersions, whose response header is always v0 (KIP-511)."""
+    cls = response_class(api_key, version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    if cls.__flexible__ and api_key != API_VERSIONS_KEY:
+        entity_writer(ResponseHeaderV1)(out, ResponseHeaderV1(correlation_id=correlation_id))
+    else:
+        entity_writer(ResponseHeaderV0)(out, ResponseHeaderV0(correlation_id=correlation_id))
+    entity_writer(cls)(out, build(cls, value))
+    data = bytearray(out.getbuffer())
+    data[0:4] = (len(data) - 4).to_bytes(4, "big")
+    return bytes(data)
+
+
+def field(entity: Any, name: str, default: Any = None) -> Any:
+    """A request field by name; `default` when this version does not have it. kio's
+    durations (timedelta) come back as ms, ErrorCode as int, UUIDs as UUID."""
+    value = getattr(entity, name, default)
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, KioErrorCode):
+        return int(value.value)
+    return value
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, Any, dict, Any], ...]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+        out.append((f.name, hints[f.name], dict(f.metadata), default))
+    return tuple(out)
+
+
+def _element_class(tp: Any) -> type | None:
+    """The entity class of a `tuple[X, ...]` (or optional) field, None for primitives."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arg in typing.get_args(tp):
+            if arg is not type(None):
+                return _element_class(arg)
+        return None
+    if origin is tuple:
+        inner = typing.get_args(tp)[0]
+        return inner if dataclasses.is_dataclass(inner) else None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def _convert(kafka_type: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kafka_type == "error_code":
+        try:
+            return KioErrorCode(int(value))
+        except ValueError:  # an Exactly-only code (e.g. the KIP-447 draft's): Kafka clients see it as unknown
+            return KioErrorCode.unknown_server_error
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return datetime.timedelta(milliseconds=int(value))
+    if kafka_type == "datetime_i64":
+        return datetime.datetime.fromtimestamp(int(value) / 1000, tz=datetime.timezone.utc)
+    if kafka_type == "uuid":
+        return value if isinstance(value, uuid.UUID) else NULL_UUID
+    return value
+
+
+def build(cls: type, value: dict) -> Any:
+    """The kio entity `cls` from a dict of plain values (see the module docstring).
+    Missing fields take their schema default, else a zero value of their type."""
+    kwargs = {}
+    for name, tp, meta, default in _fields(cls):
+        sub = _element_class(tp)
+        if name in value:
+            v = value[name]
+            if sub is not None:
+                if typing.get_origin(tp) is tuple or isinstance(v, (list, tuple)):
+                    v = tuple(build(sub, x) if isinstance(x, dict) else x for x in v)
+                elif isinstance(v, dict):
+                    v = build(sub, v)
+            else:
+                kafka_type = meta.get("kafka_type", "")
+                if isinstance(v, (list, tuple)):
+                    v = tuple(_convert(kafka_type, x) for x in v)
+                else:
+                    v = _convert(kafka_type, v)
+            kwargs[name] = v
+        elif default is dataclasses.MISSING:
+            kwargs[name] = _zero(tp, meta, sub)
+    return cls(**kwargs)
+
+
+def _zero(tp: Any, meta: dict, sub: type | None) -> Any:
+    if typing.get_origin(tp) is tuple:
+        return ()
+    if sub is not None:
+        return build(sub, {})
+    kafka_type = meta.get("kafka_type", "")
+    if kafka_type == "error_code":
+        return KioErrorCode(0)
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return datetime.timedelta(0)
+    if kafka_type == "uuid":
+        return NULL_UUID
+    if kafka_type == "string":
+        return ""
+    if kafka_type in ("bytes", "records"):
+        return b""
+    if kafka_type == "bool":
+        return False
+    if kafka_type == "datetime_i64":
+        return datetime.datetime.fromtimestamp(0, tz=datetime.timezone.utc)
+    return 0

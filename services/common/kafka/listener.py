@@ -1,0 +1,128 @@
+"""The Kafka protocol listener of a service process (docs/design.md, "Kafka protocol").
+
+A plain asyncio TCP server: each connection reads size-prefixed request frames and
+answers them one at a time, in order (a Kafka broker mutes a connection while a
+request is in progress, and clients are written for that). Handlers are registered
+per API key with the versions implemented; ApiVersions answers exactly those.
+
+Refused input, as a Kafka broker does it:
+- a size below 8 or above `socket.request.max.bytes` (104857600), or a body that does
+  not parse: the connection is closed;
+- an API key this service does not serve or a version outside the implemented range:
+  ApiVersions gets UNSUPPORTED_VERSION with the supported versions (KIP-511), any
+  other API closes the connection;
+- a handler failing unexpectedly: logged, the connection closed; the service goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from exactly_wire.error_codes import ErrorCode
+
+from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any, int, "RequestContext"], Awaitable[dict | None]]
+DEFAULT_MAX_REQUEST_BYTES = 104857600
+
+
+@dataclass
+class RequestContext:
+    """What a handler knows of the request besides its body: the header's client id,
+    the API version, and the peer address."""
+
+    client_id: str | None
+    version: int
+    peer: str
+
+
+@dataclass(frozen=True)
+class Api:
+    min_version: int
+    max_version: int
+    handler: Handler
+
+
+class KafkaListener:
+    """Serve `apis` (api key -> Api) on host:port. A handler returns the response as a
+    dict of plain values (services.common.kafka.codec), or None to send nothing (a
+    Produce with acks=0)."""
+
+    def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+        self.apis = dict(apis)
+        self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
+        self.max_request_bytes = max_request_bytes
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind and start accepting; returns the bound port."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _api_versions(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        return {"error_code": 0, "api_keys": self.supported(), "throttle_time": 0}
+
+    def supported(self) -> list[dict]:
+        return [{"api_key": k, "min_version": a.min_version, "max_version": a.max_version}
+                for k, a in sorted(self.apis.items())]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:
+            while True:
+                try:
+                    size_bytes = await reader.readexactly(4)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                size = int.from_bytes(size_bytes, "big", signed=True)
+                if size < 8 or size > self.max_request_bytes:
+                    log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
+                    return
+                frame = await reader.readexactly(size)
+                response = await self._handle(frame, peer_s)
+                if response is None:
+                    continue
+                writer.write(response)
+                await writer.drain()
+        except ProtocolError as exc:
+            log.info("kafka connection from %s: %s; closing", peer_s, exc)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one connection fails, the service goes on
+            log.exception("kafka connection from %s failed; closing", peer_s)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _handle(self, frame: bytes, peer: str) -> bytes | None:
+        api_key, version, correlation_id = peek_header(frame)
+        api = self.apis.get(api_key)
+        if api is None or not api.min_version <= version <= api.max_version:
+            if api_key == API_VERSIONS_KEY:
+                # KIP-511: answer with v0 framing so any client can read the versions.
+                return encode_response(API_VERSIONS_KEY, 0, correlation_id, {
+                    "error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": self.supported()})
+            raise ProtocolError(f"{api_name(api_key)} v{version} is not served here")
+        header, request = decode_request(frame, api_key, version)
+        ctx = RequestContext(getattr(header, "client_id", None), version, peer)
+        value = await api.handler(request, version, ctx)
+        if value is None:
+            return None
+        return encode_response(api_key, version, correlation_id, value)

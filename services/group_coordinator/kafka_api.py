@@ -1,0 +1,200 @@
+"""Kafka APIs of a group coordinator: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+OffsetCommit, OffsetFetch, TxnOffsetCommit, ListGroups, DescribeGroups,
+DeleteGroups — adapters over the gRPC servicer (servicer.py), so the group rules are
+written once (docs/design.md, "Kafka protocol").
+
+Exactly assigns partitions on the coordinator (range). Kafka's classic consumer
+protocol assigns on the client: the adapter reads the topics of the member's
+`ConsumerProtocolSubscription`, joins with them, answers the protocol name the member
+offered first, and gives the leader the members with their subscriptions (as they
+joined through this process) so its assignor has input; the assignments the leader
+sends in SyncGroup are not used: every member receives the coordinator's assignment,
+encoded as a `ConsumerProtocolAssignment`. Only protocol type "consumer" is served
+(INCONSISTENT_GROUP_PROTOCOL otherwise).
+"""
+from __future__ import annotations
+
+import io
+import struct
+from typing import Any
+
+from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
+from kio.schema.consumer_protocol_assignment.v0.data import TopicPartition as AssignedPartition
+from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription as SubscriptionV0
+from kio.serial import entity_reader, entity_writer
+
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+
+from services.common.kafka.codec import field
+from services.common.kafka.listener import Api, RequestContext
+
+OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS, TXN_OFFSET_COMMIT, DELETE_GROUPS = 15, 16, 28, 42
+CONSUMER = "consumer"
+_VERSION = struct.Struct(">h")
+
+
+def subscribed_topics(metadata: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (any version: the topics come
+    first after the version). Raises ValueError when it does not parse."""
+    if len(metadata) < 2:
+        raise ValueError("subscription metadata too short")
+    try:
+        sub, _ = entity_reader(SubscriptionV0)(metadata, 2)
+    except Exception as exc:  # noqa: BLE001 - kio raises assorted errors on malformed input
+        raise ValueError(f"unreadable subscription: {exc!r}") from None
+    return list(sub.topics)
+
+
+def encode_subscription(topics: list[str]) -> bytes:
+    out = io.BytesIO()
+    out.write(_VERSION.pack(0))
+    entity_writer(SubscriptionV0)(out, SubscriptionV0(topics=tuple(topics)))
+    return out.getvalue()
+
+
+def encode_assignment(assignment: list[tuple[str, list[int]]]) -> bytes:
+    """A ConsumerProtocolAssignment v0 of (topic, partitions) pairs."""
+    out = io.BytesIO()
+    out.write(_VERSION.pack(0))
+    entity_writer(ConsumerProtocolAssignment)(out, ConsumerProtocolAssignment(
+        assigned_partitions=tuple(AssignedPartition(topic=t, partitions=tuple(ps)) for t, ps in assignment)))
+    return out.getvalue()
+
+
+class GroupCoordinatorApis:
+    def __init__(self, servicer: Any):
+        self.servicer = servicer
+        # (group, member id) -> (protocol name, subscription metadata) of its last JoinGroup here.
+        self._joined: dict[tuple[str, str], tuple[str, bytes]] = {}
+
+    def apis(self) -> dict[int, Api]:
+        return {JOIN_GROUP: Api(0, 7, self.join_group), SYNC_GROUP: Api(0, 5, self.sync_group),
+                HEARTBEAT: Api(0, 4, self.heartbeat), LEAVE_GROUP: Api(0, 4, self.leave_group),
+                OFFSET_COMMIT: Api(2, 8, self.offset_commit), OFFSET_FETCH: Api(1, 7, self.offset_fetch),
+                TXN_OFFSET_COMMIT: Api(0, 3, self.txn_offset_commit), LIST_GROUPS: Api(0, 4, self.list_groups),
+                DESCRIBE_GROUPS: Api(0, 5, self.describe_groups), DELETE_GROUPS: Api(0, 2, self.delete_groups)}
+
+    async def join_group(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        fail = {"throttle_time": 0, "generation_id": -1, "protocol_type": CONSUMER, "protocol_name": None,
+                "leader": "", "member_id": field(req, "member_id", ""), "members": []}
+        if req.protocol_type != CONSUMER or not req.protocols:
+            return {**fail, "error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL}
+        protocol = req.protocols[0]
+        try:
+            topics = subscribed_topics(bytes(protocol.metadata))
+        except ValueError:
+            return {**fail, "error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL}
+        session_ms = field(req, "session_timeout", 10000)
+        resp = await self.servicer.JoinGroup(pb.JoinGroupRequest(
+            group_id=req.group_id, session_timeout_ms=session_ms,
+            rebalance_timeout_ms=field(req, "rebalance_timeout", session_ms), member_id=req.member_id,
+            group_instance_id=field(req, "group_instance_id") or "", protocol_type=CONSUMER, topics=topics), None)
+        if resp.error_code != ErrorCode.NONE:
+            return {**fail, "error_code": resp.error_code, "member_id": resp.member_id or req.member_id}
+        self._joined[(req.group_id, resp.member_id)] = (protocol.name, bytes(protocol.metadata))
+        members = []
+        if resp.leader == resp.member_id:
+            for m in resp.members:
+                _name, metadata = self._joined.get((req.group_id, m), ("", encode_subscription([])))
+                members.append({"member_id": m, "group_instance_id": None, "metadata": metadata})
+        return {"throttle_time": 0, "error_code": 0, "generation_id": resp.generation_id,
+                "protocol_type": CONSUMER, "protocol_name": protocol.name, "leader": resp.leader,
+                "member_id": resp.member_id, "members": members}
+
+    async def sync_group(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.SyncGroup(pb.SyncGroupRequest(
+            group_id=req.group_id, generation_id=req.generation_id, member_id=req.member_id,
+            group_instance_id=field(req, "group_instance_id") or ""), None)
+        name = self._joined.get((req.group_id, req.member_id), (field(req, "protocol_name"), b""))[0]
+        return {"throttle_time": 0, "error_code": resp.error_code, "protocol_type": CONSUMER,
+                "protocol_name": name,
+                "assignment": encode_assignment([(t.topic, list(t.partitions)) for t in resp.assignment])
+                if resp.error_code == 0 else b""}
+
+    async def heartbeat(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.Heartbeat(pb.HeartbeatRequest(
+            group_id=req.group_id, generation_id=req.generation_id, member_id=req.member_id,
+            group_instance_id=field(req, "group_instance_id") or ""), None)
+        return {"throttle_time": 0, "error_code": resp.error_code}
+
+    async def leave_group(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        members = field(req, "members", None)
+        if members is None:
+            members_in = [(req.member_id, "")]
+        else:
+            members_in = [(m.member_id, m.group_instance_id or "") for m in members]
+        out, first = [], 0
+        for member_id, instance in members_in:
+            resp = await self.servicer.LeaveGroup(pb.LeaveGroupRequest(
+                group_id=req.group_id, member_id=member_id, group_instance_id=instance), None)
+            self._joined.pop((req.group_id, member_id), None)
+            first = first or resp.error_code
+            out.append({"member_id": member_id, "group_instance_id": instance or None, "error_code": resp.error_code})
+        return {"throttle_time": 0, "error_code": first if members is None else 0, "members": out}
+
+    @staticmethod
+    def _commit_topics(topics) -> list[pb.OffsetCommitTopic]:
+        return [pb.OffsetCommitTopic(name=t.name, partitions=[
+            pb.OffsetCommitPartition(partition=p.partition_index, committed_offset=p.committed_offset,
+                                     committed_leader_epoch=field(p, "committed_leader_epoch", -1),
+                                     metadata=field(p, "committed_metadata") or "") for p in t.partitions])
+            for t in topics]
+
+    @staticmethod
+    def _commit_result(results) -> list[dict]:
+        return [{"name": t.topic, "partitions": [{"partition_index": p.partition, "error_code": p.error_code}
+                                                 for p in t.partitions]} for t in results]
+
+    async def offset_commit(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        generation = field(req, "generation_id_or_member_epoch", None)
+        if generation is None:
+            generation = field(req, "generation_id", -1)
+        resp = await self.servicer.OffsetCommit(pb.OffsetCommitRequest(
+            group_id=req.group_id, generation_id=generation, member_id=field(req, "member_id", ""),
+            group_instance_id=field(req, "group_instance_id") or "", topics=self._commit_topics(req.topics)), None)
+        return {"throttle_time": 0, "topics": self._commit_result(resp.topics)}
+
+    async def offset_fetch(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        topics = field(req, "topics", None)
+        resp = await self.servicer.OffsetFetch(pb.OffsetFetchRequest(
+            group_id=req.group_id, require_stable=field(req, "require_stable", False),
+            topics=[pb.TopicPartitions(topic=t.name, partitions=list(t.partition_indexes)) for t in topics or ()]),
+            None)
+        return {"throttle_time": 0, "error_code": resp.error_code, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition, "committed_offset": p.committed_offset, "committed_leader_epoch": -1,
+                 "metadata": p.metadata, "error_code": p.error_code} for p in t.partitions]} for t in resp.topics]}
+
+    async def txn_offset_commit(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.TxnOffsetCommit(pb.TxnOffsetCommitRequest(
+            transactional_id=req.transactional_id, group_id=req.group_id, producer_id=req.producer_id,
+            producer_epoch=req.producer_epoch, generation_id=field(req, "generation_id", -1),
+            member_id=field(req, "member_id", "") or "", group_instance_id=field(req, "group_instance_id") or "",
+            topics=self._commit_topics(req.topics)), None)
+        return {"throttle_time": 0, "topics": self._commit_result(resp.topics)}
+
+    async def list_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.ListGroups(pb.ListGroupsRequest(
+            states_filter=list(field(req, "states_filter", ()))), None)
+        return {"throttle_time": 0, "error_code": resp.error_code, "groups": [
+            {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.group_state}
+            for g in resp.groups]}
+
+    async def describe_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.DescribeGroups(pb.DescribeGroupsRequest(groups=list(req.groups)), None)
+        return {"throttle_time": 0, "groups": [
+            {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.group_state,
+             "protocol_type": g.protocol_type, "protocol_data": g.protocol_name, "authorized_operations": -2147483648,
+             "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
+                          "client_id": "", "client_host": "",
+                          "member_metadata": encode_subscription(list(m.subscription)),
+                          "member_assignment": encode_assignment([(t.topic, list(t.partitions))
+                                                                  for t in m.assignment])}
+                         for m in g.members]} for g in resp.groups]}
+
+    async def delete_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        resp = await self.servicer.DeleteGroups(pb.DeleteGroupsRequest(groups_names=list(req.groups_names)), None)
+        return {"throttle_time": 0, "results": [{"group_id": r.group_id, "error_code": r.error_code}
+                                                for r in resp.results]}

@@ -1,0 +1,121 @@
+"""Kafka APIs of a partition leader: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
+DescribeProducers, DeleteRecords — adapters over the gRPC servicer (servicer.py), so
+no rule of the log is written twice (docs/design.md, "Kafka protocol").
+
+Produce passes the client's record batch bytes through unchanged. A Produce with
+acks=0 gets no response, as in Kafka. Fetch sessions (KIP-227) are not kept: every
+answer has session id 0, which tells clients to send full fetch requests. Replica
+fetches (replica_id >= 0) are refused: replication runs over gRPC between services.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+
+from services.common.kafka.codec import field
+from services.common.kafka.listener import Api, RequestContext
+
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS, DESCRIBE_PRODUCERS = 0, 1, 2, 23, 21, 61
+
+
+class PartitionLeaderApis:
+    def __init__(self, servicer: Any):
+        self.servicer = servicer
+
+    def apis(self) -> dict[int, Api]:
+        return {PRODUCE: Api(3, 9, self.produce), FETCH: Api(4, 12, self.fetch),
+                LIST_OFFSETS: Api(1, 7, self.list_offsets),
+                OFFSET_FOR_LEADER_EPOCH: Api(2, 4, self.offset_for_leader_epoch),
+                DELETE_RECORDS: Api(0, 2, self.delete_records), DESCRIBE_PRODUCERS: Api(0, 0, self.describe_producers)}
+
+    async def produce(self, req: Any, version: int, ctx: RequestContext) -> dict | None:
+        acks = field(req, "acks", 1)
+        request = pb.ProduceRequest(transactional_id=field(req, "transactional_id") or "", acks=acks,
+                                    timeout_ms=field(req, "timeout", 30000),
+                                    topics=[pb.TopicProduceData(name=t.name, partitions=[
+                                        pb.PartitionProduceData(partition=p.index, records=bytes(p.records or b""))
+                                        for p in t.partition_data]) for t in req.topic_data])
+        resp = await self.servicer.Produce(request, None)
+        if acks == 0:
+            return None
+        return {"throttle_time": 0, "responses": [
+            {"name": t.name, "partition_responses": [
+                {"index": p.partition, "error_code": p.error_code, "base_offset": p.base_offset,
+                 "log_append_time": p.log_append_time_ms if p.log_append_time_ms else -1,
+                 "log_start_offset": p.log_start_offset, "error_message": p.error_message or None}
+                for p in t.partitions]} for t in resp.topics]}
+
+    async def fetch(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        if field(req, "replica_id", -1) >= 0:
+            return {"throttle_time": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "session_id": 0,
+                    "responses": []}
+        request = pb.FetchRequest(max_wait_ms=field(req, "max_wait", 0), min_bytes=field(req, "min_bytes", 1),
+                                  max_bytes=field(req, "max_bytes", 0),
+                                  isolation_level=field(req, "isolation_level", 0),
+                                  topics=[pb.FetchTopic(topic=t.topic, partitions=[
+                                      pb.FetchPartition(partition=p.partition, fetch_offset=p.fetch_offset,
+                                                        partition_max_bytes=p.partition_max_bytes,
+                                                        current_leader_epoch=field(p, "current_leader_epoch", -1))
+                                      for p in t.partitions]) for t in req.topics])
+        resp = await self.servicer.Fetch(request, None)
+        return {"throttle_time": 0, "error_code": resp.error_code, "session_id": 0, "responses": [
+            {"topic": t.topic, "partitions": [
+                {"partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
+                 "last_stable_offset": p.last_stable_offset, "log_start_offset": p.log_start_offset,
+                 "aborted_transactions": [{"producer_id": a.producer_id, "first_offset": a.first_offset}
+                                          for a in p.aborted_transactions]
+                 if request.isolation_level == 1 else None,
+                 "preferred_read_replica": -1, "records": bytes(p.records)}
+                for p in t.partitions]} for t in resp.responses]}
+
+    async def list_offsets(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        request = pb.ListOffsetsRequest(isolation_level=field(req, "isolation_level", 0), topics=[
+            pb.ListOffsetsTopic(name=t.name, partitions=[
+                pb.ListOffsetsPartition(partition=p.partition_index, timestamp=p.timestamp) for p in t.partitions])
+            for t in req.topics])
+        resp = await self.servicer.ListOffsets(request, None)
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition, "error_code": p.error_code, "timestamp": p.timestamp,
+                 "offset": p.offset, "leader_epoch": -1} for p in t.partitions]} for t in resp.topics]}
+
+    async def offset_for_leader_epoch(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        request = pb.OffsetForLeaderEpochRequest(topics=[
+            pb.OffsetForLeaderTopic(topic=t.topic, partitions=[
+                pb.OffsetForLeaderPartition(partition=p.partition, current_leader_epoch=p.current_leader_epoch,
+                                            leader_epoch=p.leader_epoch) for p in t.partitions])
+            for t in req.topics])
+        resp = await self.servicer.OffsetForLeaderEpoch(request, None)
+        return {"throttle_time": 0, "topics": [
+            {"topic": t.topic, "partitions": [
+                {"error_code": p.error_code, "partition": p.partition, "leader_epoch": p.leader_epoch,
+                 "end_offset": p.end_offset} for p in t.partitions]} for t in resp.topics]}
+
+    async def delete_records(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        request = pb.DeleteRecordsRequest(timeout_ms=field(req, "timeout", 30000), topics=[
+            pb.DeleteRecordsTopic(name=t.name, partitions=[
+                pb.DeleteRecordsPartition(partition=p.partition_index, offset=p.offset) for p in t.partitions])
+            for t in req.topics])
+        resp = await self.servicer.DeleteRecords(request, None)
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition, "low_watermark": p.low_watermark, "error_code": p.error_code}
+                for p in t.partitions]} for t in resp.topics]}
+
+    async def describe_producers(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        request = pb.DescribeProducersRequest(topics=[pb.TopicPartitions(topic=t.name,
+                                                                         partitions=list(t.partition_indexes))
+                                                      for t in req.topics])
+        resp = await self.servicer.DescribeProducers(request, None)
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition, "error_code": p.error_code,
+                 "error_message": p.error_message or None,
+                 "active_producers": [{"producer_id": s.producer_id, "producer_epoch": s.producer_epoch,
+                                       "last_sequence": s.last_sequence, "last_timestamp": s.last_timestamp,
+                                       "coordinator_epoch": s.coordinator_epoch,
+                                       "current_txn_start_offset": s.current_txn_start_offset}
+                                      for s in p.active_producers]}
+                for p in t.partitions]} for t in resp.topics]}
