@@ -23,7 +23,7 @@ unit: setup
 # Long runs kept out of `make test` (which runs the same tests at a smaller size):
 # compaction of the internal topics after 50,000 transactions and 50,000 offset commits.
 soak: setup
-	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_compaction.py
+	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh
