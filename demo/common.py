@@ -66,6 +66,35 @@ def read_topic(bootstrap: str, topic: str, isolation_level: str, timeout_s: floa
         c.close()
 
 
+def read_topic_kafka(kafka_bootstrap: str, topic: str, isolation_level: str, timeout_s: float = 120.0) -> list:
+    """Every record of `topic` up to its end as a confluent-kafka (librdkafka) consumer
+    reads it through the Kafka protocol listeners: list of (partition, offset, key,
+    value) tuples."""
+    import time
+    from confluent_kafka import OFFSET_BEGINNING, Consumer as KafkaConsumer, TopicPartition as KafkaTopicPartition
+    c = KafkaConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"read-{topic}",
+                       "isolation.level": isolation_level, "enable.auto.commit": False})
+    try:
+        parts = [KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in c.list_topics(topic, 30).topics[topic].partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=30)[1] for tp in parts}
+        c.assign(parts)
+        out, position = [], {p: 0 for p in ends}
+        deadline = time.monotonic() + timeout_s
+        while any(position[p] < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} through the Kafka port did not reach its end")
+            for m in c.consume(500, 1.0):
+                if m.error() is None:
+                    out.append((m.partition(), m.offset(), m.key(), m.value()))
+                    position[m.partition()] = m.offset() + 1
+            for tp in c.position([KafkaTopicPartition(topic, p) for p in ends]):
+                if tp.offset >= 0:
+                    position[tp.partition] = max(position[tp.partition], tp.offset)
+        return out
+    finally:
+        c.close()
+
+
 def _partition_count(consumer, bootstrap: str, topic: str) -> int:
     from exactly import AdminClient
     admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -2,6 +2,7 @@
 
     python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
         [--txn-coordinators 1] [--group-coordinators 1] [--group-aware] [--aio]
+        [--kafka-client confluent]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
    --replication-factor sets the replication factor of the internal topics and of
@@ -17,9 +18,13 @@
    With --group-aware two workers share the consumer group, each with one
    group-aware producer (KIP-447 draft); the SIGKILLed one's partitions move to the
    other, and a new worker joins. With --aio the worker is demo.pipeline_aio, the
-   same pipeline written with exactly.aio;
+   same pipeline written with exactly.aio. With --kafka-client confluent the worker is
+   demo.pipeline_confluent, written with confluent-kafka (librdkafka) against the
+   Kafka protocol listeners;
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
-   every item produced exactly one invoice and one shipment and the totals match.
+   every item produced exactly one invoice and one shipment and the totals match
+   (with --kafka-client, a librdkafka read_committed consumer must read exactly what
+   the SDK reads).
 """
 from __future__ import annotations
 
@@ -97,8 +102,9 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
 
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
-        group_coordinators: int = 1, group_aware: bool = False, aio: bool = False) -> int:
-    worker_module = "demo.pipeline_aio" if aio else "demo.pipeline"
+        group_coordinators: int = 1, group_aware: bool = False, aio: bool = False,
+        kafka_client: str | None = None) -> int:
+    worker_module = "demo.pipeline_aio" if aio else "demo.pipeline_confluent" if kafka_client else "demo.pipeline"
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
@@ -112,7 +118,9 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
     try:
         cluster.up(partition_leaders=3, txn_coordinators=txn_coordinators, group_coordinators=group_coordinators)
         bootstrap = cluster.bootstrap_servers
-        say(f"Cluster serving: bootstrap.servers={bootstrap}, zookeeper={cluster.zookeeper}")
+        say(f"Cluster serving: bootstrap.servers={bootstrap}, zookeeper={cluster.zookeeper}, "
+            f"Kafka protocol: {cluster.kafka_bootstrap_servers}")
+        worker_bootstrap = cluster.kafka_bootstrap_servers if kafka_client else bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         configs = {"min.insync.replicas": str(min(2, replication_factor))}
         admin.create_topics([NewTopic(t, PARTITIONS, replication_factor, configs)
@@ -137,7 +145,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         else:
             say(f"Running the pipeline ({worker_module}); the worker will be SIGKILLed inside an open transaction "
                 f"after ~{hold_after:,} items")
-            worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module)
+            worker = Worker(worker_bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module)
             others = []
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
@@ -168,7 +176,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         else:
             bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                       f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
-            worker = Worker(bootstrap, run_dir, "worker-2", module=worker_module)
+            worker = Worker(worker_bootstrap, run_dir, "worker-2", module=worker_module)
         coordinator_killed = leader_killed = False
         while progress() < total:
             for w in [worker, *others]:
@@ -204,7 +212,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         watcher.close()
 
         say("Reading the outputs ...")
-        return summarize(bootstrap, expected)
+        return summarize(bootstrap, expected, cluster.kafka_bootstrap_servers if kafka_client else None)
     finally:
         if not keep:
             cluster.down()
@@ -226,10 +234,18 @@ def wait_gone(cluster: DevCluster, name: str, deadline: float) -> None:
         zk.close()
 
 
-def summarize(bootstrap: str, expected: dict[str, dict]) -> int:
+def summarize(bootstrap: str, expected: dict[str, dict], kafka_bootstrap: str | None = None) -> int:
     committed = {t: read_topic(bootstrap, t, "read_committed") for t in (INVOICES, SHIPMENTS)}
     uncommitted = {t: read_topic(bootstrap, t, "read_uncommitted") for t in (INVOICES, SHIPMENTS)}
     lines, ok = check_outputs(committed, expected)
+    if kafka_bootstrap:
+        from .common import read_topic_kafka
+        for t in (INVOICES, SHIPMENTS):
+            theirs = read_topic_kafka(kafka_bootstrap, t, "read_committed")
+            same = sorted(theirs) == sorted((r.partition, r.offset, r.key, r.value) for r in committed[t])
+            ok &= same
+            lines.append(f"librdkafka read_committed consumer, {t}: {len(theirs):,} records, "
+                         f"{'identical to' if same else 'DIFFERENT from'} the exactly SDK's")
     aborted = sum(len(uncommitted[t]) - len(committed[t]) for t in (INVOICES, SHIPMENTS))
     lines.insert(3, f"aborted records seen by read_uncommitted: {aborted:,}")
     ok &= aborted > 0
@@ -252,13 +268,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="two workers sharing the group, one group-aware producer each (KIP-447 draft)")
     parser.add_argument("--aio", action="store_true",
                         help="run the workers written with exactly.aio (demo.pipeline_aio)")
+    parser.add_argument("--kafka-client", choices=["confluent"],
+                        help="run the worker written with this Kafka client against the Kafka protocol "
+                             "listeners (demo.pipeline_confluent)")
     args = parser.parse_args(argv)
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
-               args.group_coordinators, args.group_aware, args.aio)
+               args.group_coordinators, args.group_aware, args.aio, args.kafka_client)
 
 
 if __name__ == "__main__":

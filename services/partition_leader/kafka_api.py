@@ -3,7 +3,9 @@ DescribeProducers, DeleteRecords — adapters over the gRPC servicer (servicer.p
 no rule of the log is written twice (docs/design.md, "Kafka protocol").
 
 Produce passes the client's record batch bytes through unchanged. A Produce with
-acks=0 gets no response, as in Kafka. Fetch sessions (KIP-227) are not kept: every
+acks=0 gets no response, and a retried batch the producer state recognizes gets
+NONE with the offsets of the original (DUPLICATE_SEQUENCE_NUMBER in the gRPC API),
+as a Kafka broker answers. Fetch sessions (KIP-227) are not kept: every
 answer has session id 0, which tells clients to send full fetch requests. Replica
 fetches (replica_id >= 0) are refused: replication runs over gRPC between services.
 """
@@ -42,7 +44,9 @@ class PartitionLeaderApis:
             return None
         return {"throttle_time": 0, "responses": [
             {"name": t.name, "partition_responses": [
-                {"index": p.partition, "error_code": p.error_code, "base_offset": p.base_offset,
+                {"index": p.partition,
+                 "error_code": 0 if p.error_code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER else p.error_code,
+                 "base_offset": p.base_offset,
                  "log_append_time": p.log_append_time_ms if p.log_append_time_ms else -1,
                  "log_start_offset": p.log_start_offset, "error_message": p.error_message or None}
                 for p in t.partitions]} for t in resp.topics]}

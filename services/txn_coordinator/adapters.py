@@ -17,7 +17,6 @@ from .coordinator import TxnLogFetch, TxnMarker
 
 
 # Markers end each transaction under the next producer epoch (KIP-890 part 2).
-TRANSACTION_VERSION = 2
 
 
 class ClusterTxnLog:
@@ -73,7 +72,7 @@ class ClusterMarkerWriter:
             by_topic[topic].append(partition)
         request = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
             producer_id=marker.producer_id, producer_epoch=marker.producer_epoch, committed=marker.committed,
-            coordinator_epoch=marker.coordinator_epoch, transaction_version=TRANSACTION_VERSION,
+            coordinator_epoch=marker.coordinator_epoch, transaction_version=marker.transaction_version,
             topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])])
         resp = await self._client.write_txn_markers(node, request, timeout_s=self._timeout_s)
         if not isinstance(resp, pb.WriteTxnMarkersResponse):

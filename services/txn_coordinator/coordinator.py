@@ -91,6 +91,7 @@ class TxnMarker:
     committed: bool
     coordinator_epoch: int
     partitions: frozenset[TopicPartition]
+    transaction_version: int = 2  # 1: the marker epoch equals the data's (no KIP-890 part 2 bump)
 
 
 class MarkerWriter(Protocol):
@@ -650,7 +651,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
 
     # ------------------------------------------------------------ EndTxn
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                      committed: bool, group_id: str = "", generation_id: int = -1) -> EndTxnResult:
+                      committed: bool, group_id: str = "", generation_id: int = -1,
+                      transaction_version: int = 2) -> EndTxnResult:
         """EndTxn: commit (committed=True) or abort the ongoing transaction.
 
         Ongoing (also sealed by PrepareTxn; then the request may come from any process
@@ -668,7 +670,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE (design doc "Transaction Coordinator Request
         Handling", EndTxn). group_id / generation_id: a group-aware producer's, as in
-        add_partitions_to_txn (ILLEGAL_GENERATION)."""
+        add_partitions_to_txn (ILLEGAL_GENERATION). transaction_version 1 (a Kafka
+        client with EndTxn below v5): no epoch bump; the transaction ends, and the
+        markers are written, under the producer's current epoch."""
         err, part = self._lookup(transactional_id, group_id)
         md = part.txns.get(transactional_id) if part is not None else None
         if md is not None and not md.pending_transition_in_progress and \
@@ -681,7 +685,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if md.state is TxnState.ONGOING:
             started = time.monotonic()
             target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
-            transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=True)
+            bump = transaction_version != 1
+            transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
+                                                 transaction_version=2 if bump else 1)
             err = await self._append(part, md, transit)
             if err:
                 return EndTxnResult(err)
@@ -771,7 +777,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             await self._sleep(self.config.pause_after_prepare_ms / 1000)
         committed = prepared.state is TxnState.PREPARE_COMMIT
         marker = TxnMarker(prepared.producer_id, prepared.producer_epoch, committed, part.coordinator_epoch,
-                           prepared.partitions)
+                           prepared.partitions, prepared.transaction_version)
         try:
             markers_started = time.monotonic()
             await self._write_markers(part, md, marker)

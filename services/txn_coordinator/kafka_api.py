@@ -22,7 +22,7 @@ class TxnCoordinatorApis:
     def apis(self) -> dict[int, Api]:
         return {INIT_PRODUCER_ID: Api(0, 4, self.init_producer_id),
                 ADD_PARTITIONS_TO_TXN: Api(0, 3, self.add_partitions_to_txn),
-                ADD_OFFSETS_TO_TXN: Api(0, 3, self.add_offsets_to_txn), END_TXN: Api(0, 3, self.end_txn),
+                ADD_OFFSETS_TO_TXN: Api(0, 3, self.add_offsets_to_txn), END_TXN: Api(0, 4, self.end_txn),
                 LIST_TRANSACTIONS: Api(0, 0, self.list_transactions),
                 DESCRIBE_TRANSACTIONS: Api(0, 0, self.describe_transactions)}
 
@@ -56,10 +56,15 @@ class TxnCoordinatorApis:
         return {"throttle_time": 0, "error_code": resp.error_code}
 
     async def end_txn(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """EndTxn v0-v4 ends the transaction under the producer's epoch (transaction
+        version 1). v5 (KIP-890 part 2) is not offered: its clients rely on the
+        partition leader adding partitions to the transaction implicitly."""
         resp = await self.servicer.EndTxn(pb.EndTxnRequest(
             transactional_id=req.transactional_id, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
-            committed=req.committed), None)
-        return {"throttle_time": 0, "error_code": resp.error_code}
+            committed=req.committed, transaction_version=1), None)
+        return {"throttle_time": 0, "error_code": resp.error_code,
+                "producer_id": resp.producer_id if resp.error_code == 0 else -1,
+                "producer_epoch": resp.producer_epoch if resp.error_code == 0 else -1}
 
     async def list_transactions(self, req: Any, version: int, ctx: RequestContext) -> dict:
         resp = await self.servicer.ListTransactions(pb.ListTransactionsRequest(

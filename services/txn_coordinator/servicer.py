@@ -91,7 +91,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
             return pb.EndTxnResponse(error_code=ErrorCode.INVALID_REQUEST)
         r = await self._coordinator.end_txn(request.transactional_id, request.producer_id,
                                             request.producer_epoch, request.committed,
-                                            request.consumer_group_id, request.generation_id)
+                                            request.consumer_group_id, request.generation_id,
+                                            transaction_version=request.transaction_version or 2)
         return pb.EndTxnResponse(error_code=r.error, producer_id=r.producer_id, producer_epoch=r.producer_epoch)
 
     @_rpc("PrepareTxn")

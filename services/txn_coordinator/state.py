@@ -151,6 +151,10 @@ class TxnTransitMetadata:
     # Two-phase commit (KIP-939 style): when PrepareTxn sealed the Ongoing
     # transaction, ms; -1 when not prepared.
     prepared_timestamp: int = -1
+    # How the client ends transactions (KIP-890 part 2): 2, every EndTxn bumps the
+    # epoch and the markers carry the next one; 1 (Kafka clients with EndTxn below
+    # v5), the epoch stays and the markers carry the transaction's own.
+    transaction_version: int = 2
 
 
 class TransactionMetadata:
@@ -163,20 +167,21 @@ class TransactionMetadata:
     (ms), pending_state (target of the transition in flight, or None), group (the KIP-447
     draft group assignment of a group-aware producer: its own log record, kept here by the
     coordinator, not by transitions),
-    prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared).
+    prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared),
+    transaction_version (of the last EndTxn, see TxnTransitMetadata).
     """
 
     __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
                  "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
-                 "group", "_fence_epoch", "prepared_timestamp")
+                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
                  txn_timeout_ms: int, state: TxnState = TxnState.EMPTY,
                  partitions: Iterable[TopicPartition] = (), txn_start_timestamp: int = -1,
                  txn_last_update_timestamp: int, group: GroupAssignment | None = None,
-                 prepared_timestamp: int = -1):
+                 prepared_timestamp: int = -1, transaction_version: int = 2):
         self.transactional_id = transactional_id
         self.producer_id = producer_id
         self.last_producer_id = last_producer_id
@@ -191,6 +196,7 @@ class TransactionMetadata:
         self.group = group
         self._fence_epoch: int | None = None
         self.prepared_timestamp = prepared_timestamp
+        self.transaction_version = transaction_version
 
     @classmethod
     def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":
@@ -200,7 +206,7 @@ class TransactionMetadata:
                    txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
                    partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
                    txn_last_update_timestamp=transit.txn_last_update_timestamp,
-                   prepared_timestamp=transit.prepared_timestamp)
+                   prepared_timestamp=transit.prepared_timestamp, transaction_version=transit.transaction_version)
 
     def __repr__(self) -> str:
         return (f"TransactionMetadata({self.transactional_id!r}, pid={self.producer_id}, "
@@ -227,7 +233,8 @@ class TransactionMetadata:
         return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,
                                   self.last_producer_epoch, self.txn_timeout_ms, self.state,
                                   frozenset(self.partitions), self.txn_start_timestamp,
-                                  self.txn_last_update_timestamp, self.prepared_timestamp)
+                                  self.txn_last_update_timestamp, self.prepared_timestamp,
+                                  self.transaction_version)
 
     # ------------------------------------------------------------ prepare
     def _prepare_transition_to(self, target: TxnState, now_ms: int, **changes) -> TxnTransitMetadata:
@@ -315,8 +322,8 @@ class TransactionMetadata:
         return self._prepare_transition_to(TxnState.ONGOING, now_ms, txn_start_timestamp=start,
                                            prepared_timestamp=now_ms)
 
-    def prepare_abort_or_commit(self, target: TxnState, now_ms: int, bump_epoch: bool = False
-                                ) -> TxnTransitMetadata:
+    def prepare_abort_or_commit(self, target: TxnState, now_ms: int, bump_epoch: bool = False,
+                                transaction_version: int | None = None) -> TxnTransitMetadata:
         """EndTxn (or an abort by the coordinator): PrepareCommit or PrepareAbort with
         the partitions of the transaction. After `prepare_fence_producer_epoch` only
         PrepareAbort is allowed, and it carries the fencing epoch.
@@ -326,7 +333,9 @@ class TransactionMetadata:
         retried EndTxn is recognised. The markers carry e+1, so a late batch or a late
         duplicate marker of this transaction is fenced on every partition, and the
         producer's next transaction runs at e+1. Raises TxnStateError when the epoch
-        is exhausted (the coordinator refuses to start transactions there)."""
+        is exhausted (the coordinator refuses to start transactions there).
+        transaction_version: recorded with the transition (None: unchanged); the
+        markers are written with it."""
         if target not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             raise TxnStateError(f"prepare_abort_or_commit to {target.kafka_name}")
         changes = {}
@@ -338,6 +347,8 @@ class TransactionMetadata:
             if self.producer_epoch >= MAX_PRODUCER_EPOCH:
                 raise TxnStateError(f"cannot bump exhausted epoch {self.producer_epoch} of {self.transactional_id!r}")
             changes = {"producer_epoch": self.producer_epoch + 1, "last_producer_epoch": self.producer_epoch}
+        if transaction_version is not None:
+            changes["transaction_version"] = transaction_version
         return self._prepare_transition_to(target, now_ms, **changes)
 
     def is_end_txn_retry(self, producer_id: int, producer_epoch: int) -> bool:
@@ -425,6 +436,7 @@ class TransactionMetadata:
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
         self.prepared_timestamp = transit.prepared_timestamp
+        self.transaction_version = transit.transaction_version
         self.pending_state = None
         self._fence_epoch = None
 

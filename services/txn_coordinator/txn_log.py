@@ -130,7 +130,7 @@ def encode_value(transit: TxnTransitMetadata) -> bytes:
         partitions=_partitions_to_pb(transit.partitions),
         txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
         txn_start_timestamp_ms=transit.txn_start_timestamp,
-        prepared_timestamp_ms=max(transit.prepared_timestamp, 0))
+        prepared_timestamp_ms=max(transit.prepared_timestamp, 0), transaction_version=transit.transaction_version)
     return value.SerializeToString()
 
 
@@ -148,7 +148,8 @@ def decode_value(data: bytes) -> TxnTransitMetadata:
         last_producer_epoch=v.last_producer_epoch, txn_timeout_ms=v.transaction_timeout_ms, state=state,
         partitions=_partitions_from_pb(v.partitions), txn_start_timestamp=v.txn_start_timestamp_ms,
         txn_last_update_timestamp=v.txn_last_update_timestamp_ms,
-        prepared_timestamp=v.prepared_timestamp_ms if v.prepared_timestamp_ms > 0 else -1)
+        prepared_timestamp=v.prepared_timestamp_ms if v.prepared_timestamp_ms > 0 else -1,
+        transaction_version=v.transaction_version or 2)
 
 
 def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int,
