@@ -101,7 +101,7 @@ class PartitionCollector(LoopCollector):
         under = gauge("exactly_partition_under_replicated", "1 when the ISR is smaller than the assigned replicas")
         at_min = gauge("exactly_partition_at_min_isr", "1 when the ISR size equals min.insync.replicas")
         under_min = gauge("exactly_partition_under_min_isr", "1 when the ISR is smaller than min.insync.replicas")
-        start = gauge("exactly_partition_log_start_offset", "Log start offset of the replica")
+        log_start = gauge("exactly_partition_log_start_offset", "Log start offset of the replica")
         size = gauge("exactly_partition_log_size_bytes", "Bytes of the replica's log segments")
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
@@ -128,12 +128,12 @@ class PartitionCollector(LoopCollector):
                 under_min.add_metric(labels, int(n_isr < min_isr))
             for p in manager:  # every hosted replica, followers included
                 labels = [p.topic, str(p.partition)]
-                start.add_metric(labels, p.log_start_offset)
+                log_start.add_metric(labels, p.log_start_offset)
                 size.add_metric(labels, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
         return [hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min, under_min,
-                start, size]
+                log_start, size]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:
         """Start (ms) of the partition's oldest ongoing transaction, None without one.
