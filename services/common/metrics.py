@@ -18,6 +18,11 @@
 - `LoopCollector`: base of the collectors that read service state at scrape time. A
   scrape runs on the HTTP server's thread; the collector hops onto the asyncio loop
   that owns the state, so it never sees a half-applied change.
+- `coordinator_partitions(kind, owners)`: the family
+    exactly_coordinator_partitions{kind, state}   gauge
+  of a coordinator process: owned partitions of its internal topic (kind txn:
+  `__transaction_state`, group: `__consumer_offsets`) by state, `loading` (not
+  answering yet: COORDINATOR_LOAD_IN_PROGRESS) or `serving`; both states exported.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exactly_wire.error_codes import ErrorCode
 
@@ -271,6 +276,22 @@ def call_on_loop(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], Any], 
 
     loop.call_soon_threadsafe(run)
     return done.result(timeout_s)
+
+
+def coordinator_partitions(kind: str, owners: Iterable[Any]) -> Metric:
+    """exactly_coordinator_partitions{kind, state} over coordinators with
+    `owned_partitions()` ({partition: serving}); see the module docstring."""
+    family = GaugeMetricFamily("exactly_coordinator_partitions",
+                               "Owned partitions of the coordinator's internal topic, by state (loading, serving)",
+                               labels=["kind", "state"])
+    serving = loading = 0
+    for owner in owners:
+        for is_serving in owner.owned_partitions().values():
+            serving += bool(is_serving)
+            loading += not is_serving
+    family.add_metric([kind, "loading"], loading)
+    family.add_metric([kind, "serving"], serving)
+    return family
 
 
 class LoopCollector(abc.ABC):

@@ -13,6 +13,32 @@ scrape time on the event loop, so the produce path pays nothing for them:
     exactly_partition_oldest_open_transaction_age_seconds
                                               age of the oldest ongoing transaction (0: none)
     exactly_partition_aborted_index_entries   entries of the aborted-transaction indexes
+    exactly_partition_replicas                assigned replicas (replication factor)
+    exactly_partition_in_sync_replicas        ISR size as the leader applies it
+    exactly_partition_under_replicated        1 when the ISR is smaller than the replicas
+    exactly_partition_at_min_isr              1 when the ISR size equals min.insync.replicas
+                                              (Kafka's AtMinIsr: one more loss blocks acks=all)
+    exactly_partition_under_min_isr           1 when the ISR is below min.insync.replicas
+                                              (acks=all produces and markers fail)
+
+Gauges per hosted replica, leader or follower (labels topic, partition; the
+`instance` label tells the process), so that disk use shows on every replica:
+
+    exactly_partition_log_start_offset        first offset kept (retention, DeleteRecords)
+    exactly_partition_log_size_bytes          bytes of the replica's log segments
+
+Cluster gauges, exported by the active controller only (0 or absent elsewhere, so
+`sum` over a release counts each once), from its ZooKeeper view at scrape time
+(`ClusterCollector`):
+
+    exactly_controller_active                 1 on the active controller, 0 elsewhere
+    exactly_cluster_offline_partitions{topic} partitions without a live leader (no live
+                                              ISR member; no unclean election)
+    exactly_cluster_live_nodes{role}          registered service processes by role
+    exactly_coordinator_unavailable_partitions{kind}
+                                              partitions of __transaction_state (kind
+                                              txn) / __consumer_offsets (group) without a
+                                              live owner of the right role
 
 The age of a transaction counts from the timestamp of its first batch (the batch at
 the transaction's first offset; the time it was first seen here when that batch is
@@ -26,14 +52,21 @@ services/common/metrics.py.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import json
+import logging
+import weakref
+from typing import Any, Iterable, Sequence
 
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
+from services.common.cluster import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
+                                     TopicInfo)
 from services.common.metrics import LoopCollector
+
+log = logging.getLogger(__name__)
 
 _LABELS = ["topic", "partition"]
 
@@ -63,6 +96,13 @@ class PartitionCollector(LoopCollector):
                        "Age of the oldest open transaction on the partition, in seconds (0: none)")
         aborted = gauge("exactly_partition_aborted_index_entries",
                         "Entries of the partition's aborted-transaction indexes")
+        replicas = gauge("exactly_partition_replicas", "Assigned replicas of the partition (replication factor)")
+        isr = gauge("exactly_partition_in_sync_replicas", "In-sync replicas (ISR size) of the partition")
+        under = gauge("exactly_partition_under_replicated", "1 when the ISR is smaller than the assigned replicas")
+        at_min = gauge("exactly_partition_at_min_isr", "1 when the ISR size equals min.insync.replicas")
+        under_min = gauge("exactly_partition_under_min_isr", "1 when the ISR is smaller than min.insync.replicas")
+        log_start = gauge("exactly_partition_log_start_offset", "Log start offset of the replica")
+        size = gauge("exactly_partition_log_size_bytes", "Bytes of the replica's log segments")
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         for manager in managers:
@@ -80,9 +120,20 @@ class PartitionCollector(LoopCollector):
                 start = self._oldest_start_ms(key, p, now)
                 oldest.add_metric(labels, 0.0 if start is None else max(now - start, 0) / 1000)
                 aborted.add_metric(labels, sum(len(seg.aborted) for seg in p.log.segments))
+                n_isr, n_replicas, min_isr = len(p.isr), len(p.replicas), p.min_insync_replicas
+                replicas.add_metric(labels, n_replicas)
+                isr.add_metric(labels, n_isr)
+                under.add_metric(labels, int(n_isr < n_replicas))
+                at_min.add_metric(labels, int(n_isr == min_isr))
+                under_min.add_metric(labels, int(n_isr < min_isr))
+            for p in manager:  # every hosted replica, followers included
+                labels = [p.topic, str(p.partition)]
+                log_start.add_metric(labels, p.log_start_offset)
+                size.add_metric(labels, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
-        return [hw, lso, lag, leo, pids, ongoing, oldest, aborted]
+        return [hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min, under_min,
+                log_start, size]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:
         """Start (ms) of the partition's oldest ongoing transaction, None without one.
@@ -117,6 +168,102 @@ def _first_batch_timestamp(p, pid: int, first_offset: int) -> int | None:
 
 
 PARTITIONS = PartitionCollector()
+
+
+def offline_partitions(topics: Iterable[TopicInfo], live: Iterable[str]) -> dict[str, int]:
+    """{topic: partitions with no live leader}: the state names no leader (the
+    controller found no live ISR member) or a leader that is not a live partition
+    leader (its session just ended). A partition without a state yet counts as
+    online (its topic is being created). Every topic is a key (0 when all online)."""
+    live = set(live)
+    out: dict[str, int] = {}
+    for t in topics:
+        out[t.name] = sum(1 for p in t.partitions
+                          if p in t.states and (t.states[p].leader is None or t.states[p].leader not in live))
+    return out
+
+
+class ClusterCollector:
+    """Cluster-wide gauges (module docstring), read at scrape time on the scraping
+    thread from the tracked service's ClusterState (a lock-protected cache kept by
+    ZooKeeper watches) and, for coordinator owners, from ZooKeeper (asynchronous gets,
+    `timeout_s` at most). Only the active controller reports counts, so one process
+    per release does."""
+
+    timeout_s = 3.0
+
+    def __init__(self, registry=REGISTRY) -> None:
+        self._service: weakref.ref | None = None
+        if registry is not None:
+            registry.register(self)
+
+    def track(self, service: Any) -> None:
+        """Report for `service` (anything with `.cluster`, a ClusterState, and
+        `.controller` with `is_controller`)."""
+        self._service = weakref.ref(service)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        service = self._service() if self._service is not None else None
+        active = GaugeMetricFamily("exactly_controller_active", "1 on the active controller, 0 elsewhere")
+        offline = GaugeMetricFamily("exactly_cluster_offline_partitions",
+                                    "Partitions without a live leader (active controller only)", labels=["topic"])
+        nodes = GaugeMetricFamily("exactly_cluster_live_nodes",
+                                  "Registered service processes by role (active controller only)", labels=["role"])
+        unavailable = GaugeMetricFamily("exactly_coordinator_unavailable_partitions",
+                                        "Coordinator partitions (kind txn: __transaction_state, group: "
+                                        "__consumer_offsets) without a live owner (active controller only)",
+                                        labels=["kind"])
+        if service is None:
+            return [active]
+        is_controller = bool(service.controller.is_controller)
+        active.add_metric([], int(is_controller))
+        if not is_controller:
+            return [active]
+        try:
+            cluster = service.cluster
+            live = cluster.nodes()
+            topics = cluster.topics()
+            by_role: dict[str, int] = {role: 0 for role in (PARTITION_LEADER, *ROLE_FOR_KIND.values())}
+            for node in live.values():
+                by_role[node.role] = by_role.get(node.role, 0) + 1
+            for role, n in sorted(by_role.items()):
+                nodes.add_metric([role], n)
+            leaders = [n for n, info in live.items() if info.role == PARTITION_LEADER]
+            for topic, n in sorted(offline_partitions(topics.values(), leaders).items()):
+                offline.add_metric([topic], n)
+            for kind, n in sorted(self._unavailable_coordinators(cluster, topics, live).items()):
+                unavailable.add_metric([kind], n)
+        except Exception:  # noqa: BLE001 - a ZooKeeper hiccup must not fail the whole scrape
+            log.warning("cluster metrics: scrape failed", exc_info=True)
+            return [active]
+        return [active, offline, nodes, unavailable]
+
+    def _unavailable_coordinators(self, cluster, topics: dict, live: dict) -> dict[str, int]:
+        out = {}
+        for kind, topic_name in INTERNAL_TOPIC_FOR_KIND.items():
+            topic = topics.get(topic_name)
+            if topic is None:  # created on first use: nothing to coordinate yet
+                out[kind] = 0
+                continue
+            gets = [cluster.zk.get_async(f"{COORDINATORS}/{kind}/{p}") for p in sorted(topic.partitions)]
+            missing = 0
+            for res in gets:
+                try:
+                    data, _ = res.get(timeout=self.timeout_s)
+                    owner = json.loads(data).get("owner")
+                except Exception:  # noqa: BLE001 - NoNodeError (never claimed) or unreadable: no owner
+                    owner = None
+                node = live.get(owner) if owner else None
+                if node is None or node.role != ROLE_FOR_KIND[kind]:
+                    missing += 1
+            out[kind] = missing
+        return out
+
+
+CLUSTER = ClusterCollector()
 
 PRODUCE_BYTES = Counter("exactly_produce_bytes", "Bytes of record batches appended by Produce", ["topic"])
 PRODUCE_RECORDS = Counter("exactly_produce_records", "Records appended by Produce", ["topic"])

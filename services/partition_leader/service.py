@@ -46,7 +46,7 @@ from services.common.verification import TxnVerifier
 from .cleaner import LogCleaner
 from .kafka_api import PartitionLeaderApis
 from .lease import IsrUpdater, LeaseKeeper
-from .metrics import PARTITIONS, count_produced
+from .metrics import CLUSTER, PARTITIONS, count_produced
 from .replica_fetcher import ReplicaFetchers
 from .replica_manager import ReplicaManager
 from .servicer import PartitionLeaderServicer
@@ -233,4 +233,6 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     manager.leases = leases
     servicer = PartitionLeaderServicer(manager)
     pbg.add_PartitionLeaderServicer_to_server(servicer, server)
-    return PartitionLeaderService(cfg, cluster, client, store, manager, servicer, leases)
+    service = PartitionLeaderService(cfg, cluster, client, store, manager, servicer, leases)
+    CLUSTER.track(service)
+    return service

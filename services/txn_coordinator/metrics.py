@@ -15,7 +15,9 @@ dashboards in deploy/grafana read them:
   (markers written on every partition), histogram;
 - exactly_txn_marker_write_seconds: writing one transaction's markers to all of its
   partitions, retries included, histogram;
-- exactly_txn_pid_blocks_allocated_total: producer id blocks reserved in ZooKeeper.
+- exactly_txn_pid_blocks_allocated_total: producer id blocks reserved in ZooKeeper;
+- exactly_coordinator_partitions{kind="txn", state}: owned `__transaction_state`
+  partitions, loading or serving (services/common/metrics.py).
 
 RPC latency and error codes are recorded for every service by services/common/metrics.py.
 """
@@ -26,7 +28,7 @@ from typing import Sequence
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from services.common.metrics import LoopCollector
+from services.common.metrics import LoopCollector, coordinator_partitions
 
 from .state import TxnState
 
@@ -70,7 +72,7 @@ class TransactionStateCollector(LoopCollector):
                 counts[state] = counts.get(state, 0) + n
         for state, n in counts.items():
             family.add_metric([state], n)
-        return [family]
+        return [family, coordinator_partitions("txn", coordinators)]
 
 
 STATES = TransactionStateCollector()

@@ -1,6 +1,7 @@
 """The Grafana dashboards in deploy/grafana: valid JSON, every query through the
-`datasource` variable, only the services' metric names in the PromQL, and every panel
-described in deploy/grafana/README.md."""
+`datasource` variable and filtered by the namespace/job/instance variables (so two
+releases are never summed together), only the services' metric names in the PromQL,
+and every panel described in deploy/grafana/README.md."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,6 +25,11 @@ GAUGES = {
     "exactly_partition_aborted_index_entries",
     "exactly_txn_active_transactional_ids", "exactly_txn_transactions",
     "exactly_group_groups", "exactly_group_members", "exactly_group_pending_txn_offsets",
+    "exactly_partition_replicas", "exactly_partition_in_sync_replicas", "exactly_partition_under_replicated",
+    "exactly_partition_at_min_isr", "exactly_partition_under_min_isr", "exactly_partition_log_start_offset",
+    "exactly_partition_log_size_bytes", "exactly_controller_active", "exactly_cluster_offline_partitions",
+    "exactly_cluster_live_nodes", "exactly_coordinator_unavailable_partitions", "exactly_coordinator_partitions",
+    "exactly_group_committed_offset", "exactly_group_lag_offsets",
 }
 COUNTERS = {
     "exactly_produce_bytes_total", "exactly_produce_records_total", "exactly_fetch_bytes_total",
@@ -85,8 +91,46 @@ def test_dashboard_is_a_grafana_39_dashboard_with_a_prometheus_datasource_variab
     for var in variables.values():
         if var["type"] == "query":
             assert var["datasource"] == DATASOURCE, var["name"]
-            match = re.fullmatch(r"label_values\((\w+), *(\w+)\)", var["query"]["query"])
+            match = re.fullmatch(r"label_values\((\w+)(\{[^}]*\})?, *(\w+)\)", var["query"]["query"])
             assert match and match.group(1) in SERIES, var["name"]
+            assert match.group(3) == var["name"], var["name"]
+
+
+FILTERS = {"namespace": "$namespace", "job": "$job", "instance": "$instance"}
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_namespace_job_and_instance_variables_come_first_and_depend_on_each_other(name):
+    names = [v["name"] for v in DASHBOARDS[name]["templating"]["list"]]
+    assert names[:4] == ["datasource", "namespace", "job", "instance"]
+    variables = {v["name"]: v for v in DASHBOARDS[name]["templating"]["list"]}
+    # One namespace at a time (no "All"): releases in two namespaces are never summed.
+    assert variables["namespace"]["multi"] is False and variables["namespace"]["includeAll"] is False
+    assert '{namespace=~"$namespace"}' in variables["job"]["query"]["query"]
+    assert '{namespace=~"$namespace", job=~"$job"}' in variables["instance"]["query"]["query"]
+    for later in names[4:]:
+        assert "namespace=~\"$namespace\"" in variables[later]["query"]["query"], later
+
+
+def selector_matchers(expr: str) -> list[dict[str, str]]:
+    """{label: value} of the regex matchers of every vector selector of `expr`."""
+    found: list[dict[str, str]] = []
+
+    def visit(node):
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append({m.name: m.value for m in node.matchers.matchers if m.op == promql_parser.MatchOp.Re})
+
+    promql_parser.walk(promql_parser.parse(expr.replace("$__rate_interval", "1m")), visit)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_selector_is_filtered_by_namespace_job_and_instance(name):
+    for panel in all_panels(DASHBOARDS[name]):
+        for target in panel.get("targets", []):
+            for matchers in selector_matchers(target["expr"]):
+                for label, value in FILTERS.items():
+                    assert matchers.get(label) == value, (panel["title"], label, target["expr"])
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
@@ -138,7 +182,7 @@ def test_latency_panels_take_p50_and_p99_of_histograms():
 
 def test_commit_and_abort_rates_are_split_by_outcome_and_cause():
     (expr,) = [e for _, p, e in exprs.dashboard_expressions() if p == "Commit and abort rate"]
-    assert "sum by (outcome, cause) (rate(exactly_txn_completed_total[" in expr
+    assert expr.startswith("sum by (outcome, cause) (rate(exactly_txn_completed_total{")
 
 
 def test_dashboard_expressions_lists_every_target_resolved_for_prometheus():

@@ -4,7 +4,13 @@ of the Grafana dashboards (deploy/grafana, through deploy/grafana/exprs.py) must
 data through Prometheus's HTTP API. With a transaction held open the LSO series stays
 below the high watermark and the oldest-open-transaction age grows; after the commit
 the LSO equals the high watermark (docs/design.md, "Metrics"; design doc "Last Stable
-Offset Tracking")."""
+Offset Tracking").
+
+The same server loads the chart's alerting rules (deploy/helm/exactly/files/alerts.yaml)
+through `rule_files`, with durations and the hanging-transaction threshold shortened
+for the test (`rules_for_test`): every rule must be healthy, the held-open transaction
+fires the stuck-LSO and hanging-transaction alerts, and SIGKILLed processes fire the
+offline-partition, under-replicated and coordinator alerts."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,6 +27,7 @@ import urllib.request
 import uuid
 
 import pytest
+import yaml
 
 from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition
 
@@ -30,6 +37,29 @@ pytestmark = pytest.mark.integration
 
 PROMETHEUS = "/usr/bin/prometheus"
 REPO = pathlib.Path(__file__).resolve().parents[2]
+ALERTS = REPO / "deploy" / "helm" / "exactly" / "files" / "alerts.yaml"
+NAMESPACE = "exactly-test"  # the label Kubernetes service discovery would add
+
+
+def rules_for_test(text: str) -> dict:
+    """The alert rules of `text` with every `for` at 1 s, the stuck-LSO window at 5 s
+    and the hanging-transaction threshold at 3 s (instead of transaction.max.timeout.ms),
+    so that they can fire within a test. Fails when the rule file changed shape."""
+    rules = yaml.safe_load(text)
+    seen = set()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            seen.add(rule["alert"])
+            rule["for"] = "1s"
+            if rule["alert"] == "ExactlyStuckLastStableOffset":
+                assert "[5m]" in rule["expr"]
+                rule["expr"] = rule["expr"].replace("[5m]", "[5s]")
+            if rule["alert"] == "ExactlyHangingTransaction":
+                assert rule["expr"].endswith(" > 900")
+                rule["expr"] = rule["expr"][:-len("900")] + "3"
+    assert {"ExactlyStuckLastStableOffset", "ExactlyHangingTransaction", "ExactlyOfflinePartitions",
+            "ExactlyUnderReplicatedPartitions", "ExactlyCoordinatorUnavailable"} <= seen
+    return rules
 
 
 def _exprs_module():
@@ -52,11 +82,13 @@ class PrometheusServer:
         self.dir = directory
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        (directory / "alerts.yml").write_text(json.dumps(rules_for_test(ALERTS.read_text())))
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(directory / "alerts.yml")],
             "scrape_configs": [{
                 "job_name": "exactly",
-                "static_configs": [{"targets": [address], "labels": {"service_name": name}}
+                "static_configs": [{"targets": [address], "labels": {"service_name": name, "namespace": NAMESPACE}}
                                    for name, address in sorted(targets.items())],
             }],
         }
@@ -90,6 +122,19 @@ class PrometheusServer:
             return [{"value": result}]
         return result
 
+    def rules(self) -> list[dict]:
+        """Every alerting rule Prometheus loaded (/api/v1/rules), with its health,
+        state and alerts."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/rules?type=alert", timeout=10) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return [rule for group in body["data"]["groups"] for rule in group["rules"]]
+
+    def firing(self, alert: str) -> list[dict]:
+        """Label sets of the firing alerts of the rule named `alert`."""
+        return [a["labels"] for rule in self.rules() if rule["name"] == alert
+                for a in rule.get("alerts", []) if a["state"] == "firing"]
+
     def value(self, expr: str) -> float | None:
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None
@@ -105,20 +150,39 @@ class PrometheusServer:
         self.log.close()
 
 
-@pytest.fixture
-def prometheus(cluster, tmp_path):
+def _start_prometheus(cluster, directory: pathlib.Path) -> PrometheusServer:
     if not os.access(PROMETHEUS, os.X_OK):
         pytest.fail(f"{PROMETHEUS} is missing: install Debian's prometheus package (scripts/setup.sh)")
     targets = {s.name: s.metrics_address for s in cluster.services.values()}
     assert all(targets.values()), targets
-    d = tmp_path / "prometheus"
-    d.mkdir()
-    server = PrometheusServer(d, targets)
+    directory.mkdir()
+    return PrometheusServer(directory, targets)
+
+
+@pytest.fixture
+def prometheus(cluster, tmp_path):
+    server = _start_prometheus(cluster, tmp_path / "prometheus")
     try:
         server.wait_ready()
         yield server
     finally:
         server.stop()
+
+
+def wait_rules_loaded_and_healthy(prometheus: PrometheusServer) -> list[dict]:
+    """Wait until Prometheus evaluated every rule of the file once, all healthy."""
+    expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    rules: list[dict] = []
+
+    def evaluated():
+        rules[:] = prometheus.rules()
+        return {r["name"] for r in rules} == expected and all(
+            not r.get("lastEvaluation", "0001").startswith("0001") for r in rules)  # 0001-01-01: not yet
+
+    wait_for(evaluated, 30, lambda: f"every alert rule to be loaded and evaluated: {rules}", interval_s=0.5)
+    unhealthy = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert unhealthy == []
+    return rules
 
 
 def _name(prefix: str) -> str:
@@ -182,6 +246,7 @@ def run_workload(cluster, src: str, dst: str) -> None:
 def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cluster, prometheus):
     wait_for(lambda: prometheus.value("count(up == 1)") == len(cluster.services), 30,
              "every service to be scraped", interval_s=0.5)
+    wait_rules_loaded_and_healthy(prometheus)
     src, dst = _name("src"), _name("dst")
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     try:
@@ -235,6 +300,14 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
         age_2 = prometheus.value(f"exactly_partition_oldest_open_transaction_age_seconds{sel}")
         assert age_2 > age_1 + 2, (age_1, age_2)
         assert prometheus.value('max(exactly_partition_oldest_open_transaction_age_seconds)') >= age_2
+
+        # The alert rules see it: older than the (test) threshold, and an LSO that does not move.
+        for alert in ("ExactlyHangingTransaction", "ExactlyStuckLastStableOffset"):
+            labels = wait_for(lambda: [a for a in prometheus.firing(alert)
+                                       if a.get("topic") == dst and a.get("partition") == "0"],
+                              30, f"{alert} to fire for {dst}-0", interval_s=0.5)[0]
+            assert labels["namespace"] == NAMESPACE and labels["job"] == "exactly", labels
+            assert labels["severity"] in ("warning", "critical")
         held.commit_transaction()
     finally:
         held.close()
@@ -248,6 +321,26 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
              interval_s=0.5)
     wait_for(lambda: prometheus.value(f"exactly_partition_oldest_open_transaction_age_seconds{sel}") == 0, 30,
              "no open transaction", interval_s=0.5)
+    wait_for(lambda: not [a for a in prometheus.firing("ExactlyHangingTransaction") if a.get("topic") == dst],
+             30, "the hanging-transaction alert to resolve after the commit", interval_s=0.5)
+
+    # Healthy cluster: ISR full, nothing offline, one controller, coordinators owned and
+    # the group's lag to the LSO is 0 (it committed up to the end of src).
+    healthy = {
+        f'sum(exactly_partition_under_replicated{{namespace="{NAMESPACE}"}})': 0,
+        f'sum(exactly_cluster_offline_partitions{{namespace="{NAMESPACE}"}})': 0,
+        f'sum(exactly_controller_active{{namespace="{NAMESPACE}"}})': 1,
+        f'sum(exactly_coordinator_unavailable_partitions{{namespace="{NAMESPACE}"}})': 0,
+        f'sum(exactly_coordinator_partitions{{state="loading"}})': 0,
+        f'sum(exactly_group_lag_offsets{{topic="{src}"}})': 0,
+        f'count(exactly_group_lag_offsets{{topic="{src}"}})': 3,
+        f'sum(exactly_partition_in_sync_replicas{{topic="{src}"}})': 3,
+        'sum(exactly_cluster_live_nodes{role="partition_leader"})': 3,
+    }
+    for expr, want in healthy.items():
+        wait_for(lambda: prometheus.value(expr) == want, 30, f"{expr} == {want}", interval_s=0.5)
+    assert prometheus.value(f'min(exactly_partition_log_size_bytes{{topic="{dst}"}})') > 0
+    assert prometheus.value(f'max(exactly_partition_log_start_offset{{topic="{dst}"}})') == 0
 
     # The workload shows up in the coordinator and throughput series (once scraped).
     expected = {
@@ -265,3 +358,70 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
     }
     for expr, least in expected.items():
         wait_for(lambda: (prometheus.value(expr) or 0) >= least, 30, f"{expr} >= {least}", interval_s=0.5)
+
+
+def test_alerts_fire_for_offline_under_replicated_partitions_and_an_unowned_coordinator(make_cluster, tmp_path):
+    """RF 3 topic and RF 1 topic on 3 partition leaders: SIGKILL of the RF 1 topic's
+    replica takes that partition offline and leaves the RF 3 partitions with 2 in-sync
+    replicas; SIGKILL of the only group coordinator leaves __consumer_offsets unowned.
+    The rules fire once the ZooKeeper sessions end (4 s)."""
+    cluster = make_cluster(props={"zookeeper.session.timeout.ms": "4000"})
+    prometheus = _start_prometheus(cluster, tmp_path / "prometheus")
+    try:
+        prometheus.wait_ready()
+        wait_for(lambda: prometheus.value("count(up == 1)") == len(cluster.services), 30,
+                 "every service to be scraped", interval_s=0.5)
+        replicated, solo = _name("rf3"), _name("rf1")
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+        try:
+            admin.create_topics([NewTopic(replicated, 2, replication_factor=3), NewTopic(solo, 1)], timeout=60)
+        finally:
+            admin.close()
+        # A group with committed offsets makes __consumer_offsets exist and be owned.
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": _name("g"),
+                             "enable.auto.commit": False})
+        try:
+            consumer.commit(offsets={TopicPartition(solo, 0): OffsetAndMetadata(0)})
+        finally:
+            consumer.close()
+        wait_for(lambda: prometheus.value(f'sum(exactly_partition_in_sync_replicas{{topic="{replicated}"}})') == 6,
+                 30, "full ISRs of the RF 3 topic", interval_s=0.5)
+        wait_for(lambda: prometheus.value(
+            'sum(exactly_coordinator_partitions{kind="group", state="serving"})') == 4, 30,
+            "every __consumer_offsets partition owned and served", interval_s=0.5)
+        rules = wait_rules_loaded_and_healthy(prometheus)
+        assert all(r["state"] == "inactive" for r in rules if r["name"] != "ExactlyCoordinatorLoading"), \
+            [(r["name"], r["state"]) for r in rules]
+
+        # Which process hosts the RF 1 partition: the instance label of its leader's series.
+        (series,) = wait_for(lambda: prometheus.query(f'exactly_partition_high_watermark{{topic="{solo}"}}'), 30,
+                             "the RF 1 partition's series", interval_s=0.5)
+        by_address = {s.metrics_address: s.name for s in cluster.services.values()}
+        victim = by_address[series["metric"]["instance"]]
+        cluster.kill(victim)
+        cluster.kill("group-0")
+
+        offline = wait_for(lambda: prometheus.firing("ExactlyOfflinePartitions"), 60,
+                           "ExactlyOfflinePartitions to fire", interval_s=0.5)
+        topics = {a["topic"] for a in offline}
+        # the internal topics are RF 1 too: their partitions on the victim go offline with it
+        assert solo in topics and topics <= {solo, "__consumer_offsets", "__transaction_state"}, offline
+        assert replicated not in topics
+        under = wait_for(lambda: [a for a in prometheus.firing("ExactlyUnderReplicatedPartitions")
+                                  if a["topic"] == replicated], 60,
+                         "ExactlyUnderReplicatedPartitions to fire for the RF 3 topic", interval_s=0.5)
+        assert under[0]["severity"] == "warning"
+        assert prometheus.value(f'sum(exactly_partition_in_sync_replicas{{topic="{replicated}"}})') == 4
+        unowned = wait_for(lambda: prometheus.firing("ExactlyCoordinatorUnavailable"), 60,
+                           "ExactlyCoordinatorUnavailable to fire", interval_s=0.5)
+        assert {a["kind"] for a in unowned} == {"group"}, unowned
+        assert prometheus.value('sum(exactly_cluster_live_nodes{role="group_coordinator"})') == 0
+        assert prometheus.value(f'sum(exactly_cluster_offline_partitions{{topic="{solo}"}})') == 1
+
+        # The replica comes back: the partition is online again and the alert resolves.
+        cluster.restart(victim)
+        wait_for(lambda: not prometheus.firing("ExactlyOfflinePartitions"), 60,
+                 "ExactlyOfflinePartitions to resolve after the restart", interval_s=0.5)
+        assert all(r["health"] == "ok" for r in prometheus.rules())
+    finally:
+        prometheus.stop()
