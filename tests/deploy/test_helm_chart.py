@@ -164,7 +164,8 @@ def test_node_id_and_advertised_host_are_the_pod_name_and_its_dns_name():
         assert args[args.index("--node-id") + 1] == "$(POD_NAME)"
         assert args[args.index("--host") + 1] == "0.0.0.0"
         assert args[args.index("--advertised-host") + 1] == "$(POD_FQDN)"
-        assert args[args.index("--port") + 1] == "9092"
+        assert args[args.index("--port") + 1] == "9093"
+        assert args[args.index("--kafka-port") + 1] == "9092"
         assert args[args.index("--zookeeper") + 1] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -173,6 +174,25 @@ def test_node_id_and_advertised_host_are_the_pod_name_and_its_dns_name():
         assert "EXACTLY_WAIT_FOR_HOST" not in env
         names = [e["name"] for e in c["env"]]
         assert names.index("POD_NAME") < names.index("POD_FQDN")  # dependent variables come later
+
+
+def test_kafka_port_on_pods_headless_and_client_services_and_off_with_minus_one():
+    objects = render({})
+    services = [svc for svc in by_kind(objects, "Service").values()
+                if svc["metadata"]["labels"].get("app.kubernetes.io/component") in (*COMPONENTS, "bootstrap")]
+    assert len(services) == len(COMPONENTS) + 1
+    for svc in services:
+        ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
+        assert ports["kafka"] == 9092 and ports["grpc"] == 9093
+    for component in COMPONENTS:
+        c = container(statefulset(objects, component))
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}["kafka"] == 9092
+    off = render({"network": {"kafkaPort": -1}})
+    for component in COMPONENTS:
+        c = container(statefulset(off, component))
+        assert "kafka" not in {p["name"] for p in c["ports"]}
+        assert c["args"][c["args"].index("--kafka-port") + 1] == "-1"
+    assert all("kafka" not in {p["name"] for p in svc["spec"]["ports"]} for svc in by_kind(off, "Service").values())
 
 
 def test_without_bind_all_interfaces_the_service_binds_its_dns_name():
@@ -350,7 +370,7 @@ def test_helm_test_hook_runs_the_round_trip_script():
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["python", "/opt/exactly-test/round_trip.py"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["EXACTLY_BOOTSTRAP_SERVERS"] == f"{RELEASE}.{NAMESPACE}.svc.cluster.local:9092"
+    assert env["EXACTLY_BOOTSTRAP_SERVERS"] == f"{RELEASE}.{NAMESPACE}.svc.cluster.local:9093"
     script_map = by_kind(objects, "ConfigMap")[pod["spec"]["volumes"][0]["configMap"]["name"]]
     assert script_map["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert script_map["data"]["round_trip.py"] == (CHART / "files" / "round_trip.py").read_text()
@@ -413,7 +433,7 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
     assert cfg["node_id"] == "exactly-partition-leader-0"
     assert cfg["host"] == "0.0.0.0"
     assert cfg["advertised_host"] == f"exactly-partition-leader-0.exactly-partition-leader.{NAMESPACE}.svc.cluster.local"
-    assert cfg["port"] == 9092
+    assert cfg["port"] == 9093
     assert cfg["zookeeper"] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
     assert cfg["data_dir"] == "/var/lib/exactly"
     assert cfg["props"] == {"metrics.port": "9404", "zookeeper.session.timeout.ms": "6000",

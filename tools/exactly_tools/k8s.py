@@ -44,7 +44,7 @@ log = logging.getLogger("exactly-k8s")
 # partition leaders last.
 COMPONENT_ORDER = ("txn-coordinator", "group-coordinator", "partition-leader")
 COMPONENT_LABEL = "app.kubernetes.io/component"
-DEFAULT_GRPC_PORT = 9092
+DEFAULT_GRPC_PORT = 9093
 
 
 def release_selector(release: str, name: str = "exactly") -> str:
@@ -118,7 +118,7 @@ def pod_is_ready(pod: Any) -> bool:
 
 
 def grpc_port(statefulset: Any) -> int:
-    """The container port named "grpc" of the StatefulSet's pods (9092 if none)."""
+    """The container port named "grpc" of the StatefulSet's pods (9093 if none)."""
     for container in statefulset.spec.template.spec.containers or []:
         for port in container.ports or []:
             if port.name == "grpc":

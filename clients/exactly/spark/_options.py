@@ -54,7 +54,7 @@ def bootstrap_servers(opts: Mapping[str, str]) -> str:
     """The `bootstrap.servers` option ("host:port[,host:port]"). Raises OptionError."""
     value = opts.get("bootstrap.servers", "").strip()
     if not value:
-        raise OptionError("option 'bootstrap.servers' is required (e.g. 127.0.0.1:9092)")
+        raise OptionError("option 'bootstrap.servers' is required (e.g. 127.0.0.1:9093)")
     return value
 
 

@@ -14,7 +14,7 @@ import jproperties
 
 from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema, keys
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9093"
 # A command line should answer quickly when the cluster is not there.
 DEFAULT_REQUEST_TIMEOUT_MS = "10000"
 _SCHEMAS = {"admin": AdminSchema, "producer": ProducerSchema, "consumer": ConsumerSchema}
@@ -91,7 +91,7 @@ def _given(ctx: click.Context, name: str) -> bool:
 def connection_options(fn: Callable) -> Callable:
     """--bootstrap-server, --command-config and --json on a subcommand (Kafka's tools
     take them on every command). The bootstrap default is $EXACTLY_BOOTSTRAP_SERVER,
-    else 127.0.0.1:9092."""
+    else 127.0.0.1:9093."""
     fn = click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_set_json,
                       help="Machine-readable JSON on stdout.")(fn)
     fn = click.option("--command-config", type=str, metavar="FILE", expose_value=False, is_eager=True,
@@ -100,7 +100,7 @@ def connection_options(fn: Callable) -> Callable:
     fn = click.option("--bootstrap-server", type=str, metavar="HOST:PORT[,...]", expose_value=False,
                       envvar="EXACTLY_BOOTSTRAP_SERVER", callback=_set_bootstrap,
                       help="Any service address of the cluster (default $EXACTLY_BOOTSTRAP_SERVER or "
-                           "127.0.0.1:9092).")(fn)
+                           "127.0.0.1:9093).")(fn)
     return fn
 
 

@@ -37,6 +37,12 @@ spec:
       port: {{ $grpcPort }}
       targetPort: grpc
       protocol: TCP
+    {{- if ge (int $root.Values.network.kafkaPort) 0 }}
+    - name: kafka
+      port: {{ $root.Values.network.kafkaPort }}
+      targetPort: kafka
+      protocol: TCP
+    {{- end }}
     {{- if $root.Values.metrics.enabled }}
     - name: metrics
       port: {{ $root.Values.metrics.port }}
@@ -117,6 +123,8 @@ spec:
             {{- end }}
             - --port
             - {{ $grpcPort | quote }}
+            - --kafka-port
+            - {{ $root.Values.network.kafkaPort | quote }}
             - --zookeeper
             - {{ include "exactly.zookeeper.connect" $root }}
             - --data-dir
@@ -149,6 +157,11 @@ spec:
             - name: grpc
               containerPort: {{ $grpcPort }}
               protocol: TCP
+            {{- if ge (int $root.Values.network.kafkaPort) 0 }}
+            - name: kafka
+              containerPort: {{ $root.Values.network.kafkaPort }}
+              protocol: TCP
+            {{- end }}
             {{- if $root.Values.metrics.enabled }}
             - name: metrics
               containerPort: {{ $root.Values.metrics.port }}
