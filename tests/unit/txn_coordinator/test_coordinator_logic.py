@@ -996,3 +996,38 @@ def test_verify_only_answers_without_appending():
         await h.settle()
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- Kafka clients: transaction version 1
+
+def test_end_txn_of_transaction_version_1_keeps_the_epoch_and_marks_with_it():
+    """Kafka clients with EndTxn below v5: no end-of-transaction bump; the markers
+    carry the transaction's own epoch and say so (transaction_version 1)."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)) == (E.NONE, pid, epoch)
+        await h.settle()
+        marker = h.markers.written_for(pid)[-1][0]
+        assert (marker.producer_epoch, marker.transaction_version, marker.committed) == (epoch, 1, True)
+        # A retry of the same EndTxn is answered again; the next transaction runs at the same epoch.
+        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.NONE}
+        # The transaction version is in the log: a new coordinator that loads the
+        # Prepare record writes the markers the same way.
+        assert (await h.coord.end_txn("t", pid, epoch, False, transaction_version=1)).error == E.NONE
+        prepare = [e.transit for e in h.log.entries() if e.transit is not None]
+        assert any(t.state is S.PREPARE_ABORT and t.transaction_version == 1 and t.producer_epoch == epoch
+                   for t in prepare)
+
+    run(scenario())
+
+
+def test_transaction_version_round_trips_through_the_log_and_defaults_to_2():
+    transit = TxnTransitMetadata(5, -1, 3, 2, 60000, S.PREPARE_COMMIT, frozenset({("orders", 0)}), 10, 20,
+                                 transaction_version=1)
+    assert txn_log.decode_value(txn_log.encode_value(transit)).transaction_version == 1
+    older = txn_log.encode_value(TxnTransitMetadata(5, -1, 3, 2, 60000, S.EMPTY, frozenset(), -1, 20))
+    assert txn_log.decode_value(older).transaction_version == 2

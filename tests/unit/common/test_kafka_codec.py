@@ -1,0 +1,70 @@
+"""The Kafka protocol codec and the consumer-protocol helpers, without a server:
+request framing through kio, version-independent responses, error-code mapping."""
+from __future__ import annotations
+
+import io
+import struct
+
+import pytest
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.metadata.v1.response import MetadataResponse as MetadataV1
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+
+from exactly_wire.error_codes import ErrorCode
+from services.common.kafka import codec
+from services.group_coordinator.kafka_api import encode_assignment, encode_subscription, subscribed_topics
+
+
+def frame(api_key: int, version: int, correlation: int, body) -> bytes:
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(request_api_key=api_key, request_api_version=version,
+                                                    correlation_id=correlation, client_id="t"))
+    entity_writer(type(body))(out, body)
+    return out.getvalue()
+
+
+def test_requests_decode_with_their_header_version():
+    data = frame(18, 3, 77, ApiVersionsRequest(client_software_name="x", client_software_version="1"))
+    assert codec.peek_header(data) == (18, 3, 77)
+    header, body = codec.decode_request(data, 18, 3)
+    assert header.correlation_id == 77 and body.client_software_name == "x"
+    with pytest.raises(codec.ProtocolError):
+        codec.peek_header(b"\x00\x01")
+    with pytest.raises(codec.ProtocolError):
+        codec.decode_request(data[:12], 18, 3)
+
+
+def test_responses_keep_only_the_fields_of_their_version():
+    value = {"throttle_time": 5, "brokers": [{"node_id": 1, "host": "h", "port": 9092, "rack": None}],
+             "cluster_id": "c", "controller_id": 1,
+             "topics": [{"error_code": 3, "name": "t", "is_internal": False, "partitions": [],
+                         "topic_authorized_operations": 0}]}
+    v1 = codec.build(MetadataV1, value)  # v1 has no cluster_id, no throttle time
+    assert v1.topics[0].error_code.value == 3 and v1.brokers[0].port == 9092
+    encoded = codec.encode_response(3, 12, 9, value)
+    size, correlation = struct.unpack(">ii", encoded[:8])
+    assert size == len(encoded) - 4 and correlation == 9
+
+
+def test_exactly_only_error_codes_become_unknown_server_error_for_kafka_clients():
+    assert codec._convert("error_code", 1001).value == -1
+    assert codec._convert("error_code", ErrorCode.PRODUCER_FENCED).value == ErrorCode.PRODUCER_FENCED
+    assert codec._convert("timedelta_i32", 1500).total_seconds() == 1.5
+
+
+def test_missing_fields_take_zero_values():
+    built = codec.build(MetadataV1, {"brokers": [{"node_id": 1}]})
+    assert built.brokers[0].host == "" and built.topics == ()
+
+
+def test_consumer_protocol_subscription_and_assignment():
+    assert subscribed_topics(encode_subscription(["a", "b"])) == ["a", "b"]
+    # A v1 subscription (owned partitions after the topics) reads the same topics.
+    assert subscribed_topics(struct.pack(">h", 1) + encode_subscription(["x"])[2:] + b"\x00" * 8) == ["x"]
+    with pytest.raises(ValueError):
+        subscribed_topics(b"\x00")
+    raw = encode_assignment([("t", [0, 2])])
+    from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
+    decoded, _ = entity_reader(ConsumerProtocolAssignment)(raw, 2)
+    assert [(tp.topic, list(tp.partitions)) for tp in decoded.assigned_partitions] == [("t", [0, 2])]
