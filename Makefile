@@ -29,6 +29,8 @@ proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh
 
 bench: setup
+	@command -v redis-benchmark >/dev/null 2>&1 || { echo "bench: installing redis-server and redis-tools with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q --no-install-recommends redis-server redis-tools; }
 	$(PY) bench/producer_perf.py --dir $(RUN_DIR)/bench
 
 down:
