@@ -68,3 +68,21 @@ def test_consumer_protocol_subscription_and_assignment():
     from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
     decoded, _ = entity_reader(ConsumerProtocolAssignment)(raw, 2)
     assert [(tp.topic, list(tp.partitions)) for tp in decoded.assigned_partitions] == [("t", [0, 2])]
+
+
+def test_every_advertised_version_has_request_and_response_schemas():
+    """ApiVersions must never advertise a version the listener cannot decode or answer."""
+    from services.common.kafka.cluster_api import ClusterApis
+    from services.common.kafka.listener import KafkaListener
+    from services.group_coordinator.kafka_api import GroupCoordinatorApis
+    from services.partition_leader.kafka_api import PartitionLeaderApis
+    from services.txn_coordinator.kafka_api import TxnCoordinatorApis
+    apis = {**ClusterApis(None, None).apis(), **PartitionLeaderApis(None).apis(), **TxnCoordinatorApis(None).apis(),
+            **GroupCoordinatorApis(None).apis(), **KafkaListener({}).apis}
+    checked = 0
+    for key, api in apis.items():
+        for version in range(api.min_version, api.max_version + 1):
+            assert codec.request_class(key, version).__version__ == version
+            assert codec.response_class(key, version).__version__ == version
+            checked += 1
+    assert len(apis) == 28 and checked > 120, (len(apis), checked)
