@@ -96,6 +96,9 @@ class GroupCoordinatorApis:
         self._joined[(req.group_id, resp.member_id)] = (protocol.name, bytes(protocol.metadata))
         members = []
         if resp.leader == resp.member_id:
+            current = set(resp.members)  # forget members that left or expired
+            for key in [k for k in self._joined if k[0] == req.group_id and k[1] not in current]:
+                del self._joined[key]
             for m in resp.members:
                 _name, metadata = self._joined.get((req.group_id, m), ("", encode_subscription([])))
                 members.append({"member_id": m, "group_instance_id": None, "metadata": metadata})
