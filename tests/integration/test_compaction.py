@@ -61,10 +61,21 @@ def _headers(cluster, topic: str):
             yield h
 
 
-def load_line(cluster, service: str, pattern: str) -> re.Match:
+def load_lines(cluster, service: str, pattern: str) -> list[re.Match]:
     text = (cluster.dir / "logs" / f"{service}.log").read_text(errors="replace")
-    found = list(re.finditer(pattern, text))
-    return found[-1] if found else None
+    return list(re.finditer(pattern, text))
+
+
+TXN_LOADED = (r"loaded __transaction_state-0 \(coordinator epoch (\d+)\): (\d+) transactional ids, \d+ groups, "
+              r"(\d+) records, \d+ to roll forward, in (\d+) ms")
+GROUP_LOADED = r"loaded __consumer_offsets-0 \(coordinator epoch (\d+)\): (\d+) groups, up to offset (\d+) in ([\d.]+) s"
+
+
+def next_load(cluster, service: str, pattern: str, seen: int) -> re.Match:
+    """The first load line of `service` after the `seen` ones already in its log (the
+    log file is appended to across restarts)."""
+    return wait_for(lambda: (lambda found: found[seen] if len(found) > seen else None)(
+        load_lines(cluster, service, pattern)), 60, f"{service} loaded again")
 
 
 def test_internal_topics_stay_bounded_and_load_fast(make_cluster):
@@ -113,20 +124,21 @@ def test_internal_topics_stay_bounded_and_load_fast(make_cluster):
           f"of {end_offset_on_disk(cluster, '__consumer_offsets')} records left")
 
     # Restarted coordinators load the compacted partitions fast, with the right state.
+    txn_seen = len(load_lines(cluster, "txn-0", TXN_LOADED))
+    group_seen = len(load_lines(cluster, "group-0", GROUP_LOADED))
+    first_txn_epoch = int(load_lines(cluster, "txn-0", TXN_LOADED)[-1].group(1))
     cluster.kill("txn-0")
     cluster.kill("group-0")
     cluster.restart("txn-0")
     cluster.restart("group-0")
-    m = wait_for(lambda: load_line(cluster, "txn-0", r"loaded __transaction_state-0 \(coordinator epoch (\d+)\): "
-                                                     r"(\d+) transactional ids, \d+ groups, (\d+) records, "
-                                                     r"\d+ to roll forward, in (\d+) ms"), 60, "txn-0 loaded")
+    m = next_load(cluster, "txn-0", TXN_LOADED, txn_seen)
+    print(m.group(0))
+    assert int(m.group(1)) > first_txn_epoch  # a new owner's load
     assert int(m.group(2)) == 1 and int(m.group(3)) <= MAX_RECORDS
     assert int(m.group(4)) < 1000, m.group(0)
-    g = wait_for(lambda: load_line(cluster, "group-0", r"loaded __consumer_offsets-0 \(coordinator epoch (\d+)\): "
-                                                       r"(\d+) groups, up to offset (\d+) in ([\d.]+) s"),
-                 60, "group-0 loaded")
+    g = next_load(cluster, "group-0", GROUP_LOADED, group_seen)
+    print(g.group(0))
     assert float(g.group(4)) < 1.0, g.group(0)
-    assert int(g.group(1)) > 1  # a new coordinator epoch: this is the restarted load
 
     with Consumer({"bootstrap.servers": boot, "group.id": group, "isolation.level": "read_committed"}) as c:
         assert c.committed([tp], timeout=30)[tp].offset == N
