@@ -23,6 +23,7 @@ import tenacity
 from . import errors
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pb_grpc
 
@@ -235,6 +236,8 @@ class CoreBase:
         self.retry_backoff_max_ms = int(conf.get("retry.backoff.max.ms", 1000))
         self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
         self.client_id = str(conf.get("client.id") or "")
+        # TLS material and SASL credentials (raises errors.ConfigurationError naming the key).
+        self.security = TransportSecurity.from_settings(conf, errors.ConfigurationError)
         self._lock = threading.RLock()
         self._channels: dict[str, Any] = {}
         self._stubs: dict[tuple[type, str], Any] = {}
@@ -423,7 +426,7 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ channels
 
     def _new_channel(self, address: str) -> grpc.Channel:
-        return grpc.insecure_channel(address, options=channel_options(
+        return secure_channel(address, self.security, channel_options(
             self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id))
 
     # ------------------------------------------------------------ calls

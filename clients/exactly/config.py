@@ -12,6 +12,8 @@ from pydantic import field_validator
 from exactly_wire.config import (HIGH, LOW, MEDIUM, Bool, ConfigSchema, allowed, keys, markdown_table, parse,
                                  setting)
 
+from exactly_wire.security import SecuritySettings
+
 from .errors import ConfigurationError
 
 INT32_MAX = 2147483647
@@ -20,8 +22,6 @@ INT32_MAX = 2147483647
 # ---------------------------------------------------------------- clients
 
 _CLIENT_UNSUPPORTED = {
-    "ssl.": "TLS is not available in this version; security.protocol accepts PLAINTEXT only",
-    "sasl.": "SASL authentication is not available in this version",
     "key.serializer": "the SDK takes bytes or str; serialize in the application",
     "value.serializer": "the SDK takes bytes or str; serialize in the application",
     "key.deserializer": "the SDK returns bytes; deserialize in the application",
@@ -31,7 +31,7 @@ _CLIENT_UNSUPPORTED = {
 }
 
 
-class ClientSchema(ConfigSchema):
+class ClientSchema(SecuritySettings):
     """Settings every client (producer, consumer, admin) has."""
 
     UNSUPPORTED: ClassVar[dict[str, str]] = _CLIENT_UNSUPPORTED
@@ -41,8 +41,6 @@ class ClientSchema(ConfigSchema):
         "bootstrap.servers", ..., "Comma-separated host:port list of any services of the cluster, "
         "used to fetch the first metadata.", HIGH, min_length=1)
     client_id: str = setting("client.id", "", "Name of this client, sent as the gRPC user agent (for logs).", LOW)
-    security_protocol: Literal["PLAINTEXT"] = setting(
-        "security.protocol", "PLAINTEXT", "Transport security; this version speaks plaintext gRPC only.", MEDIUM)
     request_timeout_ms: int = setting("request.timeout.ms", 30000, "ms to wait for the answer to one request.",
                                       MEDIUM, ge=1)
     retry_backoff_ms: int = setting("retry.backoff.ms", 100, "ms to wait before the first retry of a failed "

@@ -17,6 +17,7 @@ from typing import Any
 import jproperties
 
 from exactly_wire.config import ConfigSchema, ConfigurationError, parse
+from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
 from .settings import SERVICE_SCHEMAS
 
@@ -113,12 +114,30 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
         parser.error(f"--host {args.host} binds every interface; give --advertised-host, the name "
                      "clients and other services connect to")
     try:
-        return ServiceConfig(node_id=args.node_id, role=role, host=args.host, port=args.port,
-                             kafka_port=args.kafka_port,
-                             zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
-                             advertised_host=args.advertised_host or args.host)
+        cfg = ServiceConfig(node_id=args.node_id, role=role, host=args.host, port=args.port,
+                            kafka_port=args.kafka_port,
+                            zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
+                            advertised_host=args.advertised_host or args.host)
+        service_security(cfg)  # cross-key checks and readable certificate files, before starting
+        return cfg
     except ConfigurationError as exc:
         parser.error(str(exc))
+
+
+def service_security(cfg: ServiceConfig) -> TransportSecurity:
+    """The process's TLS material from its settings (security.protocol SSL/SASL_SSL
+    needs ssl.ca.location, ssl.certificate.location and ssl.key.location: the
+    service's identity for its listeners and for its calls to other services).
+    Raises ConfigurationError naming the key."""
+    settings = cfg.settings.as_dict() if cfg.settings is not None else dict(cfg.props)
+    outbound = {**settings, "sasl.username": None, "sasl.password": None,
+                "security.protocol": "SSL" if settings.get("security.protocol") in TLS_PROTOCOLS else "PLAINTEXT"}
+    security = TransportSecurity.from_settings(outbound, ConfigurationError, role=cfg.role)
+    if security.tls and security.certificate is None:
+        raise ConfigurationError(f"security.protocol={settings.get('security.protocol')} needs "
+                                 "ssl.certificate.location and ssl.key.location for the service",
+                                 key="ssl.certificate.location", allowed="a PEM file")
+    return security
 
 
 def read_properties(path: pathlib.Path) -> dict[str, str]:

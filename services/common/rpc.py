@@ -11,6 +11,7 @@ import logging
 import grpc
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.security import TransportSecurity, secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
@@ -40,14 +41,15 @@ def transport_error_code(exc: grpc.RpcError) -> ErrorCode:
 class ClusterClient:
     """Channels to other services (one per address), found through ClusterState."""
 
-    def __init__(self, cluster: ClusterState):
+    def __init__(self, cluster: ClusterState, security: TransportSecurity | None = None):
         self.cluster = cluster
+        self.security = security or TransportSecurity()
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = secure_aio_channel(address, self.security, CHANNEL_OPTIONS)
             self._channels[address] = ch
         return ch
 

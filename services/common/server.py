@@ -37,7 +37,9 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from . import metrics, topic_admin
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
-from .config import ServiceConfig, parse_args
+from exactly_wire.security import TransportSecurity
+
+from .config import ServiceConfig, parse_args, service_security
 from .kafka.cluster_api import ClusterApis
 from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -157,14 +159,17 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor()])
-    port = server.add_insecure_port(f"{_bracketed(cfg.host)}:{cfg.port}")
+    security = service_security(cfg)
+    bind = f"{_bracketed(cfg.host)}:{cfg.port}"
+    port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
+        else server.add_insecure_port(bind)
     metrics_server = _start_metrics(cfg)
     _declare_rpc_series(cfg.role)
     cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
                            session_timeout_s=cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000,
                            props=cfg.props)
     await asyncio.to_thread(cluster.start)
-    client = ClusterClient(cluster)
+    client = ClusterClient(cluster, security)
     cluster_servicer = ClusterServicer(cluster)
     pbg.add_ClusterServicer_to_server(cluster_servicer, server)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
@@ -183,7 +188,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         apis = ClusterApis(cluster, cluster_servicer, client.channel).apis()
         apis.update(service.kafka_apis() if hasattr(service, "kafka_apis") else {})
         kafka = KafkaListener(apis)
-        cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port)
+        cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
+                                               ssl_context(cfg, security) if security.tls else None)
     await asyncio.to_thread(cluster.register)
     if hasattr(service, "wait_ready"):
         await service.wait_ready()
@@ -240,6 +246,34 @@ async def _follow_loading(service, health_servicer, poll_s: float) -> None:
             await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING if serving
                               else health_pb2.HealthCheckResponse.NOT_SERVING)
         await asyncio.sleep(poll_s)
+
+
+def server_credentials(cfg: ServiceConfig, security: TransportSecurity) -> grpc.ServerCredentials:
+    """gRPC server credentials: the service's certificate; client certificates of the
+    CA required, or verified when presented, as `ssl.client.auth` says."""
+    client_auth = cfg.get_str("ssl.client.auth", "none")
+    return grpc.ssl_server_credentials([(security.key, security.certificate)],
+                                       root_certificates=security.ca if client_auth != "none" else None,
+                                       require_client_auth=client_auth == "required")
+
+
+def ssl_context(cfg: ServiceConfig, security: TransportSecurity):
+    """The Kafka listener's TLS context, with the same certificate and client-auth rule."""
+    import ssl
+    import tempfile
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        with open(cert, "wb") as f:
+            f.write(security.certificate)
+        with open(key, "wb") as f:
+            f.write(security.key)
+        ctx.load_cert_chain(cert, key)
+    client_auth = cfg.get_str("ssl.client.auth", "none")
+    if client_auth != "none":
+        ctx.load_verify_locations(cadata=security.ca.decode())
+        ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
+    return ctx
 
 
 def _bracketed(host: str) -> str:

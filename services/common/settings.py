@@ -15,10 +15,11 @@ import sys
 from typing import ClassVar, Literal, Mapping
 
 from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
+from exactly_wire.security import SecuritySettings
 
 _SERVICE_UNSUPPORTED = {
-    "ssl.": "TLS is not available in this version",
-    "sasl.": "SASL authentication is not available in this version",
+    "ssl.keystore.": "give PEM files: ssl.certificate.location and ssl.key.location",
+    "ssl.truststore.": "give a PEM file: ssl.ca.location",
     "listeners": "use --host, --port and --advertised-host",
     "advertised.listeners": "use --advertised-host",
     "broker.id": "use --node-id",
@@ -28,8 +29,11 @@ _SERVICE_UNSUPPORTED = {
 }
 
 
-class ServiceSchema(ConfigSchema):
-    """Settings every service process has."""
+class ServiceSchema(SecuritySettings):
+    """Settings every service process has. The security keys (SecuritySettings) set
+    the process's listeners (security.protocol; ssl.certificate.location and
+    ssl.key.location are its identity) and its channels to the other services (TLS
+    with the same certificate); docs/design.md, "Security"."""
 
     ROLE: ClassVar[str] = "service"
     UNSUPPORTED: ClassVar[dict[str, str]] = _SERVICE_UNSUPPORTED
@@ -45,6 +49,9 @@ class ServiceSchema(ConfigSchema):
                                   LOW, ge=10)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
+    ssl_client_auth: Literal["required", "requested", "none"] = setting(
+        "ssl.client.auth", "none", "With SSL listeners: required (every client presents a certificate of the "
+        "CA), requested (verified when presented) or none.", MEDIUM)
 
 
 class PartitionLeaderSchema(ServiceSchema):

@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from exactly_wire.config import ConfigurationError
+from exactly_wire.security import TransportSecurity, secure_channel
 from services.common.settings import settings_by_role
 
 ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
@@ -73,10 +74,12 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def wait_serving(address: str, timeout_s: float) -> bool:
-    """Poll grpc.health.v1 until SERVING or the timeout (s) passes."""
+def wait_serving(address: str, timeout_s: float, client_config: dict | None = None) -> bool:
+    """Poll grpc.health.v1 until SERVING or the timeout (s) passes; `client_config`:
+    SDK security keys for a secured cluster (TLS)."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as ch:
+    security = TransportSecurity.from_settings(client_config or {})
+    with secure_channel(address, security, []) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             try:
@@ -122,6 +125,10 @@ class DevCluster:
     zookeeper_pid: int = 0
     services: dict[str, Service] = field(default_factory=dict)
     props: dict[str, str] = field(default_factory=dict)
+    # Secured (`up --security`): TLS on every listener with mutual authentication;
+    # `client_config` holds the admin's SDK security keys (certificates under DIR/certs).
+    security: bool = False
+    client_config: dict[str, str] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ persistence
@@ -143,6 +150,8 @@ class DevCluster:
         body = {
             "bootstrap_servers": self.bootstrap_servers,
             "kafka_bootstrap_servers": self.kafka_bootstrap_servers,
+            "security": self.security,
+            "client_config": {"bootstrap.servers": self.bootstrap_servers, **self.client_config},
             "zookeeper": self.zookeeper,
             "zookeeper_pid": self.zookeeper_pid,
             "props": self.props,
@@ -167,7 +176,9 @@ class DevCluster:
             kafka = s.get("kafka_address") or ":0"
             services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"],
                                           int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]))
-        return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}))
+        client_config = {k: v for k, v in body.get("client_config", {}).items() if k != "bootstrap.servers"}
+        return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}),
+                   bool(body.get("security", False)), client_config)
 
     # ------------------------------------------------------------ ZooKeeper
     def start_zookeeper(self, timeout_s: float = 30.0) -> None:
@@ -210,6 +221,10 @@ class DevCluster:
                "--data-dir", str(data_dir)]
         for k, v in settings_by_role(self.props)[svc.role].items():
             cmd += ["--set", f"{k}={v}"]
+        if self.security:
+            certs = self.dir / "certs"
+            cmd += ["--set", f"ssl.certificate.location={certs / (svc.name + '.pem')}",
+                    "--set", f"ssl.key.location={certs / (svc.name + '.key')}"]
         if svc.metrics_port:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
         log = open(self.dir / "logs" / f"{svc.name}.log", "ab")
@@ -222,7 +237,7 @@ class DevCluster:
         for name in names:
             svc = self.services[name]
             deadline = time.monotonic() + timeout_s
-            while not wait_serving(svc.address, 0.5):
+            while not wait_serving(svc.address, 0.5, self.client_config):
                 if not pid_alive(svc.pid):
                     raise DevClusterError(f"{name} exited during start-up; see {self.dir / 'logs' / (name + '.log')}")
                 if time.monotonic() > deadline:
@@ -239,6 +254,8 @@ class DevCluster:
         else:
             self.start_zookeeper()
         self.props = {**DEV_DEFAULTS, **self.props}
+        if self.security:
+            self._make_certificates(partition_leaders, txn_coordinators, group_coordinators)
         groups = [("pl", partition_leaders), ("txn", txn_coordinators), ("group", group_coordinators)]
         for prefix, count in groups:
             names = []
@@ -251,6 +268,22 @@ class DevCluster:
             self.save()
             self._await(names, timeout_s)
         self.save()
+
+    def _make_certificates(self, *counts: int) -> None:
+        """A CA, a certificate per service (its node id as common name, valid for
+        127.0.0.1 and localhost) and one for the admin principal; TLS with client
+        certificates required on every listener."""
+        from .certs import CertificateAuthority
+        ca = CertificateAuthority.create(self.dir / "certs")
+        for prefix, count in zip(("pl", "txn", "group"), counts):
+            for i in range(count):
+                ca.issue(f"{prefix}-{i}", hosts=["127.0.0.1", "localhost"])
+        admin = ca.issue("admin", client=True)
+        self.props = {**self.props, "security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
+                      "ssl.client.auth": "required"}
+        self.client_config = {"security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
+                              "ssl.certificate.location": str(admin.certificate),
+                              "ssl.key.location": str(admin.key)}
 
     def _get(self, name: str) -> Service:
         try:
@@ -346,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--zookeeper", help="use this ZooKeeper (HOST:PORT) instead of starting one")
     up.add_argument("--set", dest="props", action="append", default=[], metavar="KEY=VALUE")
     up.add_argument("--fresh", action="store_true", help="delete DIR first")
+    up.add_argument("--security", action="store_true",
+                    help="TLS with client certificates on every listener (a CA and certificates under DIR/certs); "
+                         "cluster.json's client_config holds the admin's SDK settings")
     for name, helptext in (("restart", "start a stopped or killed service again"),
                            ("kill", "send a signal to a service")):
         p = sub.add_parser(name, help=helptext)
@@ -367,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise DevClusterError(f"a cluster is already running in {args.dir}; "
                                           "run 'exactly-dev down' first")
             props = {**replication_props(args.replication_factor), **_parse_props(args.props)}
-            cluster = DevCluster(args.dir, props=props)
+            cluster = DevCluster(args.dir, props=props, security=args.security)
             cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper)
             print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
         else:

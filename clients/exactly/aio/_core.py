@@ -23,6 +23,7 @@ from exactly import errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
 from exactly._client import CoreBase, Metadata, channel_options, translate_rpc_error
 from exactly_wire.clock import Clock, monotonic_ms
+from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class AIOClientCore(CoreBase):
         self._lookups: dict[tuple[int, str], asyncio.Task] = {}
 
     def _new_channel(self, address: str) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(address, options=channel_options(
+        return secure_aio_channel(address, self.security, channel_options(
             self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task:

@@ -59,9 +59,9 @@ class KafkaListener:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
 
-    async def start(self, host: str, port: int) -> int:
-        """Bind and start accepting; returns the bound port."""
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+    async def start(self, host: str, port: int, ssl_context=None) -> int:
+        """Bind and start accepting (TLS with `ssl_context`); returns the bound port."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True, ssl=ssl_context)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
