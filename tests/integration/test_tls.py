@@ -1,0 +1,122 @@
+"""TLS on real processes (docs/design.md, "Security"): a cluster started with
+`exactly-dev up --security` (a CA, a certificate per service, client certificates
+required) serves the SDK and a Kafka client over TLS, services call each other
+over mutual TLS; a plaintext connection, a certificate from another CA and a
+client without a certificate are refused, and the services keep serving."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kazoo.client import KazooClient
+
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_tools.certs import CertificateAuthority
+from exactly_tools.devcluster import DevCluster
+from waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+FAST_FAIL = {"request.timeout.ms": 2000, "retry.backoff.ms": 50, "retry.backoff.max.ms": 200}
+
+
+@pytest.fixture(scope="module")
+def secured(zk, tmp_path_factory):
+    root = f"/tls-{uuid.uuid4().hex[:12]}"
+    client = KazooClient(hosts=zk)
+    client.start()
+    client.ensure_path(root)
+    client.stop()
+    client.close()
+    c = DevCluster(tmp_path_factory.mktemp("tls-cluster"), security=True)
+    c.up(3, 1, 1, zookeeper=zk + root)
+    yield c
+    c.down()
+
+
+def test_transactions_over_tls_and_between_services(secured):
+    conf = {"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}
+    assert conf["security.protocol"] == "SSL"
+    topic = f"tls-{uuid.uuid4().hex[:6]}"
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic(topic, 2, 2)])
+    p = Producer({**conf, "transactional.id": f"tx-{topic}"})
+    p.init_transactions()
+    with p.transaction():
+        for i in range(20):
+            p.send(topic, b"r%02d" % i, partition=i % 2)
+    p.close()
+    c = Consumer({**conf, "isolation.level": "read_committed", "group.id": f"g-{topic}", "auto.offset.reset":
+                  "earliest"})
+    c.subscribe([topic])
+    got = []
+    wait_for(lambda: got.extend(c.poll(0.5)) or len(got) >= 20, 60, "20 records over TLS")
+    c.commit()
+    c.close()
+    assert sorted(r.value for r in got) == [b"r%02d" % i for i in range(20)]
+
+
+def test_plaintext_and_foreign_certificates_are_refused(secured, tmp_path):
+    plain = {"bootstrap.servers": secured.bootstrap_servers, **FAST_FAIL}
+    with pytest.raises(errors.ExactlyError):
+        with AdminClient(plain) as admin:
+            admin.list_topics()
+    # A certificate signed by another CA, trusting the right CA.
+    other = CertificateAuthority.create(tmp_path / "other-ca")
+    mallory = other.issue("mallory", client=True)
+    foreign = {**plain, "security.protocol": "SSL", "ssl.ca.location": secured.client_config["ssl.ca.location"],
+               "ssl.certificate.location": str(mallory.certificate), "ssl.key.location": str(mallory.key)}
+    with pytest.raises(errors.ExactlyError):
+        with AdminClient(foreign) as admin:
+            admin.list_topics()
+    # No client certificate at all (ssl.client.auth=required).
+    anonymous = {**plain, "security.protocol": "SSL", "ssl.ca.location": secured.client_config["ssl.ca.location"]}
+    with pytest.raises(errors.ExactlyError):
+        with AdminClient(anonymous) as admin:
+            admin.list_topics()
+    # The cluster's CA does not trust a server certificate of the other CA either.
+    trust_other = {**plain, "security.protocol": "SSL", "ssl.ca.location": str(other.ca_path)}
+    with pytest.raises(errors.ExactlyError):
+        with AdminClient(trust_other) as admin:
+            admin.list_topics()
+    # The services kept serving the right clients.
+    with AdminClient({"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}) as admin:
+        assert "__consumer_offsets" in admin.list_topics(include_internal=True)
+
+
+def test_an_encrypted_client_key_needs_its_password(secured, tmp_path):
+    ca = CertificateAuthority.load(secured.dir / "certs")
+    bob = ca.issue("bob", client=True, key_password=b"s3cret")
+    base = {"bootstrap.servers": secured.bootstrap_servers, "security.protocol": "SSL",
+            "ssl.ca.location": secured.client_config["ssl.ca.location"],
+            "ssl.certificate.location": str(bob.certificate), "ssl.key.location": str(bob.key)}
+    with pytest.raises(errors.ConfigurationError) as info:
+        AdminClient({**base, "ssl.key.password": "wrong"})
+    assert info.value.key == "ssl.key.password"
+    with AdminClient({**base, "ssl.key.password": "s3cret"}) as admin:
+        assert isinstance(admin.list_topics(), dict)
+
+
+def test_kafka_client_over_tls(secured):
+    from confluent_kafka import Consumer as KConsumer, Producer as KProducer
+    certs = secured.dir / "certs"
+    CertificateAuthority.load(certs).issue("kafka-user", client=True)
+    tls = {"bootstrap.servers": secured.kafka_bootstrap_servers, "security.protocol": "SSL",
+           "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / "kafka-user.pem"),
+           "ssl.key.location": str(certs / "kafka-user.key")}
+    topic = f"ktls-{uuid.uuid4().hex[:6]}"
+    with AdminClient({"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    p = KProducer({**tls, "transactional.id": f"k-{topic}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, b"over-tls")
+    p.commit_transaction(30)
+    c = KConsumer({**tls, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
+                   "isolation.level": "read_committed"})
+    c.subscribe([topic])
+    got = []
+    wait_for(lambda: (lambda m: m is not None and m.error() is None and got.append(m.value()))(c.poll(0.5))
+             or got, 60, "the record over the Kafka port with TLS")
+    c.close()
+    assert got == [b"over-tls"]
