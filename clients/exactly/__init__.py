@@ -1,7 +1,7 @@
 """Exactly: the Python SDK of an exactly-once streaming log (Kafka KIP-98 / KIP-447
 semantics over gRPC). See docs/design.md, "SDK" for the client API."""
 from . import errors
-from .admin import AdminClient
+from .admin import AclBinding, AdminClient
 from .consumer import Consumer
 from .producer import PreparedTransaction, Producer, complete_transaction, rewind_to_committed
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
@@ -9,4 +9,4 @@ from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMe
 
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
            "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
-           "PreparedTransaction", "complete_transaction", "rewind_to_committed"]
+           "PreparedTransaction", "complete_transaction", "rewind_to_committed", "AclBinding"]

@@ -76,6 +76,11 @@ def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
     """Map a gRPC transport failure to an SDK error (the seam of docs/design.md, "Code conventions")."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else None
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED) and details:
+        # The services name the Kafka error first: "TOPIC_AUTHORIZATION_FAILED: ..."
+        name = details.split(":", 1)[0]
+        if name in ErrorCode.__members__:
+            return errors.for_code(ErrorCode[name], details)
     cls = _ERROR_BY_STATUS.get(code, errors.UnknownServerError)
     name = code.name if code is not None else "UNKNOWN"
     return cls(f"{name}: {details}" if details else name)

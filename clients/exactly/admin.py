@@ -191,6 +191,21 @@ def create_topics_timeout_s(core: CoreBase, timeout: float | None) -> float:
     """create_topics' default timeout: request.timeout.ms, at least 30 s."""
     return max(core.request_timeout_s, 30.0) if timeout is None else timeout
 
+class AclBinding(NamedTuple):
+    """An ACL (KIP-98 design document, "Authorization"): `principal` ("User:name" or
+    "User:*") is allowed (or denied) `operation` (Read, Write, Create, Delete, Alter,
+    Describe, ClusterAction, IdempotentWrite, All) on the `resource_type` (Topic,
+    Group, TransactionalId, Cluster) named `name` ("*": all of the type; with
+    pattern "Prefixed": every name starting with it; the Cluster is "kafka-cluster")."""
+
+    principal: str
+    resource_type: str
+    name: str
+    operation: str
+    permission: str = "Allow"
+    pattern: str = "Literal"
+
+
 class ConfigEntry(NamedTuple):
     """One topic config: source "TOPIC_CONFIG" (set on the topic) or "DEFAULT_CONFIG"."""
 
@@ -365,6 +380,53 @@ class AdminClient:
         return out
 
     # ------------------------------------------------------------ topic administration
+
+    # ------------------------------------------------------------ ACLs and users
+    def _acl_call(self, method: str, request) -> Any:
+        core = self._core
+        return core.retry(lambda: core.call(getattr(core.cluster_stub(), method), request))
+
+    @staticmethod
+    def _acl_messages(acls: Iterable[AclBinding]) -> list[pb.Acl]:
+        return [pb.Acl(principal=a.principal, resource_type=a.resource_type, name=a.name, pattern=a.pattern,
+                       operation=a.operation, permission=a.permission) for a in acls]
+
+    def create_acls(self, acls: Iterable[AclBinding]) -> None:
+        """Store ACLs (every service applies them within a second, no restart).
+        Raises errors.ClusterAuthorizationFailedError without Alter on the Cluster,
+        errors.InvalidRequestError naming a malformed ACL (the others are stored)."""
+        resp = self._acl_call("CreateAcls", pb.CreateAclsRequest(creations=self._acl_messages(acls)))
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
+
+    def delete_acls(self, acls: Iterable[AclBinding]) -> None:
+        """Remove ACLs (an ACL that is not stored is ignored). Errors as create_acls."""
+        resp = self._acl_call("DeleteAcls", pb.DeleteAclsRequest(deletions=self._acl_messages(acls)))
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
+
+    def describe_acls(self) -> list[AclBinding]:
+        """Every stored ACL. Raises errors.ClusterAuthorizationFailedError without
+        Describe on the Cluster."""
+        resp = self._acl_call("DescribeAcls", pb.DescribeAclsRequest())
+        return [AclBinding(a.principal, a.resource_type, a.name, a.operation, a.permission, a.pattern)
+                for a in resp.acls]
+
+    def alter_user_scram_credentials(self, upsertions: Mapping[str, str] = {}, deletions: Iterable[str] = (),
+                                     iterations: int = 4096) -> None:
+        """Create or change SASL users ({name: password}; stored only as salted
+        SCRAM-SHA-512 credentials) and delete users. Passwords are accepted over TLS
+        only (errors.SecurityDisabledError otherwise). Raises
+        errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
+        resp = self._acl_call("AlterUserScramCredentials", pb.AlterUserScramCredentialsRequest(
+            upsertions=[pb.ScramUpsertion(name=n, password=p, iterations=iterations) for n, p in upsertions.items()],
+            deletions=list(deletions)))
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
+
+    def describe_user_scram_credentials(self) -> list[str]:
+        """The SASL user names."""
+        return list(self._acl_call("DescribeUserScramCredentials", pb.DescribeUserScramCredentialsRequest()).users)
 
     def delete_topics(self, topics: Iterable[str], timeout: float | None = None) -> None:
         """Delete topics and return once the metadata no longer lists them; every

@@ -520,6 +520,15 @@ class KafkaStorageError(ExactlyError):
     code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
+class SaslAuthenticationFailedError(ExactlyError):
+    """The SASL user name or password was not accepted (or SASL was used over a
+    plaintext listener). Fatal: fix the credentials.
+
+    Kafka error code 58 (SASL_AUTHENTICATION_FAILED)."""
+
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
 class UnknownProducerIdError(ExactlyError):
     """The partition leader has no state for this producer id (it expired or was never seen).
 

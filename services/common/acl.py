@@ -22,9 +22,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Iterable
+
+log = logging.getLogger(__name__)
 
 
 class ResourceType(enum.Enum):
@@ -181,3 +184,57 @@ class AclCache:
             self.authorizer.set_bindings(good)
             self.version += 1
         return bad
+
+
+ACLS = "/exactly/acls"
+
+
+class AclStore:
+    """The bindings under /exactly/acls (one znode per binding, named by its `key()`,
+    holding its JSON), fed into `cache` by a ZooKeeper children watch: an ACL added or
+    removed applies as soon as the watch fires, without a restart."""
+
+    def __init__(self, zk, cache: AclCache | None = None):
+        self.zk = zk
+        self.cache = cache
+        zk.ensure_path(ACLS)
+        if cache is not None:  # without a cache: only add, remove and list
+            zk.ChildrenWatch(ACLS, self._on_children)
+
+    def _on_children(self, children: list[str]) -> None:
+        raw = []
+        for name in children:
+            try:
+                data, _ = self.zk.get(f"{ACLS}/{name}")
+            except Exception:  # noqa: BLE001 - removed meanwhile: the next watch event has it
+                continue
+            raw.append(data)
+        for problem in self.cache.update(raw):
+            log.warning("ignoring a malformed ACL in ZooKeeper: %s", problem)
+
+    def add(self, binding: AclBinding) -> bool:
+        """Store `binding`; False when it was there already."""
+        from kazoo.exceptions import NodeExistsError
+        try:
+            self.zk.create(f"{ACLS}/{binding.key()}", json.dumps(binding.to_json()).encode(), makepath=True)
+            return True
+        except NodeExistsError:
+            return False
+
+    def remove(self, binding: AclBinding) -> bool:
+        from kazoo.exceptions import NoNodeError
+        try:
+            self.zk.delete(f"{ACLS}/{binding.key()}")
+            return True
+        except NoNodeError:
+            return False
+
+    def list(self) -> list[AclBinding]:
+        out = []
+        for name in self.zk.get_children(ACLS):
+            try:
+                data, _ = self.zk.get(f"{ACLS}/{name}")
+                out.append(AclBinding.from_json(json.loads(data)))
+            except Exception:  # noqa: BLE001 - malformed or removed meanwhile
+                continue
+        return sorted(out, key=lambda b: (b.resource_type.value, b.name, b.principal, b.operation.value))

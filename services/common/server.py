@@ -35,7 +35,10 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import metrics, topic_admin
+from . import authz, metrics, topic_admin
+from .acl import Operation as Op, Resource, ResourceType
+from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
+from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from exactly_wire.security import TransportSecurity
 
@@ -59,8 +62,9 @@ class ClusterServicer(pbg.ClusterServicer):
     "Architecture"); DeleteTopics, CreatePartitions, DescribeConfigs and
     IncrementalAlterConfigs on the topic znodes (docs/design.md, "Administration")."""
 
-    def __init__(self, cluster: ClusterState):
+    def __init__(self, cluster: ClusterState, tls: bool = False):
         self.cluster = cluster
+        self.security = SecurityAdmin(cluster, tls)
 
     async def Metadata(self, request, context):
         nodes = self.cluster.nodes()
@@ -70,6 +74,10 @@ class ClusterServicer(pbg.ClusterServicer):
                                           for n in nodes.values()])
         for name in names:
             t = topics.get(name)
+            if not authz.visible(Op.DESCRIBE, Resource(ResourceType.TOPIC, name)):
+                if request.topics:  # asked by name: say so; listing all: leave it out
+                    resp.topics.append(pb.TopicMetadata(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                continue
             if t is None:
                 resp.topics.append(pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
@@ -138,6 +146,21 @@ class ClusterServicer(pbg.ClusterServicer):
                                                                   error_message=msg))
         return resp
 
+    async def CreateAcls(self, request, context):
+        return await self.security.change_acls(request.creations, add=True)
+
+    async def DeleteAcls(self, request, context):
+        return await self.security.change_acls(request.deletions, add=False)
+
+    async def DescribeAcls(self, request, context):
+        return await self.security.describe_acls()
+
+    async def AlterUserScramCredentials(self, request, context):
+        return await self.security.alter_users(request)
+
+    async def DescribeUserScramCredentials(self, request, context):
+        return await self.security.describe_users()
+
     async def FindCoordinator(self, request, context):
         kind = KIND_FOR_KEY_TYPE.get(request.key_type)
         if kind is None:
@@ -155,10 +178,88 @@ class ClusterServicer(pbg.ClusterServicer):
                                           partition=partition, coordinator_epoch=epoch)
 
 
+class SecurityAdmin:
+    """CreateAcls, DeleteAcls, DescribeAcls, AlterUserScramCredentials and
+    DescribeUserScramCredentials of the Cluster service, on ZooKeeper (the ACL store
+    and /exactly/config/users, which every service watches)."""
+
+    def __init__(self, cluster: ClusterState, tls: bool):
+        self.cluster = cluster
+        self.tls = tls
+
+    @staticmethod
+    def _acl(m: pb.Acl) -> AclBinding:
+        return AclBinding.from_json({"principal": m.principal, "resource_type": m.resource_type, "name": m.name,
+                                     "pattern": m.pattern or "Literal", "operation": m.operation,
+                                     "permission": m.permission or "Allow"})
+
+    async def change_acls(self, acls, add: bool) -> pb.AclsResponse:
+        resp = pb.AclsResponse()
+        store = await asyncio.to_thread(AclStore, self.cluster.zk)
+        for m in acls:
+            try:
+                binding = self._acl(m)
+            except (ValueError, KeyError) as exc:
+                resp.results.add(error_code=ErrorCode.INVALID_REQUEST, error_message=f"invalid ACL: {exc}")
+                continue
+            await asyncio.to_thread(store.add if add else store.remove, binding)
+            resp.results.add(error_code=ErrorCode.NONE)
+        return resp
+
+    async def describe_acls(self) -> pb.DescribeAclsResponse:
+        store = await asyncio.to_thread(AclStore, self.cluster.zk)
+        return pb.DescribeAclsResponse(acls=[pb.Acl(principal=b.principal, resource_type=b.resource_type.value,
+                                                    name=b.name, pattern=b.pattern.value,
+                                                    operation=b.operation.value, permission=b.permission.value)
+                                             for b in await asyncio.to_thread(store.list)])
+
+    async def alter_users(self, request: pb.AlterUserScramCredentialsRequest) -> pb.AlterUserScramCredentialsResponse:
+        resp = pb.AlterUserScramCredentialsResponse()
+        zk = self.cluster.zk
+        for u in request.upsertions:
+            if not self.tls:
+                resp.results.add(user=u.name, error_code=ErrorCode.SECURITY_DISABLED,
+                                 error_message="passwords are accepted over TLS listeners only")
+                continue
+            if not u.name or "/" in u.name or not u.password:
+                resp.results.add(user=u.name, error_code=ErrorCode.INVALID_REQUEST,
+                                 error_message="a user needs a name without '/' and a password")
+                continue
+            cred = ScramCredential.create(u.password, u.iterations or SCRAM_ITERATIONS)
+            path = f"{USERS}/{u.name}"
+
+            def write(path=path, data=cred.to_json()):
+                if zk.exists(path):
+                    zk.set(path, data)
+                else:
+                    zk.create(path, data, makepath=True)
+            await asyncio.to_thread(write)
+            resp.results.add(user=u.name, error_code=ErrorCode.NONE)
+        for name in request.deletions:
+            def delete(path=f"{USERS}/{name}"):
+                from kazoo.exceptions import NoNodeError
+                try:
+                    zk.delete(path)
+                    return True
+                except NoNodeError:
+                    return False
+            found = await asyncio.to_thread(delete)
+            resp.results.add(user=name, error_code=ErrorCode.NONE if found else ErrorCode.INVALID_REQUEST,
+                             error_message="" if found else f"no user {name!r}")
+        return resp
+
+    async def describe_users(self) -> pb.DescribeUserScramCredentialsResponse:
+        await asyncio.to_thread(self.cluster.zk.ensure_path, USERS)
+        return pb.DescribeUserScramCredentialsResponse(users=sorted(await asyncio.to_thread(
+            self.cluster.zk.get_children, USERS)))
+
+
 async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor()])
+    auth_interceptor = AuthInterceptor()
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor(),
+                                                                    auth_interceptor])
     security = service_security(cfg)
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
@@ -170,7 +271,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                            props=cfg.props)
     await asyncio.to_thread(cluster.start)
     client = ClusterClient(cluster, security)
-    cluster_servicer = ClusterServicer(cluster)
+    await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor)
+    cluster_servicer = ClusterServicer(cluster, tls=security.tls)
     pbg.add_ClusterServicer_to_server(cluster_servicer, server)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -185,9 +287,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await service.start()
     kafka = None
     if cfg.kafka_port >= 0:
-        apis = ClusterApis(cluster, cluster_servicer, client.channel).apis()
+        apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel).apis()
         apis.update(service.kafka_apis() if hasattr(service, "kafka_apis") else {})
-        kafka = KafkaListener(apis)
+        kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security) if security.tls else None)
     await asyncio.to_thread(cluster.register)
@@ -246,6 +348,22 @@ async def _follow_loading(service, health_servicer, poll_s: float) -> None:
             await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING if serving
                               else health_pb2.HealthCheckResponse.NOT_SERVING)
         await asyncio.sleep(poll_s)
+
+
+def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: TransportSecurity,
+                    interceptor: AuthInterceptor) -> None:
+    """Authentication (SCRAM users from ZooKeeper) and, with authorizer=acl, the ACL
+    authorizer fed by a ZooKeeper watch (docs/design.md, "Security")."""
+    users = UserStore(cluster.zk)
+    interceptor.authenticator = Authenticator(users, tls=security.tls,
+                                              mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
+    if cfg.get_str("authorizer", "none") == "acl":
+        authorizer = Authorizer(super_users=parse_super_users(cfg.get_str("super.users", "")),
+                                allow_if_no_acl=cfg.get_bool("allow.everyone.if.no.acl.found", False))
+        AclStore(cluster.zk, AclCache(authorizer))
+        interceptor.authorizer = authorizer
+        authz.active_authorizer = authorizer
+    cluster.users = users
 
 
 def server_credentials(cfg: ServiceConfig, security: TransportSecurity) -> grpc.ServerCredentials:

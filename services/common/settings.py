@@ -25,7 +25,7 @@ _SERVICE_UNSUPPORTED = {
     "broker.id": "use --node-id",
     "log.dirs": "use --data-dir",
     "zookeeper.connect": "use --zookeeper",
-    "authorizer.class.name": "authorization is not available in this version",
+    "authorizer.class.name": "set authorizer=acl",
 }
 
 
@@ -49,9 +49,22 @@ class ServiceSchema(SecuritySettings):
                                   LOW, ge=10)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
+    authorizer: Literal["none", "acl"] = setting(
+        "authorizer", "none", "acl: every request is checked against the ACLs stored in ZooKeeper (KIP-98 "
+        "design document, Authorization); none: everyone may do everything.", HIGH)
+    super_users: str = setting("super.users", "", "Principals allowed everything, separated by ';' "
+                               "(User:admin;User:pl-0). Put the services' principals here.", HIGH)
+    allow_everyone_if_no_acl_found: Bool = setting(
+        "allow.everyone.if.no.acl.found", False, "With the authorizer on, allow a resource that has no ACL at "
+        "all to everyone.", MEDIUM)
+    ssl_principal_mapping_rules: str = setting(
+        "ssl.principal.mapping.rules", "DEFAULT", "How a client certificate's subject becomes a principal: "
+        "RULE:pattern/replacement/[LU] rules, then DEFAULT (the common name).", LOW)
     ssl_client_auth: Literal["required", "requested", "none"] = setting(
         "ssl.client.auth", "none", "With SSL listeners: required (every client presents a certificate of the "
-        "CA), requested (verified when presented) or none.", MEDIUM)
+        "CA; needed for the services' own principals with the authorizer on), requested (the Kafka listener "
+        "verifies one when presented; gRPC cannot ask for an optional certificate, so there it means none) or "
+        "none.", MEDIUM)
 
 
 class PartitionLeaderSchema(ServiceSchema):

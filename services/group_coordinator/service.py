@@ -22,6 +22,8 @@ from services.common.rpc import ClusterClient
 from services.common.verification import TxnVerifier
 
 from .coordinator import GroupCoordinator, GroupCoordinatorConfig
+from services.common.authz import AuthorizedServicer
+
 from .kafka_api import GroupCoordinatorApis
 from .servicer import GroupCoordinatorServicer
 
@@ -39,7 +41,7 @@ class GroupCoordinatorService:
 
     def kafka_apis(self) -> dict:
         """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return GroupCoordinatorApis(self.servicer).apis()
+        return GroupCoordinatorApis(AuthorizedServicer(self.servicer, "GroupCoordinator")).apis()
 
     async def start(self) -> None:
         await self.coordinator.start()

@@ -11,6 +11,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.common import authz
+from services.common.acl import Operation as Op, Resource, ResourceType
 
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION
@@ -110,7 +112,8 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
     async def ListGroups(self, request, context):
         code, groups = self.coordinator.list_groups(request.states_filter)
         return pb.ListGroupsResponse(error_code=code, groups=[
-            pb.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state) for g in groups])
+            pb.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state) for g in groups
+            if authz.visible(Op.DESCRIBE, Resource(ResourceType.GROUP, g.group_id))])
 
     async def DescribeGroups(self, request, context):
         resp = pb.DescribeGroupsResponse()

@@ -43,6 +43,8 @@ from services.common.controller import Controller
 from services.common.rpc import ClusterClient
 from services.common.verification import TxnVerifier
 
+from services.common.authz import AuthorizedServicer
+
 from .cleaner import LogCleaner
 from .kafka_api import PartitionLeaderApis
 from .lease import IsrUpdater, LeaseKeeper
@@ -81,7 +83,7 @@ class PartitionLeaderService:
 
     def kafka_apis(self) -> dict:
         """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return PartitionLeaderApis(self.servicer).apis()
+        return PartitionLeaderApis(AuthorizedServicer(self.servicer, "PartitionLeader")).apis()
 
     def _address(self, node_id: str) -> str | None:
         node = self.cluster.nodes().get(node_id)

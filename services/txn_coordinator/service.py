@@ -18,6 +18,8 @@ from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
 from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
+from services.common.authz import AuthorizedServicer
+
 from .kafka_api import TxnCoordinatorApis
 from .servicer import TxnCoordinatorServicer
 
@@ -42,7 +44,7 @@ class TxnCoordinatorService:
 
     def kafka_apis(self) -> dict:
         """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return TxnCoordinatorApis(self.servicer).apis()
+        return TxnCoordinatorApis(AuthorizedServicer(self.servicer, "TransactionCoordinator")).apis()
 
     async def start(self) -> None:
         await self.coordinator.start()

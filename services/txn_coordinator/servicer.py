@@ -11,6 +11,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.common import authz
+from services.common.acl import Operation as Op, Resource, ResourceType
 
 from .coordinator import TransactionCoordinator
 from .state import GroupAssignment
@@ -111,7 +113,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         return pb.ListTransactionsResponse(error_code=code, transaction_states=[
             pb.TransactionListing(transactional_id=s.transactional_id, producer_id=s.producer_id,
                                   state=s.state.kafka_name, transaction_start_time_ms=s.txn_start_timestamp,
-                                  producer_epoch=s.producer_epoch) for s in listing])
+                                  producer_epoch=s.producer_epoch) for s in listing
+            if authz.visible(Op.DESCRIBE, Resource(ResourceType.TRANSACTIONAL_ID, s.transactional_id))])
 
     @_rpc("DescribeTransactions")
     async def DescribeTransactions(self, request: pb.DescribeTransactionsRequest, context

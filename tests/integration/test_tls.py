@@ -10,7 +10,7 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 
-from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
@@ -105,8 +105,13 @@ def test_kafka_client_over_tls(secured):
            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / "kafka-user.pem"),
            "ssl.key.location": str(certs / "kafka-user.key")}
     topic = f"ktls-{uuid.uuid4().hex[:6]}"
+    user = "User:kafka-user"
     with AdminClient({"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}) as admin:
         admin.create_topics([NewTopic(topic, 1)])
+        admin.create_acls([AclBinding(user, "Topic", topic, "Write"), AclBinding(user, "Topic", topic, "Read"),
+                           AclBinding(user, "TransactionalId", f"k-{topic}", "Write"),
+                           AclBinding(user, "TransactionalId", f"k-{topic}", "Describe"),
+                           AclBinding(user, "Group", f"g-{topic}", "Read")])
     p = KProducer({**tls, "transactional.id": f"k-{topic}"})
     p.init_transactions(30)
     p.begin_transaction()

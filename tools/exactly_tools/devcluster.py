@@ -271,15 +271,19 @@ class DevCluster:
 
     def _make_certificates(self, *counts: int) -> None:
         """A CA, a certificate per service (its node id as common name, valid for
-        127.0.0.1 and localhost) and one for the admin principal; TLS with client
-        certificates required on every listener."""
+        127.0.0.1 and localhost) and one for the admin principal; TLS on every
+        listener with client certificates required (the services' principals come
+        from theirs), the ACL authorizer on, the services and User:admin super
+        users."""
         from .certs import CertificateAuthority
         ca = CertificateAuthority.create(self.dir / "certs")
         for prefix, count in zip(("pl", "txn", "group"), counts):
             for i in range(count):
                 ca.issue(f"{prefix}-{i}", hosts=["127.0.0.1", "localhost"])
         admin = ca.issue("admin", client=True)
-        self.props = {**self.props, "security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
+        services = [f"User:{p}-{i}" for p, n in zip(("pl", "txn", "group"), counts) for i in range(n)]
+        self.props = {"authorizer": "acl", "super.users": ";".join(["User:admin", *services]),
+                      **self.props, "security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
                       "ssl.client.auth": "required"}
         self.client_config = {"security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
                               "ssl.certificate.location": str(admin.certificate),

@@ -17,6 +17,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from .. import authz
 from ..cluster import ClusterState, broker_id
 from .codec import field
 from .listener import Api, RequestContext
@@ -137,6 +138,7 @@ class ClusterApis:
         fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
         if field(req, "transactional_id"):
             return {**fail, "error_code": ErrorCode.NOT_COORDINATOR}
+        authz.require("TransactionCoordinator/InitProducerId", pb.InitProducerIdRequest())
         coordinators = sorted((n for n in self.cluster.nodes().values() if n.role == "txn_coordinator"),
                               key=lambda n: n.node_id)
         if not coordinators or self.channel is None:

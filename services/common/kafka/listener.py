@@ -11,7 +11,11 @@ Refused input, as a Kafka broker does it:
 - an API key this service does not serve or a version outside the implemented range:
   ApiVersions gets UNSUPPORTED_VERSION with the supported versions (KIP-511), any
   other API closes the connection;
-- a handler failing unexpectedly: logged, the connection closed; the service goes on.
+- a handler failing unexpectedly: logged, the connection closed; the service goes on;
+- a request the connection's principal may not make (the same checks as gRPC,
+  services.common.authz): the connection is closed (logged with the reason).
+
+The principal of a connection comes from its verified TLS client certificate.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from typing import Any, Awaitable, Callable
 
 from exactly_wire.error_codes import ErrorCode
 
+from ..auth import ANONYMOUS, current_principal, principal_from_subject
+from ..authz import Denied
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
 
 log = logging.getLogger(__name__)
@@ -52,8 +58,10 @@ class KafkaListener:
     dict of plain values (services.common.kafka.codec), or None to send nothing (a
     Produce with acks=0)."""
 
-    def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+    def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 principal_rules: str = "DEFAULT"):
         self.apis = dict(apis)
+        self.principal_rules = principal_rules
         self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
         self.max_request_bytes = max_request_bytes
         self._server: asyncio.base_events.Server | None = None
@@ -83,6 +91,7 @@ class KafkaListener:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        current_principal.set(self._principal(writer))
         try:
             while True:
                 try:
@@ -101,6 +110,8 @@ class KafkaListener:
                 await writer.drain()
         except ProtocolError as exc:
             log.info("kafka connection from %s: %s; closing", peer_s, exc)
+        except Denied as exc:
+            log.info("kafka connection from %s (%s): %s; closing", peer_s, current_principal.get(), exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -110,6 +121,17 @@ class KafkaListener:
         finally:
             self._connections.discard(task)
             writer.close()
+
+    def _principal(self, writer: asyncio.StreamWriter) -> str:
+        """The connection's principal: from its verified TLS client certificate
+        (through `principal_rules`), else User:ANONYMOUS."""
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:
+            return ANONYMOUS
+        from cryptography import x509
+        subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+        return principal_from_subject(subject, self.principal_rules)
 
     async def _handle(self, frame: bytes, peer: str) -> bytes | None:
         api_key, version, correlation_id = peek_header(frame)
