@@ -525,7 +525,17 @@ class ClientCore(CoreBase):
         parts = self.metadata([topic]).partitions(topic)
         if not parts:
             parts = self.metadata(refresh=True).partitions(topic)
+        if not parts:
+            self._raise_if_hidden(topic)
         return self._require_partitions(topic, parts)
+
+    def _raise_if_hidden(self, topic: str) -> None:
+        """Listings leave out the topics the principal may not Describe: asked by name,
+        the services answer TOPIC_AUTHORIZATION_FAILED, raised here as
+        errors.TopicAuthorizationFailedError."""
+        named = self.call(self.cluster_stub().Metadata, pb.MetadataRequest(topics=[topic]))
+        if any(t.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED for t in named.topics):
+            raise errors.TopicAuthorizationFailedError(f"not authorized to access topic {topic!r}")
 
     def leader_for(self, topic: str, partition: int) -> str:
         """'host:port' of the partition's leader, refreshing metadata once if unknown.
@@ -534,6 +544,8 @@ class ClientCore(CoreBase):
         md = self.metadata([topic])
         if md.leader(topic, partition) is None:
             md = self.metadata(refresh=True)
+        if not md.partitions(topic):
+            self._raise_if_hidden(topic)
         return self._leader_in(md, topic, partition)
 
     # ------------------------------------------------------------ coordinators

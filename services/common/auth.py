@@ -125,10 +125,16 @@ class UserStore:
     def _on_children(self, children: list[str]) -> None:
         for name in children:
             if name not in self._users:
-                self._zk.DataWatch(f"{USERS}/{name}", lambda data, stat, name=name: self._on_data(name, data))
+                self._zk.DataWatch(f"{USERS}/{name}", self._watcher(name))
         with self._lock:
             for gone in set(self._users) - set(children):
                 self._users.pop(gone, None)
+
+    def _watcher(self, name: str):
+        # kazoo passes a third argument (the event) to functions that take three.
+        def on_data(data, stat):
+            return self._on_data(name, data)
+        return on_data
 
     def _on_data(self, name: str, data: bytes | None) -> bool | None:
         with self._lock:
@@ -210,12 +216,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or self.authenticator is None:
             return handler
-        metadata = {k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)}
+        # The handler returned here may serve later calls of the method too: read each
+        # call's metadata and certificate from its own context.
         inner = handler.unary_unary
         authenticator, authorizer = self.authenticator, self.authorizer
         method = authz.method_key(handler_call_details.method)
 
         async def behavior(request, context):
+            metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
             try:
                 principal = authenticator.principal(metadata, certificate_subject(context))
             except AuthenticationError as exc:

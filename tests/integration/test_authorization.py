@@ -1,0 +1,236 @@
+"""Authorization on real processes (KIP-98 design document, "Authorization";
+docs/design.md, "Security"): a secured dev cluster (TLS with client certificates,
+authorizer=acl). For the RPCs of every service, a principal with the ACL succeeds and
+one without gets Kafka's specific error; a client's WriteTxnMarkers and a spoofed
+replica fetch are refused; ACL changes apply within a second; SASL users are checked
+against their SCRAM credentials."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+import pytest
+from kazoo.client import KazooClient
+
+from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_tools.certs import CertificateAuthority
+from exactly_tools.devcluster import DevCluster
+from exactly_wire import records
+from exactly_wire.security import TransportSecurity, secure_channel
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+FAST = {"request.timeout.ms": 5000, "retry.backoff.ms": 50, "retry.backoff.max.ms": 200}
+
+
+@pytest.fixture(scope="module")
+def sec(zk, tmp_path_factory):
+    root = f"/authz-{uuid.uuid4().hex[:12]}"
+    client = KazooClient(hosts=zk)
+    client.start()
+    client.ensure_path(root)
+    client.stop()
+    client.close()
+    c = DevCluster(tmp_path_factory.mktemp("authz-cluster"), security=True)
+    c.up(3, 1, 1, zookeeper=zk + root)
+    ca = CertificateAuthority.load(c.dir / "certs")
+    for name in ("alice", "bob", "carol"):
+        ca.issue(name, client=True)
+    yield c
+    c.down()
+
+
+def conf(sec, name: str, **extra) -> dict:
+    certs = sec.dir / "certs"
+    return {"bootstrap.servers": sec.bootstrap_servers, "security.protocol": "SSL",
+            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / f"{name}.pem"),
+            "ssl.key.location": str(certs / f"{name}.key"), **FAST, **extra}
+
+
+def admin(sec) -> AdminClient:
+    return AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config})
+
+
+def stub(sec, name: str, address: str, kind=pbg.PartitionLeaderStub):
+    security = TransportSecurity.from_settings(conf(sec, name))
+    return kind(secure_channel(address, security, []))
+
+
+@pytest.fixture(scope="module")
+def world(sec):
+    """A topic, a group and a transactional.id alice may use and bob may not."""
+    topic, grp, tid = (f"{p}-{uuid.uuid4().hex[:6]}" for p in ("t", "g", "tx"))
+    with admin(sec) as a:
+        a.create_topics([NewTopic(topic, 1, 1)])
+        a.create_acls([AclBinding("User:alice", "Topic", topic, "All"),
+                       AclBinding("User:alice", "Group", grp, "All"),
+                       AclBinding("User:alice", "TransactionalId", tid, "All"),
+                       AclBinding("User:alice", "Cluster", "kafka-cluster", "IdempotentWrite")])
+    wait_for(lambda: _can_describe(sec, "alice", topic), 10, "alice's ACLs applied")
+    return topic, grp, tid
+
+
+def _can_describe(sec, who: str, topic: str) -> bool:
+    with AdminClient(conf(sec, who)) as a:
+        return topic in a.list_topics()
+
+
+def test_topic_rpcs(sec, world):
+    topic, grp, tid = world
+    tp = TopicPartition(topic, 0)
+    # Metadata lists only what the principal may Describe.
+    assert _can_describe(sec, "alice", topic) and not _can_describe(sec, "bob", topic)
+    # Produce: Write on the topic.
+    with Producer(conf(sec, "alice", **{"enable.idempotence": True})) as p:
+        p.send(topic, b"by-alice").result(10)
+    with Producer(conf(sec, "bob", **{"enable.idempotence": False, "acks": "1"})) as p:
+        with pytest.raises(errors.ExactlyError) as info:
+            p.send(topic, b"by-bob", partition=0).result(10)
+    assert isinstance(info.value, (errors.TopicAuthorizationFailedError, errors.KafkaTimeoutError)), info.value
+    leader = stub(sec, "bob", sec.services["pl-0"].address)
+    for address in (s.address for s in sec.services.values() if s.role == "partition_leader"):
+        leader = stub(sec, "bob", address)
+        try:
+            leader.Produce(pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name=topic, partitions=[
+                pb.PartitionProduceData(partition=0, records=records.encode_batch([(None, b"x", (), 1)]))])]),
+                timeout=10)
+            raise AssertionError("bob's Produce was accepted")
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert exc.details().startswith("TOPIC_AUTHORIZATION_FAILED")
+    # Fetch and ListOffsets: Read / Describe on the topic.
+    with Consumer(conf(sec, "alice")) as c:
+        c.assign([tp])
+        c.seek_to_beginning([tp])
+        got = []
+        wait_for(lambda: got.extend(c.poll(0.3)) or got, 20, "alice reads")
+        assert got[0].value == b"by-alice"
+    with Consumer(conf(sec, "bob")) as c:
+        with pytest.raises(errors.TopicAuthorizationFailedError):
+            c.get_watermark_offsets(tp, timeout=5)
+    # CreateTopics: Create on the Cluster (or the topic); DeleteTopics: Delete.
+    with AdminClient(conf(sec, "bob")) as a:
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            a.create_topics([NewTopic(f"bobs-{topic}", 1)])
+        with pytest.raises(errors.TopicAuthorizationFailedError):
+            a.delete_topics([topic])
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            a.create_acls([AclBinding("User:bob", "Topic", "*", "All")])
+
+
+def test_transaction_and_group_rpcs(sec, world):
+    topic, grp, tid = world
+    tp = TopicPartition(topic, 0)
+    p = Producer(conf(sec, "alice", **{"transactional.id": tid}))
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(topic, b"txn", partition=0)
+    p.send_offsets_to_transaction({tp: 1}, grp)
+    p.commit_transaction()
+    p.close()
+    with pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+        Producer(conf(sec, "bob", **{"transactional.id": tid})).init_transactions()
+    with Consumer(conf(sec, "bob", **{"group.id": grp})) as c:
+        with pytest.raises(errors.GroupAuthorizationFailedError):
+            c.committed([tp], timeout=5)
+    with Consumer(conf(sec, "alice", **{"group.id": grp, "isolation.level": "read_committed"})) as c:
+        assert c.committed([tp], timeout=10)[tp].offset == 1
+    # Listings show only what the principal may Describe.
+    with AdminClient(conf(sec, "bob")) as a:
+        assert a.list_transactions() == []
+        with pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+            a.describe_transactions([tid])
+    with AdminClient(conf(sec, "alice")) as a:
+        assert [t.transactional_id for t in a.list_transactions()] == [tid]
+
+
+def test_markers_and_replica_fetches_need_the_cluster_principal(sec, world):
+    """A client's WriteTxnMarkers (which could commit or abort someone else's open
+    transaction, or fence the coordinator with epoch 2^31-1) and a fetch claiming to
+    be a follower are refused; the victim's transaction stays invisible and then
+    commits normally."""
+    topic, grp, tid = world
+    tp = TopicPartition(topic, 0)
+    victim = Producer(conf(sec, "alice", **{"transactional.id": tid}))
+    victim.init_transactions()
+    victim.begin_transaction()
+    victim.send(topic, b"victim-open", partition=0).result(10)
+    with admin(sec) as a:
+        pid = next(s for s in a.describe_producers([tp])[tp] if s.current_transaction_start_offset >= 0).producer_id
+        leader_id = a.describe_topics([topic])[topic].partitions[0].leader_id
+    address = sec.services[leader_id].address
+    for attempt in (True, False):
+        with pytest.raises(grpc.RpcError) as info:
+            stub(sec, "alice", address).WriteTxnMarkers(pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
+                producer_id=pid, producer_epoch=32000, committed=attempt, coordinator_epoch=2 ** 31 - 1,
+                topics=[pb.TopicPartitions(topic=topic, partitions=[0])])]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert info.value.details().startswith("CLUSTER_AUTHORIZATION_FAILED")
+    with AdminClient(conf(sec, "alice")) as a:
+        hw, lso = a.list_offsets([tp])[tp]
+        assert lso < hw  # still open, still invisible to read_committed
+    # A replica fetch claiming another node: refused even for a service principal.
+    other = next(n for n, s in sec.services.items() if s.role == "partition_leader" and n != leader_id)
+    impostor = next(n for n, s in sec.services.items() if s.role == "partition_leader" and n not in (leader_id, other))
+    for who in ("alice", impostor):
+        with pytest.raises(grpc.RpcError) as info:
+            stub(sec, who, address).Fetch(pb.FetchRequest(replica_id=other, max_wait_ms=0, topics=[pb.FetchTopic(
+                topic=topic, partitions=[pb.FetchPartition(partition=0, fetch_offset=10 ** 9)])]), timeout=10)
+        assert info.value.details().startswith("CLUSTER_AUTHORIZATION_FAILED")
+    victim.commit_transaction()
+    victim.close()
+    with AdminClient(conf(sec, "alice")) as a:
+        wait_for(lambda: (lambda hw_lso: hw_lso[0] == hw_lso[1])(a.list_offsets([tp])[tp]), 10, "the LSO caught up")
+
+
+def test_acl_changes_apply_within_a_second(sec, world):
+    topic, _grp, _tid = world
+    acl = AclBinding("User:bob", "Topic", topic, "Describe")
+    with admin(sec) as a:
+        a.create_acls([acl])
+        started = time.monotonic()
+        wait_for(lambda: _can_describe(sec, "bob", topic), 5, "bob's new ACL")
+        granted = time.monotonic() - started
+        assert acl in a.describe_acls()
+        a.delete_acls([acl])
+        started = time.monotonic()
+        wait_for(lambda: not _can_describe(sec, "bob", topic), 5, "bob's ACL removed")
+        revoked = time.monotonic() - started
+    assert granted < 1.0 and revoked < 1.0, (granted, revoked)
+
+
+def test_sasl_users_are_checked_against_their_scram_credentials(sec, world):
+    topic, _grp, _tid = world
+    with admin(sec) as a:
+        a.alter_user_scram_credentials({"dave": "correct horse"})
+        a.create_acls([AclBinding("User:dave", "Topic", topic, "Describe")])
+        assert "dave" in a.describe_user_scram_credentials()
+    # dave authenticates with SASL over TLS (the listener also wants a certificate: bob's).
+    good = conf(sec, "bob", **{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                               "sasl.username": "dave", "sasl.password": "correct horse"})
+    wait_for(lambda: _can_describe_conf(good, topic), 10, "dave sees the topic")
+    bad = {**good, "sasl.password": "wrong"}
+    with pytest.raises(errors.SaslAuthenticationFailedError):
+        with AdminClient(bad) as a:
+            a.list_topics()
+    with admin(sec) as a:
+        a.alter_user_scram_credentials(deletions=["dave"])
+    wait_for(lambda: _sasl_fails(good), 10, "dave deleted")
+
+
+def _can_describe_conf(c: dict, topic: str) -> bool:
+    with AdminClient(c) as a:
+        return topic in a.list_topics()
+
+
+def _sasl_fails(c: dict) -> bool:
+    try:
+        with AdminClient(c) as a:
+            a.list_topics()
+        return False
+    except errors.SaslAuthenticationFailedError:
+        return True
