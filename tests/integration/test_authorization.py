@@ -234,3 +234,50 @@ def _sasl_fails(c: dict) -> bool:
         return False
     except errors.SaslAuthenticationFailedError:
         return True
+
+
+def test_acls_and_users_commands(sec, world, tmp_path):
+    """`exactly acls` and `exactly users` through the installed entry point, with the
+    admin's TLS settings in --command-config; a principal without Alter on the
+    Cluster gets one clear error line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = str(Path(sys.executable).parent / "exactly")
+    topic, _grp, _tid = world
+
+    def props(c: dict) -> str:
+        path = tmp_path / f"{abs(hash(tuple(sorted(c.items()))))}.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in c.items() if k != "bootstrap.servers"))
+        return str(path)
+
+    admin_props = props(sec.client_config)
+
+    def run(*args, config=admin_props, ok=True):
+        res = subprocess.run([exe, *args, "--bootstrap-server", sec.bootstrap_servers, "--command-config", config],
+                             capture_output=True, text=True, timeout=120)
+        if ok:
+            assert res.returncode == 0, res
+        return res
+
+    out = run("acls", "add", "--principal", "User:erin", "--resource-type", "Topic", "--name", topic,
+              "--operation", "Read", "--operation", "Describe").stdout
+    assert "Added Allow User:erin Read on Topic" in out
+    listed = json.loads(run("acls", "list", "--principal", "User:erin", "--json").stdout)
+    assert sorted(a["operation"] for a in listed) == ["Describe", "Read"]
+    assert "PRINCIPAL" in run("acls", "list").stdout
+    run("acls", "remove", "--principal", "User:erin", "--resource-type", "Topic", "--name", topic,
+        "--operation", "Read", "--operation", "Describe")
+    assert json.loads(run("acls", "list", "--principal", "User:erin", "--json").stdout) == []
+    assert "User erin set" in run("users", "add", "erin", "--password", "pw-erin").stdout
+    assert "erin" in json.loads(run("users", "list", "--json").stdout)
+    assert "User erin removed." in run("users", "remove", "erin").stdout
+    denied = run("acls", "add", "--principal", "User:bob", "--resource-type", "Cluster", "--name", "kafka-cluster",
+                 "--operation", "All", config=props({k: v for k, v in conf(sec, "bob").items()
+                                                      if k.startswith(("ssl.", "security."))}), ok=False)
+    assert denied.returncode == 1 and "Traceback" not in denied.stderr
+    assert denied.stderr.strip().startswith("exactly: error:") and "ClusterAuthorizationFailedError" in denied.stderr
+    bad = run("acls", "add", "--principal", "User:x", "--resource-type", "Planet", "--name", "n",
+              "--operation", "Read", ok=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

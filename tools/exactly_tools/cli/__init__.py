@@ -27,6 +27,7 @@ from .clients import consume, produce
 from .dumplog import dump_log
 from .groups import groups
 from .perf import perf
+from .security import acls, users
 from .topics import topics
 from .transactions import transactions
 
@@ -35,11 +36,11 @@ from .transactions import transactions
 @click.version_option(package_name="exactly", prog_name="exactly")
 def cli() -> None:
     """Operate an Exactly cluster: topics, console producer and consumer, consumer
-    groups, transactions (KIP-664 hanging transactions), segment dumps and
-    performance tests."""
+    groups, transactions (KIP-664 hanging transactions), segment dumps,
+    performance tests, ACLs and SASL users."""
 
 
-for command in (topics, produce, consume, groups, transactions, dump_log, perf):
+for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users):
     cli.add_command(command)
 
 
