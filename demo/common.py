@@ -43,14 +43,15 @@ def shipment_for(purchase: dict) -> dict:
             "ship_by": purchase["shipping_limit_date"]}
 
 
-def read_topic(bootstrap: str, topic: str, isolation_level: str, timeout_s: float = 120.0) -> list:
+def read_topic(bootstrap: str, topic: str, isolation_level: str, timeout_s: float = 120.0,
+               security: dict | None = None) -> list:
     """Every record of `topic` up to its current end (the LSO under read_committed),
     read from the beginning without a group. Returns list[ConsumerRecord]."""
     import time
-    c = Consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation_level,
+    c = Consumer({"bootstrap.servers": bootstrap, **(security or {}), "isolation.level": isolation_level,
                   "enable.auto.commit": False})
     try:
-        parts = [TopicPartition(topic, p) for p in range(_partition_count(c, bootstrap, topic))]
+        parts = [TopicPartition(topic, p) for p in range(_partition_count(c, bootstrap, topic, security))]
         c.assign(parts)
         c.seek_to_end(parts)
         ends = {tp: c.position(tp) for tp in parts}
@@ -95,9 +96,9 @@ def read_topic_kafka(kafka_bootstrap: str, topic: str, isolation_level: str, tim
         c.close()
 
 
-def _partition_count(consumer, bootstrap: str, topic: str) -> int:
+def _partition_count(consumer, bootstrap: str, topic: str, security: dict | None = None) -> int:
     from exactly import AdminClient
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     try:
         return len(admin.list_topics()[topic])
     finally:

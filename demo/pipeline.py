@@ -112,9 +112,10 @@ def run(args: argparse.Namespace) -> int:
 def worker_confs(args: argparse.Namespace) -> tuple[dict, dict]:
     """(consumer, producer) settings of a worker: a read_committed consumer without
     auto commit, a transactional producer."""
-    return ({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
+    extra = json.loads(pathlib.Path(args.client_config).read_text()) if args.client_config else {}
+    return ({"bootstrap.servers": args.bootstrap_servers, **extra, "group.id": args.group_id,
              "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest"},
-            {"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
+            {"bootstrap.servers": args.bootstrap_servers, **extra, "transactional.id": args.transactional_id,
              "transaction.timeout.ms": 60000, "linger.ms": 5})
 
 
@@ -127,6 +128,7 @@ def worker_arguments(prog: str, doc: str, argv: list[str] | None) -> argparse.Na
     parser.add_argument("--status-file")
     parser.add_argument("--hold-open-after", type=int)
     parser.add_argument("--max-records", type=int, default=200)
+    parser.add_argument("--client-config", help="JSON file of extra client settings (TLS, SASL)")
     return parser.parse_args(argv)
 
 

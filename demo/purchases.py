@@ -52,8 +52,8 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def load_purchases(bootstrap: str, rows: list[dict]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+def load_purchases(bootstrap: str, rows: list[dict], security: dict | None = None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, **(security or {}), "enable.idempotence": True, "acks": "all",
                          "linger.ms": 10})
     futures = []
     with tqdm(total=len(rows), desc="records loaded", unit="rec", file=sys.stdout, mininterval=0.5) as bar:
@@ -71,7 +71,8 @@ class Worker:
     """One pipeline worker process."""
 
     def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
-                 group_aware_id: str | None = None, module: str = "demo.pipeline"):
+                 group_aware_id: str | None = None, module: str = "demo.pipeline",
+                 client_config: pathlib.Path | None = None):
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
         if group_aware_id is None:
@@ -82,6 +83,8 @@ class Worker:
                    "--transactional-id", group_aware_id, "--status-file", str(self.status_file)]
         if hold_open_after is not None:
             cmd += ["--hold-open-after", str(hold_open_after)]
+        if client_config is not None:
+            cmd += ["--client-config", str(client_config)]
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=pathlib.Path(__file__).resolve().parent.parent)
@@ -103,7 +106,7 @@ def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coordinators: int = 1,
         group_coordinators: int = 1, group_aware: bool = False, aio: bool = False,
-        kafka_client: str | None = None) -> int:
+        kafka_client: str | None = None, security: bool = False) -> int:
     worker_module = "demo.pipeline_aio" if aio else "demo.pipeline_confluent" if kafka_client else "demo.pipeline"
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
@@ -114,14 +117,16 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         if old.exists():
             DevCluster.load(run_dir).down()
         shutil.rmtree(run_dir)
-    cluster = DevCluster(run_dir, props=replication_props(replication_factor))
+    cluster = DevCluster(run_dir, props=replication_props(replication_factor), security=security)
     try:
         cluster.up(partition_leaders=3, txn_coordinators=txn_coordinators, group_coordinators=group_coordinators)
         bootstrap = cluster.bootstrap_servers
         say(f"Cluster serving: bootstrap.servers={bootstrap}, zookeeper={cluster.zookeeper}, "
             f"Kafka protocol: {cluster.kafka_bootstrap_servers}")
         worker_bootstrap = cluster.kafka_bootstrap_servers if kafka_client else bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        sec = dict(cluster.client_config)  # the admin's TLS settings (empty without --security)
+        worker_config = secure_worker(cluster) if security else None
+        admin = AdminClient({"bootstrap.servers": bootstrap, **sec})
         configs = {"min.insync.replicas": str(min(2, replication_factor))}
         admin.create_topics([NewTopic(t, PARTITIONS, replication_factor, configs)
                              for t in (PURCHASES, INVOICES, SHIPMENTS)])
@@ -130,9 +135,9 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
             f"replication factor {replication_factor})")
 
         say(f"Loading {len(rows):,} order items from data/olist/order_items.csv into '{PURCHASES}' ...")
-        load_purchases(bootstrap, rows)
+        load_purchases(bootstrap, rows, sec)
 
-        watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP_ID, "enable.auto.commit": False})
+        watcher = Consumer({"bootstrap.servers": bootstrap, **sec, "group.id": GROUP_ID, "enable.auto.commit": False})
         parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
         total = len(rows)
         hold_after = total // 4
@@ -145,7 +150,8 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         else:
             say(f"Running the pipeline ({worker_module}); the worker will be SIGKILLed inside an open transaction "
                 f"after ~{hold_after:,} items")
-            worker = Worker(worker_bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module)
+            worker = Worker(worker_bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module,
+                            client_config=worker_config)
             others = []
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
@@ -176,7 +182,8 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         else:
             bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                       f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
-            worker = Worker(worker_bootstrap, run_dir, "worker-2", module=worker_module)
+            worker = Worker(worker_bootstrap, run_dir, "worker-2", module=worker_module,
+                            client_config=worker_config)
         coordinator_killed = leader_killed = False
         while progress() < total:
             for w in [worker, *others]:
@@ -211,11 +218,57 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
             w.proc.wait(timeout=60)
         watcher.close()
 
+        if worker_config is not None:
+            refused = worker_refused(bootstrap, worker_config)
+            say(f"The worker's principal reading {INVOICES}: "
+                f"{'refused (TopicAuthorizationFailedError), as its ACLs say' if refused else 'ALLOWED'}")
+            if not refused:
+                return 1
         say("Reading the outputs ...")
-        return summarize(bootstrap, expected, cluster.kafka_bootstrap_servers if kafka_client else None)
+        return summarize(bootstrap, expected, cluster.kafka_bootstrap_servers if kafka_client else None, sec)
     finally:
         if not keep:
             cluster.down()
+
+
+def secure_worker(cluster: DevCluster) -> pathlib.Path:
+    """A certificate for the pipeline worker (User:pipeline-worker) and only the ACLs
+    it needs: Read on purchases and its group, Write on invoices, shipments and its
+    transactional.id. Returns the JSON file of its client settings."""
+    from exactly import AclBinding
+    from exactly_tools.certs import CertificateAuthority
+    cert = CertificateAuthority.load(cluster.dir / "certs").issue("pipeline-worker", client=True)
+    who = "User:pipeline-worker"
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:
+        admin.create_acls([AclBinding(who, "Topic", PURCHASES, "Read"), AclBinding(who, "Group", GROUP_ID, "Read"),
+                           AclBinding(who, "Topic", INVOICES, "Write"), AclBinding(who, "Topic", SHIPMENTS, "Write"),
+                           AclBinding(who, "TransactionalId", TRANSACTIONAL_ID, "Write")])
+    path = cluster.dir / "pipeline-worker.json"
+    path.write_text(json.dumps({"security.protocol": "SSL", "ssl.ca.location": cluster.client_config["ssl.ca.location"],
+                                "ssl.certificate.location": str(cert.certificate),
+                                "ssl.key.location": str(cert.key)}))
+    say(f"Secured: TLS with client certificates and ACLs; the worker is {who} with Read on {PURCHASES} and "
+        f"its group, Write on {INVOICES}, {SHIPMENTS} and {TRANSACTIONAL_ID}")
+    return path
+
+
+def worker_refused(bootstrap: str, worker_config: pathlib.Path) -> bool:
+    """Whether the worker's principal is refused reading the invoices (it may only
+    write them)."""
+    from exactly import errors
+    conf = {"bootstrap.servers": bootstrap, **json.loads(worker_config.read_text()), "request.timeout.ms": 5000}
+    tp = TopicPartition(INVOICES, 0)
+    with Consumer(conf) as c:
+        c.assign([tp])
+        c.seek(tp, 0)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if c.poll(0.5):
+                    return False
+            except errors.TopicAuthorizationFailedError:
+                return True
+    return False
 
 
 def wait_gone(cluster: DevCluster, name: str, deadline: float) -> None:
@@ -234,9 +287,10 @@ def wait_gone(cluster: DevCluster, name: str, deadline: float) -> None:
         zk.close()
 
 
-def summarize(bootstrap: str, expected: dict[str, dict], kafka_bootstrap: str | None = None) -> int:
-    committed = {t: read_topic(bootstrap, t, "read_committed") for t in (INVOICES, SHIPMENTS)}
-    uncommitted = {t: read_topic(bootstrap, t, "read_uncommitted") for t in (INVOICES, SHIPMENTS)}
+def summarize(bootstrap: str, expected: dict[str, dict], kafka_bootstrap: str | None = None,
+              security: dict | None = None) -> int:
+    committed = {t: read_topic(bootstrap, t, "read_committed", security=security) for t in (INVOICES, SHIPMENTS)}
+    uncommitted = {t: read_topic(bootstrap, t, "read_uncommitted", security=security) for t in (INVOICES, SHIPMENTS)}
     lines, ok = check_outputs(committed, expected)
     if kafka_bootstrap:
         from .common import read_topic_kafka
@@ -268,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="two workers sharing the group, one group-aware producer each (KIP-447 draft)")
     parser.add_argument("--aio", action="store_true",
                         help="run the workers written with exactly.aio (demo.pipeline_aio)")
+    parser.add_argument("--security", action="store_true",
+                        help="TLS with client certificates and ACLs; the worker holds only the ACLs it needs")
     parser.add_argument("--kafka-client", choices=["confluent"],
                         help="run the worker written with this Kafka client against the Kafka protocol "
                              "listeners (demo.pipeline_confluent)")
@@ -277,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
-               args.group_coordinators, args.group_aware, args.aio, args.kafka_client)
+               args.group_coordinators, args.group_aware, args.aio, args.kafka_client, args.security)
 
 
 if __name__ == "__main__":

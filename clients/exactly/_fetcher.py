@@ -391,6 +391,8 @@ class Fetcher:
                 if st is not None:
                     st.backoff(now, self._backoff_ms, self._backoff_max_ms)
             self._metadata_stale = True
+            if isinstance(exc, errors.ExactlyError) and not exc.retriable:
+                self._errors.append(exc)  # e.g. not authorized: poll raises it
             return
         resp = inf.future.result()
         for tr in resp.responses:
