@@ -7,7 +7,9 @@ In one run, against one partition leader on loopback: records/s, MB/s and send
 latency p50/p99 (send() to acknowledgement) for plain (acks=1, no idempotence),
 idempotent, and transactional producing (a commit every --commit-interval-ms);
 then consumer records/s for read_uncommitted vs read_committed over the
-transactional topic. Next to them, in the same run: confluent-kafka (librdkafka)
+transactional topic. Next to them, in the same run: the plain producer against a
+second cluster with TLS, client certificates and the ACL authorizer on;
+confluent-kafka (librdkafka)
 producing the same records through the Kafka protocol listener (acks=1), and
 redis-benchmark's XADD of the same record size into a Redis Stream on loopback (a
 C client, pipelined 32 deep; skipped when redis-server is not installed — `make
@@ -39,8 +41,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
-def produce_run(bootstrap: str, topic: str, mode: str, n: int, size: int, commit_interval_ms: int) -> dict:
-    conf = {"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 262144}
+def produce_run(bootstrap: str, topic: str, mode: str, n: int, size: int, commit_interval_ms: int,
+                security: dict | None = None) -> dict:
+    conf = {"bootstrap.servers": bootstrap, **(security or {}), "linger.ms": 5, "batch.size": 262144}
     if mode == "plain":
         conf.update({"enable.idempotence": False, "acks": 1})
     elif mode == "idempotent":
@@ -124,6 +127,25 @@ def kafka_produce_run(kafka_bootstrap: str, topic: str, n: int, size: int) -> di
             "records_per_s": delivered[0] / elapsed, "mb_per_s": delivered[0] * size / elapsed / 1e6}
 
 
+def tls_produce_run(directory: pathlib.Path, n: int, size: int) -> dict:
+    """The plain producer against a second dev cluster started with --security (TLS,
+    client certificates, authorizer=acl; the admin principal is a super user)."""
+    if (directory / "cluster.json").exists():
+        DevCluster.load(directory).down()
+    secured = DevCluster(directory, security=True)
+    secured.up(partition_leaders=1, txn_coordinators=1, group_coordinators=1)
+    try:
+        conf = dict(secured.client_config)
+        topic = f"perf-tls-{time.strftime('%H%M%S')}"
+        with AdminClient({"bootstrap.servers": secured.bootstrap_servers, **conf}) as admin:
+            admin.create_topics([NewTopic(topic, 1)])
+        r = produce_run(secured.bootstrap_servers, topic, "plain", n, size, 0, conf)
+    finally:
+        secured.down()
+    return {"client": "exactly SDK, plain, TLS + authorizer", "records": n, "records_per_s": r["records_per_s"],
+            "mb_per_s": r["mb_per_s"]}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"producing {args.num_records:,} x {args.record_size} B ({mode}) ...", flush=True)
             results["producer"].append(produce_run(bootstrap, topic, mode, args.num_records, args.record_size,
                                                    args.commit_interval_ms))
+        if cluster is not None:
+            print(f"producing {args.num_records:,} x {args.record_size} B (plain, over TLS with a client "
+                  "certificate and the ACL authorizer on) ...", flush=True)
+            results["peers"].append(tls_produce_run(args.dir.resolve() / "tls", args.num_records, args.record_size))
         print(f"redis-benchmark XADD {args.num_records:,} x {args.record_size} B ...", flush=True)
         redis = redis_xadd_run(args.num_records, args.record_size, args.dir.resolve() / "redis")
         if redis is None:
