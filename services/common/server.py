@@ -35,9 +35,10 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import metrics, topic_admin
+from . import limits, metrics, topic_admin
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args
+from .guard import RequestGuard
 from .rpc import CHANNEL_OPTIONS, ClusterClient
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,8 @@ class ClusterServicer(pbg.ClusterServicer):
 async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor()])
+    server = grpc.aio.server(options=server_options(cfg),
+                             interceptors=[metrics.RpcMetricsInterceptor(), RequestGuard()])
     port = server.add_insecure_port(f"{_bracketed(cfg.host)}:{cfg.port}")
     metrics_server = _start_metrics(cfg)
     _declare_rpc_series(cfg.role)
@@ -203,6 +205,20 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         os.unlink(cfg.data_dir / "port")
     except FileNotFoundError:
         pass
+
+
+def server_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
+    """gRPC server options: `socket.request.max.bytes` (Kafka's name, default
+    104857600) is the largest request the server receives (a larger one is refused
+    with RESOURCE_EXHAUSTED before it is parsed); `exactly.max.concurrent.streams`
+    (default 1000) the calls in flight per connection (more wait in HTTP/2 flow
+    control, Kafka's muted channel)."""
+    options = dict(CHANNEL_OPTIONS)
+    options["grpc.max_receive_message_length"] = cfg.get_int(limits.REQUEST_MAX_BYTES,
+                                                              limits.DEFAULT_REQUEST_MAX_BYTES)
+    options["grpc.max_concurrent_streams"] = cfg.get_int(limits.MAX_CONCURRENT_STREAMS,
+                                                          limits.DEFAULT_MAX_CONCURRENT_STREAMS)
+    return list(options.items())
 
 
 async def _set_health(servicer, status, name: str = "") -> None:
