@@ -311,8 +311,8 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
     `record_count` records, offset deltas 0..count-1 in order, every length and
     varint inside its record and the last record ending at the batch's end, no
     negative lengths other than -1 (null). Returns None when sound, else what is
-    wrong. A compressed batch is only checked for a plausible record count (its
-    records are not decompressed on the produce path)."""
+    wrong. Of a compressed batch only the record count (at least 1) is checked: its
+    records are not decompressed on the produce path."""
     h = header or parse_header(buf, pos)
     body_len = h.size - HEADER_SIZE
     if h.record_count < 1 or (h.compression == COMPRESSION_NONE and
@@ -320,33 +320,45 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
         return f"record count {h.record_count} does not fit {body_len} bytes of records"
     if h.compression != COMPRESSION_NONE:
         return None
-    body = memoryview(buf)[pos + HEADER_SIZE: pos + h.size]
+    body = bytes(memoryview(buf)[pos + HEADER_SIZE: pos + h.size])
     p = 0
+    read = _read_varint
     try:
         for i in range(h.record_count):
-            length, p = _read_varint(body, p)
+            b = body[p]  # IndexError past the end: caught below
+            if b < 0x80:
+                length, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                length, p = read(body, p)
             end = p + length
             if length < MIN_RECORD_SIZE - 1 or end > body_len:
                 return f"record {i}: length {length} does not fit the batch"
             p += 1  # attributes
-            _, p = _read_varint(body, p)
-            delta, p = _read_varint(body, p)
+            b = body[p]
+            if b < 0x80:
+                p += 1  # timestamp delta
+            else:
+                _, p = read(body, p)
+            b = body[p]
+            delta, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
             if delta != i:
                 return f"record {i} has offset delta {delta}"
             for _field in ("key", "value"):
-                n, p = _read_varint(body, p)
+                b = body[p]
+                n, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
                 if n < -1:
                     return f"record {i}: {_field} length {n}"
-                p += max(n, 0)
-            headers, p = _read_varint(body, p)
+                if n > 0:
+                    p += n
+            headers, p = read(body, p)
             if headers < 0 or headers > length:
                 return f"record {i}: {headers} headers"
             for _h in range(headers):
-                n, p = _read_varint(body, p)
+                n, p = read(body, p)
                 if n < 0:
                     return f"record {i}: header key length {n}"
                 p += n
-                n, p = _read_varint(body, p)
+                n, p = read(body, p)
                 if n < -1:
                     return f"record {i}: header value length {n}"
                 p += max(n, 0)
@@ -356,6 +368,8 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
                 return f"record {i}: length {length} does not match its fields"
     except CorruptRecordError as exc:
         return str(exc)
+    except IndexError:
+        return "a record runs past the end of the batch"
     if p != body_len:
         return f"{body_len - p} bytes after the last of {h.record_count} records"
     return None
