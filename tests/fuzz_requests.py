@@ -102,11 +102,15 @@ def _class(desc: _d.Descriptor) -> type:
     return getattr(pb, desc.name)
 
 
+MESSAGE_BUDGET = 8 << 20  # bytes of `bytes` fields per request (oversized ones included)
+
+
 class _Gen:
     def __init__(self, rng: random.Random, pools: Pools, destructive: bool):
         self.rng = rng
         self.pools = pools
         self.destructive = destructive
+        self.budget = MESSAGE_BUDGET
 
     # ------------------------------------------------------------ scalars
     def integer(self, f: _d.FieldDescriptor) -> int:
@@ -194,7 +198,11 @@ class _Gen:
         if t == _d.FieldDescriptor.TYPE_STRING:
             return self.string(f)
         if t == _d.FieldDescriptor.TYPE_BYTES:
-            return self.batch() if f.name == "records" else self.raw_bytes()
+            value = self.batch() if f.name == "records" else self.raw_bytes()
+            if len(value) > self.budget:
+                value = value[:self.rng.randint(0, max(self.budget, 0))]  # a truncated batch
+            self.budget -= len(value)
+            return value
         if t in (_d.FieldDescriptor.TYPE_DOUBLE, _d.FieldDescriptor.TYPE_FLOAT):
             return self.rng.choice((0.0, -1.0, 1e308, float("inf"), float("nan")))
         if t == _d.FieldDescriptor.TYPE_ENUM:
@@ -227,8 +235,9 @@ class _Gen:
             _header_field(rng, 0, ">q", (-1, (1 << 62), 17)),  # base offset (the leader rewrites it)
             lambda b: bytes(b) + bytes(b),  # two batches
             lambda b: rng.randbytes(rng.choice((0, 1, 61, 200))),
-            _oversized(rng),
         ]
+        if self.budget > 3_100_000:
+            mutations.append(_oversized(rng))
         return bytes(rng.choice(mutations)(batch))
 
 

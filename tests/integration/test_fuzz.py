@@ -178,17 +178,19 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
                 for a in everyone}
     tally = _Tally()
     rng = random.Random(seed)
-    jobs = []
-    for rpc in rpcs():
-        targets = addresses[role_of[rpc.service]] if rpc.service in role_of else everyone
-        for _ in range(requests):
+    plan = [rpc for rpc in rpcs() for _ in range(requests)]
+    rng.shuffle(plan)
+
+    def jobs():
+        """Requests made as they are sent (a long run does not hold them all in memory)."""
+        for rpc in plan:
+            targets = addresses[role_of[rpc.service]] if rpc.service in role_of else everyone
             target = rng.choice(targets)
             if rng.random() < 0.05:
-                jobs.append((rpc, target, None, raw_garbage(rng)))
+                yield rpc, target, None, raw_garbage(rng)
             else:
                 msg = generate(rpc, rng, pools)
-                jobs.append((rpc, target, msg, msg.SerializeToString()))
-    rng.shuffle(jobs)
+                yield rpc, target, msg, msg.SerializeToString()
 
     def call(job):
         rpc, target, msg, body = job
@@ -201,8 +203,15 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
 
     try:
         with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-            for rpc, msg, outcome in pool.map(call, jobs):
-                tally.record(rpc, msg, outcome)
+            pending: set = set()
+            for job in jobs():
+                pending.add(pool.submit(call, job))
+                if len(pending) >= 2 * PARALLEL:
+                    done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for f in done:
+                        tally.record(*f.result())
+            for f in concurrent.futures.as_completed(pending):
+                tally.record(*f.result())
     finally:
         for ch in channels.values():
             ch.close()
