@@ -31,7 +31,8 @@ FUZZ_REQUESTS ?= 2000
 fuzz: setup
 	mkdir -p $(RUN_DIR)
 	EXACTLY_FUZZ_REQUESTS=$(FUZZ_REQUESTS) EXACTLY_FUZZ_REPORT=$(abspath $(RUN_DIR))/fuzz-report.json \
-		$(PY) -m pytest -q -s -p no:cacheprovider --timeout 7200 tests/integration/test_fuzz.py
+		$(PY) -m pytest -q -s -p no:cacheprovider --timeout 7200 \
+		--basetemp=$(abspath $(RUN_DIR))/fuzz-cluster tests/integration/test_fuzz.py
 
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh

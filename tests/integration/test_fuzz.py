@@ -38,7 +38,9 @@ pytestmark = pytest.mark.integration
 
 REQUESTS = int(os.environ.get("EXACTLY_FUZZ_REQUESTS", "60"))
 SEED = int(os.environ.get("EXACTLY_FUZZ_SEED", "20240611"))
-CALL_DEADLINE_S = 10.0
+# Above the longest wait a server may take on its own: WriteTxnMarkers and acks=all
+# appends wait up to 25-30 s for the high watermark when a follower lags.
+CALL_DEADLINE_S = 35.0
 PARALLEL = 16
 # Legitimate administrative operations that delete or rewrite data: the generator
 # names only scratch topics and groups in them (see fuzz_requests.Pools).
@@ -218,13 +220,28 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
     return tally
 
 
-def _answers_health(address: str) -> bool:
+def _answers_health(address: str, timeout_s: float = 60.0) -> bool:
+    """The process answers its liveness check at once and is ready (health "",
+    SERVING) within `timeout_s`: a coordinator reloading a partition it was elected
+    for again after a ZooKeeper hiccup is NOT_SERVING meanwhile, not hung."""
     with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
         try:
-            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            live = stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
         except grpc.RpcError:
             return False
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+        if live.status != health_pb2.HealthCheckResponse.SERVING:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                return False
+            time.sleep(0.2)
+        return False
 
 
 def test_fuzz_every_rpc(make_cluster):
