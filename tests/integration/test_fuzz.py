@@ -289,6 +289,7 @@ def test_fuzz_every_rpc(make_cluster):
         "internal_errors": len(tally.internal), "data_intact": intact, "stuck_lso": len(stuck_lso),
         "fuzz_seconds": round(fuzz_s, 1), "test_seconds": round(time.monotonic() - started, 1),
         "cpus": os.cpu_count(), "statuses": {k: dict(v) for k, v in sorted(tally.statuses.items())},
+        "hung_calls": tally.hangs[:30], "internal_answers": tally.internal[:30],
     }
     print(json.dumps(report, indent=1))
     if os.environ.get("EXACTLY_FUZZ_REPORT"):
