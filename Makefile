@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit soak proto bench down clean
+.PHONY: setup demo spark-demo test unit soak fuzz proto bench down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,15 @@ unit: setup
 # compaction of the internal topics after 50,000 transactions and 50,000 offset commits.
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
+
+# Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
+# the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").
+FUZZ_REQUESTS ?= 2000
+fuzz: setup
+	mkdir -p $(RUN_DIR)
+	EXACTLY_FUZZ_REQUESTS=$(FUZZ_REQUESTS) EXACTLY_FUZZ_REPORT=$(abspath $(RUN_DIR))/fuzz-report.json \
+		$(PY) -m pytest -q -s -p no:cacheprovider --timeout 7200 \
+		--basetemp=$(abspath $(RUN_DIR))/fuzz-cluster tests/integration/test_fuzz.py
 
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh

@@ -593,6 +593,15 @@ class FencedInstanceIdError(ExactlyError):
     code = ErrorCode.FENCED_INSTANCE_ID
 
 
+class InvalidRecordError(ExactlyError):
+    """The partition leader refused a record batch whose records are malformed (counts, lengths or
+    offset deltas that do not match, a sequence without a producer id) or otherwise invalid.
+
+    Kafka error code 87 (INVALID_RECORD)."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
 class UnstableOffsetCommitError(ExactlyError):
     """The group has a pending transactional offset commit for the partition: retry.
 

@@ -301,6 +301,80 @@ def decode_control_record(record: Record) -> tuple[int, int]:
     return ctype, epoch
 
 
+MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key, value, header count
+
+
+def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | None = None,
+                     pos: int = 0) -> str | None:
+    """Check the framing of the records of the batch at `pos` without building them
+    (Kafka's LogValidator, for the partition leader's produce path): exactly
+    `record_count` records, offset deltas 0..count-1 in order, every length and
+    varint inside its record and the last record ending at the batch's end, no
+    negative lengths other than -1 (null). Returns None when sound, else what is
+    wrong. Of a compressed batch only the record count (at least 1) is checked: its
+    records are not decompressed on the produce path."""
+    h = header or parse_header(buf, pos)
+    body_len = h.size - HEADER_SIZE
+    if h.record_count < 1 or (h.compression == COMPRESSION_NONE and
+                              h.record_count * MIN_RECORD_SIZE > body_len):
+        return f"record count {h.record_count} does not fit {body_len} bytes of records"
+    if h.compression != COMPRESSION_NONE:
+        return None
+    body = bytes(memoryview(buf)[pos + HEADER_SIZE: pos + h.size])
+    p = 0
+    read = _read_varint
+    try:
+        for i in range(h.record_count):
+            b = body[p]  # IndexError past the end: caught below
+            if b < 0x80:
+                length, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                length, p = read(body, p)
+            end = p + length
+            if length < MIN_RECORD_SIZE - 1 or end > body_len:
+                return f"record {i}: length {length} does not fit the batch"
+            p += 1  # attributes
+            b = body[p]
+            if b < 0x80:
+                p += 1  # timestamp delta
+            else:
+                _, p = read(body, p)
+            b = body[p]
+            delta, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
+            if delta != i:
+                return f"record {i} has offset delta {delta}"
+            for _field in ("key", "value"):
+                b = body[p]
+                n, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
+                if n < -1:
+                    return f"record {i}: {_field} length {n}"
+                if n > 0:
+                    p += n
+            headers, p = read(body, p)
+            if headers < 0 or headers > length:
+                return f"record {i}: {headers} headers"
+            for _h in range(headers):
+                n, p = read(body, p)
+                if n < 0:
+                    return f"record {i}: header key length {n}"
+                p += n
+                n, p = read(body, p)
+                if n < -1:
+                    return f"record {i}: header value length {n}"
+                p += max(n, 0)
+                if p > end:
+                    break
+            if p != end:
+                return f"record {i}: length {length} does not match its fields"
+    except CorruptRecordError as exc:
+        return str(exc)
+    except IndexError:
+        return "a record runs past the end of the batch"
+    if p != body_len:
+        return f"{body_len - p} bytes after the last of {h.record_count} records"
+    return None
+
+
 def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | None = None) -> list[Record]:
     """Decode the records of the batch at `pos`. Raises CorruptRecordError."""
     h = header or parse_header(buf, pos)

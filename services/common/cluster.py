@@ -25,6 +25,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from exactly_wire.error_codes import ErrorCode
 
+from . import limits
+
 log = logging.getLogger(__name__)
 
 ROOT = "/exactly"
@@ -369,20 +371,25 @@ class ClusterState:
     def create_topic(self, name: str, num_partitions: int, replication_factor: int,
                      configs: dict[str, str] | None = None, internal: bool = False) -> tuple[ErrorCode, str]:
         """Assign replicas round-robin over live partition leaders and write the topic.
+        Everything is validated before anything is allocated (services.common.limits).
 
         Returns (error code, message): NONE, TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION
-        (bad name), INVALID_PARTITIONS (< 1), INVALID_REPLICATION_FACTOR (< 1 or more
-        than the live partition leaders)."""
-        if not name or len(name) > 249 or name in (".", "..") or \
-                not all(c.isalnum() or c in "._-" for c in name):
-            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {name!r}"
-        if name.startswith("__") and not internal:
-            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}"
-        if num_partitions < 1:
-            return ErrorCode.INVALID_PARTITIONS, "num_partitions must be at least 1"
+        (bad name, or one colliding with an existing topic once '.' and '_' are
+        unified), INVALID_PARTITIONS (< 1 or above `max.partitions.per.topic`),
+        POLICY_VIOLATION (the cluster would pass `max.partitions`),
+        INVALID_REPLICATION_FACTOR (< 1 or more than the live partition leaders)."""
+        topics = self.topics()
+        bad = limits.validate_topic_name(name, topics, internal)
+        if bad is None:
+            others = sum(len(t.partitions) for t in topics.values() if t.name != name)
+            bad = limits.validate_partition_count(name, num_partitions, others, self.props)
+        if bad is None:
+            bad = limits.validate_replication_factor(replication_factor, len(self._live_leaders()))
+        if bad is not None:
+            return bad
         assignment = self._assign(name, range(num_partitions), replication_factor)
         if assignment is None:
-            live = sum(1 for n in self.nodes().values() if n.role == PARTITION_LEADER)
+            live = len(self._live_leaders())
             return (ErrorCode.INVALID_REPLICATION_FACTOR,
                     f"replication factor {replication_factor} with {live} live partition leaders")
         if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
@@ -432,15 +439,22 @@ class ClusterState:
         """Round-robin replica lists over the live partition leaders for `partitions`
         (the first replica of partition p is leader number (crc32(name) + p) % n), or
         None when fewer partition leaders than `replication_factor` are live."""
-        leaders = sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
+        leaders = self._live_leaders()
         if replication_factor < 1 or replication_factor > len(leaders):
             return None
         start = zlib.crc32(name.encode()) % len(leaders)
         return {p: [leaders[(start + p + i) % len(leaders)] for i in range(replication_factor)]
                 for p in partitions}
 
+    def _live_leaders(self) -> list[str]:
+        """Node ids of the live partition leaders, sorted."""
+        return sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
+
     def _read_topic(self, name: str) -> tuple[dict, int] | None:
-        """(topic znode content, znode version), or None when the topic does not exist."""
+        """(topic znode content, znode version), or None when the topic does not exist
+        (or `name` is not a legal topic name: never a path into another znode)."""
+        if limits.validate_topic_name(name, internal=True) is not None:
+            return None
         try:
             data, stat = self.zk.get(f"{TOPICS}/{name}")
         except NoNodeError:
@@ -488,6 +502,10 @@ class ClusterState:
             if count <= current:
                 return (ErrorCode.INVALID_PARTITIONS,
                         f"topic {name!r} has {current} partitions; the new count must be larger, got {count}")
+            others = sum(len(t.partitions) for t in self.topics().values() if t.name != name)
+            bad = limits.validate_partition_count(name, count, others, self.props)
+            if bad is not None:
+                return bad
             rf = len(next(iter(body["partitions"].values())))
             assignment = self._assign(name, range(current, count), rf)
             if assignment is None:
@@ -513,6 +531,8 @@ class ClusterState:
 
     def topic_exists(self, name: str) -> bool:
         """Whether the topic znode exists (read from ZooKeeper, not the cache)."""
+        if limits.validate_topic_name(name, internal=True) is not None:
+            return False
         return self.zk.exists(f"{TOPICS}/{name}") is not None
 
     def topic_configs(self, name: str) -> dict[str, str] | None:

@@ -62,15 +62,21 @@ class ClusterClient:
                 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000) -> tuple[int, int]:
+                      timeout_ms: int = 30000, transactional_id: str = "",
+                      consumer_group_id: str = "") -> tuple[int, int]:
         """Append one record batch to a coordinator's internal topic (the leader's
-        CoordinatorProduce; clients' Produce cannot write internal topics). Returns
-        (error code, base offset or -1)."""
+        CoordinatorProduce; clients' Produce cannot write internal topics). A
+        transactional batch (a transactional offset commit) names its producer's
+        `transactional_id` (and the `consumer_group_id` of a group-aware producer),
+        with which the leader verifies the transaction. Returns (error code, base
+        offset or -1)."""
         stub = self.leader_stub(topic, partition)
         if stub is None:
             return self._no_leader(topic), -1
-        req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[pb.TopicProduceData(
-            name=topic, partitions=[pb.PartitionProduceData(partition=partition, records=batch)])])
+        req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id,
+                                consumer_group_id=consumer_group_id, topics=[pb.TopicProduceData(
+                                    name=topic, partitions=[pb.PartitionProduceData(partition=partition,
+                                                                                    records=batch)])])
         try:
             resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:

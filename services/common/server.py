@@ -32,17 +32,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import authz, metrics, topic_admin
+from . import authz, limits, metrics, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
 from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
-from exactly_wire.security import TransportSecurity
-
 from .config import ServiceConfig, parse_args, service_security
+from .guard import RequestGuard
 from .kafka.cluster_api import ClusterApis
 from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -258,8 +258,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     auth_interceptor = AuthInterceptor()
-    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[metrics.RpcMetricsInterceptor(),
-                                                                    auth_interceptor])
+    # The guard outside authentication: an undecodable body is refused before anything reads it.
+    server = grpc.aio.server(options=server_options(cfg),
+                             interceptors=[metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor])
     security = service_security(cfg)
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
@@ -325,6 +326,20 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
             os.unlink(cfg.data_dir / name)
         except FileNotFoundError:
             pass
+
+
+def server_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
+    """gRPC server options: `socket.request.max.bytes` (Kafka's name, default
+    104857600) is the largest request the server receives (a larger one is refused
+    with RESOURCE_EXHAUSTED before it is parsed); `exactly.max.concurrent.streams`
+    (default 1000) the calls in flight per connection (more wait in HTTP/2 flow
+    control, Kafka's muted channel)."""
+    options = dict(CHANNEL_OPTIONS)
+    options["grpc.max_receive_message_length"] = cfg.get_int(limits.REQUEST_MAX_BYTES,
+                                                              limits.DEFAULT_REQUEST_MAX_BYTES)
+    options["grpc.max_concurrent_streams"] = cfg.get_int(limits.MAX_CONCURRENT_STREAMS,
+                                                          limits.DEFAULT_MAX_CONCURRENT_STREAMS)
+    return list(options.items())
 
 
 async def _set_health(servicer, status, name: str = "") -> None:

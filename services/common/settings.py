@@ -47,6 +47,16 @@ class ServiceSchema(SecuritySettings):
                                                "binds (unset: --host).", LOW)
     health_poll_ms: int = setting("exactly.health.poll.ms", 100, "ms between updates of the gRPC health status.",
                                   LOW, ge=10)
+    socket_request_max_bytes: int = setting(
+        "socket.request.max.bytes", 104857600, "Largest request the gRPC server receives (bytes); a larger one "
+        "is refused with RESOURCE_EXHAUSTED before it is parsed.", MEDIUM, ge=1024, le=2147483647)
+    max_concurrent_streams: int = setting("exactly.max.concurrent.streams", 1000, "Calls in flight per "
+                                          "connection; more wait for one to finish.", LOW, ge=1)
+    max_partitions_per_topic: int = setting("max.partitions.per.topic", 10000, "Partitions one topic may have "
+                                            "(CreateTopics, CreatePartitions; INVALID_PARTITIONS above).", MEDIUM,
+                                            ge=1)
+    max_partitions: int = setting("max.partitions", 100000, "Partitions of all topics together (KIP-578; "
+                                  "POLICY_VIOLATION above).", MEDIUM, ge=1)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
     authorizer: Literal["none", "acl"] = setting(
@@ -86,6 +96,9 @@ class PartitionLeaderSchema(ServiceSchema):
                                          "log.flush.interval.messages).", MEDIUM, ge=1)
     log_flush_interval_messages: int | None = setting("log.flush.interval.messages", None,
                                                       "Broker-level name of flush.messages.", LOW, ge=1)
+    message_max_bytes: int = setting("message.max.bytes", 1048588, "Largest record batch a Produce may carry "
+                                     "(bytes; MESSAGE_TOO_LARGE above; topic config max.message.bytes).", HIGH,
+                                     ge=0, le=2147483647)
     min_insync_replicas: int = setting("min.insync.replicas", 1, "In-sync replicas acks=all writes and "
                                        "markers need (capped at the replication factor).", HIGH, ge=1)
     producer_snapshot_interval_ms: int = setting("producer.snapshot.interval.ms", 30000, "Least ms between "

@@ -50,7 +50,8 @@ class LogClient(Protocol):
     """What the coordinator needs from services.common.rpc.ClusterClient."""
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000) -> tuple[int, int]: ...
+                      timeout_ms: int = 30000, transactional_id: str = "",
+                      consumer_group_id: str = "") -> tuple[int, int]: ...
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
@@ -368,15 +369,19 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             owned.notify_applied()
         return True
 
-    async def _append(self, owned: _OwnedPartition, batch: bytes) -> ErrorCode:
+    async def _append(self, owned: _OwnedPartition, batch: bytes, transactional_id: str = "",
+                      consumer_group_id: str = "") -> ErrorCode:
         """Append `batch` to the owned partition and wait until the tailer applied
-        it. Returns the partition leader's error code, NOT_COORDINATOR if the
-        partition was resigned meanwhile, REQUEST_TIMED_OUT after
-        commit_timeout_ms."""
+        it (a transactional batch names its producer's transactional.id, and group
+        for a group-aware producer, for the leader's verification). Returns the
+        partition leader's error code, NOT_COORDINATOR if the partition was resigned
+        meanwhile, REQUEST_TIMED_OUT after commit_timeout_ms."""
         if not self._owns(owned):
             return ErrorCode.NOT_COORDINATOR
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                                      timeout_ms=self.config.commit_timeout_ms)
+                                                      timeout_ms=self.config.commit_timeout_ms,
+                                                      transactional_id=transactional_id,
+                                                      consumer_group_id=consumer_group_id)
         if code != ErrorCode.NONE:
             if records.parse_header(batch).producer_id == owned.producer_id and self._is_fenced(owned, code):
                 return ErrorCode.NOT_COORDINATOR
@@ -663,7 +668,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             log.info("TxnOffsetCommit of %r for group %r (generation %d): %s owned by another producer; "
                      "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
         if allowed:
-            written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch)
+            written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch,
+                                                transactional_id, group_id if group_aware_producer else "")
             for tp, c in written.items():
                 if c == ErrorCode.NONE:
                     committers[tp] = (transactional_id, generation_id)
@@ -673,8 +679,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     async def _write_offsets(self, owned: _OwnedPartition, group_id: str,
                              offsets: Mapping[TopicPartition, OffsetAndMetadata],
                              producer_id: int = records.NO_PRODUCER_ID,
-                             producer_epoch: int = records.NO_PRODUCER_EPOCH
-                             ) -> dict[TopicPartition, ErrorCode]:
+                             producer_epoch: int = records.NO_PRODUCER_EPOCH, transactional_id: str = "",
+                             consumer_group_id: str = "") -> dict[TopicPartition, ErrorCode]:
         results: dict[TopicPartition, ErrorCode] = {}
         valid: dict[TopicPartition, OffsetAndMetadata] = {}
         now = self._wall_clock()
@@ -690,7 +696,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         keys = [(group_id, tp) for tp in valid]
         owned.inflight.update(keys)
         try:
-            raw = await self._append(owned, batch)
+            raw = await self._append(owned, batch, transactional_id, consumer_group_id)
         finally:
             owned.inflight.subtract(keys)
             for k in keys:

@@ -43,6 +43,8 @@ from exactly_wire import compression, records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 
+from services.common import limits
+
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig
 from .producer_state import ProducerStateEntry, ProducerStateManager, SnapshotError
@@ -78,6 +80,7 @@ _SETTINGS = {
     "retention.bytes": ("log.retention.bytes", -1),
     "segment.ms": ("log.roll.ms", 604800000),
     "delete.retention.ms": ("log.cleaner.delete.retention.ms", 86400000),
+    "max.message.bytes": ("message.max.bytes", 1048588),
 }
 CLEANUP_POLICY_ALIAS = "log.cleanup.policy"
 DELETE, COMPACT = "delete", "compact"
@@ -102,7 +105,17 @@ TOPIC_CONFIGS: dict[str, tuple[str, str]] = {
     "retention.bytes": ("-1", "Delete old segments while the partition is larger (bytes; -1: no limit)."),
     "segment.ms": ("604800000", "Roll the active segment after this many ms."),
     "delete.retention.ms": ("86400000", "How long tombstones stay in a compacted topic (ms)."),
+    "max.message.bytes": ("1048588", "Largest record batch a Produce may append (bytes; MESSAGE_TOO_LARGE)."),
 }
+# Smallest value of each integer topic config (Kafka's ConfigDef ranges); every value
+# must also fit a 64-bit signed integer (Kafka's long).
+_TOPIC_CONFIG_MIN = {"segment.bytes": 1024, "index.interval.bytes": 1, "flush.messages": 1,
+                     "producer.snapshot.interval.ms": 1, "producer.snapshot.retained": 1,
+                     "producer.id.expiration.ms": 1, "min.insync.replicas": 1, "retention.ms": -1,
+                     "retention.bytes": -1, "segment.ms": 1, "delete.retention.ms": 0, "max.message.bytes": 0}
+_TOPIC_CONFIG_MAX = {"segment.bytes": (1 << 31) - 1, "max.message.bytes": (1 << 31) - 1,
+                     "index.interval.bytes": (1 << 31) - 1, "min.insync.replicas": (1 << 31) - 1,
+                     "producer.snapshot.retained": 1000}
 _STRING_TOPIC_CONFIGS = {"cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact")}
 
 
@@ -118,9 +131,12 @@ def validate_topic_configs(configs: Mapping[str, str]) -> str | None:
                 return f"topic config {key}={value!r}: allowed values are {', '.join(allowed)}"
             continue
         try:
-            int(str(value))
+            number = int(str(value))
         except ValueError:
             return f"topic config {key}={value!r} is not an integer"
+        low, high = _TOPIC_CONFIG_MIN.get(key, -(1 << 63)), _TOPIC_CONFIG_MAX.get(key, (1 << 63) - 1)
+        if not low <= number <= high:
+            return f"topic config {key}={value!r} is outside [{low}, {high}]"
     return None
 
 
@@ -140,6 +156,8 @@ class PartitionConfig:
         limit), applied by the cleaner when "delete" is in the policy;
     delete_retention_ms: `delete.retention.ms`, how long a compacted topic keeps
         tombstones and transaction markers whose data is gone.
+    max_message_bytes: `max.message.bytes` (broker `message.max.bytes`), the
+        largest record batch a Produce may append (bytes).
     docs/design.md, "Retention and compaction".
     """
 
@@ -152,6 +170,7 @@ class PartitionConfig:
     retention_ms: int = 604800000
     retention_bytes: int = -1
     delete_retention_ms: int = 86400000
+    max_message_bytes: int = 1048588
 
     @property
     def compact(self) -> bool:
@@ -194,7 +213,8 @@ class PartitionConfig:
                    producer_id_expiration_ms=get("producer.id.expiration.ms"),
                    min_insync_replicas=max(get("min.insync.replicas"), 1),
                    cleanup_policy=policies, retention_ms=get("retention.ms"),
-                   retention_bytes=get("retention.bytes"), delete_retention_ms=get("delete.retention.ms"))
+                   retention_bytes=get("retention.bytes"), delete_retention_ms=get("delete.retention.ms"),
+                   max_message_bytes=get("max.message.bytes"))
 
 
 class AppendResult(NamedTuple):
@@ -484,6 +504,9 @@ class Partition:
         marker made it stale)."""
         if self.replication is None:
             return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
+        too_big = limits.validate_batch_size(len(batch), self.config.max_message_bytes)
+        if too_big is not None:
+            return AppendResult(too_big[0], message=too_big[1])
         buf = bytearray(batch)
         try:
             h = records.verify_crc(buf)
@@ -501,6 +524,13 @@ class Partition:
                                 message="control batches are written only through WriteTxnMarkers")
         if h.compression not in compression.CODECS:
             return AppendResult(ErrorCode.INVALID_REQUEST, message=f"unsupported compression {h.compression}")
+        bad = records.validate_records(buf, h)
+        if bad is not None:
+            return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=bad)
+        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX or \
+                h.producer_id < 0 and h.base_sequence != records.NO_SEQUENCE:
+            return AppendResult(ErrorCode.INVALID_RECORD, message=(
+                f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence {h.base_sequence}"))
         if required_acks == ACKS_ALL and not self.enough_replicas():
             return AppendResult(ErrorCode.NOT_ENOUGH_REPLICAS, -1, self.log_start_offset,
                                 f"{len(self.isr)} in-sync replicas, min.insync.replicas is "
@@ -544,6 +574,13 @@ class Partition:
         computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")."""
         if self.replication is None:
             return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
+        if producer_id < 0 or coordinator_epoch < 0 or transaction_version not in (0, 1, 2):
+            return MarkerResult(ErrorCode.INVALID_REQUEST, message=(
+                f"marker for producer id {producer_id}, coordinator epoch {coordinator_epoch}, transaction "
+                f"version {transaction_version}"))
+        bad_epoch = limits.validate_producer_epoch(producer_epoch)
+        if bad_epoch is not None:
+            return MarkerResult(bad_epoch[0], message=bad_epoch[1])
         check = self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch, transaction_version)
         if check.error != ErrorCode.NONE:
             return MarkerResult(check.error, message=check.message)

@@ -202,12 +202,13 @@ class ProducerStateManager:
         return default
 
     # ------------------------------------------------------------ verification
-    def needs_verification(self, h: BatchHeader) -> bool:
+    def needs_verification(self, h: BatchHeader, include_internal: bool = False) -> bool:
         """Whether a client batch would start a transaction of its PID here (the PID has
         none ongoing, or one under another epoch), so its transaction coordinator must
-        confirm it first (KIP-890 part 1). Never on internal topics, whose writers are
-        the coordinators."""
-        if self.internal or not h.is_transactional or h.producer_id < 0:
+        confirm it first (KIP-890 part 1). On internal topics only with
+        `include_internal` (a coordinator's transactional offset commit, which must
+        not open a transaction no transaction coordinator knows of)."""
+        if (self.internal and not include_internal) or not h.is_transactional or h.producer_id < 0:
             return False
         entry = self.producers.get(h.producer_id)
         return entry is None or entry.current_txn_first_offset < 0 or entry.producer_epoch != h.producer_epoch

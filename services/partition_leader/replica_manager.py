@@ -100,6 +100,16 @@ class FetchEntry(NamedTuple):
     current_leader_epoch: int = -1
 
 
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
+def _is_transactional(batch: bytes) -> bool:
+    try:
+        return records.parse_header(batch).is_transactional
+    except records.CorruptRecordError:
+        return False  # Partition.append answers CORRUPT_MESSAGE
+
+
 def guarded(what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
     """Run a domain call; an exception (a bug, corruption, an I/O failure) becomes an
     error code for this partition instead of failing the whole request:
@@ -489,8 +499,10 @@ class ReplicaManager:
         if p is None:
             return AppendResult(err)
         guard = None
-        if self.verifier is not None and not internal_only:
-            guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id)
+        if internal_only and e.topic != OFFSETS_TOPIC and _is_transactional(e.records):
+            return AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
+        if self.verifier is not None:
+            guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id, internal_only)
             if refused is not None:
                 return refused
             p, err = self.get(e.topic, e.partition)  # leadership may have moved meanwhile
@@ -509,15 +521,19 @@ class ReplicaManager:
                 res = res._replace(error=err, message="")
         return res
 
-    async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str,
-                      deadline: float, consumer_group_id: str = "") -> tuple[object | None, AppendResult | None]:
+    async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str, deadline: float,
+                      consumer_group_id: str = "", internal: bool = False
+                      ) -> tuple[object | None, AppendResult | None]:
         """(guard, None) when the batch may be appended (guard None: it starts no
-        transaction), or (None, refusal)."""
+        transaction), or (None, refusal). `internal`: a coordinator's append (a
+        transactional offset commit to `__consumer_offsets` is verified like a
+        client's batch, so a forged one cannot open a transaction that no
+        transaction coordinator will ever end)."""
         try:
             h = records.parse_header(e.records)
         except records.CorruptRecordError:
             return None, None  # Partition.append answers CORRUPT_MESSAGE
-        if not p.producers.needs_verification(h):
+        if not p.producers.needs_verification(h, include_internal=internal):
             return None, None
         if not transactional_id:
             return None, AppendResult(ErrorCode.INVALID_TXN_STATE, message=(

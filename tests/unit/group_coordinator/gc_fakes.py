@@ -55,7 +55,8 @@ class FakeLog:
         self._changed = asyncio.Event()
         return base
 
-    async def produce(self, topic, partition, batch, acks=-1, timeout_ms=30000):
+    async def produce(self, topic, partition, batch, acks=-1, timeout_ms=30000, transactional_id="",
+                      consumer_group_id=""):
         if self.produce_error is not None:
             return int(self.produce_error), -1
         h = records.parse_header(batch)
