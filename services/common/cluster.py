@@ -410,6 +410,21 @@ class ClusterState:
             return ErrorCode.UNKNOWN_SERVER_ERROR, f"topic creation failed: {failed[0]!r}"
         return ErrorCode.NONE, ""
 
+    def writer_claim(self, topic: str, partition: int) -> tuple[int, int, int]:
+        """(writer producer id, writer epoch, retired writer producer id) of the
+        coordinator claim on an internal partition, read from ZooKeeper now
+        (docs/design.md, "Coordinator ownership"); (-1, -1, -1) without a claim."""
+        kind = next((k for k, t in INTERNAL_TOPIC_FOR_KIND.items() if t == topic), None)
+        if kind is None:
+            return -1, -1, -1
+        try:
+            data, _ = self.zk.get(f"{COORDINATORS}/{kind}/{partition}")
+        except NoNodeError:
+            return -1, -1, -1
+        d = json.loads(data) if data else {}
+        return (int(d.get("producer_id", -1)), int(d.get("producer_epoch", -1)),
+                int(d.get("retired_producer_id", -1)))
+
     def ensure_internal_topic(self, kind: str, num_partitions: int | None = None,
                               replication_factor: int | None = None) -> None:
         """Create `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")

@@ -40,6 +40,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
+from services.common.ownership import RETIRED_WRITER_EPOCH
 from services.common.verification import Verifier
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
@@ -108,6 +109,12 @@ def _is_transactional(batch: bytes) -> bool:
         return records.parse_header(batch).is_transactional
     except records.CorruptRecordError:
         return False  # Partition.append answers CORRUPT_MESSAGE
+
+
+def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) -> bool:
+    writer, epoch, retired = claim
+    return (producer_id == writer and producer_epoch <= epoch) or \
+        (producer_id == retired and producer_epoch == RETIRED_WRITER_EPOCH)
 
 
 def guarded(what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
@@ -179,6 +186,8 @@ class ReplicaManager:
         self.verifier: Verifier | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
+        # Coordinator claims on internal partitions: (writer id, writer epoch, retired writer id).
+        self._claims: dict[TopicPartition, tuple[int, int, int]] = {}
 
     @property
     def partitions(self) -> dict[TopicPartition, Partition]:
@@ -501,6 +510,10 @@ class ReplicaManager:
         guard = None
         if internal_only and e.topic != OFFSETS_TOPIC and _is_transactional(e.records):
             return AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
+        if internal_only and not await self._writer_backed(e):
+            return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
+                                message=f"the writer id and epoch of this batch are not those of the coordinator "
+                                        f"claim on {e.topic}-{e.partition}")
         if self.verifier is not None:
             guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id, internal_only)
             if refused is not None:
@@ -520,6 +533,28 @@ class ReplicaManager:
             if err != ErrorCode.NONE:
                 res = res._replace(error=err, message="")
         return res
+
+    async def _writer_backed(self, e: ProduceEntry) -> bool:
+        """A coordinator's plain batch with a writer id must carry the writer id of the
+        ZooKeeper claim on the partition, at most its writer epoch, or the retired
+        writer id at the closing epoch (docs/design.md, "Coordinator ownership"): a
+        forged batch cannot bump the writer epoch and fence the real owner. The claim
+        is cached and read again when a batch goes past it (a new owner's fence)."""
+        try:
+            h = records.parse_header(e.records)
+        except records.CorruptRecordError:
+            return True  # refused by the partition with CORRUPT_MESSAGE
+        if h.producer_id < 0 or h.is_transactional:
+            return True  # no writer id; transactional offset commits are verified (KIP-890)
+        key = (e.topic, e.partition)
+        claim = self._claims.get(key)
+        if claim is None or not _backed(claim, h.producer_id, h.producer_epoch):
+            writer_claim = getattr(self.cluster, "writer_claim", None)
+            if writer_claim is None:
+                return True  # a cluster view without claims (tools, tests)
+            claim = await asyncio.to_thread(writer_claim, e.topic, e.partition)
+            self._claims[key] = claim
+        return _backed(claim, h.producer_id, h.producer_epoch)
 
     async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str, deadline: float,
                       consumer_group_id: str = "", internal: bool = False
