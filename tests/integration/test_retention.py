@@ -93,8 +93,8 @@ def test_retention_on_every_replica(make_cluster):
     cluster = make_cluster(partition_leaders=3, props=PROPS)
     topic = f"ret-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, 1, 3, {"segment.bytes": "4096", "retention.ms": str(10 * 60_000)})],
-                        timeout=60)
+    # No retention while the data goes in: the bytes are measured on every replica first.
+    admin.create_topics([NewTopic(topic, 1, 3, {"segment.bytes": "4096", "retention.ms": "-1"})], timeout=60)
     tp = TopicPartition(topic, 0)
     old = wall_clock_ms() - HOUR_MS
 
@@ -126,8 +126,12 @@ def test_retention_on_every_replica(make_cluster):
     txp.close()
 
     dirs = replica_dirs(cluster, topic)
+    # Followers store the leader's batches byte for byte: wait until they hold all of them.
+    wait_for(lambda: len({disk_bytes(d) for d in dirs.values()}) == 1, 30, "every replica caught up")
     before = {n: disk_bytes(d) for n, d in dirs.items()}
     assert all(b > 40_000 for b in before.values()), before
+    assert all(log_start_on_disk(d) == 0 for d in dirs.values())
+    admin.incremental_alter_configs({topic: {"retention.ms": str(10 * 60_000)}})
     # The cleaner of every replica deletes the old segments; the leader's log start moves.
     wait_for(lambda: all(log_start_on_disk(d) > 400 for d in dirs.values()), 30,
              "the log start offset advancing on every replica")
