@@ -536,8 +536,8 @@ class ClusterState:
                 tx.create(f"{TOPICS}/{name}/{p}/state",
                           json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
             results = tx.commit()
-            if any(isinstance(r, (BadVersionError, NodeExistsError)) for r in results):
-                continue  # changed meanwhile: read again
+            if any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError)) for r in results):
+                continue  # changed or deleted meanwhile: read again
             failed = [r for r in results if isinstance(r, Exception)]
             if failed:
                 return ErrorCode.UNKNOWN_SERVER_ERROR, f"creating partitions failed: {failed[0]!r}"

@@ -574,7 +574,8 @@ class Partition:
         computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")."""
         if self.replication is None:
             return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
-        if producer_id < 0 or coordinator_epoch < 0 or transaction_version not in (0, 1, 2):
+        # Coordinator epoch -1: a KIP-664 abort of a producer that never had a marker here.
+        if producer_id < 0 or coordinator_epoch < -1 or transaction_version not in (0, 1, 2):
             return MarkerResult(ErrorCode.INVALID_REQUEST, message=(
                 f"marker for producer id {producer_id}, coordinator epoch {coordinator_epoch}, transaction "
                 f"version {transaction_version}"))

@@ -143,6 +143,16 @@ def test_marker_without_an_ongoing_transaction_is_still_written(open_partition):
     assert p.log.active_segment.aborted[-1] == AbortedTxn(99, 3, 3, 4)
 
 
+def test_marker_coordinator_epoch_minus_one_is_an_admin_abort(open_partition):
+    """KIP-664's abort of a producer that never had a marker here carries coordinator
+    epoch -1 (what DescribeProducers reports); below that is malformed."""
+    p = open_partition()
+    p.append(make_batch(1, pid=7, epoch=3, seq=0, txn=True))
+    assert p.write_marker(7, 3, False, -2).error == ErrorCode.INVALID_REQUEST
+    assert p.write_marker(7, 3, False, -1).error == ErrorCode.NONE
+    assert p.last_stable_offset == p.high_watermark
+
+
 def test_marker_fencing_and_epoch_bump(open_partition):
     p = open_partition()
     p.append(make_batch(1, pid=1, epoch=0, seq=0, txn=True))
