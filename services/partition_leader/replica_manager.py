@@ -534,6 +534,24 @@ class ReplicaManager:
                 res = res._replace(error=err, message="")
         return res
 
+    async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int) -> MarkerResult | None:
+        """`__transaction_state` holds no transactions, so no markers; on
+        `__consumer_offsets` a marker may not name a coordinator's writer id (a marker
+        bumps its producer's epoch, which would fence the owning coordinator)."""
+        if topic != OFFSETS_TOPIC:
+            return MarkerResult(ErrorCode.INVALID_REQUEST, message=f"{topic} holds no transactions")
+        writer_claim = getattr(self.cluster, "writer_claim", None)
+        if writer_claim is None:
+            return None
+        claim = self._claims.get((topic, partition))  # kept current by _writer_backed
+        if claim is None:
+            claim = self._claims[(topic, partition)] = await asyncio.to_thread(writer_claim, topic, partition)
+        writer, _epoch, retired = claim
+        if m.producer_id in (writer, retired):
+            return MarkerResult(ErrorCode.INVALID_REQUEST,
+                                message=f"producer id {m.producer_id} is the coordinator's writer id of {topic}-{partition}")
+        return None
+
     async def _writer_backed(self, e: ProduceEntry) -> bool:
         """A coordinator's plain batch with a writer id must carry the writer id of the
         ZooKeeper claim on the partition, at most its writer epoch, or the retired
@@ -600,6 +618,10 @@ class ReplicaManager:
         return out
 
     async def _marker_one(self, m: MarkerEntry, topic: str, partition: int, deadline: float) -> MarkerResult:
+        if self.is_internal(topic):
+            refused = await self._internal_marker_refused(m, topic, partition)
+            if refused is not None:
+                return refused
         p, err = await self._leader_for_write(topic, partition, deadline, confirm=True)
         if p is None:
             return MarkerResult(err)

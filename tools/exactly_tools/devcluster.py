@@ -55,10 +55,20 @@ class DevClusterError(RuntimeError):
     """A service did not start or is unknown."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now and not handed out before by this process (the
+    kernel may offer a just-closed port again, and a service binds its several ports
+    one after the other)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def pid_alive(pid: int) -> bool:
