@@ -198,8 +198,9 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
         rpc, target, msg, body = job
         method = channels[target].unary_unary(rpc.path, request_serializer=None,
                                               response_deserializer=rpc.response.FromString)
-        # A Fetch long-polls for the max_wait_ms it asks for: that is an answer, not a hang.
-        asked_wait_s = max(getattr(msg, "max_wait_ms", 0), 0) / 1000 if msg is not None else 0.0
+        # A Fetch long-polls for the max_wait_ms it asks for: an answer just after it is
+        # not a hang (longer asked waits are not counted as hangs at all, _asked_to_wait).
+        asked_wait_s = min(max(getattr(msg, "max_wait_ms", 0), 0) / 1000, CALL_DEADLINE_S) if msg is not None else 0.0
         try:
             return rpc, msg, method(body, timeout=CALL_DEADLINE_S + asked_wait_s)
         except grpc.RpcError as exc:
