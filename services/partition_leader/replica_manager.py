@@ -186,6 +186,8 @@ class ReplicaManager:
         self.verifier: Verifier | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
+        # (topic, partition, producer id) -> lock ordering that producer's appends there.
+        self._producer_locks: dict[tuple[str, int, int], asyncio.Lock] = {}
         # Coordinator claims on internal partitions: (writer id, writer epoch, retired writer id).
         self._claims: dict[TopicPartition, tuple[int, int, int]] = {}
 
@@ -498,6 +500,42 @@ class ReplicaManager:
 
     async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
                           transactional_id: str = "", consumer_group_id: str = "") -> AppendResult:
+        """One entry of a Produce. The batches of one producer on one partition are
+        appended in the order their requests arrived: a batch waiting for its
+        transaction to be verified (KIP-890) holds back the producer's next ones, which
+        would otherwise overtake it (a Kafka broker reads one request per connection at
+        a time; gRPC runs a client's pipelined requests side by side)."""
+        try:
+            pid = records.parse_header(e.records).producer_id
+        except records.CorruptRecordError:
+            pid = -1
+        if pid < 0:
+            appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
+                                                  consumer_group_id)
+        else:
+            key = (e.topic, e.partition, pid)
+            lock = self._producer_locks.get(key)
+            if lock is None:
+                lock = self._producer_locks[key] = asyncio.Lock()
+            try:
+                async with lock:  # acquired in arrival order: an uncontended acquire does not yield
+                    appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
+                                                          consumer_group_id)
+            finally:
+                if not lock.locked() and not getattr(lock, "_waiters", None) and \
+                        self._producer_locks.get(key) is lock:
+                    del self._producer_locks[key]
+        if isinstance(appended, AppendResult):
+            return appended
+        res, p, epoch = appended  # appended here: acknowledge by acks, outside the producer's order
+        err = await self._complete(p, epoch, acks, res.last_offset, deadline)
+        return res if err == ErrorCode.NONE else res._replace(error=err, message="")
+
+    async def _append_ordered(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
+                              transactional_id: str = "", consumer_group_id: str = ""
+                              ) -> AppendResult | tuple[AppendResult, Partition, int]:
+        """Checks, verification and the local append: an AppendResult when done (an
+        error), or (result, partition, leader epoch) to acknowledge by acks."""
         if acks not in VALID_ACKS:
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
         if self.is_internal(e.topic) != internal_only:
@@ -529,9 +567,7 @@ class ReplicaManager:
             self.on_appended(e.topic, e.records)
             self.purgatory.notify((e.topic, e.partition))
         if res.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
-            err = await self._complete(p, epoch, acks, res.last_offset, deadline)
-            if err != ErrorCode.NONE:
-                res = res._replace(error=err, message="")
+            return res, p, epoch
         return res
 
     async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int) -> MarkerResult | None:
