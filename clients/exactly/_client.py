@@ -9,6 +9,7 @@ gRPC or protobuf types (docs/design.md, "Code conventions"). Every service answe
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import itertools
@@ -221,7 +222,7 @@ def run_flow(flow: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
         return stop.value
 
 
-class CoreBase:
+class CoreBase(abc.ABC):
     """The I/O-free part of a client core, shared by `ClientCore` (blocking gRPC)
     and `exactly.aio`'s core (grpc.aio): settings, the metadata and coordinator
     caches, address rotation, and what a failed try invalidates.
@@ -255,8 +256,9 @@ class CoreBase:
     def request_timeout_s(self) -> float:
         return self.request_timeout_ms / 1000.0
 
+    @abc.abstractmethod
     def _new_channel(self, address: str) -> Any:
-        raise NotImplementedError
+        """A channel to `address` (blocking gRPC in ClientCore, grpc.aio in exactly.aio)."""
 
     def channel(self, address: str) -> Any:
         with self._lock:

@@ -13,6 +13,7 @@ Outcomes are processed on this thread only.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import threading
@@ -71,7 +72,7 @@ def txn_coordinator_addresses(md: Metadata) -> list[str]:
     return sorted(n.address for n in md.nodes.values() if n.role == "txn_coordinator")
 
 
-class SenderCore:
+class SenderCore(abc.ABC):
     """The sender's rules, shared by the sender thread (`Sender`) and the asyncio
     sender of `exactly.aio`: one `_run_once` step drains ready batches, keeps the
     transaction's partitions registered, sends Produce requests (one per leader,
@@ -104,13 +105,13 @@ class SenderCore:
 
     # ------------------------------------------------------------ driver hooks
 
+    @abc.abstractmethod
     def wakeup(self) -> None:
         """Run the next step now (new batches, a flush, an abort)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _complete(self, fn: Callable[[], None]) -> None:
         """Queue an outcome handler for the driver's thread/task and wake it."""
-        raise NotImplementedError
 
     def _step(self) -> float | None:
         """One step, guarded: a failing step is a bug to log, not a reason to stop."""

@@ -25,6 +25,7 @@ clean-up, `_dropped`.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 from typing import Awaitable, Callable, Coroutine, Generic, TypeVar
@@ -107,7 +108,7 @@ class OwnedPartition:
 P = TypeVar("P", bound=OwnedPartition)
 
 
-class PartitionOwner(Generic[P]):
+class PartitionOwner(abc.ABC, Generic[P]):
     """Base of the coordinators: the partitions of `topic` this process owns.
 
     clock: milliseconds (exactly_wire.clock.Clock) of the subclass's choice;
@@ -135,17 +136,18 @@ class PartitionOwner(Generic[P]):
         self._tasks: set[asyncio.Task] = set()  # work not tied to one partition
 
     # ------------------------------------------------------------ subclass hooks
+    @abc.abstractmethod
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int,
                        producer_epoch: int, retired_producer_id: int) -> P:
-        raise NotImplementedError
+        """The state object of a newly claimed partition."""
 
+    @abc.abstractmethod
     async def _load(self, part: P) -> None:
         """The main task of a newly owned partition: fence, replay, serve."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _append_fence(self, part: P, batch: bytes) -> int:
         """Append one fence batch to the partition; returns an ErrorCode value."""
-        raise NotImplementedError
 
     def _dropped(self, part: P) -> None:
         """Called once `part` was closed and its tasks cancelled: forget its state."""
