@@ -11,15 +11,14 @@ import uuid
 
 import grpc
 import pytest
-from kazoo.client import KazooClient
 
 from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
-from exactly_tools.devcluster import DevCluster
 from exactly_wire import records
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from clusters import chrooted_cluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -29,14 +28,7 @@ FAST = {"request.timeout.ms": 5000, "retry.backoff.ms": 50, "retry.backoff.max.m
 
 @pytest.fixture(scope="module")
 def sec(zk, tmp_path_factory):
-    root = f"/authz-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
-    c = DevCluster(tmp_path_factory.mktemp("authz-cluster"), security=True)
-    c.up(3, 1, 1, zookeeper=zk + root)
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("authz-cluster"), "authz", security=True)
     ca = CertificateAuthority.load(c.dir / "certs")
     for name in ("alice", "bob", "carol"):
         ca.issue(name, client=True)

@@ -9,13 +9,11 @@ import os
 import pathlib
 import subprocess
 import sys
-import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
 from exactly import AdminClient, Producer, TopicPartition
-from exactly_tools.devcluster import DevCluster
+from clusters import chrooted_cluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,14 +24,7 @@ EXACTLY = pathlib.Path(sys.executable).parent / "exactly"
 @pytest.fixture(scope="module")
 def cli_cluster(zk, tmp_path_factory):
     """One cluster (3 partition leaders) for the CLI tests of this module."""
-    root = f"/cli-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
-    c = DevCluster(tmp_path_factory.mktemp("cli-cluster"))
-    c.up(3, 1, 1, zookeeper=zk + root)
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("cli-cluster"), "cli")
     yield c
     c.down()
 

@@ -15,10 +15,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer as KConsumer, KafkaException, Producer as KProducer, TopicPartition as KTP
-from kazoo.client import KazooClient
 
 from exactly import Consumer as XConsumer, TopicPartition
-from exactly_tools.devcluster import DevCluster
+from clusters import chrooted_cluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,14 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def kc(zk, tmp_path_factory):
     """One cluster (3 partition leaders) for this module's tests."""
-    root = f"/kafka-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
-    c = DevCluster(tmp_path_factory.mktemp("kafka-cluster"))
-    c.up(3, 1, 1, zookeeper=zk + root)
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("kafka-cluster"), "kafka")
     yield c
     c.down()
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
 from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
-from exactly_tools.devcluster import DevCluster
+from clusters import chrooted_cluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -22,14 +21,7 @@ FAST_FAIL = {"request.timeout.ms": 2000, "retry.backoff.ms": 50, "retry.backoff.
 
 @pytest.fixture(scope="module")
 def secured(zk, tmp_path_factory):
-    root = f"/tls-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
-    c = DevCluster(tmp_path_factory.mktemp("tls-cluster"), security=True)
-    c.up(3, 1, 1, zookeeper=zk + root)
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("tls-cluster"), "tls", security=True)
     yield c
     c.down()
 
