@@ -114,12 +114,15 @@ class UserStore:
     """The SCRAM credentials under /exactly/config/users, cached with ZooKeeper
     watches (a change applies within the watch's delivery, no restart)."""
 
-    def __init__(self, zk=None):
+    def __init__(self, zk=None, ensure_path=None):
+        """zk: a started KazooClient (None: no store, every password fails);
+        ensure_path(path): creates the users znode (ClusterState.ensure_sensitive_path,
+        so it gets the sensitive ACL); default zk.ensure_path."""
         self._users: dict[str, ScramCredential] = {}
         self._lock = threading.Lock()
         self._zk = zk
         if zk is not None:
-            zk.ensure_path(USERS)
+            (ensure_path or zk.ensure_path)(USERS)
             zk.ChildrenWatch(USERS, self._on_children)
 
     def _on_children(self, children: list[str]) -> None:

@@ -26,6 +26,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from exactly_wire.error_codes import ErrorCode
 
 from . import limits
+from .zk_security import ZkSecurity
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,10 @@ class ClusterState:
         self.host = host
         self.port = port
         self.kafka_port = 0  # set before register() when a Kafka listener runs
-        self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s)
+        # zookeeper.set.acl: digest credentials and znode ACLs (zk_security.py).
+        self.zk_security = ZkSecurity(self.props)
+        self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s, auth_data=self.zk_security.auth_data,
+                              default_acl=self.zk_security.default_acl)
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
         self._topics: dict[str, TopicInfo] = {}
@@ -156,6 +160,18 @@ class ClusterState:
             self.zk.ensure_path(path)
         self.zk.ChildrenWatch(SERVICES, self._on_services)
         self.zk.ChildrenWatch(TOPICS, self._on_topics)
+
+    def ensure_sensitive_path(self, path: str) -> None:
+        """Create `path` (and its parents) if missing; `path` itself gets the
+        sensitive ACL (cluster identity only, not world-readable) when
+        zookeeper.set.acl is on."""
+        parent = path.rsplit("/", 1)[0]
+        if parent:
+            self.zk.ensure_path(parent)
+        try:
+            self.zk.create(path, b"", acl=self.zk_security.sensitive_acl)
+        except NodeExistsError:
+            pass
 
     def register(self) -> None:
         """Publish this process under /exactly/services/<node_id> (ephemeral). A node

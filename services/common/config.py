@@ -20,6 +20,7 @@ from exactly_wire.config import ConfigSchema, ConfigurationError, parse
 from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
 from .settings import SERVICE_SCHEMAS
+from .zk_security import ZkSecurity
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 
@@ -119,6 +120,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
                             zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
                             advertised_host=args.advertised_host or args.host)
         service_security(cfg)  # cross-key checks and readable certificate files, before starting
+        ZkSecurity(cfg.props)  # zookeeper.set.acl needs both digest credentials
         return cfg
     except ConfigurationError as exc:
         parser.error(str(exc))

@@ -232,7 +232,8 @@ class SecurityAdmin:
                 if zk.exists(path):
                     zk.set(path, data)
                 else:
-                    zk.create(path, data, makepath=True)
+                    zk.create(path, data, acl=self.cluster.zk_security.sensitive_acl)
+            await asyncio.to_thread(self.cluster.ensure_sensitive_path, USERS)
             await asyncio.to_thread(write)
             resp.results.add(user=u.name, error_code=ErrorCode.NONE)
         for name in request.deletions:
@@ -249,7 +250,7 @@ class SecurityAdmin:
         return resp
 
     async def describe_users(self) -> pb.DescribeUserScramCredentialsResponse:
-        await asyncio.to_thread(self.cluster.zk.ensure_path, USERS)
+        await asyncio.to_thread(self.cluster.ensure_sensitive_path, USERS)
         return pb.DescribeUserScramCredentialsResponse(users=sorted(await asyncio.to_thread(
             self.cluster.zk.get_children, USERS)))
 
@@ -369,7 +370,7 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
                     interceptor: AuthInterceptor) -> None:
     """Authentication (SCRAM users from ZooKeeper) and, with authorizer=acl, the ACL
     authorizer fed by a ZooKeeper watch (docs/design.md, "Security")."""
-    users = UserStore(cluster.zk)
+    users = UserStore(cluster.zk, cluster.ensure_sensitive_path)
     interceptor.authenticator = Authenticator(users, tls=security.tls,
                                               mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
     if cfg.get_str("authorizer", "none") == "acl":

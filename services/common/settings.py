@@ -41,6 +41,16 @@ class ServiceSchema(SecuritySettings):
     zookeeper_session_timeout_ms: int = setting(
         "zookeeper.session.timeout.ms", 10000, "ZooKeeper session timeout in ms; leadership leases and "
         "coordinator ownership last 2/3 of it.", HIGH, ge=1000)
+    zookeeper_set_acl: Bool = setting(
+        "zookeeper.set.acl", False, "Create every znode with an ACL: the cluster's digest identity may do "
+        "everything, others only read (SCRAM credentials not even that). Needs zookeeper.digest.username and "
+        "zookeeper.digest.password.", HIGH)
+    zookeeper_digest_username: str | None = setting(
+        "zookeeper.digest.username", None, "The services' ZooKeeper identity (digest authentication); the "
+        "same on every service of a cluster.", HIGH)
+    zookeeper_digest_password: str | None = setting(
+        "zookeeper.digest.password", None, "Password of zookeeper.digest.username. Prefer --config FILE "
+        "(mode 0600) to --set, which other local users can see in the process list.", HIGH)
     metrics_port: int = setting("metrics.port", 0, "Port of the Prometheus /metrics endpoint (0: a free port).",
                                 MEDIUM, ge=0, le=65535)
     metrics_bind_address: str | None = setting("metrics.bind.address", None, "Address the /metrics endpoint "

@@ -285,3 +285,42 @@ def test_purchases_pipeline_secured(tmp_path, capsys):
     assert "refused (TopicAuthorizationFailedError), as its ACLs say" in out
     assert "invoices out (read_committed):     9,998   duplicates 0   missing 0" in out
     assert "RESULT: exactly once" in out
+
+
+def test_zookeeper_is_not_a_back_door(sec, world):
+    """Without the services' digest credentials a ZooKeeper client may read partition
+    state but not change partition state, coordinator ownership, the producer-id block,
+    ACLs or users, and may not even read the SCRAM credentials (zookeeper.set.acl)."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    topic, _grp, _tid = world
+    state = f"/exactly/topics/{topic}/0/state"
+    intruder = KazooClient(hosts=sec.zookeeper)
+    intruder.start(timeout=30)
+    try:
+        before, _ = intruder.get(state)  # world-readable, as in Kafka
+        assert b"leader" in before
+        attempts = {
+            "partition state": lambda: intruder.set(state, b'{"leader": "intruder"}'),
+            "new topic": lambda: intruder.create("/exactly/topics/intruder", b"{}"),
+            "coordinator ownership": lambda: intruder.create("/exactly/coordinators/txn/99", b"{}"),
+            "producer-id block": lambda: intruder.set("/exactly/producer_id_block", b'{"next": 0}'),
+            "ACL": lambda: intruder.create("/exactly/acls/intruder", b""),
+            "user": lambda: intruder.create("/exactly/config/users/intruder", b"{}"),
+            "read SCRAM credentials": lambda: intruder.get_children("/exactly/config/users"),
+            "delete a live service": lambda: intruder.delete(f"/exactly/services/{sec.services['pl-0'].name}"),
+        }
+        refused = {}
+        for what, attempt in attempts.items():
+            try:
+                attempt()
+                refused[what] = False
+            except NoAuthError:
+                refused[what] = True
+        assert all(refused.values()), refused
+        assert intruder.get(state)[0] == before
+    finally:
+        intruder.stop()
+        intruder.close()
+    with admin(sec) as a:  # the cluster still works for its own principals
+        assert topic in a.list_topics()

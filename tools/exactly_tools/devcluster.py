@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -233,7 +234,8 @@ class DevCluster:
             cmd += ["--set", f"{k}={v}"]
         if self.security:
             certs = self.dir / "certs"
-            cmd += ["--set", f"ssl.certificate.location={certs / (svc.name + '.pem')}",
+            cmd += ["--config", str(self.zookeeper_properties),
+                    "--set", f"ssl.certificate.location={certs / (svc.name + '.pem')}",
                     "--set", f"ssl.key.location={certs / (svc.name + '.key')}"]
         if svc.metrics_port:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
@@ -295,9 +297,21 @@ class DevCluster:
         self.props = {"authorizer": "acl", "super.users": ";".join(["User:admin", *services]),
                       **self.props, "security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
                       "ssl.client.auth": "required"}
+        # The services' ZooKeeper identity: znodes are created with ACLs that let only it
+        # change anything (the password in a file only the owner reads, not on command lines).
+        props = self.zookeeper_properties
+        if not props.exists():
+            props.touch(mode=0o600)
+            props.write_text("zookeeper.set.acl=true\nzookeeper.digest.username=exactly\n"
+                             f"zookeeper.digest.password={secrets.token_urlsafe(24)}\n")
         self.client_config = {"security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
                               "ssl.certificate.location": str(admin.certificate),
                               "ssl.key.location": str(admin.key)}
+
+    @property
+    def zookeeper_properties(self) -> pathlib.Path:
+        """Secured clusters: the services' ZooKeeper digest credentials (mode 0600)."""
+        return self.dir / "certs" / "zookeeper.properties"
 
     def _get(self, name: str) -> Service:
         try:

@@ -1,0 +1,72 @@
+"""ZooKeeper is not a back door: digest authentication and znode ACLs.
+
+With `zookeeper.set.acl=true` every service authenticates to ZooKeeper with the
+cluster's digest credentials (`zookeeper.digest.username`,
+`zookeeper.digest.password`) and creates every znode with an ACL that gives that
+identity all permissions and everyone else read access only. The sensitive subtrees
+(the SCRAM credentials under /exactly/config/users) are not even readable without
+the credentials. So a client that reaches ZooKeeper can look at partition state but
+cannot change partition state, leadership, coordinator ownership, producer-id blocks,
+ACLs or users (ZooKeeper answers NoAuth). This follows Kafka's `zookeeper.set.acl`
+(creator all, world read, sensitive paths closed); docs/design.md, "Security".
+
+A cluster whose znodes were created without ACLs keeps them: turning the setting on
+applies to znodes created afterwards (start a new cluster, or set the ACLs of the
+existing znodes with ZooKeeper's `setAcl`).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
+
+from exactly_wire.config import ConfigurationError
+
+SET_ACL = "zookeeper.set.acl"
+USERNAME = "zookeeper.digest.username"
+PASSWORD = "zookeeper.digest.password"
+_WORLD_READ = ACL(Permissions.READ, OPEN_ACL_UNSAFE[0].id)
+
+
+class ZkSecurity:
+    """The ZooKeeper credentials and znode ACLs of one process.
+
+    props: the service's settings (keys above; values strings or bools). Raises
+    ConfigurationError when `zookeeper.set.acl` is on without both credentials, or
+    when only one of username and password is given.
+    """
+
+    def __init__(self, props: Mapping[str, object]):
+        set_acl = str(props.get(SET_ACL, "false")).strip().lower() == "true"
+        user = str(props.get(USERNAME) or "")
+        password = str(props.get(PASSWORD) or "")
+        if bool(user) != bool(password):
+            raise ConfigurationError(f"{USERNAME} and {PASSWORD} go together; give both or neither")
+        if set_acl and not user:
+            raise ConfigurationError(f"{SET_ACL}=true needs {USERNAME} and {PASSWORD}: the identity the "
+                                     "znode ACLs grant every permission to")
+        if ":" in user:
+            raise ConfigurationError(f"{USERNAME} must not contain ':'")
+        self.set_acl = set_acl
+        self._user = user
+        self._password = password
+
+    @property
+    def auth_data(self) -> list[tuple[str, str]]:
+        """kazoo `auth_data`: [("digest", "user:password")] or []."""
+        return [("digest", f"{self._user}:{self._password}")] if self._user else []
+
+    @property
+    def default_acl(self) -> list[ACL] | None:
+        """ACL of every znode the process creates: the cluster identity all, world
+        read; None (ZooKeeper's open ACL) when `zookeeper.set.acl` is off."""
+        if not self.set_acl:
+            return None
+        return [make_digest_acl(self._user, self._password, all=True), _WORLD_READ]
+
+    @property
+    def sensitive_acl(self) -> list[ACL] | None:
+        """ACL of the sensitive znodes (SCRAM credentials): the cluster identity only."""
+        if not self.set_acl:
+            return None
+        return [make_digest_acl(self._user, self._password, all=True)]
