@@ -116,12 +116,14 @@ def _find_coordinator(req, principal: str) -> list[Check]:
 
 
 def _init_producer_id(req, principal: str) -> list[Check]:
+    # Only a service may name the principal the producer id is bound to (pid_binding.py).
+    forwarded = [cluster(Op.CLUSTER_ACTION)] if req.principal else []
     if req.transactional_id:
         out = [txn(req.transactional_id)]
         if req.consumer_group_id:
             out.append(group(req.consumer_group_id))
-        return out
-    return [cluster(Op.IDEMPOTENT_WRITE)]
+        return forwarded + out
+    return forwarded + [cluster(Op.IDEMPOTENT_WRITE)]
 
 
 def _add_partitions(req, principal: str) -> list[Check]:

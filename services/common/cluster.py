@@ -139,6 +139,8 @@ class ClusterState:
         self.kafka_port = 0  # set before register() when a Kafka listener runs
         # zookeeper.set.acl: digest credentials and znode ACLs (zk_security.py).
         self.zk_security = ZkSecurity(self.props)
+        # With the authorizer on: producer id bindings (pid_binding.py), set by server.py.
+        self.pid_bindings = None
         self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s, auth_data=self.zk_security.auth_data,
                               default_acl=self.zk_security.default_acl)
         self._lock = threading.RLock()

@@ -39,6 +39,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from . import authz, limits, metrics, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
+from .pid_binding import ProducerIdBindings
 from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
@@ -379,6 +380,7 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
         AclStore(cluster.zk, AclCache(authorizer))
         interceptor.authorizer = authorizer
         authz.active_authorizer = authorizer
+        cluster.pid_bindings = ProducerIdBindings(cluster.zk)
     cluster.users = users
 
 

@@ -98,7 +98,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
         coordinator.verifier = TxnVerifier(cluster, client)
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False
-    servicer = GroupCoordinatorServicer(coordinator)
+    servicer = GroupCoordinatorServicer(coordinator, cluster.pid_bindings)
     pbg.add_GroupCoordinatorServicer_to_server(servicer, server)
     ownership = CoordinatorOwnership(cluster, "group", coordinator.on_elected, coordinator.on_resigned)
     return GroupCoordinatorService(coordinator, ownership, servicer)

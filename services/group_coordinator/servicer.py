@@ -13,6 +13,8 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common import authz
 from services.common.acl import Operation as Op, Resource, ResourceType
+from services.common.auth import current_principal
+from services.common.pid_binding import ProducerIdBindings
 
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION
@@ -53,8 +55,11 @@ def _offsets(topics) -> dict[TopicPartition, OffsetAndMetadata]:
 class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
     """Thin adapter; every outcome travels as an error code in the response."""
 
-    def __init__(self, coordinator: GroupCoordinator):
+    def __init__(self, coordinator: GroupCoordinator, bindings: ProducerIdBindings | None = None):
+        """bindings: with the authorizer on, TxnOffsetCommit's producer id must be bound
+        to the caller and the transactional.id (services/common/pid_binding.py)."""
         self.coordinator = coordinator
+        self.bindings = bindings
 
     async def JoinGroup(self, request, context):
         r = await self.coordinator.join_group(
@@ -103,6 +108,13 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
             pb.OffsetFetchTopic(name=t, partitions=parts) for t, parts in by_topic.items()])
 
     async def TxnOffsetCommit(self, request, context):
+        if self.bindings is not None:
+            why = await self.bindings.check(request.producer_id, current_principal.get(), request.transactional_id,
+                                            transactional=True)
+            if why is not None:
+                return pb.TxnOffsetCommitResponse(topics=[pb.TopicResult(topic=t.name, partitions=[
+                    pb.PartitionResult(partition=p.partition, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                       error_message=why) for p in t.partitions]) for t in request.topics])
         results = await self.coordinator.txn_commit_offsets(
             request.transactional_id, request.group_id, request.producer_id, request.producer_epoch,
             _generation(request.generation_id, request.member_id), request.member_id,

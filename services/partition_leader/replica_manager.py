@@ -40,6 +40,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
+from services.common import pid_binding
 from services.common.ownership import RETIRED_WRITER_EPOCH
 from services.common.verification import Verifier
 
@@ -184,6 +185,8 @@ class ReplicaManager:
         # a transaction; None: not verified (`transaction.partition.verification.enable`
         # false, tests and tools).
         self.verifier: Verifier | None = None
+        # With the authorizer on: producer id -> principal bindings (pid_binding.py).
+        self.pid_bindings: pid_binding.ProducerIdBindings | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
         # (topic, partition, producer id) -> lock ordering that producer's appends there.
@@ -468,7 +471,7 @@ class ReplicaManager:
     async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
                              timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
                              origin: str = "client", transactional_id: str = "",
-                             consumer_group_id: str = "") -> list[AppendResult]:
+                             consumer_group_id: str = "", principal: str | None = None) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
@@ -484,7 +487,11 @@ class ReplicaManager:
         INVALID_TXN_STATE without transactional_id or when it is not,
         INVALID_PRODUCER_EPOCH for another epoch); `consumer_group_id` names a
         group-aware producer's group, whose coordinator holds its transaction (KIP-447
-        draft). Returns one
+        draft). With `pid_bindings` set (authorizer on), a client's idempotent or
+        transactional batch is appended only when its producer id is bound to
+        `principal` (and, transactional, to `transactional_id`): otherwise
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
+        producer state is touched (services/common/pid_binding.py). Returns one
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the errors of `get()` and `Partition.append`,
         and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -492,14 +499,15 @@ class ReplicaManager:
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         if origin not in ("client", "coordinator"):
             raise ValueError(f"unknown append origin {origin!r}")
-        jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id, consumer_group_id)
-                for e in entries]
+        jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id, consumer_group_id,
+                                 principal) for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
         return list(await asyncio.gather(*jobs))
 
     async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
-                          transactional_id: str = "", consumer_group_id: str = "") -> AppendResult:
+                          transactional_id: str = "", consumer_group_id: str = "",
+                          principal: str | None = None) -> AppendResult:
         """One entry of a Produce. The batches of one producer on one partition are
         appended in the order their requests arrived: a batch waiting for its
         transaction to be verified (KIP-890) holds back the producer's next ones, which
@@ -512,6 +520,8 @@ class ReplicaManager:
         if pid < 0:
             appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
                                                   consumer_group_id)
+        elif (refused := await self._unbound(e, pid, internal_only, transactional_id, principal)) is not None:
+            return refused
         else:
             key = (e.topic, e.partition, pid)
             lock = self._producer_locks.get(key)
@@ -587,6 +597,18 @@ class ReplicaManager:
             return MarkerResult(ErrorCode.INVALID_REQUEST,
                                 message=f"producer id {m.producer_id} is the coordinator's writer id of {topic}-{partition}")
         return None
+
+    async def _unbound(self, e: ProduceEntry, producer_id: int, internal_only: bool, transactional_id: str,
+                       principal: str | None) -> AppendResult | None:
+        """The refusal of a client's batch whose producer id is not bound to the caller
+        (services/common/pid_binding.py); None when it is, or when bindings are off."""
+        if self.pid_bindings is None or internal_only:
+            return None
+        transactional = _is_transactional(e.records)
+        why = await self.pid_bindings.check(producer_id, principal or "", transactional_id, transactional)
+        if why is None:
+            return None
+        return AppendResult(pid_binding.refusal_code(transactional), message=why)
 
     async def _writer_backed(self, e: ProduceEntry) -> bool:
         """A coordinator's plain batch with a writer id must carry the writer id of the

@@ -230,6 +230,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     manager.on_appended = count_produced
     if cfg.get_bool("transaction.partition.verification.enable", True):
         manager.verifier = TxnVerifier(cluster, client)
+    manager.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)
     session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
     leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)
     manager.leases = leases

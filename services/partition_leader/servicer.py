@@ -21,6 +21,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from services.common.auth import current_principal
+
 from .metrics import count_fetched
 from .partition import READ_COMMITTED
 from .replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager, guarded
@@ -47,7 +49,8 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
                    for topic in request.topics for part in topic.partitions]
         results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin,
                                                          transactional_id=request.transactional_id,
-                                                         consumer_group_id=request.consumer_group_id))
+                                                         consumer_group_id=request.consumer_group_id,
+                                                         principal=current_principal.get()))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

@@ -121,7 +121,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                                          ClusterTopology(cluster), pids, config,
                                          on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    servicer = TxnCoordinatorServicer(coordinator)
+    servicer = TxnCoordinatorServicer(coordinator, cluster.pid_bindings)
     pbg.add_TransactionCoordinatorServicer_to_server(servicer, server)
     metrics.STATES.track(coordinator)
     service = TxnCoordinatorService(cluster, coordinator, ownership, cfg)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import defaultdict
 from typing import Iterable
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -13,9 +17,13 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common import authz
 from services.common.acl import Operation as Op, Resource, ResourceType
+from services.common.auth import current_principal
+from services.common.pid_binding import ProducerIdBindings
 
 from .coordinator import TransactionCoordinator
 from .state import GroupAssignment
+
+log = logging.getLogger(__name__)
 
 
 def _partitions(topics: Iterable[pb.TopicPartitions]) -> list[TopicPartition]:
@@ -42,8 +50,12 @@ def _rpc(name: str):
 
 
 class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
-    def __init__(self, coordinator: TransactionCoordinator):
+    """bindings: with the authorizer on, the producer-id bindings an InitProducerId
+    writes before it answers (services/common/pid_binding.py)."""
+
+    def __init__(self, coordinator: TransactionCoordinator, bindings: ProducerIdBindings | None = None):
         self._coordinator = coordinator
+        self._bindings = bindings
 
     @_rpc("InitProducerId")
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context) -> pb.InitProducerIdResponse:
@@ -58,6 +70,15 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                                     frozenset(_partitions(request.assigned_partitions)))
         r = await self._coordinator.init_producer_id(request.transactional_id, request.transaction_timeout_ms,
                                                      expected, group)
+        if r.error == ErrorCode.NONE and self._bindings is not None:
+            principal = request.principal or current_principal.get()
+            try:
+                await asyncio.to_thread(self._bindings.bind, r.producer_id, principal, request.transactional_id)
+            except (KazooException, KazooTimeoutError) as exc:  # hand out nothing that is not bound; the client retries
+                log.warning("binding producer id %d failed: %s", r.producer_id, exc)
+                return pb.InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                                 error_message="the producer id could not be bound; retry",
+                                                 producer_id=-1, producer_epoch=-1)
         return pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
                                          producer_id=r.producer_id, producer_epoch=r.producer_epoch)
 

@@ -179,6 +179,81 @@ def test_markers_and_replica_fetches_need_the_cluster_principal(sec, world):
         wait_for(lambda: (lambda hw_lso: hw_lso[0] == hw_lso[1])(a.list_offsets([tp])[tp]), 10, "the LSO caught up")
 
 
+def test_a_batch_under_another_principals_producer_id_is_refused(sec, world):
+    """Beyond the seed: bob, allowed to write the topic and his own transactional.id,
+    sends batches under alice's producer id (into her open transaction, with a higher
+    epoch to fence her, without a transactional.id, and a TxnOffsetCommit). Each is
+    refused before the partition's producer state moves; alice's transaction stays
+    invisible, then commits; read_committed sees her records and none of bob's."""
+    from exactly_wire.clock import wall_clock_ms
+    _topic, grp, tid = world
+    topic = f"hijack-{uuid.uuid4().hex[:6]}"  # bob may write here (not the shared topic)
+    tp = TopicPartition(topic, 0)
+    bob_tid, bob_grp = f"bob-{uuid.uuid4().hex[:6]}", f"bobg-{uuid.uuid4().hex[:6]}"
+    with admin(sec) as a:
+        a.create_topics([NewTopic(topic, 1, 1)])
+        a.create_acls([AclBinding("User:alice", "Topic", topic, "All"),
+                       AclBinding("User:bob", "Topic", topic, "Write"),
+                       AclBinding("User:bob", "Topic", topic, "Read"),
+                       AclBinding("User:bob", "TransactionalId", bob_tid, "Write"),
+                       AclBinding("User:bob", "Group", bob_grp, "Read")])
+    wait_for(lambda: _can_describe(sec, "bob", topic) and _can_describe(sec, "alice", topic), 10,
+             "the ACLs applied")
+    victim = Producer(conf(sec, "alice", **{"transactional.id": tid}))
+    victim.init_transactions()
+    victim.begin_transaction()
+    victim.send(topic, b"alice-1", partition=0).result(10)
+    with admin(sec) as a:
+        state = next(s for s in a.describe_producers([tp])[tp] if s.current_transaction_start_offset >= 0)
+        leader_id = a.describe_topics([topic])[topic].partitions[0].leader_id
+    pid, epoch, seq = state.producer_id, state.producer_epoch, state.last_sequence + 1
+    leader = stub(sec, "bob", sec.services[leader_id].address)
+    group = stub(sec, "bob", sec.services["group-0"].address, pbg.GroupCoordinatorStub)
+
+    def produce(transactional: bool, producer_epoch: int, transactional_id: str):
+        batch = records.encode_batch([(None, b"bob-forged", (), wall_clock_ms())], producer_id=pid,
+                                     producer_epoch=producer_epoch, base_sequence=seq, transactional=transactional)
+        resp = leader.Produce(pb.ProduceRequest(acks=-1, timeout_ms=10000, transactional_id=transactional_id,
+                                                topics=[pb.TopicProduceData(name=topic, partitions=[
+                                                    pb.PartitionProduceData(partition=0, records=batch)])]),
+                              timeout=15)
+        return resp.topics[0].partitions[0]
+
+    attempts = {
+        "into her transaction": (produce(True, epoch, bob_tid), "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+        "fencing her epoch": (produce(True, epoch + 1, bob_tid), "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+        "idempotent, higher epoch": (produce(False, epoch + 1, ""), "CLUSTER_AUTHORIZATION_FAILED"),
+    }
+    for what, (part, expected) in attempts.items():
+        assert errors.ErrorCode(part.error_code).name == expected, (what, part)
+        assert "issued to another principal" in part.error_message, (what, part.error_message)
+    commit = group.TxnOffsetCommit(pb.TxnOffsetCommitRequest(
+        transactional_id=bob_tid, group_id=bob_grp, producer_id=pid, producer_epoch=epoch,
+        generation_id=-1, topics=[pb.OffsetCommitTopic(name=topic, partitions=[
+            pb.OffsetCommitPartition(partition=0, committed_offset=1)])]), timeout=15)
+    assert commit.topics[0].partitions[0].error_code == errors.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    with admin(sec) as a:
+        after = next(s for s in a.describe_producers([tp])[tp] if s.producer_id == pid)
+        hw, lso = a.list_offsets([tp])[tp]
+    assert (after.producer_epoch, after.last_sequence) == (epoch, seq - 1)  # not bumped, not advanced
+    assert lso < hw  # her transaction is still open and invisible
+    victim.send(topic, b"alice-2", partition=0).result(10)
+    victim.commit_transaction()
+    victim.close()
+    with AdminClient(conf(sec, "alice")) as a:
+        wait_for(lambda: (lambda hw_lso: hw_lso[0] == hw_lso[1])(a.list_offsets([tp])[tp]), 10, "the LSO caught up")
+    reader = Consumer(conf(sec, "alice", **{"isolation.level": "read_committed", "group.id": grp,
+                                            "enable.auto.commit": False}))
+    reader.assign([tp])
+    reader.seek_to_beginning([tp])
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while b"alice-2" not in seen and time.monotonic() < deadline:
+        seen += [r.value for r in reader.poll(0.5)]
+    reader.close()
+    assert b"alice-1" in seen and b"alice-2" in seen and b"bob-forged" not in seen, seen
+
+
 def test_acl_changes_apply_within_a_second(sec, world):
     topic, _grp, _tid = world
     acl = AclBinding("User:bob", "Topic", topic, "Describe")

@@ -103,7 +103,15 @@ def test_kafka_client_over_tls(secured):
         admin.create_acls([AclBinding(user, "Topic", topic, "Write"), AclBinding(user, "Topic", topic, "Read"),
                            AclBinding(user, "TransactionalId", f"k-{topic}", "Write"),
                            AclBinding(user, "TransactionalId", f"k-{topic}", "Describe"),
-                           AclBinding(user, "Group", f"g-{topic}", "Read")])
+                           AclBinding(user, "Group", f"g-{topic}", "Read"),
+                           AclBinding(user, "Cluster", "kafka-cluster", "IdempotentWrite")])
+    # An idempotent producer's InitProducerId goes to any service, which forwards it
+    # naming the client, so the producer id is bound to User:kafka-user.
+    idem = KProducer({**tls, "enable.idempotence": True})
+    delivered = []
+    idem.produce(topic, b"idempotent", on_delivery=lambda err, msg: delivered.append(err))
+    idem.flush(30)
+    assert delivered == [None]
     p = KProducer({**tls, "transactional.id": f"k-{topic}"})
     p.init_transactions(30)
     p.begin_transaction()
@@ -113,7 +121,12 @@ def test_kafka_client_over_tls(secured):
                    "isolation.level": "read_committed"})
     c.subscribe([topic])
     got = []
-    wait_for(lambda: (lambda m: m is not None and m.error() is None and got.append(m.value()))(c.poll(0.5))
-             or got, 60, "the record over the Kafka port with TLS")
+
+    def poll():
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+        return len(got) >= 2
+    wait_for(poll, 60, lambda: f"the records over the Kafka port with TLS (got {got})")
     c.close()
-    assert got == [b"over-tls"]
+    assert got == [b"idempotent", b"over-tls"]

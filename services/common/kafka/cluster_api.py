@@ -18,6 +18,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .. import authz
+from ..auth import current_principal
 from ..cluster import ClusterState, broker_id
 from .codec import field
 from .listener import Api, RequestContext
@@ -146,7 +147,8 @@ class ClusterApis:
         stub = pbg.TransactionCoordinatorStub(self.channel(coordinators[0].address))
         try:
             resp = await stub.InitProducerId(pb.InitProducerIdRequest(
-                transaction_timeout_ms=field(req, "transaction_timeout", 60000)), timeout=30)
+                transaction_timeout_ms=field(req, "transaction_timeout", 60000),
+                principal=current_principal.get()), timeout=30)
         except grpc.RpcError:
             return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}
         if resp.error_code:
