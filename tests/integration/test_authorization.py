@@ -1,6 +1,7 @@
 """Authorization on real processes (KIP-98 design document, "Authorization";
 docs/design.md, "Security"): a secured dev cluster (TLS with client certificates,
-authorizer=acl). For the RPCs of every service, a principal with the ACL succeeds and
+authorizer=acl). For every RPC of every service (a matrix checked against the protobuf
+descriptors), a principal with the ACL succeeds and
 one without gets Kafka's specific error; a client's WriteTxnMarkers and a spoofed
 replica fetch are refused; ACL changes apply within a second; SASL users are checked
 against their SCRAM credentials."""
@@ -399,3 +400,177 @@ def test_zookeeper_is_not_a_back_door(sec, world):
         intruder.close()
     with admin(sec) as a:  # the cluster still works for its own principals
         assert topic in a.list_topics()
+
+
+# ---------------------------------------------------------------- the matrix
+# One row per RPC of every service: who may call it, who may not and the error the
+# latter gets. A new RPC fails test_every_rpc_is_in_the_matrix until it has a row.
+AUTH_CODES = {errors.ErrorCode.TOPIC_AUTHORIZATION_FAILED, errors.ErrorCode.GROUP_AUTHORIZATION_FAILED,
+              errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED, errors.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+STUBS = {"Cluster": pbg.ClusterStub, "PartitionLeader": pbg.PartitionLeaderStub,
+         "TransactionCoordinator": pbg.TransactionCoordinatorStub, "GroupCoordinator": pbg.GroupCoordinatorStub}
+TOPIC_DENIED, GROUP_DENIED = "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED"
+CLUSTER_DENIED, TXN_DENIED = "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+LISTED = "listed"  # a listing: the principal without ACLs sees none of the resources
+
+
+def _tps(topic: str) -> list:
+    return [pb.TopicPartitions(topic=topic, partitions=[0])]
+
+
+def _commit(topic: str) -> list:
+    return [pb.OffsetCommitTopic(name=topic, partitions=[pb.OffsetCommitPartition(partition=0, committed_offset=0)])]
+
+
+def _matrix_rows():
+    """(RPC, allowed principal, denied principal, expected denial or LISTED, request(ctx))."""
+    from exactly_wire.clock import wall_clock_ms
+    S = "Cluster"
+    return [
+        (f"{S}/Metadata", "alice", "bob", LISTED, lambda c: pb.MetadataRequest()),
+        (f"{S}/CreateTopics", "admin", "bob", CLUSTER_DENIED, lambda c: pb.CreateTopicsRequest(
+            topics=[pb.CreatableTopic(name=f"{c['topic']}-new", num_partitions=1, replication_factor=1)])),
+        (f"{S}/FindCoordinator", "alice", "bob", GROUP_DENIED, lambda c: pb.FindCoordinatorRequest(key=c["group"])),
+        (f"{S}/CreatePartitions", "alice", "bob", TOPIC_DENIED, lambda c: pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=c["topic"], count=2)], validate_only=True)),
+        (f"{S}/DescribeConfigs", "alice", "bob", TOPIC_DENIED, lambda c: pb.DescribeConfigsRequest(
+            resources=[pb.DescribeConfigsResource(resource_name=c["topic"])])),
+        (f"{S}/IncrementalAlterConfigs", "alice", "bob", TOPIC_DENIED, lambda c: pb.IncrementalAlterConfigsRequest(
+            resources=[pb.AlterConfigsResource(resource_name=c["topic"], configs=[
+                pb.AlterableConfig(name="retention.ms", value="604800000")])], validate_only=True)),
+        (f"{S}/CreateAcls", "admin", "alice", CLUSTER_DENIED, lambda c: pb.CreateAclsRequest(creations=[c["acl"]])),
+        (f"{S}/DescribeAcls", "admin", "alice", CLUSTER_DENIED, lambda c: pb.DescribeAclsRequest()),
+        (f"{S}/DeleteAcls", "admin", "alice", CLUSTER_DENIED, lambda c: pb.DeleteAclsRequest(deletions=[c["acl"]])),
+        (f"{S}/AlterUserScramCredentials", "admin", "alice", CLUSTER_DENIED,
+         lambda c: pb.AlterUserScramCredentialsRequest(upsertions=[pb.ScramUpsertion(name="matrix-user",
+                                                                                     password="pw-1")])),
+        (f"{S}/DescribeUserScramCredentials", "admin", "alice", CLUSTER_DENIED,
+         lambda c: pb.DescribeUserScramCredentialsRequest()),
+        ("PartitionLeader/Produce", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
+            acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
+                partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
+        ("PartitionLeader/CoordinatorProduce", "txn-0", "alice", CLUSTER_DENIED, lambda c: pb.ProduceRequest(
+            acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
+        ("PartitionLeader/Fetch", "alice", "bob", TOPIC_DENIED, lambda c: pb.FetchRequest(
+            max_wait_ms=0, topics=[pb.FetchTopic(topic=c["topic"], partitions=[pb.FetchPartition(partition=0)])])),
+        ("PartitionLeader/ListOffsets", "alice", "bob", TOPIC_DENIED, lambda c: pb.ListOffsetsRequest(
+            topics=[pb.ListOffsetsTopic(name=c["topic"], partitions=[pb.ListOffsetsPartition(partition=0,
+                                                                                           timestamp=-1)])])),
+        ("PartitionLeader/WriteTxnMarkers", "txn-0", "alice", CLUSTER_DENIED,
+         lambda c: pb.WriteTxnMarkersRequest(markers=[])),
+        ("PartitionLeader/OffsetForLeaderEpoch", "alice", "bob", TOPIC_DENIED, lambda c: pb.OffsetForLeaderEpochRequest(
+            topics=[pb.OffsetForLeaderTopic(topic=c["topic"], partitions=[pb.OffsetForLeaderPartition(
+                partition=0, current_leader_epoch=-1, leader_epoch=0)])])),
+        ("PartitionLeader/DescribeProducers", "alice", "bob", TOPIC_DENIED,
+         lambda c: pb.DescribeProducersRequest(topics=_tps(c["topic"]))),
+        ("PartitionLeader/DeleteRecords", "alice", "bob", TOPIC_DENIED, lambda c: pb.DeleteRecordsRequest(
+            topics=[pb.DeleteRecordsTopic(name=c["topic"], partitions=[pb.DeleteRecordsPartition(partition=0,
+                                                                                                 offset=0)])])),
+        ("TransactionCoordinator/InitProducerId", "alice", "bob", TXN_DENIED, lambda c: pb.InitProducerIdRequest(
+            transactional_id=c["tid"], transaction_timeout_ms=60000)),
+        ("TransactionCoordinator/AddPartitionsToTxn", "alice", "bob", TXN_DENIED, lambda c: pb.AddPartitionsToTxnRequest(
+            transactional_id=c["tid"], producer_id=c["pid"], producer_epoch=c["epoch"], topics=_tps(c["topic"]))),
+        ("TransactionCoordinator/AddOffsetsToTxn", "alice", "bob", TXN_DENIED, lambda c: pb.AddOffsetsToTxnRequest(
+            transactional_id=c["tid"], producer_id=c["pid"], producer_epoch=c["epoch"], group_id=c["group"])),
+        ("GroupCoordinator/TxnOffsetCommit", "alice", "bob", TXN_DENIED, lambda c: pb.TxnOffsetCommitRequest(
+            transactional_id=c["tid"], group_id=c["group"], producer_id=c["pid"], producer_epoch=c["epoch"],
+            generation_id=-1, topics=_commit(c["topic"]))),
+        ("TransactionCoordinator/ListTransactions", "alice", "bob", LISTED, lambda c: pb.ListTransactionsRequest()),
+        ("TransactionCoordinator/DescribeTransactions", "alice", "bob", TXN_DENIED,
+         lambda c: pb.DescribeTransactionsRequest(transactional_ids=[c["tid"]])),
+        ("TransactionCoordinator/EndTxn", "alice", "bob", TXN_DENIED, lambda c: pb.EndTxnRequest(
+            transactional_id=c["tid"], producer_id=c["pid"], producer_epoch=c["epoch"], committed=True)),
+        ("TransactionCoordinator/PrepareTxn", "alice", "bob", TXN_DENIED, lambda c: pb.PrepareTxnRequest(
+            transactional_id=c["tid"], producer_id=c["pid"], producer_epoch=c["epoch"])),
+        ("GroupCoordinator/JoinGroup", "alice", "bob", GROUP_DENIED, lambda c: pb.JoinGroupRequest(
+            group_id=c["group"], session_timeout_ms=10000, rebalance_timeout_ms=10000, protocol_type="consumer",
+            topics=[c["topic"]])),
+        ("GroupCoordinator/SyncGroup", "alice", "bob", GROUP_DENIED, lambda c: pb.SyncGroupRequest(
+            group_id=c["group"], generation_id=1, member_id="nobody")),
+        ("GroupCoordinator/Heartbeat", "alice", "bob", GROUP_DENIED, lambda c: pb.HeartbeatRequest(
+            group_id=c["group"], generation_id=1, member_id="nobody")),
+        ("GroupCoordinator/LeaveGroup", "alice", "bob", GROUP_DENIED, lambda c: pb.LeaveGroupRequest(
+            group_id=c["group"], member_id="nobody")),
+        ("GroupCoordinator/OffsetCommit", "alice", "bob", GROUP_DENIED, lambda c: pb.OffsetCommitRequest(
+            group_id=c["group"], generation_id=-1, topics=_commit(c["topic"]))),
+        ("GroupCoordinator/OffsetFetch", "alice", "bob", GROUP_DENIED, lambda c: pb.OffsetFetchRequest(
+            group_id=c["group"], topics=_tps(c["topic"]))),
+        ("GroupCoordinator/ListGroups", "alice", "bob", LISTED, lambda c: pb.ListGroupsRequest()),
+        ("GroupCoordinator/DescribeGroups", "alice", "bob", GROUP_DENIED,
+         lambda c: pb.DescribeGroupsRequest(groups=[c["group"]])),
+        ("GroupCoordinator/DeleteGroups", "alice", "bob", GROUP_DENIED,
+         lambda c: pb.DeleteGroupsRequest(groups_names=[c["group"]])),
+        (f"{S}/DeleteTopics", "alice", "bob", TOPIC_DENIED,
+         lambda c: pb.DeleteTopicsRequest(topic_names=[c["topic"]])),
+    ]
+
+
+def _auth_codes(message) -> set[int]:
+    """Every authorization error code anywhere in a response."""
+    found = set()
+    for field, value in message.ListFields():
+        items = value if field.is_repeated else [value]
+        for item in items:
+            if field.message_type is not None:
+                found |= _auth_codes(item)
+            elif field.name == "error_code" and item in AUTH_CODES:
+                found.add(item)
+    return found
+
+
+def _listed(kind: str, response, c) -> bool:
+    if kind == "Cluster/Metadata":
+        return c["topic"] in {t.name for t in response.topics}
+    if kind.endswith("ListTransactions"):
+        return c["tid"] in {t.transactional_id for t in response.transaction_states}
+    return c["group"] in {g.group_id for g in response.groups}
+
+
+def test_every_rpc_is_in_the_matrix():
+    rpcs = {f"{s.name}/{m.name}" for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
+    rows = [row[0] for row in _matrix_rows()]
+    assert len(rows) == len(set(rows)) and set(rows) == rpcs, set(rows) ^ rpcs
+
+
+def test_authorization_matrix(sec):
+    """For every RPC: the principal holding the ACL (or a super user / the service
+    principal where the RPC is the cluster's) gets through authorization, the one
+    without gets Kafka's specific error; listings show the latter nothing."""
+    c = {"topic": f"mx-{uuid.uuid4().hex[:6]}", "group": f"mxg-{uuid.uuid4().hex[:6]}",
+         "tid": f"mxt-{uuid.uuid4().hex[:6]}", "pid": -1, "epoch": -1,
+         "acl": pb.Acl(principal="User:nobody", resource_type="Topic", name="nothing", pattern="Literal",
+                       operation="Read", permission="Allow")}
+    with admin(sec) as a:
+        a.create_topics([NewTopic(c["topic"], 1, 1)])
+        a.create_acls([AclBinding("User:alice", "Topic", c["topic"], "All"),
+                       AclBinding("User:alice", "Group", c["group"], "All"),
+                       AclBinding("User:alice", "TransactionalId", c["tid"], "All")])
+        leader = sec.services[a.describe_topics([c["topic"]])[c["topic"]].partitions[0].leader_id].address
+    wait_for(lambda: _can_describe(sec, "alice", c["topic"]), 10, "alice's ACLs applied")
+    address = {"Cluster": sec.services["pl-0"].address, "PartitionLeader": leader,
+               "TransactionCoordinator": sec.services["txn-0"].address,
+               "GroupCoordinator": sec.services["group-0"].address}
+    tally = {}
+    for rpc, allowed, denied, expected, build in _matrix_rows():
+        service, method = rpc.split("/")
+
+        def call(who, service=service, method=method, build=build):
+            stub_ = stub(sec, who, address[service], STUBS[service])
+            return getattr(stub_, method)(build(c), timeout=20)
+
+        if expected == LISTED:
+            assert not _listed(rpc, call(denied), c), f"{rpc}: {denied} sees the resource"
+        else:
+            with pytest.raises(grpc.RpcError) as info:
+                call(denied)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, (rpc, info.value)
+            assert info.value.details().startswith(expected), (rpc, info.value.details())
+        response = call(allowed)
+        assert not _auth_codes(response), (rpc, response)
+        if expected == LISTED:
+            assert _listed(rpc, response, c), f"{rpc}: {allowed} does not see the resource"
+        if rpc.endswith("InitProducerId"):
+            assert response.error_code == 0, response
+            c["pid"], c["epoch"] = response.producer_id, response.producer_epoch
+        tally[rpc] = "ok"
+    assert len(tally) == len(_matrix_rows())
