@@ -8,6 +8,11 @@
 # key set again later wins). When EXACTLY_WAIT_FOR_HOST is set, it first waits up to
 # EXACTLY_WAIT_FOR_HOST_SECONDS (default 120) until that name resolves: the service binds
 # the address of its advertised pod DNS name, which appears shortly after the pod starts.
+#
+# When EXACTLY_SECRET_SETTINGS_DIR is set, each file there (a mounted Secret) is one
+# setting: the file name is the key, its content the value (e.g. zookeeper.digest.password).
+# They go into a properties file only this user can read, $TMPDIR/exactly-secret.properties,
+# passed as --config, so that no secret appears on a command line.
 set -eu
 
 if [ "$#" -lt 1 ]; then
@@ -34,6 +39,25 @@ for file in $files; do
         set -- "$@" --set "$line"
     done < "$file"
 done
+
+if [ -n "${EXACTLY_SECRET_SETTINGS_DIR:-}" ]; then
+    secret_config="${TMPDIR:-/tmp}/exactly-secret.properties"
+    (umask 077 && : > "$secret_config")
+    for path in "$EXACTLY_SECRET_SETTINGS_DIR"/*; do
+        [ -f "$path" ] || continue
+        value="$(cat "$path")"  # without trailing newlines
+        case "$value" in
+            *"
+"*)
+                echo "launch.sh: ${path##*/}: a setting's value must be one line" >&2
+                exit 1 ;;
+        esac
+        # Java properties escapes: backslashes, and a leading blank (otherwise dropped).
+        value="$(printf '%s' "$value" | sed -e 's/\\/\\\\/g' -e 's/^\([[:space:]]\)/\\\1/')"
+        printf '%s=%s\n' "${path##*/}" "$value" >> "$secret_config"
+    done
+    set -- "$@" --config "$secret_config"
+fi
 
 if [ -n "${EXACTLY_WAIT_FOR_HOST:-}" ]; then
     waited=0

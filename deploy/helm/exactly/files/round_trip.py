@@ -9,6 +9,9 @@ Settings come from the environment:
   EXACTLY_BOOTSTRAP_SERVERS  "host:port[,host:port]" (required)
   EXACTLY_TEST_RECORDS       records per transaction (default 30)
   EXACTLY_TEST_TIMEOUT_S     seconds for the whole round trip (default 120)
+  EXACTLY_SECURITY_PROTOCOL, EXACTLY_SSL_CA_LOCATION, EXACTLY_SSL_CERTIFICATE_LOCATION,
+  EXACTLY_SSL_KEY_LOCATION   the SDK's security.protocol and ssl.* keys (a secured
+                             cluster: TLS with a client certificate), when set
 """
 from __future__ import annotations
 
@@ -20,14 +23,26 @@ import uuid
 from exactly import AdminClient, Consumer, NewTopic, Producer
 
 PARTITIONS = 3
+SECURITY_KEYS = ("security.protocol", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
 
 
-def round_trip(bootstrap: str, records: int, timeout_s: float) -> str | None:
+def security_config(environ: dict[str, str]) -> dict[str, str]:
+    """The SDK security keys given as EXACTLY_<KEY> (dots as underscores, upper case)."""
+    out = {}
+    for key in SECURITY_KEYS:
+        value = environ.get("EXACTLY_" + key.replace(".", "_").upper())
+        if value:
+            out[key] = value
+    return out
+
+
+def round_trip(bootstrap: str, records: int, timeout_s: float,
+               security: dict[str, str] | None = None) -> str | None:
     """Run the round trip; returns None on success, else what went wrong."""
     deadline = time.monotonic() + timeout_s
     run = uuid.uuid4().hex[:12]
     topic = f"helm-test-{run}"
-    conf = {"bootstrap.servers": bootstrap}
+    conf = {"bootstrap.servers": bootstrap, **(security or {})}
 
     admin = AdminClient(conf)
     try:
@@ -94,7 +109,7 @@ def main() -> int:
         return 2
     records = int(os.environ.get("EXACTLY_TEST_RECORDS", "30"))
     timeout_s = float(os.environ.get("EXACTLY_TEST_TIMEOUT_S", "120"))
-    problem = round_trip(bootstrap, records, timeout_s)
+    problem = round_trip(bootstrap, records, timeout_s, security_config(dict(os.environ)))
     if problem:
         print(f"FAILED: {problem}", file=sys.stderr)
         return 1

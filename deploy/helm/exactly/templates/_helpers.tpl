@@ -167,3 +167,68 @@ podAntiAffinity:
             {{- .labels | nindent 12 }}
 {{- end }}
 {{- end }}
+
+{{/*
+Security helpers (values.yaml, "security").
+*/}}
+{{- define "exactly.security.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "exactly.fullname" .)) .Values.security.tls.existingSecret }}
+{{- end }}
+
+{{- define "exactly.security.clientSecret" -}}
+{{- default (printf "%s-admin-tls" (include "exactly.fullname" .)) .Values.security.tls.clientSecret }}
+{{- end }}
+
+{{- define "exactly.security.zookeeperSecret" -}}
+{{- default (printf "%s-zookeeper" (include "exactly.fullname" .)) .Values.security.zookeeper.existingSecret }}
+{{- end }}
+
+{{/*
+The Exactly roles: component name -> values key (the order of the StatefulSets).
+*/}}
+{{- define "exactly.roles" -}}
+partition-leader: partitionLeaders
+txn-coordinator: txnCoordinators
+group-coordinator: groupCoordinators
+{{- end }}
+
+{{/*
+Every Exactly pod name, one per line (the node ids, and the principals User:<pod name>
+of the services' certificates).
+*/}}
+{{- define "exactly.podNames" -}}
+{{- $root := . }}
+{{- range $component, $key := include "exactly.roles" . | fromYaml }}
+{{- $name := include "exactly.componentName" (dict "root" $root "component" $component) }}
+{{- range $i := until (int (index $root.Values $key).replicas) }}
+{{ $name }}-{{ $i }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+super.users: the services' principals, then security.superUsers.
+*/}}
+{{- define "exactly.security.superUsers" -}}
+{{- $users := list }}
+{{- range include "exactly.podNames" . | trim | splitList "\n" }}
+{{- $users = append $users (printf "User:%s" (trim .)) }}
+{{- end }}
+{{- range .Values.security.superUsers }}
+{{- if not (has . $users) }}
+{{- $users = append $users . }}
+{{- end }}
+{{- end }}
+{{- join ";" $users }}
+{{- end }}
+
+{{/*
+DNS names of the client Service (the bootstrap address clients verify).
+*/}}
+{{- define "exactly.clientServiceDnsNames" -}}
+{{- $svc := include "exactly.fullname" . }}
+- {{ $svc }}
+- {{ $svc }}.{{ .Release.Namespace }}
+- {{ $svc }}.{{ .Release.Namespace }}.svc
+- {{ $svc }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+{{- end }}

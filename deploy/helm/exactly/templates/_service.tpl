@@ -14,6 +14,7 @@ Service is the advertised host, so both survive rescheduling.
 {{- $labels := include "exactly.componentLabels" (dict "root" $root "component" .component) }}
 {{- $selector := include "exactly.componentSelectorLabels" (dict "root" $root "component" .component) }}
 {{- $grpcPort := int $root.Values.network.grpcPort }}
+{{- $security := $root.Values.security }}
 {{- $dataDir := "/var/lib/exactly" }}
 {{- if .persistent }}
 {{- $dataDir = $spec.persistence.mountPath }}
@@ -129,6 +130,12 @@ spec:
             - {{ include "exactly.zookeeper.connect" $root }}
             - --data-dir
             - {{ $dataDir }}
+            {{- if $security.enabled }}
+            - --set
+            - ssl.certificate.location=/etc/exactly-tls/$(POD_NAME).crt
+            - --set
+            - ssl.key.location=/etc/exactly-tls/$(POD_NAME).key
+            {{- end }}
           env:
             - name: POD_NAME
               valueFrom:
@@ -140,6 +147,16 @@ spec:
                   fieldPath: metadata.namespace
             - name: POD_FQDN
               value: $(POD_NAME).{{ $name }}.$(POD_NAMESPACE).svc.{{ $root.Values.clusterDomain }}
+            {{- if $security.enabled }}
+            - name: POD_IP
+              valueFrom:
+                fieldRef:
+                  fieldPath: status.podIP
+            {{- if $security.zookeeper.enabled }}
+            - name: EXACTLY_SECRET_SETTINGS_DIR
+              value: /etc/exactly-secret-settings
+            {{- end }}
+            {{- end }}
             {{- if not $root.Values.network.bindAllInterfaces }}
             - name: EXACTLY_WAIT_FOR_HOST
               value: $(POD_FQDN)
@@ -167,27 +184,39 @@ spec:
               containerPort: {{ $root.Values.metrics.port }}
               protocol: TCP
             {{- end }}
+          {{- $probes := $root.Values.probes }}
+          {{- if $security.enabled }}
+          # The kubelet's gRPC probe cannot present a client certificate: files/probe.py
+          # calls the same health service over TLS with the pod's certificate.
+          startupProbe:
+            exec:
+              command: ["python", "/etc/exactly/probe.py", {{ $grpcPort | quote }}]
+            {{- include "exactly.probeTiming" $probes.startup | nindent 12 }}
+          readinessProbe:
+            exec:
+              command: ["python", "/etc/exactly/probe.py", {{ $grpcPort | quote }}]
+            {{- include "exactly.probeTiming" $probes.readiness | nindent 12 }}
+          livenessProbe:
+            exec:
+              # SERVING while the process runs, also while a coordinator loads a partition.
+              command: ["python", "/etc/exactly/probe.py", {{ $grpcPort | quote }}, "liveness"]
+            {{- include "exactly.probeTiming" $probes.liveness | nindent 12 }}
+          {{- else }}
           startupProbe:
             grpc:
               port: {{ $grpcPort }}
-            periodSeconds: {{ $root.Values.probes.startup.periodSeconds }}
-            timeoutSeconds: {{ $root.Values.probes.startup.timeoutSeconds }}
-            failureThreshold: {{ $root.Values.probes.startup.failureThreshold }}
+            {{- include "exactly.probeTiming" $probes.startup | nindent 12 }}
           readinessProbe:
             grpc:
               port: {{ $grpcPort }}
-            periodSeconds: {{ $root.Values.probes.readiness.periodSeconds }}
-            timeoutSeconds: {{ $root.Values.probes.readiness.timeoutSeconds }}
-            failureThreshold: {{ $root.Values.probes.readiness.failureThreshold }}
-            successThreshold: {{ $root.Values.probes.readiness.successThreshold }}
+            {{- include "exactly.probeTiming" $probes.readiness | nindent 12 }}
           livenessProbe:
             grpc:
               port: {{ $grpcPort }}
               # SERVING while the process runs, also while a coordinator loads a partition.
               service: liveness
-            periodSeconds: {{ $root.Values.probes.liveness.periodSeconds }}
-            timeoutSeconds: {{ $root.Values.probes.liveness.timeoutSeconds }}
-            failureThreshold: {{ $root.Values.probes.liveness.failureThreshold }}
+            {{- include "exactly.probeTiming" $probes.liveness | nindent 12 }}
+          {{- end }}
           resources:
             {{- toYaml $spec.resources | nindent 12 }}
           securityContext:
@@ -196,6 +225,16 @@ spec:
             - name: config
               mountPath: /etc/exactly
               readOnly: true
+            {{- if $security.enabled }}
+            - name: tls
+              mountPath: /etc/exactly-tls
+              readOnly: true
+            {{- if $security.zookeeper.enabled }}
+            - name: secret-settings
+              mountPath: /etc/exactly-secret-settings
+              readOnly: true
+            {{- end }}
+            {{- end }}
             - name: tmp
               mountPath: /tmp
             - name: data
@@ -208,6 +247,41 @@ spec:
         - name: config
           configMap:
             name: {{ include "exactly.fullname" $root }}-config
+        {{- if $security.enabled }}
+        - name: tls
+          {{- if $security.tls.certManager.enabled }}
+          # The Secrets cert-manager writes for the role's pods (<pod>-tls), side by side.
+          projected:
+            defaultMode: 288  # 0440: the user and fsGroup 10001
+            sources:
+              {{- range $i := until (int $spec.replicas) }}
+              - secret:
+                  name: {{ $name }}-{{ $i }}-tls
+                  items:
+                    {{- if eq $i 0 }}
+                    - key: ca.crt
+                      path: ca.crt
+                    {{- end }}
+                    - key: tls.crt
+                      path: {{ $name }}-{{ $i }}.crt
+                    - key: tls.key
+                      path: {{ $name }}-{{ $i }}.key
+              {{- end }}
+          {{- else }}
+          secret:
+            secretName: {{ include "exactly.security.tlsSecret" $root }}
+            defaultMode: 288  # 0440: the user and fsGroup 10001
+          {{- end }}
+        {{- if $security.zookeeper.enabled }}
+        - name: secret-settings
+          secret:
+            secretName: {{ include "exactly.security.zookeeperSecret" $root }}
+            defaultMode: 288  # 0440
+            items:
+              - key: {{ $security.zookeeper.passwordKey }}
+                path: zookeeper.digest.password
+        {{- end }}
+        {{- end }}
         - name: tmp
           emptyDir:
             sizeLimit: 256Mi
@@ -279,5 +353,17 @@ spec:
   selector:
     matchLabels:
       {{- $selector | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{/*
+periodSeconds, timeoutSeconds, failureThreshold (and successThreshold) of a probe.
+*/}}
+{{- define "exactly.probeTiming" -}}
+periodSeconds: {{ .periodSeconds }}
+timeoutSeconds: {{ .timeoutSeconds }}
+failureThreshold: {{ .failureThreshold }}
+{{- with .successThreshold }}
+successThreshold: {{ . }}
 {{- end }}
 {{- end }}
