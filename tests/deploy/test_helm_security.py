@@ -413,11 +413,8 @@ def test_secured_pod_command_line_passes_the_services_own_checks(tmp_path, pod_t
     """The launcher with the rendered secured settings, the pod's environment and real
     certificate files: the services' parser accepts the command line (including its
     readable-certificate checks) and sees TLS, the authorizer and the pod's certificate."""
-    from exactly_wire.config import keys
-    from services.common.settings import SERVICE_SCHEMAS
     tls_dir, pod, fqdn = pod_tls
-    zk_supported = set(ZOOKEEPER_AUTH_KEYS) <= set(keys(SERVICE_SCHEMAS["partition_leader"]))
-    objects = render({} if zk_supported else {"security": {"zookeeper": {"enabled": False}}})
+    objects = render({})
     etc = tmp_path / "etc"
     etc.mkdir()
     for key, text in by_kind(objects, "ConfigMap")[f"{RELEASE}-config"]["data"].items():
@@ -440,8 +437,7 @@ def test_secured_pod_command_line_passes_the_services_own_checks(tmp_path, pod_t
         if "value" in e:
             env[e["name"]] = _kubelet_expand(e["value"], env)
     assert env["POD_FQDN"] == fqdn
-    if zk_supported:
-        env["EXACTLY_SECRET_SETTINGS_DIR"] = str(secrets)
+    env["EXACTLY_SECRET_SETTINGS_DIR"] = str(secrets)
     argv = [_kubelet_expand(a, env).replace("/etc/exactly/", f"{etc}/").replace(TLS_DIR, str(tls_dir))
             for a in c["command"] + c["args"]]
     run_env = {**os.environ, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
@@ -452,8 +448,7 @@ def test_secured_pod_command_line_passes_the_services_own_checks(tmp_path, pod_t
     assert props["ssl.certificate.location"] == f"{tls_dir}/{pod}.crt"
     assert props["ssl.key.location"] == f"{tls_dir}/{pod}.key"
     assert f"User:{pod}" in props["super.users"].split(";")
-    if zk_supported:
-        assert props["zookeeper.digest.password"] == "zk-pass"
+    assert props["zookeeper.set.acl"] == "true" and props["zookeeper.digest.password"] == "zk-pass"
 
 
 # ------------------------------------------------------------------------- helm test pod, NOTES
