@@ -188,8 +188,13 @@ class TxnCoordinatorSchema(ServiceSchema):
                                         "completion append or load.", LOW, ge=0)
     txn_retry_backoff_max_ms: int = setting("exactly.txn.retry.backoff.max.ms", 1000, "Largest ms between "
                                             "those retries.", LOW, ge=0)
-    txn_end_completion_wait_ms: int = setting("exactly.txn.end.completion.wait.ms", 2000, "ms EndTxn waits for "
-                                              "the markers and the Complete record before answering.", LOW, ge=0)
+    txn_end_completion_wait_ms: int = setting("exactly.txn.end.completion.wait.ms", 0, "ms EndTxn waits for "
+                                              "the markers and the Complete record before answering (0: it "
+                                              "answers once the Prepare record is durable).", LOW, ge=0)
+    txn_previous_completion_wait_ms: int = setting(
+        "exactly.txn.previous.completion.wait.ms", 5000, "ms AddPartitionsToTxn / AddOffsetsToTxn of a "
+        "producer's next transaction wait for its previous one to complete (markers written) before answering "
+        "CONCURRENT_TRANSACTIONS.", LOW, ge=0)
     txn_ready_timeout_ms: int = setting("exactly.txn.ready.timeout.ms", 30000, "ms the coordinator waits for "
                                         "its internal topic at start.", LOW, ge=1)
     test_pause_after_prepare_ms: int = setting("exactly.test.pause.after.prepare.ms", 0, "Test hook: ms between "

@@ -126,7 +126,8 @@ class TxnCoordinatorConfig:
     load_buffer_bytes: int = 5_242_880
     retry_backoff_ms: int = 20
     retry_backoff_max_ms: int = 1_000
-    end_txn_completion_wait_ms: int = 2_000
+    end_txn_completion_wait_ms: int = 0
+    previous_completion_wait_ms: int = 5_000
     pause_after_prepare_ms: int = 0
     prepared_max_ms: int = 3_600_000
 
@@ -145,8 +146,13 @@ class TxnCoordinatorConfig:
         transaction.state.log.load.buffer.size (5242880): bytes per Fetch when loading.
         exactly.txn.retry.backoff.ms (20) / exactly.txn.retry.backoff.max.ms (1000):
             backoff of marker, completion-append and load retries.
-        exactly.txn.end.completion.wait.ms (2000): how long EndTxn waits for the
-            markers and the Complete record before answering NONE anyway.
+        exactly.txn.end.completion.wait.ms (0): how long EndTxn waits for the
+            markers and the Complete record before answering NONE anyway (0: it
+            answers once the Prepare record is written, as Kafka does).
+        exactly.txn.previous.completion.wait.ms (5000): how long AddPartitionsToTxn
+            and AddOffsetsToTxn of a producer's next transaction wait for the previous
+            one to complete (markers written, Complete record appended) before
+            answering CONCURRENT_TRANSACTIONS.
         transaction.prepared.max.ms (3600000): how long a transaction sealed by
             PrepareTxn (two-phase commit) may wait for its EndTxn; it replaces
             transaction.timeout.ms while prepared. Past it the coordinator aborts the
@@ -170,6 +176,8 @@ class TxnCoordinatorConfig:
             retry_backoff_max_ms=get_int("exactly.txn.retry.backoff.max.ms", d.retry_backoff_max_ms),
             end_txn_completion_wait_ms=get_int("exactly.txn.end.completion.wait.ms",
                                                d.end_txn_completion_wait_ms),
+            previous_completion_wait_ms=get_int("exactly.txn.previous.completion.wait.ms",
+                                                d.previous_completion_wait_ms),
             pause_after_prepare_ms=get_int("exactly.test.pause.after.prepare.ms", d.pause_after_prepare_ms),
             prepared_max_ms=get_int("transaction.prepared.max.ms", d.prepared_max_ms),
         )
@@ -600,6 +608,18 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                                          generation_id)
         return {tp: err for tp in wanted}
 
+    async def _previous_completed(self, tid: str, group_id: str = "") -> None:
+        """Wait (up to exactly.txn.previous.completion.wait.ms) while the id's previous
+        transaction completes: EndTxn answers once the Prepare record is durable, and the
+        producer's next transaction may only start after the markers are written (so it
+        never becomes visible before them). Waiting here instead of answering
+        CONCURRENT_TRANSACTIONS at once saves the producer a retry loop; on timeout the
+        caller answers CONCURRENT_TRANSACTIONS as before."""
+        err, part = self._lookup(tid, group_id)
+        task = part.completions.get(tid) if part is not None and not err else None
+        if task is not None and not task.done() and self.config.previous_completion_wait_ms > 0:
+            await asyncio.wait({task}, timeout=self.config.previous_completion_wait_ms / 1000)
+
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
                 wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
         err, part = self._lookup(tid, group_id)
@@ -633,6 +653,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
                               wanted: frozenset[TopicPartition], group_id: str = "",
                               generation_id: int = -1) -> ErrorCode:
+        await self._previous_completed(tid, group_id)
         err, part, md = self._check_producer(tid, producer_id, producer_epoch, group_id, generation_id)
         if err:
             return err
@@ -726,7 +747,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         progress an empty one is started and sealed. INVALID_TXN_STATE while the
         transaction is completing; INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another
         epoch), CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
+        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware). Like
+        AddPartitionsToTxn it first waits for the producer's previous transaction to
+        complete."""
+        await self._previous_completed(transactional_id, group_id)
         err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
                                              generation_id)
         if err:

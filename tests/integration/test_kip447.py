@@ -121,7 +121,11 @@ def test_offsets_of_another_members_partition_get_concurrent_producer_commit(clu
         with pa.transaction():  # its own partitions are fine
             pa.send(dst, b"b")
             pa.send_offsets_to_transaction({mine[0]: 1}, ca.group_metadata())
-        assert ca.committed([mine[0]])[mine[0]].offset == 1
+        # EndTxn answers once the commit is decided; a read_committed consumer's
+        # OffsetFetch (require_stable, KIP-447) waits until the offsets are stable.
+        with Consumer({"bootstrap.servers": cluster2.bootstrap_servers, "group.id": group,
+                       "isolation.level": "read_committed"}) as stable:
+            assert stable.committed([mine[0]], timeout=30)[mine[0]].offset == 1
     finally:
         ca.close()
         cb.close()

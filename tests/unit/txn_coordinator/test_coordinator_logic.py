@@ -272,9 +272,30 @@ def test_end_txn_retry_semantics():
     run(scenario())
 
 
-def test_end_txn_while_completing():
+def test_next_transaction_waits_for_the_previous_ones_markers():
+    """EndTxn answers after the Prepare record; the producer's next AddPartitionsToTxn
+    waits in the coordinator until the markers and the Complete record are written,
+    then starts the next transaction (no CONCURRENT_TRANSACTIONS round trips)."""
     async def scenario():
         h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert h.md("t").state is S.PREPARE_COMMIT  # answered before the markers
+        nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)]))
+        await asyncio.sleep(0.05)
+        assert not nxt.done() and h.markers.written_for(pid) == []
+        h.markers.gate.set()
+        assert set((await nxt).values()) == {E.NONE}
+        assert h.log.states("t")[-2:] == [S.COMPLETE_COMMIT, S.ONGOING]  # after the Complete record
+
+    run(scenario())
+
+
+def test_end_txn_while_completing():
+    async def scenario():
+        h = Harness(TxnCoordinatorConfig(previous_completion_wait_ms=0))
         await h.elect()
         pid, epoch = await h.begin("t")
         h.markers.gate = asyncio.Event()
