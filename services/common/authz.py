@@ -228,8 +228,10 @@ def has_rule(method: str) -> bool:
 class AuthorizedServicer:
     """A gRPC servicer as the Kafka listener calls it in-process: every method first
     runs the checks of `<service>/<method>` for the principal of the Kafka connection
-    (`auth.current_principal`), so both protocols enforce the same rules. Raises
-    Denied."""
+    (`auth.current_principal`), so both protocols enforce the same rules. A refused
+    call returns the method's response with Kafka's error code in every error field,
+    one entry per resource of the request (`denied_response`), so the Kafka client gets
+    TOPIC_AUTHORIZATION_FAILED and the like in its answer, as from a Kafka broker."""
 
     def __init__(self, servicer: Any, service: str):
         self._servicer = servicer
@@ -240,9 +242,72 @@ class AuthorizedServicer:
         key = f"{self._service}/{name}"
 
         async def call(request, context):
-            require(key, request)
+            try:
+                require(key, request)
+            except Denied as denied:
+                return denied_response(self._service, name, request, denied)
             return await method(request, context)
         return call
+
+
+# Identity fields copied from a request entry to its answer (topic and name stand for
+# each other: requests and answers do not always use the same one).
+_IDENTITY = ("name", "topic", "partition", "resource_name", "group_id", "transactional_id", "user", "producer_id")
+_SYNONYM = {"name": "topic", "topic": "name"}
+
+
+def denied_response(service: str, method: str, request: Any, denied: Denied) -> Any:
+    """The response message of `<service>/<method>` answering `request` with
+    `denied.error` in each error field: the top-level one, and one entry per entry of
+    the request (its topics, partitions, groups, resources...), identified as in the
+    request. Built from the protobuf descriptors, so every RPC is covered."""
+    from exactly_wire.v1 import exactly_pb2 as pb
+    desc = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].output_type
+    response = getattr(pb, desc.name)()
+    _mirror(request, response, int(denied.error), str(denied))
+    return response
+
+
+def _mirror(source: Any, target: Any, code: int, message: str) -> None:
+    fields = target.DESCRIPTOR.fields_by_name
+    if "error_code" in fields:
+        target.error_code = code
+    if "error_message" in fields:
+        target.error_message = message
+    src_fields = source.DESCRIPTOR.fields_by_name if source is not None and hasattr(source, "DESCRIPTOR") else {}
+    for name in _IDENTITY:
+        if name in fields and fields[name].message_type is None and not fields[name].is_repeated:
+            for candidate in (name, _SYNONYM.get(name)):
+                if candidate and candidate in src_fields and not src_fields[candidate].is_repeated \
+                        and src_fields[candidate].message_type is None:
+                    setattr(target, name, getattr(source, candidate))
+                    break
+    src_lists = [f for f in src_fields.values() if f.is_repeated]
+    for f in target.DESCRIPTOR.fields:
+        if not f.is_repeated or f.message_type is None:
+            continue
+        match = src_fields.get(f.name) if f.name in src_fields and src_fields[f.name].is_repeated else None
+        if match is None and len(src_lists) == 1:
+            match = src_lists[0]  # responses/results answer the request's only list
+        if match is None:
+            continue
+        for item in getattr(source, match.name):
+            entry = getattr(target, f.name).add()
+            if match.message_type is None:  # a name or a partition number
+                key = next((k for k in _IDENTITY if k in entry.DESCRIPTOR.fields_by_name
+                            and _scalar_type_matches(entry.DESCRIPTOR.fields_by_name[k], item)), None)
+                if key is not None:
+                    setattr(entry, key, item)
+                _mirror(None, entry, code, message)
+            else:
+                _mirror(item, entry, code, message)
+
+
+def _scalar_type_matches(field: Any, value: Any) -> bool:
+    if field.message_type is not None or field.is_repeated:
+        return False
+    is_text = field.cpp_type == field.CPPTYPE_STRING
+    return isinstance(value, str) == is_text
 
 
 def require(method: str, request: Any) -> None:

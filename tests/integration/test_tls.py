@@ -130,3 +130,28 @@ def test_kafka_client_over_tls(secured):
     wait_for(poll, 60, lambda: f"the records over the Kafka port with TLS (got {got})")
     c.close()
     assert got == [b"idempotent", b"over-tls"]
+
+
+def test_kafka_client_without_acls_gets_kafkas_authorization_errors(secured):
+    """A refused Kafka-protocol request is answered with Kafka's error code (the
+    connection stays open), so librdkafka reports it instead of retrying forever."""
+    from confluent_kafka import KafkaError, KafkaException, Producer as KProducer
+    certs = secured.dir / "certs"
+    CertificateAuthority.load(certs).issue("kafka-nobody", client=True)
+    tls = {"bootstrap.servers": secured.kafka_bootstrap_servers, "security.protocol": "SSL",
+           "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / "kafka-nobody.pem"),
+           "ssl.key.location": str(certs / "kafka-nobody.key")}
+    topic = f"kdeny-{uuid.uuid4().hex[:6]}"
+    with AdminClient({"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+        # Describe only: the topic is visible, writing it is not allowed.
+        admin.create_acls([AclBinding("User:kafka-nobody", "Topic", topic, "Describe")])
+    p = KProducer({**tls, "message.timeout.ms": 20000})
+    errors_seen = []
+    p.produce(topic, b"refused", on_delivery=lambda err, msg: errors_seen.append(err))
+    p.flush(30)
+    assert [e.code() for e in errors_seen] == [KafkaError.TOPIC_AUTHORIZATION_FAILED], errors_seen
+    t = KProducer({**tls, "transactional.id": f"nobody-{topic}"})
+    with pytest.raises(KafkaException) as info:
+        t.init_transactions(20)
+    assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED

@@ -139,7 +139,10 @@ class ClusterApis:
         fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
         if field(req, "transactional_id"):
             return {**fail, "error_code": ErrorCode.NOT_COORDINATOR}
-        authz.require("TransactionCoordinator/InitProducerId", pb.InitProducerIdRequest())
+        try:
+            authz.require("TransactionCoordinator/InitProducerId", pb.InitProducerIdRequest())
+        except authz.Denied as denied:
+            return {**fail, "error_code": denied.error}
         coordinators = sorted((n for n in self.cluster.nodes().values() if n.role == "txn_coordinator"),
                               key=lambda n: n.node_id)
         if not coordinators or self.channel is None:
