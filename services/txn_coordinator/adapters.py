@@ -21,16 +21,42 @@ from .coordinator import TxnLogFetch, TxnMarker
 
 class ClusterTxnLog:
     """`__transaction_state` through its partition leaders. Appends use acks=all
-    (design doc: "wait for this message to be replicated")."""
+    (design doc: "wait for this message to be replicated"). Group commit: each
+    partition has one append request in flight; the batches of every transition that
+    arrives meanwhile go together in the next request (up to `max_batches_per_request`,
+    appended in arrival order), so concurrent transactions share round trips and
+    replication waits."""
 
-    def __init__(self, client: ClusterClient, timeout_ms: int = 30_000):
+    def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200):
         self._client = client
         self._timeout_ms = timeout_ms
+        self._max = max_batches_per_request
+        self._queues: dict[int, list[tuple[bytes, asyncio.Future]]] = defaultdict(list)
+        self._senders: dict[int, asyncio.Task] = {}
 
     async def append(self, partition: int, batch: bytes) -> int:
-        code, _ = await self._client.produce(TRANSACTION_STATE_TOPIC, partition, batch, acks=-1,
-                                             timeout_ms=self._timeout_ms)
-        return code
+        future = asyncio.get_running_loop().create_future()
+        self._queues[partition].append((batch, future))
+        sender = self._senders.get(partition)
+        if sender is None or sender.done():
+            self._senders[partition] = asyncio.get_running_loop().create_task(self._drain(partition))
+        return await future
+
+    async def _drain(self, partition: int) -> None:
+        queue = self._queues[partition]
+        while queue:
+            group, queue[:] = queue[:self._max], queue[self._max:]
+            try:
+                codes = await self._client.produce_many(TRANSACTION_STATE_TOPIC, partition,
+                                                        [b for b, _ in group], acks=-1, timeout_ms=self._timeout_ms)
+            except Exception as exc:  # noqa: BLE001 - every waiting transition learns of it
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), code in zip(group, codes):
+                if not future.done():
+                    future.set_result(code)
 
     async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         resp = await self._client.fetch(TRANSACTION_STATE_TOPIC, partition, offset, max_wait_ms=0,
@@ -42,17 +68,26 @@ class ClusterTxnLog:
 
 
 class ClusterMarkerWriter:
-    """WriteTxnMarkers, one request per partition leader, sent concurrently (design
-    doc "Transaction Coordinator Startup": markers to all the leaders of the
-    transaction's partitions). `__consumer_offsets` partitions are written like any
+    """WriteTxnMarkers to the partition leaders (design doc "Transaction Coordinator
+    Startup": markers to all the leaders of the transaction's partitions), batched per
+    leader across transactions, as Kafka's TransactionMarkerChannelManager: each
+    leader has one request in flight at a time, and the markers of every transaction
+    that became ready meanwhile go in the next request together (at most
+    `max_markers_per_request`). `__consumer_offsets` partitions are written like any
     other: to the partition leader of that partition."""
 
-    def __init__(self, cluster: ClusterState, client: ClusterClient, timeout_s: float = 30.0):
+    def __init__(self, cluster: ClusterState, client: ClusterClient, timeout_s: float = 30.0,
+                 max_markers_per_request: int = 500):
         self._cluster = cluster
         self._client = client
         self._timeout_s = timeout_s
+        self._max = max_markers_per_request
+        self._channels: dict[str, _MarkerChannel] = {}
 
     async def write(self, marker: TxnMarker) -> dict[TopicPartition, int]:
+        """Write `marker` to each of its partitions; returns an error code per
+        partition (NONE when written and replicated, or the leader's / the transport's
+        error, LEADER_NOT_AVAILABLE without a leader)."""
         out: dict[TopicPartition, int] = {}
         by_leader: dict[str, tuple[NodeInfo, list[TopicPartition]]] = {}
         for tp in sorted(marker.partitions):
@@ -61,27 +96,69 @@ class ClusterMarkerWriter:
                 out[tp] = ErrorCode.LEADER_NOT_AVAILABLE
             else:
                 by_leader.setdefault(node.node_id, (node, []))[1].append(tp)
-        results = await asyncio.gather(*(self._send(node, marker, tps) for node, tps in by_leader.values()))
+        results = await asyncio.gather(*(self._channel(node).submit(marker, tps)
+                                         for node, tps in by_leader.values()))
         for part in results:
             out.update(part)
         return out
 
-    async def _send(self, node: NodeInfo, marker: TxnMarker, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        by_topic: dict[str, list[int]] = defaultdict(list)
-        for topic, partition in tps:
-            by_topic[topic].append(partition)
-        request = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
-            producer_id=marker.producer_id, producer_epoch=marker.producer_epoch, committed=marker.committed,
-            coordinator_epoch=marker.coordinator_epoch, transaction_version=marker.transaction_version,
-            topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])])
-        resp = await self._client.write_txn_markers(node, request, timeout_s=self._timeout_s)
+    def _channel(self, node: NodeInfo) -> "_MarkerChannel":
+        ch = self._channels.get(node.node_id)
+        if ch is None or ch.node.address != node.address:
+            ch = self._channels[node.node_id] = _MarkerChannel(node, self._client, self._timeout_s, self._max)
+        return ch
+
+
+class _MarkerChannel:
+    """The markers queued for one partition leader and the one request in flight."""
+
+    def __init__(self, node: NodeInfo, client: ClusterClient, timeout_s: float, max_markers: int):
+        self.node = node
+        self._client = client
+        self._timeout_s = timeout_s
+        self._max = max_markers
+        self._queue: list[tuple[TxnMarker, list[TopicPartition], asyncio.Future]] = []
+        self._sender: asyncio.Task | None = None
+
+    async def submit(self, marker: TxnMarker, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((marker, tps, future))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[:self._max], self._queue[self._max:]
+            try:
+                results = await self._send(batch)
+            except Exception as exc:  # noqa: BLE001 - every waiting transaction learns of it
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, _, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+
+    async def _send(self, batch) -> list[dict[TopicPartition, int]]:
+        request = pb.WriteTxnMarkersRequest()
+        for marker, tps, _ in batch:
+            by_topic: dict[str, list[int]] = defaultdict(list)
+            for topic, partition in tps:
+                by_topic[topic].append(partition)
+            request.markers.add(
+                producer_id=marker.producer_id, producer_epoch=marker.producer_epoch, committed=marker.committed,
+                coordinator_epoch=marker.coordinator_epoch, transaction_version=marker.transaction_version,
+                topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        resp = await self._client.write_txn_markers(self.node, request, timeout_s=self._timeout_s)
         if not isinstance(resp, pb.WriteTxnMarkersResponse):
-            return {tp: int(resp) for tp in tps}  # transport failure
-        out = {}
-        for m in resp.markers:
-            for t in m.topics:
-                for p in t.partitions:
-                    out[(t.topic, p.partition)] = p.error_code
+            return [{tp: int(resp) for tp in tps} for _, tps, _ in batch]  # transport failure
+        out = []
+        for i, (_, tps, _) in enumerate(batch):  # the answer keeps the request's order
+            m = resp.markers[i] if i < len(resp.markers) else None
+            codes = {(t.topic, p.partition): p.error_code for t in m.topics for p in t.partitions} if m else {}
+            out.append({tp: codes.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR) for tp in tps})
         return out
 
 

@@ -1,0 +1,119 @@
+"""Batching across transactions in the coordinator's adapters: markers per partition
+leader (ClusterMarkerWriter) and transaction-log appends per partition (ClusterTxnLog,
+group commit): one request in flight; what is queued meanwhile goes together next."""
+from __future__ import annotations
+
+import asyncio
+
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
+from services.common.cluster import NodeInfo
+from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog
+from services.txn_coordinator.coordinator import TxnMarker
+
+LEADERS = {("a", 0): NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
+           ("a", 1): NodeInfo("pl-1", "partition_leader", "127.0.0.1", 2),
+           ("b", 0): NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1)}
+
+
+class Cluster:
+    def leader_of(self, topic, partition):
+        return LEADERS.get((topic, partition))
+
+
+class Client:
+    """Records each WriteTxnMarkers request; answers when `gate` is set."""
+
+    def __init__(self, refuse: dict | None = None, drop_last: bool = False):
+        self.requests: list[tuple[str, pb.WriteTxnMarkersRequest]] = []
+        self.gate = asyncio.Event()
+        self.refuse = refuse or {}
+        self.drop_last = drop_last
+
+    async def write_txn_markers(self, node, request, timeout_s):
+        self.requests.append((node.node_id, request))
+        await self.gate.wait()
+        resp = pb.WriteTxnMarkersResponse()
+        for m in request.markers:
+            r = resp.markers.add(producer_id=m.producer_id)
+            for t in m.topics:
+                rt = r.topics.add(topic=t.topic)
+                for p in t.partitions:
+                    rt.partitions.add(partition=p, error_code=self.refuse.get((m.producer_id, t.topic, p), 0))
+        if self.drop_last:
+            del resp.markers[-1]
+        return resp
+
+
+def marker(pid, *tps):
+    return TxnMarker(pid, 1, True, 0, frozenset(tps))
+
+
+def test_markers_of_many_transactions_share_a_request_per_leader():
+    async def scenario():
+        client = Client(refuse={(3, "a", 1): ErrorCode.NOT_LEADER_OR_FOLLOWER})
+        writer = ClusterMarkerWriter(Cluster(), client)
+        first = asyncio.create_task(writer.write(marker(1, ("a", 0))))
+        await asyncio.sleep(0)  # pid 1's request to pl-0 is in flight
+        rest = [asyncio.create_task(writer.write(marker(pid, ("a", 0), ("a", 1), ("b", 0)))) for pid in (2, 3, 4)]
+        await asyncio.sleep(0)
+        client.gate.set()
+        results = await asyncio.gather(first, *rest)
+        assert results[0] == {("a", 0): 0}
+        assert results[2] == {("a", 0): 0, ("b", 0): 0, ("a", 1): ErrorCode.NOT_LEADER_OR_FOLLOWER}
+        assert all(set(r.values()) == {0} for r in (results[1], results[3]))
+        to_pl0 = [req for node, req in client.requests if node == "pl-0"]
+        to_pl1 = [req for node, req in client.requests if node == "pl-1"]
+        # pl-0: pid 1 alone, then 2, 3, 4 together; pl-1: 2, 3, 4 in one request.
+        assert [[m.producer_id for m in r.markers] for r in to_pl0] == [[1], [2, 3, 4]]
+        assert [[m.producer_id for m in r.markers] for r in to_pl1] == [[2, 3, 4]]
+        assert {(t.topic, tuple(t.partitions)) for t in to_pl0[1].markers[0].topics} == {("a", (0,)), ("b", (0,))}
+
+    asyncio.run(scenario())
+
+
+def test_a_short_answer_and_a_transport_failure_reach_every_waiter():
+    async def scenario():
+        client = Client(drop_last=True)
+        client.gate.set()
+        writer = ClusterMarkerWriter(Cluster(), client)
+        a, b = await asyncio.gather(writer.write(marker(1, ("a", 0))), writer.write(marker(2, ("a", 0))))
+        assert a == {("a", 0): 0} and b == {("a", 0): ErrorCode.UNKNOWN_SERVER_ERROR}
+
+        class Down(Client):
+            async def write_txn_markers(self, node, request, timeout_s):
+                return ErrorCode.NETWORK_EXCEPTION
+        writer = ClusterMarkerWriter(Cluster(), Down())
+        assert await writer.write(marker(5, ("a", 0), ("a", 1))) == {("a", 0): ErrorCode.NETWORK_EXCEPTION,
+                                                                     ("a", 1): ErrorCode.NETWORK_EXCEPTION}
+
+    asyncio.run(scenario())
+
+
+def test_transaction_log_appends_are_group_committed_in_order():
+    async def scenario():
+        class LogClient:
+            def __init__(self):
+                self.requests: list[tuple[int, list[bytes]]] = []
+                self.gate = asyncio.Event()
+
+            async def produce_many(self, topic, partition, batches, acks, timeout_ms):
+                assert (topic, acks) == ("__transaction_state", -1)
+                self.requests.append((partition, list(batches)))
+                await self.gate.wait()
+                return [ErrorCode.NOT_ENOUGH_REPLICAS if b == b"bad" else 0 for b in batches]
+
+        client = LogClient()
+        txn_log = ClusterTxnLog(client)
+        first = asyncio.create_task(txn_log.append(0, b"t1-ongoing"))
+        await asyncio.sleep(0)
+        rest = [asyncio.create_task(txn_log.append(p, b)) for p, b in
+                ((0, b"t2-prepare"), (0, b"bad"), (1, b"t9-ongoing"), (0, b"t3-complete"))]
+        await asyncio.sleep(0)
+        client.gate.set()
+        codes = await asyncio.gather(first, *rest)
+        assert codes == [0, 0, ErrorCode.NOT_ENOUGH_REPLICAS, 0, 0]
+        assert client.requests == [(0, [b"t1-ongoing"]), (1, [b"t9-ongoing"]),
+                                   (0, [b"t2-prepare", b"bad", b"t3-complete"])]
+
+    asyncio.run(scenario())
