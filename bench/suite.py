@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
     n, size, reps = args.num_records, args.record_size, args.reps
     fig = Figures()
     extra: dict = {}
-    progress = Progress(12 + (1 if args.profile else 0))
+    progress = Progress(11 + (1 if args.profile else 0))
     clusters: list[DevCluster] = []
 
     def cluster(name: str, leaders: int = 1, props: dict | None = None, security: bool = False) -> DevCluster:

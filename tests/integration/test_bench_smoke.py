@@ -55,5 +55,5 @@ def test_quick_bench_writes_every_figure(tmp_path):
     assert body["meta"]["quick"] is True and body["meta"]["machine"]["cpus"] >= 1
     # One progress line per phase on stderr, the table on stdout.
     phases = [line for line in proc.stderr.splitlines() if line.startswith("bench [")]
-    assert len(phases) == 12, proc.stderr
+    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 11, proc.stderr
     assert "goals met" in proc.stdout
