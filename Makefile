@@ -37,10 +37,13 @@ fuzz: setup
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh
 
+# Every figure of README's performance table in one run (bench/suite.py); the results go to
+# $(RUN_DIR)/bench/results.json. make bench BENCH_ARGS="--quick" | "--profile DIR" | sizes (--help).
 bench: setup
 	@command -v redis-benchmark >/dev/null 2>&1 || { echo "bench: installing redis-server and redis-tools with apt-get"; \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q --no-install-recommends redis-server redis-tools; }
-	$(PY) bench/producer_perf.py --dir $(RUN_DIR)/bench
+	$(PY) -m pip install -q -r bench/requirements.txt
+	$(PY) -m bench --dir $(RUN_DIR)/bench --out $(RUN_DIR)/bench/results.json $(BENCH_ARGS)
 
 down:
 	-$(PY) -m exactly_tools.devcluster down --dir $(RUN_DIR)/demo

@@ -1,0 +1,106 @@
+"""Shared helpers of the benchmark suite: statistics, progress lines, clusters, RSS."""
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import socket
+import statistics
+import sys
+import time
+from typing import Callable
+
+from exactly import AdminClient, NewTopic
+from exactly_tools.devcluster import DevCluster
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (nan when empty)."""
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of a process, from /proc/<pid>/status."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, interval_s: float = 0.02, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what or check}")
+        time.sleep(interval_s)
+
+
+class Progress:
+    """One line per phase on stderr: `bench [i/N] name ... result (seconds)`."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.index = 0
+        self._started = 0.0
+
+    def start(self, name: str) -> None:
+        self.index += 1
+        self._started = time.perf_counter()
+        print(f"bench [{self.index:>2}/{self.total}] {name} ...", end="", file=sys.stderr, flush=True)
+
+    def done(self, summary: str) -> None:
+        print(f" {summary} ({time.perf_counter() - self._started:.0f} s)", file=sys.stderr, flush=True)
+
+
+def start_cluster(directory: pathlib.Path, partition_leaders: int = 1, props: dict[str, str] | None = None,
+                  security: bool = False) -> DevCluster:
+    """A fresh dev cluster in `directory` (a leftover one there is stopped first)."""
+    if (directory / "cluster.json").exists():
+        try:
+            DevCluster.load(directory).down()
+        except Exception:  # noqa: BLE001 - a broken leftover: start afresh anyway
+            pass
+    if directory.exists():
+        import shutil
+        shutil.rmtree(directory)
+    cluster = DevCluster(directory, props=dict(props or {}), security=security)
+    cluster.up(partition_leaders=partition_leaders, txn_coordinators=1, group_coordinators=1)
+    return cluster
+
+
+def create_topic(cluster: DevCluster, name: str, partitions: int = 1, replication_factor: int = 1) -> None:
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:
+        admin.create_topics([NewTopic(name, partitions, replication_factor)])
+
+
+def machine_info() -> dict:
+    info = {"cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg())}
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_kib"] = int(f.readline().split()[1])
+    except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["python"] = sys.version.split()[0]
+    return info

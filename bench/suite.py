@@ -1,0 +1,402 @@
+"""`make bench`: every figure of the performance table in one run.
+
+    python -m bench [--quick] [--out .run/bench/results.json] [--dir .run/bench]
+                    [--profile DIR] [--reps 3] [size options, see --help]
+
+Starts its own dev clusters (exactly_tools.devcluster) on loopback and a private
+redis-server, measures each figure as the median of --reps repetitions, prints a
+table with the goals and a pass/fail column, and writes every figure (with its
+repetitions) to --out. One progress line per phase goes to stderr.
+
+Clusters: "main" (1 partition leader, 1 transaction and 1 group coordinator):
+producers, commit latency, coordinator throughput at replication factor 1,
+consumers, librdkafka; "rf3" (3 partition leaders, the topic and the internal
+topics replicated 3 times, min.insync.replicas 2): coordinator throughput at
+replication factor 3; "tls" (TLS, client certificates, ACL authorizer): the plain
+producer again; "restart" and "txn-load" (1 partition leader each): the
+recovery figures (bench/recovery.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from exactly_tools.devcluster import DevCluster, replication_props
+
+from . import producer_perf, recovery, redis_peer, transactions
+from .common import Progress, create_topic, machine_info, median, start_cluster
+
+FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
+        "redis_transactions": 20_000, "restart_batches": 1_000_000, "restart_producers": 10_000,
+        "transactional_ids": 100_000}
+QUICK = {"num_records": 3_000, "latency_transactions": 50, "coordinator_seconds": 1.0,
+         "redis_transactions": 500, "restart_batches": 20_000, "restart_producers": 200,
+         "transactional_ids": 1_000}
+
+
+class Figures:
+    """The figures of one run: key -> {label, value, unit, reps, ratio?, goal?, pass?}."""
+
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+
+    def add(self, key: str, label: str, reps: list[float], unit: str, **extra) -> dict:
+        row = {"label": label, "value": median(reps), "unit": unit, "reps": reps, **extra}
+        self.rows[key] = row
+        return row
+
+    def value(self, key: str) -> float:
+        return self.rows[key]["value"]
+
+    def ratio(self, key: str, base_key: str) -> None:
+        self.rows[key]["ratio_to_plain" if base_key == "produce.plain" else "ratio_to"] = \
+            self.value(key) / self.value(base_key)
+        if base_key != "produce.plain":
+            self.rows[key]["ratio_base"] = base_key
+
+    def goal(self, key: str, text: str, passed: bool) -> None:
+        self.rows[key]["goal"] = text
+        self.rows[key]["pass"] = bool(passed)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(".run/bench/results.json"))
+    parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(".run/bench"),
+                        help="working directory of the clusters and redis-server")
+    parser.add_argument("--profile", type=pathlib.Path, metavar="DIR",
+                        help="py-spy flame graphs of the producer, a partition leader and the transaction "
+                             "coordinator during an extra 10 ms-commit transactional run")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (the median is reported)")
+    parser.add_argument("--record-size", type=int, default=1024, help="bytes per record (produce, XADD)")
+    parser.add_argument("--num-records", type=int, help=f"records per produce/consume/XADD run "
+                                                        f"(default {FULL['num_records']:,})")
+    parser.add_argument("--latency-transactions", type=int, help="3-partition transactions timed per repetition")
+    parser.add_argument("--coordinator-producers", type=int, default=8)
+    parser.add_argument("--coordinator-seconds", type=float, help="seconds per coordinator-throughput window")
+    parser.add_argument("--redis-transactions", type=int, help="MULTI/EXEC transactions per repetition")
+    parser.add_argument("--redis-pipeline", type=int, default=500, help="XADD pipeline depth")
+    parser.add_argument("--redis-read-batch", type=int, default=1000, help="XREAD COUNT")
+    parser.add_argument("--restart-batches", type=int, help="one-record batches in the restarted partition")
+    parser.add_argument("--restart-producers", type=int, help="producer ids writing them")
+    parser.add_argument("--transactional-ids", type=int, help="transactional ids loaded by the coordinator")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else FULL
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except OSError:
+        return ""
+
+
+def run(args: argparse.Namespace) -> dict:
+    work = args.dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    n, size, reps = args.num_records, args.record_size, args.reps
+    fig = Figures()
+    extra: dict = {}
+    progress = Progress(11 + (1 if args.profile else 0))
+    clusters: list[DevCluster] = []
+
+    def cluster(name: str, leaders: int = 1, props: dict | None = None, security: bool = False) -> DevCluster:
+        c = start_cluster(work / name, leaders, props, security)
+        clusters.append(c)
+        return c
+
+    def down(c: DevCluster) -> None:
+        c.down()
+        clusters.remove(c)
+
+    try:
+        progress.start("main cluster: 1 partition leader, 1 transaction and 1 group coordinator")
+        main = cluster("main")
+        bootstrap = main.bootstrap_servers
+        progress.done(bootstrap)
+
+        # ---- 1, 2: producers
+        progress.start(f"produce {n:,} x {size} B: plain, idempotent, transactional (commit every 100 ms, "
+                       f"10 ms) x {reps}, interleaved")
+        modes = [("plain", "plain", 0), ("idempotent", "idempotent", 0), ("txn_100ms", "transactional", 100),
+                 ("txn_10ms", "transactional", 10)]
+        runs: dict[str, list[dict]] = {m[0]: [] for m in modes}
+        for rep in range(reps):
+            for key, mode, interval in modes:
+                topic = f"bench-{key.replace('_', '-')}-{rep}"
+                create_topic(main, topic)
+                runs[key].append(producer_perf.produce_run(bootstrap, topic, mode, n, size, interval))
+        labels = {"plain": "plain produce (acks=1), 1 SDK producer, 1 KB records",
+                  "idempotent": "idempotent produce (acks=all)",
+                  "txn_100ms": "transactional produce, commit every 100 ms",
+                  "txn_10ms": "transactional produce, commit every 10 ms"}
+        for key, _, _ in modes:
+            fig.add(f"produce.{key}", labels[key], [r["records_per_s"] for r in runs[key]], "records/s",
+                    p50_send_ms=median([r["p50_ms"] for r in runs[key]]),
+                    p99_send_ms=median([r["p99_ms"] for r in runs[key]]),
+                    commits=median([r["commits"] for r in runs[key]]))
+            fig.ratio(f"produce.{key}", "produce.plain")
+        fig.goal("produce.txn_100ms", ">= 0.97 x plain", fig.rows["produce.txn_100ms"]["ratio_to_plain"] >= 0.97)
+        fig.goal("produce.txn_10ms", ">= 0.85 x plain", fig.rows["produce.txn_10ms"]["ratio_to_plain"] >= 0.85)
+        extra["produce_runs"] = runs
+        progress.done(", ".join(f"{k} {fig.value('produce.' + k):,.0f}/s" for k, _, _ in modes))
+
+        if args.profile:
+            from .profiling import PySpy
+            progress.start(f"profile (py-spy) of an extra transactional run, commit every 10 ms -> {args.profile}")
+            topic = "bench-profile"
+            create_topic(main, topic)
+            spy: dict = {}
+
+            def attach() -> None:
+                spy["rec"] = PySpy(args.profile.resolve(), {"producer": os.getpid(),
+                                                            "partition-leader": main.services["pl-0"].pid,
+                                                            "txn-coordinator": main.services["txn-0"].pid})
+                time.sleep(1.0)  # py-spy attaches
+            try:
+                producer_perf.produce_run(bootstrap, topic, "transactional", n, size, 10, on_started=attach)
+            finally:
+                written = spy["rec"].stop() if "rec" in spy else {}
+            extra["profile"] = written
+            progress.done(f"{len(written)} flame graphs")
+
+        # ---- 3: commit latency
+        progress.start(f"commit latency: 1 record to each of 3 partitions + commit, "
+                       f"{args.latency_transactions:,} transactions x {reps}")
+        create_topic(main, "bench-latency", 3)
+        lat = [transactions.commit_latency_run(bootstrap, "bench-latency", 3, args.latency_transactions)
+               for _ in range(reps)]
+        fig.add("commit_3p.p50", "3-partition transaction, send + commit, p50", [r["p50_ms"] for r in lat], "ms")
+        fig.add("commit_3p.p99", "3-partition transaction, send + commit, p99", [r["p99_ms"] for r in lat], "ms")
+        fig.goal("commit_3p.p99", "<= 5 ms", fig.value("commit_3p.p99") <= 5)
+        extra["commit_latency_runs"] = lat
+        progress.done(f"p50 {fig.value('commit_3p.p50'):.1f} ms, p99 {fig.value('commit_3p.p99'):.1f} ms")
+
+        # ---- 5: consumers (over the last transactional topic, commits every 100 ms)
+        progress.start(f"consume {n:,} records (read_uncommitted, read_committed) x {reps}, interleaved")
+        topic = f"bench-txn-100ms-{reps - 1}"
+        cons: dict[str, list[dict]] = {"read_uncommitted": [], "read_committed": []}
+        for _ in range(reps):
+            for iso in cons:
+                r = producer_perf.consume_run(bootstrap, topic, iso, n)
+                if r["records"] != n:
+                    raise RuntimeError(f"{iso} consumer read {r['records']} of {n} records")
+                cons[iso].append(r)
+        for iso, rows in cons.items():
+            fig.add(f"consume.{iso}", f"consume, {iso}", [r["records_per_s"] for r in rows], "records/s")
+            fig.ratio(f"consume.{iso}", "produce.plain")
+        progress.done(", ".join(f"{iso} {fig.value('consume.' + iso):,.0f}/s" for iso in cons))
+
+        # ---- librdkafka through the Kafka listener
+        progress.start(f"confluent-kafka (librdkafka) produce {n:,} x {size} B through the Kafka port x {reps}")
+        kr = []
+        for rep in range(reps):
+            topic = f"bench-kafka-{rep}"
+            create_topic(main, topic)
+            kr.append(producer_perf.kafka_produce_run(main.kafka_bootstrap_servers, topic, n, size))
+            if kr[-1]["records"] != n:
+                raise RuntimeError(f"librdkafka delivered {kr[-1]['records']} of {n}")
+        fig.add("peer.librdkafka", "confluent-kafka (librdkafka) produce, Kafka port, acks=1",
+                [r["records_per_s"] for r in kr], "records/s")
+        fig.ratio("peer.librdkafka", "produce.plain")
+        progress.done(f"{fig.value('peer.librdkafka'):,.0f}/s")
+
+        # ---- 4: coordinator throughput, RF 1
+        pcount, secs = args.coordinator_producers, args.coordinator_seconds
+        progress.start(f"committed transactions/s, {pcount} producer processes, 1 coordinator, RF 1, "
+                       f"{reps} windows of {secs:g} s")
+        create_topic(main, "bench-coord", 3)
+        rf1 = transactions.coordinator_throughput(bootstrap, "bench-coord", 3, pcount, reps, secs)
+        fig.add("coordinator.rf1", f"committed txn/s, {pcount} producers, 1-record txns, RF 1",
+                [r["txn_per_s"] for r in rf1], "txn/s")
+        fig.goal("coordinator.rf1", ">= 2,000 txn/s", fig.value("coordinator.rf1") >= 2000)
+        progress.done(f"{fig.value('coordinator.rf1'):,.0f} txn/s")
+        down(main)
+
+        progress.start(f"committed transactions/s, RF 3 (3 partition leaders, internal topics RF 3, "
+                       f"min.insync.replicas 2), {reps} windows of {secs:g} s")
+        rf3c = cluster("rf3", 3, replication_props(3))
+        create_topic(rf3c, "bench-coord", 3, 3)
+        rf3 = transactions.coordinator_throughput(rf3c.bootstrap_servers, "bench-coord", 3, pcount, reps, secs)
+        fig.add("coordinator.rf3", f"committed txn/s, {pcount} producers, 1-record txns, RF 3",
+                [r["txn_per_s"] for r in rf3], "txn/s")
+        fig.goal("coordinator.rf3", ">= 1,000 txn/s", fig.value("coordinator.rf3") >= 1000)
+        extra["coordinator_runs"] = {"rf1": rf1, "rf3": rf3}
+        down(rf3c)
+        progress.done(f"{fig.value('coordinator.rf3'):,.0f} txn/s")
+
+        # ---- TLS
+        progress.start(f"plain produce over TLS with client certificates and the ACL authorizer, x {reps}")
+        tls = cluster("tls", security=True)
+        tr = []
+        for rep in range(reps):
+            topic = f"bench-tls-{rep}"
+            create_topic(tls, topic)
+            tr.append(producer_perf.produce_run(tls.bootstrap_servers, topic, "plain", n, size, 0,
+                                                dict(tls.client_config)))
+        fig.add("peer.tls", "plain produce, TLS + client certificate + ACL authorizer",
+                [r["records_per_s"] for r in tr], "records/s")
+        fig.ratio("peer.tls", "produce.plain")
+        down(tls)
+        progress.done(f"{fig.value('peer.tls'):,.0f}/s")
+
+        # ---- 6: Redis Streams
+        progress.start(f"Redis Streams from redis-py: XADD (pipelined {args.redis_pipeline}), MULTI/EXEC over "
+                       f"2 streams, XREAD (COUNT {args.redis_read_batch}) x {reps}")
+        server = redis_peer.RedisServer(work / "redis")
+        try:
+            xadd, multi, xread, cbench = [], [], [], []
+            for _ in range(reps):
+                xadd.append(redis_peer.xadd_run(server.client, "bench", n, size, args.redis_pipeline))
+                xread.append(redis_peer.xread_run(server.client, "bench", n, args.redis_read_batch))
+                multi.append(redis_peer.multi_exec_run(server.client, args.redis_transactions))
+                c = redis_peer.redis_benchmark_xadd(server.port, n, size)
+                if c is not None:
+                    cbench.append(c)
+        finally:
+            server.stop()
+        fig.add("redis.xadd", f"Redis XADD from redis-py, pipelined {args.redis_pipeline}",
+                [r["records_per_s"] for r in xadd], "records/s")
+        fig.ratio("redis.xadd", "produce.plain")
+        fig.add("redis.multi_exec", "Redis MULTI/EXEC (XADD to 2 streams) from redis-py",
+                [r["txn_per_s"] for r in multi], "txn/s")
+        fig.add("redis.xread", f"Redis XREAD from redis-py, COUNT {args.redis_read_batch}",
+                [r["records_per_s"] for r in xread], "records/s")
+        fig.ratio("redis.xread", "produce.plain")
+        if cbench:
+            fig.add("redis.xadd_c", "Redis XADD from redis-benchmark (C), pipelined 32",
+                    [r["records_per_s"] for r in cbench], "records/s")
+            fig.ratio("redis.xadd_c", "produce.plain")
+        fig.add("vs_redis.produce", "plain produce / Redis XADD (redis-py)",
+                [fig.value("produce.plain") / fig.value("redis.xadd")], "x")
+        fig.goal("vs_redis.produce", ">= 1.0", fig.value("vs_redis.produce") >= 1.0)
+        fig.add("vs_redis.read_committed", "read_committed consume / Redis XREAD (redis-py)",
+                [fig.value("consume.read_committed") / fig.value("redis.xread")], "x")
+        fig.goal("vs_redis.read_committed", ">= 1.0", fig.value("vs_redis.read_committed") >= 1.0)
+        progress.done(f"XADD {fig.value('redis.xadd'):,.0f}/s, MULTI/EXEC {fig.value('redis.multi_exec'):,.0f}/s, "
+                      f"XREAD {fig.value('redis.xread'):,.0f}/s")
+
+        # ---- 7: partition-leader restart
+        progress.start(f"partition-leader restart: {args.restart_batches:,} one-record batches from "
+                       f"{args.restart_producers:,} producer ids; SIGKILL + start x {reps} with the snapshot, "
+                       f"x {reps} without")
+        rc = cluster("restart")
+        rs = recovery.leader_restart(rc, args.restart_batches, args.restart_producers, reps)
+        down(rc)
+        for case in ("snapshot", "scan"):
+            rows = rs[f"restart_{case}"]
+            expected = str(rs["log_end_offset"]) if case == "snapshot" else "None"
+            wrong = [r for r in rows if r["snapshot_at"] != expected or r["producers_loaded"] != args.restart_producers]
+            if wrong:
+                raise RuntimeError(f"restart {case}: the leader loaded {wrong[0]} (expected snapshot at {expected}, "
+                                   f"{args.restart_producers} producers)")
+        fig.add("restart.snapshot", "leader restart to serving, from the producer-state snapshot",
+                [r["seconds"] for r in rs["restart_snapshot"]], "s")
+        fig.add("restart.scan", "leader restart to serving, snapshot removed (full log scan)",
+                [r["seconds"] for r in rs["restart_scan"]], "s")
+        fig.add("restart.ratio", "restart: scan / snapshot", [fig.value("restart.scan") / fig.value("restart.snapshot")],
+                "x")
+        fig.goal("restart.ratio", ">= 20", fig.value("restart.ratio") >= 20)
+        fig.add("restart.open_snapshot", "Partition.open alone (in-process), from the snapshot",
+                [s * 1000 for s in rs["open_snapshot_s"]], "ms")
+        fig.add("restart.open_scan", "Partition.open alone (in-process), full log scan",
+                [s * 1000 for s in rs["open_scan_s"]], "ms")
+        fig.add("restart.open_ratio", "Partition.open: scan / snapshot",
+                [fig.value("restart.open_scan") / fig.value("restart.open_snapshot")], "x")
+        extra["restart"] = rs
+        progress.done(f"snapshot {fig.value('restart.snapshot'):.2f} s, scan {fig.value('restart.scan'):.2f} s "
+                      f"(x{fig.value('restart.ratio'):.1f})")
+
+        # ---- 8: transaction-coordinator load
+        progress.start(f"transaction coordinator: InitProducerId of {args.transactional_ids:,} ids, then SIGKILL + "
+                       f"start x {reps}")
+        lc = cluster("txn-load")
+        ld = recovery.coordinator_load(lc, args.transactional_ids, reps)
+        down(lc)
+        fig.add("txn_load.loaded", f"coordinator restart until __transaction_state is loaded "
+                                   f"({args.transactional_ids:,} ids)", [r["loaded_s"] for r in ld["restarts"]], "s",
+                serving_s=median([r["serving_s"] for r in ld["restarts"]]),
+                logged_load_ms_max=median([r["logged_load_ms_max"] for r in ld["restarts"]]))
+        fig.add("txn_load.bytes_per_id", "coordinator RSS per transactional id",
+                [r["bytes_per_id"] for r in ld["restarts"]], "B")
+        fig.goal("txn_load.bytes_per_id", "<= 1 KB", fig.value("txn_load.bytes_per_id") <= 1024)
+        fig.add("txn_load.init_rate", "InitProducerId rate while creating the ids (raw gRPC, 2 processes)",
+                [ld["creation"]["ids_per_s"]], "ids/s")
+        extra["txn_load"] = ld
+        progress.done(f"{fig.value('txn_load.loaded'):.2f} s, {fig.value('txn_load.bytes_per_id'):,.0f} B/id "
+                      f"(ids created at {ld['creation']['ids_per_s']:,.0f}/s)")
+    finally:
+        for c in list(clusters):
+            try:
+                c.down()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                print(f"bench: stopping {c.dir} failed: {exc!r}", file=sys.stderr)
+    return {"figures": fig.rows, "details": extra}
+
+
+def table(figures: dict[str, dict]) -> str:
+    def fmt(v: float, unit: str) -> str:
+        if unit in ("records/s", "txn/s", "ids/s", "B"):
+            return f"{v:,.0f} {unit}"
+        if unit == "x":
+            return f"{v:.2f} x"
+        if unit == "ms":
+            return f"{v:.2f} ms"
+        return f"{v:.2f} {unit}"
+    rows = [("figure", "median of reps", "x plain", "goal", "pass")]
+    for row in figures.values():
+        ratio = row.get("ratio_to_plain")
+        passed = row.get("pass")
+        rows.append((row["label"], fmt(row["value"], row["unit"]), "" if ratio is None else f"{ratio:.2f}",
+                     row.get("goal", ""), "" if passed is None else ("PASS" if passed else "FAIL")))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) if j == 0 or j == 3 else c.rjust(widths[j])
+                               for j, c in enumerate(r)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The service classes used in this process (bench/recovery.py) log warnings a
+    # restart after SIGKILL makes expected; keep stderr to the progress lines.
+    logging.getLogger("services").setLevel(logging.ERROR)
+    started = time.time()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit(), "machine": machine_info(), "quick": args.quick, "reps": args.reps,
+            "sizes": {k: getattr(args, k) for k in [*FULL, "record_size", "coordinator_producers",
+                                                     "redis_pipeline", "redis_read_batch"]}}
+    result = run(args)
+    meta["machine"]["loadavg_end"] = list(os.getloadavg())
+    meta["seconds"] = round(time.time() - started, 1)
+    bad = [k for k, r in result["figures"].items() if not (math.isfinite(r["value"]) and r["value"] > 0)]
+    out = {"meta": meta, **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2, default=str))
+    print(table(result["figures"]))
+    goals = [r for r in result["figures"].values() if "pass" in r]
+    print(f"\n{sum(r['pass'] for r in goals)} of {len(goals)} goals met; {args.reps} repetitions per figure; "
+          f"{meta['machine']['cpus']} CPUs, load average {meta['machine']['loadavg_start'][0]:.1f} at the start, "
+          f"{meta['machine']['loadavg_end'][0]:.1f} at the end; {meta['seconds']:.0f} s")
+    print(f"written to {args.out}")
+    if bad:
+        print(f"bench: figures missing or not positive: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0

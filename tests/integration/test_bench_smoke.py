@@ -1,0 +1,59 @@
+"""`python -m bench --quick` (what `make bench` runs, at small sizes) completes and
+writes every figure of the performance table: present, finite and positive."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None,
+                       reason="the bench needs redis-server and redis-py (make bench installs them)"),
+]
+
+FIGURES = [
+    "produce.plain", "produce.idempotent", "produce.txn_100ms", "produce.txn_10ms",
+    "commit_3p.p50", "commit_3p.p99", "coordinator.rf1", "coordinator.rf3",
+    "consume.read_committed", "consume.read_uncommitted",
+    "redis.xadd", "redis.multi_exec", "redis.xread", "vs_redis.produce", "vs_redis.read_committed",
+    "restart.snapshot", "restart.scan", "restart.ratio", "restart.open_snapshot", "restart.open_scan",
+    "txn_load.loaded", "txn_load.bytes_per_id", "peer.librdkafka", "peer.tls",
+]
+GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1", "coordinator.rf3",
+         "vs_redis.produce", "vs_redis.read_committed", "restart.ratio", "txn_load.bytes_per_id"]
+THROUGHPUTS = ["produce.txn_100ms", "produce.txn_10ms", "consume.read_committed", "consume.read_uncommitted",
+               "redis.xadd", "redis.xread", "peer.librdkafka", "peer.tls"]
+
+
+@pytest.mark.timeout(420)
+def test_quick_bench_writes_every_figure(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out), "--dir", str(tmp_path / "work")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    body = json.loads(out.read_text())
+    figures = body["figures"]
+    for key in FIGURES:
+        row = figures[key]
+        assert len(row["reps"]) >= 1 and math.isfinite(row["value"]) and row["value"] > 0, (key, row)
+        assert all(math.isfinite(v) and v > 0 for v in row["reps"]), (key, row)
+    for key in ("produce.plain", "commit_3p.p99", "restart.snapshot", "txn_load.loaded", "coordinator.rf3"):
+        assert len(figures[key]["reps"]) == 3, key
+    for key in GOALS:
+        assert figures[key]["goal"] and isinstance(figures[key]["pass"], bool), key
+    for key in THROUGHPUTS:
+        assert math.isfinite(figures[key]["ratio_to_plain"]) and figures[key]["ratio_to_plain"] > 0, key
+    assert body["meta"]["quick"] is True and body["meta"]["machine"]["cpus"] >= 1
+    # One progress line per phase on stderr, the table on stdout.
+    phases = [line for line in proc.stderr.splitlines() if line.startswith("bench [")]
+    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 11, proc.stderr
+    assert "goals met" in proc.stdout
