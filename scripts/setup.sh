@@ -2,7 +2,7 @@
 # Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
 # ZooKeeper, a Java runtime, Prometheus, nftables and kcat (apt; the metrics tests run a
 # real Prometheus server, the network-partition tests cut services off with nft, the
-# Kafka protocol tests use kcat), then a
+# Kafka protocol tests use kcat, the benchmark's smoke test a Redis server), then a
 # virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
@@ -14,6 +14,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
