@@ -491,6 +491,11 @@ class Consumer:
         none = [tp for tp in pending if self._subs.assignment[tp].reset_strategy is ResetStrategy.NONE]
         if none:
             raise NoOffsetForPartitionError(none)
+        # A leader that was unknown or failed a ListOffsets marked the metadata stale:
+        # refresh it here too (throttled), not only when a poll sends fetches, so that
+        # position() alone finds the partition's current leader (Kafka's consumer
+        # requests a metadata update for a reset whose leader is unknown).
+        self._fetcher.maybe_refresh_metadata()
         now = self._clock()
         busy = {tp for _, epochs in self._list_offsets.values() for tp in epochs}
         by_leader: dict[str, list[TopicPartition]] = {}
@@ -545,8 +550,9 @@ class Consumer:
     def position(self, tp: TopicPartition, timeout: float | None = None) -> int:
         """Offset of the next record `poll` returns for `tp`. If the position is not
         known yet (new assignment, pending seek_to_*), resolves it, waiting up to
-        `timeout` seconds (default default.api.timeout.ms). A known position is
-        returned at once, also while the partition's leader is down.
+        `timeout` seconds (default default.api.timeout.ms), following a leader
+        change (metadata is refreshed after a leader error, as in poll). A known
+        position is returned at once, also while the partition's leader is down.
         Raises errors.IllegalStateError (not assigned), errors.KafkaTimeoutError,
         NoOffsetForPartitionError."""
         self._check_open()

@@ -293,6 +293,41 @@ def test_poll_keeps_going_while_a_partition_leader_is_down(cluster):
         c.close()
 
 
+def test_position_finds_the_new_leader_after_a_failover(cluster):
+    """position() alone (no poll) resolves a seek after the partition's leader died
+    and another replica was elected: the ListOffsets to the dead leader fails, the
+    consumer refreshes its metadata and asks the new leader (not the cached address
+    until metadata.max.age.ms)."""
+    topic = _name("t")
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=2)], timeout=60)
+    tp = TopicPartition(topic, 0)
+    p = producer(cluster, acks="all")
+    c = consumer(cluster)
+    try:
+        for i in range(2):
+            p.send(topic, f"v{i}".encode(), partition=0)
+        p.flush(30)
+        c.assign([tp])
+        assert c.position(tp) == 0  # the consumer's metadata now names the leader
+        with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+            old = admin.describe_topics([topic])[topic].partitions[0].leader
+            cluster.kill(next(name for name, s in cluster.services.items() if s.address == old))
+
+            def new_leader():
+                d = admin.describe_topics([topic])[topic].partitions[0]
+                return d.leader not in (None, "", old)
+            deadline = time.monotonic() + 60
+            while not new_leader():
+                assert time.monotonic() < deadline, "no new leader elected"
+                time.sleep(0.2)
+        c.seek_to_end([tp])
+        assert c.position(tp, timeout=30) == 2
+    finally:
+        p.close()
+        c.close()
+
+
 def test_consume_transform_produce_offsets_visible_only_on_commit(cluster):
     """KIP-447: the consumer's group metadata goes with the transactional offsets;
     under read_committed, committed() waits out a pending transactional offset

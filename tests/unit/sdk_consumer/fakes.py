@@ -30,26 +30,35 @@ class FakeTopic:
 
 
 class FakeMetadata:
-    def __init__(self, core: "FakeCore"):
-        self._core = core
+    """The cluster as `core` describes it: live (it follows `core.leaders` and
+    `core.down`), or with `snapshot=True` frozen as it was when taken, like
+    ClientCore's cached metadata."""
+
+    def __init__(self, core: "FakeCore", snapshot: bool = False):
+        self._leaders = dict(core.leaders) if snapshot else core.leaders
+        self._down = set(core.down) if snapshot else core.down
+        self._extra_topics = set(core.extra_topics) if snapshot else core.extra_topics
         self.fetched_at = core.metadata_refreshes
 
     @property
     def topics(self) -> dict[str, FakeTopic]:
-        return {t: FakeTopic(t) for t in sorted({t for t, _ in self._core.leaders} | self._core.extra_topics)}
+        return {t: FakeTopic(t) for t in sorted({t for t, _ in self._leaders} | self._extra_topics)}
 
     def leader(self, topic: str, partition: int) -> str | None:
-        addr = self._core.leaders.get((topic, partition))
-        return None if addr in self._core.down else addr
+        addr = self._leaders.get((topic, partition))
+        return None if addr in self._down else addr
 
     def partitions(self, topic: str) -> list[int]:
-        return sorted(p for t, p in self._core.leaders if t == topic)
+        return sorted(p for t, p in self._leaders if t == topic)
 
 
 class FakeCore:
     """Quacks like exactly._client.ClientCore. `handlers[(address, rpc)]` answer
     requests; an address in `down` fails with NetworkException. A handler may
-    return a concurrent.futures.Future to answer later (call_future only)."""
+    return a concurrent.futures.Future to answer later (call_future only).
+    `metadata()` follows `leaders` and `down` as they change, unless
+    `cache_metadata` is set: then, like ClientCore, it answers the snapshot taken at
+    the first call or the last `refresh=True`."""
 
     request_timeout_s = 30.0
     retry_backoff_ms = 1
@@ -64,6 +73,8 @@ class FakeCore:
         self.invalidations = 0
         self.metadata_refreshes = 0
         self.extra_topics: set[str] = set()
+        self.cache_metadata = False
+        self._cached: FakeMetadata | None = None
 
     def dispatch(self, address: str, rpc: str, request):
         self.calls.append((address, rpc, request))
@@ -77,7 +88,11 @@ class FakeCore:
     def metadata(self, topics=None, refresh: bool = False) -> FakeMetadata:
         if refresh:
             self.metadata_refreshes += 1
-        return FakeMetadata(self)
+        if not self.cache_metadata:
+            return FakeMetadata(self)
+        if refresh or self._cached is None:
+            self._cached = FakeMetadata(self, snapshot=True)
+        return self._cached
 
     def leader_for(self, topic: str, partition: int) -> str:
         addr = FakeMetadata(self).leader(topic, partition)

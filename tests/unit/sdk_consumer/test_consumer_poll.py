@@ -167,6 +167,41 @@ def test_leader_down_poll_returns_empty_and_position_does_not_raise(core):
     assert [r.value for r in poll_all(c)] == [b"lost-for-now"]
 
 
+def test_position_refreshes_metadata_that_knew_no_leader(core):
+    """position() alone (no poll) resolves a reset once a leader is known again: the
+    metadata cached while the partition had no live leader is refreshed, as a poll
+    would, instead of being asked again until metadata.max.age.ms."""
+    core.cache_metadata = True
+    log = PartitionLog()
+    log.append([b"a", b"b"])
+    FakeLeader(core, "l:1", {("t", 0): log})
+    core.down.add("l:1")
+    c = make(core, auto_offset_reset="earliest")
+    c.assign([A])
+    with pytest.raises(errors.KafkaTimeoutError):
+        c.position(A, timeout=0.3)
+    core.down.clear()
+    assert c.position(A, timeout=5) == 0
+    assert core.metadata_refreshes >= 1
+
+
+def test_position_follows_a_leader_that_moved(core):
+    """A ListOffsets to the leader named by the cached metadata fails (it is gone, the
+    partition moved): position() refreshes the metadata and asks the new leader."""
+    core.cache_metadata = True
+    log = PartitionLog()
+    log.append([b"a", b"b"])
+    FakeLeader(core, "l:1", {("t", 0): log})
+    c = make(core, auto_offset_reset="earliest")
+    c.assign([A])
+    assert c.position(A) == 0
+    FakeLeader(core, "l:2", {("t", 0): log})
+    core.down.add("l:1")
+    c.seek_to_end([A])
+    assert c.position(A, timeout=5) == 2
+    assert [addr for addr, rpc, _ in core.calls if rpc == "ListOffsets"][-1] == "l:2"
+
+
 def test_subscribe_assigns_from_committed_and_rebalances(core):
     FakeLeader(core, "l:1", {("t", 0): txn_log(), ("t", 1): PartitionLog()})
     coord = FakeGroupCoordinator(core)
