@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from typing import Any, Awaitable, Callable
@@ -222,9 +223,9 @@ class SecurityAdmin:
                 resp.results.add(user=u.name, error_code=ErrorCode.SECURITY_DISABLED,
                                  error_message="passwords are accepted over TLS listeners only")
                 continue
-            if not u.name or "/" in u.name or not u.password:
-                resp.results.add(user=u.name, error_code=ErrorCode.INVALID_REQUEST,
-                                 error_message="a user needs a name without '/' and a password")
+            bad = _invalid_user_name(u.name) or (None if u.password else "a user needs a password")
+            if bad:
+                resp.results.add(user=u.name, error_code=ErrorCode.INVALID_REQUEST, error_message=bad)
                 continue
             cred = ScramCredential.create(u.password, u.iterations or SCRAM_ITERATIONS)
             path = f"{USERS}/{u.name}"
@@ -238,6 +239,11 @@ class SecurityAdmin:
             await asyncio.to_thread(write)
             resp.results.add(user=u.name, error_code=ErrorCode.NONE)
         for name in request.deletions:
+            bad = _invalid_user_name(name)
+            if bad:
+                resp.results.add(user=name, error_code=ErrorCode.INVALID_REQUEST, error_message=bad)
+                continue
+
             def delete(path=f"{USERS}/{name}"):
                 from kazoo.exceptions import NoNodeError
                 try:
@@ -254,6 +260,19 @@ class SecurityAdmin:
         await asyncio.to_thread(self.cluster.ensure_sensitive_path, USERS)
         return pb.DescribeUserScramCredentialsResponse(users=sorted(await asyncio.to_thread(
             self.cluster.zk.get_children, USERS)))
+
+
+_USER_NAME = re.compile(r"[A-Za-z0-9._@+=-]{1,255}")
+
+
+def _invalid_user_name(name: str) -> str | None:
+    """Why `name` cannot be a SCRAM user (None when it can): 1-255 of letters, digits
+    and . _ @ + = -, and not "." or ".." (each user is a znode under
+    /exactly/config/users, so a name must never reach another path)."""
+    if not _USER_NAME.fullmatch(name or "") or name in (".", ".."):
+        return (f"invalid user name {name!r}: 1-255 letters, digits or . _ @ + = -, "
+                "and not '.' or '..'")
+    return None
 
 
 async def serve(cfg: ServiceConfig, setup: Setup) -> None:

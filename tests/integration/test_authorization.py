@@ -574,3 +574,19 @@ def test_authorization_matrix(sec):
             c["pid"], c["epoch"] = response.producer_id, response.producer_epoch
         tally[rpc] = "ok"
     assert len(tally) == len(_matrix_rows())
+
+
+def test_user_names_are_checked_before_they_reach_zookeeper(sec):
+    """AlterUserScramCredentials: a name that is empty, '.', '..' or holds a '/' is
+    refused with INVALID_REQUEST for upsertions and deletions alike; the users stay."""
+    cluster = stub(sec, "admin", sec.services["pl-0"].address, pbg.ClusterStub)
+    cluster.AlterUserScramCredentials(pb.AlterUserScramCredentialsRequest(upsertions=[
+        pb.ScramUpsertion(name="kept-user", password="pw")]), timeout=20)
+    hostile = ["", ".", "..", "a/b", "../acls", "x" * 256, "nul\x00"]
+    resp = cluster.AlterUserScramCredentials(pb.AlterUserScramCredentialsRequest(
+        upsertions=[pb.ScramUpsertion(name=n, password="pw") for n in hostile], deletions=hostile), timeout=20)
+    assert len(resp.results) == 2 * len(hostile)
+    assert all(r.error_code == errors.ErrorCode.INVALID_REQUEST and "invalid user name" in r.error_message
+               for r in resp.results), resp
+    assert "kept-user" in cluster.DescribeUserScramCredentials(pb.DescribeUserScramCredentialsRequest(),
+                                                              timeout=20).users
