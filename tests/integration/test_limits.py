@@ -94,8 +94,9 @@ def test_oversized_requests_and_batches(make_cluster):
     cluster = make_cluster(partition_leaders=1, props={"socket.request.max.bytes": str(2 << 20),
                                                        "message.max.bytes": "100000"})
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
-        admin.create_topics([NewTopic("sized", 1)], timeout=30)
-        admin.incremental_alter_configs({"sized": {"max.message.bytes": "50000"}})
+        # The topic's own limit from its creation: the leader knows it with the partition
+        # (a later change reaches the leader through a ZooKeeper watch, a moment after).
+        admin.create_topics([NewTopic("sized", 1, config={"max.message.bytes": "50000"})], timeout=30)
     leader = _leaders(cluster)[0]
 
     def produce(stub, batch: bytes) -> int:
