@@ -22,6 +22,18 @@ from services.common.kafka.listener import Api, RequestContext
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS, DESCRIBE_PRODUCERS = 0, 1, 2, 23, 21, 61
 
 
+def _kafka_produce_error(code: int) -> int:
+    """A retried batch the producer state recognized is answered NONE (with the
+    original offsets), as a Kafka broker does; a transaction verification that met a
+    transition in progress (CONCURRENT_TRANSACTIONS) becomes NOT_ENOUGH_REPLICAS, the
+    retriable error Kafka's own leaders give produce clients for it."""
+    if code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+        return ErrorCode.NONE
+    if code == ErrorCode.CONCURRENT_TRANSACTIONS:
+        return ErrorCode.NOT_ENOUGH_REPLICAS
+    return code
+
+
 class PartitionLeaderApis:
     def __init__(self, servicer: Any):
         self.servicer = servicer
@@ -45,7 +57,7 @@ class PartitionLeaderApis:
         return {"throttle_time": 0, "responses": [
             {"name": t.name, "partition_responses": [
                 {"index": p.partition,
-                 "error_code": 0 if p.error_code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER else p.error_code,
+                 "error_code": _kafka_produce_error(p.error_code),
                  "base_offset": p.base_offset,
                  "log_append_time": p.log_append_time_ms if p.log_append_time_ms else -1,
                  "log_start_offset": p.log_start_offset, "error_message": p.error_message or None}

@@ -630,8 +630,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return {tp: ErrorCode.INVALID_PRODUCER_ID_MAPPING for tp in wanted}
         if producer_epoch != md.producer_epoch:
             return {tp: ErrorCode.PRODUCER_FENCED for tp in wanted}
-        ending = md.pending_state is not None and md.pending_state is not TxnState.ONGOING
-        if md.state is not TxnState.ONGOING or md.is_prepared or ending:
+        if md.pending_state is not None and md.pending_state is not TxnState.ONGOING:
+            # Being ended or fenced right now (e.g. an epoch fence whose bump is not yet
+            # written): retriable, as Kafka answers; the retry sees the outcome (the new
+            # epoch: PRODUCER_FENCED) instead of a misleading INVALID_TXN_STATE.
+            return {tp: ErrorCode.CONCURRENT_TRANSACTIONS for tp in wanted}
+        if md.state is not TxnState.ONGOING or md.is_prepared:
             return {tp: ErrorCode.INVALID_TXN_STATE for tp in wanted}
         return {tp: ErrorCode.NONE if tp in md.partitions else ErrorCode.INVALID_TXN_STATE for tp in wanted}
 

@@ -1013,6 +1013,21 @@ def test_verify_only_answers_without_appending():
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         assert await verify([("orders", 0)]) == {("orders", 0): E.PRODUCER_FENCED}  # ended under epoch + 1
         assert await verify([("orders", 0)], e=epoch + 1) == {("orders", 0): E.INVALID_TXN_STATE}  # completing
+        # While an epoch fence is pending (its bump not yet written): retriable, then fenced.
+        h2 = Harness()
+        await h2.elect()
+        pid2, epoch2 = await h2.begin("z", [("orders", 0)])
+        h2.log.append_gate = asyncio.Event()
+        fencing = asyncio.create_task(h2.coord.init_producer_id("z", 60000))
+        await asyncio.sleep(0)
+        assert h2.md("z").pending_state is not None and h2.md("z").producer_epoch == epoch2
+        assert await h2.coord.add_partitions_to_txn("z", pid2, epoch2, [("orders", 0)], verify_only=True) == \
+            {("orders", 0): E.CONCURRENT_TRANSACTIONS}
+        h2.log.append_gate.set()
+        await h2.settle()
+        await fencing
+        assert await h2.coord.add_partitions_to_txn("z", pid2, epoch2, [("orders", 0)], verify_only=True) == \
+            {("orders", 0): E.PRODUCER_FENCED}
         h.markers.gate.set()
         await h.settle()
 
