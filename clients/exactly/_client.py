@@ -141,6 +141,9 @@ class Metadata:
     nodes: dict[str, NodeMetadata]
     topics: dict[str, TopicMetadata]
     fetched_at: int = field(default_factory=monotonic_ms)  # monotonic ms (exactly_wire.clock)
+    # The cluster's finalized transaction version (Kafka's `transaction.version`): 2 =
+    # partition leaders add a producer's partitions to its transaction (KIP-890 part 2).
+    transaction_version: int = 0
 
     @classmethod
     def from_response(cls, resp: pb.MetadataResponse, fetched_at: int | None = None) -> "Metadata":
@@ -151,7 +154,9 @@ class Metadata:
                                                     p.leader_epoch, tuple(p.replicas), tuple(p.isr))
                      for p in t.partitions}
             topics[t.name] = TopicMetadata(t.name, t.error_code, t.is_internal, parts)
-        return cls(nodes, topics) if fetched_at is None else cls(nodes, topics, fetched_at)
+        if fetched_at is None:
+            return cls(nodes, topics, transaction_version=resp.transaction_version)
+        return cls(nodes, topics, fetched_at, resp.transaction_version)
 
     def has_topic(self, topic: str) -> bool:
         t = self.topics.get(topic)
@@ -251,6 +256,10 @@ class CoreBase(abc.ABC):
         self._coordinators: dict[tuple[int, str], str] = {}
         self._rr = itertools.count()
         self._closed = False
+
+    def cached_metadata(self) -> Metadata | None:
+        """The metadata last fetched, without any request (None before the first)."""
+        return self._metadata
 
     @property
     def request_timeout_s(self) -> float:
@@ -352,7 +361,8 @@ class CoreBase(abc.ABC):
         md = self._metadata
         if md is not None:
             # Keep the node list for bootstrapping; force the next read to refetch.
-            self._metadata = Metadata(md.nodes, md.topics, fetched_at=-(1 << 62))
+            self._metadata = Metadata(md.nodes, md.topics, fetched_at=-(1 << 62),
+                                      transaction_version=md.transaction_version)
 
     def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
         if self.clock() - md.fetched_at > self.metadata_max_age_ms:

@@ -361,6 +361,7 @@ class SenderCore(abc.ABC):
             batch.sent_in_order = batch.has_sequence and n == 0 and \
                 txn.is_next_expected(tp, batch.base_sequence)
             batch.in_flight = True
+            txn.partition_sent(tp)
             self._in_flight[tp] = n + 1
             self._in_flight_total += 1
             by_leader[leader].append(batch)
@@ -375,6 +376,7 @@ class SenderCore(abc.ABC):
             by_topic[b.tp.topic].append(pb.PartitionProduceData(partition=b.tp.partition, records=b.payload))
         req = pb.ProduceRequest(transactional_id=self.config.transactional_id or "", acks=self.config.acks,
                                 consumer_group_id=self.txn.group_id or "",
+                                add_partitions_to_txn=self.txn.implicit_add,
                                 timeout_ms=self.config.request_timeout_ms,
                                 topics=[pb.TopicProduceData(name=t, partitions=ps) for t, ps in by_topic.items()])
         try:
@@ -399,6 +401,7 @@ class SenderCore(abc.ABC):
                 # DUPLICATE_SEQUENCE_NUMBER: an earlier try was written (design doc
                 # "Error Handling"): success.
                 self._done_in_flight(b)
+                self.txn.partition_written(b.tp)
                 if b.has_sequence:
                     self.txn.ack(b.tp, b.last_sequence)
                 b.complete(r.base_offset, r.log_append_time_ms if r.log_append_time_ms > 0 else -1)

@@ -166,6 +166,12 @@ class TransactionManager:
         # (None / -1 otherwise), set by begin_group_initialize.
         self.group_id: str | None = None
         self.generation_id = -1
+        # The cluster's transaction version (Metadata; set by the producer) and whether
+        # the current transaction lets partition leaders add its partitions (KIP-890
+        # part 2: no AddPartitionsToTxn; fixed at begin_transaction). A group-aware
+        # producer adds its partitions itself (the leader knows no generation).
+        self.transaction_version = 0
+        self.implicit_add = False
 
     # ------------------------------------------------------------ state machine
 
@@ -348,6 +354,7 @@ class TransactionManager:
                     f"begin_transaction() needs init_transactions() first (state {self.state.name})")
             self.transition_to(S.IN_TRANSACTION)
             self._clear_transaction()
+            self.implicit_add = self.transaction_version >= 2 and self.group_id is None
 
     def _clear_transaction(self) -> None:
         self._added.clear()
@@ -372,15 +379,30 @@ class TransactionManager:
                     f"cannot send outside a transaction (state {self.state.name}); call begin_transaction()")
 
     def maybe_add_partition(self, tp: TopicPartition) -> None:
-        """Note that the transaction writes to `tp` (AddPartitionsToTxn pending)."""
-        if tp in self._added or not self.is_transactional:
+        """Note that the transaction writes to `tp` (AddPartitionsToTxn pending; with
+        implicit adds the leader adds it: see partition_sent)."""
+        if tp in self._added or not self.is_transactional or self.implicit_add:
             return
         with self._lock:
             if tp not in self._added and tp not in self._adding:
                 self._pending.add(tp)
 
     def is_partition_added(self, tp: TopicPartition) -> bool:
-        return not self.is_transactional or tp in self._added
+        """Whether batches for `tp` may be sent (with implicit adds: always)."""
+        return not self.is_transactional or self.implicit_add or tp in self._added
+
+    def partition_sent(self, tp: TopicPartition) -> None:
+        """Implicit adds: a batch for `tp` is on its way, so its leader may add `tp` to
+        the transaction (an abort must then end it, or bump the epoch)."""
+        if self.implicit_add and tp not in self._added:
+            with self._lock:
+                self._maybe_added.add(tp)
+
+    def partition_written(self, tp: TopicPartition) -> None:
+        """Implicit adds: a batch for `tp` was written, so `tp` is in the transaction."""
+        if self.implicit_add and tp not in self._added:
+            with self._lock:
+                self._added.add(tp)
 
     def has_pending_partitions(self) -> bool:
         return bool(self._pending)

@@ -406,6 +406,14 @@ class Producer:
         has seen; errors.InvalidTransactionTimeoutError and other fatal errors."""
         self._check_open()
         run_flow(self._init_transactions_flow(partitions, group, generation, timeout), self._perform)
+        try:
+            # The cluster's transaction version decides whether partition leaders add
+            # this producer's partitions (KIP-890 part 2); metadata is fetched anyway
+            # by the first send.
+            self._txn.transaction_version = self._core.metadata().transaction_version
+        except errors.ExactlyError as exc:
+            log.info("producer %s: no metadata yet (%s); partitions are added explicitly until it comes",
+                     self._transactional_id, exc)
 
     def _init_transactions_flow(self, partitions: Iterable[TopicPartition] | float | None = None,
                                 group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
@@ -447,6 +455,9 @@ class Producer:
         initialized or a transaction is open, or the stored error after a fatal or
         abortable error. Design doc: "Public APIs", beginTransaction()."""
         self._check_open()
+        md = self._core.cached_metadata()
+        if md is not None:
+            self._txn.transaction_version = md.transaction_version
         self._txn.begin_transaction()
 
     def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
@@ -536,10 +547,12 @@ class Producer:
             if txn.needs_end_txn else None
         if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
             txn.complete_transaction(resp.producer_id, resp.producer_epoch)
-        elif txn.sequences_unresolved and not commit:
+        elif not commit and (txn.sequences_unresolved or (txn.implicit_add and txn.only_maybe_started)):
             # Nothing was ended under a new epoch, but some batch of the aborted
             # transaction may or may not be in the log: a new epoch restarts sequences
-            # so later batches are not rejected (KIP-360).
+            # so later batches are not rejected (KIP-360). With implicit adds, a batch
+            # still on its way could make its leader add its partition to this epoch's
+            # next transaction: the new epoch fences that add (KIP-890 part 2).
             txn.transition_to(TransactionManagerState.INITIALIZING)
             yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
             return

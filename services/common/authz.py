@@ -127,7 +127,7 @@ def _init_producer_id(req, principal: str) -> list[Check]:
 
 
 def _add_partitions(req, principal: str) -> list[Check]:
-    if req.verify_only:  # a partition leader verifying a transaction (KIP-890)
+    if req.verify_only or req.implicit:  # a partition leader verifying or adding (KIP-890 parts 1, 2)
         return [cluster(Op.CLUSTER_ACTION)]
     return [txn(req.transactional_id)] + _topics((t.topic for t in req.topics), Op.WRITE)
 

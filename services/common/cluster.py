@@ -148,6 +148,9 @@ class ClusterState:
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
+        # Coordinator owners by (kind, partition), kept current by data watches set on
+        # the first lookup (coordinator_for): a lookup costs no ZooKeeper round trip.
+        self._owners: dict[tuple[str, int], tuple[str | None, int]] = {}
         self._listeners: list[Callable[[], None]] = []
         self._session_listeners: list[Callable[[str], None]] = []
         self._registered = False
@@ -608,11 +611,40 @@ class ClusterState:
         if topic is None:
             return -1, None, -1
         partition = partition_for_key(key, len(topic.partitions))
-        owner, epoch = self.coordinator_owner(kind, partition)
-        node = self.nodes().get(owner) if owner else None
+        owner, epoch = self._cached_owner(kind, partition)
+        with self._lock:
+            node = self._nodes.get(owner) if owner else None
         if node is not None and node.role != ROLE_FOR_KIND[kind]:
             node = None
         return partition, node, epoch
+
+    def coordinator_cached(self, kind: str, key: str) -> bool:
+        """Whether coordinator_for(kind, key) answers from memory (no ZooKeeper call)."""
+        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        return topic is None or (kind, partition_for_key(key, len(topic.partitions))) in self._owners
+
+    def _cached_owner(self, kind: str, partition: int) -> tuple[str | None, int]:
+        """coordinator_owner from the watched cache; the first lookup of a partition
+        sets the data watch (one ZooKeeper read), whose calls keep the entry current
+        (a deleted or missing node: (None, -1)). A lookup racing a move may see the
+        previous owner for a moment; that owner answers NOT_COORDINATOR."""
+        key = (kind, partition)
+        hit = self._owners.get(key)
+        if hit is not None:
+            return hit
+
+        def on_change(data, _stat, _event=None) -> None:
+            value: tuple[str | None, int] = (None, -1)
+            if data:
+                try:
+                    d = json.loads(data)
+                    value = (d.get("owner"), int(d.get("coordinator_epoch", -1)))
+                except (ValueError, TypeError, AttributeError):
+                    pass
+            self._owners[key] = value
+
+        self.zk.DataWatch(f"{COORDINATORS}/{kind}/{partition}", on_change)
+        return self._owners.get(key) or self.coordinator_owner(kind, partition)
 
     def coordinator_owner(self, kind: str, partition: int) -> tuple[str | None, int]:
         """(owner node id or None, coordinator epoch) of an internal partition."""

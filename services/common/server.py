@@ -57,6 +57,10 @@ Setup = Callable[[grpc.aio.Server, ClusterState, ClusterClient, ServiceConfig], 
 ROLE_SERVICES = {"partition_leader": "PartitionLeader", "txn_coordinator": "TransactionCoordinator",
                  "group_coordinator": "GroupCoordinator"}
 LIVENESS = "liveness"
+# The finalized transaction version Metadata advertises (Kafka's `transaction.version`
+# feature): 2, every transaction ends under a bumped epoch and partition leaders add a
+# producer's partitions implicitly (KIP-890 part 2; ProduceRequest.add_partitions_to_txn).
+TRANSACTION_VERSION = 2
 
 
 class ClusterServicer(pbg.ClusterServicer):
@@ -73,7 +77,8 @@ class ClusterServicer(pbg.ClusterServicer):
         topics = self.cluster.topics()
         names = list(request.topics) or sorted(topics)
         resp = pb.MetadataResponse(nodes=[pb.Node(node_id=n.node_id, role=n.role, host=n.host, port=n.port)
-                                          for n in nodes.values()])
+                                          for n in nodes.values()],
+                                   transaction_version=TRANSACTION_VERSION)
         for name in names:
             t = topics.get(name)
             if not authz.visible(Op.DESCRIBE, Resource(ResourceType.TOPIC, name)):
@@ -171,7 +176,10 @@ class ClusterServicer(pbg.ClusterServicer):
         if not request.key:
             return pb.FindCoordinatorResponse(error_code=ErrorCode.INVALID_REQUEST,
                                               error_message="empty coordinator key")
-        partition, node, epoch = await asyncio.to_thread(self.cluster.coordinator_for, kind, request.key)
+        if self.cluster.coordinator_cached(kind, request.key):
+            partition, node, epoch = self.cluster.coordinator_for(kind, request.key)
+        else:
+            partition, node, epoch = await asyncio.to_thread(self.cluster.coordinator_for, kind, request.key)
         if node is None:
             what = INTERNAL_TOPIC_FOR_KIND[kind]
             return pb.FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, partition=partition,

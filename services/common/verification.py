@@ -10,6 +10,15 @@ batch no coordinator knows about — a rogue producer's, or a retry delayed past
 end of its transaction — can never open a transaction that pins the last stable
 offset or that a later marker would commit.
 
+`TxnVerifier.add` is KIP-890 part 2: for a producer that asked for it
+(ProduceRequest.add_partitions_to_txn) the leader adds the partition to the
+producer's transaction itself, saving the producer its AddPartitionsToTxn round trip.
+The partitions of one producer's transaction that arrive together (the entries of
+one Produce) go to the coordinator as one request; while one is in flight, the next
+ones wait and go together after it (the coordinator takes one change of a
+transaction at a time). The producer's epoch, bumped by every EndTxn, keeps a late
+batch of an ended transaction out of the next one: its add is refused as fenced.
+
 `TxnVerifier.verify` finds the coordinator as FindCoordinator does (the live owner of
 partition crc32(transactional.id) % n of `__transaction_state`), asks it, and retries
 while the coordinator is moving or loading (tenacity, exponential backoff with
@@ -45,6 +54,8 @@ RETRY_CODES = frozenset({
     ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT,
 })
 FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
+# An implicit add also retries while the coordinator's topic view lags a new partition.
+ADD_RETRY_CODES = RETRY_CODES | {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
 
 
 def writer_error(code: int) -> ErrorCode:
@@ -65,6 +76,19 @@ class Verifier(Protocol):
     def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
                deadline: float, group_id: str = "") -> Awaitable[ErrorCode]: ...
 
+    def add(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
+            deadline: float) -> Awaitable[ErrorCode]: ...
+
+
+class _PendingAdd:
+    """Partitions of one (transactional.id, PID, epoch) waiting to be added together."""
+    __slots__ = ("partitions", "deadline", "future")
+
+    def __init__(self, deadline: float, future: asyncio.Future):
+        self.partitions: set[tuple[str, int]] = set()
+        self.deadline = deadline
+        self.future = future
+
 
 class TxnVerifier:
     """Asks transaction coordinators whether a partition is in a producer's ongoing
@@ -78,6 +102,10 @@ class TxnVerifier:
         self.backoff_ms = backoff_ms
         self.backoff_max_ms = backoff_max_ms
         self.clock = clock
+        # Implicit adds (KIP-890 part 2) by (transactional.id, PID, epoch): the
+        # partitions gathered for the next request, and the keys with one in flight.
+        self._pending_adds: dict[tuple[str, int, int], _PendingAdd] = {}
+        self._adding: set[tuple[str, int, int]] = set()
 
     async def verify(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
                      partition: int, deadline: float, group_id: str = "") -> ErrorCode:
@@ -89,31 +117,107 @@ class TxnVerifier:
         remaining = deadline - self.clock()
         if remaining <= 0:
             return ErrorCode.NOT_ENOUGH_REPLICAS
-        retrying = AsyncRetrying(
-            stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in RETRY_CODES),
-            wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
-                                         jitter=self.backoff_ms / 1000),
-            retry_error_callback=lambda state: state.outcome.result())
-        code = await retrying(self._ask, transactional_id, producer_id, producer_epoch, topic, partition, deadline,
-                              group_id)
+        code = await self._retrying(remaining, RETRY_CODES)(
+            self._ask, transactional_id, producer_id, producer_epoch, topic, partition, deadline, group_id)
         if code != ErrorCode.NONE:
             log.info("transaction verification of %r (PID %d epoch %d) for %s-%d: %s", transactional_id,
                      producer_id, producer_epoch, topic, partition, ErrorCode(code).name)
         return writer_error(code)
 
-    async def _ask(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
-                   partition: int, deadline: float, group_id: str = "") -> int:
-        _, node, _ = await asyncio.to_thread(self.cluster.coordinator_for, "txn", group_id or transactional_id)
+    def _retrying(self, remaining: float, codes: frozenset) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in codes),
+            wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
+                                         jitter=self.backoff_ms / 1000),
+            retry_error_callback=lambda state: state.outcome.result())
+
+    async def add(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
+                  partition: int, deadline: float) -> ErrorCode:
+        """Add `topic`-`partition` to the transaction of `transactional_id` with
+        (producer_id, producer_epoch), starting it if none is ongoing (KIP-890 part 2;
+        the coordinator appends the change to `__transaction_state` before it answers,
+        and first waits while the producer's previous transaction completes). Asks
+        until `deadline` (clock seconds). Returns the writer's answer as `verify`:
+        NONE once the partition is in the transaction, INVALID_PRODUCER_EPOCH for
+        another epoch (a late batch of an ended transaction, or a fenced producer),
+        INVALID_TXN_STATE (no such PID for the id, or the transaction is sealed),
+        NOT_ENOUGH_REPLICAS (no coordinator answered in time)."""
+        key = (transactional_id, producer_id, producer_epoch)
+        pending = self._pending_adds.get(key)
+        if pending is None:
+            loop = asyncio.get_running_loop()
+            pending = self._pending_adds[key] = _PendingAdd(deadline, loop.create_future())
+            if key not in self._adding:
+                # After the other entries of this Produce have joined (they run before
+                # callbacks scheduled now).
+                loop.call_soon(self._send_add, key)
+        pending.partitions.add((topic, partition))
+        pending.deadline = max(pending.deadline, deadline)
+        code = await asyncio.shield(pending.future)
+        if code != ErrorCode.NONE:
+            log.info("implicit add of %s-%d to the transaction of %r (PID %d epoch %d): %s", topic, partition,
+                     transactional_id, producer_id, producer_epoch, ErrorCode(code).name)
+        return writer_error(code)
+
+    def _send_add(self, key: tuple[str, int, int]) -> None:
+        pending = self._pending_adds.pop(key, None)
+        if pending is None:
+            return
+        self._adding.add(key)
+        task = asyncio.ensure_future(self._run_add(key, pending))
+        task.add_done_callback(lambda _t: self._add_done(key))
+
+    def _add_done(self, key: tuple[str, int, int]) -> None:
+        self._adding.discard(key)
+        if key in self._pending_adds:
+            self._send_add(key)
+
+    async def _run_add(self, key: tuple[str, int, int], pending: _PendingAdd) -> None:
+        transactional_id, producer_id, producer_epoch = key
+        try:
+            remaining = pending.deadline - self.clock()
+            if remaining <= 0:
+                code = ErrorCode.REQUEST_TIMED_OUT
+            else:
+                code = await self._retrying(remaining, ADD_RETRY_CODES)(
+                    self._ask_add, transactional_id, producer_id, producer_epoch, sorted(pending.partitions),
+                    pending.deadline)
+        except Exception as exc:  # noqa: BLE001 - every waiter gets an answer
+            log.warning("implicit add for %r failed: %r", transactional_id, exc)
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not pending.future.done():
+            pending.future.set_result(code)
+
+    async def _ask_add(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: list[tuple[str, int]], deadline: float) -> int:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in partitions:
+            by_topic.setdefault(topic, []).append(partition)
+        request = pb.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            implicit=True, topics=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()])
+        return await self._call(transactional_id, "", request, deadline)
+
+    async def _call(self, key: str, group_id: str, request: pb.AddPartitionsToTxnRequest, deadline: float) -> int:
+        """One AddPartitionsToTxn to the coordinator of `key`: its single error code."""
+        if self.cluster.coordinator_cached("txn", group_id or key):
+            _, node, _ = self.cluster.coordinator_for("txn", group_id or key)
+        else:
+            _, node, _ = await asyncio.to_thread(self.cluster.coordinator_for, "txn", group_id or key)
         if node is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         stub = pbg.TransactionCoordinatorStub(self.client.channel(node.address))
-        request = pb.AddPartitionsToTxnRequest(
-            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
-            verify_only=True, topics=[pb.TopicPartitions(topic=topic, partitions=[partition])],
-            consumer_group_id=group_id)
         try:
             resp = await stub.AddPartitionsToTxn(request, timeout=max(deadline - self.clock(), 0.05))
         except grpc.RpcError as exc:
             return transport_error_code(exc)
         codes = {p.error_code for t in resp.results for p in t.partitions}
         return codes.pop() if len(codes) == 1 else ErrorCode.UNKNOWN_SERVER_ERROR
+
+    async def _ask(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
+                   partition: int, deadline: float, group_id: str = "") -> int:
+        request = pb.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            verify_only=True, topics=[pb.TopicPartitions(topic=topic, partitions=[partition])],
+            consumer_group_id=group_id)
+        return await self._call(transactional_id, group_id, request, deadline)

@@ -181,10 +181,12 @@ class ReplicaManager:
         self.purgatory = Purgatory(monotonic_s)
         # Leadership confirmation before acknowledging writes; None: always confirmed.
         self.leases: Leases | None = None
-        # Transaction verification (KIP-890 part 1) of client batches that would start
-        # a transaction; None: not verified (`transaction.partition.verification.enable`
-        # false, tests and tools).
+        # The transaction coordinators' port: verification (KIP-890 part 1) of client
+        # batches that would start a transaction, when verify_transactions
+        # (`transaction.partition.verification.enable`), and the implicit adds of
+        # KIP-890 part 2 (always); None: neither (tests and tools).
         self.verifier: Verifier | None = None
+        self.verify_transactions = True
         # With the authorizer on: producer id -> principal bindings (pid_binding.py).
         self.pid_bindings: pid_binding.ProducerIdBindings | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
@@ -471,7 +473,8 @@ class ReplicaManager:
     async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
                              timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
                              origin: str = "client", transactional_id: str = "",
-                             consumer_group_id: str = "", principal: str | None = None) -> list[AppendResult]:
+                             consumer_group_id: str = "", principal: str | None = None,
+                             add_partitions: bool = False) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
@@ -487,7 +490,12 @@ class ReplicaManager:
         INVALID_TXN_STATE without transactional_id or when it is not,
         INVALID_PRODUCER_EPOCH for another epoch); `consumer_group_id` names a
         group-aware producer's group, whose coordinator holds its transaction (KIP-447
-        draft). With `pid_bindings` set (authorizer on), a client's idempotent or
+        draft). `add_partitions` (KIP-890 part 2, a producer of transaction version
+        2 that sent no AddPartitionsToTxn): instead of verifying, the leader adds the
+        partition to the producer's transaction at its coordinator (TxnVerifier.add),
+        INVALID_PRODUCER_EPOCH when the coordinator holds another epoch (a late batch
+        of an ended transaction); not for a group-aware producer, which adds its
+        partitions itself. With `pid_bindings` set (authorizer on), a client's idempotent or
         transactional batch is appended only when its producer id is bound to
         `principal` (and, transactional, to `transactional_id`): otherwise
         TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
@@ -499,15 +507,16 @@ class ReplicaManager:
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         if origin not in ("client", "coordinator"):
             raise ValueError(f"unknown append origin {origin!r}")
+        add = add_partitions and not consumer_group_id and origin == "client"
         jobs = [self._append_one(acks, e, deadline, origin == "coordinator", transactional_id, consumer_group_id,
-                                 principal) for e in entries]
+                                 principal, add) for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
         return list(await asyncio.gather(*jobs))
 
     async def _append_one(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
                           transactional_id: str = "", consumer_group_id: str = "",
-                          principal: str | None = None) -> AppendResult:
+                          principal: str | None = None, add: bool = False) -> AppendResult:
         """One entry of a Produce. The batches of one producer on one partition are
         appended in the order their requests arrived: a batch waiting for its
         transaction to be verified (KIP-890) holds back the producer's next ones, which
@@ -519,7 +528,7 @@ class ReplicaManager:
             pid = -1
         if pid < 0:
             appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
-                                                  consumer_group_id)
+                                                  consumer_group_id, add)
         elif (refused := await self._unbound(e, pid, internal_only, transactional_id, principal)) is not None:
             return refused
         else:
@@ -530,7 +539,7 @@ class ReplicaManager:
             try:
                 async with lock:  # acquired in arrival order: an uncontended acquire does not yield
                     appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
-                                                          consumer_group_id)
+                                                          consumer_group_id, add)
             finally:
                 if not lock.locked() and not getattr(lock, "_waiters", None) and \
                         self._producer_locks.get(key) is lock:
@@ -542,7 +551,7 @@ class ReplicaManager:
         return res if err == ErrorCode.NONE else res._replace(error=err, message="")
 
     async def _append_ordered(self, acks: int, e: ProduceEntry, deadline: float, internal_only: bool,
-                              transactional_id: str = "", consumer_group_id: str = ""
+                              transactional_id: str = "", consumer_group_id: str = "", add: bool = False
                               ) -> AppendResult | tuple[AppendResult, Partition, int]:
         """Checks, verification and the local append: an AppendResult when done (an
         error), or (result, partition, leader epoch) to acknowledge by acks."""
@@ -562,17 +571,28 @@ class ReplicaManager:
             return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
                                 message=f"the writer id and epoch of this batch are not those of the coordinator "
                                         f"claim on {e.topic}-{e.partition}")
-        if self.verifier is not None:
-            guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id, internal_only)
-            if refused is not None:
-                return refused
-            p, err = self.get(e.topic, e.partition)  # leadership may have moved meanwhile
-            if p is None:
+        # An implicit add (KIP-890 part 2) may wait at the coordinator while the
+        # producer's previous transaction completes; that transaction's marker then
+        # arrives here during the add and makes its guard stale. Adding again (at once
+        # NONE when the partition is in the transaction; fenced when the transaction
+        # was aborted and the epoch bumped meanwhile) settles which transaction the
+        # batch belongs to.
+        for _ in range(3 if add else 1):
+            if self.verifier is not None and (add or self.verify_transactions):
+                guard, refused = await self._verify(p, e, transactional_id, deadline, consumer_group_id,
+                                                    internal_only, add)
+                if refused is not None:
+                    return refused
+                p, err = self.get(e.topic, e.partition)  # leadership may have moved meanwhile
+                if p is None:
+                    return AppendResult(err)
+            epoch = p.leader_epoch
+            res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks, guard)
+            if res is None:
                 return AppendResult(err)
-        epoch = p.leader_epoch
-        res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks, guard)
-        if res is None:
-            return AppendResult(err)
+            if not (guard is not None and res.error == ErrorCode.INVALID_TXN_STATE and
+                    p.producers.verification_guards.get(records.parse_header(e.records).producer_id) is not guard):
+                break
         if res.error == ErrorCode.NONE:
             self.on_appended(e.topic, e.records)
             self.purgatory.notify((e.topic, e.partition))
@@ -633,7 +653,7 @@ class ReplicaManager:
         return _backed(claim, h.producer_id, h.producer_epoch)
 
     async def _verify(self, p: Partition, e: ProduceEntry, transactional_id: str, deadline: float,
-                      consumer_group_id: str = "", internal: bool = False
+                      consumer_group_id: str = "", internal: bool = False, add: bool = False
                       ) -> tuple[object | None, AppendResult | None]:
         """(guard, None) when the batch may be appended (guard None: it starts no
         transaction), or (None, refusal). `internal`: a coordinator's append (a
@@ -651,11 +671,16 @@ class ReplicaManager:
                 f"transactional batch of producer {h.producer_id} without a transactional.id: "
                 "no coordinator knows its transaction"))
         guard = p.producers.verification_guard(h.producer_id)
-        code = await self.verifier.verify(transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
-                                          deadline, consumer_group_id)
+        if add:
+            code = await self.verifier.add(transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
+                                           deadline)
+        else:
+            code = await self.verifier.verify(transactional_id, h.producer_id, h.producer_epoch, e.topic,
+                                              e.partition, deadline, consumer_group_id)
         if code != ErrorCode.NONE:
+            what = "could not add" if add else "does not have"
             return None, AppendResult(code, message=(
-                f"the coordinator of {transactional_id!r} does not have {e.topic}-{e.partition} in the ongoing "
+                f"the coordinator of {transactional_id!r} {what} {e.topic}-{e.partition} in the ongoing "
                 f"transaction of producer {h.producer_id} epoch {h.producer_epoch}"))
         return guard, None
 

@@ -228,8 +228,8 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     manager = ReplicaManager(cfg.node_id, cfg.data_dir, cfg.props, cluster, store)
     PARTITIONS.track(manager)
     manager.on_appended = count_produced
-    if cfg.get_bool("transaction.partition.verification.enable", True):
-        manager.verifier = TxnVerifier(cluster, client)
+    manager.verifier = TxnVerifier(cluster, client)
+    manager.verify_transactions = cfg.get_bool("transaction.partition.verification.enable", True)
     manager.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)
     session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
     leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)

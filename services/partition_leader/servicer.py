@@ -50,7 +50,8 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
         results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin,
                                                          transactional_id=request.transactional_id,
                                                          consumer_group_id=request.consumer_group_id,
-                                                         principal=current_principal.get()))
+                                                         principal=current_principal.get(),
+                                                         add_partitions=request.add_partitions_to_txn))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

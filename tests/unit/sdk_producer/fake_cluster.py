@@ -43,6 +43,11 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.end_txn_faults: collections.deque = collections.deque()
         self.init_faults: collections.deque = collections.deque()
         self.find_faults: collections.deque = collections.deque()
+        # Metadata's transaction_version: 2 = the leader adds a producer's partitions
+        # (KIP-890 part 2, ProduceRequest.add_partitions_to_txn).
+        self.transaction_version = 0
+        # EndTxn answers INVALID_TXN_STATE when nothing was added (as the coordinator).
+        self.strict_end_txn = False
         self.produce_delay = threading.Event()
         self.produce_delay.set()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
@@ -72,7 +77,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
                     for p in range(self.topics[n])]))
         return pb.MetadataResponse(
             nodes=[pb.Node(node_id="n1", role="txn_coordinator", host="127.0.0.1", port=self.port)],
-            topics=topics)
+            topics=topics, transaction_version=self.transaction_version)
 
     def CreateTopics(self, request, context):
         out = []
@@ -103,13 +108,14 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             for t in request.topics:
                 parts = []
                 for pd in t.partitions:
-                    code, base = self._produce_one(t.name, pd.partition, bytes(pd.records), request.transactional_id)
+                    code, base = self._produce_one(t.name, pd.partition, bytes(pd.records), request.transactional_id,
+                                                   request.add_partitions_to_txn)
                     parts.append(pb.PartitionProduceResponse(partition=pd.partition, error_code=code,
                                                              base_offset=base, log_append_time_ms=-1))
                 out.append(pb.TopicProduceResponse(name=t.name, partitions=parts))
         return pb.ProduceResponse(topics=out)
 
-    def _produce_one(self, topic, partition, batch, tid):
+    def _produce_one(self, topic, partition, batch, tid, add=False):
         tp = (topic, partition)
         if topic not in self.topics or partition >= self.topics[topic]:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
@@ -117,11 +123,11 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             if ft == topic and fp == partition:
                 del self.produce_faults[i]
                 if write_anyway:
-                    self._produce_checked(tp, batch, tid)
+                    self._produce_checked(tp, batch, tid, add)
                 return code, -1
-        return self._produce_checked(tp, batch, tid)
+        return self._produce_checked(tp, batch, tid, add)
 
-    def _produce_checked(self, tp, batch, tid):
+    def _produce_checked(self, tp, batch, tid, add=False):
         h = records.verify_crc(batch)
         if h.is_control:
             return ErrorCode.INVALID_REQUEST, -1
@@ -129,6 +135,13 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             cur = self.pid_epoch.get(h.producer_id)
             if cur is not None and h.producer_epoch < cur:
                 return ErrorCode.INVALID_PRODUCER_EPOCH, -1
+        if h.is_transactional and add and tp not in self.txn_partitions[tid]:
+            code = self._fence_check(tid, h.producer_id, h.producer_epoch)
+            if code != ErrorCode.NONE:
+                return ErrorCode.INVALID_PRODUCER_EPOCH if code == ErrorCode.PRODUCER_FENCED \
+                    else ErrorCode.INVALID_TXN_STATE, -1
+            self.calls["implicit add"] += 1
+            self.txn_partitions[tid].add(tp)
         if h.is_transactional:
             if tid not in self.txn_ids or tp not in self.txn_partitions[tid]:
                 return ErrorCode.INVALID_TXN_STATE, -1
@@ -227,6 +240,9 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             tid = request.transactional_id
             code = self.end_txn_faults.popleft() if self.end_txn_faults else \
                 self._fence_check(tid, request.producer_id, request.producer_epoch)
+            if code == ErrorCode.NONE and self.strict_end_txn and not (self.txn_partitions[tid] or
+                                                                         self.txn_groups[tid]):
+                code = ErrorCode.INVALID_TXN_STATE
             if code == ErrorCode.NONE:
                 self.ended.append((tid, request.committed, frozenset(self.txn_partitions[tid])))
                 for group in self.txn_groups[tid]:

@@ -257,6 +257,57 @@ def test_transactional_round_trip(fc, make):
     assert len(fc.add_partitions_requests) == 2 and len(fc.ended) == 2
 
 
+def test_with_transaction_version_2_the_leader_adds_the_partitions(fc, make):
+    """KIP-890 part 2: a cluster advertising transaction version 2 gets no
+    AddPartitionsToTxn; every Produce asks the leader to add its partitions."""
+    fc.transaction_version = 2
+    p = make(**{"transactional.id": "tx-implicit", "linger.ms": 5})
+    p.init_transactions(5)
+    for n in range(2):
+        p.begin_transaction()
+        futs = [p.send("t", b"v", partition=i % 3) for i in range(9)]
+        p.commit_transaction(5)
+        assert all(f.result(0).offset >= 0 for f in futs)
+        assert fc.ended[-1] == ("tx-implicit", True, frozenset({("t", 0), ("t", 1), ("t", 2)}))
+        for part in range(3):
+            assert {h.producer_epoch for h in batches(fc, "t", part)[-1:]} == {n}
+    assert fc.calls["AddPartitionsToTxn"] == 0 and fc.calls["implicit add"] == 6
+    assert fc.produce_requests and all(r.add_partitions_to_txn for r in fc.produce_requests)
+
+
+def test_implicit_adds_stay_off_for_a_cluster_without_transaction_version_2(fc, make):
+    p = make(**{"transactional.id": "tx-explicit"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"v").result(5)
+    p.commit_transaction(5)
+    assert fc.calls["AddPartitionsToTxn"] == 1 and fc.calls["implicit add"] == 0
+    assert not any(r.add_partitions_to_txn for r in fc.produce_requests)
+
+
+def test_an_abort_nothing_was_added_for_bumps_the_epoch(fc, make):
+    """Implicit adds: the only batch failed, so the coordinator holds no transaction
+    and EndTxn(abort) answers INVALID_TXN_STATE; a batch still on its way could make
+    its leader add the partition to the producer's next transaction, so the producer
+    takes a new epoch (InitProducerId with its PID and epoch) before going on."""
+    fc.transaction_version = 2
+    fc.strict_end_txn = True
+    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_RECORD, False))
+    p = make(**{"transactional.id": "tx-bump"})
+    p.init_transactions(5)
+    epoch = p._txn.producer_epoch
+    p.begin_transaction()
+    with pytest.raises(Exception):
+        p.send("u", b"lost").result(5)
+    p.abort_transaction(5)
+    assert fc.calls["InitProducerId"] == 2 and p._txn.producer_epoch == epoch + 1
+    assert fc.logs[("u", 0)] == []
+    p.begin_transaction()
+    assert p.send("u", b"kept").result(5).offset == 0
+    p.commit_transaction(5)
+    assert fc.ended[-1] == ("tx-bump", True, frozenset({("u", 0)}))
+
+
 def test_empty_transaction_commits_without_end_txn(fc, make):
     p = make(**{"transactional.id": "tx-empty"})
     p.init_transactions(5)
