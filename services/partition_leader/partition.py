@@ -34,6 +34,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
@@ -296,6 +297,7 @@ class Partition:
         self.lease_until = math.inf if single_replica else 0.0
         self.high_watermark = plog.log_end_offset
         self._checkpointed_hw = -1
+        self._hw_file_lock = threading.Lock()  # the periodic checkpoint runs in a worker thread
         self._last_snapshot_offset = -1
         self._last_snapshot_ms = clock_ms()
         self.snapshot_loaded_from: int | None = None  # offset of the snapshot used by open()
@@ -367,19 +369,28 @@ class Partition:
             return self.log.log_start_offset
         return max(min(value, self.log.log_end_offset), self.log.log_start_offset)
 
-    def checkpoint_high_watermark(self) -> bool:
-        """Write the high watermark to `high-watermark` (atomic replace) when it moved
-        since the last write. Returns whether written. Raises OSError."""
+    @property
+    def high_watermark_unchecked(self) -> int | None:
+        """The high watermark when it moved since the last checkpoint, else None."""
         hw = self.high_watermark
-        if hw == self._checkpointed_hw:
-            return False
-        tmp = self.log.dir / (HIGH_WATERMARK_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{hw}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.log.dir / HIGH_WATERMARK_FILE)
-        self._checkpointed_hw = hw
+        return None if hw == self._checkpointed_hw else hw
+
+    def checkpoint_high_watermark(self, hw: int | None = None) -> bool:
+        """Write the high watermark (default: the current one; `hw`: a value read
+        earlier on the event loop, when this runs in a worker thread so the fsync
+        does not stall the loop) to `high-watermark` (atomic replace) when it moved
+        since the last write. Returns whether written. Raises OSError."""
+        hw = self.high_watermark if hw is None else hw
+        with self._hw_file_lock:
+            if hw == self._checkpointed_hw:
+                return False
+            tmp = self.log.dir / (HIGH_WATERMARK_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                f.write(f"{hw}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.log.dir / HIGH_WATERMARK_FILE)
+            self._checkpointed_hw = hw
         return True
 
     # ------------------------------------------------------------ offsets

@@ -807,14 +807,21 @@ class ReplicaManager:
             p.lease_until = 0.0
 
     # ------------------------------------------------------------ periodic work
-    def maybe_snapshot_all(self, now_ms: int | None = None) -> int:
-        """Periodic producer-state snapshots and high-watermark checkpoints; returns
-        how many snapshots were written."""
+    def maybe_snapshot_all(self, now_ms: int | None = None, checkpoint: bool = True) -> int:
+        """Periodic producer-state snapshots and (`checkpoint`) high-watermark
+        checkpoints; returns how many snapshots were written."""
         written = 0
         for p in self:
             written += p.maybe_snapshot(now_ms)
-            p.checkpoint_high_watermark()
+            if checkpoint:
+                p.checkpoint_high_watermark()
         return written
+
+    def high_watermarks_to_checkpoint(self) -> list[tuple[Partition, int]]:
+        """(replica, high watermark) of every replica whose high watermark moved since
+        its last checkpoint, read now (for `Partition.checkpoint_high_watermark(hw)` in
+        a worker thread)."""
+        return [(p, hw) for p in self if (hw := p.high_watermark_unchecked) is not None]
 
     def expire_producers(self, now_ms: int | None = None) -> int:
         """PID expiration on every replica; returns how many PIDs were dropped."""

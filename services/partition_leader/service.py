@@ -108,7 +108,7 @@ class PartitionLeaderService:
         cleaner_tick = max(self.cfg.get_int("log.retention.check.interval.ms", 300000), 10) / 1000
         self._tasks = [
             asyncio.create_task(self._cleaner_loop(cleaner_tick), name="log-cleaner"),
-            asyncio.create_task(self._every(snapshot_tick, self.manager.maybe_snapshot_all), name="snapshots"),
+            asyncio.create_task(self._every(snapshot_tick, self._snapshots_and_checkpoints), name="snapshots"),
             asyncio.create_task(self._every(expiry_tick, self.manager.expire_producers), name="pid-expiration"),
             asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
         ]
@@ -211,13 +211,32 @@ class PartitionLeaderService:
             except Exception:  # noqa: BLE001 - keep the cleaner alive; logged with traceback
                 log.exception("log cleaner pass failed")
 
+    async def _snapshots_and_checkpoints(self) -> None:
+        """Producer-state snapshots (on the loop: they read the producer state), then
+        the high-watermark checkpoints, whose fsyncs run in a worker thread so that
+        produce and fetch answers do not wait for the disk every tick."""
+        self.manager.maybe_snapshot_all(checkpoint=False)
+        due = self.manager.high_watermarks_to_checkpoint()
+        if due:
+            await asyncio.to_thread(_checkpoint_all, due)
+
     async def _every(self, seconds: float, fn) -> None:
         while True:
             await asyncio.sleep(seconds)
             try:
-                fn()
+                result = fn()
+                if asyncio.iscoroutine(result):
+                    await result
             except Exception:  # noqa: BLE001 - keep the periodic task alive; logged with traceback
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+
+
+def _checkpoint_all(due: list) -> None:
+    for p, hw in due:
+        try:
+            p.checkpoint_high_watermark(hw)
+        except OSError as exc:  # a replica deleted meanwhile; the next tick tries again
+            log.warning("high-watermark checkpoint of %s-%d failed: %s", p.topic, p.partition, exc)
 
 
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
