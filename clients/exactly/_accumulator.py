@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import _base as _futures_base
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from . import errors
 from exactly_wire import records as _rec
@@ -337,10 +337,11 @@ class RecordAccumulator:
 
     # ------------------------------------------------------------ drain
 
-    def ready(self, now: float | None = None) -> tuple[list[TopicPartition], float | None]:
+    def ready(self, now: float | None = None, eager: Callable[[TopicPartition], bool] | None = None
+              ) -> tuple[list[TopicPartition], float | None]:
         """Partitions whose head batch may be sent now (full, lingered long enough,
-        flushing or closing, and past any retry backoff), and the ms until the next
-        batch becomes ready (None: no batch waits)."""
+        flushing or closing, `eager(tp)` true, and past any retry backoff), and the ms
+        until the next batch becomes ready (None: no batch waits)."""
         now = self.clock() if now is None else now
         ready: list[TopicPartition] = []
         wait: float | None = None
@@ -352,7 +353,7 @@ class RecordAccumulator:
                 head = dq[0]
                 if head.attempts:
                     due = head.retry_at_ms
-                elif force or len(dq) > 1 or head.is_full(self.batch_size):
+                elif force or len(dq) > 1 or head.is_full(self.batch_size) or (eager is not None and eager(tp)):
                     due = now
                 else:
                     due = head.created_ms + self.linger_ms

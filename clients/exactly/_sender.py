@@ -149,7 +149,10 @@ class SenderCore(abc.ABC):
             if tps:
                 self._send_add_partitions(tps)
         delay = self._expire(now)
-        ready, wait = acc.ready(now)
+        # Implicit adds: a transaction's first batch to a partition goes without
+        # lingering, so its leader's AddPartitionsToTxn overlaps the filling of the
+        # next batches, which follow it in order.
+        ready, wait = acc.ready(now, txn.not_yet_sent if txn.implicit_add else None)
         if ready:
             sent_any = self._send_ready(ready, now)
             if sent_any:

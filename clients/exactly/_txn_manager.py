@@ -398,6 +398,10 @@ class TransactionManager:
             with self._lock:
                 self._maybe_added.add(tp)
 
+    def not_yet_sent(self, tp: TopicPartition) -> bool:
+        """Implicit adds: no batch for `tp` was sent in this transaction yet."""
+        return tp not in self._maybe_added and tp not in self._added
+
     def partition_written(self, tp: TopicPartition) -> None:
         """Implicit adds: a batch for `tp` was written, so `tp` is in the transaction."""
         if self.implicit_add and tp not in self._added:

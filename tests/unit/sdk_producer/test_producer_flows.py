@@ -1,7 +1,7 @@
 """Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
 sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
 Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
-
+from concurrent import futures
 
 import pytest
 from waiting import wait_for
@@ -273,6 +273,25 @@ def test_with_transaction_version_2_the_leader_adds_the_partitions(fc, make):
             assert {h.producer_epoch for h in batches(fc, "t", part)[-1:]} == {n}
     assert fc.calls["AddPartitionsToTxn"] == 0 and fc.calls["implicit add"] == 6
     assert fc.produce_requests and all(r.add_partitions_to_txn for r in fc.produce_requests)
+
+
+def test_the_first_batch_of_a_partition_in_a_transaction_goes_without_lingering(fc, make):
+    """Implicit adds: the leader's AddPartitionsToTxn for a partition overlaps the
+    filling of the next batches, so the first batch of each partition is sent at
+    once; later ones linger as configured."""
+    fc.transaction_version = 2
+    p = make(**{"transactional.id": "tx-eager", "linger.ms": 60_000})
+    p.init_transactions(5)
+    p.begin_transaction()
+    assert p.send("u", b"first").result(5).offset == 0
+    later = p.send("u", b"second")
+    with pytest.raises(futures.TimeoutError):
+        later.result(0.3)
+    p.commit_transaction(5)
+    assert later.result(0).offset == 1
+    p.begin_transaction()
+    assert p.send("u", b"next transaction").result(5).offset > 1
+    p.commit_transaction(5)
 
 
 def test_implicit_adds_stay_off_for_a_cluster_without_transaction_version_2(fc, make):
