@@ -84,23 +84,23 @@ class ClusterClient:
         part = resp.topics[0].partitions[0]
         return part.error_code, part.base_offset
 
-    async def produce_many(self, topic: str, partition: int, batches: list[bytes], acks: int = -1,
-                           timeout_ms: int = 30000) -> list[int]:
-        """Append several record batches of a coordinator to one partition in one
-        CoordinatorProduce (one entry per batch, appended in order): a group commit.
-        Returns an error code per batch."""
-        stub = self.leader_stub(topic, partition)
-        if stub is None:
-            return [self._no_leader(topic)] * len(batches)
+    async def produce_to(self, node: NodeInfo, topic: str, entries: list[tuple[int, bytes]], acks: int = -1,
+                         timeout_ms: int = 30000) -> list[int]:
+        """Append a coordinator's record batches, (partition, batch) pairs, to
+        partitions `node` leads, in one CoordinatorProduce (one entry per batch; a
+        partition's entries are appended in order): a group commit across partitions.
+        Returns an error code per entry (NOT_LEADER_OR_FOLLOWER for a partition the
+        node no longer leads)."""
+        stub = pbg.PartitionLeaderStub(self.channel(node.address))
         req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[pb.TopicProduceData(
-            name=topic, partitions=[pb.PartitionProduceData(partition=partition, records=b) for b in batches])])
+            name=topic, partitions=[pb.PartitionProduceData(partition=p, records=b) for p, b in entries])])
         try:
             resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:
-            return [transport_error_code(exc)] * len(batches)
+            return [transport_error_code(exc)] * len(entries)
         parts = resp.topics[0].partitions if resp.topics else []
         return [parts[i].error_code if i < len(parts) else ErrorCode.UNKNOWN_SERVER_ERROR
-                for i in range(len(batches))]
+                for i in range(len(entries))]
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> pb.FetchPartitionResponse:

@@ -21,40 +21,48 @@ from .coordinator import TxnLogFetch, TxnMarker
 
 class ClusterTxnLog:
     """`__transaction_state` through its partition leaders. Appends use acks=all
-    (design doc: "wait for this message to be replicated"). Group commit: each
-    partition has one append request in flight; the batches of every transition that
-    arrives meanwhile go together in the next request (up to `max_batches_per_request`,
-    appended in arrival order), so concurrent transactions share round trips and
-    replication waits."""
+    (design doc: "wait for this message to be replicated"). Group commit per
+    partition leader: each leader has one append request in flight; the batches of
+    every transition that arrives meanwhile, for any partition that leader leads, go
+    together in the next request (up to `max_batches_per_request`, appended in arrival
+    order, so a partition's records keep their order), and concurrent transactions
+    share round trips and replication waits."""
 
     def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200):
         self._client = client
         self._timeout_ms = timeout_ms
         self._max = max_batches_per_request
-        self._queues: dict[int, list[tuple[bytes, asyncio.Future]]] = defaultdict(list)
-        self._senders: dict[int, asyncio.Task] = {}
+        self._queues: dict[str, list[tuple[int, bytes, asyncio.Future]]] = defaultdict(list)
+        self._nodes: dict[str, NodeInfo] = {}
+        self._senders: dict[str, asyncio.Task] = {}
 
     async def append(self, partition: int, batch: bytes) -> int:
+        node = self._client.cluster.leader_of(TRANSACTION_STATE_TOPIC, partition)
+        if node is None:  # answered as a Produce would be: LEADER_NOT_AVAILABLE or UNKNOWN_TOPIC_OR_PARTITION
+            return (await self._client.produce(TRANSACTION_STATE_TOPIC, partition, batch, acks=-1,
+                                               timeout_ms=self._timeout_ms))[0]
         future = asyncio.get_running_loop().create_future()
-        self._queues[partition].append((batch, future))
-        sender = self._senders.get(partition)
+        self._nodes[node.node_id] = node
+        self._queues[node.node_id].append((partition, batch, future))
+        sender = self._senders.get(node.node_id)
         if sender is None or sender.done():
-            self._senders[partition] = asyncio.get_running_loop().create_task(self._drain(partition))
+            self._senders[node.node_id] = asyncio.get_running_loop().create_task(self._drain(node.node_id))
         return await future
 
-    async def _drain(self, partition: int) -> None:
-        queue = self._queues[partition]
+    async def _drain(self, node_id: str) -> None:
+        queue = self._queues[node_id]
         while queue:
             group, queue[:] = queue[:self._max], queue[self._max:]
             try:
-                codes = await self._client.produce_many(TRANSACTION_STATE_TOPIC, partition,
-                                                        [b for b, _ in group], acks=-1, timeout_ms=self._timeout_ms)
+                codes = await self._client.produce_to(self._nodes[node_id], TRANSACTION_STATE_TOPIC,
+                                                      [(p, b) for p, b, _ in group], acks=-1,
+                                                      timeout_ms=self._timeout_ms)
             except Exception as exc:  # noqa: BLE001 - every waiting transition learns of it
-                for _, future in group:
+                for _, _, future in group:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, future), code in zip(group, codes):
+            for (_, _, future), code in zip(group, codes):
                 if not future.done():
                     future.set_result(code)
 

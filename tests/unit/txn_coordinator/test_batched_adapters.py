@@ -1,6 +1,6 @@
 """Batching across transactions in the coordinator's adapters: markers per partition
-leader (ClusterMarkerWriter) and transaction-log appends per partition (ClusterTxnLog,
-group commit): one request in flight; what is queued meanwhile goes together next."""
+leader (ClusterMarkerWriter) and transaction-log appends (ClusterTxnLog,
+group commit per leader): one request in flight; what is queued meanwhile goes together next."""
 from __future__ import annotations
 
 import asyncio
@@ -90,30 +90,48 @@ def test_a_short_answer_and_a_transport_failure_reach_every_waiter():
     asyncio.run(scenario())
 
 
-def test_transaction_log_appends_are_group_committed_in_order():
+def test_transaction_log_appends_are_group_committed_per_leader_in_order():
+    """One append request in flight per partition leader; what arrives meanwhile for
+    any partition that leader leads goes together next, in arrival order."""
     async def scenario():
+        leaders = {0: NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
+                   1: NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
+                   2: NodeInfo("pl-1", "partition_leader", "127.0.0.1", 2)}
+
+        class LogCluster:
+            def leader_of(self, topic, partition):
+                assert topic == "__transaction_state"
+                return leaders.get(partition)
+
         class LogClient:
+            cluster = LogCluster()
+
             def __init__(self):
-                self.requests: list[tuple[int, list[bytes]]] = []
+                self.requests: list[tuple[str, list[tuple[int, bytes]]]] = []
                 self.gate = asyncio.Event()
 
-            async def produce_many(self, topic, partition, batches, acks, timeout_ms):
+            async def produce_to(self, node, topic, entries, acks, timeout_ms):
                 assert (topic, acks) == ("__transaction_state", -1)
-                self.requests.append((partition, list(batches)))
+                self.requests.append((node.node_id, list(entries)))
                 await self.gate.wait()
-                return [ErrorCode.NOT_ENOUGH_REPLICAS if b == b"bad" else 0 for b in batches]
+                return [ErrorCode.NOT_ENOUGH_REPLICAS if b == b"bad" else 0 for _, b in entries]
+
+            async def produce(self, topic, partition, batch, acks, timeout_ms):
+                return ErrorCode.LEADER_NOT_AVAILABLE, -1
 
         client = LogClient()
         txn_log = ClusterTxnLog(client)
         first = asyncio.create_task(txn_log.append(0, b"t1-ongoing"))
         await asyncio.sleep(0)
         rest = [asyncio.create_task(txn_log.append(p, b)) for p, b in
-                ((0, b"t2-prepare"), (0, b"bad"), (1, b"t9-ongoing"), (0, b"t3-complete"))]
+                ((0, b"t2-prepare"), (0, b"bad"), (1, b"t9-ongoing"), (2, b"t5-ongoing"), (0, b"t3-complete"))]
         await asyncio.sleep(0)
         client.gate.set()
         codes = await asyncio.gather(first, *rest)
-        assert codes == [0, 0, ErrorCode.NOT_ENOUGH_REPLICAS, 0, 0]
-        assert client.requests == [(0, [b"t1-ongoing"]), (1, [b"t9-ongoing"]),
-                                   (0, [b"t2-prepare", b"bad", b"t3-complete"])]
+        assert codes == [0, 0, ErrorCode.NOT_ENOUGH_REPLICAS, 0, 0, 0]
+        assert client.requests == [("pl-0", [(0, b"t1-ongoing")]), ("pl-1", [(2, b"t5-ongoing")]),
+                                   ("pl-0", [(0, b"t2-prepare"), (0, b"bad"), (1, b"t9-ongoing"),
+                                             (0, b"t3-complete")])]
+        assert await txn_log.append(7, b"no leader") == ErrorCode.LEADER_NOT_AVAILABLE
 
     asyncio.run(scenario())
