@@ -19,7 +19,6 @@ produce path; record decoding is for consumers and coordinators.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 import crc32c as _crc32c
@@ -102,8 +101,9 @@ class BatchHeader(NamedTuple):
         return self.attributes & COMPRESSION_MASK
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One decoded record (a tuple: cheap to build for every record a consumer reads)."""
+
     offset: int
     timestamp: int  # ms
     key: bytes | None
@@ -191,6 +191,19 @@ def _varint_bytes(n: int) -> bytes:
 
 
 def _read_varint(buf, pos: int) -> tuple[int, int]:
+    """(zigzag-decoded varint at `pos`, the position after it). One- and two-byte
+    varints (every length below 8 KiB) take the fast paths."""
+    try:
+        b = buf[pos]
+    except IndexError:
+        raise CorruptRecordError("varint runs past the end of the batch") from None
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    if pos + 1 < len(buf):
+        c = buf[pos + 1]
+        if c < 0x80:
+            u = (b & 0x7F) | (c << 7)
+            return (u >> 1) ^ -(u & 1), pos + 2
     shift = 0
     result = 0
     while True:
@@ -384,36 +397,50 @@ def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | 
     except compression_codecs.CompressionError as exc:
         raise CorruptRecordError(str(exc)) from exc
     out: list[Record] = []
+    append = out.append
+    read = _read_varint
+    base_offset, base_ts = h.base_offset, h.base_timestamp
     p = 0
     n = len(body)
     try:
         for _ in range(h.record_count):
-            length, p = _read_varint(body, p)
+            length, p = read(body, p)
             end = p + length
             if end > n:
                 raise CorruptRecordError("record runs past the end of the batch")
             p += 1  # attributes
-            ts_delta, p = _read_varint(body, p)
-            off_delta, p = _read_varint(body, p)
-            klen, p = _read_varint(body, p)
-            key = None if klen < 0 else body[p:p + klen]
-            p += max(klen, 0)
-            vlen, p = _read_varint(body, p)
-            value = None if vlen < 0 else body[p:p + vlen]
-            p += max(vlen, 0)
-            hcount, p = _read_varint(body, p)
-            headers = []
-            for _h in range(hcount):
-                hklen, p = _read_varint(body, p)
-                hk = body[p:p + hklen].decode()
-                p += hklen
-                hvlen, p = _read_varint(body, p)
-                hv = None if hvlen < 0 else body[p:p + hvlen]
-                p += max(hvlen, 0)
-                headers.append((hk, hv))
+            ts_delta, p = read(body, p)
+            off_delta, p = read(body, p)
+            klen, p = read(body, p)
+            if klen < 0:
+                key = None
+            else:
+                key = body[p:p + klen]
+                p += klen
+            vlen, p = read(body, p)
+            if vlen < 0:
+                value = None
+            else:
+                value = body[p:p + vlen]
+                p += vlen
+            if body[p] == 0:  # no headers (the varint 0)
+                headers: tuple = ()
+                p += 1
+            else:
+                hcount, p = read(body, p)
+                hl = []
+                for _h in range(hcount):
+                    hklen, p = read(body, p)
+                    hk = body[p:p + hklen].decode()
+                    p += hklen
+                    hvlen, p = read(body, p)
+                    hv = None if hvlen < 0 else body[p:p + hvlen]
+                    p += max(hvlen, 0)
+                    hl.append((hk, hv))
+                headers = tuple(hl)
             if p != end:
                 raise CorruptRecordError("record length does not match its fields")
-            out.append(Record(h.base_offset + off_delta, h.base_timestamp + ts_delta, key, value, tuple(headers)))
+            append(Record(base_offset + off_delta, base_ts + ts_delta, key, value, headers))
     except (IndexError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(str(exc)) from exc
     return out

@@ -71,17 +71,18 @@ class Client:
             return None
         return wait_for(once, 30, f"a leader for {topic}-{partition}")
 
-    def produce(self, topic: str, partition: int, data: bytes, transactional_id: str | None = None
-                ) -> pb.PartitionProduceResponse:
+    def produce(self, topic: str, partition: int, data: bytes, transactional_id: str | None = None,
+                add: bool = False) -> pb.PartitionProduceResponse:
         """Produce one batch; a transactional one carries the transactional.id its PID
         was initialised for unless `transactional_id` is given (the leader verifies it
-        with the coordinator, KIP-890)."""
+        with the coordinator, KIP-890; with `add`, the leader adds the partition to the
+        transaction itself, KIP-890 part 2)."""
         if transactional_id is None:
             transactional_id = self.tids.get(records.parse_header(data).producer_id, "")
         deadline = time.monotonic() + 30
         while True:
             resp = self.leader(topic, partition).Produce(pb.ProduceRequest(
-                acks=-1, timeout_ms=5000, transactional_id=transactional_id, topics=[
+                acks=-1, timeout_ms=5000, transactional_id=transactional_id, add_partitions_to_txn=add, topics=[
                 pb.TopicProduceData(name=topic, partitions=[pb.PartitionProduceData(
                     partition=partition, records=data)])]), timeout=30)
             part = resp.topics[0].partitions[0]
@@ -392,6 +393,44 @@ def test_late_duplicate_marker_and_late_batch_of_a_finished_transaction_are_fenc
                     "read_committed to show only T1") is True
     assert [m[:3] for m in client.markers(topic, 0)] == [(pid, epoch, records.CONTROL_COMMIT),
                                                          (pid, epoch + 1, records.CONTROL_ABORT)]
+
+
+def test_implicit_adds_start_the_transaction_and_fence_a_late_batch(client):
+    """KIP-890 part 2 on a real cluster: with add_partitions_to_txn the leader adds the
+    partition to the producer's transaction itself (no AddPartitionsToTxn from the
+    producer; the coordinator shows it Ongoing with the partition), and the commit
+    makes the batch visible. A delayed batch of that finished transaction (the old
+    epoch) sent with the same flag is not added to anything: refused as fenced, the
+    log and the LSO unchanged. A batch for a transactional.id whose PID is someone
+    else's is refused, and a batch under the new epoch starts the next transaction."""
+    topic = client.create_topic(partitions=2)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    r = client.init(tid)
+    pid, epoch = r.producer_id, r.producer_epoch
+    first = txn_batch(pid, epoch, ["t1-a"])
+    assert client.produce(topic, 0, first, add=True).error_code == E.NONE
+    assert client.produce(topic, 1, txn_batch(pid, epoch, ["t1-b"]), add=True).error_code == E.NONE
+    d = client.describe(tid)
+    assert d.state == "Ongoing" and {(t.topic, p) for t in d.topics for p in t.partitions} == \
+        {(topic, 0), (topic, 1)}
+    assert client.end(tid, pid, epoch, True) == E.NONE
+    assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED), 30, "the commit") == [b"t1-a"]
+    wait_for(lambda: client.describe(tid).state == "CompleteCommit", 30, "T1 to complete")
+    hw = client.fetch(topic, 0, READ_UNCOMMITTED).high_watermark
+    late = client.produce(topic, 0, first, add=True)
+    assert late.error_code in (E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED), late
+    other = client.init(f"t-{uuid.uuid4().hex[:6]}")
+    forged = client.produce(topic, 0, txn_batch(other.producer_id, other.producer_epoch, ["forged"]),
+                            transactional_id=tid, add=True)
+    assert forged.error_code == E.INVALID_TXN_STATE, forged
+    part = client.fetch(topic, 0, READ_COMMITTED)
+    assert part.high_watermark == hw and part.last_stable_offset == hw
+    assert client.describe(tid).state == "CompleteCommit"
+    assert client.produce(topic, 0, txn_batch(pid, epoch + 1, ["t2"]), add=True).error_code == E.NONE
+    assert client.describe(tid).state == "Ongoing"
+    assert client.end(tid, pid, epoch + 1, True) == E.NONE
+    assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED) == [b"t1-a", b"t2"] or None, 30,
+                    "T2 committed") is True
 
 
 def test_a_transactional_batch_no_coordinator_knows_is_refused(client):
