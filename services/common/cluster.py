@@ -13,6 +13,7 @@ Views are cached and refreshed by watches; every public method is thread-safe.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -618,10 +619,14 @@ class ClusterState:
             node = None
         return partition, node, epoch
 
-    def coordinator_cached(self, kind: str, key: str) -> bool:
-        """Whether coordinator_for(kind, key) answers from memory (no ZooKeeper call)."""
+    async def lookup_coordinator(self, kind: str, key: str) -> tuple[int, NodeInfo | None, int]:
+        """coordinator_for from an event loop: on the loop when the owner is in the
+        watched cache, in a worker thread for a partition's first lookup (it reads
+        ZooKeeper and sets the watch)."""
         topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
-        return topic is None or (kind, partition_for_key(key, len(topic.partitions))) in self._owners
+        if topic is None or (kind, partition_for_key(key, len(topic.partitions))) in self._owners:
+            return self.coordinator_for(kind, key)
+        return await asyncio.to_thread(self.coordinator_for, kind, key)
 
     def _cached_owner(self, kind: str, partition: int) -> tuple[str | None, int]:
         """coordinator_owner from the watched cache; the first lookup of a partition

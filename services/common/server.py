@@ -176,10 +176,7 @@ class ClusterServicer(pbg.ClusterServicer):
         if not request.key:
             return pb.FindCoordinatorResponse(error_code=ErrorCode.INVALID_REQUEST,
                                               error_message="empty coordinator key")
-        if self.cluster.coordinator_cached(kind, request.key):
-            partition, node, epoch = self.cluster.coordinator_for(kind, request.key)
-        else:
-            partition, node, epoch = await asyncio.to_thread(self.cluster.coordinator_for, kind, request.key)
+        partition, node, epoch = await self.cluster.lookup_coordinator(kind, request.key)
         if node is None:
             what = INTERNAL_TOPIC_FOR_KIND[kind]
             return pb.FindCoordinatorResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, partition=partition,

@@ -200,10 +200,7 @@ class TxnVerifier:
 
     async def _call(self, key: str, group_id: str, request: pb.AddPartitionsToTxnRequest, deadline: float) -> int:
         """One AddPartitionsToTxn to the coordinator of `key`: its single error code."""
-        if self.cluster.coordinator_cached("txn", group_id or key):
-            _, node, _ = self.cluster.coordinator_for("txn", group_id or key)
-        else:
-            _, node, _ = await asyncio.to_thread(self.cluster.coordinator_for, "txn", group_id or key)
+        _, node, _ = await self.cluster.lookup_coordinator("txn", group_id or key)
         if node is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         stub = pbg.TransactionCoordinatorStub(self.client.channel(node.address))

@@ -807,15 +807,10 @@ class ReplicaManager:
             p.lease_until = 0.0
 
     # ------------------------------------------------------------ periodic work
-    def maybe_snapshot_all(self, now_ms: int | None = None, checkpoint: bool = True) -> int:
-        """Periodic producer-state snapshots and (`checkpoint`) high-watermark
-        checkpoints; returns how many snapshots were written."""
-        written = 0
-        for p in self:
-            written += p.maybe_snapshot(now_ms)
-            if checkpoint:
-                p.checkpoint_high_watermark()
-        return written
+    def maybe_snapshot_all(self, now_ms: int | None = None) -> int:
+        """Periodic producer-state snapshots; returns how many were written. (The
+        high-watermark checkpoints: `high_watermarks_to_checkpoint`.)"""
+        return sum(p.maybe_snapshot(now_ms) for p in self)
 
     def high_watermarks_to_checkpoint(self) -> list[tuple[Partition, int]]:
         """(replica, high watermark) of every replica whose high watermark moved since

@@ -215,7 +215,7 @@ class PartitionLeaderService:
         """Producer-state snapshots (on the loop: they read the producer state), then
         the high-watermark checkpoints, whose fsyncs run in a worker thread so that
         produce and fetch answers do not wait for the disk every tick."""
-        self.manager.maybe_snapshot_all(checkpoint=False)
+        self.manager.maybe_snapshot_all()
         due = self.manager.high_watermarks_to_checkpoint()
         if due:
             await asyncio.to_thread(_checkpoint_all, due)

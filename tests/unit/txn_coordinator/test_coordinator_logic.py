@@ -284,7 +284,9 @@ def test_next_transaction_waits_for_the_previous_ones_markers():
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         assert h.md("t").state is S.PREPARE_COMMIT  # answered before the markers
         nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)]))
-        await asyncio.sleep(0.05)
+        # The completion (spawned first) reaches the gate, then the add runs up to its
+        # wait for that completion, before this coroutine resumes.
+        await h.markers.held.wait()
         assert not nxt.done() and h.markers.written_for(pid) == []
         h.markers.gate.set()
         assert set((await nxt).values()) == {E.NONE}

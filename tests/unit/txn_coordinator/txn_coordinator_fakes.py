@@ -95,9 +95,11 @@ class FakeMarkers:
         self.fail: dict[tuple[str, int], list[int]] = {}
         self.errors: dict[tuple[str, int], int] = {}
         self.gate: asyncio.Event | None = None
+        self.held = asyncio.Event()  # set once a write waits at the gate
 
     async def write(self, marker: TxnMarker) -> dict[tuple[str, int], int]:
         if self.gate is not None:
+            self.held.set()
             await self.gate.wait()
         self.attempts.append(marker)
         out = {}
