@@ -39,7 +39,9 @@ FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_secon
         "transactional_ids": 100_000}
 QUICK = {"num_records": 3_000, "latency_transactions": 50, "coordinator_seconds": 1.0,
          "redis_transactions": 500, "restart_batches": 20_000, "restart_producers": 200,
-         "transactional_ids": 1_000}
+         # enough ids that the coordinator's growth (~0.8 KB each) stands out of the
+         # RSS noise between two processes (a few tens of KB either way)
+         "transactional_ids": 20_000}
 
 
 class Figures:
