@@ -534,9 +534,11 @@ class TransactionManager:
                              producer_epoch: int = NO_PRODUCER_EPOCH) -> None:
         """EndTxn succeeded (or there was nothing to end): back to READY. With the PID
         and epoch EndTxn answered (KIP-890 part 2: every transaction ends under the
-        next epoch), the producer continues with them and every sequence restarts at 0."""
+        next epoch), the producer continues with them and every sequence restarts at 0;
+        the same PID and epoch keep the sequences (nothing new was issued)."""
         with self._lock:
-            if producer_epoch >= 0 and producer_id >= 0:
+            if producer_epoch >= 0 and producer_id >= 0 and \
+                    (producer_id, producer_epoch) != (self.producer_id, self.producer_epoch):
                 self.producer_id = producer_id
                 self.producer_epoch = producer_epoch
                 self._next_seq.clear()

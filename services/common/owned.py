@@ -18,7 +18,11 @@ the background tasks working on it, a `loaded` event and a `closed` flag.
 - deposition (`_is_fenced`, `_deposed`): an append refused because a newer owner
   wrote with a higher writer epoch makes this coordinator stop serving the
   partition at once and call `on_fenced(partition, coordinator_epoch)`
-  (`CoordinatorOwnership.fenced`), which resigns the claim.
+  (`CoordinatorOwnership.fenced`), which resigns the claim;
+- the ownership barrier (`_confirm_ownership`): before an answer taken from the
+  cache alone confirms an outcome to a client, one more fence record at the
+  current writer epoch proves that no newer owner has fenced this one (a deposed
+  owner that has not noticed yet would otherwise answer from a stale cache).
 
 Subclasses supply `_new_partition`, `_load`, `_append_fence` and, for their own
 clean-up, `_dropped`.
@@ -35,7 +39,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
 
-from .ownership import FENCED_APPEND_ERRORS, fence_batches
+from .ownership import FENCED_APPEND_ERRORS, fence_batch, fence_batches
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +283,27 @@ class PartitionOwner(abc.ABC, Generic[P]):
                         raise NotOwner()
                     if code != ErrorCode.NONE:
                         raise RetryLater(f"fencing {self.topic}-{part.partition}: {code_name(code)}")
+
+    async def _confirm_ownership(self, part: P) -> ErrorCode:
+        """The ownership barrier: append a fence record at this claim's writer epoch.
+        The new owner fences before it replays and serves, so an accepted barrier means
+        no newer owner has served a request yet and the cache holds the latest state;
+        a refused one deposes `part`. Returns NONE (still the owner), NOT_COORDINATOR
+        (deposed or no longer owned) or COORDINATOR_NOT_AVAILABLE (the log could not
+        take the record: retriable). Without a writer identity (producer_id < 0)
+        there is nothing to fence and the answer is NONE."""
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        if part.producer_id < 0:
+            return ErrorCode.NONE
+        code = await self._append_fence(part, fence_batch(part.producer_id, part.producer_epoch,
+                                                          self._wall_clock()))
+        if not self._owns(part) or self._is_fenced(part, code):
+            return ErrorCode.NOT_COORDINATOR
+        if code != ErrorCode.NONE:
+            log.warning("%s-%d: ownership barrier not written: %s", self.topic, part.partition, code_name(code))
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
 
     def _retrying(self) -> AsyncRetrying:
         """Retries of a step that raises RetryLater: exponential backoff with jitter

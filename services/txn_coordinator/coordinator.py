@@ -697,30 +697,52 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         Handling", EndTxn). group_id / generation_id: a group-aware producer's, as in
         add_partitions_to_txn (ILLEGAL_GENERATION). transaction_version 1 (a Kafka
         client with EndTxn below v5): no epoch bump; the transaction ends, and the
-        markers are written, under the producer's current epoch."""
+        markers are written, under the producer's current epoch. An answer from the
+        cache for the current epoch without an ongoing transaction (none to end, or a
+        version-1 retry) first passes the ownership barrier
+        (PartitionOwner._confirm_ownership): NOT_COORDINATOR when this owner was
+        deposed, COORDINATOR_NOT_AVAILABLE when the barrier could not be written."""
         err, part = self._lookup(transactional_id, group_id)
         md = part.txns.get(transactional_id) if part is not None else None
         if md is not None and not md.pending_transition_in_progress and \
                 md.is_end_txn_retry(producer_id, producer_epoch):
             return self._end_txn_outcome(md, committed)
-        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
-                                             generation_id)
-        if err:
-            return EndTxnResult(err)
-        if md.state is TxnState.ONGOING:
-            started = time.monotonic()
-            target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
-            bump = transaction_version != 1
-            transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
-                                                 transaction_version=2 if bump else 1)
-            err = await self._append(part, md, transit)
+        for confirmed in (False, True):
+            err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
+                                                 generation_id)
             if err:
                 return EndTxnResult(err)
-            task = self._start_completion(part, md, transit, from_client=True, started=started)
-            if self.config.end_txn_completion_wait_ms > 0:
-                await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
-            return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+            if md.state is TxnState.ONGOING:
+                return await self._end_ongoing(part, md, committed, transaction_version)
+            if confirmed:
+                break
+            # Nothing ongoing in the cache under the producer's current epoch. Either
+            # there is no transaction, or this owner was deposed without noticing yet
+            # and the producer's transaction lives with the new owner (a Kafka client's
+            # retry without an epoch bump looks the same). The cache answers only once
+            # the ownership barrier shows it is current; a stale owner answers
+            # NOT_COORDINATOR, so the producer finds the new owner instead of being told
+            # that a transaction the new owner still holds open was committed.
+            err = await self._confirm_ownership(part)
+            if err:
+                return EndTxnResult(err)
         return self._end_txn_outcome(md, committed)
+
+    async def _end_ongoing(self, part: _TxnPartition, md: TransactionMetadata, committed: bool,
+                           transaction_version: int) -> EndTxnResult:
+        """EndTxn of an ongoing transaction: append Prepare*, start the completion."""
+        started = time.monotonic()
+        target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
+        bump = transaction_version != 1
+        transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
+                                             transaction_version=2 if bump else 1)
+        err = await self._append(part, md, transit)
+        if err:
+            return EndTxnResult(err)
+        task = self._start_completion(part, md, transit, from_client=True, started=started)
+        if self.config.end_txn_completion_wait_ms > 0:
+            await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
+        return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod
     def _end_txn_outcome(md: TransactionMetadata, committed: bool) -> EndTxnResult:

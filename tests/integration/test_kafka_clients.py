@@ -58,7 +58,10 @@ def read_sdk(kc, topic: str, isolation: str = "read_committed", partitions: int 
                    "enable.auto.commit": False})
     parts = [TopicPartition(topic, p) for p in range(partitions)]
     c.assign(parts)
-    ends = c.end_offsets(parts)
+    # Every transaction complete first (LSO = high watermark): EndTxn answers once the
+    # outcome is durable, and the markers of the last commit may still be on their way.
+    ends = wait_for(lambda: (lambda e: e if all(e[tp] == c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
+                             else None)(c.end_offsets(parts)), 30, f"every transaction on {topic} to complete")
     c.seek_to_beginning(parts)
     out = []
     wait_for(lambda: out.extend(r.value for r in c.poll(0.3)) or all(c.position(tp) >= ends[tp] for tp in parts),

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 
@@ -100,15 +102,34 @@ def idempotent_producer(cluster) -> Producer:
                      "enable.idempotence": True, "request.timeout.ms": 5000, "retry.backoff.max.ms": 500})
 
 
-def read_committed(cluster, topic: str, partitions: int = 1, timeout_s: float = 60.0) -> list[bytes]:
-    """Every value of `topic` (read_committed) up to its end (the LSO) now."""
-    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "fetch.max.wait.ms": 100})
+def log_ends(cluster, topic: str, partitions: int, isolation_level: str) -> dict[TopicPartition, int]:
+    """Per partition, the end a consumer of `isolation_level` sees: the LSO under
+    read_committed, the high watermark under read_uncommitted."""
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": isolation_level,
+                  "enable.auto.commit": False})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         c.seek_to_end(tps)
-        ends = {tp: c.position(tp, timeout=60) for tp in tps}
+        return {tp: c.position(tp, timeout=60) for tp in tps}
+    finally:
+        c.close()
+
+
+def read_committed(cluster, topic: str, partitions: int = 1, timeout_s: float = 60.0) -> list[bytes]:
+    """Every value of `topic` (read_committed) up to its end, once every transaction
+    written so far is complete: EndTxn answers once the outcome is durable and the
+    markers follow, so the last transactions of producers that just returned from
+    commit_transaction() may still be waiting for theirs (LSO below the high
+    watermark)."""
+    ends = wait_for(lambda: (lambda lso, hw: lso == hw and lso)(
+        log_ends(cluster, topic, partitions, "read_committed"), log_ends(cluster, topic, partitions, "read_uncommitted")),
+        timeout_s, f"every transaction on {topic} to complete (LSO = high watermark)")
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": "read_committed",
+                  "enable.auto.commit": False, "fetch.max.wait.ms": 100})
+    try:
+        tps = list(ends)
+        c.assign(tps)
         c.seek_to_beginning(tps)
         out: list[bytes] = []
         deadline = time.monotonic() + timeout_s
@@ -457,6 +478,26 @@ class TxnRunner:
             self._thread.join(120)
 
 
+def stalled(cluster, runners: list[TxnRunner], marks: dict[str, int], what: str) -> str:
+    """The failure message of a wait for commits: per producer its commits since the
+    mark, its errors, its thread's stack, and its transaction as each coordinator sees it."""
+    frames = sys._current_frames()
+    lines = [what]
+    for r in runners:
+        lines.append(f"{r.tid}: {r.commits - marks[r.tid]} commits since the mark, errors {r.errors!r}")
+        if r.commits < marks[r.tid] + 3 and r._thread is not None and r._thread.ident in frames:
+            lines += ["    " + ln for ln in "".join(traceback.format_stack(frames[r._thread.ident])[-8:]).splitlines()]
+            for name in ("txn-0", "txn-1"):
+                try:
+                    st = txn_stub_call(cluster, name, "DescribeTransactions",
+                                       pb.DescribeTransactionsRequest(transactional_ids=[r.tid]), 3).transaction_states[0]
+                    lines.append(f"    {name}: error {st.error_code} state {st.state} PID {st.producer_id} "
+                                 f"epoch {st.producer_epoch} partitions {[(t.topic, list(t.partitions)) for t in st.topics]}")
+                except grpc.RpcError as exc:
+                    lines.append(f"    {name}: {exc.code()}")
+    return "\n".join(lines)
+
+
 def coordinator_epoch(cluster, partition: int) -> tuple[str, int]:
     zk = KazooClient(hosts=cluster.zookeeper)
     zk.start(timeout=15)
@@ -499,7 +540,8 @@ def test_transaction_coordinator_cut_off_is_deposed_and_transactions_commit_exac
                 assert owner == survivor and epoch > before
             # Transactions go on with the survivor while the victim is still cut off.
             marks = {r.tid: r.commits for r in runners}
-            wait_for(lambda: all(r.commits >= marks[r.tid] + 3 for r in runners), 60, "transactions to commit with the survivor")
+            wait_for(lambda: all(r.commits >= marks[r.tid] + 3 for r in runners), 60,
+                         lambda: stalled(cluster, runners, marks, "transactions to commit with the survivor"))
             if mode == netfault.ALL:
                 assert describe_txn(cluster, victim, victim_tids[0]) == E.NETWORK_EXCEPTION  # unreachable
             if mode == netfault.ZOOKEEPER:
@@ -520,7 +562,8 @@ def test_transaction_coordinator_cut_off_is_deposed_and_transactions_commit_exac
         wait_for(lambda: any(
             (lambda f: f is not None and f.node_id == victim)(find_coordinator(cluster, t)) for t in victim_tids), SESSION_MS / 1000 + 20, f"{victim} to coordinate again")
         marks = {r.tid: r.commits for r in runners}
-        wait_for(lambda: all(r.commits >= marks[r.tid] + 3 for r in runners), 60, "transactions to commit after the heal")
+        wait_for(lambda: all(r.commits >= marks[r.tid] + 3 for r in runners), 60,
+                 lambda: stalled(cluster, runners, marks, "transactions to commit after the heal"))
     finally:
         for r in runners:
             r.stop()

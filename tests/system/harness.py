@@ -67,15 +67,25 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
 
 def read_values(bootstrap: str, topic: str, partitions: int, isolation_level: str,
                 timeout_s: float = 120.0) -> list[bytes]:
-    """Every value of `topic` from the beginning up to its end at the time of the
-    call (the LSO under read_committed)."""
+    """Every value of `topic` from the beginning up to its end. Under read_committed
+    the end is taken once every transaction written so far is complete (LSO = high
+    watermark): EndTxn answers once the outcome is durable and the markers follow, so
+    the last commits may still be waiting for theirs."""
     c = Consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation_level,
                   "enable.auto.commit": False, "fetch.max.wait.ms": 100})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
-        c.seek_to_end(tps)
-        ends = {tp: c.position(tp, timeout=60) for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            c.seek_to_end(tps)
+            ends = {tp: c.position(tp, timeout=60) for tp in tps}
+            if isolation_level != "read_committed" or \
+                    ends == {tp: hw for tp, hw in zip(tps, end_offsets(bootstrap, topic, partitions).values())}:
+                break
+            if time.monotonic() > deadline:
+                raise SystemTestError(f"transactions on {topic} did not complete in {timeout_s:.0f} s")
+            time.sleep(0.1)
         c.seek_to_beginning(tps)
         out: list[bytes] = []
         deadline = time.monotonic() + timeout_s

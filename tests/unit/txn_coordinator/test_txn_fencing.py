@@ -176,3 +176,68 @@ def test_marker_rejected_for_an_older_coordinator_epoch_deposes_the_owner():
         assert (await h.coord.init_producer_id("t", 60000)).error == E.NOT_COORDINATOR
 
     run(scenario())
+
+
+def test_a_deposed_owner_does_not_confirm_a_commit_from_its_stale_cache():
+    """The old owner committed the producer's previous transaction (CompleteCommit
+    under the bumped epoch in its cache); the new owner took over and holds the
+    producer's next transaction open under that same epoch. The producer's EndTxn
+    reaching the old owner must not be answered from the cache (that answer was NONE:
+    the producer took an open transaction for committed, and its next abort aborted it
+    with the new owner): the barrier is refused, the old owner resigns, and the
+    producer commits with the new owner."""
+    async def scenario():
+        log = FencingLog()
+        old, new = Owner(log, 0), Owner(log, 5000)
+        await old.take(0, 0)
+        pid, epoch = await old.begin("t")
+        ended = await old.coord.end_txn("t", pid, epoch, True)
+        assert ended.error == E.NONE
+        await old.settle()
+        assert (old.md("t").state, old.md("t").producer_epoch) == (TxnState.COMPLETE_COMMIT, epoch + 1)
+
+        await new.take(coordinator_epoch=1, writer_epoch=1)
+        added = await new.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 0)])
+        assert set(added.values()) == {E.NONE}
+
+        before = len(log.batches[0])
+        assert (await old.coord.end_txn("t", pid, epoch + 1, True)).error == E.NOT_COORDINATOR
+        assert old.fenced == [(0, 0)]
+        assert len(log.batches[0]) == before  # the refused barrier left nothing
+        assert new.md("t").state is TxnState.ONGOING
+
+        committed = await new.coord.end_txn("t", pid, epoch + 1, True)
+        assert (committed.error, committed.producer_epoch) == (E.NONE, epoch + 2)
+        await new.settle()
+        assert new.md("t").state is TxnState.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+def test_a_version_1_retry_is_answered_only_by_the_current_owner():
+    """A Kafka client without the epoch bump retries EndTxn under its current epoch;
+    the owner answers the retry from its cache after the barrier, a deposed one
+    answers NOT_COORDINATOR. Without a transaction, the current owner answers
+    INVALID_TXN_STATE."""
+    async def scenario():
+        log = FencingLog()
+        old, new = Owner(log, 0), Owner(log, 5000)
+        await old.take(0, 0)
+        pid, epoch = await old.begin("t")
+        assert (await old.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
+        await old.settle()
+        retry = await old.coord.end_txn("t", pid, epoch, True, transaction_version=1)
+        assert (retry.error, retry.producer_epoch) == (E.NONE, epoch)
+        assert (await old.coord.end_txn("t", pid, epoch, False, transaction_version=1)).error == \
+            E.INVALID_TXN_STATE
+        assert old.fenced == []
+
+        await new.take(coordinator_epoch=1, writer_epoch=1)
+        added = await new.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert set(added.values()) == {E.NONE}
+        assert (await old.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == \
+            E.NOT_COORDINATOR
+        assert old.fenced == [(0, 0)]
+        assert new.md("t").state is TxnState.ONGOING
+
+    run(scenario())
