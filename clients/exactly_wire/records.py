@@ -226,33 +226,35 @@ _ZERO = _varint_bytes(0)
 
 def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None,
                   value: bytes | None, headers: Sequence[tuple[str, bytes | None]] = ()) -> bytes:
-    """One record (length-prefixed) of a v2 batch."""
-    parts = [b"\x00", _varint_bytes(timestamp_delta), _varint_bytes(offset_delta)]
+    """One record (length-prefixed) of a v2 batch. The length is computed from the
+    parts, so key and value are copied once (into the returned bytes)."""
+    ts = _varint_bytes(timestamp_delta)
+    od = _varint_bytes(offset_delta)
     if key is None:
-        parts.append(_MINUS_ONE)
+        kl, key = _MINUS_ONE, b""
     else:
-        parts.append(_varint_bytes(len(key)))
-        parts.append(key)
+        kl = _varint_bytes(len(key))
     if value is None:
-        parts.append(_MINUS_ONE)
+        vl, value = _MINUS_ONE, b""
     else:
-        parts.append(_varint_bytes(len(value)))
-        parts.append(value)
-    if headers:
-        parts.append(_varint_bytes(len(headers)))
-        for hk, hv in headers:
-            hkb = hk.encode()
-            parts.append(_varint_bytes(len(hkb)))
-            parts.append(hkb)
-            if hv is None:
-                parts.append(_MINUS_ONE)
-            else:
-                parts.append(_varint_bytes(len(hv)))
-                parts.append(hv)
-    else:
-        parts.append(_ZERO)
-    body = b"".join(parts)
-    return _varint_bytes(len(body)) + body
+        vl = _varint_bytes(len(value))
+    hb = _encode_headers(headers) if headers else _ZERO
+    n = 1 + len(ts) + len(od) + len(kl) + len(key) + len(vl) + len(value) + len(hb)
+    return b"".join((_varint_bytes(n), b"\x00", ts, od, kl, key, vl, value, hb))
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    parts = [_varint_bytes(len(headers))]
+    for hk, hv in headers:
+        hkb = hk.encode()
+        parts.append(_varint_bytes(len(hkb)))
+        parts.append(hkb)
+        if hv is None:
+            parts.append(_MINUS_ONE)
+        else:
+            parts.append(_varint_bytes(len(hv)))
+            parts.append(hv)
+    return b"".join(parts)
 
 
 def build_batch(records_blob: bytes, record_count: int, base_timestamp: int, max_timestamp: int,
@@ -333,18 +335,25 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
         return f"record count {h.record_count} does not fit {body_len} bytes of records"
     if h.compression != COMPRESSION_NONE:
         return None
-    body = bytes(memoryview(buf)[pos + HEADER_SIZE: pos + h.size])
-    p = 0
+    # Walked in place (no copy of the records) when the batch is bytes or a bytearray.
+    body = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf)
+    p = pos + HEADER_SIZE
+    limit = pos + h.size
+    if len(body) < limit:
+        return f"the batch is {len(body) - pos} bytes, its header says {h.size}"
     read = _read_varint
     try:
         for i in range(h.record_count):
             b = body[p]  # IndexError past the end: caught below
             if b < 0x80:
                 length, p = (b >> 1) ^ -(b & 1), p + 1
+            elif body[p + 1] < 0x80:  # two bytes: records below 8 KiB
+                u = (b & 0x7F) | (body[p + 1] << 7)
+                length, p = (u >> 1) ^ -(u & 1), p + 2
             else:
                 length, p = read(body, p)
             end = p + length
-            if length < MIN_RECORD_SIZE - 1 or end > body_len:
+            if length < MIN_RECORD_SIZE - 1 or end > limit:
                 return f"record {i}: length {length} does not fit the batch"
             p += 1  # attributes
             b = body[p]
@@ -358,12 +367,19 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
                 return f"record {i} has offset delta {delta}"
             for _field in ("key", "value"):
                 b = body[p]
-                n, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
+                if b < 0x80:
+                    n, p = (b >> 1) ^ -(b & 1), p + 1
+                elif body[p + 1] < 0x80:
+                    u = (b & 0x7F) | (body[p + 1] << 7)
+                    n, p = (u >> 1) ^ -(u & 1), p + 2
+                else:
+                    n, p = read(body, p)
                 if n < -1:
                     return f"record {i}: {_field} length {n}"
                 if n > 0:
                     p += n
-            headers, p = read(body, p)
+            b = body[p]
+            headers, p = ((b >> 1) ^ -(b & 1), p + 1) if b < 0x80 else read(body, p)
             if headers < 0 or headers > length:
                 return f"record {i}: {headers} headers"
             for _h in range(headers):
@@ -383,8 +399,8 @@ def validate_records(buf: bytes | bytearray | memoryview, header: BatchHeader | 
         return str(exc)
     except IndexError:
         return "a record runs past the end of the batch"
-    if p != body_len:
-        return f"{body_len - p} bytes after the last of {h.record_count} records"
+    if p != limit:
+        return f"{limit - p} bytes after the last of {h.record_count} records"
     return None
 
 

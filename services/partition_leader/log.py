@@ -197,12 +197,23 @@ def _fsync(fd: int | None) -> None:
         os.fsync(fd)
 
 
-def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, position)
-        view = view[n:]
+# Base offset (8 bytes), batch length (4), partition leader epoch (4): the part of a
+# batch header the leader rewrites on append, outside the CRC.
+REWRITTEN_PREFIX = 16
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview | tuple, position: int) -> None:
+    """Write `data` (one buffer, or a tuple of buffers written back to back) at
+    `position`, looping over short writes."""
+    views = [memoryview(d) for d in data] if isinstance(data, tuple) else [memoryview(data)]
+    while views:
+        n = os.pwritev(fd, views, position) if len(views) > 1 else os.pwrite(fd, views[0], position)
         position += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 class Segment:
@@ -450,8 +461,9 @@ class Segment:
                 break
         return self.first_append_ms
 
-    def append(self, batch: bytes | bytearray, header: BatchHeader) -> int:
-        """Write one batch (offsets already assigned) at the end; returns its position."""
+    def append(self, batch: bytes | bytearray | tuple, header: BatchHeader) -> int:
+        """Write one batch (offsets already assigned; bytes, or a tuple of buffers that
+        together make it) at the end; returns its position."""
         position = self.size
         _write_all(self._fd, batch, position)
         self.size += header.size
@@ -796,18 +808,22 @@ class Log:
         first = active.first_timestamp()
         return first is not None and self.clock_ms() - first > self.config.segment_ms
 
-    def append(self, batch: bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
-        """Append one validated batch: rewrite its base offset (and partition leader
-        epoch, when >= 0) in place, then write it. `header` is the batch's parsed
-        header; the batch must be exactly `header.size` bytes. Rolls the segment
-        first when needed. Returns where it landed. Raises OSError on I/O failure."""
+    def append(self, batch: bytes | bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
+        """Append one validated batch with its base offset (and partition leader
+        epoch, when >= 0) rewritten. Neither field is under the CRC, so only the
+        first REWRITTEN_PREFIX bytes are copied and changed; the records are written
+        from `batch` itself (one pwritev, no copy; `batch` is left as it was).
+        `header` is the batch's parsed header; the batch must be exactly
+        `header.size` bytes. Rolls the segment first when needed. Returns where it
+        landed. Raises OSError on I/O failure."""
         active = self._segment_for_append(header)
         base = active.next_offset
-        records.set_base_offset(batch, base)
+        prefix = bytearray(memoryview(batch)[:REWRITTEN_PREFIX])
+        records.set_base_offset(prefix, base)
         if leader_epoch >= 0:
-            records.set_partition_leader_epoch(batch, leader_epoch)
+            records.set_partition_leader_epoch(prefix, leader_epoch)
         h = header._replace(base_offset=base)
-        return self._write(active, batch, h)
+        return self._write(active, (prefix, memoryview(batch)[REWRITTEN_PREFIX:]), h)
 
     def append_replicated(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> AppendInfo:
         """Append a batch copied from the leader byte for byte: its offsets and

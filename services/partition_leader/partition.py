@@ -518,7 +518,7 @@ class Partition:
         too_big = limits.validate_batch_size(len(batch), self.config.max_message_bytes)
         if too_big is not None:
             return AppendResult(too_big[0], message=too_big[1])
-        buf = bytearray(batch)
+        buf = batch  # never copied: the log writes a rewritten header, then the rest of these bytes
         try:
             h = records.verify_crc(buf)
         except CorruptRecordError as exc:

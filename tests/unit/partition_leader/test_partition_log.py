@@ -43,6 +43,39 @@ def test_offsets_are_assigned_and_batches_stored_byte_for_byte(logdir):
     assert res.records == data and res.first_offset == 0 and res.next_offset == 5
 
 
+def test_append_writes_from_the_callers_bytes_without_changing_them(logdir):
+    """The produce path hands the request's bytes over as they are: the log rewrites
+    a copy of the 16-byte prefix and writes the rest from those bytes."""
+    plog = Log.open(logdir)
+    fill(plog, 2)
+    batch = make_batch(4, value_size=300)
+    kept = bytes(batch)
+    info = plog.append(batch, records.parse_header(batch), 3)
+    assert batch == kept and info.base_offset == 6
+    data = (logdir / f"{0:020d}.log").read_bytes()
+    pos = len(data) - len(batch)
+    stored = data[pos:]
+    h = records.verify_crc(stored)
+    assert (h.base_offset, h.partition_leader_epoch) == (6, 3)
+    assert stored[16:] == kept[16:]
+
+
+def test_short_writes_are_continued_across_buffers(monkeypatch, tmp_path):
+    from services.partition_leader import log as log_module
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    real_pwritev, real_pwrite = os.pwritev, os.pwrite
+    # At most 3 bytes per call, so every buffer boundary is crossed mid-write.
+    monkeypatch.setattr(log_module.os, "pwritev", lambda fd, bufs, pos: real_pwritev(
+        fd, [bytes(b"".join(bytes(b) for b in bufs)[:3])], pos))
+    monkeypatch.setattr(log_module.os, "pwrite", lambda fd, buf, pos: real_pwrite(fd, bytes(buf)[:3], pos))
+    try:
+        log_module._write_all(fd, (b"abcde", memoryview(b"fghij")[1:], bytearray(b"klm")), 2)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0\0abcdeghijklm"
+
+
 def test_read_bounds_by_offset_and_bytes_but_returns_at_least_one_batch(logdir):
     plog = Log.open(logdir)
     fill(plog, 4)  # offsets 0..11, 3 per batch
