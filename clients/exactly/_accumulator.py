@@ -98,34 +98,67 @@ class StickyPartitioner:
 
 # ---------------------------------------------------------------- batches
 
+class _BatchOutcome:
+    """Where the records of a completed batch landed, shared by their futures: a
+    record's RecordMetadata is built when its future's result is asked for, so a
+    producer that never looks costs no object per record."""
+
+    __slots__ = ("topic", "partition", "base_offset", "timestamps", "append_time_ms")
+
+    def __init__(self, topic: str, partition: int, base_offset: int, timestamps: list[int],
+                 append_time_ms: int):
+        self.topic = topic
+        self.partition = partition
+        self.base_offset = base_offset
+        self.timestamps = timestamps
+        self.append_time_ms = append_time_ms
+
+    def record(self, index: int) -> RecordMetadata:
+        ts = self.append_time_ms if self.append_time_ms >= 0 else self.timestamps[index]
+        return RecordMetadata(self.topic, self.partition,
+                              self.base_offset + index if self.base_offset >= 0 else -1, ts)
+
+
 class RecordFuture(Future):
     """The Future returned by send(): a concurrent.futures.Future whose lock is
     shared by every record of its batch. One Condition per record would make send()
     several times slower (allocation and garbage collection); sharing is safe
-    because a batch resolves all its records under one hold of that lock. A
-    record cannot be cancelled once sent (cancel() returns False), as in Kafka."""
+    because a batch resolves all its records under one hold of that lock. Its
+    result, RecordMetadata, is built on first request from the batch's outcome
+    (`index`: the record's place in its batch). A record cannot be cancelled once
+    sent (cancel() returns False), as in Kafka."""
 
-    def __init__(self, condition: threading.Condition):  # noqa: super().__init__ would allocate a Condition
+    def __init__(self, condition: threading.Condition, index: int = 0):  # noqa: super().__init__ would allocate a Condition
         self._condition = condition
         self._state = _futures_base.PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
+        self._index = index
 
     def cancel(self) -> bool:
         return False
 
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        """RecordMetadata of the record (waiting up to `timeout` seconds), or raise
+        its error, as concurrent.futures.Future.result."""
+        res = super().result(timeout)
+        if type(res) is _BatchOutcome:
+            res = self._result = res.record(self._index)
+        return res
+
 
 def _resolve_all(condition: threading.Condition, futures: list[RecordFuture],
-                 results: list | None, exc: BaseException | None) -> None:
-    """Resolve `futures` (results[i] or `exc`) atomically, then run their callbacks."""
+                 outcome: _BatchOutcome | None, exc: BaseException | None) -> None:
+    """Resolve `futures` (with the batch's outcome, or `exc`) atomically, then run
+    their callbacks."""
     with condition:
-        for i, fut in enumerate(futures):
+        for fut in futures:
             if fut._state != _futures_base.PENDING:
                 continue
             if exc is None:
-                fut._result = results[i]
+                fut._result = outcome
             else:
                 fut._exception = exc
             fut._state = _futures_base.FINISHED
@@ -195,7 +228,7 @@ class ProducerBatch:
         blob = _rec.encode_record(len(self.blobs), ts - self.base_ts, key, value, headers)
         if self.blobs and self.size + len(blob) > batch_size:
             return None
-        fut = RecordFuture(self._condition)
+        fut = RecordFuture(self._condition, len(self.blobs))
         self.blobs.append(blob)
         self.futures.append(fut)
         self.timestamps.append(ts)
@@ -239,15 +272,8 @@ class ProducerBatch:
         if self.done.is_set():
             return
         topic, partition = self.tp
-        if log_append_time_ms >= 0:
-            stamps = [log_append_time_ms] * len(self.futures)
-        else:
-            stamps = self.timestamps
-        if base_offset >= 0:
-            results = [RecordMetadata(topic, partition, base_offset + i, ts) for i, ts in enumerate(stamps)]
-        else:
-            results = [RecordMetadata(topic, partition, -1, ts) for ts in stamps]
-        _resolve_all(self._condition, self.futures, results, None)
+        _resolve_all(self._condition, self.futures,
+                     _BatchOutcome(topic, partition, base_offset, self.timestamps, log_append_time_ms), None)
         self.done.set()
 
     def fail(self, exc: BaseException) -> None:

@@ -143,6 +143,22 @@ def test_complete_gives_real_offsets_and_fail_gives_the_error():
     assert f.exception(0) is exc and b.done.is_set()
 
 
+def test_record_metadata_reaches_callbacks_and_asyncio_and_is_built_once():
+    import asyncio
+    acc, _ = make()
+    seen = []
+    futs = [acc.append(TP0, 10 + i, None, b"v")[0] for i in range(4)]
+    futs[2].add_done_callback(lambda f: seen.append(f.result()))
+    b = acc.drain(TP0)
+    b.complete(40)
+    assert seen == [RecordMetadata("t", 0, 42, 12)]
+    assert futs[3].result(0) is futs[3].result(0)  # built on first request, then kept
+
+    async def awaited():
+        return await asyncio.wrap_future(futs[1])
+    assert asyncio.run(awaited()) == RecordMetadata("t", 0, 41, 11)
+
+
 def test_reenqueue_keeps_sequence_order_and_backoff():
     acc, clock = make(linger_ms=0)
     batches = []
