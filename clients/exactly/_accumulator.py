@@ -289,6 +289,13 @@ class ProducerBatch:
                 f"bytes={self.size}, seq={self.base_sequence}, attempts={self.attempts})")
 
 
+# RecordAccumulator.append: with more batches than this queued for a partition, an
+# appender opening a new batch first waits (at most YIELD_WAIT_S seconds) for the
+# sender thread to drain or complete one.
+QUEUED_BATCHES_BEFORE_YIELD = 2
+YIELD_WAIT_S = 0.005
+
+
 class RecordAccumulator:
     """Batches per partition, bounded by `buffer_memory` bytes in total.
 
@@ -336,6 +343,15 @@ class RecordAccumulator:
                 last.closed = True
             if abort_on_new_batch:
                 return None
+            if len(dq) > QUEUED_BATCHES_BEFORE_YIELD and not self._flushes:
+                # Full batches wait unsent: the sender thread is behind. A thread that
+                # appends in a tight loop keeps the GIL, and the sender would get it only
+                # once per switch interval (5 ms), so records pile up unsent while the
+                # connection idles (after every commit, as the transaction refills).
+                # Hand over: wait until the sender drains or completes a batch.
+                self._space.wait(YIELD_WAIT_S)
+                if self.closed:
+                    raise errors.IllegalStateError("producer is closed")
             self._wait_for_space(max_block_ms)
             batch = ProducerBatch(tp, self.clock(), ts)
             fut = batch.try_append(key, value, headers, ts, self.batch_size)
@@ -402,6 +418,7 @@ class RecordAccumulator:
                 return None
             batch = dq.popleft()
             batch.closed = True
+            self._space.notify_all()  # an appender yielding to the sender may go on
             return batch
 
     def reenqueue(self, batch: ProducerBatch, backoff_ms: float, now: float | None = None) -> None:

@@ -159,6 +159,30 @@ def test_record_metadata_reaches_callbacks_and_asyncio_and_is_built_once():
     assert asyncio.run(awaited()) == RecordMetadata("t", 0, 41, 11)
 
 
+def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkeypatch):
+    """With more than QUEUED_BATCHES_BEFORE_YIELD batches queued for the partition, a
+    new batch first waits for the sender thread (which the GIL would otherwise starve):
+    a drain lets it go on at once; without one it goes on after YIELD_WAIT_S."""
+    from exactly import _accumulator
+    monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
+    acc, _ = make(batch_size=100)
+    value = b"x" * 60  # one record per batch
+    for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 1):
+        acc.append(TP0, 1, None, value)
+    appended = threading.Event()
+    threading.Thread(target=lambda: (acc.append(TP0, 1, None, value), appended.set()), daemon=True).start()
+    assert not appended.wait(0.2)  # waiting for the sender
+    assert acc.drain(TP0) is not None
+    assert appended.wait(5)  # the drain let it go on
+
+    monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 0.01)
+    acc.append(TP0, 1, None, value)  # more queued than the threshold: waits 10 ms at most, then goes on
+    acc.begin_flush()
+    monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
+    acc.append(TP0, 1, None, value)  # a flush is waiting for the sender anyway: no wait
+    acc.end_flush()
+
+
 def test_reenqueue_keeps_sequence_order_and_backoff():
     acc, clock = make(linger_ms=0)
     batches = []
