@@ -164,12 +164,13 @@ def parse_fetched(tp: TopicPartition, data: bytes, fetch_offset: int,
                     if ctrl:
                         aborted.on_marker(h, records.decode_control_record(ctrl[0])[0])
             elif aborted is None or not aborted.is_aborted(h):
-                use_max = bool(h.attributes & records.TIMESTAMP_TYPE_BIT)  # LogAppendTime
-                for r in records.decode_records(data, pos, h):
-                    if r.offset >= fetch_offset:
-                        out.append(ConsumerRecord(topic, partition, r.offset, r.key, r.value,
-                                                  list(r.headers),
-                                                  h.max_timestamp if use_max else r.timestamp))
+                max_ts = h.max_timestamp if h.attributes & records.TIMESTAMP_TYPE_BIT else None  # LogAppendTime
+                new = tuple.__new__  # ConsumerRecord(...) without the NamedTuple's Python-level __new__
+                append = out.append
+                for offset, ts, key, value, headers in records.decode_records(data, pos, h):
+                    if offset >= fetch_offset:
+                        append(new(ConsumerRecord, (topic, partition, offset, key, value, list(headers),
+                                                    ts if max_ts is None else max_ts)))
             if h.last_offset + 1 > next_offset:
                 next_offset = h.last_offset + 1
     except records.CorruptRecordError as exc:

@@ -415,19 +415,36 @@ def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | 
     out: list[Record] = []
     append = out.append
     read = _read_varint
+    new = tuple.__new__  # Record(...) without the Python-level __new__ of a NamedTuple
     base_offset, base_ts = h.base_offset, h.base_timestamp
     p = 0
     n = len(body)
     try:
         for _ in range(h.record_count):
-            length, p = read(body, p)
+            b = body[p]
+            if b < 0x80:
+                length, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                length, p = read(body, p)
             end = p + length
             if end > n:
                 raise CorruptRecordError("record runs past the end of the batch")
             p += 1  # attributes
-            ts_delta, p = read(body, p)
-            off_delta, p = read(body, p)
-            klen, p = read(body, p)
+            b = body[p]
+            if b < 0x80:
+                ts_delta, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                ts_delta, p = read(body, p)
+            b = body[p]
+            if b < 0x80:
+                off_delta, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                off_delta, p = read(body, p)
+            b = body[p]
+            if b < 0x80:
+                klen, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                klen, p = read(body, p)
             if klen < 0:
                 key = None
             else:
@@ -456,7 +473,7 @@ def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | 
                 headers = tuple(hl)
             if p != end:
                 raise CorruptRecordError("record length does not match its fields")
-            append(Record(base_offset + off_delta, base_ts + ts_delta, key, value, headers))
+            append(new(Record, (base_offset + off_delta, base_ts + ts_delta, key, value, headers)))
     except (IndexError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(str(exc)) from exc
     return out
