@@ -154,6 +154,8 @@ def parse_fetched(tp: TopicPartition, data: bytes, fetch_offset: int,
     error: errors.ExactlyError | None = None
     topic, partition = tp.topic, tp.partition
     bound_by_lso = aborted is not None and last_stable_offset >= 0
+    new = tuple.__new__  # ConsumerRecord(...) without the NamedTuple's Python-level __new__
+    append = out.append
     try:
         for pos, h in records.iter_batches(data, verify=check_crcs):
             if bound_by_lso and h.base_offset >= last_stable_offset:
@@ -165,8 +167,6 @@ def parse_fetched(tp: TopicPartition, data: bytes, fetch_offset: int,
                         aborted.on_marker(h, records.decode_control_record(ctrl[0])[0])
             elif aborted is None or not aborted.is_aborted(h):
                 max_ts = h.max_timestamp if h.attributes & records.TIMESTAMP_TYPE_BIT else None  # LogAppendTime
-                new = tuple.__new__  # ConsumerRecord(...) without the NamedTuple's Python-level __new__
-                append = out.append
                 for offset, ts, key, value, headers in records.decode_records(data, pos, h):
                     if offset >= fetch_offset:
                         append(new(ConsumerRecord, (topic, partition, offset, key, value, list(headers),

@@ -278,11 +278,20 @@ class PartitionOwner(abc.ABC, Generic[P]):
                 with attempt:
                     if not self._owns(part):
                         raise NotOwner()
-                    code = await self._append_fence(part, batch)
-                    if not self._owns(part) or self._is_fenced(part, code):
+                    code = await self._append_own_fence(part, batch)
+                    if code is None:
                         raise NotOwner()
                     if code != ErrorCode.NONE:
                         raise RetryLater(f"fencing {self.topic}-{part.partition}: {code_name(code)}")
+
+    async def _append_own_fence(self, part: P, batch: bytes) -> int | None:
+        """Append one fence batch of this claim. None when the ownership ended
+        meanwhile or a newer owner had fenced us (`part` is then deposed), else the
+        append's error code."""
+        code = await self._append_fence(part, batch)
+        if not self._owns(part) or self._is_fenced(part, code):
+            return None
+        return code
 
     async def _confirm_ownership(self, part: P) -> ErrorCode:
         """The ownership barrier: append a fence record at this claim's writer epoch.
@@ -296,9 +305,9 @@ class PartitionOwner(abc.ABC, Generic[P]):
             return ErrorCode.NOT_COORDINATOR
         if part.producer_id < 0:
             return ErrorCode.NONE
-        code = await self._append_fence(part, fence_batch(part.producer_id, part.producer_epoch,
-                                                          self._wall_clock()))
-        if not self._owns(part) or self._is_fenced(part, code):
+        code = await self._append_own_fence(part, fence_batch(part.producer_id, part.producer_epoch,
+                                                              self._wall_clock()))
+        if code is None:
             return ErrorCode.NOT_COORDINATOR
         if code != ErrorCode.NONE:
             log.warning("%s-%d: ownership barrier not written: %s", self.topic, part.partition, code_name(code))
