@@ -199,6 +199,16 @@ class ClusterState:
                 except (NoNodeError, BadVersionError):
                     pass
         self._registered = True
+        self._notify()  # coordinators count this node as live from now on
+
+    @property
+    def registered(self) -> bool:
+        """True once `register()` has published this process. Until then a node_id
+        listed under /exactly/services may still be this node_id's previous, killed
+        incarnation (its session not yet expired), which must not make this process
+        claim anything: the znode is replaced when registering, and the partitions
+        claimed from the stale view would be resigned and claimed again."""
+        return self._registered
 
     def stop(self) -> None:
         self._stopped = True

@@ -191,7 +191,7 @@ class CoordinatorOwnership:
                 self._wake.set()
 
     def _desired(self) -> set[int]:
-        if self._lost or self._stopped:
+        if self._lost or self._stopped or not self.cluster.registered:
             return set()
         topic = self.cluster.topics().get(self.topic)
         if topic is None:

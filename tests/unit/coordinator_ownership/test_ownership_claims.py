@@ -54,6 +54,7 @@ class FakeCluster:
         self.live = live
         self.partitions = partitions
         self.next_pid = 1000
+        self.registered = True
 
     def allocate_producer_id_block(self, size: int = 1000):
         first = self.next_pid
@@ -134,6 +135,21 @@ def test_partitions_are_spread_over_the_sorted_live_coordinators():
     assert o._desired() == {1, 4}
     o._lost = True
     assert o._desired() == set()
+
+
+def test_nothing_is_claimed_before_this_process_is_registered():
+    # A restarted process sees its node_id listed by its killed incarnation, whose
+    # session has not expired: it must not claim from that view (it would resign
+    # everything when registering replaces the znode, and claim again, so markers of a
+    # rolled-forward transaction would be written twice).
+    cluster = FakeCluster("txn-0", ["txn-0"], partitions=2)
+    cluster.registered = False
+    o = ownership(cluster)
+    assert o._desired() == set()
+    asyncio.run(o._reconcile())
+    assert o.owned == {} and cluster.zk.nodes == {}
+    cluster.registered = True
+    assert o._desired() == {0, 1}
 
 
 def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
