@@ -9,6 +9,7 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 
+import exactly  # noqa: F401  (first: it settles grpc's fork handling before grpc is imported)
 from exactly_tools.devcluster import DevCluster
 
 
