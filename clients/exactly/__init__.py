@@ -2,11 +2,9 @@
 semantics over gRPC). See docs/design.md, "SDK" for the client API."""
 import os as _os
 
-# grpcio's fork handlers, on by default, make a child forked while calls are in flight
-# crash now and then before it can exec (about 1 fork in 50 with three busy client
-# threads) -- PySpark starts its JVM gateway with exactly such a fork. An Exactly client
-# is never shared across fork (a child builds its own), so the handlers buy nothing here.
-# Off unless the application chose; grpc reads this once, at its first import.
+# grpcio's fork handlers off unless the application chose (docs/design.md, "SDK", Fork):
+# with them on, PySpark's fork of its JVM gateway sometimes dies during SDK calls.
+# grpc reads this once, at its first import.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from . import errors

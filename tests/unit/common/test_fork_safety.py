@@ -11,7 +11,7 @@ import sys
 # Run in a fresh interpreter: with grpc's fork handlers on, a fork can hang in them, and a
 # hang must fail this test, not the test process.
 SCENARIO = r'''
-import json, subprocess, threading
+import json, subprocess, sys, threading
 from concurrent import futures
 import exactly
 import grpc
@@ -35,7 +35,7 @@ threads = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(
 for t in threads:
     t.start()
 codes = [subprocess.Popen(["/bin/true"], stdin=subprocess.PIPE, preexec_fn=lambda: None).wait()
-         for _ in range(FORKS)]
+         for _ in range(int(sys.argv[1]))]
 stop.set()
 for t in threads:
     t.join(timeout=10)
@@ -55,7 +55,7 @@ def test_children_forked_during_grpc_calls_all_exec():
     # early exit) or hung; 300 forks then fail with probability above 99 %.
     forks = 300
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
-    scenario = subprocess.Popen([sys.executable, "-c", SCENARIO.replace("FORKS", str(forks))], env=env,
+    scenario = subprocess.Popen([sys.executable, "-c", SCENARIO, str(forks)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = scenario.communicate(timeout=120)
