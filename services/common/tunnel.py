@@ -54,6 +54,12 @@ class TunnelError(grpc.RpcError):
 _STATUS_BY_VALUE = {s.value[0]: s for s in grpc.StatusCode}
 
 
+def tunnel_status(value: int) -> grpc.StatusCode:
+    """The grpc.StatusCode of a TunneledReply's `status_code` (UNKNOWN for a value
+    gRPC does not define)."""
+    return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
 # ------------------------------------------------------------------ server side
 
 class TunneledContext:
@@ -279,7 +285,7 @@ class TunnelChannel:
             self._pending.pop(correlation_id, None)
             raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
         if reply.status_code:
-            raise TunnelError(_STATUS_BY_VALUE.get(reply.status_code, grpc.StatusCode.UNKNOWN), reply.status_details)
+            raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
         return response_class.FromString(reply.response)
 
     async def close(self) -> None:
@@ -290,4 +296,4 @@ class TunnelChannel:
             await asyncio.gather(reader, return_exceptions=True)
 
 
-__all__ = ["TunnelServicer", "TunnelChannel", "TunnelError", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
+__all__ = ["TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
