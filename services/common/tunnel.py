@@ -261,11 +261,25 @@ class TunnelChannel:
                 if not future.done():
                     future.set_exception(error)
 
+    def _abandon(self, stream: grpc.aio.StreamStreamCall, why: str) -> TunnelError:
+        error = TunnelError(grpc.StatusCode.UNAVAILABLE, why)
+        stream.cancel()
+        self._fail(stream, error)
+        return error
+
     async def call(self, method: str, request: Any, response_class: type, timeout_s: float) -> Any:
         """Send `request` to unary `method` (full path) and return its response, a
         `response_class`. Raises TunnelError with the method's status (as a direct
         call raises AioRpcError), UNAVAILABLE when the stream broke, DEADLINE_EXCEEDED
         after `timeout_s` seconds."""
+        try:
+            # The bound covers the write too: towards a peer that stopped reading (SIGSTOP,
+            # a cut network) a write waits on flow control, and later calls on the lock.
+            return await asyncio.wait_for(self._call(method, request, response_class), timeout_s)
+        except asyncio.TimeoutError:
+            raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
+
+    async def _call(self, method: str, request: Any, response_class: type) -> Any:
         correlation_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         async with self._write_lock:
@@ -274,16 +288,19 @@ class TunnelChannel:
             try:
                 await stream.write(pb.TunneledCall(correlation_id=correlation_id, method=method,
                                                    request=request.SerializeToString()))
+            except asyncio.CancelledError:
+                # A write cut short (its call's time ran out) may leave half a message on
+                # the stream: drop the stream; the other calls on it fail as UNAVAILABLE.
+                self._pending.pop(correlation_id, None)
+                self._abandon(stream, "a write was interrupted")
+                raise
             except (grpc.RpcError, asyncio.InvalidStateError) as exc:
                 self._pending.pop(correlation_id, None)
-                stream.cancel()
-                self._fail(stream, TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {exc}"))
-                raise TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {exc}") from None
+                raise self._abandon(stream, f"the tunnel broke: {exc}") from None
         try:
-            reply = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+            reply = await future
+        finally:
             self._pending.pop(correlation_id, None)
-            raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
         if reply.status_code:
             raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
         return response_class.FromString(reply.response)
