@@ -45,7 +45,7 @@ from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, Scram
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
-from .tunnel import HandlerRegistry, TunnelServicer
+from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from .kafka.cluster_api import ClusterApis
 from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -308,7 +308,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
     service = await setup(registry, cluster, client, cfg)
-    pbg.add_TunnelServicer_to_server(TunnelServicer(registry, interceptors), server)
+    add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

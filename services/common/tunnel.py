@@ -30,6 +30,8 @@ import grpc
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from .guard import _safe_deserializer, _Undecodable  # the request guard's parsing, for the stream's messages
+
 log = logging.getLogger(__name__)
 
 TUNNEL_METHOD = "/exactly.v1.Tunnel/Calls"
@@ -187,7 +189,13 @@ class TunnelServicer(pbg.TunnelServicer):
         running: set[asyncio.Task] = set()
         done = object()
 
-        async def answer(call: pb.TunneledCall) -> None:
+        async def answer(call: pb.TunneledCall | _Undecodable) -> None:
+            if isinstance(call, _Undecodable):
+                # No correlation id to answer under: 0, and the stream serves on.
+                replies.put_nowait(pb.TunneledReply(
+                    correlation_id=0, status_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                    status_details=f"INVALID_REQUEST: not a valid TunneledCall encoding: {call.error}"[:1000]))
+                return
             replies.put_nowait(await self._one(call, context))
 
         async def read() -> None:
@@ -209,6 +217,16 @@ class TunnelServicer(pbg.TunnelServicer):
             reader.cancel()
             for task in list(running):
                 task.cancel()
+
+
+def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
+    """Serve `Tunnel/Calls` on `server`. Unlike the generated
+    add_TunnelServicer_to_server, a message that does not parse reaches the servicer
+    (answered INVALID_ARGUMENT) instead of silently ending the stream."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Calls, request_deserializer=_safe_deserializer(pb.TunneledCall.FromString),
+        response_serializer=pb.TunneledReply.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Tunnel", {"Calls": handler}),))
 
 
 def _chain(interceptor: grpc.aio.ServerInterceptor, continuation: Callable) -> Callable:
@@ -313,4 +331,4 @@ class TunnelChannel:
             await asyncio.gather(reader, return_exceptions=True)
 
 
-__all__ = ["TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
+__all__ = ["add_tunnel_to_server", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]

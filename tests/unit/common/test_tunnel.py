@@ -11,7 +11,8 @@ import pytest
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.guard import RequestGuard
-from services.common.tunnel import TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer
+from services.common.tunnel import (TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
+                                   add_tunnel_to_server)
 
 LIST_OFFSETS = "/exactly.v1.PartitionLeader/ListOffsets"
 
@@ -53,7 +54,7 @@ async def _server(leader: Leader):
     server = grpc.aio.server(interceptors=interceptors)
     registry = HandlerRegistry(server)
     pbg.add_PartitionLeaderServicer_to_server(leader, registry)
-    pbg.add_TunnelServicer_to_server(TunnelServicer(registry, interceptors), server)
+    add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
@@ -85,6 +86,13 @@ def test_tunneled_calls_answer_like_direct_ones():
             with pytest.raises(TunnelError) as itself:
                 await tunnel.call(TUNNEL_METHOD, _request("t", 0), pb.ListOffsetsResponse, 5)
             assert itself.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            # A message that is no TunneledCall: answered under correlation id 0.
+            raw = channel.stream_stream("/exactly.v1.Tunnel/Calls", request_serializer=None,
+                                        response_deserializer=pb.TunneledReply.FromString)
+            answers = [r async for r in raw(iter([b"\xff\xff\xff", pb.TunneledCall(
+                correlation_id=7, method=LIST_OFFSETS, request=_request("t", 2).SerializeToString()).SerializeToString()]))]
+            assert sorted((r.correlation_id, r.status_code) for r in answers) == [
+                (0, grpc.StatusCode.INVALID_ARGUMENT.value[0]), (7, 0)], answers
             # The stream still serves after every refusal.
             again = await tunnel.call(LIST_OFFSETS, _request("t", 4), pb.ListOffsetsResponse, 5)
             assert again.topics[0].partitions[0].offset == 40
@@ -115,7 +123,7 @@ def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
             server2 = grpc.aio.server()
             registry = HandlerRegistry(server2)
             pbg.add_PartitionLeaderServicer_to_server(Leader(), registry)
-            pbg.add_TunnelServicer_to_server(TunnelServicer(registry, []), server2)
+            add_tunnel_to_server(TunnelServicer(registry, []), server2)
             server2.add_insecure_port(f"127.0.0.1:{port}")
             await server2.start()
             for _ in range(100):
