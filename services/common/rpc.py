@@ -16,6 +16,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .cluster import ClusterState, NodeInfo
+from .tunnel import TunnelChannel
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,9 @@ _TRANSPORT_CODES = {
     grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.REQUEST_TIMED_OUT,
     grpc.StatusCode.CANCELLED: ErrorCode.NETWORK_EXCEPTION,
 }
+
+_COORDINATOR_PRODUCE = "/exactly.v1.PartitionLeader/CoordinatorProduce"
+_WRITE_TXN_MARKERS = "/exactly.v1.PartitionLeader/WriteTxnMarkers"
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -45,6 +49,7 @@ class ClusterClient:
         self.cluster = cluster
         self.security = security or TransportSecurity()
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tunnels: dict[str, TunnelChannel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -52,6 +57,14 @@ class ClusterClient:
             ch = secure_aio_channel(address, self.security, CHANNEL_OPTIONS)
             self._channels[address] = ch
         return ch
+
+    def tunnel(self, address: str) -> TunnelChannel:
+        """Tunneled unary calls to `address` (services.common.tunnel): the cheaper
+        path for the calls of the transaction path."""
+        t = self._tunnels.get(address)
+        if t is None:
+            t = self._tunnels[address] = TunnelChannel(self.channel(address))
+        return t
 
     def leader_stub(self, topic: str, partition: int) -> pbg.PartitionLeaderStub | None:
         node = self.cluster.leader_of(topic, partition)
@@ -91,11 +104,11 @@ class ClusterClient:
         partition's entries are appended in order): a group commit across partitions.
         Returns an error code per entry (NOT_LEADER_OR_FOLLOWER for a partition the
         node no longer leads)."""
-        stub = pbg.PartitionLeaderStub(self.channel(node.address))
         req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=[pb.TopicProduceData(
             name=topic, partitions=[pb.PartitionProduceData(partition=p, records=b) for p, b in entries])])
         try:
-            resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
+            resp = await self.tunnel(node.address).call(_COORDINATOR_PRODUCE, req, pb.ProduceResponse,
+                                                        timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:
             return [transport_error_code(exc)] * len(entries)
         parts = resp.topics[0].partitions if resp.topics else []
@@ -140,13 +153,16 @@ class ClusterClient:
                                 timeout_s: float = 30.0) -> pb.WriteTxnMarkersResponse | ErrorCode:
         """Send markers to one partition leader. Returns the response, or the ErrorCode
         of a transport failure."""
-        stub = pbg.PartitionLeaderStub(self.channel(node.address))
         try:
-            return await stub.WriteTxnMarkers(request, timeout=timeout_s)
+            return await self.tunnel(node.address).call(_WRITE_TXN_MARKERS, request, pb.WriteTxnMarkersResponse,
+                                                        timeout_s)
         except grpc.RpcError as exc:
             return transport_error_code(exc)
 
     async def close(self) -> None:
+        for t in self._tunnels.values():
+            await t.close()
+        self._tunnels.clear()
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()

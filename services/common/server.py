@@ -45,6 +45,7 @@ from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, Scram
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
+from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from .kafka.cluster_api import ClusterApis
 from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
@@ -285,8 +286,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     auth_interceptor = AuthInterceptor()
     # The guard outside authentication: an undecodable body is refused before anything reads it.
-    server = grpc.aio.server(options=server_options(cfg),
-                             interceptors=[metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor])
+    interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor]
+    server = grpc.aio.server(options=server_options(cfg), interceptors=interceptors)
+    registry = HandlerRegistry(server)  # the unary handlers, which tunneled calls reach too
     security = service_security(cfg)
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
@@ -300,12 +302,13 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     client = ClusterClient(cluster, security)
     await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor)
     cluster_servicer = ClusterServicer(cluster, tls=security.tls)
-    pbg.add_ClusterServicer_to_server(cluster_servicer, server)
+    pbg.add_ClusterServicer_to_server(cluster_servicer, registry)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
-    service = await setup(server, cluster, client, cfg)
+    service = await setup(registry, cluster, client, cfg)
+    add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

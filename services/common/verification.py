@@ -40,7 +40,6 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_expo
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
-from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .cluster import ClusterState
 from .rpc import ClusterClient, transport_error_code
@@ -56,6 +55,7 @@ RETRY_CODES = frozenset({
 FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
 # An implicit add also retries while the coordinator's topic view lags a new partition.
 ADD_RETRY_CODES = RETRY_CODES | {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+_ADD_PARTITIONS_TO_TXN = "/exactly.v1.TransactionCoordinator/AddPartitionsToTxn"
 
 
 def writer_error(code: int) -> ErrorCode:
@@ -203,9 +203,9 @@ class TxnVerifier:
         _, node, _ = await self.cluster.lookup_coordinator("txn", group_id or key)
         if node is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        stub = pbg.TransactionCoordinatorStub(self.client.channel(node.address))
         try:
-            resp = await stub.AddPartitionsToTxn(request, timeout=max(deadline - self.clock(), 0.05))
+            resp = await self.client.tunnel(node.address).call(
+                _ADD_PARTITIONS_TO_TXN, request, pb.AddPartitionsToTxnResponse, max(deadline - self.clock(), 0.05))
         except grpc.RpcError as exc:
             return transport_error_code(exc)
         codes = {p.error_code for t in resp.results for p in t.partitions}

@@ -20,6 +20,7 @@ from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from clusters import chrooted_cluster
+from services.common.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -451,6 +452,8 @@ def _matrix_rows():
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
         ("PartitionLeader/CoordinatorProduce", "txn-0", "alice", CLUSTER_DENIED, lambda c: pb.ProduceRequest(
             acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
+        ("Tunnel/Calls (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
+         lambda c: pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("PartitionLeader/Fetch", "alice", "bob", TOPIC_DENIED, lambda c: pb.FetchRequest(
             max_wait_ms=0, topics=[pb.FetchTopic(topic=c["topic"], partitions=[pb.FetchPartition(partition=0)])])),
         ("PartitionLeader/ListOffsets", "alice", "bob", TOPIC_DENIED, lambda c: pb.ListOffsetsRequest(
@@ -523,6 +526,18 @@ def _auth_codes(message) -> set[int]:
     return found
 
 
+def _tunneled(tunnel: pbg.TunnelStub, service: str, method: str, request):
+    """One call of `service`/`method` through Tunnel/Calls; raises TunnelError (a
+    grpc.RpcError) with the method's status, as a direct call raises."""
+    reply = next(iter(tunnel.Calls(iter([pb.TunneledCall(
+        correlation_id=1, method=f"/{pb.DESCRIPTOR.package}.{service}/{method}",
+        request=request.SerializeToString())]), timeout=20)))
+    if reply.status_code:
+        raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
+    output = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].output_type
+    return getattr(pb, output.name).FromString(reply.response)
+
+
 def _listed(kind: str, response, c) -> bool:
     if kind == "Cluster/Metadata":
         return c["topic"] in {t.name for t in response.topics}
@@ -559,10 +574,15 @@ def test_authorization_matrix(sec):
     tally = {}
     for rpc, allowed, denied, expected, build in _matrix_rows():
         service, method = rpc.split(" ")[0].split("/")
+        if service == "Tunnel":  # the method named in parentheses, carried by the tunnel
+            service, method = rpc.split("(")[1].rstrip(")").split("/")
 
-        def call(who, service=service, method=method, build=build):
-            stub_ = stub(sec, who, address[service], STUBS[service])
-            return getattr(stub_, method)(build(c), timeout=20)
+            def call(who, service=service, method=method, build=build):
+                return _tunneled(stub(sec, who, address[service], pbg.TunnelStub), service, method, build(c))
+        else:
+            def call(who, service=service, method=method, build=build):
+                stub_ = stub(sec, who, address[service], STUBS[service])
+                return getattr(stub_, method)(build(c), timeout=20)
 
         if expected == LISTED:
             assert not _listed(rpc, call(denied), c), f"{rpc}: {denied} sees the resource"

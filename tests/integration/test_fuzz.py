@@ -32,6 +32,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from fuzz_requests import Pools, Rpc, generate, raw_garbage, rpcs
 from services.common.server import ROLE_SERVICES
+from services.common.tunnel import TUNNEL_METHOD, TunnelError, tunnel_status
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,9 @@ SEED = int(os.environ.get("EXACTLY_FUZZ_SEED", "20240611"))
 # appends wait up to 25-30 s for the high watermark when a follower lags.
 CALL_DEADLINE_S = 35.0
 PARALLEL = 16
+# The share of requests sent through Tunnel/Calls instead of directly: the same
+# interceptors and handlers must answer them the same way.
+TUNNELED = 0.25
 # Legitimate administrative operations that delete or rewrite data: the generator
 # names only scratch topics and groups in them (see fuzz_requests.Pools).
 DESTRUCTIVE = frozenset({"DeleteTopics", "DeleteRecords", "IncrementalAlterConfigs", "DeleteGroups",
@@ -170,6 +174,29 @@ def _short(msg) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes):
+    """The request through Tunnel/Calls (services.common.tunnel): its response, or a
+    TunnelError with the status it was answered with. Raw garbage is sent as the
+    stream's message itself (it must come back INVALID_ARGUMENT under correlation id 0)."""
+    wrapped = body if msg is None else pb.TunneledCall(correlation_id=1, method=rpc.path,
+                                                       request=body).SerializeToString()
+    calls = channel.stream_stream(TUNNEL_METHOD, request_serializer=None,
+                                  response_deserializer=pb.TunneledReply.FromString)
+    asked_wait_s = min(max(getattr(msg, "max_wait_ms", 0), 0) / 1000, CALL_DEADLINE_S) if msg is not None else 0.0
+    try:
+        replies = list(calls(iter([wrapped]), timeout=CALL_DEADLINE_S + asked_wait_s))
+    except grpc.RpcError as exc:
+        return exc
+    if len(replies) != 1:
+        return TunnelError(grpc.StatusCode.INTERNAL, f"{len(replies)} replies to one tunneled call")
+    reply = replies[0]
+    if reply.status_code:
+        return TunnelError(tunnel_status(reply.status_code), reply.status_details)
+    if reply.correlation_id != 1:
+        return TunnelError(grpc.StatusCode.INTERNAL, f"a reply under correlation id {reply.correlation_id}")
+    return rpc.response.FromString(reply.response)
+
+
 def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
     role_of = _role_of_service()
     addresses = collections.defaultdict(list)
@@ -188,14 +215,17 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
         for rpc in plan:
             targets = addresses[role_of[rpc.service]] if rpc.service in role_of else everyone
             target = rng.choice(targets)
+            tunneled = rng.random() < TUNNELED
             if rng.random() < 0.05:
-                yield rpc, target, None, raw_garbage(rng)
+                yield rpc, target, None, raw_garbage(rng), tunneled
             else:
                 msg = generate(rpc, rng, pools)
-                yield rpc, target, msg, msg.SerializeToString()
+                yield rpc, target, msg, msg.SerializeToString(), tunneled
 
     def call(job):
-        rpc, target, msg, body = job
+        rpc, target, msg, body, tunneled = job
+        if tunneled:
+            return rpc, msg, _tunneled(channels[target], rpc, msg, body)
         method = channels[target].unary_unary(rpc.path, request_serializer=None,
                                               response_deserializer=rpc.response.FromString)
         # A Fetch long-polls for the max_wait_ms it asks for: an answer just after it is

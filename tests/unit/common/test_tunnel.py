@@ -1,0 +1,138 @@
+"""services.common.tunnel over real gRPC on loopback: a tunneled call gets what a direct
+call gets (response, or status and details), through the server's interceptors; a
+broken stream fails the calls in flight with UNAVAILABLE and the next call reopens it."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.common.guard import RequestGuard
+from services.common.tunnel import (TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
+                                   add_tunnel_to_server)
+
+LIST_OFFSETS = "/exactly.v1.PartitionLeader/ListOffsets"
+
+
+class Leader(pbg.PartitionLeaderServicer):
+    """ListOffsets answers offset = partition * 10 for topic "t", aborts otherwise;
+    partition 99 waits until `release` is set."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+
+    async def ListOffsets(self, request, context):
+        part = request.topics[0].partitions[0]
+        if request.topics[0].name != "t":
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "TOPIC_AUTHORIZATION_FAILED: not t")
+        if part.partition == 99:
+            await self.release.wait()
+        return pb.ListOffsetsResponse(topics=[pb.ListOffsetsTopicResponse(name="t", partitions=[
+            pb.ListOffsetsPartitionResponse(partition=part.partition, offset=part.partition * 10)])])
+
+
+class _Raw:
+    """Bytes sent as a request body as they are."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name
+        return self.body
+
+
+def _request(topic: str, partition: int) -> pb.ListOffsetsRequest:
+    return pb.ListOffsetsRequest(topics=[pb.ListOffsetsTopic(name=topic, partitions=[
+        pb.ListOffsetsPartition(partition=partition, timestamp=-1)])])
+
+
+async def _server(leader: Leader):
+    interceptors = [RequestGuard()]
+    server = grpc.aio.server(interceptors=interceptors)
+    registry = HandlerRegistry(server)
+    pbg.add_PartitionLeaderServicer_to_server(leader, registry)
+    add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_tunneled_calls_answer_like_direct_ones():
+    async def body():
+        leader = Leader()
+        server, address = await _server(leader)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            direct = await pbg.PartitionLeaderStub(channel).ListOffsets(_request("t", 3))
+            replies = await asyncio.gather(*(tunnel.call(LIST_OFFSETS, _request("t", p), pb.ListOffsetsResponse, 5)
+                                             for p in range(20)))
+            assert [r.topics[0].partitions[0].offset for r in replies] == [p * 10 for p in range(20)]
+            assert replies[3] == direct
+            with pytest.raises(TunnelError) as denied:
+                await tunnel.call(LIST_OFFSETS, _request("u", 0), pb.ListOffsetsResponse, 5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert denied.value.details() == "TOPIC_AUTHORIZATION_FAILED: not t"
+            # The request guard runs for tunneled calls too: an undecodable body.
+            with pytest.raises(TunnelError) as garbage:
+                await tunnel.call(LIST_OFFSETS, _Raw(b"\x12\x06\xff\xff"), pb.ListOffsetsResponse, 5)
+            assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert garbage.value.details().startswith("INVALID_REQUEST: the request is not a valid encoding")
+            with pytest.raises(TunnelError) as unknown:
+                await tunnel.call("/exactly.v1.PartitionLeader/Nope", _request("t", 0), pb.ListOffsetsResponse, 5)
+            assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            with pytest.raises(TunnelError) as itself:
+                await tunnel.call(TUNNEL_METHOD, _request("t", 0), pb.ListOffsetsResponse, 5)
+            assert itself.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            # A message that is no TunneledCall: answered under correlation id 0.
+            raw = channel.stream_stream("/exactly.v1.Tunnel/Calls", request_serializer=None,
+                                        response_deserializer=pb.TunneledReply.FromString)
+            answers = [r async for r in raw(iter([b"\xff\xff\xff", pb.TunneledCall(
+                correlation_id=7, method=LIST_OFFSETS, request=_request("t", 2).SerializeToString()).SerializeToString()]))]
+            assert sorted((r.correlation_id, r.status_code) for r in answers) == [
+                (0, grpc.StatusCode.INVALID_ARGUMENT.value[0]), (7, 0)], answers
+            # The stream still serves after every refusal.
+            again = await tunnel.call(LIST_OFFSETS, _request("t", 4), pb.ListOffsetsResponse, 5)
+            assert again.topics[0].partitions[0].offset == 40
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(body())
+
+
+def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
+    async def body():
+        leader = Leader()
+        server, address = await _server(leader)
+        port = int(address.rsplit(":", 1)[1])
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            waiting = asyncio.create_task(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
+            await asyncio.sleep(0)  # (the call is written before the server goes)
+            while not tunnel._pending:  # noqa: SLF001 - wait for the call to be in flight
+                await asyncio.sleep(0.01)
+            await server.stop(0)
+            with pytest.raises(TunnelError) as broken:
+                await waiting
+            assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(TunnelError) as late:
+                await tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 0.3)
+            assert late.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            # A new server on the same port: the next call opens a new stream.
+            server2 = grpc.aio.server()
+            registry = HandlerRegistry(server2)
+            pbg.add_PartitionLeaderServicer_to_server(Leader(), registry)
+            add_tunnel_to_server(TunnelServicer(registry, []), server2)
+            server2.add_insecure_port(f"127.0.0.1:{port}")
+            await server2.start()
+            for _ in range(100):
+                try:
+                    reply = await tunnel.call(LIST_OFFSETS, _request("t", 5), pb.ListOffsetsResponse, 1)
+                    break
+                except TunnelError:
+                    await asyncio.sleep(0.05)
+            assert reply.topics[0].partitions[0].offset == 50
+            await tunnel.close()
+            await server2.stop(0)
+    asyncio.run(body())
