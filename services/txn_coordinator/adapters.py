@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from typing import Callable
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -19,6 +20,28 @@ from .coordinator import TxnLogFetch, TxnMarker
 # Markers end each transaction under the next producer epoch (KIP-890 part 2).
 
 
+class Linger:
+    """Group commit's wait for company. A request to a partition leader (transaction-log
+    appends, markers) goes out at once while at most one transaction is completing, so a
+    lone producer's commit pays no wait. While several are (`busy()` true: many
+    producers committing through this coordinator, both cores busy), the request first
+    waits `linger_ms` (exactly.txn.batch.linger.ms), and the transitions and markers of
+    the transactions that reach the same step meanwhile travel with it: fewer requests
+    per transaction, which is what a saturated leader and coordinator spend their CPU on.
+    `busy` is bound once the coordinator exists (`bind`)."""
+
+    def __init__(self, linger_ms: int = 0):
+        self.linger_s = linger_ms / 1000
+        self._busy: Callable[[], bool] = lambda: False
+
+    def bind(self, busy: Callable[[], bool]) -> None:
+        self._busy = busy
+
+    async def wait(self) -> None:
+        if self.linger_s > 0 and self._busy():
+            await asyncio.sleep(self.linger_s)
+
+
 class ClusterTxnLog:
     """`__transaction_state` through its partition leaders. Appends use acks=all
     (design doc: "wait for this message to be replicated"). Group commit per
@@ -26,12 +49,16 @@ class ClusterTxnLog:
     every transition that arrives meanwhile, for any partition that leader leads, go
     together in the next request (up to `max_batches_per_request`, appended in arrival
     order, so a partition's records keep their order), and concurrent transactions
-    share round trips and replication waits."""
+    share round trips and replication waits. While `busy()` says that several
+    transactions are completing at once, a request first waits `linger_ms` for more
+    transitions to join it (see `Linger`)."""
 
-    def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200):
+    def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200,
+                 linger: "Linger | None" = None):
         self._client = client
         self._timeout_ms = timeout_ms
         self._max = max_batches_per_request
+        self._linger = linger or Linger()
         self._queues: dict[str, list[tuple[int, bytes, asyncio.Future]]] = defaultdict(list)
         self._nodes: dict[str, NodeInfo] = {}
         self._senders: dict[str, asyncio.Task] = {}
@@ -51,6 +78,7 @@ class ClusterTxnLog:
 
     async def _drain(self, node_id: str) -> None:
         queue = self._queues[node_id]
+        await self._linger.wait()
         while queue:
             group, queue[:] = queue[:self._max], queue[self._max:]
             try:
@@ -82,14 +110,15 @@ class ClusterMarkerWriter:
     leader has one request in flight at a time, and the markers of every transaction
     that became ready meanwhile go in the next request together (at most
     `max_markers_per_request`). `__consumer_offsets` partitions are written like any
-    other: to the partition leader of that partition."""
+    other: to the partition leader of that partition. `linger`: as ClusterTxnLog's."""
 
     def __init__(self, cluster: ClusterState, client: ClusterClient, timeout_s: float = 30.0,
-                 max_markers_per_request: int = 500):
+                 max_markers_per_request: int = 500, linger: "Linger | None" = None):
         self._cluster = cluster
         self._client = client
         self._timeout_s = timeout_s
         self._max = max_markers_per_request
+        self._linger = linger or Linger()
         self._channels: dict[str, _MarkerChannel] = {}
 
     async def write(self, marker: TxnMarker) -> dict[TopicPartition, int]:
@@ -113,18 +142,21 @@ class ClusterMarkerWriter:
     def _channel(self, node: NodeInfo) -> "_MarkerChannel":
         ch = self._channels.get(node.node_id)
         if ch is None or ch.node.address != node.address:
-            ch = self._channels[node.node_id] = _MarkerChannel(node, self._client, self._timeout_s, self._max)
+            ch = self._channels[node.node_id] = _MarkerChannel(node, self._client, self._timeout_s, self._max,
+                                                               self._linger)
         return ch
 
 
 class _MarkerChannel:
     """The markers queued for one partition leader and the one request in flight."""
 
-    def __init__(self, node: NodeInfo, client: ClusterClient, timeout_s: float, max_markers: int):
+    def __init__(self, node: NodeInfo, client: ClusterClient, timeout_s: float, max_markers: int,
+                 linger: "Linger"):
         self.node = node
         self._client = client
         self._timeout_s = timeout_s
         self._max = max_markers
+        self._linger = linger
         self._queue: list[tuple[TxnMarker, list[TopicPartition], asyncio.Future]] = []
         self._sender: asyncio.Task | None = None
 
@@ -136,6 +168,7 @@ class _MarkerChannel:
         return await future
 
     async def _drain(self) -> None:
+        await self._linger.wait()
         while self._queue:
             batch, self._queue = self._queue[:self._max], self._queue[self._max:]
             try:

@@ -32,6 +32,7 @@ Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -128,6 +129,7 @@ class TxnCoordinatorConfig:
     retry_backoff_max_ms: int = 1_000
     end_txn_completion_wait_ms: int = 0
     previous_completion_wait_ms: int = 5_000
+    batch_linger_ms: int = 1
     pause_after_prepare_ms: int = 0
     prepared_max_ms: int = 3_600_000
 
@@ -153,6 +155,9 @@ class TxnCoordinatorConfig:
             and AddOffsetsToTxn of a producer's next transaction wait for the previous
             one to complete (markers written, Complete record appended) before
             answering CONCURRENT_TRANSACTIONS.
+        exactly.txn.batch.linger.ms (1): while more than one transaction is
+            completing, how long a transaction-log append or marker request waits for
+            others to join it (adapters.Linger; 0: never).
         transaction.prepared.max.ms (3600000): how long a transaction sealed by
             PrepareTxn (two-phase commit) may wait for its EndTxn; it replaces
             transaction.timeout.ms while prepared. Past it the coordinator aborts the
@@ -178,6 +183,7 @@ class TxnCoordinatorConfig:
                                                d.end_txn_completion_wait_ms),
             previous_completion_wait_ms=get_int("exactly.txn.previous.completion.wait.ms",
                                                 d.previous_completion_wait_ms),
+            batch_linger_ms=get_int("exactly.txn.batch.linger.ms", d.batch_linger_ms),
             pause_after_prepare_ms=get_int("exactly.test.pause.after.prepare.ms", d.pause_after_prepare_ms),
             prepared_max_ms=get_int("transaction.prepared.max.ms", d.prepared_max_ms),
         )
@@ -263,6 +269,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         self._markers = markers
         self._topology = topology
         self._pids = pids
+        self._recent: dict[str, float] = {}  # transactional.id -> time.monotonic() of its last append
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -310,6 +317,28 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if owned:
             metrics.TRANSACTIONAL_IDS.remove_partition(partition)
 
+    def recently_active(self, window_s: float = 0.02) -> int:
+        """How many transactional ids had a transition appended in the last `window_s`
+        seconds (at least; the count stops at 2): producers committing through this
+        coordinator at once."""
+        cutoff = time.monotonic() - window_s
+        seen = 0
+        for tid, at in reversed(self._recent.items()):
+            if at < cutoff:
+                break
+            seen += 1
+            if seen >= 2:
+                break
+        return seen
+
+    def _note_active(self, tid: str) -> None:
+        recent = self._recent
+        recent.pop(tid, None)
+        recent[tid] = time.monotonic()  # newest last
+        if len(recent) > 1024:
+            for old in list(itertools.islice(recent, len(recent) - 64)):
+                del recent[old]
+
     def state_counts(self) -> dict[str, int]:
         """Kafka state name -> transactional ids in that state, over the loaded owned
         partitions (metrics)."""
@@ -351,6 +380,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_batch(md.transactional_id, transit, self._clock(),
                                      producer_id=part.producer_id, producer_epoch=part.producer_epoch)
+        self._note_active(md.transactional_id)
         try:
             code = await self._log.append(part.partition, batch)
         except BaseException:

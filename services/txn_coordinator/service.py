@@ -15,7 +15,7 @@ from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
 
 from . import metrics
-from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog
+from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog, Linger
 from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
 from services.common.authz import AuthorizedServicer
@@ -112,14 +112,16 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
         return block
 
     pids = ProducerIdManager(allocate_block)
-    txn_log = ClusterTxnLog(client)
+    linger = Linger(config.batch_linger_ms)
+    txn_log = ClusterTxnLog(client, linger=linger)
     load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
     # on_fenced resigns through the ownership, which is built from the coordinator below.
-    coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client),
+    coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client, linger=linger),
                                          ClusterTopology(cluster), pids, config,
                                          on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
+    linger.bind(lambda: coordinator.recently_active() > 1)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
     servicer = TxnCoordinatorServicer(coordinator, cluster.pid_bindings)
     pbg.add_TransactionCoordinatorServicer_to_server(servicer, server)

@@ -8,7 +8,7 @@ import asyncio
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster import NodeInfo
-from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog
+from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog, Linger
 from services.txn_coordinator.coordinator import TxnMarker
 
 LEADERS = {("a", 0): NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
@@ -133,5 +133,53 @@ def test_transaction_log_appends_are_group_committed_per_leader_in_order():
                                    ("pl-0", [(0, b"t2-prepare"), (0, b"bad"), (1, b"t9-ongoing"),
                                              (0, b"t3-complete")])]
         assert await txn_log.append(7, b"no leader") == ErrorCode.LEADER_NOT_AVAILABLE
+
+    asyncio.run(scenario())
+
+
+class OneLeader:
+    def leader_of(self, topic, partition):
+        return LEADERS[("a", 0)]
+
+
+class AppendClient:
+    """Records the partitions of each CoordinatorProduce request and answers NONE."""
+
+    cluster = OneLeader()
+
+    def __init__(self):
+        self.requests: list[list[int]] = []
+
+    async def produce_to(self, node, topic, batches, acks, timeout_ms):
+        self.requests.append([p for p, _ in batches])
+        return [ErrorCode.NONE] * len(batches)
+
+
+def test_a_busy_coordinator_lingers_so_that_appends_share_a_request():
+    async def scenario(busy: bool) -> list[list[int]]:
+        client = AppendClient()
+        linger = Linger(linger_ms=50)
+        linger.bind(lambda: busy)
+        log = ClusterTxnLog(client, linger=linger)
+        first = asyncio.create_task(log.append(0, b"x"))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first request's task runs: sent, or lingering
+        later = asyncio.create_task(log.append(1, b"y"))
+        assert await asyncio.gather(first, later) == [ErrorCode.NONE, ErrorCode.NONE]
+        return client.requests
+
+    # A lone producer's append goes out at once; a later one gets its own request.
+    assert asyncio.run(scenario(busy=False)) == [[0], [1]]
+    # Several producers committing: the first request waits, and the later append joins it.
+    assert asyncio.run(scenario(busy=True)) == [[0, 1]]
+
+
+def test_linger_zero_never_waits():
+    async def scenario():
+        linger = Linger(linger_ms=0)
+        linger.bind(lambda: True)
+        waiter = asyncio.create_task(linger.wait())
+        await asyncio.sleep(0)
+        assert waiter.done()
 
     asyncio.run(scenario())

@@ -1069,3 +1069,18 @@ def test_transaction_version_round_trips_through_the_log_and_defaults_to_2():
     assert txn_log.decode_value(txn_log.encode_value(transit)).transaction_version == 1
     older = txn_log.encode_value(TxnTransitMetadata(5, -1, 3, 2, 60000, S.EMPTY, frozenset(), -1, 20))
     assert txn_log.decode_value(older).transaction_version == 2
+
+
+def test_recently_active_counts_producers_committing_at_once():
+    """The group-commit linger's signal: transactional ids with an append in the window."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        assert h.coord.recently_active() == 0
+        await h.begin("t1")
+        assert h.coord.recently_active() == 1
+        await h.begin("t2")
+        assert h.coord.recently_active() == 2
+        assert h.coord.recently_active(window_s=0.0) == 0
+
+    run(scenario())
