@@ -210,11 +210,16 @@ class ClusterState:
         claimed from the stale view would be resigned and claimed again."""
         return self._registered
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Deregister (delete this process's znode, so others see it gone at once
+        instead of after the session timeout) and close the session. Bounded: without a
+        connection the znode is not deleted (ZooKeeper removes it with the session), and
+        a delete unanswered after `timeout_s` seconds is given up, so a process stopped
+        while ZooKeeper is unreachable still exits."""
         self._stopped = True
         try:
-            if self._registered:
-                self.zk.delete(f"{SERVICES}/{self.node_id}")
+            if self._registered and self.zk.connected:
+                self.zk.delete_async(f"{SERVICES}/{self.node_id}").get(timeout=timeout_s)
         except Exception:  # noqa: BLE001 - best effort on shutdown
             pass
         self.zk.stop()
