@@ -20,6 +20,10 @@ Transport failures and FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH / NOT_LEADER_O
 up) are retried after `replica.fetch.backoff.ms`. `sync()` starts, keeps or cancels
 tasks to match `ReplicaManager.follower_targets()` after every refresh.
 
+Fetches and OffsetForLeaderEpoch travel through the tunnel to the leader
+(services/common/tunnel.py): one stream per peer carries every follower task's calls,
+each answered like the direct call (TunnelError is a grpc.RpcError).
+
 Settings: replica.fetch.wait.max.ms (500), replica.fetch.max.bytes (1048576),
 replica.fetch.backoff.ms (200).
 """
@@ -34,7 +38,7 @@ import grpc
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 from exactly_wire.v1 import exactly_pb2 as pb
-from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.common.tunnel import TunnelChannel
 
 from .leader_epoch import UNDEFINED_EPOCH, EpochEndOffset
 from .partition import Partition
@@ -44,24 +48,26 @@ from .replication import truncation_offset
 log = logging.getLogger(__name__)
 
 MAX_TRUNCATION_ROUNDS = 16
+_FETCH = "/exactly.v1.PartitionLeader/Fetch"
+_OFFSET_FOR_LEADER_EPOCH = "/exactly.v1.PartitionLeader/OffsetForLeaderEpoch"
 _OK, _RETRY, _TRUNCATE = "ok", "retry", "truncate"
 
 
 class ReplicaFetchers:
     """The follower tasks of one process.
 
-    addresses(node_id) -> "host:port" of a live node or None; channel(address) -> a
-    grpc.aio channel (shared, e.g. ClusterClient.channel); notify(tp) wakes waiters
-    when a replica's state moved.
+    addresses(node_id) -> "host:port" of a live node or None; tunnel(address) -> the
+    TunnelChannel to it (shared, ClusterClient.tunnel); notify(tp) wakes waiters when a
+    replica's state moved.
     """
 
     def __init__(self, manager: ReplicaManager, addresses: Callable[[str], str | None],
-                 channel: Callable[[str], grpc.aio.Channel], props: Mapping[str, str] | None = None,
+                 tunnel: Callable[[str], TunnelChannel], props: Mapping[str, str] | None = None,
                  notify: Callable[[TopicPartition], None] = lambda tp: None):
         props = props or {}
         self.manager = manager
         self.addresses = addresses
-        self.channel = channel
+        self.tunnel = tunnel
         self.notify = notify
         self.max_wait_ms = int(props.get("replica.fetch.wait.max.ms", 500))
         self.max_bytes = int(props.get("replica.fetch.max.bytes", 1048576))
@@ -103,14 +109,14 @@ class ReplicaFetchers:
             if address is None:
                 await asyncio.sleep(self.backoff_s)
                 continue
-            stub = pbg.PartitionLeaderStub(self.channel(address))
+            calls = self.tunnel(address)
             try:
                 if not truncated:
-                    truncated = await self._truncate(stub, tp, leader, epoch)
+                    truncated = await self._truncate(calls, tp, leader, epoch)
                     if not truncated:
                         await asyncio.sleep(self.backoff_s)
                     continue
-                outcome = await self._fetch(stub, tp, leader, epoch)
+                outcome = await self._fetch(calls, tp, leader, epoch)
                 if outcome != _OK:
                     truncated = outcome != _TRUNCATE
                     await asyncio.sleep(self.backoff_s)
@@ -124,7 +130,7 @@ class ReplicaFetchers:
                 truncated = False
                 await asyncio.sleep(self.backoff_s)
 
-    async def _truncate(self, stub: pbg.PartitionLeaderStub, tp: TopicPartition, leader: str, epoch: int) -> bool:
+    async def _truncate(self, calls: TunnelChannel, tp: TopicPartition, leader: str, epoch: int) -> bool:
         """Truncation phase; True once the log agrees with the leader's."""
         for _ in range(MAX_TRUNCATION_ROUNDS):
             p = self._current(tp, leader, epoch)
@@ -137,7 +143,7 @@ class ReplicaFetchers:
             req = pb.OffsetForLeaderEpochRequest(replica_id=self.manager.node_id, topics=[pb.OffsetForLeaderTopic(
                 topic=tp[0], partitions=[pb.OffsetForLeaderPartition(partition=tp[1], current_leader_epoch=epoch,
                                                                      leader_epoch=latest)])])
-            resp = await stub.OffsetForLeaderEpoch(req, timeout=30)
+            resp = await calls.call(_OFFSET_FOR_LEADER_EPOCH, req, pb.OffsetForLeaderEpochResponse, 30)
             part = resp.topics[0].partitions[0]
             p = self._current(tp, leader, epoch)
             if p is None:
@@ -153,7 +159,7 @@ class ReplicaFetchers:
                 return True
         return True
 
-    async def _fetch(self, stub: pbg.PartitionLeaderStub, tp: TopicPartition, leader: str, epoch: int) -> str:
+    async def _fetch(self, calls: TunnelChannel, tp: TopicPartition, leader: str, epoch: int) -> str:
         """One replica fetch: _OK, _RETRY (an error answer: back off) or _TRUNCATE
         (the log must be truncated again first)."""
         p = self._current(tp, leader, epoch)
@@ -164,7 +170,7 @@ class ReplicaFetchers:
                                   pb.FetchPartition(partition=tp[1], fetch_offset=p.log_end_offset,
                                                     partition_max_bytes=self.max_bytes,
                                                     current_leader_epoch=epoch)])])
-        resp = await stub.Fetch(req, timeout=self.max_wait_ms / 1000 + 30)
+        resp = await calls.call(_FETCH, req, pb.FetchResponse, self.max_wait_ms / 1000 + 30)
         p = self._current(tp, leader, epoch)
         if p is None:
             return _OK

@@ -70,7 +70,7 @@ class PartitionLeaderService:
         self.servicer = servicer
         self.leases = leases
         self.notify = manager.purgatory.notify
-        self.fetchers = ReplicaFetchers(manager, self._address, client.channel, cfg.props, self.notify)
+        self.fetchers = ReplicaFetchers(manager, self._address, client.tunnel, cfg.props, self.notify)
         self.isr = IsrUpdater(manager, cluster, self.notify)
         self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
         self.cleaner = LogCleaner(lambda: list(manager.replicas.values()),
