@@ -21,7 +21,9 @@ Commit/abort: EndTxn appends PrepareCommit/PrepareAbort (the synchronisation poi
 then a background task writes the markers to the leader of every partition of the
 transaction (WriteTxnMarkers, grouped by leader, with the coordinator epoch), retried
 with backoff until each partition answered, then appends CompleteCommit/
-CompleteAbort. EndTxn answers NONE as soon as the Prepare record is in the log; it
+CompleteAbort -- unless the producer's next transaction already asks for its first
+partition: its Ongoing record then completes this transaction too (the handover,
+`TransactionMetadata.prepare_next_transaction`). EndTxn answers NONE as soon as the Prepare record is in the log; it
 waits up to `exactly.txn.end.completion.wait.ms` for the completion so that the
 producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
@@ -153,7 +155,7 @@ class TxnCoordinatorConfig:
             answers once the Prepare record is written, as Kafka does).
         exactly.txn.previous.completion.wait.ms (5000): how long AddPartitionsToTxn
             and AddOffsetsToTxn of a producer's next transaction wait for the previous
-            one to complete (markers written, Complete record appended) before
+            one to complete (markers written) before
             answering CONCURRENT_TRANSACTIONS.
         exactly.txn.batch.linger.ms (1): while more than one transaction is
             completing, how long a transaction-log append or marker request waits for
@@ -225,6 +227,12 @@ class _TxnPartition(OwnedPartition):
         self.error: str | None = None
         self.txns: dict[str, TransactionMetadata] = {}
         self.completions: dict[str, asyncio.Task] = {}
+        # The handover (TransactionMetadata.prepare_next_transaction): transactional.id ->
+        # (PID, epoch) of its Prepare* transaction whose markers are all written, and
+        # transactional.id -> how many AddPartitionsToTxn / AddOffsetsToTxn of its next
+        # transaction wait for that completion.
+        self.markers_written: dict[str, tuple[int, int]] = {}
+        self.next_waiting: dict[str, int] = {}
         # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
@@ -638,17 +646,30 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                                          generation_id)
         return {tp: err for tp in wanted}
 
-    async def _previous_completed(self, tid: str, group_id: str = "") -> None:
+    async def _previous_completed(self, tid: str, group_id: str = "", handover: bool = False) -> None:
         """Wait (up to exactly.txn.previous.completion.wait.ms) while the id's previous
         transaction completes: EndTxn answers once the Prepare record is durable, and the
         producer's next transaction may only start after the markers are written (so it
         never becomes visible before them). Waiting here instead of answering
         CONCURRENT_TRANSACTIONS at once saves the producer a retry loop; on timeout the
-        caller answers CONCURRENT_TRANSACTIONS as before."""
+        caller answers CONCURRENT_TRANSACTIONS as before. handover: the waiter is the
+        next transaction's first add, which may start that transaction with the record
+        that also completes this one (`_add_partitions`); the completion then stops once
+        the markers are written, without a Complete record of its own."""
         err, part = self._lookup(tid, group_id)
         task = part.completions.get(tid) if part is not None and not err else None
         if task is not None and not task.done() and self.config.previous_completion_wait_ms > 0:
-            await asyncio.wait({task}, timeout=self.config.previous_completion_wait_ms / 1000)
+            if handover:
+                part.next_waiting[tid] = part.next_waiting.get(tid, 0) + 1
+            try:
+                await asyncio.wait({task}, timeout=self.config.previous_completion_wait_ms / 1000)
+            finally:
+                if handover:
+                    left = part.next_waiting.get(tid, 1) - 1
+                    if left > 0:
+                        part.next_waiting[tid] = left
+                    else:
+                        part.next_waiting.pop(tid, None)
 
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
                 wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
@@ -687,12 +708,40 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
                               wanted: frozenset[TopicPartition], group_id: str = "",
                               generation_id: int = -1) -> ErrorCode:
-        await self._previous_completed(tid, group_id)
+        try:
+            await self._previous_completed(tid, group_id, handover=True)
+            return await self._add_partitions_now(tid, producer_id, producer_epoch, wanted, group_id, generation_id)
+        finally:
+            self._resume_completion(tid, group_id)
+
+    def _resume_completion(self, tid: str, group_id: str) -> None:
+        """A completion that stopped for the handover, when the add that was to take
+        over did not (refused, failed, or never came): write the Complete record after
+        all (the markers are written again first; they are idempotent)."""
+        err, part = self._lookup(tid, group_id)
+        md = part.txns.get(tid) if part is not None and not err else None
+        if (md is not None and md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+                and not md.pending_transition_in_progress and tid not in part.completions
+                and not part.next_waiting.get(tid)):
+            self._start_completion(part, md, md.snapshot(), from_client=False)
+
+    async def _add_partitions_now(self, tid: str, producer_id: int, producer_epoch: int,
+                                  wanted: frozenset[TopicPartition], group_id: str, generation_id: int) -> ErrorCode:
         err, part, md = self._check_producer(tid, producer_id, producer_epoch, group_id, generation_id)
         if err:
             return err
         if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return ErrorCode.CONCURRENT_TRANSACTIONS
+            if (part.markers_written.get(tid) != (md.producer_id, md.producer_epoch) or tid in part.completions
+                    or md.pending_transition_in_progress):
+                return ErrorCode.CONCURRENT_TRANSACTIONS
+            if md.is_producer_epoch_exhausted:
+                return ErrorCode.INVALID_PRODUCER_EPOCH  # as below: InitProducerId rotates the PID first
+            committed = md.state is TxnState.PREPARE_COMMIT
+            err = await self._append(part, md, md.prepare_next_transaction(wanted, self._clock()))
+            if err == ErrorCode.NONE:
+                part.markers_written.pop(tid, None)
+                metrics.completed(committed, "client")
+            return err
         if md.is_prepared:
             return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
@@ -845,6 +894,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         running = part.completions.get(tid)
         if running is not None and not running.done():
             return running
+        part.markers_written.pop(tid, None)  # of an earlier transaction (version 1 keeps the epoch)
         task = self._spawn(part, self._complete(part, md, prepared, from_client, cause, started),
                            f"txn-complete-{tid}")
         part.completions[tid] = task
@@ -862,6 +912,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             markers_started = time.monotonic()
             await self._write_markers(part, md, marker)
             metrics.MARKER_WRITE_SECONDS.observe(time.monotonic() - markers_started)
+            if part.next_waiting.get(md.transactional_id) and md.state is prepared.state \
+                    and not md.pending_transition_in_progress:
+                # The handover: the next transaction's first add is waiting; its Ongoing
+                # record completes this transaction (or _resume_completion appends Complete).
+                part.markers_written[md.transactional_id] = (prepared.producer_id, prepared.producer_epoch)
+                return
             async for attempt in self._retrying():
                 with attempt:
                     await self._append_complete(part, md)

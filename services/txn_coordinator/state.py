@@ -174,7 +174,7 @@ class TransactionMetadata:
     __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
                  "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
-                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version")
+                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_handover")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
@@ -197,6 +197,7 @@ class TransactionMetadata:
         self._fence_epoch: int | None = None
         self.prepared_timestamp = prepared_timestamp
         self.transaction_version = transaction_version
+        self._handover = False  # the pending Ongoing completes a Prepare* (prepare_next_transaction)
 
     @classmethod
     def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":
@@ -312,6 +313,30 @@ class TransactionMetadata:
                                            partitions=frozenset(self.partitions) | frozenset(added),
                                            txn_start_timestamp=start)
 
+    def prepare_next_transaction(self, added: Iterable[TopicPartition], now_ms: int) -> TxnTransitMetadata:
+        """The handover: the first AddPartitionsToTxn / AddOffsetsToTxn of the
+        producer's next transaction while the previous one is PrepareCommit or
+        PrepareAbort and the coordinator has written every marker of it (the caller
+        knows; no record says so). One Ongoing record then completes the previous
+        transaction and starts the next, instead of a Complete record followed by an
+        Ongoing one: a loader takes the last record of an id, and the markers were
+        written before it was appended (docs/design.md, "Prepare -> append ->
+        complete"). Same PID and epoch; the partitions are `added` alone; the
+        transaction (and its timeout) starts at now_ms. Raises InvalidTransitionError
+        outside PrepareCommit / PrepareAbort, PendingTransitionError while another
+        transition is pending."""
+        if self.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            raise InvalidTransitionError(self.transactional_id, self.state, TxnState.ONGOING)
+        if self.pending_state is not None:
+            raise PendingTransitionError(
+                f"transactional.id {self.transactional_id!r}: starting the next transaction while "
+                f"{self.pending_state.kafka_name} is pending")
+        transit = replace(self.snapshot(), state=TxnState.ONGOING, partitions=frozenset(added),
+                          txn_start_timestamp=now_ms, txn_last_update_timestamp=now_ms, prepared_timestamp=-1)
+        self.pending_state = TxnState.ONGOING
+        self._handover = True
+        return transit
+
     def prepare_mark_prepared(self, now_ms: int) -> TxnTransitMetadata:
         """PrepareTxn (two-phase commit in the spirit of KIP-939): seal the Ongoing
         transaction, which stays Ongoing with `prepared_timestamp` = now_ms until an
@@ -381,6 +406,7 @@ class TransactionMetadata:
         """Forget the pending transition (its log append failed)."""
         self.pending_state = None
         self._fence_epoch = None
+        self._handover = False
 
     def complete_transition(self, transit: TxnTransitMetadata) -> None:
         """Apply a transit after its record was appended to the transaction log.
@@ -400,14 +426,18 @@ class TransactionMetadata:
             raise TransitionMismatchError(
                 f"transactional.id {self.transactional_id!r}: completing {target.kafka_name} but pending is "
                 f"{self.pending_state.kafka_name if self.pending_state else None}")
-        check_transition(self.transactional_id, self.state, target)
+        handover = self._handover
+        if not handover:
+            check_transition(self.transactional_id, self.state, target)
+        elif self.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or target is not TxnState.ONGOING:
+            raise InvalidTransitionError(self.transactional_id, self.state, target)
         rotated = transit.producer_id != self.producer_id
         if rotated and not (target is TxnState.EMPTY and transit.last_producer_id == self.producer_id):
             self._mismatch(transit, "producer id changed outside a rotation")
         if not rotated and transit.producer_epoch < self.producer_epoch:
             self._mismatch(transit, "producer epoch goes backwards")
         if target is TxnState.ONGOING:
-            if transit.producer_epoch != self.producer_epoch or not transit.partitions >= self.partitions:
+            if transit.producer_epoch != self.producer_epoch or not (handover or transit.partitions >= self.partitions):
                 self._mismatch(transit, "ongoing transaction lost partitions or changed epoch")
             if self.state is TxnState.ONGOING and transit.txn_start_timestamp != self.txn_start_timestamp:
                 self._mismatch(transit, "start timestamp of an ongoing transaction changed")
@@ -439,6 +469,7 @@ class TransactionMetadata:
         self.transaction_version = transit.transaction_version
         self.pending_state = None
         self._fence_epoch = None
+        self._handover = False
 
     def _mismatch(self, transit: TxnTransitMetadata, why: str) -> None:
         raise TransitionMismatchError(f"transactional.id {self.transactional_id!r}: {why}: {self!r} -> {transit!r}")

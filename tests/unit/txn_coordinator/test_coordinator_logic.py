@@ -274,8 +274,9 @@ def test_end_txn_retry_semantics():
 
 def test_next_transaction_waits_for_the_previous_ones_markers():
     """EndTxn answers after the Prepare record; the producer's next AddPartitionsToTxn
-    waits in the coordinator until the markers and the Complete record are written,
-    then starts the next transaction (no CONCURRENT_TRANSACTIONS round trips)."""
+    waits in the coordinator until the markers are written, then starts the next
+    transaction (no CONCURRENT_TRANSACTIONS round trips) with one Ongoing record that
+    also completes the previous one (the handover)."""
     async def scenario():
         h = Harness()
         await h.elect()
@@ -290,7 +291,11 @@ def test_next_transaction_waits_for_the_previous_ones_markers():
         assert not nxt.done() and h.markers.written_for(pid) == []
         h.markers.gate.set()
         assert set((await nxt).values()) == {E.NONE}
-        assert h.log.states("t")[-2:] == [S.COMPLETE_COMMIT, S.ONGOING]  # after the Complete record
+        # Prepare, then straight to the next transaction, whose record was appended only
+        # after every marker of the previous one was written.
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.ONGOING]
+        assert [tp for _, tp in h.markers.written_for(pid)] == [("orders", 0)]
+        assert h.md("t").partitions == {("orders", 1)} and h.md("t").state is S.ONGOING
 
     run(scenario())
 
@@ -1082,5 +1087,127 @@ def test_recently_active_counts_producers_committing_at_once():
         await h.begin("t2")
         assert h.coord.recently_active() == 2
         assert h.coord.recently_active(window_s=0.0) == 0
+
+    run(scenario())
+
+
+def _journal(h) -> list[tuple]:
+    """Record marker writes and log appends of `h` in the order they happen."""
+    journal: list[tuple] = []
+    write, append = h.markers.write, h.log.append
+
+    async def journaled_write(marker):
+        out = await write(marker)
+        journal.extend(("marker", tp) for tp, code in sorted(out.items()) if code == E.NONE)
+        return out
+
+    async def journaled_append(partition, batch):
+        code = await append(partition, batch)
+        if code == E.NONE:
+            entry = txn_log.decode_fetched(h.log.batches[partition][-1])[0][-1]
+            journal.append(("append", entry.transit.state if entry.transit else None))
+        return code
+
+    h.markers.write, h.log.append = journaled_write, journaled_append
+    return journal
+
+
+def test_the_handover_appends_the_next_transaction_only_after_every_marker():
+    """Back-to-back transactions: the next one's first add waits; its Ongoing record,
+    which also completes the previous transaction, follows every marker of it."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t", partitions=(("orders", 0), ("orders", 1)))
+        journal = _journal(h)
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)]))
+        await h.markers.held.wait()
+        h.markers.gate.set()
+        assert set((await nxt).values()) == {E.NONE}
+        await h.settle()
+        assert journal == [("append", S.PREPARE_COMMIT), ("marker", ("orders", 0)), ("marker", ("orders", 1)),
+                           ("append", S.ONGOING)]
+        assert S.COMPLETE_COMMIT not in h.log.states("t")
+        # A new owner loads the next transaction, not the previous one.
+        await h.coord.on_resigned(0)
+        await h.elect(0, 2)
+        md = h.md("t")
+        assert (md.state, md.producer_epoch, md.partitions) == (S.ONGOING, epoch + 1, {("orders", 2)})
+        assert (await h.coord.end_txn("t", pid, epoch + 1, False)).error == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())
+
+
+def test_a_failed_handover_completes_the_previous_transaction_after_all():
+    """The add that was to start the next transaction fails to append: the previous
+    transaction gets its Complete record anyway, and the add is answered the error."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)]))
+        await h.markers.held.wait()
+        h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)  # the Ongoing record of the handover
+        h.markers.gate.set()
+        assert set((await nxt).values()) == {E.COORDINATOR_NOT_AVAILABLE}
+        await h.settle()
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        # The producer's retry starts the next transaction the ordinary way.
+        assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)])).values()) == {E.NONE}
+
+    run(scenario())
+
+
+def test_a_fenced_waiter_does_not_strand_the_previous_transaction():
+    """An add with a stale epoch waiting for the completion is refused; the completion
+    it held back still writes its Complete record."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        zombie = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
+        await h.markers.held.wait()
+        h.markers.gate.set()
+        assert set((await zombie).values()) == {E.PRODUCER_FENCED}
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+def test_without_the_epoch_bump_the_next_handover_waits_for_its_own_markers():
+    """Transaction version 1 keeps the epoch across transactions: the markers written
+    for one transaction must not let the one after next start early."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
+        second = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
+        await h.markers.held.wait()
+        h.markers.gate.set()
+        assert set((await second).values()) == {E.NONE}
+        h.markers.held.clear()
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
+        third = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)]))
+        await h.markers.held.wait()  # the second transaction's markers are held back
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not third.done() and h.md("t").state is S.PREPARE_COMMIT
+        h.markers.gate.set()
+        assert set((await third).values()) == {E.NONE}
+        assert [tp for _, tp in h.markers.written_for(pid)] == [("orders", 0), ("orders", 1)]
+        assert h.md("t").partitions == {("orders", 2)}
 
     run(scenario())

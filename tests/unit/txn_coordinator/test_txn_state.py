@@ -247,3 +247,34 @@ def test_dead_only_without_transaction():
     m = md(S.COMPLETE_COMMIT)
     m.complete_transition(m.prepare_dead(NOW))
     assert m.state is S.DEAD
+
+
+@pytest.mark.parametrize("state", [S.PREPARE_COMMIT, S.PREPARE_ABORT])
+def test_the_handover_starts_the_next_transaction_from_prepare(state):
+    m = md(state, epoch=4, partitions=[("a", 0), ("a", 1)], start=NOW - 50)
+    t = m.prepare_next_transaction([("b", 0)], NOW)
+    assert (t.state, t.producer_epoch, t.partitions, t.txn_start_timestamp) == (S.ONGOING, 4, {("b", 0)}, NOW)
+    with pytest.raises(PendingTransitionError):
+        m.prepare_next_transaction([("b", 1)], NOW)
+    m.complete_transition(t)
+    assert (m.state, m.partitions, m.pending_state) == (S.ONGOING, {("b", 0)}, None)
+    # Only the handover takes that step; the table itself keeps Kafka's transitions.
+    with pytest.raises(InvalidTransitionError):
+        check_transition("t", state, S.ONGOING)
+
+
+@pytest.mark.parametrize("state", [S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT])
+def test_the_handover_needs_a_prepared_transaction(state):
+    with pytest.raises(InvalidTransitionError):
+        md(state, partitions=[("a", 0)] if state is S.ONGOING else (), start=NOW).prepare_next_transaction(
+            [("b", 0)], NOW)
+
+
+def test_a_cancelled_handover_leaves_the_prepared_transaction():
+    m = md(S.PREPARE_COMMIT, epoch=4, partitions=[("a", 0)], start=NOW)
+    t = m.prepare_next_transaction([("b", 0)], NOW)
+    m.cancel_transition()
+    assert (m.state, m.partitions) == (S.PREPARE_COMMIT, {("a", 0)})
+    m.pending_state = S.ONGOING  # a pending Ongoing that is no handover: Prepare -> Ongoing is refused
+    with pytest.raises(InvalidTransitionError):
+        m.complete_transition(t)
