@@ -196,8 +196,8 @@ class TxnCoordinatorSchema(ServiceSchema):
         "producer's next transaction wait for its previous one to complete (markers written) before answering "
         "CONCURRENT_TRANSACTIONS.", LOW, ge=0)
     txn_batch_linger_ms: int = setting("exactly.txn.batch.linger.ms", 1, "ms a transaction-log append or "
-                                       "marker request waits for others to join it while more than one "
-                                       "transaction is completing (0: never).", LOW, ge=0)
+                                       "marker request waits for others to join it while several producers "
+                                       "commit at once (0: never).", LOW, ge=0)
     txn_ready_timeout_ms: int = setting("exactly.txn.ready.timeout.ms", 30000, "ms the coordinator waits for "
                                         "its internal topic at start.", LOW, ge=1)
     test_pause_after_prepare_ms: int = setting("exactly.test.pause.after.prepare.ms", 0, "Test hook: ms between "

@@ -23,8 +23,8 @@ transaction (WriteTxnMarkers, grouped by leader, with the coordinator epoch), re
 with backoff until each partition answered, then appends CompleteCommit/
 CompleteAbort -- unless the producer's next transaction already asks for its first
 partition: its Ongoing record then completes this transaction too (the handover,
-`TransactionMetadata.prepare_next_transaction`). EndTxn answers NONE as soon as the Prepare record is in the log; it
-waits up to `exactly.txn.end.completion.wait.ms` for the completion so that the
+`TransactionMetadata.prepare_next_transaction`). EndTxn answers NONE as soon as the
+Prepare record is in the log; it waits up to `exactly.txn.end.completion.wait.ms` for the completion so that the
 producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
 way, from the partition leader of that partition.
@@ -37,6 +37,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
 
@@ -157,9 +158,9 @@ class TxnCoordinatorConfig:
             and AddOffsetsToTxn of a producer's next transaction wait for the previous
             one to complete (markers written) before
             answering CONCURRENT_TRANSACTIONS.
-        exactly.txn.batch.linger.ms (1): while more than one transaction is
-            completing, how long a transaction-log append or marker request waits for
-            others to join it (adapters.Linger; 0: never).
+        exactly.txn.batch.linger.ms (1): while several producers commit at once
+            (`recently_active`), how long a transaction-log append or marker request
+            waits for others to join it (adapters.Linger; 0: never).
         transaction.prepared.max.ms (3600000): how long a transaction sealed by
             PrepareTxn (two-phase commit) may wait for its EndTxn; it replaces
             transaction.timeout.ms while prepared. Past it the coordinator aborts the
@@ -232,7 +233,7 @@ class _TxnPartition(OwnedPartition):
         # transactional.id -> how many AddPartitionsToTxn / AddOffsetsToTxn of its next
         # transaction wait for that completion.
         self.markers_written: dict[str, tuple[int, int]] = {}
-        self.next_waiting: dict[str, int] = {}
+        self.next_waiting: Counter[str] = Counter()
         # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
@@ -659,17 +660,16 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         err, part = self._lookup(tid, group_id)
         task = part.completions.get(tid) if part is not None and not err else None
         if task is not None and not task.done() and self.config.previous_completion_wait_ms > 0:
+            waiting = part.next_waiting
             if handover:
-                part.next_waiting[tid] = part.next_waiting.get(tid, 0) + 1
+                waiting[tid] += 1
             try:
                 await asyncio.wait({task}, timeout=self.config.previous_completion_wait_ms / 1000)
             finally:
                 if handover:
-                    left = part.next_waiting.get(tid, 1) - 1
-                    if left > 0:
-                        part.next_waiting[tid] = left
-                    else:
-                        part.next_waiting.pop(tid, None)
+                    waiting[tid] -= 1
+                    if waiting[tid] <= 0:
+                        del waiting[tid]
 
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
                 wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
