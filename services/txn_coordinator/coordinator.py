@@ -917,6 +917,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 # The handover: the next transaction's first add is waiting; its Ongoing
                 # record completes this transaction (or _resume_completion appends Complete).
                 part.markers_written[md.transactional_id] = (prepared.producer_id, prepared.producer_epoch)
+                if started is not None:  # complete for every reader now: its markers are written
+                    metrics.END_TO_COMPLETE_SECONDS.observe(time.monotonic() - started)
                 return
             async for attempt in self._retrying():
                 with attempt:

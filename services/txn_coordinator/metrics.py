@@ -85,7 +85,8 @@ for _outcome in OUTCOMES:
             COMPLETED.labels(_outcome, _cause)
 
 END_TO_COMPLETE_SECONDS = Histogram("exactly_txn_end_to_complete_seconds",
-                                    "From an EndTxn request to the transaction's Complete record, seconds",
+                                    "From an EndTxn request to the transaction's completion (its Complete "
+                                    "record, or its last marker when the next transaction takes over), seconds",
                                     buckets=_LATENCY_BUCKETS)
 MARKER_WRITE_SECONDS = Histogram("exactly_txn_marker_write_seconds",
                                  "Writing one transaction's markers to all its partitions, seconds",
