@@ -12,23 +12,25 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.guard import RequestGuard
 from services.common.tunnel import (TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
-                                   add_tunnel_to_server)
+                                   add_tunnel_to_server, method_path)
 
-LIST_OFFSETS = "/exactly.v1.PartitionLeader/ListOffsets"
+LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 
 
 class Leader(pbg.PartitionLeaderServicer):
     """ListOffsets answers offset = partition * 10 for topic "t", aborts otherwise;
-    partition 99 waits until `release` is set."""
+    partition 99 sets `arrived`, then waits until `release` is set."""
 
     def __init__(self):
         self.release = asyncio.Event()
+        self.arrived = asyncio.Event()
 
     async def ListOffsets(self, request, context):
         part = request.topics[0].partitions[0]
         if request.topics[0].name != "t":
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "TOPIC_AUTHORIZATION_FAILED: not t")
         if part.partition == 99:
+            self.arrived.set()
             await self.release.wait()
         return pb.ListOffsetsResponse(topics=[pb.ListOffsetsTopicResponse(name="t", partitions=[
             pb.ListOffsetsPartitionResponse(partition=part.partition, offset=part.partition * 10)])])
@@ -109,9 +111,7 @@ def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
         async with grpc.aio.insecure_channel(address) as channel:
             tunnel = TunnelChannel(channel)
             waiting = asyncio.create_task(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
-            await asyncio.sleep(0)  # (the call is written before the server goes)
-            while not tunnel._pending:  # noqa: SLF001 - wait for the call to be in flight
-                await asyncio.sleep(0.01)
+            await leader.arrived.wait()  # the call is in flight, at the server
             await server.stop(0)
             with pytest.raises(TunnelError) as broken:
                 await waiting
@@ -126,12 +126,8 @@ def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
             add_tunnel_to_server(TunnelServicer(registry, []), server2)
             server2.add_insecure_port(f"127.0.0.1:{port}")
             await server2.start()
-            for _ in range(100):
-                try:
-                    reply = await tunnel.call(LIST_OFFSETS, _request("t", 5), pb.ListOffsetsResponse, 1)
-                    break
-                except TunnelError:
-                    await asyncio.sleep(0.05)
+            await asyncio.wait_for(channel.channel_ready(), 30)  # reconnected to the new server
+            reply = await tunnel.call(LIST_OFFSETS, _request("t", 5), pb.ListOffsetsResponse, 5)
             assert reply.topics[0].partitions[0].offset == 50
             await tunnel.close()
             await server2.stop(0)
