@@ -16,7 +16,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .cluster import ClusterState, NodeInfo
-from .tunnel import TunnelChannel
+from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ _TRANSPORT_CODES = {
     grpc.StatusCode.CANCELLED: ErrorCode.NETWORK_EXCEPTION,
 }
 
-_COORDINATOR_PRODUCE = "/exactly.v1.PartitionLeader/CoordinatorProduce"
-_WRITE_TXN_MARKERS = "/exactly.v1.PartitionLeader/WriteTxnMarkers"
+_COORDINATOR_PRODUCE = method_path("PartitionLeader", "CoordinatorProduce")
+_WRITE_TXN_MARKERS = method_path("PartitionLeader", "WriteTxnMarkers")
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),

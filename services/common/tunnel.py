@@ -34,7 +34,14 @@ from .guard import _safe_deserializer, _Undecodable  # the request guard's parsi
 
 log = logging.getLogger(__name__)
 
-TUNNEL_METHOD = "/exactly.v1.Tunnel/Calls"
+def method_path(service: str, method: str) -> str:
+    """The gRPC path "/exactly.v1.<service>/<method>" of a method of exactly.proto, the
+    name a TunneledCall carries; KeyError for a method the proto does not have."""
+    desc = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+    return f"/{desc.containing_service.full_name}/{desc.name}"
+
+
+TUNNEL_METHOD = method_path("Tunnel", "Calls")
 
 
 class TunnelError(grpc.RpcError):
@@ -331,4 +338,4 @@ class TunnelChannel:
             await asyncio.gather(reader, return_exceptions=True)
 
 
-__all__ = ["add_tunnel_to_server", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
+__all__ = ["add_tunnel_to_server", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]

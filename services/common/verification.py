@@ -43,6 +43,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from .cluster import ClusterState
 from .rpc import ClusterClient, transport_error_code
+from .tunnel import method_path
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ RETRY_CODES = frozenset({
 FENCED_CODES = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH})
 # An implicit add also retries while the coordinator's topic view lags a new partition.
 ADD_RETRY_CODES = RETRY_CODES | {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
-_ADD_PARTITIONS_TO_TXN = "/exactly.v1.TransactionCoordinator/AddPartitionsToTxn"
+_ADD_PARTITIONS_TO_TXN = method_path("TransactionCoordinator", "AddPartitionsToTxn")
 
 
 def writer_error(code: int) -> ErrorCode:

@@ -38,7 +38,7 @@ import grpc
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.tunnel import TunnelChannel
+from services.common.tunnel import TunnelChannel, method_path
 
 from .leader_epoch import UNDEFINED_EPOCH, EpochEndOffset
 from .partition import Partition
@@ -48,8 +48,8 @@ from .replication import truncation_offset
 log = logging.getLogger(__name__)
 
 MAX_TRUNCATION_ROUNDS = 16
-_FETCH = "/exactly.v1.PartitionLeader/Fetch"
-_OFFSET_FOR_LEADER_EPOCH = "/exactly.v1.PartitionLeader/OffsetForLeaderEpoch"
+_FETCH = method_path("PartitionLeader", "Fetch")
+_OFFSET_FOR_LEADER_EPOCH = method_path("PartitionLeader", "OffsetForLeaderEpoch")
 _OK, _RETRY, _TRUNCATE = "ok", "retry", "truncate"
 
 

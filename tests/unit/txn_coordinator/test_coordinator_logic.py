@@ -1112,6 +1112,18 @@ def _journal(h) -> list[tuple]:
     return journal
 
 
+async def _commit_then_add(h, pid: int, epoch: int, add_epoch: int, partition: tuple, transaction_version: int = 2):
+    """Commit the ongoing transaction of "t" with its markers held at the gate, then
+    send the next transaction's add of `partition` under `add_epoch`; returns the add's
+    task once the completion waits at the gate (the add waits for that completion)."""
+    h.markers.held.clear()
+    h.markers.gate = asyncio.Event()
+    assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=transaction_version)).error == E.NONE
+    add = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, add_epoch, [partition]))
+    await h.markers.held.wait()
+    return add
+
+
 def test_the_handover_appends_the_next_transaction_only_after_every_marker():
     """Back-to-back transactions: the next one's first add waits; its Ongoing record,
     which also completes the previous transaction, follows every marker of it."""
@@ -1120,10 +1132,7 @@ def test_the_handover_appends_the_next_transaction_only_after_every_marker():
         await h.elect()
         pid, epoch = await h.begin("t", partitions=(("orders", 0), ("orders", 1)))
         journal = _journal(h)
-        h.markers.gate = asyncio.Event()
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)]))
-        await h.markers.held.wait()
+        nxt = await _commit_then_add(h, pid, epoch, epoch + 1, ("orders", 2))
         h.markers.gate.set()
         assert set((await nxt).values()) == {E.NONE}
         await h.settle()
@@ -1149,10 +1158,7 @@ def test_a_failed_handover_completes_the_previous_transaction_after_all():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        h.markers.gate = asyncio.Event()
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        nxt = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)]))
-        await h.markers.held.wait()
+        nxt = await _commit_then_add(h, pid, epoch, epoch + 1, ("orders", 1))
         h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)  # the Ongoing record of the handover
         h.markers.gate.set()
         assert set((await nxt).values()) == {E.COORDINATOR_NOT_AVAILABLE}
@@ -1172,10 +1178,7 @@ def test_a_fenced_waiter_does_not_strand_the_previous_transaction():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        h.markers.gate = asyncio.Event()
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        zombie = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
-        await h.markers.held.wait()
+        zombie = await _commit_then_add(h, pid, epoch, epoch, ("orders", 1))
         h.markers.gate.set()
         assert set((await zombie).values()) == {E.PRODUCER_FENCED}
         await h.settle()
@@ -1191,17 +1194,11 @@ def test_without_the_epoch_bump_the_next_handover_waits_for_its_own_markers():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
-        h.markers.gate = asyncio.Event()
-        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
-        second = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
-        await h.markers.held.wait()
+        second = await _commit_then_add(h, pid, epoch, epoch, ("orders", 1), transaction_version=1)
         h.markers.gate.set()
         assert set((await second).values()) == {E.NONE}
-        h.markers.held.clear()
-        h.markers.gate = asyncio.Event()
-        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
-        third = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)]))
-        await h.markers.held.wait()  # the second transaction's markers are held back
+        # The second transaction's markers are held back now.
+        third = await _commit_then_add(h, pid, epoch, epoch, ("orders", 2), transaction_version=1)
         for _ in range(5):
             await asyncio.sleep(0)
         assert not third.done() and h.md("t").state is S.PREPARE_COMMIT
