@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, Callable, Generator, Iterable, TypeVar
 import grpc
 import tenacity
 
-from . import errors
+from . import _fork, errors
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_channel
@@ -256,6 +257,7 @@ class CoreBase(abc.ABC):
         self._coordinators: dict[tuple[int, str], str] = {}
         self._rr = itertools.count()
         self._closed = False
+        self.created_in_pid = os.getpid()  # a forked child must not use this client (_fork)
 
     def cached_metadata(self) -> Metadata | None:
         """The metadata last fetched, without any request (None before the first)."""
@@ -270,6 +272,7 @@ class CoreBase(abc.ABC):
         """A channel to `address` (blocking gRPC in ClientCore, grpc.aio in exactly.aio)."""
 
     def channel(self, address: str) -> Any:
+        _fork.check_process(self.created_in_pid, "client")
         with self._lock:
             if self._closed:
                 raise errors.IllegalStateError("client is closed")
@@ -443,8 +446,10 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ channels
 
     def _new_channel(self, address: str) -> grpc.Channel:
-        return secure_channel(address, self.security, channel_options(
-            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id))
+        if _fork.grpcio_unusable():
+            return _fork.PureChannel(address, self.security)
+        return _fork.note_grpcio_channel(secure_channel(address, self.security, channel_options(
+            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id)))
 
     # ------------------------------------------------------------ calls
 
@@ -604,8 +609,12 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Close every channel. Idempotent."""
-        for ch in self._take_channels():
+        """Close every channel. Idempotent. In a forked child, a client of the parent
+        is only marked closed: its channels belong to the parent."""
+        channels = self._take_channels()
+        if self.created_in_pid != os.getpid():
+            return
+        for ch in channels:
             ch.close()
 
 

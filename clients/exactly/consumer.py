@@ -18,11 +18,12 @@ import collections
 import concurrent.futures
 import inspect
 import logging
+import os
 import re
 import time
 from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
-from exactly import errors
+from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, run_flow
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
@@ -114,6 +115,7 @@ class Consumer:
     """
 
     def __init__(self, conf: Mapping[str, Any]):
+        self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         cfg = parse(ConsumerSchema, conf)
         conf = cfg.as_dict()
         self._isolation_level = _ISOLATION[cfg.isolation_level]
@@ -778,8 +780,13 @@ class Consumer:
         were lost) for the owned partitions, leave the group (a static member
         sends no LeaveGroup: its partitions wait session.timeout.ms for it,
         KIP-345), and close connections. `timeout`: seconds for the commits
-        (default default.api.timeout.ms). Idempotent."""
+        (default default.api.timeout.ms). Idempotent. In a forked child, a consumer
+        of the parent is only marked closed (its group membership stays the parent's)."""
         if self._closed:
+            return
+        if self._created_in_pid != os.getpid():
+            self._closed = True
+            self._core.close()
             return
         wait_s = self._api_timeout_s if timeout is None else timeout
         try:
@@ -824,6 +831,9 @@ class Consumer:
         self.close()
 
     def _check_open(self) -> None:
+        """Raise errors.IllegalStateError when closed, or in a forked child of the
+        process that created this consumer."""
+        _fork.check_process(self._created_in_pid, "consumer")
         if self._closed:
             raise errors.IllegalStateError("consumer is closed")
 

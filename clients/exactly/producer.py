@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -38,7 +39,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from . import errors
+from . import _fork, errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
 from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, run_flow, txn_coordinator_key
 from ._sender import Sender, SenderConfig
@@ -143,6 +144,7 @@ class Producer:
     def __init__(self, conf: Mapping[str, Any]):
         given = {k for k, v in conf.items() if v is not None}
         cfg = parse(ProducerSchema, conf)
+        self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         self._core = self._make_core(cfg.as_dict())
         self._transactional_id: str | None = cfg.transactional_id
         idem_set = "enable.idempotence" in given
@@ -228,8 +230,8 @@ class Producer:
         error once the transaction is in an error state) arrive through the future.
         Design doc: "Public APIs", send().
         """
-        if self._closed:
-            raise errors.IllegalStateError("producer is closed")
+        if self._closed or self._created_in_pid != os.getpid():
+            self._check_open()
         txn = self._txn
         if txn.state is not TransactionManagerState.IN_TRANSACTION and (txn.is_transactional or txn.has_error):
             if txn.has_error and txn.last_error is not None:
@@ -303,6 +305,7 @@ class Producer:
         an outcome. `timeout` in seconds (None: no limit). Raises
         errors.KafkaTimeoutError when records are still pending at the timeout.
         Record errors are reported through their futures, not here."""
+        _fork.check_process(self._created_in_pid, "producer")
         run_flow(self._flush_flow(timeout), self._perform)
 
     def _flush_flow(self, timeout: float | None) -> Generator:
@@ -779,6 +782,9 @@ class Producer:
     # ------------------------------------------------------------ lifecycle
 
     def _check_open(self) -> None:
+        """Raise errors.IllegalStateError when closed, or in a forked child of the
+        process that created this producer."""
+        _fork.check_process(self._created_in_pid, "producer")
         if self._closed:
             raise errors.IllegalStateError("producer is closed")
 
@@ -787,8 +793,13 @@ class Producer:
         sender thread and release connections. `timeout` in seconds for the flush
         (None: no limit); records still pending then fail with
         errors.IllegalStateError. An open transaction is not committed (the
-        coordinator aborts it after transaction.timeout.ms). Idempotent."""
+        coordinator aborts it after transaction.timeout.ms). Idempotent. In a forked
+        child, a producer of the parent is only marked closed (its sender stayed in
+        the parent)."""
         if not self._mark_closed():
+            return
+        if self._created_in_pid != os.getpid():
+            self._core.close()
             return
         try:
             if not self._txn.is_fatal_state:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterable, TypeVar
 
 import grpc
 import tenacity
 
-from exactly import errors
+from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
 from exactly._client import CoreBase, Metadata, channel_options, translate_rpc_error
 from exactly_wire.clock import Clock, monotonic_ms
@@ -61,8 +62,10 @@ class AIOClientCore(CoreBase):
         self._lookups: dict[tuple[int, str], asyncio.Task] = {}
 
     def _new_channel(self, address: str) -> grpc.aio.Channel:
-        return secure_aio_channel(address, self.security, channel_options(
-            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id))
+        if _fork.grpcio_unusable():
+            return _fork.AioPureChannel(address, self.security)
+        return _fork.note_grpcio_channel(secure_aio_channel(address, self.security, channel_options(
+            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id)))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task:
         """Run `coro` as a task of this client; `close()` cancels it."""
@@ -207,7 +210,10 @@ class AIOClientCore(CoreBase):
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for ch in self._take_channels():
+        channels = self._take_channels()
+        if self.created_in_pid != os.getpid():
+            return  # a client of the parent, in a forked child: its channels are the parent's
+        for ch in channels:
             await ch.close()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from typing import Any, Iterable, Mapping
 
 import tenacity
@@ -262,6 +263,10 @@ class AIOConsumer:
         leave the group, close connections. Idempotent."""
         c = self._c
         if c._closed:
+            return
+        if c._created_in_pid != os.getpid():
+            c._closed = True  # a consumer of the parent, in a forked child
+            await self._core.close()
             return
         try:
             await self._drive(c._close_flow())

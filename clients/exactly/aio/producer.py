@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
@@ -358,6 +359,9 @@ class AIOProducer:
         happened), stop the sender task, release connections. Idempotent."""
         p = self._p
         if not p._mark_closed():
+            return
+        if p._created_in_pid != os.getpid():
+            await p._core.close()  # a producer of the parent, in a forked child
             return
         try:
             if not p._txn.is_fatal_state:
