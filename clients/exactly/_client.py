@@ -12,10 +12,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import itertools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, TypeVar
 
@@ -86,6 +89,50 @@ def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
     cls = _ERROR_BY_STATUS.get(code, errors.UnknownServerError)
     name = code.name if code is not None else "UNKNOWN"
     return cls(f"{name}: {details}" if details else name)
+
+
+# The deadline (time.monotonic() seconds) of the public call this thread or task is
+# inside: every retry and every blocking RPC under it gets the remaining time, never a
+# fresh request.timeout.ms (README, "Timeouts").
+_call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("exactly_call_deadline", default=None)
+
+
+@contextlib.contextmanager
+def call_deadline(timeout_s: float | None) -> Generator[float | None, None, None]:
+    """Bound every retry and blocking RPC inside the block to `timeout_s` seconds from
+    now, or to the enclosing block's deadline when that ends first. `None` lifts any
+    bound (for application callbacks, which make public calls with bounds of their
+    own). Yields the deadline (time.monotonic() seconds) or None."""
+    if timeout_s is None:
+        deadline = None
+    else:
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        outer = _call_deadline.get()
+        if outer is not None and outer < deadline:
+            deadline = outer
+    token = _call_deadline.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _call_deadline.reset(token)
+
+
+def bounded_s(timeout_s: float) -> float:
+    """`timeout_s` cut to what is left of the enclosing `call_deadline` (seconds, >= 0)."""
+    deadline = _call_deadline.get()
+    return timeout_s if deadline is None else max(min(timeout_s, deadline - time.monotonic()), 0.0)
+
+
+def remaining_s(timeout_s: float) -> float:
+    """`timeout_s`, cut to what is left of the enclosing `call_deadline` (seconds).
+    Raises errors.RequestTimedOutError (retriable) when nothing is left."""
+    deadline = _call_deadline.get()
+    if deadline is None:
+        return timeout_s
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise errors.RequestTimedOutError("the call's deadline passed before the request was sent")
+    return min(timeout_s, left)
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -334,10 +381,11 @@ class CoreBase(abc.ABC):
                       on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
         """tenacity arguments of `retry` (sync and asyncio): retriable errors are
         retried with retry.backoff.ms doubling up to retry.backoff.max.ms (with
-        jitter) for `timeout_s` (default request.timeout.ms); between tries metadata
-        is refreshed after leader/network errors and cached coordinators are dropped
-        after coordinator errors, then `on_retry(exc)` is called."""
-        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        jitter) for `timeout_s` (default request.timeout.ms, cut to the enclosing
+        `call_deadline`); between tries metadata is refreshed after leader/network
+        errors and cached coordinators are dropped after coordinator errors, then
+        `on_retry(exc)` is called."""
+        timeout = self.retry_timeout_s(timeout_s)
 
         def _before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception()
@@ -359,6 +407,11 @@ class CoreBase(abc.ABC):
             before_sleep=_before_sleep,
             reraise=True,
         )
+
+    def retry_timeout_s(self, timeout_s: float | None) -> float:
+        """Seconds a retry loop may take: `timeout_s` (default request.timeout.ms),
+        cut to what is left of the enclosing `call_deadline` (0 when nothing is)."""
+        return bounded_s(self.request_timeout_s if timeout_s is None else timeout_s)
 
     def _invalidate_metadata(self) -> None:
         md = self._metadata
@@ -442,6 +495,19 @@ class ClientCore(CoreBase):
     def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
         super().__init__(conf, clock)
         self._metadata_lock = threading.Lock()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._refresh: concurrent.futures.Future | None = None
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future:
+        """Run `fn(*args)` on this client's background thread (made on first use):
+        blocking work (a metadata refresh, a coordinator lookup) that a caller must
+        not wait for. Returns its future. Raises errors.IllegalStateError when closed."""
+        with self._lock:
+            if self._closed:
+                raise errors.IllegalStateError("client is closed")
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exactly-background")
+            return self._executor.submit(fn, *args)
 
     # ------------------------------------------------------------ channels
 
@@ -458,9 +524,10 @@ class ClientCore(CoreBase):
         response. Transport failures raise `errors.NetworkException` (UNAVAILABLE,
         CANCELLED) or `errors.RequestTimedOutError` (DEADLINE_EXCEEDED), both
         retriable, or another `errors.ExactlyError`. `timeout_s` defaults to
-        request.timeout.ms."""
+        request.timeout.ms, cut to what is left of the enclosing `call_deadline`."""
+        timeout = remaining_s(self.request_timeout_s if timeout_s is None else timeout_s)
         try:
-            return method(request, timeout=self.request_timeout_s if timeout_s is None else timeout_s)
+            return method(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc) from None
 
@@ -514,8 +581,11 @@ class ClientCore(CoreBase):
         with jitter) for at most `timeout_s` (default request.timeout.ms). Between
         tries, metadata is refreshed after leader/network errors, cached coordinators
         are dropped after coordinator errors, then `on_retry(exc)` is called.
-        Non-retriable errors and the last retriable one propagate."""
-        return tenacity.Retrying(**self._retry_policy(timeout_s, on_retry))(fn)
+        Non-retriable errors and the last retriable one propagate. Every try, and
+        every retry inside it, ends by this loop's deadline."""
+        timeout = self.retry_timeout_s(timeout_s)
+        with call_deadline(timeout):
+            return tenacity.Retrying(**self._retry_policy(timeout, on_retry))(fn)
 
     # ------------------------------------------------------------ metadata
 
@@ -535,6 +605,26 @@ class ClientCore(CoreBase):
                 return cur  # another thread refreshed meanwhile
             self._metadata = self._fetch_metadata()
             return self._metadata
+
+    def metadata_nowait(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
+        """The cached metadata without waiting (as `exactly.aio`'s `metadata()`): when
+        `refresh`, stale or missing one of `topics`, a refresh starts on the background
+        thread and the cached view is returned meanwhile. Raises
+        errors.NetworkException (retriable) before the first metadata arrived."""
+        md = self._metadata
+        if not refresh and md is not None and self._fresh(md, topics):
+            return md
+        with self._lock:
+            if not self._closed and (self._refresh is None or self._refresh.done()):
+                self._refresh = self.submit(self.metadata, None, True)
+        if md is None:
+            raise errors.NetworkException("no cluster metadata yet")
+        return md
+
+    def pending_refresh(self) -> concurrent.futures.Future | None:
+        """The background metadata refresh in progress, if any (a waiter may wake on it)."""
+        f = self._refresh
+        return f if f is not None and not f.done() else None
 
     def partitions_for(self, topic: str) -> list[int]:
         """Sorted partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError
@@ -614,6 +704,8 @@ class ClientCore(CoreBase):
         channels = self._take_channels()
         if self.created_in_pid != os.getpid():
             return
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         for ch in channels:
             ch.close()
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 import tenacity
 
 from exactly import errors
-from exactly._client import CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP
+from exactly._client import CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP, bounded_s, call_deadline
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
@@ -524,8 +524,15 @@ class GroupMembership:
 
     # ------------------------------------------------------------ offsets
 
-    def _retrying(self, timeout_s: float, retry_codes: frozenset) -> tenacity.Retrying:
-        return tenacity.Retrying(**self._retry_policy(timeout_s, retry_codes))
+    def _retrying(self, timeout_s: float, retry_codes: frozenset) -> Callable[..., Any]:
+        """A callable running its function under tenacity with `_retry_policy`, every
+        try bounded by the loop's deadline (`exactly._client.call_deadline`)."""
+        timeout = bounded_s(timeout_s)
+
+        def _run(fn: Callable[..., T], *args: Any) -> T:
+            with call_deadline(timeout):
+                return tenacity.Retrying(**self._retry_policy(timeout, retry_codes))(fn, *args)
+        return _run
 
     def _retry_policy(self, timeout_s: float, retry_codes: frozenset) -> dict:
         """tenacity arguments of the offset requests: retry `retry_codes` with
@@ -608,22 +615,25 @@ class GroupMembership:
                      callback: Callable[[errors.ExactlyError | None], None] | None = None
                      ) -> concurrent.futures.Future | None:
         """Send OffsetCommit without waiting. `callback(error or None)` runs once
-        it completed, on a gRPC thread (or at once, in the caller's thread, when
-        the coordinator is unknown; a cancelled commit reports a
-        KafkaTimeoutError). Returns the request's future (None when not sent)."""
+        it completed, on a gRPC thread or the client's background thread (a
+        cancelled commit reports a KafkaTimeoutError). Never blocks: when the
+        coordinator is not known, the lookup and the commit run on the client's
+        background thread. Returns the request's future (None when not sent)."""
         if not offsets:
             if callback is not None:
                 callback(None)
             return None
+        request = self._commit_request(offsets, managed)
+        addr = self._core.cached_coordinator(self.group_id, COORDINATOR_GROUP)
         try:
-            addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
-        except errors.ExactlyError as exc:
-            log.debug("group %s: async commit not sent, no coordinator: %r", self.group_id, exc)
+            if addr is not None:
+                fut = self._core.call_future(self._core.group_stub(addr).OffsetCommit, request)
+            else:
+                fut = self._core.submit(self._commit_after_lookup, request)
+        except errors.ExactlyError as exc:  # the client is closed
             if callback is not None:
                 callback(exc)
             return None
-        fut = self._core.call_future(self._core.group_stub(addr).OffsetCommit,
-                                     self._commit_request(offsets, managed))
 
         def _done(f: concurrent.futures.Future) -> None:
             err: errors.ExactlyError | None = None
@@ -641,6 +651,11 @@ class GroupMembership:
 
         fut.add_done_callback(_done)
         return fut
+
+    def _commit_after_lookup(self, request: pb.OffsetCommitRequest) -> pb.OffsetCommitResponse:
+        """Find the coordinator, then OffsetCommit `request` (on the background thread)."""
+        addr = self.coordinator()
+        return self._core.call(self._core.group_stub(addr).OffsetCommit, request)
 
     def offset_fetch_request(self, partitions: Iterable[TopicPartition],
                              require_stable: bool) -> pb.OffsetFetchRequest:

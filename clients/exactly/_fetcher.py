@@ -263,7 +263,7 @@ class Fetcher:
             return
         self._last_refresh = now
         try:
-            self._core.metadata(refresh=True)
+            self._core.metadata_nowait(refresh=True)  # never blocks a poll (README, "Timeouts")
             self._metadata_stale = False
         except errors.ExactlyError as exc:
             log.debug("metadata refresh failed: %r", exc)
@@ -271,7 +271,7 @@ class Fetcher:
     def leader(self, tp: TopicPartition) -> str | None:
         """Cached leader address of `tp`, None when unknown (marks metadata stale)."""
         try:
-            addr = self._core.metadata().leader(tp.topic, tp.partition)
+            addr = self._core.metadata_nowait().leader(tp.topic, tp.partition)
         except errors.ExactlyError as exc:
             log.debug("metadata unavailable: %r", exc)
             addr = None

@@ -335,6 +335,8 @@ class Consumer:
         futures.extend(self._async_commits)
         if self._group is not None and (p := self._group.pending()) is not None:
             futures.append(p)
+        if (refresh := self._core.pending_refresh()) is not None:
+            futures.append(refresh)
         return futures
 
     def _wait(self, timeout_s: float) -> None:
@@ -380,7 +382,7 @@ class Consumer:
         if self._subs.pattern is None:
             return
         try:
-            md = self._core.metadata()
+            md = self._core.metadata_nowait()
         except errors.ExactlyError as exc:
             log.debug("metadata for the pattern subscription unavailable: %r", exc)
             return

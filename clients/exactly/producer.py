@@ -41,7 +41,8 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import _fork, errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, is_retriable, run_flow, txn_coordinator_key
+from ._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, call_deadline, is_retriable, run_flow,
+                      txn_coordinator_key)
 from ._sender import Sender, SenderConfig
 from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
                            copy_error, fenced_error, normalize)
@@ -283,10 +284,24 @@ class Producer:
         """Partitions of `topic` from metadata (waiting up to max.block.ms for an
         unknown topic); cached until the sender sees new metadata."""
         core = self._core
-        md = core.metadata([topic], refresh=True) if refresh else core.metadata([topic])
-        ids = md.partitions(topic)
-        if not ids:
-            ids = core.retry(lambda: core.partitions_for(topic), timeout_s=self._max_block_ms / 1000.0)
+        max_block_s = self._max_block_ms / 1000.0
+        # Kafka's send(): wait for the topic's metadata up to max.block.ms, in all.
+        with call_deadline(max_block_s):
+            try:
+                md = core.metadata([topic], refresh=True) if refresh else core.metadata([topic])
+                ids = md.partitions(topic)
+                if not ids:
+                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s)
+            except errors.ExactlyError as exc:
+                if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
+                    raise
+                try:
+                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s)
+                except errors.ExactlyError as last:
+                    if not last.retriable or isinstance(last, errors.UnknownTopicOrPartitionError):
+                        raise
+                    raise errors.KafkaTimeoutError(f"no metadata for topic {topic!r} within max.block.ms "
+                                                   f"({self._max_block_ms:.0f} ms): {last}") from last
         tps = [TopicPartition(topic, p) for p in ids]
         cached = _TopicPartitions(ids, tps, dict(zip(ids, tps)))
         self._topic_cache = {**self._topic_cache, topic: cached}  # rebinding: readers need no lock

@@ -13,6 +13,7 @@ run unchanged inside the event loop (docs/design.md, "SDK").
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterable, TypeVar
@@ -22,7 +23,8 @@ import tenacity
 
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
-from exactly._client import CoreBase, Metadata, channel_options, translate_rpc_error
+from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, remaining_s,
+                             translate_rpc_error)
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -69,7 +71,9 @@ class AIOClientCore(CoreBase):
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task:
         """Run `coro` as a task of this client; `close()` cancels it."""
-        task = self._loop.create_task(coro)
+        # A fresh context: a background task is bound by its own timeouts, not by the
+        # deadline of the call that happened to start it.
+        task = self._loop.create_task(coro, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -89,8 +93,9 @@ class AIOClientCore(CoreBase):
         failures raise the SDK error of `exactly._client.translate_rpc_error`
         (errors.NetworkException, errors.RequestTimedOutError, ...). `timeout_s`
         defaults to request.timeout.ms."""
+        timeout = remaining_s(self.request_timeout_s if timeout_s is None else timeout_s)
         try:
-            return await method(request, timeout=self.request_timeout_s if timeout_s is None else timeout_s)
+            return await method(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise translate_rpc_error(exc) from None
         except grpc.aio.UsageError as exc:  # channel closed
@@ -107,7 +112,9 @@ class AIOClientCore(CoreBase):
         async def _try() -> T:  # tenacity awaits only coroutine functions; fn may be a lambda
             return await fn()
 
-        return await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, on_retry))(_try)
+        timeout = self.retry_timeout_s(timeout_s)
+        with call_deadline(timeout):
+            return await tenacity.AsyncRetrying(**self._retry_policy(timeout, on_retry))(_try)
 
     # ------------------------------------------------------------ metadata
 
@@ -135,13 +142,33 @@ class AIOClientCore(CoreBase):
             raise errors.NetworkException("no cluster metadata yet")
         return md
 
-    async def metadata_async(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
+    metadata_nowait = metadata  # the name the I/O-free rules shared with ClientCore use
+
+    def pending_refresh(self) -> asyncio.Task | None:
+        """The metadata refresh in progress, if any."""
+        task = self._metadata_task
+        return task if task is not None and not task.done() else None
+
+    async def metadata_async(self, topics: Iterable[str] | None = None, refresh: bool = False,
+                             timeout_s: float | None = None) -> Metadata:
         """`ClientCore.metadata` for the event loop: the cached metadata, fetched
-        again (one fetch at a time) when `refresh`, stale or missing one of `topics`."""
+        again (one fetch at a time) when `refresh`, stale or missing one of `topics`.
+        Waits at most `timeout_s` (default request.timeout.ms, cut to the enclosing
+        `call_deadline`); raises errors.RequestTimedOutError (retriable) after that,
+        the fetch going on in the background."""
         md = self._metadata
         if not refresh and md is not None and self._fresh(md, topics):
             return md
-        return await asyncio.shield(self._refresh())
+        return await self._wait_bounded(self._refresh(), timeout_s, "metadata")
+
+    async def _wait_bounded(self, task: asyncio.Task, timeout_s: float | None, what: str) -> Any:
+        """The result of a shared background `task`, waited for at most `timeout_s`
+        (see `metadata_async`); the task itself is not cancelled."""
+        wait_s = bounded_s(self.request_timeout_s if timeout_s is None else timeout_s)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(wait_s, 0.001))
+        except asyncio.TimeoutError:
+            raise errors.RequestTimedOutError(f"{what}: no answer within {wait_s:.1f} s") from None
 
     async def partitions_for_async(self, topic: str) -> list[int]:
         """`ClientCore.partitions_for`: raises errors.UnknownTopicOrPartitionError."""
@@ -183,7 +210,8 @@ class AIOClientCore(CoreBase):
         cached = self.cached_coordinator(key, key_type)
         if cached is not None:
             return cached
-        return await asyncio.shield(self._start_lookup(key, key_type, timeout_s))
+        return await self._wait_bounded(self._start_lookup(key, key_type, timeout_s), timeout_s,
+                                        f"the coordinator of {key!r}")
 
     async def coordinator_call(self, key: str, key_type: int, stub_method: Callable[[str], Callable],
                                request: Any, error_code: Callable[[Any], int] = lambda r: r.error_code,

@@ -15,12 +15,13 @@ import asyncio
 import collections
 import logging
 import os
+import time
 from typing import Any, Iterable, Mapping
 
 import tenacity
 
 from exactly import errors
-from exactly._client import COORDINATOR_GROUP
+from exactly._client import COORDINATOR_GROUP, bounded_s, call_deadline
 from exactly._consumer_group import _RETRY_CODES, FETCH_COMMITTED_RETRY_CODES, GroupMembership
 from exactly.consumer import CommitOffsets, Consumer, FetchCommitted, LeaveGroup, Rebalance, WaitForResponses
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
@@ -98,9 +99,11 @@ class AIOGroupMembership(GroupMembership):
         """`GroupMembership.commit_sync` in the event loop."""
         if not offsets:
             return
-        await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, _RETRY_CODES))(
-            self._request_aio, "OffsetCommit", lambda: self._commit_request(offsets, managed), timeout_s,
-            self._commit_outcome)
+        timeout_s = bounded_s(timeout_s)
+        with call_deadline(timeout_s):
+            await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, _RETRY_CODES))(
+                self._request_aio, "OffsetCommit", lambda: self._commit_request(offsets, managed), timeout_s,
+                self._commit_outcome)
 
     async def fetch_committed_aio(self, partitions: Iterable[TopicPartition], require_stable: bool,
                                   timeout_s: float) -> dict[TopicPartition, OffsetAndMetadata | None]:
@@ -108,9 +111,11 @@ class AIOGroupMembership(GroupMembership):
         wanted = sorted(set(partitions))
         if not wanted:
             return {}
-        return await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
-            self._request_aio, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable), timeout_s,
-            lambda resp: self.offset_fetch_outcome(resp, wanted))
+        timeout_s = bounded_s(timeout_s)
+        with call_deadline(timeout_s):
+            return await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
+                self._request_aio, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable),
+                timeout_s, lambda resp: self.offset_fetch_outcome(resp, wanted))
 
 
 class _Consumer(Consumer):
@@ -165,7 +170,14 @@ class AIOConsumer:
         max.poll.records), waiting up to `timeout` seconds for some."""
         self._c._check_open()
         if self._core._metadata is None:
-            await self._core.metadata_async()
+            started = time.monotonic()
+            try:
+                await self._core.metadata_async(timeout_s=max(timeout, 0.0))
+            except errors.ExactlyError as exc:  # no cluster yet: poll as the sync client, until its timeout
+                if not exc.retriable:
+                    raise
+                log.debug("poll: no metadata yet: %r", exc)
+            timeout = max(timeout - (time.monotonic() - started), 0.0)
         return await self._drive(self._c._poll_flow(timeout, max_records))
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None

@@ -94,6 +94,11 @@ class FakeCore:
             self._cached = FakeMetadata(self, snapshot=True)
         return self._cached
 
+    metadata_nowait = metadata  # no I/O here: the same answer without waiting
+
+    def pending_refresh(self):
+        return None
+
     def leader_for(self, topic: str, partition: int) -> str:
         addr = FakeMetadata(self).leader(topic, partition)
         if addr is None:
@@ -119,6 +124,18 @@ class FakeCore:
         if self.coordinator_address in self.down:
             raise errors.CoordinatorNotAvailableError("no coordinator")
         return self.coordinator_address
+
+    def cached_coordinator(self, key: str, key_type: int) -> str | None:
+        return None if self.coordinator_address in self.down else self.coordinator_address
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        """ClientCore.submit, run at once in this thread."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - as a future would
+            fut.set_exception(exc)
+        return fut
 
     def invalidate_coordinator(self, key: str, key_type: int) -> None:
         self.invalidations += 1
