@@ -204,6 +204,17 @@ def test_send_waits_for_metadata_up_to_max_block_ms():
     assert isinstance(exc, errors.KafkaTimeoutError), exc
     assert elapsed >= BOUND_MS / 1000 - 0.5, f"send gave up after {elapsed:.1f} s, before max.block.ms"
 
+    async def _aio() -> tuple[float, BaseException | None]:
+        ap = AIOProducer(_producer_conf(_closed_port()))
+        try:
+            return await _timed_async(lambda: ap.send("bounds", b"x"))
+        finally:
+            await ap.close(timeout=0)
+
+    elapsed, exc = asyncio.run(_aio())
+    _assert_bounded("aio send (cluster down)", elapsed, exc)
+    assert isinstance(exc, errors.KafkaTimeoutError), exc
+
 
 # ---------------------------------------------------------------- a stopped coordinator
 

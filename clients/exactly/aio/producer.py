@@ -234,7 +234,14 @@ class AIOProducer:
             topic = args[0]
             if topic not in self._p._topic_cache:
                 core = self._p._core
-                await core.retry(lambda: core.partitions_for_async(topic), timeout_s=self._p._max_block_ms / 1000.0)
+                try:
+                    await core.retry(lambda: core.partitions_for_async(topic),
+                                     timeout_s=self._p._max_block_ms / 1000.0)
+                except errors.ExactlyError as exc:  # as the sync send(): a timeout after max.block.ms
+                    if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
+                        raise
+                    raise errors.KafkaTimeoutError(f"no metadata for topic {topic!r} within max.block.ms "
+                                                   f"({self._p._max_block_ms:.0f} ms): {exc}") from exc
             if not await self._sender.wait_until(self._p._acc.has_space, deadline):
                 raise errors.KafkaTimeoutError(
                     f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")
