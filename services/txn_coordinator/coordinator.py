@@ -380,16 +380,49 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return ErrorCode.NONE, part
 
     # ------------------------------------------------------------ the log
-    async def _append(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata) -> ErrorCode:
+    async def _append(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
+                      on_complete: Callable[[], None] | None = None) -> ErrorCode:
         """Append `transit` (md must have it pending) and complete or cancel it.
         Returns NONE, NOT_COORDINATOR (ownership lost meanwhile),
-        COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR."""
+        COORDINATOR_LOAD_IN_PROGRESS (outcome unknown: the partition reloads),
+        COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR.
+
+        The outcome is applied from the append's own result, as Kafka applies it in
+        the append callback, whatever becomes of the caller: the append and its
+        application run in a task of their own, shielded from the caller's
+        cancellation (a client deadline, a disconnect, a broken tunnel stream). A
+        record that waits in the group-commit queue (adapters.ClusterTxnLog) goes out
+        even when its request is abandoned, so the transition completes when the
+        record is written, is cancelled when the append failed, and the partition
+        reloads when the outcome is unknown: the cache always agrees with the log.
+        `on_complete` (no arguments) runs once the transition completed, e.g. to
+        start the completion of a Prepare record: in the caller before `_append`
+        returns NONE, or, when the caller was cancelled, as soon as the append task
+        completed the transition. Cancelling the caller raises CancelledError in the
+        caller only."""
         if not self._owns(part):
             md.cancel_transition()
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_batch(md.transactional_id, transit, self._clock(),
                                      producer_id=part.producer_id, producer_epoch=part.producer_epoch)
         self._note_active(md.transactional_id)
+        append = self._spawn(None, self._append_and_apply(part, md, transit, batch),
+                             f"txn-append-{md.transactional_id}")
+        try:
+            code = await asyncio.shield(append)
+        except asyncio.CancelledError:
+            if on_complete is not None:
+                append.add_done_callback(
+                    lambda t: on_complete() if not t.cancelled() and t.exception() is None
+                    and t.result() == ErrorCode.NONE else None)
+            raise
+        if code == ErrorCode.NONE and on_complete is not None:
+            on_complete()
+        return code
+
+    async def _append_and_apply(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
+                                batch: bytes) -> ErrorCode:
+        """The body of `_append`: one append of `batch`, then its outcome applied to md."""
         try:
             code = await self._log.append(part.partition, batch)
         except BaseException:
@@ -737,11 +770,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             if md.is_producer_epoch_exhausted:
                 return ErrorCode.INVALID_PRODUCER_EPOCH  # as below: InitProducerId rotates the PID first
             committed = md.state is TxnState.PREPARE_COMMIT
-            err = await self._append(part, md, md.prepare_next_transaction(wanted, self._clock()))
-            if err == ErrorCode.NONE:
+
+            def handed_over() -> None:  # the Ongoing record also completed the previous transaction
                 part.markers_written.pop(tid, None)
                 metrics.completed(committed, "client")
-            return err
+            return await self._append(part, md, md.prepare_next_transaction(wanted, self._clock()), handed_over)
         if md.is_prepared:
             return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
@@ -815,12 +848,13 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         bump = transaction_version != 1
         transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
                                              transaction_version=2 if bump else 1)
-        err = await self._append(part, md, transit)
+        completions: list[asyncio.Task] = []
+        err = await self._append(part, md, transit, lambda: completions.append(
+            self._start_completion(part, md, transit, from_client=True, started=started)))
         if err:
             return EndTxnResult(err)
-        task = self._start_completion(part, md, transit, from_client=True, started=started)
         if self.config.end_txn_completion_wait_ms > 0:
-            await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
+            await asyncio.wait(completions, timeout=self.config.end_txn_completion_wait_ms / 1000)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod
@@ -879,12 +913,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         now = self._clock()
         md.prepare_fence_producer_epoch(now)
         transit = md.prepare_abort_or_commit(TxnState.PREPARE_ABORT, now)
-        err = await self._append(part, md, transit)
-        if err == ErrorCode.NONE:
+
+        def aborting() -> None:
             log.info("fenced %r: aborting its transaction with PID %d epoch %d", md.transactional_id,
                      transit.producer_id, transit.producer_epoch)
             self._start_completion(part, md, transit, from_client=False, cause=cause)
-        return err
+        return await self._append(part, md, transit, aborting)
 
     def _start_completion(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
                           from_client: bool, cause: str = "client", started: float | None = None) -> asyncio.Task:

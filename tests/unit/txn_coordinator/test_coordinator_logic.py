@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
@@ -954,6 +954,59 @@ def test_an_ambiguous_append_in_the_background_reloads_without_losing_the_partit
         assert h.coord.owned_partitions() == {0: True}
         md = h.md("t")
         assert (md.state, md.pending_state) == (S.COMPLETE_COMMIT, None)
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- requests cancelled mid-append
+
+def _assert_cache_agrees_with_log(h: Harness, tid: str) -> None:
+    md = h.md(tid)
+    last = [e.transit for e in h.log.entries() if e.transactional_id == tid][-1]
+    assert md.pending_state is None
+    assert (md.state, md.producer_id, md.producer_epoch, md.partitions) == \
+        (last.state, last.producer_id, last.producer_epoch, last.partitions)
+
+
+@pytest.mark.parametrize("request_kind", ["end_txn", "init_fence", "add"])
+def test_a_request_cancelled_while_its_record_waits_in_the_group_commit(request_kind):
+    """A request is cancelled (client deadline, disconnect, broken tunnel stream) while
+    its __transaction_state record waits in the partition leader's group-commit
+    queue. The record still goes out, so the coordinator applies the transition from
+    the append's own result: the cache agrees with the log, an EndTxn's or a fence's
+    markers are written under the bumped epoch, and the stale epoch is fenced."""
+    async def scenario():
+        h = Harness(log=GroupCommitLog())
+        await h.elect()
+        if request_kind == "add":
+            r = await h.coord.init_producer_id("t", 60000)
+            pid, epoch = r.producer_id, r.producer_epoch
+            call = h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        else:
+            pid, epoch = await h.begin("t")
+            call = (h.coord.end_txn("t", pid, epoch, True) if request_kind == "end_txn"
+                    else h.coord.init_producer_id("t", 60000))
+        h.log.request_gate = asyncio.Event()
+        request = asyncio.create_task(call)
+        await h.log.requested.wait()  # its record is in the request held at the leader
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        h.log.request_gate.set()
+        await h.log.answered.wait()  # the record is in the log
+        await h.settle()
+        _assert_cache_agrees_with_log(h, "t")
+        epochs = [e.transit.producer_epoch for e in h.log.entries() if e.transactional_id == "t"]
+        assert epochs == sorted(epochs)
+        if request_kind == "add":
+            assert h.md("t").state is S.ONGOING and h.md("t").partitions == {("orders", 0)}
+            return
+        committed = request_kind == "end_txn"
+        assert h.md("t").state is (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT)
+        assert [(m.committed, m.producer_epoch) for m, _ in h.markers.written_for(pid)] == [(committed, epoch + 1)]
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.PRODUCER_FENCED}
+        _assert_cache_agrees_with_log(h, "t")
 
     run(scenario())
 
