@@ -883,12 +883,13 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         for any ongoing transaction.
 
         Answers NONE (also when already prepared: a retry); without a transaction in
-        progress an empty one is started and sealed. INVALID_TXN_STATE while the
-        transaction is completing; INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another
-        epoch), CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware). Like
-        AddPartitionsToTxn it first waits for the producer's previous transaction to
-        complete."""
+        progress an empty one is started and sealed. Like AddPartitionsToTxn it first
+        waits for the producer's previous transaction to complete, and answers
+        CONCURRENT_TRANSACTIONS (retriable) while that one is still PrepareCommit /
+        PrepareAbort: the wait ran out, or a handover add of the next transaction
+        woke with this request and takes over after it. INVALID_PRODUCER_ID_MAPPING,
+        PRODUCER_FENCED (another epoch), NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
         await self._previous_completed(transactional_id, group_id)
         err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
                                              generation_id)
@@ -896,6 +897,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return err
         if md.is_prepared:
             return ErrorCode.NONE
+        if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS  # the previous transaction is still completing
         if md.state not in COMPLETED_STATES and md.state is not TxnState.ONGOING:
             return ErrorCode.INVALID_TXN_STATE
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
