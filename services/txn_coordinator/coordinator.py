@@ -61,6 +61,16 @@ AMBIGUOUS_APPEND_ERRORS = frozenset({
     ErrorCode.NETWORK_EXCEPTION, ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.UNKNOWN_SERVER_ERROR,
 })
 
+# Marker outcomes that do not tell whether the request is over at the partition
+# leader: no answer within the caller's deadline, or the transport broke. The
+# request may still append its marker there until the leader's own deadline.
+UNANSWERED_MARKER_ERRORS = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NETWORK_EXCEPTION})
+
+# How long a partition leader may work on a WriteTxnMarkers request after receiving
+# it before it drops the markers it has not appended (at least the leaders'
+# services.partition_leader.replica_manager.MARKER_TIMEOUT_MS).
+MARKER_LEADER_DEADLINE_MS = 25_000
+
 
 # ---------------------------------------------------------------- ports
 
@@ -947,8 +957,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                            prepared.partitions, prepared.transaction_version)
         try:
             markers_started = time.monotonic()
-            await self._write_markers(part, md, marker)
+            unanswered = await self._write_markers(part, md, marker)
             metrics.MARKER_WRITE_SECONDS.observe(time.monotonic() - markers_started)
+            if unanswered and marker.transaction_version < 2:
+                await self._outlive_unanswered_markers(part, md, marker)
             if part.next_waiting.get(md.transactional_id) and md.state is prepared.state \
                     and not md.pending_transition_in_progress:
                 # The handover: the next transaction's first add is waiting; its Ongoing
@@ -966,18 +978,24 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if started is not None:
             metrics.END_TO_COMPLETE_SECONDS.observe(time.monotonic() - started)
 
-    async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> None:
+    async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> bool:
+        """Write `marker` to every partition, retried until each answered (design doc
+        "Two-phase commit with markers"). Returns whether some attempt got no answer
+        (UNANSWERED_MARKER_ERRORS): that request may still be running at its leader.
+        Raises NotOwner when this coordinator no longer owns `part`."""
         remaining = set(marker.partitions)
+        unanswered = False
         async for attempt in self._retrying():
             with attempt:
                 if not self._owns(part):
                     raise NotOwner()
                 if not remaining:
-                    return
+                    return unanswered
                 results = await self._markers.write(replace(marker, partitions=frozenset(remaining)))
                 for tp, code in results.items():
                     if tp not in remaining:
                         continue
+                    unanswered = unanswered or code in UNANSWERED_MARKER_ERRORS
                     if code == ErrorCode.NONE:
                         remaining.discard(tp)
                     elif code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
@@ -1004,6 +1022,30 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                         remaining.discard(tp)
                 if remaining:
                     raise RetryLater(f"markers pending for {sorted(remaining)}")
+        return unanswered
+
+    async def _outlive_unanswered_markers(self, part: _TxnPartition, md: TransactionMetadata,
+                                          marker: TxnMarker) -> None:
+        """Transaction version 1 (no epoch bump): the next transaction of the PID has
+        the epoch of this one's markers, so a marker request that got no answer and
+        still runs at its leader could end that transaction early. Such a request
+        reached the leader, if at all, before the retry that wrote the marker (ahead
+        of it on the same stream, or before its stream broke), and the leader
+        appends nothing past its deadline (MARKER_LEADER_DEADLINE_MS after arrival),
+        so the transaction stays PrepareCommit / PrepareAbort, and the next one
+        cannot start, until that much time (clock ms) has passed since the last
+        marker was written. Raises NotOwner when this coordinator no longer owns
+        `part`."""
+        until = self._clock() + MARKER_LEADER_DEADLINE_MS
+        log.info("a marker request for %r (PID %d epoch %d) got no answer; the transaction completes in %d ms, "
+                 "once that request can no longer append its marker", md.transactional_id, marker.producer_id,
+                 marker.producer_epoch, MARKER_LEADER_DEADLINE_MS)
+        while (left := until - self._clock()) > 0:
+            if not self._owns(part):
+                raise NotOwner()
+            await self._sleep(left / 1000)
+        if not self._owns(part):
+            raise NotOwner()
 
     async def _append_complete(self, part: _TxnPartition, md: TransactionMetadata) -> None:
         if not self._owns(part):

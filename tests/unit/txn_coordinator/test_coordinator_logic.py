@@ -12,7 +12,7 @@ from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnCoordinatorConfig
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -1030,6 +1030,85 @@ def test_a_marker_refused_for_a_newer_epoch_is_never_skipped_silently(caplog):
         assert rec.levelname == "ERROR" and f"PID {pid} epoch {epoch + 1}" in rec.getMessage()
 
     run(scenario())
+
+
+class _HeldSleep:
+    """The coordinator's sleep: backoffs (up to exactly.txn.retry.backoff.max.ms)
+    only yield; a longer sleep sets `parked` and waits for `resume`, then moves the
+    clock on by the time asked for."""
+
+    def __init__(self):
+        self.clock = None
+        self.parked = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        if seconds <= TxnCoordinatorConfig().retry_backoff_max_ms / 1000:
+            await asyncio.sleep(0)
+            return
+        self.parked.set()
+        await self.resume.wait()
+        self.clock.advance(int(seconds * 1000))
+
+
+@pytest.mark.parametrize("unanswered", [E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION], ids=["timed_out", "stream_broke"])
+def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswered):
+    """Transaction version 1 (a Kafka client's EndTxn below v5): the markers keep the
+    producer's epoch, so the next transaction has the same PID and epoch. A marker
+    request that got no answer (timed out at the coordinator, or its tunnel stream
+    broke) may still append its marker at the leader until the leader's deadline;
+    landing after the next transaction's first batch it would end that transaction.
+    So the transaction completes, and the next one may start, only once the leader's
+    deadline for that request has passed after the retry wrote the marker."""
+    async def scenario():
+        sleep = _HeldSleep()
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+        sleep.clock = h.clock
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.fail[("orders", 0)] = [unanswered]  # no answer to the first request; the retry writes it
+        ended_at = h.clock.now
+        end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
+        assert (end.error, end.producer_epoch) == (E.NONE, epoch)
+        completion = h.coord._parts[0].completions["t"]
+        parked = asyncio.create_task(sleep.parked.wait())
+        await asyncio.wait({parked, completion}, return_when=asyncio.FIRST_COMPLETED)
+        assert not completion.done()  # still waiting for the unanswered request to die at the leader
+        assert [m.producer_epoch for m, _ in h.markers.written_for(pid)] == [epoch]
+        assert h.md("t").state is S.PREPARE_COMMIT
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}  # the next transaction waits
+        sleep.resume.set()
+        await h.settle()
+        complete = h.log.entries()[-1].transit
+        assert complete.state is S.COMPLETE_COMMIT
+        assert complete.txn_last_update_timestamp - ended_at >= MARKER_LEADER_DEADLINE_MS
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert set(res.values()) == {E.NONE}
+
+    run(scenario())
+
+
+def test_unanswered_marker_requests_hold_no_version_2_transaction():
+    """With an epoch bump per transaction (version 2) the leader refuses a late
+    duplicate marker by its epoch: the completion does not wait."""
+    async def scenario():
+        sleep = _HeldSleep()
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+        sleep.clock = h.clock
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.fail[("orders", 0)] = [E.REQUEST_TIMED_OUT]
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT and not sleep.parked.is_set()
+
+    run(scenario())
+
+
+def test_the_marker_deadline_covers_the_partition_leaders():
+    from services.partition_leader.replica_manager import MARKER_TIMEOUT_MS
+    assert MARKER_LEADER_DEADLINE_MS >= MARKER_TIMEOUT_MS
 
 
 def test_no_transaction_starts_at_an_exhausted_epoch():

@@ -175,10 +175,11 @@ class FakeTopology:
 
 
 class Harness:
-    """A coordinator over the fakes. PIDs come from blocks of `block_size`."""
+    """A coordinator over the fakes. PIDs come from blocks of `block_size`; `sleep`
+    is the coordinator's (seconds; by default it only yields to the loop)."""
 
     def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
-                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None):
+                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep):
         self.clock = FakeClock()
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
@@ -189,7 +190,7 @@ class Harness:
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
                                             config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=fast_sleep, on_fenced=on_fenced)
+                                            clock=self.clock, sleep=sleep, on_fenced=on_fenced)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)
