@@ -596,12 +596,23 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                             group_id: str | None = None) -> ErrorCode:
         """Append the group assignment record of `tid` (a tombstone when `assignment`
         is None; then `group_id` names the group) and apply it. An append whose outcome
-        is unknown reloads the partition, as for any record of the log."""
+        is unknown reloads the partition, as for any record of the log. As in
+        `_append`, the outcome is applied from the append's own result in a task
+        shielded from the caller's cancellation. Returns NONE, NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE or
+        UNKNOWN_SERVER_ERROR."""
         group_id = assignment.group_id if assignment is not None else group_id
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_group_batch(group_id, tid, assignment, self._clock(),
                                            producer_id=part.producer_id, producer_epoch=part.producer_epoch)
+        append = self._spawn(None, self._append_group_and_apply(part, tid, group_id, assignment, batch),
+                             f"txn-append-group-{tid}")
+        return await asyncio.shield(append)
+
+    async def _append_group_and_apply(self, part: _TxnPartition, tid: str, group_id: str,
+                                      assignment: GroupAssignment | None, batch: bytes) -> ErrorCode:
+        """The body of `_append_group`: one append of `batch`, then its outcome applied."""
         code = await self._log.append(part.partition, batch)
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR

@@ -1011,6 +1011,30 @@ def test_a_request_cancelled_while_its_record_waits_in_the_group_commit(request_
     run(scenario())
 
 
+def test_a_group_aware_init_cancelled_while_its_group_record_waits_in_the_group_commit():
+    """KIP-447 draft: the group assignment record of a cancelled InitProducerId goes
+    out all the same, and the cache takes the assignment from the append's result,
+    so a stale generation is refused here as a new owner would refuse it."""
+    async def scenario():
+        h = Harness(log=GroupCommitLog())
+        await h.elect()
+        g5 = GroupAssignment("g", 5, frozenset({("in", 0)}))
+        h.log.request_gate = asyncio.Event()
+        request = asyncio.create_task(h.coord.init_producer_id("p1", 60000, group=g5))
+        await h.log.requested.wait()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        h.log.request_gate.set()
+        await h.log.answered.wait()
+        await h.settle()
+        assert h.coord._parts[0].groups == txn_log.rebuild_groups(h.log.entries()) == {"g": {"p1": g5}}
+        g4 = GroupAssignment("g", 4, frozenset({("in", 1)}))
+        assert (await h.coord.init_producer_id("p2", 60000, group=g4)).error == E.ILLEGAL_GENERATION
+
+    run(scenario())
+
+
 # ---------------------------------------------------------------- KIP-890 part 2
 
 def test_a_marker_refused_for_a_newer_epoch_is_never_skipped_silently(caplog):
