@@ -689,8 +689,13 @@ class ReplicaManager:
         """WriteTxnMarkers (design doc "Coordinator-Broker request handling"): append
         each marker to each of its partitions led here (see `Partition.write_marker`)
         and acknowledge as acks=all. Markers of one partition are appended in request
-        order (each append happens before its first wait). Returns, per marker, one
-        MarkerResult per partition in order."""
+        order (each append happens before its first wait). A marker that could not be
+        appended within `timeout_ms` of the request's arrival (waiting for the
+        leadership lease, or for ZooKeeper on `__consumer_offsets`) is not appended
+        at all and answers REQUEST_TIMED_OUT: the coordinator may have given up on the
+        request and written the marker again, and under transaction version 1 (no
+        epoch bump) a marker applied that late could end the producer's next
+        transaction. Returns, per marker, one MarkerResult per partition in order."""
         deadline = self.monotonic_s() + timeout_ms / 1000
         jobs = [self._marker_one(m, topic, partition, deadline) for m in markers for topic, partition in m.partitions]
         flat = list(await asyncio.gather(*jobs))
@@ -708,6 +713,10 @@ class ReplicaManager:
         p, err = await self._leader_for_write(topic, partition, deadline, confirm=True)
         if p is None:
             return MarkerResult(err)
+        if self.monotonic_s() >= deadline:
+            return MarkerResult(ErrorCode.REQUEST_TIMED_OUT, message=(
+                f"marker for producer {m.producer_id} epoch {m.producer_epoch} on {topic}-{partition} not "
+                "appended: the request's deadline passed first"))
         epoch = p.leader_epoch
         res, err = guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id, m.producer_epoch,
                            m.committed, m.coordinator_epoch, m.transaction_version)

@@ -61,6 +61,16 @@ AMBIGUOUS_APPEND_ERRORS = frozenset({
     ErrorCode.NETWORK_EXCEPTION, ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.UNKNOWN_SERVER_ERROR,
 })
 
+# Marker outcomes that do not tell whether the request is over at the partition
+# leader: no answer within the caller's deadline, or the transport broke. The
+# request may still append its marker there until the leader's own deadline.
+UNANSWERED_MARKER_ERRORS = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NETWORK_EXCEPTION})
+
+# How long a partition leader may work on a WriteTxnMarkers request after receiving
+# it before it drops the markers it has not appended (at least the leaders'
+# services.partition_leader.replica_manager.MARKER_TIMEOUT_MS).
+MARKER_LEADER_DEADLINE_MS = 25_000
+
 
 # ---------------------------------------------------------------- ports
 
@@ -380,16 +390,49 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return ErrorCode.NONE, part
 
     # ------------------------------------------------------------ the log
-    async def _append(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata) -> ErrorCode:
+    async def _append(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
+                      on_complete: Callable[[], None] | None = None) -> ErrorCode:
         """Append `transit` (md must have it pending) and complete or cancel it.
         Returns NONE, NOT_COORDINATOR (ownership lost meanwhile),
-        COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR."""
+        COORDINATOR_LOAD_IN_PROGRESS (outcome unknown: the partition reloads),
+        COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR.
+
+        The outcome is applied from the append's own result, as Kafka applies it in
+        the append callback, whatever becomes of the caller: the append and its
+        application run in a task of their own, shielded from the caller's
+        cancellation (a client deadline, a disconnect, a broken tunnel stream). A
+        record that waits in the group-commit queue (adapters.ClusterTxnLog) goes out
+        even when its request is abandoned, so the transition completes when the
+        record is written, is cancelled when the append failed, and the partition
+        reloads when the outcome is unknown: the cache always agrees with the log.
+        `on_complete` (no arguments) runs once the transition completed, e.g. to
+        start the completion of a Prepare record: in the caller before `_append`
+        returns NONE, or, when the caller was cancelled, as soon as the append task
+        completed the transition. Cancelling the caller raises CancelledError in the
+        caller only."""
         if not self._owns(part):
             md.cancel_transition()
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_batch(md.transactional_id, transit, self._clock(),
                                      producer_id=part.producer_id, producer_epoch=part.producer_epoch)
         self._note_active(md.transactional_id)
+        append = self._spawn(None, self._append_and_apply(part, md, transit, batch),
+                             f"txn-append-{md.transactional_id}")
+        try:
+            code = await asyncio.shield(append)
+        except asyncio.CancelledError:
+            if on_complete is not None:
+                append.add_done_callback(
+                    lambda t: on_complete() if not t.cancelled() and t.exception() is None
+                    and t.result() == ErrorCode.NONE else None)
+            raise
+        if code == ErrorCode.NONE and on_complete is not None:
+            on_complete()
+        return code
+
+    async def _append_and_apply(self, part: _TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
+                                batch: bytes) -> ErrorCode:
+        """The body of `_append`: one append of `batch`, then its outcome applied to md."""
         try:
             code = await self._log.append(part.partition, batch)
         except BaseException:
@@ -553,12 +596,23 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                             group_id: str | None = None) -> ErrorCode:
         """Append the group assignment record of `tid` (a tombstone when `assignment`
         is None; then `group_id` names the group) and apply it. An append whose outcome
-        is unknown reloads the partition, as for any record of the log."""
+        is unknown reloads the partition, as for any record of the log. As in
+        `_append`, the outcome is applied from the append's own result in a task
+        shielded from the caller's cancellation. Returns NONE, NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE or
+        UNKNOWN_SERVER_ERROR."""
         group_id = assignment.group_id if assignment is not None else group_id
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_group_batch(group_id, tid, assignment, self._clock(),
                                            producer_id=part.producer_id, producer_epoch=part.producer_epoch)
+        append = self._spawn(None, self._append_group_and_apply(part, tid, group_id, assignment, batch),
+                             f"txn-append-group-{tid}")
+        return await asyncio.shield(append)
+
+    async def _append_group_and_apply(self, part: _TxnPartition, tid: str, group_id: str,
+                                      assignment: GroupAssignment | None, batch: bytes) -> ErrorCode:
+        """The body of `_append_group`: one append of `batch`, then its outcome applied."""
         code = await self._log.append(part.partition, batch)
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR
@@ -737,11 +791,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             if md.is_producer_epoch_exhausted:
                 return ErrorCode.INVALID_PRODUCER_EPOCH  # as below: InitProducerId rotates the PID first
             committed = md.state is TxnState.PREPARE_COMMIT
-            err = await self._append(part, md, md.prepare_next_transaction(wanted, self._clock()))
-            if err == ErrorCode.NONE:
+
+            def handed_over() -> None:  # the Ongoing record also completed the previous transaction
                 part.markers_written.pop(tid, None)
                 metrics.completed(committed, "client")
-            return err
+            return await self._append(part, md, md.prepare_next_transaction(wanted, self._clock()), handed_over)
         if md.is_prepared:
             return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
@@ -815,12 +869,13 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         bump = transaction_version != 1
         transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
                                              transaction_version=2 if bump else 1)
-        err = await self._append(part, md, transit)
+        completions: list[asyncio.Task] = []
+        err = await self._append(part, md, transit, lambda: completions.append(
+            self._start_completion(part, md, transit, from_client=True, started=started)))
         if err:
             return EndTxnResult(err)
-        task = self._start_completion(part, md, transit, from_client=True, started=started)
         if self.config.end_txn_completion_wait_ms > 0:
-            await asyncio.wait({task}, timeout=self.config.end_txn_completion_wait_ms / 1000)
+            await asyncio.wait(completions, timeout=self.config.end_txn_completion_wait_ms / 1000)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod
@@ -849,12 +904,13 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         for any ongoing transaction.
 
         Answers NONE (also when already prepared: a retry); without a transaction in
-        progress an empty one is started and sealed. INVALID_TXN_STATE while the
-        transaction is completing; INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another
-        epoch), CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware). Like
-        AddPartitionsToTxn it first waits for the producer's previous transaction to
-        complete."""
+        progress an empty one is started and sealed. Like AddPartitionsToTxn it first
+        waits for the producer's previous transaction to complete, and answers
+        CONCURRENT_TRANSACTIONS (retriable) while that one is still PrepareCommit /
+        PrepareAbort: the wait ran out, or a handover add of the next transaction
+        woke with this request and takes over after it. INVALID_PRODUCER_ID_MAPPING,
+        PRODUCER_FENCED (another epoch), NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
         await self._previous_completed(transactional_id, group_id)
         err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
                                              generation_id)
@@ -862,6 +918,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return err
         if md.is_prepared:
             return ErrorCode.NONE
+        if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS  # the previous transaction is still completing
         if md.state not in COMPLETED_STATES and md.state is not TxnState.ONGOING:
             return ErrorCode.INVALID_TXN_STATE
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
@@ -879,12 +937,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         now = self._clock()
         md.prepare_fence_producer_epoch(now)
         transit = md.prepare_abort_or_commit(TxnState.PREPARE_ABORT, now)
-        err = await self._append(part, md, transit)
-        if err == ErrorCode.NONE:
+
+        def aborting() -> None:
             log.info("fenced %r: aborting its transaction with PID %d epoch %d", md.transactional_id,
                      transit.producer_id, transit.producer_epoch)
             self._start_completion(part, md, transit, from_client=False, cause=cause)
-        return err
+        return await self._append(part, md, transit, aborting)
 
     def _start_completion(self, part: _TxnPartition, md: TransactionMetadata, prepared: TxnTransitMetadata,
                           from_client: bool, cause: str = "client", started: float | None = None) -> asyncio.Task:
@@ -910,8 +968,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                            prepared.partitions, prepared.transaction_version)
         try:
             markers_started = time.monotonic()
-            await self._write_markers(part, md, marker)
+            unanswered = await self._write_markers(part, md, marker)
             metrics.MARKER_WRITE_SECONDS.observe(time.monotonic() - markers_started)
+            if unanswered and marker.transaction_version < 2:
+                await self._outlive_unanswered_markers(part, md, marker)
             if part.next_waiting.get(md.transactional_id) and md.state is prepared.state \
                     and not md.pending_transition_in_progress:
                 # The handover: the next transaction's first add is waiting; its Ongoing
@@ -929,18 +989,24 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if started is not None:
             metrics.END_TO_COMPLETE_SECONDS.observe(time.monotonic() - started)
 
-    async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> None:
+    async def _write_markers(self, part: _TxnPartition, md: TransactionMetadata, marker: TxnMarker) -> bool:
+        """Write `marker` to every partition, retried until each answered (design doc
+        "Two-phase commit with markers"). Returns whether some attempt got no answer
+        (UNANSWERED_MARKER_ERRORS): that request may still be running at its leader.
+        Raises NotOwner when this coordinator no longer owns `part`."""
         remaining = set(marker.partitions)
+        unanswered = False
         async for attempt in self._retrying():
             with attempt:
                 if not self._owns(part):
                     raise NotOwner()
                 if not remaining:
-                    return
+                    return unanswered
                 results = await self._markers.write(replace(marker, partitions=frozenset(remaining)))
                 for tp, code in results.items():
                     if tp not in remaining:
                         continue
+                    unanswered = unanswered or code in UNANSWERED_MARKER_ERRORS
                     if code == ErrorCode.NONE:
                         remaining.discard(tp)
                     elif code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
@@ -967,6 +1033,30 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                         remaining.discard(tp)
                 if remaining:
                     raise RetryLater(f"markers pending for {sorted(remaining)}")
+        return unanswered
+
+    async def _outlive_unanswered_markers(self, part: _TxnPartition, md: TransactionMetadata,
+                                          marker: TxnMarker) -> None:
+        """Transaction version 1 (no epoch bump): the next transaction of the PID has
+        the epoch of this one's markers, so a marker request that got no answer and
+        still runs at its leader could end that transaction early. Such a request
+        reached the leader, if at all, before the retry that wrote the marker (ahead
+        of it on the same stream, or before its stream broke), and the leader
+        appends nothing past its deadline (MARKER_LEADER_DEADLINE_MS after arrival),
+        so the transaction stays PrepareCommit / PrepareAbort, and the next one
+        cannot start, until that much time (clock ms) has passed since the last
+        marker was written. Raises NotOwner when this coordinator no longer owns
+        `part`."""
+        until = self._clock() + MARKER_LEADER_DEADLINE_MS
+        log.info("a marker request for %r (PID %d epoch %d) got no answer; the transaction completes in %d ms, "
+                 "once that request can no longer append its marker", md.transactional_id, marker.producer_id,
+                 marker.producer_epoch, MARKER_LEADER_DEADLINE_MS)
+        while (left := until - self._clock()) > 0:
+            if not self._owns(part):
+                raise NotOwner()
+            await self._sleep(left / 1000)
+        if not self._owns(part):
+            raise NotOwner()
 
     async def _append_complete(self, part: _TxnPartition, md: TransactionMetadata) -> None:
         if not self._owns(part):

@@ -160,6 +160,33 @@ def test_markers_wait_like_acks_all(manager):
     asyncio.run(main())
 
 
+def test_a_marker_whose_deadline_passed_before_it_could_be_appended_is_dropped(manager, now):
+    """The leadership lease is confirmed only after the request's deadline passed:
+    the coordinator may have given up on the request and written the marker again,
+    so the late marker is not appended (REQUEST_TIMED_OUT) and the producer's
+    transaction stays open until a marker within its deadline ends it."""
+    class LateLeases:
+        async def ensure(self, p, deadline) -> bool:
+            now.s = deadline + 0.001
+            return True
+
+    async def main():
+        p = manager.replicas[TP]
+        await produce(manager, make_batch(1, pid=7, seq=0, txn=True), acks=1)
+        manager.leases = LateLeases()
+        p.lease_until = 0.0  # the lease ran out: leadership must be confirmed first
+        [[late]] = await manager.write_markers([MarkerEntry(7, 0, True, 0, (TP,))])
+        assert late.error == ErrorCode.REQUEST_TIMED_OUT
+        assert p.log_end_offset == 1  # no marker appended
+        manager.leases = None
+        pending = asyncio.ensure_future(manager.write_markers([MarkerEntry(7, 0, True, 0, (TP,))]))
+        await parked(manager)
+        await follower_fetch(manager, 2)
+        [[ok]] = await pending
+        assert (ok.error, ok.offset) == (ErrorCode.NONE, 1)
+    asyncio.run(main())
+
+
 def test_fetch_long_polls_until_enough_bytes(manager, now):
     async def main():
         batch = make_batch(1)

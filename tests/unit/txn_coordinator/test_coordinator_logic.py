@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnCoordinatorConfig
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -958,6 +958,83 @@ def test_an_ambiguous_append_in_the_background_reloads_without_losing_the_partit
     run(scenario())
 
 
+# ---------------------------------------------------------------- requests cancelled mid-append
+
+def _assert_cache_agrees_with_log(h: Harness, tid: str) -> None:
+    md = h.md(tid)
+    last = [e.transit for e in h.log.entries() if e.transactional_id == tid][-1]
+    assert md.pending_state is None
+    assert (md.state, md.producer_id, md.producer_epoch, md.partitions) == \
+        (last.state, last.producer_id, last.producer_epoch, last.partitions)
+
+
+@pytest.mark.parametrize("request_kind", ["end_txn", "init_fence", "add"])
+def test_a_request_cancelled_while_its_record_waits_in_the_group_commit(request_kind):
+    """A request is cancelled (client deadline, disconnect, broken tunnel stream) while
+    its __transaction_state record waits in the partition leader's group-commit
+    queue. The record still goes out, so the coordinator applies the transition from
+    the append's own result: the cache agrees with the log, an EndTxn's or a fence's
+    markers are written under the bumped epoch, and the stale epoch is fenced."""
+    async def scenario():
+        h = Harness(log=GroupCommitLog())
+        await h.elect()
+        if request_kind == "add":
+            r = await h.coord.init_producer_id("t", 60000)
+            pid, epoch = r.producer_id, r.producer_epoch
+            call = h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        else:
+            pid, epoch = await h.begin("t")
+            call = (h.coord.end_txn("t", pid, epoch, True) if request_kind == "end_txn"
+                    else h.coord.init_producer_id("t", 60000))
+        h.log.request_gate = asyncio.Event()
+        request = asyncio.create_task(call)
+        await h.log.requested.wait()  # its record is in the request held at the leader
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        h.log.request_gate.set()
+        await h.log.answered.wait()  # the record is in the log
+        await h.settle()
+        _assert_cache_agrees_with_log(h, "t")
+        epochs = [e.transit.producer_epoch for e in h.log.entries() if e.transactional_id == "t"]
+        assert epochs == sorted(epochs)
+        if request_kind == "add":
+            assert h.md("t").state is S.ONGOING and h.md("t").partitions == {("orders", 0)}
+            return
+        committed = request_kind == "end_txn"
+        assert h.md("t").state is (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT)
+        assert [(m.committed, m.producer_epoch) for m, _ in h.markers.written_for(pid)] == [(committed, epoch + 1)]
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {E.PRODUCER_FENCED}
+        _assert_cache_agrees_with_log(h, "t")
+
+    run(scenario())
+
+
+def test_a_group_aware_init_cancelled_while_its_group_record_waits_in_the_group_commit():
+    """KIP-447 draft: the group assignment record of a cancelled InitProducerId goes
+    out all the same, and the cache takes the assignment from the append's result,
+    so a stale generation is refused here as a new owner would refuse it."""
+    async def scenario():
+        h = Harness(log=GroupCommitLog())
+        await h.elect()
+        g5 = GroupAssignment("g", 5, frozenset({("in", 0)}))
+        h.log.request_gate = asyncio.Event()
+        request = asyncio.create_task(h.coord.init_producer_id("p1", 60000, group=g5))
+        await h.log.requested.wait()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        h.log.request_gate.set()
+        await h.log.answered.wait()
+        await h.settle()
+        assert h.coord._parts[0].groups == txn_log.rebuild_groups(h.log.entries()) == {"g": {"p1": g5}}
+        g4 = GroupAssignment("g", 4, frozenset({("in", 1)}))
+        assert (await h.coord.init_producer_id("p2", 60000, group=g4)).error == E.ILLEGAL_GENERATION
+
+    run(scenario())
+
+
 # ---------------------------------------------------------------- KIP-890 part 2
 
 def test_a_marker_refused_for_a_newer_epoch_is_never_skipped_silently(caplog):
@@ -977,6 +1054,85 @@ def test_a_marker_refused_for_a_newer_epoch_is_never_skipped_silently(caplog):
         assert rec.levelname == "ERROR" and f"PID {pid} epoch {epoch + 1}" in rec.getMessage()
 
     run(scenario())
+
+
+class _HeldSleep:
+    """The coordinator's sleep: backoffs (up to exactly.txn.retry.backoff.max.ms)
+    only yield; a longer sleep sets `parked` and waits for `resume`, then moves the
+    clock on by the time asked for."""
+
+    def __init__(self):
+        self.clock = None
+        self.parked = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        if seconds <= TxnCoordinatorConfig().retry_backoff_max_ms / 1000:
+            await asyncio.sleep(0)
+            return
+        self.parked.set()
+        await self.resume.wait()
+        self.clock.advance(int(seconds * 1000))
+
+
+@pytest.mark.parametrize("unanswered", [E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION], ids=["timed_out", "stream_broke"])
+def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswered):
+    """Transaction version 1 (a Kafka client's EndTxn below v5): the markers keep the
+    producer's epoch, so the next transaction has the same PID and epoch. A marker
+    request that got no answer (timed out at the coordinator, or its tunnel stream
+    broke) may still append its marker at the leader until the leader's deadline;
+    landing after the next transaction's first batch it would end that transaction.
+    So the transaction completes, and the next one may start, only once the leader's
+    deadline for that request has passed after the retry wrote the marker."""
+    async def scenario():
+        sleep = _HeldSleep()
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+        sleep.clock = h.clock
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.fail[("orders", 0)] = [unanswered]  # no answer to the first request; the retry writes it
+        ended_at = h.clock.now
+        end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
+        assert (end.error, end.producer_epoch) == (E.NONE, epoch)
+        completion = h.coord._parts[0].completions["t"]
+        parked = asyncio.create_task(sleep.parked.wait())
+        await asyncio.wait({parked, completion}, return_when=asyncio.FIRST_COMPLETED)
+        assert not completion.done()  # still waiting for the unanswered request to die at the leader
+        assert [m.producer_epoch for m, _ in h.markers.written_for(pid)] == [epoch]
+        assert h.md("t").state is S.PREPARE_COMMIT
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert set(res.values()) == {E.CONCURRENT_TRANSACTIONS}  # the next transaction waits
+        sleep.resume.set()
+        await h.settle()
+        complete = h.log.entries()[-1].transit
+        assert complete.state is S.COMPLETE_COMMIT
+        assert complete.txn_last_update_timestamp - ended_at >= MARKER_LEADER_DEADLINE_MS
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
+        assert set(res.values()) == {E.NONE}
+
+    run(scenario())
+
+
+def test_unanswered_marker_requests_hold_no_version_2_transaction():
+    """With an epoch bump per transaction (version 2) the leader refuses a late
+    duplicate marker by its epoch: the completion does not wait."""
+    async def scenario():
+        sleep = _HeldSleep()
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+        sleep.clock = h.clock
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.fail[("orders", 0)] = [E.REQUEST_TIMED_OUT]
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT and not sleep.parked.is_set()
+
+    run(scenario())
+
+
+def test_the_marker_deadline_covers_the_partition_leaders():
+    from services.partition_leader.replica_manager import MARKER_TIMEOUT_MS
+    assert MARKER_LEADER_DEADLINE_MS >= MARKER_TIMEOUT_MS
 
 
 def test_no_transaction_starts_at_an_exhausted_epoch():

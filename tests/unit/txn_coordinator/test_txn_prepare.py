@@ -139,9 +139,42 @@ def test_prepare_errors():
         assert await h.coord.prepare_txn("unknown", pid, epoch) == E.INVALID_PRODUCER_ID_MAPPING
         h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        assert await h.coord.prepare_txn("t", pid, epoch + 1) == E.INVALID_TXN_STATE  # completing
+        # The previous transaction is completing: retriable, as for AddPartitionsToTxn.
+        assert await h.coord.prepare_txn("t", pid, epoch + 1) == E.CONCURRENT_TRANSACTIONS
         assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED  # the epoch before the bump
         h.markers.gate.set()
+        await h.settle()
+
+    run(scenario())
+
+
+def test_prepare_txn_that_wakes_before_the_handover_add_is_retriable():
+    """PrepareTxn of the producer's next transaction and that transaction's first add
+    both wait for the previous transaction's markers. Once they are written the
+    completion stops for the handover, and PrepareTxn, woken first, still sees
+    PrepareCommit: it answers CONCURRENT_TRANSACTIONS, so the producer retries; the
+    add then starts the transaction and the retry seals it."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
+        end = await h.coord.end_txn("t", pid, epoch, True)
+        assert end.error == E.NONE
+        epoch = end.producer_epoch
+        await h.markers.held.wait()
+        prepare = asyncio.create_task(h.coord.prepare_txn("t", pid, epoch))
+        add = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
+
+        async def release() -> None:  # runs once both requests wait for the completion
+            assert h.coord._parts[0].next_waiting["t"] == 1
+            h.markers.gate.set()
+        await asyncio.create_task(release())
+        assert await prepare == E.CONCURRENT_TRANSACTIONS
+        assert set((await add).values()) == {E.NONE}
+        assert await h.coord.prepare_txn("t", pid, epoch) == E.NONE  # the retry
+        md = h.md("t")
+        assert (md.state, md.partitions, md.is_prepared) == (S.ONGOING, {("orders", 1)}, True)
         await h.settle()
 
     run(scenario())

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
+from services.common.cluster import NodeInfo
 from services.txn_coordinator import txn_log
+from services.txn_coordinator.adapters import ClusterTxnLog
 from services.txn_coordinator.coordinator import (TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch,
                                                   TxnMarker)
 from services.txn_coordinator.pid_manager import ProducerIdManager
@@ -85,6 +87,41 @@ class FakeLog:
                 if e.transactional_id == transactional_id]
 
 
+class GroupCommitLog(FakeLog):
+    """A FakeLog behind the coordinator's group commit (adapters.ClusterTxnLog): an
+    append joins the queue of the partition leader, and its record is written when
+    the request carrying it goes out, whatever became of the caller meanwhile.
+    `request_gate`, when not None, holds each request until set; `requested` is set
+    when a request waits at it, `answered` once such a request's records are
+    written."""
+
+    LEADER = NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1)
+
+    def __init__(self):
+        super().__init__()
+        self.cluster = self  # the ClusterClient's ClusterState
+        self.request_gate: asyncio.Event | None = None
+        self.requested = asyncio.Event()
+        self.answered = asyncio.Event()
+        self._queue = ClusterTxnLog(self)
+
+    def leader_of(self, topic: str, partition: int) -> NodeInfo:
+        return self.LEADER
+
+    async def produce_to(self, node, topic, entries, acks, timeout_ms) -> list[int]:
+        gated = self.request_gate is not None
+        if gated:
+            self.requested.set()
+            await self.request_gate.wait()
+        codes = [await FakeLog.append(self, partition, batch) for partition, batch in entries]
+        if gated:
+            self.answered.set()
+        return codes
+
+    async def append(self, partition: int, batch: bytes) -> int:
+        return await self._queue.append(partition, batch)
+
+
 class FakeMarkers:
     """Records every marker attempt; `fail[(topic, p)]` = list of error codes answered
     before success; `errors[(topic, p)]` = code answered forever."""
@@ -138,10 +175,11 @@ class FakeTopology:
 
 
 class Harness:
-    """A coordinator over the fakes. PIDs come from blocks of `block_size`."""
+    """A coordinator over the fakes. PIDs come from blocks of `block_size`; `sleep`
+    is the coordinator's (seconds; by default it only yields to the loop)."""
 
     def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
-                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None):
+                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep):
         self.clock = FakeClock()
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
@@ -152,7 +190,7 @@ class Harness:
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
                                             config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=fast_sleep, on_fenced=on_fenced)
+                                            clock=self.clock, sleep=sleep, on_fenced=on_fenced)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)
@@ -165,9 +203,11 @@ class Harness:
         await self.coord.wait_loaded(partition)
 
     async def settle(self) -> None:
-        """Run background work (markers, completions) until nothing is left."""
+        """Run background work (markers, completions, and appends whose outcome is
+        still to be applied) until nothing is left."""
         for _ in range(1000):
             pending = [t for part in self.coord._parts.values() for t in part.tasks if not t.done()]
+            pending += [t for t in self.coord._tasks if t.get_name().startswith("txn-append") and not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending, timeout=0.5)
