@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import grpc
 from cryptography import x509
-from cryptography.x509.name import _ASN1Type
 from cryptography.x509.oid import NameOID
 
 from exactly_wire.security import SASL_MECHANISM_HEADER, SASL_PASSWORD_HEADER, SASL_USERNAME_HEADER
@@ -119,7 +118,10 @@ def distinguished_name(name: x509.Name) -> str:
 
 
 def _attribute_rfc2253(attribute: x509.NameAttribute) -> str:
-    tag = int(getattr(attribute, "_type", _ASN1Type.UTF8String).value)
+    # The value's ASN.1 string type, which cryptography keeps (not public API): UTF8String
+    # when it is not there.
+    asn1_type = getattr(attribute, "_type", None)
+    tag = int(getattr(asn1_type, "value", 12))
     keyword = _RFC2253_KEYWORDS.get(attribute.oid)
     if keyword is None or tag not in _TEXT_TAGS or not isinstance(attribute.value, str):
         return f"{attribute.oid.dotted_string}=#{_der_value(attribute.value, tag).hex()}"

@@ -52,8 +52,9 @@ def test_mapping_rules_follow_kafkas_syntax():
 
 
 def test_rules_see_the_dn_as_java_writes_it():
-    """X500Principal.getName(): RFC 2253, last RDN first, ',=+<>#;"\' escaped."""
-    assert distinguished_name(_dn(r"CN=a\,b\=c\+d\<e\>f\#g\;h\"i\\j,O=acme")) == r'CN=a\,b\=c\+d\<e\>f\#g\;h\"i\\j,O=acme'
+    r"""X500Principal.getName(): RFC 2253, last RDN first, ',=+<>#;"\' escaped."""
+    special = r'CN=a\,b\=c\+d\<e\>f\#g\;h\"i\\j,O=acme'
+    assert distinguished_name(_dn(special)) == special
     assert distinguished_name(_dn(r"CN=\ padded\ ,DC=example,DC=com")) == r"CN=\ padded\ ,DC=example,DC=com"
     assert distinguished_name(_dn("CN=alice+UID=42,OU=Ops")) == "CN=alice+UID=42,OU=Ops"
     assert distinguished_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "a\0b")])) == r"CN=a\00b"
@@ -92,3 +93,14 @@ def test_sasl_first_then_certificate_then_anonymous(tmp_path):
         Authenticator(users, tls=False).principal(sasl, None)
     with pytest.raises(ValueError):  # malformed rules fail at start
         Authenticator(users, tls=True, mapping_rules="RULE:broken")
+
+
+def test_malformed_rules_stop_the_service_naming_the_key():
+    from exactly_wire.config import ConfigurationError
+    from services.common.config import ServiceConfig
+    with pytest.raises(ConfigurationError) as info:
+        ServiceConfig("pl-0", "partition_leader", props={"ssl.principal.mapping.rules": "RULE:^CN=(.*)$/$1/X"})
+    assert info.value.key == "ssl.principal.mapping.rules"
+    rules = r"RULE:^CN=(.*?),OU=Ops$/$1/L,DEFAULT"
+    cfg = ServiceConfig("pl-0", "partition_leader", props={"ssl.principal.mapping.rules": rules})
+    assert cfg.get_str("ssl.principal.mapping.rules", "DEFAULT") == rules
