@@ -7,9 +7,12 @@ A call's principal, in this order:
    as RFC 5802 defines them; the password itself is never stored); a wrong password
    or unknown user fails the call (UNAUTHENTICATED, Kafka's
    SASL_AUTHENTICATION_FAILED). SASL over a plaintext listener is refused.
-2. The verified TLS client certificate: `User:<name>` from its subject through
-   `ssl.principal.mapping.rules` (Kafka's syntax: `RULE:pattern/replacement/[LU]`
-   rules tried in order over the RFC 4514 subject, then `DEFAULT`, the common name).
+2. The verified TLS client certificate: `User:<name>` from its parsed subject (never
+   from parsing a subject string, where an escaped "," in another attribute would
+   pass for a separator) through `ssl.principal.mapping.rules` (`PrincipalMapper`:
+   Kafka's `RULE:pattern/replacement/[LU]` rules over the RFC 2253 DN as Java's
+   X500Principal.getName() writes it, and `DEFAULT`, the common name). A subject
+   with several common names, or one no rule applies to, is refused.
 3. Otherwise `User:ANONYMOUS`.
 
 The principal of the call in progress is in `current_principal` (a contextvar set by
@@ -29,6 +32,8 @@ import threading
 from dataclasses import dataclass
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from exactly_wire.security import SASL_MECHANISM_HEADER, SASL_PASSWORD_HEADER, SASL_USERNAME_HEADER
 
@@ -78,36 +83,193 @@ class ScramCredential:
                    base64.b64decode(d["server_key"]))
 
 
-def principal_from_subject(subject: str, rules: str = "DEFAULT") -> str:
-    """`User:<name>` for a certificate subject (RFC 4514, e.g. "CN=alice,O=acme") by
-    Kafka's `ssl.principal.mapping.rules`: comma-separated `RULE:pattern/replacement/`
-    rules (optional trailing L or U lowercases or uppercases the result), the first
-    whose pattern matches the whole subject wins; `DEFAULT` takes the CN (the whole
-    subject when there is none). Raises ValueError for a malformed rule."""
-    for rule in _split_rules(rules):
-        if rule == "DEFAULT":
-            m = re.search(r"(?:^|,)CN=((?:\\.|[^,])*)", subject)
-            return "User:" + (m.group(1) if m else subject)
-        m = re.fullmatch(r"RULE:(.*)/(.*)/([LU]?)", rule)
-        if m is None:
-            raise ValueError(f"ssl.principal.mapping.rules: malformed rule {rule!r}")
-        pattern, replacement, case = m.groups()
-        if re.fullmatch(pattern, subject):
-            name = re.sub(pattern, replacement.replace("$", "\\"), subject)
-            return "User:" + (name.lower() if case == "L" else name.upper() if case == "U" else name)
-    return "User:" + subject
+# Attribute types X500Principal.getName() (RFC 2253) names by keyword; any other type
+# is written as its dotted OID with the value's DER encoding in hex.
+_RFC2253_KEYWORDS = {
+    NameOID.COMMON_NAME: "CN", NameOID.COUNTRY_NAME: "C", NameOID.LOCALITY_NAME: "L",
+    NameOID.STATE_OR_PROVINCE_NAME: "ST", NameOID.ORGANIZATION_NAME: "O",
+    NameOID.ORGANIZATIONAL_UNIT_NAME: "OU", NameOID.STREET_ADDRESS: "STREET",
+    NameOID.DOMAIN_COMPONENT: "DC", NameOID.USER_ID: "UID",
+}
+# ASN.1 string tags Java writes as text (AVA.isDerString): UTF8String, PrintableString,
+# T61String, IA5String, GeneralString, BMPString.
+_TEXT_TAGS = {12, 19, 20, 22, 27, 30}
+_RFC2253_ESCAPED = ',=+<>#;"\\'
+_RULE = re.compile(r"(DEFAULT)|RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)")
 
 
-def _split_rules(rules: str) -> list[str]:
-    out, cur = [], ""
-    for part in (rules or "DEFAULT").split(","):
-        cur = f"{cur},{part}" if cur else part
-        if cur.strip() == "DEFAULT" or re.fullmatch(r"\s*RULE:.*/.*/[LU]?\s*", cur):
-            out.append(cur.strip())
-            cur = ""
-    if cur.strip():
-        raise ValueError(f"ssl.principal.mapping.rules: malformed rule {cur.strip()!r}")
-    return out
+class CertificateIdentityError(AuthenticationError):
+    """A verified certificate that names no principal: its subject has several common
+    names, or no ssl.principal.mapping.rules rule matches its DN (Kafka's
+    NoMatchingRule). The connection is refused."""
+
+
+def distinguished_name(name: x509.Name) -> str:
+    """The RFC 2253 string of a parsed certificate name, as Java's
+    `X500Principal.getName()` gives it (the DN Kafka's ssl.principal.mapping.rules see):
+    RDNs from last to first joined by ",", the attributes of a multi-valued RDN by "+";
+    CN, C, L, ST, O, OU, STREET, DC and UID by keyword with `,=+<>#;"\\` escaped by a
+    backslash (leading and trailing spaces too, NUL as \\00); other types as
+    `<dotted OID>=#<hex of the value's DER>`, as are non-text values."""
+    rdns = []
+    for rdn in reversed(name.rdns):
+        rdns.append("+".join(_attribute_rfc2253(attribute) for attribute in rdn))
+    return ",".join(rdns)
+
+
+def _attribute_rfc2253(attribute: x509.NameAttribute) -> str:
+    # The value's ASN.1 string type, which cryptography keeps (not public API): UTF8String
+    # when it is not there.
+    asn1_type = getattr(attribute, "_type", None)
+    tag = int(getattr(asn1_type, "value", 12))
+    keyword = _RFC2253_KEYWORDS.get(attribute.oid)
+    if keyword is None or tag not in _TEXT_TAGS or not isinstance(attribute.value, str):
+        return f"{attribute.oid.dotted_string}=#{_der_value(attribute.value, tag).hex()}"
+    escaped = "".join("\\00" if c == "\0" else "\\" + c if c in _RFC2253_ESCAPED else c
+                      for c in attribute.value)
+    lead = len(escaped) - len(escaped.lstrip(" \r"))
+    trail = len(escaped.rstrip(" \r"))
+    if lead == len(escaped):
+        trail = 0
+    return keyword + "=" + "".join("\\" + c if i < lead or i >= trail else c for i, c in enumerate(escaped))
+
+
+def _der_value(value: str | bytes, tag: int) -> bytes:
+    if isinstance(value, bytes):
+        content = value
+    elif tag == 30:  # BMPString
+        content = value.encode("utf-16-be")
+    elif tag == 28:  # UniversalString
+        content = value.encode("utf-32-be")
+    elif tag == 12:
+        content = value.encode("utf-8")
+    else:
+        content = value.encode("latin-1")
+    n = len(content)
+    length = bytes([n]) if n < 0x80 else bytes([0x80 | ((n.bit_length() + 7) // 8)]) + n.to_bytes(
+        (n.bit_length() + 7) // 8, "big")
+    return bytes([tag]) + length + content
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern | None  # None: DEFAULT
+    replacement: str = ""
+    case: str = ""
+
+    def apply(self, dn: str, common_name: str | None) -> str | None:
+        if self.pattern is None:
+            return common_name if common_name is not None else dn
+        if self.pattern.fullmatch(dn) is None:
+            return None
+        name = self.pattern.sub(self.replacement, dn)
+        return name.lower() if self.case == "L" else name.upper() if self.case == "U" else name
+
+
+class PrincipalMapper:
+    """Kafka's `ssl.principal.mapping.rules` (SslPrincipalMapper): a comma-separated
+    list of `RULE:pattern/replacement/[LU]` and `DEFAULT`, tried in order; the first
+    that applies names the principal. A RULE applies when `pattern` (a regular
+    expression; "/" written "\\/") matches the whole RFC 2253 DN (`distinguished_name`);
+    the result is the DN with every match replaced by `replacement` ($1.. the groups,
+    "\\" escapes the next character; a $n above the pattern's group count is literal,
+    as in Kafka), lowercased with L, uppercased with U. Unlike Kafka, whose DEFAULT is
+    the whole DN, Exactly's DEFAULT is the subject's common name (the whole DN when it
+    has none). Empty rules are skipped; an empty setting means DEFAULT.
+
+    Raises ValueError naming the rule for a malformed one (at construction, so a
+    service with bad rules does not start)."""
+
+    def __init__(self, rules: str = "DEFAULT"):
+        self.rules = rules
+        self._rules = [self._parse(text) for text in self._split(rules or "DEFAULT")]
+
+    @staticmethod
+    def _split(rules: str) -> list[str]:
+        out, pos, text = [], 0, rules.strip()
+        while pos <= len(text):
+            m = _RULE.match(text, pos)
+            end = m.end() if m else pos
+            comma = text.find(",", end)
+            if comma < 0:
+                comma = len(text)
+            if text[end:comma].strip():  # text after a rule, or no rule at all
+                raise ValueError(f"ssl.principal.mapping.rules: malformed rule {text[pos:comma].strip()!r}")
+            if m is not None:
+                out.append(m.group(0))
+            pos = comma + 1
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+        return out
+
+    @staticmethod
+    def _parse(text: str) -> _Rule:
+        m = _RULE.fullmatch(text)
+        if m.group(1):
+            return _Rule(None)
+        try:
+            pattern = re.compile(m.group(2))
+        except re.error as exc:
+            raise ValueError(f"ssl.principal.mapping.rules: malformed rule {text!r} ({exc})") from None
+        return _Rule(pattern, _python_replacement(m.group(3), pattern.groups, text), m.group(4))
+
+    def principal(self, name: x509.Name) -> str:
+        """`User:<name>` for a verified certificate's parsed subject. Raises
+        CertificateIdentityError when the subject has several common names (refused
+        whatever the rules, so no rule or DEFAULT can pick the wrong one) or when no
+        rule applies."""
+        common_names = name.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if len(common_names) > 1:
+            raise CertificateIdentityError(f"certificate subject {distinguished_name(name)!r} has "
+                                           f"{len(common_names)} common names; refused")
+        common_name = common_names[0].value if common_names else None
+        if common_name is not None and not isinstance(common_name, str):
+            raise CertificateIdentityError("certificate common name is not a string; refused")
+        dn = distinguished_name(name)
+        for rule in self._rules:
+            result = rule.apply(dn, common_name)
+            if result is not None:
+                return "User:" + result
+        raise CertificateIdentityError(f"no ssl.principal.mapping.rules rule applies to {dn!r}")
+
+
+def _python_replacement(replacement: str, groups: int, rule: str) -> str:
+    """Java's replacement syntax ($n groups, "\\" escapes) as a re.sub template."""
+    out, i = [], 0
+    while i < len(replacement):
+        c = replacement[i]
+        if c == "\\":
+            if i + 1 == len(replacement):
+                raise ValueError(f"ssl.principal.mapping.rules: malformed rule {rule!r} (trailing \\)")
+            out.append(replacement[i + 1].replace("\\", "\\\\"))
+            i += 2
+        elif c == "$":
+            digits = re.match(r"\d+", replacement[i + 1:])
+            if digits is None:
+                raise ValueError(f"ssl.principal.mapping.rules: malformed rule {rule!r} ($ without a group number)")
+            ref = digits.group(0)
+            number = int(ref[0])
+            used = 1
+            # Java takes further digits while they name an existing group.
+            while used < len(ref) and number * 10 + int(ref[used]) <= groups:
+                number = number * 10 + int(ref[used])
+                used += 1
+            if number > groups:  # Kafka: a reference to a missing group is literal
+                out.append("$" + ref[:used])
+            else:
+                out.append(f"\\g<{number}>")
+            i += 1 + used
+        else:
+            out.append(c.replace("\\", "\\\\"))
+            i += 1
+    return "".join(out)
+
+
+def principal_from_certificate(certificate: x509.Certificate, mapper: PrincipalMapper) -> str:
+    """`User:<name>` of a verified client certificate, from its parsed subject through
+    `mapper` (the one function both the gRPC and the Kafka listener use). Raises
+    CertificateIdentityError for a subject that names no principal."""
+    return mapper.principal(certificate.subject)
 
 
 class UserStore:
@@ -167,16 +329,19 @@ class UserStore:
 
 class Authenticator:
     """Decides a call's principal (see the module docstring). `tls`: the listener
-    uses TLS (SASL is refused otherwise)."""
+    uses TLS (SASL is refused otherwise); `mapping_rules`: ssl.principal.mapping.rules
+    (ValueError when malformed, so a service with bad rules does not start)."""
 
     def __init__(self, users: UserStore, tls: bool, mapping_rules: str = "DEFAULT"):
         self.users = users
         self.tls = tls
-        self.mapping_rules = mapping_rules
-        principal_from_subject("CN=x", mapping_rules)  # malformed rules fail at start
+        self.mapper = PrincipalMapper(mapping_rules)
 
-    def principal(self, metadata: dict[str, str], subject: str | None) -> str:
-        """Raises AuthenticationError for SASL credentials that do not verify."""
+    def principal(self, metadata: dict[str, str], certificate: x509.Certificate | None) -> str:
+        """The principal of a call with these metadata and verified client
+        `certificate` (None: none presented). Raises AuthenticationError for SASL
+        credentials that do not verify and CertificateIdentityError for a certificate
+        that names no principal."""
         user = metadata.get(SASL_USERNAME_HEADER)
         if user is not None:
             if not self.tls:
@@ -187,25 +352,23 @@ class Authenticator:
             if not self.users.verify(user, metadata.get(SASL_PASSWORD_HEADER, "")):
                 raise AuthenticationError(f"authentication failed for user {user!r}")
             return "User:" + user
-        if subject:
-            return principal_from_subject(subject, self.mapping_rules)
+        if certificate is not None:
+            return principal_from_certificate(certificate, self.mapper)
         return ANONYMOUS
 
 
-def certificate_subject(context: grpc.ServicerContext) -> str | None:
-    """The RFC 4514 subject of the verified client certificate of a gRPC call."""
+def peer_certificate(context: grpc.ServicerContext) -> x509.Certificate | None:
+    """The verified client certificate of a gRPC call (from the auth context's PEM),
+    None when the call presented none."""
     auth = context.auth_context() if context is not None else {}
     pem = (auth.get("x509_pem_cert") or [None])[0]
-    if pem:
-        from cryptography import x509
-        return x509.load_pem_x509_certificate(pem).subject.rfc4514_string()
-    cn = (auth.get("x509_common_name") or [None])[0]
-    return f"CN={cn.decode()}" if cn else None
+    return x509.load_pem_x509_certificate(pem) if pem else None
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Sets `current_principal` for every gRPC call; a failed SASL check ends the
-    call with UNAUTHENTICATED (SASL_AUTHENTICATION_FAILED) before the handler runs.
+    call with UNAUTHENTICATED (SASL_AUTHENTICATION_FAILED) before the handler runs, as
+    does a client certificate that names no principal (CertificateIdentityError).
     With an `authorizer`, the call's checks (services.common.authz) run next: a
     failing one ends the call with PERMISSION_DENIED naming the Kafka error.
     `authenticator` and `authorizer` may be set after the server was built."""
@@ -228,7 +391,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def behavior(request, context):
             metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
             try:
-                principal = authenticator.principal(metadata, certificate_subject(context))
+                principal = authenticator.principal(metadata, peer_certificate(context))
+            except CertificateIdentityError as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"SSL authentication failed: {exc}")
             except AuthenticationError as exc:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"SASL_AUTHENTICATION_FAILED: {exc}")
             if authorizer is not None and authz.has_rule(method):

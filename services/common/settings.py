@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import difflib
 import sys
-from typing import ClassVar, Literal, Mapping
+from typing import Annotated, ClassVar, Literal, Mapping
+
+from pydantic import AfterValidator
 
 from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
 from exactly_wire.security import SecuritySettings
@@ -27,6 +29,17 @@ _SERVICE_UNSUPPORTED = {
     "zookeeper.connect": "use --zookeeper",
     "authorizer.class.name": "set authorizer=acl",
 }
+
+
+def _principal_mapping_rules(value: str) -> str:
+    """ssl.principal.mapping.rules parse (services.common.auth.PrincipalMapper), so a
+    malformed rule stops the process naming the key."""
+    from .auth import PrincipalMapper
+    PrincipalMapper(value)
+    return value
+
+
+PrincipalMappingRules = Annotated[str, AfterValidator(_principal_mapping_rules)]
 
 
 class ServiceSchema(SecuritySettings):
@@ -77,7 +90,7 @@ class ServiceSchema(SecuritySettings):
     allow_everyone_if_no_acl_found: Bool = setting(
         "allow.everyone.if.no.acl.found", False, "With the authorizer on, allow a resource that has no ACL at "
         "all to everyone.", MEDIUM)
-    ssl_principal_mapping_rules: str = setting(
+    ssl_principal_mapping_rules: PrincipalMappingRules = setting(
         "ssl.principal.mapping.rules", "DEFAULT", "How a client certificate's subject becomes a principal: "
         "RULE:pattern/replacement/[LU] rules, then DEFAULT (the common name).", LOW)
     ssl_client_auth: Literal["required", "requested", "none"] = setting(

@@ -1,7 +1,9 @@
 """Certificates for a secured cluster, made with the `cryptography` library: a
 certificate authority, service certificates (one per node, the node id as common
 name, the hosts clients connect to as subject alternative names) and client
-certificates (the principal's name as common name). docs/design.md, "Security".
+certificates (the principal's name as common name). Everything is private to its
+owner: the directory is created 0700, keys and certificates are mode 0600 from the
+moment they exist (never chmod-ed afterwards). docs/design.md, "Security".
 
     ca = CertificateAuthority.create(directory)           # ca.pem, ca.key
     ca.issue("pl-0", hosts=["127.0.0.1", "localhost"])    # pl-0.pem, pl-0.key
@@ -9,10 +11,12 @@ certificates (the principal's name as common name). docs/design.md, "Security".
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
 import pathlib
+import tempfile
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -31,10 +35,30 @@ class Issued:
     key: pathlib.Path
 
 
+def write_private(path: pathlib.Path, data: bytes) -> None:
+    """Write `data` to `path` readable by its owner only (0600) at every moment: into a
+    temporary file of the same directory, created 0600 whatever the umask
+    (tempfile.mkstemp: O_CREAT|O_EXCL, mode 0600), renamed over `path` once complete.
+    A reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def _write_key(path: pathlib.Path, key, password: bytes | None = None) -> None:
+    """A private key as PKCS#8 PEM (encrypted with `password` when given), mode 0600
+    from its creation on (write_private)."""
     encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
-    os.chmod(path, 0o600)
+    write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           encryption))
 
 
 class CertificateAuthority:
@@ -51,7 +75,7 @@ class CertificateAuthority:
 
     @classmethod
     def create(cls, directory: pathlib.Path, name: str = "Exactly dev CA") -> "CertificateAuthority":
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -64,7 +88,7 @@ class CertificateAuthority:
                                              data_encipherment=False, key_agreement=False, encipher_only=False,
                                              decipher_only=False), critical=True)
                 .sign(key, hashes.SHA256()))
-        (directory / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM))
         _write_key(directory / "ca.key", key)
         return cls(directory, key, cert)
 
@@ -100,6 +124,6 @@ class CertificateAuthority:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         issued = Issued(self.directory / f"{common_name}.pem", self.directory / f"{common_name}.key")
-        issued.certificate.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private(issued.certificate, cert.public_bytes(serialization.Encoding.PEM))
         _write_key(issued.key, key, key_password)
         return issued

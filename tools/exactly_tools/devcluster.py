@@ -13,7 +13,9 @@ processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
 "metrics_address"}]}; every service serves Prometheus /metrics on its own port
 (`--set metrics.port=P`), at http://<metrics_address>/metrics.
-Service logs go to DIR/logs/NAME.log; data to DIR/NAME/.
+Service logs go to DIR/logs/NAME.log; data to DIR/NAME/. Nothing under DIR is readable
+by other users: the dev cluster creates its directories 0700 and its files 0600, and
+ZooKeeper and the services run with umask 077.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ from exactly_wire.config import ConfigurationError
 from exactly_wire.security import TransportSecurity, secure_channel
 from services.common.settings import settings_by_role
 
+from .certs import write_private
+
 ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
 ZOOKEEPER_CLASSPATH = ["/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar",
                        "/usr/share/java/slf4j-api.jar", "/usr/share/java/slf4j-simple.jar",
@@ -50,6 +54,19 @@ DEV_DEFAULTS = {
     "transaction.state.log.num.partitions": "4",
     "offsets.topic.num.partitions": "4",
 }
+
+
+PRIVATE_UMASK = 0o077  # ZooKeeper's and the services' files: the owner's only
+
+
+def _mkdir_private(path: pathlib.Path) -> None:
+    """Create directory `path` (and missing parents) mode 0700; an existing one is left as is."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def _open_log(path: pathlib.Path):
+    """Open log file `path` for appending, created mode 0600."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
 
 class DevClusterError(RuntimeError):
@@ -170,9 +187,7 @@ class DevCluster:
                           "metrics_address": s.metrics_address, "kafka_address": s.kafka_address}
                          for s in self.services.values()],
         }
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body, indent=2))
-        tmp.replace(self.state_file)
+        write_private(self.state_file, json.dumps(body, indent=2).encode())
 
     @classmethod
     def load(cls, dir: str | os.PathLike) -> "DevCluster":
@@ -194,18 +209,20 @@ class DevCluster:
     # ------------------------------------------------------------ ZooKeeper
     def start_zookeeper(self, timeout_s: float = 30.0) -> None:
         zk_dir = self.dir / "zookeeper"
-        zk_dir.mkdir(parents=True, exist_ok=True)
+        _mkdir_private(zk_dir)
         port = free_port()
         cfg = zk_dir / "zoo.cfg"
-        cfg.write_text(f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={zk_dir / 'data'}\n"
-                       f"clientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\n"
-                       "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n")
+        write_private(cfg, (f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={zk_dir / 'data'}\n"
+                            f"clientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\n"
+                            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n").encode())
         classpath = ":".join(p for p in ZOOKEEPER_CLASSPATH if os.path.exists(p))
-        log = open(self.dir / "logs" / "zookeeper.log", "ab")
+        log = _open_log(self.dir / "logs" / "zookeeper.log")
+        # umask 077: ZooKeeper's snapshots and transaction logs (znode data, the digest
+        # ACLs, SCRAM credentials) readable by the owner only.
         proc = subprocess.Popen(["java", "-Xmx256m", "-Dzookeeper.admin.enableServer=false", "-cp", classpath,
                                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, umask=PRIVATE_UMASK)
         self._procs["zookeeper"] = proc
         self.zookeeper_pid = proc.pid
         self.zookeeper = f"127.0.0.1:{port}"
@@ -226,7 +243,7 @@ class DevCluster:
     # ------------------------------------------------------------ services
     def _spawn(self, svc: Service) -> None:
         data_dir = self.dir / svc.name
-        data_dir.mkdir(parents=True, exist_ok=True)
+        _mkdir_private(data_dir)
         cmd = [sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name, "--host", "127.0.0.1",
                "--port", str(svc.port), "--kafka-port", str(svc.kafka_port or -1), "--zookeeper", self.zookeeper,
                "--data-dir", str(data_dir)]
@@ -239,7 +256,8 @@ class DevCluster:
                     "--set", f"ssl.key.location={certs / (svc.name + '.key')}"]
         if svc.metrics_port:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
-        log = open(self.dir / "logs" / f"{svc.name}.log", "ab")
+        log = _open_log(self.dir / "logs" / f"{svc.name}.log")
+        # The service sets umask 077 itself (services.common.server.main_for).
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         self._procs[svc.name] = proc
@@ -260,7 +278,8 @@ class DevCluster:
         """Start ZooKeeper (unless given) and the services; wait until all serve.
         Raises ConfigurationError for a wrong setting before anything starts."""
         settings_by_role({**DEV_DEFAULTS, **self.props})
-        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        _mkdir_private(self.dir)
+        _mkdir_private(self.dir / "logs")
         if zookeeper:
             self.zookeeper = zookeeper
         else:
@@ -301,9 +320,8 @@ class DevCluster:
         # change anything (the password in a file only the owner reads, not on command lines).
         props = self.zookeeper_properties
         if not props.exists():
-            props.touch(mode=0o600)
-            props.write_text("zookeeper.set.acl=true\nzookeeper.digest.username=exactly\n"
-                             f"zookeeper.digest.password={secrets.token_urlsafe(24)}\n")
+            write_private(props, ("zookeeper.set.acl=true\nzookeeper.digest.username=exactly\n"
+                                  f"zookeeper.digest.password={secrets.token_urlsafe(24)}\n").encode())
         self.client_config = {"security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
                               "ssl.certificate.location": str(admin.certificate),
                               "ssl.key.location": str(admin.key)}

@@ -15,7 +15,11 @@ Refused input, as a Kafka broker does it:
 - a request the connection's principal may not make (the same checks as gRPC,
   services.common.authz): the connection is closed (logged with the reason).
 
-The principal of a connection comes from its verified TLS client certificate.
+The principal of a connection comes from its verified TLS client certificate, by the
+same function as on the gRPC port (services.common.auth.principal_from_certificate:
+the parsed subject through ssl.principal.mapping.rules). A certificate that names no
+principal (several common names, no rule applies) closes the connection before any
+request is read, as a Kafka broker fails the authentication of such a connection.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Any, Awaitable, Callable
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..auth import ANONYMOUS, current_principal, principal_from_subject
+from ..auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal, principal_from_certificate
 from ..authz import Denied
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
 
@@ -60,8 +64,9 @@ class KafkaListener:
 
     def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  principal_rules: str = "DEFAULT"):
+        """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed)."""
         self.apis = dict(apis)
-        self.principal_rules = principal_rules
+        self.principal_mapper = PrincipalMapper(principal_rules)
         self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
         self.max_request_bytes = max_request_bytes
         self._server: asyncio.base_events.Server | None = None
@@ -91,8 +96,8 @@ class KafkaListener:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        current_principal.set(self._principal(writer))
         try:
+            current_principal.set(self._principal(writer))
             while True:
                 try:
                     size_bytes = await reader.readexactly(4)
@@ -112,6 +117,8 @@ class KafkaListener:
             log.info("kafka connection from %s: %s; closing", peer_s, exc)
         except Denied as exc:
             log.info("kafka connection from %s (%s): %s; closing", peer_s, current_principal.get(), exc)
+        except CertificateIdentityError as exc:
+            log.warning("kafka connection from %s: SSL authentication failed: %s; closing", peer_s, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -124,14 +131,14 @@ class KafkaListener:
 
     def _principal(self, writer: asyncio.StreamWriter) -> str:
         """The connection's principal: from its verified TLS client certificate
-        (through `principal_rules`), else User:ANONYMOUS."""
+        (principal_from_certificate), else User:ANONYMOUS. Raises
+        CertificateIdentityError for a certificate that names no principal."""
         ssl_object = writer.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if not der:
             return ANONYMOUS
         from cryptography import x509
-        subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
-        return principal_from_subject(subject, self.principal_rules)
+        return principal_from_certificate(x509.load_der_x509_certificate(der), self.principal_mapper)
 
     async def _handle(self, frame: bytes, peer: str) -> bytes | None:
         api_key, version, correlation_id = peek_header(frame)
