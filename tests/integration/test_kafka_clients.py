@@ -207,6 +207,28 @@ def test_aiokafka_transactional_producer_commits_and_aborts(kc):
     assert b"aborted" in read_sdk(kc, topic, "read_uncommitted")
 
 
+def test_kafka_python_create_topics_with_configs(kc):
+    """kafka-python 3.0 asks CreateTopics v7, whose result lists the topic's configs
+    (nullable array, v5+): the reply encodes, the given config is the topic's own
+    (source 1, DYNAMIC_TOPIC_CONFIG in kafka-python's names), the rest are defaults."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from exactly import AdminClient as XAdmin
+    name = f"kpc-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kc.kafka_bootstrap_servers.split(","), request_timeout_ms=30000)
+    try:
+        result = admin.create_topics([NewTopic(name, 2, 1, topic_configs={"retention.ms": "60000"})])
+    finally:
+        admin.close()
+    (topic,) = result["topics"]
+    assert (topic["name"], topic["error_code"], topic["num_partitions"], topic["replication_factor"]) == \
+        (name, 0, 2, 1)
+    assert topic["configs"]["retention.ms"]["value"] == "60000"
+    assert topic["configs"]["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+    assert topic["configs"]["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+    with XAdmin({"bootstrap.servers": kc.bootstrap_servers}) as x:
+        assert x.describe_configs([name])[name]["retention.ms"].value == "60000"
+
+
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by scripts/setup.sh")
 def test_kcat_metadata_and_read_committed(kc):
     topic = new_topic(kc)
