@@ -504,7 +504,9 @@ class Partition:
 
         Validates without decoding records: CRC32C and framing (CORRUPT_MESSAGE, the
         log unchanged), exactly one batch and no control bit (INVALID_REQUEST), PID /
-        epoch / sequence rules (`ProducerStateManager.check_append`). With
+        epoch / sequence rules (`ProducerStateManager.check_append`; a batch without a
+        producer id has none, whatever its epoch and sequence fields hold, as in
+        Kafka's LogValidator). With
         required_acks -1 (all), NOT_ENOUGH_REPLICAS when the ISR is smaller than
         `min.insync.replicas`, before anything is appended. A retried batch equal to
         one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
@@ -538,8 +540,9 @@ class Partition:
         bad = records.validate_records(buf, h)
         if bad is not None:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=bad)
-        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX or \
-                h.producer_id < 0 and h.base_sequence != records.NO_SEQUENCE:
+        # Kafka's LogValidator checks the sequence only of a batch with a producer id; without
+        # one the epoch and sequence fields are ignored (aiokafka's plain producer sends 0).
+        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX:
             return AppendResult(ErrorCode.INVALID_RECORD, message=(
                 f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence {h.base_sequence}"))
         if required_acks == ACKS_ALL and not self.enough_replicas():

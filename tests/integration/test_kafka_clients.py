@@ -229,6 +229,39 @@ def test_kafka_python_create_topics_with_configs(kc):
         assert x.describe_configs([name])[name]["retention.ms"].value == "60000"
 
 
+@pytest.mark.parametrize("acks", [1, "all"])
+def test_aiokafka_plain_producer(kc, acks):
+    """aiokafka's non-idempotent producer sends batches with producer id -1 and base
+    sequence 0 (not -1): Kafka ignores the sequence of a batch without a producer id,
+    so the records land."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    topic = new_topic(kc)
+
+    async def run() -> tuple[list[int], list[bytes]]:
+        p = AIOKafkaProducer(bootstrap_servers=kc.kafka_bootstrap_servers, acks=acks)
+        await p.start()
+        try:
+            offsets = [(await p.send_and_wait(topic, b"plain-%d" % i, partition=0)).offset for i in range(5)]
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, auto_offset_reset="earliest",
+                             group_id=f"aio-plain-{topic}", enable_auto_commit=False)
+        await c.start()
+        got: list[bytes] = []
+        try:
+            while len(got) < 5:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
+                for msgs in batch.values():
+                    got.extend(m.value for m in msgs)
+        finally:
+            await c.stop()
+        return offsets, got
+    offsets, got = asyncio.run(run())
+    assert offsets == [0, 1, 2, 3, 4]
+    assert got == [b"plain-%d" % i for i in range(5)]
+    assert read_sdk(kc, topic, "read_uncommitted") == got
+
+
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by scripts/setup.sh")
 def test_kcat_metadata_and_read_committed(kc):
     topic = new_topic(kc)
