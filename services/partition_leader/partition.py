@@ -60,6 +60,9 @@ READ_COMMITTED = 1
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 LAST_STABLE_OFFSET_TIMESTAMP = -3  # the design doc's sentinel ("ListOffsetRequest")
+# The record with the largest timestamp: Kafka's MAX_TIMESTAMP (KIP-734), which is -3 on
+# the Kafka port (services/partition_leader/kafka_api.py maps it), -4 here since -3 is the LSO.
+MAX_TIMESTAMP = -4
 
 ACKS_ALL = -1
 HIGH_WATERMARK_FILE = "high-watermark"
@@ -865,9 +868,14 @@ class Partition:
     # ------------------------------------------------------------ list offsets
     def list_offset(self, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[ErrorCode, int, int]:
         """ListOffsets: returns (error, offset, timestamp). timestamp -2: log start;
-        -1: high watermark (the LSO for read_committed); -3: LSO. A timestamp >= 0
-        (ms) answers the first offset whose record timestamp is >= it, with that
-        record's timestamp, if it is below that bound, else (NONE, -1, -1) (Kafka's
+        -1: high watermark (the LSO for read_committed); -3: LSO; -4 (MAX_TIMESTAMP):
+        the offset and timestamp (ms) of the record with the largest timestamp
+        (`Log.max_timestamp_offset`), searched in the whole log and answered only when
+        below the high watermark (the LSO for read_committed), else (NONE, -1, -1),
+        as Kafka answers MAX_TIMESTAMP (KIP-734; `Partition.fetchOffsetForTimestamp`
+        then `ReplicaManager`'s lastFetchableOffset check). A timestamp >= 0 (ms)
+        answers the first offset whose record timestamp is >= it, with that record's
+        timestamp, if it is below that bound, else (NONE, -1, -1) (Kafka's
         ListOffsets; the segments' time indexes skip what cannot match,
         `Log.offset_for_timestamp`). Other negative timestamps: INVALID_REQUEST."""
         bound = self.last_stable_offset if isolation_level == READ_COMMITTED else self.high_watermark
@@ -877,6 +885,11 @@ class Partition:
             return ErrorCode.NONE, bound, -1
         if timestamp == LAST_STABLE_OFFSET_TIMESTAMP:
             return ErrorCode.NONE, self.last_stable_offset, -1
+        if timestamp == MAX_TIMESTAMP:
+            found = self.log.max_timestamp_offset()
+            if found is None or found[0] >= bound:
+                return ErrorCode.NONE, -1, -1
+            return ErrorCode.NONE, found[0], found[1]
         if timestamp < 0:
             return ErrorCode.INVALID_REQUEST, -1, -1
         found = self.log.offset_for_timestamp(timestamp, bound)

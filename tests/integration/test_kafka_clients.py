@@ -262,6 +262,46 @@ def test_aiokafka_plain_producer(kc, acks):
     assert read_sdk(kc, topic, "read_uncommitted") == got
 
 
+def test_confluent_list_offsets_max_timestamp(kc):
+    """ListOffsets MAX_TIMESTAMP (-3, KIP-734) through confluent-kafka's AdminClient:
+    the offset and timestamp of the record with the largest timestamp (the first of
+    two with it), not the log end. Under read_committed, as Kafka answers, no offset
+    (-1) while that record is at or above the LSO, and its offset once committed."""
+    import time
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+    topic = new_topic(kc, partitions=2)
+    tp = KTP(topic, 0)
+    admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
+
+    def max_timestamp(isolation=IsolationLevel.READ_UNCOMMITTED, partition: KTP = tp) -> tuple[int, int]:
+        r = admin.list_offsets({partition: OffsetSpec.max_timestamp()},
+                               isolation_level=isolation)[partition].result(30)
+        return r.offset, r.timestamp
+    now = int(time.time() * 1000)
+    stamps = [now - 5000, now + 60000, now - 1000, now + 60000, now]
+    p = KProducer({"bootstrap.servers": kc.kafka_bootstrap_servers})
+    for i, ts in enumerate(stamps):
+        p.produce(topic, b"v%d" % i, partition=0, timestamp=ts)
+    assert p.flush(30) == 0
+    assert max_timestamp() == (1, now + 60000)
+    assert max_timestamp(IsolationLevel.READ_COMMITTED) == (1, now + 60000)
+    latest = admin.list_offsets({tp: OffsetSpec.latest()})[tp].result(30)
+    assert latest.offset == 5
+    assert max_timestamp(partition=KTP(topic, 1)) == (-1, -1)  # an empty partition
+    # A later timestamp in an open transaction: beyond the LSO for read_committed.
+    t = KProducer({"bootstrap.servers": kc.kafka_bootstrap_servers, "transactional.id": f"max-ts-{topic}"})
+    t.init_transactions(30)
+    t.begin_transaction()
+    t.produce(topic, b"in-txn", partition=0, timestamp=now + 120000)
+    assert t.flush(30) == 0
+    assert max_timestamp() == (5, now + 120000)
+    assert max_timestamp(IsolationLevel.READ_COMMITTED) == (-1, -1)
+    t.commit_transaction(30)
+    wait_for(lambda: max_timestamp(IsolationLevel.READ_COMMITTED) == (5, now + 120000), 30,
+             "the committed record to be below the LSO")
+
+
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by scripts/setup.sh")
 def test_kcat_metadata_and_read_committed(kc):
     topic = new_topic(kc)
