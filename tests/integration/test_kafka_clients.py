@@ -229,6 +229,24 @@ def test_kafka_python_create_topics_with_configs(kc):
         assert x.describe_configs([name])[name]["retention.ms"].value == "60000"
 
 
+def test_kafka_python_describe_topics(kc):
+    """kafka-python 3.0's describe_topics: Metadata v12 answered with Kafka's field
+    names (`name`, `partition_index`, `leader_id`; kafka-python 2.x used `topic`,
+    `partition`, `leader`)."""
+    from kafka.admin import KafkaAdminClient
+    topic = new_topic(kc, partitions=2)
+    admin = KafkaAdminClient(bootstrap_servers=kc.kafka_bootstrap_servers.split(","), request_timeout_ms=30000)
+    try:
+        (described,) = admin.describe_topics([topic])
+        everything = admin.describe_topics()
+    finally:
+        admin.close()
+    assert described["name"] == topic and described["error_code"] == 0 and not described["is_internal"]
+    assert sorted(p["partition_index"] for p in described["partitions"]) == [0, 1]
+    assert all(p["leader_id"] >= 0 and p["isr_nodes"] for p in described["partitions"])
+    assert topic in {t["name"] for t in everything}
+
+
 @pytest.mark.parametrize("acks", [1, "all"])
 def test_aiokafka_plain_producer(kc, acks):
     """aiokafka's non-idempotent producer sends batches with producer id -1 and base
