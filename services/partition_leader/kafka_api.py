@@ -19,7 +19,10 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.kafka.codec import field
 from services.common.kafka.listener import Api, RequestContext
 
+from .partition import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
+
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS, DESCRIBE_PRODUCERS = 0, 1, 2, 23, 21, 61
+KAFKA_MAX_TIMESTAMP = -3  # Kafka's ListOffsetsRequest.MAX_TIMESTAMP (KIP-734)
 
 
 def _kafka_produce_error(code: int) -> int:
@@ -32,6 +35,16 @@ def _kafka_produce_error(code: int) -> int:
     if code == ErrorCode.CONCURRENT_TRANSACTIONS:
         return ErrorCode.NOT_ENOUGH_REPLICAS
     return code
+
+
+def _grpc_timestamp(kafka_timestamp: int) -> int | None:
+    """The gRPC ListOffsets timestamp for a Kafka one (see `list_offsets`); None for a
+    negative one that is not served."""
+    if kafka_timestamp == KAFKA_MAX_TIMESTAMP:
+        return MAX_TIMESTAMP
+    if kafka_timestamp in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP) or kafka_timestamp >= 0:
+        return kafka_timestamp
+    return None
 
 
 class PartitionLeaderApis:
@@ -87,15 +100,32 @@ class PartitionLeaderApis:
                 for p in t.partitions]} for t in resp.responses]}
 
     async def list_offsets(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """ListOffsets v1-7 with Kafka's timestamps: -1 latest (the LSO under
+        read_committed), -2 earliest, -3 MAX_TIMESTAMP (KIP-734: the offset and
+        timestamp of the record with the largest timestamp; the gRPC API's -4, its -3
+        being the LSO), >= 0 by time (ms). Another negative timestamp gets
+        INVALID_REQUEST."""
+        asked = [(t.name, [(p.partition_index, _grpc_timestamp(p.timestamp)) for p in t.partitions])
+                 for t in req.topics]
         request = pb.ListOffsetsRequest(isolation_level=field(req, "isolation_level", 0), topics=[
-            pb.ListOffsetsTopic(name=t.name, partitions=[
-                pb.ListOffsetsPartition(partition=p.partition_index, timestamp=p.timestamp) for p in t.partitions])
-            for t in req.topics])
+            pb.ListOffsetsTopic(name=name, partitions=[pb.ListOffsetsPartition(partition=p, timestamp=ts)
+                                                       for p, ts in parts if ts is not None])
+            for name, parts in asked])
         resp = await self.servicer.ListOffsets(request, None)
-        return {"throttle_time": 0, "topics": [
-            {"name": t.name, "partitions": [
-                {"partition_index": p.partition, "error_code": p.error_code, "timestamp": p.timestamp,
-                 "offset": p.offset, "leader_epoch": -1} for p in t.partitions]} for t in resp.topics]}
+        answers = iter(p for t in resp.topics for p in t.partitions)
+        topics = []
+        for name, parts in asked:
+            out = []
+            for p, ts in parts:
+                if ts is None:
+                    out.append({"partition_index": p, "error_code": ErrorCode.INVALID_REQUEST, "timestamp": -1,
+                                "offset": -1, "leader_epoch": -1})
+                    continue
+                a = next(answers)
+                out.append({"partition_index": a.partition, "error_code": a.error_code, "timestamp": a.timestamp,
+                            "offset": a.offset, "leader_epoch": -1})
+            topics.append({"name": name, "partitions": out})
+        return {"throttle_time": 0, "topics": topics}
 
     async def offset_for_leader_epoch(self, req: Any, version: int, ctx: RequestContext) -> dict:
         request = pb.OffsetForLeaderEpochRequest(topics=[

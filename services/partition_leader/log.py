@@ -905,6 +905,34 @@ class Log:
                         return (r.offset, r.timestamp) if r.offset < end_offset else None
         return None
 
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (ms) from the log
+        start offset on, the first one in offset order when several have it; None when
+        the log holds no record. Kafka's ListOffsets MAX_TIMESTAMP (KIP-734,
+        `UnifiedLog.fetchOffsetByTimestamp`), except that control batches never answer
+        (as in `offset_for_timestamp`). Segments are visited by their time index's max
+        timestamp, largest first, and the scan stops at one that cannot hold a larger
+        timestamp; only the batches that could hold a new answer are decoded. With
+        LogAppendTime every record of a batch has the batch's max timestamp."""
+        start = self._log_start_offset
+        best: tuple[int, int] | None = None  # (timestamp, offset)
+
+        def better(ts: int, offset: int) -> bool:
+            return best is None or ts > best[0] or (ts == best[0] and offset < best[1])
+        for seg in sorted(self.segments, key=lambda sg: -sg.time_index().max_timestamp):
+            if best is not None and seg.time_index().max_timestamp < best[0]:
+                break
+            for pos, h in seg.scan(0):
+                if h.is_control or h.last_offset < start or not better(h.max_timestamp, max(h.base_offset, start)):
+                    continue
+                if h.attributes & records.TIMESTAMP_TYPE_BIT:
+                    best = (h.max_timestamp, max(h.base_offset, start))
+                    continue
+                for r in records.decode_records(seg.read_at(pos, h.size), 0, h):
+                    if r.offset >= start and better(r.timestamp, r.offset):
+                        best = (r.timestamp, r.offset)
+        return None if best is None else (best[1], best[0])
+
     def collect_aborted(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
         """Aborted transactions intersecting [fetch_offset, upper_bound), scanning the
         txn indexes from the segment holding fetch_offset until an entry's LSO reaches

@@ -60,6 +60,9 @@ READ_COMMITTED = 1
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 LAST_STABLE_OFFSET_TIMESTAMP = -3  # the design doc's sentinel ("ListOffsetRequest")
+# The record with the largest timestamp: Kafka's MAX_TIMESTAMP (KIP-734), which is -3 on
+# the Kafka port (services/partition_leader/kafka_api.py maps it), -4 here since -3 is the LSO.
+MAX_TIMESTAMP = -4
 
 ACKS_ALL = -1
 HIGH_WATERMARK_FILE = "high-watermark"
@@ -504,7 +507,9 @@ class Partition:
 
         Validates without decoding records: CRC32C and framing (CORRUPT_MESSAGE, the
         log unchanged), exactly one batch and no control bit (INVALID_REQUEST), PID /
-        epoch / sequence rules (`ProducerStateManager.check_append`). With
+        epoch / sequence rules (`ProducerStateManager.check_append`; a batch without a
+        producer id has none, whatever its epoch and sequence fields hold, as in
+        Kafka's LogValidator). With
         required_acks -1 (all), NOT_ENOUGH_REPLICAS when the ISR is smaller than
         `min.insync.replicas`, before anything is appended. A retried batch equal to
         one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
@@ -538,8 +543,9 @@ class Partition:
         bad = records.validate_records(buf, h)
         if bad is not None:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=bad)
-        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX or \
-                h.producer_id < 0 and h.base_sequence != records.NO_SEQUENCE:
+        # Kafka's LogValidator checks the sequence only of a batch with a producer id; without
+        # one the epoch and sequence fields are ignored (aiokafka's plain producer sends 0).
+        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX:
             return AppendResult(ErrorCode.INVALID_RECORD, message=(
                 f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence {h.base_sequence}"))
         if required_acks == ACKS_ALL and not self.enough_replicas():
@@ -862,9 +868,14 @@ class Partition:
     # ------------------------------------------------------------ list offsets
     def list_offset(self, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[ErrorCode, int, int]:
         """ListOffsets: returns (error, offset, timestamp). timestamp -2: log start;
-        -1: high watermark (the LSO for read_committed); -3: LSO. A timestamp >= 0
-        (ms) answers the first offset whose record timestamp is >= it, with that
-        record's timestamp, if it is below that bound, else (NONE, -1, -1) (Kafka's
+        -1: high watermark (the LSO for read_committed); -3: LSO; -4 (MAX_TIMESTAMP):
+        the offset and timestamp (ms) of the record with the largest timestamp
+        (`Log.max_timestamp_offset`), searched in the whole log and answered only when
+        below the high watermark (the LSO for read_committed), else (NONE, -1, -1),
+        as Kafka answers MAX_TIMESTAMP (KIP-734; `Partition.fetchOffsetForTimestamp`
+        then `ReplicaManager`'s lastFetchableOffset check). A timestamp >= 0 (ms)
+        answers the first offset whose record timestamp is >= it, with that record's
+        timestamp, if it is below that bound, else (NONE, -1, -1) (Kafka's
         ListOffsets; the segments' time indexes skip what cannot match,
         `Log.offset_for_timestamp`). Other negative timestamps: INVALID_REQUEST."""
         bound = self.last_stable_offset if isolation_level == READ_COMMITTED else self.high_watermark
@@ -874,6 +885,11 @@ class Partition:
             return ErrorCode.NONE, bound, -1
         if timestamp == LAST_STABLE_OFFSET_TIMESTAMP:
             return ErrorCode.NONE, self.last_stable_offset, -1
+        if timestamp == MAX_TIMESTAMP:
+            found = self.log.max_timestamp_offset()
+            if found is None or found[0] >= bound:
+                return ErrorCode.NONE, -1, -1
+            return ErrorCode.NONE, found[0], found[1]
         if timestamp < 0:
             return ErrorCode.INVALID_REQUEST, -1, -1
         found = self.log.offset_for_timestamp(timestamp, bound)

@@ -172,6 +172,23 @@ def test_produce_consume_and_groups(cli_cluster):
     assert "no hanging transactions" in run("transactions", "find-hanging", bs=bs).stdout
 
 
+@pytest.mark.parametrize("form", ["positional", "--topic"])
+def test_produce_and_consume_take_the_topic_either_way(cli_cluster, form):
+    """`exactly produce|consume TOPIC` and, as kafka-console-producer/consumer take it,
+    `--topic TOPIC`; neither, or two different topics, is a usage error."""
+    bs = cli_cluster.bootstrap_servers
+    topic = f"cli-form-{form.strip('-')}"
+    run("topics", "create", "--topic", topic, "--partitions", "1", bs=bs)
+    where = [topic] if form == "positional" else ["--topic", topic]
+    assert "Produced 2 records" in run("produce", *where, bs=bs, stdin="one\ntwo\n").stderr
+    got = run("consume", *where, "--from-beginning", "--max-records", "2", bs=bs)
+    assert got.stdout.splitlines() == ["one", "two"]
+    for command in ("produce", "consume"):
+        assert_one_line_error(run(command, bs=bs, stdin="", ok=False), "missing the topic", code=2)
+        assert_one_line_error(run(command, topic, "--topic", "other", bs=bs, stdin="", ok=False),
+                              "two topics", code=2)
+
+
 def test_dump_log(cli_cluster):
     bs = cli_cluster.bootstrap_servers
     run("topics", "create", "--topic", "cli-dump", bs=bs)

@@ -207,6 +207,119 @@ def test_aiokafka_transactional_producer_commits_and_aborts(kc):
     assert b"aborted" in read_sdk(kc, topic, "read_uncommitted")
 
 
+def test_kafka_python_create_topics_with_configs(kc):
+    """kafka-python 3.0 asks CreateTopics v7, whose result lists the topic's configs
+    (nullable array, v5+): the reply encodes, the given config is the topic's own
+    (source 1, DYNAMIC_TOPIC_CONFIG in kafka-python's names), the rest are defaults."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from exactly import AdminClient as XAdmin
+    name = f"kpc-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kc.kafka_bootstrap_servers.split(","), request_timeout_ms=30000)
+    try:
+        result = admin.create_topics([NewTopic(name, 2, 1, topic_configs={"retention.ms": "60000"})])
+    finally:
+        admin.close()
+    (topic,) = result["topics"]
+    assert (topic["name"], topic["error_code"], topic["num_partitions"], topic["replication_factor"]) == \
+        (name, 0, 2, 1)
+    assert topic["configs"]["retention.ms"]["value"] == "60000"
+    assert topic["configs"]["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+    assert topic["configs"]["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+    with XAdmin({"bootstrap.servers": kc.bootstrap_servers}) as x:
+        assert x.describe_configs([name])[name]["retention.ms"].value == "60000"
+
+
+def test_kafka_python_describe_topics(kc):
+    """kafka-python 3.0's describe_topics: Metadata v12 answered with Kafka's field
+    names (`name`, `partition_index`, `leader_id`; kafka-python 2.x used `topic`,
+    `partition`, `leader`)."""
+    from kafka.admin import KafkaAdminClient
+    topic = new_topic(kc, partitions=2)
+    admin = KafkaAdminClient(bootstrap_servers=kc.kafka_bootstrap_servers.split(","), request_timeout_ms=30000)
+    try:
+        (described,) = admin.describe_topics([topic])
+        everything = admin.describe_topics()
+    finally:
+        admin.close()
+    assert described["name"] == topic and described["error_code"] == 0 and not described["is_internal"]
+    assert sorted(p["partition_index"] for p in described["partitions"]) == [0, 1]
+    assert all(p["leader_id"] >= 0 and p["isr_nodes"] for p in described["partitions"])
+    assert topic in {t["name"] for t in everything}
+
+
+@pytest.mark.parametrize("acks", [1, "all"])
+def test_aiokafka_plain_producer(kc, acks):
+    """aiokafka's non-idempotent producer sends batches with producer id -1 and base
+    sequence 0 (not -1): Kafka ignores the sequence of a batch without a producer id,
+    so the records land."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    topic = new_topic(kc)
+
+    async def run() -> tuple[list[int], list[bytes]]:
+        p = AIOKafkaProducer(bootstrap_servers=kc.kafka_bootstrap_servers, acks=acks)
+        await p.start()
+        try:
+            offsets = [(await p.send_and_wait(topic, b"plain-%d" % i, partition=0)).offset for i in range(5)]
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, auto_offset_reset="earliest",
+                             group_id=f"aio-plain-{topic}", enable_auto_commit=False)
+        await c.start()
+        got: list[bytes] = []
+        try:
+            while len(got) < 5:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
+                for msgs in batch.values():
+                    got.extend(m.value for m in msgs)
+        finally:
+            await c.stop()
+        return offsets, got
+    offsets, got = asyncio.run(run())
+    assert offsets == [0, 1, 2, 3, 4]
+    assert got == [b"plain-%d" % i for i in range(5)]
+    assert read_sdk(kc, topic, "read_uncommitted") == got
+
+
+def test_confluent_list_offsets_max_timestamp(kc):
+    """ListOffsets MAX_TIMESTAMP (-3, KIP-734) through confluent-kafka's AdminClient:
+    the offset and timestamp of the record with the largest timestamp (the first of
+    two with it), not the log end. Under read_committed, as Kafka answers, no offset
+    (-1) while that record is at or above the LSO, and its offset once committed."""
+    import time
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+    topic = new_topic(kc, partitions=2)
+    tp = KTP(topic, 0)
+    admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
+
+    def max_timestamp(isolation=IsolationLevel.READ_UNCOMMITTED, partition: KTP = tp) -> tuple[int, int]:
+        r = admin.list_offsets({partition: OffsetSpec.max_timestamp()},
+                               isolation_level=isolation)[partition].result(30)
+        return r.offset, r.timestamp
+    now = int(time.time() * 1000)
+    stamps = [now - 5000, now + 60000, now - 1000, now + 60000, now]
+    p = KProducer({"bootstrap.servers": kc.kafka_bootstrap_servers})
+    for i, ts in enumerate(stamps):
+        p.produce(topic, b"v%d" % i, partition=0, timestamp=ts)
+    assert p.flush(30) == 0
+    assert max_timestamp() == (1, now + 60000)
+    assert max_timestamp(IsolationLevel.READ_COMMITTED) == (1, now + 60000)
+    latest = admin.list_offsets({tp: OffsetSpec.latest()})[tp].result(30)
+    assert latest.offset == 5
+    assert max_timestamp(partition=KTP(topic, 1)) == (-1, -1)  # an empty partition
+    # A later timestamp in an open transaction: beyond the LSO for read_committed.
+    t = KProducer({"bootstrap.servers": kc.kafka_bootstrap_servers, "transactional.id": f"max-ts-{topic}"})
+    t.init_transactions(30)
+    t.begin_transaction()
+    t.produce(topic, b"in-txn", partition=0, timestamp=now + 120000)
+    assert t.flush(30) == 0
+    assert max_timestamp() == (5, now + 120000)
+    assert max_timestamp(IsolationLevel.READ_COMMITTED) == (-1, -1)
+    t.commit_transaction(30)
+    wait_for(lambda: max_timestamp(IsolationLevel.READ_COMMITTED) == (5, now + 120000), 30,
+             "the committed record to be below the LSO")
+
+
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by scripts/setup.sh")
 def test_kcat_metadata_and_read_committed(kc):
     topic = new_topic(kc)

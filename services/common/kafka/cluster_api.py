@@ -17,7 +17,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from .. import authz
+from .. import authz, topic_admin
 from ..auth import current_principal
 from ..cluster import ClusterState, broker_id
 from .codec import field
@@ -26,6 +26,17 @@ from .listener import Api, RequestContext
 CLUSTER_ID = "exactly"
 METADATA, FIND_COORDINATOR, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 10, 19, 20, 37
 INIT_PRODUCER_ID = 22
+
+
+# Kafka's DescribeConfigsResponse.ConfigSource ids, used by CreateTopics v5+ too.
+_CONFIG_SOURCE = {topic_admin.SOURCE_TOPIC: 1, topic_admin.SOURCE_DEFAULT: 5}
+
+
+def _creatable_configs(configs: dict[str, str]) -> list[dict]:
+    """CreateTopics v5+ `configs` of a topic created with `configs`: every topic config
+    (name, value, read_only, config_source, is_sensitive), as DescribeConfigs lists them."""
+    return [{"name": e.name, "value": e.value, "read_only": False, "config_source": _CONFIG_SOURCE[e.source],
+             "is_sensitive": False} for e in topic_admin.describe_topic_configs(dict(configs))]
 
 
 class ClusterApis:
@@ -97,6 +108,10 @@ class ClusterApis:
         return {"throttle_time": 0, **one}
 
     async def create_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """CreateTopics v2-7. From v5 each created (or, with validate_only, valid)
+        topic's result lists its configs as Kafka's controller does (KIP-525): every
+        topic config with the value given at creation (source TOPIC_CONFIG) or the
+        default (DEFAULT_CONFIG), plus the partition count and replication factor."""
         topics = []
         for t in req.topics:
             if t.assignments:
@@ -107,14 +122,18 @@ class ClusterApis:
                                           replication_factor=max(t.replication_factor, 1),
                                           configs={c.name: c.value or "" for c in t.configs})
             if field(req, "validate_only", False):
-                topics.append({"name": t.name, "error_code": 0})
+                topics.append({"name": t.name, "error_code": 0, "num_partitions": creatable.num_partitions,
+                               "replication_factor": creatable.replication_factor,
+                               "configs": _creatable_configs(creatable.configs)})
                 continue
             resp = await self.servicer.CreateTopics(pb.CreateTopicsRequest(topics=[creatable],
                                                                            timeout_ms=field(req, "timeout", 0)), None)
             r = resp.topics[0]
             topics.append({"name": t.name, "error_code": r.error_code, "error_message": r.error_message or None,
                            "num_partitions": creatable.num_partitions,
-                           "replication_factor": creatable.replication_factor})
+                           "replication_factor": creatable.replication_factor,
+                           "configs": _creatable_configs(creatable.configs) if r.error_code == ErrorCode.NONE
+                           else []})
         return {"throttle_time": 0, "topics": topics}
 
     async def delete_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:

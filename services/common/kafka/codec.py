@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import functools
 import io
+import types
 import typing
 import uuid
 from typing import Any
@@ -126,7 +127,7 @@ def _fields(cls: type) -> tuple[tuple[str, Any, dict, Any], ...]:
 def _element_class(tp: Any) -> type | None:
     """The entity class of a `tuple[X, ...]` (or optional) field, None for primitives."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
             if arg is not type(None):
                 return _element_class(arg)
@@ -156,14 +157,15 @@ def _convert(kafka_type: str, value: Any) -> Any:
 
 def build(cls: type, value: dict) -> Any:
     """The kio entity `cls` from a dict of plain values (see the module docstring).
-    Missing fields take their schema default, else a zero value of their type."""
+    Missing fields take their schema default, else a zero value of their type (an
+    empty array for arrays, nullable ones included)."""
     kwargs = {}
     for name, tp, meta, default in _fields(cls):
         sub = _element_class(tp)
         if name in value:
             v = value[name]
-            if sub is not None:
-                if typing.get_origin(tp) is tuple or isinstance(v, (list, tuple)):
+            if sub is not None and v is not None:
+                if _is_array(tp) or isinstance(v, (list, tuple)):
                     v = tuple(build(sub, x) if isinstance(x, dict) else x for x in v)
                 elif isinstance(v, dict):
                     v = build(sub, v)
@@ -179,8 +181,19 @@ def build(cls: type, value: dict) -> Any:
     return cls(**kwargs)
 
 
+def _is_array(tp: Any) -> bool:
+    """Whether `tp` is an array field: `tuple[X, ...]`, or `tuple[X, ...] | None` for a
+    nullable one (e.g. CreateTopics v5+ `configs`)."""
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(typing.get_origin(arg) is tuple for arg in typing.get_args(tp))
+    return False
+
+
 def _zero(tp: Any, meta: dict, sub: type | None) -> Any:
-    if typing.get_origin(tp) is tuple:
+    if _is_array(tp):
         return ()
     if sub is not None:
         return build(sub, {})

@@ -58,6 +58,17 @@ def test_missing_fields_take_zero_values():
     assert built.brokers[0].host == "" and built.topics == ()
 
 
+def test_missing_nullable_arrays_are_empty_and_encode():
+    # CreateTopics v5+ `configs` is `tuple[CreatableTopicConfigs, ...] | None`.
+    cls = codec.response_class(19, 7)
+    built = codec.build(cls, {"topics": [{"name": "t", "error_code": 0}]})
+    assert built.topics[0].configs == ()
+    assert codec.build(cls, {"topics": [{"name": "t", "configs": None}]}).topics[0].configs is None
+    frame = codec.encode_response(19, 7, 5, {"topics": [{"name": "t", "error_code": 0, "configs": [
+        {"name": "retention.ms", "value": "60000", "config_source": 1}]}]})
+    assert struct.unpack(">ii", frame[:8]) == (len(frame) - 4, 5)
+
+
 def test_consumer_protocol_subscription_and_assignment():
     assert subscribed_topics(encode_subscription(["a", "b"])) == ["a", "b"]
     # A v1 subscription (owned partitions after the topics) reads the same topics.

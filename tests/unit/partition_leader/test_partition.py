@@ -65,6 +65,14 @@ def test_transactional_batch_without_pid_is_rejected(open_partition):
     assert p.append(make_batch(1, txn=True)).error == ErrorCode.INVALID_REQUEST
 
 
+def test_the_sequence_of_a_batch_without_pid_is_ignored(open_partition):
+    # aiokafka's plain producer sends producer id -1 with base sequence 0, as Kafka's
+    # LogValidator allows: no producer state, every such batch appended.
+    p = open_partition()
+    assert [p.append(make_batch(2, pid=-1, epoch=-1, seq=0)).base_offset for _ in range(3)] == [0, 2, 4]
+    assert p.active_producers() == []
+
+
 def test_a_retried_batch_is_not_appended_again(open_partition):
     p = open_partition()
     first = p.append(make_batch(3, pid=PID, seq=0))

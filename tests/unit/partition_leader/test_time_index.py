@@ -143,3 +143,48 @@ def test_list_offsets_by_timestamp_is_bounded_by_the_isolation_level(open_partit
     assert p.list_offset(2500) == (ErrorCode.NONE, 4, 3000)
     assert p.list_offset(2500, isolation_level=1) == (ErrorCode.NONE, -1, -1)
     assert p.list_offset(0, isolation_level=1) == (ErrorCode.NONE, 0, 1000)
+
+
+def brute_force_max(plog: Log) -> tuple[int, int] | None:
+    best = None
+    for b in plog.batches(plog.log_start_offset):
+        if b.header.is_control:
+            continue
+        for r in records.decode_records(b.read(), 0, b.header):
+            if r.offset >= plog.log_start_offset and (best is None or r.timestamp > best[1]):
+                best = (r.offset, r.timestamp)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_max_timestamp_offset_matches_a_full_scan(tmp_path, seed):
+    rng = random.Random(seed)
+    plog = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1500, index_interval_bytes=200))
+    assert plog.max_timestamp_offset() is None
+    base = 1_000_000
+    for i in range(60):  # clocks disagreeing, and the maximum repeated in later batches
+        base += rng.randint(-30, 40)
+        append(plog, batch_at([base + rng.randint(-60, 60) for _ in range(rng.randint(1, 4))]))
+        if i % 10 == 9:
+            assert plog.max_timestamp_offset() == brute_force_max(plog)
+    assert len(plog.segments) > 3
+    top = brute_force_max(plog)
+    append(plog, batch_at([1, top[1], top[1]]))  # ties: the first record holding the maximum answers
+    assert plog.max_timestamp_offset() == top
+    plog.maybe_increment_log_start_offset(top[0] + 1)
+    assert plog.max_timestamp_offset() == brute_force_max(plog) == (plog.log_end_offset - 2, top[1])
+
+
+def test_max_timestamp_skips_control_batches_and_is_bounded_by_the_isolation_level(open_partition):
+    p = open_partition()
+    assert p.list_offset(-4) == (ErrorCode.NONE, -1, -1)                # empty
+    p.append(make_batch(2, ts=5000))                                   # 0-1: 5000, 5001
+    p.append(make_batch(1, ts=1000))                                   # 2
+    assert p.list_offset(-4) == (ErrorCode.NONE, 1, 5001)
+    p.append(make_batch(1, pid=1, seq=0, txn=True, ts=9000))           # 3, open
+    assert p.list_offset(-4) == (ErrorCode.NONE, 3, 9000)
+    # Kafka (ReplicaManager's lastFetchableOffset check): the largest is at or above the LSO: no offset.
+    assert p.list_offset(-4, isolation_level=1) == (ErrorCode.NONE, -1, -1)
+    p.write_marker(1, 0, committed=False, coordinator_epoch=0)         # 4: marker, ts = now (larger)
+    assert p.list_offset(-4) == p.list_offset(-4, isolation_level=1) == (ErrorCode.NONE, 3, 9000)
+    assert p.list_offset(-3)[:2] == (ErrorCode.NONE, 5)                # -3 stays the LSO

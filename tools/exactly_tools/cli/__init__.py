@@ -2,8 +2,8 @@
 "Operating Exactly").
 
     exactly topics list|describe|create|delete|alter-config|add-partitions
-    exactly produce TOPIC            lines from stdin
-    exactly consume TOPIC
+    exactly produce TOPIC | --topic TOPIC   lines from stdin
+    exactly consume TOPIC | --topic TOPIC
     exactly groups list|describe|delete|reset-offsets
     exactly transactions list|describe|describe-producers|find-hanging|abort
     exactly dump-log SEGMENT_FILE

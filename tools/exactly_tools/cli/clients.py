@@ -13,6 +13,24 @@ from exactly import Consumer, Producer, TopicPartition
 from .common import admin_client, connection_options, options, parse_key_values, progress
 
 
+def _topic_option(command):
+    """`--topic TOPIC`, the way kafka-console-producer/consumer take the topic, as an
+    alternative to the positional TOPIC (see `_one_topic`)."""
+    return click.option("--topic", "topic_option", metavar="TOPIC",
+                        help="The topic (instead of the positional TOPIC, as kafka-console-* take it).")(command)
+
+
+def _one_topic(positional: str | None, option: str | None) -> str:
+    """The topic given positionally or with --topic; click.UsageError (exit 2) when
+    neither or two different ones are given."""
+    if positional and option and positional != option:
+        raise click.UsageError(f"two topics given: {positional!r} and --topic {option!r}")
+    topic = positional or option
+    if not topic:
+        raise click.UsageError("missing the topic: give TOPIC or --topic TOPIC")
+    return topic
+
+
 def _check_topic(topic: str) -> list[int]:
     """The topic's partitions; errors.UnknownTopicOrPartitionError when it does not exist."""
     with admin_client() as admin:
@@ -20,7 +38,8 @@ def _check_topic(topic: str) -> list[int]:
 
 
 @click.command()
-@click.argument("topic")
+@click.argument("topic", required=False)
+@_topic_option
 @click.option("--key-separator", metavar="SEP", help="Split each line at the first SEP into key and value "
                                                       "(lines without SEP have no key).")
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Header on every record (repeatable).")
@@ -31,9 +50,10 @@ def _check_topic(topic: str) -> list[int]:
 @click.option("--producer-property", "props", multiple=True, metavar="KEY=VALUE",
               help="Producer config (repeatable), e.g. linger.ms=20.")
 @connection_options
-def produce(topic: str, key_separator: str | None, headers: tuple[str, ...], transactional_id: str | None,
-            partition: int | None, acks: str, props: tuple[str, ...]) -> None:
-    """Send the lines of stdin to TOPIC, one record per line (UTF-8)."""
+def produce(topic: str | None, topic_option: str | None, key_separator: str | None, headers: tuple[str, ...],
+            transactional_id: str | None, partition: int | None, acks: str, props: tuple[str, ...]) -> None:
+    """Send the lines of stdin to TOPIC (or --topic TOPIC), one record per line (UTF-8)."""
+    topic = _one_topic(topic, topic_option)
     parts = _check_topic(topic)
     if partition is not None and partition not in parts:
         raise click.BadParameter(f"{topic} has partitions 0..{len(parts) - 1}", param_hint="--partition")
@@ -84,7 +104,8 @@ def _text(value: bytes | None) -> str | None:
 
 
 @click.command()
-@click.argument("topic")
+@click.argument("topic", required=False)
+@_topic_option
 @click.option("--from-beginning", is_flag=True, help="Start at the log start instead of the end "
                                                      "(with --group: when the group has no committed offset).")
 @click.option("--group", metavar="GROUP", help="Consume as a member of this group and commit offsets.")
@@ -98,10 +119,12 @@ def _text(value: bytes | None) -> str | None:
 @click.option("--partition", type=click.IntRange(min=0), help="Only this partition (without --group).")
 @click.option("--consumer-property", "props", multiple=True, metavar="KEY=VALUE", help="Consumer config (repeatable).")
 @connection_options
-def consume(topic: str, from_beginning: bool, group: str | None, isolation_level: str, max_records: int | None,
-            timeout_ms: int | None, fmt: str, print_key: bool, partition: int | None,
-            props: tuple[str, ...]) -> None:
-    """Print the records of TOPIC (until --max-records, --timeout-ms or Ctrl-C)."""
+def consume(topic: str | None, topic_option: str | None, from_beginning: bool, group: str | None,
+            isolation_level: str, max_records: int | None, timeout_ms: int | None, fmt: str, print_key: bool,
+            partition: int | None, props: tuple[str, ...]) -> None:
+    """Print the records of TOPIC (or --topic TOPIC) until --max-records, --timeout-ms
+    or Ctrl-C."""
+    topic = _one_topic(topic, topic_option)
     parts = _check_topic(topic)
     if options().as_json:
         fmt = "json"
