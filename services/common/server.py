@@ -47,6 +47,7 @@ from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
 from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from .kafka.cluster_api import ClusterApis
+from .kafka import surface as kafka_surface
 from .kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
 
@@ -317,8 +318,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await service.start()
     kafka = None
     if cfg.kafka_port >= 0:
-        apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel).apis()
-        apis.update(service.kafka_apis() if hasattr(service, "kafka_apis") else {})
+        cluster_apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel)
+        own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
+        apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
         kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security) if security.tls else None)

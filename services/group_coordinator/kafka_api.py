@@ -27,7 +27,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
 from services.common.kafka.codec import field
-from services.common.kafka.listener import Api, RequestContext
+from services.common.kafka.listener import Handler, RequestContext
 
 OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, TXN_OFFSET_COMMIT, DELETE_GROUPS = 15, 16, 28, 42
@@ -69,12 +69,12 @@ class GroupCoordinatorApis:
         # (group, member id) -> (protocol name, subscription metadata) of its last JoinGroup here.
         self._joined: dict[tuple[str, str], tuple[str, bytes]] = {}
 
-    def apis(self) -> dict[int, Api]:
-        return {JOIN_GROUP: Api(0, 7, self.join_group), SYNC_GROUP: Api(0, 5, self.sync_group),
-                HEARTBEAT: Api(0, 4, self.heartbeat), LEAVE_GROUP: Api(0, 4, self.leave_group),
-                OFFSET_COMMIT: Api(2, 8, self.offset_commit), OFFSET_FETCH: Api(1, 7, self.offset_fetch),
-                TXN_OFFSET_COMMIT: Api(0, 3, self.txn_offset_commit), LIST_GROUPS: Api(0, 4, self.list_groups),
-                DESCRIBE_GROUPS: Api(0, 5, self.describe_groups), DELETE_GROUPS: Api(0, 2, self.delete_groups)}
+    def handlers(self) -> dict[int, Handler]:
+        """API key -> handler; the versions are in services.common.kafka.surface."""
+        return {JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
+                LEAVE_GROUP: self.leave_group, OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
+                TXN_OFFSET_COMMIT: self.txn_offset_commit, LIST_GROUPS: self.list_groups,
+                DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups}
 
     async def join_group(self, req: Any, version: int, ctx: RequestContext) -> dict:
         fail = {"throttle_time": 0, "generation_id": -1, "protocol_type": CONSUMER, "protocol_name": None,

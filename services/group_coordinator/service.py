@@ -39,9 +39,9 @@ class GroupCoordinatorService:
         self.ownership = ownership
         self.servicer = servicer
 
-    def kafka_apis(self) -> dict:
-        """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return GroupCoordinatorApis(AuthorizedServicer(self.servicer, "GroupCoordinator")).apis()
+    def kafka_handlers(self) -> dict:
+        """The Kafka protocol handlers of this role (services.common.kafka.surface)."""
+        return GroupCoordinatorApis(AuthorizedServicer(self.servicer, "GroupCoordinator")).handlers()
 
     async def start(self) -> None:
         await self.coordinator.start()

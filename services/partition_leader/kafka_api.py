@@ -17,7 +17,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
 from services.common.kafka.codec import field
-from services.common.kafka.listener import Api, RequestContext
+from services.common.kafka.listener import Handler, RequestContext
 
 from .partition import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 
@@ -51,11 +51,11 @@ class PartitionLeaderApis:
     def __init__(self, servicer: Any):
         self.servicer = servicer
 
-    def apis(self) -> dict[int, Api]:
-        return {PRODUCE: Api(3, 9, self.produce), FETCH: Api(4, 12, self.fetch),
-                LIST_OFFSETS: Api(1, 7, self.list_offsets),
-                OFFSET_FOR_LEADER_EPOCH: Api(2, 4, self.offset_for_leader_epoch),
-                DELETE_RECORDS: Api(0, 2, self.delete_records), DESCRIBE_PRODUCERS: Api(0, 0, self.describe_producers)}
+    def handlers(self) -> dict[int, Handler]:
+        """API key -> handler; the versions are in services.common.kafka.surface."""
+        return {PRODUCE: self.produce, FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
+                OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, DELETE_RECORDS: self.delete_records,
+                DESCRIBE_PRODUCERS: self.describe_producers}
 
     async def produce(self, req: Any, version: int, ctx: RequestContext) -> dict | None:
         acks = field(req, "acks", 1)

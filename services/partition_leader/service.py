@@ -81,9 +81,9 @@ class PartitionLeaderService:
         self._refresh_pending = False
         self._stopped = False
 
-    def kafka_apis(self) -> dict:
-        """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return PartitionLeaderApis(AuthorizedServicer(self.servicer, "PartitionLeader")).apis()
+    def kafka_handlers(self) -> dict:
+        """The Kafka protocol handlers of this role (services.common.kafka.surface)."""
+        return PartitionLeaderApis(AuthorizedServicer(self.servicer, "PartitionLeader")).handlers()
 
     def _address(self, node_id: str) -> str | None:
         node = self.cluster.nodes().get(node_id)

@@ -9,7 +9,7 @@ from typing import Any
 from exactly_wire.v1 import exactly_pb2 as pb
 
 from services.common.kafka.codec import field
-from services.common.kafka.listener import Api, RequestContext
+from services.common.kafka.listener import Handler, RequestContext
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 24, 25, 26
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
@@ -19,12 +19,11 @@ class TxnCoordinatorApis:
     def __init__(self, servicer: Any):
         self.servicer = servicer
 
-    def apis(self) -> dict[int, Api]:
-        return {INIT_PRODUCER_ID: Api(0, 4, self.init_producer_id),
-                ADD_PARTITIONS_TO_TXN: Api(0, 3, self.add_partitions_to_txn),
-                ADD_OFFSETS_TO_TXN: Api(0, 3, self.add_offsets_to_txn), END_TXN: Api(0, 4, self.end_txn),
-                LIST_TRANSACTIONS: Api(0, 0, self.list_transactions),
-                DESCRIBE_TRANSACTIONS: Api(0, 0, self.describe_transactions)}
+    def handlers(self) -> dict[int, Handler]:
+        """API key -> handler; the versions are in services.common.kafka.surface."""
+        return {INIT_PRODUCER_ID: self.init_producer_id, ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
+                ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
+                LIST_TRANSACTIONS: self.list_transactions, DESCRIBE_TRANSACTIONS: self.describe_transactions}
 
     async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
         request = pb.InitProducerIdRequest(transactional_id=field(req, "transactional_id") or "",

@@ -42,9 +42,9 @@ class TxnCoordinatorService:
         self._topic_task: asyncio.Task | None = None
         self.servicer: TxnCoordinatorServicer | None = None
 
-    def kafka_apis(self) -> dict:
-        """The Kafka protocol APIs of this role (services.common.kafka)."""
-        return TxnCoordinatorApis(AuthorizedServicer(self.servicer, "TransactionCoordinator")).apis()
+    def kafka_handlers(self) -> dict:
+        """The Kafka protocol handlers of this role (services.common.kafka.surface)."""
+        return TxnCoordinatorApis(AuthorizedServicer(self.servicer, "TransactionCoordinator")).handlers()
 
     async def start(self) -> None:
         await self.coordinator.start()

@@ -21,7 +21,7 @@ from .. import authz, topic_admin
 from ..auth import current_principal
 from ..cluster import ClusterState, broker_id
 from .codec import field
-from .listener import Api, RequestContext
+from .listener import Handler, RequestContext
 
 CLUSTER_ID = "exactly"
 METADATA, FIND_COORDINATOR, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 10, 19, 20, 37
@@ -50,11 +50,17 @@ class ClusterApis:
         self.servicer = servicer
         self.channel = channel
 
-    def apis(self) -> dict[int, Api]:
-        return {METADATA: Api(1, 12, self.metadata), FIND_COORDINATOR: Api(0, 4, self.find_coordinator),
-                CREATE_TOPICS: Api(2, 7, self.create_topics), DELETE_TOPICS: Api(1, 6, self.delete_topics),
-                CREATE_PARTITIONS: Api(0, 3, self.create_partitions),
-                INIT_PRODUCER_ID: Api(0, 4, self.init_producer_id)}
+    def handlers(self) -> dict[int, Handler]:
+        """The keys every process serves (services.common.kafka.surface.CLUSTER) ->
+        handler; the versions are in the surface table."""
+        return {METADATA: self.metadata, FIND_COORDINATOR: self.find_coordinator,
+                CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
+                CREATE_PARTITIONS: self.create_partitions}
+
+    def elsewhere(self) -> dict[int, Handler]:
+        """Handlers for keys of another role that a process answers itself instead of
+        with the surface's redirecting error: InitProducerId (see `init_producer_id`)."""
+        return {INIT_PRODUCER_ID: self.init_producer_id}
 
     def brokers(self) -> list[dict]:
         return [{"node_id": n.broker_id, "host": n.host, "port": n.kafka_port, "rack": None}
@@ -152,9 +158,13 @@ class ClusterApis:
                                                 for r in resp.results]}
 
     async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
-        """An idempotent producer's InitProducerId, forwarded to a live transaction
-        coordinator; a transactional one gets NOT_COORDINATOR (it must ask
-        FindCoordinator)."""
+        """InitProducerId at a process that is not a transaction coordinator. A Kafka
+        broker serves an idempotent producer's InitProducerId itself, whoever
+        coordinates; here producer ids are allocated and bound to the principal by the
+        transaction coordinators, so it is forwarded (KIP-590 style) to the live ones
+        in node order until one answers; none answering: COORDINATOR_NOT_AVAILABLE
+        (retriable). A transactional one gets NOT_COORDINATOR: the client asks
+        FindCoordinator, then the coordinator."""
         fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
         if field(req, "transactional_id"):
             return {**fail, "error_code": ErrorCode.NOT_COORDINATOR}
@@ -166,14 +176,16 @@ class ClusterApis:
                               key=lambda n: n.node_id)
         if not coordinators or self.channel is None:
             return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}
-        stub = pbg.TransactionCoordinatorStub(self.channel(coordinators[0].address))
-        try:
-            resp = await stub.InitProducerId(pb.InitProducerIdRequest(
-                transaction_timeout_ms=field(req, "transaction_timeout", 60000),
-                principal=current_principal.get()), timeout=30)
-        except grpc.RpcError:
-            return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}
-        if resp.error_code:
-            return {**fail, "error_code": resp.error_code}
-        return {"throttle_time": 0, "error_code": 0, "producer_id": resp.producer_id,
-                "producer_epoch": resp.producer_epoch}
+        for node in coordinators:
+            stub = pbg.TransactionCoordinatorStub(self.channel(node.address))
+            try:
+                resp = await stub.InitProducerId(pb.InitProducerIdRequest(
+                    transaction_timeout_ms=field(req, "transaction_timeout", 60000),
+                    principal=current_principal.get()), timeout=30)
+            except grpc.RpcError:
+                continue
+            if resp.error_code:
+                return {**fail, "error_code": resp.error_code}
+            return {"throttle_time": 0, "error_code": 0, "producer_id": resp.producer_id,
+                    "producer_epoch": resp.producer_epoch}
+        return {**fail, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE}

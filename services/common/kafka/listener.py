@@ -3,12 +3,14 @@
 A plain asyncio TCP server: each connection reads size-prefixed request frames and
 answers them one at a time, in order (a Kafka broker mutes a connection while a
 request is in progress, and clients are written for that). Handlers are registered
-per API key with the versions implemented; ApiVersions answers exactly those.
+per API key with the versions implemented; ApiVersions answers exactly those. A
+service registers the table of services.common.kafka.surface, the same keys and
+versions at every role.
 
 Refused input, as a Kafka broker does it:
 - a size below 8 or above `socket.request.max.bytes` (104857600), or a body that does
   not parse: the connection is closed;
-- an API key this service does not serve or a version outside the implemented range:
+- an API key not registered or a version outside the implemented range:
   ApiVersions gets UNSUPPORTED_VERSION with the supported versions (KIP-511), any
   other API closes the connection;
 - a handler failing unexpectedly: logged, the connection closed; the service goes on;

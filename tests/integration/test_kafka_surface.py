@@ -1,0 +1,235 @@
+"""One Kafka API surface at every Kafka port (services.common.kafka.surface): every
+role's port advertises the same ApiVersions, answers another role's requests with
+the error that sends a Kafka client to the right node, and KafkaJS 2.2.4 — which
+takes the first broker's ApiVersions for every broker — runs an exactly-once
+consume-transform-produce copy against the cluster."""
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import uuid
+
+import pytest
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+
+from exactly import Consumer as XConsumer, TopicPartition
+from clusters import chrooted_cluster
+from services.common.kafka import codec
+from waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROLES = ("partition_leader", "txn_coordinator", "group_coordinator")
+KAFKAJS = "2.2.4"
+SCRIPT = pathlib.Path(__file__).with_name("kafkajs_eos.js")
+
+
+@pytest.fixture(scope="module")
+def kc(zk, tmp_path_factory):
+    """One cluster (3 partition leaders, one coordinator of each kind)."""
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("surface-cluster"), "surface")
+    yield c
+    c.down()
+
+
+def kafka_port_of(kc, role: str) -> str:
+    return next(s.kafka_address for s in kc.services.values() if s.role == role and s.kafka_port)
+
+
+def call(address: str, key: int, version: int, fields: dict):
+    """Send one request (built with kio from `fields`) and return the decoded response."""
+    cls = codec.request_class(key, version)
+    out = io.BytesIO()
+    if cls.__flexible__:
+        entity_writer(RequestHeaderV2)(out, RequestHeaderV2(request_api_key=key, request_api_version=version,
+                                                            correlation_id=7, client_id="surface-test"))
+    else:
+        entity_writer(RequestHeaderV1)(out, RequestHeaderV1(request_api_key=key, request_api_version=version,
+                                                            correlation_id=7, client_id="surface-test"))
+    entity_writer(cls)(out, codec.build(cls, fields))
+    body = out.getvalue()
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(struct.pack(">i", len(body)) + body)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = s.recv(65536)
+            assert chunk, f"connection closed by {address} for api {key} v{version}"
+            data += chunk
+    response_cls = codec.response_class(key, version)
+    header_cls = ResponseHeaderV1 if response_cls.__flexible__ and key != codec.API_VERSIONS_KEY \
+        else ResponseHeaderV0
+    header, used = entity_reader(header_cls)(data, 4)
+    assert header.correlation_id == 7
+    value, _ = entity_reader(response_cls)(data, 4 + used)
+    return value
+
+
+def api_versions(address: str) -> list[tuple[int, int, int]]:
+    resp = call(address, 18, 3, {"client_software_name": "surface-test", "client_software_version": "1"})
+    assert resp.error_code.value == 0
+    return sorted((k.api_key, k.min_version, k.max_version) for k in resp.api_keys)
+
+
+def test_every_port_advertises_the_same_api_versions(kc):
+    answers = {s.name: api_versions(s.kafka_address) for s in kc.services.values() if s.kafka_port}
+    assert {kc.services[n].role for n in answers} == set(ROLES)
+    first = next(iter(answers.values()))
+    for name, answer in answers.items():
+        assert answer == first, name
+    keys = {k for k, _, _ in first}
+    # Produce, Fetch, FindCoordinator, JoinGroup, AddPartitionsToTxn
+    assert {0, 1, 10, 11, 24} <= keys
+    print(f"{len(answers)} ports, {len(first)} api keys each, identical")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_requests_for_another_role_get_the_error_that_redirects(kc, role):
+    """At each role's port: a coordinator request of another role gets
+    NOT_COORDINATOR (16); a Produce or Fetch at a port that leads nothing gets
+    NOT_LEADER_OR_FOLLOWER (6) for each partition; FindCoordinator names the right
+    node wherever it is asked."""
+    address = kafka_port_of(kc, role)
+    group, txn = f"g-{uuid.uuid4().hex[:6]}", f"tx-{uuid.uuid4().hex[:6]}"
+    seen = {}
+    if role != "group_coordinator":
+        join = call(address, 11, 5, {"group_id": group, "session_timeout": 10000, "rebalance_timeout": 10000,
+                                     "member_id": "", "protocol_type": "consumer",
+                                     "protocols": [{"name": "range", "metadata": b"\0\0\0\0\0\0\0\0\0\0"}]})
+        heartbeat = call(address, 12, 3, {"group_id": group, "generation_id": 1, "member_id": "m"})
+        seen["JoinGroup"], seen["Heartbeat"] = join.error_code.value, heartbeat.error_code.value
+        fetch_offsets = call(address, 9, 5, {"group_id": group, "topics": [{"name": "t", "partition_indexes": [0]}]})
+        seen["OffsetFetch"] = fetch_offsets.error_code.value
+    if role != "txn_coordinator":
+        add = call(address, 24, 1, {"v3_and_below_transactional_id": txn, "v3_and_below_producer_id": 1,
+                                    "v3_and_below_producer_epoch": 0,
+                                    "v3_and_below_topics": [{"name": "t", "partitions": [0]}]})
+        seen["AddPartitionsToTxn"] = add.results_by_topic_v3_and_below[0].results_by_partition[0] \
+            .partition_error_code.value
+        end = call(address, 26, 2, {"transactional_id": txn, "producer_id": 1, "producer_epoch": 0,
+                                    "committed": True})
+        seen["EndTxn"] = end.error_code.value
+        init = call(address, 22, 2, {"transactional_id": txn, "transaction_timeout": 60000})
+        seen["InitProducerId(transactional)"] = init.error_code.value
+    for name, code in seen.items():
+        assert code == 16, (name, code)
+    if role != "partition_leader":
+        produce = call(address, 0, 7, {"acks": -1, "timeout": 1000, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": None}]}]})
+        fetch = call(address, 1, 11, {"replica_id": -1, "max_wait": 0, "topics": [
+            {"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1024}]}]})
+        seen["Produce"] = produce.responses[0].partition_responses[0].error_code.value
+        seen["Fetch"] = fetch.responses[0].partitions[0].error_code.value
+        assert (seen["Produce"], seen["Fetch"]) == (6, 6)
+    # FindCoordinator at this port names the coordinator's Kafka port.
+    group_port = int(kafka_port_of(kc, "group_coordinator").rsplit(":", 1)[1])
+    txn_port = int(kafka_port_of(kc, "txn_coordinator").rsplit(":", 1)[1])
+    found = call(address, 10, 3, {"key": group, "key_type": 0})
+    assert found.error_code.value == 0 and found.port == group_port
+    found = call(address, 10, 3, {"key": txn, "key_type": 1})
+    assert found.error_code.value == 0 and found.port == txn_port
+    # An idempotent producer's InitProducerId is served at every port.
+    idempotent = call(address, 22, 2, {"transactional_id": None, "transaction_timeout": 60000})
+    assert idempotent.error_code.value == 0 and idempotent.producer_id >= 0
+    print(role, seen)
+
+
+# ---------------------------------------------------------------- KafkaJS 2.2.4
+
+
+@pytest.fixture(scope="module")
+def kafkajs(tmp_path_factory) -> pathlib.Path:
+    """A directory with node_modules/kafkajs at 2.2.4, installed with npm once and
+    kept next to pytest's temporary directories."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are needed for the KafkaJS test")
+    cache = tmp_path_factory.getbasetemp().parent / f"kafkajs-{KAFKAJS}"
+    if not (cache / "node_modules" / "kafkajs" / "package.json").exists():
+        staging = tmp_path_factory.mktemp("kafkajs-install")
+        result = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save",
+                                 f"kafkajs@{KAFKAJS}"], cwd=staging, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            pytest.skip(f"npm could not install kafkajs@{KAFKAJS} (registry unreachable?): "
+                        f"{result.stderr.strip()[-300:]}")
+        try:
+            os.rename(staging, cache)
+        except OSError:  # installed meanwhile by another run
+            pass
+    version = subprocess.run(["node", "-p", "require('kafkajs/package.json').version"], cwd=cache,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert version == KAFKAJS
+    return cache
+
+
+def node(kafkajs: pathlib.Path, *args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "NODE_PATH": str(kafkajs / "node_modules"), "KAFKAJS_NO_PARTITIONER_WARNING": "1"}
+    return subprocess.Popen(["node", str(SCRIPT), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def read_committed(kc, topic: str, partitions: int = 3) -> list[bytes]:
+    """The values of `topic` as the exactly SDK reads them with read_committed, once
+    every transaction on it is complete."""
+    c = XConsumer({"bootstrap.servers": kc.bootstrap_servers, "isolation.level": "read_committed",
+                   "enable.auto.commit": False})
+    parts = [TopicPartition(topic, p) for p in range(partitions)]
+    c.assign(parts)
+    ends = wait_for(lambda: (lambda e: e if all(e[tp] == c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
+                             else None)(c.end_offsets(parts)), 60, f"every transaction on {topic} to complete")
+    c.seek_to_beginning(parts)
+    out = []
+    wait_for(lambda: out.extend(r.value for r in c.poll(0.3)) or all(c.position(tp) >= ends[tp] for tp in parts),
+             60, f"reading {topic}")
+    c.close()
+    return out
+
+
+def run_to_end(proc: subprocess.Popen, timeout: float) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
+    return out
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["straight", "sigkill-restart"])
+def test_kafkajs_exactly_once_copy(kc, kafkajs, kill):
+    """KafkaJS's transactional consume-transform-produce copies 1000 unique ids from
+    a 3-partition topic to another; read_committed sees every id exactly once — also
+    when the copier is SIGKILLed mid-run and restarted with the same transactionalId."""
+    count = 1000
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"kjs-in-{suffix}", f"kjs-out-{suffix}"
+    brokers = kc.kafka_bootstrap_servers
+    print(run_to_end(node(kafkajs, "setup", brokers, source, sink, str(count)), 180).strip())
+    copy_args = ("copy", brokers, source, sink, f"kjs-group-{suffix}", f"kjs-copier-{suffix}")
+    if kill:
+        first = node(kafkajs, *copy_args)
+        committed = 0
+        for line in first.stdout:
+            if line.startswith("committed "):
+                committed = int(line.split()[1])
+                if committed >= count // 3:
+                    break
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        print(f"SIGKILLed the copier after {committed} committed")
+        assert 0 < committed < count
+    out = run_to_end(node(kafkajs, *copy_args), 300)
+    assert "copied everything" in out
+    values = read_committed(kc, sink)
+    ids = sorted(v.decode() for v in values)
+    expected = sorted(f"id-{i}" for i in range(count))
+    duplicates = len(ids) - len(set(ids))
+    missing = len(set(expected) - set(ids))
+    print(f"read_committed: {len(ids)} records, {len(set(ids))} distinct, duplicates {duplicates}, "
+          f"missing {missing}")
+    assert ids == expected
