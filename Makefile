@@ -15,7 +15,7 @@ spark-demo: setup
 	$(PY) -m demo.spark_purchases --dir $(RUN_DIR)/spark-demo
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
