@@ -10,15 +10,22 @@ from kazoo.client import KazooClient
 from exactly_tools.devcluster import DevCluster
 
 
-def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bool = False) -> DevCluster:
-    """Start 3 partition leaders and one coordinator of each kind under a fresh
-    `/<prefix>-<random>` chroot of `zk`; the caller calls `down()`."""
+def new_chroot(zk: str, prefix: str) -> str:
+    """`zk` with a fresh `/<prefix>-<random>` chroot appended, created in ZooKeeper."""
     root = f"/{prefix}-{uuid.uuid4().hex[:12]}"
     client = KazooClient(hosts=zk)
     client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
+    try:
+        client.ensure_path(root)
+    finally:
+        client.stop()
+        client.close()
+    return zk + root
+
+
+def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bool = False) -> DevCluster:
+    """Start 3 partition leaders and one coordinator of each kind under a fresh
+    `/<prefix>-<random>` chroot of `zk`; the caller calls `down()`."""
     cluster = DevCluster(directory, security=security)
-    cluster.up(3, 1, 1, zookeeper=zk + root)
+    cluster.up(3, 1, 1, zookeeper=new_chroot(zk, prefix))
     return cluster

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
 import exactly  # noqa: F401  (first: it settles grpc's fork handling before grpc is imported)
+from clusters import new_chroot
 from exactly_tools.devcluster import DevCluster
 
 
@@ -27,13 +26,7 @@ def zk(tmp_path_factory) -> str:
 
 
 def _chroot(zk: str) -> str:
-    root = f"/t-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
-    return zk + root
+    return new_chroot(zk, "t")
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
+from clusters import new_chroot
 from crafted_certs import CRAFTED, TWO_COMMON_NAMES, name, write_certificate
 from exactly import AclBinding, AdminClient, NewTopic, errors
 from exactly_tools.certs import CertificateAuthority
@@ -24,15 +24,9 @@ MINE, THEIRS = (f"{p}-{uuid.uuid4().hex[:6]}" for p in ("mallorys", "admins"))
 
 @pytest.fixture(scope="module")
 def sec(zk, tmp_path_factory):
-    root = f"/identity-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
     cluster = DevCluster(tmp_path_factory.mktemp("identity-cluster"), security=True)
     try:
-        cluster.up(1, 1, 1, zookeeper=zk + root)
+        cluster.up(1, 1, 1, zookeeper=new_chroot(zk, "identity"))
         ca = CertificateAuthority.load(cluster.dir / "certs")
         for stem, subject in CRAFTED.items():
             write_certificate(ca, stem, name(subject))

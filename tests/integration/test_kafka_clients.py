@@ -52,8 +52,10 @@ def _has_leaders(admin, name: str, partitions: int) -> bool:
     return len(parts) == partitions and all(p.leader for p in parts.values())
 
 
-def read_sdk(kc, topic: str, isolation: str = "read_committed", partitions: int = 1) -> list[bytes]:
-    """The values of `topic` as the exactly SDK reads them over gRPC."""
+def read_sdk(kc, topic: str, isolation: str = "read_committed", partitions: int = 1,
+             timeout_s: float = 30) -> list[bytes]:
+    """The values of `topic` as the exactly SDK reads them over gRPC (waiting up to
+    `timeout_s` for every transaction to complete, and as long again to read)."""
     c = XConsumer({"bootstrap.servers": kc.bootstrap_servers, "isolation.level": isolation,
                    "enable.auto.commit": False})
     parts = [TopicPartition(topic, p) for p in range(partitions)]
@@ -61,11 +63,11 @@ def read_sdk(kc, topic: str, isolation: str = "read_committed", partitions: int 
     # Every transaction complete first (LSO = high watermark): EndTxn answers once the
     # outcome is durable, and the markers of the last commit may still be on their way.
     ends = wait_for(lambda: (lambda e: e if all(e[tp] == c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
-                             else None)(c.end_offsets(parts)), 30, f"every transaction on {topic} to complete")
+                             else None)(c.end_offsets(parts)), timeout_s, f"every transaction on {topic} to complete")
     c.seek_to_beginning(parts)
     out = []
     wait_for(lambda: out.extend(r.value for r in c.poll(0.3)) or all(c.position(tp) >= ends[tp] for tp in parts),
-             30, f"reading {topic}")
+             timeout_s, f"reading {topic}")
     c.close()
     return out
 
@@ -172,7 +174,7 @@ def test_kafka_python_group_consumption_with_commits(kc):
 
 
 def test_aiokafka_transactional_producer_commits_and_aborts(kc):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer
     topic = new_topic(kc)
 
     async def run() -> list[bytes]:
@@ -189,18 +191,7 @@ def test_aiokafka_transactional_producer_commits_and_aborts(kc):
                 await p.send(topic, b"after", partition=0)
         finally:
             await p.stop()
-        c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, isolation_level="read_committed",
-                             auto_offset_reset="earliest", group_id=f"aio-g-{topic}", enable_auto_commit=False)
-        await c.start()
-        got = []
-        try:
-            while len(got) < 6:
-                batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
-                for msgs in batch.values():
-                    got.extend(m.value for m in msgs)
-        finally:
-            await c.stop()
-        return got
+        return await _aiokafka_read(kc, topic, 6, group_id=f"aio-g-{topic}", isolation_level="read_committed")
     got = asyncio.run(run())
     assert got == [b"committed-%d" % i for i in range(5)] + [b"after"]
     assert read_sdk(kc, topic) == got
@@ -247,12 +238,30 @@ def test_kafka_python_describe_topics(kc):
     assert topic in {t["name"] for t in everything}
 
 
+async def _aiokafka_read(kc, topic: str, count: int, **consumer_settings) -> list[bytes]:
+    """The first `count` values of `topic` read by aiokafka's consumer from the
+    beginning (each getmany bounded by 30 s)."""
+    from aiokafka import AIOKafkaConsumer
+    c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, auto_offset_reset="earliest",
+                         enable_auto_commit=False, **consumer_settings)
+    await c.start()
+    got: list[bytes] = []
+    try:
+        while len(got) < count:
+            batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
+            for msgs in batch.values():
+                got.extend(m.value for m in msgs)
+    finally:
+        await c.stop()
+    return got
+
+
 @pytest.mark.parametrize("acks", [1, "all"])
 def test_aiokafka_plain_producer(kc, acks):
     """aiokafka's non-idempotent producer sends batches with producer id -1 and base
     sequence 0 (not -1): Kafka ignores the sequence of a batch without a producer id,
     so the records land."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer
     topic = new_topic(kc)
 
     async def run() -> tuple[list[int], list[bytes]]:
@@ -262,18 +271,7 @@ def test_aiokafka_plain_producer(kc, acks):
             offsets = [(await p.send_and_wait(topic, b"plain-%d" % i, partition=0)).offset for i in range(5)]
         finally:
             await p.stop()
-        c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, auto_offset_reset="earliest",
-                             group_id=f"aio-plain-{topic}", enable_auto_commit=False)
-        await c.start()
-        got: list[bytes] = []
-        try:
-            while len(got) < 5:
-                batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
-                for msgs in batch.values():
-                    got.extend(m.value for m in msgs)
-        finally:
-            await c.stop()
-        return offsets, got
+        return offsets, await _aiokafka_read(kc, topic, 5, group_id=f"aio-plain-{topic}")
     offsets, got = asyncio.run(run())
     assert offsets == [0, 1, 2, 3, 4]
     assert got == [b"plain-%d" % i for i in range(5)]

@@ -22,10 +22,10 @@ from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeade
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
 
-from exactly import Consumer as XConsumer, TopicPartition
 from clusters import chrooted_cluster
 from services.common.kafka import codec
-from waiting import wait_for
+
+from .test_kafka_clients import read_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -180,18 +180,7 @@ def node(kafkajs: pathlib.Path, *args: str, **kw) -> subprocess.Popen:
 def read_committed(kc, topic: str, partitions: int = 3) -> list[bytes]:
     """The values of `topic` as the exactly SDK reads them with read_committed, once
     every transaction on it is complete."""
-    c = XConsumer({"bootstrap.servers": kc.bootstrap_servers, "isolation.level": "read_committed",
-                   "enable.auto.commit": False})
-    parts = [TopicPartition(topic, p) for p in range(partitions)]
-    c.assign(parts)
-    ends = wait_for(lambda: (lambda e: e if all(e[tp] == c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts)
-                             else None)(c.end_offsets(parts)), 60, f"every transaction on {topic} to complete")
-    c.seek_to_beginning(parts)
-    out = []
-    wait_for(lambda: out.extend(r.value for r in c.poll(0.3)) or all(c.position(tp) >= ends[tp] for tp in parts),
-             60, f"reading {topic}")
-    c.close()
-    return out
+    return read_sdk(kc, topic, "read_committed", partitions, timeout_s=60)
 
 
 def run_to_end(proc: subprocess.Popen, timeout: float) -> str:

@@ -3,10 +3,9 @@ SparkSession (local mode, 2 threads, task retries on: local[2,4]) per module."""
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
-from kazoo.client import KazooClient
+from clusters import new_chroot
 from spark_helpers import SPARK_ENV
 
 from exactly_tools.devcluster import DevCluster
@@ -16,15 +15,9 @@ from exactly_tools.devcluster import DevCluster
 def spark_cluster(zk, tmp_path_factory) -> DevCluster:
     """A dev cluster (3 partition leaders, 1 transaction coordinator, 1 group
     coordinator) in its own ZooKeeper chroot, for the whole module."""
-    root = f"/spark-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(hosts=zk)
-    client.start()
-    client.ensure_path(root)
-    client.stop()
-    client.close()
     c = DevCluster(tmp_path_factory.mktemp("spark-cluster"),
                    props={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"})
-    c.up(3, 1, 1, zookeeper=zk + root)
+    c.up(3, 1, 1, zookeeper=new_chroot(zk, "spark"))
     yield c
     c.down()
 

@@ -1075,6 +1075,17 @@ class _HeldSleep:
         self.clock.advance(int(seconds * 1000))
 
 
+async def _held_harness() -> tuple["Harness", "_HeldSleep", int, int]:
+    """An elected Harness whose coordinator sleeps on a `_HeldSleep`, with transaction
+    "t" begun: (harness, sleep, producer id, epoch)."""
+    sleep = _HeldSleep()
+    h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+    sleep.clock = h.clock
+    await h.elect()
+    pid, epoch = await h.begin("t")
+    return h, sleep, pid, epoch
+
+
 @pytest.mark.parametrize("unanswered", [E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION], ids=["timed_out", "stream_broke"])
 def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswered):
     """Transaction version 1 (a Kafka client's EndTxn below v5): the markers keep the
@@ -1085,11 +1096,7 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
     So the transaction completes, and the next one may start, only once the leader's
     deadline for that request has passed after the retry wrote the marker."""
     async def scenario():
-        sleep = _HeldSleep()
-        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
-        sleep.clock = h.clock
-        await h.elect()
-        pid, epoch = await h.begin("t")
+        h, sleep, pid, epoch = await _held_harness()
         h.markers.fail[("orders", 0)] = [unanswered]  # no answer to the first request; the retry writes it
         ended_at = h.clock.now
         end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
@@ -1117,11 +1124,7 @@ def test_unanswered_marker_requests_hold_no_version_2_transaction():
     """With an epoch bump per transaction (version 2) the leader refuses a late
     duplicate marker by its epoch: the completion does not wait."""
     async def scenario():
-        sleep = _HeldSleep()
-        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
-        sleep.clock = h.clock
-        await h.elect()
-        pid, epoch = await h.begin("t")
+        h, sleep, pid, epoch = await _held_harness()
         h.markers.fail[("orders", 0)] = [E.REQUEST_TIMED_OUT]
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h.settle()
