@@ -28,6 +28,7 @@ from exactly_wire.error_codes import ErrorCode
 
 from . import limits
 from .zk_security import ZkSecurity
+from .zk_tls import ZkTls
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,10 @@ class ClusterState:
         self.zk_security = ZkSecurity(self.props)
         # With the authorizer on: producer id bindings (pid_binding.py), set by server.py.
         self.pid_bindings = None
+        # zookeeper.ssl.client.enable: the session over TLS to the secureClientPort (zk_tls.py).
+        self.zk_tls = ZkTls.from_props(self.props)
         self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s, auth_data=self.zk_security.auth_data,
-                              default_acl=self.zk_security.default_acl)
+                              default_acl=self.zk_security.default_acl, **self.zk_tls.kazoo_kwargs())
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
         self._topics: dict[str, TopicInfo] = {}

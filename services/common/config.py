@@ -21,6 +21,7 @@ from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
 from .settings import SERVICE_SCHEMAS
 from .zk_security import ZkSecurity
+from .zk_tls import ZkTls
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 
@@ -121,6 +122,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
                             advertised_host=args.advertised_host or args.host)
         service_security(cfg)  # cross-key checks and readable certificate files, before starting
         ZkSecurity(cfg.props)  # zookeeper.set.acl needs both digest credentials
+        ZkTls.from_props(cfg.props)  # zookeeper.ssl.*: readable certificate, key and CA files
         return cfg
     except ConfigurationError as exc:
         parser.error(str(exc))

@@ -28,6 +28,7 @@ _SERVICE_UNSUPPORTED = {
     "log.dirs": "use --data-dir",
     "zookeeper.connect": "use --zookeeper",
     "authorizer.class.name": "set authorizer=acl",
+    "zookeeper.clientCnxnSocket": "not needed for TLS: set zookeeper.ssl.client.enable=true",
 }
 
 
@@ -64,6 +65,26 @@ class ServiceSchema(SecuritySettings):
     zookeeper_digest_password: str | None = setting(
         "zookeeper.digest.password", None, "Password of zookeeper.digest.username. Prefer --config FILE "
         "(mode 0600) to --set, which other local users can see in the process list.", HIGH)
+    # ZooKeeper over TLS (KIP-515 names; PEM files only): services/common/zk_tls.py.
+    zookeeper_ssl_client_enable: Bool = setting(
+        "zookeeper.ssl.client.enable", False, "Connect to ZooKeeper with TLS (the connect string names the "
+        "servers' secureClientPort).", HIGH)
+    zookeeper_ssl_keystore_location: str | None = setting(
+        "zookeeper.ssl.keystore.location", None, "PEM file of the client certificate and its private key "
+        "presented to ZooKeeper (unset: ssl.certificate.location and ssl.key.location).", MEDIUM)
+    zookeeper_ssl_keystore_password: str | None = setting(
+        "zookeeper.ssl.keystore.password", None, "Password of an encrypted key in "
+        "zookeeper.ssl.keystore.location.", LOW)
+    zookeeper_ssl_keystore_type: Literal["PEM"] = setting(
+        "zookeeper.ssl.keystore.type", "PEM", "Format of zookeeper.ssl.keystore.location: PEM only.", LOW)
+    zookeeper_ssl_truststore_location: str | None = setting(
+        "zookeeper.ssl.truststore.location", None, "PEM file of the CA certificates that sign ZooKeeper's "
+        "server certificates (unset: ssl.ca.location; both unset: the system's CAs).", MEDIUM)
+    zookeeper_ssl_truststore_type: Literal["PEM"] = setting(
+        "zookeeper.ssl.truststore.type", "PEM", "Format of zookeeper.ssl.truststore.location: PEM only.", LOW)
+    zookeeper_ssl_endpoint_identification_algorithm: Literal["HTTPS", "https", ""] = setting(
+        "zookeeper.ssl.endpoint.identification.algorithm", "HTTPS", "HTTPS: ZooKeeper's certificate must name "
+        "the host of the connect string; empty: no host name check (the CA is still verified).", LOW)
     metrics_port: int = setting("metrics.port", 0, "Port of the Prometheus /metrics endpoint (0: a free port).",
                                 MEDIUM, ge=0, le=65535)
     metrics_bind_address: str | None = setting("metrics.bind.address", None, "Address the /metrics endpoint "

@@ -172,7 +172,8 @@ def test_node_id_and_advertised_host_are_the_pod_name_and_its_dns_name():
         assert args[args.index("--advertised-host") + 1] == "$(POD_FQDN)"
         assert args[args.index("--port") + 1] == "9093"
         assert args[args.index("--kafka-port") + 1] == "9092"
-        assert args[args.index("--zookeeper") + 1] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
+        # the secureClientPort: ZooKeeper over TLS by default
+        assert args[args.index("--zookeeper") + 1] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2281"
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert env["POD_FQDN"]["value"] == (f"$(POD_NAME).{sts['spec']['serviceName']}.$(POD_NAMESPACE)"
@@ -426,7 +427,7 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
                                  "partitionLeader": {"segment.bytes": "1048576", "min.insync.replicas": "2"}}})
     etc = _write_pod_files(tmp_path, objects)
     c = container(statefulset(objects, "partition-leader"))
-    env = {"POD_NAME": "exactly-partition-leader-0", "POD_NAMESPACE": NAMESPACE}
+    env = {"POD_NAME": "exactly-partition-leader-0", "POD_NAMESPACE": NAMESPACE, "POD_IP": "10.0.0.7"}
     for e in c["env"]:
         if "value" in e:
             env[e["name"]] = _kubelet_expand(e["value"], env)
@@ -442,8 +443,9 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
     assert cfg["port"] == 9093
     assert cfg["zookeeper"] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
     assert cfg["data_dir"] == "/var/lib/exactly"
-    assert cfg["props"] == {"metrics.port": "9404", "zookeeper.session.timeout.ms": "6000",
-                            "segment.bytes": "1048576", "min.insync.replicas": "2"}
+    assert cfg["props"] == {"metrics.port": "9404", "metrics.bind.address": "10.0.0.7",  # the pod IP
+                            "zookeeper.session.timeout.ms": "6000", "segment.bytes": "1048576",
+                            "min.insync.replicas": "2"}
 
 
 # ZooKeeper digest authentication keys the chart passes with security on; a service whose

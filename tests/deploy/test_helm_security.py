@@ -145,11 +145,11 @@ def test_security_disabled_renders_plaintext_with_native_grpc_probes():
     for component in COMPONENTS:
         sts = statefulset(objects, component)
         c = container(sts)
-        assert "--set" not in c["args"]
+        assert set_flags(c) == {"metrics.bind.address": "$(POD_IP)"}  # no TLS setting
         assert "tls" not in volumes(sts) and "secret-settings" not in volumes(sts)
         assert "tls" not in mounts(c)
         assert c["readinessProbe"]["grpc"] == {"port": 9093}
-        assert {e["name"] for e in c["env"]}.isdisjoint({"POD_IP", "EXACTLY_SECRET_SETTINGS_DIR"})
+        assert "EXACTLY_SECRET_SETTINGS_DIR" not in {e["name"] for e in c["env"]}
     assert not [o for o in render({**PLAINTEXT, **{"security": {"enabled": False, "tls": {
         "certManager": {"enabled": True}}}}}) if o["apiVersion"].startswith("cert-manager.io/")]
     assert "UNSAFE" in notes(PLAINTEXT)
@@ -222,7 +222,7 @@ def test_cert_manager_scales_with_the_replicas():
     assert f"{RELEASE}-partition-leader-5" not in certs
 
 
-def test_each_pod_mounts_the_certificates_of_its_role_and_the_ca():
+def test_the_tls_volume_lays_out_each_pods_certificate_in_a_directory_of_its_own():
     objects = render(CERT_MANAGER)
     for component in COMPONENTS:
         sts = statefulset(objects, component)
@@ -231,12 +231,15 @@ def test_each_pod_mounts_the_certificates_of_its_role_and_the_ca():
         for source in projected["sources"]:
             for item in source["secret"]["items"]:
                 paths[item["path"]] = (source["secret"]["name"], item["key"])
-        expected = {"ca.crt": (f"{pod_names(component)[0]}-tls", "ca.crt")}
+        expected = {}
         for pod in pod_names(component):
-            expected[f"{pod}.crt"] = (f"{pod}-tls", "tls.crt")
-            expected[f"{pod}.key"] = (f"{pod}-tls", "tls.key")
+            expected[f"{pod}/ca.crt"] = (f"{pod}-tls", "ca.crt")
+            expected[f"{pod}/{pod}.crt"] = (f"{pod}-tls", "tls.crt")
+            expected[f"{pod}/{pod}.key"] = (f"{pod}-tls", "tls.key")
         assert paths == expected
-        assert mounts(container(sts))["tls"]["mountPath"] == TLS_DIR
+        # the container mounts its own directory only (tests/deploy/test_helm_isolation.py)
+        assert mounts(container(sts))["tls"] == {"name": "tls", "mountPath": TLS_DIR, "subPathExpr": "$(POD_NAME)",
+                                                 "readOnly": True}
 
 
 def test_cert_manager_uses_a_given_issuer_and_creates_none():

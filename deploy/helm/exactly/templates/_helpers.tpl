@@ -106,7 +106,7 @@ ZooKeeper connect string passed to every service (--zookeeper), with the chroot.
 {{- if .Values.zookeeper.external.connect }}
 {{- printf "%s%s" .Values.zookeeper.external.connect .Values.zookeeper.chroot }}
 {{- else }}
-{{- printf "%s.%s.svc.%s:%d%s" (include "exactly.zookeeper.name" .) .Release.Namespace .Values.clusterDomain (int .Values.zookeeper.clientPort) .Values.zookeeper.chroot }}
+{{- printf "%s.%s.svc.%s:%d%s" (include "exactly.zookeeper.name" .) .Release.Namespace .Values.clusterDomain (int (include "exactly.zookeeper.servicePort" .)) .Values.zookeeper.chroot }}
 {{- end }}
 {{- end }}
 
@@ -231,4 +231,117 @@ DNS names of the client Service (the bootstrap address clients verify).
 - {{ $svc }}.{{ .Release.Namespace }}
 - {{ $svc }}.{{ .Release.Namespace }}.svc
 - {{ $svc }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+{{- end }}
+
+{{/*
+ZooKeeper over TLS (security.zookeeper.tls): the services connect with TLS, and the
+chart's own ensemble serves clients on secureClientPort only. "true" or "".
+*/}}
+{{- define "exactly.zookeeper.tls" -}}
+{{- if and .Values.security.enabled .Values.security.zookeeper.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The ZooKeeper port the services connect to: secureClientPort with TLS, else clientPort.
+*/}}
+{{- define "exactly.zookeeper.servicePort" -}}
+{{- if include "exactly.zookeeper.tls" . }}{{ .Values.zookeeper.secureClientPort }}{{ else }}{{ .Values.zookeeper.clientPort }}{{ end }}
+{{- end }}
+
+{{/*
+Quorum SASL of the chart's own ensemble (security.zookeeper.quorumAuth; an ensemble of
+2 or more: a standalone server has no quorum). "true" or "".
+*/}}
+{{- define "exactly.zookeeper.quorumAuth" -}}
+{{- $zk := .Values.zookeeper }}
+{{- if and .Values.security.enabled .Values.security.zookeeper.quorumAuth.enabled (not $zk.external.connect) (gt (int $zk.replicas) 1) }}true{{ end }}
+{{- end }}
+
+{{- define "exactly.security.zookeeperQuorumSecret" -}}
+{{- default (printf "%s-zookeeper-quorum" (include "exactly.fullname" .)) .Values.security.zookeeper.quorumAuth.existingSecret }}
+{{- end }}
+
+{{/*
+The ZooKeeper pod names, one per line.
+*/}}
+{{- define "exactly.zookeeper.podNames" -}}
+{{- $name := include "exactly.zookeeper.name" . }}
+{{- range $i := until (int .Values.zookeeper.replicas) }}
+{{ $name }}-{{ $i }}
+{{- end }}
+{{- end }}
+
+{{/*
+DNS names of the ZooKeeper client Service (the host of the services' connect string,
+which they check ZooKeeper's certificate against).
+*/}}
+{{- define "exactly.zookeeper.serviceDnsNames" -}}
+{{- $svc := include "exactly.zookeeper.name" . }}
+- {{ $svc }}
+- {{ $svc }}.{{ .Release.Namespace }}
+- {{ $svc }}.{{ .Release.Namespace }}.svc
+- {{ $svc }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}
+{{- end }}
+
+{{/*
+The "tls" volume of a StatefulSet's pods: (dict "root" $ "pods" <list of pod names>).
+Each pod's files (ca.crt, <pod>.crt, <pod>.key) lie in a directory named after the pod;
+the container mounts only its own directory (subPathExpr: $(POD_NAME)), so no container
+sees another pod's private key. From the Secrets cert-manager writes (<pod>-tls), or from
+security.tls.existingSecret (keys ca.crt, <pod>.crt, <pod>.key).
+*/}}
+{{- define "exactly.podTlsVolume" -}}
+{{- $security := .root.Values.security }}
+{{- if $security.tls.certManager.enabled }}
+projected:
+  defaultMode: 288  # 0440: the user and the fsGroup
+  sources:
+    {{- range .pods }}
+    - secret:
+        name: {{ . }}-tls
+        items:
+          - key: ca.crt
+            path: {{ . }}/ca.crt
+          - key: tls.crt
+            path: {{ . }}/{{ . }}.crt
+          - key: tls.key
+            path: {{ . }}/{{ . }}.key
+    {{- end }}
+{{- else }}
+secret:
+  secretName: {{ include "exactly.security.tlsSecret" .root }}
+  defaultMode: 288  # 0440: the user and the fsGroup
+  items:
+    {{- range .pods }}
+    - key: ca.crt
+      path: {{ . }}/ca.crt
+    - key: {{ . }}.crt
+      path: {{ . }}/{{ . }}.crt
+    - key: {{ . }}.key
+      path: {{ . }}/{{ . }}.key
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Label key that lets a pod of the release namespace reach the gRPC and Kafka ports through
+the NetworkPolicy (networkPolicy.clients.clientLabel).
+*/}}
+{{- define "exactly.clientLabel" -}}
+{{- printf "%s-client" (include "exactly.fullname" . | trunc 56 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+The client port of the ZooKeeper Services: client-tls (secureClientPort) with TLS, else client.
+*/}}
+{{- define "exactly.zookeeper.clientServicePort" -}}
+{{- if include "exactly.zookeeper.tls" . }}
+- name: client-tls
+  port: {{ .Values.zookeeper.secureClientPort }}
+  targetPort: client-tls
+{{- else }}
+- name: client
+  port: {{ .Values.zookeeper.clientPort }}
+  targetPort: client
+{{- end }}
 {{- end }}

@@ -130,6 +130,11 @@ spec:
             - {{ include "exactly.zookeeper.connect" $root }}
             - --data-dir
             - {{ $dataDir }}
+            {{- if $root.Values.metrics.enabled }}
+            # /metrics on the pod network only (the NetworkPolicy admits the scrapers).
+            - --set
+            - metrics.bind.address=$(POD_IP)
+            {{- end }}
             {{- if $security.enabled }}
             - --set
             - ssl.certificate.location=/etc/exactly-tls/$(POD_NAME).crt
@@ -147,11 +152,13 @@ spec:
                   fieldPath: metadata.namespace
             - name: POD_FQDN
               value: $(POD_NAME).{{ $name }}.$(POD_NAMESPACE).svc.{{ $root.Values.clusterDomain }}
-            {{- if $security.enabled }}
+            {{- if or $security.enabled $root.Values.metrics.enabled }}
             - name: POD_IP
               valueFrom:
                 fieldRef:
                   fieldPath: status.podIP
+            {{- end }}
+            {{- if $security.enabled }}
             {{- if $security.zookeeper.enabled }}
             - name: EXACTLY_SECRET_SETTINGS_DIR
               value: /etc/exactly-secret-settings
@@ -226,8 +233,10 @@ spec:
               mountPath: /etc/exactly
               readOnly: true
             {{- if $security.enabled }}
+            # Only this pod's directory of the volume: ca.crt, <pod>.crt, <pod>.key.
             - name: tls
               mountPath: /etc/exactly-tls
+              subPathExpr: $(POD_NAME)
               readOnly: true
             {{- if $security.zookeeper.enabled }}
             - name: secret-settings
@@ -249,29 +258,11 @@ spec:
             name: {{ include "exactly.fullname" $root }}-config
         {{- if $security.enabled }}
         - name: tls
-          {{- if $security.tls.certManager.enabled }}
-          # The Secrets cert-manager writes for the role's pods (<pod>-tls), side by side.
-          projected:
-            defaultMode: 288  # 0440: the user and fsGroup 10001
-            sources:
-              {{- range $i := until (int $spec.replicas) }}
-              - secret:
-                  name: {{ $name }}-{{ $i }}-tls
-                  items:
-                    {{- if eq $i 0 }}
-                    - key: ca.crt
-                      path: ca.crt
-                    {{- end }}
-                    - key: tls.crt
-                      path: {{ $name }}-{{ $i }}.crt
-                    - key: tls.key
-                      path: {{ $name }}-{{ $i }}.key
-              {{- end }}
-          {{- else }}
-          secret:
-            secretName: {{ include "exactly.security.tlsSecret" $root }}
-            defaultMode: 288  # 0440: the user and fsGroup 10001
+          {{- $pods := list }}
+          {{- range $i := until (int $spec.replicas) }}
+          {{- $pods = append $pods (printf "%s-%d" $name $i) }}
           {{- end }}
+          {{- include "exactly.podTlsVolume" (dict "root" $root "pods" $pods) | nindent 10 }}
         {{- if $security.zookeeper.enabled }}
         - name: secret-settings
           secret:

@@ -1,0 +1,108 @@
+"""ZooKeeper over TLS: the services' ZooKeeper client connects to the ensemble's
+`secureClientPort` with TLS, verifies the server's certificate and presents its own.
+
+Kafka's names (KIP-515, "Enable TLS for ZooKeeper clients"), PEM files only:
+
+- `zookeeper.ssl.client.enable`: connect with TLS (the connect string then names the
+  servers' secureClientPort);
+- `zookeeper.ssl.keystore.location` (+ `zookeeper.ssl.keystore.password`): one PEM file
+  holding the client certificate and its private key, presented to ZooKeeper (its
+  `ssl.clientAuth=need`). Unset: the service's own identity, `ssl.certificate.location`
+  and `ssl.key.location` (+ `ssl.key.password`);
+- `zookeeper.ssl.truststore.location`: PEM file of the CA certificates that sign the
+  servers' certificates. Unset: `ssl.ca.location`; both unset: the system's CAs;
+- `zookeeper.ssl.endpoint.identification.algorithm`: HTTPS (the default) checks that the
+  server's certificate names the host of the connect string; empty turns the check off.
+
+The connection itself is kazoo's (`KazooClient(use_ssl=True, ...)`): the whole session,
+digest authentication included (zk_security.py), runs inside TLS. docs/design.md,
+"Security", "ZooKeeper over TLS".
+"""
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from exactly_wire.config import ConfigurationError
+
+ENABLE = "zookeeper.ssl.client.enable"
+KEYSTORE = "zookeeper.ssl.keystore.location"
+KEYSTORE_PASSWORD = "zookeeper.ssl.keystore.password"
+TRUSTSTORE = "zookeeper.ssl.truststore.location"
+ENDPOINT_IDENTIFICATION = "zookeeper.ssl.endpoint.identification.algorithm"
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() == "true"
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """The TLS parameters of one process's ZooKeeper connection.
+
+    enabled: TLS on; ca: PEM file of trusted CAs (None: the system's); certfile/keyfile:
+    the client certificate and key presented (None: no client certificate);
+    keyfile_password: password of an encrypted key; check_hostname: the server's
+    certificate must name the connect string's host.
+    """
+
+    enabled: bool = False
+    ca: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    keyfile_password: str | None = None
+    check_hostname: bool = True
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, object]) -> "ZkTls":
+        """From a service's settings (Kafka key -> string value). Reads the files once to
+        check them: raises ConfigurationError naming the key when a file cannot be read,
+        holds no certificate and matching key, or holds no CA certificate, and when a
+        keystore password comes without a keystore. Disabled: no file is read."""
+        if props.get(KEYSTORE_PASSWORD) and not props.get(KEYSTORE):
+            raise ConfigurationError(f"{KEYSTORE_PASSWORD} needs {KEYSTORE}", key=KEYSTORE_PASSWORD)
+        if not _truthy(props.get(ENABLE, "false")):
+            return cls()
+        algorithm = str(props.get(ENDPOINT_IDENTIFICATION, "HTTPS") or "").strip().upper()
+        if props.get(KEYSTORE):
+            cert_key = KEYSTORE
+            certfile = keyfile = str(props[KEYSTORE])
+            password = props.get(KEYSTORE_PASSWORD)
+        else:
+            cert_key = "ssl.certificate.location"
+            certfile = props.get("ssl.certificate.location")
+            keyfile = props.get("ssl.key.location")
+            password = props.get("ssl.key.password")
+            certfile, keyfile = (str(certfile), str(keyfile)) if certfile and keyfile else (None, None)
+        ca_key = TRUSTSTORE if props.get(TRUSTSTORE) else "ssl.ca.location"
+        ca = props.get(ca_key)
+        tls = cls(True, str(ca) if ca else None, certfile, keyfile, str(password) if password else None,
+                  algorithm == "HTTPS")
+        tls._check(cert_key, ca_key)
+        return tls
+
+    def _check(self, cert_key: str, ca_key: str) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.certfile is not None:
+            try:
+                context.load_cert_chain(self.certfile, self.keyfile, password=self.keyfile_password)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                raise ConfigurationError(f"{cert_key}={self.certfile}: no certificate and matching private key "
+                                         f"for ZooKeeper TLS ({exc})", key=cert_key, value=self.certfile,
+                                         allowed="a readable PEM certificate and its key") from None
+        if self.ca is not None:
+            try:
+                context.load_verify_locations(self.ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(f"{ca_key}={self.ca}: no CA certificate for ZooKeeper TLS ({exc})",
+                                         key=ca_key, value=self.ca, allowed="a readable PEM file") from None
+
+    def kazoo_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of kazoo's KazooClient: {} when disabled, else use_ssl,
+        verify_certs (always True), check_hostname, ca, certfile, keyfile and
+        keyfile_password."""
+        if not self.enabled:
+            return {}
+        return {"use_ssl": True, "verify_certs": True, "check_hostname": self.check_hostname, "ca": self.ca,
+                "certfile": self.certfile, "keyfile": self.keyfile, "keyfile_password": self.keyfile_password}
