@@ -187,6 +187,28 @@ def test_metrics_bind_the_pod_ip():
     assert "metrics.bind.address" not in set_flags(container(statefulset(off, "partition-leader")))
 
 
+VARIANTS = {
+    "zk3-cert-manager": {**ZK3, **CERT_MANAGER},
+    "zk3-secret": {**ZK3, **EXISTING_SECRET},
+    "peers": {"networkPolicy": {"clients": {"clientLabel": False, "from": [
+        {"namespaceSelector": {"matchLabels": {"team": "streams"}}, "podSelector": {"matchLabels": {"app": "etl"}}},
+        {"ipBlock": {"cidr": "10.10.0.0/16"}}]}, "metrics": {"from": [{"podSelector": {}}]}}},
+    "metrics-closed": {"networkPolicy": {"metrics": {"from": []}}},
+    "zk-tls-off": {**ZK3, "security": {"zookeeper": {"tls": {"enabled": False}, "quorumAuth": {"enabled": False}}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_object_of_the_isolation_variants_validates_strictly(name):
+    import kubernetes_validate
+    from tests.deploy.test_helm_chart import CRD_GROUPS, KUBE_VERSION, strip
+    objects = render(VARIANTS[name])
+    assert [o for o in objects if o["kind"] == "NetworkPolicy"]
+    for obj in objects:
+        if not obj["apiVersion"].startswith(CRD_GROUPS):
+            kubernetes_validate.validate(strip(obj), KUBE_VERSION, strict=True)
+
+
 # ------------------------------------------------------------------------- each pod its own key
 def _secret_keys(objects: list[dict]) -> set[str]:
     """The keys of a security.tls.existingSecret holding every pod's certificate and key."""
