@@ -63,6 +63,28 @@ class ProducerIdManager:
             self._start_prefetch()
         return pid
 
+    def next_pid_in(self, residues: frozenset[int] | set[int], modulus: int) -> int | None:
+        """The next PID p of the current block with p % modulus in `residues` (the
+        PIDs skipped are never handed out), or None when the block holds no more
+        (then await `ensure_available()`; each block holds about size / modulus of
+        each residue). Used with producer-id bindings: a PID's binding lives in
+        partition PID % n of __transaction_state. Never blocks."""
+        if not residues or modulus <= 0:
+            return None
+        while True:
+            if self._next > self._last and self._prefetched is not None:
+                self._install(self._prefetched)
+                self._prefetched = None
+            if self._next > self._last:
+                return None
+            start = self._next
+            pid = min(start + (r - start) % modulus for r in residues)
+            if pid > self._last:
+                self._next = self._last + 1
+                continue
+            self._next = pid
+            return self.next_pid()
+
     async def ensure_available(self) -> None:
         """Reserve a block if none is left. Raises ProducerIdAllocationError."""
         async with self._lock:

@@ -1,0 +1,161 @@
+"""Producer-id bindings in the transaction log (docs/design.md, "Producer-id bindings"):
+issued in partition producer id % n, checked by VerifyProducerId, replayed by a new
+owner, expired with producer state."""
+from __future__ import annotations
+
+from txn_coordinator_fakes import FakeLog, Harness, run
+
+from exactly_wire.error_codes import ErrorCode
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.txn_coordinator.pid_manager import ProducerIdManager
+
+E = ErrorCode
+N = 4
+CONFIG = TxnCoordinatorConfig(end_txn_completion_wait_ms=0, producer_id_expiration_ms=1000,
+                              transactional_id_expiration_ms=5000)
+
+
+async def _owner_of_all(log: FakeLog | None = None, epoch: int = 1) -> Harness:
+    h = Harness(CONFIG, txn_partitions=N, log=log, bind_producer_ids=True)
+    for p in range(N):
+        await h.elect(p, epoch)
+    return h
+
+
+def _bindings(log: FakeLog, partition: int) -> dict[int, txn_log.ProducerIdBinding]:
+    return txn_log.rebuild_bindings(log.entries(partition))
+
+
+def test_an_idempotent_producer_id_is_bound_in_its_partition_before_it_is_handed_out():
+    async def scenario():
+        h = await _owner_of_all()
+        pids = []
+        for _ in range(8):
+            r = await h.coord.init_producer_id("", 0, principal="User:alice")
+            assert (r.error, r.producer_epoch) == (E.NONE, 0)
+            pids.append(r.producer_id)
+        assert len(set(pids)) == 8
+        assert {pid % N for pid in pids} == set(range(N))  # spread over the owned partitions
+        for pid in pids:
+            assert _bindings(h.log, pid % N)[pid].principal == "User:alice"
+            assert h.coord.verify_producer_id(pid, "User:alice", "", False) == (E.NONE, "")
+            code, why = h.coord.verify_producer_id(pid, "User:mallory", "", False)
+            assert code == E.CLUSTER_AUTHORIZATION_FAILED and "another principal" in why
+        assert h.coord.verify_producer_id(10**9, "User:alice", "", False)[0] == E.CLUSTER_AUTHORIZATION_FAILED
+    run(scenario())
+
+
+def test_a_transactional_producer_id_lives_with_its_transactional_id_and_can_be_rebound():
+    async def scenario():
+        h = await _owner_of_all()
+        r = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+        assert r.error == E.NONE
+        partition = h.topology.txn_partition_for("tx-a")
+        assert r.producer_id % N == partition
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", "tx-a", True) == (E.NONE, "")
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", "tx-b", True)[0] == \
+            E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        records_before = len(h.log.entries(partition))
+        again = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+        assert (again.producer_id, again.producer_epoch) == (r.producer_id, 1)
+        assert len(h.log.entries(partition)) == records_before + 1  # the epoch bump only, no new binding
+        bob = await h.coord.init_producer_id("tx-a", 60000, principal="User:bob")
+        assert bob.producer_id == r.producer_id
+        assert h.coord.verify_producer_id(r.producer_id, "User:bob", "tx-a", True) == (E.NONE, "")
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", "tx-a", True)[0] == \
+            E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    run(scenario())
+
+
+def test_a_new_owner_replays_the_bindings():
+    async def scenario():
+        h = await _owner_of_all()
+        idem = await h.coord.init_producer_id("", 0, principal="User:alice")
+        txn = await h.coord.init_producer_id("tx-a", 60000, principal="User:bob")
+        successor = await _owner_of_all(h.log, epoch=2)
+        assert successor.coord.verify_producer_id(idem.producer_id, "User:alice", "", False) == (E.NONE, "")
+        assert successor.coord.verify_producer_id(txn.producer_id, "User:bob", "tx-a", True) == (E.NONE, "")
+        assert successor.coord.verify_producer_id(idem.producer_id, "User:bob", "", False)[0] == \
+            E.CLUSTER_AUTHORIZATION_FAILED
+    run(scenario())
+
+
+def test_a_failed_binding_hands_out_nothing():
+    async def scenario():
+        h = await _owner_of_all()
+        h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)
+        r = await h.coord.init_producer_id("", 0, principal="User:alice")
+        assert (r.error, r.producer_id) == (E.COORDINATOR_NOT_AVAILABLE, -1)
+        h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)
+        t = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+        assert (t.error, t.producer_id) == (E.COORDINATOR_NOT_AVAILABLE, -1)
+        assert not h.md("tx-a", h.topology.txn_partition_for("tx-a")).pending_transition_in_progress
+        ok = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+        assert ok.error == E.NONE
+    run(scenario())
+
+
+def test_idle_idempotent_bindings_expire_and_used_ones_stay():
+    async def scenario():
+        h = await _owner_of_all()
+        idle = (await h.coord.init_producer_id("", 0, principal="User:alice")).producer_id
+        used = (await h.coord.init_producer_id("", 0, principal="User:alice")).producer_id
+        h.clock.advance(600)
+        assert h.coord.verify_producer_id(used, "User:alice", "", False)[0] == E.NONE  # a use
+        h.clock.advance(600)
+        assert await h.coord.expire_producer_id_bindings() == 1
+        assert h.coord.verify_producer_id(idle, "User:alice", "", False)[0] == E.CLUSTER_AUTHORIZATION_FAILED
+        assert h.coord.verify_producer_id(used, "User:alice", "", False)[0] == E.NONE
+        assert idle not in _bindings(h.log, idle % N)  # the tombstone is in the log
+        h.clock.advance(1001)
+        assert await h.coord.expire_producer_id_bindings() == 1
+        assert all(not _bindings(h.log, p) for p in range(N))
+    run(scenario())
+
+
+def test_a_transactional_binding_lives_as_long_as_its_transactional_id_holds_it():
+    async def scenario():
+        h = await _owner_of_all()
+        r = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+        h.clock.advance(4000)
+        assert await h.coord.expire_producer_id_bindings() == 0  # held by tx-a
+        h.clock.advance(2000)
+        assert await h.coord.expire_transactional_ids() == 1  # tx-a idle > transactional.id.expiration.ms
+        assert await h.coord.expire_producer_id_bindings() == 1
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", "tx-a", True)[0] == \
+            E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    run(scenario())
+
+
+def test_a_coordinator_owning_no_partition_issues_no_bound_producer_id():
+    async def scenario():
+        h = Harness(CONFIG, txn_partitions=N, bind_producer_ids=True)
+        r = await h.coord.init_producer_id("", 0, principal="User:alice")
+        assert r.error == E.NOT_COORDINATOR
+        assert h.coord.verify_producer_id(5, "User:alice", "", False)[0] == E.NOT_COORDINATOR
+    run(scenario())
+
+
+def test_next_pid_in_takes_only_the_residues_asked_for():
+    async def scenario():
+        blocks = iter([(0, 9), (10, 19), (20, 29)])
+
+        async def allocate():
+            return next(blocks)
+        pids = ProducerIdManager(allocate)
+        await pids.ensure_available()
+        assert [pids.next_pid_in({1}, 4), pids.next_pid_in({1}, 4), pids.next_pid_in({1}, 4)] == [1, 5, 9]
+        assert pids.next_pid_in({1}, 4) is None
+        await pids.ensure_available()
+        assert [pids.next_pid_in({0, 3}, 4) for _ in range(3)] == [11, 12, 15]
+    run(scenario())
+
+
+def test_binding_records_round_trip():
+    batch = txn_log.encode_binding_batch([(7, txn_log.ProducerIdBinding("User:a", "t", 5)), (8, None)], 9)
+    entries, _ = txn_log.decode_fetched(batch)
+    assert [(e.producer_id, e.binding) for e in entries] == [(7, txn_log.ProducerIdBinding("User:a", "t", 5)),
+                                                             (8, None)]
+    assert txn_log.rebuild(entries) == {}
+    assert txn_log.rebuild_bindings(entries) == {7: txn_log.ProducerIdBinding("User:a", "t", 5)}
