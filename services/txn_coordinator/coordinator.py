@@ -714,7 +714,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if state not in COMPLETED_STATES:
             log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
             return InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR)
-        if md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch):
+        # With bindings a producer id must live in its transactional.id's partition; one
+        # issued before bindings were on is replaced, as an exhausted one is.
+        misplaced = self.bind_producer_ids and md.producer_epoch >= 0 and \
+            md.producer_id % max(self._topology.txn_partition_count(), 1) != part.partition
+        if misplaced or (md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch)):
             new_pid = self._new_pid(part)
             if new_pid is None:
                 return _NEED_PID

@@ -48,13 +48,18 @@ class ProducerIdManager:
         """PIDs left in the current block (not counting a prefetched one)."""
         return max(0, self._last - self._next + 1)
 
-    def next_pid(self) -> int | None:
-        """The next PID of the current block, or None when it is used up (then await
-        `ensure_available()`). Never blocks."""
+    def _exhausted(self) -> bool:
+        """Whether no PID is left, after moving on to the prefetched block if the
+        current one is used up."""
         if self._next > self._last and self._prefetched is not None:
             self._install(self._prefetched)
             self._prefetched = None
-        if self._next > self._last:
+        return self._next > self._last
+
+    def next_pid(self) -> int | None:
+        """The next PID of the current block, or None when it is used up (then await
+        `ensure_available()`). Never blocks."""
+        if self._exhausted():
             return None
         pid = self._next
         self._next += 1
@@ -72,10 +77,7 @@ class ProducerIdManager:
         if not residues or modulus <= 0:
             return None
         while True:
-            if self._next > self._last and self._prefetched is not None:
-                self._install(self._prefetched)
-                self._prefetched = None
-            if self._next > self._last:
+            if self._exhausted():
                 return None
             start = self._next
             pid = min(start + (r - start) % modulus for r in residues)

@@ -159,3 +159,24 @@ def test_binding_records_round_trip():
                                                              (8, None)]
     assert txn_log.rebuild(entries) == {}
     assert txn_log.rebuild_bindings(entries) == {7: txn_log.ProducerIdBinding("User:a", "t", 5)}
+
+
+def test_a_producer_id_issued_before_bindings_is_replaced_by_one_of_its_partition():
+    async def scenario():
+        before = Harness(CONFIG, txn_partitions=N)
+        for p in range(N):
+            await before.elect(p, 1)
+        partition = before.topology.txn_partition_for("tx-a")
+        old = None
+        for _ in range(N):  # until the unbound coordinator hands out a producer id of another residue
+            tid = f"tx-{_}"
+            r = await before.coord.init_producer_id(tid, 60000)
+            if r.producer_id % N != before.topology.txn_partition_for(tid):
+                old, partition = (tid, r.producer_id), before.topology.txn_partition_for(tid)
+                break
+        assert old is not None
+        h = await _owner_of_all(before.log, epoch=2)
+        r = await h.coord.init_producer_id(old[0], 60000, principal="User:alice")
+        assert r.error == E.NONE and r.producer_id != old[1] and r.producer_id % N == partition
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", old[0], True) == (E.NONE, "")
+    run(scenario())
