@@ -661,19 +661,20 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 continue
             gone = []
             for pid, b in part.bindings.items():
-                used = part.binding_used.get(pid, b.timestamp_ms)
+                used = part.binding_used.setdefault(pid, b.timestamp_ms)
                 if not b.transactional_id:
                     if used + self.config.producer_id_expiration_ms <= now:
-                        gone.append(pid)
+                        gone.append((pid, used))
                     continue
                 md = part.txns.get(b.transactional_id)
                 if md is not None and pid in (md.producer_id, md.last_producer_id):
                     continue
                 if used + self.config.transactional_id_expiration_ms <= now:
-                    gone.append(pid)
+                    gone.append((pid, used))
             for i in range(0, len(gone), 1000):
-                chunk = gone[i:i + 1000]
-                if await self._append_bindings(part, [(pid, None) for pid in chunk]) == ErrorCode.NONE:
+                # Not one used (or rebound) since the scan looked at it.
+                chunk = [pid for pid, used in gone[i:i + 1000] if part.binding_used.get(pid) == used]
+                if chunk and await self._append_bindings(part, [(pid, None) for pid in chunk]) == ErrorCode.NONE:
                     expired += len(chunk)
         if expired:
             log.info("expired %d producer-id bindings", expired)
