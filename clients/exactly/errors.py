@@ -610,6 +610,16 @@ class UnstableOffsetCommitError(ExactlyError):
     code = ErrorCode.UNSTABLE_OFFSET_COMMIT
 
 
+class ThrottlingQuotaExceededError(ExactlyError):
+    """The request went above a rate quota of the principal (KIP-599; for InitProducerId the
+    transaction coordinator's exactly.producer.ids.rate): retry after the response's
+    throttle_time_ms.
+
+    Kafka error code 89 (THROTTLING_QUOTA_EXCEEDED)."""
+
+    code = ErrorCode.THROTTLING_QUOTA_EXCEEDED
+
+
 class ProducerFencedError(ExactlyError):
     """A newer producer instance with the same transactional.id has a newer epoch: this one is a
     zombie.

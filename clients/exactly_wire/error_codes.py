@@ -82,6 +82,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
+    THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599; retriable after the response's throttle_time_ms
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
     # KIP-447 draft codes. The draft gives both the number 85, which Kafka has since
@@ -92,6 +93,7 @@ class ErrorCode(enum.IntEnum):
 
 
 RETRIABLE: frozenset[ErrorCode] = frozenset({
+    ErrorCode.THROTTLING_QUOTA_EXCEEDED,
     ErrorCode.CORRUPT_MESSAGE,  # Kafka marks it retriable: a resend may arrive intact
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     ErrorCode.LEADER_NOT_AVAILABLE,

@@ -205,10 +205,21 @@ class AclStore:
     JSON (`encode_name`), fed into `cache` by a ZooKeeper children watch: an ACL added
     or removed applies as soon as the watch fires, without a restart."""
 
-    def __init__(self, zk, cache: AclCache | None = None):
+    def __init__(self, zk, cache: AclCache | None = None, acl: list | None = None):
+        """acl: the znode ACL of /exactly/acls and every binding under it (with
+        zookeeper.set.acl the sensitive one: the cluster identity only, so the ACL
+        list is not readable without the digest, zk_security.py); None: the
+        client's default."""
         self.zk = zk
         self.cache = cache
-        zk.ensure_path(ACLS)
+        self.acl = acl
+        from kazoo.exceptions import NodeExistsError
+        zk.ensure_path(ACLS.rsplit("/", 1)[0])
+        try:
+            zk.create(ACLS, b"", acl=acl)
+        except NodeExistsError:
+            if acl is not None:
+                zk.set_acls(ACLS, acl)  # created world-readable by an earlier version
         if cache is not None:  # without a cache: only add, remove and list
             zk.ChildrenWatch(ACLS, self._on_children)
 
@@ -227,7 +238,7 @@ class AclStore:
         """Store `binding`; False when it was there already."""
         from kazoo.exceptions import NodeExistsError
         try:
-            self.zk.create(f"{ACLS}/{encode_name(binding)}", b"", makepath=True)
+            self.zk.create(f"{ACLS}/{encode_name(binding)}", b"", acl=self.acl)
             return True
         except NodeExistsError:
             return False

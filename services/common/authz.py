@@ -164,6 +164,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "TransactionCoordinator/PrepareTxn": lambda r, p: [txn(r.transactional_id)],
     "TransactionCoordinator/ListTransactions": lambda r, p: [],  # filtered by the servicer
     "TransactionCoordinator/DescribeTransactions": lambda r, p: [txn(t, Op.DESCRIBE) for t in r.transactional_ids],
+    # A partition leader or group coordinator checking a producer id's binding.
+    "TransactionCoordinator/VerifyProducerId": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
     # Group coordinator
     "GroupCoordinator/JoinGroup": lambda r, p: [group(r.group_id)],
     "GroupCoordinator/SyncGroup": lambda r, p: [group(r.group_id)],

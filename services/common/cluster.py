@@ -165,10 +165,24 @@ class ClusterState:
         """Connect to ZooKeeper, create the base paths and start the watches."""
         self.zk.start(timeout=timeout_s)
         self.zk.add_listener(self._on_zk_state)
+        if self.zk_security.set_acl:
+            self._protect_root()
         for path in (SERVICES, TOPICS, f"{COORDINATORS}/txn", f"{COORDINATORS}/group"):
             self.zk.ensure_path(path)
         self.zk.ChildrenWatch(SERVICES, self._on_services)
         self.zk.ChildrenWatch(TOPICS, self._on_topics)
+
+    def _protect_root(self) -> None:
+        """zookeeper.set.acl: the root znode of this client's view (the chroot's root
+        node with a chroot, else ZooKeeper's "/") gets the default ACL (the cluster
+        identity all, world read) when anyone may change it, so nobody without the
+        digest creates nodes beside /exactly. On a ZooKeeper shared with other
+        applications, give the cluster a chroot. zk_security.py."""
+        from kazoo.security import Permissions
+        acls, _ = self.zk.get_acls("/")
+        if any(a.id.scheme == "world" and a.perms & ~Permissions.READ for a in acls):
+            self.zk.set_acls("/", self.zk_security.default_acl)
+            log.info("ZooKeeper root: world may only read now")
 
     def ensure_sensitive_path(self, path: str) -> None:
         """Create `path` (and its parents) if missing; `path` itself gets the
@@ -645,6 +659,23 @@ class ClusterState:
         if topic is None or (kind, partition_for_key(key, len(topic.partitions))) in self._owners:
             return self.coordinator_for(kind, key)
         return await asyncio.to_thread(self.coordinator_for, kind, key)
+
+    async def lookup_coordinator_of_partition(self, kind: str, number: int) -> NodeInfo | None:
+        """The live owner of partition `number` % n of the internal topic of `kind`
+        ("txn": the owner of a producer id's binding, pid_binding.py), or None (no
+        topic or no live owner). On the loop when the owner is in the watched cache,
+        else in a worker thread (the first lookup reads ZooKeeper)."""
+        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        if topic is None or not topic.partitions:
+            return None
+        partition = number % len(topic.partitions)
+        if (kind, partition) in self._owners:
+            owner, _ = self._cached_owner(kind, partition)
+        else:
+            owner, _ = await asyncio.to_thread(self._cached_owner, kind, partition)
+        with self._lock:
+            node = self._nodes.get(owner) if owner else None
+        return node if node is not None and node.role == ROLE_FOR_KIND[kind] else None
 
     def _cached_owner(self, kind: str, partition: int) -> tuple[str | None, int]:
         """coordinator_owner from the watched cache; the first lookup of a partition

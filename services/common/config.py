@@ -77,6 +77,10 @@ class ServiceConfig:
         """Integer setting `key` (validated), or `default` when unset."""
         return self._value(key, default)
 
+    def get_float(self, key: str, default: float) -> float:
+        """Number setting `key` (validated), or `default` when unset."""
+        return float(self._value(key, default))
+
 
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")

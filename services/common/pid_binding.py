@@ -3,66 +3,75 @@
 The KIP-98 design document ("Authorization") leaves it to future work that a principal
 with Write on a topic can send batches under another producer's id: append into that
 producer's open transaction, or bump its epoch and fence it. With the authorizer on,
-Exactly closes this:
+Exactly closes this (docs/design.md, "Producer-id bindings"):
 
 - **Registration.** A transaction coordinator answers InitProducerId only after it
-  wrote the binding `/exactly/producer_ids/<producer id>` = {"principal",
-  "transactional_id"} to ZooKeeper (the principal of the call, or of the client a
-  service forwards the request for). A transactional.id initialised again by another
-  principal with Write on it rebinds its producer id to that principal (the previous
-  one is fenced anyway).
+  appended the binding {principal, transactional.id} of the producer id to its log,
+  `__transaction_state`, in partition producer id % n: it issues a producer id only
+  with the residue of a partition it owns (the transactional.id's partition for a
+  transactional producer). A transactional.id initialised again by another principal
+  with Write on it rebinds its producer id to that principal (the previous one is
+  fenced anyway). No ZooKeeper write per producer id.
+- **Expiry.** A binding expires with its producer state: an idempotent producer's
+  producer.id.expiration.ms after its last use (InitProducerId or a check below), a
+  transactional producer's once its transactional.id no longer holds the producer id
+  (expired after transactional.id.expiration.ms, or rotated) and it was not used for
+  transactional.id.expiration.ms. The coordinator writes a tombstone.
 - **Check.** A partition leader appends a client's idempotent or transactional batch
   only when the batch's producer id is bound to the caller's principal and, for a
-  transactional batch, to the transactional.id the request carries. Anything else is
-  refused before the producer state is touched (TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-  for a transactional batch, CLUSTER_AUTHORIZATION_FAILED for an idempotent one), so
-  the victim's sequence and epoch do not move. A group coordinator checks the same
-  for TxnOffsetCommit.
+  transactional batch, to the transactional.id the request carries; it asks the
+  coordinator owning partition producer id % n (VerifyProducerId, a service-only
+  call) on the first sight of the (producer id, principal, transactional.id) and
+  caches the answer, asking again after a quarter of producer.id.expiration.ms so
+  that an active producer's binding stays alive. Anything else is refused before the
+  producer state is touched (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a
+  transactional batch, CLUSTER_AUTHORIZATION_FAILED for an idempotent one), so the
+  victim's sequence and epoch do not move. A group coordinator checks the same for
+  TxnOffsetCommit.
 
-Why it holds across failover: the binding is not coordinator or leader state. It sits
-in ZooKeeper, written before the producer id is handed out and writable only by the
-cluster's identity (`zookeeper.set.acl`), so a new transaction coordinator, a new
-partition leader or a restarted one reads the same answer. Leaders cache bindings; a
-batch that does not match the cached binding reads it again (after a ZooKeeper sync)
-before it is refused, so a rebinding is seen at once. docs/design.md, "Security".
+Why it holds across failover: the binding is in the replicated log the coordinators
+replay when they take a partition over (appended with the owner's writer id, so a
+deposed owner cannot write one), and the owner of a producer id's binding follows from
+the producer id alone. While no coordinator answers, a batch is refused with a
+retriable error, never appended unchecked.
 """
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
-from kazoo.exceptions import NoNodeError, NodeExistsError
+import grpc
+from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_exponential_jitter
 
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 
-BINDINGS = "/exactly/producer_ids"
+from .rpc import transport_error_code
+from .tunnel import method_path
+
+if TYPE_CHECKING:
+    from services.txn_coordinator.txn_log import ProducerIdBinding
+
+log = logging.getLogger(__name__)
+
 CACHE_SIZE = 100_000
+_VERIFY = method_path("TransactionCoordinator", "VerifyProducerId")
+# Answers after which asking again may succeed: the owner moves or loads.
+_RETRY_CODES = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                          ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NETWORK_EXCEPTION,
+                          ErrorCode.REQUEST_TIMED_OUT})
 
 
-@dataclass(frozen=True)
-class Binding:
-    """Who a producer id was issued to: principal ("User:alice") and transactional.id
-    ("" for an idempotent producer)."""
-    principal: str
-    transactional_id: str = ""
-
-    def to_json(self) -> bytes:
-        return json.dumps({"principal": self.principal, "transactional_id": self.transactional_id}).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "Binding":
-        body = json.loads(data)
-        return cls(str(body["principal"]), str(body.get("transactional_id", "")))
-
-
-def refusal(binding: Binding | None, producer_id: int, principal: str, transactional_id: str,
+def refusal(binding: "ProducerIdBinding | None", producer_id: int, principal: str, transactional_id: str,
             transactional: bool) -> str | None:
     """Why a batch of `producer_id` from `principal` is refused (None: it is not).
     A transactional batch must also carry the transactional.id the id was issued for."""
     if binding is None:
-        return f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
+        return (f"producer id {producer_id} is not bound: not issued by a transaction coordinator of this "
+                "cluster, or expired")
     if binding.principal != principal:
         return f"producer id {producer_id} was issued to another principal, not {principal}"
     if transactional and binding.transactional_id != transactional_id:
@@ -78,53 +87,103 @@ def refusal_code(transactional: bool) -> ErrorCode:
         else ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
+class RatePerPrincipal:
+    """A token bucket per principal: `rate` calls per second, bursts of `rate` calls
+    (at least one). clock: monotonic seconds. Buckets of principals idle for a
+    minute are dropped (so the map is bounded by the principals active in a minute)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
+        self.rate = rate
+        self.burst = max(rate, 1.0)
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # principal -> (tokens, at)
+        self._swept = clock()
+
+    def acquire(self, principal: str) -> int:
+        """Take one call for `principal`: 0 when allowed, else the ms until it would be."""
+        now = self._clock()
+        if now - self._swept > 60:
+            self._buckets = {p: b for p, b in self._buckets.items() if now - b[1] < 60}
+            self._swept = now
+        tokens, at = self._buckets.get(principal, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens >= 1 - 1e-9:  # a whole token, up to float rounding
+            self._buckets[principal] = (max(tokens - 1, 0.0), now)
+            return 0
+        self._buckets[principal] = (tokens, now)
+        return max(1, int((1 - tokens) / self.rate * 1000 + 0.999))
+
+
 class ProducerIdBindings:
-    """The bindings in ZooKeeper, with a bounded cache (see the module docstring).
+    """The check of partition leaders and group coordinators (see the module
+    docstring): asks the transaction coordinator owning a producer id's binding, and
+    caches what it allowed.
 
-    zk: a started KazooClient of the cluster identity. `bind` blocks (call it in a
-    thread); `check` is a coroutine."""
+    cluster: ClusterState (coordinator ownership); client: ClusterClient (the tunnel
+    to the coordinator, as the service's principal); refresh_s: how long an allowed
+    answer is trusted before it is asked again (a quarter of producer.id.expiration.ms);
+    backoff_ms / backoff_max_ms: retry backoff while the owner moves or loads."""
 
-    def __init__(self, zk, cache_size: int = CACHE_SIZE):
-        self._zk = zk
-        self._cache: OrderedDict[int, Binding] = OrderedDict()
+    def __init__(self, cluster, client, refresh_s: float = 86_400 / 4, cache_size: int = CACHE_SIZE,
+                 backoff_ms: int = 20, backoff_max_ms: int = 1000, clock: Callable[[], float] = time.monotonic):
+        self.cluster = cluster
+        self.client = client
+        self.refresh_s = refresh_s
+        self.backoff_ms = backoff_ms
+        self.backoff_max_ms = backoff_max_ms
+        self.clock = clock
+        self._cache: OrderedDict[tuple[int, str, str, bool], float] = OrderedDict()  # -> trusted until
         self._cache_size = cache_size
 
-    def bind(self, producer_id: int, principal: str, transactional_id: str = "") -> None:
-        """Record that `producer_id` belongs to `principal` (and `transactional_id`).
-        Raises kazoo errors when ZooKeeper cannot be written (the InitProducerId then
-        fails with a retriable error and hands out nothing)."""
-        binding = Binding(principal, transactional_id)
-        path = f"{BINDINGS}/{producer_id}"
+    async def check(self, producer_id: int, principal: str, transactional_id: str, transactional: bool,
+                    deadline: float | None = None) -> tuple[ErrorCode, str]:
+        """Whether `principal` may write batches of `producer_id` (for a transactional
+        batch: of `transactional_id`). deadline: clock seconds (default: 5 s from now).
+        Returns (NONE, ""); (TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
+        CLUSTER_AUTHORIZATION_FAILED, why) when it is not bound so; or
+        (NOT_ENOUGH_REPLICAS, why) when no coordinator answered in time (retriable;
+        nothing may be appended)."""
+        key = (producer_id, principal, transactional_id if transactional else "", transactional)
+        now = self.clock()
+        until = self._cache.get(key)
+        if until is not None and until > now:
+            return ErrorCode.NONE, ""
+        if deadline is None:
+            deadline = now + 5.0
+        remaining = deadline - now
+        code, why = ErrorCode.REQUEST_TIMED_OUT, ""
+        if remaining > 0:
+            code, why = await AsyncRetrying(
+                stop=stop_after_delay(remaining), retry=retry_if_result(lambda r: r[0] in _RETRY_CODES),
+                wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
+                                             jitter=self.backoff_ms / 1000),
+                retry_error_callback=lambda state: state.outcome.result(),
+            )(self._ask, producer_id, principal, transactional_id, transactional, deadline)
+        if code == ErrorCode.NONE:
+            self._cache[key] = self.clock() + self.refresh_s
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+            return ErrorCode.NONE, ""
+        self._cache.pop(key, None)
+        if code in (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, ErrorCode.CLUSTER_AUTHORIZATION_FAILED):
+            return ErrorCode(code), why
+        log.info("producer id %d of %s: its binding could not be checked (%s)", producer_id, principal,
+                 ErrorCode(code).name if code in ErrorCode._value2member_map_ else code)
+        return ErrorCode.NOT_ENOUGH_REPLICAS, f"the binding of producer id {producer_id} could not be checked; retry"
+
+    async def _ask(self, producer_id: int, principal: str, transactional_id: str, transactional: bool,
+                   deadline: float) -> tuple[int, str]:
+        node = await self.cluster.lookup_coordinator_of_partition("txn", producer_id)
+        if node is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, ""
+        request = pb.VerifyProducerIdRequest(producer_id=producer_id, principal=principal,
+                                             transactional_id=transactional_id, transactional=transactional)
         try:
-            self._zk.create(path, binding.to_json(), makepath=True)
-        except NodeExistsError:
-            self._zk.set(path, binding.to_json())
-        self._remember(producer_id, binding)
-
-    def lookup(self, producer_id: int) -> Binding | None:
-        """The binding as ZooKeeper has it now (after a sync), cached; blocks."""
-        path = f"{BINDINGS}/{producer_id}"
-        try:
-            self._zk.sync(path)
-            data, _ = self._zk.get(path)
-        except NoNodeError:
-            return None
-        binding = Binding.from_json(data)
-        self._remember(producer_id, binding)
-        return binding
-
-    def _remember(self, producer_id: int, binding: Binding) -> None:
-        self._cache[producer_id] = binding
-        self._cache.move_to_end(producer_id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-
-    async def check(self, producer_id: int, principal: str, transactional_id: str,
-                    transactional: bool) -> str | None:
-        """None when `principal` may write batches of `producer_id`, else the reason.
-        A cached binding that allows it answers at once; otherwise ZooKeeper is read."""
-        cached = self._cache.get(producer_id)
-        if cached is not None and refusal(cached, producer_id, principal, transactional_id, transactional) is None:
-            return None
-        binding = await asyncio.to_thread(self.lookup, producer_id)
-        return refusal(binding, producer_id, principal, transactional_id, transactional)
+            resp = await self.client.tunnel(node.address).call(
+                _VERIFY, request, pb.VerifyProducerIdResponse, max(deadline - self.clock(), 0.05))
+        except grpc.RpcError as exc:
+            return transport_error_code(exc), ""
+        except asyncio.TimeoutError:
+            return ErrorCode.REQUEST_TIMED_OUT, ""
+        return resp.error_code, resp.error_message

@@ -204,7 +204,7 @@ class SecurityAdmin:
 
     async def change_acls(self, acls, add: bool) -> pb.AclsResponse:
         resp = pb.AclsResponse()
-        store = await asyncio.to_thread(AclStore, self.cluster.zk)
+        store = await asyncio.to_thread(AclStore, self.cluster.zk, None, self.cluster.zk_security.sensitive_acl)
         for m in acls:
             try:
                 binding = self._acl(m)
@@ -216,7 +216,7 @@ class SecurityAdmin:
         return resp
 
     async def describe_acls(self) -> pb.DescribeAclsResponse:
-        store = await asyncio.to_thread(AclStore, self.cluster.zk)
+        store = await asyncio.to_thread(AclStore, self.cluster.zk, None, self.cluster.zk_security.sensitive_acl)
         return pb.DescribeAclsResponse(acls=[pb.Acl(principal=b.principal, resource_type=b.resource_type.value,
                                                     name=b.name, pattern=b.pattern.value,
                                                     operation=b.operation.value, permission=b.permission.value)
@@ -301,7 +301,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                            props=cfg.props)
     await asyncio.to_thread(cluster.start)
     client = ClusterClient(cluster, security)
-    await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor)
+    await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor, client)
     cluster_servicer = ClusterServicer(cluster, tls=security.tls)
     pbg.add_ClusterServicer_to_server(cluster_servicer, registry)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
@@ -397,19 +397,21 @@ async def _follow_loading(service, health_servicer, poll_s: float) -> None:
 
 
 def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: TransportSecurity,
-                    interceptor: AuthInterceptor) -> None:
+                    interceptor: AuthInterceptor, client: ClusterClient) -> None:
     """Authentication (SCRAM users from ZooKeeper) and, with authorizer=acl, the ACL
-    authorizer fed by a ZooKeeper watch (docs/design.md, "Security")."""
+    authorizer fed by a ZooKeeper watch and the producer-id binding check over
+    `client` (docs/design.md, "Security")."""
     users = UserStore(cluster.zk, cluster.ensure_sensitive_path)
     interceptor.authenticator = Authenticator(users, tls=security.tls,
                                               mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
     if cfg.get_str("authorizer", "none") == "acl":
         authorizer = Authorizer(super_users=parse_super_users(cfg.get_str("super.users", "")),
                                 allow_if_no_acl=cfg.get_bool("allow.everyone.if.no.acl.found", False))
-        AclStore(cluster.zk, AclCache(authorizer))
+        AclStore(cluster.zk, AclCache(authorizer), cluster.zk_security.sensitive_acl)
         interceptor.authorizer = authorizer
         authz.active_authorizer = authorizer
-        cluster.pid_bindings = ProducerIdBindings(cluster.zk)
+        cluster.pid_bindings = ProducerIdBindings(
+            cluster, client, refresh_s=cfg.get_int("producer.id.expiration.ms", 86_400_000) / 4000)
     cluster.users = users
 
 

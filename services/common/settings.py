@@ -205,6 +205,17 @@ class TxnCoordinatorSchema(ServiceSchema):
     remove_expired_interval_ms: int = setting(
         "transaction.remove.expired.transaction.cleanup.interval.ms", 3600000, "ms between transactional.id "
         "expiration scans.", LOW, ge=1)
+    producer_id_expiration_ms: int = setting(
+        "producer.id.expiration.ms", 86400000, "ms after its last use after which an idempotent producer's "
+        "producer-id binding expires (with the authorizer on; docs/design.md, \"Producer-id bindings\").",
+        MEDIUM, ge=1)
+    producer_id_expiration_check_interval_ms: int = setting(
+        "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id binding expiration scans.",
+        LOW, ge=1)
+    producer_ids_rate: float = setting(
+        "exactly.producer.ids.rate", 100.0, "InitProducerId calls per second each principal may make to one "
+        "transaction coordinator with the authorizer on (KIP-936's producer_ids_rate; bursts of one second's "
+        "worth; THROTTLING_QUOTA_EXCEEDED above; 0: no limit).", MEDIUM, ge=0)
     transaction_prepared_max_ms: int = setting(
         "transaction.prepared.max.ms", 3600000, "ms a transaction sealed by PrepareTxn may wait for its EndTxn "
         "before it is aborted.", MEDIUM, ge=1)

@@ -4,8 +4,11 @@ With `zookeeper.set.acl=true` every service authenticates to ZooKeeper with the
 cluster's digest credentials (`zookeeper.digest.username`,
 `zookeeper.digest.password`) and creates every znode with an ACL that gives that
 identity all permissions and everyone else read access only. The sensitive subtrees
-(the SCRAM credentials under /exactly/config/users) are not even readable without
-the credentials. So a client that reaches ZooKeeper can look at partition state but
+(the SCRAM credentials under /exactly/config/users, the ACL list under /exactly/acls)
+are not even readable without the credentials, and the root znode of the services'
+view (the chroot's root node, or "/") is made world-read-only (ClusterState.start), so
+nobody without them creates znodes beside /exactly. Producer-id bindings are not in
+ZooKeeper (they live in __transaction_state, pid_binding.py). So a client that reaches ZooKeeper can look at partition state but
 cannot change partition state, leadership, coordinator ownership, producer-id blocks,
 ACLs or users (ZooKeeper answers NoAuth). This follows Kafka's `zookeeper.set.acl`
 (creator all, world read, sensitive paths closed); docs/design.md, "Security".
@@ -66,7 +69,8 @@ class ZkSecurity:
 
     @property
     def sensitive_acl(self) -> list[ACL] | None:
-        """ACL of the sensitive znodes (SCRAM credentials): the cluster identity only."""
+        """ACL of the sensitive znodes (SCRAM credentials, the ACL list): the cluster
+        identity only."""
         if not self.set_acl:
             return None
         return [make_digest_acl(self._user, self._password, all=True)]

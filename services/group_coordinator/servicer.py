@@ -109,12 +109,14 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
 
     async def TxnOffsetCommit(self, request, context):
         if self.bindings is not None:
-            why = await self.bindings.check(request.producer_id, current_principal.get(), request.transactional_id,
-                                            transactional=True)
-            if why is not None:
+            code, why = await self.bindings.check(request.producer_id, current_principal.get(),
+                                                  request.transactional_id, transactional=True)
+            if code != ErrorCode.NONE:
+                if code == ErrorCode.NOT_ENOUGH_REPLICAS:  # not checked: retriable for TxnOffsetCommit
+                    code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
                 return pb.TxnOffsetCommitResponse(topics=[pb.TopicResult(topic=t.name, partitions=[
-                    pb.PartitionResult(partition=p.partition, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                       error_message=why) for p in t.partitions]) for t in request.topics])
+                    pb.PartitionResult(partition=p.partition, error_code=code, error_message=why)
+                    for p in t.partitions]) for t in request.topics])
         results = await self.coordinator.txn_commit_offsets(
             request.transactional_id, request.group_id, request.producer_id, request.producer_epoch,
             _generation(request.generation_id, request.member_id), request.member_id,

@@ -499,7 +499,8 @@ class ReplicaManager:
         transactional batch is appended only when its producer id is bound to
         `principal` (and, transactional, to `transactional_id`): otherwise
         TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
-        producer state is touched (services/common/pid_binding.py). Returns one
+        producer state is touched (services/common/pid_binding.py; NOT_ENOUGH_REPLICAS
+        while the binding cannot be checked). Returns one
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the errors of `get()` and `Partition.append`,
         and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -529,7 +530,8 @@ class ReplicaManager:
         if pid < 0:
             appended = await self._append_ordered(acks, e, deadline, internal_only, transactional_id,
                                                   consumer_group_id, add)
-        elif (refused := await self._unbound(e, pid, internal_only, transactional_id, principal)) is not None:
+        elif (refused := await self._unbound(e, pid, internal_only, transactional_id, principal,
+                                             deadline)) is not None:
             return refused
         else:
             key = (e.topic, e.partition, pid)
@@ -619,16 +621,19 @@ class ReplicaManager:
         return None
 
     async def _unbound(self, e: ProduceEntry, producer_id: int, internal_only: bool, transactional_id: str,
-                       principal: str | None) -> AppendResult | None:
+                       principal: str | None, deadline: float) -> AppendResult | None:
         """The refusal of a client's batch whose producer id is not bound to the caller
-        (services/common/pid_binding.py); None when it is, or when bindings are off."""
+        (services/common/pid_binding.py; NOT_ENOUGH_REPLICAS when its binding could not
+        be checked by `deadline`, monotonic seconds); None when it is, or when bindings
+        are off."""
         if self.pid_bindings is None or internal_only:
             return None
         transactional = _is_transactional(e.records)
-        why = await self.pid_bindings.check(producer_id, principal or "", transactional_id, transactional)
-        if why is None:
+        code, why = await self.pid_bindings.check(producer_id, principal or "", transactional_id, transactional,
+                                                  deadline)
+        if code == ErrorCode.NONE:
             return None
-        return AppendResult(pid_binding.refusal_code(transactional), message=why)
+        return AppendResult(code, message=why)
 
     async def _writer_backed(self, e: ProduceEntry) -> bool:
         """A coordinator's plain batch with a writer id must carry the writer id of the

@@ -224,3 +224,7 @@ class ClusterTopology:
     def partition_exists(self, topic: str, partition: int) -> bool:
         info = self._cluster.topics().get(topic)
         return info is not None and partition in info.partitions
+
+    def txn_partition_count(self) -> int:
+        info = self._cluster.topics().get(TRANSACTION_STATE_TOPIC)
+        return len(info.partitions) if info is not None else 0

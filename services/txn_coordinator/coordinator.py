@@ -45,6 +45,7 @@ from exactly_wire.clock import Clock, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, RetryLater, code_name
+from services.common.pid_binding import refusal, refusal_code
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
@@ -126,6 +127,9 @@ class Topology(Protocol):
     def partition_exists(self, topic: str, partition: int) -> bool:
         """Whether the topic partition exists in the cluster metadata."""
 
+    def txn_partition_count(self) -> int:
+        """Partitions of `__transaction_state` (0 while the topic does not exist)."""
+
 
 # ---------------------------------------------------------------- config and results
 
@@ -145,6 +149,8 @@ class TxnCoordinatorConfig:
     batch_linger_ms: int = 1
     pause_after_prepare_ms: int = 0
     prepared_max_ms: int = 3_600_000
+    producer_id_expiration_ms: int = 86_400_000
+    producer_id_expiration_check_interval_ms: int = 600_000
 
     @classmethod
     def from_props(cls, get_int: Callable[[str, int], int]) -> "TxnCoordinatorConfig":
@@ -153,7 +159,14 @@ class TxnCoordinatorConfig:
         transaction.max.timeout.ms (900000; the design doc's max.transaction.timeout.ms
             is accepted too): largest transaction.timeout.ms of InitProducerId.
         transactional.id.expiration.ms (604800000): idle time after which a
-            transactional.id without a transaction is expired (tombstone).
+            transactional.id without a transaction is expired (tombstone); also how
+            long the producer-id binding of a transactional producer outlives its
+            use once the transactional.id no longer holds that producer id.
+        producer.id.expiration.ms (86400000): how long the producer-id binding of an
+            idempotent producer outlives its last use (InitProducerId, or a partition
+            leader's or group coordinator's VerifyProducerId).
+        producer.id.expiration.check.interval.ms (600000): period of the binding
+            expiration scan.
         transaction.abort.timed.out.transaction.cleanup.interval.ms (10000): period of
             the scan that aborts timed-out transactions.
         transaction.remove.expired.transaction.cleanup.interval.ms (3600000): period of
@@ -199,6 +212,9 @@ class TxnCoordinatorConfig:
             batch_linger_ms=get_int("exactly.txn.batch.linger.ms", d.batch_linger_ms),
             pause_after_prepare_ms=get_int("exactly.test.pause.after.prepare.ms", d.pause_after_prepare_ms),
             prepared_max_ms=get_int("transaction.prepared.max.ms", d.prepared_max_ms),
+            producer_id_expiration_ms=get_int("producer.id.expiration.ms", d.producer_id_expiration_ms),
+            producer_id_expiration_check_interval_ms=get_int("producer.id.expiration.check.interval.ms",
+                                                             d.producer_id_expiration_check_interval_ms),
         )
 
 
@@ -247,6 +263,10 @@ class _TxnPartition(OwnedPartition):
         # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
+        # Producer-id bindings of the producer ids p with p % n == partition (with
+        # bind_producer_ids): producer id -> binding, and its last use (ms).
+        self.bindings: dict[int, txn_log.ProducerIdBinding] = {}
+        self.binding_used: dict[int, int] = {}
 
     def generation(self, group_id: str) -> int:
         """The newest generation of `group_id` a group-aware InitProducerId recorded
@@ -271,7 +291,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     ms (timestamps of the transaction log, timeouts); sleep: async (seconds) -> None
     (injected in tests); on_fenced(partition, coordinator_epoch): called (on the loop)
     when a newer owner of the partition exists (services.common.owned.PartitionOwner,
-    CoordinatorOwnership.fenced).
+    CoordinatorOwnership.fenced). bind_producer_ids (on with the authorizer): every
+    producer id is issued bound to a principal, the binding written to partition
+    producer id % n of the log first (docs/design.md, "Producer-id bindings").
     """
 
     topic = "__transaction_state"
@@ -280,8 +302,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                  pids: ProducerIdManager, config: TxnCoordinatorConfig | None = None,
                  clock: Clock = wall_clock_ms,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 on_fenced: Callable[[int, int], None] | None = None):
+                 on_fenced: Callable[[int, int], None] | None = None, bind_producer_ids: bool = False):
         self.config = config or TxnCoordinatorConfig()
+        self.bind_producer_ids = bind_producer_ids
+        self._next_binding_partition = 0
         super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.retry_backoff_ms,
                          retry_backoff_max_ms=self.config.retry_backoff_max_ms)
         self._log = log_store
@@ -297,6 +321,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                     "txn-timeout-abort")
         self._spawn(None, self._every(self.config.remove_expired_interval_ms, self.expire_transactional_ids),
                     "txn-id-expiration")
+        if self.bind_producer_ids:
+            self._spawn(None, self._every(self.config.producer_id_expiration_check_interval_ms,
+                                          self.expire_producer_id_bindings), "pid-binding-expiration")
 
     async def stop(self) -> None:
         """Cancel the scans and the work of every owned partition."""
@@ -335,6 +362,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         await super().on_resigned(partition)
         if owned:
             metrics.TRANSACTIONAL_IDS.remove_partition(partition)
+            metrics.PRODUCER_ID_BINDINGS.remove_partition(partition)
 
     def recently_active(self, window_s: float = 0.02) -> int:
         """How many transactional ids had a transition appended in the last `window_s`
@@ -462,7 +490,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     # ------------------------------------------------------------ InitProducerId
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
                                expected: tuple[int, int] | None = None,
-                               group: GroupAssignment | None = None) -> InitProducerIdResult:
+                               group: GroupAssignment | None = None, principal: str = "") -> InitProducerIdResult:
         """InitProducerId (design doc "Transaction Coordinator Request Handling", InitPid).
 
         transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
@@ -476,7 +504,15 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
         the epoch is exhausted) and the record appended.
         Other errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
-        COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch)."""
+        COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch).
+
+        With bind_producer_ids the producer id handed out is bound to `principal`
+        (and the transactional.id) in the log before the answer: an idempotent
+        producer gets a producer id of a partition this coordinator owns
+        (NOT_COORDINATOR when it owns none that is loaded), a transactional one a
+        producer id of its transactional.id's partition."""
+        if not transactional_id and self.bind_producer_ids:
+            return await self._init_bound_idempotent(principal)
         if not transactional_id:
             try:
                 return InitProducerIdResult(ErrorCode.NONE, await self._pids.generate(), 0)
@@ -510,10 +546,146 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             err = await self._fence_and_abort(part, md)
             return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
                                         message="aborting the ongoing transaction of the previous producer")
+        if self.bind_producer_ids:
+            wanted = txn_log.ProducerIdBinding(principal, transactional_id, self._clock())
+            current = part.bindings.get(transit.producer_id)
+            if current is None or (current.principal, current.transactional_id) != (principal, transactional_id):
+                err = await self._append_bindings(part, [(transit.producer_id, wanted)])
+                if err:
+                    md.cancel_transition()
+                    return InitProducerIdResult(err, message="the producer id could not be bound; retry")
+            else:
+                part.binding_used[transit.producer_id] = self._clock()
         err = await self._append(part, md, transit)
         if err:
             return InitProducerIdResult(err)
         return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+
+    async def _init_bound_idempotent(self, principal: str) -> InitProducerIdResult:
+        """InitProducerId of an idempotent producer with bind_producer_ids: a fresh
+        producer id p with p % n a loaded partition this coordinator owns, bound to
+        `principal` by a record in partition p % n before it is handed out."""
+        n = self._topology.txn_partition_count()
+        if n <= 0:
+            return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message="no __transaction_state yet")
+        while True:
+            serving = sorted(p for p, part in self._parts.items() if part.serving and p < n)
+            if not serving:
+                return InitProducerIdResult(ErrorCode.NOT_COORDINATOR,
+                                            message="this coordinator owns no loaded __transaction_state partition")
+            # One residue at a time, in turn: the bindings spread over the owned partitions.
+            self._next_binding_partition = (self._next_binding_partition + 1) % len(serving)
+            pid = self._pids.next_pid_in({serving[self._next_binding_partition]}, n)
+            if pid is not None:
+                break
+            try:
+                await self._pids.ensure_available()
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+        part = self._parts.get(pid % n)
+        if part is None or not part.serving:
+            return InitProducerIdResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        err = await self._append_bindings(part, [(pid, txn_log.ProducerIdBinding(principal, "", self._clock()))])
+        if err:
+            return InitProducerIdResult(err, message="the producer id could not be bound; retry")
+        return InitProducerIdResult(ErrorCode.NONE, pid, 0)
+
+    async def _append_bindings(self, part: _TxnPartition,
+                               items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
+        """Append binding records (None: the tombstone) to `part` as one batch and,
+        once written, apply them to its bindings. Returns NONE, NOT_COORDINATOR (not
+        the owner any more) or COORDINATOR_NOT_AVAILABLE (the append failed or its
+        outcome is unknown: a binding of a producer id never handed out, or a
+        tombstone not applied, is harmless and expires or is retried)."""
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        now = self._clock()
+        batch = txn_log.encode_binding_batch(items, now, producer_id=part.producer_id,
+                                             producer_epoch=part.producer_epoch)
+        code = await self._log.append(part.partition, batch)
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        if code != ErrorCode.NONE:
+            if self._is_fenced(part, code):
+                return ErrorCode.NOT_COORDINATOR
+            log.warning("appending %d producer-id binding records to __transaction_state-%d failed: %s",
+                        len(items), part.partition, code_name(code))
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        for pid, binding in items:
+            if binding is None:
+                part.bindings.pop(pid, None)
+                part.binding_used.pop(pid, None)
+            else:
+                part.bindings[pid] = binding
+                part.binding_used[pid] = now
+        metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(part.bindings))
+        return ErrorCode.NONE
+
+    def verify_producer_id(self, producer_id: int, principal: str, transactional_id: str,
+                           transactional: bool) -> tuple[ErrorCode, str]:
+        """VerifyProducerId: whether `producer_id` is bound to `principal` (and, for a
+        transactional batch, to `transactional_id`), from the bindings of partition
+        producer_id % n. A binding found counts as a use (it expires
+        producer.id.expiration.ms / transactional.id.expiration.ms after its last
+        use). Returns (NONE, ""), (the refusal code, why) — never issued, expired,
+        another principal's or another transactional.id's — or NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again)."""
+        n = self._topology.txn_partition_count()
+        if n <= 0 or producer_id < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else refusal_code(transactional), \
+                f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
+        part = self._parts.get(producer_id % n)
+        if part is None or part.error is not None:
+            return ErrorCode.NOT_COORDINATOR, ""
+        if part.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ""
+        binding = part.bindings.get(producer_id)
+        why = refusal(binding, producer_id, principal, transactional_id, transactional)
+        if why is not None:
+            return refusal_code(transactional), why
+        part.binding_used[producer_id] = self._clock()
+        return ErrorCode.NONE, ""
+
+    async def expire_producer_id_bindings(self) -> int:
+        """Write tombstones for, and forget, the expired producer-id bindings of the
+        loaded owned partitions: an idempotent producer's binding unused for
+        producer.id.expiration.ms; a transactional producer's binding whose
+        transactional.id no longer holds the producer id (expired, or rotated to
+        another producer id) and unused for transactional.id.expiration.ms. One
+        batch per partition and up to 1000 records; a failed append is retried at
+        the next scan. Returns the number expired."""
+        now = self._clock()
+        expired = 0
+        for part in list(self._parts.values()):
+            if not part.serving:
+                continue
+            gone = []
+            for pid, b in part.bindings.items():
+                used = part.binding_used.setdefault(pid, b.timestamp_ms)
+                if not b.transactional_id:
+                    if used + self.config.producer_id_expiration_ms <= now:
+                        gone.append((pid, used))
+                    continue
+                md = part.txns.get(b.transactional_id)
+                if md is not None and pid in (md.producer_id, md.last_producer_id):
+                    continue
+                if used + self.config.transactional_id_expiration_ms <= now:
+                    gone.append((pid, used))
+            for i in range(0, len(gone), 1000):
+                # Not one used (or rebound) since the scan looked at it.
+                chunk = [pid for pid, used in gone[i:i + 1000] if part.binding_used.get(pid) == used]
+                if chunk and await self._append_bindings(part, [(pid, None) for pid in chunk]) == ErrorCode.NONE:
+                    expired += len(chunk)
+        if expired:
+            log.info("expired %d producer-id bindings", expired)
+        return expired
+
+    def _new_pid(self, part: _TxnPartition) -> int | None:
+        """The next producer id for a transactional.id of `part` (None: reserve a
+        block first); with bind_producer_ids one whose binding lives in `part`."""
+        if self.bind_producer_ids:
+            return self._pids.next_pid_in({part.partition}, self._topology.txn_partition_count())
+        return self._pids.next_pid()
 
     def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str):
         err, part = self._lookup(tid, group_id)
@@ -522,7 +694,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         now = self._clock()
         md = part.txns.get(tid)
         if md is None:
-            pid = self._pids.next_pid()
+            pid = self._new_pid(part)
             if pid is None:
                 return _NEED_PID
             md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
@@ -543,8 +715,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if state not in COMPLETED_STATES:
             log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
             return InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR)
-        if md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch):
-            new_pid = self._pids.next_pid()
+        # With bindings a producer id must live in its transactional.id's partition; one
+        # issued before bindings were on is replaced, as an exhausted one is.
+        misplaced = self.bind_producer_ids and md.producer_epoch >= 0 and \
+            md.producer_id % max(self._topology.txn_partition_count(), 1) != part.partition
+        if misplaced or (md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch)):
+            new_pid = self._new_pid(part)
             if new_pid is None:
                 return _NEED_PID
             transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None)
@@ -1163,6 +1339,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                         offset = next_offset
             txns = txn_log.rebuild(entries)
             groups = txn_log.rebuild_groups(entries)
+            bindings = txn_log.rebuild_bindings(entries)
         except NotOwner:
             return
         except txn_log.CorruptTxnLogError as exc:
@@ -1172,6 +1349,12 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return
         part.txns = txns
         part.groups = groups
+        # A use seen by the previous owner is not in the log: count the load as one,
+        # so a failover never expires a binding early.
+        loaded_at = self._clock()
+        part.bindings = bindings
+        part.binding_used = {pid: max(b.timestamp_ms, loaded_at) for pid, b in bindings.items()}
+        metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(bindings))
         for members in groups.values():
             for tid, assignment in members.items():
                 if tid in txns:

@@ -32,7 +32,7 @@ class TxnCoordinatorApis:
         if pid >= 0 and epoch >= 0:
             request.producer_id, request.producer_epoch = pid, epoch
         resp = await self.servicer.InitProducerId(request, None)
-        return {"throttle_time": 0, "error_code": resp.error_code, "producer_id": resp.producer_id if
+        return {"throttle_time": resp.throttle_time_ms, "error_code": resp.error_code, "producer_id": resp.producer_id if
                 resp.error_code == 0 else -1, "producer_epoch": resp.producer_epoch if resp.error_code == 0 else -1}
 
     async def add_partitions_to_txn(self, req: Any, version: int, ctx: RequestContext) -> dict:

@@ -16,6 +16,10 @@ dashboards in deploy/grafana read them:
 - exactly_txn_marker_write_seconds: writing one transaction's markers to all of its
   partitions, retries included, histogram;
 - exactly_txn_pid_blocks_allocated_total: producer id blocks reserved in ZooKeeper;
+- exactly_txn_producer_id_bindings{partition}: live producer-id bindings (with the
+  authorizer on), per owned `__transaction_state` partition (gauge);
+- exactly_txn_init_producer_id_throttled_total: InitProducerId calls refused by
+  exactly.producer.ids.rate (THROTTLING_QUOTA_EXCEEDED);
 - exactly_coordinator_partitions{kind="txn", state}: owned `__transaction_state`
   partitions, loading or serving (services/common/metrics.py).
 
@@ -39,12 +43,10 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class _PerPartitionGauge:
-    """Active transactional ids per owned `__transaction_state` partition."""
+    """A count per owned `__transaction_state` partition (name, help: the series')."""
 
-    def __init__(self) -> None:
-        self._gauge = Gauge("exactly_txn_active_transactional_ids",
-                            "Transactional ids cached by this coordinator, per __transaction_state partition",
-                            ["partition"])
+    def __init__(self, name: str, doc: str) -> None:
+        self._gauge = Gauge(name, doc, ["partition"])
 
     def set(self, partition: int, count: int) -> None:
         self._gauge.labels(partition=str(partition)).set(count)
@@ -56,7 +58,11 @@ class _PerPartitionGauge:
             pass
 
 
-TRANSACTIONAL_IDS = _PerPartitionGauge()
+TRANSACTIONAL_IDS = _PerPartitionGauge("exactly_txn_active_transactional_ids",
+                                       "Transactional ids cached by this coordinator, per __transaction_state partition")
+PRODUCER_ID_BINDINGS = _PerPartitionGauge("exactly_txn_producer_id_bindings",
+                                          "Live producer-id bindings held by this coordinator, per "
+                                          "__transaction_state partition")
 
 
 class TransactionStateCollector(LoopCollector):
@@ -91,6 +97,9 @@ END_TO_COMPLETE_SECONDS = Histogram("exactly_txn_end_to_complete_seconds",
 MARKER_WRITE_SECONDS = Histogram("exactly_txn_marker_write_seconds",
                                  "Writing one transaction's markers to all its partitions, seconds",
                                  buckets=_LATENCY_BUCKETS)
+INIT_PRODUCER_ID_THROTTLED = Counter("exactly_txn_init_producer_id_throttled",
+                                     "InitProducerId calls refused by the per-principal rate "
+                                     "(exactly.producer.ids.rate)")
 PID_BLOCKS = Counter("exactly_txn_pid_blocks_allocated", "Producer id blocks reserved in ZooKeeper")
 MARKERS_REJECTED = Counter("exactly_txn_markers_rejected", "Transaction markers a partition leader refused for a "
                            "newer producer epoch of the PID, so not written (reason: the error code); "

@@ -48,13 +48,18 @@ class ProducerIdManager:
         """PIDs left in the current block (not counting a prefetched one)."""
         return max(0, self._last - self._next + 1)
 
-    def next_pid(self) -> int | None:
-        """The next PID of the current block, or None when it is used up (then await
-        `ensure_available()`). Never blocks."""
+    def _exhausted(self) -> bool:
+        """Whether no PID is left, after moving on to the prefetched block if the
+        current one is used up."""
         if self._next > self._last and self._prefetched is not None:
             self._install(self._prefetched)
             self._prefetched = None
-        if self._next > self._last:
+        return self._next > self._last
+
+    def next_pid(self) -> int | None:
+        """The next PID of the current block, or None when it is used up (then await
+        `ensure_available()`). Never blocks."""
+        if self._exhausted():
             return None
         pid = self._next
         self._next += 1
@@ -62,6 +67,25 @@ class ProducerIdManager:
         if self._block_size and self.remaining <= self._block_size * self._prefetch_ratio:
             self._start_prefetch()
         return pid
+
+    def next_pid_in(self, residues: frozenset[int] | set[int], modulus: int) -> int | None:
+        """The next PID p of the current block with p % modulus in `residues` (the
+        PIDs skipped are never handed out), or None when the block holds no more
+        (then await `ensure_available()`; each block holds about size / modulus of
+        each residue). Used with producer-id bindings: a PID's binding lives in
+        partition PID % n of __transaction_state. Never blocks."""
+        if not residues or modulus <= 0:
+            return None
+        while True:
+            if self._exhausted():
+                return None
+            start = self._next
+            pid = min(start + (r - start) % modulus for r in residues)
+            if pid > self._last:
+                self._next = self._last + 1
+                continue
+            self._next = pid
+            return self.next_pid()
 
     async def ensure_available(self) -> None:
         """Reserve a block if none is left. Raises ProducerIdAllocationError."""

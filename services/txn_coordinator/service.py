@@ -12,6 +12,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterState
 from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
+from services.common.pid_binding import RatePerPrincipal
 from services.common.rpc import ClusterClient
 
 from . import metrics
@@ -106,8 +107,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     """Build the coordinator over the cluster and register its gRPC servicer.
     Settings: see TxnCoordinatorConfig.from_props."""
     config = TxnCoordinatorConfig.from_props(cfg.get_int)
+    bind = cluster.pid_bindings is not None  # the authorizer is on
+    topology = ClusterTopology(cluster)
+
     async def allocate_block() -> tuple[int, int]:
-        block = await asyncio.to_thread(cluster.allocate_producer_id_block, BLOCK_SIZE)
+        # With bindings a producer id p serves partition p % n only: n times the
+        # block keeps BLOCK_SIZE ids per partition.
+        size = BLOCK_SIZE * max(1, topology.txn_partition_count()) if bind else BLOCK_SIZE
+        block = await asyncio.to_thread(cluster.allocate_producer_id_block, size)
         metrics.PID_BLOCKS.inc()
         return block
 
@@ -119,11 +126,13 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
     # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client, linger=linger),
-                                         ClusterTopology(cluster), pids, config,
-                                         on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
+                                         topology, pids, config,
+                                         on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch),
+                                         bind_producer_ids=bind)
     linger.bind(lambda: coordinator.recently_active() > 1)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    servicer = TxnCoordinatorServicer(coordinator, cluster.pid_bindings)
+    rate = cfg.get_float("exactly.producer.ids.rate", 100.0)
+    servicer = TxnCoordinatorServicer(coordinator, RatePerPrincipal(rate) if bind and rate > 0 else None)
     pbg.add_TransactionCoordinatorServicer_to_server(servicer, server)
     metrics.STATES.track(coordinator)
     service = TxnCoordinatorService(cluster, coordinator, ownership, cfg)

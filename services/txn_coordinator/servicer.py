@@ -8,9 +8,6 @@ import logging
 from collections import defaultdict
 from typing import Iterable
 
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
-
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -18,8 +15,9 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common import authz
 from services.common.acl import Operation as Op, Resource, ResourceType
 from services.common.auth import current_principal
-from services.common.pid_binding import ProducerIdBindings
+from services.common.pid_binding import RatePerPrincipal
 
+from . import metrics
 from .coordinator import TransactionCoordinator
 from .state import GroupAssignment
 
@@ -50,12 +48,13 @@ def _rpc(name: str):
 
 
 class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
-    """bindings: with the authorizer on, the producer-id bindings an InitProducerId
-    writes before it answers (services/common/pid_binding.py)."""
+    """rate: with the authorizer on, the InitProducerId calls each principal may make
+    (exactly.producer.ids.rate); the coordinator then binds every producer id it
+    hands out (docs/design.md, "Producer-id bindings")."""
 
-    def __init__(self, coordinator: TransactionCoordinator, bindings: ProducerIdBindings | None = None):
+    def __init__(self, coordinator: TransactionCoordinator, rate: RatePerPrincipal | None = None):
         self._coordinator = coordinator
-        self._bindings = bindings
+        self._rate = rate
 
     @_rpc("InitProducerId")
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context) -> pb.InitProducerIdResponse:
@@ -68,19 +67,26 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         if request.consumer_group_id:
             group = GroupAssignment(request.consumer_group_id, request.generation_id,
                                     frozenset(_partitions(request.assigned_partitions)))
+        principal = request.principal or current_principal.get() or ""
+        if self._rate is not None:
+            wait_ms = self._rate.acquire(principal)
+            if wait_ms > 0:
+                metrics.INIT_PRODUCER_ID_THROTTLED.inc()
+                return pb.InitProducerIdResponse(
+                    error_code=ErrorCode.THROTTLING_QUOTA_EXCEEDED, throttle_time_ms=wait_ms,
+                    error_message=f"{principal} is above exactly.producer.ids.rate; retry in {wait_ms} ms",
+                    producer_id=-1, producer_epoch=-1)
         r = await self._coordinator.init_producer_id(request.transactional_id, request.transaction_timeout_ms,
-                                                     expected, group)
-        if r.error == ErrorCode.NONE and self._bindings is not None:
-            principal = request.principal or current_principal.get()
-            try:
-                await asyncio.to_thread(self._bindings.bind, r.producer_id, principal, request.transactional_id)
-            except (KazooException, KazooTimeoutError) as exc:  # hand out nothing that is not bound; the client retries
-                log.warning("binding producer id %d failed: %s", r.producer_id, exc)
-                return pb.InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                                 error_message="the producer id could not be bound; retry",
-                                                 producer_id=-1, producer_epoch=-1)
+                                                     expected, group, principal)
         return pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
                                          producer_id=r.producer_id, producer_epoch=r.producer_epoch)
+
+    @_rpc("VerifyProducerId")
+    async def VerifyProducerId(self, request: pb.VerifyProducerIdRequest, context
+                               ) -> pb.VerifyProducerIdResponse:
+        code, why = self._coordinator.verify_producer_id(request.producer_id, request.principal,
+                                                         request.transactional_id, request.transactional)
+        return pb.VerifyProducerIdResponse(error_code=code, error_message=why)
 
     @_rpc("AddPartitionsToTxn")
     async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context

@@ -18,6 +18,12 @@ KIP-447 draft group assignments are records of their own (`encode_group_batch`):
     value = exactly.v1.GroupAssignmentValue: generation and assigned input partitions;
             None (a tombstone) when the transactional.id expired.
 
+Producer-id bindings are records of their own too (`encode_binding_batch`):
+
+    key   = "\\0pid\\0" + producer id in decimal (ASCII)
+    value = exactly.v1.ProducerIdBindingValue: principal, transactional.id, timestamp (ms);
+            None (a tombstone) when the binding expired.
+
 The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
 Records with an empty key are fence records of a new owner and are skipped.
 """
@@ -66,6 +72,74 @@ class GroupAssignmentEntry:
 
 
 GROUP_KEY_PREFIX = b"\0group\0"
+BINDING_KEY_PREFIX = b"\0pid\0"
+
+
+@dataclass(frozen=True)
+class ProducerIdBinding:
+    """Who a producer id was issued to: principal ("User:alice"), transactional.id
+    ("" for an idempotent producer) and when the binding was written (ms)."""
+
+    principal: str
+    transactional_id: str = ""
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ProducerIdBindingEntry:
+    """A producer-id binding record read back: offset, producer id and binding (None
+    for a tombstone)."""
+
+    offset: int
+    producer_id: int
+    binding: ProducerIdBinding | None
+
+
+def binding_key(producer_id: int) -> bytes:
+    """Key of the binding record of `producer_id`; never a transactional.id's key
+    (transactional.ids hold no NUL)."""
+    return BINDING_KEY_PREFIX + str(producer_id).encode()
+
+
+def encode_binding_batch(bindings: Iterable[tuple[int, ProducerIdBinding | None]], timestamp_ms: int,
+                         producer_id: int = records.NO_PRODUCER_ID,
+                         producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
+    """One record batch holding a binding record per (producer id, binding); binding
+    None writes the tombstone. producer_id/producer_epoch: the owner's writer identity."""
+    out = []
+    for pid, b in bindings:
+        value = None if b is None else txn_log_pb2.ProducerIdBindingValue(
+            version=VALUE_VERSION, principal=b.principal, transactional_id=b.transactional_id,
+            timestamp_ms=b.timestamp_ms).SerializeToString()
+        out.append((binding_key(pid), value, (), timestamp_ms))
+    return records.encode_batch(out, producer_id=producer_id, producer_epoch=producer_epoch,
+                                base_sequence=records.NO_SEQUENCE)
+
+
+def _decode_binding(offset: int, key: bytes, value: bytes | None) -> ProducerIdBindingEntry:
+    try:
+        pid = int(key[len(BINDING_KEY_PREFIX):].decode("ascii"))
+        if value is None:
+            return ProducerIdBindingEntry(offset, pid, None)
+        v = txn_log_pb2.ProducerIdBindingValue.FromString(value)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+        raise CorruptTxnLogError(f"undecodable producer-id binding at offset {offset}: {exc}") from exc
+    if v.version != VALUE_VERSION:
+        raise CorruptTxnLogError(f"unknown producer-id binding version {v.version} at offset {offset}")
+    return ProducerIdBindingEntry(offset, pid, ProducerIdBinding(v.principal, v.transactional_id, v.timestamp_ms))
+
+
+def rebuild_bindings(entries: Iterable[object]) -> dict[int, ProducerIdBinding]:
+    """The producer-id bindings of a partition's entries in log order: producer id ->
+    its latest binding; a tombstone removes one."""
+    out: dict[int, ProducerIdBinding] = {}
+    for entry in entries:
+        if isinstance(entry, ProducerIdBindingEntry):
+            if entry.binding is None:
+                out.pop(entry.producer_id, None)
+            else:
+                out[entry.producer_id] = entry.binding
+    return out
 
 
 def group_key(group_id: str, transactional_id: str) -> bytes:
@@ -164,12 +238,14 @@ def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, time
                                 base_sequence=records.NO_SEQUENCE)
 
 
-def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry | GroupAssignmentEntry], int | None]:
+def decode_fetched(buf: bytes | memoryview
+                   ) -> tuple[list[TxnLogEntry | GroupAssignmentEntry | ProducerIdBindingEntry], int | None]:
     """Entries of the whole batches in `buf` (a Fetch response's records, CRC
     checked; control batches skipped) — TxnLogEntry for a transactional.id's record,
-    GroupAssignmentEntry for a group assignment — and the offset following the last
+    GroupAssignmentEntry for a group assignment, ProducerIdBindingEntry for a
+    producer-id binding — and the offset following the last
     whole batch (None when `buf` holds no whole batch). Raises CorruptTxnLogError."""
-    entries: list[TxnLogEntry | GroupAssignmentEntry] = []
+    entries: list[TxnLogEntry | GroupAssignmentEntry | ProducerIdBindingEntry] = []
     next_offset = None
     try:
         for pos, header in records.iter_batches(buf, verify=True):
@@ -183,6 +259,9 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[TxnLogEntry | GroupAss
                     continue  # a new owner's fence record
                 if rec.key.startswith(GROUP_KEY_PREFIX):
                     entries.append(_decode_group(rec.offset, rec.key, rec.value))
+                    continue
+                if rec.key.startswith(BINDING_KEY_PREFIX):
+                    entries.append(_decode_binding(rec.offset, rec.key, rec.value))
                     continue
                 transit = None if rec.value is None else decode_value(rec.value)
                 entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))
@@ -220,7 +299,7 @@ def rebuild(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]) -> dict[str, 
     it wins, and the regression is logged."""
     latest: dict[str, TxnTransitMetadata] = {}
     for entry in entries:
-        if isinstance(entry, GroupAssignmentEntry):
+        if not isinstance(entry, TxnLogEntry):
             continue
         if entry.transit is None:
             latest.pop(entry.transactional_id, None)

@@ -369,9 +369,12 @@ def test_purchases_pipeline_secured(tmp_path, capsys):
 def test_zookeeper_is_not_a_back_door(sec, world):
     """Without the services' digest credentials a ZooKeeper client may read partition
     state but not change partition state, coordinator ownership, the producer-id block,
-    ACLs or users, and may not even read the SCRAM credentials (zookeeper.set.acl)."""
+    ACLs or users, may not even read the SCRAM credentials or the ACL list, and may not
+    create znodes under the root (the chroot's) (zookeeper.set.acl). Producer-id
+    bindings are not in ZooKeeper at all."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError
+    from kazoo.security import OPEN_ACL_UNSAFE
     topic, _grp, _tid = world
     state = f"/exactly/topics/{topic}/0/state"
     intruder = KazooClient(hosts=sec.zookeeper)
@@ -387,6 +390,9 @@ def test_zookeeper_is_not_a_back_door(sec, world):
             "ACL": lambda: intruder.create("/exactly/acls/intruder", b""),
             "user": lambda: intruder.create("/exactly/config/users/intruder", b"{}"),
             "read SCRAM credentials": lambda: intruder.get_children("/exactly/config/users"),
+            "read the ACL list": lambda: intruder.get_children("/exactly/acls"),
+            "create beside /exactly (the chroot's root)": lambda: intruder.create("/intruder", b""),
+            "change the root's ACL": lambda: intruder.set_acls("/", OPEN_ACL_UNSAFE),
             "delete a live service": lambda: intruder.delete(f"/exactly/services/{sec.services['pl-0'].name}"),
         }
         refused = {}
@@ -398,6 +404,7 @@ def test_zookeeper_is_not_a_back_door(sec, world):
                 refused[what] = True
         assert all(refused.values()), refused
         assert intruder.get(state)[0] == before
+        assert intruder.exists("/exactly/producer_ids") is None  # bindings live in __transaction_state
     finally:
         intruder.stop()
         intruder.close()
@@ -480,6 +487,10 @@ def _matrix_rows():
         ("TransactionCoordinator/AddPartitionsToTxn (implicit)", "pl-0", "alice", CLUSTER_DENIED,
          lambda c: pb.AddPartitionsToTxnRequest(transactional_id=c["tid"], producer_id=c["pid"],
                                                 producer_epoch=c["epoch"], topics=_tps(c["topic"]), implicit=True)),
+        # A partition leader or group coordinator checking a producer-id binding.
+        ("TransactionCoordinator/VerifyProducerId", "pl-0", "alice", CLUSTER_DENIED,
+         lambda c: pb.VerifyProducerIdRequest(producer_id=c["pid"], principal="User:alice",
+                                              transactional_id=c["tid"], transactional=True)),
         ("TransactionCoordinator/AddOffsetsToTxn", "alice", "bob", TXN_DENIED, lambda c: pb.AddOffsetsToTxnRequest(
             transactional_id=c["tid"], producer_id=c["pid"], producer_epoch=c["epoch"], group_id=c["group"])),
         ("GroupCoordinator/TxnOffsetCommit", "alice", "bob", TXN_DENIED, lambda c: pb.TxnOffsetCommitRequest(

@@ -168,6 +168,9 @@ class FakeTopology:
     def offsets_partition_for(self, group_id: str) -> int:
         return zlib.crc32(group_id.encode()) % self.offsets_partitions
 
+    def txn_partition_count(self) -> int:
+        return max(self.txn_partitions, 0)
+
     def partition_exists(self, topic: str, partition: int) -> bool:
         if topic == "__consumer_offsets":
             return 0 <= partition < self.offsets_partitions
@@ -179,7 +182,8 @@ class Harness:
     is the coordinator's (seconds; by default it only yields to the loop)."""
 
     def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
-                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep):
+                 log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep,
+                 bind_producer_ids: bool = False):
         self.clock = FakeClock()
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
@@ -190,7 +194,8 @@ class Harness:
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
                                             config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=sleep, on_fenced=on_fenced)
+                                            clock=self.clock, sleep=sleep, on_fenced=on_fenced,
+                                            bind_producer_ids=bind_producer_ids)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)

@@ -1,0 +1,183 @@
+"""Producer-id bindings in the transaction log (docs/design.md, "Producer-id bindings"):
+issued in partition producer id % n, checked by VerifyProducerId, replayed by a new
+owner, expired with producer state."""
+from __future__ import annotations
+
+from txn_coordinator_fakes import FakeLog, Harness, run
+
+from exactly_wire.error_codes import ErrorCode
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.txn_coordinator.pid_manager import ProducerIdManager
+
+E = ErrorCode
+N = 4
+CONFIG = TxnCoordinatorConfig(end_txn_completion_wait_ms=0, producer_id_expiration_ms=1000,
+                              transactional_id_expiration_ms=5000)
+
+
+async def _owner_of_all(log: FakeLog | None = None, epoch: int = 1) -> Harness:
+    h = Harness(CONFIG, txn_partitions=N, log=log, bind_producer_ids=True)
+    for p in range(N):
+        await h.elect(p, epoch)
+    return h
+
+
+def _owned(fn):
+    """A test `async fn(h)` run over a fresh harness owning every partition, as a
+    plain test function."""
+    def test():
+        async def scenario():
+            await fn(await _owner_of_all())
+        run(scenario())
+    test.__name__, test.__doc__ = fn.__name__, fn.__doc__
+    return test
+
+
+def _code(h: Harness, producer_id: int, principal: str, transactional_id: str = "") -> ErrorCode:
+    """VerifyProducerId's answer for a batch of `producer_id` from `principal`
+    (transactional when `transactional_id` is given)."""
+    return h.coord.verify_producer_id(producer_id, principal, transactional_id, bool(transactional_id))[0]
+
+
+def _bindings(log: FakeLog, partition: int) -> dict[int, txn_log.ProducerIdBinding]:
+    return txn_log.rebuild_bindings(log.entries(partition))
+
+
+@_owned
+async def test_an_idempotent_producer_id_is_bound_in_its_partition_before_it_is_handed_out(h: Harness):
+    pids = []
+    for _ in range(8):
+        r = await h.coord.init_producer_id("", 0, principal="User:alice")
+        assert (r.error, r.producer_epoch) == (E.NONE, 0)
+        pids.append(r.producer_id)
+    assert len(set(pids)) == 8
+    assert {pid % N for pid in pids} == set(range(N))  # spread over the owned partitions
+    for pid in pids:
+        assert _bindings(h.log, pid % N)[pid].principal == "User:alice"
+        assert _code(h, pid, "User:alice", "") == E.NONE
+        code, why = h.coord.verify_producer_id(pid, "User:mallory", "", False)
+        assert code == E.CLUSTER_AUTHORIZATION_FAILED and "another principal" in why
+    assert _code(h, 10**9, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+
+
+@_owned
+async def test_a_transactional_producer_id_lives_with_its_transactional_id_and_can_be_rebound(h: Harness):
+    r = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+    assert r.error == E.NONE
+    partition = h.topology.txn_partition_for("tx-a")
+    assert r.producer_id % N == partition
+    assert _code(h, r.producer_id, "User:alice", "tx-a") == E.NONE
+    assert _code(h, r.producer_id, "User:alice", "tx-b") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    records_before = len(h.log.entries(partition))
+    again = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+    assert (again.producer_id, again.producer_epoch) == (r.producer_id, 1)
+    assert len(h.log.entries(partition)) == records_before + 1  # the epoch bump only, no new binding
+    bob = await h.coord.init_producer_id("tx-a", 60000, principal="User:bob")
+    assert bob.producer_id == r.producer_id
+    assert _code(h, r.producer_id, "User:bob", "tx-a") == E.NONE
+    assert _code(h, r.producer_id, "User:alice", "tx-a") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+@_owned
+async def test_a_new_owner_replays_the_bindings(h: Harness):
+    idem = await h.coord.init_producer_id("", 0, principal="User:alice")
+    txn = await h.coord.init_producer_id("tx-a", 60000, principal="User:bob")
+    successor = await _owner_of_all(h.log, epoch=2)
+    assert _code(successor, idem.producer_id, "User:alice", "") == E.NONE
+    assert _code(successor, txn.producer_id, "User:bob", "tx-a") == E.NONE
+    assert _code(successor, idem.producer_id, "User:bob", "") == E.CLUSTER_AUTHORIZATION_FAILED
+
+
+@_owned
+async def test_a_failed_binding_hands_out_nothing(h: Harness):
+    h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)
+    r = await h.coord.init_producer_id("", 0, principal="User:alice")
+    assert (r.error, r.producer_id) == (E.COORDINATOR_NOT_AVAILABLE, -1)
+    h.log.append_errors.append(E.NOT_ENOUGH_REPLICAS)
+    t = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+    assert (t.error, t.producer_id) == (E.COORDINATOR_NOT_AVAILABLE, -1)
+    assert not h.md("tx-a", h.topology.txn_partition_for("tx-a")).pending_transition_in_progress
+    ok = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+    assert ok.error == E.NONE
+
+
+@_owned
+async def test_idle_idempotent_bindings_expire_and_used_ones_stay(h: Harness):
+    idle = (await h.coord.init_producer_id("", 0, principal="User:alice")).producer_id
+    used = (await h.coord.init_producer_id("", 0, principal="User:alice")).producer_id
+    h.clock.advance(600)
+    assert _code(h, used, "User:alice", "") == E.NONE  # a use
+    h.clock.advance(600)
+    assert await h.coord.expire_producer_id_bindings() == 1
+    assert _code(h, idle, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+    assert _code(h, used, "User:alice", "") == E.NONE
+    assert idle not in _bindings(h.log, idle % N)  # the tombstone is in the log
+    h.clock.advance(1001)
+    assert await h.coord.expire_producer_id_bindings() == 1
+    assert all(not _bindings(h.log, p) for p in range(N))
+
+
+@_owned
+async def test_a_transactional_binding_lives_as_long_as_its_transactional_id_holds_it(h: Harness):
+    r = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
+    h.clock.advance(4000)
+    assert await h.coord.expire_producer_id_bindings() == 0  # held by tx-a
+    h.clock.advance(2000)
+    assert await h.coord.expire_transactional_ids() == 1  # tx-a idle > transactional.id.expiration.ms
+    assert await h.coord.expire_producer_id_bindings() == 1
+    assert _code(h, r.producer_id, "User:alice", "tx-a") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_a_coordinator_owning_no_partition_issues_no_bound_producer_id():
+    async def scenario():
+        h = Harness(CONFIG, txn_partitions=N, bind_producer_ids=True)
+        r = await h.coord.init_producer_id("", 0, principal="User:alice")
+        assert r.error == E.NOT_COORDINATOR
+        assert _code(h, 5, "User:alice", "") == E.NOT_COORDINATOR
+    run(scenario())
+
+
+def test_next_pid_in_takes_only_the_residues_asked_for():
+    async def scenario():
+        blocks = iter([(0, 9), (10, 19), (20, 29)])
+
+        async def allocate():
+            return next(blocks)
+        pids = ProducerIdManager(allocate)
+        await pids.ensure_available()
+        assert [pids.next_pid_in({1}, 4), pids.next_pid_in({1}, 4), pids.next_pid_in({1}, 4)] == [1, 5, 9]
+        assert pids.next_pid_in({1}, 4) is None
+        await pids.ensure_available()
+        assert [pids.next_pid_in({0, 3}, 4) for _ in range(3)] == [11, 12, 15]
+    run(scenario())
+
+
+def test_binding_records_round_trip():
+    batch = txn_log.encode_binding_batch([(7, txn_log.ProducerIdBinding("User:a", "t", 5)), (8, None)], 9)
+    entries, _ = txn_log.decode_fetched(batch)
+    assert [(e.producer_id, e.binding) for e in entries] == [(7, txn_log.ProducerIdBinding("User:a", "t", 5)),
+                                                             (8, None)]
+    assert txn_log.rebuild(entries) == {}
+    assert txn_log.rebuild_bindings(entries) == {7: txn_log.ProducerIdBinding("User:a", "t", 5)}
+
+
+def test_a_producer_id_issued_before_bindings_is_replaced_by_one_of_its_partition():
+    async def scenario():
+        before = Harness(CONFIG, txn_partitions=N)
+        for p in range(N):
+            await before.elect(p, 1)
+        partition = before.topology.txn_partition_for("tx-a")
+        old = None
+        for _ in range(N):  # until the unbound coordinator hands out a producer id of another residue
+            tid = f"tx-{_}"
+            r = await before.coord.init_producer_id(tid, 60000)
+            if r.producer_id % N != before.topology.txn_partition_for(tid):
+                old, partition = (tid, r.producer_id), before.topology.txn_partition_for(tid)
+                break
+        assert old is not None
+        h = await _owner_of_all(before.log, epoch=2)
+        r = await h.coord.init_producer_id(old[0], 60000, principal="User:alice")
+        assert r.error == E.NONE and r.producer_id != old[1] and r.producer_id % N == partition
+        assert h.coord.verify_producer_id(r.producer_id, "User:alice", old[0], True) == (E.NONE, "")
+    run(scenario())
