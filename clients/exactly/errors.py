@@ -610,6 +610,15 @@ class UnstableOffsetCommitError(ExactlyError):
     code = ErrorCode.UNSTABLE_OFFSET_COMMIT
 
 
+class ThrottlingQuotaExceededError(ExactlyError):
+    """The caller's controller mutation rate quota (partitions created or deleted per second)
+    is exceeded: retry after the response's throttle_time_ms (KIP-599).
+
+    Kafka error code 89 (THROTTLING_QUOTA_EXCEEDED)."""
+
+    code = ErrorCode.THROTTLING_QUOTA_EXCEEDED
+
+
 class ProducerFencedError(ExactlyError):
     """A newer producer instance with the same transactional.id has a newer epoch: this one is a
     zombie.

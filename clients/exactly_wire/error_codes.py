@@ -82,6 +82,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
+    THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599: a controller mutation quota exceeded
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
     # KIP-447 draft codes. The draft gives both the number 85, which Kafka has since

@@ -119,6 +119,7 @@ class ClusterApis:
         topic config with the value given at creation (source TOPIC_CONFIG) or the
         default (DEFAULT_CONFIG), plus the partition count and replication factor."""
         topics = []
+        throttle = 0
         for t in req.topics:
             if t.assignments:
                 topics.append({"name": t.name, "error_code": ErrorCode.INVALID_REQUEST,
@@ -135,27 +136,28 @@ class ClusterApis:
             resp = await self.servicer.CreateTopics(pb.CreateTopicsRequest(topics=[creatable],
                                                                            timeout_ms=field(req, "timeout", 0)), None)
             r = resp.topics[0]
+            throttle = max(throttle, resp.throttle_time_ms)
             topics.append({"name": t.name, "error_code": r.error_code, "error_message": r.error_message or None,
                            "num_partitions": creatable.num_partitions,
                            "replication_factor": creatable.replication_factor,
                            "configs": _creatable_configs(creatable.configs) if r.error_code == ErrorCode.NONE
                            else []})
-        return {"throttle_time": 0, "topics": topics}
+        return {"throttle_time": throttle, "topics": topics}
 
     async def delete_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:
         names = list(field(req, "topic_names", None) or [t.name for t in field(req, "topics", ())])
         resp = await self.servicer.DeleteTopics(pb.DeleteTopicsRequest(topic_names=names), None)
-        return {"throttle_time": 0, "responses": [{"name": r.name, "error_code": r.error_code,
-                                                   "error_message": r.error_message or None}
-                                                  for r in resp.responses]}
+        return {"throttle_time": resp.throttle_time_ms, "responses": [
+            {"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+            for r in resp.responses]}
 
     async def create_partitions(self, req: Any, version: int, ctx: RequestContext) -> dict:
         resp = await self.servicer.CreatePartitions(pb.CreatePartitionsRequest(
             topics=[pb.CreatePartitionsTopic(name=t.name, count=t.count) for t in req.topics],
             validate_only=field(req, "validate_only", False)), None)
-        return {"throttle_time": 0, "results": [{"name": r.name, "error_code": r.error_code,
-                                                 "error_message": r.error_message or None}
-                                                for r in resp.results]}
+        return {"throttle_time": resp.throttle_time_ms, "results": [
+            {"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+            for r in resp.results]}
 
     async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
         """InitProducerId at a process that is not a transaction coordinator. A Kafka
