@@ -246,6 +246,10 @@ class Fetcher:
         self._metadata_stale = False
         self._last_refresh = float("-inf")
         self._rotation = 0
+        # Quota throttling (KIP-219): leader -> clock ms before which no Fetch goes to it;
+        # the largest throttle_time_ms seen (Kafka's fetch-throttle-time-max).
+        self.throttled_until: dict[str, float] = {}
+        self.throttle_time_ms_max = 0
 
     @property
     def read_committed(self) -> bool:
