@@ -449,6 +449,11 @@ def _matrix_rows():
                                                                                      password="pw-1")])),
         (f"{S}/DescribeUserScramCredentials", "admin", "alice", CLUSTER_DENIED,
          lambda c: pb.DescribeUserScramCredentialsRequest()),
+        (f"{S}/DescribeClientQuotas", "admin", "alice", CLUSTER_DENIED, lambda c: pb.DescribeClientQuotasRequest()),
+        (f"{S}/AlterClientQuotas", "admin", "alice", CLUSTER_DENIED, lambda c: pb.AlterClientQuotasRequest(
+            validate_only=True, entries=[pb.ClientQuotaEntry(
+                entity=[pb.ClientQuotaEntityComponent(entity_type="user", name="matrix-user")],
+                values=[pb.ClientQuotaValue(key="producer_byte_rate", value=1024)])])),
         ("PartitionLeader/Produce", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
             acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
