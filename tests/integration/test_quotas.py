@@ -230,3 +230,44 @@ def _create(sec, who: str, name: str, partitions: int, message: bool = False):
         except errors.ExactlyError as exc:
             return exc if message else type(exc)
     return None
+
+
+def test_kafka_admin_client_alters_and_describes_quotas(sec):
+    """kafka-python's AlterClientQuotas / DescribeClientQuotas (keys 49 / 48, KIP-546)
+    on the Kafka port, as the admin (a super user); a user without Alter on the
+    Cluster is refused."""
+    kafka_admin = pytest.importorskip("kafka.admin")
+    from kafka.protocol.admin import AlterClientQuotasRequest as Alter, DescribeClientQuotasRequest as Describe
+    certs = sec.dir / "certs"
+
+    def client(who: str):
+        return kafka_admin.KafkaAdminClient(
+            bootstrap_servers=sec.services["pl-0"].kafka_address, security_protocol="SSL",
+            ssl_cafile=str(certs / "ca.pem"), ssl_certfile=str(certs / f"{who}.pem"),
+            ssl_keyfile=str(certs / f"{who}.key"), request_timeout_ms=20000)
+
+    def alter(a, name, value):
+        return a._manager.run(a._manager.send, Alter(validate_only=False, entries=[Alter.EntryData(
+            entity=[Alter.EntryData.EntityData(entity_type="client-id", entity_name=name)],
+            ops=[Alter.EntryData.OpData(key="consumer_byte_rate", value=value, remove=False)])]))
+
+    a = client("admin")
+    try:
+        resp = alter(a, "kafka-python-app", 4096.0)
+        assert [e.error_code for e in resp.entries] == [0]
+        bad = alter(a, "kafka-python-app", -1.0)
+        assert [e.error_code for e in bad.entries] == [errors.ErrorCode.INVALID_REQUEST]
+        described = a._manager.run(a._manager.send, Describe(strict=True, components=[
+            Describe.ComponentData(entity_type="client-id", match_type=0, match="kafka-python-app")]))
+        assert described.error_code == 0
+        assert [[(v.key, v.value) for v in e.values] for e in described.entries] == [[("consumer_byte_rate", 4096.0)]]
+        assert [(c.entity_type, c.entity_name) for c in described.entries[0].entity] == \
+            [("client-id", "kafka-python-app")]
+    finally:
+        a.close()
+    b = client("bob")
+    try:
+        refused = alter(b, "kafka-python-app", 1.0)
+        assert [e.error_code for e in refused.entries] == [errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED]
+    finally:
+        b.close()
