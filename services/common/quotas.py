@@ -123,14 +123,6 @@ class QuotaEntity:
             if name is not None and (not name or "," in name or "=" in name or len(name) > 255):
                 raise QuotaError(f"invalid entity name {name!r}: 1-255 characters, no ',' or '='")
 
-    def describe(self) -> str:
-        parts = []
-        if self.user is not None:
-            parts.append(f"user {'(default)' if self.user == DEFAULT else repr(self.user)}")
-        if self.client_id is not None:
-            parts.append(f"client-id {'(default)' if self.client_id == DEFAULT else repr(self.client_id)}")
-        return ", ".join(parts)
-
 
 def validate_value(key: str, value: float) -> None:
     """Raise QuotaError for an unknown quota key or a value that is not > 0."""

@@ -19,7 +19,7 @@ from exactly_wire import records
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import chrooted_cluster
+from clusters import admin_client, certificate_conf, chrooted_cluster
 from services.common.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
@@ -41,14 +41,11 @@ def sec(zk, tmp_path_factory):
 
 
 def conf(sec, name: str, **extra) -> dict:
-    certs = sec.dir / "certs"
-    return {"bootstrap.servers": sec.bootstrap_servers, "security.protocol": "SSL",
-            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / f"{name}.pem"),
-            "ssl.key.location": str(certs / f"{name}.key"), **FAST, **extra}
+    return certificate_conf(sec, name, **FAST, **extra)
 
 
 def admin(sec) -> AdminClient:
-    return AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config})
+    return admin_client(sec)
 
 
 def stub(sec, name: str, address: str, kind=pbg.PartitionLeaderStub):

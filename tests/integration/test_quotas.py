@@ -27,7 +27,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import new_chroot
+from clusters import admin_client, certificate_conf, new_chroot
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,14 +49,7 @@ def sec(zk, tmp_path_factory):
 
 
 def conf(sec, name: str, **extra) -> dict:
-    certs = sec.dir / "certs"
-    return {"bootstrap.servers": sec.bootstrap_servers, "security.protocol": "SSL",
-            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / f"{name}.pem"),
-            "ssl.key.location": str(certs / f"{name}.key"), **FAST, **extra}
-
-
-def admin(sec) -> AdminClient:
-    return AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config})
+    return certificate_conf(sec, name, **FAST, **extra)
 
 
 def cli(sec, tmp_path, *args) -> subprocess.CompletedProcess:
@@ -82,7 +75,7 @@ def raw_produce(sec, who: str, topic: str, size: int) -> pb.ProduceResponse:
 @pytest.fixture(scope="module")
 def topic(sec):
     name = f"q-{uuid.uuid4().hex[:6]}"
-    with admin(sec) as a:
+    with admin_client(sec) as a:
         a.create_topics([NewTopic(name, 1, 1)])
         a.create_acls([AclBinding(f"User:{who}", "Topic", name, "All") for who in ("alice", "bob")])
     def produced() -> bool:
@@ -251,7 +244,7 @@ def test_partition_quota(sec, tmp_path):
     refused (POLICY_VIOLATION naming the quota), by CreateTopics and by
     CreatePartitions; bob, without a quota, creates more."""
     prefix = f"pq-{uuid.uuid4().hex[:6]}"
-    with admin(sec) as a:
+    with admin_client(sec) as a:
         a.create_acls([AclBinding(f"User:{who}", "Topic", f"{prefix}-{who}", "All", "Allow", "Prefixed")
                        for who in ("alice", "bob")])
     cli(sec, tmp_path, "quotas", "--entity-type", "users", "--entity-name", "alice", "--alter",
