@@ -481,7 +481,7 @@ def grpc_client_id(metadata) -> str:
 def throttle_request(manager: QuotaManager, principal: str, client_id: str, method: str, request, response,
                      elapsed_s: float, request_bytes: int | None = None, response_bytes: int | None = None) -> int:
     """Record one handled request against the caller's quotas: its handling time
-    (request_percentage), a Produce's request bytes (producer_byte_rate) and a
+    (`elapsed_s`, the Timed seconds; request_percentage), a Produce's request bytes (producer_byte_rate) and a
     Fetch's response bytes (consumer_byte_rate). Returns the throttle time in ms
     (the largest of the quotas exceeded), 0 for internal calls.
     `method`: "Service/Method" (authz.method_key); byte counts default to the
@@ -496,6 +496,36 @@ def throttle_request(manager: QuotaManager, principal: str, client_id: str, meth
         size = response.ByteSize() if response_bytes is None else response_bytes
         throttle = max(throttle, manager.record(principal, client_id, CONSUMER_BYTE_RATE, size))
     return throttle
+
+
+class Timed:
+    """Await `coro` and keep in `seconds` the time spent running it: the synchronous
+    steps of its coroutine chain on the event loop, not the time it waited (for data,
+    replication, ZooKeeper, a thread). What request_percentage measures, as Kafka
+    counts a request's thread time but not its time in purgatory."""
+
+    def __init__(self, awaitable):
+        # A coroutine steps itself; any other awaitable through its __await__ iterator.
+        self.coro = awaitable if hasattr(awaitable, "send") else awaitable.__await__()
+        self.seconds = 0.0
+
+    def __await__(self):
+        coro, value, error = self.coro, None, None
+        while True:
+            start = time.perf_counter()
+            try:
+                step = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration as done:
+                self.seconds += time.perf_counter() - start
+                return done.value
+            except BaseException:
+                self.seconds += time.perf_counter() - start
+                raise
+            self.seconds += time.perf_counter() - start
+            try:
+                value, error = (yield step), None
+            except BaseException as exc:  # noqa: BLE001 - cancellation and the like go to the handler
+                value, error = None, exc
 
 
 def _has_throttle_field(message) -> bool:
@@ -532,10 +562,10 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
                     return await inner(request, context)
                 principal = current_principal.get()
                 await _wait_muted(manager, principal, client_id, context)
-                start = time.perf_counter()
-                response = await inner(request, context)
+                timed = Timed(inner(request, context))
+                response = await timed
                 throttle = throttle_request(manager, principal, client_id, method, request, response,
-                                            time.perf_counter() - start)
+                                            timed.seconds)
                 if _has_throttle_field(response):
                     throttle = max(throttle, response.throttle_time_ms)
                     response.throttle_time_ms = throttle

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -167,9 +166,9 @@ class KafkaListener:
         ctx = RequestContext(getattr(header, "client_id", None), version, peer)
         token = quota.current_client_id.set(ctx.client_id or "")
         try:
-            start = time.perf_counter()
-            value = await api.handler(request, version, ctx)
-            throttle = self._throttle(api_key, frame, value, time.perf_counter() - start, ctx.client_id or "")
+            timed = quota.Timed(api.handler(request, version, ctx))
+            value = await timed
+            throttle = self._throttle(api_key, frame, value, timed.seconds, ctx.client_id or "")
         finally:
             quota.current_client_id.reset(token)
         if value is None:

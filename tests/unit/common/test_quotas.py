@@ -227,3 +227,53 @@ def test_grpc_client_id_from_the_sdk_user_agent():
     assert grpc_client_id([("user-agent", "exactly/billing grpc-python/1.66.0 grpc-c/43.0.0")]) == "billing"
     assert grpc_client_id([("user-agent", "grpc-python/1.66.0")]) == ""
     assert grpc_client_id(()) == ""
+
+
+def test_timed_counts_the_handlers_own_steps_not_its_waits():
+    import asyncio
+    import time as _time
+
+    from services.common.quotas import Timed
+
+    async def handler():
+        await asyncio.sleep(0.2)  # waiting (for data, replication): not counted
+        end = _time.perf_counter() + 0.05
+        while _time.perf_counter() < end:  # running on the event loop: counted
+            pass
+        await asyncio.sleep(0)
+        return "done"
+
+    async def main():
+        timed = Timed(handler())
+        assert await timed == "done"
+        return timed.seconds
+
+    seconds = asyncio.run(main())
+    assert 0.05 <= seconds < 0.15, seconds
+
+
+def test_timed_passes_errors_and_cancellation_through():
+    import asyncio
+
+    from services.common.quotas import Timed
+
+    async def failing():
+        await asyncio.sleep(0)
+        raise ValueError("bad request")
+
+    async def waiting():
+        await asyncio.sleep(10)
+
+    async def main():
+        with pytest.raises(ValueError, match="bad request"):
+            await Timed(failing())
+        task = asyncio.ensure_future(_await(Timed(waiting())))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def _await(timed):
+        return await timed
+
+    asyncio.run(main())
