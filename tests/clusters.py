@@ -29,3 +29,18 @@ def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bo
     cluster = DevCluster(directory, security=security)
     cluster.up(3, 1, 1, zookeeper=new_chroot(zk, prefix))
     return cluster
+
+
+def certificate_conf(cluster: DevCluster, name: str, **extra) -> dict:
+    """SDK settings of a client holding the certificate `name` issued by a secured
+    cluster's CA (DIR/certs/<name>.pem and .key), plus `extra`."""
+    certs = cluster.dir / "certs"
+    return {"bootstrap.servers": cluster.bootstrap_servers, "security.protocol": "SSL",
+            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / f"{name}.pem"),
+            "ssl.key.location": str(certs / f"{name}.key"), **extra}
+
+
+def admin_client(cluster: DevCluster):
+    """An AdminClient with the cluster's admin settings (User:admin on a secured one)."""
+    from exactly import AdminClient
+    return AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config})

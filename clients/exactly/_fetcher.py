@@ -246,6 +246,10 @@ class Fetcher:
         self._metadata_stale = False
         self._last_refresh = float("-inf")
         self._rotation = 0
+        # Quota throttling (KIP-219): leader -> clock ms before which no Fetch goes to it;
+        # the largest throttle_time_ms seen (Kafka's fetch-throttle-time-max).
+        self.throttled_until: dict[str, float] = {}
+        self.throttle_time_ms_max = 0
 
     @property
     def read_committed(self) -> bool:
@@ -338,7 +342,7 @@ class Fetcher:
             if addr is None:
                 self._subs.assignment[tp].backoff(now, self._backoff_ms, self._backoff_max_ms)
                 continue
-            if addr not in self._inflight:
+            if addr not in self._inflight and self.throttled_until.get(addr, 0.0) <= now:
                 by_leader.setdefault(addr, []).append(tp)
         for addr, tps in by_leader.items():
             self._send(addr, tps)
@@ -396,6 +400,9 @@ class Fetcher:
                 self._errors.append(exc)  # e.g. not authorized: poll raises it
             return
         resp = inf.future.result()
+        if resp.throttle_time_ms > 0:  # a quota exceeded: no Fetch to this leader for that long
+            self.throttle_time_ms_max = max(self.throttle_time_ms_max, resp.throttle_time_ms)
+            self.throttled_until[inf.address] = now + resp.throttle_time_ms
         for tr in resp.responses:
             for pr in tr.partitions:
                 self.handle_partition(TopicPartition(tr.topic, pr.partition), pr, inf.sent, resp.error_code)

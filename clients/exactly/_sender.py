@@ -102,6 +102,11 @@ class SenderCore(abc.ABC):
         self._pid_retry_at = 0.0
         self._reset_pid = False
         self._last_metadata: Metadata | None = None
+        # Quota throttling (KIP-219): leader -> clock ms until which nothing is sent to it;
+        # the largest throttle_time_ms seen (Kafka's produce-throttle-time-max).
+        self.throttled_until: dict[str, float] = {}
+        self.throttle_time_ms_max = 0
+        self._throttle_wake: float | None = None
 
     # ------------------------------------------------------------ driver hooks
 
@@ -154,9 +159,12 @@ class SenderCore(abc.ABC):
         # next batches, which follow it in order.
         ready, wait = acc.ready(now, txn.not_yet_sent if txn.implicit_add else None)
         if ready:
+            self._throttle_wake = None
             sent_any = self._send_ready(ready, now)
             if sent_any:
                 wait = 0  # more batches may be ready for the same partitions
+            elif self._throttle_wake is not None:  # a throttled leader's partitions: wait out its throttle
+                wait = self._throttle_wake - now if wait is None else min(wait, self._throttle_wake - now)
         if self._need_metadata:
             wait = self._refresh_metadata(now, wait)
         if delay is not None:
@@ -355,6 +363,10 @@ class SenderCore(abc.ABC):
             if leader is None:
                 self._need_metadata = True
                 continue
+            until = self.throttled_until.get(leader, 0.0)
+            if until > now:  # the leader throttled this client (KIP-219): send after its throttle time
+                self._throttle_wake = until if self._throttle_wake is None else min(self._throttle_wake, until)
+                continue
             batch = acc.drain(tp)
             if batch is None:
                 continue
@@ -386,14 +398,20 @@ class SenderCore(abc.ABC):
             fut = core.call_future(core.leader_stub(leader).Produce, req)
         except errors.ExactlyError as exc:
             fut = failed_future(exc)
-        fut.add_done_callback(lambda f: self._complete(lambda: self._on_produce(batches, f)))
+        fut.add_done_callback(lambda f: self._complete(lambda: self._on_produce(batches, f, leader)))
 
-    def _on_produce(self, batches: list[ProducerBatch], fut: Future) -> None:
+    def _on_produce(self, batches: list[ProducerBatch], fut: Future, leader: str = "") -> None:
         exc = fut.exception()
         if exc is not None:
             for b in batches:
                 self._on_batch_error(b, exc)
             return
+        throttle_ms = fut.result().throttle_time_ms
+        if throttle_ms > 0:
+            # A quota exceeded (docs/design.md, "Quotas"): nothing more to this leader for
+            # throttle_ms, as Kafka's producer backs off (KIP-219).
+            self.throttle_time_ms_max = max(self.throttle_time_ms_max, throttle_ms)
+            self.throttled_until[leader] = max(self.throttled_until.get(leader, 0.0), self.clock() + throttle_ms)
         results = {(t.name, r.partition): r for t in fut.result().topics for r in t.partitions}
         for b in batches:
             r = results.get(b.tp)

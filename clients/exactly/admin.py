@@ -428,6 +428,37 @@ class AdminClient:
         """The SASL user names."""
         return list(self._acl_call("DescribeUserScramCredentials", pb.DescribeUserScramCredentialsRequest()).users)
 
+    # ------------------------------------------------------------ client quotas
+    def alter_client_quotas(self, entity: Mapping[str, str | None], set_values: Mapping[str, float] = {},
+                            remove: Iterable[str] = ()) -> None:
+        """Set and remove quota keys of one entity (KIP-546 AlterClientQuotas;
+        docs/design.md, "Quotas"). `entity`: {"user": name, "client-id": name}, one or
+        both, None for the default entity of the type (Kafka's <default>). Keys:
+        producer_byte_rate and consumer_byte_rate (bytes/s), request_percentage (%),
+        controller_mutation_rate (partitions/s), max_partitions. Raises
+        errors.InvalidRequestError for an unknown key, a value not > 0 or a bad entity,
+        errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
+        values = [pb.ClientQuotaValue(key=k, value=float(v)) for k, v in set_values.items()]
+        values += [pb.ClientQuotaValue(key=k, remove=True) for k in remove]
+        resp = self._acl_call("AlterClientQuotas", pb.AlterClientQuotasRequest(entries=[
+            pb.ClientQuotaEntry(entity=_quota_entity(entity), values=values)]))
+        for r in resp.entries:
+            errors.check(r.error_code, r.error_message or None)
+
+    def describe_client_quotas(self, entity: Mapping[str, str | None] | None = None,
+                               strict: bool = False) -> list[tuple[dict[str, str | None], dict[str, float]]]:
+        """The stored quotas: [(entity, {key: value})], entity as alter_client_quotas
+        takes it. `entity` filters: each type given must match (a name, or None for
+        the default entity); `strict`: no other type in the entity. Raises
+        errors.ClusterAuthorizationFailedError without Describe on the Cluster."""
+        components = [pb.ClientQuotaFilterComponent(entity_type=t, match_type=1 if n is None else 0, match=n or "")
+                      for t, n in (entity or {}).items()]
+        resp = self._acl_call("DescribeClientQuotas", pb.DescribeClientQuotasRequest(components=components,
+                                                                                      strict=strict))
+        errors.check(resp.error_code, resp.error_message or None)
+        return [({c.entity_type: None if c.is_default else c.name for c in e.entity},
+                 {v.key: v.value for v in e.values}) for e in resp.entries]
+
     def delete_topics(self, topics: Iterable[str], timeout: float | None = None) -> None:
         """Delete topics and return once the metadata no longer lists them; every
         replica then removes its data and producer state. `timeout` in seconds
@@ -816,3 +847,9 @@ class AdminClient:
 __all__ = ["AdminClient", "TopicDescription", "PartitionDescription", "TransactionListing",
            "TransactionDescription", "ConfigEntry", "GroupListing", "GroupDescription", "MemberDescription",
            "OffsetLag", "ProducerState", "HangingTransaction"]
+
+
+def _quota_entity(entity: Mapping[str, str | None]) -> list[pb.ClientQuotaEntityComponent]:
+    """{"user": name | None, "client-id": name | None} as entity components (None: default)."""
+    return [pb.ClientQuotaEntityComponent(entity_type=t, name=n or "", is_default=n is None)
+            for t, n in entity.items()]

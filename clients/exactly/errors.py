@@ -611,9 +611,9 @@ class UnstableOffsetCommitError(ExactlyError):
 
 
 class ThrottlingQuotaExceededError(ExactlyError):
-    """The request went above a rate quota of the principal (KIP-599; for InitProducerId the
-    transaction coordinator's exactly.producer.ids.rate): retry after the response's
-    throttle_time_ms.
+    """A rate quota of the caller is exceeded: the controller mutation rate (partitions
+    created or deleted per second, KIP-599) or, for InitProducerId, the transaction
+    coordinator's exactly.producer.ids.rate. Retry after the response's throttle_time_ms.
 
     Kafka error code 89 (THROTTLING_QUOTA_EXCEEDED)."""
 

@@ -147,6 +147,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "Cluster/DescribeAcls": lambda r, p: [cluster(Op.DESCRIBE)],
     "Cluster/AlterUserScramCredentials": lambda r, p: [cluster(Op.ALTER)],
     "Cluster/DescribeUserScramCredentials": lambda r, p: [cluster(Op.DESCRIBE)],
+    "Cluster/DescribeClientQuotas": lambda r, p: [cluster(Op.DESCRIBE)],
+    "Cluster/AlterClientQuotas": lambda r, p: [cluster(Op.ALTER)],
     # Partition leader
     "PartitionLeader/Produce": _produce,
     "PartitionLeader/CoordinatorProduce": lambda r, p: [cluster(Op.CLUSTER_ACTION)],

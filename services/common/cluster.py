@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -104,6 +105,7 @@ class TopicInfo:
     configs: dict[str, str] = field(default_factory=dict)
     internal: bool = False
     states: dict[int, PartitionState] = field(default_factory=dict)
+    principal: str = ""  # who created it (CreateTopics' caller; "" for internal and older topics)
 
     def leader(self, partition: int) -> str | None:
         st = self.states.get(partition)
@@ -152,6 +154,9 @@ class ClusterState:
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
+        # Topics this process created that the watch may not have delivered yet:
+        # name -> (principal, partitions, monotonic s); forgotten after 60 s.
+        self._created: dict[str, tuple[str, int, float]] = {}
         # Coordinator owners by (kind, partition), kept current by data watches set on
         # the first lookup (coordinator_for): a lookup costs no ZooKeeper round trip.
         self._owners: dict[tuple[str, int], tuple[str | None, int]] = {}
@@ -330,7 +335,8 @@ class ClusterState:
             with self._lock:
                 old = self._topics.get(name)
                 self._topics[name] = TopicInfo(name, parts, dict(d.get("configs", {})),
-                                               bool(d.get("internal", False)), old.states if old else {})
+                                               bool(d.get("internal", False)), old.states if old else {},
+                                               str(d.get("principal", "")))
             for p in sorted(set(parts) - watched):
                 watched.add(p)
                 # kazoo calls func(data, stat, event) when it accepts three arguments.
@@ -423,8 +429,11 @@ class ClusterState:
 
     # ------------------------------------------------------------ topics
     def create_topic(self, name: str, num_partitions: int, replication_factor: int,
-                     configs: dict[str, str] | None = None, internal: bool = False) -> tuple[ErrorCode, str]:
-        """Assign replicas round-robin over live partition leaders and write the topic.
+                     configs: dict[str, str] | None = None, internal: bool = False,
+                     principal: str = "") -> tuple[ErrorCode, str]:
+        """Assign replicas round-robin over live partition leaders and write the topic;
+        `principal` (the caller, "" for none) is kept with it, for its partition quota
+        (services.common.quotas, max_partitions).
         Everything is validated before anything is allocated (services.common.limits).
 
         Returns (error code, message): NONE, TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION
@@ -450,6 +459,8 @@ class ClusterState:
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
         body = {"partitions": {str(p): r for p, r in assignment.items()},
                 "configs": dict(configs or {}), "internal": internal}
+        if principal:
+            body["principal"] = principal
         tx = self.zk.transaction()
         tx.create(f"{TOPICS}/{name}", json.dumps(body).encode())
         for p, replicas in assignment.items():
@@ -462,7 +473,21 @@ class ClusterState:
         failed = [r for r in results if isinstance(r, Exception)]
         if failed:
             return ErrorCode.UNKNOWN_SERVER_ERROR, f"topic creation failed: {failed[0]!r}"
+        if principal:
+            with self._lock:  # counted by partitions_of until the topic watch delivers it
+                self._created[name] = (principal, num_partitions, time.monotonic())
         return ErrorCode.NONE, ""
+
+    def partitions_of(self, principal: str) -> int:
+        """The partitions of the topics `principal` created: the watched cache, and the
+        topics this process created that the watch has not delivered yet."""
+        topics = self.topics()
+        with self._lock:
+            now = time.monotonic()
+            for name in [n for n, (_, _, t) in self._created.items() if n in topics or now - t > 60]:
+                del self._created[name]
+            pending = sum(n for p, n, _ in self._created.values() if p == principal)
+        return pending + sum(len(t.partitions) for t in topics.values() if t.principal == principal)
 
     def writer_claim(self, topic: str, partition: int) -> tuple[int, int, int]:
         """(writer producer id, writer epoch, retired writer producer id) of the

@@ -37,11 +37,11 @@ from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import authz, limits, metrics, topic_admin
+from . import authz, limits, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
-from .auth import SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore
+from .auth import ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, current_principal, Authenticator, ScramCredential, UserStore
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
@@ -70,9 +70,12 @@ class ClusterServicer(pbg.ClusterServicer):
     "Architecture"); DeleteTopics, CreatePartitions, DescribeConfigs and
     IncrementalAlterConfigs on the topic znodes (docs/design.md, "Administration")."""
 
-    def __init__(self, cluster: ClusterState, tls: bool = False):
+    def __init__(self, cluster: ClusterState, tls: bool = False, quota_manager: quotas.QuotaManager | None = None):
         self.cluster = cluster
         self.security = SecurityAdmin(cluster, tls)
+        # Client quotas (services.common.quotas): controller_mutation_rate and
+        # max_partitions are checked here, for both ports; None: no quotas.
+        self.quotas = quota_manager
 
     async def Metadata(self, request, context):
         nodes = self.cluster.nodes()
@@ -103,31 +106,91 @@ class ClusterServicer(pbg.ClusterServicer):
             resp.topics.append(tm)
         return resp
 
+    def _mutation_throttle(self) -> int:
+        """ms the caller must wait before mutating again (controller_mutation_rate,
+        KIP-599); 0 when it may mutate now or there are no quotas."""
+        if self.quotas is None:
+            return 0
+        return self.quotas.mutation_throttle(current_principal.get(), quotas.current_client_id.get())
+
+    def _record_mutations(self, partitions: int) -> int:
+        if self.quotas is None:
+            return 0
+        return self.quotas.record_mutations(current_principal.get(), quotas.current_client_id.get(), partitions)
+
+    def _partition_quota_refusal(self, principal: str, more: int) -> str | None:
+        """Why `more` partitions would take `principal` past its partition quota
+        (max_partitions), None when they would not (or it has none)."""
+        limit = self.quotas.partition_quota(principal) if self.quotas is not None and principal else None
+        if limit is None or more <= 0:
+            return None
+        used = self.cluster.partitions_of(principal)
+        if used + more <= limit:
+            return None
+        return (f"{principal} has {used} partitions; {more} more would pass its partition quota of {int(limit)} "
+                f"(max_partitions)")
+
+    @staticmethod
+    def _throttled(throttle_ms: int) -> str:
+        return f"the controller mutation rate quota is exceeded; retry in {throttle_ms} ms (controller_mutation_rate)"
+
     async def CreateTopics(self, request, context):
         resp = pb.CreateTopicsResponse()
+        principal = current_principal.get()
+        throttle = self._mutation_throttle()
         for t in request.topics:
             bad = topic_admin.validate_topic_configs(dict(t.configs))
-            if bad is not None:
+            if throttle > 0:
+                code, msg = ErrorCode.THROTTLING_QUOTA_EXCEEDED, self._throttled(throttle)
+            elif bad is not None:
                 code, msg = ErrorCode.INVALID_CONFIG, bad
+            elif (over := self._partition_quota_refusal(principal, t.num_partitions)) is not None:
+                code, msg = ErrorCode.POLICY_VIOLATION, over
             else:
                 code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
-                                                    t.replication_factor or 1, dict(t.configs))
+                                                    t.replication_factor or 1, dict(t.configs), False,
+                                                    _owner(principal))
+                if code == ErrorCode.NONE:
+                    throttle = max(throttle, self._record_mutations(t.num_partitions))
             resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))
+        resp.throttle_time_ms = throttle
         return resp
 
     async def DeleteTopics(self, request, context):
         resp = pb.DeleteTopicsResponse()
+        throttle = self._mutation_throttle()
         for name in request.topic_names:
+            if throttle > 0:
+                resp.responses.append(pb.DeletableTopicResult(name=name, error_code=ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+                                                              error_message=self._throttled(throttle)))
+                continue
+            known = self.cluster.topics().get(name)
             code, msg = await asyncio.to_thread(self.cluster.delete_topic, name)
+            if code == ErrorCode.NONE and known is not None:
+                throttle = max(throttle, self._record_mutations(len(known.partitions)))
             resp.responses.append(pb.DeletableTopicResult(name=name, error_code=code, error_message=msg))
+        resp.throttle_time_ms = throttle
         return resp
 
     async def CreatePartitions(self, request, context):
         resp = pb.CreatePartitionsResponse()
+        throttle = self._mutation_throttle()
         for t in request.topics:
-            code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
-                                                request.validate_only)
+            known = self.cluster.topics().get(t.name)
+            more = t.count - len(known.partitions) if known is not None else 0
+            # The new partitions count against the topic's creator (the caller for a topic without one).
+            owner = (known.principal if known is not None and known.principal else _owner(current_principal.get()))
+            if throttle > 0:
+                code, msg = ErrorCode.THROTTLING_QUOTA_EXCEEDED, self._throttled(throttle)
+            elif (over := self._partition_quota_refusal(owner, more)) is not None:
+                code, msg = ErrorCode.POLICY_VIOLATION, over
+            else:
+                code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
+                                                    request.validate_only)
+                if code == ErrorCode.NONE and not request.validate_only:
+                    throttle = max(throttle, self._record_mutations(more))
             resp.results.append(pb.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=msg))
+        resp.throttle_time_ms = throttle
         return resp
 
     async def DescribeConfigs(self, request, context):
@@ -169,6 +232,12 @@ class ClusterServicer(pbg.ClusterServicer):
 
     async def DescribeUserScramCredentials(self, request, context):
         return await self.security.describe_users()
+
+    async def DescribeClientQuotas(self, request, context):
+        return await self.security.describe_quotas(request)
+
+    async def AlterClientQuotas(self, request, context):
+        return await self.security.alter_quotas(request)
 
     async def FindCoordinator(self, request, context):
         kind = KIND_FOR_KEY_TYPE.get(request.key_type)
@@ -263,10 +332,85 @@ class SecurityAdmin:
                              error_message="" if found else f"no user {name!r}")
         return resp
 
+    async def alter_quotas(self, request: pb.AlterClientQuotasRequest) -> pb.AlterClientQuotasResponse:
+        """Each entry's quota keys set or removed in the quotas znode (one version-checked
+        write per entry; a bad entry is refused alone, with INVALID_REQUEST)."""
+        resp = pb.AlterClientQuotasResponse()
+        store = quotas.QuotaStore(self.cluster.zk)
+        for entry in request.entries:
+            out = resp.entries.add(entity=entry.entity)
+            try:
+                entity = _quota_entity(entry.entity)
+                ops = [(v.key, None if v.remove else v.value) for v in entry.values]
+                quotas.alter({}, entity, ops)  # validates before anything is written
+                if not request.validate_only:
+                    await asyncio.to_thread(store.change, lambda c, e=entity, o=ops: quotas.alter(c, e, o))
+            except quotas.QuotaError as exc:
+                out.error_code, out.error_message = ErrorCode.INVALID_REQUEST, str(exc)
+        return resp
+
+    async def describe_quotas(self, request: pb.DescribeClientQuotasRequest) -> pb.DescribeClientQuotasResponse:
+        """The quota entries whose entity matches every filter component (match_type 0:
+        the name, 1: the default entity, 2: any entity of the type; `strict`: the entity
+        has no other component)."""
+        configs = await asyncio.to_thread(quotas.QuotaStore(self.cluster.zk).read)
+        resp = pb.DescribeClientQuotasResponse()
+        for entity, values in sorted(configs.items(), key=lambda kv: kv[0].key()):
+            names = {quotas.USER: entity.user, quotas.CLIENT_ID: entity.client_id}
+            if not _quota_filter_matches(names, request.components, request.strict):
+                continue
+            resp.entries.add(entity=_quota_components(entity),
+                             values=[pb.ClientQuotaValue(key=k, value=v) for k, v in sorted(values.items())])
+        return resp
+
     async def describe_users(self) -> pb.DescribeUserScramCredentialsResponse:
         await asyncio.to_thread(self.cluster.ensure_sensitive_path, USERS)
         return pb.DescribeUserScramCredentialsResponse(users=sorted(await asyncio.to_thread(
             self.cluster.zk.get_children, USERS)))
+
+
+def _quota_entity(components) -> quotas.QuotaEntity:
+    """The QuotaEntity of AlterClientQuotas' entity components; QuotaError when malformed."""
+    names: dict[str, str] = {}
+    for c in components:
+        if c.entity_type not in (quotas.USER, quotas.CLIENT_ID) or c.entity_type in names:
+            raise quotas.QuotaError(f"bad entity type {c.entity_type!r}: user and client-id, each at most once")
+        names[c.entity_type] = quotas.DEFAULT if c.is_default else c.name
+    entity = quotas.QuotaEntity(names.get(quotas.USER), names.get(quotas.CLIENT_ID))
+    entity.validate()
+    return entity
+
+
+def _quota_components(entity: quotas.QuotaEntity) -> list[pb.ClientQuotaEntityComponent]:
+    out = []
+    for kind, name in ((quotas.USER, entity.user), (quotas.CLIENT_ID, entity.client_id)):
+        if name is not None:
+            out.append(pb.ClientQuotaEntityComponent(entity_type=kind, name="" if name == quotas.DEFAULT else name,
+                                                     is_default=name == quotas.DEFAULT))
+    return out
+
+
+def _quota_filter_matches(names: dict[str, str | None], components, strict: bool) -> bool:
+    """DescribeClientQuotas' filter (KIP-546) over an entity's names by type."""
+    for c in components:
+        name = names.get(c.entity_type)
+        if name is None:
+            return False
+        if c.match_type == 0 and name != c.match:
+            return False
+        if c.match_type == 1 and name != quotas.DEFAULT:
+            return False
+    if strict:
+        filtered = {c.entity_type for c in components}
+        if any(n is not None and kind not in filtered for kind, n in names.items()):
+            return False
+    return True
+
+
+def _owner(principal: str) -> str:
+    """The principal a new topic is recorded as created by ("" for User:ANONYMOUS,
+    which has no partition quota of its own)."""
+    return "" if principal == ANONYMOUS else principal
 
 
 _USER_NAME = re.compile(r"[A-Za-z0-9._@+=-]{1,255}")
@@ -286,8 +430,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     auth_interceptor = AuthInterceptor()
+    quota_interceptor = quotas.QuotaInterceptor()  # after authentication: it reads the principal
     # The guard outside authentication: an undecodable body is refused before anything reads it.
-    interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor]
+    interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor, quota_interceptor]
     server = grpc.aio.server(options=server_options(cfg), interceptors=interceptors)
     registry = HandlerRegistry(server)  # the unary handlers, which tunneled calls reach too
     security = service_security(cfg)
@@ -302,7 +447,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await asyncio.to_thread(cluster.start)
     client = ClusterClient(cluster, security)
     await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor, client)
-    cluster_servicer = ClusterServicer(cluster, tls=security.tls)
+    quota_manager = await asyncio.to_thread(_start_quotas, cfg, cluster)
+    quota_interceptor.manager = quota_manager
+    cluster_servicer = ClusterServicer(cluster, tls=security.tls, quota_manager=quota_manager)
     pbg.add_ClusterServicer_to_server(cluster_servicer, registry)
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -321,7 +468,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         cluster_apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel)
         own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
         apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
-        kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
+        kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
+                              quota_manager=quota_manager)
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security) if security.tls else None)
     await asyncio.to_thread(cluster.register)
@@ -413,6 +561,16 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
         cluster.pid_bindings = ProducerIdBindings(
             cluster, client, refresh_s=cfg.get_int("producer.id.expiration.ms", 86_400_000) / 4000)
     cluster.users = users
+
+
+def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaManager:
+    """The process's client quotas (services.common.quotas), kept current by a watch
+    on /exactly/config/quotas; super users (the services) are not throttled."""
+    manager = quotas.QuotaManager(samples=cfg.get_int("quota.window.num", quotas.DEFAULT_WINDOW_NUM),
+                                  window_s=cfg.get_int("quota.window.size.seconds", quotas.DEFAULT_WINDOW_SIZE_S),
+                                  super_users=parse_super_users(cfg.get_str("super.users", "")))
+    quotas.QuotaStore(cluster.zk).watch(manager)
+    return manager
 
 
 def server_credentials(cfg: ServiceConfig, security: TransportSecurity) -> grpc.ServerCredentials:

@@ -101,6 +101,10 @@ class ServiceSchema(SecuritySettings):
                                             ge=1)
     max_partitions: int = setting("max.partitions", 100000, "Partitions of all topics together (KIP-578; "
                                   "POLICY_VIOLATION above).", MEDIUM, ge=1)
+    quota_window_num: int = setting("quota.window.num", 11, "Samples a client quota's rate is measured over "
+                                    "(KIP-13; docs/design.md, \"Quotas\").", LOW, ge=2)
+    quota_window_size_seconds: int = setting("quota.window.size.seconds", 1, "Seconds each quota sample "
+                                             "spans.", LOW, ge=1)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
     authorizer: Literal["none", "acl"] = setting(

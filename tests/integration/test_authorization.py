@@ -19,7 +19,7 @@ from exactly_wire import records
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import chrooted_cluster
+from clusters import admin_client, certificate_conf, chrooted_cluster
 from services.common.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
@@ -41,14 +41,11 @@ def sec(zk, tmp_path_factory):
 
 
 def conf(sec, name: str, **extra) -> dict:
-    certs = sec.dir / "certs"
-    return {"bootstrap.servers": sec.bootstrap_servers, "security.protocol": "SSL",
-            "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / f"{name}.pem"),
-            "ssl.key.location": str(certs / f"{name}.key"), **FAST, **extra}
+    return certificate_conf(sec, name, **FAST, **extra)
 
 
 def admin(sec) -> AdminClient:
-    return AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config})
+    return admin_client(sec)
 
 
 def stub(sec, name: str, address: str, kind=pbg.PartitionLeaderStub):
@@ -456,6 +453,11 @@ def _matrix_rows():
                                                                                      password="pw-1")])),
         (f"{S}/DescribeUserScramCredentials", "admin", "alice", CLUSTER_DENIED,
          lambda c: pb.DescribeUserScramCredentialsRequest()),
+        (f"{S}/DescribeClientQuotas", "admin", "alice", CLUSTER_DENIED, lambda c: pb.DescribeClientQuotasRequest()),
+        (f"{S}/AlterClientQuotas", "admin", "alice", CLUSTER_DENIED, lambda c: pb.AlterClientQuotasRequest(
+            validate_only=True, entries=[pb.ClientQuotaEntry(
+                entity=[pb.ClientQuotaEntityComponent(entity_type="user", name="matrix-user")],
+                values=[pb.ClientQuotaValue(key="producer_byte_rate", value=1024)])])),
         ("PartitionLeader/Produce", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
             acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),

@@ -1,5 +1,5 @@
 """Kafka APIs every service answers: Metadata, FindCoordinator, CreateTopics,
-DeleteTopics, CreatePartitions — adapters over the Cluster servicer
+DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas — adapters over the Cluster servicer
 (services/common/server.py), so the rules stay in one place (docs/design.md, "Kafka
 protocol").
 
@@ -26,6 +26,7 @@ from .listener import Handler, RequestContext
 CLUSTER_ID = "exactly"
 METADATA, FIND_COORDINATOR, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 10, 19, 20, 37
 INIT_PRODUCER_ID = 22
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
 
 
 # Kafka's DescribeConfigsResponse.ConfigSource ids, used by CreateTopics v5+ too.
@@ -37,6 +38,11 @@ def _creatable_configs(configs: dict[str, str]) -> list[dict]:
     (name, value, read_only, config_source, is_sensitive), as DescribeConfigs lists them."""
     return [{"name": e.name, "value": e.value, "read_only": False, "config_source": _CONFIG_SOURCE[e.source],
              "is_sensitive": False} for e in topic_admin.describe_topic_configs(dict(configs))]
+
+
+def _kafka_entity(c: pb.ClientQuotaEntityComponent) -> dict:
+    """A quota entity component as Kafka's EntityData (entity_name null: the default)."""
+    return {"entity_type": c.entity_type, "entity_name": None if c.is_default else c.name}
 
 
 class ClusterApis:
@@ -55,7 +61,8 @@ class ClusterApis:
         handler; the versions are in the surface table."""
         return {METADATA: self.metadata, FIND_COORDINATOR: self.find_coordinator,
                 CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
-                CREATE_PARTITIONS: self.create_partitions}
+                CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
+                ALTER_CLIENT_QUOTAS: self.alter_client_quotas}
 
     def elsewhere(self) -> dict[int, Handler]:
         """Handlers for keys of another role that a process answers itself instead of
@@ -119,6 +126,7 @@ class ClusterApis:
         topic config with the value given at creation (source TOPIC_CONFIG) or the
         default (DEFAULT_CONFIG), plus the partition count and replication factor."""
         topics = []
+        throttle = 0
         for t in req.topics:
             if t.assignments:
                 topics.append({"name": t.name, "error_code": ErrorCode.INVALID_REQUEST,
@@ -135,27 +143,52 @@ class ClusterApis:
             resp = await self.servicer.CreateTopics(pb.CreateTopicsRequest(topics=[creatable],
                                                                            timeout_ms=field(req, "timeout", 0)), None)
             r = resp.topics[0]
+            throttle = max(throttle, resp.throttle_time_ms)
             topics.append({"name": t.name, "error_code": r.error_code, "error_message": r.error_message or None,
                            "num_partitions": creatable.num_partitions,
                            "replication_factor": creatable.replication_factor,
                            "configs": _creatable_configs(creatable.configs) if r.error_code == ErrorCode.NONE
                            else []})
-        return {"throttle_time": 0, "topics": topics}
+        return {"throttle_time": throttle, "topics": topics}
 
     async def delete_topics(self, req: Any, version: int, ctx: RequestContext) -> dict:
         names = list(field(req, "topic_names", None) or [t.name for t in field(req, "topics", ())])
         resp = await self.servicer.DeleteTopics(pb.DeleteTopicsRequest(topic_names=names), None)
-        return {"throttle_time": 0, "responses": [{"name": r.name, "error_code": r.error_code,
-                                                   "error_message": r.error_message or None}
-                                                  for r in resp.responses]}
+        return {"throttle_time": resp.throttle_time_ms, "responses": [
+            {"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+            for r in resp.responses]}
 
     async def create_partitions(self, req: Any, version: int, ctx: RequestContext) -> dict:
         resp = await self.servicer.CreatePartitions(pb.CreatePartitionsRequest(
             topics=[pb.CreatePartitionsTopic(name=t.name, count=t.count) for t in req.topics],
             validate_only=field(req, "validate_only", False)), None)
-        return {"throttle_time": 0, "results": [{"name": r.name, "error_code": r.error_code,
-                                                 "error_message": r.error_message or None}
-                                                for r in resp.results]}
+        return {"throttle_time": resp.throttle_time_ms, "results": [
+            {"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+            for r in resp.results]}
+
+    async def describe_client_quotas(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """DescribeClientQuotas v0-1 (KIP-546) over the Cluster servicer's; an entity
+        name of null is the default entity."""
+        resp = await self.servicer.DescribeClientQuotas(pb.DescribeClientQuotasRequest(
+            components=[pb.ClientQuotaFilterComponent(entity_type=c.entity_type, match_type=int(c.match_type),
+                                                      match=c.match or "") for c in req.components],
+            strict=bool(req.strict)), None)
+        return {"throttle_time": 0, "error_code": resp.error_code, "error_message": resp.error_message or None,
+                "entries": [{"entity": [_kafka_entity(c) for c in e.entity],
+                             "values": [{"key": v.key, "value": v.value} for v in e.values]}
+                            for e in resp.entries]}
+
+    async def alter_client_quotas(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """AlterClientQuotas v0-1 (KIP-546) over the Cluster servicer's."""
+        resp = await self.servicer.AlterClientQuotas(pb.AlterClientQuotasRequest(
+            validate_only=bool(req.validate_only), entries=[pb.ClientQuotaEntry(
+                entity=[pb.ClientQuotaEntityComponent(entity_type=c.entity_type, name=c.entity_name or "",
+                                                      is_default=c.entity_name is None) for c in e.entity],
+                values=[pb.ClientQuotaValue(key=o.key, value=float(o.value), remove=bool(o.remove))
+                        for o in e.ops]) for e in req.entries]), None)
+        return {"throttle_time": 0, "entries": [
+            {"error_code": r.error_code, "error_message": r.error_message or None,
+             "entity": [_kafka_entity(c) for c in r.entity]} for r in resp.entries]}
 
     async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
         """InitProducerId at a process that is not a transaction coordinator. A Kafka

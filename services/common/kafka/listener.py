@@ -17,6 +17,12 @@ Refused input, as a Kafka broker does it:
 - a request the connection's principal may not make (the same checks as gRPC,
   services.common.authz): the connection is closed (logged with the reason).
 
+Quotas (services.common.quotas, KIP-13/124/219): every handled request is recorded
+against the connection's principal and client id; the throttle time goes into the
+response's throttle_time_ms, and the connection is muted (no further request read)
+for that long after the response is written, as a Kafka broker mutes a throttled
+channel. A throttled Produce with acks=0 mutes the connection too.
+
 The principal of a connection comes from its verified TLS client certificate, by the
 same function as on the gRPC port (services.common.auth.principal_from_certificate:
 the parsed subject through ssl.principal.mapping.rules). A certificate that names no
@@ -34,6 +40,7 @@ from exactly_wire.error_codes import ErrorCode
 
 from ..auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal, principal_from_certificate
 from ..authz import Denied
+from .. import quotas as quota
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
 
 log = logging.getLogger(__name__)
@@ -65,9 +72,11 @@ class KafkaListener:
     Produce with acks=0)."""
 
     def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 principal_rules: str = "DEFAULT"):
-        """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed)."""
+                 principal_rules: str = "DEFAULT", quota_manager: "quota.QuotaManager | None" = None):
+        """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
+        `quota_manager`: the process's client quotas (None: none)."""
         self.apis = dict(apis)
+        self.quotas = quota_manager
         self.principal_mapper = PrincipalMapper(principal_rules)
         self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
         self.max_request_bytes = max_request_bytes
@@ -110,11 +119,12 @@ class KafkaListener:
                     log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
                     return
                 frame = await reader.readexactly(size)
-                response = await self._handle(frame, peer_s)
-                if response is None:
-                    continue
-                writer.write(response)
-                await writer.drain()
+                response, throttle_ms = await self._handle(frame, peer_s)
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+                if throttle_ms > 0:  # muted: read nothing more for that long (KIP-219)
+                    await asyncio.sleep(throttle_ms / 1000.0)
         except ProtocolError as exc:
             log.info("kafka connection from %s: %s; closing", peer_s, exc)
         except Denied as exc:
@@ -142,18 +152,41 @@ class KafkaListener:
         from cryptography import x509
         return principal_from_certificate(x509.load_der_x509_certificate(der), self.principal_mapper)
 
-    async def _handle(self, frame: bytes, peer: str) -> bytes | None:
+    async def _handle(self, frame: bytes, peer: str) -> tuple[bytes | None, int]:
+        """(encoded response or None for none, throttle time in ms) of one request frame."""
         api_key, version, correlation_id = peek_header(frame)
         api = self.apis.get(api_key)
         if api is None or not api.min_version <= version <= api.max_version:
             if api_key == API_VERSIONS_KEY:
                 # KIP-511: answer with v0 framing so any client can read the versions.
                 return encode_response(API_VERSIONS_KEY, 0, correlation_id, {
-                    "error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": self.supported()})
+                    "error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": self.supported()}), 0
             raise ProtocolError(f"{api_name(api_key)} v{version} is not served here")
         header, request = decode_request(frame, api_key, version)
         ctx = RequestContext(getattr(header, "client_id", None), version, peer)
-        value = await api.handler(request, version, ctx)
+        token = quota.current_client_id.set(ctx.client_id or "")
+        try:
+            timed = quota.Timed(api.handler(request, version, ctx))
+            value = await timed
+            throttle = self._throttle(api_key, frame, value, timed.seconds, ctx.client_id or "")
+        finally:
+            quota.current_client_id.reset(token)
         if value is None:
-            return None
-        return encode_response(api_key, version, correlation_id, value)
+            return None, throttle
+        if throttle > 0 or "throttle_time" in value:
+            value = {**value, "throttle_time": max(throttle, int(value.get("throttle_time") or 0))}
+            throttle = value["throttle_time"]
+        return encode_response(api_key, version, correlation_id, value), throttle
+
+    def _throttle(self, api_key: int, frame: bytes, value: dict | None, elapsed_s: float, client_id: str) -> int:
+        """The request's throttle time (ms) under the connection's quotas: handling
+        time, a Produce's request size, a Fetch's record bytes (services.common.quotas)."""
+        if self.quotas is None or api_key == API_VERSIONS_KEY:
+            return 0
+        method = {0: quota.PRODUCE_METHOD, 1: quota.FETCH_METHOD}.get(api_key, f"kafka/{api_key}")
+        fetched = None
+        if api_key == 1 and value is not None:
+            fetched = sum(len(p.get("records") or b"") for t in value.get("responses", ())
+                          for p in t.get("partitions", ()))
+        return quota.throttle_request(self.quotas, current_principal.get(), client_id, method, None, value,
+                                      elapsed_s, request_bytes=len(frame), response_bytes=fetched)

@@ -27,6 +27,7 @@ from .clients import consume, produce
 from .dumplog import dump_log
 from .groups import groups
 from .perf import perf
+from .quotas import quotas
 from .security import acls, users
 from .topics import topics
 from .transactions import transactions
@@ -37,10 +38,10 @@ from .transactions import transactions
 def cli() -> None:
     """Operate an Exactly cluster: topics, console producer and consumer, consumer
     groups, transactions (KIP-664 hanging transactions), segment dumps,
-    performance tests, ACLs and SASL users."""
+    performance tests, ACLs, SASL users and client quotas."""
 
 
-for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users):
+for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users, quotas):
     cli.add_command(command)
 
 

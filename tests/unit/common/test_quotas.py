@@ -1,0 +1,279 @@
+"""Client quota math and resolution (services.common.quotas; Kafka's KIP-13 Rate and
+throttle time, KIP-124 request percentage, KIP-599 token bucket, the
+ClientQuotaManager precedence order), on a fake clock."""
+from __future__ import annotations
+
+import pytest
+
+from services.common.quotas import (CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, MAX_PARTITIONS,
+                                    PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError, QuotaManager,
+                                    Rate, TokenBucket, alter, decode_configs, encode_configs, grpc_client_id,
+                                    resolve, throttle_time_ms)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.ms
+
+
+def test_rate_measures_over_at_least_samples_minus_one_windows():
+    rate = Rate(samples=11, window_ms=1000)
+    rate.record(1000, 0)
+    # One sample only: the window counts as 10 full windows, so a first burst is not
+    # measured as an unbounded rate.
+    assert rate.window_size_ms(0) == 10_000
+    assert rate.measure(0) == pytest.approx(100.0)
+    rate.record(1000, 15_000)  # the first sample fell out of the 11 s horizon
+    assert rate.measure(15_000) == pytest.approx(100.0)
+    rate.record(1000, 15_500)
+    assert rate.measure(15_500) == pytest.approx(2000 / 10.5)  # 0.5 s + the 10 windows a young rate counts
+
+
+def test_rate_keeps_at_most_samples_windows():
+    rate = Rate(samples=3, window_ms=1000)
+    for t in range(0, 10_000, 100):
+        rate.record(10, t)
+    # 3 samples of 1 s, 10 records of 10 each: 300 over the 2.9 s they span.
+    assert rate.measure(9_900) == pytest.approx(300 / 2.9)
+
+
+def test_throttle_time_is_when_the_rate_is_back_at_the_quota():
+    rate = Rate(samples=11, window_ms=1000)
+    rate.record(2000, 0)  # 200/s measured over 10 s
+    assert throttle_time_ms(rate, 200.0, 0) == 0
+    assert throttle_time_ms(rate, 250.0, 0) == 0
+    # Kafka's (200 - 100) / 100 * 10 s = 10 s would leave the rate at 2000 / 10 s: the
+    # measured window stays between 10 and 11 s until the sample ages out at 11 s.
+    assert throttle_time_ms(rate, 100.0, 0) == 11_001
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_throttle_time_is_the_first_time_the_rate_is_at_the_quota(seed):
+    import random
+    rnd = random.Random(seed)
+    rate = Rate(samples=rnd.choice([2, 3, 11]), window_ms=rnd.choice([100, 1000]))
+    now = 0.0
+    for _ in range(rnd.randrange(1, 200)):
+        now += rnd.uniform(0, 300)
+        rate.record(rnd.uniform(0, 5000), now)
+    quota = rnd.uniform(100, 20_000)
+    throttle = throttle_time_ms(rate, quota, now)
+    if throttle == 0:
+        assert rate.measure(now) <= quota
+        return
+    assert rate.measure(now + throttle) <= quota * 1.0001
+    # Not much earlier: sampled every ms over the last tenth of the wait, the rate was above.
+    assert all(rate.measure(now + t) > quota for t in range(max(0, int(throttle * 0.9) - 2), throttle - 2))
+
+
+@pytest.mark.parametrize("quota, chunk", [(100_000.0, 16_384), (1_048_576.0, 65_536), (10_000.0, 1_000)])
+def test_a_client_honouring_throttle_converges_to_the_quota(quota, chunk):
+    """A producer that sends as fast as it may (waiting out each throttle time, as
+    KIP-219 clients and the muted channel make it) gets the quota within 5 % over a
+    minute, after the first windows."""
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: quota}})
+    start = clock.ms
+    sent_after_warmup, warmup_end = 0, start + 20_000
+    while clock.ms < start + 80_000:
+        throttle = manager.record("User:alice", "app", PRODUCER_BYTE_RATE, chunk)
+        if clock.ms >= warmup_end:
+            sent_after_warmup += chunk
+        clock.ms += max(throttle, 1)  # 1 ms to send the next request
+    achieved = sent_after_warmup / ((clock.ms - warmup_end) / 1000)
+    assert achieved == pytest.approx(quota, rel=0.05)
+
+
+def test_unthrottled_below_the_quota():
+    clock = Clock()
+    manager = QuotaManager(clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 1000.0}})
+    for _ in range(100):
+        assert manager.record("User:alice", "", PRODUCER_BYTE_RATE, 50) == 0  # 500 B/s
+        clock.ms += 100
+
+
+def test_precedence_is_kafkas():
+    """user+client, user+<default>, user, <default>+client, <default>+<default>,
+    <default> user, client, <default> client: each level wins over those after it."""
+    levels = [QuotaEntity("alice", "app"), QuotaEntity("alice", DEFAULT), QuotaEntity("alice", None),
+              QuotaEntity(DEFAULT, "app"), QuotaEntity(DEFAULT, DEFAULT), QuotaEntity(DEFAULT, None),
+              QuotaEntity(None, "app"), QuotaEntity(None, DEFAULT)]
+    configs = {e: {PRODUCER_BYTE_RATE: float(i + 1)} for i, e in enumerate(levels)}
+    for i in range(len(levels)):
+        found = resolve(configs, "alice", "app", PRODUCER_BYTE_RATE)
+        assert found is not None and found[1] == float(i + 1), levels[i]
+        del configs[levels[i]]
+    assert resolve(configs, "alice", "app", PRODUCER_BYTE_RATE) is None
+
+
+def test_each_key_resolves_on_its_own():
+    configs = {QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 10.0},
+               QuotaEntity(DEFAULT, None): {CONSUMER_BYTE_RATE: 20.0, PRODUCER_BYTE_RATE: 99.0}}
+    assert resolve(configs, "alice", "", PRODUCER_BYTE_RATE)[1] == 10.0
+    assert resolve(configs, "alice", "", CONSUMER_BYTE_RATE)[1] == 20.0
+    assert resolve(configs, "bob", "", PRODUCER_BYTE_RATE)[1] == 99.0
+
+
+def test_a_user_quota_is_shared_by_its_clients_and_a_default_is_per_user():
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 100.0},
+                         QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 100.0}})
+    assert manager.record("User:alice", "one", PRODUCER_BYTE_RATE, 1000) == 0  # 100/s over 10 s: at the quota
+    assert manager.record("User:alice", "two", PRODUCER_BYTE_RATE, 1000) > 0  # the same sensor: 200/s
+    assert manager.record("User:bob", "one", PRODUCER_BYTE_RATE, 1000) == 0  # bob's own sensor
+    assert manager.record("User:carol", "one", PRODUCER_BYTE_RATE, 1000) == 0  # and carol's
+
+
+def test_another_user_is_not_throttled_by_one_over_its_quota():
+    clock = Clock()
+    manager = QuotaManager(clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 100.0}})
+    assert manager.record("User:alice", "", PRODUCER_BYTE_RATE, 100_000) > 0
+    assert manager.record("User:bob", "", PRODUCER_BYTE_RATE, 100_000) == 0  # no quota of its own
+
+
+def test_super_users_are_never_throttled():
+    manager = QuotaManager(super_users=["User:pl-0"], clock=Clock())
+    manager.set_configs({QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 1.0, MAX_PARTITIONS: 1.0}})
+    assert manager.record("User:pl-0", "", PRODUCER_BYTE_RATE, 10**9) == 0
+    assert manager.partition_quota("User:pl-0") is None
+    assert manager.partition_quota("User:alice") == 1.0
+
+
+def test_request_percentage_records_percent_seconds_and_caps_at_one_window():
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {REQUEST_PERCENTAGE: 10.0}})
+    # 0.5 s of handling in 10 s = 5 %: within 10 %.
+    assert manager.record_request_time("User:alice", "", 0.5) == 0
+    # 5 s more: 55 % measured, 45 % over: (55 - 10) / 10 * 10 s, capped at the 1 s window.
+    assert manager.record_request_time("User:alice", "", 5.0) == 1000
+
+
+def test_mutation_token_bucket():
+    bucket = TokenBucket(quota=2.0, burst_s=10, now_ms=0)  # 20 partitions of burst
+    assert bucket.throttle_ms(0) == 0
+    bucket.record(25, 0)  # 5 below zero
+    assert bucket.throttle_ms(0) == 2500  # 5 / 2 per second
+    assert bucket.throttle_ms(2500) == 0
+    assert bucket.throttle_ms(10**9) == 0 and bucket.tokens == 20  # never above the burst
+
+
+def test_mutation_quota_refuses_while_negative():
+    clock = Clock()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock)
+    manager.set_configs({QuotaEntity("alice", None): {CONTROLLER_MUTATION_RATE: 5.0}})  # burst 10
+    assert manager.mutation_throttle("User:alice", "") == 0
+    assert manager.record_mutations("User:alice", "", 30) == 4000  # 20 below: 4 s
+    assert manager.mutation_throttle("User:alice", "") == 4000
+    clock.ms += 4000
+    assert manager.mutation_throttle("User:alice", "") == 0
+    assert manager.mutation_throttle("User:bob", "") == 0
+
+
+def test_mute_window():
+    clock = Clock()
+    manager = QuotaManager(clock=clock)
+    manager.mute("User:alice", "app", 300)
+    assert manager.muted_ms("User:alice", "app") == 300
+    assert manager.muted_ms("User:alice", "other") == 0
+    clock.ms += 301
+    assert manager.muted_ms("User:alice", "app") == 0
+
+
+def test_entities_round_trip_and_bad_ones_are_refused():
+    for e in (QuotaEntity("alice", None), QuotaEntity(DEFAULT, "app"), QuotaEntity(None, DEFAULT)):
+        assert QuotaEntity.parse(e.key()) == e
+    for key in ("", "user=", "group=x", "user=a,user=b", "user"):
+        with pytest.raises(QuotaError):
+            QuotaEntity.parse(key)
+    with pytest.raises(QuotaError):
+        QuotaEntity(None, None).validate()
+    with pytest.raises(QuotaError):
+        QuotaEntity("a,b", None).validate()
+
+
+def test_alter_sets_removes_and_validates():
+    alice = QuotaEntity("alice", None)
+    configs = alter({}, alice, [(PRODUCER_BYTE_RATE, 1024), (CONSUMER_BYTE_RATE, 2048)])
+    assert configs == {alice: {PRODUCER_BYTE_RATE: 1024.0, CONSUMER_BYTE_RATE: 2048.0}}
+    configs = alter(configs, alice, [(PRODUCER_BYTE_RATE, None)])
+    assert configs == {alice: {CONSUMER_BYTE_RATE: 2048.0}}
+    assert alter(configs, alice, [(CONSUMER_BYTE_RATE, None)]) == {}  # nothing left: the entity goes
+    for bad in [("producer_byte_rate", 0), ("producer_byte_rate", -1), ("producer_byte_rate", float("nan")),
+                ("bytes_per_second", 5)]:
+        with pytest.raises(QuotaError):
+            alter({}, alice, [bad])
+
+
+def test_znode_encoding_round_trips_and_skips_malformed_entries():
+    configs = {QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 1024.0},
+               QuotaEntity(DEFAULT, DEFAULT): {REQUEST_PERCENTAGE: 50.0}}
+    assert decode_configs(encode_configs(configs)) == configs
+    raw = b'{"user=alice": {"producer_byte_rate": 5}, "bogus": {"producer_byte_rate": 1},' \
+          b' "user=bob": {"producer_byte_rate": -3}}'
+    assert decode_configs(raw) == {QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 5.0}}
+    assert decode_configs(b"not json") == {}
+    assert decode_configs(None) == {}
+
+
+def test_grpc_client_id_from_the_sdk_user_agent():
+    assert grpc_client_id([("user-agent", "exactly/billing grpc-python/1.66.0 grpc-c/43.0.0")]) == "billing"
+    assert grpc_client_id([("user-agent", "grpc-python/1.66.0")]) == ""
+    assert grpc_client_id(()) == ""
+
+
+def test_timed_counts_the_handlers_own_steps_not_its_waits():
+    import asyncio
+    import time as _time
+
+    from services.common.quotas import Timed
+
+    async def handler():
+        await asyncio.sleep(0.2)  # waiting (for data, replication): not counted
+        end = _time.perf_counter() + 0.05
+        while _time.perf_counter() < end:  # running on the event loop: counted
+            pass
+        await asyncio.sleep(0)
+        return "done"
+
+    async def main():
+        timed = Timed(handler())
+        assert await timed == "done"
+        return timed.seconds
+
+    seconds = asyncio.run(main())
+    assert 0.05 <= seconds < 0.15, seconds
+
+
+def test_timed_passes_errors_and_cancellation_through():
+    import asyncio
+
+    from services.common.quotas import Timed
+
+    async def failing():
+        await asyncio.sleep(0)
+        raise ValueError("bad request")
+
+    async def waiting():
+        await asyncio.sleep(10)
+
+    async def main():
+        with pytest.raises(ValueError, match="bad request"):
+            await Timed(failing())
+        task = asyncio.ensure_future(_await(Timed(waiting())))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def _await(timed):
+        return await timed
+
+    asyncio.run(main())
