@@ -21,9 +21,11 @@ unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 # Long runs kept out of `make test` (which runs the same tests at a smaller size):
-# compaction of the internal topics after 50,000 transactions and 50,000 offset commits.
+# compaction of the internal topics after 50,000 transactions and 50,000 offset commits;
+# 20,000 raw connections that never start TLS against a partition leader (make test: 4,000).
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
+	EXACTLY_CONNECTION_FLOOD=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_connections.py
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
 # the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").
