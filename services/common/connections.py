@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from prometheus_client import Counter
+from .metrics import CONNECTIONS_REFUSED as REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,8 @@ DEFAULT_FD_RESERVE = 1024
 DEFAULT_SWEEP_INTERVAL_MS = 1000
 LOG_INTERVAL_S = 10.0
 
-REFUSED = Counter("exactly_connections_refused",
-                  "Connections refused or closed by a connection limit, by listener (grpc, kafka) and reason "
-                  "(max.connections, max.connections.per.ip, max.connection.creation.rate, "
-                  "connections.max.idle.ms, ssl.handshake.timeout)", ["listener", "reason"])
 REASONS = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTION_CREATION_RATE, CONNECTIONS_MAX_IDLE_MS,
-           "ssl.handshake.timeout")
+           "ssl.handshake.timeout", "ssl.handshake.failed")
 
 
 def declare_series(listener: str) -> None:

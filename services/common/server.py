@@ -286,6 +286,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     nofile = connections.raise_nofile_limit()
+    for listener in ("grpc", "kafka"):
+        connections.declare_series(listener)
     auth_interceptor = AuthInterceptor()
     # The guard outside authentication: an undecodable body is refused before anything reads it.
     interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor]

@@ -153,7 +153,7 @@ class KafkaListener:
                 if loop.time() - started >= self.handshake_timeout_s * 0.99:
                     self.refusals.refused("ssl.handshake.timeout", peer_s, f"{self.handshake_timeout_s:g} s")
                 else:
-                    log.info("kafka connection from %s: TLS handshake failed: %s", peer_s, exc)
+                    self.refusals.refused("ssl.handshake.failed", peer_s, str(exc) or type(exc).__name__)
                 return
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             await self._serve(reader, writer, peer_s)
