@@ -3,7 +3,7 @@
     python conn_flood.py SOURCE_IP HOST:PORT=COUNT [HOST:PORT=COUNT ...]
 
 Raises its own RLIMIT_NOFILE (as root, the hard limit too) to hold them all, opens
-them 500 at a time (each connect bounded by 5 s), prints one JSON line
+them 500 at a time (each connect bounded by 10 s), prints one JSON line
 {"opened": n, "failed": n}, then every second {"open": n} (connections the server has
 not closed yet) until its stdin closes."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ async def connect(source: str, host: str, port: int, gate: asyncio.Semaphore) ->
             # The port is chosen at connect, not bind (a bind to port 0 searches the whole range each time).
             sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
             sock.bind((source, 0))
-            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), 5)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), 10)
             return sock
         except (OSError, asyncio.TimeoutError):
             sock.close()

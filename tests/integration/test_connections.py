@@ -73,7 +73,7 @@ class Flood:
         self.procs = [subprocess.Popen([sys.executable, str(FLOOD_SCRIPT), source, f"{a}={n}"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                       for a, n in chunks]
-        self.opened = sum(json.loads(self._line(p, 150))["opened"] for p in self.procs)
+        self.opened = sum(json.loads(self._line(p, 120 + sum(targets.values()) // 40))["opened"] for p in self.procs)
 
     @staticmethod
     def _line(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -176,3 +176,30 @@ def test_refusal_log_counts_every_refusal_and_logs_once_per_interval(caplog):
     assert logged == [True, False, False, False, False, True]
     assert counter._value.get() - before == 6
     assert "4 more since the last such message" in caplog.records[-1].getMessage()
+
+
+BASE = ["--node-id", "pl-0", "--zookeeper", "zk:2181", "--data-dir", "/tmp/x"]
+
+
+def test_grpc_server_options_carry_the_connection_limits():
+    from services.common import server
+    from services.common.config import parse_args
+    cfg = parse_args("partition_leader", BASE + ["--set", "exactly.ssl.handshake.timeout.ms=2500",
+                                                 "--set", "connections.max.idle.ms=60000",
+                                                 "--set", "max.connections=50000"])
+    options = dict(server.server_options(cfg, nofile=20000))
+    assert options["grpc.server_handshake_timeout_ms"] == 2500
+    assert options["grpc.max_connection_idle_ms"] == 60000
+    assert options["grpc.max_allowed_incoming_connections"] == 9488  # the fd budget, below max.connections
+    assert server.connection_sweeper(cfg, 1234, 20000) is None  # no per-address limit, no rate
+    cfg = parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip=10",
+                                                 "--set", "max.connections.per.ip.overrides=10.0.0.1:100"])
+    sweeper = server.connection_sweeper(cfg, 1234, 20000)
+    assert sweeper.limits.limit_for("10.0.0.1") == 100 and sweeper.limits.limit_for("10.0.0.2") == 10
+
+
+def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
+    from services.common.config import parse_args
+    with pytest.raises(SystemExit):
+        parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip.overrides=10.0.0.1"])
+    assert "max.connections.per.ip.overrides: '10.0.0.1' is not host:count" in capsys.readouterr().err
