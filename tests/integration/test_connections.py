@@ -195,6 +195,8 @@ def test_a_flood_of_idle_raw_connections_leaves_the_leader_serving_with_its_zook
     assert _refused(sec, "kafka", "ssl.handshake.timeout") - refused_before >= FLOOD_COUNT // 20
     log = (sec.dir / "logs" / "pl-0.log").read_text()
     assert "Too many open files" not in log
+    print(f"flood: {flood.opened} connections opened; a client served in {took:.2f} s; the leader held at most "
+          f"{most} descriptors of {nofile}; the same ZooKeeper session")
 
 
 def test_per_ip_override_holds_on_both_ports_and_refusals_are_counted(sec):
