@@ -15,6 +15,12 @@
   name (NOT_COORDINATOR, ...). A call that fails at the transport level (handler
   exception, abort, cancellation) is counted under `GRPC_<status>`
   (GRPC_UNKNOWN, GRPC_CANCELLED, ...).
+- `CONNECTIONS_REFUSED`, counted by services/common/connections.py (docs/design.md,
+  "Connections"):
+    exactly_connections_refused_total{listener, reason}   counter
+  `listener` is grpc or kafka, `reason` the limit's setting name (max.connections,
+  max.connections.per.ip, max.connection.creation.rate, connections.max.idle.ms) or
+  ssl.handshake.timeout / ssl.handshake.failed; every series exists from start-up.
 - `LoopCollector`: base of the collectors that read service state at scrape time. A
   scrape runs on the HTTP server's thread; the collector hops onto the asyncio loop
   that owns the state, so it never sees a half-applied change.
@@ -53,6 +59,10 @@ RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 REQUEST_DURATION = Histogram("exactly_rpc_request_duration_seconds",
                              "Server-side duration of gRPC calls, by gRPC service and method",
                              ["service", "method"], buckets=RPC_BUCKETS)
+CONNECTIONS_REFUSED = Counter(
+    "exactly_connections_refused", "Connections refused or closed by a connection limit (services/common/connections.py), "
+    "by listener (grpc, kafka) and reason (max.connections, max.connections.per.ip, max.connection.creation.rate, "
+    "connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed)", ["listener", "reason"])
 RPC_ERRORS = Counter("exactly_rpc_errors",
                      "gRPC answers carrying a Kafka error code (by its name), and calls failed at the "
                      "transport level (GRPC_<status>), by gRPC service and method",

@@ -37,7 +37,7 @@ from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import authz, limits, metrics, quotas, topic_admin
+from . import authz, connections, limits, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
@@ -429,11 +429,14 @@ def _invalid_user_name(name: str) -> str | None:
 async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     """Run one service process until SIGTERM/SIGINT (see module docstring)."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    nofile = connections.raise_nofile_limit()
+    for listener in ("grpc", "kafka"):
+        connections.declare_series(listener)
     auth_interceptor = AuthInterceptor()
     quota_interceptor = quotas.QuotaInterceptor()  # after authentication: it reads the principal
     # The guard outside authentication: an undecodable body is refused before anything reads it.
     interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor, quota_interceptor]
-    server = grpc.aio.server(options=server_options(cfg), interceptors=interceptors)
+    server = grpc.aio.server(options=server_options(cfg, nofile), interceptors=interceptors)
     registry = HandlerRegistry(server)  # the unary handlers, which tunneled calls reach too
     security = service_security(cfg)
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
@@ -458,6 +461,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     service = await setup(registry, cluster, client, cfg)
     add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
     await server.start()
+    sweeper = connection_sweeper(cfg, port, nofile)
+    sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper") if sweeper else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -469,7 +474,12 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
         apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
         kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
-                              quota_manager=quota_manager)
+                              quota_manager=quota_manager,
+                              limits=connection_limits(cfg, nofile),
+                              idle_timeout_s=cfg.get_int(connections.CONNECTIONS_MAX_IDLE_MS,
+                                                         connections.DEFAULT_IDLE_MS) / 1000,
+                              handshake_timeout_s=cfg.get_int(connections.HANDSHAKE_TIMEOUT_MS,
+                                                              connections.DEFAULT_HANDSHAKE_TIMEOUT_MS) / 1000)
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security) if security.tls else None)
     await asyncio.to_thread(cluster.register)
@@ -487,9 +497,10 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
              cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none")
     await stop.wait()
     log.info("%s %s stopping", cfg.role, cfg.node_id)
-    if watcher is not None:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+    for task in (watcher, sweeper):
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING, LIVENESS)
     if kafka is not None:
@@ -507,18 +518,58 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
             pass
 
 
-def server_options(cfg: ServiceConfig) -> list[tuple[str, int]]:
+def server_options(cfg: ServiceConfig, nofile: int | None = None) -> list[tuple[str, int]]:
     """gRPC server options: `socket.request.max.bytes` (Kafka's name, default
     104857600) is the largest request the server receives (a larger one is refused
     with RESOURCE_EXHAUSTED before it is parsed); `exactly.max.concurrent.streams`
     (default 1000) the calls in flight per connection (more wait in HTTP/2 flow
-    control, Kafka's muted channel)."""
+    control, Kafka's muted channel). Connections (docs/design.md, "Connections"):
+    grpcio's core closes a connection whose TLS handshake has not ended after
+    `exactly.ssl.handshake.timeout.ms`, one without calls for `connections.max.idle.ms`
+    (an HTTP/2 GOAWAY), and refuses any beyond `max.connections` bounded by the fd
+    budget (`nofile`: RLIMIT_NOFILE, default the current soft limit, less
+    `exactly.connections.fd.reserve`, halved between the two listeners)."""
     options = dict(CHANNEL_OPTIONS)
+    options["grpc.server_handshake_timeout_ms"] = cfg.get_int(connections.HANDSHAKE_TIMEOUT_MS,
+                                                              connections.DEFAULT_HANDSHAKE_TIMEOUT_MS)
+    options["grpc.max_connection_idle_ms"] = cfg.get_int(connections.CONNECTIONS_MAX_IDLE_MS,
+                                                         connections.DEFAULT_IDLE_MS)
+    options["grpc.max_allowed_incoming_connections"] = _connection_cap(cfg, nofile)
     options["grpc.max_receive_message_length"] = cfg.get_int(limits.REQUEST_MAX_BYTES,
                                                               limits.DEFAULT_REQUEST_MAX_BYTES)
     options["grpc.max_concurrent_streams"] = cfg.get_int(limits.MAX_CONCURRENT_STREAMS,
                                                           limits.DEFAULT_MAX_CONCURRENT_STREAMS)
     return list(options.items())
+
+
+def _connection_cap(cfg: ServiceConfig, nofile: int | None) -> int:
+    """Connections one listener may hold: max.connections within the fd budget."""
+    if nofile is None:
+        import resource
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return connections.connection_budget(nofile, cfg.get_int(connections.FD_RESERVE, connections.DEFAULT_FD_RESERVE),
+                                         cfg.get_int(connections.MAX_CONNECTIONS, connections.MAX_INT))
+
+
+def connection_limits(cfg: ServiceConfig, nofile: int) -> connections.ConnectionLimits:
+    """One listener's ConnectionLimits from max.connections (within the fd budget),
+    max.connections.per.ip, max.connections.per.ip.overrides and
+    max.connection.creation.rate."""
+    return connections.ConnectionLimits(
+        _connection_cap(cfg, nofile), cfg.get_int(connections.MAX_CONNECTIONS_PER_IP, connections.MAX_INT),
+        connections.parse_overrides(cfg.get_str(connections.MAX_CONNECTIONS_PER_IP_OVERRIDES, "")),
+        cfg.get_int(connections.MAX_CONNECTION_CREATION_RATE, connections.MAX_INT))
+
+
+def connection_sweeper(cfg: ServiceConfig, port: int, nofile: int) -> connections.GrpcConnectionSweeper | None:
+    """The gRPC port's sweeper of the per-IP and creation-rate limits; None when
+    neither is set (grpcio's core applies max.connections and the fd budget itself)."""
+    limits = connection_limits(cfg, nofile)
+    if limits.per_ip >= connections.MAX_INT and not limits.overrides and limits.rate >= connections.MAX_INT:
+        return None  # max.connections alone: grpcio's core applies it at accept
+    return connections.GrpcConnectionSweeper(
+        port, limits, connections.RefusalLog("grpc"),
+        cfg.get_int(connections.SWEEP_INTERVAL_MS, connections.DEFAULT_SWEEP_INTERVAL_MS) / 1000)
 
 
 async def _set_health(servicer, status, name: str = "") -> None:

@@ -43,6 +43,16 @@ def _principal_mapping_rules(value: str) -> str:
 PrincipalMappingRules = Annotated[str, AfterValidator(_principal_mapping_rules)]
 
 
+def _per_ip_overrides(value: str) -> str:
+    """max.connections.per.ip.overrides parse (services.common.connections.parse_overrides)."""
+    from .connections import parse_overrides
+    parse_overrides(value)
+    return value
+
+
+PerIpOverrides = Annotated[str, AfterValidator(_per_ip_overrides)]
+
+
 class ServiceSchema(SecuritySettings):
     """Settings every service process has. The security keys (SecuritySettings) set
     the process's listeners (security.protocol; ssl.certificate.location and
@@ -96,6 +106,32 @@ class ServiceSchema(SecuritySettings):
         "is refused with RESOURCE_EXHAUSTED before it is parsed.", MEDIUM, ge=1024, le=2147483647)
     max_concurrent_streams: int = setting("exactly.max.concurrent.streams", 1000, "Calls in flight per "
                                           "connection; more wait for one to finish.", LOW, ge=1)
+    connections_max_idle_ms: int = setting(
+        "connections.max.idle.ms", 600000, "A connection with no request in progress for this many ms is closed "
+        "(gRPC: an HTTP/2 GOAWAY; Kafka port: also a response left unread that long).", MEDIUM, ge=1)
+    ssl_handshake_timeout_ms: int = setting(
+        "exactly.ssl.handshake.timeout.ms", 10000, "ms a new connection may take to finish its TLS handshake "
+        "(gRPC: also the HTTP/2 preface, with or without TLS); then it is closed.", MEDIUM, ge=1)
+    max_connections: int = setting(
+        "max.connections", 2147483647, "Connections each listener (gRPC port, Kafka port) holds at once; more "
+        "are refused at accept. Never above (RLIMIT_NOFILE - exactly.connections.fd.reserve) / 2.", MEDIUM,
+        ge=1)
+    max_connections_per_ip: int = setting(
+        "max.connections.per.ip", 2147483647, "Connections one peer address holds on each listener (Kafka port: "
+        "refused at accept; gRPC port: the excess shut at the next sweep).", MEDIUM, ge=0)
+    max_connections_per_ip_overrides: PerIpOverrides = setting(
+        "max.connections.per.ip.overrides", "", "Per-address exceptions to max.connections.per.ip: "
+        "host-or-ip:count,... (a host name resolved at start).", MEDIUM)
+    max_connection_creation_rate: int = setting(
+        "max.connection.creation.rate", 2147483647, "New connections per second each listener accepts (KIP-612); "
+        "more are refused (gRPC port: shut at the next sweep).", MEDIUM, ge=0)
+    connections_fd_reserve: int = setting(
+        "exactly.connections.fd.reserve", 1024, "File descriptors kept from connections for ZooKeeper, segments, "
+        "indexes and channels: the listeners hold at most (RLIMIT_NOFILE - this) / 2 each (the soft limit is "
+        "raised to the hard one at start).", LOW, ge=0)
+    connections_sweep_interval_ms: int = setting(
+        "exactly.connections.sweep.interval.ms", 1000, "ms between the gRPC port's sweeps applying "
+        "max.connections.per.ip, its overrides and max.connection.creation.rate.", LOW, ge=10)
     max_partitions_per_topic: int = setting("max.partitions.per.topic", 10000, "Partitions one topic may have "
                                             "(CreateTopics, CreatePartitions; INVALID_PARTITIONS above).", MEDIUM,
                                             ge=1)

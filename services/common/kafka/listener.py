@@ -28,11 +28,21 @@ same function as on the gRPC port (services.common.auth.principal_from_certifica
 the parsed subject through ssl.principal.mapping.rules). A certificate that names no
 principal (several common names, no rule applies) closes the connection before any
 request is read, as a Kafka broker fails the authentication of such a connection.
+
+Connections (services.common.connections, docs/design.md "Connections"): a new
+connection is admitted by `limits` (max.connections, max.connections.per.ip and its
+overrides, max.connection.creation.rate) before its TLS handshake starts, and closed
+at once when refused; the handshake must end within `handshake_timeout_s`; a
+connection with no request for `idle_timeout_s` (connections.max.idle.ms), or whose
+response the peer does not read for that long, is closed. Each refusal and close is
+counted and logged (rate-limited) by `RefusalLog`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -41,6 +51,7 @@ from exactly_wire.error_codes import ErrorCode
 from ..auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal, principal_from_certificate
 from ..authz import Denied
 from .. import quotas as quota
+from ..connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
 
 log = logging.getLogger(__name__)
@@ -72,28 +83,91 @@ class KafkaListener:
     Produce with acks=0)."""
 
     def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 principal_rules: str = "DEFAULT", quota_manager: "quota.QuotaManager | None" = None):
+                 principal_rules: str = "DEFAULT", quota_manager: "quota.QuotaManager | None" = None,
+                 limits: ConnectionLimits | None = None,
+                 idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0):
         """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
-        `quota_manager`: the process's client quotas (None: none)."""
+        `quota_manager`: the process's client quotas (None: none); `limits`: admission of
+        new connections (default: none); `idle_timeout_s`: connections.max.idle.ms in
+        seconds; `handshake_timeout_s`: seconds a TLS handshake may take."""
         self.apis = dict(apis)
         self.quotas = quota_manager
+        self.limits = limits or ConnectionLimits()
+        self.idle_timeout_s = idle_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.refusals = RefusalLog("kafka")
+        self._ssl = None
         self.principal_mapper = PrincipalMapper(principal_rules)
         self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
         self.max_request_bytes = max_request_bytes
-        self._server: asyncio.base_events.Server | None = None
+        self._socket: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int, ssl_context=None) -> int:
-        """Bind and start accepting (TLS with `ssl_context`); returns the bound port."""
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True, ssl=ssl_context)
-        return self._server.sockets[0].getsockname()[1]
+        """Bind and start accepting (TLS with `ssl_context`, started by each connection
+        once admitted); returns the bound port."""
+        self._ssl = ssl_context
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        self._socket = socket.create_server((host, port), family=family, backlog=1024, reuse_port=False)
+        self._socket.setblocking(False)
+        self._accepting = asyncio.create_task(self._accept(), name="kafka-accept")
+        return self._socket.getsockname()[1]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.close()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _accept(self) -> None:
+        """Accept connections; admit each by `limits` before anything is read from it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, addr = await loop.sock_accept(self._socket)
+            except OSError as exc:  # EMFILE and the like: the fd reserve keeps them rare
+                log.warning("kafka listener: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            ip = addr[0] if isinstance(addr, tuple) else str(addr)
+            peer_s = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            refused = self.limits.admit(ip)
+            if refused is not None:
+                conn.close()
+                self.refusals.refused(refused, peer_s)
+                continue
+            task = asyncio.create_task(self._open(conn, ip, peer_s))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _open(self, conn: socket.socket, ip: str, peer_s: str) -> None:
+        """TLS handshake (bounded by handshake_timeout_s), then serve the connection."""
+        loop = asyncio.get_running_loop()
+        try:
+            reader = asyncio.StreamReader(limit=2 ** 16)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            started = loop.time()
+            try:
+                transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
+                    lambda: protocol, conn, ssl=self._ssl,
+                    ssl_handshake_timeout=self.handshake_timeout_s if self._ssl is not None else None),
+                    self.handshake_timeout_s + 1)
+            except (asyncio.TimeoutError, TimeoutError, ConnectionError, ssl.SSLError, OSError) as exc:
+                conn.close()
+                if loop.time() - started >= self.handshake_timeout_s * 0.99:
+                    self.refusals.refused("ssl.handshake.timeout", peer_s, f"{self.handshake_timeout_s:g} s")
+                else:
+                    self.refusals.refused("ssl.handshake.failed", peer_s, str(exc) or type(exc).__name__)
+                return
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            await self._serve(reader, writer, peer_s)
+        finally:
+            self.limits.release(ip)
 
     async def _api_versions(self, req: Any, version: int, ctx: RequestContext) -> dict:
         return {"error_code": 0, "api_keys": self.supported(), "throttle_time": 0}
@@ -102,16 +176,15 @@ class KafkaListener:
         return [{"api_key": k, "min_version": a.min_version, "max_version": a.max_version}
                 for k, a in sorted(self.apis.items())]
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._connections.add(task)
-        peer = writer.get_extra_info("peername")
-        peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer_s: str) -> None:
         try:
             current_principal.set(self._principal(writer))
             while True:
                 try:
-                    size_bytes = await reader.readexactly(4)
+                    size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
+                except (asyncio.TimeoutError, TimeoutError):
+                    self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, f"idle {self.idle_timeout_s:g} s")
+                    return
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 size = int.from_bytes(size_bytes, "big", signed=True)
@@ -122,7 +195,11 @@ class KafkaListener:
                 response, throttle_ms = await self._handle(frame, peer_s)
                 if response is not None:
                     writer.write(response)
-                    await writer.drain()
+                    try:
+                        await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
+                    except (asyncio.TimeoutError, TimeoutError):
+                        self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, "response unread")
+                        return
                 if throttle_ms > 0:  # muted: read nothing more for that long (KIP-219)
                     await asyncio.sleep(throttle_ms / 1000.0)
         except ProtocolError as exc:
@@ -133,12 +210,13 @@ class KafkaListener:
             log.warning("kafka connection from %s: SSL authentication failed: %s; closing", peer_s, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except ssl.SSLError as exc:
+            log.info("kafka connection from %s: TLS failed: %s; closing", peer_s, exc)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - one connection fails, the service goes on
             log.exception("kafka connection from %s failed; closing", peer_s)
         finally:
-            self._connections.discard(task)
             writer.close()
 
     def _principal(self, writer: asyncio.StreamWriter) -> str:

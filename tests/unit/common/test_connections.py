@@ -1,0 +1,205 @@
+"""Connection limits' pure logic (services.common.connections; docs/design.md,
+"Connections"): per-IP counting and overrides, the KIP-612 creation-rate bucket,
+the fd budget, /proc/net/tcp parsing and the gRPC sweeper's choice of connections
+to shut, the rate-limited refusal log."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import pytest
+
+from services.common import connections as c
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_per_ip_limit_counts_each_address_and_release_frees_a_place():
+    limits = c.ConnectionLimits(per_ip=2)
+    assert limits.admit("10.0.0.1") is None
+    assert limits.admit("10.0.0.1") is None
+    assert limits.admit("10.0.0.1") == c.MAX_CONNECTIONS_PER_IP
+    assert limits.admit("10.0.0.2") is None  # another address has its own count
+    limits.release("10.0.0.1")
+    assert limits.admit("10.0.0.1") is None
+    assert limits.active == 3 and limits.by_ip == {"10.0.0.1": 2, "10.0.0.2": 1}
+
+
+def test_ipv4_mapped_ipv6_counts_as_its_ipv4_address():
+    limits = c.ConnectionLimits(per_ip=1)
+    assert limits.admit("::ffff:10.0.0.1") is None
+    assert limits.admit("10.0.0.1") == c.MAX_CONNECTIONS_PER_IP
+
+
+def test_overrides_raise_or_lower_one_address():
+    limits = c.ConnectionLimits(per_ip=1, overrides=c.parse_overrides("10.0.0.9:3, [::1]:0"))
+    assert [limits.admit("10.0.0.9") for _ in range(4)] == [None, None, None, c.MAX_CONNECTIONS_PER_IP]
+    assert limits.admit("::1") == c.MAX_CONNECTIONS_PER_IP  # 0: never
+    assert limits.admit("10.0.0.8") is None
+
+
+def test_max_connections_counts_every_address():
+    limits = c.ConnectionLimits(max_connections=2)
+    assert limits.admit("10.0.0.1") is None and limits.admit("10.0.0.2") is None
+    assert limits.admit("10.0.0.3") == c.MAX_CONNECTIONS
+    limits.release("10.0.0.3")  # never admitted: nothing to release
+    assert limits.active == 2
+
+
+def test_release_of_an_unknown_address_changes_nothing():
+    limits = c.ConnectionLimits()
+    limits.release("10.0.0.1")
+    assert limits.active == 0 and limits.by_ip == {}
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.1", "10.0.0.1:x", ":5", "10.0.0.1:-1", "no-such-host.invalid:3"])
+def test_malformed_overrides_are_refused_naming_the_entry(bad):
+    with pytest.raises(ValueError, match="max.connections.per.ip.overrides"):
+        c.parse_overrides(bad)
+
+
+def test_overrides_resolve_a_host_name():
+    assert c.parse_overrides("localhost:7")["127.0.0.1"] == 7
+    assert c.parse_overrides("") == {}
+
+
+def test_creation_rate_refuses_beyond_the_rate_and_refills_with_time():
+    clock = Clock()
+    limits = c.ConnectionLimits(rate=5, clock=clock)
+    got = [limits.admit(f"10.0.0.{i}") for i in range(8)]
+    assert got.count(None) == 5 and got[5:] == [c.MAX_CONNECTION_CREATION_RATE] * 3
+    clock.t += 0.5  # 2.5 tokens
+    got = [limits.admit(f"10.0.1.{i}") for i in range(3)]
+    assert got == [None, None, c.MAX_CONNECTION_CREATION_RATE]
+    clock.t += 100  # the bucket holds one second's worth, not more
+    assert [limits.admit(f"10.0.2.{i}") for i in range(6)].count(None) == 5
+
+
+def test_a_refused_connection_spends_no_rate_token():
+    clock = Clock()
+    limits = c.ConnectionLimits(per_ip=1, rate=2, clock=clock)
+    assert limits.admit("10.0.0.1") is None
+    assert limits.admit("10.0.0.1") == c.MAX_CONNECTIONS_PER_IP
+    assert limits.admit("10.0.0.2") is None  # the second token is still there
+
+
+def test_fd_budget_halves_what_the_reserve_leaves():
+    assert c.connection_budget(20000, 1024, c.MAX_INT) == 9488
+    assert c.connection_budget(20000, 1024, 500) == 500
+    assert c.connection_budget(1000, 1024, c.MAX_INT) == 1  # never 0 or negative
+
+
+def test_raise_nofile_limit_reaches_the_hard_limit():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        assert c.raise_nofile_limit() == min(hard, 1048576)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(hard, 1048576)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 100 1 0 100 0 0 10 0
+   1: 0100007F:1F90 0200007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 201 1 0 20 4 30 10 -1
+   2: 0100007F:1F90 0300007F:D432 01 00000000:00000000 00:00000000 00000000     0        0 202 1 0 20 4 30 10 -1
+   3: 0100007F:1F91 0300007F:D433 01 00000000:00000000 00:00000000 00000000     0        0 203 1 0 20 4 30 10 -1
+   4: 0100007F:1F90 0300007F:D434 06 00000000:00000000 00:00000000 00000000     0        0 0 1 0 20 4 30 10 -1
+"""
+TCP6 = """  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:C001 01 00000000:00000000 00:00000000 00000000     0        0 301 1 0 20 4 30 10 -1
+   1: 0000000000000000FFFF00000500000A:1F90 0000000000000000FFFF00000600000A:C002 01 00000000:00000000 00:00000000 00000000     0        0 302 1 0 20 4 30 10 -1
+"""
+
+
+def test_proc_net_tcp_lists_the_ports_held_connections_with_their_peer():
+    assert c.parse_proc_net_tcp(TCP, 8080, ipv6=False) == [(201, "127.0.0.2"), (202, "127.0.0.3")]
+    assert c.parse_proc_net_tcp(TCP6, 8080, ipv6=True) == [(301, "::1"), (302, "10.0.0.6")]
+
+
+def _sweeper(**kw):
+    return c.GrpcConnectionSweeper(8080, c.ConnectionLimits(**kw), c.RefusalLog("grpc-test"), 1.0)
+
+
+def test_sweeper_keeps_admitted_connections_and_shuts_the_newest_excess():
+    sweeper = _sweeper(per_ip=2)
+    assert sweeper.plan([(10, "10.0.0.1"), (11, "10.0.0.1")]) == []
+    # Two newer connections of the same peer, one of another: the old two keep their places.
+    refused = sweeper.plan([(5, "10.0.0.1"), (10, "10.0.0.1"), (11, "10.0.0.1"), (12, "10.0.0.2")])
+    assert refused == [(5, "10.0.0.1", c.MAX_CONNECTIONS_PER_IP)]
+    # One old connection closed: the next new one takes its place.
+    assert sweeper.plan([(11, "10.0.0.1"), (12, "10.0.0.2"), (13, "10.0.0.1"), (14, "10.0.0.1")]) == \
+        [(14, "10.0.0.1", c.MAX_CONNECTIONS_PER_IP)]
+
+
+def test_sweeper_applies_the_creation_rate_to_new_connections_only():
+    sweeper = _sweeper(rate=2)
+    first = sweeper.plan([(1, "10.0.0.1"), (2, "10.0.0.2")])
+    assert first == []
+    refused = sweeper.plan([(1, "10.0.0.1"), (2, "10.0.0.2"), (3, "10.0.0.3")])
+    assert refused == [(3, "10.0.0.3", c.MAX_CONNECTION_CREATION_RATE)]  # the bucket is empty, old ones stay
+
+
+def test_shutdown_socket_ends_the_connection_and_checks_the_inode():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        inode = os.fstat(accepted.fileno()).st_ino
+        assert not c.shutdown_socket(accepted.fileno(), inode + 1)  # not that socket: left alone
+        assert c.socket_descriptors()[inode] == accepted.fileno()
+        assert c.shutdown_socket(accepted.fileno(), inode)
+        client.settimeout(5)
+        assert client.recv(1) == b""  # the peer sees the end
+        accepted.fileno()  # the descriptor is still the owner's
+    finally:
+        for s in (client, accepted, server):
+            s.close()
+
+
+def test_refusal_log_counts_every_refusal_and_logs_once_per_interval(caplog):
+    clock = Clock()
+    refusals = c.RefusalLog("kafka-test", interval_s=10, clock=clock)
+    counter = c.REFUSED.labels("kafka-test", c.MAX_CONNECTIONS_PER_IP)
+    before = counter._value.get()
+    with caplog.at_level(logging.WARNING, logger=c.__name__):
+        logged = [refusals.refused(c.MAX_CONNECTIONS_PER_IP, "10.0.0.1:1") for _ in range(5)]
+        clock.t += 11
+        logged.append(refusals.refused(c.MAX_CONNECTIONS_PER_IP, "10.0.0.1:2"))
+    assert logged == [True, False, False, False, False, True]
+    assert counter._value.get() - before == 6
+    assert "4 more since the last such message" in caplog.records[-1].getMessage()
+
+
+BASE = ["--node-id", "pl-0", "--zookeeper", "zk:2181", "--data-dir", "/tmp/x"]
+
+
+def test_grpc_server_options_carry_the_connection_limits():
+    from services.common import server
+    from services.common.config import parse_args
+    cfg = parse_args("partition_leader", BASE + ["--set", "exactly.ssl.handshake.timeout.ms=2500",
+                                                 "--set", "connections.max.idle.ms=60000",
+                                                 "--set", "max.connections=50000"])
+    options = dict(server.server_options(cfg, nofile=20000))
+    assert options["grpc.server_handshake_timeout_ms"] == 2500
+    assert options["grpc.max_connection_idle_ms"] == 60000
+    assert options["grpc.max_allowed_incoming_connections"] == 9488  # the fd budget, below max.connections
+    assert server.connection_sweeper(cfg, 1234, 20000) is None  # no per-address limit, no rate
+    cfg = parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip=10",
+                                                 "--set", "max.connections.per.ip.overrides=10.0.0.1:100"])
+    sweeper = server.connection_sweeper(cfg, 1234, 20000)
+    assert sweeper.limits.limit_for("10.0.0.1") == 100 and sweeper.limits.limit_for("10.0.0.2") == 10
+
+
+def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
+    from services.common.config import parse_args
+    with pytest.raises(SystemExit):
+        parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip.overrides=10.0.0.1"])
+    assert "max.connections.per.ip.overrides: '10.0.0.1' is not host:count" in capsys.readouterr().err
