@@ -21,6 +21,9 @@ scrape time on the event loop, so the produce path pays nothing for them:
     exactly_partition_under_min_isr           1 when the ISR is below min.insync.replicas
                                               (acks=all produces and markers fail)
 
+exactly_purgatory_size: requests parked in the purgatory (delayed Fetch and Produce
+waiting for data, the high watermark or their deadline; Kafka's PurgatorySize).
+
 Gauges per hosted replica, leader or follower (labels topic, partition; the
 `instance` label tells the process), so that disk use shows on every replica:
 
@@ -109,6 +112,9 @@ class PartitionCollector(LoopCollector):
         under_min = gauge("exactly_partition_under_min_isr", "1 when the ISR is smaller than min.insync.replicas")
         log_start = gauge("exactly_partition_log_start_offset", "Log start offset of the replica")
         size = gauge("exactly_partition_log_size_bytes", "Bytes of the replica's log segments")
+        parked = GaugeMetricFamily("exactly_purgatory_size", "Requests parked in the purgatory (delayed "
+                                   "Fetch and Produce, as Kafka's PurgatorySize)")
+        parked.add_metric([], sum(len(m.purgatory) for m in managers))
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         for manager in managers:
@@ -138,7 +144,7 @@ class PartitionCollector(LoopCollector):
                 size.add(*row, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
-        return [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
+        return [parked] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
                                    under_min, log_start, size)]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:
