@@ -160,7 +160,7 @@ def _start_prometheus(cluster, directory: pathlib.Path) -> PrometheusServer:
 
 
 # The dashboards' per-topic panels and the alerts' topic labels need the topic names:
-# metrics.topic.labels=true (off by default; README, "Metrics and topic names").
+# metrics.topic.labels=true (off by default; docs/design.md, "Metrics and topic names").
 TOPIC_LABELS = {"metrics.topic.labels": "true"}
 
 
