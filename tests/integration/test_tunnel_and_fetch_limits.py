@@ -22,6 +22,7 @@ import uuid
 import grpc
 import pytest
 
+from bench.common import rss_bytes
 from exactly import AclBinding, AdminClient, NewTopic
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
@@ -39,15 +40,6 @@ pytestmark = pytest.mark.integration
 MB = 1 << 20
 FETCH = method_path("PartitionLeader", "Fetch")
 IN_FLIGHT = 16
-
-
-def rss_bytes(pid: int) -> int:
-    """VmRSS of process `pid` (bytes), from /proc/<pid>/status."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def scrape(address: str) -> str:
