@@ -10,7 +10,8 @@ Describe) happens in the servicers through `visible`.
 
 Inter-service calls (replica fetch, OffsetForLeaderEpoch of a replica,
 WriteTxnMarkers, a coordinator's appends to its internal topic, verification of a
-transaction) need ClusterAction on the Cluster; a replica fetch must moreover come
+transaction, and opening a `Tunnel/Calls` stream at all) need ClusterAction on the
+Cluster; a replica fetch must moreover come
 from the principal of the replica it names (`User:<node id>`), so nobody can stand in
 for a follower and advance the high watermark without replication.
 """
@@ -158,6 +159,9 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "PartitionLeader/OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "PartitionLeader/DescribeProducers": lambda r, p: _topics((t.topic for t in r.topics), Op.READ),
     "PartitionLeader/DeleteRecords": lambda r, p: _topics((t.name for t in r.topics), Op.DELETE),
+    # The tunnel carries the services' calls to each other only (services/common/tunnel.py):
+    # a stream is admitted (its `Open` pseudo-call) with ClusterAction on the Cluster.
+    "Tunnel/Open": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
     # Transaction coordinator
     "TransactionCoordinator/InitProducerId": _init_producer_id,
     "TransactionCoordinator/AddPartitionsToTxn": _add_partitions,

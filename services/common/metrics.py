@@ -29,6 +29,14 @@
   of a coordinator process: owned partitions of its internal topic (kind txn:
   `__transaction_state`, group: `__consumer_offsets`) by state, `loading` (not
   answering yet: COORDINATOR_LOAD_IN_PROGRESS) or `serving`; both states exported.
+- Topic labels (`topic_label`, `TopicRows`): /metrics is read by whoever can reach the
+  port, and topic names are the tenants' own (Metadata shows each principal only the
+  topics it may Describe). So unless `metrics.topic.labels=true` (`set_topic_labels`,
+  set by `server.serve()`), a user topic's series carry topic="(hidden)" and no
+  partition: the series of all user topics of the process are summed into one (the
+  maximum for ages and lags), so totals, rates and alerts keep working without
+  naming a topic. The internal topics (`__transaction_state`, `__consumer_offsets`)
+  keep their names. docs/design.md, "Metrics and topic names".
 """
 from __future__ import annotations
 
@@ -49,9 +57,52 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exactly_wire.error_codes import ErrorCode
 
+from .cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+
 log = logging.getLogger(__name__)
 
 disable_created_metrics()  # no `*_created` series: Prometheus does not need them
+
+HIDDEN_TOPIC = "(hidden)"
+INTERNAL_TOPICS = frozenset((TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC))
+_topic_labels = False
+
+
+def set_topic_labels(enabled: bool) -> None:
+    """`metrics.topic.labels`: export user topic names as labels (module docstring)."""
+    global _topic_labels
+    _topic_labels = bool(enabled)
+
+
+def topic_label(topic: str) -> str:
+    """The `topic` label value of `topic`: its name when `metrics.topic.labels` is on
+    or it is an internal topic, else HIDDEN_TOPIC."""
+    return topic if _topic_labels or topic in INTERNAL_TOPICS else HIDDEN_TOPIC
+
+
+class TopicRows:
+    """Rows of one gauge family whose labels include `topic` (and maybe `partition`),
+    merged when the topic is hidden (module docstring): `add(prefix, topic, partition,
+    value)` with `partition` None for a family without one; `merge` combines the
+    values of hidden rows (sum, or max for ages and lags)."""
+
+    def __init__(self, family: GaugeMetricFamily, merge: Callable[[float, float], float] = lambda a, b: a + b):
+        self.family = family
+        self.merge = merge
+        self.rows: dict[tuple[str, ...], float] = {}
+
+    def add(self, prefix: Sequence[str], topic: str, partition: int | None, value: float) -> None:
+        label = topic_label(topic)
+        key = (*prefix, label) if partition is None else \
+            (*prefix, label, str(partition) if label == topic else "")
+        old = self.rows.get(key)
+        self.rows[key] = value if old is None else self.merge(old, value)
+
+    def done(self) -> GaugeMetricFamily:
+        for labels, value in self.rows.items():
+            self.family.add_metric(list(labels), value)
+        return self.family
+
 
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                1, 2.5, 5, 10, 30)

@@ -45,7 +45,7 @@ from .auth import ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, current_p
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
-from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
+from .tunnel import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_QUEUED, HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from .kafka.cluster_api import ClusterApis
 from .kafka import surface as kafka_surface
 from .kafka.listener import KafkaListener
@@ -442,6 +442,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
         else server.add_insecure_port(bind)
+    metrics.set_topic_labels(cfg.get_bool("metrics.topic.labels", False))
     metrics_server = _start_metrics(cfg)
     _declare_rpc_series(cfg.role)
     cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
@@ -459,7 +460,10 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
     service = await setup(registry, cluster, client, cfg)
-    add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
+    add_tunnel_to_server(TunnelServicer(registry, interceptors,
+                                        cfg.get_int("exactly.tunnel.max.in.flight.calls", DEFAULT_MAX_IN_FLIGHT),
+                                        cfg.get_int("exactly.tunnel.max.queued.replies", DEFAULT_MAX_QUEUED)),
+                         server)
     await server.start()
     sweeper = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper") if sweeper else None

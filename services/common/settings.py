@@ -132,6 +132,17 @@ class ServiceSchema(SecuritySettings):
     connections_sweep_interval_ms: int = setting(
         "exactly.connections.sweep.interval.ms", 1000, "ms between the gRPC port's sweeps applying "
         "max.connections.per.ip, its overrides and max.connection.creation.rate.", LOW, ge=10)
+    tunnel_max_in_flight_calls: int = setting(
+        "exactly.tunnel.max.in.flight.calls", 500, "Calls of one Tunnel/Calls stream (the services' calls to "
+        "each other) read and not yet answered; the stream reads no further call meanwhile (back-pressure).",
+        LOW, ge=1)
+    tunnel_max_queued_replies: int = setting(
+        "exactly.tunnel.max.queued.replies", 64, "Replies of one Tunnel/Calls stream waiting to be sent at which "
+        "the stream stops reading calls until the peer takes them.", LOW, ge=1)
+    metrics_topic_labels: Bool = setting(
+        "metrics.topic.labels", False, "Export user topic names as `topic` labels on /metrics (per-topic "
+        "dashboard panels need it). false: each user topic's series are summed (max for ages and lags) under "
+        "topic=\"(hidden)\"; the internal topics keep their names.", MEDIUM)
     max_partitions_per_topic: int = setting("max.partitions.per.topic", 10000, "Partitions one topic may have "
                                             "(CreateTopics, CreatePartitions; INVALID_PARTITIONS above).", MEDIUM,
                                             ge=1)
@@ -195,6 +206,15 @@ class PartitionLeaderSchema(ServiceSchema):
         "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id expiration scans.", LOW, ge=1)
     replica_lag_time_max_ms: int = setting("replica.lag.time.max.ms", 10000, "A follower not caught up for this "
                                            "many ms leaves the ISR.", MEDIUM, ge=1)
+    fetch_max_wait_ms: int = setting(
+        "fetch.max.wait.ms", 30000, "Largest max_wait_ms a consumer's Fetch may ask (the consumer setting of the "
+        "same name; as fetch.max.bytes caps a fetch's size, KIP-541): a longer wait is cut to this many ms.",
+        MEDIUM, ge=0)
+    fetch_max_parked_per_principal: int = setting(
+        "exactly.fetch.max.parked.per.principal", 1000, "Consumer Fetches one principal may have waiting "
+        "for data on a partition leader (per connection for User:ANONYMOUS); a Fetch beyond it is answered at "
+        "once with what is there, as if its max_wait_ms were 0. Followers' fetches are not counted.", MEDIUM,
+        ge=0)
     replica_fetch_wait_max_ms: int = setting("replica.fetch.wait.max.ms", 500, "ms a follower's fetch waits "
                                              "for new data.", LOW, ge=0)
     replica_fetch_max_bytes: int = setting("replica.fetch.max.bytes", 1048576, "Bytes per partition per "

@@ -12,6 +12,22 @@ direct call would, with a per-call context (`TunneledContext`) whose metadata an
 peer certificate are the stream's. Calls run concurrently; replies go back in the
 order they finish, matched by `correlation_id`.
 
+The tunnel is for the services' own calls to each other (replica fetches, a
+coordinator's appends, transaction markers and verification); the SDK and the
+Kafka port never use it. So (docs/design.md, "Tunnel and fetch limits"):
+
+- the stream is admitted only for a principal holding ClusterAction on the Cluster
+  (the service principals; super users pass too): before the stream's first message
+  is read, an `Open` pseudo-call (`OPEN_METHOD`, no request body) runs through the
+  same interceptors, so authentication and the authorizer's rule for `Tunnel/Open`
+  (services.common.authz) decide, and a refusal ends the stream with the refusal's
+  status (PERMISSION_DENIED, CLUSTER_AUTHORIZATION_FAILED) before anything of it is
+  read. With the authorizer off everyone is admitted, as for every call;
+- at most `max_in_flight` calls of one stream are in flight (read and not yet
+  answered), and while `max_queued` replies wait to be sent the stream reads no
+  further call: HTTP/2 flow control then holds the sender (back-pressure), so
+  memory per stream is bounded by the calls in flight whatever the peer does.
+
 Client side (`TunnelChannel`): `call(method, request, response_class, timeout_s)`
 opens the stream on first use, sends the call, and waits for its reply. A broken
 stream fails every call in flight with UNAVAILABLE (`TunnelError`, a
@@ -42,6 +58,11 @@ def method_path(service: str, method: str) -> str:
 
 
 TUNNEL_METHOD = method_path("Tunnel", "Calls")
+# The admission check of a stream, as the interceptors see it (a method the proto
+# does not have, so no real call can name it or collide with its cached handlers).
+OPEN_METHOD = "/exactly.v1.Tunnel/Open"
+DEFAULT_MAX_IN_FLIGHT = 500
+DEFAULT_MAX_QUEUED = 64
 
 
 class TunnelError(grpc.RpcError):
@@ -145,20 +166,34 @@ class HandlerRegistry:
         return getattr(self._server, name)
 
 
+async def _admitted(request, context) -> pb.TunneledReply:
+    return pb.TunneledReply()
+
+
+_OPEN_HANDLER = grpc.unary_unary_rpc_method_handler(_admitted)
+
+
 class TunnelServicer(pbg.TunnelServicer):
     """Serves `Tunnel/Calls` (module docstring): each call through `interceptors`
-    (the server's, outermost first) to the unary handler `registry` has for it."""
+    (the server's, outermost first) to the unary handler `registry` has for it.
+    max_in_flight: calls of one stream read and not yet answered (>= 1);
+    max_queued: replies waiting to be sent at which the stream stops reading (>= 1)."""
 
-    def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor]):
+    def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor],
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED):
         self._registry = registry
         self._interceptors = list(interceptors)
         self._resolved: dict[str, grpc.RpcMethodHandler | None] = {}
+        self.max_in_flight = max(int(max_in_flight), 1)
+        self.max_queued = max(int(max_queued), 1)
 
     async def _handler(self, method: str, metadata) -> grpc.RpcMethodHandler | None:
         if method in self._resolved:
             return self._resolved[method]
 
         async def innermost(details):
+            if details.method == OPEN_METHOD:
+                return _OPEN_HANDLER
             return self._registry.handlers.get(details.method)
 
         continuation: Callable = innermost
@@ -172,7 +207,7 @@ class TunnelServicer(pbg.TunnelServicer):
 
     async def _one(self, call: pb.TunneledCall, stream: grpc.aio.ServicerContext) -> pb.TunneledReply:
         reply = pb.TunneledReply(correlation_id=call.correlation_id)
-        if call.method == TUNNEL_METHOD:
+        if call.method in (TUNNEL_METHOD, OPEN_METHOD):
             reply.status_code, reply.status_details = grpc.StatusCode.INVALID_ARGUMENT.value[0], \
                 "INVALID_REQUEST: the tunnel does not carry itself"
             return reply
@@ -191,23 +226,57 @@ class TunnelServicer(pbg.TunnelServicer):
             reply.status_code, reply.status_details = code.value[0], context.details()
         return reply
 
+    async def admit(self, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
+        """Run the `Open` pseudo-call of a new stream through the interceptors (module
+        docstring): None when admitted, else the refusal's (status, details)."""
+        handler = await self._handler(OPEN_METHOD, context.invocation_metadata())
+        call_context = TunneledContext(context)
+        try:
+            await handler.unary_unary(pb.TunneledCall(), call_context)
+        except grpc.aio.AbortError:
+            return call_context.code() or grpc.StatusCode.UNKNOWN, call_context.details()
+        return None
+
     async def Calls(self, request_iterator, context):
+        refused = await self.admit(context)
+        if refused is not None:
+            log.info("tunnel stream from %s refused: %s %s", context.peer(), refused[0].name, refused[1])
+            await context.abort(*refused)
         replies: asyncio.Queue = asyncio.Queue()
         running: set[asyncio.Task] = set()
+        # A slot per call from its read until its reply is handed to gRPC; `drained`
+        # is set while fewer than max_queued replies wait to be sent.
+        slots = asyncio.Semaphore(self.max_in_flight)
+        drained = asyncio.Event()
+        drained.set()
         done = object()
+
+        def put(reply) -> None:
+            replies.put_nowait(reply)
+            if replies.qsize() >= self.max_queued:
+                drained.clear()
 
         async def answer(call: pb.TunneledCall | _Undecodable) -> None:
             if isinstance(call, _Undecodable):
                 # No correlation id to answer under: 0, and the stream serves on.
-                replies.put_nowait(pb.TunneledReply(
+                put(pb.TunneledReply(
                     correlation_id=0, status_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                     status_details=f"INVALID_REQUEST: not a valid TunneledCall encoding: {call.error}"[:1000]))
                 return
-            replies.put_nowait(await self._one(call, context))
+            put(await self._one(call, context))
 
         async def read() -> None:
             try:
-                async for call in request_iterator:
+                while True:
+                    # Back-pressure: no further call is read while the replies wait or
+                    # the stream has max_in_flight calls (the sender's window fills).
+                    await drained.wait()
+                    await slots.acquire()
+                    try:
+                        call = await request_iterator.__anext__()
+                    except StopAsyncIteration:
+                        slots.release()
+                        break
                     task = asyncio.create_task(answer(call))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -219,7 +288,10 @@ class TunnelServicer(pbg.TunnelServicer):
         reader = asyncio.create_task(read())
         try:
             while (reply := await replies.get()) is not done:
+                if replies.qsize() < self.max_queued:
+                    drained.set()
                 yield reply
+                slots.release()
         finally:
             reader.cancel()
             for task in list(running):
@@ -338,4 +410,4 @@ class TunnelChannel:
             await asyncio.gather(reader, return_exceptions=True)
 
 
-__all__ = ["add_tunnel_to_server", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
+__all__ = ["add_tunnel_to_server", "OPEN_METHOD", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]

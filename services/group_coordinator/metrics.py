@@ -10,6 +10,8 @@ dashboard deploy/grafana/services.json reads them:
   next offset the group consumes) of every partition with one;
 - exactly_group_lag_offsets{group, topic, partition}: last stable offset (LSO) minus
   the committed offset (0 at least): what a read_committed member still has to read.
+  Without `metrics.topic.labels=true` both are summed per group over the user topics
+  under topic="(hidden)" and no partition (services/common/metrics.py, "Topic labels").
   The LSO is the last one known: each scrape starts a refresh (ListOffsets -3 to the
   partitions' leaders, at most one at a time and at most once per
   `LAG_REFRESH_MIN_INTERVAL_S`) and reports what the previous refresh found, so the
@@ -34,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.metrics import LoopCollector, coordinator_partitions
+from services.common.metrics import LoopCollector, TopicRows, coordinator_partitions
 
 from .group import GroupState
 
@@ -77,12 +79,12 @@ class GroupCollector(LoopCollector):
         members = GaugeMetricFamily("exactly_group_members", "Members of the consumer groups")
         pending = GaugeMetricFamily("exactly_group_pending_txn_offsets",
                                     "Transactional offsets waiting for their transaction marker")
-        committed = GaugeMetricFamily("exactly_group_committed_offset",
-                                      "Committed offset of the group on the partition",
-                                      labels=["group", "topic", "partition"])
-        lag = GaugeMetricFamily("exactly_group_lag_offsets",
-                                "Last stable offset minus the committed offset, in offsets (last known LSO)",
-                                labels=["group", "topic", "partition"])
+        committed = TopicRows(GaugeMetricFamily("exactly_group_committed_offset",
+                                                "Committed offset of the group on the partition",
+                                                labels=["group", "topic", "partition"]))
+        lag = TopicRows(GaugeMetricFamily("exactly_group_lag_offsets",
+                                          "Last stable offset minus the committed offset, in offsets (last known "
+                                          "LSO)", labels=["group", "topic", "partition"]))
         by_state: dict[str, int] = {state.value: 0 for state in GroupState}
         n_members = n_pending = 0
         wanted: dict[TopicPartition, Any] = {}
@@ -93,12 +95,11 @@ class GroupCollector(LoopCollector):
             n_members += stats.members
             n_pending += stats.pending_txn_offsets
             for (group, tp), offset in sorted(committed_offsets(coordinator).items()):
-                labels = [group, tp[0], str(tp[1])]
-                committed.add_metric(labels, offset)
+                committed.add((group,), tp[0], tp[1], offset)
                 wanted[TopicPartition(*tp)] = coordinator.client
                 lso = self.last_stable.get(TopicPartition(*tp))
                 if lso is not None:
-                    lag.add_metric(labels, max(lso - offset, 0))
+                    lag.add((group,), tp[0], tp[1], max(lso - offset, 0))
         for state, count in sorted(by_state.items()):
             groups.add_metric([state], count)
         members.add_metric([], n_members)
@@ -106,7 +107,7 @@ class GroupCollector(LoopCollector):
         for tp in set(self.last_stable) - set(wanted):
             del self.last_stable[tp]
         self._maybe_refresh(wanted)
-        return [groups, members, pending, committed, lag, coordinator_partitions("group", coordinators)]
+        return [groups, members, pending, committed.done(), lag.done(), coordinator_partitions("group", coordinators)]
 
     def _maybe_refresh(self, wanted: dict[TopicPartition, Any]) -> None:
         """Start a refresh of the LSOs of `wanted` ({partition: client with

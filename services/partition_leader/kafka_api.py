@@ -47,6 +47,19 @@ def _grpc_timestamp(kafka_timestamp: int) -> int | None:
     return None
 
 
+class _Connection:
+    """The servicer context of a Kafka-port call, as far as Fetch reads it: the peer
+    (`peer()`), whose parked fetches are counted together for User:ANONYMOUS."""
+
+    __slots__ = ("_peer",)
+
+    def __init__(self, peer: str):
+        self._peer = peer
+
+    def peer(self) -> str:
+        return f"kafka {self._peer}"
+
+
 class PartitionLeaderApis:
     def __init__(self, servicer: Any):
         self.servicer = servicer
@@ -88,7 +101,7 @@ class PartitionLeaderApis:
                                                         partition_max_bytes=p.partition_max_bytes,
                                                         current_leader_epoch=field(p, "current_leader_epoch", -1))
                                       for p in t.partitions]) for t in req.topics])
-        resp = await self.servicer.Fetch(request, None)
+        resp = await self.servicer.Fetch(request, _Connection(ctx.peer))
         return {"throttle_time": 0, "error_code": resp.error_code, "session_id": 0, "responses": [
             {"topic": t.topic, "partitions": [
                 {"partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,

@@ -21,6 +21,9 @@ scrape time on the event loop, so the produce path pays nothing for them:
     exactly_partition_under_min_isr           1 when the ISR is below min.insync.replicas
                                               (acks=all produces and markers fail)
 
+exactly_purgatory_size: requests parked in the purgatory (delayed Fetch and Produce
+waiting for data, the high watermark or their deadline; Kafka's PurgatorySize).
+
 Gauges per hosted replica, leader or follower (labels topic, partition; the
 `instance` label tells the process), so that disk use shows on every replica:
 
@@ -47,6 +50,11 @@ not readable).
 Counters by topic, on the request path: exactly_produce_bytes_total and
 exactly_produce_records_total (batches appended), exactly_fetch_bytes_total and
 exactly_fetch_records_total (batches returned by Fetch, control batches included).
+
+User topic names are labels only with `metrics.topic.labels=true`; otherwise the
+series of all user topics are one, topic="(hidden)" without a partition, summed
+(max for the lag and the transaction age): services/common/metrics.py, "Topic
+labels".
 RPC latency and error codes are recorded for every service by
 services/common/metrics.py.
 """
@@ -64,7 +72,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from services.common.cluster import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
                                      TopicInfo)
-from services.common.metrics import LoopCollector
+from services.common.metrics import LoopCollector, TopicRows, topic_label
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +90,19 @@ class PartitionCollector(LoopCollector):
         self._txn_starts: dict[tuple[str, int], dict[int, int]] = {}
 
     def families(self, managers: Sequence[Any]) -> list[GaugeMetricFamily]:
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=_LABELS)
+        def gauge(name: str, doc: str, merge=None) -> TopicRows:
+            family = GaugeMetricFamily(name, doc, labels=_LABELS)
+            return TopicRows(family) if merge is None else TopicRows(family, merge)
 
         hw = gauge("exactly_partition_high_watermark", "High watermark per partition (offset)")
         lso = gauge("exactly_partition_last_stable_offset", "Last stable offset (LSO) per partition")
-        lag = gauge("exactly_partition_lso_lag_offsets", "High watermark minus LSO per partition, in offsets")
+        lag = gauge("exactly_partition_lso_lag_offsets", "High watermark minus LSO per partition, in offsets", max)
         leo = gauge("exactly_partition_log_end_offset", "Log end offset per partition")
         pids = gauge("exactly_partition_live_producer_ids", "Producer ids (PIDs) with state on the partition")
         ongoing = gauge("exactly_partition_ongoing_transactions",
                         "Transactions with data on the partition and no COMMIT/ABORT marker yet")
         oldest = gauge("exactly_partition_oldest_open_transaction_age_seconds",
-                       "Age of the oldest open transaction on the partition, in seconds (0: none)")
+                       "Age of the oldest open transaction on the partition, in seconds (0: none)", max)
         aborted = gauge("exactly_partition_aborted_index_entries",
                         "Entries of the partition's aborted-transaction indexes")
         replicas = gauge("exactly_partition_replicas", "Assigned replicas of the partition (replication factor)")
@@ -103,37 +112,40 @@ class PartitionCollector(LoopCollector):
         under_min = gauge("exactly_partition_under_min_isr", "1 when the ISR is smaller than min.insync.replicas")
         log_start = gauge("exactly_partition_log_start_offset", "Log start offset of the replica")
         size = gauge("exactly_partition_log_size_bytes", "Bytes of the replica's log segments")
+        parked = GaugeMetricFamily("exactly_purgatory_size", "Requests parked in the purgatory (delayed "
+                                   "Fetch and Produce, as Kafka's PurgatorySize)")
+        parked.add_metric([], sum(len(m.purgatory) for m in managers))
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         for manager in managers:
             for p in list(manager.partitions.values()):
                 key = (p.topic, p.partition)
                 seen.add(key)
-                labels = [p.topic, str(p.partition)]
+                row = ((), p.topic, p.partition)
                 high, stable = p.high_watermark, p.last_stable_offset
-                hw.add_metric(labels, high)
-                lso.add_metric(labels, stable)
-                lag.add_metric(labels, max(high - stable, 0))
-                leo.add_metric(labels, p.log_end_offset)
-                pids.add_metric(labels, len(p.producers.producers))
-                ongoing.add_metric(labels, len(p.producers.ongoing))
+                hw.add(*row, high)
+                lso.add(*row, stable)
+                lag.add(*row, max(high - stable, 0))
+                leo.add(*row, p.log_end_offset)
+                pids.add(*row, len(p.producers.producers))
+                ongoing.add(*row, len(p.producers.ongoing))
                 start = self._oldest_start_ms(key, p, now)
-                oldest.add_metric(labels, 0.0 if start is None else max(now - start, 0) / 1000)
-                aborted.add_metric(labels, sum(len(seg.aborted) for seg in p.log.segments))
+                oldest.add(*row, 0.0 if start is None else max(now - start, 0) / 1000)
+                aborted.add(*row, sum(len(seg.aborted) for seg in p.log.segments))
                 n_isr, n_replicas, min_isr = len(p.isr), len(p.replicas), p.min_insync_replicas
-                replicas.add_metric(labels, n_replicas)
-                isr.add_metric(labels, n_isr)
-                under.add_metric(labels, int(n_isr < n_replicas))
-                at_min.add_metric(labels, int(n_isr == min_isr))
-                under_min.add_metric(labels, int(n_isr < min_isr))
+                replicas.add(*row, n_replicas)
+                isr.add(*row, n_isr)
+                under.add(*row, int(n_isr < n_replicas))
+                at_min.add(*row, int(n_isr == min_isr))
+                under_min.add(*row, int(n_isr < min_isr))
             for p in manager:  # every hosted replica, followers included
-                labels = [p.topic, str(p.partition)]
-                log_start.add_metric(labels, p.log_start_offset)
-                size.add_metric(labels, sum(seg.size for seg in list(p.log.segments)))
+                row = ((), p.topic, p.partition)
+                log_start.add(*row, p.log_start_offset)
+                size.add(*row, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
-        return [hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min, under_min,
-                log_start, size]
+        return [parked] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
+                                   under_min, log_start, size)]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:
         """Start (ms) of the partition's oldest ongoing transaction, None without one.
@@ -232,8 +244,10 @@ class ClusterCollector:
             for role, n in sorted(by_role.items()):
                 nodes.add_metric([role], n)
             leaders = [n for n, info in live.items() if info.role == PARTITION_LEADER]
+            offline_rows = TopicRows(offline)
             for topic, n in sorted(offline_partitions(topics.values(), leaders).items()):
-                offline.add_metric([topic], n)
+                offline_rows.add((), topic, None, n)
+            offline_rows.done()
             for kind, n in sorted(self._unavailable_coordinators(cluster, topics, live).items()):
                 unavailable.add_metric([kind], n)
         except Exception:  # noqa: BLE001 - a ZooKeeper hiccup must not fail the whole scrape
@@ -273,13 +287,15 @@ FETCH_RECORDS = Counter("exactly_fetch_records", "Records in the batches returne
 
 def count_produced(topic: str, batch: bytes) -> None:
     """Count one appended record batch (raw bytes) of `topic`."""
-    PRODUCE_BYTES.labels(topic).inc(len(batch))
-    PRODUCE_RECORDS.labels(topic).inc(records.parse_header(batch).record_count)
+    label = topic_label(topic)
+    PRODUCE_BYTES.labels(label).inc(len(batch))
+    PRODUCE_RECORDS.labels(label).inc(records.parse_header(batch).record_count)
 
 
 def count_fetched(topic: str, data: bytes) -> None:
     """Count the whole record batches `data` returned by a Fetch of `topic`."""
     if not data:
         return
-    FETCH_BYTES.labels(topic).inc(len(data))
-    FETCH_RECORDS.labels(topic).inc(sum(h.record_count for _, h in records.iter_batches(data)))
+    label = topic_label(topic)
+    FETCH_BYTES.labels(label).inc(len(data))
+    FETCH_RECORDS.labels(label).inc(sum(h.record_count for _, h in records.iter_batches(data)))

@@ -31,9 +31,10 @@ import asyncio
 import logging
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
+from typing import Awaitable, Callable, Hashable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
 
 from exactly_wire import records
 from exactly_wire.clock import wall_clock_ms
@@ -47,7 +48,7 @@ from services.common.verification import Verifier
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import (ACKS_ALL, READ_COMMITTED, AppendResult, FetchResult, MarkerResult, Partition,
                         PartitionConfig, ReplicaFetchResult)
-from .purgatory import Purgatory
+from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory, Watch
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,22 @@ def _state(topic_info, partition: int):
     return _State(replicas[0] if replicas else None, 0, replicas)
 
 
+DEFAULT_FETCH_MAX_WAIT_MS = 30000
+DEFAULT_MAX_PARKED_FETCHES = 1000
+
+
+def _int_prop(props: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(props.get(key, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def positions(p: Partition) -> dict[str, int]:
+    """The positions of `p` that parked watches wait on (purgatory.Watch)."""
+    return {LOG_END: p.log_end_offset, HIGH_WATERMARK: p.high_watermark, LAST_STABLE: p.last_stable_offset}
+
+
 class ReplicaManager:
     """Open replicas by (topic, partition).
 
@@ -178,7 +195,10 @@ class ReplicaManager:
         self.is_live: Callable[[str], bool] = lambda node_id: True  # registered in ZooKeeper
         # Requests waiting for events on a partition (see purgatory.py); the service
         # notifies it on appends, markers, high-watermark, ISR and leadership changes.
-        self.purgatory = Purgatory(monotonic_s)
+        self.purgatory = Purgatory(monotonic_s, max_parked_per_owner=_int_prop(
+            self.props, "exactly.fetch.max.parked.per.principal", DEFAULT_MAX_PARKED_FETCHES))
+        # The longest a consumer's Fetch may wait (`fetch.max.wait.ms`, ms).
+        self.fetch_max_wait_ms = _int_prop(self.props, "fetch.max.wait.ms", DEFAULT_FETCH_MAX_WAIT_MS)
         # Leadership confirmation before acknowledging writes; None: always confirmed.
         self.leases: Leases | None = None
         # The transaction coordinators' port: verification (KIP-890 part 1) of client
@@ -450,7 +470,8 @@ class ReplicaManager:
             if p.high_watermark > last_offset:
                 return ErrorCode.NONE if len(p.isr) >= p.min_insync_replicas \
                     else ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-            if not await self.purgatory.wait((tp,), deadline) and self.purgatory.clock() >= deadline:
+            if not await self.purgatory.wait((Watch(tp, HIGH_WATERMARK, last_offset),), deadline) \
+                    and self.purgatory.clock() >= deadline:
                 return ErrorCode.REQUEST_TIMED_OUT
 
     async def _complete(self, p: Partition, epoch: int, acks: int, last_offset: int, deadline: float) -> ErrorCode:
@@ -597,7 +618,7 @@ class ReplicaManager:
                 break
         if res.error == ErrorCode.NONE:
             self.on_appended(e.topic, e.records)
-            self.purgatory.notify((e.topic, e.partition))
+            self.purgatory.notify((e.topic, e.partition), positions(p))
         if res.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
             return res, p, epoch
         return res
@@ -728,15 +749,15 @@ class ReplicaManager:
         if res is None:
             return MarkerResult(err)
         if res.error == ErrorCode.NONE:
-            self.purgatory.notify((topic, partition))
+            self.purgatory.notify((topic, partition), positions(p))
             err = await self._complete(p, epoch, ACKS_ALL, res.offset, deadline)
             if err != ErrorCode.NONE:
                 res = res._replace(error=err, message="")
         return res
 
     async def fetch_messages(self, entries: Sequence[FetchEntry], *, max_wait_ms: int = 0, min_bytes: int = 1,
-                             max_bytes: int = 0, isolation_level: int = 0,
-                             replica_id: str = "") -> list[FetchResult | ReplicaFetchResult]:
+                             max_bytes: int = 0, isolation_level: int = 0, replica_id: str = "",
+                             owner: Hashable | None = None) -> list[FetchResult | ReplicaFetchResult]:
         """Fetch (design doc "Client-Broker request handling", fetch; Kafka's
         ReplicaManager.fetchMessages with DelayedFetch): read every entry once; when
         fewer than `min_bytes` (at least 1) bytes came back and no partition failed,
@@ -744,15 +765,26 @@ class ReplicaManager:
         of them and read again. max_bytes (0: 52428800) bounds the whole answer,
         each entry's max_bytes its partition. With `replica_id` the fetch is a
         follower's (`fetch_for_follower`, ReplicaFetchResult per entry); otherwise
-        a consumer's at `isolation_level` (FetchResult per entry)."""
+        a consumer's at `isolation_level` (FetchResult per entry).
+
+        A consumer's wait is cut to `fetch.max.wait.ms`, and parks only while
+        `owner` (the principal, or the connection for User:ANONYMOUS; None: not
+        counted) has fewer than `exactly.fetch.max.parked.per.principal` parked
+        fetches; beyond that it is answered at once. The wait wakes when a position
+        passes an entry's offset: the log end for a follower, the high watermark
+        (read_uncommitted) or the last stable offset (read_committed) for a consumer
+        (docs/design.md, "Tunnel and fetch limits")."""
+        if not replica_id:
+            max_wait_ms = min(max_wait_ms, self.fetch_max_wait_ms)
         deadline = self.monotonic_s() + max(max_wait_ms, 0) / 1000
         min_bytes = max(min_bytes, 1)
-        tps = [(e.topic, e.partition) for e in entries]
+        bound = LOG_END if replica_id else LAST_STABLE if isolation_level == READ_COMMITTED else HIGH_WATERMARK
+        watches = [Watch((e.topic, e.partition), bound, e.fetch_offset) for e in entries]
         while True:
             results, total, failed = self._read_once(entries, max_bytes, isolation_level, replica_id)
             if total >= min_bytes or failed or self.monotonic_s() >= deadline:
                 return results
-            if not await self.purgatory.wait(tps, deadline):
+            if not await self.purgatory.wait(watches, deadline, None if replica_id else owner):
                 return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
 
     def _read_once(self, entries: Sequence[FetchEntry], max_bytes: int, isolation_level: int,
@@ -768,7 +800,11 @@ class ReplicaManager:
                 if res is None:
                     res = ReplicaFetchResult(err)
                 if res.hw_changed:
-                    self.purgatory.notify((e.topic, e.partition))
+                    leader = self.replicas.get((e.topic, e.partition))
+                    # The followers learn the new high watermark from their next answer: wake
+                    # them (LOG_END past every offset), and the consumers it lets read.
+                    self.purgatory.notify((e.topic, e.partition), None if leader is None else
+                                          {**positions(leader), LOG_END: sys.maxsize})
             else:
                 p, err = self.get(e.topic, e.partition)
                 res = None

@@ -21,13 +21,21 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from services.common.auth import current_principal
+from services.common.auth import ANONYMOUS, current_principal
 
 from .metrics import count_fetched
 from .partition import READ_COMMITTED
 from .replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager, guarded
 
 log = logging.getLogger(__name__)
+
+
+def fetch_owner(context) -> str:
+    """Whose parked Fetches a Fetch counts among (`exactly.fetch.max.parked.per.principal`):
+    the caller's principal, or for User:ANONYMOUS its connection (`context.peer()`)."""
+    principal = current_principal.get()
+    peer = context.peer() if principal == ANONYMOUS and context is not None else None
+    return f"connection {peer}" if peer else principal
 
 
 class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
@@ -68,7 +76,7 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
                    for t in request.topics for p in t.partitions]
         results = iter(await self.manager.fetch_messages(
             entries, max_wait_ms=request.max_wait_ms, min_bytes=request.min_bytes, max_bytes=request.max_bytes,
-            isolation_level=request.isolation_level, replica_id=request.replica_id))
+            isolation_level=request.isolation_level, replica_id=request.replica_id, owner=fetch_owner(context)))
         resp = pb.FetchResponse()
         for topic in request.topics:
             tresp = resp.responses.add(topic=topic.topic)

@@ -159,6 +159,16 @@ def _start_prometheus(cluster, directory: pathlib.Path) -> PrometheusServer:
     return PrometheusServer(directory, targets)
 
 
+# The dashboards' per-topic panels and the alerts' topic labels need the topic names:
+# metrics.topic.labels=true (off by default; docs/design.md, "Metrics and topic names").
+TOPIC_LABELS = {"metrics.topic.labels": "true"}
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    return make_cluster(props=TOPIC_LABELS)
+
+
 @pytest.fixture
 def prometheus(cluster, tmp_path):
     server = _start_prometheus(cluster, tmp_path / "prometheus")
@@ -365,7 +375,7 @@ def test_alerts_fire_for_offline_under_replicated_partitions_and_an_unowned_coor
     replica takes that partition offline and leaves the RF 3 partitions with 2 in-sync
     replicas; SIGKILL of the only group coordinator leaves __consumer_offsets unowned.
     The rules fire once the ZooKeeper sessions end (4 s)."""
-    cluster = make_cluster(props={"zookeeper.session.timeout.ms": "4000"})
+    cluster = make_cluster(props={"zookeeper.session.timeout.ms": "4000", **TOPIC_LABELS})
     prometheus = _start_prometheus(cluster, tmp_path / "prometheus")
     try:
         prometheus.wait_ready()

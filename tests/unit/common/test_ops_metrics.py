@@ -5,15 +5,62 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster import PartitionState, TopicInfo
-from services.common.metrics import coordinator_partitions
+from services.common import metrics
+from services.common.metrics import HIDDEN_TOPIC, TopicRows, coordinator_partitions, topic_label
 from services.group_coordinator.metrics import GroupCollector
 from services.group_coordinator.offsets import OffsetAndMetadata
 from services.partition_leader.metrics import offline_partitions
+
+
+@pytest.fixture
+def topic_labels():
+    """metrics.topic.labels=true for the test (the services' default is false)."""
+    metrics.set_topic_labels(True)
+    yield
+    metrics.set_topic_labels(False)
+
+
+def test_user_topic_names_are_labels_only_when_metrics_topic_labels_is_true(topic_labels):
+    metrics.set_topic_labels(False)
+    assert topic_label("payments") == HIDDEN_TOPIC
+    assert topic_label("__consumer_offsets") == "__consumer_offsets"
+    assert topic_label("__transaction_state") == "__transaction_state"
+    assert topic_label("__payments") == HIDDEN_TOPIC  # only the real internal topics keep their names
+    rows = TopicRows(GaugeMetricFamily("g", "doc", labels=["topic", "partition"]))
+    ages = TopicRows(GaugeMetricFamily("a", "doc", labels=["topic", "partition"]), max)
+    for topic, partition, value in (("payments", 0, 3), ("payments", 1, 4), ("orders", 0, 5),
+                                    ("__consumer_offsets", 7, 1)):
+        rows.add((), topic, partition, value)
+        ages.add((), topic, partition, value)
+    assert {(tuple(s.labels.values()), s.value) for s in rows.done().samples} == {
+        ((HIDDEN_TOPIC, ""), 12), (("__consumer_offsets", "7"), 1)}
+    assert {(tuple(s.labels.values()), s.value) for s in ages.done().samples} == {
+        ((HIDDEN_TOPIC, ""), 5), (("__consumer_offsets", "7"), 1)}
+    metrics.set_topic_labels(True)
+    assert topic_label("payments") == "payments"
+    shown = TopicRows(GaugeMetricFamily("g", "doc", labels=["topic", "partition"]))
+    shown.add((), "payments", 1, 4)
+    assert [(tuple(s.labels.values()), s.value) for s in shown.done().samples] == [(("payments", "1"), 4)]
+
+
+def test_group_offsets_of_user_topics_are_summed_per_group_without_topic_labels():
+    registry = CollectorRegistry()
+    collector = GroupCollector(registry=registry)
+    client = _Client({("t", 0): 10, ("t", 1): 3})
+    coordinator = _Coordinator({"g": {TopicPartition("t", 0): 4, TopicPartition("t", 1): 5}}, client)
+    collector.track(coordinator)
+    asyncio.run(collector.refresh({TopicPartition("t", 0): client, TopicPartition("t", 1): client}))
+    assert _samples(registry, "exactly_group_committed_offset") == [
+        'exactly_group_committed_offset{group="g",partition="",topic="(hidden)"} 9.0']
+    assert _samples(registry, "exactly_group_lag_offsets") == [
+        'exactly_group_lag_offsets{group="g",partition="",topic="(hidden)"} 6.0']
 
 
 def test_offline_partitions_counts_no_leader_and_dead_leaders_only():
@@ -99,7 +146,7 @@ def _samples(registry, name):
     return sorted(line for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_group_lag_is_lso_minus_committed_once_the_lso_is_known():
+def test_group_lag_is_lso_minus_committed_once_the_lso_is_known(topic_labels):
     registry = CollectorRegistry()
     collector = GroupCollector(registry=registry)
     client = _Client({("t", 0): 10, ("t", 1): 3})

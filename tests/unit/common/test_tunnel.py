@@ -11,7 +11,7 @@ import pytest
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.guard import RequestGuard
-from services.common.tunnel import (TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
+from services.common.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
                                    add_tunnel_to_server, method_path)
 
 LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
@@ -131,4 +131,98 @@ def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
             assert reply.topics[0].partitions[0].offset == 50
             await tunnel.close()
             await server2.stop(0)
+    asyncio.run(body())
+
+
+class _OnlyServices(grpc.aio.ServerInterceptor):
+    """Stands in for the authorizer: a call of `refused` aborts with PERMISSION_DENIED
+    unless the caller's metadata says `role: service`."""
+
+    def __init__(self, refused: str):
+        self.refused = refused
+        self.opened = 0
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if details.method != self.refused:
+            return handler
+
+        async def check(request, context):
+            self.opened += 1
+            if ("role", "service") not in tuple(context.invocation_metadata() or ()):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "CLUSTER_AUTHORIZATION_FAILED: not a service")
+            return await handler.unary_unary(request, context)
+        return grpc.unary_unary_rpc_method_handler(check)
+
+
+class _Counting(Leader):
+    """Leader counting the ListOffsets calls that reached it."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered = 0
+
+    async def ListOffsets(self, request, context):
+        self.entered += 1
+        return await super().ListOffsets(request, context)
+
+
+def test_a_stream_is_admitted_only_when_its_open_pseudo_call_passes_the_interceptors():
+    async def body():
+        leader = _Counting()
+        gate = _OnlyServices(OPEN_METHOD)
+        interceptors = [RequestGuard(), gate]
+        server = grpc.aio.server(interceptors=interceptors)
+        registry = HandlerRegistry(server)
+        pbg.add_PartitionLeaderServicer_to_server(leader, registry)
+        add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        async with grpc.aio.insecure_channel(address) as channel:
+            raw = channel.stream_stream(TUNNEL_METHOD, request_serializer=pb.TunneledCall.SerializeToString,
+                                        response_deserializer=pb.TunneledReply.FromString)
+            calls = [pb.TunneledCall(correlation_id=i, method=LIST_OFFSETS,
+                                     request=_request("t", i).SerializeToString()) for i in range(1, 50)]
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                _ = [r async for r in raw(iter(calls[:1]), timeout=10)]
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert refused.value.details() == "CLUSTER_AUTHORIZATION_FAILED: not a service"
+            assert leader.entered == 0  # not one of its calls ran
+            admitted = [r async for r in raw(iter(calls), metadata=(("role", "service"),), timeout=10)]
+            assert sorted(r.correlation_id for r in admitted) == list(range(1, 50))
+            assert leader.entered == 49 and gate.opened == 2  # once per stream, not per call
+            # The pseudo-call cannot be tunneled.
+            [own] = [r async for r in raw(iter([pb.TunneledCall(correlation_id=1, method=OPEN_METHOD)]),
+                                          metadata=(("role", "service"),), timeout=10)]
+            assert own.status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        await server.stop(0)
+    asyncio.run(body())
+
+
+def test_a_stream_reads_no_more_calls_than_its_in_flight_bound():
+    """Calls that do not finish hold their slots: with max_in_flight 4, 40 blocked
+    calls on one stream run 4 at a time (the rest wait unread in the transport), and
+    all finish once released."""
+    async def body():
+        leader = _Counting()
+        interceptors = [RequestGuard()]
+        server = grpc.aio.server(interceptors=interceptors)
+        registry = HandlerRegistry(server)
+        pbg.add_PartitionLeaderServicer_to_server(leader, registry)
+        add_tunnel_to_server(TunnelServicer(registry, interceptors, max_in_flight=4, max_queued=2), server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            calls = [asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
+                     for _ in range(40)]
+            await asyncio.wait_for(leader.arrived.wait(), 10)
+            for _ in range(50):  # give the server every chance to read more
+                await asyncio.sleep(0.01)
+            assert leader.entered == 4
+            leader.release.set()
+            replies = await asyncio.wait_for(asyncio.gather(*calls), 30)
+            assert len(replies) == 40 and leader.entered == 40
+            await tunnel.close()
+        await server.stop(0)
     asyncio.run(body())

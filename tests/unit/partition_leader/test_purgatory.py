@@ -12,7 +12,7 @@ import pytest
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.common.cluster import PartitionState, TopicInfo
-from services.partition_leader.purgatory import Purgatory
+from services.partition_leader.purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory, Watch
 from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
 
 from .conftest import make_batch
@@ -273,4 +273,124 @@ def test_a_marker_during_verification_makes_the_append_fail(manager):
         manager.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
         [res] = await txn_produce(manager, make_batch(1, pid=9, epoch=1, seq=0, txn=True))
         assert res.error == ErrorCode.INVALID_TXN_STATE and not p.producers.ongoing
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------ wake by partition and offset; limits
+
+async def _settle(p: Purgatory, n: int) -> None:
+    for _ in range(200):
+        if len(p) >= n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(p)} parked, expected {n}")
+
+
+def test_notify_wakes_only_the_watches_whose_offset_a_position_passes(now):
+    async def main():
+        p = Purgatory(now, timers=False)
+        at3 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 3)], now.s + 10))
+        at7 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 7)], now.s + 10))
+        follower = asyncio.ensure_future(p.wait([Watch(TP, LOG_END, 3)], now.s + 10))
+        committed = asyncio.ensure_future(p.wait([Watch(TP, LAST_STABLE, 0)], now.s + 10))
+        elsewhere = asyncio.ensure_future(p.wait([Watch(("s", 0), HIGH_WATERMARK, 0)], now.s + 10))
+        await _settle(p, 5)
+        p.notify(TP, {HIGH_WATERMARK: 3, LOG_END: 3, LAST_STABLE: 0})  # nothing passed
+        await asyncio.sleep(0)
+        assert not any(f.done() for f in (at3, at7, follower, committed, elsewhere))
+        p.notify(TP, {HIGH_WATERMARK: 4, LOG_END: 3, LAST_STABLE: 0})
+        assert await at3 is True
+        assert not any(f.done() for f in (at7, follower, committed, elsewhere))
+        p.notify(TP, {LOG_END: 9})
+        assert await follower is True and not at7.done() and not committed.done()
+        p.notify(TP)  # an ISR or leadership change: everything on the partition
+        assert await at7 is True and await committed is True
+        assert not elsewhere.done() and len(p) == 1
+        now.s += 10
+        assert p.expire_due() == 1 and await elsewhere is False
+        assert len(p) == 0 and not p._partitions
+    asyncio.run(main())
+
+
+def test_gone_waiters_do_not_pile_up_on_a_quiet_partition(now):
+    async def main():
+        p = Purgatory(now, timers=False)
+        for round_ in range(20):
+            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 1)) for _ in range(50)]
+            await _settle(p, 50)
+            now.s += 1
+            assert p.expire_due() == 50
+            assert not any(await asyncio.gather(*waits))
+            assert not p._partitions, round_  # every heap entry of a gone waiter dropped
+        keep = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 100))
+        for _ in range(10):
+            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 1)) for _ in range(50)]
+            await _settle(p, 51)
+            now.s += 1
+            p.expire_due()
+            await asyncio.gather(*waits)
+        assert sum(len(h) for h in p._partitions[TP].heaps.values()) <= 2 * 1 + 32 + 1
+        p.notify(TP, {HIGH_WATERMARK: 6})
+        assert await keep is True
+    asyncio.run(main())
+
+
+def test_parked_waits_per_owner_are_bounded(now):
+    async def main():
+        p = Purgatory(now, timers=False, max_parked_per_owner=2)
+        first = [asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:mallory")) for _ in range(2)]
+        await _settle(p, 2)
+        assert await p.wait([TP], now.s + 10, owner="User:mallory") is False  # answered at once
+        assert len(p) == 2 and p.parked("User:mallory") == 2
+        other = asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:alice"))
+        unowned = asyncio.ensure_future(p.wait([TP], now.s + 10))
+        await _settle(p, 4)
+        p.notify(TP)
+        assert await asyncio.gather(*first, other, unowned) == [True] * 4
+        assert p.parked("User:mallory") == 0
+        again = asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:mallory"))
+        await _settle(p, 1)
+        p.notify(TP)
+        assert await again is True
+    asyncio.run(main())
+
+
+def test_a_consumer_fetch_is_not_woken_by_appends_below_its_offset(manager, now):
+    """Kafka's DelayedFetch completes when the fetch can make progress; here an append
+    that leaves the high watermark where it was (the follower has not fetched it) reads
+    nothing again for the parked consumer, and the high watermark passing its offset
+    wakes it once."""
+    async def main():
+        reads = []
+        read_once = manager._read_once
+        manager._read_once = lambda *a: reads.append(a) or read_once(*a)
+        waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=5000))
+        await parked(manager)
+        assert len(reads) == 1
+        for _ in range(3):
+            await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        assert len(reads) == 1 and not waiting.done()  # the HW is still 0: not woken
+        await follower_fetch(manager, 3)  # the follower has the batches: the HW moves to 3
+        [res] = await waiting
+        assert res.error == ErrorCode.NONE and res.records and res.high_watermark == 3
+        assert len(reads) - 1 == 2  # the consumer's second read (plus the follower's own)
+    asyncio.run(main())
+
+
+def test_a_consumer_fetch_waits_at_most_fetch_max_wait_ms_and_per_owner_bound(manager, now):
+    async def main():
+        manager.fetch_max_wait_ms = 1000
+        manager.purgatory.max_parked_per_owner = 1
+        waiting = asyncio.ensure_future(manager.fetch_messages(
+            [FetchEntry("r", 0, 0)], max_wait_ms=600000, owner="User:mallory"))
+        await parked(manager)
+        # The owner's second fetch is answered at once (empty), not parked.
+        [second] = await manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=600000, owner="User:mallory")
+        assert second.error == ErrorCode.NONE and not second.records and len(manager.purgatory) == 1
+        now.s += 0.999
+        assert manager.purgatory.expire_due() == 0
+        now.s += 0.001  # 600,000 ms asked, 1,000 ms granted
+        assert manager.purgatory.expire_due() == 1
+        [res] = await waiting
+        assert res.error == ErrorCode.NONE and not res.records
     asyncio.run(main())

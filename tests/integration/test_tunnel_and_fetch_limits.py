@@ -1,0 +1,242 @@
+"""What one client can make a partition leader hold, on real processes (docs/design.md,
+"Tunnel and fetch limits"; README, "Security"):
+
+- `Tunnel/Calls` is the services' own stream: a principal without ClusterAction on
+  the Cluster (here one allowed to read the topic directly) is refused before any of
+  its 2,000 tunneled 1 MB Fetches runs, and the leader's memory does not grow; a
+  service principal's stream that stops reading its replies has at most
+  `exactly.tunnel.max.in.flight.calls` of them served meanwhile;
+- 5,000 Fetches parked on one tenant's own topic leave another tenant's produce latency
+  on the same leader within 2x its baseline of the same run: an append wakes only the
+  fetches its partition and offset concern;
+- /metrics names no user topic unless `metrics.topic.labels=true`.
+
+RSS is read from /proc/<pid>/status (VmRSS)."""
+from __future__ import annotations
+
+import statistics
+import time
+import urllib.request
+import uuid
+
+import grpc
+import pytest
+
+from bench.common import rss_bytes
+from exactly import AclBinding, AdminClient, NewTopic
+from exactly_tools.certs import CertificateAuthority
+from exactly_tools.devcluster import DevCluster
+from exactly_wire import records
+from exactly_wire.clock import wall_clock_ms
+from exactly_wire.security import TransportSecurity, secure_channel
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from clusters import new_chroot
+from services.common.tunnel import TUNNEL_METHOD, method_path
+from waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+MB = 1 << 20
+FETCH = method_path("PartitionLeader", "Fetch")
+IN_FLIGHT = 16
+
+
+def scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(address: str, name: str, labels: str = "") -> float:
+    """The sum of the samples of `name` whose labels contain `labels`."""
+    total = 0.0
+    for line in scrape(address).splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if labels in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def produce_request(topic: str, value: bytes, acks: int = 1) -> pb.ProduceRequest:
+    return pb.ProduceRequest(acks=acks, timeout_ms=10000, topics=[pb.TopicProduceData(name=topic, partitions=[
+        pb.PartitionProduceData(partition=0, records=records.encode_batch([(None, value, (), wall_clock_ms())]))])])
+
+
+def fetch_request(topic: str, offset: int = 0, max_wait_ms: int = 0) -> pb.FetchRequest:
+    return pb.FetchRequest(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=MB, topics=[pb.FetchTopic(
+        topic=topic, partitions=[pb.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=MB)])])
+
+
+# ------------------------------------------------------------ the tunnel
+
+@pytest.fixture(scope="module")
+def sec(zk, tmp_path_factory):
+    """A secured cluster (TLS, client certificates, the ACL authorizer) with one
+    partition leader, its tunnel streams bounded to IN_FLIGHT calls in flight;
+    User:mallory may Read topic `big`, which holds 4 batches of ~900 KB."""
+    c = DevCluster(tmp_path_factory.mktemp("tunnel-cluster"), security=True,
+                   props={"exactly.tunnel.max.in.flight.calls": str(IN_FLIGHT)})
+    c.up(1, 1, 1, zookeeper=new_chroot(zk, "tunnel"))
+    CertificateAuthority.load(c.dir / "certs").issue("mallory", client=True)
+    with AdminClient({"bootstrap.servers": c.bootstrap_servers, **c.client_config}) as a:
+        a.create_topics([NewTopic("big", 1, 1)])
+        a.create_acls([AclBinding("User:mallory", "Topic", "big", "Read")])
+    leader = c.services["pl-0"].address
+    admin = pbg.PartitionLeaderStub(channel(c, "admin", leader))
+    for _ in range(4):
+        [[part]] = [[p for p in t.partitions] for t in admin.Produce(
+            produce_request("big", b"x" * 900_000), timeout=30).topics]
+        assert part.error_code == 0, part
+    yield c
+    c.down()
+
+
+def channel(c: DevCluster, who: str, address: str) -> grpc.Channel:
+    certs = c.dir / "certs"
+    security = TransportSecurity.from_settings({
+        "security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem"),
+        "ssl.certificate.location": str(certs / f"{who}.pem"), "ssl.key.location": str(certs / f"{who}.key")})
+    return secure_channel(address, security, [])
+
+
+def _unread_tunneled_fetches(c: DevCluster, who: str, n: int):
+    """Open a Tunnel/Calls stream as `who`, send `n` 1 MB Fetches of `big` and read
+    no reply: the call object (its status once the stream ends)."""
+    raw = channel(c, who, c.services["pl-0"].address).stream_stream(
+        TUNNEL_METHOD, request_serializer=pb.TunneledCall.SerializeToString,
+        response_deserializer=pb.TunneledReply.FromString)
+    body = fetch_request("big").SerializeToString()
+    return raw(iter([pb.TunneledCall(correlation_id=i + 1, method=FETCH, request=body) for i in range(n)]),
+               timeout=60)
+
+
+def test_an_unprivileged_principal_cannot_open_the_tunnel(sec):
+    pl = sec.services["pl-0"]
+    direct = pbg.PartitionLeaderStub(channel(sec, "mallory", pl.address)).Fetch(fetch_request("big"), timeout=20)
+    assert len(direct.responses[0].partitions[0].records) > 800_000  # mallory may read the topic directly
+    # Bytes of user topics answered by Fetch (the coordinators' own fetches read internal topics).
+    served = metric(pl.metrics_address, "exactly_fetch_bytes_total", 'topic="(hidden)"')
+    assert served > 800_000
+    before = rss_bytes(pl.pid)
+    call = _unread_tunneled_fetches(sec, "mallory", 2000)
+    assert call.code() == grpc.StatusCode.PERMISSION_DENIED, call
+    assert call.details().startswith("CLUSTER_AUTHORIZATION_FAILED"), call.details()
+    assert metric(pl.metrics_address, "exactly_fetch_bytes_total", 'topic="(hidden)"') == served  # none ran
+    refusals = [line for line in scrape(pl.metrics_address).splitlines() if 'method="Open"' in line]
+    assert any('error_code="GRPC_PERMISSION_DENIED"' in line for line in refusals), refusals  # counted
+    grown = rss_bytes(pl.pid) - before
+    print(f"leader RSS grew {grown / MB:.1f} MB after 2000 refused tunneled fetches")
+    assert grown < 50 * MB, f"leader RSS grew {grown / MB:.0f} MB"
+    # The leader serves on.
+    again = pbg.PartitionLeaderStub(channel(sec, "mallory", pl.address)).Fetch(fetch_request("big"), timeout=20)
+    assert again.responses[0].partitions[0].records
+
+
+def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec):
+    pl = sec.services["pl-0"]
+
+    def answered() -> float:  # 1 MB Fetches of `big` answered
+        return metric(pl.metrics_address, "exactly_fetch_bytes_total", 'topic="(hidden)"') // 900_000
+
+    served = answered()
+    before = rss_bytes(pl.pid)
+    call = _unread_tunneled_fetches(sec, "txn-0", 2000)  # a service principal: admitted
+    try:
+        wait_for(lambda: answered() - served >= IN_FLIGHT, 30, "the first calls of the stream served")
+        time.sleep(2)  # time for more to be read, were the stream not held
+        ran = answered() - served
+        # In flight, plus those whose replies gRPC took into its send window.
+        assert IN_FLIGHT <= ran <= 4 * IN_FLIGHT, ran
+        grown = rss_bytes(pl.pid) - before
+        print(f"service stream: {ran:.0f} of 2000 unread fetches served, leader RSS grew {grown / MB:.1f} MB")
+        assert grown < 50 * MB, f"leader RSS grew {grown / MB:.0f} MB"
+    finally:
+        call.cancel()
+
+
+# ------------------------------------------------------------ parked fetches
+
+PARKED = 5000
+
+
+@pytest.fixture(scope="module")
+def tenants(zk, tmp_path_factory):
+    """One partition leader; topics `victim` and `attacker`; parked fetches per
+    connection raised above PARKED so that all of them park."""
+    c = DevCluster(tmp_path_factory.mktemp("parked-cluster"),
+                   props={"exactly.fetch.max.parked.per.principal": str(2 * PARKED)})
+    c.up(1, 1, 1, zookeeper=new_chroot(zk, "parked"))
+    with AdminClient({"bootstrap.servers": c.bootstrap_servers}) as a:
+        a.create_topics([NewTopic("victim", 1, 1), NewTopic("attacker", 1, 1)])
+    yield c
+    c.down()
+
+
+def _produce_p50(stub, n: int = 150) -> float:
+    """Median seconds of `n` sequential acks=1 Produce calls of one small record to `victim`."""
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        resp = stub.Produce(produce_request("victim", b"v%d" % i), timeout=10)
+        times.append(time.perf_counter() - start)
+        assert resp.topics[0].partitions[0].error_code == 0
+    return statistics.median(times)
+
+
+def _outcomes(futures) -> dict:
+    """{status or "answered": count} of the finished calls of `futures`."""
+    out: dict = {}
+    for f in futures:
+        if f.done():
+            key = f.exception().code().name if f.exception() is not None else "answered"
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
+    pl = tenants.services["pl-0"]
+    victim = pbg.PartitionLeaderStub(grpc.insecure_channel(pl.address))
+    _produce_p50(victim, 30)  # warm up
+    baseline = _produce_p50(victim)
+    # The attacker parks PARKED fetches at the end of its own (empty) topic, over 10
+    # connections (each takes exactly.max.concurrent.streams calls at most).
+    # (distinct channel arguments: a connection each)
+    channels = [grpc.insecure_channel(pl.address, options=[("grpc.use_local_subchannel_pool", 1),
+                                                           ("grpc.primary_user_agent", f"tenant-{i}")])
+                for i in range(10)]
+    stubs = [pbg.PartitionLeaderStub(ch) for ch in channels]
+    request = fetch_request("attacker", 0, max_wait_ms=60000)
+    parked = [stubs[i % len(stubs)].Fetch.future(request, timeout=90) for i in range(PARKED)]
+    try:
+        wait_for(lambda: metric(pl.metrics_address, "exactly_purgatory_size") >= PARKED, 50,
+                 lambda: f"{PARKED} fetches parked (parked: {metric(pl.metrics_address, 'exactly_purgatory_size')}, "
+                 f"answered: {_outcomes(parked)})", interval_s=0.5)
+        attacked = _produce_p50(victim)
+        assert metric(pl.metrics_address, "exactly_purgatory_size") >= PARKED  # still parked throughout
+    finally:
+        for f in parked:
+            f.cancel()
+        for ch in channels:
+            ch.close()
+    print(f"produce p50: {baseline * 1000:.2f} ms before, {attacked * 1000:.2f} ms with {PARKED} parked fetches")
+    assert attacked <= 2 * baseline, f"produce p50 {attacked * 1000:.1f} ms under attack, " \
+                                     f"{baseline * 1000:.1f} ms before"
+
+
+# ------------------------------------------------------------ topic names on /metrics
+
+def test_metrics_name_no_user_topic_by_default(tenants):
+    pl = tenants.services["pl-0"]
+    secret = f"secret-{uuid.uuid4().hex[:6]}"
+    with AdminClient({"bootstrap.servers": tenants.bootstrap_servers}) as a:
+        a.create_topics([NewTopic(secret, 1, 1)])
+    stub = pbg.PartitionLeaderStub(grpc.insecure_channel(pl.address))
+    wait_for(lambda: stub.Produce(produce_request(secret, b"s"), timeout=10).topics[0].partitions[0].error_code == 0,
+             30, "the topic's leader ready")
+    stub.Fetch(fetch_request(secret), timeout=10)
+    def hidden_series() -> str | None:
+        text = scrape(pl.metrics_address)
+        return text if 'topic="(hidden)"' in text else None
+    text = wait_for(hidden_series, 30, "the user topics' series")
+    assert secret not in text and 'topic="victim"' not in text
+    assert 'exactly_produce_records_total{topic="(hidden)"}' in text
