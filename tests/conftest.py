@@ -54,3 +54,17 @@ def make_cluster(zk, tmp_path):
 def cluster(make_cluster) -> DevCluster:
     """A started cluster: 3 partition leaders, 1 transaction coordinator, 1 group coordinator."""
     return make_cluster()
+
+
+@pytest.fixture
+def postgres():
+    """A started PostgreSQL server (Debian's postgresql, exactly_tools.pgserver) with a
+    private data directory on a free port; `.dsn`, `.stop()`, `.start()`, `.kill()`.
+    Stopped and deleted after the test."""
+    from exactly_tools.pgserver import PostgresServer, private_data_dir
+    server = PostgresServer(private_data_dir())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()

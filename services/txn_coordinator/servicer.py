@@ -69,7 +69,7 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
             group = GroupAssignment(request.consumer_group_id, request.generation_id,
                                     frozenset(_partitions(request.assigned_partitions)))
         r = await self._coordinator.init_producer_id(request.transactional_id, request.transaction_timeout_ms,
-                                                     expected, group)
+                                                     expected, group, keep_prepared_txn=request.keep_prepared_txn)
         if r.error == ErrorCode.NONE and self._bindings is not None:
             principal = request.principal or current_principal.get()
             try:
@@ -79,8 +79,12 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                 return pb.InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                                  error_message="the producer id could not be bound; retry",
                                                  producer_id=-1, producer_epoch=-1)
-        return pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
+        resp = pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
                                          producer_id=r.producer_id, producer_epoch=r.producer_epoch)
+        if r.kept_prepared:
+            resp.ongoing_txn_producer_id = r.producer_id
+            resp.ongoing_txn_producer_epoch = r.producer_epoch
+        return resp
 
     @_rpc("AddPartitionsToTxn")
     async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context

@@ -1,0 +1,154 @@
+"""Atomic PostgreSQL + Exactly transactions (KIP-939 two-phase commit, exactly.postgres)
+against a real cluster and a real PostgreSQL server (Debian's postgresql):
+recovery of a prepared transaction commits it when the database holds its state and
+aborts it when it does not; init_transactions(keep_prepared_txn=True) keeps a prepared
+transaction that a plain init_transactions() would abort; the asyncio SDK does the same
+(docs/design.md, "Two-phase commit with a database")."""
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from exactly import PreparedTxnState, Producer, errors
+from exactly import postgres as exactly_pg
+from exactly.aio import AIOProducer
+
+from .test_txn_prepare import _name, create_topic, read_values
+
+pytestmark = pytest.mark.integration
+
+
+class Crash(Exception):
+    """Stands for the process dying at a step: raised from on_step after the database
+    commit, nothing is rolled back or aborted any more."""
+
+
+def _producer(cluster, tid: str) -> Producer:
+    return Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid,
+                     "transaction.timeout.ms": 10000, "linger.ms": 5})
+
+
+def _connect(postgres) -> psycopg.Connection:
+    conn = psycopg.connect(postgres.dsn, autocommit=True, connect_timeout=10)
+    conn.execute("CREATE TABLE IF NOT EXISTS rows_out (v text NOT NULL)")
+    return conn
+
+
+def _table(conn) -> list[str]:
+    return sorted(r[0] for r in conn.execute("SELECT v FROM rows_out").fetchall())
+
+
+def test_prepared_transaction_whose_state_the_database_holds_is_committed_at_recovery(cluster, postgres):
+    topic, tid = create_topic(cluster), _name("pg-commit")
+    values = [f"c{i}" for i in range(20)]
+    with _connect(postgres) as conn:
+        first = _producer(cluster, tid)
+        assert exactly_pg.recover(conn, first) == "none"
+
+        def crash_after_commit(step: str) -> None:
+            if step == "database_committed":
+                raise Crash(step)
+
+        with pytest.raises(Crash):
+            with exactly_pg.transaction(conn, first, on_step=crash_after_commit) as tx:
+                for v in values:
+                    first.send(topic, v.encode(), partition=values.index(v) % 2)
+                    tx.cursor.execute("INSERT INTO rows_out (v) VALUES (%s)", (v,))
+        prepared = first.prepared_transaction_state()
+        first.close()  # leaves the prepared transaction open, as a crash would
+        assert _table(conn) == sorted(values)  # the database committed
+        assert exactly_pg.stored_state(conn, tid) == prepared
+        assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []  # held by the LSO
+
+        second = _producer(cluster, tid)
+        assert exactly_pg.recover(conn, second) == "committed"
+        assert read_values(cluster, topic, 2, "read_committed") == sorted(v.encode() for v in values)
+        # The recovered producer goes on with a new transaction under a newer epoch.
+        with exactly_pg.transaction(conn, second) as tx:
+            second.send(topic, b"after", partition=0)
+            tx.cursor.execute("INSERT INTO rows_out (v) VALUES ('after')")
+        assert exactly_pg.stored_state(conn, tid).epoch > prepared.epoch
+        second.close()
+        assert _table(conn) == sorted([*values, "after"])
+        assert read_values(cluster, topic, 2, "read_committed") == sorted([b"after", *(v.encode() for v in values)])
+
+
+def test_prepared_transaction_whose_state_the_database_lacks_is_aborted_at_recovery(cluster, postgres):
+    topic, tid = create_topic(cluster), _name("pg-abort")
+    with _connect(postgres) as conn:
+        # An earlier transaction committed on both sides: its state stays in the table.
+        first = _producer(cluster, tid)
+        exactly_pg.recover(conn, first)
+        with exactly_pg.transaction(conn, first) as tx:
+            first.send(topic, b"kept", partition=0)
+            tx.cursor.execute("INSERT INTO rows_out (v) VALUES ('kept')")
+        older = exactly_pg.stored_state(conn, tid)
+        # The next one is prepared in the log, but the process dies before the database
+        # commits: the database still holds the older state.
+        first.begin_transaction()
+        for i in range(10):
+            first.send(topic, f"lost{i}".encode(), partition=i % 2)
+        prepared = first.prepare_transaction()
+        first.close()
+        assert prepared != older and exactly_pg.stored_state(conn, tid) == older
+
+        second = _producer(cluster, tid)
+        assert exactly_pg.recover(conn, second) == "aborted"
+        assert read_values(cluster, topic, 2, "read_committed") == [b"kept"]
+        assert sorted(read_values(cluster, topic, 2, "read_uncommitted")) == \
+            sorted([b"kept", *(f"lost{i}".encode() for i in range(10))])
+        assert _table(conn) == ["kept"]
+        # The aborted transaction's epoch is fenced: the dead instance cannot commit it.
+        with pytest.raises((errors.ProducerFencedError, errors.InvalidTxnStateError)):
+            from exactly import complete_transaction
+            complete_transaction(prepared, cluster.bootstrap_servers, commit=True, timeout=10)
+        second.close()
+
+
+def test_plain_init_transactions_aborts_what_keep_prepared_txn_keeps(cluster):
+    topic, tid = create_topic(cluster), _name("keep")
+    p = _producer(cluster, tid)
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(topic, b"x", partition=0)
+    prepared = p.prepare_transaction()
+    p.close()
+    assert PreparedTxnState.deserialize(prepared.serialize()) == prepared
+
+    keeper = _producer(cluster, tid)
+    keeper.init_transactions(keep_prepared_txn=True)
+    assert keeper.prepared_transaction_state() == prepared
+    with pytest.raises(errors.IllegalStateError):
+        keeper.begin_transaction()  # the kept transaction must be decided first
+    keeper.close()
+
+    # Without keep_prepared_txn the prepared transaction is aborted (fencing).
+    plain = _producer(cluster, tid)
+    plain.init_transactions()
+    assert plain.prepared_transaction_state() is None
+    assert plain.complete_transaction(prepared) == "none"
+    plain.close()
+    assert read_values(cluster, topic, 2, "read_committed") == []
+
+
+def test_asyncio_producer_keeps_and_completes_a_prepared_transaction(cluster):
+    topic, tid = create_topic(cluster), _name("aio-keep")
+    conf = {"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid, "linger.ms": 5}
+
+    async def scenario() -> str:
+        first = AIOProducer(conf)
+        await first.init_transactions(keep_prepared_txn=True)
+        first.begin_transaction()
+        await first.send(topic, b"aio", partition=1)
+        state = (await first.prepare_transaction()).serialize()  # stored elsewhere as a string
+        await first.close()
+        second = AIOProducer(conf)
+        await second.init_transactions(keep_prepared_txn=True)
+        outcome = await second.complete_transaction(state)
+        await second.close()
+        return outcome
+
+    assert asyncio.run(scenario()) == "committed"
+    assert read_values(cluster, topic, 2, "read_committed") == [b"aio"]
