@@ -15,9 +15,31 @@ from exactly import PreparedTxnState, Producer, errors
 from exactly import postgres as exactly_pg
 from exactly.aio import AIOProducer
 
+from clusters import chrooted_cluster
+from exactly_tools.pgserver import PostgresServer, private_data_dir
+
 from .test_txn_prepare import _name, create_topic, read_values
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(zk, tmp_path_factory):
+    """One cluster for the module (each test has its own topic and transactional.id)."""
+    c = chrooted_cluster(zk, tmp_path_factory.mktemp("pg2pc"), "pg2pc")
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """One PostgreSQL server for the module (each test has its own table)."""
+    server = PostgresServer(private_data_dir())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
 
 
 class Crash(Exception):
@@ -30,20 +52,20 @@ def _producer(cluster, tid: str) -> Producer:
                      "transaction.timeout.ms": 10000, "linger.ms": 5})
 
 
-def _connect(postgres) -> psycopg.Connection:
+def _connect(postgres, table: str) -> psycopg.Connection:
     conn = psycopg.connect(postgres.dsn, autocommit=True, connect_timeout=10)
-    conn.execute("CREATE TABLE IF NOT EXISTS rows_out (v text NOT NULL)")
+    conn.execute(f"CREATE TABLE {table} (v text NOT NULL)")
     return conn
 
 
-def _table(conn) -> list[str]:
-    return sorted(r[0] for r in conn.execute("SELECT v FROM rows_out").fetchall())
+def _table(conn, table: str) -> list[str]:
+    return sorted(r[0] for r in conn.execute(f"SELECT v FROM {table}").fetchall())
 
 
 def test_prepared_transaction_whose_state_the_database_holds_is_committed_at_recovery(cluster, postgres):
     topic, tid = create_topic(cluster), _name("pg-commit")
     values = [f"c{i}" for i in range(20)]
-    with _connect(postgres) as conn:
+    with _connect(postgres, "rows_commit") as conn:
         first = _producer(cluster, tid)
         assert exactly_pg.recover(conn, first) == "none"
 
@@ -55,10 +77,10 @@ def test_prepared_transaction_whose_state_the_database_holds_is_committed_at_rec
             with exactly_pg.transaction(conn, first, on_step=crash_after_commit) as tx:
                 for v in values:
                     first.send(topic, v.encode(), partition=values.index(v) % 2)
-                    tx.cursor.execute("INSERT INTO rows_out (v) VALUES (%s)", (v,))
+                    tx.cursor.execute("INSERT INTO rows_commit (v) VALUES (%s)", (v,))
         prepared = first.prepared_transaction_state()
         first.close()  # leaves the prepared transaction open, as a crash would
-        assert _table(conn) == sorted(values)  # the database committed
+        assert _table(conn, "rows_commit") == sorted(values)  # the database committed
         assert exactly_pg.stored_state(conn, tid) == prepared
         assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []  # held by the LSO
 
@@ -68,22 +90,22 @@ def test_prepared_transaction_whose_state_the_database_holds_is_committed_at_rec
         # The recovered producer goes on with a new transaction under a newer epoch.
         with exactly_pg.transaction(conn, second) as tx:
             second.send(topic, b"after", partition=0)
-            tx.cursor.execute("INSERT INTO rows_out (v) VALUES ('after')")
+            tx.cursor.execute("INSERT INTO rows_commit (v) VALUES ('after')")
         assert exactly_pg.stored_state(conn, tid).epoch > prepared.epoch
         second.close()
-        assert _table(conn) == sorted([*values, "after"])
+        assert _table(conn, "rows_commit") == sorted([*values, "after"])
         assert read_values(cluster, topic, 2, "read_committed") == sorted([b"after", *(v.encode() for v in values)])
 
 
 def test_prepared_transaction_whose_state_the_database_lacks_is_aborted_at_recovery(cluster, postgres):
     topic, tid = create_topic(cluster), _name("pg-abort")
-    with _connect(postgres) as conn:
+    with _connect(postgres, "rows_abort") as conn:
         # An earlier transaction committed on both sides: its state stays in the table.
         first = _producer(cluster, tid)
         exactly_pg.recover(conn, first)
         with exactly_pg.transaction(conn, first) as tx:
             first.send(topic, b"kept", partition=0)
-            tx.cursor.execute("INSERT INTO rows_out (v) VALUES ('kept')")
+            tx.cursor.execute("INSERT INTO rows_abort (v) VALUES ('kept')")
         older = exactly_pg.stored_state(conn, tid)
         # The next one is prepared in the log, but the process dies before the database
         # commits: the database still holds the older state.
@@ -99,7 +121,7 @@ def test_prepared_transaction_whose_state_the_database_lacks_is_aborted_at_recov
         assert read_values(cluster, topic, 2, "read_committed") == [b"kept"]
         assert sorted(read_values(cluster, topic, 2, "read_uncommitted")) == \
             sorted([b"kept", *(f"lost{i}".encode() for i in range(10))])
-        assert _table(conn) == ["kept"]
+        assert _table(conn, "rows_abort") == ["kept"]
         # The aborted transaction's epoch is fenced: the dead instance cannot commit it.
         with pytest.raises((errors.ProducerFencedError, errors.InvalidTxnStateError)):
             from exactly import complete_transaction

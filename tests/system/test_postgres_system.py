@@ -49,6 +49,17 @@ def test_pipeline_killed_at_every_step_and_with_its_cluster_keeps_table_and_topi
                                timeout_s=600, max_records=25)
     assert len(events) == 6, events  # four worker kills, the coordinator, the partition leader
     _assert_equal(cluster.bootstrap_servers, postgres.dsn, rows)
+    # What each restarted worker's recovery found, by where its predecessor was killed:
+    # before prepare -> aborted by InitProducerId, nothing kept; after prepare -> the
+    # database lacks the state: aborted; after the database commit -> committed; after
+    # completion -> nothing prepared.
+    found = [_recovery(tmp_path, f"pg-worker-{n}") for n in (2, 3, 4, 5)]
+    assert found == ["none", "aborted", "committed", "none"], found
+
+
+def _recovery(run_dir, name: str) -> str:
+    log = (run_dir / "logs" / f"{name}.log").read_text()
+    return log.split("recovered (prepared transaction: ", 1)[1].split(")", 1)[0]
 
 
 def test_crash_while_postgresql_restarts_leaves_both_sides_equal(cluster, postgres, tmp_path):
