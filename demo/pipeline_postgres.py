@@ -79,8 +79,10 @@ def connect(dsn: str, status) -> psycopg.Connection:
 def run(args: argparse.Namespace) -> int:
     status_file = pathlib.Path(args.status_file) if args.status_file else None
 
+    recovery: dict[str, str] = {}  # the last recover() outcome, kept in every status
+
     def status(state: str, **extra) -> None:
-        _status(status_file, state=state, **extra)
+        _status(status_file, state=state, **recovery, **extra)
 
     parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
     consumer = Consumer({"bootstrap.servers": args.bootstrap_servers, "isolation.level": "read_committed",
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
                     else:
                         consumer.seek_to_beginning([tp])
                 copied = sum(offsets.values())
-                status("running", copied=copied, recovered=outcome)
+                recovery["recovered"] = outcome
+                status("running", copied=copied)
                 copy_loop(args, conn, consumer, producer, status, lambda n, base=copied: n + base)
             except (psycopg.OperationalError, errors.ExactlyError) as exc:
                 # The database or the log failed mid-way: start over with a new producer,

@@ -16,7 +16,6 @@ invoice totals must match the CSV.
 from __future__ import annotations
 
 import collections
-import json
 import pathlib
 import signal
 import subprocess
@@ -27,11 +26,12 @@ from typing import Callable
 
 import psycopg
 
-from exactly import AdminClient, NewTopic, TopicPartition
+from exactly import AdminClient, NewTopic
 from exactly import postgres as exactly_pg
 
 from .common import PURCHASES, SHIPMENTS, read_topic
 from .pipeline_postgres import GROUP_ID, INVOICES_TABLE, PARTITIONS
+from .purchases import Worker, load_purchases, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -40,8 +40,8 @@ KILL_POINTS = (("before_prepare", 0.1), ("prepared", 0.2), ("database_committed"
 COORDINATOR_AT, LEADER_AT = 0.6, 0.8
 
 
-class PgWorker:
-    """One demo.pipeline_postgres process."""
+class PgWorker(Worker):
+    """One demo.pipeline_postgres process (status() and check_alive() as the purchases Worker's)."""
 
     def __init__(self, bootstrap: str, dsn: str, run_dir: pathlib.Path, name: str, hold_at: str | None = None,
                  hold_after: int = 0, max_records: int = 100):
@@ -55,16 +55,6 @@ class PgWorker:
         (run_dir / "logs").mkdir(exist_ok=True)
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def status(self) -> dict:
-        try:
-            return json.loads(self.status_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log.name}")
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -120,12 +110,17 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
                           max_records=max_records)
         wait_until(f"worker {n} to hold at {step}", lambda: worker.status().get("state") == "holding", [worker],
                    deadline)
+        if n > 1:
+            say(f"  (its recover() found the previous worker's prepared transaction: "
+                f"{worker.status().get('recovered')})")
         worker.kill()
         events.append(f"SIGKILLed the worker at '{step}' with {copied(dsn):,} items committed; "
                       "restarting it with the same transactional.id")
         say(events[-1])
     worker = PgWorker(bootstrap, dsn, run_dir, "pg-worker-5", max_records=max_records)
     try:
+        wait_until("the last worker's recovery", lambda: "recovered" in worker.status(), [worker], deadline)
+        say(f"  (its recover() found the previous worker's prepared transaction: {worker.status()['recovered']})")
         wait_until("the pipeline to reach the coordinator kill", lambda: copied(dsn) >= total * COORDINATOR_AT,
                    [worker], deadline)
         cluster.kill("txn-0")
@@ -133,7 +128,6 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
         events.append(f"SIGKILLed and restarted the transaction coordinator txn-0 at {copied(dsn):,} items")
         say(events[-1])
         if replication_factor > 1:
-            from .purchases import wait_gone
             wait_until("the pipeline to reach the leader kill", lambda: copied(dsn) >= total * LEADER_AT, [worker],
                        deadline)
             cluster.kill("pl-1")
@@ -154,45 +148,38 @@ def compare(bootstrap: str, dsn: str, expected: dict[str, dict]) -> tuple[list[s
     hold every item exactly once, the same ids, and the invoice totals match."""
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         rows = conn.execute(f"SELECT item_key, total FROM {INVOICES_TABLE}").fetchall()
-        prepared_left = conn.execute(f"SELECT count(*) FROM {exactly_pg.STATE_TABLE}").fetchone()[0]
     shipments = read_topic(bootstrap, SHIPMENTS, "read_committed")
     table_keys = collections.Counter(k for k, _ in rows)
     topic_keys = collections.Counter(r.key.decode() for r in shipments)
-    lines, ok = [f"{'items in (CSV):':34} {len(expected):>8,}"], True
-    for name, keys in ((f"invoice rows (PostgreSQL):", table_keys), ("shipments (Exactly, read_committed):", topic_keys)):
+    width = 37
+    lines, ok = [f"{'items in (CSV):':{width}} {len(expected):>8,}"], True
+    for name, keys in (("invoice rows (PostgreSQL):", table_keys), ("shipments (Exactly, read_committed):", topic_keys)):
         dups = sum(n - 1 for n in keys.values() if n > 1)
         missing = len(set(expected) - set(keys))
         unexpected = len(set(keys) - set(expected))
-        lines.append(f"{name:34} {sum(keys.values()):>8,}   duplicates {dups:,}   missing {missing:,}"
+        lines.append(f"{name:{width}} {sum(keys.values()):>8,}   duplicates {dups:,}   missing {missing:,}"
                      f"   unknown {unexpected:,}")
         ok &= sum(keys.values()) == len(expected) and dups == 0 and missing == 0 and unexpected == 0
     same = set(table_keys) == set(topic_keys)
-    lines.append(f"{'same purchase ids in both:':34} {'yes' if same else 'NO'}")
+    lines.append(f"{'same purchase ids in both:':{width}} {'yes' if same else 'NO':>8}")
     invoice_total = sum((Decimal(t) for _, t in rows), Decimal(0))
     csv_total = sum(Decimal(r["price"]) + Decimal(r["freight_value"]) for r in expected.values())
-    lines.append(f"{'sum of invoice totals (table):':34} {invoice_total:>14,}")
-    lines.append(f"{'sum of price + freight (CSV):':34} {csv_total:>14,}   "
+    lines.append(f"{'sum of invoice totals (table):':{width}} {invoice_total:>14,}")
+    lines.append(f"{'sum of price + freight (CSV):':{width}} {csv_total:>14,}   "
                  f"{'match' if invoice_total == csv_total else 'MISMATCH'}")
-    lines.append(f"{'transactional.ids in ' + exactly_pg.STATE_TABLE + ':':34} {prepared_left:>8,}")
     return lines, ok and same and invoice_total == csv_total
 
 
 def run(run_dir: pathlib.Path, keep: bool, replication_factor: int, say: Callable[[str], None]) -> int:
     """The demo: a dev cluster with PostgreSQL, the items loaded, run_with_failures,
     the comparison. Returns 0 only when both sides are exact."""
-    import shutil
-
     from exactly_tools.devcluster import DevCluster, replication_props
 
-    from .common import item_key, read_order_items
-    from .purchases import load_purchases
+    from .common import fresh_run_dir, item_key, read_order_items
 
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
-    if run_dir.exists():
-        if (run_dir / "cluster.json").exists():
-            DevCluster.load(run_dir).down()
-        shutil.rmtree(run_dir)
+    fresh_run_dir(run_dir)
     say(f"Starting a dev cluster in {run_dir} with PostgreSQL (exactly-dev up --postgres; "
         f"replication factor {replication_factor}) ...")
     cluster = DevCluster(run_dir, props=replication_props(replication_factor))

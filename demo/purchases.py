@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,8 +44,8 @@ from tqdm import tqdm
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, item_key,
-                     read_order_items, read_topic)
+from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, fresh_run_dir,
+                     item_key, read_order_items, read_topic)
 
 PARTITIONS = 3
 
@@ -115,11 +114,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
         f"coordinator(s), {group_coordinators} group coordinator(s), replication factor {replication_factor}) ...")
-    if run_dir.exists():
-        old = run_dir / "cluster.json"
-        if old.exists():
-            DevCluster.load(run_dir).down()
-        shutil.rmtree(run_dir)
+    fresh_run_dir(run_dir)
     cluster = DevCluster(run_dir, props=replication_props(replication_factor), security=security)
     try:
         cluster.up(partition_leaders=3, txn_coordinators=txn_coordinators, group_coordinators=group_coordinators)

@@ -207,10 +207,12 @@ def transaction(conn: psycopg.Connection, producer: Producer, timeout: float | N
     db_txn = conn.transaction()
     db_txn.__enter__()
     state: PreparedTxnState | None = None
+    began = False  # a transaction this call did not begin (e.g. a kept one) is never aborted here
     try:
         with conn.cursor() as cur:
             _lock_state(cur, tid)
             producer.begin_transaction()
+            began = True
             work = DatabaseTransaction(conn, cur)
             yield work
             step("before_prepare")
@@ -221,7 +223,8 @@ def transaction(conn: psycopg.Connection, producer: Producer, timeout: float | N
             work._write_offsets()
     except BaseException as exc:
         _rollback(db_txn, exc)
-        _abort_log(producer, exc)
+        if began:
+            _abort_log(producer, exc)
         raise
     db_txn.__exit__(None, None, None)  # COMMIT; on failure the log transaction stays prepared
     step("database_committed")

@@ -129,7 +129,7 @@ def test_prepared_transaction_whose_state_the_database_lacks_is_aborted_at_recov
         second.close()
 
 
-def test_plain_init_transactions_aborts_what_keep_prepared_txn_keeps(cluster):
+def test_plain_init_transactions_aborts_what_keep_prepared_txn_keeps(cluster, postgres):
     topic, tid = create_topic(cluster), _name("keep")
     p = _producer(cluster, tid)
     p.init_transactions()
@@ -144,6 +144,12 @@ def test_plain_init_transactions_aborts_what_keep_prepared_txn_keeps(cluster):
     assert keeper.prepared_transaction_state() == prepared
     with pytest.raises(errors.IllegalStateError):
         keeper.begin_transaction()  # the kept transaction must be decided first
+    with psycopg.connect(postgres.dsn, autocommit=True, connect_timeout=10) as conn:
+        exactly_pg.create_tables(conn)
+        with pytest.raises(errors.IllegalStateError):
+            with exactly_pg.transaction(conn, keeper):
+                pass
+    assert keeper.prepared_transaction_state() == prepared  # not aborted by the failed block
     keeper.close()
 
     # Without keep_prepared_txn the prepared transaction is aborted (fencing).
@@ -174,3 +180,19 @@ def test_asyncio_producer_keeps_and_completes_a_prepared_transaction(cluster):
 
     assert asyncio.run(scenario()) == "committed"
     assert read_values(cluster, topic, 2, "read_committed") == [b"aio"]
+
+
+def test_dev_cluster_postgres_is_recorded_in_cluster_json_and_removed_by_down(tmp_path):
+    from exactly_tools.devcluster import DevCluster
+    dev = DevCluster(tmp_path / "dev")
+    dev.start_postgres()
+    loaded = DevCluster.load(tmp_path / "dev")  # as `exactly-dev down` finds it
+    assert loaded.postgres_dsn == dev.postgres_dsn and loaded.postgres["port"] > 0
+    with psycopg.connect(loaded.postgres_dsn, connect_timeout=10) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    data_dir = loaded.postgres_server.data_dir
+    assert data_dir.is_dir()
+    loaded.down()
+    assert not data_dir.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(loaded.postgres_dsn, connect_timeout=3)

@@ -64,7 +64,9 @@ def private_data_dir(prefix: str = "exactly-pg-") -> pathlib.Path:
 
 class PostgresServer:
     """One PostgreSQL server with its data directory `data_dir` (created by initdb on
-    the first start) and log file `log_path` (default data_dir/../<name>.log)."""
+    the first start); initdb's and pg_ctl's output go to `log_path` (default
+    data_dir/../<name>.log), the server's own log to data_dir/server.log (written by
+    the server's OS user)."""
 
     def __init__(self, data_dir: str | os.PathLike, port: int | None = None,
                  log_path: str | os.PathLike | None = None):
@@ -74,6 +76,11 @@ class PostgresServer:
         self.log_path = pathlib.Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}.log"
         self._bin = bin_dir()
         self._user = _run_as()
+
+    @property
+    def server_log(self) -> pathlib.Path:
+        """The server's own log file."""
+        return self.data_dir / "server.log"
 
     @property
     def dsn(self) -> str:
@@ -93,7 +100,7 @@ class PostgresServer:
                                   cwd="/", timeout=timeout_s, env={**os.environ, "LC_ALL": "C.UTF-8"})
         if check and proc.returncode != 0:
             raise PostgresServerError(f"{pathlib.Path(args[0]).name} exited with {proc.returncode}; "
-                                      f"see {self.log_path}")
+                                      f"see {self.log_path} and {self.server_log}")
         return proc
 
     def _owned(self, path: pathlib.Path) -> None:
@@ -117,7 +124,7 @@ class PostgresServer:
         # Sockets in the data directory (not /var/run/postgresql); TCP on loopback only.
         opts = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1 -c max_connections=50 " \
                f"-c fsync=on -c max_prepared_transactions=0"
-        self._cmd(str(self._bin / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_path), "-o", opts,
+        self._cmd(str(self._bin / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.server_log), "-o", opts,
                   "-w", "-t", str(int(timeout_s)), "start", timeout_s=timeout_s + 10)
         self.wait_ready(timeout_s)
 
@@ -131,7 +138,7 @@ class PostgresServer:
                 return
             time.sleep(0.1)
         raise PostgresServerError(f"PostgreSQL on port {self.port} not ready within {timeout_s} s; "
-                                  f"see {self.log_path}")
+                                  f"see {self.server_log}")
 
     @property
     def pid(self) -> int | None:
