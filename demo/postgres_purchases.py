@@ -35,6 +35,10 @@ from .purchases import Worker, load_purchases, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+RECOVERY = {"none": "nothing prepared was left (an open, unprepared transaction is aborted by InitProducerId)",
+            "aborted": "a prepared transaction the database did not hold: aborted",
+            "committed": "a prepared transaction the database held: committed"}
+
 # Where, in the share of the items copied, each failure is injected.
 KILL_POINTS = (("before_prepare", 0.1), ("prepared", 0.2), ("database_committed", 0.3), ("completed", 0.4))
 COORDINATOR_AT, LEADER_AT = 0.6, 0.8
@@ -111,8 +115,7 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
         wait_until(f"worker {n} to hold at {step}", lambda: worker.status().get("state") == "holding", [worker],
                    deadline)
         if n > 1:
-            say(f"  (its recover() found the previous worker's prepared transaction: "
-                f"{worker.status().get('recovered')})")
+            say(f"  the next worker's recover(): {RECOVERY.get(worker.status().get('recovered'), '?')}")
         worker.kill()
         events.append(f"SIGKILLed the worker at '{step}' with {copied(dsn):,} items committed; "
                       "restarting it with the same transactional.id")
@@ -120,7 +123,7 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
     worker = PgWorker(bootstrap, dsn, run_dir, "pg-worker-5", max_records=max_records)
     try:
         wait_until("the last worker's recovery", lambda: "recovered" in worker.status(), [worker], deadline)
-        say(f"  (its recover() found the previous worker's prepared transaction: {worker.status()['recovered']})")
+        say(f"  the next worker's recover(): {RECOVERY.get(worker.status()['recovered'], '?')}")
         wait_until("the pipeline to reach the coordinator kill", lambda: copied(dsn) >= total * COORDINATOR_AT,
                    [worker], deadline)
         cluster.kill("txn-0")

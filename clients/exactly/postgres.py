@@ -86,9 +86,17 @@ def _require_idle(conn: psycopg.Connection) -> None:
                                        "(autocommit=True, or commit first): its transaction must really commit")
 
 
-def _lock_state(cur: psycopg.Cursor, transactional_id: str) -> PreparedTxnState | None:
-    """Lock this transactional.id's state row (created when missing); return the
-    stored state, None when none was ever stored."""
+# How long taking the state row's lock may wait (another instance inside its database
+# transaction) when the caller gives no timeout: psycopg.errors.LockNotAvailable past it.
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+
+
+def _lock_state(cur: psycopg.Cursor, transactional_id: str, timeout: float | None) -> PreparedTxnState | None:
+    """Lock this transactional.id's state row (created when missing), waiting at most
+    `timeout` seconds (default DEFAULT_LOCK_TIMEOUT_S); return the stored state, None
+    when none was ever stored."""
+    wait_ms = int(1000 * (DEFAULT_LOCK_TIMEOUT_S if timeout is None else timeout))
+    cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(wait_ms, 1)}ms",))
     cur.execute(f"INSERT INTO {STATE_TABLE} (transactional_id) VALUES (%s) ON CONFLICT DO NOTHING",
                 (transactional_id,))
     cur.execute(f"SELECT producer_id, producer_epoch FROM {STATE_TABLE} WHERE transactional_id = %s FOR UPDATE",
@@ -118,7 +126,8 @@ def recover(conn: psycopg.Connection, producer: Producer, timeout: float | None 
     call (default max.block.ms).
 
     Returns "committed", "aborted" or "none" (no prepared transaction was kept).
-    Raises errors.ProducerFencedError when transaction.prepared.max.ms aborted a
+    Raises psycopg.errors.LockNotAvailable when another instance holds the row lock
+    longer than `timeout` (default 60 s); errors.ProducerFencedError when transaction.prepared.max.ms aborted a
     transaction the database committed (the two sides then differ: the case the
     setting must be long enough to exclude), the producer's other errors, psycopg.Error.
     """
@@ -128,7 +137,7 @@ def recover(conn: psycopg.Connection, producer: Producer, timeout: float | None 
     create_tables(conn)
     producer.init_transactions(timeout=timeout, keep_prepared_txn=True)
     with conn.transaction(), conn.cursor() as cur:
-        stored = _lock_state(cur, tid)
+        stored = _lock_state(cur, tid, timeout)
     prepared = producer.prepared_transaction_state()
     outcome = producer.complete_transaction(stored, timeout=timeout)
     if prepared is not None:
@@ -198,7 +207,8 @@ def transaction(conn: psycopg.Connection, producer: Producer, timeout: float | N
 
     A failure of the database COMMIT (unknown outcome) leaves the log transaction
     prepared and raises: restart the producer and call recover(). Raises the
-    producer's errors (the database is then rolled back) and psycopg.Error."""
+    producer's errors (the database is then rolled back) and psycopg.Error (among
+    them LockNotAvailable when the row lock is not had within `timeout`, default 60 s)."""
     tid = producer.transactional_id
     if not tid:
         raise ValueError("exactly.postgres.transaction needs a producer with transactional.id")
@@ -210,7 +220,7 @@ def transaction(conn: psycopg.Connection, producer: Producer, timeout: float | N
     began = False  # a transaction this call did not begin (e.g. a kept one) is never aborted here
     try:
         with conn.cursor() as cur:
-            _lock_state(cur, tid)
+            _lock_state(cur, tid, timeout)
             producer.begin_transaction()
             began = True
             work = DatabaseTransaction(conn, cur)
@@ -251,4 +261,4 @@ def _abort_log(producer: Producer, exc: BaseException) -> None:
 
 
 __all__ = ["transaction", "recover", "create_tables", "stored_state", "committed_offsets", "DatabaseTransaction",
-           "STATE_TABLE", "OFFSETS_TABLE", "STEPS"]
+           "STATE_TABLE", "OFFSETS_TABLE", "STEPS", "DEFAULT_LOCK_TIMEOUT_S"]

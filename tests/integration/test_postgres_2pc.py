@@ -7,6 +7,8 @@ transaction that a plain init_transactions() would abort; the asyncio SDK does t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 
 import psycopg
 import pytest
@@ -17,6 +19,8 @@ from exactly.aio import AIOProducer
 
 from clusters import chrooted_cluster
 from exactly_tools.pgserver import PostgresServer, private_data_dir
+
+from waiting import wait_for
 
 from .test_txn_prepare import _name, create_topic, read_values
 
@@ -196,3 +200,47 @@ def test_dev_cluster_postgres_is_recorded_in_cluster_json_and_removed_by_down(tm
     assert not data_dir.exists()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(loaded.postgres_dsn, connect_timeout=3)
+
+
+def test_recovery_waits_for_a_zombie_inside_its_database_transaction(cluster, postgres):
+    topic, tid = create_topic(cluster), _name("pg-zombie")
+    at_prepared, release = threading.Event(), threading.Event()
+
+    def hold(step: str) -> None:
+        if step == "prepared":
+            at_prepared.set()
+            assert release.wait(60)
+
+    with _connect(postgres, "rows_zombie") as conn:
+        zombie = _producer(cluster, tid)
+        exactly_pg.recover(conn, zombie)
+
+        def zombie_work() -> None:
+            with exactly_pg.transaction(conn, zombie, on_step=hold) as tx:
+                zombie.send(topic, b"z", partition=0)
+                tx.cursor.execute("INSERT INTO rows_zombie (v) VALUES ('z')")
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            zombie_done = pool.submit(zombie_work)
+            assert at_prepared.wait(60)
+            # A new instance while the zombie holds the row lock inside its database
+            # transaction: it keeps the prepared transaction and waits for the lock.
+            with psycopg.connect(postgres.dsn, autocommit=True, connect_timeout=10) as conn2:
+                impatient = _producer(cluster, tid)
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    exactly_pg.recover(conn2, impatient, timeout=1)
+                impatient.close()
+                successor = _producer(cluster, tid)
+                recovered = pool.submit(exactly_pg.recover, conn2, successor, 60)
+                with psycopg.connect(postgres.dsn, autocommit=True, connect_timeout=10) as watcher:
+                    wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_stat_activity "
+                                                     "WHERE wait_event_type = 'Lock'").fetchone()[0] == 1
+                             or recovered.done(), 60, "the successor to wait for the row lock")
+                assert not recovered.done()
+                release.set()  # the zombie commits the database, then the log
+                zombie_done.result(60)
+                assert recovered.result(60) == "committed"  # the database decided: commit, once
+                successor.close()
+        zombie.close()
+        assert _table(conn, "rows_zombie") == ["z"]
+    assert read_values(cluster, topic, 2, "read_committed") == [b"z"]
