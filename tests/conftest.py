@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import exactly  # noqa: F401  (first: it settles grpc's fork handling before grpc is imported)
-from clusters import new_chroot
+from clusters import new_chroot, running_postgres
 from exactly_tools.devcluster import DevCluster
 
 
@@ -61,10 +61,4 @@ def postgres():
     """A started PostgreSQL server (Debian's postgresql, exactly_tools.pgserver) with a
     private data directory on a free port; `.dsn`, `.stop()`, `.start()`, `.kill()`.
     Stopped and deleted after the test."""
-    from exactly_tools.pgserver import PostgresServer, private_data_dir
-    server = PostgresServer(private_data_dir())
-    try:
-        server.start()
-        yield server
-    finally:
-        server.remove()
+    yield from running_postgres()

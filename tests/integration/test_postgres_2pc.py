@@ -17,8 +17,7 @@ from exactly import PreparedTxnState, Producer, errors
 from exactly import postgres as exactly_pg
 from exactly.aio import AIOProducer
 
-from clusters import chrooted_cluster
-from exactly_tools.pgserver import PostgresServer, private_data_dir
+from clusters import module_cluster, running_postgres
 
 from waiting import wait_for
 
@@ -30,20 +29,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cluster(zk, tmp_path_factory):
     """One cluster for the module (each test has its own topic and transactional.id)."""
-    c = chrooted_cluster(zk, tmp_path_factory.mktemp("pg2pc"), "pg2pc")
-    yield c
-    c.down()
+    yield from module_cluster(zk, tmp_path_factory, "pg2pc")
 
 
 @pytest.fixture(scope="module")
 def postgres():
     """One PostgreSQL server for the module (each test has its own table)."""
-    server = PostgresServer(private_data_dir())
-    try:
-        server.start()
-        yield server
-    finally:
-        server.remove()
+    yield from running_postgres()
 
 
 class Crash(Exception):

@@ -7,7 +7,7 @@ partition leader SIGKILLed once; and a crash while PostgreSQL itself restarts. B
 sides must hold every input exactly once, and the same items
 (docs/design.md, "Two-phase commit with a database").
 
-EXACTLY_PG_ITEMS sets the number of items (make test: 1,200; the demo runs all 9,998)."""
+EXACTLY_PG_ITEMS sets the number of items (make test: 800; the demo runs all 9,998)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-ITEMS = int(os.environ.get("EXACTLY_PG_ITEMS", "1200"))
+ITEMS = int(os.environ.get("EXACTLY_PG_ITEMS", "800"))
 
 
 def _load(bootstrap: str, rows: list[dict]) -> None:
