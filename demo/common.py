@@ -23,6 +23,17 @@ def read_order_items(path: pathlib.Path = ORDER_ITEMS) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def fresh_run_dir(run_dir: pathlib.Path) -> None:
+    """Stop a dev cluster left in `run_dir` by an earlier run and delete the directory."""
+    import shutil
+
+    from exactly_tools.devcluster import DevCluster
+    if run_dir.exists():
+        if (run_dir / "cluster.json").exists():
+            DevCluster.load(run_dir).down()
+        shutil.rmtree(run_dir)
+
+
 def item_key(row: dict) -> str:
     """The key of a purchased item: "order_id:order_item_id"."""
     return f"{row['order_id']}:{row['order_item_id']}"

@@ -2,7 +2,7 @@
 
     python -m demo.purchases --dir DIR [--keep] [--replication-factor 1]
         [--txn-coordinators 1] [--group-coordinators 1] [--group-aware] [--aio]
-        [--kafka-client confluent]
+        [--kafka-client confluent] [--postgres]
 
 1. starts a dev cluster (ZooKeeper, 3 partition leaders, coordinators) in DIR;
    --replication-factor sets the replication factor of the internal topics and of
@@ -21,6 +21,9 @@
    same pipeline written with exactly.aio. With --kafka-client confluent the worker is
    demo.pipeline_confluent, written with confluent-kafka (librdkafka) against the
    Kafka protocol listeners;
+   With --postgres the pipeline is demo.postgres_purchases instead: invoices go to a
+   PostgreSQL table and shipments to Exactly atomically (exactly.postgres), and the
+   worker is SIGKILLed at each of the four steps of its transactions;
 4. reads both outputs with read_committed and prints a summary; exits 0 only if
    every item produced exactly one invoice and one shipment and the totals match
    (with --kafka-client, a librdkafka read_committed consumer must read exactly what
@@ -31,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,8 +44,8 @@ from tqdm import tqdm
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, item_key,
-                     read_order_items, read_topic)
+from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, fresh_run_dir,
+                     item_key, read_order_items, read_topic)
 
 PARTITIONS = 3
 
@@ -112,11 +114,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
     expected = {item_key(r): r for r in rows}
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, {txn_coordinators} transaction "
         f"coordinator(s), {group_coordinators} group coordinator(s), replication factor {replication_factor}) ...")
-    if run_dir.exists():
-        old = run_dir / "cluster.json"
-        if old.exists():
-            DevCluster.load(run_dir).down()
-        shutil.rmtree(run_dir)
+    fresh_run_dir(run_dir)
     cluster = DevCluster(run_dir, props=replication_props(replication_factor), security=security)
     try:
         cluster.up(partition_leaders=3, txn_coordinators=txn_coordinators, group_coordinators=group_coordinators)
@@ -327,11 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-client", choices=["confluent"],
                         help="run the worker written with this Kafka client against the Kafka protocol "
                              "listeners (demo.pipeline_confluent)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="invoices as rows of a PostgreSQL table, shipments in Exactly, atomically "
+                             "(exactly.postgres, demo.postgres_purchases)")
     args = parser.parse_args(argv)
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:
         parser.error("at least one coordinator of each kind is needed")
+    if args.postgres:
+        from .postgres_purchases import run as run_postgres
+        return run_postgres(args.dir.resolve(), args.keep, args.replication_factor, say)
     return run(args.dir.resolve(), args.keep, args.replication_factor, args.txn_coordinators,
                args.group_coordinators, args.group_aware, args.aio, args.kafka_client, args.security)
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,8 +38,8 @@ import time
 from exactly import AdminClient, NewTopic, Producer
 from exactly_tools.devcluster import DevCluster
 
-from .common import (INVOICES, PURCHASES, ROOT, SHIPMENTS, check_outputs, invoice_for, item_key, read_order_items,
-                     read_topic, shipment_for)
+from .common import (INVOICES, PURCHASES, ROOT, SHIPMENTS, check_outputs, fresh_run_dir, invoice_for, item_key,
+                     read_order_items, read_topic, shipment_for)
 
 PARTITIONS = 3
 PER_BATCH = 1500
@@ -176,10 +175,7 @@ class Driver:
 def run(run_dir: pathlib.Path, keep: bool) -> int:
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
-    if run_dir.exists():
-        if (run_dir / "cluster.json").exists():
-            DevCluster.load(run_dir).down()
-        shutil.rmtree(run_dir)
+    fresh_run_dir(run_dir)
     say(f"Starting a dev cluster in {run_dir} (ZooKeeper, 3 partition leaders, coordinators) ...")
     cluster = DevCluster(run_dir)
     try:

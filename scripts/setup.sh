@@ -2,7 +2,8 @@
 # Installs everything Exactly needs on a fresh Debian machine with Python 3.11:
 # ZooKeeper, a Java runtime, Prometheus, nftables and kcat (apt; the metrics tests run a
 # real Prometheus server, the network-partition tests cut services off with nft, the
-# Kafka protocol tests use kcat, the benchmark's smoke test a Redis server), then a
+# Kafka protocol tests use kcat, the benchmark's smoke test a Redis server, exactly.postgres
+# a PostgreSQL server), then a
 # virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
@@ -15,6 +16,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# PostgreSQL server for exactly.postgres's tests, exactly-dev up --postgres and the demo
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,13 +1,15 @@
 """A dev cluster in its own ZooKeeper chroot, for module-scoped fixtures that share
-one cluster between tests."""
+one cluster between tests; a private PostgreSQL server for fixtures."""
 from __future__ import annotations
 
 import pathlib
 import uuid
+from typing import Iterator
 
 from kazoo.client import KazooClient
 
 from exactly_tools.devcluster import DevCluster
+from exactly_tools.pgserver import PostgresServer, private_data_dir
 
 
 def new_chroot(zk: str, prefix: str) -> str:
@@ -44,3 +46,25 @@ def admin_client(cluster: DevCluster):
     """An AdminClient with the cluster's admin settings (User:admin on a secured one)."""
     from exactly import AdminClient
     return AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config})
+
+
+def module_cluster(zk: str, tmp_path_factory, prefix: str) -> Iterator[DevCluster]:
+    """For a module-scoped fixture (`yield from module_cluster(zk, tmp_path_factory, "x")`):
+    a chrooted_cluster for the module's tests, torn down after them."""
+    cluster = chrooted_cluster(zk, tmp_path_factory.mktemp(prefix), prefix)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def running_postgres() -> Iterator[PostgresServer]:
+    """For a fixture (`yield from running_postgres()`): a started PostgreSQL server
+    (Debian's postgresql, exactly_tools.pgserver) with a private data directory on a
+    free port; stopped and deleted afterwards."""
+    server = PostgresServer(private_data_dir())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import exactly  # noqa: F401  (first: it settles grpc's fork handling before grpc is imported)
-from clusters import new_chroot
+from clusters import new_chroot, running_postgres
 from exactly_tools.devcluster import DevCluster
 
 
@@ -54,3 +54,11 @@ def make_cluster(zk, tmp_path):
 def cluster(make_cluster) -> DevCluster:
     """A started cluster: 3 partition leaders, 1 transaction coordinator, 1 group coordinator."""
     return make_cluster()
+
+
+@pytest.fixture
+def postgres():
+    """A started PostgreSQL server (Debian's postgresql, exactly_tools.pgserver) with a
+    private data directory on a free port; `.dsn`, `.stop()`, `.start()`, `.kill()`.
+    Stopped and deleted after the test."""
+    yield from running_postgres()

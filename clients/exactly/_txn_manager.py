@@ -485,6 +485,17 @@ class TransactionManager:
             self.transition_to(S.PREPARED_TRANSACTION)
             return True
 
+    def restore_prepared(self, producer_id: int, producer_epoch: int) -> None:
+        """init_transactions(keep_prepared_txn=True) found a prepared transaction of
+        the transactional.id (KIP-939): adopt its PID and epoch and hold it as this
+        producer's own prepared, sealed transaction (READY -> PREPARED_TRANSACTION)."""
+        with self._lock:
+            self.set_producer_id_and_epoch(producer_id, producer_epoch)
+            self._clear_transaction()
+            self.transition_to(S.IN_TRANSACTION)
+            self.transition_to(S.PREPARED_TRANSACTION)
+            self.sealed = True
+
     def transaction_sealed(self) -> None:
         """PrepareTxn succeeded: the coordinator holds the transaction until EndTxn."""
         with self._lock:

@@ -11,14 +11,17 @@ Follows the KIP-98 design document, "Transactional Producer" (Public APIs, Error
 Handling, Added Configurations) and "Data Flow" steps 1-5; KIP-447 for the group
 metadata passed with transactional offsets.
 
-Two-phase commit, in the spirit of KIP-939: `Producer.prepare_transaction()` flushes
-and seals the open transaction at the coordinator (PrepareTxn) and returns a
-`PreparedTransaction` (transactional.id, PID, epoch); any process may then decide
-its outcome with `complete_transaction(prepared, conf, commit=...)` (EndTxn with that
-PID and epoch). A prepared transaction is not aborted after transaction.timeout.ms
-but after the coordinator's transaction.prepared.max.ms (default 1 hour); a new
-producer instance calling init_transactions() with the same transactional.id aborts
-it (fencing: KIP-939's keepPreparedTxn=false behaviour).
+Two-phase commit, KIP-939: `Producer.prepare_transaction()` flushes and seals the
+open transaction at the coordinator (PrepareTxn) and returns a `PreparedTxnState`
+(transactional.id, PID, epoch); any process may then decide its outcome with
+`complete_transaction(prepared, conf, commit=...)` (EndTxn with that PID and epoch).
+A prepared transaction is not aborted after transaction.timeout.ms but after the
+coordinator's transaction.prepared.max.ms (default 1 hour); a new producer instance
+calling init_transactions() with the same transactional.id aborts it (KIP-939's
+keepPreparedTxn=false), while `init_transactions(keep_prepared_txn=True)` keeps it, and
+`Producer.complete_transaction(state)` then commits it when `state` (read back from
+the external transaction manager, e.g. a database) is the prepared one and aborts it
+otherwise (docs/design.md, "Two-phase commit with a database").
 """
 from __future__ import annotations
 
@@ -67,14 +70,33 @@ class _TopicPartitions(NamedTuple):
     by_id: dict[int, TopicPartition]
 
 
-class PreparedTransaction(NamedTuple):
-    """A transaction sealed by `Producer.prepare_transaction()`, to be completed by
-    `complete_transaction()` from any process: its transactional.id, producer id
-    (PID) and producer epoch. Plain values (picklable, JSON-friendly)."""
+class PreparedTxnState(NamedTuple):
+    """KIP-939's PreparedTxnState: a transaction sealed by
+    `Producer.prepare_transaction()`, to be completed by `Producer.complete_transaction()`
+    or `exactly.complete_transaction()`: its transactional.id, producer id (PID) and
+    producer epoch. Plain values (picklable, JSON-friendly); `serialize()` gives a
+    short string ("<pid>:<epoch>:<transactional.id>") that `deserialize` reads back."""
 
     transactional_id: str
     producer_id: int
     epoch: int
+
+    def serialize(self) -> str:
+        """The state as "<producer id>:<epoch>:<transactional.id>"."""
+        return f"{self.producer_id}:{self.epoch}:{self.transactional_id}"
+
+    @classmethod
+    def deserialize(cls, text: str) -> "PreparedTxnState":
+        """Read back `serialize()`'s string. Raises ValueError for any other text."""
+        try:
+            pid, epoch, tid = str(text).split(":", 2)
+            return cls(tid, int(pid), int(epoch))
+        except ValueError:
+            raise ValueError(f"not a serialized PreparedTxnState: {text!r}") from None
+
+
+# The name this SDK used before KIP-939's (the Spark sink's two-phase commit).
+PreparedTransaction = PreparedTxnState
 
 
 # I/O effects yielded by the transaction flows of the Producer (see `run_flow` in
@@ -367,7 +389,7 @@ class Producer:
         return {"consumer_group_id": txn.group_id, "generation_id": txn.generation_id} if txn.group_id else {}
 
     def _init_producer_id(self, timeout_s: float, bump: bool = False,
-                          assigned: Iterable[TopicPartition] = ()) -> Generator:
+                          assigned: Iterable[TopicPartition] = (), keep_prepared_txn: bool = False) -> Generator:
         """InitProducerId to the transaction coordinator (step 2 of the data flow);
         `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360);
         a group-aware producer sends its group, generation and `assigned` partitions."""
@@ -376,7 +398,8 @@ class Producer:
             transactional_id=self._transactional_id or "",
             transaction_timeout_ms=self._txn_timeout_ms,
             producer_id=txn.producer_id if bump else NO_PRODUCER_ID,
-            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH, **self._group_fields())
+            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH,
+            keep_prepared_txn=keep_prepared_txn, **self._group_fields())
         if txn.group_id:
             by_topic: dict[str, list[int]] = collections.defaultdict(list)
             for tp in assigned if not bump else self._assigned:
@@ -390,15 +413,27 @@ class Producer:
             if is_retriable(err):
                 raise errors.KafkaTimeoutError(f"InitProducerId did not succeed within {timeout_s} s: {err}") from err
             raise err from None
+        if keep_prepared_txn and resp.HasField("ongoing_txn_producer_id"):
+            txn.restore_prepared(resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
+            log.info("producer %s: kept the prepared transaction of PID %d epoch %d", self._transactional_id,
+                     resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
+            return
         txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
         log.info("producer %s: PID %d epoch %d", self._transactional_id, resp.producer_id, resp.producer_epoch)
 
     def init_transactions(self, partitions: Iterable[TopicPartition] | float | None = None,
                           group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                          timeout: float | None = None) -> None:
+                          timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
         """Get this transactional.id's PID and a new epoch from the transaction
         coordinator, fencing older instances and completing (aborting) their open
         transaction. `timeout` in seconds (default max.block.ms).
+
+        `keep_prepared_txn=True` (KIP-939 initTransactions(keepPreparedTxn), classic
+        form only): a transaction of the id that an earlier instance sealed with
+        prepare_transaction() is kept instead of aborted; this producer takes it over
+        as its own prepared transaction (`prepared_transaction_state()` returns it) and
+        must decide it with `complete_transaction(state)` before beginning another.
+        Without such a transaction it behaves as the plain form.
 
         `init_transactions()` (or `init_transactions(timeout)`): once, before the first
         begin_transaction() (KIP-98 design document, "Public APIs", initTransactions()).
@@ -423,7 +458,8 @@ class Producer:
         errors.IllegalGenerationError for a generation older than the coordinator
         has seen; errors.InvalidTransactionTimeoutError and other fatal errors."""
         self._check_open()
-        run_flow(self._init_transactions_flow(partitions, group, generation, timeout), self._perform)
+        run_flow(self._init_transactions_flow(partitions, group, generation, timeout, keep_prepared_txn),
+                 self._perform)
         try:
             # The cluster's transaction version decides whether partition leaders add
             # this producer's partitions (KIP-890 part 2); metadata is fetched anyway
@@ -435,7 +471,7 @@ class Producer:
 
     def _init_transactions_flow(self, partitions: Iterable[TopicPartition] | float | None = None,
                                 group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                                timeout: float | None = None) -> Generator:
+                                timeout: float | None = None, keep_prepared_txn: bool = False) -> Generator:
         if isinstance(partitions, (int, float)) and not isinstance(partitions, bool):
             partitions, timeout = None, float(partitions)
         if self._transactional_id is None:
@@ -444,8 +480,10 @@ class Producer:
             if partitions is not None or generation is not None:
                 raise ValueError("the group-aware init_transactions() needs a consumer group")
             self._txn.begin_initialize()
-            yield from self._init_producer_id(self._timeout_s(timeout))
+            yield from self._init_producer_id(self._timeout_s(timeout), keep_prepared_txn=keep_prepared_txn)
             return
+        if keep_prepared_txn:
+            raise ValueError("keep_prepared_txn is for the classic init_transactions(), not the group-aware form")
         if isinstance(group, ConsumerGroupMetadata):
             group_id = group.group_id
             generation = group.generation_id if generation is None else generation
@@ -593,15 +631,17 @@ class Producer:
         yield AwaitAddPartitions(deadline)
         txn.raise_if_failed()
 
-    def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
-        """First phase of a two-phase commit (in the spirit of KIP-939): flush the
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """First phase of a two-phase commit (KIP-939 prepareTransaction()): flush the
         transaction's records, then seal it at the transaction coordinator
         (PrepareTxn). The transaction stays open: no record may be sent to it any
         more, and the coordinator no longer aborts it after transaction.timeout.ms
         but after transaction.prepared.max.ms (coordinator setting, default 1 hour).
-        Returns PreparedTransaction(transactional_id, producer_id, epoch); the second
-        phase is `complete_transaction(prepared, conf, commit=...)` from any process,
-        or commit_transaction() / abort_transaction() on this producer. close() leaves
+        Returns PreparedTxnState(transactional_id, producer_id, epoch); the second
+        phase is `complete_transaction(state)` (or commit_transaction() /
+        abort_transaction()) on this producer, or on a producer of the same
+        transactional.id initialised with keep_prepared_txn=True after a crash, or
+        `exactly.complete_transaction(prepared, conf, commit=...)` from any process. close() leaves
         a prepared transaction open. A transaction without records is prepared too
         (the coordinator keeps an empty sealed transaction). `timeout` in seconds
         (default max.block.ms).
@@ -629,7 +669,58 @@ class Producer:
                 raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
             raise txn.record_error(exc) from None
         txn.transaction_sealed()
-        return PreparedTransaction(self._transactional_id, txn.producer_id, txn.producer_epoch)
+        return PreparedTxnState(self._transactional_id, txn.producer_id, txn.producer_epoch)
+
+    @property
+    def transactional_id(self) -> str | None:
+        """The producer's transactional.id (None for a non-transactional producer)."""
+        return self._transactional_id
+
+    def prepared_transaction_state(self) -> PreparedTxnState | None:
+        """The state of this producer's prepared transaction (prepared by it, or kept by
+        init_transactions(keep_prepared_txn=True)); None when none is prepared."""
+        txn = self._txn
+        if txn.state is not TransactionManagerState.PREPARED_TRANSACTION or not txn.sealed:
+            return None
+        return PreparedTxnState(self._transactional_id, txn.producer_id, txn.producer_epoch)
+
+    def complete_transaction(self, state: PreparedTxnState | str | None, timeout: float | None = None) -> str:
+        """Second phase of KIP-939's two-phase commit (completeTransaction(state)):
+        commit this producer's prepared transaction when `state` — the PreparedTxnState
+        (or its serialize() string) that the external transaction manager recorded —
+        is that transaction's, abort it otherwise (`state` None: nothing recorded).
+        Returns "committed", "aborted", or "none" when no transaction is prepared (a
+        recovery after the transaction was completed: nothing to do). `timeout` in
+        seconds (default max.block.ms).
+
+        Raises errors.ProducerFencedError when the coordinator ended the transaction
+        meanwhile (transaction.prepared.max.ms passed, or a newer instance of the
+        transactional.id aborted it); errors.KafkaTimeoutError (call again);
+        errors.IllegalStateError while a transaction is open but not prepared; other
+        errors as commit_transaction() / abort_transaction()."""
+        self._check_open()
+        return run_flow(self._complete_flow(state, timeout), self._perform)
+
+    def _complete_flow(self, state: PreparedTxnState | str | None, timeout: float | None) -> Generator:
+        txn = self._txn
+        if isinstance(state, str):
+            state = PreparedTxnState.deserialize(state)
+        mine = self.prepared_transaction_state()
+        if mine is None:
+            if txn.state in (TransactionManagerState.COMMITTING_TRANSACTION,
+                             TransactionManagerState.ABORTING_TRANSACTION):
+                # A retry after a timeout: finish the decision already taken.
+                committing = txn.state is TransactionManagerState.COMMITTING_TRANSACTION
+                yield from (self._commit_flow(timeout) if committing else self._abort_flow(timeout))
+                return "committed" if committing else "aborted"
+            if txn.state is TransactionManagerState.READY:
+                return "none"
+            raise errors.IllegalStateError(f"no prepared transaction to complete (state {txn.state.name})")
+        if state is not None and tuple(PreparedTxnState(*state)) == tuple(mine):
+            yield from self._commit_flow(timeout)
+            return "committed"
+        yield from self._abort_flow(timeout)
+        return "aborted"
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Drop unsent records of the transaction (their futures fail with
@@ -865,11 +956,11 @@ def rewind_to_committed(consumer: Any) -> None:
             consumer.seek(tp, om.offset)
 
 
-def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], conf: Mapping[str, Any] | str,
+def complete_transaction(prepared: PreparedTxnState | tuple[str, int, int], conf: Mapping[str, Any] | str,
                          commit: bool = True, timeout: float | None = None) -> None:
     """Second phase of a two-phase commit: commit (commit=True) or abort the
     transaction sealed by `Producer.prepare_transaction()`, from any process, with
-    EndTxn carrying its PID and epoch. `prepared`: a PreparedTransaction or a
+    EndTxn carrying its PID and epoch. `prepared`: a PreparedTxnState or a
     (transactional_id, producer_id, epoch) tuple; `conf`: producer settings
     (`config.ProducerSchema`, bootstrap.servers required), or the bootstrap.servers
     string itself; `timeout` in
@@ -904,4 +995,4 @@ def complete_transaction(prepared: PreparedTransaction | tuple[str, int, int], c
         core.close()
 
 
-__all__ = ["Producer", "PreparedTransaction", "complete_transaction", "TransactionAbortedError"]
+__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction", "TransactionAbortedError"]

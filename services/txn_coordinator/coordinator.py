@@ -224,6 +224,7 @@ class InitProducerIdResult:
     producer_id: int = -1
     producer_epoch: int = -1
     message: str = ""
+    kept_prepared: bool = False  # KIP-939 keepPreparedTxn: PID/epoch are the prepared transaction's
 
 
 class EndTxnResult(NamedTuple):
@@ -490,7 +491,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     # ------------------------------------------------------------ InitProducerId
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
                                expected: tuple[int, int] | None = None,
-                               group: GroupAssignment | None = None, principal: str = "") -> InitProducerIdResult:
+                               group: GroupAssignment | None = None, principal: str = "",
+                               keep_prepared_txn: bool = False) -> InitProducerIdResult:
         """InitProducerId (design doc "Transaction Coordinator Request Handling", InitPid).
 
         transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
@@ -503,6 +505,11 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         answer is CONCURRENT_TRANSACTIONS until it completed; a prepared one ->
         CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
         the epoch is exhausted) and the record appended.
+        keep_prepared_txn (KIP-939 keepPreparedTxn=true, classic form only): a transaction
+        sealed by PrepareTxn is kept open instead, nothing is appended, and the answer is
+        NONE with its PID and epoch (kept_prepared=True), so the caller completes it with
+        EndTxn from what its external transaction manager recorded; an ongoing transaction
+        that is not prepared is still aborted (it cannot have been recorded anywhere).
         Other errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch).
 
@@ -536,7 +543,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 await self._pids.ensure_available()
             except ProducerIdAllocationError as exc:
                 return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
-            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id)
+            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id,
+                                         keep_prepared_txn and group is None)
             if outcome is not _NEED_PID:
                 break
         if isinstance(outcome, InitProducerIdResult):
@@ -687,7 +695,8 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             return self._pids.next_pid_in({part.partition}, self._topology.txn_partition_count())
         return self._pids.next_pid()
 
-    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str):
+    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str,
+                      keep_prepared: bool = False):
         err, part = self._lookup(tid, group_id)
         if err:
             return InitProducerIdResult(err)
@@ -710,6 +719,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
                                         message="the previous transaction is completing")
+        if state is TxnState.ONGOING and keep_prepared and md.is_prepared:
+            log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d)", tid,
+                     md.producer_id, md.producer_epoch)
+            return InitProducerIdResult(ErrorCode.NONE, md.producer_id, md.producer_epoch, kept_prepared=True)
         if state is TxnState.ONGOING:
             return "fence", part, md, None
         if state not in COMPLETED_STATES:

@@ -77,9 +77,14 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                     error_message=f"{principal} is above exactly.producer.ids.rate; retry in {wait_ms} ms",
                     producer_id=-1, producer_epoch=-1)
         r = await self._coordinator.init_producer_id(request.transactional_id, request.transaction_timeout_ms,
-                                                     expected, group, principal)
-        return pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
+                                                     expected, group, principal,
+                                                     keep_prepared_txn=request.keep_prepared_txn)
+        resp = pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
                                          producer_id=r.producer_id, producer_epoch=r.producer_epoch)
+        if r.kept_prepared:
+            resp.ongoing_txn_producer_id = r.producer_id
+            resp.ongoing_txn_producer_epoch = r.producer_epoch
+        return resp
 
     @_rpc("VerifyProducerId")
     async def VerifyProducerId(self, request: pb.VerifyProducerIdRequest, context

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer as KConsumer, KafkaException, Producer as KProducer, TopicPartition as KTP
 
 from exactly import Consumer as XConsumer, TopicPartition
-from clusters import chrooted_cluster
+from clusters import module_cluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,9 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def kc(zk, tmp_path_factory):
     """One cluster (3 partition leaders) for this module's tests."""
-    c = chrooted_cluster(zk, tmp_path_factory.mktemp("kafka-cluster"), "kafka")
-    yield c
-    c.down()
+    yield from module_cluster(zk, tmp_path_factory, "kafka")
 
 
 def new_topic(kc, partitions: int = 1) -> str:

@@ -2,7 +2,7 @@
 
     exactly-dev up --dir DIR [--partition-leaders 3] [--txn-coordinators 1]
                    [--group-coordinators 1] [--replication-factor 1]
-                   [--zookeeper HOST:PORT] [--set key=value ...]
+                   [--zookeeper HOST:PORT] [--set key=value ...] [--security] [--postgres]
     exactly-dev restart --dir DIR NAME      start a stopped or killed service again
     exactly-dev kill --dir DIR NAME [--signal KILL|TERM|STOP|CONT]
     exactly-dev status --dir DIR
@@ -12,7 +12,10 @@
 processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
 "metrics_address"}]}; every service serves Prometheus /metrics on its own port
-(`--set metrics.port=P`), at http://<metrics_address>/metrics.
+(`--set metrics.port=P`), at http://<metrics_address>/metrics. With --postgres a
+PostgreSQL server runs too (a private data directory, a free port; as the `postgres`
+OS user when run as root), its libpq DSN in cluster.json's "postgres": {"dsn", "port",
+"data_dir"}; `down` stops it and deletes its data directory.
 Service logs go to DIR/logs/NAME.log; data to DIR/NAME/. Nothing under DIR is readable
 by other users: the dev cluster creates its directories 0700 and its files 0600, and
 ZooKeeper and the services run with umask 077.
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -157,6 +161,9 @@ class DevCluster:
     # `client_config` holds the admin's SDK security keys (certificates under DIR/certs).
     security: bool = False
     client_config: dict[str, str] = field(default_factory=dict)
+    # `up --postgres`: a private PostgreSQL server ({"dsn", "port", "data_dir"}), for
+    # exactly.postgres (exactly_tools.pgserver); stopped and deleted by down().
+    postgres: dict[str, Any] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ persistence
@@ -183,6 +190,7 @@ class DevCluster:
             "zookeeper": self.zookeeper,
             "zookeeper_pid": self.zookeeper_pid,
             "props": self.props,
+            **({"postgres": self.postgres} if self.postgres else {}),
             "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address,
                           "metrics_address": s.metrics_address, "kafka_address": s.kafka_address}
                          for s in self.services.values()],
@@ -204,7 +212,38 @@ class DevCluster:
                                           int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]))
         client_config = {k: v for k, v in body.get("client_config", {}).items() if k != "bootstrap.servers"}
         return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}),
-                   bool(body.get("security", False)), client_config)
+                   bool(body.get("security", False)), client_config, body.get("postgres", {}))
+
+    # ------------------------------------------------------------ PostgreSQL
+    @property
+    def postgres_server(self):
+        """The cluster's PostgreSQL server (exactly_tools.pgserver.PostgresServer), or
+        None without `up --postgres` / start_postgres()."""
+        if not self.postgres:
+            return None
+        from .pgserver import PostgresServer
+        return PostgresServer(self.postgres["data_dir"], self.postgres["port"],
+                              log_path=self.dir / "logs" / "postgres.log")
+
+    @property
+    def postgres_dsn(self) -> str:
+        """The libpq connection string of the cluster's PostgreSQL ("" without one)."""
+        return self.postgres.get("dsn", "")
+
+    def start_postgres(self, timeout_s: float = 60.0) -> None:
+        """Start a PostgreSQL server with a private data directory on a free port
+        (exactly_tools.pgserver) and record it in cluster.json ("postgres": dsn, port,
+        data_dir). Raises pgserver.PostgresServerError."""
+        from .pgserver import PostgresServer, private_data_dir
+        _mkdir_private(self.dir / "logs")
+        server = PostgresServer(private_data_dir(), log_path=self.dir / "logs" / "postgres.log")
+        self.postgres = {"data_dir": str(server.data_dir)}
+        try:
+            server.start(timeout_s)
+        finally:
+            if server.port is not None:
+                self.postgres = {"dsn": server.dsn, "port": server.port, "data_dir": str(server.data_dir)}
+            self.save()
 
     # ------------------------------------------------------------ ZooKeeper
     def start_zookeeper(self, timeout_s: float = 30.0) -> None:
@@ -274,8 +313,9 @@ class DevCluster:
                     raise DevClusterError(f"{name} did not serve within {timeout_s:.0f} s")
 
     def up(self, partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
-           zookeeper: str | None = None, timeout_s: float = 60.0) -> None:
+           zookeeper: str | None = None, timeout_s: float = 60.0, postgres: bool = False) -> None:
         """Start ZooKeeper (unless given) and the services; wait until all serve.
+        postgres: also a PostgreSQL server (start_postgres()).
         Raises ConfigurationError for a wrong setting before anything starts."""
         settings_by_role({**DEV_DEFAULTS, **self.props})
         _mkdir_private(self.dir)
@@ -285,6 +325,8 @@ class DevCluster:
         else:
             self.start_zookeeper()
         self.props = {**DEV_DEFAULTS, **self.props}
+        if postgres:
+            self.start_postgres(timeout_s)
         if self.security:
             self._make_certificates(partition_leaders, txn_coordinators, group_coordinators)
         groups = [("pl", partition_leaders), ("txn", txn_coordinators), ("group", group_coordinators)]
@@ -387,6 +429,9 @@ class DevCluster:
         if self.zookeeper_pid and pid_alive(self.zookeeper_pid):
             os.kill(self.zookeeper_pid, signal.SIGTERM)
             self._reap("zookeeper", self.zookeeper_pid, 10.0)
+        server = self.postgres_server
+        if server is not None:
+            server.remove()
 
 
 def replication_props(replication_factor: int) -> dict[str, str]:
@@ -428,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--security", action="store_true",
                     help="TLS with client certificates on every listener (a CA and certificates under DIR/certs); "
                          "cluster.json's client_config holds the admin's SDK settings")
+    up.add_argument("--postgres", action="store_true",
+                    help="also a PostgreSQL server (private data directory, free port) for exactly.postgres; "
+                         "its DSN is cluster.json's postgres.dsn")
     for name, helptext in (("restart", "start a stopped or killed service again"),
                            ("kill", "send a signal to a service")):
         p = sub.add_parser(name, help=helptext)
@@ -450,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "run 'exactly-dev down' first")
             props = {**replication_props(args.replication_factor), **_parse_props(args.props)}
             cluster = DevCluster(args.dir, props=props, security=args.security)
-            cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper)
+            cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper,
+                       postgres=args.postgres)
             print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
         else:
             cluster = DevCluster.load(args.dir)

@@ -20,8 +20,7 @@ import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from exactly import errors
-from exactly.producer import (AwaitAddPartitions, AwaitBatches, CoordinatorRequest, PreparedTransaction,
-                              Producer)
+from exactly.producer import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, PreparedTxnState, Producer
 from exactly._sender import SenderCore
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
 
@@ -269,13 +268,15 @@ class AIOProducer:
 
     async def init_transactions(self, partitions: Iterable[TopicPartition] | float | None = None,
                                 group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                                timeout: float | None = None) -> None:
+                                timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
         """As `exactly.Producer.init_transactions`: `await init_transactions()` fences
         older instances; `await init_transactions(partitions, group_id, generation)`
         (or with `consumer.group_metadata()`) is the group-aware form of the KIP-447
-        draft, to call after every rebalance."""
+        draft, to call after every rebalance; keep_prepared_txn=True keeps a prepared
+        transaction of the id (KIP-939), to decide with `complete_transaction(state)`."""
         self._p._check_open()
-        await self._drive(self._p._init_transactions_flow(partitions, group, generation, timeout))
+        await self._drive(self._p._init_transactions_flow(partitions, group, generation, timeout,
+                                                          keep_prepared_txn))
 
     def begin_transaction(self) -> None:
         """As `exactly.Producer.begin_transaction` (local, no I/O)."""
@@ -298,10 +299,21 @@ class AIOProducer:
         self._p._check_open()
         await self._drive(self._p._abort_flow(timeout))
 
-    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
-        """As `exactly.Producer.prepare_transaction` (two-phase commit)."""
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """As `exactly.Producer.prepare_transaction` (KIP-939 two-phase commit)."""
         self._p._check_open()
         return await self._drive(self._p._prepare_flow(timeout))
+
+    def prepared_transaction_state(self) -> PreparedTxnState | None:
+        """As `exactly.Producer.prepared_transaction_state` (local, no I/O)."""
+        return self._p.prepared_transaction_state()
+
+    async def complete_transaction(self, state: PreparedTxnState | str | None, timeout: float | None = None) -> str:
+        """As `exactly.Producer.complete_transaction` (KIP-939 completeTransaction):
+        commit when `state` is the prepared transaction's, abort otherwise; returns
+        "committed", "aborted" or "none"."""
+        self._p._check_open()
+        return await self._drive(self._p._complete_flow(state, timeout))
 
     @contextlib.asynccontextmanager
     async def transaction(self, timeout: float | None = None) -> AsyncIterator["AIOProducer"]:

@@ -74,3 +74,24 @@ def test_prepared_transaction_can_be_aborted_and_errors_make_it_abortable():
     tm.begin_prepare()
     tm.record_error(errors.ProducerFencedError("newer epoch"))
     assert tm.state is S.FATAL_ERROR
+
+
+def test_restore_prepared_holds_a_kept_transaction_as_sealed():
+    tm = TransactionManager("tx")
+    tm.begin_initialize()
+    tm.restore_prepared(9, 4)
+    assert (tm.state, tm.producer_id, tm.producer_epoch, tm.sealed) == (S.PREPARED_TRANSACTION, 9, 4, True)
+    assert tm.needs_end_txn
+    with pytest.raises(errors.IllegalStateError):
+        tm.begin_transaction()
+    assert tm.begin_commit() is True
+
+
+def test_prepared_txn_state_serializes_to_a_short_string():
+    from exactly import PreparedTransaction, PreparedTxnState
+    state = PreparedTxnState("orders:eu-1", 12, 7)
+    assert state.serialize() == "12:7:orders:eu-1"
+    assert PreparedTxnState.deserialize(state.serialize()) == state
+    assert PreparedTransaction is PreparedTxnState
+    with pytest.raises(ValueError):
+        PreparedTxnState.deserialize("12-7")

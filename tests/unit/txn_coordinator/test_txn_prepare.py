@@ -238,3 +238,35 @@ def test_prepare_txn_over_grpc():
             await server.stop(None)
 
     run(scenario())
+
+
+def test_init_with_keep_prepared_txn_keeps_a_prepared_transaction_and_logs_nothing():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        await h.coord.prepare_txn("t", pid, epoch)
+        n = len(h.log.entries())
+        r = await h.coord.init_producer_id("t", 60000, keep_prepared_txn=True)
+        assert (r.error, r.producer_id, r.producer_epoch, r.kept_prepared) == (E.NONE, pid, epoch, True)
+        assert len(h.log.entries()) == n and h.md("t").is_prepared
+        # EndTxn with the kept PID and epoch decides it; the next init bumps as usual.
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await h.settle()
+        r = await h.coord.init_producer_id("t", 60000, keep_prepared_txn=True)
+        assert (r.error, r.kept_prepared) == (E.NONE, False) and r.producer_epoch > epoch + 1
+
+    run(scenario())
+
+
+def test_init_with_keep_prepared_txn_still_aborts_an_unprepared_transaction():
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        r = await h.coord.init_producer_id("t", 60000, keep_prepared_txn=True)
+        assert (r.error, r.kept_prepared) == (E.CONCURRENT_TRANSACTIONS, False)
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())
