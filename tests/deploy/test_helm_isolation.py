@@ -10,6 +10,8 @@ zoo.cfg, which the services' ZooKeeper client (services.common.cluster.ClusterSt
 over TLS with the settings the chart renders for them."""
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import pathlib
@@ -23,8 +25,20 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.deploy.test_helm_chart import (CERT_MANAGER, CHART, COMPONENTS, NAMESPACE, PLAINTEXT, RELEASE, by_kind,
-                                          container, render, statefulset)
+                                          container, statefulset)
+from tests.deploy.test_helm_chart import render as render_chart
 from tests.deploy.test_helm_security import mounts, pod_names, properties, set_flags, volumes
+
+def render(values: dict) -> list[dict]:
+    """The chart's objects for `values`, rendered once per distinct values (the tests here
+    only read them)."""
+    return _render(json.dumps(values, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _render(values: str) -> list[dict]:
+    return render_chart(json.loads(values))
+
 
 ZK = f"{RELEASE}-zookeeper"
 ZK3 = {"zookeeper": {"replicas": 3}}
@@ -591,13 +605,16 @@ def test_quorum_sasl_forms_an_ensemble_with_the_password_and_refuses_a_server_wi
     objects = render({"zookeeper": {"replicas": 2}})
     assert zoo_cfg(objects)["quorum.auth.serverRequireSasl"] == "true"
 
+    picked = _free_ports(16)  # every port of both ensembles, distinct
+
     def ensemble(work: pathlib.Path, second_password: str) -> list[LocalZooKeeper]:
-        p = _free_ports(8)
+        p = [picked.pop() for _ in range(8)]
         ports = {1: (p[0], p[1]), 2: (p[2], p[3])}
         return [LocalZooKeeper(objects, work, f"{ZK}-0", dirs[f"{ZK}-0"], "quorum-secret", ports, (p[4], p[5])),
                 LocalZooKeeper(objects, work, f"{ZK}-1", dirs[f"{ZK}-1"], second_password, ports, (p[6], p[7]))]
 
-    servers = ensemble(tmp_path / "good", "quorum-secret")
+    # both ensembles start together (separate ports and directories)
+    servers, refused = ensemble(tmp_path / "good", "quorum-secret"), ensemble(tmp_path / "bad", "wrong-password")
     try:
         _wait(lambda: all(s.serving() for s in servers), 90, "the quorum to form")
         modes = sorted(line for s in servers for line in _srvr(s.client_port).splitlines() if line.startswith("Mode:"))
@@ -608,14 +625,9 @@ def test_quorum_sasl_forms_an_ensemble_with_the_password_and_refuses_a_server_wi
             log = s.log_text()
             assert "quorum.auth.serverRequireSasl set to true" in log
             assert "Failed to authenticate using SASL" not in log and "quorum-secret" not in log
-    finally:
-        for s in servers:
-            s.stop()
-    servers = ensemble(tmp_path / "bad", "wrong-password")
-    try:
-        _wait(lambda: any("Failed to authenticate using SASL" in s.log_text() for s in servers), 90,
+        _wait(lambda: any("Failed to authenticate using SASL" in s.log_text() for s in refused), 90,
               "a refused quorum SASL authentication in a server's log")
-        assert not any(s.serving() for s in servers)
+        assert not any(s.serving() for s in refused)
     finally:
-        for s in servers:
+        for s in servers + refused:
             s.stop()
