@@ -147,6 +147,7 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "Cluster/DescribeAcls": lambda r, p: [cluster(Op.DESCRIBE)],
     "Cluster/AlterUserScramCredentials": lambda r, p: [cluster(Op.ALTER)],
     "Cluster/DescribeUserScramCredentials": lambda r, p: [cluster(Op.DESCRIBE)],
+    "Cluster/SaslAuthenticate": lambda r, p: [],  # authentication itself: open to every caller
     # Partition leader
     "PartitionLeader/Produce": _produce,
     "PartitionLeader/CoordinatorProduce": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
