@@ -387,6 +387,8 @@ def test_zookeeper_is_not_a_back_door(sec, world):
             "ACL": lambda: intruder.create("/exactly/acls/intruder", b""),
             "user": lambda: intruder.create("/exactly/config/users/intruder", b"{}"),
             "read SCRAM credentials": lambda: intruder.get_children("/exactly/config/users"),
+            "read the SASL session-token key": lambda: intruder.get("/exactly/config/sasl-token-key"),
+            "replace the SASL session-token key": lambda: intruder.set("/exactly/config/sasl-token-key", b"k" * 32),
             "delete a live service": lambda: intruder.delete(f"/exactly/services/{sec.services['pl-0'].name}"),
         }
         refused = {}
