@@ -6,10 +6,11 @@ SCRAM-SHA-512 (RFC 5802, RFC 7677; through the `scramp` library) and PLAIN (RFC
   first message -> server first message, client final -> server final); PLAIN checks
   the password against the user's stored SCRAM-SHA-512 credential (a PBKDF2, so in a
   worker thread). Every step that computes a key runs off the event loop.
-- `AuthThrottle`: after a failed authentication of a user (or from a peer host),
-  further attempts on that user (or from that host) are spaced `1 / rate` seconds
-  apart (default 5 a second), queued without blocking the event loop; an attempt that
-  would wait longer than `max_wait_s` is refused at once. A failure is answered only
+- `AuthThrottle`: the password checks of one user run one at a time; after a failed
+  authentication of a user (or from a peer host), further checks of that user (or
+  from that host) are spaced `1 / rate` seconds apart (default 5 a second), queued
+  without blocking the event loop; a check that would wait longer than `max_wait_s`
+  is refused at once. (SCRAM's check is the client's proof, in its second message.) A failure is answered only
   after `connection.failed.authentication.delay.ms` (Kafka's setting, default 100).
 - `SessionTokens`: what the gRPC port's SaslAuthenticate returns once the exchange
   succeeded: `v1.<payload>.<HMAC-SHA256>`, the payload naming the user, the mechanism,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -86,6 +88,7 @@ class AuthThrottle:
         self.max_keys = max_keys
         self.clock = clock
         self._slots: dict[str, _Slots] = {}
+        self._locks: dict[str, list] = {}  # user -> [asyncio.Lock, holders and waiters]
 
     def reserve(self, keys: list[str]) -> float:
         """Reserve the next attempt for every key ("user:<name>", "peer:<host>");
@@ -120,6 +123,23 @@ class AuthThrottle:
         wait = self.reserve(keys)
         if wait > 0:
             await asyncio.sleep(wait)
+
+    @contextlib.asynccontextmanager
+    async def checking(self, user: str, peer: str):
+        """Around one password check of `user` from `peer`: checks of one user run one
+        at a time (so a burst of concurrent guesses cannot all be verified before the
+        first failure is recorded), each after its slot (admit). Raises SaslFailure
+        when refused outright."""
+        entry = self._locks.setdefault(user, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                await self.admit(throttle_keys(user, peer))
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self._locks.pop(user, None)
 
 
 def throttle_keys(user: str | None, peer: str) -> list[str]:
@@ -174,9 +194,10 @@ class SaslServer:
         if authzid and authzid != user:
             raise SaslFailure("PLAIN: an authorization id other than the user is not supported")
         self.username = user
-        await self.throttle.admit(throttle_keys(user, self.peer))
-        if not await asyncio.to_thread(self.users.verify, user, password):
-            raise SaslFailure("Authentication failed: invalid credentials with SASL mechanism PLAIN")
+        async with self.throttle.checking(user, self.peer):
+            if not await asyncio.to_thread(self.users.verify, user, password):
+                self.throttle.failed(throttle_keys(user, self.peer))  # before the next check starts
+                raise SaslFailure("Authentication failed: invalid credentials with SASL mechanism PLAIN")
         self.done = True
         return b""
 
@@ -189,7 +210,6 @@ class SaslServer:
         if self._round == 1:
             user = _scram_user(text)
             self.username = user
-            await self.throttle.admit(throttle_keys(user, self.peer))
             credential = self.users.credential(user, self.mechanism) if user else None
             if credential is None:
                 raise SaslFailure(f"Authentication failed: invalid credentials with SASL mechanism {self.mechanism}")
@@ -204,11 +224,14 @@ class SaslServer:
             def final() -> str:
                 self._scram.set_client_final(text)
                 return self._scram.get_server_final()
-            try:
-                reply = await asyncio.to_thread(final)
-            except ScramException:
-                raise SaslFailure(f"Authentication failed: invalid credentials with SASL mechanism "
-                                  f"{self.mechanism}") from None
+            # The proof is checked here: one check of a user at a time, after its slot.
+            async with self.throttle.checking(self.username, self.peer):
+                try:
+                    reply = await asyncio.to_thread(final)
+                except ScramException:
+                    self.throttle.failed(throttle_keys(self.username, self.peer))
+                    raise SaslFailure(f"Authentication failed: invalid credentials with SASL mechanism "
+                                      f"{self.mechanism}") from None
             self.done = True
             return reply.encode()
         raise SaslFailure("unexpected SCRAM message")

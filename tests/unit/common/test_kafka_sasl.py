@@ -111,3 +111,22 @@ def test_v1_handshake_authenticate_and_refusals():
         assert await _closed(reader)
         assert seen == ["User:dave"]
     _run(body)
+
+
+def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
+    """Six connections guess dave's password at once: after the first failure the
+    answers come at most 5 a second (the same AuthThrottle as the gRPC port)."""
+    async def body(port, seen):
+        async def guess(i: int) -> float:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+            await _frame(reader)
+            writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0guess-%d" % i}))
+            assert _response(36, 1, await _frame(reader)).error_code.value == 58
+            writer.close()
+            return asyncio.get_running_loop().time()
+        started = asyncio.get_running_loop().time()
+        answered = sorted(await asyncio.gather(*(guess(i) for i in range(6))))
+        # The first guesses run before any failure is recorded; from then on 0.2 s apart.
+        assert answered[-1] - started >= 0.2 * 4, [round(t - started, 2) for t in answered]
+    _run(body)
