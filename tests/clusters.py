@@ -25,11 +25,12 @@ def new_chroot(zk: str, prefix: str) -> str:
     return zk + root
 
 
-def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bool = False) -> DevCluster:
-    """Start 3 partition leaders and one coordinator of each kind under a fresh
+def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bool = False,
+                     leaders: int = 3) -> DevCluster:
+    """Start `leaders` partition leaders and one coordinator of each kind under a fresh
     `/<prefix>-<random>` chroot of `zk`; the caller calls `down()`."""
     cluster = DevCluster(directory, security=security)
-    cluster.up(3, 1, 1, zookeeper=new_chroot(zk, prefix))
+    cluster.up(leaders, 1, 1, zookeeper=new_chroot(zk, prefix))
     return cluster
 
 

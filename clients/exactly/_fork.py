@@ -34,7 +34,7 @@ from typing import Any, Callable
 import grpc
 
 from . import errors
-from exactly_wire.security import TransportSecurity
+from exactly_wire.security import SASL_AUTHENTICATE_METHOD, SASL_TOKEN_HEADER, TransportSecurity
 
 # Whether a gRPC (grpcio) channel was opened by the SDK in this process, and whether
 # this process was forked from one that had (then grpcio must not be used here).
@@ -152,7 +152,7 @@ class _Connection:
         host, _, port = address.rpartition(":")
         self._host, self._port = host.strip("[]"), int(port)
         self._security = security
-        self._metadata = list(security.metadata())
+        self._session = security.session()  # SASL: one exchange, then the session token
         self._channel: Any = None
         self._closed = False
 
@@ -169,11 +169,22 @@ class _Connection:
             self._channel = Channel(self._host, self._port, codec=_Codec(),
                                     ssl=_ssl_context(self._security))
 
-        async def _once() -> Any:
-            async with self._channel.request(method, Cardinality.UNARY_UNARY, serialize, deserialize,
-                                             timeout=timeout, metadata=self._metadata) as stream:
-                await stream.send_message(request, end=True)
+        async def _raw(path: str, message: Any, ser: Callable, de: Callable, metadata: list,
+                       t: float | None) -> Any:
+            async with self._channel.request(path, Cardinality.UNARY_UNARY, ser, de, timeout=t,
+                                             metadata=metadata) as stream:
+                await stream.send_message(message, end=True)
                 return await stream.recv_message()
+
+        async def _once() -> Any:
+            metadata: list = []
+            if self._session is not None:
+                from exactly_wire.v1 import exactly_pb2 as pb
+                token = await self._session.token_async(
+                    lambda req, t: _raw(SASL_AUTHENTICATE_METHOD, req, pb.SaslAuthenticateRequest.SerializeToString,
+                                        pb.SaslAuthenticateResponse.FromString, [], t), timeout)
+                metadata = [(SASL_TOKEN_HEADER, token)]
+            return await _raw(method, request, serialize, deserialize, metadata, timeout)
 
         try:
             if timeout is None:

@@ -415,7 +415,7 @@ class AdminClient:
     def alter_user_scram_credentials(self, upsertions: Mapping[str, str] = {}, deletions: Iterable[str] = (),
                                      iterations: int = 4096) -> None:
         """Create or change SASL users ({name: password}; stored only as salted
-        SCRAM-SHA-512 credentials) and delete users. Passwords are accepted over TLS
+        SCRAM-SHA-256 and SCRAM-SHA-512 credentials) and delete users. Passwords are accepted over TLS
         only (errors.SecurityDisabledError otherwise). Raises
         errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
         resp = self._acl_call("AlterUserScramCredentials", pb.AlterUserScramCredentialsRequest(

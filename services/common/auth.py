@@ -1,12 +1,14 @@
 """Authentication: who is calling (docs/design.md, "Security").
 
 A call's principal, in this order:
-1. SASL credentials in the call's metadata (`exactly_wire.security`): `User:<username>`
-   when the password matches the user's salted SCRAM-SHA-512 credential stored in
-   ZooKeeper (`/exactly/config/users/<name>`: salt, iterations, StoredKey, ServerKey
-   as RFC 5802 defines them; the password itself is never stored); a wrong password
-   or unknown user fails the call (UNAUTHENTICATED, Kafka's
-   SASL_AUTHENTICATION_FAILED). SASL over a plaintext listener is refused.
+1. A SASL session token in the call's metadata (`exactly_wire.security.SASL_TOKEN_HEADER`):
+   `User:<username>` of the user the token was issued to by Cluster/SaslAuthenticate
+   after a SCRAM-SHA-256/512 or PLAIN exchange (services.common.sasl); users are
+   salted SCRAM credentials in ZooKeeper (`/exactly/config/users/<name>`: salt,
+   iterations, StoredKey, ServerKey per mechanism, as RFC 5802 defines them; the
+   password itself is never stored). A token that does not verify fails the call
+   (UNAUTHENTICATED, Kafka's SASL_AUTHENTICATION_FAILED); so does a password in the
+   metadata, which is never accepted. SASL over a plaintext listener is refused.
 2. The verified TLS client certificate: `User:<name>` from its parsed subject (never
    from parsing a subject string, where an escaped "," in another attribute would
    pass for a separator) through `ssl.principal.mapping.rules` (`PrincipalMapper`:
@@ -35,7 +37,7 @@ import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from exactly_wire.security import SASL_MECHANISM_HEADER, SASL_PASSWORD_HEADER, SASL_USERNAME_HEADER
+from exactly_wire.security import SASL_PASSWORD_HEADER, SASL_TOKEN_HEADER, SASL_USERNAME_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -49,38 +51,74 @@ class AuthenticationError(Exception):
     """Credentials that do not verify (SASL_AUTHENTICATION_FAILED)."""
 
 
+_HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+
+
 @dataclass(frozen=True)
 class ScramCredential:
-    """RFC 5802 SCRAM-SHA-512 credential: salt, iterations, StoredKey, ServerKey."""
+    """RFC 5802 SCRAM credential of one mechanism (SCRAM-SHA-256 or SCRAM-SHA-512,
+    RFC 7677): salt, iterations, StoredKey, ServerKey."""
 
     salt: bytes
     iterations: int
     stored_key: bytes
     server_key: bytes
+    mechanism: str = "SCRAM-SHA-512"
 
     @classmethod
-    def create(cls, password: str, iterations: int = SCRAM_ITERATIONS, salt: bytes | None = None
-               ) -> "ScramCredential":
+    def create(cls, password: str, iterations: int = SCRAM_ITERATIONS, salt: bytes | None = None,
+               mechanism: str = "SCRAM-SHA-512") -> "ScramCredential":
+        """The credential of `password` (PBKDF2 with `iterations`, a random 32-byte
+        salt unless given) for `mechanism`; KeyError for another mechanism."""
+        name = _HASHES[mechanism]
         salt = salt or os.urandom(32)
-        salted = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
-        client_key = hmac.new(salted, b"Client Key", hashlib.sha512).digest()
-        server_key = hmac.new(salted, b"Server Key", hashlib.sha512).digest()
-        return cls(salt, iterations, hashlib.sha512(client_key).digest(), server_key)
+        salted = hashlib.pbkdf2_hmac(name, password.encode(), salt, iterations)
+        client_key = hmac.new(salted, b"Client Key", name).digest()
+        server_key = hmac.new(salted, b"Server Key", name).digest()
+        return cls(salt, iterations, hashlib.new(name, client_key).digest(), server_key, mechanism)
 
     def verify(self, password: str) -> bool:
-        again = ScramCredential.create(password, self.iterations, self.salt)
+        again = ScramCredential.create(password, self.iterations, self.salt, self.mechanism)
         return hmac.compare_digest(again.stored_key, self.stored_key)
 
-    def to_json(self) -> bytes:
+    def as_dict(self) -> dict:
         b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-        return json.dumps({"mechanism": "SCRAM-SHA-512", "salt": b64(self.salt), "iterations": self.iterations,
-                           "stored_key": b64(self.stored_key), "server_key": b64(self.server_key)}).encode()
+        return {"mechanism": self.mechanism, "salt": b64(self.salt), "iterations": self.iterations,
+                "stored_key": b64(self.stored_key), "server_key": b64(self.server_key)}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.as_dict()).encode()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScramCredential":
+        mechanism = d.get("mechanism", "SCRAM-SHA-512")
+        if mechanism not in _HASHES:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r}")
+        return cls(base64.b64decode(d["salt"]), int(d["iterations"]), base64.b64decode(d["stored_key"]),
+                   base64.b64decode(d["server_key"]), mechanism)
 
     @classmethod
     def from_json(cls, data: bytes) -> "ScramCredential":
-        d = json.loads(data)
-        return cls(base64.b64decode(d["salt"]), int(d["iterations"]), base64.b64decode(d["stored_key"]),
-                   base64.b64decode(d["server_key"]))
+        return cls.from_dict(json.loads(data))
+
+
+def create_user_credentials(password: str, iterations: int = SCRAM_ITERATIONS) -> bytes:
+    """The znode data of a user: a SCRAM-SHA-512 and a SCRAM-SHA-256 credential of
+    `password` (each its own salt), as {"mechanism": "SCRAM-SHA-512", ...,
+    "credentials": [<each credential>]} (the top level stays the SCRAM-SHA-512 one,
+    as before SCRAM-SHA-256 was stored)."""
+    creds = [ScramCredential.create(password, iterations, mechanism=m) for m in ("SCRAM-SHA-512", "SCRAM-SHA-256")]
+    return json.dumps({**creds[0].as_dict(), "credentials": [c.as_dict() for c in creds]}).encode()
+
+
+def parse_user_credentials(data: bytes) -> dict[str, ScramCredential]:
+    """Mechanism -> credential of a user's znode data (create_user_credentials, or the
+    older single SCRAM-SHA-512 credential). ValueError/KeyError when unreadable."""
+    d = json.loads(data)
+    out = {c.mechanism: c for c in (ScramCredential.from_dict(x) for x in d.get("credentials", ()))}
+    top = ScramCredential.from_dict(d)
+    out.setdefault(top.mechanism, top)
+    return out
 
 
 # Attribute types X500Principal.getName() (RFC 2253) names by keyword; any other type
@@ -280,7 +318,7 @@ class UserStore:
         """zk: a started KazooClient (None: no store, every password fails);
         ensure_path(path): creates the users znode (ClusterState.ensure_sensitive_path,
         so it gets the sensitive ACL); default zk.ensure_path."""
-        self._users: dict[str, ScramCredential] = {}
+        self._users: dict[str, dict[str, ScramCredential]] = {}
         self._lock = threading.Lock()
         self._zk = zk
         if zk is not None:
@@ -307,20 +345,42 @@ class UserStore:
                 self._users.pop(name, None)
                 return False  # stop watching a deleted user
             try:
-                self._users[name] = ScramCredential.from_json(data)
+                self._users[name] = parse_user_credentials(data)
             except (ValueError, KeyError) as exc:
                 log.warning("user %s: unreadable SCRAM credential (%s); ignored", name, exc)
                 self._users.pop(name, None)
         return None
 
-    def put(self, name: str, credential: ScramCredential) -> None:
+    def put(self, name: str, *credentials: ScramCredential) -> None:
         with self._lock:
-            self._users[name] = credential
+            self._users[name] = {c.mechanism: c for c in credentials}
+
+    def credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        """The user's stored credential for `mechanism` (None: no such user, or none
+        stored for that mechanism)."""
+        with self._lock:
+            return self._users.get(name, {}).get(mechanism)
 
     def verify(self, name: str, password: str) -> bool:
+        """Whether `password` is the user's (PLAIN): checked against the stored
+        SCRAM-SHA-512 credential (SCRAM-SHA-256 when only that is stored); a PBKDF2,
+        so call it off the event loop."""
         with self._lock:
-            cred = self._users.get(name)
+            creds = self._users.get(name, {})
+        cred = creds.get("SCRAM-SHA-512") or creds.get("SCRAM-SHA-256")
         return cred is not None and cred.verify(password)
+
+    def fingerprint(self, name: str) -> str:
+        """A short digest of the user's stored credentials ("" for no such user):
+        session tokens carry it, so a changed or deleted user's tokens stop verifying."""
+        with self._lock:
+            creds = self._users.get(name)
+        if not creds:
+            return ""
+        h = hashlib.sha256()
+        for m in sorted(creds):
+            h.update(m.encode() + creds[m].salt + creds[m].stored_key)
+        return h.hexdigest()[:24]
 
     def names(self) -> list[str]:
         with self._lock:
@@ -330,28 +390,33 @@ class UserStore:
 class Authenticator:
     """Decides a call's principal (see the module docstring). `tls`: the listener
     uses TLS (SASL is refused otherwise); `mapping_rules`: ssl.principal.mapping.rules
-    (ValueError when malformed, so a service with bad rules does not start)."""
+    (ValueError when malformed, so a service with bad rules does not start);
+    `tokens`: the verifier of session tokens (services.common.sasl.SessionTokens;
+    None: no SASL on this port)."""
 
-    def __init__(self, users: UserStore, tls: bool, mapping_rules: str = "DEFAULT"):
+    def __init__(self, users: UserStore, tls: bool, mapping_rules: str = "DEFAULT", tokens=None):
         self.users = users
         self.tls = tls
         self.mapper = PrincipalMapper(mapping_rules)
+        self.tokens = tokens
 
     def principal(self, metadata: dict[str, str], certificate: x509.Certificate | None) -> str:
         """The principal of a call with these metadata and verified client
-        `certificate` (None: none presented). Raises AuthenticationError for SASL
-        credentials that do not verify and CertificateIdentityError for a certificate
-        that names no principal."""
-        user = metadata.get(SASL_USERNAME_HEADER)
-        if user is not None:
+        `certificate` (None: none presented). Raises AuthenticationError for a
+        session token that does not verify (forged, expired, revoked), for a password
+        sent in the call's metadata (never accepted: SaslAuthenticate exchanges it for
+        a token) and CertificateIdentityError for a certificate that names no
+        principal."""
+        token = metadata.get(SASL_TOKEN_HEADER)
+        if token is not None:
             if not self.tls:
-                raise AuthenticationError("SASL credentials over a plaintext listener are refused")
-            mechanism = metadata.get(SASL_MECHANISM_HEADER, "PLAIN")
-            if mechanism not in ("PLAIN", "SCRAM-SHA-512"):
-                raise AuthenticationError(f"unsupported SASL mechanism {mechanism}")
-            if not self.users.verify(user, metadata.get(SASL_PASSWORD_HEADER, "")):
-                raise AuthenticationError(f"authentication failed for user {user!r}")
-            return "User:" + user
+                raise AuthenticationError("SASL over a plaintext listener is refused")
+            if self.tokens is None:
+                raise AuthenticationError("SASL is not enabled on this listener")
+            return "User:" + self.tokens.verify(token)
+        if SASL_PASSWORD_HEADER in metadata or SASL_USERNAME_HEADER in metadata:
+            raise AuthenticationError("a password in a call's metadata is refused; authenticate once with "
+                                      "Cluster/SaslAuthenticate and send its session token")
         if certificate is not None:
             return principal_from_certificate(certificate, self.mapper)
         return ANONYMOUS

@@ -150,6 +150,7 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "Cluster/DescribeUserScramCredentials": lambda r, p: [cluster(Op.DESCRIBE)],
     "Cluster/DescribeClientQuotas": lambda r, p: [cluster(Op.DESCRIBE)],
     "Cluster/AlterClientQuotas": lambda r, p: [cluster(Op.ALTER)],
+    "Cluster/SaslAuthenticate": lambda r, p: [],  # authentication itself: open to every caller
     # Partition leader
     "PartitionLeader/Produce": _produce,
     "PartitionLeader/CoordinatorProduce": lambda r, p: [cluster(Op.CLUSTER_ACTION)],

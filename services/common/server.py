@@ -41,7 +41,8 @@ from . import authz, connections, limits, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
-from .auth import ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, current_principal, Authenticator, ScramCredential, UserStore
+from .auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore,
+                   create_user_credentials, current_principal)
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
@@ -239,6 +240,10 @@ class ClusterServicer(pbg.ClusterServicer):
     async def AlterClientQuotas(self, request, context):
         return await self.security.alter_quotas(request)
 
+    async def SaslAuthenticate(self, request, context):
+        return await sasl_authenticate(getattr(self.cluster, "sasl", None), request,
+                                       context.peer() if context is not None else "")
+
     async def FindCoordinator(self, request, context):
         kind = KIND_FOR_KEY_TYPE.get(request.key_type)
         if kind is None:
@@ -254,6 +259,38 @@ class ClusterServicer(pbg.ClusterServicer):
                                               error_message=f"no live owner of {what}-{partition}")
         return pb.FindCoordinatorResponse(node_id=node.node_id, host=node.host, port=node.port,
                                           partition=partition, coordinator_epoch=epoch)
+
+
+async def sasl_authenticate(gateway, request: pb.SaslAuthenticateRequest, peer: str) -> pb.SaslAuthenticateResponse:
+    """One step of Cluster/SaslAuthenticate (docs/design.md, "SASL"): the first step
+    (no session_id) starts an exchange of `request.mechanism`; a SCRAM exchange's
+    second step finishes it. Once complete the answer carries a session token
+    (SessionTokens) good for session_lifetime_ms. Refusals: UNSUPPORTED_SASL_MECHANISM,
+    SASL_AUTHENTICATION_FAILED (bad credentials after the failed-authentication delay,
+    throttled, unknown or expired session_id), ILLEGAL_SASL_STATE without TLS."""
+    from .sasl import SaslFailure, UnsupportedMechanism
+    if gateway is None or gateway.tokens is None:
+        return pb.SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
+                                           error_message="SASL is available on TLS listeners only")
+    # "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> the address; the throttle keys on its host.
+    peer = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    try:
+        if request.session_id:
+            server = gateway.resume(request.session_id)
+            if server is None:
+                raise SaslFailure("unknown or expired SASL session_id; start the exchange again")
+        else:
+            server = gateway.server(request.mechanism, peer)
+        reply = await server.step(request.auth_bytes)
+    except UnsupportedMechanism as exc:
+        return pb.SaslAuthenticateResponse(error_code=ErrorCode.UNSUPPORTED_SASL_MECHANISM, error_message=str(exc))
+    except SaslFailure as exc:
+        log.info("SASL authentication from %s failed: %s", peer, exc)
+        return pb.SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED, error_message=str(exc))
+    if not server.done:
+        return pb.SaslAuthenticateResponse(auth_bytes=reply, session_id=gateway.begin(server))
+    token, lifetime_ms = gateway.tokens.issue(server.username, server.mechanism)
+    return pb.SaslAuthenticateResponse(auth_bytes=reply, token=token, session_lifetime_ms=lifetime_ms)
 
 
 class SecurityAdmin:
@@ -303,10 +340,11 @@ class SecurityAdmin:
             if bad:
                 resp.results.add(user=u.name, error_code=ErrorCode.INVALID_REQUEST, error_message=bad)
                 continue
-            cred = ScramCredential.create(u.password, u.iterations or SCRAM_ITERATIONS)
+            # SCRAM-SHA-512 and SCRAM-SHA-256 credentials (two PBKDF2s: off the event loop).
+            data = await asyncio.to_thread(create_user_credentials, u.password, u.iterations or SCRAM_ITERATIONS)
             path = f"{USERS}/{u.name}"
 
-            def write(path=path, data=cred.to_json()):
+            def write(path=path, data=data):
                 if zk.exists(path):
                     zk.set(path, data)
                 else:
@@ -477,7 +515,10 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         cluster_apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel)
         own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
         apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
+        sasl = cluster.sasl if security.tls and cluster.sasl.mechanisms else None
+        required = cfg.get_str("ssl.client.auth", "none") == "required"
         kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
+                              sasl=sasl, require_authentication=required,
                               quota_manager=quota_manager,
                               limits=connection_limits(cfg, nofile),
                               idle_timeout_s=cfg.get_int(connections.CONNECTIONS_MAX_IDLE_MS,
@@ -485,7 +526,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                               handshake_timeout_s=cfg.get_int(connections.HANDSHAKE_TIMEOUT_MS,
                                                               connections.DEFAULT_HANDSHAKE_TIMEOUT_MS) / 1000)
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
-                                               ssl_context(cfg, security) if security.tls else None)
+                                               ssl_context(cfg, security, sasl is not None) if security.tls else None)
     await asyncio.to_thread(cluster.register)
     if hasattr(service, "wait_ready"):
         await service.wait_ready()
@@ -605,8 +646,10 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
     authorizer fed by a ZooKeeper watch and the producer-id binding check over
     `client` (docs/design.md, "Security")."""
     users = UserStore(cluster.zk, cluster.ensure_sensitive_path)
+    gateway = sasl_gateway(cfg, cluster, users, security)
     interceptor.authenticator = Authenticator(users, tls=security.tls,
-                                              mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"))
+                                              mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
+                                              tokens=gateway.tokens)
     if cfg.get_str("authorizer", "none") == "acl":
         authorizer = Authorizer(super_users=parse_super_users(cfg.get_str("super.users", "")),
                                 allow_if_no_acl=cfg.get_bool("allow.everyone.if.no.acl.found", False))
@@ -616,6 +659,25 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
         cluster.pid_bindings = ProducerIdBindings(
             cluster, client, refresh_s=cfg.get_int("producer.id.expiration.ms", 86_400_000) / 4000)
     cluster.users = users
+    cluster.sasl = gateway
+
+
+def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, security: TransportSecurity):
+    """The process's SASL (services.common.sasl.SaslGateway) from its settings:
+    sasl.enabled.mechanisms, connection.failed.authentication.delay.ms,
+    exactly.sasl.failed.authentication.attempts.per.second and
+    exactly.sasl.session.lifetime.ms; session tokens (TLS listeners only) signed with
+    the cluster's key from ZooKeeper."""
+    from .sasl import AuthThrottle, SaslGateway, SessionTokens, load_token_key, parse_mechanisms
+    tokens = None
+    if security.tls:
+        key = load_token_key(cluster.zk, cluster.zk_security.sensitive_acl)
+        tokens = SessionTokens(key, users, cfg.get_int("exactly.sasl.session.lifetime.ms", 3600000))
+    return SaslGateway(users, parse_mechanisms(cfg.get_str("sasl.enabled.mechanisms",
+                                                           "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN")),
+                       AuthThrottle(float(cfg.get_str("exactly.sasl.failed.authentication.attempts.per.second",
+                                                      "5"))),
+                       cfg.get_int("connection.failed.authentication.delay.ms", 100), tokens)
 
 
 def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaManager:
@@ -637,8 +699,10 @@ def server_credentials(cfg: ServiceConfig, security: TransportSecurity) -> grpc.
                                        require_client_auth=client_auth == "required")
 
 
-def ssl_context(cfg: ServiceConfig, security: TransportSecurity):
-    """The Kafka listener's TLS context, with the same certificate and client-auth rule."""
+def ssl_context(cfg: ServiceConfig, security: TransportSecurity, sasl: bool = False):
+    """The Kafka listener's TLS context, with the same certificate and client-auth rule;
+    with `sasl`, ssl.client.auth=required asks for a certificate without requiring one
+    (a connection without one must then authenticate with SASL: KafkaListener)."""
     import ssl
     import tempfile
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -652,7 +716,7 @@ def ssl_context(cfg: ServiceConfig, security: TransportSecurity):
     client_auth = cfg.get_str("ssl.client.auth", "none")
     if client_auth != "none":
         ctx.load_verify_locations(cadata=security.ca.decode())
-        ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
+        ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" and not sasl else ssl.CERT_OPTIONAL
     return ctx
 
 

@@ -52,6 +52,15 @@ def _per_ip_overrides(value: str) -> str:
 
 PerIpOverrides = Annotated[str, AfterValidator(_per_ip_overrides)]
 
+def _sasl_mechanisms(value: str) -> str:
+    """sasl.enabled.mechanisms parse (services.common.sasl.parse_mechanisms)."""
+    from .sasl import parse_mechanisms
+    parse_mechanisms(value)
+    return value
+
+
+SaslMechanisms = Annotated[str, AfterValidator(_sasl_mechanisms)]
+
 
 class ServiceSchema(SecuritySettings):
     """Settings every service process has. The security keys (SecuritySettings) set
@@ -170,6 +179,20 @@ class ServiceSchema(SecuritySettings):
         "CA; needed for the services' own principals with the authorizer on), requested (the Kafka listener "
         "verifies one when presented; gRPC cannot ask for an optional certificate, so there it means none) or "
         "none.", MEDIUM)
+    sasl_enabled_mechanisms: SaslMechanisms = setting(
+        "sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN", "SASL mechanisms offered on both ports "
+        "(TLS listeners only): SCRAM-SHA-256, SCRAM-SHA-512, PLAIN (checked against the stored SCRAM-SHA-512 "
+        "credential).", MEDIUM)
+    connection_failed_authentication_delay_ms: int = setting(
+        "connection.failed.authentication.delay.ms", 100, "Delay in ms before a failed authentication is "
+        "answered (and the Kafka connection closed).", LOW, ge=0)
+    exactly_sasl_failed_authentication_attempts_per_second: float = setting(
+        "exactly.sasl.failed.authentication.attempts.per.second", 5.0, "After a failed authentication, further "
+        "attempts on that user, and from that host, are spaced to at most this many a second (queued, not "
+        "refused, up to 10 s of wait) for a minute.", LOW, gt=0)
+    exactly_sasl_session_lifetime_ms: int = setting(
+        "exactly.sasl.session.lifetime.ms", 3600000, "Lifetime in ms of the session token a gRPC client gets "
+        "from its SASL exchange (it authenticates again before then).", LOW, ge=1000)
 
 
 class PartitionLeaderSchema(ServiceSchema):

@@ -9,11 +9,10 @@ import uuid
 
 import pytest
 
-from clusters import new_chroot
+from clusters import chrooted_cluster
 from crafted_certs import CRAFTED, TWO_COMMON_NAMES, name, write_certificate
 from exactly import AclBinding, AdminClient, NewTopic, errors
 from exactly_tools.certs import CertificateAuthority
-from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -24,9 +23,8 @@ MINE, THEIRS = (f"{p}-{uuid.uuid4().hex[:6]}" for p in ("mallorys", "admins"))
 
 @pytest.fixture(scope="module")
 def sec(zk, tmp_path_factory):
-    cluster = DevCluster(tmp_path_factory.mktemp("identity-cluster"), security=True)
+    cluster = chrooted_cluster(zk, tmp_path_factory.mktemp("identity-cluster"), "identity", security=True, leaders=1)
     try:
-        cluster.up(1, 1, 1, zookeeper=new_chroot(zk, "identity"))
         ca = CertificateAuthority.load(cluster.dir / "certs")
         for stem, subject in CRAFTED.items():
             write_certificate(ca, stem, name(subject))

@@ -236,16 +236,17 @@ def test_kafka_python_describe_topics(kc):
     assert topic in {t["name"] for t in everything}
 
 
-async def _aiokafka_read(kc, topic: str, count: int, **consumer_settings) -> list[bytes]:
+async def _aiokafka_read(kc, topic: str, count: int, until=None, **consumer_settings) -> list[bytes]:
     """The first `count` values of `topic` read by aiokafka's consumer from the
-    beginning (each getmany bounded by 30 s)."""
+    beginning (each getmany bounded by 30 s); with `until` (values -> bool), the
+    values read until it holds instead."""
     from aiokafka import AIOKafkaConsumer
     c = AIOKafkaConsumer(topic, bootstrap_servers=kc.kafka_bootstrap_servers, auto_offset_reset="earliest",
                          enable_auto_commit=False, **consumer_settings)
     await c.start()
     got: list[bytes] = []
     try:
-        while len(got) < count:
+        while not until(got) if until is not None else len(got) < count:
             batch = await asyncio.wait_for(c.getmany(timeout_ms=500), 30)
             for msgs in batch.values():
                 got.extend(m.value for m in msgs)

@@ -36,6 +36,16 @@ at once when refused; the handshake must end within `handshake_timeout_s`; a
 connection with no request for `idle_timeout_s` (connections.max.idle.ms), or whose
 response the peer does not read for that long, is closed. Each refusal and close is
 counted and logged (rate-limited) by `RefusalLog`.
+
+SASL (docs/design.md, "SASL"; a TLS listener given a SaslGateway): SaslHandshake
+(key 17, v0-1) picks a mechanism of sasl.enabled.mechanisms (else
+UNSUPPORTED_SASL_MECHANISM with the enabled ones); SaslAuthenticate (key 36, v0-2,
+KIP-152) carries the exchange's messages (after a v0 handshake they come as bare
+size-prefixed tokens, as Kafka before 1.0). Once it succeeds the connection's
+principal is User:<name>, whatever certificate it presented. After a handshake,
+any request but ApiVersions before the exchange completed closes the connection
+(ILLEGAL_SASL_STATE); a failed exchange is answered SASL_AUTHENTICATION_FAILED
+after connection.failed.authentication.delay.ms, and the connection closed.
 """
 from __future__ import annotations
 
@@ -52,12 +62,40 @@ from ..auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current
 from ..authz import Denied
 from .. import quotas as quota
 from ..connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog
-from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, peek_header
+from ..sasl import SaslFailure, UnsupportedMechanism
+from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any, int, "RequestContext"], Awaitable[dict | None]]
 DEFAULT_MAX_REQUEST_BYTES = 104857600
+SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY = 17, 36
+SASL_KEYS = (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
+
+
+class _Closing(Exception):
+    """Close the connection after sending `response` (a refused SASL step)."""
+
+    def __init__(self, response: bytes | None, reason: str):
+        super().__init__(reason)
+        self.response = response
+
+
+@dataclass
+class _Sasl:
+    """A connection's SASL state: the exchange in progress (None: none started), and
+    whether its tokens come bare (after a v0 SaslHandshake)."""
+
+    server: Any = None
+    raw: bool = False
+    required: bool = False  # no certificate on a listener that wants one: SASL first
+
+    @property
+    def pending(self) -> bool:
+        """An exchange started and not yet complete, or none done where one is required."""
+        if self.server is None:
+            return self.required
+        return not self.server.done
 
 
 @dataclass
@@ -83,13 +121,21 @@ class KafkaListener:
     Produce with acks=0)."""
 
     def __init__(self, apis: dict[int, Api], max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 principal_rules: str = "DEFAULT", quota_manager: "quota.QuotaManager | None" = None,
+                 principal_rules: str = "DEFAULT", sasl=None, require_authentication: bool = False,
+                 quota_manager: "quota.QuotaManager | None" = None,
                  limits: ConnectionLimits | None = None,
                  idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0):
         """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
+        `sasl`: a services.common.sasl.SaslGateway to serve SaslHandshake and
+        SaslAuthenticate (give it for TLS listeners only; None: no SASL);
+        `require_authentication`: a connection without a client certificate must
+        authenticate with SASL before any request but ApiVersions (ssl.client.auth=
+        required with SASL: the TLS layer then asks for a certificate without
+        requiring one, as a Kafka SASL_SSL listener does);
         `quota_manager`: the process's client quotas (None: none); `limits`: admission of
         new connections (default: none); `idle_timeout_s`: connections.max.idle.ms in
         seconds; `handshake_timeout_s`: seconds a TLS handshake may take."""
+        self.require_authentication = require_authentication and sasl is not None
         self.apis = dict(apis)
         self.quotas = quota_manager
         self.limits = limits or ConnectionLimits()
@@ -99,6 +145,10 @@ class KafkaListener:
         self._ssl = None
         self.principal_mapper = PrincipalMapper(principal_rules)
         self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
+        self.sasl = sasl
+        if sasl is not None:  # answered by _sasl_step; listed here for ApiVersions
+            self.apis[SASL_HANDSHAKE_KEY] = Api(0, 1, self._api_versions)
+            self.apis[SASL_AUTHENTICATE_KEY] = Api(0, 2, self._api_versions)
         self.max_request_bytes = max_request_bytes
         self._socket: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
@@ -177,8 +227,13 @@ class KafkaListener:
                 for k, a in sorted(self.apis.items())]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer_s: str) -> None:
+        sasl = _Sasl()
         try:
-            current_principal.set(self._principal(writer))
+            principal = self._principal(writer)
+            current_principal.set(principal)
+            ssl_object = writer.get_extra_info("ssl_object")
+            sasl.required = self.require_authentication and not (
+                ssl_object is not None and ssl_object.getpeercert(binary_form=True))
             while True:
                 try:
                     size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
@@ -188,11 +243,24 @@ class KafkaListener:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 size = int.from_bytes(size_bytes, "big", signed=True)
-                if size < 8 or size > self.max_request_bytes:
+                if size < (0 if sasl.raw else 8) or size > self.max_request_bytes:
                     log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
                     return
                 frame = await reader.readexactly(size)
-                response, throttle_ms = await self._handle(frame, peer_s)
+                throttle_ms = 0
+                try:
+                    if sasl.raw:
+                        response = await self._sasl_raw(frame, sasl, peer_s)
+                    elif self.sasl is not None and (peek_header(frame)[0] in SASL_KEYS or sasl.pending):
+                        response = await self._sasl_step(frame, sasl, peer_s)
+                    else:
+                        response, throttle_ms = await self._handle(frame, peer_s)
+                except _Closing as closing:
+                    log.info("kafka connection from %s: %s; closing", peer_s, closing)
+                    if closing.response is not None:
+                        writer.write(closing.response)
+                        await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
+                    return
                 if response is not None:
                     writer.write(response)
                     try:
@@ -229,6 +297,63 @@ class KafkaListener:
             return ANONYMOUS
         from cryptography import x509
         return principal_from_certificate(x509.load_der_x509_certificate(der), self.principal_mapper)
+
+    async def _sasl_step(self, frame: bytes, sasl: _Sasl, peer: str) -> bytes | None:
+        """SaslHandshake / SaslAuthenticate on a connection (module docstring); any
+        other request while an exchange is unfinished closes the connection."""
+        api_key, version, correlation_id = peek_header(frame)
+        if api_key not in SASL_KEYS:
+            if api_key == API_VERSIONS_KEY:
+                return (await self._handle(frame, peer))[0]
+            raise _Closing(None, f"{api_name(api_key)} before SASL authentication completed (ILLEGAL_SASL_STATE)")
+        api = self.apis[api_key]
+        if not api.min_version <= version <= api.max_version:
+            raise ProtocolError(f"{api_name(api_key)} v{version} is not served here")
+        _header, request = decode_request(frame, api_key, version)
+        if api_key == SASL_HANDSHAKE_KEY:
+            mechanism = field(request, "mechanism", "")
+            if sasl.server is not None and sasl.server.done:
+                raise _Closing(None, "SaslHandshake after SASL authentication completed (ILLEGAL_SASL_STATE)")
+            try:
+                sasl.server = self.sasl.server(mechanism, peer)
+            except UnsupportedMechanism as exc:
+                raise _Closing(encode_response(api_key, version, correlation_id, {
+                    "error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                    "mechanisms": list(self.sasl.mechanisms)}), str(exc)) from None
+            sasl.raw = version == 0
+            return encode_response(api_key, version, correlation_id,
+                                   {"error_code": 0, "mechanisms": list(self.sasl.mechanisms)})
+        if sasl.server is None or sasl.server.done:
+            raise _Closing(encode_response(api_key, version, correlation_id, {
+                "error_code": ErrorCode.ILLEGAL_SASL_STATE, "error_message": "SaslAuthenticate without an "
+                "exchange in progress (SaslHandshake first)", "auth_bytes": b""}), "unexpected SaslAuthenticate")
+        try:
+            reply = await sasl.server.step(field(request, "auth_bytes", b""))
+        except SaslFailure as exc:
+            raise _Closing(encode_response(api_key, version, correlation_id, {
+                "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": str(exc),
+                "auth_bytes": b""}), f"SASL authentication failed: {exc}") from None
+        self._authenticated(sasl, peer)
+        return encode_response(api_key, version, correlation_id,
+                               {"error_code": 0, "error_message": None, "auth_bytes": reply, "session_lifetime": 0})
+
+    async def _sasl_raw(self, token: bytes, sasl: _Sasl, peer: str) -> bytes:
+        """A bare SASL token after a v0 SaslHandshake; the reply goes back bare too (a
+        failure closes the connection without an answer, as Kafka does)."""
+        try:
+            reply = await sasl.server.step(token)
+        except SaslFailure as exc:
+            raise _Closing(None, f"SASL authentication failed: {exc}") from None
+        self._authenticated(sasl, peer)
+        return len(reply).to_bytes(4, "big") + reply
+
+    @staticmethod
+    def _authenticated(sasl: _Sasl, peer: str) -> None:
+        if sasl.server.done:
+            sasl.raw = False
+            current_principal.set("User:" + sasl.server.username)
+            log.info("kafka connection from %s authenticated as User:%s (%s)", peer, sasl.server.username,
+                     sasl.server.mechanism)
 
     async def _handle(self, frame: bytes, peer: str) -> tuple[bytes | None, int]:
         """(encoded response or None for none, throttle time in ms) of one request frame."""

@@ -6,9 +6,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from exactly_wire.security import SASL_MECHANISM_HEADER, SASL_PASSWORD_HEADER, SASL_USERNAME_HEADER
+from exactly_wire.security import SASL_PASSWORD_HEADER, SASL_TOKEN_HEADER, SASL_USERNAME_HEADER
 from services.common.auth import (ANONYMOUS, AuthenticationError, Authenticator, CertificateIdentityError,
                                   PrincipalMapper, ScramCredential, UserStore, distinguished_name)
+from services.common.sasl import SessionTokens
 
 
 def test_scram_credentials_verify_the_password_and_never_hold_it():
@@ -74,23 +75,26 @@ def test_the_principal_comes_from_the_parsed_subject():
         PrincipalMapper(r"RULE:^.*$/anyone/").principal(_dn("CN=admin,CN=mallory"))
 
 
-def test_sasl_first_then_certificate_then_anonymous(tmp_path):
+def test_sasl_token_first_then_certificate_then_anonymous(tmp_path):
     from exactly_tools.certs import CertificateAuthority
     ca = CertificateAuthority.create(tmp_path)
     bob = x509.load_pem_x509_certificate(ca.issue("bob", client=True).certificate.read_bytes())
     users = UserStore()
     users.put("dave", ScramCredential.create("pw"))
-    auth = Authenticator(users, tls=True)
-    sasl = {SASL_MECHANISM_HEADER: "SCRAM-SHA-512", SASL_USERNAME_HEADER: "dave", SASL_PASSWORD_HEADER: "pw"}
-    assert auth.principal(sasl, bob) == "User:dave"
+    tokens = SessionTokens(b"k" * 32, users)
+    auth = Authenticator(users, tls=True, tokens=tokens)
+    token, _ = tokens.issue("dave", "SCRAM-SHA-512")
+    assert auth.principal({SASL_TOKEN_HEADER: token}, bob) == "User:dave"
     assert auth.principal({}, bob) == "User:bob"
     assert auth.principal({}, None) == ANONYMOUS
-    for bad in ({**sasl, SASL_PASSWORD_HEADER: "nope"}, {**sasl, SASL_USERNAME_HEADER: "eve"},
-                {**sasl, SASL_MECHANISM_HEADER: "GSSAPI"}):
+    forged = SessionTokens(b"x" * 32, users).issue("dave", "SCRAM-SHA-512")[0]
+    for bad in ({SASL_TOKEN_HEADER: forged}, {SASL_TOKEN_HEADER: "v1.e30.AAAA"}, {SASL_TOKEN_HEADER: "junk"},
+                # a password in the metadata is refused, right or wrong
+                {SASL_USERNAME_HEADER: "dave", SASL_PASSWORD_HEADER: "pw"}):
         with pytest.raises(AuthenticationError):
             auth.principal(bad, bob)
-    with pytest.raises(AuthenticationError):  # never a password over plaintext
-        Authenticator(users, tls=False).principal(sasl, None)
+    with pytest.raises(AuthenticationError):  # never SASL over plaintext
+        Authenticator(users, tls=False, tokens=tokens).principal({SASL_TOKEN_HEADER: token}, None)
     with pytest.raises(ValueError):  # malformed rules fail at start
         Authenticator(users, tls=True, mapping_rules="RULE:broken")
 

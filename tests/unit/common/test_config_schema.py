@@ -46,7 +46,7 @@ BOOT = {"bootstrap.servers": "127.0.0.1:1"}
      "No such file"),
     (Producer, {"security.protocol": "SASL_PLAINTEXT", "sasl.username": "u"}, "sasl.password",
      "needs sasl.username and sasl.password"),
-    (Producer, {"sasl.mechanism": "GSSAPI"}, "sasl.mechanism", "one of: PLAIN, SCRAM-SHA-512"),
+    (Producer, {"sasl.mechanism": "GSSAPI"}, "sasl.mechanism", "one of: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
     (Producer, {"ssl.endpoint.identification.algorithm": "none"}, "ssl.endpoint.identification.algorithm",
      "one of: https"),
     (Producer, {"value.serializer": "x"}, "value.serializer", "serialize in the application"),

@@ -77,7 +77,7 @@ def _line(b: AclBinding) -> str:
 
 @click.group()
 def users() -> None:
-    """Add, remove and list SASL users (salted SCRAM-SHA-512 credentials)."""
+    """Add, remove and list SASL users (salted SCRAM-SHA-256 and SCRAM-SHA-512 credentials)."""
 
 
 @users.command("add")
@@ -90,8 +90,9 @@ def add_user(name, password, iterations) -> None:
     """Create a user or change its password."""
     with admin_client() as admin:
         admin.alter_user_scram_credentials({name: password}, iterations=iterations)
-    emit({"user": name, "mechanism": "SCRAM-SHA-512", "iterations": iterations},
-         lambda: click.echo(f"User {name} set (SCRAM-SHA-512, {iterations} iterations)."))
+    emit({"user": name, "mechanism": "SCRAM-SHA-512", "mechanisms": ["SCRAM-SHA-256", "SCRAM-SHA-512"],
+          "iterations": iterations},
+         lambda: click.echo(f"User {name} set (SCRAM-SHA-256 and SCRAM-SHA-512, {iterations} iterations)."))
 
 
 @users.command("remove")

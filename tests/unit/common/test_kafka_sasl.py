@@ -1,0 +1,132 @@
+"""SaslHandshake and SaslAuthenticate on the Kafka listener over loopback TCP, without
+a cluster (docs/design.md, "SASL"): a v0 handshake followed by bare SCRAM tokens, a
+v1 handshake with SaslAuthenticate, an unsupported mechanism, a wrong password (answered
+SASL_AUTHENTICATION_FAILED, then the connection closed), and a request before the
+exchange completed on a listener that requires authentication."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+from kio.serial import entity_reader, entity_writer
+from kio.schema.request_header.v1.header import RequestHeader
+from scramp import ScramClient
+
+from services.common.auth import UserStore, create_user_credentials, current_principal, parse_user_credentials
+from services.common.kafka.codec import build, request_class, response_class
+from services.common.kafka.listener import Api, KafkaListener
+from services.common.sasl import SaslGateway
+
+METADATA = 3
+
+
+def _request(api_key: int, version: int, body: dict, correlation_id: int = 7) -> bytes:
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(out, RequestHeader(request_api_key=api_key, request_api_version=version,
+                                                    correlation_id=correlation_id, client_id="t"))
+    entity_writer(request_class(api_key, version))(out, build(request_class(api_key, version), body))
+    data = out.getvalue()
+    return len(data).to_bytes(4, "big") + data
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+    return await asyncio.wait_for(reader.readexactly(size), 10)
+
+
+def _response(api_key: int, version: int, frame: bytes):
+    return entity_reader(response_class(api_key, version))(frame, 4)[0]  # after the v0 response header
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(1), 10) == b""
+
+
+def _run(body) -> None:
+    users = UserStore()
+    users.put("dave", *parse_user_credentials(create_user_credentials("secret", 4096)).values())
+    seen: list[str] = []
+
+    async def metadata(req, version, ctx):
+        seen.append(current_principal.get())
+        return {"throttle_time": 0, "brokers": [], "topics": []}
+
+    async def main():
+        listener = KafkaListener({METADATA: Api(1, 1, metadata)}, sasl=SaslGateway(users, failed_delay_ms=0),
+                                 require_authentication=True)
+        port = await listener.start("127.0.0.1", 0)
+        try:
+            await asyncio.wait_for(body(port, seen), 30)
+        finally:
+            await listener.stop()
+    asyncio.run(main())
+
+
+def test_v0_handshake_then_bare_scram_tokens():
+    async def body(port, seen):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(17, 0, {"mechanism": "SCRAM-SHA-256"}))
+        assert _response(17, 0, await _frame(reader)).error_code.value == 0
+        client = ScramClient(["SCRAM-SHA-256"], "dave", "secret")
+        first = client.get_client_first().encode()
+        writer.write(len(first).to_bytes(4, "big") + first)
+        client.set_server_first((await _frame(reader)).decode())
+        final = client.get_client_final().encode()
+        writer.write(len(final).to_bytes(4, "big") + final)
+        client.set_server_final((await _frame(reader)).decode())  # the server's signature verifies
+        writer.write(_request(METADATA, 1, {"topics": []}))
+        await _frame(reader)
+        assert seen == ["User:dave"]
+        writer.close()
+    _run(body)
+
+
+def test_v1_handshake_authenticate_and_refusals():
+    async def body(port, seen):
+        # PLAIN through SaslAuthenticate v2 (flexible).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+        assert _response(17, 1, await _frame(reader)).error_code.value == 0
+        writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0secret"}))
+        assert _response(36, 1, await _frame(reader)).error_code.value == 0
+        writer.write(_request(METADATA, 1, {"topics": []}))
+        await _frame(reader)
+        assert seen == ["User:dave"]
+        writer.close()
+        # A wrong password: SASL_AUTHENTICATION_FAILED, then closed.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+        await _frame(reader)
+        writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0guess"}))
+        assert _response(36, 1, await _frame(reader)).error_code.value == 58
+        assert await _closed(reader)
+        # An unsupported mechanism: UNSUPPORTED_SASL_MECHANISM naming the enabled ones.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(17, 1, {"mechanism": "GSSAPI"}))
+        resp = _response(17, 1, await _frame(reader))
+        assert resp.error_code.value == 33 and "SCRAM-SHA-512" in resp.mechanisms
+        # No certificate and no SASL on a listener that requires authentication: closed.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_request(METADATA, 1, {"topics": []}))
+        assert await _closed(reader)
+        assert seen == ["User:dave"]
+    _run(body)
+
+
+def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
+    """Six connections guess dave's password at once: after the first failure the
+    answers come at most 5 a second (the same AuthThrottle as the gRPC port)."""
+    async def body(port, seen):
+        async def guess(i: int) -> float:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+            await _frame(reader)
+            writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0guess-%d" % i}))
+            assert _response(36, 1, await _frame(reader)).error_code.value == 58
+            writer.close()
+            return asyncio.get_running_loop().time()
+        started = asyncio.get_running_loop().time()
+        answered = sorted(await asyncio.gather(*(guess(i) for i in range(6))))
+        # The first guesses run before any failure is recorded; from then on 0.2 s apart.
+        assert answered[-1] - started >= 0.2 * 4, [round(t - started, 2) for t in answered]
+    _run(body)
