@@ -41,7 +41,8 @@ from . import authz, limits, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
-from .auth import ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, current_principal, Authenticator, ScramCredential, UserStore
+from .auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, ScramCredential, UserStore,
+                   current_principal)
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
@@ -136,7 +137,7 @@ class ClusterServicer(pbg.ClusterServicer):
 
     async def CreateTopics(self, request, context):
         resp = pb.CreateTopicsResponse()
-        principal = current_principal.get()
+        principal = _owner(current_principal.get())
         throttle = self._mutation_throttle()
         for t in request.topics:
             bad = topic_admin.validate_topic_configs(dict(t.configs))
@@ -149,7 +150,7 @@ class ClusterServicer(pbg.ClusterServicer):
             else:
                 code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
                                                     t.replication_factor or 1, dict(t.configs), False,
-                                                    _owner(principal))
+                                                    principal)
                 if code == ErrorCode.NONE:
                     throttle = max(throttle, self._record_mutations(t.num_partitions))
             resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))
