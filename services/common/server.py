@@ -137,7 +137,7 @@ class ClusterServicer(pbg.ClusterServicer):
 
     async def CreateTopics(self, request, context):
         resp = pb.CreateTopicsResponse()
-        principal = current_principal.get()
+        principal = _owner(current_principal.get())
         throttle = self._mutation_throttle()
         for t in request.topics:
             bad = topic_admin.validate_topic_configs(dict(t.configs))
@@ -150,7 +150,7 @@ class ClusterServicer(pbg.ClusterServicer):
             else:
                 code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
                                                     t.replication_factor or 1, dict(t.configs), False,
-                                                    _owner(principal))
+                                                    principal)
                 if code == ErrorCode.NONE:
                     throttle = max(throttle, self._record_mutations(t.num_partitions))
             resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))

@@ -182,7 +182,8 @@ def test_produce_byte_rate_is_held_and_another_user_is_unaffected(sec, topic, tm
     finally:
         alice.close()
     print(f"alice {alice_rate / 1024:.1f} KiB/s for a quota of {RATE / 1024:.0f} KiB/s (max throttle "
-          f"{throttle_seen} ms, raw Produce throttle_time_ms {raw_alice}); bob {bob_rate / 1024:.1f} KiB/s, produce p50 {bob_before:.1f} ms before, "
+          f"{throttle_seen} ms, raw Produce throttle_time_ms {raw_alice}); bob {bob_rate / 1024:.1f} KiB/s, "
+          f"produce p50 {bob_before:.1f} ms before, "
           f"{statistics.median(bob_during):.1f} ms while alice is throttled")
     # Record bytes are a little less than the Produce request bytes the quota counts.
     assert 0.9 * RATE <= alice_rate <= 1.1 * RATE, (alice_rate, RATE)
