@@ -779,13 +779,20 @@ class ReplicaManager:
         deadline = self.monotonic_s() + max(max_wait_ms, 0) / 1000
         min_bytes = max(min_bytes, 1)
         bound = LOG_END if replica_id else LAST_STABLE if isolation_level == READ_COMMITTED else HIGH_WATERMARK
-        watches = [Watch((e.topic, e.partition), bound, e.fetch_offset) for e in entries]
         while True:
             results, total, failed = self._read_once(entries, max_bytes, isolation_level, replica_id)
             if total >= min_bytes or failed or self.monotonic_s() >= deadline:
                 return results
+            # What was readable has been read: wait for the position to pass where it is now.
+            watches = [Watch((e.topic, e.partition), bound, max(e.fetch_offset, self._position(e, bound)))
+                       for e in entries]
             if not await self.purgatory.wait(watches, deadline, None if replica_id else owner):
                 return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
+
+    def _position(self, e: FetchEntry, bound: str) -> int:
+        """Position `bound` (purgatory.LOG_END, ...) of the partition of `e` (-1: not here)."""
+        p = self.replicas.get((e.topic, e.partition))
+        return -1 if p is None else positions(p)[bound]
 
     def _read_once(self, entries: Sequence[FetchEntry], max_bytes: int, isolation_level: int,
                    replica_id: str) -> tuple[list, int, bool]:

@@ -394,3 +394,31 @@ def test_a_consumer_fetch_waits_at_most_fetch_max_wait_ms_and_per_owner_bound(ma
         [res] = await waiting
         assert res.error == ErrorCode.NONE and not res.records
     asyncio.run(main())
+
+
+def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, now):
+    """A consumer that read what was committed and wants more bytes is not woken by
+    appends the high watermark has not passed yet (the follower has not fetched them)."""
+    async def main():
+        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        await follower_fetch(manager, 1)  # the HW moves to 1: one batch readable
+        reads = []
+        read_once = manager._read_once
+        manager._read_once = lambda *a: reads.append(a) or read_once(*a)
+        waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=5000,
+                                                               min_bytes=1 << 20))
+        await parked(manager)
+        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        assert len(reads) == 1 and not waiting.done()  # the HW is still 1: not woken
+        await follower_fetch(manager, 2)  # the HW moves to 2: woken, reads, still short
+        for _ in range(200):
+            if len(reads) == 3:
+                break
+            await asyncio.sleep(0)
+        await parked(manager)
+        assert len(reads) == 3 and not waiting.done()  # the follower's read and its second one
+        now.s += 5
+        manager.purgatory.expire_due()
+        [res] = await waiting
+        assert res.error == ErrorCode.NONE and res.records
+    asyncio.run(main())
