@@ -41,6 +41,7 @@ pytestmark = pytest.mark.integration
 MB = 1 << 20
 FETCH = method_path("PartitionLeader", "Fetch")
 IN_FLIGHT = 16
+MAX_WAIT_MS = 2000
 
 
 def scrape(address: str) -> str:
@@ -73,10 +74,12 @@ def fetch_request(topic: str, offset: int = 0, max_wait_ms: int = 0) -> pb.Fetch
 @pytest.fixture(scope="module")
 def sec(zk, tmp_path_factory):
     """A secured cluster (TLS, client certificates, the ACL authorizer) with one
-    partition leader, its tunnel streams bounded to IN_FLIGHT calls in flight;
-    User:mallory may Read topic `big`, which holds 4 batches of ~900 KB."""
+    partition leader, its tunnel streams bounded to IN_FLIGHT calls in flight and a
+    consumer's max_wait_ms cut to MAX_WAIT_MS (fetch.max.wait.ms); User:mallory may
+    Read topic `big`, which holds 4 batches of ~900 KB."""
     c = DevCluster(tmp_path_factory.mktemp("tunnel-cluster"), security=True,
-                   props={"exactly.tunnel.max.in.flight.calls": str(IN_FLIGHT)})
+                   props={"exactly.tunnel.max.in.flight.calls": str(IN_FLIGHT),
+                          "fetch.max.wait.ms": str(MAX_WAIT_MS)})
     c.up(1, 1, 1, zookeeper=new_chroot(zk, "tunnel"))
     CertificateAuthority.load(c.dir / "certs").issue("mallory", client=True)
     with AdminClient({"bootstrap.servers": c.bootstrap_servers, **c.client_config}) as a:
@@ -156,6 +159,18 @@ def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec
 
 
 # ------------------------------------------------------------ parked fetches
+
+def test_a_consumer_cannot_park_a_fetch_past_fetch_max_wait_ms(sec):
+    """max_wait_ms=600000 (ten minutes, which a leader once honoured) at the end of
+    `big`: the leader answers, with no records, after fetch.max.wait.ms."""
+    stub = pbg.PartitionLeaderStub(channel(sec, "mallory", sec.services["pl-0"].address))
+    start = time.monotonic()
+    resp = stub.Fetch(fetch_request("big", 4, max_wait_ms=600000), timeout=30)
+    waited = time.monotonic() - start
+    [part] = resp.responses[0].partitions
+    assert resp.error_code == 0 and part.error_code == 0 and not part.records, resp
+    assert MAX_WAIT_MS / 1000 * 0.9 <= waited < MAX_WAIT_MS / 1000 + 10, f"answered after {waited:.1f} s"
+
 
 # 2,000 in `make test`; EXACTLY_PARKED_FETCHES=5000 for the figure of docs/design.md (on a
 # loaded machine gRPC cancelled some hundreds of 5,000-6,500 such calls before they parked).
