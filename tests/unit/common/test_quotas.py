@@ -235,17 +235,28 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
 
     from services.common.quotas import Timed
 
-    async def handler():
-        await asyncio.sleep(0.2)  # waiting (for data, replication): not counted
-        end = _time.perf_counter() + 0.05
-        while _time.perf_counter() < end:  # running on the event loop: counted
+    def spin(seconds: float) -> None:  # running on the event loop
+        end = _time.perf_counter() + seconds
+        while _time.perf_counter() < end:
             pass
+
+    async def handler(gate: asyncio.Event):
+        await gate.wait()  # waiting (for data, replication) while others run: not counted
+        spin(0.05)  # the handler's own step: counted
         await asyncio.sleep(0)
         return "done"
 
+    async def _timed(timed):
+        return await timed
+
     async def main():
-        timed = Timed(handler())
-        assert await timed == "done"
+        gate = asyncio.Event()
+        timed = Timed(handler(gate))
+        task = asyncio.ensure_future(_timed(timed))
+        await asyncio.sleep(0)  # the handler parks on the gate
+        spin(0.2)  # another request's work meanwhile
+        gate.set()
+        assert await task == "done"
         return timed.seconds
 
     seconds = asyncio.run(main())
@@ -261,14 +272,16 @@ def test_timed_passes_errors_and_cancellation_through():
         await asyncio.sleep(0)
         raise ValueError("bad request")
 
-    async def waiting():
-        await asyncio.sleep(10)
+    async def waiting(started: asyncio.Event):
+        started.set()
+        await asyncio.Event().wait()  # never set: only cancellation ends it
 
     async def main():
         with pytest.raises(ValueError, match="bad request"):
             await Timed(failing())
-        task = asyncio.ensure_future(_await(Timed(waiting())))
-        await asyncio.sleep(0.01)
+        started = asyncio.Event()
+        task = asyncio.ensure_future(_await(Timed(waiting(started))))
+        await started.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
