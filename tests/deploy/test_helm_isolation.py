@@ -17,7 +17,6 @@ import os
 import pathlib
 import shutil
 import socket
-import ssl
 import subprocess
 import time
 

@@ -14,7 +14,6 @@ import time
 import urllib.request
 import uuid
 
-import grpc
 import pytest
 from kazoo.client import KazooClient
 

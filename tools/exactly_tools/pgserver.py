@@ -88,15 +88,11 @@ class PostgresServer:
         return f"postgresql://{SERVER_USER}@127.0.0.1:{self.port}/postgres"
 
     def _cmd(self, *args: str, check: bool = True, timeout_s: float = 120) -> subprocess.CompletedProcess:
-        demote = None
-        if self._user is not None:
-            uid, gid = self._user.pw_uid, self._user.pw_gid
-
-            def demote() -> None:
-                os.setgid(gid)
-                os.setuid(uid)
+        # As the server's own user (PostgreSQL refuses to run as root), without root's groups.
+        as_user = {} if self._user is None else {"user": self._user.pw_uid, "group": self._user.pw_gid,
+                                                 "extra_groups": []}
         with open(self.log_path, "ab") as log:
-            proc = subprocess.run(list(args), stdout=log, stderr=subprocess.STDOUT, preexec_fn=demote,
+            proc = subprocess.run(list(args), stdout=log, stderr=subprocess.STDOUT, **as_user,
                                   cwd="/", timeout=timeout_s, env={**os.environ, "LC_ALL": "C.UTF-8"})
         if check and proc.returncode != 0:
             raise PostgresServerError(f"{pathlib.Path(args[0]).name} exited with {proc.returncode}; "
