@@ -98,7 +98,8 @@ def normalize_ip(address: str) -> str:
 
 class TokenBucket:
     """`rate` tokens per second, holding at most `rate` (one second's worth, at least 1);
-    `take()` spends one when there is one (KIP-612's connection creation rate)."""
+    `take()` spends one when there is one (KIP-612's connection creation rate; also the
+    InitProducerId rate per principal, services.common.pid_binding). clock: monotonic s."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
         self.rate = float(rate)
@@ -111,10 +112,14 @@ class TokenBucket:
         now = self.clock()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - 1e-9:  # a whole token, up to float rounding
+            self.tokens = max(self.tokens - 1.0, 0.0)
             return True
         return False
+
+    def wait_ms(self) -> int:
+        """After a refused take(): ms until a token is there (at least 1)."""
+        return max(1, int((1 - self.tokens) / self.rate * 1000 + 0.999))
 
 
 @dataclass

@@ -49,6 +49,7 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_expo
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from .connections import TokenBucket
 from .rpc import transport_error_code
 from .tunnel import method_path
 
@@ -94,24 +95,20 @@ class RatePerPrincipal:
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
         self.rate = rate
-        self.burst = max(rate, 1.0)
         self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # principal -> (tokens, at)
+        self._buckets: dict[str, TokenBucket] = {}
         self._swept = clock()
 
     def acquire(self, principal: str) -> int:
         """Take one call for `principal`: 0 when allowed, else the ms until it would be."""
         now = self._clock()
         if now - self._swept > 60:
-            self._buckets = {p: b for p, b in self._buckets.items() if now - b[1] < 60}
+            self._buckets = {p: b for p, b in self._buckets.items() if now - b.stamp < 60}
             self._swept = now
-        tokens, at = self._buckets.get(principal, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
-        if tokens >= 1 - 1e-9:  # a whole token, up to float rounding
-            self._buckets[principal] = (max(tokens - 1, 0.0), now)
-            return 0
-        self._buckets[principal] = (tokens, now)
-        return max(1, int((1 - tokens) / self.rate * 1000 + 0.999))
+        bucket = self._buckets.get(principal)
+        if bucket is None:
+            bucket = self._buckets[principal] = TokenBucket(self.rate, self._clock)
+        return 0 if bucket.take() else bucket.wait_ms()
 
 
 class ProducerIdBindings:
