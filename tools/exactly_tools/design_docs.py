@@ -1,0 +1,131 @@
+"""Generate docs/design.md's table of contents and its module map from the tree.
+
+    python -m exactly_tools.design_docs [--check] [--design docs/design.md]
+
+Two blocks of the design document are generated, each between its markers:
+
+- `<!-- toc -->` … `<!-- /toc -->`: a link to every `##` and `###` heading, nested, with
+  the anchors GitHub gives headings;
+- `<!-- module-map -->` … `<!-- /module-map -->`: every Python module of the project's
+  packages (`PACKAGES`; generated protobuf modules excepted), one table per directory,
+  each row the module's file name and the first sentence of its docstring.
+
+A module without a docstring is an error (ValueError naming it). `--check` changes nothing
+and exits 1 when the document differs from the tree (a module added, moved or renamed, a
+heading changed); the unit test `test_design_doc` runs the same check.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The directories whose Python modules the map lists, in the order it lists them.
+PACKAGES = ("clients/exactly", "clients/exactly_wire", "services", "tools/exactly_tools", "demo", "bench")
+
+_GENERATED = re.compile(r"_pb2(_grpc)?\.py$")
+_TOC = re.compile(r"(<!-- toc -->\n)(.*?)(<!-- /toc -->)", re.S)
+_MAP = re.compile(r"(<!-- module-map -->\n)(.*?)(<!-- /module-map -->)", re.S)
+_HEADING = re.compile(r"^(#{2,3}) (.+?)\s*$")
+
+
+def modules(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Every Python module of `PACKAGES` under `root` (relative paths, sorted by directory
+    then name), generated protobuf modules and empty package markers excepted."""
+    found = []
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            if _GENERATED.search(path.name) or "__pycache__" in path.parts:
+                continue
+            if path.name == "__init__.py" and not path.read_text().strip():
+                continue
+            found.append(path.relative_to(root))
+    return sorted(found, key=lambda p: (PACKAGES.index(_package_of(p)), str(p.parent), p.name))
+
+
+def _package_of(path: pathlib.Path) -> str:
+    return next(p for p in PACKAGES if str(path).startswith(p + "/"))
+
+
+def summary(path: pathlib.Path) -> str:
+    """The first sentence of the module's docstring, on one line. Raises ValueError when
+    the module has no docstring."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        raise ValueError(f"{path}: module has no docstring (the design's module map lists it)")
+    first = " ".join(doc.split("\n\n")[0].split())
+    match = re.match(r"(.+?\.)(\s|$)", first)
+    return (match.group(1) if match else first).replace("|", "\\|")
+
+
+def module_map(root: pathlib.Path = ROOT) -> str:
+    """The module map: a `#### dir/` title and a table per directory."""
+    out: list[str] = []
+    current = None
+    for rel in modules(root):
+        if rel.parent != current:
+            current = rel.parent
+            out += ["", f"#### `{current}/`", "", "| module | what it is |", "|---|---|"]
+        out.append(f"| `{rel.name}` | {summary(root / rel)} |")
+    return "\n".join(out[1:]) + "\n"
+
+
+def anchor(title: str, seen: dict[str, int]) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens,
+    `-1`, `-2`… appended to repeats (`seen` counts them)."""
+    slug = re.sub(r"[^\w\- ]", "", title.replace("`", "").lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    return slug if n == 0 else f"{slug}-{n}"
+
+
+def toc(text: str) -> str:
+    """The table of contents of `text`: every `##`/`###` heading outside code fences but
+    the contents' own."""
+    lines, seen, fenced = [], {}, False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        match = None if fenced else _HEADING.match(line)
+        if match and match.group(2) != "Contents":
+            title = match.group(2)
+            indent = "  " * (len(match.group(1)) - 2)
+            lines.append(f"{indent}- [{title.replace('`', '')}](#{anchor(title, seen)})")
+    return "\n".join(lines) + "\n"
+
+
+def render(text: str, root: pathlib.Path = ROOT) -> str:
+    """`text` with its module map and then its table of contents regenerated. Raises
+    ValueError when a block's markers are missing."""
+    for block in (_MAP, _TOC):
+        if not block.search(text):
+            raise ValueError(f"design document lacks the {block.pattern.split('(')[1]} markers")
+    text = _MAP.sub(lambda m: m.group(1) + module_map(root) + m.group(3), text)
+    return _TOC.sub(lambda m: m.group(1) + toc(text) + m.group(3), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exactly_tools.design_docs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--design", type=pathlib.Path, default=ROOT / "docs" / "design.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the document is out of date")
+    args = parser.parse_args(argv)
+    text = args.design.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(f"{args.design}: contents or module map differ from the tree; run "
+                  "python -m exactly_tools.design_docs", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        args.design.write_text(new)
+    print(f"{args.design}: {len(modules())} modules mapped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
