@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import socket
 import statistics
 import sys
 import time
@@ -24,12 +23,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:

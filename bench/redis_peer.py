@@ -10,7 +10,9 @@ import shutil
 import subprocess
 import time
 
-from .common import free_port, wait_until
+from exactly_tools.ports import free_port
+
+from .common import wait_until
 
 
 class RedisServer:

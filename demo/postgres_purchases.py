@@ -29,9 +29,8 @@ import psycopg
 from exactly import AdminClient, NewTopic
 from exactly import postgres as exactly_pg
 
-from .common import PURCHASES, SHIPMENTS, read_topic
+from .common import PURCHASES, SHIPMENTS, Worker, load_purchases, read_topic, wait_gone
 from .pipeline_postgres import GROUP_ID, INVOICES_TABLE, PARTITIONS
-from .purchases import Worker, load_purchases, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -35,71 +35,22 @@ import argparse
 import json
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 
 from tqdm import tqdm
 
-from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from exactly import AdminClient, Consumer, NewTopic, TopicPartition
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, check_outputs, fresh_run_dir,
-                     item_key, read_order_items, read_topic)
+from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, Worker, check_outputs,
+                     fresh_run_dir, item_key, load_purchases, read_order_items, read_topic, wait_gone)
 
 PARTITIONS = 3
 
 
 def say(msg: str) -> None:
     print(msg, flush=True)
-
-
-def load_purchases(bootstrap: str, rows: list[dict], security: dict | None = None) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, **(security or {}), "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 10})
-    futures = []
-    with tqdm(total=len(rows), desc="records loaded", unit="rec", file=sys.stdout, mininterval=0.5) as bar:
-        for row in rows:
-            f = producer.send(PURCHASES, json.dumps(row).encode(), key=row["order_id"].encode())
-            f.add_done_callback(lambda _f: bar.update(1))
-            futures.append(f)
-        producer.flush()
-        for f in futures:
-            f.result()
-    producer.close()
-
-
-class Worker:
-    """One pipeline worker process."""
-
-    def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
-                 group_aware_id: str | None = None, module: str = "demo.pipeline",
-                 client_config: pathlib.Path | None = None):
-        self.status_file = run_dir / f"{name}.status"
-        self.status_file.unlink(missing_ok=True)
-        if group_aware_id is None:
-            cmd = [sys.executable, "-m", module, "--bootstrap-servers", bootstrap,
-                   "--transactional-id", TRANSACTIONAL_ID, "--status-file", str(self.status_file)]
-        else:  # one group-aware producer per worker (KIP-447 draft), each its own transactional.id
-            cmd = [sys.executable, "-m", "demo.pipeline_group", "--bootstrap-servers", bootstrap,
-                   "--transactional-id", group_aware_id, "--status-file", str(self.status_file)]
-        if hold_open_after is not None:
-            cmd += ["--hold-open-after", str(hold_open_after)]
-        if client_config is not None:
-            cmd += ["--client-config", str(client_config)]
-        self.log = open(run_dir / "logs" / f"{name}.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=pathlib.Path(__file__).resolve().parent.parent)
-
-    def status(self) -> dict:
-        try:
-            return json.loads(self.status_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"pipeline worker exited with {self.proc.returncode}; see {self.log.name}")
 
 
 def committed_total(consumer: Consumer, parts: list[TopicPartition]) -> int:
@@ -267,22 +218,6 @@ def worker_refused(bootstrap: str, worker_config: pathlib.Path) -> bool:
             except errors.TopicAuthorizationFailedError:
                 return True
     return False
-
-
-def wait_gone(cluster: DevCluster, name: str, deadline: float) -> None:
-    """Until `name` left the cluster's live services in ZooKeeper (its session
-    expired), i.e. the others took over its work."""
-    from kazoo.client import KazooClient
-    zk = KazooClient(hosts=cluster.zookeeper)
-    zk.start(timeout=30)
-    try:
-        while zk.exists(f"/exactly/services/{name}"):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} still registered")
-            time.sleep(0.2)
-    finally:
-        zk.stop()
-        zk.close()
 
 
 def summarize(bootstrap: str, expected: dict[str, dict], kafka_bootstrap: str | None = None,

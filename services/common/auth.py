@@ -17,13 +17,13 @@ A call's principal, in this order:
    with several common names, or one no rule applies to, is refused.
 3. Otherwise `User:ANONYMOUS`.
 
-The principal of the call in progress is in `current_principal` (a contextvar set by
-`AuthInterceptor` for gRPC and by the Kafka listener for its connections).
+The principal of the call in progress is in `current_principal` (services.common.principal,
+re-exported here; set by `AuthInterceptor` for gRPC and by the Kafka listener for its
+connections).
 """
 from __future__ import annotations
 
 import base64
-import contextvars
 import hashlib
 import hmac
 import json
@@ -39,12 +39,13 @@ from cryptography.x509.oid import NameOID
 
 from exactly_wire.security import SASL_PASSWORD_HEADER, SASL_TOKEN_HEADER, SASL_USERNAME_HEADER
 
+from . import authz
+from .principal import ANONYMOUS, current_principal
+
 log = logging.getLogger(__name__)
 
-ANONYMOUS = "User:ANONYMOUS"
 USERS = "/exactly/config/users"
 SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM-SHA-512
-current_principal: contextvars.ContextVar[str] = contextvars.ContextVar("principal", default=ANONYMOUS)
 
 
 class AuthenticationError(Exception):
@@ -443,7 +444,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.authorizer = authorizer
 
     async def intercept_service(self, continuation, handler_call_details):
-        from . import authz
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or self.authenticator is None:
             return handler

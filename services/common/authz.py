@@ -25,6 +25,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 
 from .acl import CLUSTER_NAME, Authorizer, Operation as Op, Resource, ResourceType as R
+from .principal import current_principal
 
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
@@ -226,7 +227,6 @@ def visible(op: Op, resource: Resource) -> bool:
     """Whether the caller may `op` on `resource` (always with authorization off)."""
     if active_authorizer is None:
         return True
-    from .auth import current_principal
     return active_authorizer.authorize(current_principal.get(), op, resource)
 
 
@@ -323,5 +323,4 @@ def require(method: str, request: Any) -> None:
     """Run the checks of `method` for the current principal (no-op with authorization
     off). Raises Denied."""
     if active_authorizer is not None and has_rule(method):
-        from .auth import current_principal
         enforce(active_authorizer, current_principal.get(), method, request)

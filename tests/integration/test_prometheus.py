@@ -18,7 +18,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,7 @@ import yaml
 from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition
 
 from waiting import wait_for
+from exactly_tools.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -69,18 +69,12 @@ def _exprs_module():
     return module
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PrometheusServer:
     """/usr/bin/prometheus on 127.0.0.1 with a temporary config and TSDB."""
 
     def __init__(self, directory: pathlib.Path, targets: dict[str, str]):
         self.dir = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (directory / "alerts.yml").write_text(json.dumps(rules_for_test(ALERTS.read_text())))
         config = {

@@ -44,6 +44,7 @@ from exactly_wire.security import TransportSecurity, secure_channel
 from services.common.settings import settings_by_role
 
 from .certs import write_private
+from .ports import free_port
 
 ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
 ZOOKEEPER_CLASSPATH = ["/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar",
@@ -75,22 +76,6 @@ def _open_log(path: pathlib.Path):
 
 class DevClusterError(RuntimeError):
     """A service did not start or is unknown."""
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now and not handed out before by this process (the
-    kernel may offer a just-closed port again, and a service binds its several ports
-    one after the other)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def pid_alive(pid: int) -> bool:

@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 import time
 
+from .ports import free_port
+
 SERVER_USER = "postgres"
 
 
@@ -107,7 +109,6 @@ class PostgresServer:
         """initdb when the data directory is empty, then start the server (on a free
         port unless one was given) and wait until it accepts connections. Raises
         PostgresServerError."""
-        from exactly_tools.devcluster import free_port
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._owned(self.data_dir)
         self.log_path.touch()
