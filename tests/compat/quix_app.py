@@ -19,7 +19,7 @@ def transform(value: dict) -> dict:
     global count
     count += 1
     if count % every == 0:
-        print(f"processed {count}", flush=True)
+        print(f"processed {count} at {time.time():.3f}", flush=True)
     if delay_s:
         time.sleep(delay_s)
     return {"i": value["i"], "square": value["i"] * value["i"]}
@@ -30,7 +30,11 @@ def main() -> None:
                       processing_guarantee="exactly-once", auto_offset_reset="earliest",
                       commit_interval=float(os.environ.get("QUIX_COMMIT_INTERVAL_S", "0.5")),
                       state_dir=os.environ["QUIX_STATE_DIR"], auto_create_topics=False,
-                      request_timeout=30)
+                      request_timeout=30, loglevel=os.environ.get("QUIX_LOGLEVEL", "INFO"),
+                      # A SIGKILLed member leaves the group when its session ends: keep it short.
+                      consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+                      # The transaction open at a SIGKILL is aborted when it times out.
+                      producer_extra_config={"transaction.timeout.ms": 5000})
     source = app.topic(os.environ["QUIX_INPUT"], value_deserializer="json")
     sink = app.topic(os.environ["QUIX_OUTPUT"], value_serializer="json")
     app.dataframe(source).apply(transform).to_topic(sink)

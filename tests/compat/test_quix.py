@@ -18,7 +18,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clusters import module_cluster
+from clusters import new_chroot
+from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,8 +34,18 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def qc(zk, tmp_path_factory):
-    """A dev cluster of 3 partition leaders and one coordinator of each kind."""
-    yield from module_cluster(zk, tmp_path_factory, "quix")
+    """A dev cluster of 3 partition leaders and one coordinator of each kind
+    (`exactly-dev up`), whose transaction coordinator looks for timed-out
+    transactions every second: Quix gives each start a new transactional.id, so the
+    transaction open at the SIGKILL is not fenced by the restart but aborted when it
+    times out (as in Kafka), and until then read_committed readers wait at it."""
+    cluster = DevCluster(tmp_path_factory.mktemp("quix"),
+                         props={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"})
+    cluster.up(3, 1, 1, zookeeper=new_chroot(zk, "quix"))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
 
 
 class App:
