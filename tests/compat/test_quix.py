@@ -2,7 +2,12 @@
 older confluent-kafka) against the Kafka ports of a dev cluster with 3 partition
 leaders: an exactly-once application (tests/compat/quix_app.py) is killed with SIGKILL
 mid-stream and restarted; the output read read_committed then holds every input
-record exactly once. EXACTLY_COMPAT_FULL=1 runs 20,000 records instead of 2,000."""
+record exactly once. The stateful application also counts the records of each key in
+Quix's state (RocksDB and its changelog topic, created by Quix with CreateTopics):
+each key's counts in the output are then exactly 1..n, so state updated by the
+aborted transaction did not survive either. make test runs the stateful application
+(a superset of the stateless one) on 2,000 records; EXACTLY_COMPAT_FULL=1 runs both
+on 20,000."""
 from __future__ import annotations
 
 import json
@@ -30,6 +35,7 @@ APP = pathlib.Path(__file__).with_name("quix_app.py")
 FULL = os.environ.get("EXACTLY_COMPAT_FULL") == "1"
 RECORDS = 20000 if FULL else 2000
 PARTITIONS = 3
+KEYS = 50  # the stateful application counts per key
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +127,8 @@ def read_to_end(bootstrap: str, topic: str) -> list[dict]:
 
 
 @pytest.mark.skipif(not QUIX_PYTHON.exists(), reason="scripts/setup.sh installs Quix Streams into .compat/quix")
-def test_quix_exactly_once_survives_sigkill(qc, tmp_path):
+@pytest.mark.parametrize("stateful", [False, True] if FULL else [True], ids=lambda s: "stateful" if s else "stateless")
+def test_quix_exactly_once_survives_sigkill(qc, tmp_path, stateful):
     bootstrap = qc.kafka_bootstrap_servers
     tag = uuid.uuid4().hex[:6]
     source, sink = f"quix-in-{tag}", f"quix-out-{tag}"
@@ -130,13 +137,13 @@ def test_quix_exactly_once_survives_sigkill(qc, tmp_path):
         fut.result(30)
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     for i in range(RECORDS):
-        p.produce(source, key=str(i).encode(), value=json.dumps({"i": i}).encode())
+        p.produce(source, key=str(i % KEYS).encode(), value=json.dumps({"i": i}).encode())
         p.poll(0)
     assert p.flush(60) == 0
 
     env = {**os.environ, "QUIX_BROKERS": bootstrap, "QUIX_GROUP": f"quix-{tag}", "QUIX_INPUT": source,
            "QUIX_OUTPUT": sink, "QUIX_STATE_DIR": str(tmp_path / "state"), "QUIX_REPORT_EVERY": "50",
-           "QUIX_DELAY_MS": "2", "QUIX_COMMIT_INTERVAL_S": "0.5"}
+           "QUIX_DELAY_MS": "2", "QUIX_COMMIT_INTERVAL_S": "0.5", "QUIX_STATEFUL": "1" if stateful else "0"}
     env.pop("VIRTUAL_ENV", None)
     log = tmp_path / "quix.log"
     first = App(env, log)
@@ -163,3 +170,9 @@ def test_quix_exactly_once_survives_sigkill(qc, tmp_path):
     assert duplicates == 0 and not missing, (
         f"{len(seen)} records, {duplicates} duplicates, {len(missing)} missing; log:\n{log.read_text()[-3000:]}")
     assert all(r["square"] == r["i"] * r["i"] for r in got)
+    if stateful:
+        counts: dict[int, list[int]] = {}
+        for r in got:
+            counts.setdefault(r["i"] % KEYS, []).append(r["count"])
+        wrong = {k: c for k, c in counts.items() if sorted(c) != list(range(1, len(c) + 1))}
+        assert not wrong, f"per-key counts not 1..n for {len(wrong)} keys, e.g. {next(iter(wrong.items()))}"
