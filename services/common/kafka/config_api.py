@@ -78,9 +78,9 @@ def _show(value: Any) -> str | None:
 def _setting_type(annotation: Any, key: str) -> int:
     if _is_sensitive(key):
         return PASSWORD
-    kinds = {a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type)}
+    kinds = {a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type)}  # Optional, Annotated
     for py, kafka in ((bool, BOOLEAN), (int, LONG), (float, DOUBLE)):
-        if py in kinds or (py is bool and "Bool" in repr(annotation)):
+        if py in kinds:
             return kafka
     return STRING
 
