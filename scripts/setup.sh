@@ -45,3 +45,13 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   echo "setup: generating gRPC code from protos/"
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
+
+# Quix Streams pins its own confluent-kafka (librdkafka 2.12), so it gets a virtualenv of
+# its own for tests/compat/test_quix.py (never .venv, whose confluent-kafka is newer).
+if [ ! -f .compat/quix/.installed ]; then
+  echo "setup: installing Quix Streams into .compat/quix"
+  mkdir -p .compat
+  [ -x .compat/quix/bin/python ] || "$PYTHON" -m venv .compat/quix
+  .compat/quix/bin/pip install -q 'quixstreams==3.28.1'
+  touch .compat/quix/.installed
+fi

@@ -10,7 +10,8 @@ it). Deciding a request, as Kafka does:
 2. a DENY binding that matches the principal (or `User:*`), the operation (or All)
    and the resource denies, whatever allows;
 3. an ALLOW binding that matches allows; an allowed Read, Write, Delete or Alter
-   also allows Describe (Kafka's implied operations);
+   also allows Describe, an allowed AlterConfigs also DescribeConfigs (Kafka's
+   implied operations);
 4. with no binding at all on the resource, `allow.everyone.if.no.acl.found` decides
    (false by default when the authorizer is on); otherwise the request is denied.
 
@@ -47,6 +48,8 @@ class Operation(enum.Enum):
     ALTER = "Alter"
     DESCRIBE = "Describe"
     CLUSTER_ACTION = "ClusterAction"
+    DESCRIBE_CONFIGS = "DescribeConfigs"
+    ALTER_CONFIGS = "AlterConfigs"
     IDEMPOTENT_WRITE = "IdempotentWrite"
 
 
@@ -154,6 +157,8 @@ class Authorizer:
             if b.operation in (operation, Operation.ALL):
                 return True
             if operation is Operation.DESCRIBE and b.operation in _IMPLIES_DESCRIBE:
+                return True
+            if operation is Operation.DESCRIBE_CONFIGS and b.operation is Operation.ALTER_CONFIGS:
                 return True
         return not on_resource and self.allow_if_no_acl
 

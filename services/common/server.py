@@ -512,7 +512,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await service.start()
     kafka = None
     if cfg.kafka_port >= 0:
-        cluster_apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel)
+        cluster_apis = ClusterApis(cluster, authz.AuthorizedServicer(cluster_servicer, "Cluster"), client.channel,
+                                   settings=cfg.settings, props=cfg.props)
         own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
         apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
         sasl = cluster.sasl if security.tls and cluster.sasl.mechanisms else None

@@ -87,6 +87,10 @@ _SETTINGS = {
     "max.message.bytes": ("message.max.bytes", 1048588),
 }
 CLEANUP_POLICY_ALIAS = "log.cleanup.policy"
+# Topic config -> the process setting that gives its default when the topic does not
+# set it (Kafka's broker-level synonym, listed by DescribeConfigs with synonyms).
+BROKER_SYNONYMS = {key: alias for key, (alias, _default) in _SETTINGS.items() if alias} | {
+    "cleanup.policy": CLEANUP_POLICY_ALIAS}
 DELETE, COMPACT = "delete", "compact"
 
 

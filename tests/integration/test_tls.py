@@ -155,3 +155,54 @@ def test_kafka_client_without_acls_gets_kafkas_authorization_errors(secured):
     with pytest.raises(KafkaException) as info:
         t.init_transactions(20)
     assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_kafka_config_apis_need_describe_configs_and_alter_configs(secured):
+    """DescribeConfigs and the alters over the Kafka port are authorized per resource
+    as in Kafka: DescribeConfigs on the topic (or the Cluster for a BROKER resource) to
+    describe, AlterConfigs to alter; Alter alone does not do; a refused alter changes
+    nothing (README, "Config admin APIs")."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import (AdminClient as KAdmin, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                       ResourceType)
+    certs = secured.dir / "certs"
+    CertificateAuthority.load(certs).issue("kafka-configs", client=True)
+    tls = {"bootstrap.servers": secured.kafka_bootstrap_servers, "security.protocol": "SSL",
+           "ssl.ca.location": str(certs / "ca.pem"), "ssl.certificate.location": str(certs / "kafka-configs.pem"),
+           "ssl.key.location": str(certs / "kafka-configs.key")}
+    mine, other = f"kcfg-{uuid.uuid4().hex[:6]}", f"kcfg-{uuid.uuid4().hex[:6]}"
+    user = "User:kafka-configs"
+    conf = {"bootstrap.servers": secured.bootstrap_servers, **secured.client_config}
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic(mine, 1), NewTopic(other, 1)])
+        admin.create_acls([AclBinding(user, "Topic", mine, "DescribeConfigs"),
+                           AclBinding(user, "Topic", mine, "Alter"), AclBinding(user, "Topic", other, "Describe")])
+    k = KAdmin(tls)
+
+    def outcome(fut) -> int:
+        try:
+            fut.result(30)
+            return KafkaError.NO_ERROR
+        except KafkaException as e:
+            return e.args[0].code()
+
+    def describe(name: str) -> int:
+        res = ConfigResource(ResourceType.TOPIC, name)
+        return outcome(k.describe_configs([res], request_timeout=30)[res])
+
+    def set_retention(value: str) -> int:
+        res = ConfigResource(ResourceType.TOPIC, mine, incremental_configs=[
+            ConfigEntry("retention.ms", value, incremental_operation=AlterConfigOpType.SET)])
+        return outcome(k.incremental_alter_configs([res], request_timeout=30)[res])
+
+    wait_for(lambda: describe(mine) == KafkaError.NO_ERROR, 20, "the DescribeConfigs ACL applied")
+    assert describe(other) == KafkaError.TOPIC_AUTHORIZATION_FAILED  # Describe is not DescribeConfigs
+    broker = ConfigResource(ResourceType.BROKER, str(sorted(k.list_topics(timeout=30).brokers)[0]))
+    assert outcome(k.describe_configs([broker], request_timeout=30)[broker]) == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    assert set_retention("1234") == KafkaError.TOPIC_AUTHORIZATION_FAILED  # Alter is not AlterConfigs
+    with AdminClient(conf) as admin:
+        assert admin.describe_configs([mine])[mine]["retention.ms"].source == "DEFAULT_CONFIG"
+        admin.create_acls([AclBinding(user, "Topic", mine, "AlterConfigs")])
+    wait_for(lambda: set_retention("1234") == KafkaError.NO_ERROR, 20, "the AlterConfigs ACL applied")
+    with AdminClient(conf) as admin:
+        assert admin.describe_configs([mine])[mine]["retention.ms"].value == "1234"

@@ -1,5 +1,6 @@
 """Kafka APIs every service answers: Metadata, FindCoordinator, CreateTopics,
-DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas — adapters over the Cluster servicer
+DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas (and the
+config APIs of services.common.kafka.config_api) — adapters over the Cluster servicer
 (services/common/server.py), so the rules stay in one place (docs/design.md, "Kafka
 protocol").
 
@@ -21,6 +22,7 @@ from .. import authz, topic_admin
 from ..auth import current_principal
 from ..cluster import ClusterState, broker_id
 from .codec import field
+from .config_api import ConfigApis
 from .listener import Handler, RequestContext
 
 CLUSTER_ID = "exactly"
@@ -49,12 +51,15 @@ class ClusterApis:
     """Handlers over `servicer` (a services.common.server.ClusterServicer).
     `channel(address)`: a grpc.aio channel to another service (ClusterClient.channel),
     for InitProducerId of idempotent producers sent to a service that is not a
-    transaction coordinator (Kafka clients send it to any broker)."""
+    transaction coordinator (Kafka clients send it to any broker). `settings` and
+    `props`: the process's parsed settings and the keys it was started with, which
+    DescribeConfigs lists for a BROKER resource (config_api.ConfigApis)."""
 
-    def __init__(self, cluster: ClusterState, servicer: Any, channel=None):
+    def __init__(self, cluster: ClusterState, servicer: Any, channel=None, settings=None, props=None):
         self.cluster = cluster
         self.servicer = servicer
         self.channel = channel
+        self.configs = ConfigApis(cluster, settings, props or {})
 
     def handlers(self) -> dict[int, Handler]:
         """The keys every process serves (services.common.kafka.surface.CLUSTER) ->
@@ -62,7 +67,7 @@ class ClusterApis:
         return {METADATA: self.metadata, FIND_COORDINATOR: self.find_coordinator,
                 CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
                 CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
-                ALTER_CLIENT_QUOTAS: self.alter_client_quotas}
+                ALTER_CLIENT_QUOTAS: self.alter_client_quotas, **self.configs.handlers()}
 
     def elsewhere(self) -> dict[int, Handler]:
         """Handlers for keys of another role that a process answers itself instead of

@@ -10,7 +10,8 @@ from exactly import AclBinding
 from .common import admin_client, connection_options, emit, print_table
 
 RESOURCE_TYPES = ["Topic", "Group", "TransactionalId", "Cluster"]
-OPERATIONS = ["All", "Read", "Write", "Create", "Delete", "Alter", "Describe", "ClusterAction", "IdempotentWrite"]
+OPERATIONS = ["All", "Read", "Write", "Create", "Delete", "Alter", "Describe", "ClusterAction", "DescribeConfigs",
+              "AlterConfigs", "IdempotentWrite"]
 
 
 def _acl_options(fn):
