@@ -45,3 +45,14 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   echo "setup: generating gRPC code from protos/"
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
+
+# confluent-kafka 2.12.1 (librdkafka 2.12.1) in a venv of its own, for the Kafka-port
+# compatibility tests that run an older librdkafka in a subprocess (never in .venv,
+# which has the newest confluent-kafka).
+compat=.compat/confluent-2.12
+if [ ! -f "$compat/.installed" ]; then
+  echo "setup: creating $compat (confluent-kafka 2.12.1)"
+  "$PYTHON" -m venv "$compat"
+  "$compat/bin/pip" install -q confluent-kafka==2.12.1
+  touch "$compat/.installed"
+fi
