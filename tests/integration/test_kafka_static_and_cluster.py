@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
+import uuid
 
 import pytest
 
 from clusters import module_cluster
+from waiting import wait_for
 from services.common.cluster import broker_id
 
 pytestmark = pytest.mark.integration
@@ -67,3 +71,113 @@ def test_confluent_describe_cluster(kc, python):
                                 for s in kc.services.values() if s.kafka_port)
     first_leader = min(s.name for s in kc.services.values() if s.role == "partition_leader")
     assert d["controller"] == [broker_id(first_leader), "127.0.0.1", kc.services[first_leader].kafka_port]
+
+
+# ---------------------------------------------------------------- static membership (KIP-345)
+
+_STATIC_MEMBER = """
+import json, sys
+from confluent_kafka import Consumer
+bootstrap, group, topic, instance = sys.argv[1:5]
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": instance,
+              "session.timeout.ms": 30000, "heartbeat.interval.ms": 300, "enable.auto.commit": False,
+              "auto.offset.reset": "earliest"})
+def event(kind):
+    def cb(consumer, tps):
+        print(json.dumps([kind, sorted(t.partition for t in tps)]), flush=True)
+    return cb
+c.subscribe([topic], on_assign=event("assign"), on_revoke=event("revoke"), on_lost=event("lost"))
+while True:
+    c.poll(0.2)
+"""
+
+
+def _has_leaders(admin, name: str, partitions: int) -> bool:
+    from exactly import errors
+    try:
+        parts = admin.describe_topics([name])[name].partitions
+    except errors.UnknownTopicOrPartitionError:
+        return False
+    return len(parts) == partitions and all(p.leader for p in parts.values())
+
+
+class StaticMember:
+    """A confluent-kafka consumer process with `group.instance.id` = `instance`; its
+    rebalance callbacks ([kind, partitions]) are read from its stdout."""
+
+    def __init__(self, kc, group: str, topic: str, instance: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", _STATIC_MEMBER, kc.kafka_bootstrap_servers, group, topic,
+                                      instance], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.events: list[list] = []
+        self.changed = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.events.append(json.loads(line))
+            except ValueError:
+                continue
+            self.changed.set()
+
+    def assigned(self) -> list[int] | None:
+        """The partitions of its last callback when that was an assignment."""
+        return self.events[-1][1] if self.events and self.events[-1][0] == "assign" else None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.mark.parametrize("restarted_instance", ["static-a", "static-b"])
+def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_rebalance(kc, restarted_instance):
+    """Two confluent-kafka consumers with group.instance.id; one (the group leader,
+    static-a, which joined first, or the other) is SIGKILLed (no LeaveGroup) and started
+    again with the same instance id within the session timeout: it gets its partitions
+    back in the same generation under a new member id, and the other member sees no
+    rebalance callback at all."""
+    from exactly import AdminClient as XAdmin
+    from confluent_kafka.admin import AdminClient, NewTopic
+    topic, group = f"static-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    kafka_admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
+    kafka_admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    admin = XAdmin({"bootstrap.servers": kc.bootstrap_servers})
+    wait_for(lambda: _has_leaders(admin, topic, 4), 30, f"leaders for {topic}")
+    first = StaticMember(kc, group, topic, "static-a")
+    members = [first]
+    try:
+        wait_for(first.assigned, 60, "the first member's assignment")
+        members.append(StaticMember(kc, group, topic, "static-b"))
+        # Both share the partitions (range over instance ids: static-a first).
+        wanted = {"static-a": [0, 1], "static-b": [2, 3]}
+        wait_for(lambda: [m.assigned() for m in members] == list(wanted.values()), 60, "the two-member generation")
+        before = admin.describe_groups([group])[group]
+        assert before.state == "Stable" and len(before.members) == 2
+        old_ids = {m.group_instance_id: m.member_id for m in before.members}
+        assert before.leader == old_ids["static-a"]
+        victim, other = (members[0], members[1]) if restarted_instance == "static-a" else (members[1], members[0])
+        seen_by_other = list(other.events)
+        other.changed.clear()
+
+        victim.kill()
+        restarted = StaticMember(kc, group, topic, restarted_instance)
+        members.append(restarted)
+        wait_for(restarted.assigned, 25, "the restarted member's assignment")
+        assert restarted.events == [["assign", wanted[restarted_instance]]]
+        after = admin.describe_groups([group])[group]
+        assert after.generation_id == before.generation_id
+        ids = {m.group_instance_id: m.member_id for m in after.members}
+        for instance in wanted:
+            assert (ids[instance] == old_ids[instance]) == (instance != restarted_instance), (old_ids, ids)
+        # The other member goes on in the same generation: no callback for longer than
+        # the rebalance it saw before (in ~6 s) took.
+        assert not other.changed.wait(12), f"the other member saw a rebalance: {other.events[len(seen_by_other):]}"
+        assert other.events == seen_by_other and restarted.events == [["assign", wanted[restarted_instance]]]
+        final = admin.describe_groups([group])[group]
+        assert final.generation_id == before.generation_id and final.state == "Stable"
+        assert {m.group_instance_id: m.member_id for m in final.members} == ids
+    finally:
+        for m in members:
+            m.kill()
+        admin.close()
