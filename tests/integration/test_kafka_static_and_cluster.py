@@ -14,11 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
+from exactly_wire.error_codes import ErrorCode
 
-from clusters import module_cluster
+from clusters import chrooted_cluster
 from waiting import wait_for
 from services.common.cluster import broker_id
 
@@ -41,8 +43,12 @@ print(json.dumps({"version": confluent_kafka.libversion()[0], "cluster_id": d.cl
 
 @pytest.fixture(scope="module")
 def kc(zk, tmp_path_factory):
-    """One cluster (3 partition leaders, one coordinator of each kind) for this module."""
-    yield from module_cluster(zk, tmp_path_factory, "kstatic")
+    """One cluster (2 partition leaders, one coordinator of each kind) for this module."""
+    cluster = chrooted_cluster(zk, tmp_path_factory.mktemp("kstatic"), "kstatic", leaders=2)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
 
 
 def _describe_cluster(python: pathlib.Path | str, bootstrap: str) -> dict:
@@ -170,13 +176,50 @@ def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_re
         ids = {m.group_instance_id: m.member_id for m in after.members}
         for instance in wanted:
             assert (ids[instance] == old_ids[instance]) == (instance != restarted_instance), (old_ids, ids)
-        # The other member goes on in the same generation: no callback for longer than
-        # the rebalance it saw before (in ~6 s) took.
-        assert not other.changed.wait(12), f"the other member saw a rebalance: {other.events[len(seen_by_other):]}"
+        # The other member goes on in the same generation (heartbeats every 300 ms): no
+        # callback within 8 s (a rebalance would reach it at its next heartbeat).
+        assert not other.changed.wait(8), f"the other member saw a rebalance: {other.events[len(seen_by_other):]}"
         assert other.events == seen_by_other and restarted.events == [["assign", wanted[restarted_instance]]]
         final = admin.describe_groups([group])[group]
         assert final.generation_id == before.generation_id and final.state == "Stable"
         assert {m.group_instance_id: m.member_id for m in final.members} == ids
+    finally:
+        for m in members:
+            m.kill()
+        admin.close()
+
+
+def test_a_dead_static_member_is_removed_by_its_instance_id(kc):
+    """KIP-345's RemoveMembers over the Kafka port: a static member SIGKILLed (it sends
+    no LeaveGroup) keeps its partitions until its session times out (30 s), unless a
+    LeaveGroup v4 names it by group.instance.id alone (member id ""): then the other
+    member takes every partition at once. Naming it again: UNKNOWN_MEMBER_ID."""
+    from exactly import AdminClient as XAdmin
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from .test_kafka_surface import call
+    topic, group = f"static-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    kafka_admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
+    kafka_admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    admin = XAdmin({"bootstrap.servers": kc.bootstrap_servers})
+    wait_for(lambda: _has_leaders(admin, topic, 4), 30, f"leaders for {topic}")
+    a = StaticMember(kc, group, topic, "static-a")
+    members = [a]
+    try:
+        wait_for(a.assigned, 60, "the first member's assignment")
+        members.append(StaticMember(kc, group, topic, "static-b"))
+        wait_for(lambda: [m.assigned() for m in members] == [[0, 1], [2, 3]], 60, "the two-member generation")
+        members[1].kill()
+        coordinator = next(s.kafka_address for s in kc.services.values() if s.role == "group_coordinator")
+        remove = {"group_id": group, "members": [{"member_id": "", "group_instance_id": "static-b"}]}
+        resp = call(coordinator, 13, 4, remove)
+        assert (resp.error_code, [(m.group_instance_id, m.error_code) for m in resp.members]) == \
+            (0, [("static-b", 0)])
+        removed_at = time.monotonic()
+        wait_for(lambda: a.assigned() == [0, 1, 2, 3], 25, "the other member to take every partition")
+        assert time.monotonic() - removed_at < 20  # not the session timeout (30 s)
+        assert [m.group_instance_id for m in admin.describe_groups([group])[group].members] == ["static-a"]
+        again = call(coordinator, 13, 4, remove)
+        assert [m.error_code for m in again.members] == [ErrorCode.UNKNOWN_MEMBER_ID]
     finally:
         for m in members:
             m.kill()
