@@ -21,8 +21,12 @@ import pytest
 from exactly_wire.error_codes import ErrorCode
 
 from clusters import chrooted_cluster
+from exactly import AdminClient as XAdmin
 from waiting import wait_for
 from services.common.cluster import broker_id
+
+from .test_kafka_clients import new_topic
+from .test_kafka_surface import call
 
 pytestmark = pytest.mark.integration
 
@@ -98,15 +102,6 @@ while True:
 """
 
 
-def _has_leaders(admin, name: str, partitions: int) -> bool:
-    from exactly import errors
-    try:
-        parts = admin.describe_topics([name])[name].partitions
-    except errors.UnknownTopicOrPartitionError:
-        return False
-    return len(parts) == partitions and all(p.leader for p in parts.values())
-
-
 class StaticMember:
     """A confluent-kafka consumer process with `group.instance.id` = `instance`; its
     rebalance callbacks ([kind, partitions]) are read from its stdout."""
@@ -136,6 +131,15 @@ class StaticMember:
             self.proc.wait(10)
 
 
+def two_static_members(kc, group: str, topic: str, members: list) -> None:
+    """Start static-a, then static-b, appending them to `members`, and wait for the
+    two-member generation: range over instance ids gives static-a [0, 1], static-b [2, 3]."""
+    members.append(StaticMember(kc, group, topic, "static-a"))
+    wait_for(members[0].assigned, 60, "the first member's assignment")
+    members.append(StaticMember(kc, group, topic, "static-b"))
+    wait_for(lambda: [m.assigned() for m in members] == [[0, 1], [2, 3]], 60, "the two-member generation")
+
+
 @pytest.mark.parametrize("restarted_instance", ["static-a", "static-b"])
 def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_rebalance(kc, restarted_instance):
     """Two confluent-kafka consumers with group.instance.id; one (the group leader,
@@ -143,21 +147,12 @@ def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_re
     again with the same instance id within the session timeout: it gets its partitions
     back in the same generation under a new member id, and the other member sees no
     rebalance callback at all."""
-    from exactly import AdminClient as XAdmin
-    from confluent_kafka.admin import AdminClient, NewTopic
-    topic, group = f"static-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    kafka_admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
-    kafka_admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    topic, group = new_topic(kc, 4), f"g-{uuid.uuid4().hex[:8]}"
     admin = XAdmin({"bootstrap.servers": kc.bootstrap_servers})
-    wait_for(lambda: _has_leaders(admin, topic, 4), 30, f"leaders for {topic}")
-    first = StaticMember(kc, group, topic, "static-a")
-    members = [first]
+    members: list[StaticMember] = []
     try:
-        wait_for(first.assigned, 60, "the first member's assignment")
-        members.append(StaticMember(kc, group, topic, "static-b"))
-        # Both share the partitions (range over instance ids: static-a first).
+        two_static_members(kc, group, topic, members)
         wanted = {"static-a": [0, 1], "static-b": [2, 3]}
-        wait_for(lambda: [m.assigned() for m in members] == list(wanted.values()), 60, "the two-member generation")
         before = admin.describe_groups([group])[group]
         assert before.state == "Stable" and len(before.members) == 2
         old_ids = {m.group_instance_id: m.member_id for m in before.members}
@@ -194,20 +189,12 @@ def test_a_dead_static_member_is_removed_by_its_instance_id(kc):
     no LeaveGroup) keeps its partitions until its session times out (30 s), unless a
     LeaveGroup v4 names it by group.instance.id alone (member id ""): then the other
     member takes every partition at once. Naming it again: UNKNOWN_MEMBER_ID."""
-    from exactly import AdminClient as XAdmin
-    from confluent_kafka.admin import AdminClient, NewTopic
-    from .test_kafka_surface import call
-    topic, group = f"static-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-    kafka_admin = AdminClient({"bootstrap.servers": kc.kafka_bootstrap_servers})
-    kafka_admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    topic, group = new_topic(kc, 4), f"g-{uuid.uuid4().hex[:8]}"
     admin = XAdmin({"bootstrap.servers": kc.bootstrap_servers})
-    wait_for(lambda: _has_leaders(admin, topic, 4), 30, f"leaders for {topic}")
-    a = StaticMember(kc, group, topic, "static-a")
-    members = [a]
+    members: list[StaticMember] = []
     try:
-        wait_for(a.assigned, 60, "the first member's assignment")
-        members.append(StaticMember(kc, group, topic, "static-b"))
-        wait_for(lambda: [m.assigned() for m in members] == [[0, 1], [2, 3]], 60, "the two-member generation")
+        two_static_members(kc, group, topic, members)
+        a = members[0]
         members[1].kill()
         coordinator = next(s.kafka_address for s in kc.services.values() if s.role == "group_coordinator")
         remove = {"group_id": group, "members": [{"member_id": "", "group_instance_id": "static-b"}]}
