@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from exactly import AdminClient as XAdmin
 from waiting import wait_for
 from services.common.cluster import broker_id
 
+from .test_consumer_calls import StaticMemberProcess
 from .test_kafka_clients import new_topic
 from .test_kafka_surface import call
 
@@ -102,24 +102,29 @@ while True:
 """
 
 
-class StaticMember:
+class _Events(list):
+    """A list whose `changed` event is set by every append."""
+
+    def __init__(self):
+        super().__init__()
+        self.changed = threading.Event()
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.changed.set()
+
+
+class StaticMember(StaticMemberProcess):
     """A confluent-kafka consumer process with `group.instance.id` = `instance`; its
-    rebalance callbacks ([kind, partitions]) are read from its stdout."""
+    rebalance callbacks ([kind, partitions]) are read from its stdout into `events`
+    (`events.changed` is set by each)."""
 
     def __init__(self, kc, group: str, topic: str, instance: str):
         self.proc = subprocess.Popen([sys.executable, "-c", _STATIC_MEMBER, kc.kafka_bootstrap_servers, group, topic,
                                       instance], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.events: list[list] = []
-        self.changed = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                self.events.append(json.loads(line))
-            except ValueError:
-                continue
-            self.changed.set()
+        self.events = _Events()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def assigned(self) -> list[int] | None:
         """The partitions of its last callback when that was an assignment."""
@@ -127,8 +132,7 @@ class StaticMember:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+            super().kill()
 
 
 def two_static_members(kc, group: str, topic: str, members: list) -> None:
@@ -159,7 +163,7 @@ def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_re
         assert before.leader == old_ids["static-a"]
         victim, other = (members[0], members[1]) if restarted_instance == "static-a" else (members[1], members[0])
         seen_by_other = list(other.events)
-        other.changed.clear()
+        other.events.changed.clear()
 
         victim.kill()
         restarted = StaticMember(kc, group, topic, restarted_instance)
@@ -173,7 +177,8 @@ def test_confluent_static_member_restarted_gets_its_partitions_back_without_a_re
             assert (ids[instance] == old_ids[instance]) == (instance != restarted_instance), (old_ids, ids)
         # The other member goes on in the same generation (heartbeats every 300 ms): no
         # callback within 8 s (a rebalance would reach it at its next heartbeat).
-        assert not other.changed.wait(8), f"the other member saw a rebalance: {other.events[len(seen_by_other):]}"
+        assert not other.events.changed.wait(8), \
+            f"the other member saw a rebalance: {other.events[len(seen_by_other):]}"
         assert other.events == seen_by_other and restarted.events == [["assign", wanted[restarted_instance]]]
         final = admin.describe_groups([group])[group]
         assert final.generation_id == before.generation_id and final.state == "Stable"
