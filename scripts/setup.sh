@@ -55,3 +55,14 @@ if [ ! -f .compat/quix/.installed ]; then
   .compat/quix/bin/pip install -q 'quixstreams==3.28.1'
   touch .compat/quix/.installed
 fi
+
+# confluent-kafka 2.12.1 (librdkafka 2.12.1) in a venv of its own, for the Kafka-port
+# compatibility tests that run an older librdkafka in a subprocess (never in .venv,
+# which has the newest confluent-kafka).
+compat=.compat/confluent-2.12
+if [ ! -f "$compat/.installed" ]; then
+  echo "setup: creating $compat (confluent-kafka 2.12.1)"
+  "$PYTHON" -m venv "$compat"
+  "$compat/bin/pip" install -q confluent-kafka==2.12.1
+  touch "$compat/.installed"
+fi

@@ -69,10 +69,18 @@ class NodeInfo:
         return broker_id(self.node_id)
 
 
+BROKER_ID_BITS = 24
+
+
 def broker_id(node_id: str) -> int:
-    """The Kafka broker id of a node id: a stable non-negative int32 (CRC-32 of the
-    UTF-8 node id, top bit cleared), the same in every process without coordination."""
-    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
+    """The Kafka broker id of a node id: a stable int32 in [0, 2**24) (the low 24
+    bits of the CRC-32 of the UTF-8 node id), the same in every process without
+    coordination. Below 2**24 because librdkafka (2.12 at least) copies the
+    cluster id of a Metadata response up to the next zero byte, which is the top
+    byte of the controller id that follows it: with a non-zero top byte the
+    cluster id gets trailing garbage and confluent-kafka's describe_cluster()
+    crashes (Kafka's own broker ids are small, so this never shows there)."""
+    return zlib.crc32(node_id.encode()) & ((1 << BROKER_ID_BITS) - 1)
 
 
 @dataclass(frozen=True)

@@ -588,13 +588,15 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     async def leave_group(self, group_id: str, member_id: str, group_instance_id: str = "") -> ErrorCode:
         """LeaveGroup: remove the member, rebalance the others (FENCED_INSTANCE_ID
-        for a replaced static member)."""
+        for a replaced static member). member_id "" with a `group_instance_id`
+        names that instance's current member (KIP-345 RemoveMembers)."""
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
         group = owned.state.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        member_id = group.leaving_member_id(member_id, group_instance_id)
         code = group.leave(member_id, self._clock(), group_instance_id)
         if code == ErrorCode.NONE:
             self._answer_removed(owned, group_id, member_id)

@@ -500,11 +500,23 @@ class GroupMetadata:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
+    def leaving_member_id(self, member_id: str, group_instance_id: str = "") -> str:
+        """The member a LeaveGroup names: `member_id`, or with no member id ("",
+        Kafka's UNKNOWN_MEMBER_ID) the current member of static instance
+        `group_instance_id` ("" when it has none) — how KIP-345's RemoveMembers
+        (LeaveGroup v3+, members named by group.instance.id only) addresses them."""
+        if not member_id and group_instance_id:
+            return self.static_members.get(group_instance_id, "")
+        return member_id
+
     def leave(self, member_id: str, now_ms: int, group_instance_id: str = "") -> ErrorCode:
-        """LeaveGroup: removes the member and triggers a rebalance.
-        Errors: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID, COORDINATOR_NOT_AVAILABLE (Dead)."""
+        """LeaveGroup: removes the member and triggers a rebalance. A static member
+        may be named by `group_instance_id` alone (member_id "", see
+        `leaving_member_id`). Errors: FENCED_INSTANCE_ID (member_id is not the
+        instance's current one), UNKNOWN_MEMBER_ID, COORDINATOR_NOT_AVAILABLE (Dead)."""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        member_id = self.leaving_member_id(member_id, group_instance_id)
         if self.is_static_member_fenced(member_id, group_instance_id):
             return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in self.members:

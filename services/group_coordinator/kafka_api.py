@@ -11,6 +11,15 @@ joined through this process) so its assignor has input; the assignments the lead
 sends in SyncGroup are not used: every member receives the coordinator's assignment,
 encoded as a `ConsumerProtocolAssignment`. Only protocol type "consumer" is served
 (INCONSISTENT_GROUP_PROTOCOL otherwise).
+
+Static membership (KIP-345) is the coordinator's (group.py): `group_instance_id` of
+JoinGroup v5+, SyncGroup v3+, Heartbeat v3+, OffsetCommit v7+ and of each member of
+LeaveGroup v3+ is passed on, and the answers are Kafka's (FENCED_INSTANCE_ID for a
+member id the instance no longer has, UNKNOWN_MEMBER_ID, ...). A LeaveGroup v3+
+member with an empty member id and a group_instance_id removes that instance's
+current member (Kafka's RemoveMembersFromConsumerGroup); errors of the group as a
+whole (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
+are answered at the top level of the response, as Kafka does.
 """
 from __future__ import annotations
 
@@ -33,6 +42,8 @@ OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8,
 DESCRIBE_GROUPS, LIST_GROUPS, TXN_OFFSET_COMMIT, DELETE_GROUPS = 15, 16, 28, 42
 CONSUMER = "consumer"
 _VERSION = struct.Struct(">h")
+_GROUP_ERRORS = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
 
 
 def subscribed_topics(metadata: bytes) -> list[str]:
@@ -66,8 +77,9 @@ def encode_assignment(assignment: list[tuple[str, list[int]]]) -> bytes:
 class GroupCoordinatorApis:
     def __init__(self, servicer: Any):
         self.servicer = servicer
-        # (group, member id) -> (protocol name, subscription metadata) of its last JoinGroup here.
-        self._joined: dict[tuple[str, str], tuple[str, bytes]] = {}
+        # (group, member id) -> (protocol name, subscription metadata, group instance id)
+        # of its last JoinGroup here.
+        self._joined: dict[tuple[str, str], tuple[str, bytes, str]] = {}
 
     def handlers(self) -> dict[int, Handler]:
         """API key -> handler; the versions are in services.common.kafka.surface."""
@@ -87,21 +99,24 @@ class GroupCoordinatorApis:
         except ValueError:
             return {**fail, "error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL}
         session_ms = field(req, "session_timeout", 10000)
+        instance = field(req, "group_instance_id") or ""
         resp = await self.servicer.JoinGroup(pb.JoinGroupRequest(
             group_id=req.group_id, session_timeout_ms=session_ms,
             rebalance_timeout_ms=field(req, "rebalance_timeout", session_ms), member_id=req.member_id,
-            group_instance_id=field(req, "group_instance_id") or "", protocol_type=CONSUMER, topics=topics), None)
+            group_instance_id=instance, protocol_type=CONSUMER, topics=topics), None)
         if resp.error_code != ErrorCode.NONE:
             return {**fail, "error_code": resp.error_code, "member_id": resp.member_id or req.member_id}
-        self._joined[(req.group_id, resp.member_id)] = (protocol.name, bytes(protocol.metadata))
+        self._joined[(req.group_id, resp.member_id)] = (protocol.name, bytes(protocol.metadata), instance)
         members = []
         if resp.leader == resp.member_id:
             current = set(resp.members)  # forget members that left or expired
             for key in [k for k in self._joined if k[0] == req.group_id and k[1] not in current]:
                 del self._joined[key]
             for m in resp.members:
-                _name, metadata = self._joined.get((req.group_id, m), ("", encode_subscription([])))
-                members.append({"member_id": m, "group_instance_id": None, "metadata": metadata})
+                _name, metadata, member_instance = self._joined.get((req.group_id, m),
+                                                                    ("", encode_subscription([]), ""))
+                members.append({"member_id": m, "group_instance_id": member_instance or None,
+                                "metadata": metadata})
         return {"throttle_time": 0, "error_code": 0, "generation_id": resp.generation_id,
                 "protocol_type": CONSUMER, "protocol_name": protocol.name, "leader": resp.leader,
                 "member_id": resp.member_id, "members": members}
@@ -110,7 +125,7 @@ class GroupCoordinatorApis:
         resp = await self.servicer.SyncGroup(pb.SyncGroupRequest(
             group_id=req.group_id, generation_id=req.generation_id, member_id=req.member_id,
             group_instance_id=field(req, "group_instance_id") or ""), None)
-        name = self._joined.get((req.group_id, req.member_id), (field(req, "protocol_name"), b""))[0]
+        name = self._joined.get((req.group_id, req.member_id), (field(req, "protocol_name"), b"", ""))[0]
         return {"throttle_time": 0, "error_code": resp.error_code, "protocol_type": CONSUMER,
                 "protocol_name": name,
                 "assignment": encode_assignment([(t.topic, list(t.partitions)) for t in resp.assignment])
@@ -135,7 +150,9 @@ class GroupCoordinatorApis:
             self._joined.pop((req.group_id, member_id), None)
             first = first or resp.error_code
             out.append({"member_id": member_id, "group_instance_id": instance or None, "error_code": resp.error_code})
-        return {"throttle_time": 0, "error_code": first if members is None else 0, "members": out}
+        if members is not None:  # v3+: member errors per member, the group's at the top
+            first = next((m["error_code"] for m in out if m["error_code"] in _GROUP_ERRORS), 0)
+        return {"throttle_time": 0, "error_code": first, "members": out}
 
     @staticmethod
     def _commit_topics(topics) -> list[pb.OffsetCommitTopic]:

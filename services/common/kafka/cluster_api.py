@@ -79,9 +79,14 @@ class ClusterApis:
                 for n in sorted(self.cluster.nodes().values(), key=lambda n: n.node_id) if n.kafka_port]
 
     def controller_id(self) -> int:
-        leaders = sorted(n.node_id for n in self.cluster.nodes().values()
-                         if n.role == "partition_leader" and n.kafka_port)
-        return broker_id(leaders[0]) if leaders else -1
+        """Metadata's controller_id: the broker id of the first partition leader (by
+        node id) with a Kafka listener, else of the first node with one; -1 only when no
+        node has one. Always a listed broker, so clients (confluent-kafka's
+        describe_cluster) find the controller among the nodes, and a broker id below
+        2**24 (`cluster.broker_id`: librdkafka relies on its top byte being zero)."""
+        listed = sorted((n for n in self.cluster.nodes().values() if n.kafka_port), key=lambda n: n.node_id)
+        leaders = [n for n in listed if n.role == "partition_leader"] or listed
+        return leaders[0].broker_id if leaders else -1
 
     async def metadata(self, req: Any, version: int, ctx: RequestContext) -> dict:
         topics = field(req, "topics")

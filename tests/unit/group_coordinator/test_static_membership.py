@@ -181,3 +181,28 @@ def test_a_waiting_join_of_the_replaced_member_is_answered_fenced():
         assert set(r_b.members) == {r_new.member_id, r_b.member_id, c.member_id}
         await env.coord.stop()
     run(body())
+
+
+def test_a_static_member_is_removed_by_its_instance_id_alone():
+    """KIP-345 RemoveMembers: LeaveGroup with member id "" and the instance id removes
+    the instance's current member; a stale member id with the instance id is fenced;
+    an instance the group does not have is an unknown member."""
+    g, a, b = two_member_group()
+    assert g.leaving_member_id("", "a") == a and g.leaving_member_id("", "z") == ""
+    assert g.leave("", T0, "z") == ErrorCode.UNKNOWN_MEMBER_ID
+    assert g.leave("m9", T0, "a") == ErrorCode.FENCED_INSTANCE_ID
+    assert g.state is GroupState.STABLE and set(g.members) == {a, b}
+    assert g.leave("", T0, "a") == ErrorCode.NONE
+    assert set(g.members) == {b} and g.static_members == {}
+    assert g.state is GroupState.PREPARING_REBALANCE
+
+
+def test_coordinator_removes_a_static_member_by_instance_id():
+    async def body():
+        env = await Env().up()
+        a = await static_join(env, "g", "a")
+        assert await env.coord.leave_group("g", "", "a") == ErrorCode.NONE
+        assert a.member_id not in env.coord.group("g").members
+        assert await env.coord.leave_group("g", "", "a") == ErrorCode.UNKNOWN_MEMBER_ID
+        await env.coord.stop()
+    run(body())
