@@ -47,3 +47,30 @@ def test_list_describe_delete():
         assert b.error == ErrorCode.NONE
         await again.coord.stop()
     run(body())
+
+
+def test_offset_delete():
+    """OffsetDelete (KIP-496): a subscribed topic's offsets stay while the group has
+    members (GROUP_SUBSCRIBED_TO_TOPIC); an unsubscribed one's go, and a new owner's
+    replay keeps them gone; an unknown group is GROUP_ID_NOT_FOUND."""
+    other = type(TP0)("audit", 0)
+
+    async def body():
+        env = await Env().up()
+        a = await env.join("g")
+        assert await env.coord.commit_offsets("g", a.generation_id, a.member_id,
+                                              {TP0: OffsetAndMetadata(5), other: OffsetAndMetadata(9)}) == \
+            {TP0: ErrorCode.NONE, other: ErrorCode.NONE}
+        assert await env.coord.delete_offsets("g", [TP0, other]) == (
+            ErrorCode.NONE, {TP0: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, other: ErrorCode.NONE})
+        _, fetched = await env.coord.fetch_offsets("g", None, False)
+        assert set(fetched) == {TP0}
+        assert await env.coord.delete_offsets("ghost", [TP0]) == (ErrorCode.GROUP_ID_NOT_FOUND, {})
+        assert await env.coord.leave_group("g", a.member_id) == ErrorCode.NONE
+        assert await env.coord.delete_offsets("g", [TP0]) == (ErrorCode.NONE, {TP0: ErrorCode.NONE})
+        assert (await env.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
+        await env.coord.stop()
+        again = await Env(log=env.log).up()
+        assert (await again.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
+        await again.coord.stop()
+    run(body())
