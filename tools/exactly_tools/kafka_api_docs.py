@@ -1,22 +1,16 @@
-"""Generate README.md's Kafka API tables from the API surface (docs/design.md, "Kafka
-protocol").
-
-    python -m exactly_tools.kafka_api_docs [--check] [--readme README.md]
+"""README.md's Kafka API tables, generated from the API surface (docs/design.md, "Kafka
+protocol") by `python -m exactly_tools.config_docs` with the configuration tables.
 
 The served table (between `<!-- kafka-api-table: served -->` and
 `<!-- /kafka-api-table -->`) has one row per key of
 services.common.kafka.surface.SURFACE plus the keys the listener answers itself
 (listener.LISTENER_APIS), with the versions of that table; the not-served table
 (`<!-- kafka-api-table: not-served -->`) lists every other key Kafka defines (kio's
-index of Kafka's message schemas) with the reason from `NOT_SERVED`. `--check`
-changes nothing and exits 1 when the README differs (drift).
+index of Kafka's message schemas) with the reason from `NOT_SERVED`.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import re
-import sys
 
 from kio.schema.index import api_key_map
 
@@ -51,6 +45,7 @@ NOTES: dict[int, str] = {
 _RAFT = "KRaft controller quorum: Exactly's controller runs on ZooKeeper"
 _INTER_BROKER = "inter-broker: Exactly's services talk gRPC to each other"
 _SHARE = "share groups (KIP-932) are not implemented"
+_STREAMS = "Kafka Streams groups (KIP-1071) are not implemented"
 NOT_SERVED: dict[int, str] = {
     27: _INTER_BROKER + " (transaction markers: PartitionLeader/WriteTxnMarkers)",
     32: "not served yet (topic configs: gRPC Cluster/DescribeConfigs)",
@@ -71,7 +66,7 @@ NOT_SERVED: dict[int, str] = {
     73: _RAFT, 74: "not served yet", 75: "Metadata serves topic partitions",
     76: _SHARE, 77: _SHARE, 78: _SHARE, 79: _SHARE, 80: _RAFT, 81: _RAFT, 82: _RAFT,
     83: _SHARE, 84: _SHARE, 85: _SHARE, 86: _SHARE, 87: _SHARE,
-    88: "Kafka Streams groups (KIP-1071) are not implemented", 89: "Kafka Streams groups (KIP-1071) are not implemented",
+    88: _STREAMS, 89: _STREAMS,
     90: _SHARE, 91: _SHARE, 92: _SHARE,
 }
 
@@ -117,27 +112,3 @@ def render(text: str) -> str:
 
 def blocks(text: str) -> list[str]:
     return [m.group(2) for m in _BLOCK.finditer(text)]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exactly_tools.kafka_api_docs",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=pathlib.Path, default=pathlib.Path("README.md"))
-    parser.add_argument("--check", action="store_true", help="exit 1 when the README's tables are out of date")
-    args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print(f"{args.readme}: Kafka API tables differ from the surface; run "
-                  "python -m exactly_tools.kafka_api_docs", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        args.readme.write_text(new)
-    print(f"{args.readme}: {len(blocks(new))} Kafka API tables")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ def _rows(text: str, name: str) -> dict[int, str]:
 def test_readme_tables_are_generated_from_the_surface():
     text = README.read_text()
     assert kafka_api_docs.blocks(text) == ["served", "not-served"]
-    assert kafka_api_docs.render(text) == text, "run: python -m exactly_tools.kafka_api_docs"
+    assert kafka_api_docs.render(text) == text, "run: python -m exactly_tools.config_docs"
 
 
 def test_every_served_key_is_listed_with_its_versions():
