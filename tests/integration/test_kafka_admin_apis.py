@@ -138,6 +138,10 @@ def test_list_groups_from_every_port(sec, topic):
     assert result.errors == [], result.errors
     listed = [g.group_id for g in result.valid]
     assert groups <= set(listed) and len(listed) == len(set(listed)), listed
+    # bob, without Describe on them, is shown none of them (and no error).
+    bob = KAdmin(kconf(sec, "bob"))
+    hidden = bob.list_consumer_groups(request_timeout=20).result(30)
+    assert hidden.errors == [] and not groups & {g.group_id for g in hidden.valid}, hidden.valid
     # Each port answers the union on its own: a partition leader's port, not a group
     # coordinator, lists them all (kafka-python asking one broker at a time).
     client = kafka_python_admin(sec)
