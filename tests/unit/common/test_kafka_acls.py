@@ -3,11 +3,14 @@ creations outside the model are refused with a message, and filters match as Kaf
 AclBindingFilter (ANY, MATCH, LITERAL, PREFIXED; null fields match anything)."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from services.common.kafka import codec
-from services.common.kafka.acl_api import ANY, MATCH, InvalidAcl, binding_of, filter_of, kafka_fields
+from services.common.kafka.acl_api import ANY, MATCH, AclApis, InvalidAcl, binding_of, filter_of, kafka_fields
 
 TOPIC, GROUP, CLUSTER, USER = 2, 3, 4, 7
 LITERAL, PREFIXED = 3, 4
@@ -79,3 +82,46 @@ def test_filters_match_as_kafka():
 def test_unknown_filter_codes_are_refused(over):
     with pytest.raises(InvalidAcl):
         flt(**over)
+
+
+class _Servicer:
+    """The Cluster servicer's ACL calls over a list (as SecurityAdmin over ZooKeeper)."""
+
+    def __init__(self):
+        self.pb, self.acls = pb, []
+
+    async def CreateAcls(self, request, context):
+        self.acls += [a for a in request.creations if a not in self.acls]
+        return self.pb.AclsResponse(results=[self.pb.AclResult() for _ in request.creations])
+
+    async def DeleteAcls(self, request, context):
+        self.acls = [a for a in self.acls if a not in request.deletions]
+        return self.pb.AclsResponse(results=[self.pb.AclResult() for _ in request.deletions])
+
+    async def DescribeAcls(self, request, context):
+        return self.pb.DescribeAclsResponse(acls=self.acls)
+
+
+def test_create_describe_delete_answer_in_request_order():
+    """A refused creation answers in its place among stored ones; DeleteAcls lists
+    what each filter removed, and a bad filter answers INVALID_REQUEST alone."""
+    servicer = _Servicer()
+    apis = AclApis(servicer)
+    good = {"resource_type": TOPIC, "resource_name": "orders", "resource_pattern_type": LITERAL,
+            "principal": "User:alice", "host": "*", "operation": WRITE, "permission_type": ALLOW}
+    req = codec.build(codec.request_class(30, 3), {"creations": [
+        good, {**good, "host": "10.1.1.1"}, {**good, "resource_pattern_type": PREFIXED, "resource_name": "ord"}]})
+    created = asyncio.run(apis.create_acls(req, 3, None))
+    assert [r["error_code"] for r in created["results"]] == [0, 42, 0] and len(servicer.acls) == 2
+    described = asyncio.run(apis.describe_acls(codec.build(codec.request_class(29, 3), {
+        "resource_type_filter": TOPIC, "resource_name_filter": "orders", "pattern_type_filter": MATCH,
+        "principal_filter": None, "host_filter": None, "operation": ANY, "permission_type": ANY}), 3, None))
+    assert described["error_code"] == 0 and sorted((r["resource_name"], r["pattern_type"]) for r in
+                                                   described["resources"]) == [("ord", PREFIXED), ("orders", LITERAL)]
+    any_ = {"resource_type_filter": ANY, "resource_name_filter": None, "pattern_type_filter": PREFIXED,
+            "principal_filter": None, "host_filter": None, "operation": ANY, "permission_type": ANY}
+    deleted = asyncio.run(apis.delete_acls(codec.build(codec.request_class(31, 3), {"filters": [
+        any_, {**any_, "operation": 0}]}), 3, None))
+    first, bad = deleted["filter_results"]
+    assert [m["resource_name"] for m in first["matching_acls"]] == ["ord"] and bad["error_code"] == 42
+    assert [a.name for a in servicer.acls] == ["orders"]
