@@ -115,6 +115,8 @@ RETRIABLE: frozenset[ErrorCode] = frozenset({
     ErrorCode.REBALANCE_IN_PROGRESS,
     ErrorCode.CONCURRENT_TRANSACTIONS,
     ErrorCode.KAFKA_STORAGE_ERROR,
+    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,  # Kafka's InvalidMetadataException subclasses
+    ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.UNSTABLE_OFFSET_COMMIT,
