@@ -577,6 +577,15 @@ class MemberIdRequiredError(ExactlyError):
     code = ErrorCode.MEMBER_ID_REQUIRED
 
 
+class PreferredLeaderNotAvailableError(ExactlyError):
+    """A preferred leader election was not made: the preferred replica is down, out of the
+    ISR, or the controller does not move leadership to it (ElectLeaders).
+
+    Kafka error code 80 (PREFERRED_LEADER_NOT_AVAILABLE)."""
+
+    code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+
+
 class GroupMaxSizeReachedError(ExactlyError):
     """The group already has the largest number of members allowed.
 
@@ -591,6 +600,32 @@ class FencedInstanceIdError(ExactlyError):
     Kafka error code 82 (FENCED_INSTANCE_ID)."""
 
     code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class EligibleLeadersNotAvailableError(ExactlyError):
+    """No replica may be elected leader: no in-sync replica is live, and Exactly never
+    elects one outside the ISR (ElectLeaders, unclean).
+
+    Kafka error code 83 (ELIGIBLE_LEADERS_NOT_AVAILABLE)."""
+
+    code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+class ElectionNotNeededError(ExactlyError):
+    """The leader election asked for is not needed: the wanted replica leads already.
+
+    Kafka error code 84 (ELECTION_NOT_NEEDED)."""
+
+    code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+class GroupSubscribedToTopicError(ExactlyError):
+    """The group's members subscribe to the topic, so its committed offsets are kept
+    (OffsetDelete, KIP-496).
+
+    Kafka error code 86 (GROUP_SUBSCRIBED_TO_TOPIC)."""
+
+    code = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
 
 
 class InvalidRecordError(ExactlyError):
@@ -635,6 +670,15 @@ class TransactionalIdNotFoundError(ExactlyError):
     Kafka error code 105 (TRANSACTIONAL_ID_NOT_FOUND)."""
 
     code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+
+
+class UnsupportedEndpointTypeError(ExactlyError):
+    """DescribeCluster asked for an endpoint type the cluster does not have (Exactly
+    has broker endpoints only, no separate controller quorum).
+
+    Kafka error code 115 (UNSUPPORTED_ENDPOINT_TYPE)."""
+
+    code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
 
 
 class ConcurrentProducerCommitError(ExactlyError):

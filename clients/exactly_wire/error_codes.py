@@ -78,13 +78,18 @@ class ErrorCode(enum.IntEnum):
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
     MEMBER_ID_REQUIRED = 79
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    ELECTION_NOT_NEEDED = 84
+    GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
     THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599; retriable after the response's throttle_time_ms
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
+    UNSUPPORTED_ENDPOINT_TYPE = 115
     # KIP-447 draft codes. The draft gives both the number 85, which Kafka has since
     # assigned to NO_REASSIGNMENT_IN_PROGRESS; Exactly uses two distinct numbers outside
     # Kafka's range so they can never collide with a Kafka code.
@@ -110,6 +115,8 @@ RETRIABLE: frozenset[ErrorCode] = frozenset({
     ErrorCode.REBALANCE_IN_PROGRESS,
     ErrorCode.CONCURRENT_TRANSACTIONS,
     ErrorCode.KAFKA_STORAGE_ERROR,
+    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,  # Kafka's InvalidMetadataException subclasses
+    ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.UNSTABLE_OFFSET_COMMIT,

@@ -188,6 +188,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "GroupCoordinator/ListGroups": lambda r, p: [],  # filtered by the servicer
     "GroupCoordinator/DescribeGroups": lambda r, p: [group(g, Op.DESCRIBE) for g in r.groups],
     "GroupCoordinator/DeleteGroups": lambda r, p: [group(g, Op.DELETE) for g in r.groups_names],
+    "GroupCoordinator/OffsetDelete": lambda r, p: [group(r.group_id, Op.DELETE)]
+    + _topics((t.topic for t in r.topics), Op.READ),
 }
 
 

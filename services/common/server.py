@@ -39,7 +39,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from . import authz, connections, limits, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
-from .acl import AclBinding, AclCache, AclStore, Authorizer, parse_super_users
+from .acl import AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
 from .auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
                    create_user_credentials, current_principal)
@@ -47,6 +47,7 @@ from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
 from .tunnel import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_QUEUED, HandlerRegistry, TunnelServicer, add_tunnel_to_server
+from .kafka.acl_api import acl_message, binding_of_message
 from .kafka.cluster_api import ClusterApis
 from .kafka import surface as kafka_surface
 from .kafka.listener import KafkaListener
@@ -302,18 +303,12 @@ class SecurityAdmin:
         self.cluster = cluster
         self.tls = tls
 
-    @staticmethod
-    def _acl(m: pb.Acl) -> AclBinding:
-        return AclBinding.from_json({"principal": m.principal, "resource_type": m.resource_type, "name": m.name,
-                                     "pattern": m.pattern or "Literal", "operation": m.operation,
-                                     "permission": m.permission or "Allow"})
-
     async def change_acls(self, acls, add: bool) -> pb.AclsResponse:
         resp = pb.AclsResponse()
         store = await asyncio.to_thread(AclStore, self.cluster.zk, None, self.cluster.zk_security.sensitive_acl)
         for m in acls:
             try:
-                binding = self._acl(m)
+                binding = binding_of_message(m)
             except (ValueError, KeyError) as exc:
                 resp.results.add(error_code=ErrorCode.INVALID_REQUEST, error_message=f"invalid ACL: {exc}")
                 continue
@@ -323,10 +318,7 @@ class SecurityAdmin:
 
     async def describe_acls(self) -> pb.DescribeAclsResponse:
         store = await asyncio.to_thread(AclStore, self.cluster.zk, None, self.cluster.zk_security.sensitive_acl)
-        return pb.DescribeAclsResponse(acls=[pb.Acl(principal=b.principal, resource_type=b.resource_type.value,
-                                                    name=b.name, pattern=b.pattern.value,
-                                                    operation=b.operation.value, permission=b.permission.value)
-                                             for b in await asyncio.to_thread(store.list)])
+        return pb.DescribeAclsResponse(acls=[acl_message(b) for b in await asyncio.to_thread(store.list)])
 
     async def alter_users(self, request: pb.AlterUserScramCredentialsRequest) -> pb.AlterUserScramCredentialsResponse:
         resp = pb.AlterUserScramCredentialsResponse()

@@ -823,6 +823,43 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             log.info("group %s deleted (%d committed offsets)", group_id, len(partitions))
             return ErrorCode.NONE
 
+    async def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]
+                             ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        """OffsetDelete (KIP-496, Kafka's GroupCoordinator.handleDeleteOffsets): the
+        committed offsets of `partitions` get tombstones in one batch. A group with
+        members keeps the offsets of the topics they subscribe to (those partitions
+        answer GROUP_SUBSCRIBED_TO_TOPIC); a partition without a committed offset
+        answers NONE. Returns (group error, {partition: error}); group errors:
+        GROUP_ID_NOT_FOUND (no membership and no offsets), INVALID_GROUP_ID,
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
+        code, owned = self._owner_of(group_id)
+        if code != ErrorCode.NONE:
+            return code, {}
+        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
+        async with lock:
+            group = owned.state.groups.get(group_id)
+            if group is not None and group.state is GroupState.DEAD:
+                group = None
+            committed = set(owned.state.offsets.committed_partitions(group_id))
+            if group is None and not committed:
+                return ErrorCode.GROUP_ID_NOT_FOUND, {}
+            subscribed = set() if group is None or group.is_(GroupState.EMPTY) else {
+                t for m in group.members.values() for t in m.topics}
+            results: dict[TopicPartition, ErrorCode] = {}
+            doomed = []
+            for tp in map(lambda x: TopicPartition(*x), partitions):
+                results[tp] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if tp.topic in subscribed else ErrorCode.NONE
+                if tp.topic not in subscribed and tp in committed:
+                    doomed.append(tp)
+            if doomed:
+                raw = await self._append(owned, log_format.tombstones_batch(group_id, doomed, self._wall_clock(),
+                                                                            owned.writer, group_too=False))
+                code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+                for tp in doomed:
+                    results[tp] = code
+            log.info("group %s: %d committed offsets deleted", group_id, len(doomed))
+            return ErrorCode.NONE, results
+
     # ------------------------------------------------------------ introspection
 
     def group(self, group_id: str) -> GroupMetadata | None:

@@ -1,6 +1,6 @@
 """Kafka APIs of a group coordinator: JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, TxnOffsetCommit, ListGroups, DescribeGroups,
-DeleteGroups — adapters over the gRPC servicer (servicer.py), so the group rules are
+OffsetCommit, OffsetFetch, TxnOffsetCommit, DescribeGroups,
+DeleteGroups, OffsetDelete — adapters over the gRPC servicer (servicer.py), so the group rules are
 written once (docs/design.md, "Kafka protocol").
 
 Exactly assigns partitions on the coordinator (range). Kafka's classic consumer
@@ -39,7 +39,7 @@ from services.common.kafka.codec import field
 from services.common.kafka.listener import Handler, RequestContext
 
 OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 11, 12, 13, 14
-DESCRIBE_GROUPS, LIST_GROUPS, TXN_OFFSET_COMMIT, DELETE_GROUPS = 15, 16, 28, 42
+DESCRIBE_GROUPS, TXN_OFFSET_COMMIT, DELETE_GROUPS, OFFSET_DELETE = 15, 28, 42, 47
 CONSUMER = "consumer"
 _VERSION = struct.Struct(">h")
 _GROUP_ERRORS = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -85,8 +85,9 @@ class GroupCoordinatorApis:
         """API key -> handler; the versions are in services.common.kafka.surface."""
         return {JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
                 LEAVE_GROUP: self.leave_group, OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
-                TXN_OFFSET_COMMIT: self.txn_offset_commit, LIST_GROUPS: self.list_groups,
-                DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups}
+                TXN_OFFSET_COMMIT: self.txn_offset_commit,
+                DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups,
+                OFFSET_DELETE: self.offset_delete}
 
     async def join_group(self, req: Any, version: int, ctx: RequestContext) -> dict:
         fail = {"throttle_time": 0, "generation_id": -1, "protocol_type": CONSUMER, "protocol_name": None,
@@ -195,13 +196,6 @@ class GroupCoordinatorApis:
             topics=self._commit_topics(req.topics)), None)
         return {"throttle_time": 0, "topics": self._commit_result(resp.topics)}
 
-    async def list_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
-        resp = await self.servicer.ListGroups(pb.ListGroupsRequest(
-            states_filter=list(field(req, "states_filter", ()))), None)
-        return {"throttle_time": 0, "error_code": resp.error_code, "groups": [
-            {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.group_state}
-            for g in resp.groups]}
-
     async def describe_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
         resp = await self.servicer.DescribeGroups(pb.DescribeGroupsRequest(groups=list(req.groups)), None)
         return {"throttle_time": 0, "groups": [
@@ -218,3 +212,16 @@ class GroupCoordinatorApis:
         resp = await self.servicer.DeleteGroups(pb.DeleteGroupsRequest(groups_names=list(req.groups_names)), None)
         return {"throttle_time": 0, "results": [{"group_id": r.group_id, "error_code": r.error_code}
                                                 for r in resp.results]}
+
+    async def offset_delete(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """OffsetDelete v0 (KIP-496) over the servicer's: the group's error at the top
+        (GROUP_ID_NOT_FOUND, NOT_COORDINATOR, GROUP_AUTHORIZATION_FAILED, ...), each
+        partition's (NONE, GROUP_SUBSCRIBED_TO_TOPIC, TOPIC_AUTHORIZATION_FAILED)."""
+        resp = await self.servicer.OffsetDelete(pb.OffsetDeleteRequest(group_id=req.group_id, topics=[
+            pb.TopicPartitions(topic=t.name, partitions=[p.partition_index for p in t.partitions])
+            for t in req.topics]), None)
+        codes = {(t.topic, p.partition): p.error_code for t in resp.topics for p in t.partitions}
+        return {"throttle_time": 0, "error_code": resp.error_code, "topics": [
+            {"name": t.name, "partitions": [{"partition_index": p.partition_index,
+                                             "error_code": codes.get((t.name, p.partition_index), 0)}
+                                            for p in t.partitions]} for t in req.topics]}

@@ -146,11 +146,13 @@ def group_batch(snap: GroupSnapshot, timestamp_ms: int, writer: tuple[int, int] 
 
 
 def tombstones_batch(group: str, partitions: Iterable[TopicPartition], timestamp_ms: int,
-                     writer: tuple[int, int] = NO_WRITER) -> bytes:
+                     writer: tuple[int, int] = NO_WRITER, group_too: bool = True) -> bytes:
     """One record batch deleting a group (DeleteGroups): a tombstone (null value) for
     the offset key of each of `partitions`, then one for the group metadata key,
-    written with the owner's `writer` (producer id, producer epoch)."""
+    written with the owner's `writer` (producer id, producer epoch). group_too=False:
+    the offsets' tombstones only (OffsetDelete)."""
     recs = [(offset_key(group, TopicPartition(*tp)), None, (), timestamp_ms) for tp in sorted(partitions)]
-    recs.append((group_key(group), None, (), timestamp_ms))
+    if group_too:
+        recs.append((group_key(group), None, (), timestamp_ms))
     return records.encode_batch(recs, producer_id=writer[0], producer_epoch=writer[1],
                                 base_sequence=records.NO_SEQUENCE)

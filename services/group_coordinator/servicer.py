@@ -142,6 +142,11 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
                     for m in d.members])
         return resp
 
+    async def OffsetDelete(self, request, context):
+        code, results = await self.coordinator.delete_offsets(
+            request.group_id, [TopicPartition(t.topic, p) for t in request.topics for p in t.partitions])
+        return pb.OffsetDeleteResponse(error_code=code, error_message=_message(code), topics=_topic_results(results))
+
     async def DeleteGroups(self, request, context):
         results = await self.coordinator.delete_groups(list(request.groups_names))
         return pb.DeleteGroupsResponse(results=[

@@ -1,5 +1,5 @@
 """Kafka APIs of a partition leader: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
-DescribeProducers, DeleteRecords — adapters over the gRPC servicer (servicer.py), so
+DescribeProducers, DeleteRecords, DescribeLogDirs — adapters over the gRPC servicer (servicer.py), so
 no rule of the log is written twice (docs/design.md, "Kafka protocol").
 
 Produce passes the client's record batch bytes through unchanged. A Produce with
@@ -11,17 +11,21 @@ fetches (replica_id >= 0) are refused: replication runs over gRPC between servic
 """
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from services.common import authz
+from services.common.acl import Operation as Op
 from services.common.kafka.codec import field
 from services.common.kafka.listener import Handler, RequestContext
 
 from .partition import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS, DESCRIBE_PRODUCERS = 0, 1, 2, 23, 21, 61
+DESCRIBE_LOG_DIRS = 35
 KAFKA_MAX_TIMESTAMP = -3  # Kafka's ListOffsetsRequest.MAX_TIMESTAMP (KIP-734)
 
 
@@ -61,14 +65,46 @@ class _Connection:
 
 
 class PartitionLeaderApis:
-    def __init__(self, servicer: Any):
+    """`manager`: the process's ReplicaManager (DescribeLogDirs reads its replicas)."""
+
+    def __init__(self, servicer: Any, manager: Any = None):
         self.servicer = servicer
+        self.manager = manager
 
     def handlers(self) -> dict[int, Handler]:
         """API key -> handler; the versions are in services.common.kafka.surface."""
         return {PRODUCE: self.produce, FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
                 OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, DELETE_RECORDS: self.delete_records,
-                DESCRIBE_PRODUCERS: self.describe_producers}
+                DESCRIBE_PRODUCERS: self.describe_producers, DESCRIBE_LOG_DIRS: self.describe_log_dirs}
+
+    async def describe_log_dirs(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """DescribeLogDirs v1-4 (KIP-113, KIP-827): this process's one log directory
+        (`<data dir>/logs`) with each replica stored here (leader or follower) asked
+        for (topics null: all): partition_size in bytes (its segment files),
+        offset_lag = max(0, high watermark - log end offset) as Kafka reports it, and
+        the file system's total and usable bytes. Needs Describe on the Cluster
+        (CLUSTER_AUTHORIZATION_FAILED at the top otherwise)."""
+        if not authz.visible(Op.DESCRIBE, authz.CLUSTER):
+            return {"throttle_time": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "results": []}
+        asked = field(req, "topics")
+        wanted = None if asked is None else {(t.topic, p) for t in asked for p in t.partitions}
+        by_topic: dict[str, list[dict]] = {}
+        for (topic, partition), p in sorted(self.manager.replicas.items()):
+            if wanted is not None and (topic, partition) not in wanted:
+                continue
+            by_topic.setdefault(topic, []).append({
+                "partition_index": partition, "partition_size": p.log.size_bytes,
+                "offset_lag": max(0, p.high_watermark - p.log_end_offset),
+                "is_future_key": False})
+        directory = self.manager.data_dir / "logs"
+        try:
+            usage = shutil.disk_usage(directory)
+            total, usable = usage.total, usage.free
+        except OSError:
+            total = usable = -1
+        return {"throttle_time": 0, "error_code": 0, "results": [{
+            "error_code": 0, "log_dir": str(directory.resolve()), "total_bytes": total, "usable_bytes": usable,
+            "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}]}
 
     async def produce(self, req: Any, version: int, ctx: RequestContext) -> dict | None:
         acks = field(req, "acks", 1)

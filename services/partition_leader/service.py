@@ -83,7 +83,7 @@ class PartitionLeaderService:
 
     def kafka_handlers(self) -> dict:
         """The Kafka protocol handlers of this role (services.common.kafka.surface)."""
-        return PartitionLeaderApis(AuthorizedServicer(self.servicer, "PartitionLeader")).handlers()
+        return PartitionLeaderApis(AuthorizedServicer(self.servicer, "PartitionLeader"), self.manager).handlers()
 
     def _address(self, node_id: str) -> str | None:
         node = self.cluster.nodes().get(node_id)

@@ -523,6 +523,8 @@ def _matrix_rows():
         ("GroupCoordinator/ListGroups", "alice", "bob", LISTED, lambda c: pb.ListGroupsRequest()),
         ("GroupCoordinator/DescribeGroups", "alice", "bob", GROUP_DENIED,
          lambda c: pb.DescribeGroupsRequest(groups=[c["group"]])),
+        ("GroupCoordinator/OffsetDelete", "alice", "bob", GROUP_DENIED,
+         lambda c: pb.OffsetDeleteRequest(group_id=c["group"], topics=_tps(c["topic"]))),
         ("GroupCoordinator/DeleteGroups", "alice", "bob", GROUP_DENIED,
          lambda c: pb.DeleteGroupsRequest(groups_names=[c["group"]])),
         (f"{S}/DeleteTopics", "alice", "bob", TOPIC_DENIED,

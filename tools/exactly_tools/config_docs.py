@@ -1,4 +1,5 @@
-"""Generate the configuration reference tables of README.md from the schemas.
+"""Generate the configuration reference tables of README.md from the schemas (and the
+Kafka API tables from the API surface, exactly_tools.kafka_api_docs).
 
     python -m exactly_tools.config_docs [--check] [--readme README.md]
 
@@ -18,6 +19,8 @@ from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema
 from exactly_wire.config import ConfigSchema, markdown_table
 from services.common.settings import GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema
 
+from . import kafka_api_docs
+
 TABLES: dict[str, type[ConfigSchema]] = {
     "producer": ProducerSchema,
     "consumer": ConsumerSchema,
@@ -31,9 +34,10 @@ _BLOCK = re.compile(r"(<!-- config-table: (\w+) -->\n)(.*?)(<!-- /config-table -
 
 
 def render(text: str) -> str:
-    """`text` with every config-table block regenerated. Raises KeyError for a block
-    naming no known role."""
-    return _BLOCK.sub(lambda m: m.group(1) + markdown_table(TABLES[m.group(2)]) + "\n" + m.group(4), text)
+    """`text` with every config-table block regenerated, and the Kafka API tables
+    (exactly_tools.kafka_api_docs). Raises KeyError for a block naming no known role."""
+    text = _BLOCK.sub(lambda m: m.group(1) + markdown_table(TABLES[m.group(2)]) + "\n" + m.group(4), text)
+    return kafka_api_docs.render(text)
 
 
 def blocks(text: str) -> list[str]:

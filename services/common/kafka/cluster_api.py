@@ -1,6 +1,7 @@
 """Kafka APIs every service answers: Metadata, FindCoordinator, CreateTopics,
-DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas (and the
-config APIs of services.common.kafka.config_api) — adapters over the Cluster servicer
+DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas, DescribeCluster, ElectLeaders,
+the ACL APIs (acl_api.py), the config APIs (config_api.py) and ListGroups (the union of the group
+coordinators') — adapters over the Cluster servicer
 (services/common/server.py), so the rules stay in one place (docs/design.md, "Kafka
 protocol").
 
@@ -10,6 +11,8 @@ ISR are listed by broker id.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import grpc
@@ -19,16 +22,21 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from .. import authz, topic_admin
+from ..acl import Operation as Op, Resource, ResourceType
 from ..auth import current_principal
-from ..cluster import ClusterState, broker_id
+from ..cluster import ClusterState, PartitionState, broker_id
+from .acl_api import AclApis
 from .codec import field
 from .config_api import ConfigApis
 from .listener import Handler, RequestContext
 
+log = logging.getLogger(__name__)
 CLUSTER_ID = "exactly"
 METADATA, FIND_COORDINATOR, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 10, 19, 20, 37
-INIT_PRODUCER_ID = 22
-DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
+INIT_PRODUCER_ID, LIST_GROUPS, ELECT_LEADERS = 22, 16, 43
+PREFERRED, UNCLEAN = 0, 1  # ElectLeaders election types (KIP-460)
+LIST_GROUPS_TIMEOUT_S = 10  # the deadline of each group coordinator's ListGroups
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS, DESCRIBE_CLUSTER = 48, 49, 60
 
 
 # Kafka's DescribeConfigsResponse.ConfigSource ids, used by CreateTopics v5+ too.
@@ -45,6 +53,37 @@ def _creatable_configs(configs: dict[str, str]) -> list[dict]:
 def _kafka_entity(c: pb.ClientQuotaEntityComponent) -> dict:
     """A quota entity component as Kafka's EntityData (entity_name null: the default)."""
     return {"entity_type": c.entity_type, "entity_name": None if c.is_default else c.name}
+
+
+def election_result(election_type: int, replicas: list[str], state: PartitionState | None,
+                    live: set[str]) -> tuple[int, str | None]:
+    """The ElectLeaders answer (error code, message) for one partition (KIP-183
+    preferred, KIP-460 unclean) under Exactly's controller (services.common.controller),
+    which elects only on a leader's failure and only among live in-sync replicas:
+
+    - PREFERRED: ELECTION_NOT_NEEDED when the first assigned replica leads;
+      otherwise PREFERRED_LEADER_NOT_AVAILABLE, saying whether that replica is down,
+      out of the ISR, or simply not moved to (leadership moves only on failure);
+    - UNCLEAN: ELECTION_NOT_NEEDED while a live leader leads; with none,
+      ELIGIBLE_LEADERS_NOT_AVAILABLE (no replica outside the ISR is ever elected: it
+      could lack acknowledged records and committed transactions).
+    `live`: the live partition-leader node ids."""
+    leader = state.leader if state is not None else (replicas[0] if replicas else None)
+    isr = state.isr if state is not None else tuple(replicas)
+    if election_type == UNCLEAN:
+        if leader is not None and leader in live:
+            return ErrorCode.ELECTION_NOT_NEEDED, None
+        return ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, (
+            "no live in-sync replica; Exactly never elects a replica outside the ISR (no unclean election)")
+    preferred = replicas[0] if replicas else None
+    if preferred is not None and leader == preferred and leader in live:
+        return ErrorCode.ELECTION_NOT_NEEDED, None
+    if preferred is None or preferred not in live:
+        return ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE, f"the preferred replica {preferred} is not live"
+    if preferred not in isr:
+        return ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE, f"the preferred replica {preferred} is not in the ISR"
+    return ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE, (
+        f"{leader} leads; Exactly's controller moves leadership only when a leader fails")
 
 
 class ClusterApis:
@@ -67,7 +106,9 @@ class ClusterApis:
         return {METADATA: self.metadata, FIND_COORDINATOR: self.find_coordinator,
                 CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
                 CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
-                ALTER_CLIENT_QUOTAS: self.alter_client_quotas, **self.configs.handlers()}
+                ALTER_CLIENT_QUOTAS: self.alter_client_quotas, DESCRIBE_CLUSTER: self.describe_cluster,
+                LIST_GROUPS: self.list_groups, ELECT_LEADERS: self.elect_leaders,
+                **AclApis(self.servicer).handlers(), **self.configs.handlers()}
 
     def elsewhere(self) -> dict[int, Handler]:
         """Handlers for keys of another role that a process answers itself instead of
@@ -108,6 +149,83 @@ class ClusterApis:
         return {"throttle_time": 0, "brokers": self.brokers(), "cluster_id": CLUSTER_ID,
                 "controller_id": self.controller_id(), "topics": out,
                 "cluster_authorized_operations": -2147483648}
+
+    async def describe_cluster(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """DescribeCluster v0-2 (KIP-700): the brokers (every process with a Kafka
+        listener, by broker id), the cluster id and the controller id, as Metadata
+        lists them. Endpoint type 2 (controllers, KIP-919) answers
+        UNSUPPORTED_ENDPOINT_TYPE: Exactly has no separate controller quorum."""
+        if field(req, "endpoint_type", 1) != 1:
+            return {"throttle_time": 0, "error_code": ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+                    "error_message": "Exactly serves broker endpoints only", "endpoint_type": 1, "cluster_id": "",
+                    "controller_id": -1, "brokers": [], "cluster_authorized_operations": -2147483648}
+        return {"throttle_time": 0, "error_code": 0, "error_message": None, "endpoint_type": 1,
+                "cluster_id": CLUSTER_ID, "controller_id": self.controller_id(),
+                "brokers": [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None,
+                             "is_fenced": False} for b in self.brokers()],
+                "cluster_authorized_operations": -2147483648}
+
+    async def elect_leaders(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """ElectLeaders v0-2 (v0: preferred only): each partition asked (null: every
+        partition of every topic) answered by `election_result`; an unknown one
+        UNKNOWN_TOPIC_OR_PARTITION, an unknown election type INVALID_REQUEST. Needs
+        Alter on the Cluster, as Kafka (CLUSTER_AUTHORIZATION_FAILED at the top)."""
+        election = field(req, "election_type", PREFERRED)
+        if not authz.visible(Op.ALTER, authz.CLUSTER):
+            return {"throttle_time": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    "replica_election_results": []}
+        topics = self.cluster.topics()
+        asked = field(req, "topic_partitions")
+        wanted = [(t.topic, list(t.partitions)) for t in asked] if asked is not None else \
+            [(name, sorted(info.partitions)) for name, info in sorted(topics.items()) if not info.internal]
+        live = {n.node_id for n in self.cluster.nodes().values() if n.role == "partition_leader"}
+        out = []
+        for name, partitions in wanted:
+            info = topics.get(name)
+            results = []
+            for p in partitions:
+                if election not in (PREFERRED, UNCLEAN):
+                    code, msg = ErrorCode.INVALID_REQUEST, f"unknown election type {election}"
+                elif info is None or p not in info.partitions:
+                    code, msg = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown partition {name}-{p}"
+                else:
+                    code, msg = election_result(election, info.partitions[p], info.states.get(p), live)
+                results.append({"partition_id": p, "error_code": code, "error_message": msg})
+            out.append({"topic": name, "partition_result": results})
+        return {"throttle_time": 0, "error_code": 0, "replica_election_results": out}
+
+    async def list_groups(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """ListGroups v0-4 at any process: the union of every live group
+        coordinator's groups, so a client asking any one port sees every group (a Kafka
+        broker lists its own and admin clients union the brokers' answers; the union of
+        identical answers is the same list). Each coordinator is asked over gRPC, all at
+        once, each call bounded by LIST_GROUPS_TIMEOUT_S; the groups are filtered here
+        by the caller's Describe on each group (the coordinators see this process's
+        identity). A coordinator not answering: the groups of the others with
+        COORDINATOR_NOT_AVAILABLE (retriable); none registered: an empty list.
+        `states_filter` (v4) is passed on."""
+        states = list(field(req, "states_filter", ()) or ())
+        nodes = sorted((n for n in self.cluster.nodes().values() if n.role == "group_coordinator"),
+                       key=lambda n: n.node_id)
+
+        async def ask(node) -> pb.ListGroupsResponse | None:
+            try:
+                return await pbg.GroupCoordinatorStub(self.channel(node.address)).ListGroups(
+                    pb.ListGroupsRequest(states_filter=states), timeout=LIST_GROUPS_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                log.warning("ListGroups of %s failed: %s", node.node_id, exc.code())
+                return None
+        answers = await asyncio.gather(*(ask(n) for n in nodes)) if nodes and self.channel else []
+        code, groups = ErrorCode.NONE, {}
+        for resp in answers:
+            if resp is None or resp.error_code:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE if resp is None else resp.error_code
+                continue
+            for g in resp.groups:
+                if authz.visible(Op.DESCRIBE, Resource(ResourceType.GROUP, g.group_id)):
+                    groups[g.group_id] = {"group_id": g.group_id, "protocol_type": g.protocol_type,
+                                          "group_state": g.group_state}
+        return {"throttle_time": 0, "error_code": code, "groups": [groups[k] for k in sorted(groups)]}
 
     async def _coordinator(self, key: str, key_type: int) -> dict:
         resp = await self.servicer.FindCoordinator(pb.FindCoordinatorRequest(key=key, key_type=key_type), None)

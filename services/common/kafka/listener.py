@@ -115,6 +115,11 @@ class Api:
     handler: Handler
 
 
+# Keys the listener answers itself (min, max version): ApiVersions always, the SASL
+# keys on a listener given a SaslGateway.
+LISTENER_APIS = {API_VERSIONS_KEY: (0, 3), SASL_HANDSHAKE_KEY: (0, 1), SASL_AUTHENTICATE_KEY: (0, 2)}
+
+
 class KafkaListener:
     """Serve `apis` (api key -> Api) on host:port. A handler returns the response as a
     dict of plain values (services.common.kafka.codec), or None to send nothing (a
@@ -144,11 +149,11 @@ class KafkaListener:
         self.refusals = RefusalLog("kafka")
         self._ssl = None
         self.principal_mapper = PrincipalMapper(principal_rules)
-        self.apis[API_VERSIONS_KEY] = Api(0, 3, self._api_versions)
+        self.apis[API_VERSIONS_KEY] = Api(*LISTENER_APIS[API_VERSIONS_KEY], self._api_versions)
         self.sasl = sasl
         if sasl is not None:  # answered by _sasl_step; listed here for ApiVersions
-            self.apis[SASL_HANDSHAKE_KEY] = Api(0, 1, self._api_versions)
-            self.apis[SASL_AUTHENTICATE_KEY] = Api(0, 2, self._api_versions)
+            for key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
+                self.apis[key] = Api(*LISTENER_APIS[key], self._api_versions)
         self.max_request_bytes = max_request_bytes
         self._socket: socket.socket | None = None
         self._accepting: asyncio.Task | None = None

@@ -13,9 +13,11 @@ listener answers itself), at the same versions — and answers every key:
   * coordinator requests (group coordinator keys; transaction coordinator keys)
     answer NOT_COORDINATOR (16) in each place the response has an error code; the
     client asks FindCoordinator again, which every port answers with the right node.
-    ListGroups and ListTransactions are sent by clients to every broker and merged:
-    a port that coordinates nothing answers NONE with an empty list, as a broker
-    that coordinates no group or transaction does;
+    DescribeLogDirs is sent to each broker: a process that stores no partition
+    answers NONE with no log directory. ListTransactions is sent by clients to every broker and merged: a port that
+    coordinates nothing answers NONE with an empty list, as a broker that coordinates
+    no transaction does (ListGroups is a key of every process: each answers the
+    union of the group coordinators' groups, cluster_api.ClusterApis.list_groups);
   * partition requests (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
     DeleteRecords, DescribeProducers) answer NOT_LEADER_OR_FOLLOWER (6) for every
     partition asked (a Produce with acks=0 gets no answer); the client refreshes
@@ -45,9 +47,10 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 9, 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 15, 16, 19, 20, 21
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 23, 24, 25, 26
-TXN_OFFSET_COMMIT, CREATE_PARTITIONS, DELETE_GROUPS = 28, 37, 42
+TXN_OFFSET_COMMIT, DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS, CREATE_PARTITIONS, DELETE_GROUPS = 28, 29, 30, 31, 37, 42
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
-DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
+ELECT_LEADERS, OFFSET_DELETE, DESCRIBE_LOG_DIRS = 43, 47, 35
+DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS, DESCRIBE_CLUSTER = 48, 49, 60
 DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 61, 65, 66
 
 
@@ -66,6 +69,9 @@ SURFACE: dict[int, Served] = {
     CREATE_TOPICS: Served(CLUSTER, 2, 7), DELETE_TOPICS: Served(CLUSTER, 1, 6),
     CREATE_PARTITIONS: Served(CLUSTER, 0, 3),
     DESCRIBE_CLIENT_QUOTAS: Served(CLUSTER, 0, 1), ALTER_CLIENT_QUOTAS: Served(CLUSTER, 0, 1),
+    DESCRIBE_ACLS: Served(CLUSTER, 1, 3), CREATE_ACLS: Served(CLUSTER, 1, 3), DELETE_ACLS: Served(CLUSTER, 1, 3),
+    DESCRIBE_CLUSTER: Served(CLUSTER, 0, 2), LIST_GROUPS: Served(CLUSTER, 0, 4),
+    ELECT_LEADERS: Served(CLUSTER, 0, 2),
     # Config admin APIs (services.common.kafka.config_api).
     DESCRIBE_CONFIGS: Served(CLUSTER, 1, 4), ALTER_CONFIGS: Served(CLUSTER, 0, 2),
     INCREMENTAL_ALTER_CONFIGS: Served(CLUSTER, 0, 1),
@@ -73,6 +79,7 @@ SURFACE: dict[int, Served] = {
     PRODUCE: Served(PARTITION_LEADER, 3, 9), FETCH: Served(PARTITION_LEADER, 4, 12),
     LIST_OFFSETS: Served(PARTITION_LEADER, 1, 7), OFFSET_FOR_LEADER_EPOCH: Served(PARTITION_LEADER, 2, 4),
     DELETE_RECORDS: Served(PARTITION_LEADER, 0, 2), DESCRIBE_PRODUCERS: Served(PARTITION_LEADER, 0, 0),
+    DESCRIBE_LOG_DIRS: Served(PARTITION_LEADER, 1, 4),
     # Transaction coordinators (services.txn_coordinator.kafka_api).
     INIT_PRODUCER_ID: Served(TXN_COORDINATOR, 0, 4), ADD_PARTITIONS_TO_TXN: Served(TXN_COORDINATOR, 0, 3),
     ADD_OFFSETS_TO_TXN: Served(TXN_COORDINATOR, 0, 3), END_TXN: Served(TXN_COORDINATOR, 0, 4),
@@ -81,8 +88,9 @@ SURFACE: dict[int, Served] = {
     JOIN_GROUP: Served(GROUP_COORDINATOR, 0, 7), SYNC_GROUP: Served(GROUP_COORDINATOR, 0, 5),
     HEARTBEAT: Served(GROUP_COORDINATOR, 0, 4), LEAVE_GROUP: Served(GROUP_COORDINATOR, 0, 4),
     OFFSET_COMMIT: Served(GROUP_COORDINATOR, 2, 8), OFFSET_FETCH: Served(GROUP_COORDINATOR, 1, 7),
-    TXN_OFFSET_COMMIT: Served(GROUP_COORDINATOR, 0, 3), LIST_GROUPS: Served(GROUP_COORDINATOR, 0, 4),
+    TXN_OFFSET_COMMIT: Served(GROUP_COORDINATOR, 0, 3),
     DESCRIBE_GROUPS: Served(GROUP_COORDINATOR, 0, 5), DELETE_GROUPS: Served(GROUP_COORDINATOR, 0, 2),
+    OFFSET_DELETE: Served(GROUP_COORDINATOR, 0, 0),
 }
 
 
@@ -175,6 +183,7 @@ _ANSWERS = {
     DESCRIBE_PRODUCERS: lambda req: {"topics": _partitions(req.topics, "name", "partition_indexes", "", "name",
                                                            "partitions", "partition_index", NOT_LEADER,
                                                            active_producers=[])},
+    DESCRIBE_LOG_DIRS: lambda req: {"error_code": 0, "results": []},
     INIT_PRODUCER_ID: lambda req: {"error_code": NOT_COORDINATOR, "producer_id": -1, "producer_epoch": -1},
     ADD_PARTITIONS_TO_TXN: lambda req: {"results_by_topic_v3_and_below": [
         {"name": t["name"], "results_by_partition": [{"partition_index": p["partition_index"],
@@ -196,10 +205,12 @@ _ANSWERS = {
     OFFSET_FETCH: _offset_fetch,
     TXN_OFFSET_COMMIT: lambda req: {"topics": _partitions(req.topics, "name", "partitions", "partition_index", "name",
                                                           "partitions", "partition_index", NOT_COORDINATOR)},
-    LIST_GROUPS: lambda req: {"error_code": 0, "groups": []},
     DESCRIBE_GROUPS: _describe_groups,
     DELETE_GROUPS: lambda req: {"results": [{"group_id": g, "error_code": NOT_COORDINATOR}
                                             for g in req.groups_names]},
+    OFFSET_DELETE: lambda req: {"error_code": NOT_COORDINATOR, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": NOT_COORDINATOR}
+                                        for p in t.partitions]} for t in req.topics]},
 }
 
 
@@ -207,7 +218,7 @@ def not_here(key: int) -> Handler:
     """The handler answering API `key` at a process that is not of its role (see the
     module docstring): NOT_COORDINATOR for coordinator requests,
     NOT_LEADER_OR_FOLLOWER for every partition of a partition request, an empty
-    list for ListGroups and ListTransactions."""
+    list for ListTransactions, no log directory for DescribeLogDirs."""
     answer = _ANSWERS[key]
 
     async def handler(req: Any, version: int, ctx: RequestContext) -> dict | None:

@@ -92,4 +92,4 @@ def test_every_advertised_version_has_request_and_response_schemas():
             assert codec.request_class(key, version).__version__ == version
             assert codec.response_class(key, version).__version__ == version
             checked += 1
-    assert len(apis) == 33 and checked > 120, (len(apis), checked)
+    assert len(apis) == 40 and checked > 120, (len(apis), checked)

@@ -8,13 +8,20 @@ from services.group_coordinator.offsets import OffsetAndMetadata
 from .test_group_coordinator_service import TP0, TP1, Env, run
 
 
+async def _member_with_offsets(group: str, offsets: dict):
+    """A started Env whose group `group` has one member (returned) that committed
+    `offsets` ({partition: offset})."""
+    env = await Env().up()
+    a = await env.join(group)
+    assert await env.coord.commit_offsets(group, a.generation_id, a.member_id,
+                                          {tp: OffsetAndMetadata(o) for tp, o in offsets.items()}) == \
+        {tp: ErrorCode.NONE for tp in offsets}
+    return env, a
+
+
 def test_list_describe_delete():
     async def body():
-        env = await Env().up()
-        a = await env.join("g")
-        assert await env.coord.commit_offsets("g", a.generation_id, a.member_id,
-                                              {TP0: OffsetAndMetadata(5), TP1: OffsetAndMetadata(7)}) == \
-            {TP0: ErrorCode.NONE, TP1: ErrorCode.NONE}
+        env, a = await _member_with_offsets("g", {TP0: 5, TP1: 7})
         assert await env.coord.commit_offsets("simple", -1, "", {TP0: OffsetAndMetadata(1)}) == {TP0: ErrorCode.NONE}
         code, groups = env.coord.list_groups()
         assert code == ErrorCode.NONE
@@ -45,5 +52,28 @@ def test_list_describe_delete():
         # The name can be used again.
         b = await again.join("g")
         assert b.error == ErrorCode.NONE
+        await again.coord.stop()
+    run(body())
+
+
+def test_offset_delete():
+    """OffsetDelete (KIP-496): a subscribed topic's offsets stay while the group has
+    members (GROUP_SUBSCRIBED_TO_TOPIC); an unsubscribed one's go, and a new owner's
+    replay keeps them gone; an unknown group is GROUP_ID_NOT_FOUND."""
+    other = type(TP0)("audit", 0)
+
+    async def body():
+        env, a = await _member_with_offsets("g", {TP0: 5, other: 9})
+        assert await env.coord.delete_offsets("g", [TP0, other]) == (
+            ErrorCode.NONE, {TP0: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, other: ErrorCode.NONE})
+        _, fetched = await env.coord.fetch_offsets("g", None, False)
+        assert set(fetched) == {TP0}
+        assert await env.coord.delete_offsets("ghost", [TP0]) == (ErrorCode.GROUP_ID_NOT_FOUND, {})
+        assert await env.coord.leave_group("g", a.member_id) == ErrorCode.NONE
+        assert await env.coord.delete_offsets("g", [TP0]) == (ErrorCode.NONE, {TP0: ErrorCode.NONE})
+        assert (await env.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
+        await env.coord.stop()
+        again = await Env(log=env.log).up()
+        assert (await again.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
         await again.coord.stop()
     run(body())
