@@ -63,17 +63,19 @@ def test_snapshot_interval_survives_a_backward_step(open_partition, clock):
     assert p.maybe_snapshot()
 
 
-def _fresh_segments(p: Partition, wall: FakeClock) -> None:
+def _fresh_segments(open_partition, wall: FakeClock, mono: FakeClock) -> Partition:
+    """A partition (retention.ms 60 s) with closed segments of data stamped `wall` now."""
+    p = open_partition(config=PartitionConfig(LogConfig(segment_bytes=1024, index_interval_bytes=256),
+                                              retention_ms=60_000), monotonic_ms=mono)
     for _ in range(30):
         assert p.append(make_batch(3, ts=wall.now)).error == ErrorCode.NONE
     assert len(p.log.segments) > 3
+    return p
 
 
 def test_forward_step_deletes_no_fresh_data(open_partition, clock):
     mono = FakeClock(5_000)
-    p = open_partition(config=PartitionConfig(LogConfig(segment_bytes=1024, index_interval_bytes=256),
-                                              retention_ms=60_000), monotonic_ms=mono)
-    _fresh_segments(p, clock)
+    p = _fresh_segments(open_partition, clock, mono)
     segments = len(p.log.segments)
     clock.advance(TEN_MINUTES_MS)  # the data is seconds old, the node's wall clock says 10 minutes
     cleaner = LogCleaner(lambda: [p], lambda q: True, clock_ms=clock, monotonic_ms=mono)
@@ -89,9 +91,7 @@ def test_forward_step_deletes_no_fresh_data(open_partition, clock):
 
 def test_retention_follows_the_wall_clock_when_it_is_not_ahead(open_partition, clock):
     mono = FakeClock(5_000)
-    p = open_partition(config=PartitionConfig(LogConfig(segment_bytes=1024, index_interval_bytes=256),
-                                              retention_ms=60_000), monotonic_ms=mono)
-    _fresh_segments(p, clock)
+    p = _fresh_segments(open_partition, clock, mono)
     clock.advance(-TEN_MINUTES_MS)  # backwards: kept longer, as in Kafka
     mono.advance(60_001)
     assert p.retention_now_ms() == NOW_MS - TEN_MINUTES_MS
