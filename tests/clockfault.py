@@ -8,17 +8,20 @@ installed by scripts/setup.sh) preloaded into the process (docs/design.md, "Cloc
 
 - SteppedClock: the offset is read from a file (FAKETIME_TIMESTAMP_FILE, re-read at
   most every FAKETIME_CACHE_DURATION s: a step is seen within about 2 s), so
-  `set(seconds)` steps the wall clock of the running process, forwards or backwards. FAKETIME_DONT_FAKE_MONOTONIC=1 leaves
-  CLOCK_MONOTONIC alone, as a real NTP step does.
+  `set(seconds)` steps the wall clock of the running process, forwards or backwards.
+  FAKETIME_DONT_FAKE_MONOTONIC=1 leaves CLOCK_MONOTONIC alone, as a real NTP step does
+  (without it libfaketime moves time.monotonic() by the same step: a +600 s step moved
+  both time.time() and time.monotonic() of a Python process by 600 s).
 - slewed_env(rate): both the wall and the monotonic clock run `rate` times as fast as
   real time (an oscillator running fast). libfaketime 0.9.10 cannot speed up the wall
   clock alone: with FAKETIME_DONT_FAKE_MONOTONIC=1 and a rate, Python's time.sleep
   fails with EINVAL (clock_nanosleep on CLOCK_MONOTONIC with an absolute time).
 
 libfaketime wraps clock_gettime in libc; Python's time.time() / time.monotonic() call
-it (not the vDSO directly), so the step reaches the service's Python code; the tests
-check it on the timestamps the service writes (LogAppendTime). The JVM of ZooKeeper
-is not touched.
+that wrapper (the vDSO is reached only through libc), so the step reaches the
+service's Python code; the system test checks it on a gauge the service sets from its
+wall clock (exactly_log_cleaner_last_run_timestamp_seconds). ZooKeeper's JVM is not
+touched. The library path is Debian's for x86-64.
 """
 from __future__ import annotations
 

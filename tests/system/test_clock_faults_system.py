@@ -43,8 +43,9 @@ from exactly._client import COORDINATOR_TRANSACTION
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input, read_values,
-                      set_gate)
+from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copy, load_input,
+                      read_values, wait_gate)
+from .harness import check_copiers as harness_check_copiers
 from .test_transactions_system import CLUSTER_PROPS as COPY_PROPS
 from .test_transactions_system import MIN_INSYNC, REPLICATION_FACTOR
 
@@ -187,17 +188,10 @@ def test_copy_is_exactly_once_through_clock_faults(zk, tmp_path, clock_faults): 
                    for p in range(INPUT_PARTITIONS)]
 
         def check_copiers() -> None:
-            for c in copiers:
-                c.check_alive()
+            harness_check_copiers(copiers)
 
-        set_gate(gate, 1 / (len(STEPS) + 1) / 2)
-        for c in copiers:
-            c.start()
-        for k, (pl_offset, txn_offset) in enumerate(STEPS):
-            fraction = (k + 1) / (len(STEPS) + 1)
-            set_gate(gate, fraction)
-            wait_for(lambda: check_copiers() or all(c.status().get("state") == "running" for c in copiers),
-                     PHASE_TIMEOUT_S, "the copiers to run")
+        for k, fraction in copier_phases(gate, copiers, len(STEPS), PHASE_TIMEOUT_S):
+            pl_offset, txn_offset = STEPS[k]
             positions = [c.position for c in copiers]
             commits = [int(c.status().get("committed_txns", 0)) for c in copiers]
             runs = cleaner_runs(cluster, "pl-0")
@@ -239,14 +233,8 @@ def test_copy_is_exactly_once_through_clock_faults(zk, tmp_path, clock_faults): 
                          "two log cleaner passes on pl-0")
                 with Consumer({"bootstrap.servers": bootstrap}) as c:
                     assert c.beginning_offsets([retained])[retained] == 0, "fresh data deleted by retention.ms"
-            wait_for(lambda: check_copiers() or all(c.position >= gate_offset(fraction, c.end_offset)
-                                                    for c in copiers),
-                     PHASE_TIMEOUT_S, f"the copiers to reach {fraction:.0%} of their input", interval_s=0.2)
-        set_gate(gate, 1.0)
-        wait_for(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
-                 PHASE_TIMEOUT_S, "the copiers to finish")
-        for c in copiers:
-            assert c.proc.wait(60) == 0, c.log_tail()
+            wait_gate(copiers, fraction, PHASE_TIMEOUT_S)
+        finish_copy(gate, copiers, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
         probe.close(30)
 
