@@ -3,7 +3,7 @@
 # ZooKeeper, a Java runtime, Prometheus, nftables and kcat (apt; the metrics tests run a
 # real Prometheus server, the network-partition tests cut services off with nft, the
 # Kafka protocol tests use kcat, the benchmark's smoke test a Redis server, exactly.postgres
-# a PostgreSQL server), then a
+# a PostgreSQL server, the clock-fault tests libfaketime from faketime), then a
 # virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
@@ -18,6 +18,8 @@ command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 # PostgreSQL server for exactly.postgres's tests, exactly-dev up --postgres and the demo
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+# libfaketime, preloaded into services by the clock-fault tests (tests/clockfault.py)
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from prometheus_client import Counter, Gauge
 
 from exactly_wire import records
+from exactly_wire.clock import monotonic_ms as _monotonic_ms
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.records import HEADER_SIZE, BatchHeader, CorruptRecordError
 
@@ -224,12 +225,14 @@ class LogCleaner:
     retention)."""
 
     def __init__(self, replicas: Callable[[], Iterable[Partition]], is_open: Callable[[Partition], bool],
-                 compaction: bool = True, clock_ms: Callable[[], int] = wall_clock_ms):
+                 compaction: bool = True, clock_ms: Callable[[], int] = wall_clock_ms,
+                 monotonic_ms: Callable[[], int] = _monotonic_ms):
         self.replicas = replicas
         self.is_open = is_open
         self.compaction = compaction
         self.clock_ms = clock_ms
-        # partition -> (end offset of the range cleaned last, when, ms)
+        self.monotonic_ms = monotonic_ms  # the interval between two passes (`_due`)
+        # partition -> (end offset of the range cleaned last, when: monotonic ms)
         self._cleaned: dict[tuple[str, int], tuple[int, int]] = {}
 
     async def run_once(self) -> tuple[int, int]:
@@ -254,7 +257,7 @@ class LogCleaner:
 
     def _due(self, p: Partition, end: int) -> bool:
         last = self._cleaned.get((p.topic, p.partition))
-        return last is None or end > last[0] or self.clock_ms() - last[1] >= p.config.delete_retention_ms
+        return last is None or end > last[0] or self.monotonic_ms() - last[1] >= p.config.delete_retention_ms
 
     async def compact(self, p: Partition, force: bool = False) -> int:
         """Compact the cleanable segments of `p` when due (a new closed segment, or
@@ -268,7 +271,7 @@ class LogCleaner:
         groups = group_by_size(segs, p.config.log.segment_bytes)
         aborted = AbortedRanges(p.log.collect_aborted(segs[0].base_offset, end))
         outputs = [p.log.cleaned_path(g[0].base_offset) for g in groups]
-        now = self.clock_ms()
+        now = p.retention_now_ms()  # the tombstones' horizon (wall clock)
         try:
             results = await asyncio.to_thread(compact_segments, [[s.log_path for s in g] for g in groups],
                                               outputs, aborted, now, p.config.delete_retention_ms)
@@ -286,7 +289,7 @@ class LogCleaner:
             except ValueError:
                 log.info("%s-%d: log changed during compaction; cleaning again later", p.topic, p.partition)
                 continue
-        self._cleaned[(p.topic, p.partition)] = (end, now)
+        self._cleaned[(p.topic, p.partition)] = (end, self.monotonic_ms())
         if saved:
             COMPACTED_BYTES.labels(p.topic).inc(saved)
             log.info("%s-%d: compacted offsets [%d, %d): %d bytes saved", p.topic, p.partition,

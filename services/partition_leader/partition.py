@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
 
+from exactly_wire.clock import monotonic_ms as _monotonic_ms
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import compression, records
 from exactly_wire.error_codes import ErrorCode
@@ -285,7 +286,8 @@ class Partition:
     def __init__(self, topic: str, partition: int, plog: Log, producers: ProducerStateManager,
                  store: SnapshotStore | None, config: PartitionConfig, *, leader_epoch: int = 0,
                  clock_ms: Callable[[], int] = wall_clock_ms, local_id: str = LOCAL_REPLICA,
-                 epochs: LeaderEpochCache | None = None, single_replica: bool = True):
+                 epochs: LeaderEpochCache | None = None, single_replica: bool = True,
+                 monotonic_ms: Callable[[], int] = _monotonic_ms):
         self.topic = topic
         self.partition = partition
         self.log = plog
@@ -294,19 +296,23 @@ class Partition:
         self.config = config
         self.leader_epoch = leader_epoch
         self.clock_ms = clock_ms
+        # Durations (followers' lag, the snapshot interval, retention's guard) count on
+        # this clock, never on clock_ms (docs/design.md, "Clocks").
+        self.monotonic_ms = monotonic_ms
+        self._opened_at = (clock_ms(), monotonic_ms())  # (wall, monotonic) ms, see retention_now_ms
         self.local_id = local_id
         self.epochs = epochs if epochs is not None else LeaderEpochCache()
         self.leader_id: str | None = local_id if single_replica else None
         self.replicas: tuple[str, ...] = (local_id,)
         self.replication: LeaderReplication | None = LeaderReplication(
-            local_id, (local_id,), (local_id,), epoch_start_offset=plog.log_end_offset, now_ms=clock_ms()) \
+            local_id, (local_id,), (local_id,), epoch_start_offset=plog.log_end_offset, now_ms=monotonic_ms()) \
             if single_replica else None
         self.lease_until = math.inf if single_replica else 0.0
         self.high_watermark = plog.log_end_offset
         self._checkpointed_hw = -1
         self._hw_file_lock = threading.Lock()  # the periodic checkpoint runs in a worker thread
         self._last_snapshot_offset = -1
-        self._last_snapshot_ms = clock_ms()
+        self._last_snapshot_ms = monotonic_ms()
         self.snapshot_loaded_from: int | None = None  # offset of the snapshot used by open()
         self.config_source: dict[str, str] = {}  # the topic configs `config` was built from
 
@@ -315,7 +321,7 @@ class Partition:
     def open(cls, topic: str, partition: int, data_dir: Path, config: PartitionConfig | None = None,
              store: SnapshotStore | None = None, *, internal: bool | None = None, leader_epoch: int = 0,
              clock_ms: Callable[[], int] = wall_clock_ms, local_id: str = LOCAL_REPLICA,
-             single_replica: bool = True) -> "Partition":
+             single_replica: bool = True, monotonic_ms: Callable[[], int] = _monotonic_ms) -> "Partition":
         """Open (or create) `<data_dir>/logs/<topic>-<partition>/`, recover the log,
         load the leader-epoch cache (rebuilt from the batches when missing) and the
         high-watermark checkpoint, and rebuild the producer state (snapshot + replay).
@@ -333,7 +339,8 @@ class Partition:
         elif epochs.truncate_from_end(plog.log_end_offset):
             log.warning("%s-%d: leader epochs past the recovered log end dropped", topic, partition)
         self = cls(topic, partition, plog, producers, store, config, leader_epoch=leader_epoch,
-                   clock_ms=clock_ms, local_id=local_id, epochs=epochs, single_replica=single_replica)
+                   clock_ms=clock_ms, local_id=local_id, epochs=epochs, single_replica=single_replica,
+                   monotonic_ms=monotonic_ms)
         self.high_watermark = 0 if fresh else self._read_hw_checkpoint()
         self._load_producer_state(trusted_to=plog.flushed_at_open)
         self.maybe_advance_high_watermark()
@@ -447,7 +454,7 @@ class Partition:
         self.replicas = tuple(replicas) or (self.local_id,)
         self.epochs.assign(leader_epoch, self.log_end_offset)
         self.replication = LeaderReplication(self.local_id, self.replicas, isr, zk_version=zk_version,
-                                             epoch_start_offset=self.log_end_offset, now_ms=self.clock_ms())
+                                             epoch_start_offset=self.log_end_offset, now_ms=self.monotonic_ms())
         self.maybe_advance_high_watermark()
 
     def become_follower(self, leader_id: str | None, leader_epoch: int, replicas: tuple[str, ...]) -> None:
@@ -484,19 +491,19 @@ class Partition:
 
     def isr_shrink_candidate(self, max_lag_ms: int, now_ms: int | None = None) -> tuple[str, ...] | None:
         """Leader: the ISR without followers not caught up for `replica.lag.time.max.ms`,
-        or None when nobody lags (Kafka's `Partition.maybeShrinkIsr`)."""
+        or None when nobody lags (Kafka's `Partition.maybeShrinkIsr`). now_ms: monotonic."""
         if self.replication is None:
             return None
-        now = self.clock_ms() if now_ms is None else now_ms
+        now = self.monotonic_ms() if now_ms is None else now_ms
         return self.replication.shrink_candidate(now, max_lag_ms)
 
     def isr_expand_candidate(self, replica: str, max_lag_ms: int,
                              now_ms: int | None = None) -> tuple[str, ...] | None:
         """Leader: the ISR with `replica` added when it caught up (within
-        `replica.lag.time.max.ms`), else None."""
+        `replica.lag.time.max.ms`), else None. now_ms: monotonic."""
         if self.replication is None:
             return None
-        now = self.clock_ms() if now_ms is None else now_ms
+        now = self.monotonic_ms() if now_ms is None else now_ms
         return self.replication.expand_candidate(replica, self.high_watermark, now, max_lag_ms)
 
     def _check_epoch(self, current_leader_epoch: int) -> ErrorCode:
@@ -682,7 +689,7 @@ class Partition:
         if offset < start or offset > leo:
             return ReplicaFetchResult(ErrorCode.OFFSET_OUT_OF_RANGE, hw, leo, start,
                                       message=f"offset {offset} outside [{start}, {leo}]")
-        rep.update_follower(replica_id, offset, leo, self.clock_ms() if now_ms is None else now_ms)
+        rep.update_follower(replica_id, offset, leo, self.monotonic_ms() if now_ms is None else now_ms)
         moved = self.maybe_advance_high_watermark()
         data = b""
         if max_bytes > 0 and offset < leo:
@@ -798,15 +805,27 @@ class Partition:
         transaction (and with it the producer state it needs) is never removed."""
         return min(self.high_watermark, self.last_stable_offset)
 
+    def retention_now_ms(self) -> int:
+        """The wall-clock "now" (ms since the epoch) that time-based retention
+        (`retention.ms`) and the compaction's tombstone horizon (`delete.retention.ms`)
+        compare record timestamps with: the wall clock, but never ahead of the wall
+        clock at open plus the monotonic time elapsed since. A wall clock stepped
+        forwards while the process runs deletes no fresh data (it is kept up to the
+        step longer instead); a clock stepped backwards keeps data longer, as in Kafka
+        (docs/design.md, "Clocks")."""
+        wall_open, mono_open = self._opened_at
+        return min(self.clock_ms(), wall_open + self.monotonic_ms() - mono_open)
+
     def deletable_segments(self, now_ms: int | None = None) -> int:
         """How many of the oldest segments the cleaner may delete now (Kafka's
         deleteOldSegments): those wholly below the log start offset, and with
         "delete" in `cleanup.policy`, those past `retention.ms` (by their largest
         record timestamp) or while the log exceeds `retention.bytes`; in every case
         only closed segments ending at or below `retention_bound()` (the log start
-        offset only below the high watermark)."""
+        offset only below the high watermark). now_ms: wall clock, by default
+        `retention_now_ms()`."""
         segs = self.log.segments
-        now = self.clock_ms() if now_ms is None else now_ms
+        now = self.retention_now_ms() if now_ms is None else now_ms
         bound = self.retention_bound()
         count = 0
         size = self.log.size_bytes
@@ -914,8 +933,8 @@ class Partition:
 
     def maybe_snapshot(self, now_ms: int | None = None) -> bool:
         """Take a snapshot when `producer.snapshot.interval.ms` passed since the last
-        one and the log end moved. Returns whether one was written."""
-        now = self.clock_ms() if now_ms is None else now_ms
+        one and the log end moved (now_ms: monotonic). Returns whether one was written."""
+        now = self.monotonic_ms() if now_ms is None else now_ms
         if now - self._last_snapshot_ms < self.config.snapshot_interval_ms:
             return False
         return self.take_snapshot(now_ms=now)
@@ -927,7 +946,7 @@ class Partition:
         The log (with its aborted-transaction index) is flushed first, so a snapshot never
         covers data that a machine crash could still take away (Kafka's
         ProducerStateManager snapshots at flushed offsets only)."""
-        self._last_snapshot_ms = self.clock_ms() if now_ms is None else now_ms
+        self._last_snapshot_ms = self.monotonic_ms() if now_ms is None else now_ms
         offset = self.log.log_end_offset
         if self.store is None or offset == self._last_snapshot_offset:
             return False

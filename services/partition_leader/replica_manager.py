@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Hashable, Iterator, Mapping, NamedTuple, Protocol, Sequence, TypeVar
 
 from exactly_wire import records
+from exactly_wire.clock import monotonic_ms as _monotonic_ms
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -173,13 +174,15 @@ class ReplicaManager:
     node_id: this process; data_dir: its data directory (logs under `logs/`,
     snapshots in `store`); props: process settings (Kafka keys, see
     `PartitionConfig.from_settings`; `replica.lag.time.max.ms`, default 10000),
-    topic configs from the cluster override them; clock_ms: wall clock (ms),
-    monotonic_s: clock of the leadership leases (s).
+    topic configs from the cluster override them; clock_ms: wall clock (ms, for
+    timestamps), monotonic_s: clock of the leadership leases (s), monotonic_ms: clock
+    of the other durations (followers' lag for the ISR, snapshot interval; ms).
     """
 
     def __init__(self, node_id: str, data_dir: Path, props: Mapping[str, str], cluster: ClusterView,
                  store: SnapshotStore, clock_ms: Callable[[], int] = wall_clock_ms,
-                 monotonic_s: Callable[[], float] = time.monotonic):
+                 monotonic_s: Callable[[], float] = time.monotonic,
+                 monotonic_ms: Callable[[], int] = _monotonic_ms):
         self.node_id = node_id
         self.data_dir = data_dir
         self.props = dict(props)
@@ -187,6 +190,7 @@ class ReplicaManager:
         self.store = store
         self.clock_ms = clock_ms
         self.monotonic_s = monotonic_s
+        self.monotonic_ms = monotonic_ms
         self.max_lag_ms = int(self.props.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
         self.lease_ms: int | None = None
         self.replicas: dict[TopicPartition, Partition] = {}
@@ -231,7 +235,8 @@ class ReplicaManager:
         config = PartitionConfig.from_settings(self.props, getattr(topic_info, "configs", {}))
         p = Partition.open(name, partition, self.data_dir, config, self.store,
                            internal=bool(getattr(topic_info, "internal", False)) or name.startswith("__"),
-                           leader_epoch=-1, clock_ms=self.clock_ms, local_id=self.node_id, single_replica=False)
+                           leader_epoch=-1, clock_ms=self.clock_ms, local_id=self.node_id, single_replica=False,
+                           monotonic_ms=self.monotonic_ms)
         p.config_source = dict(getattr(topic_info, "configs", {}))
         self.replicas[(name, partition)] = p
         log.info("opened %s-%d: log end %d, high watermark %d, %d producers (snapshot at %s)",
@@ -833,11 +838,11 @@ class ReplicaManager:
     def desired_isr(self, tp: TopicPartition, now_ms: int | None = None) -> tuple[str, ...] | None:
         """The ISR the leader of `tp` should store: without followers lagging more than
         `replica.lag.time.max.ms`, with live followers that caught up; None when it is the
-        current one (or `tp` is not led here)."""
+        current one (or `tp` is not led here). now_ms: monotonic."""
         p = self.replicas.get(tp)
         if p is None or not p.is_leader:
             return None
-        now = self.clock_ms() if now_ms is None else now_ms
+        now = p.monotonic_ms() if now_ms is None else now_ms
         current = p.isr
         isr = set(p.isr_shrink_candidate(self.max_lag_ms, now) or current)
         for r in p.replication.followers:

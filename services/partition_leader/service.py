@@ -75,7 +75,8 @@ class PartitionLeaderService:
         self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
         self.cleaner = LogCleaner(lambda: list(manager.replicas.values()),
                                   lambda p: manager.replicas.get((p.topic, p.partition)) is p,
-                                  compaction=cfg.get_bool("log.cleaner.enable", True), clock_ms=manager.clock_ms)
+                                  compaction=cfg.get_bool("log.cleaner.enable", True), clock_ms=manager.clock_ms,
+                                  monotonic_ms=manager.monotonic_ms)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False

@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Iterable, NamedTuple, Protocol
 
-from exactly_wire.clock import Clock, wall_clock_ms
+from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, RetryLater, code_name
@@ -265,7 +265,7 @@ class _TxnPartition(OwnedPartition):
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
         # Producer-id bindings of the producer ids p with p % n == partition (with
-        # bind_producer_ids): producer id -> binding, and its last use (ms).
+        # bind_producer_ids): producer id -> binding, and its last use (monotonic ms).
         self.bindings: dict[int, txn_log.ProducerIdBinding] = {}
         self.binding_used: dict[int, int] = {}
 
@@ -289,7 +289,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
     partitions this process owns (`on_elected` / `on_resigned`).
 
     log, markers, topology: the ports above; pids: PID allocation; clock: wall-clock
-    ms (timestamps of the transaction log, timeouts); sleep: async (seconds) -> None
+    ms (timestamps written to the transaction log); monotonic: ms of a monotonic clock
+    (every duration: transaction.timeout.ms, transaction.prepared.max.ms, the
+    expirations, the marker deadline; docs/design.md, "Clocks"); sleep: async (seconds) -> None
     (injected in tests); on_fenced(partition, coordinator_epoch): called (on the loop)
     when a newer owner of the partition exists (services.common.owned.PartitionOwner,
     CoordinatorOwnership.fenced). bind_producer_ids (on with the authorizer): every
@@ -303,8 +305,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                  pids: ProducerIdManager, config: TxnCoordinatorConfig | None = None,
                  clock: Clock = wall_clock_ms,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 on_fenced: Callable[[int, int], None] | None = None, bind_producer_ids: bool = False):
+                 on_fenced: Callable[[int, int], None] | None = None, bind_producer_ids: bool = False,
+                 monotonic: Clock = monotonic_ms):
         self.config = config or TxnCoordinatorConfig()
+        self._monotonic = monotonic
         self.bind_producer_ids = bind_producer_ids
         self._next_binding_partition = 0
         super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.retry_backoff_ms,
@@ -470,7 +474,9 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR
         if code == ErrorCode.NONE:
+            start, prepared = md.txn_start_timestamp, md.prepared_timestamp
             md.complete_transition(transit)
+            self._note_applied(md, start, prepared)
             return ErrorCode.NONE
         if code in AMBIGUOUS_APPEND_ERRORS:
             # The record may be in the log: neither complete nor cancel; learn the
@@ -487,6 +493,16 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         log.warning("appending %s of %r to %s-%d failed: %s", transit.state.kafka_name, md.transactional_id,
                     "__transaction_state", part.partition, code_name(code))
         return ErrorCode.COORDINATOR_NOT_AVAILABLE if code in RETRIABLE else ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def _note_applied(self, md: TransactionMetadata, start_before: int, prepared_before: int) -> None:
+        """After a transition was applied: the monotonic times its timeouts count from
+        (a new start or prepare timestamp restarts the matching one)."""
+        now = self._monotonic()
+        md.updated_monotonic_ms = now
+        if md.txn_start_timestamp != start_before or md.started_monotonic_ms is None:
+            md.started_monotonic_ms = now
+        if md.prepared_timestamp != prepared_before or md.prepared_monotonic_ms is None:
+            md.prepared_monotonic_ms = now
 
     # ------------------------------------------------------------ InitProducerId
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
@@ -563,7 +579,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                     md.cancel_transition()
                     return InitProducerIdResult(err, message="the producer id could not be bound; retry")
             else:
-                part.binding_used[transit.producer_id] = self._clock()
+                part.binding_used[transit.producer_id] = self._monotonic()
         err = await self._append(part, md, transit)
         if err:
             return InitProducerIdResult(err)
@@ -625,7 +641,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 part.binding_used.pop(pid, None)
             else:
                 part.bindings[pid] = binding
-                part.binding_used[pid] = now
+                part.binding_used[pid] = self._monotonic()
         metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(part.bindings))
         return ErrorCode.NONE
 
@@ -651,7 +667,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         why = refusal(binding, producer_id, principal, transactional_id, transactional)
         if why is not None:
             return refusal_code(transactional), why
-        part.binding_used[producer_id] = self._clock()
+        part.binding_used[producer_id] = self._monotonic()
         return ErrorCode.NONE, ""
 
     async def expire_producer_id_bindings(self) -> int:
@@ -661,15 +677,16 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         transactional.id no longer holds the producer id (expired, or rotated to
         another producer id) and unused for transactional.id.expiration.ms. One
         batch per partition and up to 1000 records; a failed append is retried at
-        the next scan. Returns the number expired."""
-        now = self._clock()
+        the next scan. Returns the number expired. Use times are monotonic ms (a
+        binding loaded from the log counts as used at the load)."""
+        now = self._monotonic()
         expired = 0
         for part in list(self._parts.values()):
             if not part.serving:
                 continue
             gone = []
             for pid, b in part.bindings.items():
-                used = part.binding_used.setdefault(pid, b.timestamp_ms)
+                used = part.binding_used.setdefault(pid, now)
                 if not b.transactional_id:
                     if used + self.config.producer_id_expiration_ms <= now:
                         gone.append((pid, used))
@@ -1233,14 +1250,14 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         of it on the same stream, or before its stream broke), and the leader
         appends nothing past its deadline (MARKER_LEADER_DEADLINE_MS after arrival),
         so the transaction stays PrepareCommit / PrepareAbort, and the next one
-        cannot start, until that much time (clock ms) has passed since the last
+        cannot start, until that much time (monotonic ms) has passed since the last
         marker was written. Raises NotOwner when this coordinator no longer owns
         `part`."""
-        until = self._clock() + MARKER_LEADER_DEADLINE_MS
+        until = self._monotonic() + MARKER_LEADER_DEADLINE_MS
         log.info("a marker request for %r (PID %d epoch %d) got no answer; the transaction completes in %d ms, "
                  "once that request can no longer append its marker", md.transactional_id, marker.producer_id,
                  marker.producer_epoch, MARKER_LEADER_DEADLINE_MS)
-        while (left := until - self._clock()) > 0:
+        while (left := until - self._monotonic()) > 0:
             if not self._owns(part):
                 raise NotOwner()
             await self._sleep(left / 1000)
@@ -1266,8 +1283,14 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         bump, every ongoing transaction older than its transaction.timeout.ms (from its
         first partition), and every prepared one (PrepareTxn) older than
         transaction.prepared.max.ms (from its prepare); restart the completion of prepared transactions whose
-        completion is not running. Returns the number of transactions aborted."""
-        now = self._clock()
+        completion is not running. Returns the number of transactions aborted.
+
+        Both durations count on this process's monotonic clock from when it applied the
+        transition: a wall clock stepped forwards expires nothing early, one stepped
+        backwards holds nothing longer. A transaction loaded after a failover or restart
+        resumes with its wall-clock age at the load (`_resume_timeouts`; docs/design.md,
+        "Clocks")."""
+        now = self._monotonic()
         aborts = []
         for part in list(self._parts.values()):
             if part.loading or part.error:
@@ -1275,13 +1298,17 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             for md in list(part.txns.values()):
                 if md.pending_transition_in_progress:
                     continue
+                if md.started_monotonic_ms is None:
+                    md.started_monotonic_ms = now
+                if md.prepared_monotonic_ms is None:
+                    md.prepared_monotonic_ms = now
                 if md.is_prepared:
-                    if md.prepared_timestamp + self.config.prepared_max_ms < now:
+                    if md.prepared_monotonic_ms + self.config.prepared_max_ms < now:
                         log.info("prepared transaction of %r (PID %d epoch %d) waited more than "
                                  "transaction.prepared.max.ms (%d ms); aborting", md.transactional_id,
                                  md.producer_id, md.producer_epoch, self.config.prepared_max_ms)
                         aborts.append(self._fence_and_abort(part, md))
-                elif md.state is TxnState.ONGOING and md.txn_start_timestamp + md.txn_timeout_ms < now:
+                elif md.state is TxnState.ONGOING and md.started_monotonic_ms + md.txn_timeout_ms < now:
                     log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
                              md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
                     aborts.append(self._fence_and_abort(part, md, cause="timeout"))
@@ -1295,15 +1322,22 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         """Design doc "Coordinator TransactionalId Expiration": write a tombstone for,
         and forget, every transactional.id without a transaction in progress whose
         last update is older than transactional.id.expiration.ms. A failed tombstone
-        is ignored (retried at the next scan). Returns the number expired."""
+        is ignored (retried at the next scan). Returns the number expired.
+
+        The age is the last update's wall-clock timestamp (it outlives restarts, as in
+        Kafka); one updated by this process must also be that old on its monotonic
+        clock, so a wall clock stepped forwards expires no id in use."""
         now = self._clock()
+        mono = self._monotonic()
         expiring = []
         for part in list(self._parts.values()):
             if part.loading or part.error:
                 continue
             for md in list(part.txns.values()):
                 if (md.state in COMPLETED_STATES and not md.pending_transition_in_progress
-                        and md.txn_last_update_timestamp + self.config.transactional_id_expiration_ms <= now):
+                        and md.txn_last_update_timestamp + self.config.transactional_id_expiration_ms <= now
+                        and (md.updated_monotonic_ms is None
+                             or md.updated_monotonic_ms + self.config.transactional_id_expiration_ms <= mono)):
                     expiring.append(self._expire(part, md, now))
         return sum(await asyncio.gather(*expiring))
 
@@ -1364,9 +1398,10 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         part.groups = groups
         # A use seen by the previous owner is not in the log: count the load as one,
         # so a failover never expires a binding early.
-        loaded_at = self._clock()
+        loaded_at = self._monotonic()
+        self._resume_timeouts(txns.values(), loaded_at)
         part.bindings = bindings
-        part.binding_used = {pid: max(b.timestamp_ms, loaded_at) for pid, b in bindings.items()}
+        part.binding_used = {pid: loaded_at for pid in bindings}
         metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(bindings))
         for members in groups.values():
             for tid, assignment in members.items():
@@ -1380,6 +1415,20 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                  len(entries), len(prepared), (time.monotonic() - started) * 1000)
         for md in prepared:
             self._start_completion(part, md, md.snapshot(), from_client=False)
+
+    def _resume_timeouts(self, txns: Iterable[TransactionMetadata], loaded_at: int) -> None:
+        """A loaded transaction resumes its timeout: its age at the load is the wall
+        clock's (now - txn_start_timestamp, or - prepared_timestamp), taken as 0 when
+        negative (this host's clock is behind the previous owner's: no hang) and at
+        most its limit + 1 ms; from then on only the monotonic clock counts."""
+        now = self._clock()
+        for md in txns:
+            if md.txn_start_timestamp >= 0:
+                age = min(max(now - md.txn_start_timestamp, 0), md.txn_timeout_ms + 1)
+                md.started_monotonic_ms = loaded_at - age
+            if md.prepared_timestamp >= 0:
+                age = min(max(now - md.prepared_timestamp, 0), self.config.prepared_max_ms + 1)
+                md.prepared_monotonic_ms = loaded_at - age
 
     # ------------------------------------------------------------ admin
     def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),

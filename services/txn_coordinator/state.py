@@ -169,12 +169,21 @@ class TransactionMetadata:
     coordinator, not by transitions),
     prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared),
     transaction_version (of the last EndTxn, see TxnTransitMetadata).
+
+    The timestamps above are wall-clock ms, written to the transaction log. The
+    coordinator owning the transactional.id measures the timeouts on its monotonic
+    clock instead (docs/design.md, "Clocks"): started_monotonic_ms,
+    prepared_monotonic_ms and updated_monotonic_ms (ms of that clock, None: not seen
+    by this process yet) are when it applied the transition that set
+    txn_start_timestamp, prepared_timestamp and txn_last_update_timestamp, or loaded
+    the transactional.id; they are never written.
     """
 
     __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
                  "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
-                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_handover")
+                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_handover",
+                 "started_monotonic_ms", "prepared_monotonic_ms", "updated_monotonic_ms")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
@@ -198,6 +207,9 @@ class TransactionMetadata:
         self.prepared_timestamp = prepared_timestamp
         self.transaction_version = transaction_version
         self._handover = False  # the pending Ongoing completes a Prepare* (prepare_next_transaction)
+        self.started_monotonic_ms: int | None = None
+        self.prepared_monotonic_ms: int | None = None
+        self.updated_monotonic_ms: int | None = None
 
     @classmethod
     def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.devcluster import DevCluster, pid_alive
@@ -321,3 +322,42 @@ def set_gate(gate_file: pathlib.Path, fraction: float) -> None:
 
 def gate_offset(fraction: float, end: int) -> int:
     return min(end, math.ceil(fraction * end))
+
+
+def check_copiers(copiers: list[CopierProcess]) -> None:
+    """Raise SystemTestError when a copier exited other than by our signal or completion."""
+    for c in copiers:
+        c.check_alive()
+
+
+def copier_phases(gate: pathlib.Path, copiers: list[CopierProcess], phases: int,
+                  timeout_s: float) -> Iterator[tuple[int, float]]:
+    """Start the copiers with the gate half-way to the first phase's end; then, for each
+    of `phases` phases, open the gate to its end fraction (k + 1) / (phases + 1), wait
+    (up to timeout_s) until every copier runs, and yield (k, fraction) for the caller to
+    inject its fault."""
+    set_gate(gate, 1 / (phases + 1) / 2)
+    for c in copiers:
+        c.start()
+    for k in range(phases):
+        fraction = (k + 1) / (phases + 1)
+        set_gate(gate, fraction)
+        wait_for(lambda: check_copiers(copiers) or all(c.status().get("state") == "running" for c in copiers),
+                 timeout_s, "the copiers to run")
+        yield k, fraction
+
+
+def wait_gate(copiers: list[CopierProcess], fraction: float, timeout_s: float) -> None:
+    """Until every copier's position reached `fraction` of its input."""
+    wait_for(lambda: check_copiers(copiers) or all(c.position >= gate_offset(fraction, c.end_offset)
+                                                   for c in copiers),
+             timeout_s, f"the copiers to reach {fraction:.0%} of their input", interval_s=0.2)
+
+
+def finish_copy(gate: pathlib.Path, copiers: list[CopierProcess], timeout_s: float) -> None:
+    """Open the gate fully and wait until every copier finished and exited with 0."""
+    set_gate(gate, 1.0)
+    wait_for(lambda: check_copiers(copiers) or all(c.status().get("state") == "done" for c in copiers),
+             timeout_s, "the copiers to finish")
+    for c in copiers:
+        assert c.proc.wait(60) == 0, c.log_tail()

@@ -32,10 +32,9 @@ import pytest
 
 import netfault
 from netfault import network_faults  # noqa: F401 - fixture of the partition variant
-from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input,
-                      partition_and_heal, read_values, set_gate, wait_in_sync, wait_unregistered)
+from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copy, load_input,
+                      partition_and_heal, read_values, wait_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -99,25 +98,9 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
     sig = signal.SIGKILL if hard else signal.SIGTERM
     topics = [INPUT, OUTPUT, *INTERNAL]
 
-    def check_copiers() -> None:
-        for c in copiers:
-            c.check_alive()
-
-    def wait_gate(fraction: float) -> None:
-        def reached() -> bool:
-            check_copiers()
-            return all(c.position >= gate_offset(fraction, c.end_offset) for c in copiers)
-        wait_for(reached, PHASE_TIMEOUT_S, f"the copiers to reach {fraction:.0%} of their input", interval_s=0.2)
-
     try:
-        set_gate(gate, 1 / (len(faults) + 1) / 2)
-        for c in copiers:
-            c.start()
-        for k, (name, kind) in enumerate(faults):
-            fraction = (k + 1) / (len(faults) + 1)
-            set_gate(gate, fraction)
-            wait_for(lambda: all(c.status().get("state") == "running" for c in copiers), PHASE_TIMEOUT_S,
-                     "the copiers to run")
+        for k, fraction in copier_phases(gate, copiers, len(faults), PHASE_TIMEOUT_S):
+            name, kind = faults[k]
             time.sleep(0.5)  # let the copiers get into a transaction
             t0 = time.monotonic()
             if kind in netfault.MODES:
@@ -145,12 +128,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
                     wait_in_sync(bootstrap, topics, PHASE_TIMEOUT_S)
                 log(f"{'SIGKILLed' if hard else 'stopped'} and restarted {name} in {time.monotonic() - t0:.1f} s "
                     f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
-            wait_gate(fraction)
-        set_gate(gate, 1.0)
-        wait_for(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
-                 PHASE_TIMEOUT_S, "the copiers to finish")
-        for c in copiers:
-            assert c.proc.wait(60) == 0, c.log_tail()
+            wait_gate(copiers, fraction, PHASE_TIMEOUT_S)
+        finish_copy(gate, copiers, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
     finally:
         for c in copiers:

@@ -149,6 +149,9 @@ class DevCluster:
     # `up --postgres`: a private PostgreSQL server ({"dsn", "port", "data_dir"}), for
     # exactly.postgres (exactly_tools.pgserver); stopped and deleted by down().
     postgres: dict[str, Any] = field(default_factory=dict)
+    # Extra environment variables of a service's process, by service name (not saved;
+    # the clock-fault tests preload libfaketime this way, tests/clockfault.py).
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ persistence
@@ -282,8 +285,9 @@ class DevCluster:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
         log = _open_log(self.dir / "logs" / f"{svc.name}.log")
         # The service sets umask 077 itself (services.common.server.main_for).
+        extra = self.service_env.get(svc.name)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **extra} if extra else None)
         self._procs[svc.name] = proc
         svc.pid = proc.pid
 

@@ -59,7 +59,8 @@ def small_config() -> PartitionConfig:
 def open_partition(tmp_path, store, clock, small_config):
     """open_partition(topic="t", partition=0, **kw) -> Partition in tmp_path."""
     def _open(topic: str = "t", partition: int = 0, config: PartitionConfig | None = None, **kw) -> Partition:
-        return Partition.open(topic, partition, tmp_path, config or small_config, store, clock_ms=clock, **kw)
+        return Partition.open(topic, partition, tmp_path, config or small_config, store, clock_ms=clock,
+                              monotonic_ms=kw.pop("monotonic_ms", clock), **kw)
     return _open
 
 

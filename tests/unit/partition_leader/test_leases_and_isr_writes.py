@@ -46,7 +46,7 @@ class FakeZk:
 
 def manager_for(zk, tmp_path, store, clock, now):
     m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
-                       monotonic_s=lambda: now[0])
+                       monotonic_s=lambda: now[0], monotonic_ms=clock)
     return m
 
 

@@ -23,7 +23,7 @@ from .test_replica_manager import FakeCluster, topic
 @pytest.fixture
 def manager(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "me", "other"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     yield m
     m.close()
@@ -181,7 +181,7 @@ def test_clients_cannot_produce_to_internal_topics(tmp_path, store, clock):
     CoordinatorProduce writes there, and CoordinatorProduce writes nothing else."""
     cluster = FakeCluster({"a": topic("a", ["me"]), "__transaction_state": topic("__transaction_state", ["me"],
                                                                               internal=True)})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     forged = make_batch(1, pid=77, seq=-1)
 

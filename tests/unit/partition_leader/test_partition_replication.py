@@ -30,7 +30,7 @@ def pair(tmp_path, clock):
     for node in REPLICAS:
         store = SnapshotStore(tmp_path / node / "producer-state")
         stores.append(store)
-        parts.append(Partition.open("t", 0, tmp_path / node, config, store, clock_ms=clock, local_id=node,
+        parts.append(Partition.open("t", 0, tmp_path / node, config, store, clock_ms=clock, monotonic_ms=clock, local_id=node,
                                     single_replica=False))
     a, b = parts
     a.become_leader(0, REPLICAS, REPLICAS, zk_version=0)
@@ -115,7 +115,7 @@ def test_acks_all_needs_min_insync_replicas_before_appending(pair, clock):
 
 
 def test_min_insync_replicas_is_capped_at_the_replication_factor(tmp_path, clock):
-    p = Partition.open("t", 0, tmp_path, PartitionConfig(min_insync_replicas=2), clock_ms=clock)
+    p = Partition.open("t", 0, tmp_path, PartitionConfig(min_insync_replicas=2), clock_ms=clock, monotonic_ms=clock)
     assert p.min_insync_replicas == 1
     assert p.append(make_batch(1), -1).error == ErrorCode.NONE
 
@@ -199,9 +199,9 @@ def test_truncation_rebuilds_from_an_older_snapshot(pair):
 
 def test_high_watermark_checkpoint_survives_a_restart(tmp_path, clock, store):
     config = PartitionConfig(min_insync_replicas=1)
-    p = Partition.open("t", 0, tmp_path, config, store, clock_ms=clock, local_id="b", single_replica=False)
+    p = Partition.open("t", 0, tmp_path, config, store, clock_ms=clock, monotonic_ms=clock, local_id="b", single_replica=False)
     p.become_follower("a", 0, ("a", "b"))
-    leader = Partition.open("t", 0, tmp_path / "a", config, clock_ms=clock, local_id="a", single_replica=False)
+    leader = Partition.open("t", 0, tmp_path / "a", config, clock_ms=clock, monotonic_ms=clock, local_id="a", single_replica=False)
     leader.become_leader(0, ("a", "b"), ("a", "b"))
     leader.append(make_batch(3), -1)
     replicate(leader, p)
@@ -210,7 +210,7 @@ def test_high_watermark_checkpoint_survives_a_restart(tmp_path, clock, store):
     p.append_as_follower(res.records)  # the tail beyond the high watermark
     assert (p.log_end_offset, p.high_watermark) == (6, 3)
     p.close()
-    again = Partition.open("t", 0, tmp_path, config, store, clock_ms=clock, local_id="b", single_replica=False)
+    again = Partition.open("t", 0, tmp_path, config, store, clock_ms=clock, monotonic_ms=clock, local_id="b", single_replica=False)
     assert (again.log_end_offset, again.high_watermark) == (6, 3)
     assert again.epochs.entries == [EpochEntry(0, 0)]
     again.log.close()
@@ -218,13 +218,13 @@ def test_high_watermark_checkpoint_survives_a_restart(tmp_path, clock, store):
 
 
 def test_a_log_without_an_epoch_checkpoint_rebuilds_it_from_the_batches(tmp_path, clock, store):
-    p = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock, leader_epoch=2)
+    p = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock, monotonic_ms=clock, leader_epoch=2)
     p.append(make_batch(2))
     p.leader_epoch = 4
     p.append(make_batch(1))
     p.close()
     (tmp_path / "logs" / "t-0" / "leader-epoch-checkpoint").unlink()
-    again = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock)
+    again = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock, monotonic_ms=clock)
     assert again.epochs.entries == [EpochEntry(2, 0), EpochEntry(4, 2)]
     again.close()
 

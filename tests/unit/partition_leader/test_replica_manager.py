@@ -25,7 +25,7 @@ def topic(name, leaders, configs=None, internal=False, epochs=None):
 
 def test_refresh_opens_led_partitions_and_closes_the_others(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "other", "me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     assert m.refresh() == ([("a", 0), ("a", 2)], [])
     assert (tmp_path / "logs" / "a-0").is_dir() and not (tmp_path / "logs" / "a-1").exists()
     p, _ = m.get("a", 0)
@@ -43,7 +43,7 @@ def test_refresh_opens_led_partitions_and_closes_the_others(tmp_path, store, clo
 
 def test_get_errors_and_on_demand_open(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "other"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     assert m.get("nope", 0) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     assert m.get("a", 5) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
     assert m.get("a", 1) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -56,7 +56,7 @@ def test_topic_configs_override_process_settings(tmp_path, store, clock):
                            "__consumer_offsets": topic("__consumer_offsets", ["me"], internal=True,
                                                        epochs={0: 4})})
     m = ReplicaManager("me", tmp_path, {"log.segment.bytes": "5000", "producer.id.expiration.ms": "7"},
-                       cluster, store, clock)
+                       cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     a, b = m.partitions[("a", 0)], m.partitions[("b", 0)]
     assert a.config.log.segment_bytes == 300 and b.config.log.segment_bytes == 5000
@@ -69,7 +69,7 @@ def test_topic_configs_override_process_settings(tmp_path, store, clock):
 def test_periodic_work_covers_every_partition(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "me"])})
     m = ReplicaManager("me", tmp_path, {"producer.snapshot.interval.ms": "100",
-                                        "producer.id.expiration.ms": "1000"}, cluster, store, clock)
+                                        "producer.id.expiration.ms": "1000"}, cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     for p in m:
         p.append(make_batch(1, pid=p.partition + 1, seq=0, ts=clock.now))
@@ -89,7 +89,7 @@ def replicated(name, leader, epoch, isr, replicas=("me", "x", "y"), version=0):
 
 def test_roles_follow_the_partition_state(tmp_path, store, clock):
     cluster = FakeCluster({"r": replicated("r", "x", 0, ("me", "x", "y"))})
-    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, cluster, store, clock, monotonic_ms=clock)
     assert m.refresh() == ([("r", 0)], []) and m.changed == {("r", 0)}
     p = m.replicas[("r", 0)]
     assert not p.is_leader and m.partitions == {}
@@ -122,7 +122,7 @@ def test_roles_follow_the_partition_state(tmp_path, store, clock):
 def test_replica_fetches_drive_the_isr_and_high_watermark(tmp_path, store, clock):
     cluster = FakeCluster({"r": replicated("r", "me", 0, ("me", "x"))})
     m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000", "min.insync.replicas": "2"},
-                       cluster, store, clock)
+                       cluster, store, clock, monotonic_ms=clock)
     requested = []
     m.on_isr_update = requested.append
     m.refresh()
@@ -149,7 +149,7 @@ def test_replica_fetches_drive_the_isr_and_high_watermark(tmp_path, store, clock
 def test_leases(tmp_path, store, clock):
     now = [100.0]
     cluster = FakeCluster({"r": replicated("r", "me", 0, ("me",))})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0])
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0], monotonic_ms=clock)
     m.refresh()
     p = m.replicas[("r", 0)]
     assert m.lease_valid(p)  # no leases kept: leadership needs no confirmation
@@ -169,7 +169,7 @@ def test_leases(tmp_path, store, clock):
 
 def test_deleted_topic_removes_directory_and_snapshots(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"]), "b": topic("b", ["me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     p, _ = m.get("a", 0)
     p.append(make_batch(2))
@@ -192,7 +192,7 @@ def test_deleted_topic_removes_directory_and_snapshots(tmp_path, store, clock):
 
 def test_altered_topic_configs_apply_to_open_replicas(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
     m.refresh()
     p, _ = m.get("a", 0)
     assert p.config.log.segment_bytes == 1073741824

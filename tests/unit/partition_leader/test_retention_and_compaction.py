@@ -49,7 +49,7 @@ def run(cleaner: LogCleaner):
 
 
 def cleaner_for(p: Partition, clock) -> LogCleaner:
-    return LogCleaner(lambda: [p], lambda q: True, clock_ms=clock)
+    return LogCleaner(lambda: [p], lambda q: True, clock_ms=clock, monotonic_ms=clock)
 
 
 def config(**kw) -> PartitionConfig:
@@ -113,7 +113,7 @@ def test_delete_records_moves_the_log_start_and_survives_a_restart(open_partitio
     assert p.fetch(39, 1 << 20).error == ErrorCode.OFFSET_OUT_OF_RANGE
     assert p.list_offset(-2) == (ErrorCode.NONE, 40, -1)
     crash(p)
-    again = Partition.open("t", 0, tmp_path, config(retention_ms=-1), store, clock_ms=clock)
+    again = Partition.open("t", 0, tmp_path, config(retention_ms=-1), store, clock_ms=clock, monotonic_ms=clock)
     assert again.log_start_offset == 40
     # The producer whose early batches are gone is still known: a retry is a duplicate.
     dup = again.append(make_batch(3, pid=3, seq=87))
@@ -133,7 +133,7 @@ def test_producer_with_an_open_transaction_survives_deleted_segments_and_a_resta
     run(cleaner_for(p, clock))
     assert p.log_start_offset > 0
     p.close()
-    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock)
+    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock, monotonic_ms=clock)
     assert again.last_stable_offset == start  # the open transaction is remembered
     assert 5 in again.producers.producers  # so is the producer whose batches were deleted
     assert again.append(make_batch(3, pid=5, seq=0)).error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
@@ -199,7 +199,7 @@ def test_compaction_drops_tombstones_only_after_delete_retention(open_partition,
     # The compacted log reopens after a crash (offset gaps are valid).
     end, kept = p.log_end_offset, [(r.offset, r.key, r.value) for r in read_all(p)]
     crash(p)
-    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock)
+    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock, monotonic_ms=clock)
     assert again.log_end_offset == end
     assert [(r.offset, r.key, r.value) for r in read_all(again)] == kept
 
@@ -248,12 +248,12 @@ def test_compaction_survives_a_crash_between_swap_steps(open_partition, clock, t
     swap = p.log.dir / f"{segs[0].base_offset:020d}-{segs[-1].next_offset:020d}.swap"
     cleaned.rename(swap)
     crash(p)
-    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock)
+    again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock, monotonic_ms=clock)
     assert {r.key: r.value for r in read_all(again)} == expected
     assert not list(again.log.dir.glob("*.swap"))
     # An unfinished .cleaned file is dropped on open.
     stray = again.log.cleaned_path(0)
     stray.write_bytes(b"garbage")
     crash(again)
-    third = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock)
+    third = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock, monotonic_ms=clock)
     assert not stray.exists() and {r.key: r.value for r in read_all(third)} == expected

@@ -179,12 +179,15 @@ class FakeTopology:
 
 class Harness:
     """A coordinator over the fakes. PIDs come from blocks of `block_size`; `sleep`
-    is the coordinator's (seconds; by default it only yields to the loop)."""
+    is the coordinator's (seconds; by default it only yields to the loop). `clock` is
+    both its wall and its monotonic clock, unless split_clocks: then `wall` is a clock
+    of its own (stepped by hand) and `clock` the monotonic one."""
 
     def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
                  log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep,
-                 bind_producer_ids: bool = False):
+                 bind_producer_ids: bool = False, split_clocks: bool = False):
         self.clock = FakeClock()
+        self.wall = FakeClock() if split_clocks else self.clock
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
         self.topology = FakeTopology(txn_partitions=txn_partitions)
@@ -194,8 +197,8 @@ class Harness:
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
                                             config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
-                                            clock=self.clock, sleep=sleep, on_fenced=on_fenced,
-                                            bind_producer_ids=bind_producer_ids)
+                                            clock=self.wall, sleep=sleep, on_fenced=on_fenced,
+                                            bind_producer_ids=bind_producer_ids, monotonic=self.clock)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)

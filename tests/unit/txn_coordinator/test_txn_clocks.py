@@ -1,0 +1,131 @@
+"""The transaction coordinator's durations count on its monotonic clock; its wall
+clock, stepped forwards or backwards (an NTP step, a host with a wrong clock), only
+stamps what goes into the transaction log (docs/design.md, "Clocks")."""
+from __future__ import annotations
+
+import pytest
+from txn_coordinator_fakes import FakeLog, Harness, run
+
+from exactly_wire.error_codes import ErrorCode
+from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnCoordinatorConfig, TxnMarker
+from services.txn_coordinator import txn_log
+from services.txn_coordinator.state import TxnState, TxnTransitMetadata
+
+S = TxnState
+TEN_MINUTES_MS = 600_000
+
+
+@pytest.mark.parametrize("step_ms", [TEN_MINUTES_MS, -TEN_MINUTES_MS])
+def test_wall_clock_step_neither_expires_nor_holds_a_transaction(step_ms):
+    async def scenario():
+        h = Harness(split_clocks=True)
+        await h.elect()
+        await h.begin("t", timeout_ms=60_000)
+        h.wall.advance(step_ms)
+        assert await h.coord.abort_timed_out_transactions() == 0  # forwards: not early
+        h.clock.advance(60_000)
+        assert await h.coord.abort_timed_out_transactions() == 0
+        h.clock.advance(1)
+        assert await h.coord.abort_timed_out_transactions() == 1  # backwards: not late
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_ABORT
+
+    run(scenario())
+
+
+def test_next_transaction_restarts_the_timeout_whatever_the_wall_clock():
+    async def scenario():
+        h = Harness(split_clocks=True)
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=1000)
+        ended = await h.coord.end_txn("t", pid, epoch, True)
+        assert ended.error == ErrorCode.NONE
+        pid, epoch = ended.producer_id, ended.producer_epoch
+        await h.settle()
+        h.clock.advance(5000)
+        h.wall.advance(-TEN_MINUTES_MS)  # the next transaction starts "before" the last one
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
+        assert set(res.values()) == {ErrorCode.NONE}
+        h.clock.advance(1000)
+        assert await h.coord.abort_timed_out_transactions() == 0
+        h.clock.advance(1)
+        assert await h.coord.abort_timed_out_transactions() == 1
+
+    run(scenario())
+
+
+def test_prepared_transaction_waits_its_full_prepared_max_ms_after_a_forward_step():
+    async def scenario():
+        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, prepared_max_ms=2000), split_clocks=True)
+        await h.elect()
+        pid, epoch = await h.begin("t", timeout_ms=60_000)
+        assert await h.coord.prepare_txn("t", pid, epoch) == ErrorCode.NONE
+        h.wall.advance(TEN_MINUTES_MS)
+        assert await h.coord.abort_timed_out_transactions() == 0
+        h.clock.advance(2001)
+        assert await h.coord.abort_timed_out_transactions() == 1
+
+    run(scenario())
+
+
+def test_forward_step_expires_no_transactional_id_in_use():
+    async def scenario():
+        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=60_000, end_txn_completion_wait_ms=0),
+                    split_clocks=True)
+        await h.elect()
+        await h.coord.init_producer_id("idle", 60_000)
+        h.wall.advance(TEN_MINUTES_MS)
+        assert await h.coord.expire_transactional_ids() == 0
+        assert h.md("idle") is not None
+        h.clock.advance(60_000)  # idle that long for real: expires
+        assert await h.coord.expire_transactional_ids() == 1
+        assert h.md("idle") is None
+
+    run(scenario())
+
+
+def test_marker_deadline_is_not_lengthened_by_a_backward_step():
+    """_outlive_unanswered_markers waits MARKER_LEADER_DEADLINE_MS of the monotonic
+    clock, not until the wall clock has caught up again."""
+    slept_ms = []
+
+    async def scenario():
+        h = Harness(split_clocks=True)
+
+        async def sleep(seconds: float) -> None:
+            if not slept_ms:
+                h.wall.advance(-TEN_MINUTES_MS)
+            slept_ms.append(seconds * 1000)
+            h.clock.advance(int(seconds * 1000))
+            h.wall.advance(int(seconds * 1000))
+
+        h.coord._sleep = sleep
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        part = h.coord._parts[0]
+        marker = TxnMarker(pid, epoch, True, 1, frozenset({("orders", 0)}), transaction_version=1)
+        await h.coord._outlive_unanswered_markers(part, h.md("t"), marker)
+
+    run(scenario())
+    assert sum(slept_ms) == pytest.approx(MARKER_LEADER_DEADLINE_MS, abs=2)
+
+
+def test_owner_whose_clock_is_behind_does_not_hold_a_loaded_transaction():
+    """The previous owner's wall clock was 10 minutes ahead of the new owner's: the
+    transaction's start is in the new owner's future. It still ends after its
+    timeout (from the load), not 10 minutes later."""
+    async def scenario():
+        log = FakeLog()
+        h = Harness(log=log, split_clocks=True)
+        start = h.wall() + TEN_MINUTES_MS
+        log.write(0, txn_log.encode_batch("t", TxnTransitMetadata(
+            42, -1, 3, -1, 60_000, S.ONGOING, frozenset({("orders", 0)}), start, start), start))
+        await h.elect()
+        h.clock.advance(60_000)
+        h.wall.advance(60_000)
+        assert await h.coord.abort_timed_out_transactions() == 0
+        h.clock.advance(1)
+        h.wall.advance(1)
+        assert await h.coord.abort_timed_out_transactions() == 1
+
+    run(scenario())
