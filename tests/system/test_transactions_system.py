@@ -34,7 +34,7 @@ import netfault
 from netfault import network_faults  # noqa: F401 - fixture of the partition variant
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input,
+from .harness import (Comparison, CopierProcess, create_topics, end_offsets, finish_copiers, gate_offset, load_input,
                       partition_and_heal, read_values, set_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -146,11 +146,7 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
                 log(f"{'SIGKILLed' if hard else 'stopped'} and restarted {name} in {time.monotonic() - t0:.1f} s "
                     f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
             wait_gate(fraction)
-        set_gate(gate, 1.0)
-        wait_for(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
-                 PHASE_TIMEOUT_S, "the copiers to finish")
-        for c in copiers:
-            assert c.proc.wait(60) == 0, c.log_tail()
+        finish_copiers(copiers, gate, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
     finally:
         for c in copiers:

@@ -38,8 +38,8 @@ from netfault import network_faults  # noqa: F401 - fixture: sessions_lost cuts 
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, gate_offset, load_input, read_values,
-                      set_gate, wait_in_sync, wait_registered, wait_unregistered)
+from .harness import (Comparison, CopierProcess, create_topics, end_offsets, finish_copiers, gate_offset, load_input,
+                      read_values, set_gate, wait_in_sync, wait_registered, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -223,11 +223,7 @@ def test_copy_is_exactly_once_through_zookeeper_faults(own_zookeeper_cluster, tm
                 log(f"every session lost in a ZooKeeper restart; services registered anew and the copiers "
                     f"committing {time.monotonic() - healed:.1f} s after the heal")
             check_copiers()
-        set_gate(gate, 1.0)
-        wait_for(lambda: check_copiers() or all(c.status().get("state") == "done" for c in copiers),
-                 PHASE_TIMEOUT_S, "the copiers to finish")
-        for c in copiers:
-            assert c.proc.wait(60) == 0, c.log_tail()
+        finish_copiers(copiers, gate, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
     finally:
         for c in copiers:
