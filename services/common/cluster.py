@@ -128,10 +128,10 @@ def partition_for_key(key: str, num_partitions: int) -> int:
 
 
 def reconnect_retry(session_timeout_s: float) -> KazooRetry:
-    """How kazoo reconnects after losing ZooKeeper: forever, backing off from 0.1 s to
-    at most a quarter of the session timeout (s) between attempts. Kazoo's default
+    """How kazoo reconnects after losing ZooKeeper (`session_timeout_s` in s): forever,
+    backing off from 0.1 s to min(session timeout / 4, 1 s) between attempts. Kazoo's default
     doubles up to an hour, so after a ZooKeeper outage of 30 s a process would try
-    again only some 20 s after the server's return, and the session the server
+    again up to some 20 s after the server's return, and the session the server
     restored would expire meanwhile (docs/design.md, "ZooKeeper faults")."""
     return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
                       max_delay=max(min(session_timeout_s / 4, 1.0), 0.1))

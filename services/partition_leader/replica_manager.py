@@ -19,7 +19,9 @@ Leadership lease: with `lease_ms` set, a leader acknowledges writes only while i
 leadership was confirmed in ZooKeeper less than `lease_ms` ago (`lease_valid`), so a
 leader that wakes from a pause longer than its session cannot acknowledge anything
 before learning it was replaced. The service renews leases; without `lease_ms`
-(tests, tools) leadership needs no confirmation.
+(tests, tools) leadership needs no confirmation. While the ZooKeeper connection is
+SUSPENDED (`zookeeper_suspended`), acks=all writes and markers go on without a lease:
+they wait for the high watermark instead (`_isr_vouches`; docs/design.md, "ZooKeeper faults").
 
 Pure domain code: the cluster is anything with `topics()` (TopicInfo with
 `partitions` and `states`). Not thread-safe: the service calls it from its event
