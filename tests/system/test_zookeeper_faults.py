@@ -50,13 +50,15 @@ RECORDS = 20_000 if SOAK else 1_800
 TRANSACTION_SIZE = 50
 # Records per second per copier: a slice of the input (one per fault) takes longer
 # than the fault, so every fault hits a copy in progress.
-MAX_RATE = 40.0 if SOAK else 25.0
+MAX_RATE = 100.0 if SOAK else 25.0
 REPLICATION_FACTOR, MIN_INSYNC = 3, 2
 SESSION_TIMEOUT_S = 4.0
 ZK_DOWN_S = 30.0 if SOAK else 10.0
 BACK_WITHIN_S = 30.0  # serving again this long after ZooKeeper's return
 TXN_TIMEOUT_S = 30.0  # the copiers' transaction.timeout.ms
 PHASE_TIMEOUT_S = 180.0
+# The paced copy of a whole input partition (aborted transactions copy a third again), plus slack.
+FINISH_TIMEOUT_S = PHASE_TIMEOUT_S + 1.5 * RECORDS / INPUT_PARTITIONS / MAX_RATE
 SESSION_FAULTS = ["pl-0", "pl-1", "pl-2", "txn-0", "txn-1", "group-0", "group-1"] if SOAK else ["pl-0"]
 FAULTS = ["zookeeper_down", *(f"session_expiry:{name}" for name in SESSION_FAULTS), "sessions_lost"]
 
@@ -223,7 +225,7 @@ def test_copy_is_exactly_once_through_zookeeper_faults(own_zookeeper_cluster, tm
                 log(f"every session lost in a ZooKeeper restart; services registered anew and the copiers "
                     f"committing {time.monotonic() - healed:.1f} s after the heal")
             check_copiers()
-        finish_copiers(copiers, gate, PHASE_TIMEOUT_S)
+        finish_copiers(copiers, gate, FINISH_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
     finally:
         for c in copiers:
