@@ -24,6 +24,7 @@ from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
 
@@ -134,6 +135,16 @@ def partition_for_key(key: str, num_partitions: int) -> int:
     return zlib.crc32(key.encode()) % num_partitions
 
 
+def reconnect_retry(session_timeout_s: float) -> KazooRetry:
+    """How kazoo reconnects after losing ZooKeeper (`session_timeout_s` in s): forever,
+    backing off from 0.1 s to min(session timeout / 4, 1 s) between attempts. Kazoo's default
+    doubles up to an hour, so after a ZooKeeper outage of 30 s a process would try
+    again up to some 20 s after the server's return, and the session the server
+    restored would expire meanwhile (docs/design.md, "ZooKeeper faults")."""
+    return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
+                      max_delay=max(min(session_timeout_s / 4, 1.0), 0.1))
+
+
 class ClusterState:
     """This process's view of the cluster in ZooKeeper.
 
@@ -156,7 +167,8 @@ class ClusterState:
         # zookeeper.ssl.client.enable: the session over TLS to the secureClientPort (zk_tls.py).
         self.zk_tls = ZkTls.from_props(self.props)
         self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s, auth_data=self.zk_security.auth_data,
-                              default_acl=self.zk_security.default_acl, **self.zk_tls.kazoo_kwargs())
+                              default_acl=self.zk_security.default_acl,
+                              connection_retry=reconnect_retry(session_timeout_s), **self.zk_tls.kazoo_kwargs())
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
         self._topics: dict[str, TopicInfo] = {}

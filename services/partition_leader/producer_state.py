@@ -34,11 +34,15 @@ from exactly_wire.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
 NUM_BATCHES_TO_RETAIN = 5
 INT32_MAX = 0x7FFFFFFF
 
-SNAPSHOT_VERSION = 1
+# Version 2 adds the completed transactions whose marker may not be replicated yet
+# (`unreplicated`); version 1 snapshots still load (with none).
+SNAPSHOT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _SNAP_HEADER = struct.Struct(">hI")  # version, crc32c of the body
 _SNAP_COUNT = struct.Struct(">i")
 _SNAP_ENTRY = struct.Struct(">qhiqqb")  # pid, epoch, coordinator epoch, txn first offset, last ts, #batches
 _SNAP_BATCH = struct.Struct(">iiqiq")  # first seq, last seq, last offset, offset delta, timestamp
+_SNAP_UNREPLICATED = struct.Struct(">qq")  # txn first offset, marker offset
 
 
 class SnapshotError(ValueError):
@@ -383,26 +387,32 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------ snapshots
     def encode_snapshot(self) -> bytes:
-        """The state as a snapshot value: version int16, crc32c uint32 of the body,
+        """The state as a snapshot value: version int16 (2), crc32c uint32 of the body,
         body = count int32 + entries (pid, epoch, coordinator epoch, txn first offset,
-        last timestamp, batches (first seq, last seq, last offset, offset delta, ts))."""
+        last timestamp, batches (first seq, last seq, last offset, offset delta, ts)),
+        then count int32 + the unreplicated transactions (txn first offset, marker
+        offset), so a restart keeps the LSO below a marker the ISR may not have
+        (docs/design.md, "Last stable offset and read_committed")."""
         parts = [_SNAP_COUNT.pack(len(self.producers))]
         for e in self.producers.values():
             parts.append(_SNAP_ENTRY.pack(e.producer_id, e.producer_epoch, e.coordinator_epoch,
                                           e.current_txn_first_offset, e.last_timestamp, len(e.batches)))
             for b in e.batches:
                 parts.append(_SNAP_BATCH.pack(b.first_seq, b.last_seq, b.last_offset, b.offset_delta, b.timestamp))
+        parts.append(_SNAP_COUNT.pack(len(self.unreplicated)))
+        for first, marker in sorted(self.unreplicated.items()):
+            parts.append(_SNAP_UNREPLICATED.pack(first, marker))
         body = b"".join(parts)
         return _SNAP_HEADER.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + body
 
     def load_snapshot(self, data: bytes, offset: int) -> None:
         """Replace the state with a snapshot taken at log offset `offset`. Raises
         SnapshotError (state unchanged) when it is unreadable."""
-        entries = decode_snapshot(data)
+        entries, unreplicated = _decode(data)
         self.producers = {e.producer_id: e for e in entries}
         self.ongoing = dict(sorted((e.current_txn_first_offset, e.producer_id)
                                    for e in entries if e.current_txn_first_offset >= 0))
-        self.unreplicated = {}
+        self.unreplicated = {first: marker for first, marker in unreplicated if marker < offset}
         self.map_end_offset = offset
 
     def reset(self, offset: int = 0) -> None:
@@ -414,15 +424,23 @@ class ProducerStateManager:
 
 
 def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
-    """Parse and verify a snapshot value (see `encode_snapshot`). Raises SnapshotError."""
+    """Parse and verify a snapshot value (see `encode_snapshot`): its producer
+    entries. Raises SnapshotError."""
+    return _decode(data)[0]
+
+
+def _decode(data: bytes) -> tuple[list[ProducerStateEntry], list[tuple[int, int]]]:
+    """(entries, unreplicated (txn first offset, marker offset) pairs) of a snapshot
+    value of a readable version. Raises SnapshotError."""
     if len(data) < _SNAP_HEADER.size + _SNAP_COUNT.size:
         raise SnapshotError("snapshot truncated")
     version, crc = _SNAP_HEADER.unpack_from(data)
-    if version != SNAPSHOT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise SnapshotError(f"unknown snapshot version {version}")
     body = memoryview(data)[_SNAP_HEADER.size:]
     if crc32c.crc32c(body) != crc:
         raise SnapshotError("snapshot CRC32C mismatch")
+    unreplicated: list[tuple[int, int]] = []
     try:
         (count,), pos = _SNAP_COUNT.unpack_from(body), _SNAP_COUNT.size
         out = []
@@ -435,11 +453,16 @@ def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
                 entry.batches.append(BatchMetadata(*_SNAP_BATCH.unpack_from(body, pos)))
                 pos += _SNAP_BATCH.size
             out.append(entry)
+        if version >= 2:
+            (count,), pos = _SNAP_COUNT.unpack_from(body, pos), pos + _SNAP_COUNT.size
+            for _ in range(count):
+                unreplicated.append(_SNAP_UNREPLICATED.unpack_from(body, pos))
+                pos += _SNAP_UNREPLICATED.size
     except struct.error as exc:
         raise SnapshotError(f"snapshot truncated: {exc}") from exc
     if pos != len(body):
         raise SnapshotError("trailing bytes after the snapshot entries")
-    return out
+    return out, unreplicated
 
 
 def entries_equal(a: Iterable[ProducerStateEntry], b: Iterable[ProducerStateEntry]) -> bool:

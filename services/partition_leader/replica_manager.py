@@ -19,7 +19,9 @@ Leadership lease: with `lease_ms` set, a leader acknowledges writes only while i
 leadership was confirmed in ZooKeeper less than `lease_ms` ago (`lease_valid`), so a
 leader that wakes from a pause longer than its session cannot acknowledge anything
 before learning it was replaced. The service renews leases; without `lease_ms`
-(tests, tools) leadership needs no confirmation.
+(tests, tools) leadership needs no confirmation. While the ZooKeeper connection is
+SUSPENDED (`zookeeper_suspended`), acks=all writes and markers go on without a lease:
+they wait for the high watermark instead (`_isr_vouches`; docs/design.md, "ZooKeeper faults").
 
 Pure domain code: the cluster is anything with `topics()` (TopicInfo with
 `partitions` and `states`). Not thread-safe: the service calls it from its event
@@ -205,6 +207,9 @@ class ReplicaManager:
         self.fetch_max_wait_ms = _int_prop(self.props, "fetch.max.wait.ms", DEFAULT_FETCH_MAX_WAIT_MS)
         # Leadership confirmation before acknowledging writes; None: always confirmed.
         self.leases: Leases | None = None
+        # The ZooKeeper connection is down while the session may still live (kazoo's
+        # SUSPENDED): leaders keep acknowledging acks=all writes (see `_leader_for_write`).
+        self.zookeeper_suspended = False
         # The transaction coordinators' port: verification (KIP-890 part 1) of client
         # batches that would start a transaction, when verify_transactions
         # (`transaction.partition.verification.enable`), and the implicit adds of
@@ -452,12 +457,25 @@ class ReplicaManager:
             return True
         return await self.leases.ensure(p, deadline)
 
+    def _isr_vouches(self, p: Partition, hw_gated: bool) -> bool:
+        """Whether leader `p` may go on without a lease: ZooKeeper is unreachable (the
+        connection SUSPENDED) and the write waits for the high watermark with the ISR
+        at `min.insync.replicas` or more. Such a write is acknowledged only once every
+        ISR member has it, and every leader the controller can elect comes from the
+        ISR, so no leader change can lose it (Kafka's acks=all guarantee); no
+        election can happen while ZooKeeper is down for all (docs/design.md,
+        "ZooKeeper faults")."""
+        return hw_gated and self.zookeeper_suspended and p.is_leader and p.enough_replicas()
+
     async def _leader_for_write(self, topic: str, partition: int, deadline: float,
-                                confirm: bool) -> tuple[Partition | None, ErrorCode]:
+                                confirm: bool, hw_gated: bool = False) -> tuple[Partition | None, ErrorCode]:
         """`get()`, first confirming leadership (when `confirm` and the lease is not
-        valid) so that a deposed or paused leader appends nothing."""
+        valid) so that a deposed or paused leader appends nothing; `hw_gated` (an
+        acks=all write or a marker) skips the confirmation while ZooKeeper is
+        unreachable (`_isr_vouches`)."""
         p, err = self.get(topic, partition)
-        if p is not None and confirm and self.leases is not None and not self.lease_valid(p):
+        if p is not None and confirm and self.leases is not None and not self.lease_valid(p) \
+                and not self._isr_vouches(p, hw_gated):
             if not await self.leases.ensure(p, deadline):
                 return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
             p, err = self.get(topic, partition)
@@ -481,11 +499,14 @@ class ReplicaManager:
 
     async def _complete(self, p: Partition, epoch: int, acks: int, last_offset: int, deadline: float) -> ErrorCode:
         """The acknowledgement of an append that succeeded locally: acks=all waits
-        for the high watermark; acks 1 and all confirm leadership of `epoch`."""
+        for the high watermark; acks 1 and all confirm leadership of `epoch` (acks=all
+        not while ZooKeeper is unreachable, `_isr_vouches`)."""
         if acks == ACKS_ALL:
             err = await self._await_high_watermark(p, epoch, last_offset, deadline)
             if err != ErrorCode.NONE:
                 return err
+            if self._isr_vouches(p, True) and p.leader_epoch == epoch:
+                return ErrorCode.NONE
         if acks != 0 and not (await self._confirmed(p, deadline) and p.leader_epoch == epoch):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
@@ -589,7 +610,8 @@ class ReplicaManager:
             why = (f"{e.topic} is an internal topic: only its coordinators write it" if not internal_only
                    else f"{e.topic} is not an internal topic")
             return AppendResult(ErrorCode.INVALID_TOPIC_EXCEPTION, message=why)
-        p, err = await self._leader_for_write(e.topic, e.partition, deadline, confirm=acks != 0)
+        p, err = await self._leader_for_write(e.topic, e.partition, deadline, confirm=acks != 0,
+                                              hw_gated=acks == ACKS_ALL)
         if p is None:
             return AppendResult(err)
         guard = None
@@ -741,7 +763,7 @@ class ReplicaManager:
             refused = await self._internal_marker_refused(m, topic, partition)
             if refused is not None:
                 return refused
-        p, err = await self._leader_for_write(topic, partition, deadline, confirm=True)
+        p, err = await self._leader_for_write(topic, partition, deadline, confirm=True, hw_gated=True)
         if p is None:
             return MarkerResult(err)
         if self.monotonic_s() >= deadline:

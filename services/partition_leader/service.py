@@ -180,6 +180,7 @@ class PartitionLeaderService:
         # event loop runs anything else queued.
         if state in ("LOST", "SUSPENDED"):
             self.manager.invalidate_leases()
+        self.manager.zookeeper_suspended = state == "SUSPENDED"
         loop = self._loop
         if loop is None or self._stopped:
             return

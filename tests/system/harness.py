@@ -313,6 +313,20 @@ class CopierProcess:
         return {k: sum(int(r.get(k, 0)) for r in runs) for k in ("committed_txns", "aborted_txns", "failed_txns")}
 
 
+def finish_copiers(copiers: list[CopierProcess], gate_file: pathlib.Path, timeout_s: float) -> None:
+    """Open the gate fully and wait until every copier is done and exited with 0
+    (raises SystemTestError for a copier that died, AssertionError on a time-out)."""
+    set_gate(gate_file, 1.0)
+
+    def done() -> bool:
+        for c in copiers:
+            c.check_alive()
+        return all(c.status().get("state") == "done" for c in copiers)
+    wait_for(done, timeout_s, "the copiers to finish")
+    for c in copiers:
+        assert c.proc.wait(60) == 0, c.log_tail()
+
+
 def set_gate(gate_file: pathlib.Path, fraction: float) -> None:
     """Let the copiers consume up to `fraction` of their input."""
     tmp = gate_file.with_suffix(".tmp")
@@ -352,12 +366,3 @@ def wait_gate(copiers: list[CopierProcess], fraction: float, timeout_s: float) -
     wait_for(lambda: check_copiers(copiers) or all(c.position >= gate_offset(fraction, c.end_offset)
                                                    for c in copiers),
              timeout_s, f"the copiers to reach {fraction:.0%} of their input", interval_s=0.2)
-
-
-def finish_copy(gate: pathlib.Path, copiers: list[CopierProcess], timeout_s: float) -> None:
-    """Open the gate fully and wait until every copier finished and exited with 0."""
-    set_gate(gate, 1.0)
-    wait_for(lambda: check_copiers(copiers) or all(c.status().get("state") == "done" for c in copiers),
-             timeout_s, "the copiers to finish")
-    for c in copiers:
-        assert c.proc.wait(60) == 0, c.log_tail()

@@ -43,7 +43,7 @@ from exactly._client import COORDINATOR_TRANSACTION
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copy, load_input,
+from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
                       read_values, wait_gate)
 from .harness import check_copiers as harness_check_copiers
 from .test_transactions_system import CLUSTER_PROPS as COPY_PROPS
@@ -234,7 +234,7 @@ def test_copy_is_exactly_once_through_clock_faults(zk, tmp_path, clock_faults): 
                 with Consumer({"bootstrap.servers": bootstrap}) as c:
                     assert c.beginning_offsets([retained])[retained] == 0, "fresh data deleted by retention.ms"
             wait_gate(copiers, fraction, PHASE_TIMEOUT_S)
-        finish_copy(gate, copiers, PHASE_TIMEOUT_S)
+        finish_copiers(copiers, gate, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
         probe.close(30)
 

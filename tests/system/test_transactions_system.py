@@ -33,7 +33,7 @@ import pytest
 import netfault
 from netfault import network_faults  # noqa: F401 - fixture of the partition variant
 
-from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copy, load_input,
+from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
                       partition_and_heal, read_values, wait_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -129,7 +129,7 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
                 log(f"{'SIGKILLed' if hard else 'stopped'} and restarted {name} in {time.monotonic() - t0:.1f} s "
                     f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
             wait_gate(copiers, fraction, PHASE_TIMEOUT_S)
-        finish_copy(gate, copiers, PHASE_TIMEOUT_S)
+        finish_copiers(copiers, gate, PHASE_TIMEOUT_S)
         log(f"copy finished in {time.monotonic() - started:.1f} s since start")
     finally:
         for c in copiers:

@@ -78,6 +78,22 @@ class DevClusterError(RuntimeError):
     """A service did not start or is unknown."""
 
 
+def _zookeeper_serving(port: int) -> bool:
+    """Whether the ZooKeeper server on 127.0.0.1:`port` serves requests: its `srvr`
+    answer names its mode. (`ruok` answers imok while the server still loads its
+    data and refuses sessions.)"""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.settimeout(2)
+            s.sendall(b"srvr")
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+    except OSError:
+        return False
+    return b"Mode:" in answer
+
+
 def pid_alive(pid: int) -> bool:
     """True when `pid` runs and is not a zombie."""
     try:
@@ -234,10 +250,13 @@ class DevCluster:
             self.save()
 
     # ------------------------------------------------------------ ZooKeeper
-    def start_zookeeper(self, timeout_s: float = 30.0) -> None:
+    def start_zookeeper(self, timeout_s: float = 30.0, port: int | None = None) -> None:
+        """Start the standalone ZooKeeper server on `port` (default: a free one) with
+        its data in `<dir>/zookeeper/data` (kept across restarts); returns once it
+        answers `ruok`. Raises DevClusterError."""
         zk_dir = self.dir / "zookeeper"
         _mkdir_private(zk_dir)
-        port = free_port()
+        port = free_port() if port is None else port
         cfg = zk_dir / "zoo.cfg"
         write_private(cfg, (f"tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={zk_dir / 'data'}\n"
                             f"clientPort={port}\nclientPortAddress=127.0.0.1\nmaxSessionTimeout=60000\n"
@@ -257,15 +276,28 @@ class DevCluster:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise DevClusterError(f"ZooKeeper exited with {proc.returncode}; see {log.name}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"ruok")
-                    if s.recv(4) == b"imok":
-                        return
-            except OSError:
-                pass
+            if _zookeeper_serving(port):
+                return
             time.sleep(0.1)
         raise DevClusterError("ZooKeeper did not start in time")
+
+    def kill_zookeeper(self) -> None:
+        """SIGKILL our ZooKeeper server (a crash: nothing flushed, sessions not closed)."""
+        if not self.zookeeper_pid:
+            raise DevClusterError("this cluster uses a ZooKeeper it did not start")
+        if pid_alive(self.zookeeper_pid):
+            os.kill(self.zookeeper_pid, signal.SIGKILL)
+            self._reap("zookeeper", self.zookeeper_pid, 10.0)
+
+    def restart_zookeeper(self, timeout_s: float = 30.0) -> None:
+        """Start our killed ZooKeeper server again on its port with its data directory
+        (znodes and sessions as its transaction log has them). Raises DevClusterError."""
+        if not self.zookeeper_pid:
+            raise DevClusterError("this cluster uses a ZooKeeper it did not start")
+        if pid_alive(self.zookeeper_pid):
+            raise DevClusterError(f"ZooKeeper is still running (pid {self.zookeeper_pid})")
+        self.start_zookeeper(timeout_s, port=int(self.zookeeper.rsplit(":", 1)[1]))
+        self.save()
 
     # ------------------------------------------------------------ services
     def _spawn(self, svc: Service) -> None:

@@ -125,3 +125,38 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
         await updater.stop()
     asyncio.run(main())
     m.close()
+
+
+def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_path, store, clock):
+    """ZooKeeper SUSPENDED: the lease cannot be renewed, yet acks=all writes are appended
+    and acknowledged once the ISR has them (the high watermark vouches for them); acks=1
+    writes still need the lease. Connected again, acks=all needs the lease too."""
+    from exactly_wire.error_codes import ErrorCode
+    from services.partition_leader.replica_manager import ProduceEntry
+
+    now = [10.0]
+    zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
+    m = manager_for(zk, tmp_path, store, clock, now)
+    m.props["min.insync.replicas"] = "2"
+
+    async def main():
+        keeper = LeaseKeeper(m, zk, 3000)
+        m.leases = keeper
+        m.refresh()
+        p = m.replicas[TP]
+        m.invalidate_leases()
+        m.zookeeper_suspended = True
+        entry = ProduceEntry("r", 0, make_batch(2))
+        one = await m.append_records(1, [entry], timeout_ms=200)
+        assert one[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 0
+        task = asyncio.create_task(m.append_records(-1, [entry], timeout_ms=5000))
+        await asyncio.sleep(0.05)
+        assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
+        m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2)
+        res = (await task)[0]
+        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0) and not m.lease_valid(p)
+        m.zookeeper_suspended = False
+        again = await m.append_records(-1, [entry], timeout_ms=200)
+        assert again[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 2
+
+    asyncio.run(main())

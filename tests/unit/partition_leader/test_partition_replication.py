@@ -259,3 +259,38 @@ def test_the_lso_passes_a_transaction_once_its_marker_is_replicated(pair):
     res = a.fetch(0, 1 << 20, isolation_level=1)
     assert [h.base_offset for _, h in records.iter_batches(res.records)] == [0, 2]
     assert b.producers.unreplicated == {}  # the follower forgets them with the high watermark
+
+
+def test_the_lso_never_moves_back_across_a_restart_and_a_failover(tmp_path, clock):
+    """The leader writes a COMMIT marker the follower has not fetched, restarts from
+    its close-time snapshot (taken past the marker), leads again, then fails over to
+    the follower, which never got the marker: the LSO readers see never goes back."""
+    config = PartitionConfig(LogConfig(segment_bytes=2048, index_interval_bytes=256), min_insync_replicas=2)
+    stores = {n: SnapshotStore(tmp_path / n / "producer-state") for n in REPLICAS}
+
+    def open_replica(node: str) -> Partition:
+        return Partition.open("t", 0, tmp_path / node, config, stores[node], clock_ms=clock, local_id=node,
+                              single_replica=False)
+
+    a, b = open_replica("a"), open_replica("b")
+    try:
+        a.become_leader(0, REPLICAS, REPLICAS, zk_version=0)
+        b.become_follower("a", 0, REPLICAS)
+        assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE  # 0-1
+        replicate(a, b)
+        assert a.write_marker(PID, 0, True, 0).offset == 2  # only the leader has it
+        seen = [a.last_stable_offset]
+        a.close()
+        a = open_replica("a")
+        assert a.snapshot_loaded_from == 3
+        a.become_leader(1, REPLICAS, REPLICAS, zk_version=1)
+        seen.append(a.last_stable_offset)
+        a.log.close()
+        b.become_leader(2, REPLICAS, ("b",), zk_version=2)
+        seen.append(b.last_stable_offset)
+        assert seen == [0, 0, 0]
+    finally:
+        for p in (a, b):
+            p.log.close()
+        for s in stores.values():
+            s.close()

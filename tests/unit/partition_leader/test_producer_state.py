@@ -194,6 +194,37 @@ def test_snapshot_round_trip(drive, state, clock):
     assert len(again.entry(1).batches) == 5
 
 
+def test_a_snapshot_keeps_the_transactions_whose_marker_is_not_replicated(drive, state, clock):
+    """A marker the high watermark has not passed keeps its transaction unstable
+    after a restart from a snapshot taken past the marker: the LSO stays at the
+    transaction's first offset instead of jumping to the high watermark (from where a
+    failover to a replica without the marker would move it back)."""
+    drive.produce(2, pid=PID, seq=0, txn=True)  # 0-1
+    drive.marker(PID, 0, committed=True)  # 2
+    drive.produce(1, pid=PID + 1, seq=0)  # 3
+    assert state.first_unstable_offset_at(2) == 0
+    again = ProducerStateManager(clock_ms=clock)
+    again.load_snapshot(state.encode_snapshot(), drive.next_offset)
+    assert again.unreplicated == {0: 2}
+    assert again.first_unstable_offset_at(2) == 0
+    assert again.first_unstable_offset_at(3) is None and again.unreplicated == {}
+
+
+def test_a_version_1_snapshot_still_loads(drive, state, clock):
+    import struct
+
+    import crc32c
+    drive.produce(2, pid=PID, seq=0, txn=True)
+    data = state.encode_snapshot()
+    assert struct.unpack_from(">h", data)[0] == 2
+    body = data[6:-4]  # without the unreplicated count (0)
+    v1 = struct.pack(">hI", 1, crc32c.crc32c(body)) + body
+    again = ProducerStateManager(clock_ms=clock)
+    again.load_snapshot(v1, drive.next_offset)
+    assert entries_equal(again.producers.values(), state.producers.values())
+    assert again.ongoing == {0: PID} and again.unreplicated == {}
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "version", "empty"])
 def test_a_damaged_snapshot_is_rejected_and_leaves_state_unchanged(drive, state, clock, damage):
     drive.produce(2, pid=1, seq=0)
