@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -82,6 +82,18 @@ def broker_id(node_id: str) -> int:
     cluster id gets trailing garbage and confluent-kafka's describe_cluster()
     crashes (Kafka's own broker ids are small, so this never shows there)."""
     return zlib.crc32(node_id.encode()) & ((1 << BROKER_ID_BITS) - 1)
+
+
+class BrokerIdCollision(RuntimeError):
+    """Another live node id has this node's Kafka broker id (`broker_id`)."""
+
+
+def broker_id_collision(node_id: str, live: Iterable[str]) -> str | None:
+    """The live node id, other than `node_id`, whose broker id equals `node_id`'s, or
+    None. Two such nodes would be one broker to Kafka clients, so the second refuses
+    to register (rename one of them)."""
+    mine = broker_id(node_id)
+    return next((other for other in live if other != node_id and broker_id(other) == mine), None)
 
 
 @dataclass(frozen=True)
@@ -223,8 +235,13 @@ class ClusterState:
 
     def register(self) -> None:
         """Publish this process under /exactly/services/<node_id> (ephemeral). A node
-        left by this node_id's previous, killed incarnation is replaced."""
+        left by this node_id's previous, killed incarnation is replaced. Raises
+        BrokerIdCollision when a live node of another id has this node's broker id."""
         path = f"{SERVICES}/{self.node_id}"
+        other = broker_id_collision(self.node_id, self.zk.get_children(SERVICES))
+        if other is not None:
+            raise BrokerIdCollision(f"node id {self.node_id!r} has the Kafka broker id {broker_id(self.node_id)} "
+                                    f"of the live node {other!r}; give this node another id")
         data = json.dumps({"role": self.role, "host": self.host, "port": self.port,
                            "kafka_port": self.kafka_port}).encode()
         while True:
