@@ -23,12 +23,16 @@ unit: setup
 # Long runs kept out of `make test` (which runs the same tests at a smaller size):
 # compaction of the internal topics after 50,000 transactions and 50,000 offset commits;
 # 100,000 idempotent InitProducerId calls against producer-id bindings (make test runs 10,000);
-# 20,000 raw connections that never start TLS against a partition leader (make test: 4,000).
+# 20,000 raw connections that never start TLS against a partition leader (make test: 4,000);
+# disk faults: a full disk and the page cache dropped under a leader of three, and the copier
+# system test through EIO on a leader's log directory (make test: EIO and the RF 1 crash).
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \
 	  tests/integration/test_producer_id_bindings.py
 	EXACTLY_CONNECTION_FLOOD=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_connections.py
+	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \
+	  "tests/system/test_transactions_system.py::test_copy_is_exactly_once_through_failures[disk]"
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
 # the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").

@@ -216,7 +216,12 @@ class PartitionLeaderService:
         """Producer-state snapshots (on the loop: they read the producer state), then
         the high-watermark checkpoints, whose fsyncs run in a worker thread so that
         produce and fetch answers do not wait for the disk every tick."""
-        self.manager.maybe_snapshot_all()
+        try:
+            self.manager.maybe_snapshot_all()
+        except OSError as exc:  # the producer-state store on the data directory failed
+            log.exception("producer-state snapshot failed")
+            self.manager.fail_log_dir(exc)
+            return
         due = self.manager.high_watermarks_to_checkpoint()
         if due:
             failed = await asyncio.to_thread(_checkpoint_all, due)

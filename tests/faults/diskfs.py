@@ -379,5 +379,24 @@ class DiskFaults:
         self.close()
 
 
+def under_faults(cluster, name: str) -> DiskFaults:
+    """Put the data directory of service `name` of a started DevCluster on the fault
+    filesystem: stop it (SIGTERM), move its data directory to `<name>-backing`, mount
+    over the old path and start it again. The caller closes the DiskFaults after
+    killing the service."""
+    cluster.stop(name)
+    data = cluster.dir / name
+    backing = cluster.dir / f"{name}-backing"
+    os.rename(data, backing)
+    disk = DiskFaults(backing, data)
+    try:
+        cluster.restart(name)
+    except BaseException:
+        cluster.kill(name)
+        disk.close()
+        raise
+    return disk
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

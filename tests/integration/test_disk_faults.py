@@ -13,6 +13,8 @@ docs/design.md, "Disk faults".
   is larger again a restart recovers and the node rejoins the ISR.
 - Page cache dropped (the filesystem's "crash") on the leader of three (RF 3,
   acks=all, min.insync.replicas 2): nothing acknowledged is lost.
+The full disk and the RF 3 page-cache tests run in `make soak` (EXACTLY_DISK_SOAK=1).
+
 - RF 1: a crash of the only node loses what was acknowledged since the last fsync by
   default; with flush.messages=1 (topic config) nothing acknowledged is lost.
 """
@@ -34,12 +36,16 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from faults.diskfs import DiskFaults
+from faults.diskfs import under_faults
 from waiting import wait_for
 
 from .test_replication import Sender, _error_of
 
 pytestmark = pytest.mark.integration
+
+# make test runs the EIO and the RF 1 crash tests; make soak (EXACTLY_DISK_SOAK=1) also
+# the full disk and the RF 3 page-cache drop, which take the same paths.
+soak = pytest.mark.skipif(not os.environ.get("EXACTLY_DISK_SOAK"), reason="make soak (EXACTLY_DISK_SOAK=1)")
 
 SESSION_MS = 4000
 PROPS = {
@@ -49,18 +55,6 @@ PROPS = {
     "transaction.state.log.replication.factor": "3",
     "offsets.topic.replication.factor": "3",
 }
-
-
-def under_faults(cluster, name: str, backing_name: str = "backing") -> DiskFaults:
-    """Stop `name`, move its data directory to a backing directory, mount the fault
-    filesystem over the old path and start it again."""
-    cluster.stop(name)
-    data = cluster.dir / name
-    backing = cluster.dir / f"{name}-{backing_name}"
-    os.rename(data, backing)
-    disk = DiskFaults(backing, data)
-    cluster.restart(name)
-    return disk
 
 
 def create_topic(cluster, partitions: int = 1, rf: int = 3, configs: dict | None = None) -> str:
@@ -225,6 +219,7 @@ def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3
         disk.close()
 
 
+@soak
 def test_full_disk_refuses_appends_and_loses_nothing_acknowledged(rf3):
     rf3.stop("pl-0")
     data = rf3.dir / "pl-0"
@@ -269,6 +264,7 @@ def test_full_disk_refuses_appends_and_loses_nothing_acknowledged(rf3):
         subprocess.run(["umount", "-l", str(data)], check=False)
 
 
+@soak
 def test_dropped_page_cache_on_the_leader_loses_nothing_committed(rf3):
     disk = under_faults(rf3, "pl-0")
     try:

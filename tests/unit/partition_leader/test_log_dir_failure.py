@@ -56,3 +56,26 @@ def test_an_io_error_on_append_takes_the_log_dir_offline(tmp_path, store, clock,
     m.fail_log_dir(OSError(errno.ENOSPC, "No space left on device"))
     assert len(reported) == 1
     m.close()  # writes nothing
+
+
+def test_rocksdb_io_errors_become_oserror(store, monkeypatch):
+    class FailingDb:
+        def __setitem__(self, key, value):
+            raise Exception("IO error: While appending to file: 000009.log: Input/output error")
+
+        def __delitem__(self, key):
+            raise Exception("Invalid argument: not an I/O error")
+
+    monkeypatch.setattr(store, "_db", FailingDb())
+    try:
+        store.put("t", 0, 5, b"snapshot")
+    except OSError as exc:
+        assert exc.errno == errno.EIO and "Input/output error" in str(exc)
+    else:
+        raise AssertionError("no OSError")
+    try:
+        store.delete("t", 0, 5)
+    except OSError:
+        raise AssertionError("a non-I/O error became an OSError")
+    except Exception as exc:  # noqa: BLE001 - the original error
+        assert "Invalid argument" in str(exc)
