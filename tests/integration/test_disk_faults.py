@@ -7,7 +7,8 @@ docs/design.md, "Disk faults".
 - EIO on writes to one leader's log directory (RF 3): that node answers
   KAFKA_STORAGE_ERROR, publishes its log directory offline, the controller moves its
   leaderships to in-sync replicas within the session timeout, exactly_log_dir_offline
-  is 1 there, and the producer carries on without losing or duplicating anything.
+  is 1 there and a real Prometheus fires ExactlyLogDirOffline for it (resolved after the
+  repair and a restart), and the producer carries on without losing or duplicating anything.
 - A full disk (tmpfs) under the leader (RF 3): appends are refused with
   KAFKA_STORAGE_ERROR, leadership moves, nothing acknowledged is lost; once the disk
   is larger again a restart recovers and the node rejoins the ISR.
@@ -39,6 +40,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from faults.diskfs import under_faults
 from waiting import wait_for
 
+from .test_prometheus import _start_prometheus
 from .test_replication import Sender, _error_of
 
 pytestmark = pytest.mark.integration
@@ -171,9 +173,11 @@ class PartitionSender(Sender):
                 lambda f, v=value: self._done(v, f))
 
 
-def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3):
+def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3, tmp_path):
     disk = under_faults(rf3, "pl-0")
+    prometheus = _start_prometheus(rf3, tmp_path / "prometheus")
     try:
+        prometheus.wait_ready()
         topic = create_topic(rf3, partitions=3)
         part = led_by(rf3, topic, "pl-0")
         p = producer(rf3)
@@ -203,6 +207,9 @@ def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3
         assert moved_after < SESSION_MS / 1000 + 5 and new[0] in ("pl-1", "pl-2")
         # The process keeps serving (metadata, errors) and reports the offline directory.
         assert gauge(scrape(rf3, "pl-0"), "exactly_log_dir_offline") == 1
+        firing = wait_for(lambda: prometheus.firing("ExactlyLogDirOffline"), 60, "ExactlyLogDirOffline to fire",
+                          interval_s=0.5)
+        assert [a["instance"] for a in firing] == [rf3.services["pl-0"].metrics_address], firing
         assert _error_of(_raw_produce(rf3.services["pl-0"].address, topic, b"y", 10 ** 6 + 1, 0,
                                       timeout_s=10, partition=part)) == ErrorCode.KAFKA_STORAGE_ERROR
         # Every partition left pl-0; none lost its leader.
@@ -214,7 +221,10 @@ def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3
         rf3.restart("pl-0")
         wait_for(lambda: all("pl-0" in isr for _, isr in states(rf3, topic).values()), 30, "pl-0 back in the ISRs")
         assert gauge(scrape(rf3, "pl-0"), "exactly_log_dir_offline") == 0
+        wait_for(lambda: not prometheus.firing("ExactlyLogDirOffline"), 60, "ExactlyLogDirOffline to resolve",
+                 interval_s=0.5)
     finally:
+        prometheus.stop()
         rf3.kill("pl-0")
         disk.close()
 
