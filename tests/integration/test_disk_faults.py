@@ -31,7 +31,7 @@ import uuid
 import grpc
 import pytest
 
-from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly import AdminClient, NewTopic, Producer, errors
 from exactly_wire import records
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
@@ -41,7 +41,7 @@ from faults.diskfs import under_faults
 from waiting import wait_for
 
 from .test_prometheus import _start_prometheus
-from .test_replication import Sender, _error_of
+from .test_replication import PROPS, SESSION_MS, Sender, _error_of, producer, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -49,14 +49,6 @@ pytestmark = pytest.mark.integration
 # the full disk and the RF 3 page-cache drop, which take the same paths.
 soak = pytest.mark.skipif(not os.environ.get("EXACTLY_DISK_SOAK"), reason="make soak (EXACTLY_DISK_SOAK=1)")
 
-SESSION_MS = 4000
-PROPS = {
-    "zookeeper.session.timeout.ms": str(SESSION_MS),
-    "replica.lag.time.max.ms": "3000",
-    "min.insync.replicas": "2",
-    "transaction.state.log.replication.factor": "3",
-    "offsets.topic.replication.factor": "3",
-}
 
 
 def create_topic(cluster, partitions: int = 1, rf: int = 3, configs: dict | None = None) -> str:
@@ -90,29 +82,8 @@ def states(cluster, topic: str, exclude: tuple[str, ...] = ()) -> dict[int, tupl
         admin.close()
 
 
-def producer(cluster, **conf) -> Producer:
-    base = {"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 5, "acks": "all",
-            "enable.idempotence": True, "request.timeout.ms": 5000, "retry.backoff.max.ms": 500}
-    base.update(conf)
-    return Producer(base)
-
-
-def read_values(cluster, topic: str, partition: int, expected: int, timeout_s: float = 30.0,
-                settle_s: float = 1.0) -> list[bytes]:
-    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest",
-                  "fetch.max.wait.ms": 100, "enable.auto.commit": False, "isolation.level": "read_committed"})
-    try:
-        c.assign([TopicPartition(topic, partition)])
-        out: list = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) < expected and time.monotonic() < deadline:
-            out += c.poll(0.2)
-        end = time.monotonic() + settle_s
-        while time.monotonic() < end:
-            out += c.poll(0.1)
-        return [r.value for r in out]
-    finally:
-        c.close()
+def read_values(cluster, topic: str, partition: int, expected: int, timeout_s: float = 30.0) -> list[bytes]:
+    return [r.value for r in read_all(cluster, topic, expected, timeout_s, 1.0, partition)]
 
 
 def _raw_produce(address: str, topic: str, value: bytes, pid: int, seq: int, acks: int = -1,
@@ -150,6 +121,20 @@ def led_by(cluster, topic: str, node: str) -> int:
                     lambda: f"{node} leading with ISR 3: {states(cluster, topic)}")[0]
 
 
+def acknowledged_on(cluster, node: str, prefix: str, n: int):
+    """A new topic (3 partitions, RF 3), a partition `node` leads with a full ISR, an
+    idempotent acks=all producer and a sender that had `n` records acknowledged there:
+    (topic, partition, producer, sender)."""
+    topic = create_topic(cluster, partitions=3)
+    part = led_by(cluster, topic, node)
+    p = producer(cluster)
+    sender = PartitionSender(p, topic, part, prefix)
+    sender.send(n)
+    p.flush(30)
+    assert len(sender.acked) == n and not sender.failed
+    return topic, part, p, sender
+
+
 def _send_and_check(cluster, topic: str, partition: int, sender: Sender, p: Producer) -> None:
     sender.stop()
     p.flush(30)
@@ -178,14 +163,8 @@ def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3
     prometheus = _start_prometheus(rf3, tmp_path / "prometheus")
     try:
         prometheus.wait_ready()
-        topic = create_topic(rf3, partitions=3)
-        part = led_by(rf3, topic, "pl-0")
-        p = producer(rf3)
-        sender = PartitionSender(p, topic, part, "a")
+        topic, part, p, sender = acknowledged_on(rf3, "pl-0", "a", 100)
         try:
-            sender.send(100)
-            p.flush(30)
-            assert len(sender.acked) == 100 and not sender.failed
             assert gauge(scrape(rf3, "pl-0"), "exactly_log_dir_offline") == 0
             sender.start()
             wait_for(lambda: len(sender.acked) >= 120, 20, "acknowledgements before the fault")
@@ -278,14 +257,8 @@ def test_full_disk_refuses_appends_and_loses_nothing_acknowledged(rf3):
 def test_dropped_page_cache_on_the_leader_loses_nothing_committed(rf3):
     disk = under_faults(rf3, "pl-0")
     try:
-        topic = create_topic(rf3, partitions=3)
-        part = led_by(rf3, topic, "pl-0")
-        p = producer(rf3)
-        sender = PartitionSender(p, topic, part, "c")
+        topic, part, p, sender = acknowledged_on(rf3, "pl-0", "c", 300)
         try:
-            sender.send(300)
-            p.flush(30)
-            assert len(sender.acked) == 300 and not sender.failed
             rf3.kill("pl-0")
             assert disk.crash() > 0  # the acknowledged records were in pl-0's page cache only
             rf3.restart("pl-0")
