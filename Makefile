@@ -26,7 +26,9 @@ unit: setup
 # 20,000 raw connections that never start TLS against a partition leader (make test: 4,000);
 # the transactional copy under clock faults with 20,000 records (make test: 3,000);
 # the copier under ZooKeeper faults with 20,000 records, ZooKeeper down 30 s and every process's
-# session expired in turn (make test: 1,800 records, 10 s, two processes).
+# session expired in turn (make test: 1,800 records, 10 s, two processes);
+# disk faults: a full disk and the page cache dropped under a leader of three, and the copier
+# system test through EIO on a leader's log directory (make test: EIO and the RF 1 crash).
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \
@@ -34,6 +36,8 @@ soak: setup
 	EXACTLY_CONNECTION_FLOOD=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_connections.py
 	EXACTLY_CLOCK_RECORDS=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_clock_faults_system.py
 	EXACTLY_ZK_FAULT_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_zookeeper_faults.py
+	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \
+	  "tests/system/test_transactions_system.py::test_copy_is_exactly_once_through_failures[disk]"
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
 # the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").

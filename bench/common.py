@@ -75,9 +75,10 @@ def start_cluster(directory: pathlib.Path, partition_leaders: int = 1, props: di
     return cluster
 
 
-def create_topic(cluster: DevCluster, name: str, partitions: int = 1, replication_factor: int = 1) -> None:
+def create_topic(cluster: DevCluster, name: str, partitions: int = 1, replication_factor: int = 1,
+                 configs: dict[str, str] | None = None) -> None:
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:
-        admin.create_topics([NewTopic(name, partitions, replication_factor)])
+        admin.create_topics([NewTopic(name, partitions, replication_factor, config=configs or {})])
 
 
 def machine_info() -> dict:

@@ -132,18 +132,21 @@ def run(args: argparse.Namespace) -> dict:
         progress.done(bootstrap)
 
         # ---- 1, 2: producers
-        progress.start(f"produce {n:,} x {size} B: plain, idempotent, transactional (commit every 100 ms, "
-                       f"10 ms) x {reps}, interleaved")
-        modes = [("plain", "plain", 0), ("idempotent", "idempotent", 0), ("txn_100ms", "transactional", 100),
-                 ("txn_10ms", "transactional", 10)]
+        progress.start(f"produce {n:,} x {size} B: plain, idempotent, idempotent with flush.messages=1, "
+                       f"transactional (commit every 100 ms, 10 ms) x {reps}, interleaved")
+        modes = [("plain", "plain", 0), ("idempotent", "idempotent", 0), ("flush_messages_1", "idempotent", 0),
+                 ("txn_100ms", "transactional", 100), ("txn_10ms", "transactional", 10)]
         runs: dict[str, list[dict]] = {m[0]: [] for m in modes}
         for rep in range(reps):
             for key, mode, interval in modes:
                 topic = f"bench-{key.replace('_', '-')}-{rep}"
-                create_topic(main, topic)
+                # flush.messages=1: every append fsynced before it is acknowledged (durability
+                # of RF 1 against power loss; README, "Disk faults and durability").
+                create_topic(main, topic, configs={"flush.messages": "1"} if key == "flush_messages_1" else None)
                 runs[key].append(producer_perf.produce_run(bootstrap, topic, mode, n, size, interval))
         labels = {"plain": "plain produce (acks=1), 1 SDK producer, 1 KB records",
                   "idempotent": "idempotent produce (acks=all)",
+                  "flush_messages_1": "idempotent produce, topic flush.messages=1 (fsync every append)",
                   "txn_100ms": "transactional produce, commit every 100 ms",
                   "txn_10ms": "transactional produce, commit every 10 ms"}
         for key, _, _ in modes:
@@ -152,6 +155,11 @@ def run(args: argparse.Namespace) -> dict:
                     p99_send_ms=median([r["p99_ms"] for r in runs[key]]),
                     commits=median([r["commits"] for r in runs[key]]))
             fig.ratio(f"produce.{key}", "produce.plain")
+        # The cost of flush.messages=1 against the default (never fsync on append), same run.
+        fig.ratio("produce.flush_messages_1", "produce.idempotent")
+        fig.add("produce.flush_messages_1_ratio", "flush.messages=1 / default, idempotent produce (per rep)",
+                [f["records_per_s"] / d["records_per_s"] for f, d in zip(runs["flush_messages_1"], runs["idempotent"])],
+                "x")
         fig.goal("produce.txn_100ms", ">= 0.97 x plain", fig.rows["produce.txn_100ms"]["ratio_to_plain"] >= 0.97)
         fig.goal("produce.txn_10ms", ">= 0.85 x plain", fig.rows["produce.txn_10ms"]["ratio_to_plain"] >= 0.85)
         extra["produce_runs"] = runs

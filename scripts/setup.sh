@@ -3,7 +3,8 @@
 # ZooKeeper, a Java runtime, Prometheus, nftables and kcat (apt; the metrics tests run a
 # real Prometheus server, the network-partition tests cut services off with nft, the
 # Kafka protocol tests use kcat, the benchmark's smoke test a Redis server, exactly.postgres
-# a PostgreSQL server, the clock-fault tests libfaketime from faketime), then a
+# a PostgreSQL server, the clock-fault tests libfaketime from faketime, the storage-failure
+# tests FUSE 3), then a
 # virtualenv with the package and its development tools.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
@@ -16,6 +17,8 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# FUSE 3 (fusermount3, libfuse3) for the disk-fault filesystem of the storage-failure tests
+command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 # PostgreSQL server for exactly.postgres's tests, exactly-dev up --postgres and the demo
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 # libfaketime, preloaded into services by the clock-fault tests (tests/clockfault.py)

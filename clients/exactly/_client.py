@@ -68,6 +68,9 @@ METADATA_ERRORS = frozenset({
     ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BROKER_NOT_AVAILABLE,
     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
     ErrorCode.REPLICA_NOT_AVAILABLE,
+    # Kafka's KafkaStorageException is an InvalidMetadataException: the replica's log
+    # directory is offline (KIP-112) and leadership is moving to another replica.
+    ErrorCode.KAFKA_STORAGE_ERROR,
 })
 
 # Errors after which the cached coordinator address must be looked up again.

@@ -3,7 +3,7 @@ coordinator ownership and PID blocks.
 
 Layout (docs/design.md, "ZooKeeper layout"):
 
-    /exactly/services/<node_id>            ephemeral: {"role", "host", "port"}
+    /exactly/services/<node_id>            ephemeral: {"role", "host", "port"[, "log_dir_offline"]}
     /exactly/topics/<topic>                {"partitions": {"0": [replica ids]}, "configs", "internal"}
     /exactly/topics/<topic>/<p>/state      {"leader", "leader_epoch", "isr"} (versioned CAS)
     /exactly/coordinators/<kind>/<p>       {"owner", "coordinator_epoch"} (versioned CAS)
@@ -196,6 +196,8 @@ class ClusterState:
         self._session_listeners: list[Callable[[str], None]] = []
         self._registered = False
         self._stopped = False
+        # KIP-112: this partition leader's log directory failed (mark_log_dir_offline).
+        self.log_dir_offline = False
 
     # ------------------------------------------------------------ lifecycle
     def start(self, timeout_s: float = 30.0) -> None:
@@ -242,8 +244,7 @@ class ClusterState:
         if other is not None:
             raise BrokerIdCollision(f"node id {self.node_id!r} has the Kafka broker id {broker_id(self.node_id)} "
                                     f"of the live node {other!r}; give this node another id")
-        data = json.dumps({"role": self.role, "host": self.host, "port": self.port,
-                           "kafka_port": self.kafka_port}).encode()
+        data = self._registration()
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True)
@@ -259,6 +260,23 @@ class ClusterState:
                     pass
         self._registered = True
         self._notify()  # coordinators count this node as live from now on
+
+    def _registration(self) -> bytes:
+        d = {"role": self.role, "host": self.host, "port": self.port, "kafka_port": self.kafka_port}
+        if self.log_dir_offline:
+            d["log_dir_offline"] = True
+        return json.dumps(d).encode()
+
+    def mark_log_dir_offline(self, timeout_s: float = 10.0) -> None:
+        """KIP-112 (docs/design.md, "Disk faults"): publish that this process's log
+        directory failed, in its registration znode (`"log_dir_offline": true`, kept
+        on re-registration). The controller then counts it as no replica at all: the
+        partitions it led get new leaders from their ISR and it leaves every ISR, as
+        on a crash, while the process keeps serving. Blocking (kazoo); raises
+        kazoo's errors or TimeoutError after `timeout_s` (s): the caller retries."""
+        self.log_dir_offline = True
+        if self._registered:
+            self.zk.set_async(f"{SERVICES}/{self.node_id}", self._registration()).get(timeout=timeout_s)
 
     @property
     def registered(self) -> bool:

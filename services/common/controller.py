@@ -13,8 +13,9 @@ node id replaces the controller znode its previous incarnation left behind.
 The controller sweeps all partitions at each change of live services or partition
 states (ZooKeeper watches) and every `controller.sweep.interval.ms` (1000):
 
-- Live replicas are the registered partition-leader processes; each registration's
-  czxid tells when that process (session) registered.
+- Live replicas are the registered partition-leader processes whose log directory
+  is not offline (KIP-112: a process that marked it failed counts as dead here);
+  each registration's czxid tells when that process (session) registered.
 - A partition keeps its leader while the leader is live and registered before the
   state was last written; dead replicas are removed from its ISR (the leader stays).
 - Otherwise (the leader's session ended, or it registered again since: it restarted)
@@ -182,14 +183,16 @@ class Controller:
 
     # ------------------------------------------------------------ sweeps
     def live_replicas(self) -> dict[str, int]:
-        """Live partition-leader node id -> czxid of its registration."""
+        """Live partition-leader node id -> czxid of its registration (a process whose
+        log directory is offline is not live as a replica)."""
         live = {}
         for child in self.zk.get_children(SERVICES):
             try:
                 data, stat = self.zk.get(f"{SERVICES}/{child}")
             except NoNodeError:
                 continue
-            if json.loads(data).get("role") == PARTITION_LEADER:
+            d = json.loads(data)
+            if d.get("role") == PARTITION_LEADER and not d.get("log_dir_offline"):
                 live[child] = stat.czxid
         return live
 

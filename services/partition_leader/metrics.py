@@ -21,6 +21,9 @@ scrape time on the event loop, so the produce path pays nothing for them:
     exactly_partition_under_min_isr           1 when the ISR is below min.insync.replicas
                                               (acks=all produces and markers fail)
 
+exactly_log_dir_offline: 1 when this process's log directory is offline after an I/O
+error (KIP-112, docs/design.md "Disk faults"), 0 otherwise; alert ExactlyLogDirOffline.
+
 exactly_purgatory_size: requests parked in the purgatory (delayed Fetch and Produce
 waiting for data, the high watermark or their deadline; Kafka's PurgatorySize).
 
@@ -115,6 +118,9 @@ class PartitionCollector(LoopCollector):
         parked = GaugeMetricFamily("exactly_purgatory_size", "Requests parked in the purgatory (delayed "
                                    "Fetch and Produce, as Kafka's PurgatorySize)")
         parked.add_metric([], sum(len(m.purgatory) for m in managers))
+        offline_dir = GaugeMetricFamily("exactly_log_dir_offline", "1 when this process's log directory is "
+                                        "offline after an I/O error (KIP-112), else 0")
+        offline_dir.add_metric([], sum(int(getattr(m, "log_dir_offline", False)) for m in managers))
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         for manager in managers:
@@ -144,7 +150,7 @@ class PartitionCollector(LoopCollector):
                 size.add(*row, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
-        return [parked] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
+        return [parked, offline_dir] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
                                    under_min, log_start, size)]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:

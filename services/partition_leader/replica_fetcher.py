@@ -125,6 +125,10 @@ class ReplicaFetchers:
             except grpc.RpcError as exc:
                 log.debug("%s-%d: fetching from %s failed: %s", *tp, leader, exc)
                 await asyncio.sleep(self.backoff_s)
+            except OSError as exc:  # the log directory failed (KIP-112): every replica here stops
+                log.exception("%s-%d: writing the batches from %s failed", *tp, leader)
+                self.manager.fail_log_dir(exc)
+                return
             except Exception:  # noqa: BLE001 - keep following; logged with its traceback
                 log.exception("%s-%d: replication from %s failed", *tp, leader)
                 truncated = False

@@ -122,15 +122,19 @@ def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) 
         (producer_id == retired and producer_epoch == RETIRED_WRITER_EPOCH)
 
 
-def guarded(what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
+def guarded(what: str, fn: Callable[..., T], *args,
+            on_io_error: Callable[[OSError], None] | None = None) -> tuple[T | None, ErrorCode]:
     """Run a domain call; an exception (a bug, corruption, an I/O failure) becomes an
     error code for this partition instead of failing the whole request:
-    (result, NONE), (None, KAFKA_STORAGE_ERROR) for OSError, else (None,
-    UNKNOWN_SERVER_ERROR); logged with its traceback."""
+    (result, NONE), (None, KAFKA_STORAGE_ERROR) for OSError (then `on_io_error(exc)`,
+    e.g. `ReplicaManager.fail_log_dir`), else (None, UNKNOWN_SERVER_ERROR); logged
+    with its traceback."""
     try:
         return fn(*args), ErrorCode.NONE
-    except OSError:
+    except OSError as exc:
         log.exception("%s failed with an I/O error", what)
+        if on_io_error is not None:
+            on_io_error(exc)
         return None, ErrorCode.KAFKA_STORAGE_ERROR
     except Exception:  # noqa: BLE001 - reported as UNKNOWN_SERVER_ERROR, logged with its traceback
         log.exception("%s failed", what)
@@ -220,14 +224,42 @@ class ReplicaManager:
         self.pid_bindings: pid_binding.ProducerIdBindings | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
+        # KIP-112 (docs/design.md, "Disk faults"): set by fail_log_dir on the first I/O
+        # error on the log directory; on_log_dir_failure(exc) then tells the controller.
+        self.log_dir_offline = False
+        self.on_log_dir_failure: Callable[[OSError], None] = lambda exc: None
         # (topic, partition, producer id) -> lock ordering that producer's appends there.
         self._producer_locks: dict[tuple[str, int, int], asyncio.Lock] = {}
         # Coordinator claims on internal partitions: (writer id, writer epoch, retired writer id).
         self._claims: dict[TopicPartition, tuple[int, int, int]] = {}
 
+    def fail_log_dir(self, exc: OSError) -> None:
+        """KIP-112 (docs/design.md, "Disk faults"): an I/O error (EIO, ENOSPC, a failed
+        fsync) on the log directory takes it offline for the life of this process.
+        Every replica here stops at once: leases are voided (nothing more is
+        acknowledged), client and replica requests answer KAFKA_STORAGE_ERROR, followers
+        stop fetching, no snapshot, checkpoint, ISR change or cleaning touches the
+        files; `on_log_dir_failure(exc)` then has the controller move leadership to the
+        in-sync replicas. Idempotent. A restart (after the disk is repaired or freed)
+        recovers the logs as after a crash."""
+        if self.log_dir_offline:
+            return
+        self.log_dir_offline = True
+        log.error("log directory %s is offline after an I/O error (%s): its %d replicas stop here",
+                  self.data_dir / "logs", exc, len(self.replicas))
+        for tp, p in self.replicas.items():
+            p.lease_until = 0.0
+            self.purgatory.notify(tp, None)
+        self.on_log_dir_failure(exc)
+
+    def _guarded(self, what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
+        return guarded(what, fn, *args, on_io_error=self.fail_log_dir)
+
     @property
     def partitions(self) -> dict[TopicPartition, Partition]:
-        """The replicas this process leads."""
+        """The replicas this process leads (none while the log directory is offline)."""
+        if self.log_dir_offline:
+            return {}
         return {tp: p for tp, p in self.replicas.items() if p.is_leader}
 
     def __iter__(self) -> Iterator[Partition]:
@@ -282,6 +314,9 @@ class ReplicaManager:
         closed); `changed` then holds the replicas whose role, epoch or high watermark
         changed (waiters on them must look again). A
         replica that fails to open (OSError) is logged and retried at the next refresh."""
+        self.changed = set()
+        if self.log_dir_offline:
+            return [], []
         topics = self.cluster.topics()
         wanted: dict[TopicPartition, tuple[object, tuple[str, ...]]] = {}
         for info in topics.values():
@@ -367,7 +402,10 @@ class ReplicaManager:
         log.info("closed %s-%d", *tp)
 
     def follower_targets(self) -> dict[TopicPartition, tuple[str, int]]:
-        """(leader node id, leader epoch) of each followed replica that has a leader."""
+        """(leader node id, leader epoch) of each followed replica that has a leader
+        (none while the log directory is offline)."""
+        if self.log_dir_offline:
+            return {}
         return {tp: (p.leader_id, p.leader_epoch) for tp, p in self.replicas.items()
                 if not p.is_leader and p.leader_id is not None}
 
@@ -376,8 +414,10 @@ class ReplicaManager:
         """The replica this process leads, for a client request, or (None, error):
         UNKNOWN_TOPIC_OR_PARTITION (no such topic or partition), NOT_LEADER_OR_FOLLOWER
         (led elsewhere, or no leader), KAFKA_STORAGE_ERROR (led here but its files
-        cannot be opened). A partition just assigned here but not yet opened by
-        `refresh` is opened on demand."""
+        cannot be opened, or the log directory is offline). A partition just assigned
+        here but not yet opened by `refresh` is opened on demand."""
+        if self.log_dir_offline:
+            return self._offline(topic, partition)
         p = self.replicas.get((topic, partition))
         if p is not None:
             return (p, ErrorCode.NONE) if p.is_leader else (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -390,13 +430,22 @@ class ReplicaManager:
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         try:
             p = self._open(info, partition)
-        except OSError:
+        except OSError as exc:
             log.exception("cannot open %s-%d", topic, partition)
+            self.fail_log_dir(exc)
             return None, ErrorCode.KAFKA_STORAGE_ERROR
         self._apply_state(p, replicas, st)
         return p, ErrorCode.NONE
 
+    def _offline(self, topic: str, partition: int) -> tuple[None, ErrorCode]:
+        info = self.cluster.topics().get(topic)
+        if info is None or partition not in info.partitions:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return None, ErrorCode.KAFKA_STORAGE_ERROR
+
     def _leader_replica(self, topic: str, partition: int) -> tuple[Partition | None, ErrorCode]:
+        if self.log_dir_offline:
+            return self._offline(topic, partition)
         p = self.replicas.get((topic, partition))
         if p is not None:
             return (p, ErrorCode.NONE) if p.is_leader else (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -416,14 +465,14 @@ class ReplicaManager:
         p, err = self.get(topic, partition)
         if p is None:
             return err, -1, ""
-        res, err = guarded(f"DeleteRecords on {topic}-{partition}", p.delete_records, offset)
+        res, err = self._guarded(f"DeleteRecords on {topic}-{partition}", p.delete_records, offset)
         if res is None:
             return err, -1, ""
         code, low = res
         if code != ErrorCode.NONE:
             return code, low, (f"offset {offset} is above the high watermark {p.high_watermark}"
                                if code == ErrorCode.OFFSET_OUT_OF_RANGE else "")
-        guarded(f"deleting segments of {topic}-{partition}", p.delete_old_segments)
+        self._guarded(f"deleting segments of {topic}-{partition}", p.delete_old_segments)
         self.purgatory.notify((topic, partition))
         return ErrorCode.NONE, p.log_start_offset, ""
 
@@ -637,7 +686,7 @@ class ReplicaManager:
                 if p is None:
                     return AppendResult(err)
             epoch = p.leader_epoch
-            res, err = guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks, guard)
+            res, err = self._guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, acks, guard)
             if res is None:
                 return AppendResult(err)
             if not (guard is not None and res.error == ErrorCode.INVALID_TXN_STATE and
@@ -771,7 +820,7 @@ class ReplicaManager:
                 f"marker for producer {m.producer_id} epoch {m.producer_epoch} on {topic}-{partition} not "
                 "appended: the request's deadline passed first"))
         epoch = p.leader_epoch
-        res, err = guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id, m.producer_epoch,
+        res, err = self._guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id, m.producer_epoch,
                            m.committed, m.coordinator_epoch, m.transaction_version)
         if res is None:
             return MarkerResult(err)
@@ -829,7 +878,7 @@ class ReplicaManager:
         for e in entries:
             limit = min(e.max_bytes if e.max_bytes > 0 else DEFAULT_PARTITION_MAX_BYTES, budget - total)
             if replica_id:
-                res, err = guarded(f"replica fetch from {e.topic}-{e.partition}", self.fetch_for_follower,
+                res, err = self._guarded(f"replica fetch from {e.topic}-{e.partition}", self.fetch_for_follower,
                                    e.topic, e.partition, replica_id, e.fetch_offset, limit, e.current_leader_epoch)
                 if res is None:
                     res = ReplicaFetchResult(err)
@@ -843,7 +892,7 @@ class ReplicaManager:
                 p, err = self.get(e.topic, e.partition)
                 res = None
                 if p is not None:
-                    res, err = guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
+                    res, err = self._guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
                                        isolation_level, e.current_leader_epoch)
                 if res is None:
                     res = FetchResult(err)
@@ -862,7 +911,7 @@ class ReplicaManager:
         `replica.lag.time.max.ms`, with live followers that caught up; None when it is the
         current one (or `tp` is not led here). now_ms: monotonic."""
         p = self.replicas.get(tp)
-        if p is None or not p.is_leader:
+        if p is None or not p.is_leader or self.log_dir_offline:
             return None
         now = p.monotonic_ms() if now_ms is None else now_ms
         current = p.isr
@@ -880,7 +929,7 @@ class ReplicaManager:
 
     def lease_valid(self, p: Partition) -> bool:
         """Whether leader `p` may acknowledge writes now (see the module docstring)."""
-        return p.is_leader and p.lease_until > self.monotonic_s()
+        return p.is_leader and p.lease_until > self.monotonic_s() and not self.log_dir_offline
 
     def invalidate_leases(self) -> None:
         """ZooKeeper connection suspended or session lost: no leader acknowledges
@@ -894,19 +943,28 @@ class ReplicaManager:
     def maybe_snapshot_all(self, now_ms: int | None = None) -> int:
         """Periodic producer-state snapshots; returns how many were written. (The
         high-watermark checkpoints: `high_watermarks_to_checkpoint`.)"""
+        if self.log_dir_offline:
+            return 0
         return sum(p.maybe_snapshot(now_ms) for p in self)
 
     def high_watermarks_to_checkpoint(self) -> list[tuple[Partition, int]]:
         """(replica, high watermark) of every replica whose high watermark moved since
         its last checkpoint, read now (for `Partition.checkpoint_high_watermark(hw)` in
         a worker thread)."""
+        if self.log_dir_offline:
+            return []
         return [(p, hw) for p in self if (hw := p.high_watermark_unchecked) is not None]
 
     def expire_producers(self, now_ms: int | None = None) -> int:
         """PID expiration on every replica; returns how many PIDs were dropped."""
+        if self.log_dir_offline:
+            return 0
         return sum(len(p.expire_producers(now_ms)) for p in self)
 
     def close(self) -> None:
-        """Close every replica (flush, final snapshot). Clean shutdown."""
+        """Close every replica (flush, final snapshot). Clean shutdown. With the log
+        directory offline nothing is written: the next start recovers the logs."""
+        if self.log_dir_offline:
+            return
         for tp in list(self.replicas):
             self.close_partition(tp)

@@ -96,6 +96,7 @@ class PartitionLeaderService:
         snapshot, PID-expiration and ISR-check tasks."""
         self._loop = asyncio.get_running_loop()
         self.manager.on_isr_update = self.isr.request
+        self.manager.on_log_dir_failure = self._on_log_dir_failure
         self.manager.is_live = lambda node_id: node_id in self.cluster.nodes()
         self.leases.start()
         self._refresh()
@@ -217,10 +218,35 @@ class PartitionLeaderService:
         """Producer-state snapshots (on the loop: they read the producer state), then
         the high-watermark checkpoints, whose fsyncs run in a worker thread so that
         produce and fetch answers do not wait for the disk every tick."""
-        self.manager.maybe_snapshot_all()
+        try:
+            self.manager.maybe_snapshot_all()
+        except OSError as exc:  # the producer-state store on the data directory failed
+            log.exception("producer-state snapshot failed")
+            self.manager.fail_log_dir(exc)
+            return
         due = self.manager.high_watermarks_to_checkpoint()
         if due:
-            await asyncio.to_thread(_checkpoint_all, due)
+            failed = await asyncio.to_thread(_checkpoint_all, due)
+            if failed is not None:
+                self.manager.fail_log_dir(failed)
+
+    def _on_log_dir_failure(self, exc: OSError) -> None:
+        """KIP-112: the log directory went offline (ReplicaManager.fail_log_dir): stop
+        the replica fetchers and publish it in ZooKeeper, so that the controller moves
+        every leadership held here to an in-sync replica. Retried until published."""
+        self.fetchers.sync()
+        self._tasks.append(asyncio.create_task(self._publish_log_dir_offline(), name="log-dir-offline"))
+
+    async def _publish_log_dir_offline(self) -> None:
+        while not self._stopped:
+            try:
+                await asyncio.to_thread(self.cluster.mark_log_dir_offline)
+                log.error("log directory offline: published; the controller moves leadership away from %s",
+                          self.cfg.node_id)
+                return
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: try again
+                log.warning("cannot publish the offline log directory yet: %r", exc)
+                await asyncio.sleep(0.5)
 
     async def _every(self, seconds: float, fn) -> None:
         while True:
@@ -233,12 +259,18 @@ class PartitionLeaderService:
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
 
 
-def _checkpoint_all(due: list) -> None:
+def _checkpoint_all(due: list) -> OSError | None:
+    """Checkpoint each (replica, high watermark); returns the first I/O error of a
+    replica whose directory still exists (a failing disk), None otherwise."""
+    failed = None
     for p, hw in due:
         try:
             p.checkpoint_high_watermark(hw)
-        except OSError as exc:  # a replica deleted meanwhile; the next tick tries again
+        except OSError as exc:  # a replica deleted meanwhile: the next tick tries again
             log.warning("high-watermark checkpoint of %s-%d failed: %s", p.topic, p.partition, exc)
+            if failed is None and p.log.dir.exists():
+                failed = exc
+    return failed
 
 
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,

@@ -7,9 +7,14 @@ snapshots of a partition are contiguous and sorted by offset. Values are opaque
 bytes (`ProducerStateManager.encode_snapshot`: versioned, CRC32C-checked).
 
 Opened with `Options(raw_mode=True)` (bytes keys and values), via rocksdict.
+RocksDB's I/O errors (status "IO error: ...", e.g. EIO or ENOSPC on the data
+directory) are raised as OSError(EIO), so that they take the log directory offline
+like any other write error (docs/design.md, "Disk faults").
 """
 from __future__ import annotations
 
+import errno
+import functools
 import struct
 from pathlib import Path
 
@@ -17,6 +22,20 @@ from rocksdict import Options, Rdict, WriteOptions
 
 _PARTITION = struct.Struct(">i")
 _OFFSET = struct.Struct(">q")
+
+
+def _io_errors(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OSError:
+            raise
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's status text
+            if "IO error" in str(exc) or "No space left" in str(exc):
+                raise OSError(errno.EIO, f"producer-state store: {exc}") from exc
+            raise
+    return call
 
 
 def _prefix(topic: str, partition: int) -> bytes:
@@ -41,6 +60,7 @@ class SnapshotStore:
         self._db.flush()
         self._db.close()
 
+    @_io_errors
     def put(self, topic: str, partition: int, offset: int, value: bytes, sync: bool = False) -> None:
         """Store the snapshot taken at log `offset`; `sync` waits for the WAL fsync."""
         key = _prefix(topic, partition) + _OFFSET.pack(offset)
@@ -62,5 +82,6 @@ class SnapshotStore:
             out.append(_OFFSET.unpack_from(key, len(prefix))[0])
         return out
 
+    @_io_errors
     def delete(self, topic: str, partition: int, offset: int) -> None:
         del self._db[_prefix(topic, partition) + _OFFSET.pack(offset)]

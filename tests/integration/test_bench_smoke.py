@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 FIGURES = [
-    "produce.plain", "produce.idempotent", "produce.txn_100ms", "produce.txn_10ms",
+    "produce.plain", "produce.idempotent", "produce.flush_messages_1", "produce.flush_messages_1_ratio",
+    "produce.txn_100ms", "produce.txn_10ms",
     "commit_3p.p50", "commit_3p.p99", "coordinator.rf1", "coordinator.rf3",
     "consume.read_committed", "consume.read_uncommitted",
     "redis.xadd", "redis.multi_exec", "redis.xread", "vs_redis.produce", "vs_redis.read_committed",

@@ -81,13 +81,14 @@ def producer(cluster, **conf) -> Producer:
     return Producer(base)
 
 
-def read_all(cluster, topic: str, expected: int, timeout_s: float = 30.0, settle_s: float = 1.5) -> list:
-    """Every record of partition 0 (read_committed), polling until `expected` arrived
+def read_all(cluster, topic: str, expected: int, timeout_s: float = 30.0, settle_s: float = 1.5,
+             partition: int = 0) -> list:
+    """Every record of `partition` (read_committed), polling until `expected` arrived
     and then `settle_s` more to catch any extra."""
     c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest",
                   "fetch.max.wait.ms": 100, "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        c.assign([TopicPartition(topic, 0)])
+        c.assign([TopicPartition(topic, partition)])
         out: list = []
         deadline = time.monotonic() + timeout_s
         while len(out) < expected and time.monotonic() < deadline:

@@ -19,18 +19,26 @@ each partition leader and each coordinator in turn is cut off from ZooKeeper (it
 session expires and the others take over while it still reaches, and is reached by,
 the other services and the clients), from its peers (it keeps its session and its
 role but no other service reaches it), or from everything, then healed; the copiers
-are not touched in that variant. The copy is paced (a gate on the input offsets, and
+are not touched in that variant. A fourth, `disk` (make soak: EXACTLY_DISK_SOAK=1), puts
+pl-0's data directory on the fault filesystem (tests/faults/diskfs.py) and makes its
+writes and fsyncs fail with EIO: its log directory goes offline (KIP-112), its
+leaderships move to in-sync replicas; then the disk is repaired and pl-0 restarted. The
+copy is paced (a gate on the input offsets, and
 a rate cap applied inside the transactions) so that every fault hits open
 transactions and the copy does not end before the last fault.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 
 import pytest
 
+from exactly import AdminClient
+
 import netfault
+from faults.diskfs import under_faults
 from netfault import network_faults  # noqa: F401 - fixture of the partition variant
 
 from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
@@ -69,7 +77,34 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-@pytest.mark.parametrize("variant", ["sigkill", "sigterm", "partition"])
+DISK = pytest.param("disk", marks=pytest.mark.skipif(not os.environ.get("EXACTLY_DISK_SOAK"),
+                                                    reason="make soak (EXACTLY_DISK_SOAK=1)"))
+
+
+def fail_disk_and_repair(cluster, disk, name: str, topics: list[str]) -> str:
+    """EIO on writes and fsyncs of `name`'s log directory until no partition has it as
+    leader or in its ISR; then kill it, repair the disk, restart, wait until in sync."""
+    disk.set(eio=["write", "fsync"], paths=["logs/"])
+    bootstrap = ",".join(s.address for n, s in cluster.services.items() if n != name)
+
+    def moved() -> bool:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "request.timeout.ms": 3000})
+        try:
+            described = admin.describe_topics(topics)
+        finally:
+            admin.close()
+        return all(p.leader_id != name and name not in p.isr
+                   for t in described.values() for p in t.partitions.values())
+    t0 = time.monotonic()
+    wait_for(moved, PHASE_TIMEOUT_S, f"every leadership and ISR seat to leave {name}", interval_s=0.2)
+    moved_s = time.monotonic() - t0
+    cluster.kill(name)
+    disk.clear()
+    cluster.restart(name)
+    return f"leaderships moved in {moved_s:.1f} s"
+
+
+@pytest.mark.parametrize("variant", ["sigkill", "sigterm", "partition", DISK])
 def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, variant):
     started = time.monotonic()
     hard = variant == "sigkill"
@@ -77,6 +112,10 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
         request.getfixturevalue("network_faults")  # fails the test without nft; heals on any exit
     props = {**CLUSTER_PROPS, **(PARTITION_PROPS if variant == "partition" else {})}
     cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=2, props=props)
+    disk = under_faults(cluster, "pl-0") if variant == "disk" else None
+    if disk is not None:
+        request.addfinalizer(disk.close)
+        request.addfinalizer(lambda: cluster.kill("pl-0"))
     bootstrap = cluster.bootstrap_servers
     create_topics(bootstrap, {INPUT: INPUT_PARTITIONS, OUTPUT: OUTPUT_PARTITIONS}, REPLICATION_FACTOR, MIN_INSYNC)
     expected = load_input(bootstrap, INPUT, INPUT_PARTITIONS, RECORDS)
@@ -94,6 +133,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
               ("copier-0", "copier"), ("copier-1", "copier")]
     if variant == "partition":
         faults = PARTITION_FAULTS
+    if variant == "disk":
+        faults = [("pl-0", "disk")]
     by_name = {c.name: c for c in copiers}
     sig = signal.SIGKILL if hard else signal.SIGTERM
     topics = [INPUT, OUTPUT, *INTERNAL]
@@ -109,6 +150,11 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
                     wait_in_sync(bootstrap, topics, PHASE_TIMEOUT_S)
                 log(f"cut {name} off ({kind}; {effect}) and healed in {time.monotonic() - t0:.1f} s "
                     f"(copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
+            elif kind == "disk":
+                effect = fail_disk_and_repair(cluster, disk, name, topics)
+                wait_in_sync(bootstrap, topics, PHASE_TIMEOUT_S)
+                log(f"EIO on {name}'s log directory ({effect}), repaired and restarted in "
+                    f"{time.monotonic() - t0:.1f} s (copiers at {', '.join(f'{c.progress:.0%}' for c in copiers)})")
             elif kind == "copier":
                 copier = by_name[name]
                 assert copier.progress >= 0.2, f"{name} at {copier.progress:.0%} when it should be killed"
