@@ -45,3 +45,19 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   echo "setup: generating gRPC code from protos/"
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
+
+# The compatibility suite's frameworks (tests/compat, make compat), each in its own
+# virtualenv under .compat/: their pins may clash with the project's and with each other.
+compat_venv() {  # NAME STAMP-KEY PIP-ARGS...
+  local dir=.compat/$1 key=$2
+  shift 2
+  if [ ! -f "$dir/.installed" ] || [ "$(cat "$dir/.installed")" != "$key" ]; then
+    echo "setup: installing $* into $dir"
+    [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+    "$dir/bin/pip" install -q "$@"
+    echo "$key" > "$dir/.installed"
+  fi
+}
+compat_venv faust "faust-streaming" faust-streaming
+compat_venv faststream "faststream[kafka,confluent]" "faststream[kafka,confluent]"
