@@ -59,5 +59,6 @@ compat_venv() {  # NAME STAMP-KEY PIP-ARGS...
     echo "$key" > "$dir/.installed"
   fi
 }
-compat_venv faust "faust-streaming" faust-streaming
-compat_venv faststream "faststream[kafka,confluent]" "faststream[kafka,confluent]"
+# the versions README's "Compatibility" table names
+compat_venv faust "faust-streaming==0.15.3" faust-streaming==0.15.3
+compat_venv faststream "faststream[kafka,confluent]==0.7.8" "faststream[kafka,confluent]==0.7.8"
