@@ -22,6 +22,9 @@ app = faust.App(
     topic_partitions=3,
     topic_replication_factor=1,
     consumer_auto_offset_reset="earliest",
+    # a SIGKILLed worker leaves the group after 10 s (faust's default: 60 s)
+    broker_session_timeout=10.0,
+    broker_heartbeat_interval=3.0,
 )
 source = app.topic(source_name, value_type=bytes, value_serializer="raw", partitions=3)
 sink = app.topic(sink_name, value_type=bytes, value_serializer="raw", partitions=3)

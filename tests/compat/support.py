@@ -98,11 +98,12 @@ def exactly_once(got: list[str], expected: list[str], what: str) -> None:
     assert sorted(got) == sorted(expected), (duplicates, missing, extra)
 
 
-def start(args: list[str], log: pathlib.Path, **kw) -> subprocess.Popen:
-    """Start `args` with stdout piped (text) and stderr appended to `log` (a pipe
-    nobody reads could fill up and stall the program)."""
+def start(args: list[str], log: pathlib.Path, pipe_stdout: bool = True, **kw) -> subprocess.Popen:
+    """Start `args` with stdout piped (text; with pipe_stdout=False appended to `log`
+    too) and stderr appended to `log`: a pipe nobody reads fills up and stalls the
+    program."""
     with open(log, "a") as err:
-        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True, **kw)
+        return subprocess.Popen(args, stdout=subprocess.PIPE if pipe_stdout else err, stderr=err, text=True, **kw)
 
 
 def run_to_end(proc: subprocess.Popen, timeout: float, log: pathlib.Path | None = None) -> str:
@@ -143,3 +144,19 @@ def kill_after(proc: subprocess.Popen, at_least: int, timeout: float, word: str 
         reader.join(30)
         proc.stdout.close()
     return seen
+
+
+def run_until_copied(args: list[str], log: pathlib.Path, kc, sink: str, expected: list[str], timeout: float,
+                     **kw) -> None:
+    """Start a program that never exits by itself (a stream processor) and SIGKILL it
+    once kcat reads every one of `expected` from `sink` under read_committed (checked
+    every 2 s). Fails if it exits first or that takes longer than `timeout` seconds."""
+    proc = start(args, log, pipe_stdout=False, **kw)  # nobody reads it: FastStream logs every message there
+    try:
+        wait_for(lambda: set(expected) <= set(read_committed_kcat(kc, sink)) or proc.poll() is not None,
+                 timeout, lambda: f"{pathlib.Path(args[1]).name} to copy every id (log: {log.read_text()[-3000:]})",
+                 interval_s=2)
+        assert proc.poll() is None, f"{args[1]} exited: {log.read_text()[-3000:]}"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)

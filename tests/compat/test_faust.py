@@ -26,20 +26,18 @@ import uuid
 
 import pytest
 
-from waiting import wait_for
-
 from .support import HERE, compat_python, kill_after, new_topic, produce_ids, \
-    read_committed_kcat, read_committed_sdk, size, start
+    read_committed_kcat, read_committed_sdk, run_until_copied, size, start
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(size(420, 1200))
 def test_faust_exactly_once_agent_through_a_sigkill(kc, tmp_path):
-    """600 ids (3,000 under `make compat`); the worker is SIGKILLed once it has
+    """300 ids (3,000 under `make compat`); the worker is SIGKILLed once it has
     processed a third of them and restarted with the same app id."""
     python = compat_python("faust")
-    count = size(600, 3000)
+    count = size(300, 3000)
     source, sink = new_topic(kc, prefix="faust-in"), new_topic(kc, prefix="faust-out")
     expected = produce_ids(kc, source, count, partitioner="murmur2_random")
     app_id = f"faust-copy-{uuid.uuid4().hex[:8]}"
@@ -48,15 +46,7 @@ def test_faust_exactly_once_agent_through_a_sigkill(kc, tmp_path):
     log = tmp_path / "faust.log"
     processed = kill_after(start(args, log, cwd=tmp_path), count // 3, 240, word="copied")
     print(f"SIGKILLed the worker after it printed copied {processed}")
-    worker = start(args, log, cwd=tmp_path)
-    try:
-        wait_for(lambda: len(set(read_committed_kcat(kc, sink))) >= count or worker.poll() is not None,
-                 size(300, 900), lambda: f"faust to copy every id (log: {log.read_text()[-3000:]})",
-                 interval_s=2)
-        assert worker.poll() is None, f"the worker exited: {log.read_text()[-3000:]}"
-    finally:
-        worker.kill()
-        worker.communicate(timeout=30)
+    run_until_copied(args, log, kc, sink, expected, size(300, 900), cwd=tmp_path)
     by_kcat, by_sdk = read_committed_kcat(kc, sink), read_committed_sdk(kc, sink)
     assert sorted(by_kcat) == sorted(by_sdk)
     duplicates = len(by_kcat) - len(set(by_kcat))

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(size(300, 1200))
 @pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
 def test_transactional_copy_through_a_sigkill(kc, client, tmp_path):
-    """600 ids (3,000 under `make compat`) from a 3-partition topic to another; the
+    """300 ids (3,000 under `make compat`) from a 3-partition topic to another; the
     copier is SIGKILLed after committing a third and restarted with the same
     transactional id and group."""
-    count = size(600, 3000)
+    count = size(300, 3000)
     source, sink = new_topic(kc, prefix="py-in"), new_topic(kc, prefix="py-out")
     expected = produce_ids(kc, source, count)
     suffix = uuid.uuid4().hex[:8]
