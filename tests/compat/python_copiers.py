@@ -19,7 +19,9 @@ def kafka_python(brokers, source, sink, group, transactional_id):
     from kafka.structs import OffsetAndMetadata
     consumer = KafkaConsumer(source, bootstrap_servers=brokers.split(","), group_id=group, enable_auto_commit=False,
                              auto_offset_reset="earliest", isolation_level="read_committed", max_poll_records=50,
-                             request_timeout_ms=30000)
+                             request_timeout_ms=30000,
+                             # a SIGKILLed copier leaves the group after 10 s (kafka-python 3's default: 45 s)
+                             session_timeout_ms=10000, heartbeat_interval_ms=3000)
     producer = KafkaProducer(bootstrap_servers=brokers.split(","), transactional_id=transactional_id,
                              request_timeout_ms=30000)
     producer.init_transactions()
