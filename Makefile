@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit soak fuzz proto bench down clean
+.PHONY: setup demo spark-demo test unit compat soak fuzz proto bench down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,12 @@ test: setup
 
 unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# The compatibility suite at full size (README, "Compatibility"): KafkaJS 2.2.4 copying 5,000 ids
+# through two SIGKILLs, faust-streaming, FastStream, kafka-python, aiokafka, kcat, Quix Streams
+# against a dev cluster; `make test` runs the same tests at a short size.
+compat: setup
+	EXACTLY_COMPAT_FULL=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/compat
 
 # Long runs kept out of `make test` (which runs the same tests at a smaller size):
 # compaction of the internal topics after 50,000 transactions and 50,000 offset commits;

@@ -51,23 +51,24 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
 
-# Quix Streams pins its own confluent-kafka (librdkafka 2.12), so it gets a virtualenv of
-# its own for tests/compat/test_quix.py (never .venv, whose confluent-kafka is newer).
-if [ ! -f .compat/quix/.installed ]; then
-  echo "setup: installing Quix Streams into .compat/quix"
-  mkdir -p .compat
-  [ -x .compat/quix/bin/python ] || "$PYTHON" -m venv .compat/quix
-  .compat/quix/bin/pip install -q 'quixstreams==3.28.1'
-  touch .compat/quix/.installed
-fi
-
-# confluent-kafka 2.12.1 (librdkafka 2.12.1) in a venv of its own, for the Kafka-port
-# compatibility tests that run an older librdkafka in a subprocess (never in .venv,
-# which has the newest confluent-kafka).
-compat=.compat/confluent-2.12
-if [ ! -f "$compat/.installed" ]; then
-  echo "setup: creating $compat (confluent-kafka 2.12.1)"
-  "$PYTHON" -m venv "$compat"
-  "$compat/bin/pip" install -q confluent-kafka==2.12.1
-  touch "$compat/.installed"
-fi
+# The compatibility suite's frameworks (tests/compat, make compat), each in its own
+# virtualenv under .compat/: their pins may clash with the project's and with each other.
+compat_venv() {  # NAME STAMP-KEY PIP-ARGS...
+  local dir=.compat/$1 key=$2
+  shift 2
+  if [ ! -f "$dir/.installed" ] || [ "$(cat "$dir/.installed")" != "$key" ]; then
+    echo "setup: installing $* into $dir"
+    [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+    "$dir/bin/pip" install -q "$@"
+    echo "$key" > "$dir/.installed"
+  fi
+}
+# Quix Streams pins its own confluent-kafka (librdkafka 2.12): tests/compat/test_quix.py;
+# confluent-kafka 2.12.1 alone, for the Kafka-port tests that run that librdkafka in a
+# subprocess (.venv has the newest confluent-kafka).
+compat_venv quix "quixstreams==3.28.1" quixstreams==3.28.1
+compat_venv confluent-2.12 "confluent-kafka==2.12.1" confluent-kafka==2.12.1
+# the versions README's "Compatibility" table names
+compat_venv faust "faust-streaming==0.15.3" faust-streaming==0.15.3
+compat_venv faststream "faststream[kafka,confluent]==0.7.8" "faststream[kafka,confluent]==0.7.8"

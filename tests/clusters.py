@@ -26,11 +26,12 @@ def new_chroot(zk: str, prefix: str) -> str:
 
 
 def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bool = False,
-                     leaders: int = 3) -> DevCluster:
-    """Start `leaders` partition leaders and one coordinator of each kind under a fresh
-    `/<prefix>-<random>` chroot of `zk`; the caller calls `down()`."""
+                     leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1) -> DevCluster:
+    """Start `leaders` partition leaders, `txn_coordinators` transaction coordinators and
+    `group_coordinators` group coordinators under a fresh `/<prefix>-<random>` chroot of
+    `zk`; the caller calls `down()`."""
     cluster = DevCluster(directory, security=security)
-    cluster.up(leaders, 1, 1, zookeeper=new_chroot(zk, prefix))
+    cluster.up(leaders, txn_coordinators, group_coordinators, zookeeper=new_chroot(zk, prefix))
     return cluster
 
 
@@ -49,10 +50,11 @@ def admin_client(cluster: DevCluster):
     return AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config})
 
 
-def module_cluster(zk: str, tmp_path_factory, prefix: str) -> Iterator[DevCluster]:
+def module_cluster(zk: str, tmp_path_factory, prefix: str, **sizes) -> Iterator[DevCluster]:
     """For a module-scoped fixture (`yield from module_cluster(zk, tmp_path_factory, "x")`):
-    a chrooted_cluster for the module's tests, torn down after them."""
-    cluster = chrooted_cluster(zk, tmp_path_factory.mktemp(prefix), prefix)
+    a chrooted_cluster for the module's tests (`sizes`: its leaders, txn_coordinators,
+    group_coordinators), torn down after them."""
+    cluster = chrooted_cluster(zk, tmp_path_factory.mktemp(prefix), prefix, **sizes)
     try:
         yield cluster
     finally:

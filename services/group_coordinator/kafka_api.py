@@ -10,7 +10,9 @@ offered first, and gives the leader the members with their subscriptions (as the
 joined through this process) so its assignor has input; the assignments the leader
 sends in SyncGroup are not used: every member receives the coordinator's assignment,
 encoded as a `ConsumerProtocolAssignment`. Only protocol type "consumer" is served
-(INCONSISTENT_GROUP_PROTOCOL otherwise).
+(INCONSISTENT_GROUP_PROTOCOL otherwise). The `user_data` the leader put in a member's
+assignment reaches that member with the coordinator's partitions (assignors such as
+faust's carry their own state there; docs/design.md, "Kafka protocol", Groups).
 
 Static membership (KIP-345) is the coordinator's (group.py): `group_instance_id` of
 JoinGroup v5+, SyncGroup v3+, Heartbeat v3+, OffsetCommit v7+ and of each member of
@@ -23,8 +25,10 @@ are answered at the top level of the response, as Kafka does.
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
+from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 
 from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
@@ -65,13 +69,42 @@ def encode_subscription(topics: list[str]) -> bytes:
     return out.getvalue()
 
 
-def encode_assignment(assignment: list[tuple[str, list[int]]]) -> bytes:
-    """A ConsumerProtocolAssignment v0 of (topic, partitions) pairs."""
+# How long a follower's SyncGroup waits for its leader's SyncGroup (which carries the
+# members' user_data) before it is answered without user_data; Kafka waits as long as the
+# rebalance lasts, the client's request timeout (30 s and more) bounds it on the client.
+USER_DATA_WAIT_S = 10.0
+
+
+def encode_assignment(assignment: list[tuple[str, list[int]]], user_data: bytes | None = None) -> bytes:
+    """A ConsumerProtocolAssignment v0 of (topic, partitions) pairs and `user_data`
+    (null when None)."""
     out = io.BytesIO()
     out.write(_VERSION.pack(0))
     entity_writer(ConsumerProtocolAssignment)(out, ConsumerProtocolAssignment(
-        assigned_partitions=tuple(AssignedPartition(topic=t, partitions=tuple(ps)) for t, ps in assignment)))
+        assigned_partitions=tuple(AssignedPartition(topic=t, partitions=tuple(ps)) for t, ps in assignment),
+        user_data=user_data))
     return out.getvalue()
+
+
+def assignment_user_data(assignment: bytes) -> bytes | None:
+    """The `user_data` of a ConsumerProtocolAssignment (any version: v1-v3 read as v0);
+    None when it has none or does not parse."""
+    if len(assignment) < 2:
+        return None
+    try:
+        value, _ = entity_reader(ConsumerProtocolAssignment)(assignment, 2)
+    except Exception:  # noqa: BLE001 - kio raises assorted errors on malformed input
+        return None
+    return None if value.user_data is None else bytes(value.user_data)
+
+
+@dataclass
+class _LeaderUserData:
+    """The user_data a generation's leader gave each member in its SyncGroup."""
+    generation: int
+    leader: str
+    by_member: dict[str, bytes | None] = dataclass_field(default_factory=dict)
+    sent: asyncio.Event = dataclass_field(default_factory=asyncio.Event)
 
 
 class GroupCoordinatorApis:
@@ -80,6 +113,8 @@ class GroupCoordinatorApis:
         # (group, member id) -> (protocol name, subscription metadata, group instance id)
         # of its last JoinGroup here.
         self._joined: dict[tuple[str, str], tuple[str, bytes, str]] = {}
+        # group -> the user_data of its latest generation's leader.
+        self._user_data: dict[str, _LeaderUserData] = {}
 
     def handlers(self) -> dict[int, Handler]:
         """API key -> handler; the versions are in services.common.kafka.surface."""
@@ -108,6 +143,9 @@ class GroupCoordinatorApis:
         if resp.error_code != ErrorCode.NONE:
             return {**fail, "error_code": resp.error_code, "member_id": resp.member_id or req.member_id}
         self._joined[(req.group_id, resp.member_id)] = (protocol.name, bytes(protocol.metadata), instance)
+        known = self._user_data.get(req.group_id)
+        if known is None or known.generation != resp.generation_id:
+            self._user_data[req.group_id] = _LeaderUserData(resp.generation_id, resp.leader)
         members = []
         if resp.leader == resp.member_id:
             current = set(resp.members)  # forget members that left or expired
@@ -127,10 +165,30 @@ class GroupCoordinatorApis:
             group_id=req.group_id, generation_id=req.generation_id, member_id=req.member_id,
             group_instance_id=field(req, "group_instance_id") or ""), None)
         name = self._joined.get((req.group_id, req.member_id), (field(req, "protocol_name"), b"", ""))[0]
+        user_data = await self._leader_user_data(req) if resp.error_code == 0 else None
         return {"throttle_time": 0, "error_code": resp.error_code, "protocol_type": CONSUMER,
                 "protocol_name": name,
-                "assignment": encode_assignment([(t.topic, list(t.partitions)) for t in resp.assignment])
+                "assignment": encode_assignment([(t.topic, list(t.partitions)) for t in resp.assignment], user_data)
                 if resp.error_code == 0 else b""}
+
+    async def _leader_user_data(self, req: Any) -> bytes | None:
+        """The user_data the generation's leader gave `req.member_id`: recorded from the
+        leader's own SyncGroup (its `assignments`); a follower's SyncGroup waits up to
+        USER_DATA_WAIT_S for the leader's when the leader joined through this process.
+        None when there is none."""
+        known = self._user_data.get(req.group_id)
+        if known is None or known.generation != req.generation_id:
+            return None
+        assignments = field(req, "assignments", None) or ()
+        if assignments:
+            known.by_member = {a.member_id: assignment_user_data(bytes(a.assignment)) for a in assignments}
+            known.sent.set()
+        elif req.member_id != known.leader and (req.group_id, known.leader) in self._joined:
+            try:
+                await asyncio.wait_for(known.sent.wait(), USER_DATA_WAIT_S)
+            except asyncio.TimeoutError:
+                return None
+        return known.by_member.get(req.member_id)
 
     async def heartbeat(self, req: Any, version: int, ctx: RequestContext) -> dict:
         resp = await self.servicer.Heartbeat(pb.HeartbeatRequest(
@@ -149,6 +207,8 @@ class GroupCoordinatorApis:
             resp = await self.servicer.LeaveGroup(pb.LeaveGroupRequest(
                 group_id=req.group_id, member_id=member_id, group_instance_id=instance), None)
             self._joined.pop((req.group_id, member_id), None)
+            if not any(k[0] == req.group_id for k in self._joined):
+                self._user_data.pop(req.group_id, None)
             first = first or resp.error_code
             out.append({"member_id": member_id, "group_instance_id": instance or None, "error_code": resp.error_code})
         if members is not None:  # v3+: member errors per member, the group's at the top

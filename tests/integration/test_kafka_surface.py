@@ -1,18 +1,13 @@
 """One Kafka API surface at every Kafka port (services.common.kafka.surface): every
 role's port advertises the same ApiVersions, answers another role's requests with
-the error that sends a Kafka client to the right node, and KafkaJS 2.2.4 — which
-takes the first broker's ApiVersions for every broker — runs an exactly-once
-consume-transform-produce copy against the cluster."""
+the error that sends a Kafka client to the right node. (KafkaJS 2.2.4, which takes
+the first broker's ApiVersions for every broker, runs its exactly-once copier in
+tests/compat/test_kafkajs.py.)"""
 from __future__ import annotations
 
 import io
-import os
-import pathlib
-import shutil
-import signal
 import socket
 import struct
-import subprocess
 import uuid
 
 import pytest
@@ -25,13 +20,9 @@ from kio.serial import entity_reader, entity_writer
 from clusters import chrooted_cluster
 from services.common.kafka import codec
 
-from .test_kafka_clients import read_sdk
-
 pytestmark = pytest.mark.integration
 
 ROLES = ("partition_leader", "txn_coordinator", "group_coordinator")
-KAFKAJS = "2.2.4"
-SCRIPT = pathlib.Path(__file__).with_name("kafkajs_eos.js")
 
 
 @pytest.fixture(scope="module")
@@ -142,83 +133,3 @@ def test_requests_for_another_role_get_the_error_that_redirects(kc, role):
     idempotent = call(address, 22, 2, {"transactional_id": None, "transaction_timeout": 60000})
     assert idempotent.error_code.value == 0 and idempotent.producer_id >= 0
     print(role, seen)
-
-
-# ---------------------------------------------------------------- KafkaJS 2.2.4
-
-
-@pytest.fixture(scope="module")
-def kafkajs(tmp_path_factory) -> pathlib.Path:
-    """A directory with node_modules/kafkajs at 2.2.4, installed with npm once and
-    kept next to pytest's temporary directories."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js and npm are needed for the KafkaJS test")
-    cache = tmp_path_factory.getbasetemp().parent / f"kafkajs-{KAFKAJS}"
-    if not (cache / "node_modules" / "kafkajs" / "package.json").exists():
-        staging = tmp_path_factory.mktemp("kafkajs-install")
-        result = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save",
-                                 f"kafkajs@{KAFKAJS}"], cwd=staging, capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            pytest.skip(f"npm could not install kafkajs@{KAFKAJS} (registry unreachable?): "
-                        f"{result.stderr.strip()[-300:]}")
-        try:
-            os.rename(staging, cache)
-        except OSError:  # installed meanwhile by another run
-            pass
-    version = subprocess.run(["node", "-p", "require('kafkajs/package.json').version"], cwd=cache,
-                             capture_output=True, text=True, check=True).stdout.strip()
-    assert version == KAFKAJS
-    return cache
-
-
-def node(kafkajs: pathlib.Path, *args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "NODE_PATH": str(kafkajs / "node_modules"), "KAFKAJS_NO_PARTITIONER_WARNING": "1"}
-    return subprocess.Popen(["node", str(SCRIPT), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
-
-
-def read_committed(kc, topic: str, partitions: int = 3) -> list[bytes]:
-    """The values of `topic` as the exactly SDK reads them with read_committed, once
-    every transaction on it is complete."""
-    return read_sdk(kc, topic, "read_committed", partitions, timeout_s=60)
-
-
-def run_to_end(proc: subprocess.Popen, timeout: float) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
-    return out
-
-
-@pytest.mark.parametrize("kill", [False, True], ids=["straight", "sigkill-restart"])
-def test_kafkajs_exactly_once_copy(kc, kafkajs, kill):
-    """KafkaJS's transactional consume-transform-produce copies 1000 unique ids from
-    a 3-partition topic to another; read_committed sees every id exactly once — also
-    when the copier is SIGKILLed mid-run and restarted with the same transactionalId."""
-    count = 1000
-    suffix = uuid.uuid4().hex[:8]
-    source, sink = f"kjs-in-{suffix}", f"kjs-out-{suffix}"
-    brokers = kc.kafka_bootstrap_servers
-    print(run_to_end(node(kafkajs, "setup", brokers, source, sink, str(count)), 180).strip())
-    copy_args = ("copy", brokers, source, sink, f"kjs-group-{suffix}", f"kjs-copier-{suffix}")
-    if kill:
-        first = node(kafkajs, *copy_args)
-        committed = 0
-        for line in first.stdout:
-            if line.startswith("committed "):
-                committed = int(line.split()[1])
-                if committed >= count // 3:
-                    break
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-        print(f"SIGKILLed the copier after {committed} committed")
-        assert 0 < committed < count
-    out = run_to_end(node(kafkajs, *copy_args), 300)
-    assert "copied everything" in out
-    values = read_committed(kc, sink)
-    ids = sorted(v.decode() for v in values)
-    expected = sorted(f"id-{i}" for i in range(count))
-    duplicates = len(ids) - len(set(ids))
-    missing = len(set(expected) - set(ids))
-    print(f"read_committed: {len(ids)} records, {len(set(ids))} distinct, duplicates {duplicates}, "
-          f"missing {missing}")
-    assert ids == expected

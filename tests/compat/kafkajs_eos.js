@@ -1,10 +1,13 @@
-// KafkaJS 2.2.4, unmodified, against the Kafka ports (tests/integration/test_kafka_surface.py).
+// KafkaJS 2.2.4, unmodified, against the Kafka ports (tests/compat/test_kafkajs.py).
 //   node kafkajs_eos.js setup BROKERS INPUT OUTPUT COUNT
 //     creates INPUT and OUTPUT with 3 partitions, sends ids 0..COUNT-1 to INPUT (plain producer)
 //   node kafkajs_eos.js copy BROKERS INPUT OUTPUT GROUP TRANSACTIONAL_ID
 //     the exactly-once consume-transform-produce loop of the KafkaJS docs: one
 //     transaction per batch (send, sendOffsets, commit); prints "committed N" after each
 //     commit and exits 0 once the group's committed offsets reach INPUT's end.
+//   node kafkajs_eos.js read BROKERS TOPIC COUNT
+//     reads TOPIC read_committed from the beginning in a fresh group until COUNT values
+//     arrived and three more fetches followed; prints each value on its own line.
 'use strict'
 const { Kafka, logLevel } = require('kafkajs')
 
@@ -83,8 +86,32 @@ async function copy (groupId, transactionalId) {
   console.log('copied everything')
 }
 
+async function read (count) {
+  const consumer = kafka.consumer({ groupId: `kafkajs-read-${Date.now()}`, readUncommitted: false,
+                                    maxWaitTimeInMs: 500 })
+  const values = []
+  let fetchesAfter = 0
+  let resolveDone
+  const allDone = new Promise(resolve => { resolveDone = resolve })
+  // Records still arriving after COUNT (duplicates) come in the fetches that follow.
+  consumer.on(consumer.events.FETCH, () => {
+    if (values.length >= count && ++fetchesAfter >= 3) resolveDone()
+  })
+  await consumer.connect()
+  await consumer.subscribe({ topic: input, fromBeginning: true })
+  await consumer.run({ autoCommit: false, eachMessage: async ({ message }) => {
+    values.push(message.value.toString())
+  } })
+  const timer = setTimeout(() => resolveDone(), 120000)
+  await allDone
+  clearTimeout(timer)
+  await consumer.disconnect()
+  console.log(values.join('\n'))
+}
+
 (async () => {
   if (mode === 'setup') await setup(Number(rest[0]))
   else if (mode === 'copy') await copy(rest[0], rest[1])
+  else if (mode === 'read') await read(Number(output))
   else throw new Error(`unknown mode ${mode}`)
 })().then(() => process.exit(0), e => { console.error(e); process.exit(1) })
