@@ -5,7 +5,8 @@ run by the interpreter of .compat/faust:
 
 One agent reads INPUT and sends each value to OUTPUT, another reads OUTPUT; faust commits
 the sends and the consumed offsets in one Kafka transaction per partition (its
-transactional producers).
+transactional producers). With stream_publish_on_commit, a send is published by the
+commit of its event's offset, in that commit's transaction.
 Prints "copied N" after every 50 values it has processed."""
 import sys
 
@@ -22,6 +23,10 @@ app = faust.App(
     topic_partitions=3,
     topic_replication_factor=1,
     consumer_auto_offset_reset="earliest",
+    # Sends from an event wait, attached to its offset, until that offset is committed:
+    # the commit publishes them into the transaction that also commits the offset, so
+    # an event in progress at a commit keeps its output for the next one.
+    stream_publish_on_commit=True,
     # a SIGKILLed worker leaves the group after 10 s (faust's default: 60 s)
     broker_session_timeout=10.0,
     broker_heartbeat_interval=3.0,
