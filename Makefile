@@ -33,8 +33,8 @@ compat: setup
 # the transactional copy under clock faults with 20,000 records (make test: 3,000);
 # the copier under ZooKeeper faults with 20,000 records, ZooKeeper down 30 s and every process's
 # session expired in turn (make test: 1,800 records, 10 s, two processes);
-# disk faults: a full disk and the page cache dropped under a leader of three, and the copier
-# system test through EIO on a leader's log directory (make test: EIO and the RF 1 crash).
+# the copier system test through EIO on a leader's log directory with 20,000 records (make
+# test: 6,000), beside the other disk-fault tests.
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \

@@ -14,7 +14,6 @@ docs/design.md, "Disk faults".
   is larger again a restart recovers and the node rejoins the ISR.
 - Page cache dropped (the filesystem's "crash") on the leader of three (RF 3,
   acks=all, min.insync.replicas 2): nothing acknowledged is lost.
-The full disk and the RF 3 page-cache tests run in `make soak` (EXACTLY_DISK_SOAK=1).
 
 - RF 1: a crash of the only node loses what was acknowledged since the last fsync by
   default; with flush.messages=1 (topic config) nothing acknowledged is lost.
@@ -45,9 +44,6 @@ from .test_replication import PROPS, SESSION_MS, Sender, _error_of, producer, re
 
 pytestmark = pytest.mark.integration
 
-# make test runs the EIO and the RF 1 crash tests; make soak (EXACTLY_DISK_SOAK=1) also
-# the full disk and the RF 3 page-cache drop, which take the same paths.
-soak = pytest.mark.skipif(not os.environ.get("EXACTLY_DISK_SOAK"), reason="make soak (EXACTLY_DISK_SOAK=1)")
 
 
 
@@ -208,7 +204,6 @@ def test_eio_on_a_leaders_log_dir_moves_its_leadership_to_an_in_sync_replica(rf3
         disk.close()
 
 
-@soak
 def test_full_disk_refuses_appends_and_loses_nothing_acknowledged(rf3):
     rf3.stop("pl-0")
     data = rf3.dir / "pl-0"
@@ -253,7 +248,6 @@ def test_full_disk_refuses_appends_and_loses_nothing_acknowledged(rf3):
         subprocess.run(["umount", "-l", str(data)], check=False)
 
 
-@soak
 def test_dropped_page_cache_on_the_leader_loses_nothing_committed(rf3):
     disk = under_faults(rf3, "pl-0")
     try:
