@@ -20,6 +20,7 @@ from exactly_wire.config import ConfigSchema, markdown_table
 from services.common.settings import GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema
 
 from . import kafka_api_docs
+from .generated_docs import regenerate
 
 TABLES: dict[str, type[ConfigSchema]] = {
     "producer": ProducerSchema,
@@ -50,18 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=pathlib.Path, default=pathlib.Path("README.md"))
     parser.add_argument("--check", action="store_true", help="exit 1 when the README's tables are out of date")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print(f"{args.readme}: configuration tables differ from the schemas; run "
-                  "python -m exactly_tools.config_docs", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        args.readme.write_text(new)
-    print(f"{args.readme}: {len(blocks(new))} configuration tables")
-    return 0
+    return regenerate(args.readme, render, args.check,
+                      "configuration tables differ from the schemas; run python -m exactly_tools.config_docs",
+                      lambda new: f"{len(blocks(new))} configuration tables")
 
 
 if __name__ == "__main__":

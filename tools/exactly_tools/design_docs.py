@@ -22,6 +22,8 @@ import pathlib
 import re
 import sys
 
+from .generated_docs import regenerate
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # The directories whose Python modules the map lists, in the order it lists them.
@@ -113,18 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--design", type=pathlib.Path, default=ROOT / "docs" / "design.md")
     parser.add_argument("--check", action="store_true", help="exit 1 when the document is out of date")
     args = parser.parse_args(argv)
-    text = args.design.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print(f"{args.design}: contents or module map differ from the tree; run "
-                  "python -m exactly_tools.design_docs", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        args.design.write_text(new)
-    print(f"{args.design}: {len(modules())} modules mapped")
-    return 0
+    return regenerate(args.design, render, args.check,
+                      "contents or module map differ from the tree; run python -m exactly_tools.design_docs",
+                      lambda new: f"{len(modules())} modules mapped")
 
 
 if __name__ == "__main__":
