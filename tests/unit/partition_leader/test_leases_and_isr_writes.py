@@ -149,8 +149,16 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
         entry = ProduceEntry("r", 0, make_batch(2))
         one = await m.append_records(1, [entry], timeout_ms=200)
         assert one[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 0
+        appended = asyncio.Event()
+        append = p.append
+
+        def append_and_tell(*args):
+            result = append(*args)
+            appended.set()
+            return result
+        p.append = append_and_tell
         task = asyncio.create_task(m.append_records(-1, [entry], timeout_ms=5000))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(appended.wait(), 5)
         assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
         m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2)
         res = (await task)[0]
