@@ -313,6 +313,18 @@ class CopierProcess:
         return {k: sum(int(r.get(k, 0)) for r in runs) for k in ("committed_txns", "aborted_txns", "failed_txns")}
 
 
+def make_copiers(tmp_path: pathlib.Path, bootstrap: str, source: str, sink: str, ends: dict[int, int],
+                        group: str, transaction_size: int, max_rate: float) -> tuple[pathlib.Path, list[CopierProcess]]:
+    """(gate file, copiers): one copier per input partition of `ends` (partition ->
+    end offset), copying `source` to `sink` in consumer group `group`, with their
+    status files and the gate under tmp_path/copiers (not started yet)."""
+    run_dir = tmp_path / "copiers"
+    run_dir.mkdir()
+    gate = run_dir / "gate.json"
+    return gate, [CopierProcess(f"copier-{p}", bootstrap, source, p, sink, end, group, run_dir, gate_file=gate,
+                                transaction_size=transaction_size, max_rate=max_rate) for p, end in sorted(ends.items())]
+
+
 def finish_copiers(copiers: list[CopierProcess], gate_file: pathlib.Path, timeout_s: float) -> None:
     """Open the gate fully and wait until every copier is done and exited with 0
     (raises SystemTestError for a copier that died, AssertionError on a time-out)."""

@@ -44,7 +44,7 @@ from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
 from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
-                      read_values, wait_gate)
+                      read_values, make_copiers, wait_gate)
 from .harness import check_copiers as harness_check_copiers
 from .test_transactions_system import CLUSTER_PROPS as COPY_PROPS
 from .test_transactions_system import MIN_INSYNC, REPLICATION_FACTOR
@@ -180,12 +180,8 @@ def test_copy_is_exactly_once_through_clock_faults(zk, tmp_path, clock_faults): 
         log(f"cluster up (pl-0, group-0, txn-1, txn-0 stepped by file; {', '.join(SLEWED)} at x{SLEW_RATE}), "
             f"{RECORDS:,} input records in {time.monotonic() - started:.1f} s")
 
-        run_dir = tmp_path / "copiers"
-        run_dir.mkdir()
-        gate = run_dir / "gate.json"
-        copiers = [CopierProcess(f"copier-{p}", bootstrap, INPUT, p, OUTPUT, ends[p], "clock-copiers", run_dir,
-                                 gate_file=gate, transaction_size=TRANSACTION_SIZE, max_rate=MAX_RATE)
-                   for p in range(INPUT_PARTITIONS)]
+        gate, copiers = make_copiers(tmp_path, bootstrap, INPUT, OUTPUT, ends, "clock-copiers", TRANSACTION_SIZE,
+                                            MAX_RATE)
 
         def check_copiers() -> None:
             harness_check_copiers(copiers)

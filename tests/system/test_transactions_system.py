@@ -42,8 +42,8 @@ from faults.diskfs import under_faults
 from netfault import network_faults  # noqa: F401 - fixture of the partition variant
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
-                      partition_and_heal, read_values, wait_gate, wait_in_sync, wait_unregistered)
+from .harness import (Comparison, copier_phases, create_topics, end_offsets, finish_copiers, load_input,
+                      make_copiers, partition_and_heal, read_values, wait_gate, wait_in_sync, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -125,11 +125,8 @@ def test_copy_is_exactly_once_through_failures(make_cluster, tmp_path, request, 
     assert sum(ends.values()) == records
     log(f"cluster up and {records:,} input records loaded in {time.monotonic() - started:.1f} s")
 
-    run_dir = tmp_path / "copiers"
-    run_dir.mkdir()
-    gate = run_dir / "gate.json"
-    copiers = [CopierProcess(f"copier-{p}", bootstrap, INPUT, p, OUTPUT, ends[p], "system-copiers", run_dir,
-                             gate_file=gate, transaction_size=TRANSACTION_SIZE, max_rate=MAX_RATE) for p in range(INPUT_PARTITIONS)]
+    gate, copiers = make_copiers(tmp_path, bootstrap, INPUT, OUTPUT, ends, "system-copiers", TRANSACTION_SIZE,
+                                        MAX_RATE)
     faults = [("pl-0", "service"), ("pl-1", "service"), ("pl-2", "service"),
               ("txn-0", "service"), ("txn-1", "service"), ("group-0", "service"), ("group-1", "service"),
               ("copier-0", "copier"), ("copier-1", "copier")]

@@ -38,8 +38,8 @@ from netfault import network_faults  # noqa: F401 - fixture: sessions_lost cuts 
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
 
-from .harness import (Comparison, CopierProcess, create_topics, end_offsets, finish_copiers, gate_offset, load_input,
-                      read_values, set_gate, wait_in_sync, wait_registered, wait_unregistered)
+from .harness import (Comparison, create_topics, end_offsets, finish_copiers, gate_offset, load_input,
+                      read_values, make_copiers, set_gate, wait_in_sync, wait_registered, wait_unregistered)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -125,12 +125,8 @@ def test_copy_is_exactly_once_through_zookeeper_faults(own_zookeeper_cluster, tm
     ends = end_offsets(bootstrap, INPUT, INPUT_PARTITIONS)
     log(f"cluster up and {RECORDS:,} input records loaded in {time.monotonic() - started:.1f} s")
 
-    run_dir = tmp_path / "copiers"
-    run_dir.mkdir()
-    gate = run_dir / "gate.json"
-    copiers = [CopierProcess(f"copier-{p}", bootstrap, INPUT, p, OUTPUT, ends[p], "zk-fault-copiers", run_dir,
-                             gate_file=gate, transaction_size=TRANSACTION_SIZE, max_rate=MAX_RATE)
-               for p in range(INPUT_PARTITIONS)]
+    gate, copiers = make_copiers(tmp_path, bootstrap, INPUT, OUTPUT, ends, "zk-fault-copiers", TRANSACTION_SIZE,
+                                        MAX_RATE)
 
     def check_copiers() -> None:
         for c in copiers:

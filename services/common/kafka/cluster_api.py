@@ -27,7 +27,7 @@ from ..auth import current_principal
 from ..cluster import ClusterState, PartitionState, broker_id
 from .acl_api import AclApis
 from .codec import field
-from .config_api import ConfigApis
+from .config_api import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, ConfigApis
 from .listener import Handler, RequestContext
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ LIST_GROUPS_TIMEOUT_S = 10  # the deadline of each group coordinator's ListGroup
 DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS, DESCRIBE_CLUSTER = 48, 49, 60
 
 
-# Kafka's DescribeConfigsResponse.ConfigSource ids, used by CreateTopics v5+ too.
-_CONFIG_SOURCE = {topic_admin.SOURCE_TOPIC: 1, topic_admin.SOURCE_DEFAULT: 5}
+# CreateTopics v5+ gives each config's source as DescribeConfigs does.
+_CONFIG_SOURCE = {topic_admin.SOURCE_TOPIC: DYNAMIC_TOPIC_CONFIG, topic_admin.SOURCE_DEFAULT: DEFAULT_CONFIG}
 
 
 def _creatable_configs(configs: dict[str, str]) -> list[dict]:
