@@ -16,6 +16,7 @@ import pytest
 from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
 from exactly_wire import records
+from exactly_wire.error_codes import RETRIABLE
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
@@ -23,7 +24,6 @@ from clusters import admin_client, certificate_conf, chrooted_cluster
 from services.common.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
-COORDINATOR_LOAD_IN_PROGRESS = errors.ErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # retriable
 
 pytestmark = pytest.mark.integration
 
@@ -619,11 +619,12 @@ def test_authorization_matrix(sec):
         if expected == LISTED:
             assert _listed(rpc, response, c), f"{rpc}: {allowed} does not see the resource"
         if rpc.endswith("InitProducerId"):
-            if response.error_code == COORDINATOR_LOAD_IN_PROGRESS:
-                # The transaction log partition is still loading (on a busy machine): a
-                # client retries; authorization already passed above.
-                response = wait_for(lambda: (r := call(allowed)).error_code != COORDINATOR_LOAD_IN_PROGRESS and r,
-                                    30, "the transaction coordinator's partition loaded")
+            if response.error_code in RETRIABLE:
+                # The transaction log partition still loading, or the binding record's
+                # write timing out (on a busy machine): a client retries; authorization
+                # already passed above.
+                response = wait_for(lambda: (r := call(allowed)).error_code not in RETRIABLE and r,
+                                    30, "InitProducerId answered without a retriable error")
             assert response.error_code == 0, response
             c["pid"], c["epoch"] = response.producer_id, response.producer_epoch
         tally[rpc] = "ok"

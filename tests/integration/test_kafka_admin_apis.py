@@ -188,12 +188,15 @@ def test_offset_delete(sec, topic):
         member.close()
 
 
-def test_describe_log_dirs_elect_leaders_and_describe_cluster(sec, topic):
+def test_describe_log_dirs_elect_leaders_and_describe_cluster(sec):
     """kafka-python's describe_log_dirs: each partition leader reports its data
     directory with the replicas it stores and their sizes (the one written to is not
     empty); elect_leaders (kafka-python and confluent-kafka): ELECTION_NOT_NEEDED for a
     partition its preferred replica leads; describe_cluster lists every service."""
     from confluent_kafka import ElectionType
+    topic = f"ld-{uuid.uuid4().hex[:6]}"  # its own: the module's topic takes records on any partition
+    with admin_client(sec) as a:
+        a.create_topics([NewTopic(topic, 3, 1)])
     p = KProducer({**kconf(sec, "admin"), "enable.idempotence": False})
     for i in range(20):
         p.produce(topic, b"x" * 100, partition=0)
