@@ -14,8 +14,11 @@ demo: setup
 spark-demo: setup
 	$(PY) -m demo.spark_purchases --dir $(RUN_DIR)/spark-demo
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), each file's tests in one of them, so a
+# file's module-scoped cluster starts once; each worker has its own ZooKeeper server.
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -33,7 +33,9 @@ import json
 import os
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -314,9 +316,10 @@ class DiskFaults:
         self.backing, self.mount = Path(backing), Path(mount)
         self.backing.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(parents=True, exist_ok=True)
-        self.sock_path = str(self.backing.parent / f".{self.backing.name}.diskfs.sock")
-        if os.path.exists(self.sock_path):
-            os.unlink(self.sock_path)
+        # A short directory of its own: a Unix socket's path is limited to 107 bytes,
+        # which a deep test directory exceeds.
+        self._sock_dir = tempfile.mkdtemp(prefix="diskfs-")
+        self.sock_path = os.path.join(self._sock_dir, "control.sock")
         root = Path(__file__).resolve().parents[2]
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.faults.diskfs", str(self.backing),
                                       str(self.mount), self.sock_path], cwd=root,
@@ -371,6 +374,7 @@ class DiskFaults:
             subprocess.run(["fusermount3", "-u", "-z", str(self.mount)], check=False, capture_output=True)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        shutil.rmtree(self._sock_dir, ignore_errors=True)
 
     def __enter__(self) -> "DiskFaults":
         return self
