@@ -19,43 +19,25 @@ same way); KIP-447 (generation fencing of TxnOffsetCommit, require_stable).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Protocol
+from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple
 
-from exactly_wire import records
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code_name
+from services.common.owned import NotOwner, OwnedPartition, PartitionOwner
 from services.common.verification import Verifier
 
 from . import log_format, metrics
 from .group import (Assignment, CompletedRebalance, concurrent_commits, GroupConfig, GroupMetadata, GroupState,
                     JoinResponse, default_member_id, validate_offset_commit)
 from .offsets import FetchedOffset, OffsetAndMetadata
+from .offsets_log import GROUP_APPEND_ERRORS, LogClient, OFFSETS_TOPIC, OffsetsLog
 from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
-
-OFFSETS_TOPIC = "__consumer_offsets"
-READ_UNCOMMITTED = 0
-
-
-class LogClient(Protocol):
-    """What the coordinator needs from services.common.rpc.ClusterClient."""
-
-    async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000, transactional_id: str = "",
-                      consumer_group_id: str = "") -> tuple[int, int]: ...
-
-    async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
-                    isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
-
 
 class GroupListing(NamedTuple):
     """One group of ListGroups."""
@@ -135,90 +117,34 @@ class GroupCoordinatorConfig:
             tick_ms=get_int("group.coordinator.tick.ms", d.tick_ms))
 
 
-# Kafka GroupMetadataManager.storeOffsets: append errors as the committer sees them.
-_OFFSET_APPEND_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.LEADER_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NETWORK_EXCEPTION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-}
-
-# Kafka GroupMetadataManager.storeGroup: append errors as joining members see them.
-_GROUP_APPEND_ERRORS = {
-    **_OFFSET_APPEND_ERRORS,
-    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
-}
-
-
-def _as_code(code: int) -> ErrorCode:
-    try:
-        return ErrorCode(code)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
 class _OwnedPartition(OwnedPartition):
-    """Runtime state of one owned __consumer_offsets partition: its materialised
-    state, the waiters of the tailer and of rebalances, the writes in flight."""
+    """Runtime state of one owned __consumer_offsets partition: its log (OffsetsLog,
+    which holds the materialised state) and the waiters of rebalances."""
 
-    def __init__(self, partition: int, coordinator_epoch: int, state: OffsetsPartitionState,
-                 producer_id: int = -1, producer_epoch: int = -1, retired_producer_id: int = -1):
+    log: OffsetsLog
+
+    def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1, producer_epoch: int = -1,
+                 retired_producer_id: int = -1):
         super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
-        self.state = state
-        self.kick = asyncio.Event()
-        self._seq = itertools.count()
-        self._applied_waiters: list[tuple[int, int, asyncio.Future]] = []
         # group id -> member id -> future of a JoinGroup waiting for the rebalance
         self.join_waiters: dict[str, dict[str, asyncio.Future]] = {}
         # group id -> set once the group metadata record of the latest rebalance is stored
         self.stored: dict[str, asyncio.Event] = {}
-        self.store_locks: dict[str, asyncio.Lock] = {}
-        # (group, partition) -> offset commit writes in flight (require_stable sees them)
-        self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
-        # group id -> partition -> (transactional.id, generation) of the last
-        # transactional offset commit (KIP-447 draft compatibility fencing; in memory:
-        # after a failover the generation and assignment checks still hold).
-        self.committers: dict[str, dict[TopicPartition, tuple[str, int]]] = {}
 
     @property
-    def writer(self) -> tuple[int, int]:
-        """(producer id, producer epoch) of our plain batches (log_format.NO_WRITER: none)."""
-        return (self.producer_id, self.producer_epoch) if self.producer_id >= 0 else log_format.NO_WRITER
+    def state(self) -> OffsetsPartitionState:
+        """The partition's materialised groups and offsets."""
+        return self.log.state
 
     def wait_applied(self, last_offset: int) -> asyncio.Future:
         """Future resolved True once the tailer applied `last_offset`, False if the
-        partition is resigned first."""
-        fut = asyncio.get_running_loop().create_future()
-        if self.closed:
-            fut.set_result(False)
-        elif self.state.next_offset > last_offset:
-            fut.set_result(True)
-        else:
-            heapq.heappush(self._applied_waiters, (last_offset, next(self._seq), fut))
-        return fut
-
-    def notify_applied(self) -> None:
-        while self._applied_waiters and self._applied_waiters[0][0] < self.state.next_offset:
-            _, _, fut = heapq.heappop(self._applied_waiters)
-            if not fut.done():
-                fut.set_result(True)
+        partition is resigned first (OffsetsLog.wait_applied)."""
+        return self.log.wait_applied(last_offset)
 
     def close(self) -> None:
         """Stop the partition: pending `wait_applied` futures resolve False."""
         super().close()
-        for _, _, fut in self._applied_waiters:
-            if not fut.done():
-                fut.set_result(False)
-        self._applied_waiters.clear()
+        self.log.close()
 
 
 class GroupCoordinator(PartitionOwner[_OwnedPartition]):
@@ -272,9 +198,16 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
                        retired_producer_id: int) -> _OwnedPartition:
-        return _OwnedPartition(partition, coordinator_epoch,
-                               OffsetsPartitionState(partition, self.config.group, self.new_member_id),
-                               producer_id, producer_epoch, retired_producer_id)
+        owned = _OwnedPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
+        cfg = self.config
+        state = OffsetsPartitionState(partition, cfg.group, self.new_member_id)
+        owned.log = OffsetsLog(self.client, state, producer_id=producer_id, producer_epoch=producer_epoch,
+                               owns=lambda: self._owns(owned), fenced=lambda code: self._is_fenced(owned, code),
+                               commit_timeout_ms=cfg.commit_timeout_ms, load_buffer_size=cfg.load_buffer_size,
+                               tail_max_wait_ms=cfg.tail_max_wait_ms,
+                               offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
+                               clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
+        return owned
 
     def _dropped(self, owned: _OwnedPartition) -> None:
         """The partition is no longer ours: its groups are dead, waiting JoinGroups
@@ -301,99 +234,16 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             await self._fence_previous_owner(owned)
         except NotOwner:
             return
-        while True:
-            resp = await self._fetch(owned, max_wait_ms=0)
-            if not self._handle_fetch(owned, resp, loading=True):
-                await self._sleep(0.1)
-                continue
-            if owned.state.next_offset >= resp.high_watermark:
-                break
-            if not resp.records:
-                await self._sleep(0.01)
+        await owned.log.replay()
         owned.finish_loading()
         log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
                  OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
                  owned.state.next_offset, time.monotonic() - started)
         self._wake.set()
-        while True:
-            owned.kick.clear()
-            fetch = asyncio.ensure_future(self._fetch(owned, self.config.tail_max_wait_ms))
-            kicked = asyncio.ensure_future(owned.kick.wait())
-            try:
-                done, _ = await asyncio.wait({fetch, kicked}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                fetch.cancel()
-                raise
-            finally:
-                kicked.cancel()
-            if fetch not in done:
-                # A write of ours was appended: fetch again now rather than wait
-                # for the long poll to notice.
-                fetch.cancel()
-                await asyncio.gather(fetch, return_exceptions=True)
-                continue
-            if not self._handle_fetch(owned, fetch.result(), loading=False):
-                await self._sleep(0.1)
+        await owned.log.tail()
 
     async def _append_fence(self, owned: _OwnedPartition, batch: bytes) -> int:
-        code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                            timeout_ms=self.config.commit_timeout_ms)
-        return code
-
-    async def _fetch(self, owned: _OwnedPartition, max_wait_ms: int) -> Any | None:
-        try:
-            return await self.client.fetch(OFFSETS_TOPIC, owned.partition, owned.state.next_offset,
-                                           max_wait_ms=max_wait_ms, isolation_level=READ_UNCOMMITTED,
-                                           max_bytes=self.config.load_buffer_size)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - keep tailing; the leader may be restarting
-            log.exception("%s-%d: fetch failed", OFFSETS_TOPIC, owned.partition)
-            return None
-
-    def _handle_fetch(self, owned: _OwnedPartition, resp: Any | None, loading: bool) -> bool:
-        """Apply a fetch response; False when it carried an error (retry later)."""
-        if resp is None:
-            return False
-        code = resp.error_code
-        if code == ErrorCode.OFFSET_OUT_OF_RANGE and resp.log_start_offset > owned.state.next_offset:
-            log.warning("%s-%d: offset %d below the log start %d; continuing from there",
-                        OFFSETS_TOPIC, owned.partition, owned.state.next_offset, resp.log_start_offset)
-            owned.state.next_offset = resp.log_start_offset
-            return True
-        if code != ErrorCode.NONE:
-            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, owned.partition, code_name(code))
-            return False
-        if resp.records:
-            owned.state.apply_all(resp.records, self._clock(), loading)
-            owned.notify_applied()
-        return True
-
-    async def _append(self, owned: _OwnedPartition, batch: bytes, transactional_id: str = "",
-                      consumer_group_id: str = "") -> ErrorCode:
-        """Append `batch` to the owned partition and wait until the tailer applied
-        it (a transactional batch names its producer's transactional.id, and group
-        for a group-aware producer, for the leader's verification). Returns the
-        partition leader's error code, NOT_COORDINATOR if the partition was resigned
-        meanwhile, REQUEST_TIMED_OUT after commit_timeout_ms."""
-        if not self._owns(owned):
-            return ErrorCode.NOT_COORDINATOR
-        code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                                      timeout_ms=self.config.commit_timeout_ms,
-                                                      transactional_id=transactional_id,
-                                                      consumer_group_id=consumer_group_id)
-        if code != ErrorCode.NONE:
-            if records.parse_header(batch).producer_id == owned.producer_id and self._is_fenced(owned, code):
-                return ErrorCode.NOT_COORDINATOR
-            return _as_code(code)
-        last_offset = base_offset + records.parse_header(batch).last_offset_delta
-        owned.kick.set()
-        try:
-            applied = await asyncio.wait_for(owned.wait_applied(last_offset),
-                                             self.config.commit_timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            return ErrorCode.NOT_COORDINATOR if owned.closed else ErrorCode.REQUEST_TIMED_OUT
-        return ErrorCode.NONE if applied else ErrorCode.NOT_COORDINATOR
+        return await owned.log.append_fence(batch)
 
     def _owner_of(self, group_id: str) -> tuple[ErrorCode, _OwnedPartition | None]:
         if not group_id:
@@ -467,12 +317,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                 stored: asyncio.Event) -> None:
         """Append the new generation's group metadata record, then answer the
         JoinGroups that waited for it (generation-ordered per group)."""
-        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
         try:
-            async with lock:
-                raw = await self._append(owned, log_format.group_batch(completed.snapshot,
-                                                                       self._wall_clock(), owned.writer))
-            code = _GROUP_APPEND_ERRORS.get(raw, raw)
+            async with owned.log.store_lock(group.group_id):
+                raw = await owned.log.append(log_format.group_batch(completed.snapshot, self._wall_clock(),
+                                                                    owned.log.writer))
+            code = GROUP_APPEND_ERRORS.get(raw, raw)
             if code != ErrorCode.NONE:
                 log.warning("group %s: storing generation %d failed: %s", group.group_id,
                             completed.generation, code.name)
@@ -537,11 +386,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         (same generation, so a coordinator failover keeps the replacement), then
         answer the current generation. A failed append undoes the replacement and
         returns the append error (Kafka's GroupCoordinator does the same)."""
-        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
-        async with lock:
-            raw = await self._append(owned, log_format.group_batch(group.snapshot(), self._wall_clock(),
-                                                                   owned.writer))
-        code = _GROUP_APPEND_ERRORS.get(raw, raw)
+        async with owned.log.store_lock(group.group_id):
+            raw = await owned.log.append(log_format.group_batch(group.snapshot(), self._wall_clock(),
+                                                                owned.log.writer))
+        code = GROUP_APPEND_ERRORS.get(raw, raw)
         if code != ErrorCode.NONE:
             log.warning("group %s: storing static member %s failed: %s", group.group_id, group_instance_id,
                         code.name)
@@ -622,7 +470,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 group.members[member_id].last_heartbeat_ms = self._clock()
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
-        return await self._write_offsets(owned, group_id, offsets)
+        return await owned.log.write_offsets(group_id, offsets)
 
     async def txn_commit_offsets(self, transactional_id: str, group_id: str, producer_id: int,
                                  producer_epoch: int, generation_id: int, member_id: str,
@@ -661,7 +509,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                                   group_id if group_aware_producer else "")
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
-        committers = owned.committers.setdefault(group_id, {})
+        committers = owned.log.committers.setdefault(group_id, {})
         refused = concurrent_commits(owned.state.groups.get(group_id), member_id, generation_id, transactional_id,
                                      offsets, committers)
         results = {tp: ErrorCode.CONCURRENT_PRODUCER_COMMIT for tp in refused}
@@ -670,43 +518,12 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             log.info("TxnOffsetCommit of %r for group %r (generation %d): %s owned by another producer; "
                      "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
         if allowed:
-            written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch,
-                                                transactional_id, group_id if group_aware_producer else "")
+            written = await owned.log.write_offsets(group_id, allowed, producer_id, producer_epoch,
+                                                    transactional_id, group_id if group_aware_producer else "")
             for tp, c in written.items():
                 if c == ErrorCode.NONE:
                     committers[tp] = (transactional_id, generation_id)
             results.update(written)
-        return results
-
-    async def _write_offsets(self, owned: _OwnedPartition, group_id: str,
-                             offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                             producer_id: int = records.NO_PRODUCER_ID,
-                             producer_epoch: int = records.NO_PRODUCER_EPOCH, transactional_id: str = "",
-                             consumer_group_id: str = "") -> dict[TopicPartition, ErrorCode]:
-        results: dict[TopicPartition, ErrorCode] = {}
-        valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        now = self._wall_clock()
-        for tp, value in offsets.items():
-            tp = TopicPartition(*tp)
-            if len(value.metadata.encode()) > self.config.offset_metadata_max_bytes:
-                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            else:
-                valid[tp] = OffsetAndMetadata(value.offset, value.metadata, value.leader_epoch, now)
-        if not valid:
-            return results
-        batch = log_format.offsets_batch(group_id, valid, now, producer_id, producer_epoch, owned.writer)
-        keys = [(group_id, tp) for tp in valid]
-        owned.inflight.update(keys)
-        try:
-            raw = await self._append(owned, batch, transactional_id, consumer_group_id)
-        finally:
-            owned.inflight.subtract(keys)
-            for k in keys:
-                if owned.inflight[k] <= 0:
-                    del owned.inflight[k]
-        code = _OFFSET_APPEND_ERRORS.get(raw, raw)
-        for tp in valid:
-            results[tp] = code
         return results
 
     async def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
@@ -726,7 +543,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         top = ErrorCode.NONE
         if require_stable:
             for tp in result:
-                if owned.inflight.get((group_id, tp), 0) > 0:
+                if owned.log.in_flight(group_id, tp):
                     result[tp] = FetchedOffset(-1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
             if any(f.error == ErrorCode.UNSTABLE_OFFSET_COMMIT for f in result.values()):
                 top = ErrorCode.UNSTABLE_OFFSET_COMMIT
@@ -801,8 +618,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
             except asyncio.TimeoutError:
                 return ErrorCode.REBALANCE_IN_PROGRESS
-        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
-        async with lock:
+        async with owned.log.store_lock(group_id):
             group = owned.state.groups.get(group_id)
             if group is not None and group.state is GroupState.DEAD:
                 group = None
@@ -811,9 +627,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 return ErrorCode.GROUP_ID_NOT_FOUND
             if group is not None and not group.is_(GroupState.EMPTY):
                 return ErrorCode.NON_EMPTY_GROUP
-            raw = await self._append(owned, log_format.tombstones_batch(group_id, partitions, self._wall_clock(),
-                                                                        owned.writer))
-            code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+            code = await owned.log.append_tombstones(group_id, partitions)
             if code != ErrorCode.NONE:
                 return code
             current = owned.state.groups.get(group_id)
@@ -835,8 +649,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code, {}
-        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
-        async with lock:
+        async with owned.log.store_lock(group_id):
             group = owned.state.groups.get(group_id)
             if group is not None and group.state is GroupState.DEAD:
                 group = None
@@ -852,9 +665,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 if tp.topic not in subscribed and tp in committed:
                     doomed.append(tp)
             if doomed:
-                raw = await self._append(owned, log_format.tombstones_batch(group_id, doomed, self._wall_clock(),
-                                                                            owned.writer, group_too=False))
-                code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+                code = await owned.log.append_tombstones(group_id, doomed, group_too=False)
                 for tp in doomed:
                     results[tp] = code
             log.info("group %s: %d committed offsets deleted", group_id, len(doomed))
