@@ -12,6 +12,13 @@ runs ahead of the log. On election the partition is replayed from offset 0 to
 the high watermark before it serves (COORDINATOR_LOAD_IN_PROGRESS meanwhile);
 groups of partitions this process does not own get NOT_COORDINATOR.
 
+Each owned partition has two parts: its log (offsets_log.OffsetsLog: append,
+replay and tail, waits until an offset is applied, offset writes) and its
+membership (membership.GroupMembership: join / sync / heartbeat / leave and the
+rebalance timing). This class keeps the wiring: loading and ownership
+(services.common.owned.PartitionOwner), routing each request to the partition of
+its group, the offset requests and the group administration.
+
 Seeds: KIP-98 design document, "Consumer Coordinator" (TxnOffsetCommit appends
 pending offsets that the COMMIT marker makes visible; startup replays them the
 same way); KIP-447 (generation fencing of TxnOffsetCommit, require_stable).
@@ -30,14 +37,16 @@ from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner
 from services.common.verification import Verifier
 
-from . import log_format, metrics
-from .group import (Assignment, CompletedRebalance, concurrent_commits, GroupConfig, GroupMetadata, GroupState,
-                    JoinResponse, default_member_id, validate_offset_commit)
+from . import metrics
+from .group import (Assignment, concurrent_commits, GroupConfig, GroupMetadata, GroupState, JoinResponse,
+                    default_member_id, validate_offset_commit)
+from .membership import GroupMembership
 from .offsets import FetchedOffset, OffsetAndMetadata
-from .offsets_log import GROUP_APPEND_ERRORS, LogClient, OFFSETS_TOPIC, OffsetsLog
+from .offsets_log import LogClient, OFFSETS_TOPIC, OffsetsLog
 from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
+
 
 class GroupListing(NamedTuple):
     """One group of ListGroups."""
@@ -118,18 +127,11 @@ class GroupCoordinatorConfig:
 
 
 class _OwnedPartition(OwnedPartition):
-    """Runtime state of one owned __consumer_offsets partition: its log (OffsetsLog,
-    which holds the materialised state) and the waiters of rebalances."""
+    """One owned __consumer_offsets partition: its log (OffsetsLog, which holds the
+    materialised state) and its membership (GroupMembership)."""
 
     log: OffsetsLog
-
-    def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1, producer_epoch: int = -1,
-                 retired_producer_id: int = -1):
-        super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
-        # group id -> member id -> future of a JoinGroup waiting for the rebalance
-        self.join_waiters: dict[str, dict[str, asyncio.Future]] = {}
-        # group id -> set once the group metadata record of the latest rebalance is stored
-        self.stored: dict[str, asyncio.Event] = {}
+    members: GroupMembership
 
     @property
     def state(self) -> OffsetsPartitionState:
@@ -207,21 +209,18 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                tail_max_wait_ms=cfg.tail_max_wait_ms,
                                offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
                                clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
+        owned.members = GroupMembership(state.groups, owned.log, config=cfg.group,
+                                        commit_timeout_ms=cfg.commit_timeout_ms,
+                                        partition_counts=self.partition_counts, clock=self._clock,
+                                        wall_clock=self._wall_clock, new_member_id=self.new_member_id,
+                                        spawn=lambda coro, name: self._spawn(None, coro, name),
+                                        wake=self._wake.set)
         return owned
 
     def _dropped(self, owned: _OwnedPartition) -> None:
         """The partition is no longer ours: its groups are dead, waiting JoinGroups
         get NOT_COORDINATOR."""
-        now = self._clock()
-        for group in owned.state.groups.values():
-            group.mark_dead(now)
-        for waiters in owned.join_waiters.values():
-            for member_id, fut in waiters.items():
-                if not fut.done():
-                    fut.set_result(JoinResponse(ErrorCode.NOT_COORDINATOR, member_id))
-        owned.join_waiters.clear()
-        for ev in owned.stored.values():
-            ev.set()
+        owned.members.close(self._clock())
 
     # ------------------------------------------------------------ the log
 
@@ -274,65 +273,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def tick(self) -> None:
         """Expire sessions, notice partition count changes of subscribed topics
-        and complete rebalances whose members rejoined or whose time is up."""
-        now = self._clock()
+        and complete rebalances whose members rejoined or whose time is up
+        (GroupMembership.tick of every serving partition)."""
         counts = self.partition_counts()
         for owned in list(self._parts.values()):
             if owned.loading or owned.closed:
                 continue
-            for group in list(owned.state.groups.values()):
-                for member_id in group.expire_members(now):
-                    log.info("group %s: member %s session expired", group.group_id, member_id)
-                    self._answer_removed(owned, group.group_id, member_id)
-                if group.is_(GroupState.STABLE) and group.partition_counts_changed(counts):
-                    log.info("group %s: subscribed topics changed partitions; rebalancing", group.group_id)
-                    group.prepare_rebalance(now)
-                self._try_complete(owned, group, counts)
-
-    def _answer_removed(self, owned: _OwnedPartition, group_id: str, member_id: str) -> None:
-        fut = owned.join_waiters.get(group_id, {}).pop(member_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
-
-    def _try_complete(self, owned: _OwnedPartition, group: GroupMetadata,
-                      counts: Mapping[str, int] | None = None) -> None:
-        if not group.is_(GroupState.PREPARING_REBALANCE):
-            return
-        completed = group.poll_rebalance(self._clock(),
-                                         counts if counts is not None else self.partition_counts())
-        if completed is None:
-            return
-        metrics.REBALANCES.inc()
-        log.info("group %s: generation %d with %d members%s", group.group_id, completed.generation,
-                 len(completed.snapshot.members),
-                 f" (removed {', '.join(completed.removed)})" if completed.removed else "")
-        waiters = owned.join_waiters.pop(group.group_id, {})
-        stored = asyncio.Event()
-        owned.stored[group.group_id] = stored
-        self._spawn(None, self._store_generation(owned, group, completed, waiters, stored),
-                    f"store-{group.group_id}-{completed.generation}")
-
-    async def _store_generation(self, owned: _OwnedPartition, group: GroupMetadata,
-                                completed: CompletedRebalance, waiters: dict[str, asyncio.Future],
-                                stored: asyncio.Event) -> None:
-        """Append the new generation's group metadata record, then answer the
-        JoinGroups that waited for it (generation-ordered per group)."""
-        try:
-            async with owned.log.store_lock(group.group_id):
-                raw = await owned.log.append(log_format.group_batch(completed.snapshot, self._wall_clock(),
-                                                                    owned.log.writer))
-            code = GROUP_APPEND_ERRORS.get(raw, raw)
-            if code != ErrorCode.NONE:
-                log.warning("group %s: storing generation %d failed: %s", group.group_id,
-                            completed.generation, code.name)
-            group.store_completed(completed.generation, code, self._clock())
-            for member_id, fut in waiters.items():
-                if not fut.done():
-                    fut.set_result(completed.join_response(member_id) if code == ErrorCode.NONE
-                                   else JoinResponse(code, member_id))
-        finally:
-            stored.set()
-            self._wake.set()
+            owned.members.tick(counts)
 
     # ------------------------------------------------------------ membership RPCs
 
@@ -348,59 +295,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return JoinResponse(code, member_id)
-        now = self._clock()
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            if member_id:
-                return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
-            group = GroupMetadata(group_id, now, self.config.group, self.new_member_id)
-            owned.state.groups[group_id] = group
-        outcome = group.join(member_id, topics, session_timeout_ms, rebalance_timeout_ms, now,
-                             protocol_type, group_instance_id)
-        if outcome.response is not None:
-            return outcome.response
-        if outcome.replaced:
-            fenced = owned.join_waiters.get(group_id, {}).pop(outcome.replaced, None)
-            if fenced is not None and not fenced.done():
-                fenced.set_result(JoinResponse(ErrorCode.FENCED_INSTANCE_ID, outcome.replaced))
-        if outcome.store_then_answer:
-            return await self._store_static_member(owned, group, group_instance_id, outcome.replaced,
-                                                   outcome.member_id)
-        waiters = owned.join_waiters.setdefault(group_id, {})
-        fut = asyncio.get_running_loop().create_future()
-        previous = waiters.get(outcome.member_id)
-        if previous is not None and not previous.done():
-            previous.set_result(JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS, outcome.member_id))
-        waiters[outcome.member_id] = fut
-        self._try_complete(owned, group)
-        try:
-            return await fut
-        finally:
-            if owned.join_waiters.get(group_id, {}).get(outcome.member_id) is fut:
-                del owned.join_waiters[group_id][outcome.member_id]
-
-    async def _store_static_member(self, owned: _OwnedPartition, group: GroupMetadata, group_instance_id: str,
-                                   old_member_id: str, new_member_id: str) -> JoinResponse:
-        """A restarted static member replaced `old_member_id` in a Stable group
-        without a rebalance (KIP-345): persist the group with its new member id
-        (same generation, so a coordinator failover keeps the replacement), then
-        answer the current generation. A failed append undoes the replacement and
-        returns the append error (Kafka's GroupCoordinator does the same)."""
-        async with owned.log.store_lock(group.group_id):
-            raw = await owned.log.append(log_format.group_batch(group.snapshot(), self._wall_clock(),
-                                                                owned.log.writer))
-        code = GROUP_APPEND_ERRORS.get(raw, raw)
-        if code != ErrorCode.NONE:
-            log.warning("group %s: storing static member %s failed: %s", group.group_id, group_instance_id,
-                        code.name)
-            if group.static_members.get(group_instance_id) == new_member_id and new_member_id in group.members:
-                group.replace_static_member(group_instance_id, new_member_id, old_member_id)
-            return JoinResponse(code, new_member_id)
-        if new_member_id not in group.members:
-            return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, new_member_id)
-        log.info("group %s: static member %s rejoined as %s in generation %d without a rebalance",
-                 group.group_id, group_instance_id, new_member_id, group.generation)
-        return group.current_join_response(new_member_id)
+        return await owned.members.join(group_id, member_id, topics, session_timeout_ms, rebalance_timeout_ms,
+                                        protocol_type, group_instance_id)
 
     async def sync_group(self, group_id: str, generation_id: int,
                          member_id: str, group_instance_id: str = "") -> tuple[ErrorCode, Assignment]:
@@ -410,17 +306,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code, {}
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID, {}
-        if group.is_(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation:
-            stored = owned.stored.get(group_id)
-            if stored is not None:
-                try:
-                    await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
-                except asyncio.TimeoutError:
-                    pass
-        return group.sync(member_id, generation_id, self._clock(), group_instance_id)
+        return await owned.members.sync(group_id, generation_id, member_id, group_instance_id)
 
     async def heartbeat(self, group_id: str, generation_id: int, member_id: str,
                         group_instance_id: str = "") -> ErrorCode:
@@ -429,10 +315,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(member_id, generation_id, self._clock(), group_instance_id)
+        return owned.members.heartbeat(group_id, generation_id, member_id, group_instance_id)
 
     async def leave_group(self, group_id: str, member_id: str, group_instance_id: str = "") -> ErrorCode:
         """LeaveGroup: remove the member, rebalance the others (FENCED_INSTANCE_ID
@@ -441,15 +324,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        member_id = group.leaving_member_id(member_id, group_instance_id)
-        code = group.leave(member_id, self._clock(), group_instance_id)
-        if code == ErrorCode.NONE:
-            self._answer_removed(owned, group_id, member_id)
-            self._try_complete(owned, group)
-        return code
+        return owned.members.leave(group_id, member_id, group_instance_id)
 
     # ------------------------------------------------------------ offsets
 
@@ -463,11 +338,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         INVALID_COMMIT_OFFSET_SIZE, REQUEST_TIMED_OUT, ...)."""
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
-            group = owned.state.groups.get(group_id)
-            code = validate_offset_commit(group, member_id, generation_id, transactional=False,
-                                          group_instance_id=group_instance_id)
-            if code == ErrorCode.NONE and group is not None and member_id in group.members:
-                group.members[member_id].last_heartbeat_ms = self._clock()
+            code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
+                                          transactional=False, group_instance_id=group_instance_id)
+            if code == ErrorCode.NONE:
+                owned.members.touch(group_id, member_id)
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
         return await owned.log.write_offsets(group_id, offsets)
@@ -610,14 +484,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        stored = owned.stored.get(group_id)
-        if stored is not None:
-            # A completed rebalance (e.g. the last member left) is still being stored:
-            # its record must not land after the tombstones.
-            try:
-                await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
-            except asyncio.TimeoutError:
-                return ErrorCode.REBALANCE_IN_PROGRESS
+        # A completed rebalance (e.g. the last member left) may still be being
+        # stored: its record must not land after the tombstones.
+        if not await owned.members.wait_stored(group_id):
+            return ErrorCode.REBALANCE_IN_PROGRESS
         async with owned.log.store_lock(group_id):
             group = owned.state.groups.get(group_id)
             if group is not None and group.state is GroupState.DEAD:

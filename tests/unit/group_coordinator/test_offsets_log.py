@@ -15,7 +15,7 @@ from services.group_coordinator.offsets import OffsetAndMetadata
 from services.group_coordinator.offsets_log import OffsetsLog
 from services.group_coordinator.state import OffsetsPartitionState
 
-from .gc_fakes import FakeLog, ManualClock
+from .gc_fakes import Deadlines, FakeLog, ManualClock
 
 P = 0
 TP0 = TopicPartition("orders", 0)
@@ -92,17 +92,11 @@ def test_partitions_are_in_flight_while_their_write_is_appended():
 
 def test_the_wait_for_the_tailer_has_the_commit_timeout_as_deadline():
     async def body():
-        deadlines = []
-
-        async def expire(aw, timeout):
-            deadlines.append(timeout)
-            aw.cancel()
-            raise asyncio.TimeoutError
-
+        deadlines = Deadlines(expire=True)
         log = FakeLog()
-        olog = offsets_log(log, commit_timeout_ms=1234, wait_for=expire)  # no tailer runs
+        olog = offsets_log(log, commit_timeout_ms=1234, wait_for=deadlines)  # no tailer runs
         assert await olog.write_offsets("g", {TP0: OffsetAndMetadata(1)}) == {TP0: ErrorCode.REQUEST_TIMED_OUT}
-        assert deadlines == [1.234]
+        assert deadlines.seen == [1.234]
         assert log.produced == 1 and not olog.inflight
         olog.close()
         assert await olog.until_applied(0, 1000) == ErrorCode.NOT_COORDINATOR  # closed: not a time-out
