@@ -12,6 +12,13 @@ runs ahead of the log. On election the partition is replayed from offset 0 to
 the high watermark before it serves (COORDINATOR_LOAD_IN_PROGRESS meanwhile);
 groups of partitions this process does not own get NOT_COORDINATOR.
 
+Each owned partition has two parts: its log (offsets_log.OffsetsLog: append,
+replay and tail, waits until an offset is applied, offset writes) and its
+membership (membership.GroupMembership: join / sync / heartbeat / leave and the
+rebalance timing). This class keeps the wiring: loading and ownership
+(services.common.owned.PartitionOwner), routing each request to the partition of
+its group, the offset requests and the group administration.
+
 Seeds: KIP-98 design document, "Consumer Coordinator" (TxnOffsetCommit appends
 pending offsets that the COMMIT marker makes visible; startup replays them the
 same way); KIP-447 (generation fencing of TxnOffsetCommit, require_stable).
@@ -19,42 +26,26 @@ same way); KIP-447 (generation fencing of TxnOffsetCommit, require_stable).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Protocol
+from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple
 
-from exactly_wire import records
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import NotOwner, OwnedPartition, PartitionOwner, code_name
+from services.common.owned import NotOwner, OwnedPartition, PartitionOwner
 from services.common.verification import Verifier
 
-from . import log_format, metrics
-from .group import (Assignment, CompletedRebalance, concurrent_commits, GroupConfig, GroupMetadata, GroupState,
-                    JoinResponse, default_member_id, validate_offset_commit)
+from . import metrics
+from .group import (Assignment, concurrent_commits, GroupConfig, GroupMetadata, GroupState, JoinResponse,
+                    default_member_id, validate_offset_commit)
+from .membership import GroupMembership
 from .offsets import FetchedOffset, OffsetAndMetadata
+from .offsets_log import LogClient, OFFSETS_TOPIC, OffsetsLog
 from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
-
-OFFSETS_TOPIC = "__consumer_offsets"
-READ_UNCOMMITTED = 0
-
-
-class LogClient(Protocol):
-    """What the coordinator needs from services.common.rpc.ClusterClient."""
-
-    async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000, transactional_id: str = "",
-                      consumer_group_id: str = "") -> tuple[int, int]: ...
-
-    async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
-                    isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
 
 
 class GroupListing(NamedTuple):
@@ -135,90 +126,27 @@ class GroupCoordinatorConfig:
             tick_ms=get_int("group.coordinator.tick.ms", d.tick_ms))
 
 
-# Kafka GroupMetadataManager.storeOffsets: append errors as the committer sees them.
-_OFFSET_APPEND_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.LEADER_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NETWORK_EXCEPTION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-}
-
-# Kafka GroupMetadataManager.storeGroup: append errors as joining members see them.
-_GROUP_APPEND_ERRORS = {
-    **_OFFSET_APPEND_ERRORS,
-    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,
-}
-
-
-def _as_code(code: int) -> ErrorCode:
-    try:
-        return ErrorCode(code)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
 class _OwnedPartition(OwnedPartition):
-    """Runtime state of one owned __consumer_offsets partition: its materialised
-    state, the waiters of the tailer and of rebalances, the writes in flight."""
+    """One owned __consumer_offsets partition: its log (OffsetsLog, which holds the
+    materialised state) and its membership (GroupMembership)."""
 
-    def __init__(self, partition: int, coordinator_epoch: int, state: OffsetsPartitionState,
-                 producer_id: int = -1, producer_epoch: int = -1, retired_producer_id: int = -1):
-        super().__init__(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
-        self.state = state
-        self.kick = asyncio.Event()
-        self._seq = itertools.count()
-        self._applied_waiters: list[tuple[int, int, asyncio.Future]] = []
-        # group id -> member id -> future of a JoinGroup waiting for the rebalance
-        self.join_waiters: dict[str, dict[str, asyncio.Future]] = {}
-        # group id -> set once the group metadata record of the latest rebalance is stored
-        self.stored: dict[str, asyncio.Event] = {}
-        self.store_locks: dict[str, asyncio.Lock] = {}
-        # (group, partition) -> offset commit writes in flight (require_stable sees them)
-        self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
-        # group id -> partition -> (transactional.id, generation) of the last
-        # transactional offset commit (KIP-447 draft compatibility fencing; in memory:
-        # after a failover the generation and assignment checks still hold).
-        self.committers: dict[str, dict[TopicPartition, tuple[str, int]]] = {}
+    log: OffsetsLog
+    members: GroupMembership
 
     @property
-    def writer(self) -> tuple[int, int]:
-        """(producer id, producer epoch) of our plain batches (log_format.NO_WRITER: none)."""
-        return (self.producer_id, self.producer_epoch) if self.producer_id >= 0 else log_format.NO_WRITER
+    def state(self) -> OffsetsPartitionState:
+        """The partition's materialised groups and offsets."""
+        return self.log.state
 
     def wait_applied(self, last_offset: int) -> asyncio.Future:
         """Future resolved True once the tailer applied `last_offset`, False if the
-        partition is resigned first."""
-        fut = asyncio.get_running_loop().create_future()
-        if self.closed:
-            fut.set_result(False)
-        elif self.state.next_offset > last_offset:
-            fut.set_result(True)
-        else:
-            heapq.heappush(self._applied_waiters, (last_offset, next(self._seq), fut))
-        return fut
-
-    def notify_applied(self) -> None:
-        while self._applied_waiters and self._applied_waiters[0][0] < self.state.next_offset:
-            _, _, fut = heapq.heappop(self._applied_waiters)
-            if not fut.done():
-                fut.set_result(True)
+        partition is resigned first (OffsetsLog.wait_applied)."""
+        return self.log.wait_applied(last_offset)
 
     def close(self) -> None:
         """Stop the partition: pending `wait_applied` futures resolve False."""
         super().close()
-        for _, _, fut in self._applied_waiters:
-            if not fut.done():
-                fut.set_result(False)
-        self._applied_waiters.clear()
+        self.log.close()
 
 
 class GroupCoordinator(PartitionOwner[_OwnedPartition]):
@@ -272,23 +200,27 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
                        retired_producer_id: int) -> _OwnedPartition:
-        return _OwnedPartition(partition, coordinator_epoch,
-                               OffsetsPartitionState(partition, self.config.group, self.new_member_id),
-                               producer_id, producer_epoch, retired_producer_id)
+        owned = _OwnedPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
+        cfg = self.config
+        state = OffsetsPartitionState(partition, cfg.group, self.new_member_id)
+        owned.log = OffsetsLog(self.client, state, producer_id=producer_id, producer_epoch=producer_epoch,
+                               owns=lambda: self._owns(owned), fenced=lambda code: self._is_fenced(owned, code),
+                               commit_timeout_ms=cfg.commit_timeout_ms, load_buffer_size=cfg.load_buffer_size,
+                               tail_max_wait_ms=cfg.tail_max_wait_ms,
+                               offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
+                               clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
+        owned.members = GroupMembership(state.groups, owned.log, config=cfg.group,
+                                        commit_timeout_ms=cfg.commit_timeout_ms,
+                                        partition_counts=self.partition_counts, clock=self._clock,
+                                        wall_clock=self._wall_clock, new_member_id=self.new_member_id,
+                                        spawn=lambda coro, name: self._spawn(None, coro, name),
+                                        wake=self._wake.set)
+        return owned
 
     def _dropped(self, owned: _OwnedPartition) -> None:
         """The partition is no longer ours: its groups are dead, waiting JoinGroups
         get NOT_COORDINATOR."""
-        now = self._clock()
-        for group in owned.state.groups.values():
-            group.mark_dead(now)
-        for waiters in owned.join_waiters.values():
-            for member_id, fut in waiters.items():
-                if not fut.done():
-                    fut.set_result(JoinResponse(ErrorCode.NOT_COORDINATOR, member_id))
-        owned.join_waiters.clear()
-        for ev in owned.stored.values():
-            ev.set()
+        owned.members.close(self._clock())
 
     # ------------------------------------------------------------ the log
 
@@ -301,99 +233,16 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             await self._fence_previous_owner(owned)
         except NotOwner:
             return
-        while True:
-            resp = await self._fetch(owned, max_wait_ms=0)
-            if not self._handle_fetch(owned, resp, loading=True):
-                await self._sleep(0.1)
-                continue
-            if owned.state.next_offset >= resp.high_watermark:
-                break
-            if not resp.records:
-                await self._sleep(0.01)
+        await owned.log.replay()
         owned.finish_loading()
         log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
                  OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
                  owned.state.next_offset, time.monotonic() - started)
         self._wake.set()
-        while True:
-            owned.kick.clear()
-            fetch = asyncio.ensure_future(self._fetch(owned, self.config.tail_max_wait_ms))
-            kicked = asyncio.ensure_future(owned.kick.wait())
-            try:
-                done, _ = await asyncio.wait({fetch, kicked}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                fetch.cancel()
-                raise
-            finally:
-                kicked.cancel()
-            if fetch not in done:
-                # A write of ours was appended: fetch again now rather than wait
-                # for the long poll to notice.
-                fetch.cancel()
-                await asyncio.gather(fetch, return_exceptions=True)
-                continue
-            if not self._handle_fetch(owned, fetch.result(), loading=False):
-                await self._sleep(0.1)
+        await owned.log.tail()
 
     async def _append_fence(self, owned: _OwnedPartition, batch: bytes) -> int:
-        code, _ = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                            timeout_ms=self.config.commit_timeout_ms)
-        return code
-
-    async def _fetch(self, owned: _OwnedPartition, max_wait_ms: int) -> Any | None:
-        try:
-            return await self.client.fetch(OFFSETS_TOPIC, owned.partition, owned.state.next_offset,
-                                           max_wait_ms=max_wait_ms, isolation_level=READ_UNCOMMITTED,
-                                           max_bytes=self.config.load_buffer_size)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - keep tailing; the leader may be restarting
-            log.exception("%s-%d: fetch failed", OFFSETS_TOPIC, owned.partition)
-            return None
-
-    def _handle_fetch(self, owned: _OwnedPartition, resp: Any | None, loading: bool) -> bool:
-        """Apply a fetch response; False when it carried an error (retry later)."""
-        if resp is None:
-            return False
-        code = resp.error_code
-        if code == ErrorCode.OFFSET_OUT_OF_RANGE and resp.log_start_offset > owned.state.next_offset:
-            log.warning("%s-%d: offset %d below the log start %d; continuing from there",
-                        OFFSETS_TOPIC, owned.partition, owned.state.next_offset, resp.log_start_offset)
-            owned.state.next_offset = resp.log_start_offset
-            return True
-        if code != ErrorCode.NONE:
-            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, owned.partition, code_name(code))
-            return False
-        if resp.records:
-            owned.state.apply_all(resp.records, self._clock(), loading)
-            owned.notify_applied()
-        return True
-
-    async def _append(self, owned: _OwnedPartition, batch: bytes, transactional_id: str = "",
-                      consumer_group_id: str = "") -> ErrorCode:
-        """Append `batch` to the owned partition and wait until the tailer applied
-        it (a transactional batch names its producer's transactional.id, and group
-        for a group-aware producer, for the leader's verification). Returns the
-        partition leader's error code, NOT_COORDINATOR if the partition was resigned
-        meanwhile, REQUEST_TIMED_OUT after commit_timeout_ms."""
-        if not self._owns(owned):
-            return ErrorCode.NOT_COORDINATOR
-        code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
-                                                      timeout_ms=self.config.commit_timeout_ms,
-                                                      transactional_id=transactional_id,
-                                                      consumer_group_id=consumer_group_id)
-        if code != ErrorCode.NONE:
-            if records.parse_header(batch).producer_id == owned.producer_id and self._is_fenced(owned, code):
-                return ErrorCode.NOT_COORDINATOR
-            return _as_code(code)
-        last_offset = base_offset + records.parse_header(batch).last_offset_delta
-        owned.kick.set()
-        try:
-            applied = await asyncio.wait_for(owned.wait_applied(last_offset),
-                                             self.config.commit_timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            return ErrorCode.NOT_COORDINATOR if owned.closed else ErrorCode.REQUEST_TIMED_OUT
-        return ErrorCode.NONE if applied else ErrorCode.NOT_COORDINATOR
+        return await owned.log.append_fence(batch)
 
     def _owner_of(self, group_id: str) -> tuple[ErrorCode, _OwnedPartition | None]:
         if not group_id:
@@ -424,66 +273,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def tick(self) -> None:
         """Expire sessions, notice partition count changes of subscribed topics
-        and complete rebalances whose members rejoined or whose time is up."""
-        now = self._clock()
+        and complete rebalances whose members rejoined or whose time is up
+        (GroupMembership.tick of every serving partition)."""
         counts = self.partition_counts()
         for owned in list(self._parts.values()):
             if owned.loading or owned.closed:
                 continue
-            for group in list(owned.state.groups.values()):
-                for member_id in group.expire_members(now):
-                    log.info("group %s: member %s session expired", group.group_id, member_id)
-                    self._answer_removed(owned, group.group_id, member_id)
-                if group.is_(GroupState.STABLE) and group.partition_counts_changed(counts):
-                    log.info("group %s: subscribed topics changed partitions; rebalancing", group.group_id)
-                    group.prepare_rebalance(now)
-                self._try_complete(owned, group, counts)
-
-    def _answer_removed(self, owned: _OwnedPartition, group_id: str, member_id: str) -> None:
-        fut = owned.join_waiters.get(group_id, {}).pop(member_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
-
-    def _try_complete(self, owned: _OwnedPartition, group: GroupMetadata,
-                      counts: Mapping[str, int] | None = None) -> None:
-        if not group.is_(GroupState.PREPARING_REBALANCE):
-            return
-        completed = group.poll_rebalance(self._clock(),
-                                         counts if counts is not None else self.partition_counts())
-        if completed is None:
-            return
-        metrics.REBALANCES.inc()
-        log.info("group %s: generation %d with %d members%s", group.group_id, completed.generation,
-                 len(completed.snapshot.members),
-                 f" (removed {', '.join(completed.removed)})" if completed.removed else "")
-        waiters = owned.join_waiters.pop(group.group_id, {})
-        stored = asyncio.Event()
-        owned.stored[group.group_id] = stored
-        self._spawn(None, self._store_generation(owned, group, completed, waiters, stored),
-                    f"store-{group.group_id}-{completed.generation}")
-
-    async def _store_generation(self, owned: _OwnedPartition, group: GroupMetadata,
-                                completed: CompletedRebalance, waiters: dict[str, asyncio.Future],
-                                stored: asyncio.Event) -> None:
-        """Append the new generation's group metadata record, then answer the
-        JoinGroups that waited for it (generation-ordered per group)."""
-        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
-        try:
-            async with lock:
-                raw = await self._append(owned, log_format.group_batch(completed.snapshot,
-                                                                       self._wall_clock(), owned.writer))
-            code = _GROUP_APPEND_ERRORS.get(raw, raw)
-            if code != ErrorCode.NONE:
-                log.warning("group %s: storing generation %d failed: %s", group.group_id,
-                            completed.generation, code.name)
-            group.store_completed(completed.generation, code, self._clock())
-            for member_id, fut in waiters.items():
-                if not fut.done():
-                    fut.set_result(completed.join_response(member_id) if code == ErrorCode.NONE
-                                   else JoinResponse(code, member_id))
-        finally:
-            stored.set()
-            self._wake.set()
+            owned.members.tick(counts)
 
     # ------------------------------------------------------------ membership RPCs
 
@@ -499,60 +295,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return JoinResponse(code, member_id)
-        now = self._clock()
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            if member_id:
-                return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
-            group = GroupMetadata(group_id, now, self.config.group, self.new_member_id)
-            owned.state.groups[group_id] = group
-        outcome = group.join(member_id, topics, session_timeout_ms, rebalance_timeout_ms, now,
-                             protocol_type, group_instance_id)
-        if outcome.response is not None:
-            return outcome.response
-        if outcome.replaced:
-            fenced = owned.join_waiters.get(group_id, {}).pop(outcome.replaced, None)
-            if fenced is not None and not fenced.done():
-                fenced.set_result(JoinResponse(ErrorCode.FENCED_INSTANCE_ID, outcome.replaced))
-        if outcome.store_then_answer:
-            return await self._store_static_member(owned, group, group_instance_id, outcome.replaced,
-                                                   outcome.member_id)
-        waiters = owned.join_waiters.setdefault(group_id, {})
-        fut = asyncio.get_running_loop().create_future()
-        previous = waiters.get(outcome.member_id)
-        if previous is not None and not previous.done():
-            previous.set_result(JoinResponse(ErrorCode.REBALANCE_IN_PROGRESS, outcome.member_id))
-        waiters[outcome.member_id] = fut
-        self._try_complete(owned, group)
-        try:
-            return await fut
-        finally:
-            if owned.join_waiters.get(group_id, {}).get(outcome.member_id) is fut:
-                del owned.join_waiters[group_id][outcome.member_id]
-
-    async def _store_static_member(self, owned: _OwnedPartition, group: GroupMetadata, group_instance_id: str,
-                                   old_member_id: str, new_member_id: str) -> JoinResponse:
-        """A restarted static member replaced `old_member_id` in a Stable group
-        without a rebalance (KIP-345): persist the group with its new member id
-        (same generation, so a coordinator failover keeps the replacement), then
-        answer the current generation. A failed append undoes the replacement and
-        returns the append error (Kafka's GroupCoordinator does the same)."""
-        lock = owned.store_locks.setdefault(group.group_id, asyncio.Lock())
-        async with lock:
-            raw = await self._append(owned, log_format.group_batch(group.snapshot(), self._wall_clock(),
-                                                                   owned.writer))
-        code = _GROUP_APPEND_ERRORS.get(raw, raw)
-        if code != ErrorCode.NONE:
-            log.warning("group %s: storing static member %s failed: %s", group.group_id, group_instance_id,
-                        code.name)
-            if group.static_members.get(group_instance_id) == new_member_id and new_member_id in group.members:
-                group.replace_static_member(group_instance_id, new_member_id, old_member_id)
-            return JoinResponse(code, new_member_id)
-        if new_member_id not in group.members:
-            return JoinResponse(ErrorCode.UNKNOWN_MEMBER_ID, new_member_id)
-        log.info("group %s: static member %s rejoined as %s in generation %d without a rebalance",
-                 group.group_id, group_instance_id, new_member_id, group.generation)
-        return group.current_join_response(new_member_id)
+        return await owned.members.join(group_id, member_id, topics, session_timeout_ms, rebalance_timeout_ms,
+                                        protocol_type, group_instance_id)
 
     async def sync_group(self, group_id: str, generation_id: int,
                          member_id: str, group_instance_id: str = "") -> tuple[ErrorCode, Assignment]:
@@ -562,17 +306,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code, {}
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID, {}
-        if group.is_(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation:
-            stored = owned.stored.get(group_id)
-            if stored is not None:
-                try:
-                    await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
-                except asyncio.TimeoutError:
-                    pass
-        return group.sync(member_id, generation_id, self._clock(), group_instance_id)
+        return await owned.members.sync(group_id, generation_id, member_id, group_instance_id)
 
     async def heartbeat(self, group_id: str, generation_id: int, member_id: str,
                         group_instance_id: str = "") -> ErrorCode:
@@ -581,10 +315,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(member_id, generation_id, self._clock(), group_instance_id)
+        return owned.members.heartbeat(group_id, generation_id, member_id, group_instance_id)
 
     async def leave_group(self, group_id: str, member_id: str, group_instance_id: str = "") -> ErrorCode:
         """LeaveGroup: remove the member, rebalance the others (FENCED_INSTANCE_ID
@@ -593,15 +324,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        group = owned.state.groups.get(group_id)
-        if group is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        member_id = group.leaving_member_id(member_id, group_instance_id)
-        code = group.leave(member_id, self._clock(), group_instance_id)
-        if code == ErrorCode.NONE:
-            self._answer_removed(owned, group_id, member_id)
-            self._try_complete(owned, group)
-        return code
+        return owned.members.leave(group_id, member_id, group_instance_id)
 
     # ------------------------------------------------------------ offsets
 
@@ -615,14 +338,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         INVALID_COMMIT_OFFSET_SIZE, REQUEST_TIMED_OUT, ...)."""
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
-            group = owned.state.groups.get(group_id)
-            code = validate_offset_commit(group, member_id, generation_id, transactional=False,
-                                          group_instance_id=group_instance_id)
-            if code == ErrorCode.NONE and group is not None and member_id in group.members:
-                group.members[member_id].last_heartbeat_ms = self._clock()
+            code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
+                                          transactional=False, group_instance_id=group_instance_id)
+            if code == ErrorCode.NONE:
+                owned.members.touch(group_id, member_id)
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
-        return await self._write_offsets(owned, group_id, offsets)
+        return await owned.log.write_offsets(group_id, offsets)
 
     async def txn_commit_offsets(self, transactional_id: str, group_id: str, producer_id: int,
                                  producer_epoch: int, generation_id: int, member_id: str,
@@ -661,7 +383,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                                   group_id if group_aware_producer else "")
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}
-        committers = owned.committers.setdefault(group_id, {})
+        committers = owned.log.committers.setdefault(group_id, {})
         refused = concurrent_commits(owned.state.groups.get(group_id), member_id, generation_id, transactional_id,
                                      offsets, committers)
         results = {tp: ErrorCode.CONCURRENT_PRODUCER_COMMIT for tp in refused}
@@ -670,43 +392,12 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             log.info("TxnOffsetCommit of %r for group %r (generation %d): %s owned by another producer; "
                      "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
         if allowed:
-            written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch,
-                                                transactional_id, group_id if group_aware_producer else "")
+            written = await owned.log.write_offsets(group_id, allowed, producer_id, producer_epoch,
+                                                    transactional_id, group_id if group_aware_producer else "")
             for tp, c in written.items():
                 if c == ErrorCode.NONE:
                     committers[tp] = (transactional_id, generation_id)
             results.update(written)
-        return results
-
-    async def _write_offsets(self, owned: _OwnedPartition, group_id: str,
-                             offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                             producer_id: int = records.NO_PRODUCER_ID,
-                             producer_epoch: int = records.NO_PRODUCER_EPOCH, transactional_id: str = "",
-                             consumer_group_id: str = "") -> dict[TopicPartition, ErrorCode]:
-        results: dict[TopicPartition, ErrorCode] = {}
-        valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        now = self._wall_clock()
-        for tp, value in offsets.items():
-            tp = TopicPartition(*tp)
-            if len(value.metadata.encode()) > self.config.offset_metadata_max_bytes:
-                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            else:
-                valid[tp] = OffsetAndMetadata(value.offset, value.metadata, value.leader_epoch, now)
-        if not valid:
-            return results
-        batch = log_format.offsets_batch(group_id, valid, now, producer_id, producer_epoch, owned.writer)
-        keys = [(group_id, tp) for tp in valid]
-        owned.inflight.update(keys)
-        try:
-            raw = await self._append(owned, batch, transactional_id, consumer_group_id)
-        finally:
-            owned.inflight.subtract(keys)
-            for k in keys:
-                if owned.inflight[k] <= 0:
-                    del owned.inflight[k]
-        code = _OFFSET_APPEND_ERRORS.get(raw, raw)
-        for tp in valid:
-            results[tp] = code
         return results
 
     async def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None,
@@ -726,7 +417,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         top = ErrorCode.NONE
         if require_stable:
             for tp in result:
-                if owned.inflight.get((group_id, tp), 0) > 0:
+                if owned.log.in_flight(group_id, tp):
                     result[tp] = FetchedOffset(-1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
             if any(f.error == ErrorCode.UNSTABLE_OFFSET_COMMIT for f in result.values()):
                 top = ErrorCode.UNSTABLE_OFFSET_COMMIT
@@ -793,16 +484,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code
-        stored = owned.stored.get(group_id)
-        if stored is not None:
-            # A completed rebalance (e.g. the last member left) is still being stored:
-            # its record must not land after the tombstones.
-            try:
-                await asyncio.wait_for(stored.wait(), self.config.commit_timeout_ms / 1000)
-            except asyncio.TimeoutError:
-                return ErrorCode.REBALANCE_IN_PROGRESS
-        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
-        async with lock:
+        # A completed rebalance (e.g. the last member left) may still be being
+        # stored: its record must not land after the tombstones.
+        if not await owned.members.wait_stored(group_id):
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        async with owned.log.store_lock(group_id):
             group = owned.state.groups.get(group_id)
             if group is not None and group.state is GroupState.DEAD:
                 group = None
@@ -811,9 +497,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 return ErrorCode.GROUP_ID_NOT_FOUND
             if group is not None and not group.is_(GroupState.EMPTY):
                 return ErrorCode.NON_EMPTY_GROUP
-            raw = await self._append(owned, log_format.tombstones_batch(group_id, partitions, self._wall_clock(),
-                                                                        owned.writer))
-            code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+            code = await owned.log.append_tombstones(group_id, partitions)
             if code != ErrorCode.NONE:
                 return code
             current = owned.state.groups.get(group_id)
@@ -835,8 +519,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, owned = self._owner_of(group_id)
         if code != ErrorCode.NONE:
             return code, {}
-        lock = owned.store_locks.setdefault(group_id, asyncio.Lock())
-        async with lock:
+        async with owned.log.store_lock(group_id):
             group = owned.state.groups.get(group_id)
             if group is not None and group.state is GroupState.DEAD:
                 group = None
@@ -852,9 +535,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                 if tp.topic not in subscribed and tp in committed:
                     doomed.append(tp)
             if doomed:
-                raw = await self._append(owned, log_format.tombstones_batch(group_id, doomed, self._wall_clock(),
-                                                                            owned.writer, group_too=False))
-                code = _OFFSET_APPEND_ERRORS.get(raw, raw)
+                code = await owned.log.append_tombstones(group_id, doomed, group_too=False)
                 for tp in doomed:
                     results[tp] = code
             log.info("group %s: %d committed offsets deleted", group_id, len(doomed))

@@ -96,3 +96,22 @@ class FakeLog:
         return pb.FetchPartitionResponse(partition=partition, error_code=0,
                                          high_watermark=self.end[partition], last_stable_offset=self.end[partition],
                                          log_start_offset=0, records=bytes(out))
+
+
+class Deadlines:
+    """Stands in for asyncio.wait_for: records each timeout (seconds) in `seen`;
+    with `expire`, times out at once instead of waiting (no real time passes)."""
+
+    def __init__(self, expire: bool = False) -> None:
+        self.expire = expire
+        self.seen: list[float] = []
+
+    async def __call__(self, aw, timeout: float):
+        self.seen.append(timeout)
+        if self.expire:
+            if asyncio.isfuture(aw):
+                aw.cancel()
+            else:
+                aw.close()
+            raise asyncio.TimeoutError
+        return await aw
