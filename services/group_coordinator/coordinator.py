@@ -51,7 +51,7 @@ class LogClient(Protocol):
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
                       timeout_ms: int = 30000, transactional_id: str = "",
-                      consumer_group_id: str = "") -> tuple[int, int]: ...
+                      consumer_group_id: str = "", verified_from: int | None = None) -> tuple[int, int]: ...
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
@@ -370,10 +370,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         return True
 
     async def _append(self, owned: _OwnedPartition, batch: bytes, transactional_id: str = "",
-                      consumer_group_id: str = "") -> ErrorCode:
+                      consumer_group_id: str = "", verified_from: int | None = None) -> ErrorCode:
         """Append `batch` to the owned partition and wait until the tailer applied
         it (a transactional batch names its producer's transactional.id, and group
-        for a group-aware producer, for the leader's verification). Returns the
+        for a group-aware producer, for the leader's verification; `verified_from`:
+        this coordinator verified it itself, see `txn_commit_offsets`). Returns the
         partition leader's error code, NOT_COORDINATOR if the partition was resigned
         meanwhile, REQUEST_TIMED_OUT after commit_timeout_ms."""
         if not self._owns(owned):
@@ -381,7 +382,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, owned.partition, batch, acks=-1,
                                                       timeout_ms=self.config.commit_timeout_ms,
                                                       transactional_id=transactional_id,
-                                                      consumer_group_id=consumer_group_id)
+                                                      consumer_group_id=consumer_group_id,
+                                                      verified_from=verified_from)
         if code != ErrorCode.NONE:
             if records.parse_header(batch).producer_id == owned.producer_id and self._is_fenced(owned, code):
                 return ErrorCode.NOT_COORDINATOR
@@ -641,7 +643,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         (AddOffsetsToTxn put it there; KIP-890 part 1): otherwise INVALID_TXN_STATE
         (INVALID_PRODUCER_EPOCH for another epoch) and nothing is written, so no
         phantom pending offset can block require_stable or be committed by a later
-        marker; group_aware_producer: the producer's transaction lives with the
+        marker. That verification is passed to the partition leader with the offset up
+        to which this coordinator had applied the partition before asking (Kafka's
+        verificationGuards), so the leader does not ask again unless a marker of the
+        producer was appended since; group_aware_producer: the producer's transaction lives with the
         transaction coordinator of `group_id` (KIP-447 draft), which is asked then.
         CONCURRENT_PRODUCER_COMMIT (KIP-447 draft) for each partition another producer
         owns (group.concurrent_commits); the other partitions are still written."""
@@ -651,7 +656,9 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                           transactional=True, group_instance_id=group_instance_id)
         if code == ErrorCode.NONE and producer_id < 0:
             code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        verified_from = None
         if code == ErrorCode.NONE and self.verifier is not None:
+            verified_from = owned.state.next_offset  # applied below it; read before asking
             if not transactional_id:
                 code = ErrorCode.INVALID_TXN_STATE
             else:
@@ -671,7 +678,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                      "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
         if allowed:
             written = await self._write_offsets(owned, group_id, allowed, producer_id, producer_epoch,
-                                                transactional_id, group_id if group_aware_producer else "")
+                                                transactional_id, group_id if group_aware_producer else "",
+                                                verified_from)
             for tp, c in written.items():
                 if c == ErrorCode.NONE:
                     committers[tp] = (transactional_id, generation_id)
@@ -682,7 +690,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                              offsets: Mapping[TopicPartition, OffsetAndMetadata],
                              producer_id: int = records.NO_PRODUCER_ID,
                              producer_epoch: int = records.NO_PRODUCER_EPOCH, transactional_id: str = "",
-                             consumer_group_id: str = "") -> dict[TopicPartition, ErrorCode]:
+                             consumer_group_id: str = "", verified_from: int | None = None
+                             ) -> dict[TopicPartition, ErrorCode]:
         results: dict[TopicPartition, ErrorCode] = {}
         valid: dict[TopicPartition, OffsetAndMetadata] = {}
         now = self._wall_clock()
@@ -698,7 +707,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         keys = [(group_id, tp) for tp in valid]
         owned.inflight.update(keys)
         try:
-            raw = await self._append(owned, batch, transactional_id, consumer_group_id)
+            raw = await self._append(owned, batch, transactional_id, consumer_group_id, verified_from)
         finally:
             owned.inflight.subtract(keys)
             for k in keys:

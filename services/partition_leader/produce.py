@@ -18,7 +18,9 @@ each of its entries, in this order:
 4. `writer_claim`: a coordinator's plain batch with a writer id must carry the
    ZooKeeper claim's writer id (docs/design.md, "Coordinator ownership");
 5. `verify`: a batch that would start its producer's transaction on the partition is
-   confirmed (KIP-890 part 1) or added (part 2) at the transaction coordinator;
+   confirmed (KIP-890 part 1) or added (part 2) at the transaction coordinator — or,
+   for a coordinator's transactional offset commit the group coordinator verified,
+   taken as verified (`ProduceContext.verified_from`, Kafka's verificationGuards);
 6. `append`: `Partition.append`, with the verification guard;
 7. `await_acks`: acks=all waits for the high watermark, acks 1 and all confirm the
    lease (outside the producer's lock).
@@ -49,6 +51,7 @@ VALID_ACKS = (0, 1, -1)
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 MARKER_TIMEOUT_MS = 25000  # below the coordinators' 30 s WriteTxnMarkers deadline
 OFFSETS_TOPIC = "__consumer_offsets"
+NOT_VERIFIED = -1
 
 
 class ProduceEntry(NamedTuple):
@@ -79,7 +82,9 @@ class ProduceContext:
     rather than a client's Produce (never internal topics); transactional_id: the
     producer's, for verification; consumer_group_id: a group-aware producer's group
     (KIP-447 draft); principal: the caller, for producer-id bindings; add: KIP-890
-    part 2 implicit add instead of verification."""
+    part 2 implicit add instead of verification; verified_from: NOT_VERIFIED (-1), or,
+    on a coordinator's transactional offset commit, the offset up to which the group
+    coordinator had applied the partition when it verified the transaction itself."""
 
     acks: int
     deadline: float
@@ -88,6 +93,7 @@ class ProduceContext:
     consumer_group_id: str = ""
     principal: str | None = None
     add: bool = False
+    verified_from: int = NOT_VERIFIED
 
 
 def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) -> bool:
@@ -261,7 +267,10 @@ class ProducePipeline:
         NOT_ENOUGH_REPLICAS when no coordinator answered by the deadline. A
         coordinator's transactional offset commit is verified like a client's batch,
         so a forged one cannot open a transaction that no transaction coordinator
-        will ever end."""
+        will ever end — unless the group coordinator verified it already
+        (`ctx.verified_from`) and no marker of the producer was appended here since
+        (`ProducerStateManager.marker_since`): then that verification stands (Kafka's
+        verificationGuards) and the transaction coordinator is not asked again."""
         if not p.producers.needs_verification(h, include_internal=ctx.internal_only):
             return None, None
         if not ctx.transactional_id:
@@ -269,6 +278,9 @@ class ProducePipeline:
                 f"transactional batch of producer {h.producer_id} without a transactional.id: "
                 "no coordinator knows its transaction"))
         guard = p.producers.verification_guard(h.producer_id)
+        if ctx.internal_only and ctx.verified_from >= 0 and \
+                not p.producers.marker_since(h.producer_id, ctx.verified_from):
+            return guard, None
         verifier = self.hosted.verifier
         if ctx.add:
             code = await verifier.add(ctx.transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,

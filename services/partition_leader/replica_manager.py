@@ -16,8 +16,8 @@ from exactly_wire.types import TopicPartition
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import READ_COMMITTED, AppendResult, FetchResult, MarkerResult, ReplicaFetchResult
-from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, MARKER_TIMEOUT_MS, MarkerEntry, ProduceContext, ProduceEntry,
-                      ProducePipeline)
+from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, MARKER_TIMEOUT_MS, NOT_VERIFIED, MarkerEntry, ProduceContext,
+                      ProduceEntry, ProducePipeline)
 from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Watch
 from .replicas import ClusterView, HostedReplicas, Leases, guarded, positions
 
@@ -96,7 +96,7 @@ class ReplicaManager(HostedReplicas):
                              timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
                              origin: str = "client", transactional_id: str = "",
                              consumer_group_id: str = "", principal: str | None = None,
-                             add_partitions: bool = False) -> list[AppendResult]:
+                             add_partitions: bool = False, verified_from: int = NOT_VERIFIED) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
         here and acknowledge it by `acks` (through the gates of produce.py, in order:
@@ -118,7 +118,11 @@ class ReplicaManager(HostedReplicas):
         partition to the producer's transaction at its coordinator (TxnVerifier.add),
         INVALID_PRODUCER_EPOCH when the coordinator holds another epoch (a late batch
         of an ended transaction); not for a group-aware producer, which adds its
-        partitions itself. With `pid_bindings` set (authorizer on), a client's idempotent or
+        partitions itself. `verified_from` (CoordinatorProduce only, else ignored): the
+        group coordinator verified this transactional offset commit when it had applied
+        the partition up to that offset; the transaction coordinator is asked again only
+        if a marker of the producer was appended since (Kafka's verificationGuards).
+        With `pid_bindings` set (authorizer on), a client's idempotent or
         transactional batch is appended only when its producer id is bound to
         `principal` (and, transactional, to `transactional_id`): otherwise
         TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
@@ -136,7 +140,8 @@ class ReplicaManager(HostedReplicas):
         ctx = ProduceContext(acks, deadline, internal_only=origin == "coordinator",
                              transactional_id=transactional_id, consumer_group_id=consumer_group_id,
                              principal=principal,
-                             add=add_partitions and not consumer_group_id and origin == "client")
+                             add=add_partitions and not consumer_group_id and origin == "client",
+                             verified_from=verified_from if origin == "coordinator" else NOT_VERIFIED)
         return await self.produce.append(ctx, entries)
 
     async def write_markers(self, markers: Sequence[MarkerEntry],
