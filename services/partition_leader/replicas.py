@@ -309,15 +309,7 @@ class HostedReplicas:
     def delete_partition(self, tp: TopicPartition) -> None:
         """The topic of `tp` was deleted (DeleteTopics): close the replica and remove
         its log directory and producer-state snapshots."""
-        self.serving.pop(tp, None)
-        p = self.replicas.pop(tp, None)
-        if p is None:
-            return
-        try:
-            p.delete()
-        except OSError:
-            log.exception("deleting %s-%d failed", *tp)
-        log.info("deleted %s-%d (topic deleted)", *tp)
+        self._drop(tp, "delete", "deleted %s-%d (topic deleted)")
 
     def orphaned_logs(self) -> list[tuple[TopicPartition, Path]]:
         """Partition directories under `<data dir>/logs` whose topic the cluster view
@@ -343,15 +335,20 @@ class HostedReplicas:
 
     def close_partition(self, tp: TopicPartition) -> None:
         """Close the replica of `tp` (flush, final snapshot) and forget it; its files stay."""
+        self._drop(tp, "close", "closed %s-%d")
+
+    def _drop(self, tp: TopicPartition, how: str, done: str) -> None:
+        """Forget the replica of `tp` after calling its method `how` ("close",
+        "delete"; an OSError is logged), then log `done` % tp."""
         self.serving.pop(tp, None)
         p = self.replicas.pop(tp, None)
         if p is None:
             return
         try:
-            p.close()
+            getattr(p, how)()
         except OSError:
-            log.exception("closing %s-%d failed", *tp)
-        log.info("closed %s-%d", *tp)
+            log.exception("%s of %s-%d failed", how, *tp)
+        log.info(done, *tp)
 
     def follower_targets(self) -> dict[TopicPartition, tuple[str, int]]:
         """(leader node id, leader epoch) of each followed replica that has a leader
