@@ -45,7 +45,7 @@ class ReplicaManager(HostedReplicas):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.produce = ProducePipeline(self)  # the write path (produce.py)
+        self.write_path = ProducePipeline(self)  # the write path (produce.py)
 
     # ------------------------------------------------------------ requests
     def delete_records(self, topic: str, partition: int, offset: int) -> tuple[ErrorCode, int, str]:
@@ -99,9 +99,10 @@ class ReplicaManager(HostedReplicas):
                              add_partitions: bool = False, verified_from: int = NOT_VERIFIED) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
-        here and acknowledge it by `acks` (through the gates of produce.py, in order:
-        validate, authorize, leader and size, writer claim, verify, append, acks): 0 at once, 1 after the local append, -1
-        (all) once the high watermark passed it. Before appending and before
+        here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
+        (all) once the high watermark passed it (through the gates of produce.py, in
+        order: validate, authorize, leader and size, writer claim, verify, append,
+        acks). Before appending and before
         acknowledging (acks != 0) the leader confirms its lease. timeout_ms (<= 0:
         30000) bounds the whole request. origin "client" (Produce) may not write
         internal topics, "coordinator" (CoordinatorProduce) writes only internal
@@ -131,8 +132,7 @@ class ReplicaManager(HostedReplicas):
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the refusals of `partition.check_batch_shape` (a
         malformed batch reaches no coordinator), the errors of `get()` and
-        `Partition.append`,
-        and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        `Partition.append`, and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
         NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT (offsets kept)."""
         deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
         if origin not in ("client", "coordinator"):
@@ -142,7 +142,7 @@ class ReplicaManager(HostedReplicas):
                              principal=principal,
                              add=add_partitions and not consumer_group_id and origin == "client",
                              verified_from=verified_from if origin == "coordinator" else NOT_VERIFIED)
-        return await self.produce.append(ctx, entries)
+        return await self.write_path.append(ctx, entries)
 
     async def write_markers(self, markers: Sequence[MarkerEntry],
                             timeout_ms: int = MARKER_TIMEOUT_MS) -> list[list[MarkerResult]]:
@@ -156,7 +156,7 @@ class ReplicaManager(HostedReplicas):
         request and written the marker again, and under transaction version 1 (no
         epoch bump) a marker applied that late could end the producer's next
         transaction. Returns, per marker, one MarkerResult per partition in order."""
-        return await self.produce.write_markers(markers, self.monotonic_s() + timeout_ms / 1000)
+        return await self.write_path.write_markers(markers, self.monotonic_s() + timeout_ms / 1000)
 
     async def fetch_messages(self, entries: Sequence[FetchEntry], *, max_wait_ms: int = 0, min_bytes: int = 1,
                              max_bytes: int = 0, isolation_level: int = 0, replica_id: str = "",
