@@ -76,13 +76,15 @@ class ClusterClient:
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
                       timeout_ms: int = 30000, transactional_id: str = "",
-                      consumer_group_id: str = "") -> tuple[int, int]:
+                      consumer_group_id: str = "", verified_from: int | None = None) -> tuple[int, int]:
         """Append one record batch to a coordinator's internal topic (the leader's
         CoordinatorProduce; clients' Produce cannot write internal topics). A
         transactional batch (a transactional offset commit) names its producer's
         `transactional_id` (and the `consumer_group_id` of a group-aware producer),
-        with which the leader verifies the transaction. Returns (error code, base
-        offset or -1)."""
+        with which the leader verifies the transaction — unless `verified_from` says
+        the caller verified it when it had applied the partition up to that offset
+        (ProduceRequest.transaction_verified_from). Returns (error code, base offset
+        or -1)."""
         stub = self.leader_stub(topic, partition)
         if stub is None:
             return self._no_leader(topic), -1
@@ -90,6 +92,8 @@ class ClusterClient:
                                 consumer_group_id=consumer_group_id, topics=[pb.TopicProduceData(
                                     name=topic, partitions=[pb.PartitionProduceData(partition=partition,
                                                                                     records=batch)])])
+        if verified_from is not None:
+            req.transaction_verified_from = verified_from
         try:
             resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:

@@ -363,7 +363,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         (AddOffsetsToTxn put it there; KIP-890 part 1): otherwise INVALID_TXN_STATE
         (INVALID_PRODUCER_EPOCH for another epoch) and nothing is written, so no
         phantom pending offset can block require_stable or be committed by a later
-        marker; group_aware_producer: the producer's transaction lives with the
+        marker. That verification is passed to the partition leader with the offset up
+        to which this coordinator had applied the partition before asking (Kafka's
+        verificationGuards), so the leader does not ask again unless a marker of the
+        producer was appended since; group_aware_producer: the producer's transaction lives with the
         transaction coordinator of `group_id` (KIP-447 draft), which is asked then.
         CONCURRENT_PRODUCER_COMMIT (KIP-447 draft) for each partition another producer
         owns (group.concurrent_commits); the other partitions are still written."""
@@ -373,7 +376,9 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                                           transactional=True, group_instance_id=group_instance_id)
         if code == ErrorCode.NONE and producer_id < 0:
             code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        verified_from = None
         if code == ErrorCode.NONE and self.verifier is not None:
+            verified_from = owned.state.next_offset  # applied below it; read before asking
             if not transactional_id:
                 code = ErrorCode.INVALID_TXN_STATE
             else:
@@ -393,7 +398,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                      "CONCURRENT_PRODUCER_COMMIT", transactional_id, group_id, generation_id, sorted(refused))
         if allowed:
             written = await owned.log.write_offsets(group_id, allowed, producer_id, producer_epoch,
-                                                    transactional_id, group_id if group_aware_producer else "")
+                                                    transactional_id, group_id if group_aware_producer else "",
+                                                    verified_from)
             for tp, c in written.items():
                 if c == ErrorCode.NONE:
                     committers[tp] = (transactional_id, generation_id)

@@ -48,7 +48,7 @@ class LogClient(Protocol):
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
                       timeout_ms: int = 30000, transactional_id: str = "",
-                      consumer_group_id: str = "") -> tuple[int, int]: ...
+                      consumer_group_id: str = "", verified_from: int | None = None) -> tuple[int, int]: ...
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> Any: ...
@@ -269,10 +269,12 @@ class OffsetsLog:
                                             timeout_ms=self.commit_timeout_ms)
         return code
 
-    async def append(self, batch: bytes, transactional_id: str = "", consumer_group_id: str = "") -> ErrorCode:
+    async def append(self, batch: bytes, transactional_id: str = "", consumer_group_id: str = "",
+                     verified_from: int | None = None) -> ErrorCode:
         """Append `batch` to the partition and wait until the tailer applied it (a
         transactional batch names its producer's transactional.id, and group for a
-        group-aware producer, for the leader's verification). Returns the partition
+        group-aware producer, for the leader's verification; `verified_from`: the
+        coordinator verified it itself, see GroupCoordinator.txn_commit_offsets). Returns the partition
         leader's error code, NOT_COORDINATOR if the partition was resigned meanwhile
         (or our writer was fenced), REQUEST_TIMED_OUT after commit_timeout_ms."""
         if not self._owns():
@@ -280,7 +282,8 @@ class OffsetsLog:
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, self.partition, batch, acks=-1,
                                                       timeout_ms=self.commit_timeout_ms,
                                                       transactional_id=transactional_id,
-                                                      consumer_group_id=consumer_group_id)
+                                                      consumer_group_id=consumer_group_id,
+                                                      verified_from=verified_from)
         if code != ErrorCode.NONE:
             if records.parse_header(batch).producer_id == self.producer_id and self._fenced(code):
                 return ErrorCode.NOT_COORDINATOR
@@ -292,7 +295,8 @@ class OffsetsLog:
     async def write_offsets(self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata],
                             producer_id: int = records.NO_PRODUCER_ID,
                             producer_epoch: int = records.NO_PRODUCER_EPOCH, transactional_id: str = "",
-                            consumer_group_id: str = "") -> dict[TopicPartition, ErrorCode]:
+                            consumer_group_id: str = "", verified_from: int | None = None
+                            ) -> dict[TopicPartition, ErrorCode]:
         """Append the offset commits of `group_id` in one batch (transactional when
         producer_id >= 0) stamped with the wall clock; the partitions are in flight
         until the append is answered. Per partition: NONE once applied,
@@ -313,7 +317,7 @@ class OffsetsLog:
         keys = [(group_id, tp) for tp in valid]
         self.inflight.update(keys)
         try:
-            raw = await self.append(batch, transactional_id, consumer_group_id)
+            raw = await self.append(batch, transactional_id, consumer_group_id, verified_from)
         finally:
             self.inflight.subtract(keys)
             for k in keys:

@@ -115,7 +115,7 @@ class LeaseKeeper:
 
     async def renew(self) -> None:
         """One confirmation round over the partitions led here."""
-        led = {tp: p for tp, p in self.manager.replicas.items() if p.is_leader}
+        led = self.manager.partitions  # the serving leaders
         if not led:
             return
         sent = self.manager.monotonic_s()
@@ -133,7 +133,7 @@ class LeaseKeeper:
         until = sent + self.lease_ms / 1000
         for tp, st in states.items():
             p = led[tp]
-            if self.manager.replicas.get(tp) is not p or not p.is_leader:
+            if self.manager.serving.get(tp) is not p or not p.is_leader:
                 continue
             if st is not None and st.leader == self.manager.node_id and st.leader_epoch == p.leader_epoch \
                     and st.mzxid > registered:
@@ -178,7 +178,7 @@ class IsrUpdater:
         topic, partition = tp
         try:
             for _ in range(5):
-                p = self.manager.replicas.get(tp)
+                p = self.manager.serving.get(tp)
                 desired = self.manager.desired_isr(tp)
                 if p is None or not p.is_leader or desired is None:
                     return
@@ -186,7 +186,7 @@ class IsrUpdater:
                 state = PartitionState(self.manager.node_id, epoch, desired)
                 ok, new_version = await asyncio.to_thread(self.cluster.update_partition_state, topic, partition,
                                                           state, version)
-                p = self.manager.replicas.get(tp)
+                p = self.manager.serving.get(tp)
                 if p is None or not p.is_leader or p.leader_epoch != epoch:
                     return
                 if ok:
@@ -196,7 +196,7 @@ class IsrUpdater:
                     self.notify(tp)
                     continue
                 fresh, fresh_version = await asyncio.to_thread(self.cluster.partition_state, topic, partition)
-                p = self.manager.replicas.get(tp)
+                p = self.manager.serving.get(tp)
                 if p is None or not p.is_leader or p.leader_epoch != epoch:
                     return
                 if fresh is None or fresh.leader != self.manager.node_id or fresh.leader_epoch != epoch:

@@ -513,21 +513,24 @@ class Partition:
         return ErrorCode.NONE
 
     # ------------------------------------------------------------ produce
-    def append(self, batch: bytes, required_acks: int = 1, verification_guard: object | None = None) -> AppendResult:
+    def append(self, batch: bytes, required_acks: int = 1, verification_guard: object | None = None,
+               checked: records.BatchHeader | None = None) -> AppendResult:
         """Append one client record batch v2 (Produce) as leader.
 
-        Validates without decoding records: CRC32C and framing (CORRUPT_MESSAGE, the
-        log unchanged), exactly one batch and no control bit (INVALID_REQUEST), PID /
-        epoch / sequence rules (`ProducerStateManager.check_append`; a batch without a
-        producer id has none, whatever its epoch and sequence fields hold, as in
-        Kafka's LogValidator). With
+        Validates without decoding records: the size (MESSAGE_TOO_LARGE above
+        `max.message.bytes`), then the batch's shape (`check_batch_shape`: CRC32C and
+        framing, CORRUPT_MESSAGE / INVALID_REQUEST / INVALID_RECORD, the log
+        unchanged; skipped when `checked` is the header that check already returned
+        for these bytes), PID / epoch / sequence rules
+        (`ProducerStateManager.check_append`; a batch without a producer id has none,
+        whatever its epoch and sequence fields hold, as in Kafka's LogValidator). With
         required_acks -1 (all), NOT_ENOUGH_REPLICAS when the ISR is smaller than
         `min.insync.replicas`, before anything is appended. A retried batch equal to
         one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
         offsets and is not appended again. Offsets are assigned by rewriting the base
         offset in place; the batch gets this leader's epoch. NOT_LEADER_OR_FOLLOWER
         on a follower. verification_guard: the guard of the transaction verification
-        done for this batch (ReplicaManager.append_records; INVALID_TXN_STATE when a
+        done for this batch (produce.ProducePipeline; INVALID_TXN_STATE when a
         marker made it stale)."""
         if self.replication is None:
             return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
@@ -535,38 +538,16 @@ class Partition:
         if too_big is not None:
             return AppendResult(too_big[0], message=too_big[1])
         buf = batch  # never copied: the log writes a rewritten header, then the rest of these bytes
-        try:
-            h = records.verify_crc(buf)
-        except CorruptRecordError as exc:
-            return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
-        if h.size != len(buf):
-            return AppendResult(ErrorCode.INVALID_REQUEST,
-                                message=f"expected one record batch, got {len(buf) - h.size} extra bytes")
-        if h.record_count < 1 or h.record_count != h.last_offset_delta + 1:
-            return AppendResult(ErrorCode.CORRUPT_MESSAGE,
-                                message=f"record count {h.record_count} does not match last offset delta "
-                                        f"{h.last_offset_delta}")
-        if h.is_control:
-            return AppendResult(ErrorCode.INVALID_REQUEST,
-                                message="control batches are written only through WriteTxnMarkers")
-        if h.compression not in compression.CODECS:
-            return AppendResult(ErrorCode.INVALID_REQUEST, message=f"unsupported compression {h.compression}")
-        bad = records.validate_records(buf, h)
-        if bad is not None:
-            return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=bad)
-        # Kafka's LogValidator checks the sequence only of a batch with a producer id; without
-        # one the epoch and sequence fields are ignored (aiokafka's plain producer sends 0).
-        if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX:
-            return AppendResult(ErrorCode.INVALID_RECORD, message=(
-                f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence {h.base_sequence}"))
+        h = checked
+        if h is None:
+            h, refused = check_batch_shape(buf)
+            if refused is not None:
+                return refused
         if required_acks == ACKS_ALL and not self.enough_replicas():
             return AppendResult(ErrorCode.NOT_ENOUGH_REPLICAS, -1, self.log_start_offset,
                                 f"{len(self.isr)} in-sync replicas, min.insync.replicas is "
                                 f"{self.min_insync_replicas}")
-        if h.producer_id < 0:
-            if h.is_transactional:
-                return AppendResult(ErrorCode.INVALID_REQUEST, message="transactional batch without a producer id")
-        else:
+        if h.producer_id >= 0:
             check = self.producers.check_append(h, verification_guard)
             if check.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
                 dup = check.duplicate
@@ -1015,6 +996,43 @@ class Partition:
         if completed is not None and completed.is_aborted and \
                 not self.log.has_aborted_entry(h.producer_id, h.base_offset):
             self.log.append_aborted(AbortedTxn(h.producer_id, completed.first_offset, h.base_offset, lso))
+
+
+def check_batch_shape(buf: bytes) -> tuple[records.BatchHeader | None, AppendResult | None]:
+    """The checks of a client's record batch v2 that need no state (Kafka's
+    LogValidator, without decoding records): (header, None) when it may be appended,
+    else (None, refusal): CORRUPT_MESSAGE for a bad CRC32C, framing, record count or
+    record, INVALID_REQUEST for more than one batch, a control batch, an unknown
+    compression codec or a transactional batch without a producer id, INVALID_RECORD
+    for a producer epoch outside [0, 32767] with a producer id. Run before anything
+    else looks at the batch (docs/design.md, "Partition leader modules")."""
+    try:
+        h = records.verify_crc(buf)
+    except CorruptRecordError as exc:
+        return None, AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(exc))
+    if h.size != len(buf):
+        return None, AppendResult(ErrorCode.INVALID_REQUEST,
+                                  message=f"expected one record batch, got {len(buf) - h.size} extra bytes")
+    if h.record_count < 1 or h.record_count != h.last_offset_delta + 1:
+        return None, AppendResult(ErrorCode.CORRUPT_MESSAGE,
+                                  message=f"record count {h.record_count} does not match last offset delta "
+                                          f"{h.last_offset_delta}")
+    if h.is_control:
+        return None, AppendResult(ErrorCode.INVALID_REQUEST,
+                                  message="control batches are written only through WriteTxnMarkers")
+    if h.compression not in compression.CODECS:
+        return None, AppendResult(ErrorCode.INVALID_REQUEST, message=f"unsupported compression {h.compression}")
+    bad = records.validate_records(buf, h)
+    if bad is not None:
+        return None, AppendResult(ErrorCode.CORRUPT_MESSAGE, message=bad)
+    # Kafka's LogValidator checks the sequence only of a batch with a producer id; without
+    # one the epoch and sequence fields are ignored (aiokafka's plain producer sends 0).
+    if h.producer_id >= 0 and not 0 <= h.producer_epoch <= limits.INT16_MAX:
+        return None, AppendResult(ErrorCode.INVALID_RECORD, message=(
+            f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence {h.base_sequence}"))
+    if h.producer_id < 0 and h.is_transactional:
+        return None, AppendResult(ErrorCode.INVALID_REQUEST, message="transactional batch without a producer id")
+    return h, None
 
 
 def _rebuild_epochs(plog: Log) -> LeaderEpochCache:

@@ -169,6 +169,10 @@ class ProducerStateManager:
         # PID -> guard of a transaction verification in flight (KIP-890 part 1): a
         # marker for the PID drops it, so an append verified before the marker fails.
         self.verification_guards: dict[int, object] = {}
+        # PID -> offset of its last marker applied here; complete for the markers at or
+        # above markers_known_from (see marker_since).
+        self.last_markers: dict[int, int] = {}
+        self.markers_known_from = 0
         self.map_end_offset = 0  # state reflects every batch below this offset
 
     # ------------------------------------------------------------ queries
@@ -222,6 +226,15 @@ class ProducerStateManager:
         one if one is in flight). Pass it to `check_append`; a marker for the PID
         invalidates it."""
         return self.verification_guards.setdefault(producer_id, object())
+
+    def marker_since(self, producer_id: int, offset: int) -> bool:
+        """Whether a marker of `producer_id` may have been appended at or above log
+        offset `offset`: one was applied there, or the state does not know (it was
+        loaded from a snapshot, or rebuilt, above `offset`). False means a verification
+        made when the log ended at `offset` or later still holds here (a coordinator's
+        transactional offset commit verified by the group coordinator; Kafka's
+        verificationGuards)."""
+        return offset < self.markers_known_from or self.last_markers.get(producer_id, -1) >= offset
 
     # ------------------------------------------------------------ data batches
     def check_append(self, h: BatchHeader, verification_guard: object | None = None) -> AppendCheck:
@@ -342,6 +355,7 @@ class ProducerStateManager:
             entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
         entry.maybe_update_epoch(producer_epoch)
         self.verification_guards.pop(producer_id, None)
+        self.last_markers[producer_id] = marker_offset
         first = entry.current_txn_first_offset
         if first >= 0:
             self.ongoing.pop(first, None)
@@ -413,6 +427,7 @@ class ProducerStateManager:
         self.ongoing = dict(sorted((e.current_txn_first_offset, e.producer_id)
                                    for e in entries if e.current_txn_first_offset >= 0))
         self.unreplicated = {first: marker for first, marker in unreplicated if marker < offset}
+        self.last_markers, self.markers_known_from = {}, offset
         self.map_end_offset = offset
 
     def reset(self, offset: int = 0) -> None:
@@ -420,6 +435,7 @@ class ProducerStateManager:
         self.producers = {}
         self.ongoing = {}
         self.unreplicated = {}
+        self.last_markers, self.markers_known_from = {}, offset
         self.map_end_offset = offset
 
 

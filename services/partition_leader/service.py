@@ -73,8 +73,7 @@ class PartitionLeaderService:
         self.fetchers = ReplicaFetchers(manager, self._address, client.tunnel, cfg.props, self.notify)
         self.isr = IsrUpdater(manager, cluster, self.notify)
         self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
-        self.cleaner = LogCleaner(lambda: list(manager.replicas.values()),
-                                  lambda p: manager.replicas.get((p.topic, p.partition)) is p,
+        self.cleaner = LogCleaner(lambda: list(manager.serving.values()), manager.serves,
                                   compaction=cfg.get_bool("log.cleaner.enable", True), clock_ms=manager.clock_ms,
                                   monotonic_ms=manager.monotonic_ms)
         self._tasks: list[asyncio.Task] = []

@@ -59,7 +59,9 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
                                                          transactional_id=request.transactional_id,
                                                          consumer_group_id=request.consumer_group_id,
                                                          principal=current_principal.get(),
-                                                         add_partitions=request.add_partitions_to_txn))
+                                                         add_partitions=request.add_partitions_to_txn,
+                                                         verified_from=request.transaction_verified_from
+                                                         if request.HasField("transaction_verified_from") else -1))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)

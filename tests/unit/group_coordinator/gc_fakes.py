@@ -56,7 +56,7 @@ class FakeLog:
         return base
 
     async def produce(self, topic, partition, batch, acks=-1, timeout_ms=30000, transactional_id="",
-                      consumer_group_id=""):
+                      consumer_group_id="", verified_from=None):
         if self.produce_error is not None:
             return int(self.produce_error), -1
         h = records.parse_header(batch)

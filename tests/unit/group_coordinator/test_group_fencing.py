@@ -33,7 +33,7 @@ class FencingLog(FakeLog):
     """Also rejects a plain batch whose PID was written with a higher epoch."""
 
     async def produce(self, topic, partition, batch, acks=-1, timeout_ms=30000, transactional_id="",
-                      consumer_group_id=""):
+                      consumer_group_id="", verified_from=None):
         h = records.parse_header(batch)
         if h.producer_id >= 0 and not h.is_transactional:
             if h.producer_epoch < self.epochs.get(h.producer_id, -1):

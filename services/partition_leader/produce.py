@@ -1,0 +1,378 @@
+"""The write path of a partition leader: Produce and CoordinatorProduce as a pipeline
+of named gates, and WriteTxnMarkers (docs/design.md, "Partition leader modules";
+Kafka's ReplicaManager.appendRecords with DelayedProduce).
+
+One frozen `ProduceContext` is built per request and carried through every gate of
+each of its entries, in this order:
+
+1. `validate`: the request and the batch alone — required acks, internal topic vs
+   origin, the batch's shape (`partition.check_batch_shape`: CRC32C, framing, record
+   count, control bit, codec, producer epoch range, a transactional batch needs a
+   producer id). Nothing else is asked before these pass, so a malformed batch never
+   reaches a transaction coordinator.
+2. `authorize`: with the authorizer on, the producer id must be bound to the caller
+   (services/common/pid_binding.py).
+3. Under the producer's lock (one producer's batches on one partition go in arrival
+   order): the leader replica, its lease confirmed, and the batch's size
+   (`max.message.bytes`);
+4. `writer_claim`: a coordinator's plain batch with a writer id must carry the
+   ZooKeeper claim's writer id (docs/design.md, "Coordinator ownership");
+5. `verify`: a batch that would start its producer's transaction on the partition is
+   confirmed (KIP-890 part 1) or added (part 2) at the transaction coordinator — or,
+   for a coordinator's transactional offset commit the group coordinator verified,
+   taken as verified (`ProduceContext.verified_from`, Kafka's verificationGuards);
+6. `append`: `Partition.append`, with the verification guard;
+7. `await_acks`: acks=all waits for the high watermark, acks 1 and all confirm the
+   lease (outside the producer's lock).
+
+Not thread-safe: runs on the service's event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+from exactly_wire import records
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
+
+from services.common import limits
+from services.common.ownership import RETIRED_WRITER_EPOCH
+
+from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, check_batch_shape
+from .purgatory import HIGH_WATERMARK, Watch
+from .replicas import HostedReplicas, positions
+
+log = logging.getLogger(__name__)
+
+VALID_ACKS = (0, 1, -1)
+DEFAULT_PRODUCE_TIMEOUT_MS = 30000
+MARKER_TIMEOUT_MS = 25000  # below the coordinators' 30 s WriteTxnMarkers deadline
+OFFSETS_TOPIC = "__consumer_offsets"
+NOT_VERIFIED = -1
+
+
+class ProduceEntry(NamedTuple):
+    """One partition's data of a Produce: a single record batch v2, raw bytes."""
+
+    topic: str
+    partition: int
+    records: bytes
+
+
+class MarkerEntry(NamedTuple):
+    """One transaction marker of a WriteTxnMarkers for `partitions` ((topic, partition) pairs)."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: tuple[TopicPartition, ...]
+    transaction_version: int = 1  # 2: ends the transaction under the next epoch (KIP-890 part 2)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceContext:
+    """What every gate of one Produce needs, built once per request.
+
+    acks: 0, 1 or -1 (all); deadline: monotonic seconds bounding the whole request;
+    internal_only: a coordinator's CoordinatorProduce (writes only internal topics)
+    rather than a client's Produce (never internal topics); transactional_id: the
+    producer's, for verification; consumer_group_id: a group-aware producer's group
+    (KIP-447 draft); principal: the caller, for producer-id bindings; add: KIP-890
+    part 2 implicit add instead of verification; verified_from: NOT_VERIFIED (-1), or,
+    on a coordinator's transactional offset commit, the offset up to which the group
+    coordinator had applied the partition when it verified the transaction itself."""
+
+    acks: int
+    deadline: float
+    internal_only: bool = False
+    transactional_id: str = ""
+    consumer_group_id: str = ""
+    principal: str | None = None
+    add: bool = False
+    verified_from: int = NOT_VERIFIED
+
+
+def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) -> bool:
+    writer, epoch, retired = claim
+    return (producer_id == writer and producer_epoch <= epoch) or \
+        (producer_id == retired and producer_epoch == RETIRED_WRITER_EPOCH)
+
+
+class ProducePipeline:
+    """Appends client and coordinator batches, and markers, to the replicas `hosted`
+    leads (its verifier, pid bindings, leases and purgatory are read at call time)."""
+
+    def __init__(self, hosted: HostedReplicas):
+        self.hosted = hosted
+        # (topic, partition, producer id) -> lock ordering that producer's appends there.
+        self._producer_locks: dict[tuple[str, int, int], asyncio.Lock] = {}
+        # Coordinator claims on internal partitions: (writer id, writer epoch, retired writer id).
+        self._claims: dict[TopicPartition, tuple[int, int, int]] = {}
+
+    async def append(self, ctx: ProduceContext, entries: Sequence[ProduceEntry]) -> list[AppendResult]:
+        """Every entry through the gates (see the module docstring), side by side;
+        one AppendResult per entry, in order."""
+        jobs = [self._append_one(ctx, e) for e in entries]
+        if len(jobs) == 1:
+            return [await jobs[0]]
+        return list(await asyncio.gather(*jobs))
+
+    async def _append_one(self, ctx: ProduceContext, e: ProduceEntry) -> AppendResult:
+        """One entry of a Produce. The batches of one producer on one partition are
+        appended in the order their requests arrived: a batch waiting for its
+        transaction to be verified (KIP-890) holds back the producer's next ones, which
+        would otherwise overtake it (a Kafka broker reads one request per connection at
+        a time; gRPC runs a client's pipelined requests side by side)."""
+        h, refused = self.validate(ctx, e)
+        if refused is not None:
+            return refused
+        if h.producer_id < 0:
+            appended = await self._append_ordered(ctx, e, h)
+        elif (refused := await self.authorize(ctx, e, h)) is not None:
+            return refused
+        else:
+            key = (e.topic, e.partition, h.producer_id)
+            lock = self._producer_locks.get(key)
+            if lock is None:
+                lock = self._producer_locks[key] = asyncio.Lock()
+            try:
+                async with lock:  # acquired in arrival order: an uncontended acquire does not yield
+                    appended = await self._append_ordered(ctx, e, h)
+            finally:
+                if not lock.locked() and not getattr(lock, "_waiters", None) and \
+                        self._producer_locks.get(key) is lock:
+                    del self._producer_locks[key]
+        if isinstance(appended, AppendResult):
+            return appended
+        res, p, epoch = appended  # appended here: acknowledge by acks, outside the producer's order
+        err = await self.await_acks(p, epoch, ctx.acks, res.last_offset, ctx.deadline)
+        return res if err == ErrorCode.NONE else res._replace(error=err, message="")
+
+    # ------------------------------------------------------------ gates
+    def validate(self, ctx: ProduceContext, e: ProduceEntry) -> tuple[records.BatchHeader | None,
+                                                                    AppendResult | None]:
+        """Gate 1, no I/O: (header, None), or (None, refusal): INVALID_REQUIRED_ACKS,
+        INVALID_TOPIC_EXCEPTION (internal topic vs origin), the refusals of
+        `check_batch_shape`, INVALID_RECORD for a transactional batch on an internal
+        topic other than `__consumer_offsets`."""
+        if ctx.acks not in VALID_ACKS:
+            return None, AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
+        if self.hosted.is_internal(e.topic) != ctx.internal_only:
+            why = (f"{e.topic} is an internal topic: only its coordinators write it" if not ctx.internal_only
+                   else f"{e.topic} is not an internal topic")
+            return None, AppendResult(ErrorCode.INVALID_TOPIC_EXCEPTION, message=why)
+        h, refused = check_batch_shape(e.records)
+        if refused is not None:
+            return None, refused
+        if ctx.internal_only and e.topic != OFFSETS_TOPIC and h.is_transactional:
+            return None, AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
+        return h, None
+
+    async def authorize(self, ctx: ProduceContext, e: ProduceEntry, h: records.BatchHeader) -> AppendResult | None:
+        """Gate 2: the refusal of a client's batch whose producer id is not bound to the
+        caller (services/common/pid_binding.py; TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
+        CLUSTER_AUTHORIZATION_FAILED, NOT_ENOUGH_REPLICAS when its binding could not be
+        checked by the deadline); None when it is, or when bindings are off."""
+        bindings = self.hosted.pid_bindings
+        if bindings is None or ctx.internal_only:
+            return None
+        code, why = await bindings.check(h.producer_id, ctx.principal or "", ctx.transactional_id,
+                                         h.is_transactional, ctx.deadline)
+        if code == ErrorCode.NONE:
+            return None
+        return AppendResult(code, message=why)
+
+    async def _append_ordered(self, ctx: ProduceContext, e: ProduceEntry, h: records.BatchHeader
+                              ) -> AppendResult | tuple[AppendResult, Partition, int]:
+        """Gates 3-6 (leader and size, writer claim, verification, the local append):
+        an AppendResult when done (an error), or (result, partition, leader epoch) to
+        acknowledge by acks."""
+        hosted = self.hosted
+        p, err = await hosted.leader_for_write(e.topic, e.partition, ctx.deadline, confirm=ctx.acks != 0,
+                                               hw_gated=ctx.acks == ACKS_ALL)
+        if p is None:
+            return AppendResult(err)
+        too_big = limits.validate_batch_size(len(e.records), p.config.max_message_bytes)
+        if too_big is not None:
+            return AppendResult(too_big[0], message=too_big[1])
+        if ctx.internal_only and not await self.writer_claim(e, h):
+            return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
+                                message=f"the writer id and epoch of this batch are not those of the coordinator "
+                                        f"claim on {e.topic}-{e.partition}")
+        guard = None
+        # An implicit add (KIP-890 part 2) may wait at the coordinator while the
+        # producer's previous transaction completes; that transaction's marker then
+        # arrives here during the add and makes its guard stale. Adding again (at once
+        # NONE when the partition is in the transaction; fenced when the transaction
+        # was aborted and the epoch bumped meanwhile) settles which transaction the
+        # batch belongs to.
+        for _ in range(3 if ctx.add else 1):
+            if hosted.verifier is not None and (ctx.add or hosted.verify_transactions):
+                guard, refused = await self.verify(ctx, p, e, h)
+                if refused is not None:
+                    return refused
+                p, err = hosted.get(e.topic, e.partition)  # leadership may have moved meanwhile
+                if p is None:
+                    return AppendResult(err)
+            epoch = p.leader_epoch
+            res, err = hosted._guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, ctx.acks,
+                                       guard, h)
+            if res is None:
+                return AppendResult(err)
+            if not (guard is not None and res.error == ErrorCode.INVALID_TXN_STATE and
+                    p.producers.verification_guards.get(h.producer_id) is not guard):
+                break
+        if res.error == ErrorCode.NONE:
+            hosted.on_appended(e.topic, e.records)
+            hosted.purgatory.notify((e.topic, e.partition), positions(p))
+        if res.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+            return res, p, epoch
+        return res
+
+    async def _claim(self, tp: TopicPartition, current: bool) -> tuple[int, int, int] | None:
+        """The coordinator claim on internal partition `tp` (None: a cluster view
+        without claims, tools and tests); read from ZooKeeper unless cached and `current`."""
+        claim = self._claims.get(tp)
+        if claim is not None and current:
+            return claim
+        writer_claim = getattr(self.hosted.cluster, "writer_claim", None)
+        if writer_claim is None:
+            return None
+        claim = self._claims[tp] = await asyncio.to_thread(writer_claim, *tp)
+        return claim
+
+    async def writer_claim(self, e: ProduceEntry, h: records.BatchHeader) -> bool:
+        """Gate 4: a coordinator's plain batch with a writer id must carry the writer id
+        of the ZooKeeper claim on the partition, at most its writer epoch, or the retired
+        writer id at the closing epoch (docs/design.md, "Coordinator ownership"): a
+        forged batch cannot bump the writer epoch and fence the real owner. The claim
+        is cached and read again when a batch goes past it (a new owner's fence)."""
+        if h.producer_id < 0 or h.is_transactional:
+            return True  # no writer id; transactional offset commits are verified (KIP-890)
+        cached = self._claims.get((e.topic, e.partition))
+        claim = await self._claim((e.topic, e.partition),
+                                  cached is not None and _backed(cached, h.producer_id, h.producer_epoch))
+        return claim is None or _backed(claim, h.producer_id, h.producer_epoch)
+
+    async def verify(self, ctx: ProduceContext, p: Partition, e: ProduceEntry, h: records.BatchHeader
+                     ) -> tuple[object | None, AppendResult | None]:
+        """Gate 5: (guard, None) when the batch may be appended (guard None: it starts
+        no transaction), or (None, refusal): INVALID_TXN_STATE without a
+        transactional.id or when the coordinator does not hold the partition in the
+        producer's transaction, INVALID_PRODUCER_EPOCH for another epoch,
+        NOT_ENOUGH_REPLICAS when no coordinator answered by the deadline. A
+        coordinator's transactional offset commit is verified like a client's batch,
+        so a forged one cannot open a transaction that no transaction coordinator
+        will ever end — unless the group coordinator verified it already
+        (`ctx.verified_from`) and no marker of the producer was appended here since
+        (`ProducerStateManager.marker_since`): then that verification stands (Kafka's
+        verificationGuards) and the transaction coordinator is not asked again."""
+        if not p.producers.needs_verification(h, include_internal=ctx.internal_only):
+            return None, None
+        if not ctx.transactional_id:
+            return None, AppendResult(ErrorCode.INVALID_TXN_STATE, message=(
+                f"transactional batch of producer {h.producer_id} without a transactional.id: "
+                "no coordinator knows its transaction"))
+        guard = p.producers.verification_guard(h.producer_id)
+        if ctx.internal_only and ctx.verified_from >= 0 and \
+                not p.producers.marker_since(h.producer_id, ctx.verified_from):
+            return guard, None
+        verifier = self.hosted.verifier
+        if ctx.add:
+            code = await verifier.add(ctx.transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
+                                      ctx.deadline)
+        else:
+            code = await verifier.verify(ctx.transactional_id, h.producer_id, h.producer_epoch, e.topic,
+                                         e.partition, ctx.deadline, ctx.consumer_group_id)
+        if code != ErrorCode.NONE:
+            what = "could not add" if ctx.add else "does not have"
+            return None, AppendResult(code, message=(
+                f"the coordinator of {ctx.transactional_id!r} {what} {e.topic}-{e.partition} in the ongoing "
+                f"transaction of producer {h.producer_id} epoch {h.producer_epoch}"))
+        return guard, None
+
+    async def _await_high_watermark(self, p: Partition, epoch: int, last_offset: int, deadline: float) -> ErrorCode:
+        """Kafka's DelayedProduce: wait until the high watermark passes `last_offset`
+        while `p` leads `epoch`. NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND (the ISR fell
+        below min.insync.replicas meanwhile), NOT_LEADER_OR_FOLLOWER (leadership
+        moved, or the replica stopped serving), REQUEST_TIMED_OUT (deadline)."""
+        tp = (p.topic, p.partition)
+        purgatory = self.hosted.purgatory
+        while True:
+            if not self.hosted.serves(p) or not p.is_leader or p.leader_epoch != epoch:
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER
+            if p.high_watermark > last_offset:
+                return ErrorCode.NONE if len(p.isr) >= p.min_insync_replicas \
+                    else ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+            if not await purgatory.wait((Watch(tp, HIGH_WATERMARK, last_offset),), deadline) \
+                    and purgatory.clock() >= deadline:
+                return ErrorCode.REQUEST_TIMED_OUT
+
+    async def await_acks(self, p: Partition, epoch: int, acks: int, last_offset: int, deadline: float) -> ErrorCode:
+        """Gate 7, the acknowledgement of an append that succeeded locally: acks=all
+        waits for the high watermark; acks 1 and all confirm leadership of `epoch`
+        (acks=all not while ZooKeeper is unreachable, `HostedReplicas.isr_vouches`)."""
+        if acks == ACKS_ALL:
+            err = await self._await_high_watermark(p, epoch, last_offset, deadline)
+            if err != ErrorCode.NONE:
+                return err
+            if self.hosted.isr_vouches(p, True) and p.leader_epoch == epoch:
+                return ErrorCode.NONE
+        if acks != 0 and not (await self.hosted.confirmed(p, deadline) and p.leader_epoch == epoch):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
+
+    # ------------------------------------------------------------ markers
+    async def write_markers(self, markers: Sequence[MarkerEntry], deadline: float) -> list[list[MarkerResult]]:
+        """WriteTxnMarkers (see `ReplicaManager.write_markers`); deadline: monotonic s."""
+        jobs = [self._marker_one(m, topic, partition, deadline) for m in markers for topic, partition in m.partitions]
+        flat = list(await asyncio.gather(*jobs))
+        out, i = [], 0
+        for m in markers:
+            out.append(flat[i:i + len(m.partitions)])
+            i += len(m.partitions)
+        return out
+
+    async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int) -> MarkerResult | None:
+        """`__transaction_state` holds no transactions, so no markers; on
+        `__consumer_offsets` a marker may not name a coordinator's writer id (a marker
+        bumps its producer's epoch, which would fence the owning coordinator)."""
+        if topic != OFFSETS_TOPIC:
+            return MarkerResult(ErrorCode.INVALID_REQUEST, message=f"{topic} holds no transactions")
+        claim = await self._claim((topic, partition), True)  # kept current by writer_claim
+        if claim is None:
+            return None
+        writer, _epoch, retired = claim
+        if m.producer_id in (writer, retired):
+            return MarkerResult(ErrorCode.INVALID_REQUEST,
+                                message=f"producer id {m.producer_id} is the coordinator's writer id of {topic}-{partition}")
+        return None
+
+    async def _marker_one(self, m: MarkerEntry, topic: str, partition: int, deadline: float) -> MarkerResult:
+        hosted = self.hosted
+        if hosted.is_internal(topic):
+            refused = await self._internal_marker_refused(m, topic, partition)
+            if refused is not None:
+                return refused
+        p, err = await hosted.leader_for_write(topic, partition, deadline, confirm=True, hw_gated=True)
+        if p is None:
+            return MarkerResult(err)
+        if hosted.monotonic_s() >= deadline:
+            return MarkerResult(ErrorCode.REQUEST_TIMED_OUT, message=(
+                f"marker for producer {m.producer_id} epoch {m.producer_epoch} on {topic}-{partition} not "
+                "appended: the request's deadline passed first"))
+        epoch = p.leader_epoch
+        res, err = hosted._guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id,
+                                   m.producer_epoch, m.committed, m.coordinator_epoch, m.transaction_version)
+        if res is None:
+            return MarkerResult(err)
+        if res.error == ErrorCode.NONE:
+            hosted.purgatory.notify((topic, partition), positions(p))
+            err = await self.await_acks(p, epoch, ACKS_ALL, res.offset, deadline)
+            if err != ErrorCode.NONE:
+                res = res._replace(error=err, message="")
+        return res

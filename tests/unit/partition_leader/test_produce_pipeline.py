@@ -1,0 +1,92 @@
+"""The write path's gate order (services/partition_leader/produce.py): the checks a
+leader can make alone run before any transaction coordinator is asked, so a malformed
+transactional batch is refused without its partition being added to (KIP-890 part 2)
+or verified in (part 1) the producer's transaction."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from exactly_wire.error_codes import ErrorCode
+from services.common.cluster import PartitionState, TopicInfo
+from services.partition_leader.produce import ProduceContext
+from services.partition_leader.replica_manager import ProduceEntry, ReplicaManager
+
+from .conftest import make_batch
+from .test_replica_manager import FakeCluster
+
+TP = ("r", 0)
+
+
+class CountingVerifier:
+    """A transaction coordinator that confirms everything and records each call."""
+
+    def __init__(self):
+        self.adds, self.verifies = [], []
+
+    async def verify(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline, group_id=""):
+        self.verifies.append((transactional_id, producer_id, producer_epoch, topic, partition))
+        return ErrorCode.NONE
+
+    async def add(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+        self.adds.append((transactional_id, producer_id, producer_epoch, topic, partition))
+        return ErrorCode.NONE
+
+
+@pytest.fixture
+def manager(tmp_path, store, clock):
+    """Single-replica leader of r-0 whose batches may be at most 2000 bytes."""
+    cluster = FakeCluster({"r": TopicInfo("r", {0: ["me"]}, {"max.message.bytes": "2000"}, False,
+                                          {0: PartitionState("me", 1, ("me",), version=0)})})
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
+    m.verifier = CountingVerifier()
+    m.refresh()
+    yield m
+    m.close()
+
+
+def _flip_last_byte(batch: bytes) -> bytes:
+    return batch[:-1] + bytes([batch[-1] ^ 0xFF])
+
+
+MALFORMED = {
+    "bad CRC": (lambda: _flip_last_byte(make_batch(1, pid=9, seq=0, txn=True)), ErrorCode.CORRUPT_MESSAGE),
+    "two batches": (lambda: make_batch(1, pid=9, seq=0, txn=True) + make_batch(1, pid=9, seq=1, txn=True),
+                    ErrorCode.INVALID_REQUEST),
+    "epoch out of range": (lambda: make_batch(1, pid=9, epoch=-5, seq=0, txn=True), ErrorCode.INVALID_RECORD),
+    "too large": (lambda: make_batch(1, pid=9, seq=0, txn=True, value_size=4000), ErrorCode.MESSAGE_TOO_LARGE),
+}
+
+
+@pytest.mark.parametrize("add_partitions", [True, False], ids=["implicit add", "verification"])
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_transactional_batch_never_reaches_the_coordinator(manager, case, add_partitions):
+    make, expected = MALFORMED[case]
+
+    async def main():
+        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make())], transactional_id="tx",
+                                             add_partitions=add_partitions)
+        return res
+    res = asyncio.run(main())
+    assert res.error == expected, res
+    assert manager.verifier.adds == [] and manager.verifier.verifies == []  # nothing added to the transaction
+    p = manager.replicas[TP]
+    assert p.log_end_offset == 0 and not p.producers.ongoing
+
+
+def test_a_well_formed_transactional_batch_is_added_once_then_appended(manager):
+    async def main():
+        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=9, seq=0, txn=True))],
+                                             transactional_id="tx", add_partitions=True)
+        return res
+    assert asyncio.run(main()).error == ErrorCode.NONE
+    assert manager.verifier.adds == [("tx", 9, 0, "r", 0)] and manager.verifier.verifies == []
+    assert manager.replicas[TP].log_end_offset == 1
+
+
+def test_the_produce_context_is_frozen():
+    ctx = ProduceContext(acks=-1, deadline=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.acks = 1  # type: ignore[misc]
