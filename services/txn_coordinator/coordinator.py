@@ -345,6 +345,21 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             except Exception:  # noqa: BLE001 - a scan bug must not stop later scans
                 log.exception("periodic %s failed", getattr(fn, "__name__", fn))
 
+    async def _wait_done(self, tasks: Iterable[asyncio.Future], timeout_ms: int) -> None:
+        """Wait until every one of `tasks` is done, or until `timeout_ms` ms of the
+        injected monotonic clock have passed, whichever comes first; the tasks are
+        never cancelled. The deadline is raced with the injected sleep (docs/design.md,
+        "Clocks"): the sleep may return early (a test's), the monotonic clock decides."""
+        deadline = self._monotonic() + timeout_ms
+        pending = {t for t in tasks if not t.done()}
+        while pending and (left := deadline - self._monotonic()) > 0:
+            timer = asyncio.ensure_future(self._sleep(left / 1000))
+            try:
+                _, pending = await asyncio.wait(pending | {timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            pending.discard(timer)
+
     # ------------------------------------------------------------ ownership
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
                        retired_producer_id: int) -> _TxnPartition:
@@ -924,7 +939,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
             if handover:
                 waiting[tid] += 1
             try:
-                await asyncio.wait({task}, timeout=self.config.previous_completion_wait_ms / 1000)
+                await self._wait_done({task}, self.config.previous_completion_wait_ms)
             finally:
                 if handover:
                     waiting[tid] -= 1
@@ -1081,7 +1096,7 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if err:
             return EndTxnResult(err)
         if self.config.end_txn_completion_wait_ms > 0:
-            await asyncio.wait(completions, timeout=self.config.end_txn_completion_wait_ms / 1000)
+            await self._wait_done(completions, self.config.end_txn_completion_wait_ms)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod

@@ -131,7 +131,7 @@ def test_prepare_without_a_transaction_starts_an_empty_sealed_one():
 
 def test_prepare_errors():
     async def scenario():
-        h = Harness()
+        h = Harness(clock_sleep=True)
         await h.elect()
         pid, epoch = await h.begin("t")
         assert await h.coord.prepare_txn("t", pid, epoch - 1) == E.PRODUCER_FENCED
@@ -139,9 +139,20 @@ def test_prepare_errors():
         assert await h.coord.prepare_txn("unknown", pid, epoch) == E.INVALID_PRODUCER_ID_MAPPING
         h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+
+        async def after_the_wait(request) -> ErrorCode:
+            """`request` waits for the previous transaction (exactly.txn.previous.completion.wait.ms
+            on the injected clock) and answers once the clock passed that wait."""
+            task = asyncio.create_task(request)
+            await h.clock.sleeping.wait()
+            assert not task.done()
+            h.clock.advance(h.coord.config.previous_completion_wait_ms)
+            return await task
+
         # The previous transaction is completing: retriable, as for AddPartitionsToTxn.
-        assert await h.coord.prepare_txn("t", pid, epoch + 1) == E.CONCURRENT_TRANSACTIONS
-        assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED  # the epoch before the bump
+        assert await after_the_wait(h.coord.prepare_txn("t", pid, epoch + 1)) == E.CONCURRENT_TRANSACTIONS
+        # the epoch before the bump
+        assert await after_the_wait(h.coord.prepare_txn("t", pid, epoch)) == E.PRODUCER_FENCED
         h.markers.gate.set()
         await h.settle()
 
