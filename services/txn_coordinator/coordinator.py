@@ -279,7 +279,38 @@ class _TxnPartition(OwnedPartition):
         return not self.loading and self.error is None
 
 
-_NEED_PID = object()
+# What `_prepare_init` decided (InitProducerId): a tagged union matched with `match`.
+@dataclass(frozen=True)
+class InitAnswer:
+    """Answer the request with `result` now (an error, or a kept prepared transaction)."""
+
+    result: InitProducerIdResult
+
+
+@dataclass(frozen=True)
+class InitNeedsProducerIds:
+    """No producer id is left in the reserved block: reserve one, then prepare again."""
+
+
+@dataclass(frozen=True)
+class InitFencesOngoing:
+    """The id's previous producer has a transaction ongoing: abort it with an epoch
+    bump first (the answer is CONCURRENT_TRANSACTIONS until it completed)."""
+
+    part: _TxnPartition
+    md: TransactionMetadata
+
+
+@dataclass(frozen=True)
+class InitAppends:
+    """`transit` (the epoch bump or PID rotation) is pending on `md`: append it."""
+
+    part: _TxnPartition
+    md: TransactionMetadata
+    transit: TxnTransitMetadata
+
+
+InitStep = InitAnswer | InitNeedsProducerIds | InitFencesOngoing | InitAppends
 
 
 # ---------------------------------------------------------------- coordinator
@@ -574,17 +605,18 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
                 await self._pids.ensure_available()
             except ProducerIdAllocationError as exc:
                 return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
-            outcome = self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id,
-                                         keep_prepared_txn and group is None)
-            if outcome is not _NEED_PID:
-                break
-        if isinstance(outcome, InitProducerIdResult):
-            return outcome
-        kind, part, md, transit = outcome
-        if kind == "fence":
-            err = await self._fence_and_abort(part, md)
-            return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
-                                        message="aborting the ongoing transaction of the previous producer")
+            match self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id,
+                                     keep_prepared_txn and group is None):
+                case InitNeedsProducerIds():
+                    continue
+                case InitAnswer(result):
+                    return result
+                case InitFencesOngoing(part, md):
+                    err = await self._fence_and_abort(part, md)
+                    return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
+                                                message="aborting the ongoing transaction of the previous producer")
+                case InitAppends(part, md, transit):
+                    break
         if self.bind_producer_ids:
             wanted = txn_log.ProducerIdBinding(principal, transactional_id, self._clock())
             current = part.bindings.get(transit.producer_id)
@@ -728,38 +760,41 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         return self._pids.next_pid()
 
     def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str,
-                      keep_prepared: bool = False):
+                      keep_prepared: bool = False) -> InitStep:
+        """The synchronous part of InitProducerId (no `await` between the checks and
+        the prepare): what to do next, as an `InitStep`."""
         err, part = self._lookup(tid, group_id)
         if err:
-            return InitProducerIdResult(err)
+            return InitAnswer(InitProducerIdResult(err))
         now = self._clock()
         md = part.txns.get(tid)
         if md is None:
             pid = self._new_pid(part)
             if pid is None:
-                return _NEED_PID
+                return InitNeedsProducerIds()
             md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
                                      group=part.groups.get(group_id, {}).get(tid))
             part.txns[tid] = md
             metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
         if md.pending_transition_in_progress:
-            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS))
         if expected is not None and not _valid_producer_id(md, *expected):
-            return InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
-                                        message=f"producer id {expected[0]} epoch {expected[1]} is not current")
+            return InitAnswer(InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
+                                                   message=f"producer id {expected[0]} epoch {expected[1]} is not current"))
         state = md.state
         if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
-                                        message="the previous transaction is completing")
+            return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                                   message="the previous transaction is completing"))
         if state is TxnState.ONGOING and keep_prepared and md.is_prepared:
             log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d)", tid,
                      md.producer_id, md.producer_epoch)
-            return InitProducerIdResult(ErrorCode.NONE, md.producer_id, md.producer_epoch, kept_prepared=True)
+            return InitAnswer(InitProducerIdResult(ErrorCode.NONE, md.producer_id, md.producer_epoch,
+                                                   kept_prepared=True))
         if state is TxnState.ONGOING:
-            return "fence", part, md, None
+            return InitFencesOngoing(part, md)
         if state not in COMPLETED_STATES:
             log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
-            return InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR)
+            return InitAnswer(InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR))
         # With bindings a producer id must live in its transactional.id's partition; one
         # issued before bindings were on is replaced, as an exhausted one is.
         misplaced = self.bind_producer_ids and md.producer_epoch >= 0 and \
@@ -767,13 +802,13 @@ class TransactionCoordinator(PartitionOwner[_TxnPartition]):
         if misplaced or (md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch)):
             new_pid = self._new_pid(part)
             if new_pid is None:
-                return _NEED_PID
+                return InitNeedsProducerIds()
             transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None)
         else:
             transit = md.prepare_increment_producer_epoch(timeout_ms, expected[1] if expected else None, now)
             if isinstance(transit, ErrorCode):
-                return InitProducerIdResult(transit)
-        return "append", part, md, transit
+                return InitAnswer(InitProducerIdResult(transit))
+        return InitAppends(part, md, transit)
 
     async def _init_group(self, tid: str, group: GroupAssignment) -> InitProducerIdResult | None:
         """KIP-447 draft, "Proposed Changes": the group-aware part of InitProducerId,
