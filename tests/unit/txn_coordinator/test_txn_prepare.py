@@ -178,7 +178,7 @@ def test_prepare_txn_that_wakes_before_the_handover_add_is_retriable():
         add = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
 
         async def release() -> None:  # runs once both requests wait for the completion
-            assert h.coord._parts[0].next_waiting["t"] == 1
+            assert h.coord._parts[0].completions["t"].waiting == 1
             h.markers.gate.set()
         await asyncio.create_task(release())
         assert await prepare == E.CONCURRENT_TRANSACTIONS
