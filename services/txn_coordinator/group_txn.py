@@ -9,8 +9,9 @@ assignments are records of their own in the transaction log.
 
 `GroupTxn` is a part of `coordinator.TransactionCoordinator`; the rest of it reaches
 the draft only through these hooks: `_init_group` (InitProducerId),
-`_check_generation` (every later request), `_forget_group` (transactional.id
-expiration) and `_loaded_groups` (the load).
+`_recorded_assignment` (a new transactional.id's metadata), `_check_generation`
+(every later request), `_forget_group` (transactional.id expiration) and
+`_loaded_groups` (the load).
 """
 from __future__ import annotations
 
@@ -123,6 +124,12 @@ class GroupTxn:
         if generation_id != md.group.generation_id or generation_id < part.generation(group_id):
             return ErrorCode.ILLEGAL_GENERATION
         return ErrorCode.NONE
+
+    @staticmethod
+    def _recorded_assignment(part: TxnPartition, group_id: str, tid: str) -> GroupAssignment | None:
+        """The hook of a new transactional.id's metadata: the group assignment recorded
+        for `tid` in `group_id` (None: none, or `group_id` empty)."""
+        return part.groups.get(group_id, {}).get(tid)
 
     async def _forget_group(self, part: TxnPartition, tid: str, group: GroupAssignment | None) -> None:
         """The hook of transactional.id expiration: tombstone the group assignment of

@@ -73,7 +73,7 @@ class TxnRequests:
     `_append`, `_confirm_ownership`, `_wait_done`, clocks, PID manager and topology,
     the completion part (`_previous_completed`, `_resume_completion`,
     `_start_next_transaction`, `_start_completion`, `_fence_and_abort`) and the
-    KIP-447 hooks (`_init_group`, `_check_generation`)."""
+    KIP-447 hooks (`_init_group`, `_check_generation`, `_recorded_assignment`)."""
 
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
                                expected: tuple[int, int] | None = None,
@@ -262,7 +262,7 @@ class TxnRequests:
             if pid is None:
                 return InitNeedsProducerIds()
             md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
-                                     group=part.groups.get(group_id, {}).get(tid))
+                                     group=self._recorded_assignment(part, group_id, tid))
             part.txns[tid] = md
             metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
         if md.pending_transition_in_progress:
