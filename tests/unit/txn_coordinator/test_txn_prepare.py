@@ -144,7 +144,8 @@ def test_prepare_errors():
             """`request` waits for the previous transaction (exactly.txn.previous.completion.wait.ms
             on the injected clock) and answers once the clock passed that wait."""
             task = asyncio.create_task(request)
-            await h.clock.sleeping.wait()
+            # The wait sleeps on the fake clock (a real-time wait would never get here).
+            await asyncio.wait_for(h.clock.sleeping.wait(), timeout=5)
             assert not task.done()
             h.clock.advance(h.coord.config.previous_completion_wait_ms)
             return await task
