@@ -14,7 +14,7 @@ from services.common.cluster import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_T
                                      partition_for_key)
 from services.common.rpc import ClusterClient
 
-from .coordinator import TxnLogFetch, TxnMarker
+from .ports import TxnLogFetch, TxnMarker
 
 
 # Markers end each transaction under the next producer epoch (KIP-890 part 2).

@@ -1,8 +1,11 @@
 """Transaction states and the per-transactional.id metadata of the coordinator.
 
 Follows Kafka's `TransactionState.java` / `TransactionMetadata.java` and the design
-doc sections "Transaction Coordinator" and "Transaction Log": every state lists its
-valid previous states (`VALID_PREVIOUS`), checked in one place (`check_transition`);
+doc sections "Transaction Coordinator" and "Transaction Log": the transition table
+(`TRANSITION_TABLE`) lists, per target state, its valid previous states (Kafka's
+`validPreviousStates`, as `VALID_PREVIOUS`) and one guarded row, the handover
+(`Guard.MARKERS_WRITTEN`); every transition passes the one check (`check_transition`)
+and the state changes only in the table's apply function (`_apply`);
 a change is made in three steps — `prepare_*()` returns an immutable
 `TxnTransitMetadata` and marks the metadata as pending, the coordinator appends the
 transit to the transaction log, then `complete_transition(transit)` re-checks the
@@ -68,18 +71,48 @@ _KAFKA_NAMES = {
     TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence",
 }
 
+class Guard(enum.Enum):
+    """A condition a row of the transition table needs besides the current state; the
+    caller that knows it holds names it (`check_transition`)."""
+
+    # The handover: every marker of the PrepareCommit / PrepareAbort transaction is
+    # written (the coordinator knows; no record says so) and the first add of the
+    # producer's next transaction takes over.
+    MARKERS_WRITTEN = "every marker of the prepared transaction is written"
+
+
+@dataclass(frozen=True)
+class TransitionRow:
+    """A row of the transition table: `target` may follow any state of `previous`,
+    when `guard` (None: none) holds."""
+
+    previous: frozenset[TxnState]
+    target: TxnState
+    guard: Guard | None = None
+
+
 S = TxnState
-VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
-    S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.ONGOING: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
-    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
-    S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
-    S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
-    S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
-}
+# Kafka's TransactionState.validPreviousStates, plus the handover (guarded).
+TRANSITION_TABLE: tuple[TransitionRow, ...] = (
+    TransitionRow(frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}), S.EMPTY),
+    TransitionRow(frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}), S.ONGOING),
+    TransitionRow(frozenset({S.ONGOING}), S.PREPARE_COMMIT),
+    TransitionRow(frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}), S.PREPARE_ABORT),
+    TransitionRow(frozenset({S.PREPARE_COMMIT}), S.COMPLETE_COMMIT),
+    TransitionRow(frozenset({S.PREPARE_ABORT}), S.COMPLETE_ABORT),
+    TransitionRow(frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}), S.DEAD),
+    TransitionRow(frozenset({S.ONGOING}), S.PREPARE_EPOCH_FENCE),
+    # The handover (TransactionMetadata.prepare_next_transaction): one Ongoing record
+    # completes the prepared transaction and starts the next.
+    TransitionRow(frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT}), S.ONGOING, Guard.MARKERS_WRITTEN),
+)
 del S
+
+# The unguarded rows by target (Kafka's validPreviousStates).
+VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
+    target: frozenset().union(*(r.previous for r in TRANSITION_TABLE if r.target is target and r.guard is None))
+    for target in TxnState
+}
 
 # States in which no transaction is in progress.
 COMPLETED_STATES = frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
@@ -111,11 +144,15 @@ class TransitionMismatchError(TxnStateError):
     """complete_transition() with a transit that does not match the metadata."""
 
 
-def check_transition(transactional_id: str, current: TxnState, target: TxnState) -> None:
-    """The one check of the transition table: raises InvalidTransitionError unless
-    `current` is in VALID_PREVIOUS[target]."""
-    if current not in VALID_PREVIOUS[target]:
-        raise InvalidTransitionError(transactional_id, current, target)
+def check_transition(transactional_id: str, current: TxnState, target: TxnState,
+                     guard: Guard | None = None) -> TransitionRow:
+    """The one check of the transition table (`TRANSITION_TABLE`): returns the row
+    that takes `current` to `target` under `guard` (None: an unguarded row; a guard:
+    only the row with that guard), else raises InvalidTransitionError."""
+    for row in TRANSITION_TABLE:
+        if row.target is target and row.guard is guard and current in row.previous:
+            return row
+    raise InvalidTransitionError(transactional_id, current, target)
 
 
 def is_epoch_exhausted(epoch: int) -> bool:
@@ -180,9 +217,9 @@ class TransactionMetadata:
     """
 
     __slots__ = ("transactional_id", "producer_id", "last_producer_id", "producer_epoch",
-                 "last_producer_epoch", "txn_timeout_ms", "state", "partitions",
+                 "last_producer_epoch", "txn_timeout_ms", "_state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
-                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_handover",
+                 "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_pending_guard",
                  "started_monotonic_ms", "prepared_monotonic_ms", "updated_monotonic_ms")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
@@ -197,7 +234,7 @@ class TransactionMetadata:
         self.producer_epoch = producer_epoch
         self.last_producer_epoch = last_producer_epoch
         self.txn_timeout_ms = txn_timeout_ms
-        self.state = state
+        self._state = state  # from here on changed only by _apply (the transition table)
         self.partitions: set[TopicPartition] = set(partitions)
         self.txn_start_timestamp = txn_start_timestamp
         self.txn_last_update_timestamp = txn_last_update_timestamp
@@ -206,7 +243,7 @@ class TransactionMetadata:
         self._fence_epoch: int | None = None
         self.prepared_timestamp = prepared_timestamp
         self.transaction_version = transaction_version
-        self._handover = False  # the pending Ongoing completes a Prepare* (prepare_next_transaction)
+        self._pending_guard: Guard | None = None  # the guard of the pending transition's row
         self.started_monotonic_ms: int | None = None
         self.prepared_monotonic_ms: int | None = None
         self.updated_monotonic_ms: int | None = None
@@ -229,6 +266,12 @@ class TransactionMetadata:
 
     # ------------------------------------------------------------ queries
     @property
+    def state(self) -> TxnState:
+        """The current state; read-only: it changes only by `complete_transition`,
+        through a row of `TRANSITION_TABLE`."""
+        return self._state
+
+    @property
     def pending_transition_in_progress(self) -> bool:
         return self.pending_state is not None
 
@@ -250,12 +293,13 @@ class TransactionMetadata:
                                   self.transaction_version)
 
     # ------------------------------------------------------------ prepare
-    def _prepare_transition_to(self, target: TxnState, now_ms: int, **changes) -> TxnTransitMetadata:
+    def _prepare_transition_to(self, target: TxnState, now_ms: int, guard: Guard | None = None,
+                               **changes) -> TxnTransitMetadata:
         if self.pending_state is not None:
             raise PendingTransitionError(
                 f"transactional.id {self.transactional_id!r}: preparing {target.kafka_name} while "
                 f"{self.pending_state.kafka_name} is pending")
-        check_transition(self.transactional_id, self.state, target)
+        check_transition(self.transactional_id, self.state, target, guard)
         epoch = changes.get("producer_epoch", self.producer_epoch)
         if not NO_PRODUCER_EPOCH <= epoch <= MAX_PRODUCER_EPOCH:
             raise TxnStateError(f"producer epoch {epoch} out of range")
@@ -263,6 +307,7 @@ class TransactionMetadata:
             changes.setdefault("prepared_timestamp", -1)  # no transaction left to be prepared
         transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
         self.pending_state = target
+        self._pending_guard = guard
         return transit
 
     def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int, expected_producer_epoch: int | None,
@@ -334,20 +379,13 @@ class TransactionMetadata:
         Ongoing one: a loader takes the last record of an id, and the markers were
         written before it was appended (docs/design.md, "Prepare -> append ->
         complete"). Same PID and epoch; the partitions are `added` alone; the
-        transaction (and its timeout) starts at now_ms. Raises InvalidTransitionError
-        outside PrepareCommit / PrepareAbort, PendingTransitionError while another
-        transition is pending."""
-        if self.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            raise InvalidTransitionError(self.transactional_id, self.state, TxnState.ONGOING)
-        if self.pending_state is not None:
-            raise PendingTransitionError(
-                f"transactional.id {self.transactional_id!r}: starting the next transaction while "
-                f"{self.pending_state.kafka_name} is pending")
-        transit = replace(self.snapshot(), state=TxnState.ONGOING, partitions=frozenset(added),
-                          txn_start_timestamp=now_ms, txn_last_update_timestamp=now_ms, prepared_timestamp=-1)
-        self.pending_state = TxnState.ONGOING
-        self._handover = True
-        return transit
+        transaction (and its timeout) starts at now_ms. The row of `TRANSITION_TABLE`
+        guarded by Guard.MARKERS_WRITTEN: the caller has established the guard.
+        Raises PendingTransitionError while another transition is pending,
+        InvalidTransitionError outside PrepareCommit / PrepareAbort."""
+        return self._prepare_transition_to(TxnState.ONGOING, now_ms, Guard.MARKERS_WRITTEN,
+                                           partitions=frozenset(added), txn_start_timestamp=now_ms,
+                                           prepared_timestamp=-1)
 
     def prepare_mark_prepared(self, now_ms: int) -> TxnTransitMetadata:
         """PrepareTxn (two-phase commit in the spirit of KIP-939): seal the Ongoing
@@ -418,7 +456,7 @@ class TransactionMetadata:
         """Forget the pending transition (its log append failed)."""
         self.pending_state = None
         self._fence_epoch = None
-        self._handover = False
+        self._pending_guard = None
 
     def complete_transition(self, transit: TxnTransitMetadata) -> None:
         """Apply a transit after its record was appended to the transaction log.
@@ -438,11 +476,8 @@ class TransactionMetadata:
             raise TransitionMismatchError(
                 f"transactional.id {self.transactional_id!r}: completing {target.kafka_name} but pending is "
                 f"{self.pending_state.kafka_name if self.pending_state else None}")
-        handover = self._handover
-        if not handover:
-            check_transition(self.transactional_id, self.state, target)
-        elif self.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or target is not TxnState.ONGOING:
-            raise InvalidTransitionError(self.transactional_id, self.state, target)
+        row = check_transition(self.transactional_id, self.state, target, self._pending_guard)
+        handover = row.guard is Guard.MARKERS_WRITTEN
         rotated = transit.producer_id != self.producer_id
         if rotated and not (target is TxnState.EMPTY and transit.last_producer_id == self.producer_id):
             self._mismatch(transit, "producer id changed outside a rotation")
@@ -468,12 +503,17 @@ class TransactionMetadata:
                 self._mismatch(transit, "empty state with partitions")
         else:
             self._mismatch(transit, "PrepareEpochFence is never completed")
+        self._apply(row, transit)
+
+    def _apply(self, row: TransitionRow, transit: TxnTransitMetadata) -> None:
+        """The table's apply function, the only place the state changes: take `row`
+        (checked by `complete_transition`) with the values of `transit`."""
         self.producer_id = transit.producer_id
         self.last_producer_id = transit.last_producer_id
         self.producer_epoch = transit.producer_epoch
         self.last_producer_epoch = transit.last_producer_epoch
         self.txn_timeout_ms = transit.txn_timeout_ms
-        self.state = target
+        self._state = row.target
         self.partitions = set(transit.partitions)
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
@@ -481,7 +521,7 @@ class TransactionMetadata:
         self.transaction_version = transit.transaction_version
         self.pending_state = None
         self._fence_epoch = None
-        self._handover = False
+        self._pending_guard = None
 
     def _mismatch(self, transit: TxnTransitMetadata, why: str) -> None:
         raise TransitionMismatchError(f"transactional.id {self.transactional_id!r}: {why}: {self!r} -> {transit!r}")

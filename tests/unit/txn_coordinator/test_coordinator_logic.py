@@ -1101,7 +1101,7 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
         ended_at = h.clock.now
         end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
         assert (end.error, end.producer_epoch) == (E.NONE, epoch)
-        completion = h.coord._parts[0].completions["t"]
+        completion = h.coord._parts[0].completions["t"].task
         parked = asyncio.create_task(sleep.parked.wait())
         await asyncio.wait({parked, completion}, return_when=asyncio.FIRST_COMPLETED)
         assert not completion.done()  # still waiting for the unanswered request to die at the leader

@@ -131,7 +131,7 @@ def test_prepare_without_a_transaction_starts_an_empty_sealed_one():
 
 def test_prepare_errors():
     async def scenario():
-        h = Harness()
+        h = Harness(clock_sleep=True)
         await h.elect()
         pid, epoch = await h.begin("t")
         assert await h.coord.prepare_txn("t", pid, epoch - 1) == E.PRODUCER_FENCED
@@ -139,9 +139,21 @@ def test_prepare_errors():
         assert await h.coord.prepare_txn("unknown", pid, epoch) == E.INVALID_PRODUCER_ID_MAPPING
         h.markers.gate = asyncio.Event()  # hold the markers: PrepareCommit stays
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+
+        async def after_the_wait(request) -> ErrorCode:
+            """`request` waits for the previous transaction (exactly.txn.previous.completion.wait.ms
+            on the injected clock) and answers once the clock passed that wait."""
+            task = asyncio.create_task(request)
+            # The wait sleeps on the fake clock (a real-time wait would never get here).
+            await asyncio.wait_for(h.clock.sleeping.wait(), timeout=5)
+            assert not task.done()
+            h.clock.advance(h.coord.config.previous_completion_wait_ms)
+            return await task
+
         # The previous transaction is completing: retriable, as for AddPartitionsToTxn.
-        assert await h.coord.prepare_txn("t", pid, epoch + 1) == E.CONCURRENT_TRANSACTIONS
-        assert await h.coord.prepare_txn("t", pid, epoch) == E.PRODUCER_FENCED  # the epoch before the bump
+        assert await after_the_wait(h.coord.prepare_txn("t", pid, epoch + 1)) == E.CONCURRENT_TRANSACTIONS
+        # the epoch before the bump
+        assert await after_the_wait(h.coord.prepare_txn("t", pid, epoch)) == E.PRODUCER_FENCED
         h.markers.gate.set()
         await h.settle()
 
@@ -167,7 +179,7 @@ def test_prepare_txn_that_wakes_before_the_handover_add_is_retriable():
         add = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
 
         async def release() -> None:  # runs once both requests wait for the completion
-            assert h.coord._parts[0].next_waiting["t"] == 1
+            assert h.coord._parts[0].completions["t"].waiting == 1
             h.markers.gate.set()
         await asyncio.create_task(release())
         assert await prepare == E.CONCURRENT_TRANSACTIONS

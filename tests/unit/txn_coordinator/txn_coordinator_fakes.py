@@ -3,6 +3,7 @@ and the cluster topology, to drive the coordinator without gRPC or ZooKeeper."""
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -18,14 +19,38 @@ from services.txn_coordinator.state import TxnState
 
 
 class FakeClock:
+    """Milliseconds that move only when the test advances them. `sleep` is a sleep
+    on this clock: a retry backoff (up to exactly.txn.retry.backoff.max.ms) only
+    yields, a longer sleep returns once the test advanced the clock past its end;
+    `sleeping` is set while such a sleep waits."""
+
     def __init__(self, now_ms: int = 1_700_000_000_000):
         self.now = now_ms
+        self._timers: list[tuple[int, asyncio.Event]] = []
+        self.sleeping = asyncio.Event()
 
     def __call__(self) -> int:
         return self.now
 
     def advance(self, ms: int) -> None:
         self.now += ms
+        for until, woken in self._timers:
+            if until <= self.now:
+                woken.set()
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= TxnCoordinatorConfig().retry_backoff_max_ms / 1000:
+            await asyncio.sleep(0)
+            return
+        timer = (self.now + math.ceil(seconds * 1000), asyncio.Event())
+        self._timers.append(timer)
+        self.sleeping.set()
+        try:
+            await timer[1].wait()
+        finally:
+            self._timers.remove(timer)
+            if not self._timers:
+                self.sleeping.clear()
 
 
 async def fast_sleep(_seconds: float) -> None:
@@ -181,12 +206,15 @@ class Harness:
     """A coordinator over the fakes. PIDs come from blocks of `block_size`; `sleep`
     is the coordinator's (seconds; by default it only yields to the loop). `clock` is
     both its wall and its monotonic clock, unless split_clocks: then `wall` is a clock
-    of its own (stepped by hand) and `clock` the monotonic one."""
+    of its own (stepped by hand) and `clock` the monotonic one. clock_sleep: the
+    coordinator sleeps on `clock` (FakeClock.sleep) instead of `sleep`."""
 
     def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
                  log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep,
-                 bind_producer_ids: bool = False, split_clocks: bool = False):
+                 bind_producer_ids: bool = False, split_clocks: bool = False, clock_sleep: bool = False):
         self.clock = FakeClock()
+        if clock_sleep:
+            sleep = self.clock.sleep
         self.wall = FakeClock() if split_clocks else self.clock
         self.log = log or FakeLog()
         self.markers = FakeMarkers()

@@ -1,0 +1,539 @@
+"""The request handling of the transaction coordinator (design doc "Transaction
+Coordinator Request Handling").
+
+InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, PrepareTxn, and
+VerifyProducerId of the producer-id bindings. Each request checks, prepares its
+transition (no `await` between the checks and the prepare, so a second request sees
+the pending transition and gets CONCURRENT_TRANSACTIONS), then appends it to the log
+(`coordinator._append`).
+
+`TxnRequests` is a part of `coordinator.TransactionCoordinator`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from exactly_wire.error_codes import ErrorCode
+from exactly_wire.types import TopicPartition
+from services.common.owned import code_name
+from services.common.pid_binding import refusal, refusal_code
+
+from . import metrics, txn_log
+from .pid_manager import ProducerIdAllocationError
+from .ports import OFFSETS_TOPIC, EndTxnResult, InitProducerIdResult
+from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TransactionMetadata, TxnState,
+                    TxnTransitMetadata, is_epoch_exhausted)
+
+if TYPE_CHECKING:
+    from .partition import TxnPartition
+
+log = logging.getLogger(__name__)
+
+
+# What `_prepare_init` decided (InitProducerId): a tagged union matched with `match`.
+@dataclass(frozen=True)
+class InitAnswer:
+    """Answer the request with `result` now (an error, or a kept prepared transaction)."""
+
+    result: InitProducerIdResult
+
+
+@dataclass(frozen=True)
+class InitNeedsProducerIds:
+    """No producer id is left in the reserved block: reserve one, then prepare again."""
+
+
+@dataclass(frozen=True)
+class InitFencesOngoing:
+    """The id's previous producer has a transaction ongoing: abort it with an epoch
+    bump first (the answer is CONCURRENT_TRANSACTIONS until it completed)."""
+
+    part: TxnPartition
+    md: TransactionMetadata
+
+
+@dataclass(frozen=True)
+class InitAppends:
+    """`transit` (the epoch bump or PID rotation) is pending on `md`: append it."""
+
+    part: TxnPartition
+    md: TransactionMetadata
+    transit: TxnTransitMetadata
+
+
+InitStep = InitAnswer | InitNeedsProducerIds | InitFencesOngoing | InitAppends
+
+
+class TxnRequests:
+    """The request handlers of the coordinator. Uses the coordinator's `_lookup`,
+    `_append`, `_confirm_ownership`, `_wait_done`, clocks, PID manager and topology,
+    the completion part (`_previous_completed`, `_resume_completion`,
+    `_start_next_transaction`, `_start_completion`, `_fence_and_abort`) and the
+    KIP-447 hooks (`_init_group`, `_check_generation`, `_recorded_assignment`)."""
+
+    async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
+                               expected: tuple[int, int] | None = None,
+                               group: GroupAssignment | None = None, principal: str = "",
+                               keep_prepared_txn: bool = False) -> InitProducerIdResult:
+        """InitProducerId (design doc "Transaction Coordinator Request Handling", InitPid).
+
+        transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
+        Otherwise: transaction_timeout_ms must be in (0, transaction.max.timeout.ms]
+        (INVALID_TRANSACTION_TIMEOUT); expected = (producer_id, producer_epoch) of
+        KIP-360 or None; group: KIP-447 draft group-aware init, see `_init_group`
+        (ILLEGAL_GENERATION, PENDING_TRANSACTION, INVALID_GROUP_ID).
+        An ongoing transaction of the id (also one sealed by PrepareTxn: the
+        keepPreparedTxn=false behaviour of KIP-939) is aborted with a bumped epoch first and the
+        answer is CONCURRENT_TRANSACTIONS until it completed; a prepared one ->
+        CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
+        the epoch is exhausted) and the record appended.
+        keep_prepared_txn (KIP-939 keepPreparedTxn=true, classic form only): a transaction
+        sealed by PrepareTxn is kept open instead, nothing is appended, and the answer is
+        NONE with its PID and epoch (kept_prepared=True), so the caller completes it with
+        EndTxn from what its external transaction manager recorded; an ongoing transaction
+        that is not prepared is still aborted (it cannot have been recorded anywhere).
+        Other errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch).
+
+        With bind_producer_ids the producer id handed out is bound to `principal`
+        (and the transactional.id) in the log before the answer: an idempotent
+        producer gets a producer id of a partition this coordinator owns
+        (NOT_COORDINATOR when it owns none that is loaded), a transactional one a
+        producer id of its transactional.id's partition."""
+        if not transactional_id and self.bind_producer_ids:
+            return await self._init_bound_idempotent(principal)
+        if not transactional_id:
+            try:
+                return InitProducerIdResult(ErrorCode.NONE, await self._pids.generate(), 0)
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+        if not 0 < transaction_timeout_ms <= self.config.max_transaction_timeout_ms:
+            return InitProducerIdResult(
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                message=f"transaction.timeout.ms {transaction_timeout_ms} not in (0, "
+                        f"{self.config.max_transaction_timeout_ms}] (transaction.max.timeout.ms)")
+        if "\0" in transactional_id:
+            return InitProducerIdResult(ErrorCode.INVALID_REQUEST, message="transactional.id holds a NUL character")
+        group_id = ""
+        if group is not None:
+            blocked = await self._init_group(transactional_id, group)
+            if blocked is not None:
+                return blocked
+            group_id = group.group_id
+        while True:
+            try:
+                await self._pids.ensure_available()
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+            match self._prepare_init(transactional_id, transaction_timeout_ms, expected, group_id,
+                                     keep_prepared_txn and group is None):
+                case InitNeedsProducerIds():
+                    continue
+                case InitAnswer(result):
+                    return result
+                case InitFencesOngoing(part, md):
+                    err = await self._fence_and_abort(part, md)
+                    return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
+                                                message="aborting the ongoing transaction of the previous producer")
+                case InitAppends(part, md, transit):
+                    break
+        if self.bind_producer_ids:
+            wanted = txn_log.ProducerIdBinding(principal, transactional_id, self._clock())
+            current = part.bindings.get(transit.producer_id)
+            if current is None or (current.principal, current.transactional_id) != (principal, transactional_id):
+                err = await self._append_bindings(part, [(transit.producer_id, wanted)])
+                if err:
+                    md.cancel_transition()
+                    return InitProducerIdResult(err, message="the producer id could not be bound; retry")
+            else:
+                part.binding_used[transit.producer_id] = self._monotonic()
+        err = await self._append(part, md, transit)
+        if err:
+            return InitProducerIdResult(err)
+        return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+
+    async def _init_bound_idempotent(self, principal: str) -> InitProducerIdResult:
+        """InitProducerId of an idempotent producer with bind_producer_ids: a fresh
+        producer id p with p % n a loaded partition this coordinator owns, bound to
+        `principal` by a record in partition p % n before it is handed out."""
+        n = self._topology.txn_partition_count()
+        if n <= 0:
+            return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message="no __transaction_state yet")
+        while True:
+            serving = sorted(p for p, part in self._parts.items() if part.serving and p < n)
+            if not serving:
+                return InitProducerIdResult(ErrorCode.NOT_COORDINATOR,
+                                            message="this coordinator owns no loaded __transaction_state partition")
+            # One residue at a time, in turn: the bindings spread over the owned partitions.
+            self._next_binding_partition = (self._next_binding_partition + 1) % len(serving)
+            pid = self._pids.next_pid_in({serving[self._next_binding_partition]}, n)
+            if pid is not None:
+                break
+            try:
+                await self._pids.ensure_available()
+            except ProducerIdAllocationError as exc:
+                return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
+        part = self._parts.get(pid % n)
+        if part is None or not part.serving:
+            return InitProducerIdResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        err = await self._append_bindings(part, [(pid, txn_log.ProducerIdBinding(principal, "", self._clock()))])
+        if err:
+            return InitProducerIdResult(err, message="the producer id could not be bound; retry")
+        return InitProducerIdResult(ErrorCode.NONE, pid, 0)
+
+    async def _append_bindings(self, part: TxnPartition,
+                               items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
+        """Append binding records (None: the tombstone) to `part` as one batch and,
+        once written, apply them to its bindings. Returns NONE, NOT_COORDINATOR (not
+        the owner any more) or COORDINATOR_NOT_AVAILABLE (the append failed or its
+        outcome is unknown: a binding of a producer id never handed out, or a
+        tombstone not applied, is harmless and expires or is retried)."""
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        now = self._clock()
+        batch = txn_log.encode_binding_batch(items, now, producer_id=part.producer_id,
+                                             producer_epoch=part.producer_epoch)
+        code = await self._log.append(part.partition, batch)
+        if not self._owns(part):
+            return ErrorCode.NOT_COORDINATOR
+        if code != ErrorCode.NONE:
+            if self._is_fenced(part, code):
+                return ErrorCode.NOT_COORDINATOR
+            log.warning("appending %d producer-id binding records to __transaction_state-%d failed: %s",
+                        len(items), part.partition, code_name(code))
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        for pid, binding in items:
+            if binding is None:
+                part.bindings.pop(pid, None)
+                part.binding_used.pop(pid, None)
+            else:
+                part.bindings[pid] = binding
+                part.binding_used[pid] = self._monotonic()
+        metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(part.bindings))
+        return ErrorCode.NONE
+
+    def verify_producer_id(self, producer_id: int, principal: str, transactional_id: str,
+                           transactional: bool) -> tuple[ErrorCode, str]:
+        """VerifyProducerId: whether `producer_id` is bound to `principal` (and, for a
+        transactional batch, to `transactional_id`), from the bindings of partition
+        producer_id % n. A binding found counts as a use (it expires
+        producer.id.expiration.ms / transactional.id.expiration.ms after its last
+        use). Returns (NONE, ""), (the refusal code, why) — never issued, expired,
+        another principal's or another transactional.id's — or NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again)."""
+        n = self._topology.txn_partition_count()
+        if n <= 0 or producer_id < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else refusal_code(transactional), \
+                f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
+        part = self._parts.get(producer_id % n)
+        if part is None or part.error is not None:
+            return ErrorCode.NOT_COORDINATOR, ""
+        if part.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ""
+        binding = part.bindings.get(producer_id)
+        why = refusal(binding, producer_id, principal, transactional_id, transactional)
+        if why is not None:
+            return refusal_code(transactional), why
+        part.binding_used[producer_id] = self._monotonic()
+        return ErrorCode.NONE, ""
+
+    def _new_pid(self, part: TxnPartition) -> int | None:
+        """The next producer id for a transactional.id of `part` (None: reserve a
+        block first); with bind_producer_ids one whose binding lives in `part`."""
+        if self.bind_producer_ids:
+            return self._pids.next_pid_in({part.partition}, self._topology.txn_partition_count())
+        return self._pids.next_pid()
+
+    def _prepare_init(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None, group_id: str,
+                      keep_prepared: bool = False) -> InitStep:
+        """The synchronous part of InitProducerId (no `await` between the checks and
+        the prepare): what to do next, as an `InitStep`."""
+        err, part = self._lookup(tid, group_id)
+        if err:
+            return InitAnswer(InitProducerIdResult(err))
+        now = self._clock()
+        md = part.txns.get(tid)
+        if md is None:
+            pid = self._new_pid(part)
+            if pid is None:
+                return InitNeedsProducerIds()
+            md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
+                                     group=self._recorded_assignment(part, group_id, tid))
+            part.txns[tid] = md
+            metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
+        if md.pending_transition_in_progress:
+            return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS))
+        if expected is not None and not _valid_producer_id(md, *expected):
+            return InitAnswer(InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
+                                                   message=f"producer id {expected[0]} epoch {expected[1]} is not current"))
+        state = md.state
+        if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
+                                                   message="the previous transaction is completing"))
+        if state is TxnState.ONGOING and keep_prepared and md.is_prepared:
+            log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d)", tid,
+                     md.producer_id, md.producer_epoch)
+            return InitAnswer(InitProducerIdResult(ErrorCode.NONE, md.producer_id, md.producer_epoch,
+                                                   kept_prepared=True))
+        if state is TxnState.ONGOING:
+            return InitFencesOngoing(part, md)
+        if state not in COMPLETED_STATES:
+            log.error("InitProducerId for %r in unexpected state %s", tid, state.kafka_name)
+            return InitAnswer(InitProducerIdResult(ErrorCode.UNKNOWN_SERVER_ERROR))
+        # With bindings a producer id must live in its transactional.id's partition; one
+        # issued before bindings were on is replaced, as an exhausted one is.
+        misplaced = self.bind_producer_ids and md.producer_epoch >= 0 and \
+            md.producer_id % max(self._topology.txn_partition_count(), 1) != part.partition
+        if misplaced or (md.is_producer_epoch_exhausted and (expected is None or expected[1] == md.producer_epoch)):
+            new_pid = self._new_pid(part)
+            if new_pid is None:
+                return InitNeedsProducerIds()
+            transit = md.prepare_producer_id_rotation(new_pid, timeout_ms, now, expected is not None)
+        else:
+            transit = md.prepare_increment_producer_epoch(timeout_ms, expected[1] if expected else None, now)
+            if isinstance(transit, ErrorCode):
+                return InitAnswer(InitProducerIdResult(transit))
+        return InitAppends(part, md, transit)
+
+    def _check_producer(self, tid: str, producer_id: int, producer_epoch: int, group_id: str = "",
+                        generation_id: int = -1
+                        ) -> tuple[ErrorCode, TxnPartition | None, TransactionMetadata | None]:
+        err, part = self._lookup(tid, group_id)
+        if err:
+            return err, None, None
+        md = part.txns.get(tid)
+        if md is None or md.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None, None
+        if producer_epoch != md.producer_epoch:
+            return ErrorCode.PRODUCER_FENCED, None, None
+        if group_id:
+            err = self._check_generation(part, md, group_id, generation_id)
+            if err:
+                return err, None, None
+        if md.pending_transition_in_progress:
+            return ErrorCode.CONCURRENT_TRANSACTIONS, None, None
+        return ErrorCode.NONE, part, md
+
+    async def add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                    partitions: Iterable[TopicPartition], verify_only: bool = False,
+                                    group_id: str = "", generation_id: int = -1
+                                    ) -> dict[TopicPartition, ErrorCode]:
+        """AddPartitionsToTxn: add (topic, partition) pairs to the transaction, starting
+        it (state Ongoing, timer started) with the first. Returns one ErrorCode per
+        partition, the same for all: NONE, UNKNOWN_TOPIC_OR_PARTITION (some partition
+        does not exist; none is added), INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED,
+        CONCURRENT_TRANSACTIONS (pending change or a completing transaction),
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE.
+
+        verify_only (KIP-890 part 1, asked by a partition leader before it accepts a
+        producer's first transactional batch, and by the group coordinator before a
+        TxnOffsetCommit): nothing is appended; per partition NONE when the id's
+        transaction is Ongoing with this PID and epoch, not sealed or completing, and
+        holds the partition, else INVALID_TXN_STATE; INVALID_PRODUCER_ID_MAPPING,
+        PRODUCER_FENCED and the coordinator errors as above.
+
+        group_id / generation_id (KIP-447 draft): a group-aware producer's group (its
+        state lives on the group's partition) and the generation it initialised with;
+        ILLEGAL_GENERATION for another or an outdated one (not checked on
+        verify_only, whose askers know no generation)."""
+        wanted = frozenset(partitions)
+        if not wanted:
+            return {}
+        if verify_only:
+            return self._verify(transactional_id, producer_id, producer_epoch, wanted, group_id)
+        missing = [tp for tp in wanted if not self._topology.partition_exists(*tp)]
+        if missing:
+            return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for tp in wanted}
+        err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted, group_id,
+                                         generation_id)
+        return {tp: err for tp in wanted}
+
+    def _verify(self, tid: str, producer_id: int, producer_epoch: int,
+                wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
+        err, part = self._lookup(tid, group_id)
+        if err:
+            return {tp: err for tp in wanted}
+        md = part.txns.get(tid)
+        if md is None or md.producer_id != producer_id:
+            return {tp: ErrorCode.INVALID_PRODUCER_ID_MAPPING for tp in wanted}
+        if producer_epoch != md.producer_epoch:
+            return {tp: ErrorCode.PRODUCER_FENCED for tp in wanted}
+        if md.pending_state is not None and md.pending_state is not TxnState.ONGOING:
+            # Being ended or fenced right now (e.g. an epoch fence whose bump is not yet
+            # written): retriable, as Kafka answers; the retry sees the outcome (the new
+            # epoch: PRODUCER_FENCED) instead of a misleading INVALID_TXN_STATE.
+            return {tp: ErrorCode.CONCURRENT_TRANSACTIONS for tp in wanted}
+        if md.state is not TxnState.ONGOING or md.is_prepared:
+            return {tp: ErrorCode.INVALID_TXN_STATE for tp in wanted}
+        return {tp: ErrorCode.NONE if tp in md.partitions else ErrorCode.INVALID_TXN_STATE for tp in wanted}
+
+    async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                 group_id: str, consumer_group_id: str = "", generation_id: int = -1) -> ErrorCode:
+        """AddOffsetsToTxn: add the `__consumer_offsets` partition of `group_id`
+        (crc32(group_id) % offsets.topic.num.partitions) to the transaction, so that it
+        gets the marker. Errors as `add_partitions_to_txn` (COORDINATOR_NOT_AVAILABLE
+        while `__consumer_offsets` does not exist; INVALID_REQUEST for an empty group).
+        consumer_group_id / generation_id: a group-aware producer's, as there."""
+        if not group_id:
+            return ErrorCode.INVALID_REQUEST
+        partition = self._topology.offsets_partition_for(group_id)
+        if partition < 0:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return await self._add_partitions(transactional_id, producer_id, producer_epoch,
+                                          frozenset({(OFFSETS_TOPIC, partition)}), consumer_group_id, generation_id)
+
+    async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
+                              wanted: frozenset[TopicPartition], group_id: str = "",
+                              generation_id: int = -1) -> ErrorCode:
+        try:
+            await self._previous_completed(tid, group_id, handover=True)
+            return await self._add_partitions_now(tid, producer_id, producer_epoch, wanted, group_id, generation_id)
+        finally:
+            self._resume_completion(tid, group_id)
+
+    async def _add_partitions_now(self, tid: str, producer_id: int, producer_epoch: int,
+                                  wanted: frozenset[TopicPartition], group_id: str, generation_id: int) -> ErrorCode:
+        err, part, md = self._check_producer(tid, producer_id, producer_epoch, group_id, generation_id)
+        if err:
+            return err
+        if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return await self._start_next_transaction(part, md, wanted)  # the handover (completion.py)
+        if md.is_prepared:
+            return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
+        if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
+            # Every transaction ends under the next epoch: none may start at the last ones.
+            # InitProducerId (KIP-360, with the current PID and epoch) rotates the PID.
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if md.state is TxnState.ONGOING and wanted <= md.partitions:
+            return ErrorCode.NONE
+        transit = md.prepare_add_partitions(wanted, self._clock())
+        return await self._append(part, md, transit)
+
+    async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                      committed: bool, group_id: str = "", generation_id: int = -1,
+                      transaction_version: int = 2) -> EndTxnResult:
+        """EndTxn: commit (committed=True) or abort the ongoing transaction.
+
+        Ongoing (also sealed by PrepareTxn; then the request may come from any process
+        holding the PID and epoch): PrepareCommit/PrepareAbort is appended to the log
+        under the next producer epoch (KIP-890 part 2: the markers carry it, so late
+        batches and late duplicate markers of this transaction are fenced), the markers
+        and the Complete record follow in the background; answers NONE with the PID and
+        the bumped epoch, which the producer uses from now on, once the Prepare record
+        is written (after waiting up to exactly.txn.end.completion.wait.ms for the
+        completion). A retry (the same request, from before the bump) after
+        completion: same command -> NONE, the other -> INVALID_TXN_STATE; while
+        completing: same command -> CONCURRENT_TRANSACTIONS, the other ->
+        INVALID_TXN_STATE. No transaction (Empty) -> INVALID_TXN_STATE. Also
+        INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
+        CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE (design doc "Transaction Coordinator Request
+        Handling", EndTxn). group_id / generation_id: a group-aware producer's, as in
+        add_partitions_to_txn (ILLEGAL_GENERATION). transaction_version 1 (a Kafka
+        client with EndTxn below v5): no epoch bump; the transaction ends, and the
+        markers are written, under the producer's current epoch. An answer from the
+        cache for the current epoch without an ongoing transaction (none to end, or a
+        version-1 retry) first passes the ownership barrier
+        (PartitionOwner._confirm_ownership): NOT_COORDINATOR when this owner was
+        deposed, COORDINATOR_NOT_AVAILABLE when the barrier could not be written."""
+        err, part = self._lookup(transactional_id, group_id)
+        md = part.txns.get(transactional_id) if part is not None else None
+        if md is not None and not md.pending_transition_in_progress and \
+                md.is_end_txn_retry(producer_id, producer_epoch):
+            return self._end_txn_outcome(md, committed)
+        for confirmed in (False, True):
+            err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
+                                                 generation_id)
+            if err:
+                return EndTxnResult(err)
+            if md.state is TxnState.ONGOING:
+                return await self._end_ongoing(part, md, committed, transaction_version)
+            if confirmed:
+                break
+            # Nothing ongoing in the cache under the producer's current epoch. Either
+            # there is no transaction, or this owner was deposed without noticing yet
+            # and the producer's transaction lives with the new owner (a Kafka client's
+            # retry without an epoch bump looks the same). The cache answers only once
+            # the ownership barrier shows it is current; a stale owner answers
+            # NOT_COORDINATOR, so the producer finds the new owner instead of being told
+            # that a transaction the new owner still holds open was committed.
+            err = await self._confirm_ownership(part)
+            if err:
+                return EndTxnResult(err)
+        return self._end_txn_outcome(md, committed)
+
+    async def _end_ongoing(self, part: TxnPartition, md: TransactionMetadata, committed: bool,
+                           transaction_version: int) -> EndTxnResult:
+        """EndTxn of an ongoing transaction: append Prepare*, start the completion."""
+        started = time.monotonic()
+        target = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
+        bump = transaction_version != 1
+        transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
+                                             transaction_version=2 if bump else 1)
+        completions: list[asyncio.Task] = []
+        err = await self._append(part, md, transit, lambda: completions.append(
+            self._start_completion(part, md, transit, from_client=True, started=started)))
+        if err:
+            return EndTxnResult(err)
+        if self.config.end_txn_completion_wait_ms > 0:
+            await self._wait_done(completions, self.config.end_txn_completion_wait_ms)
+        return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
+
+    @staticmethod
+    def _end_txn_outcome(md: TransactionMetadata, committed: bool) -> EndTxnResult:
+        """The answer to an EndTxn when no transaction is ongoing: a retry of the end
+        that is completing or completed, or a request without a transaction."""
+        state = md.state
+        done = TxnState.COMPLETE_COMMIT if committed else TxnState.COMPLETE_ABORT
+        completing = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
+        if state is done:
+            return EndTxnResult(ErrorCode.NONE, md.producer_id, md.producer_epoch)
+        if state is completing:
+            return EndTxnResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        return EndTxnResult(ErrorCode.INVALID_TXN_STATE)
+
+    async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          group_id: str = "", generation_id: int = -1) -> ErrorCode:
+        """PrepareTxn: two-phase commit in the spirit of KIP-939. Seals the ongoing
+        transaction: it stays Ongoing (its data below the LSO stays undecided), later
+        AddPartitionsToTxn / AddOffsetsToTxn get INVALID_TXN_STATE, and instead of
+        transaction.timeout.ms it is bounded by transaction.prepared.max.ms. The prepared
+        timestamp is appended to the transaction log, so it survives coordinator restart
+        and failover. EndTxn with the same PID and epoch, from any process, completes it;
+        InitProducerId of the transactional.id aborts it with an epoch bump (fencing), as
+        for any ongoing transaction.
+
+        Answers NONE (also when already prepared: a retry); without a transaction in
+        progress an empty one is started and sealed. Like AddPartitionsToTxn it first
+        waits for the producer's previous transaction to complete, and answers
+        CONCURRENT_TRANSACTIONS (retriable) while that one is still PrepareCommit /
+        PrepareAbort: the wait ran out, or a handover add of the next transaction
+        woke with this request and takes over after it. INVALID_PRODUCER_ID_MAPPING,
+        PRODUCER_FENCED (another epoch), NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+        COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
+        await self._previous_completed(transactional_id, group_id)
+        err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
+                                             generation_id)
+        if err:
+            return err
+        if md.is_prepared:
+            return ErrorCode.NONE
+        if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS  # the previous transaction is still completing
+        if md.state not in COMPLETED_STATES and md.state is not TxnState.ONGOING:
+            return ErrorCode.INVALID_TXN_STATE
+        if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
+            return ErrorCode.INVALID_PRODUCER_EPOCH  # as AddPartitionsToTxn: InitProducerId first
+        return await self._append(part, md, md.prepare_mark_prepared(self._clock()))
+
+
+def _valid_producer_id(md: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
+    """KIP-360 (Kafka's isValidProducerId): the id may be re-initialised when it is
+    new, the PID matches, or it is the previous PID retried after a rotation."""
+    return (md.producer_epoch == NO_PRODUCER_EPOCH or producer_id == md.producer_id
+            or (producer_id == md.last_producer_id and is_epoch_exhausted(producer_epoch)))
+
