@@ -23,7 +23,7 @@ import inspect
 import logging
 import time
 import warnings
-from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple, TypeVar, cast
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -37,7 +37,10 @@ from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Tra
 from .errors import TransactionAbortedError
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
+# The flows log as the Producer did before they had a module of their own.
 log = logging.getLogger("exactly.producer")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 # ------------------------------------------------------------ effects
@@ -114,8 +117,8 @@ def group_aware_call(args: tuple, kwargs: Mapping[str, Any], stacklevel: int = 1
     return call
 
 
-def takes_earlier_init_args(init: Callable) -> Callable:
-    """Decorate a producer's init_transactions(timeout=None, keep_prepared_txn=False)
+def takes_earlier_init_args(init: F) -> F:
+    """Decorate a producer's init_transactions(timeout=None, *, keep_prepared_txn=False)
     (sync or async) so that a call in the form of earlier releases still works: it runs
     as `group_aware_call` says, the group-aware one as the producer's
     init_transactions_for_group(). The decorated method keeps its own signature
@@ -129,7 +132,7 @@ def takes_earlier_init_args(init: Callable) -> Callable:
             if "group" in call:
                 return await self.init_transactions_for_group(**call)
             return await init(self, **call)
-        return init_async
+        return cast(F, init_async)
 
     @functools.wraps(init)
     def init_sync(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -139,7 +142,7 @@ def takes_earlier_init_args(init: Callable) -> Callable:
         if "group" in call:
             return self.init_transactions_for_group(**call)
         return init(self, **call)
-    return init_sync
+    return cast(F, init_sync)
 
 
 # ------------------------------------------------------------ flows

@@ -310,7 +310,7 @@ class Producer:
     # ------------------------------------------------------------ transactions
 
     @takes_earlier_init_args
-    def init_transactions(self, timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
+    def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """Get this transactional.id's PID and a new epoch from the transaction
         coordinator, fencing older instances and completing (aborting) their open
         transaction. Once, before the first begin_transaction() (KIP-98 design

@@ -270,7 +270,7 @@ class AIOProducer:
     # ------------------------------------------------------------ transactions
 
     @takes_earlier_init_args
-    async def init_transactions(self, timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
+    async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """As `exactly.Producer.init_transactions`: `await init_transactions(timeout)`
         fences older instances (KIP-98); keep_prepared_txn=True keeps a prepared
         transaction of the id (KIP-939), to decide with `complete_transaction(state)`.
