@@ -89,7 +89,7 @@ def _is_timeout(value: Any) -> bool:
 
 def group_aware_call(args: tuple, kwargs: Mapping[str, Any], stacklevel: int = 1) -> dict[str, Any] | None:
     """Read the arguments of an init_transactions() call. Returns None for the current
-    form, `init_transactions(timeout=None, keep_prepared_txn=False)`. For the form of
+    form, `init_transactions(timeout=None, *, keep_prepared_txn=False)`. For the form of
     earlier releases — `init_transactions(partitions, group, generation, timeout,
     keep_prepared_txn)`, a number first being the timeout — returns the keyword
     arguments of the call that replaces it: `{"timeout", "keep_prepared_txn"}` when no
