@@ -357,8 +357,8 @@ class Producer:
         with TransactionAbortedError). `timeout` in seconds (default max.block.ms).
 
         Raises ValueError without a group id or a generation >= 0;
-        errors.IllegalStateError without transactional.id, after the classic
-        init_transactions(), or for a producer of another group;
+        errors.IllegalStateError without transactional.id, for a producer of another
+        group, or while a transaction is committing, aborting or prepared;
         errors.KafkaTimeoutError when the coordinator did not answer in time (the call
         may be repeated); errors.IllegalGenerationError for a generation older than
         the coordinator has seen; errors.InvalidTransactionTimeoutError and other
