@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from exactly import Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
+from exactly import Consumer, OffsetAndMetadata, Producer, TopicPartition, errors, rewind_to_committed
 
 from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, invoice_for, item_key,
                      shipment_for)
@@ -44,20 +44,6 @@ def _status(path: pathlib.Path | None, **fields) -> None:
         tmp.replace(path)
 
 
-def _rewind(consumer: Consumer) -> None:
-    """After an abort, go back to the last committed offsets so nothing is skipped."""
-    parts = list(consumer.assignment())
-    seek_to_committed(consumer, parts, consumer.committed(parts))
-
-
-def seek_to_committed(consumer, parts: list[TopicPartition], committed: dict) -> None:
-    """Seek `parts` to their `committed` offsets (the beginning where there is none)."""
-    for tp in parts:
-        om = committed.get(tp)
-        if om is None:
-            consumer.seek_to_beginning([tp])
-        else:
-            consumer.seek(tp, om.offset)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                     raise
                 print(f"pipeline: aborting transaction after {exc!r}", file=sys.stderr)
                 producer.abort_transaction()
-                _rewind(consumer)
+                rewind_to_committed(consumer)  # after an abort, nothing is skipped
                 continue
             copied += len(batch)
             _status(status_file, state="running", copied=copied)

@@ -22,9 +22,10 @@ import sys
 
 from exactly import OffsetAndMetadata, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
+from exactly.consumer import seek_to_committed
 
 from .common import INVOICES, PURCHASES, SHIPMENTS, invoice_for, item_key, shipment_for
-from .pipeline import _status, seek_to_committed, worker_arguments, worker_confs
+from .pipeline import _status, worker_arguments, worker_confs
 
 
 async def _rewind(consumer: AIOConsumer) -> None:

@@ -7,7 +7,7 @@ producer per process (the KIP-447 draft's read-process-write loop).
 
 The consumer's rebalance callback re-initialises the producer with the partitions
 and the generation of each new assignment
-(`producer.init_transactions(partitions, group_id, generation)`): the transaction
+(`producer.init_transactions_for_group(partitions, group_id, generation)`): the transaction
 coordinator of the group then aborts and fences any open transaction of another
 worker on those partitions and returns once it is complete, so a partition that moves
 between workers is never processed by two of them at once. The producer is never
@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
         # A failure (a newer rebalance already happened, a timeout) is retried from the
         # loop, which checks the generation before every transaction.
         try:
-            producer.init_transactions(partitions, args.group_id, generation)
+            producer.init_transactions_for_group(partitions, args.group_id, generation)
         except errors.ExactlyError as exc:
-            print(f"pipeline: init_transactions(generation {generation}) failed: {exc!r}", file=sys.stderr)
+            print(f"pipeline: init_transactions_for_group(generation {generation}) failed: {exc!r}", file=sys.stderr)
             return
         initialised["generation"] = generation
         _status(status_file, state="running", copied=copied, generation=generation,

@@ -125,8 +125,8 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         worker.proc.wait()
         if group_aware:
             bar.write(f"SIGKILLed worker-1 (pid {worker.proc.pid}) inside an open transaction ({held} items sent, "
-                      "not committed); worker-b takes its partitions over (its init_transactions aborts the open "
-                      "transaction first), then a new worker-2 joins the group")
+                      "not committed); worker-b takes its partitions over (its init_transactions_for_group aborts "
+                      "the open transaction first), then a new worker-2 joins the group")
             worker = Worker(bootstrap, run_dir, "worker-2", group_aware_id=f"{TRANSACTIONAL_ID}-worker-2")
         else:
             bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "

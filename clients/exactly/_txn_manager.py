@@ -255,7 +255,7 @@ class TransactionManager:
             self.transition_to(S.INITIALIZING)
 
     def begin_group_initialize(self, group_id: str, generation_id: int) -> None:
-        """Group-aware init_transactions (KIP-447 draft): allowed before the first
+        """Group-aware init_transactions_for_group (KIP-447 draft): allowed before the first
         init, between transactions, inside a transaction (which is dropped: the
         coordinator aborts it) and after being fenced (ProducerFencedError) — "it is
         safe to call after receiving a ProducerFencedException". Any other fatal error

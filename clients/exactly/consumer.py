@@ -200,7 +200,7 @@ class Consumer:
         that calls poll: `on_assign(partitions)` after an assignment — or
         `on_assign(partitions, generation)` when the callback takes two
         arguments (the KIP-447 draft's onPartitionsAssigned overload, for
-        `Producer.init_transactions(partitions, group_id, generation)`);
+        `Producer.init_transactions_for_group(partitions, group_id, generation)`);
         `on_revoke(partitions)` before partitions are given up in a rebalance, on
         unsubscribe and on close (after the auto commit); `on_lost(partitions)`
         instead of on_revoke when the partitions were already lost — the session
@@ -869,4 +869,30 @@ def _pattern_of(topics: Iterable[str] | str | re.Pattern) -> re.Pattern | None:
         raise ValueError(f"invalid topic pattern {p!r}: {exc}") from None
 
 
-__all__ = ["Consumer", "NoOffsetForPartitionError", "WaitForResponses", "CommitOffsets", "FetchCommitted", "LeaveGroup", "OFFSET_INVALID"]
+def rewind_to_committed(consumer: Any) -> None:
+    """Seek every partition assigned to `consumer` back to its committed offset (the
+    beginning when nothing is committed), so records of an aborted transaction are
+    consumed again (`Producer.run_in_transaction` does it after an aborted attempt). Raises
+    what Consumer.committed raises."""
+    parts = list(consumer.assignment())
+    if not parts:
+        return
+    seek_to_committed(consumer, parts, consumer.committed(parts))
+
+
+def seek_to_committed(consumer: Any, partitions: Iterable[TopicPartition],
+                      committed: Mapping[TopicPartition, OffsetAndMetadata | None]) -> None:
+    """Seek each of `partitions` of `consumer` (a Consumer or an exactly.aio.AIOConsumer,
+    whose seeks are synchronous) to its offset in `committed` (what `committed()`
+    returned), or to the beginning where there is none. No I/O; raises what seek raises
+    (errors.IllegalStateError for an unassigned partition)."""
+    for tp in partitions:
+        om = committed.get(tp)
+        if om is None:
+            consumer.seek_to_beginning([tp])
+        else:
+            consumer.seek(tp, om.offset)
+
+
+__all__ = ["Consumer", "rewind_to_committed", "seek_to_committed", "NoOffsetForPartitionError", "WaitForResponses",
+           "CommitOffsets", "FetchCommitted", "LeaveGroup", "OFFSET_INVALID"]

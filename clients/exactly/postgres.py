@@ -44,7 +44,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the installation
     raise ImportError("exactly.postgres needs psycopg 3: pip install 'exactly[postgres]'") from _exc
 
-from .producer import PreparedTxnState, Producer
+from ._two_phase import PreparedTxnState
+from .producer import Producer
 from .types import OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)

@@ -5,57 +5,48 @@ sender thread drains them, assigns sequence numbers, adds partitions to the
 transaction, and pipelines Produce requests to the partition leaders. The
 transaction state lives in `_txn_manager.TransactionManager` (no I/O). The
 coordinator round trips of init_transactions, send_offsets_to_transaction,
-commit_transaction and abort_transaction run in the calling thread.
+commit_transaction and abort_transaction run in the calling thread: the flows of
+`_txn_flows.TransactionFlows` (shared with `exactly.aio`), whose effects
+`Producer._perform` performs blocking.
 
 Follows the KIP-98 design document, "Transactional Producer" (Public APIs, Error
 Handling, Added Configurations) and "Data Flow" steps 1-5; KIP-447 for the group
-metadata passed with transactional offsets.
-
-Two-phase commit, KIP-939: `Producer.prepare_transaction()` flushes and seals the
-open transaction at the coordinator (PrepareTxn) and returns a `PreparedTxnState`
-(transactional.id, PID, epoch); any process may then decide its outcome with
-`complete_transaction(prepared, conf, commit=...)` (EndTxn with that PID and epoch).
-A prepared transaction is not aborted after transaction.timeout.ms but after the
-coordinator's transaction.prepared.max.ms (default 1 hour); a new producer instance
-calling init_transactions() with the same transactional.id aborts it (KIP-939's
-keepPreparedTxn=false), while `init_transactions(keep_prepared_txn=True)` keeps it, and
-`Producer.complete_transaction(state)` then commits it when `state` (read back from
-the external transaction manager, e.g. a database) is the prepared one and aborts it
-otherwise (docs/design.md, "Two-phase commit with a database").
+metadata passed with transactional offsets, and the KIP-447 draft for the
+group-aware `init_transactions_for_group()`. KIP-939's two-phase commit:
+`prepare_transaction()` and `complete_transaction(state)` here, the prepared state and
+the completion from any process in `_two_phase` (docs/design.md, "Two-phase commit
+with a database").
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
 import tenacity
 
 from exactly_wire import compression
 from exactly_wire import records as _rec
 from exactly_wire.clock import wall_clock_ms
-from exactly_wire.error_codes import ErrorCode
-from exactly_wire.v1 import exactly_pb2 as pb
 
 from . import _fork, errors
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, call_deadline, is_retriable, run_flow,
-                      txn_coordinator_key)
+from ._client import ClientCore, call_deadline, run_flow
 from ._sender import Sender, SenderConfig
-from ._txn_manager import (FENCING_CODES, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TransactionManager, TransactionManagerState,
-                           copy_error, fenced_error, normalize)
+from ._two_phase import PreparedTransaction, PreparedTxnState, complete_transaction
+from ._txn_flows import (AwaitAddPartitions, AwaitBatches, CoordinatorRequest, TransactionFlows,
+                         takes_earlier_init_args)
+from ._txn_manager import TransactionManager, TransactionManagerState, copy_error, fenced_error
 from .config import ProducerSchema, parse
+from .consumer import rewind_to_committed
 from .errors import ConfigurationError, TransactionAbortedError
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
-
-_INT32_MAX = 2147483647
 
 T = TypeVar("T")
 
@@ -68,65 +59,6 @@ class _TopicPartitions(NamedTuple):
     ids: list[int]
     tps: list[TopicPartition]
     by_id: dict[int, TopicPartition]
-
-
-class PreparedTxnState(NamedTuple):
-    """KIP-939's PreparedTxnState: a transaction sealed by
-    `Producer.prepare_transaction()`, to be completed by `Producer.complete_transaction()`
-    or `exactly.complete_transaction()`: its transactional.id, producer id (PID) and
-    producer epoch. Plain values (picklable, JSON-friendly); `serialize()` gives a
-    short string ("<pid>:<epoch>:<transactional.id>") that `deserialize` reads back."""
-
-    transactional_id: str
-    producer_id: int
-    epoch: int
-
-    def serialize(self) -> str:
-        """The state as "<producer id>:<epoch>:<transactional.id>"."""
-        return f"{self.producer_id}:{self.epoch}:{self.transactional_id}"
-
-    @classmethod
-    def deserialize(cls, text: str) -> "PreparedTxnState":
-        """Read back `serialize()`'s string. Raises ValueError for any other text."""
-        try:
-            pid, epoch, tid = str(text).split(":", 2)
-            return cls(tid, int(pid), int(epoch))
-        except ValueError:
-            raise ValueError(f"not a serialized PreparedTxnState: {text!r}") from None
-
-
-# The name this SDK used before KIP-939's (the Spark sink's two-phase commit).
-PreparedTransaction = PreparedTxnState
-
-
-# I/O effects yielded by the transaction flows of the Producer (see `run_flow` in
-# exactly._client): the Producer performs them blocking, exactly.aio awaits them.
-class CoordinatorRequest(NamedTuple):
-    """Send `request` to the coordinator of `key` (key_type COORDINATOR_GROUP or
-    COORDINATOR_TRANSACTION) with `ClientCore.coordinator_call` semantics; the
-    outcome is the response. `stub`: "txn" or "group"; `method`: the RPC name."""
-
-    key: str
-    key_type: int
-    stub: str
-    method: str
-    request: Any
-    timeout_s: float
-    error_code: Callable[[Any], int] = lambda r: r.error_code
-
-
-class AwaitBatches(NamedTuple):
-    """Wait until every batch incomplete now has its outcome; errors.KafkaTimeoutError
-    (`what` timed out) at `deadline` (time.monotonic() seconds, None: no limit)."""
-
-    deadline: float | None
-    what: str
-
-
-class AwaitAddPartitions(NamedTuple):
-    """Wait until no AddPartitionsToTxn is in flight; errors.KafkaTimeoutError at `deadline`."""
-
-    deadline: float
 
 
 def _to_bytes(v: Any, what: str) -> bytes | None:
@@ -212,7 +144,6 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
-        self._assigned: list[TopicPartition] = []  # a group-aware producer's input partitions
         self._closed = False
         self._close_lock = threading.Lock()
         self._sender = self._make_sender(
@@ -222,6 +153,9 @@ class Producer:
                          max_in_flight=self._max_in_flight, compression=self._compression,
                          txn_timeout_ms=self._txn_timeout_ms),
             self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed)
+        # The transaction flows, performed blocking by `_perform` (awaited by exactly.aio).
+        self._flows = TransactionFlows(self._transactional_id, self._txn, self._acc, self._sender,
+                                       self._txn_timeout_ms, self._max_block_ms)
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
@@ -343,16 +277,9 @@ class Producer:
         errors.KafkaTimeoutError when records are still pending at the timeout.
         Record errors are reported through their futures, not here."""
         _fork.check_process(self._created_in_pid, "producer")
-        run_flow(self._flush_flow(timeout), self._perform)
+        run_flow(self._flows.flush(timeout), self._perform)
 
-    def _flush_flow(self, timeout: float | None) -> Generator:
-        self._acc.begin_flush()
-        try:
-            self._sender.wakeup()
-            deadline = None if timeout is None else time.monotonic() + timeout
-            yield AwaitBatches(deadline, f"flush timed out after {timeout} s")
-        finally:
-            self._acc.end_flush()
+    # ------------------------------------------------------------ effects of the transaction flows
 
     def _await_batches(self, deadline: float | None, timed_out: str) -> None:
         for batch in self._acc.incomplete():
@@ -361,7 +288,8 @@ class Producer:
                 raise errors.KafkaTimeoutError(timed_out)
 
     def _perform(self, effect: Any) -> Any:
-        """Perform one effect of a transaction flow, blocking this thread."""
+        """Perform one effect of a `_txn_flows` flow, blocking this thread (exactly.aio's
+        AIOProducer awaits them instead); returns its outcome or raises its error."""
         if isinstance(effect, CoordinatorRequest):
             core = self._core
             stub = core.txn_stub if effect.stub == "txn" else core.group_stub
@@ -373,93 +301,73 @@ class Producer:
             return self._wait_add_partitions(effect.deadline)
         raise TypeError(f"unknown effect {effect!r}")
 
+    def _wait_add_partitions(self, deadline: float) -> None:
+        while self._txn.add_in_flight:
+            if time.monotonic() >= deadline:
+                raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
+            time.sleep(0.001)
+
     # ------------------------------------------------------------ transactions
 
-    def _timeout_s(self, timeout: float | None) -> float:
-        return self._max_block_ms / 1000.0 if timeout is None else timeout
-
-    def _txn_call(self, method: str, request: Any, timeout_s: float) -> CoordinatorRequest:
-        key, key_type = txn_coordinator_key(self._transactional_id, self._txn.group_id)
-        return CoordinatorRequest(key, key_type, "txn", method, request, timeout_s)
-
-    def _group_fields(self) -> dict[str, Any]:
-        """consumer_group_id / generation_id of a group-aware producer's transactional
-        requests (KIP-447 draft); empty for the others."""
-        txn = self._txn
-        return {"consumer_group_id": txn.group_id, "generation_id": txn.generation_id} if txn.group_id else {}
-
-    def _init_producer_id(self, timeout_s: float, bump: bool = False,
-                          assigned: Iterable[TopicPartition] = (), keep_prepared_txn: bool = False) -> Generator:
-        """InitProducerId to the transaction coordinator (step 2 of the data flow);
-        `bump` passes the current PID/epoch so the coordinator bumps the epoch (KIP-360);
-        a group-aware producer sends its group, generation and `assigned` partitions."""
-        txn = self._txn
-        req = pb.InitProducerIdRequest(
-            transactional_id=self._transactional_id or "",
-            transaction_timeout_ms=self._txn_timeout_ms,
-            producer_id=txn.producer_id if bump else NO_PRODUCER_ID,
-            producer_epoch=txn.producer_epoch if bump else NO_PRODUCER_EPOCH,
-            keep_prepared_txn=keep_prepared_txn, **self._group_fields())
-        if txn.group_id:
-            by_topic: dict[str, list[int]] = collections.defaultdict(list)
-            for tp in assigned if not bump else self._assigned:
-                by_topic[tp.topic].append(tp.partition)
-            req.assigned_partitions.extend(pb.TopicPartitions(topic=t, partitions=sorted(ps))
-                                           for t, ps in sorted(by_topic.items()))
-        try:
-            resp = yield self._txn_call("InitProducerId", req, timeout_s)
-        except errors.ExactlyError as exc:
-            err = txn.initialize_failed(exc)
-            if is_retriable(err):
-                raise errors.KafkaTimeoutError(f"InitProducerId did not succeed within {timeout_s} s: {err}") from err
-            raise err from None
-        if keep_prepared_txn and resp.HasField("ongoing_txn_producer_id"):
-            txn.restore_prepared(resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
-            log.info("producer %s: kept the prepared transaction of PID %d epoch %d", self._transactional_id,
-                     resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
-            return
-        txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
-        log.info("producer %s: PID %d epoch %d", self._transactional_id, resp.producer_id, resp.producer_epoch)
-
-    def init_transactions(self, partitions: Iterable[TopicPartition] | float | None = None,
-                          group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                          timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
+    @takes_earlier_init_args
+    def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """Get this transactional.id's PID and a new epoch from the transaction
         coordinator, fencing older instances and completing (aborting) their open
-        transaction. `timeout` in seconds (default max.block.ms).
+        transaction. Once, before the first begin_transaction() (KIP-98 design
+        document, "Public APIs", initTransactions(); confluent-kafka's
+        `init_transactions(timeout)`). `timeout` in seconds (default max.block.ms).
 
-        `keep_prepared_txn=True` (KIP-939 initTransactions(keepPreparedTxn), classic
-        form only): a transaction of the id that an earlier instance sealed with
+        `keep_prepared_txn=True` (KIP-939 initTransactions(keepPreparedTxn)): a
+        transaction of the id that an earlier instance sealed with
         prepare_transaction() is kept instead of aborted; this producer takes it over
         as its own prepared transaction (`prepared_transaction_state()` returns it) and
         must decide it with `complete_transaction(state)` before beginning another.
         Without such a transaction it behaves as the plain form.
 
-        `init_transactions()` (or `init_transactions(timeout)`): once, before the first
-        begin_transaction() (KIP-98 design document, "Public APIs", initTransactions()).
+        The group-aware form of the KIP-447 draft is `init_transactions_for_group()`;
+        the call of earlier releases with the input partitions first
+        (`init_transactions(partitions, group, generation)`) still runs it, with a
+        DeprecationWarning.
 
-        `init_transactions(partitions, group_id, generation)` or
-        `init_transactions(partitions, consumer.group_metadata())`: the group-aware form
-        of the KIP-447 draft, for ONE producer per process in a consume-transform-produce
-        loop. `partitions`: the input partitions the consumer group assigned in the
-        rebalance of `generation`. The producer's transactions then live with the
+        Raises errors.IllegalStateError without transactional.id or when called
+        twice; errors.KafkaTimeoutError when the coordinator did not answer in time
+        (the call may be repeated; PENDING_TRANSACTION is waited on until then);
+        errors.InvalidTransactionTimeoutError and other fatal errors."""
+        self._check_open()
+        run_flow(self._flows.init(timeout, keep_prepared_txn), self._perform)
+        self._learn_transaction_version()
+
+    def init_transactions_for_group(self, partitions: Iterable[TopicPartition],
+                                    group: str | ConsumerGroupMetadata, generation: int | None = None,
+                                    timeout: float | None = None) -> None:
+        """The group-aware init_transactions of the KIP-447 draft, for ONE producer
+        per process in a consume-transform-produce loop:
+        `init_transactions_for_group(partitions, group_id, generation)` or
+        `init_transactions_for_group(partitions, consumer.group_metadata())` (the
+        generation then comes from the metadata unless given). `partitions`: the input
+        partitions (TopicPartition) the consumer group assigned in the rebalance of
+        `generation` (an int >= 0). The producer's transactions then live with the
         transaction coordinator of the group, which aborts and fences any open
         transaction of another producer of the group on these partitions and returns
         once those are complete, and refuses later requests of older generations
         (ILLEGAL_GENERATION). Call it in `on_assign` after every rebalance (the
         callback gets the generation as its second argument), and after a
         ProducerFencedError; the producer is never closed on a rebalance. An open
-        transaction is dropped (the coordinator aborts it).
+        transaction is dropped (the coordinator aborts it; its unsent records fail
+        with TransactionAbortedError). `timeout` in seconds (default max.block.ms).
 
-        Raises errors.IllegalStateError without transactional.id, when the classic
-        form is called twice, or for a group-aware call on a producer of another
-        group; errors.KafkaTimeoutError when the coordinator did not answer in time
-        (the call may be repeated; PENDING_TRANSACTION is waited on until then);
-        errors.IllegalGenerationError for a generation older than the coordinator
-        has seen; errors.InvalidTransactionTimeoutError and other fatal errors."""
+        Raises ValueError without a group id or a generation >= 0;
+        errors.IllegalStateError without transactional.id, for a producer of another
+        group, or while a transaction is committing, aborting or prepared;
+        errors.KafkaTimeoutError when the coordinator did not answer in time (the call
+        may be repeated); errors.IllegalGenerationError for a generation older than
+        the coordinator has seen; errors.InvalidTransactionTimeoutError and other
+        fatal errors. docs/design.md, "Group-aware transactions (KIP-447 draft)"."""
         self._check_open()
-        run_flow(self._init_transactions_flow(partitions, group, generation, timeout, keep_prepared_txn),
-                 self._perform)
+        run_flow(self._flows.init_for_group(partitions, group, generation, timeout), self._perform)
+        self._learn_transaction_version()
+
+    def _learn_transaction_version(self) -> None:
         try:
             # The cluster's transaction version decides whether partition leaders add
             # this producer's partitions (KIP-890 part 2); metadata is fetched anyway
@@ -468,42 +376,6 @@ class Producer:
         except errors.ExactlyError as exc:
             log.info("producer %s: no metadata yet (%s); partitions are added explicitly until it comes",
                      self._transactional_id, exc)
-
-    def _init_transactions_flow(self, partitions: Iterable[TopicPartition] | float | None = None,
-                                group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                                timeout: float | None = None, keep_prepared_txn: bool = False) -> Generator:
-        if isinstance(partitions, (int, float)) and not isinstance(partitions, bool):
-            partitions, timeout = None, float(partitions)
-        if self._transactional_id is None:
-            raise errors.IllegalStateError("init_transactions() needs transactional.id")
-        if group is None:
-            if partitions is not None or generation is not None:
-                raise ValueError("the group-aware init_transactions() needs a consumer group")
-            self._txn.begin_initialize()
-            yield from self._init_producer_id(self._timeout_s(timeout), keep_prepared_txn=keep_prepared_txn)
-            return
-        if keep_prepared_txn:
-            raise ValueError("keep_prepared_txn is for the classic init_transactions(), not the group-aware form")
-        if isinstance(group, ConsumerGroupMetadata):
-            group_id = group.group_id
-            generation = group.generation_id if generation is None else generation
-        else:
-            group_id = str(group)
-        if not group_id or generation is None or generation < 0:
-            raise ValueError("the group-aware init_transactions() needs a group id and a generation >= 0")
-        assigned = sorted(TopicPartition(*tp) for tp in (partitions or ()))
-        timeout_s = self._timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
-        # An open transaction is dropped: unsent records fail, those in flight finish;
-        # the coordinator aborts the transaction itself.
-        dropped = self._acc.drain_all()
-        fail_batches(dropped, TransactionAbortedError("transaction dropped by init_transactions()"), self._acc)
-        self._sender.wakeup()
-        yield AwaitBatches(deadline, f"init_transactions timed out after {timeout_s} s")
-        yield AwaitAddPartitions(deadline)
-        self._txn.begin_group_initialize(group_id, int(generation))
-        self._assigned = assigned
-        yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), assigned=assigned)
 
     def begin_transaction(self) -> None:
         """Start a transaction (local; the coordinator hears of it with the first
@@ -533,46 +405,7 @@ class Producer:
         outside a transaction. Design doc: "Public APIs", sendOffsetsToTransaction();
         data flow 4.3 and 4.4."""
         self._check_open()
-        run_flow(self._send_offsets_flow(offsets, group_metadata, timeout), self._perform)
-
-    def _send_offsets_flow(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
-                           group_metadata: ConsumerGroupMetadata | str, timeout: float | None) -> Generator:
-        txn = self._txn
-        txn.check_in_transaction("send_offsets_to_transaction()")
-        gm = ConsumerGroupMetadata(group_metadata) if isinstance(group_metadata, str) else group_metadata
-        if not offsets:
-            return
-        timeout_s = self._timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
-        try:
-            if txn.needs_add_offsets(gm.group_id):
-                yield self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
-                    transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                    producer_epoch=txn.producer_epoch, group_id=gm.group_id, **self._group_fields()), timeout_s)
-                txn.offsets_added(gm.group_id)
-            by_topic: dict[str, list[pb.OffsetCommitPartition]] = collections.defaultdict(list)
-            for tp, om in sorted(offsets.items()):
-                if isinstance(om, int):
-                    om = OffsetAndMetadata(om)
-                by_topic[tp.topic].append(pb.OffsetCommitPartition(
-                    partition=tp.partition, committed_offset=om.offset, committed_leader_epoch=-1,
-                    metadata=om.metadata or ""))
-            req = pb.TxnOffsetCommitRequest(
-                transactional_id=self._transactional_id, group_id=gm.group_id,
-                producer_id=txn.producer_id, producer_epoch=txn.producer_epoch,
-                generation_id=gm.generation_id, member_id=gm.member_id or "",
-                group_instance_id=gm.group_instance_id or "", group_aware_producer=txn.group_id == gm.group_id,
-                topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
-            yield CoordinatorRequest(
-                gm.group_id, COORDINATOR_GROUP, "group", "TxnOffsetCommit", req,
-                max(deadline - time.monotonic(), 0.001),
-                error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
-                                           if p.error_code), 0))
-        except errors.ExactlyError as exc:
-            if is_retriable(exc) and exc.code not in FENCING_CODES:
-                raise errors.KafkaTimeoutError(
-                    f"send_offsets_to_transaction did not succeed within {timeout_s} s: {exc}") from exc
-            raise txn.record_error(exc) from None
+        run_flow(self._flows.send_offsets(offsets, group_metadata, timeout), self._perform)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush, then EndTxn(COMMIT) and wait for the coordinator's answer; the
@@ -585,51 +418,7 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", commitTransaction(); data flow 5.1."""
         self._check_open()
-        run_flow(self._commit_flow(timeout), self._perform)
-
-    def _commit_flow(self, timeout: float | None) -> Generator:
-        txn = self._txn
-        timeout_s = self._timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
-        txn.begin_commit()
-        yield from self._flush_transaction(timeout_s, deadline)
-        yield from self._finish_transaction(True, deadline)
-
-    def _finish_transaction(self, commit: bool, deadline: float) -> Generator:
-        """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
-        under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
-        txn = self._txn
-        resp = (yield from self._end_txn(commit, max(deadline - time.monotonic(), 0.001))) \
-            if txn.needs_end_txn else None
-        if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
-            txn.complete_transaction(resp.producer_id, resp.producer_epoch)
-        elif not commit and (txn.sequences_unresolved or (txn.implicit_add and txn.only_maybe_started)):
-            # Nothing was ended under a new epoch, but some batch of the aborted
-            # transaction may or may not be in the log: a new epoch restarts sequences
-            # so later batches are not rejected (KIP-360). With implicit adds, a batch
-            # still on its way could make its leader add its partition to this epoch's
-            # next transaction: the new epoch fences that add (KIP-890 part 2).
-            txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
-            return
-        else:
-            txn.complete_transaction()
-        if txn.epoch_exhausted:
-            txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
-
-    def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
-        """Send every record of the transaction and its pending AddPartitionsToTxn;
-        raise the transaction's stored error, if any."""
-        txn = self._txn
-        try:
-            yield from self._flush_flow(timeout_s)
-        except errors.KafkaTimeoutError as exc:
-            # Records of the transaction are still unacknowledged: it can only be aborted.
-            txn.record_error(exc)
-            raise
-        yield AwaitAddPartitions(deadline)
-        txn.raise_if_failed()
+        run_flow(self._flows.commit(timeout), self._perform)
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """First phase of a two-phase commit (KIP-939 prepareTransaction()): flush the
@@ -652,24 +441,7 @@ class Producer:
         prepare_transaction() may be called again); errors.IllegalStateError without
         an open transaction."""
         self._check_open()
-        return run_flow(self._prepare_flow(timeout), self._perform)
-
-    def _prepare_flow(self, timeout: float | None) -> Generator:
-        txn = self._txn
-        timeout_s = self._timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
-        txn.begin_prepare()
-        yield from self._flush_transaction(timeout_s, deadline)
-        req = pb.PrepareTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                                   producer_epoch=txn.producer_epoch, **self._group_fields())
-        try:
-            yield self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
-        except errors.ExactlyError as exc:
-            if is_retriable(exc):
-                raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
-            raise txn.record_error(exc) from None
-        txn.transaction_sealed()
-        return PreparedTxnState(self._transactional_id, txn.producer_id, txn.producer_epoch)
+        return run_flow(self._flows.prepare(timeout), self._perform)
 
     @property
     def transactional_id(self) -> str | None:
@@ -679,10 +451,7 @@ class Producer:
     def prepared_transaction_state(self) -> PreparedTxnState | None:
         """The state of this producer's prepared transaction (prepared by it, or kept by
         init_transactions(keep_prepared_txn=True)); None when none is prepared."""
-        txn = self._txn
-        if txn.state is not TransactionManagerState.PREPARED_TRANSACTION or not txn.sealed:
-            return None
-        return PreparedTxnState(self._transactional_id, txn.producer_id, txn.producer_epoch)
+        return self._flows.prepared_state()
 
     def complete_transaction(self, state: PreparedTxnState | str | None, timeout: float | None = None) -> str:
         """Second phase of KIP-939's two-phase commit (completeTransaction(state)):
@@ -699,28 +468,7 @@ class Producer:
         errors.IllegalStateError while a transaction is open but not prepared; other
         errors as commit_transaction() / abort_transaction()."""
         self._check_open()
-        return run_flow(self._complete_flow(state, timeout), self._perform)
-
-    def _complete_flow(self, state: PreparedTxnState | str | None, timeout: float | None) -> Generator:
-        txn = self._txn
-        if isinstance(state, str):
-            state = PreparedTxnState.deserialize(state)
-        mine = self.prepared_transaction_state()
-        if mine is None:
-            if txn.state in (TransactionManagerState.COMMITTING_TRANSACTION,
-                             TransactionManagerState.ABORTING_TRANSACTION):
-                # A retry after a timeout: finish the decision already taken.
-                committing = txn.state is TransactionManagerState.COMMITTING_TRANSACTION
-                yield from (self._commit_flow(timeout) if committing else self._abort_flow(timeout))
-                return "committed" if committing else "aborted"
-            if txn.state is TransactionManagerState.READY:
-                return "none"
-            raise errors.IllegalStateError(f"no prepared transaction to complete (state {txn.state.name})")
-        if state is not None and tuple(PreparedTxnState(*state)) == tuple(mine):
-            yield from self._commit_flow(timeout)
-            return "committed"
-        yield from self._abort_flow(timeout)
-        return "aborted"
+        return run_flow(self._flows.complete(state, timeout), self._perform)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Drop unsent records of the transaction (their futures fail with
@@ -733,56 +481,7 @@ class Producer:
         errors.IllegalStateError without an open transaction.
         Design doc: "Public APIs", abortTransaction(); data flow 5.1."""
         self._check_open()
-        run_flow(self._abort_flow(timeout), self._perform)
-
-    def _abort_flow(self, timeout: float | None) -> Generator:
-        txn = self._txn
-        timeout_s = self._timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
-        txn.begin_abort()
-        dropped = self._acc.drain_all()
-        if any(b.has_sequence for b in dropped):
-            txn.sequences_unresolved = True  # sent before, outcome unknown
-        fail_batches(dropped, TransactionAbortedError("transaction aborted before the record was sent"),
-                     self._acc)
-        self._sender.wakeup()
-        yield AwaitBatches(deadline, f"abort_transaction timed out after {timeout_s} s")
-        yield AwaitAddPartitions(deadline)
-        txn.raise_if_fatal()
-        yield from self._finish_transaction(False, deadline)
-
-    def _wait_add_partitions(self, deadline: float) -> None:
-        while self._txn.add_in_flight:
-            if time.monotonic() >= deadline:
-                raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
-            time.sleep(0.001)
-
-    def _end_txn(self, commit: bool, timeout_s: float) -> Generator:
-        """EndTxn; returns the response (its PID and epoch are the ones the producer
-        continues with), or None when there was nothing to abort."""
-        txn = self._txn
-        req = pb.EndTxnRequest(transactional_id=self._transactional_id, producer_id=txn.producer_id,
-                               producer_epoch=txn.producer_epoch, committed=commit, **self._group_fields())
-        try:
-            return (yield self._txn_call("EndTxn", req, timeout_s))
-        except errors.ExactlyError as exc:
-            if is_retriable(exc):
-                raise errors.KafkaTimeoutError(
-                    f"EndTxn({'commit' if commit else 'abort'}) did not succeed within {timeout_s:.1f} s: {exc}"
-                ) from exc
-            if not commit and exc.code == ErrorCode.INVALID_TXN_STATE and txn.only_maybe_started:
-                # Sent only because an AddPartitionsToTxn went unanswered: the
-                # coordinator never started the transaction, so there is nothing to abort.
-                return None
-            if not commit and exc.code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-                # The coordinator no longer knows this PID (design doc "Error Handling",
-                # InvalidPidMapping): nothing to abort; get a new mapping.
-                txn.sequences_unresolved = True
-                return None
-            err = txn.record_error(exc)
-            if not commit and txn.state is TransactionManagerState.ABORTING_TRANSACTION:
-                txn.transition_to(TransactionManagerState.ABORTABLE_ERROR, err)
-            raise err from None
+        run_flow(self._flows.abort(timeout), self._perform)
 
     # ------------------------------------------------------------ transaction helpers
 
@@ -940,59 +639,6 @@ class Producer:
         self.close()
 
 
-def rewind_to_committed(consumer: Any) -> None:
-    """Seek every partition assigned to `consumer` back to its committed offset (the
-    beginning when nothing is committed), so records of an aborted transaction are
-    consumed again. Raises what Consumer.committed raises."""
-    parts = list(consumer.assignment())
-    if not parts:
-        return
-    committed = consumer.committed(parts)
-    for tp in parts:
-        om = committed.get(tp)
-        if om is None:
-            consumer.seek_to_beginning([tp])
-        else:
-            consumer.seek(tp, om.offset)
 
-
-def complete_transaction(prepared: PreparedTxnState | tuple[str, int, int], conf: Mapping[str, Any] | str,
-                         commit: bool = True, timeout: float | None = None) -> None:
-    """Second phase of a two-phase commit: commit (commit=True) or abort the
-    transaction sealed by `Producer.prepare_transaction()`, from any process, with
-    EndTxn carrying its PID and epoch. `prepared`: a PreparedTxnState or a
-    (transactional_id, producer_id, epoch) tuple; `conf`: producer settings
-    (`config.ProducerSchema`, bootstrap.servers required), or the bootstrap.servers
-    string itself; `timeout` in
-    seconds (default request.timeout.ms). Idempotent: completing again with the same
-    decision succeeds. Returns once the coordinator has logged the decision; the
-    transaction markers follow within milliseconds (the coordinator rolls them forward
-    after a failover).
-
-    Raises errors.ProducerFencedError when the transactional.id has a newer epoch
-    (a new producer instance or transaction.prepared.max.ms aborted it);
-    errors.InvalidTxnStateError when it was completed the other way, or has no
-    transaction; errors.InvalidProducerIdMappingError for an unknown PID;
-    errors.KafkaTimeoutError when the coordinator does not answer in time (call again).
-    """
-    tid, pid, epoch = prepared
-    settings = {"bootstrap.servers": conf} if isinstance(conf, str) else dict(conf)
-    core = ClientCore(parse(ProducerSchema, settings).as_dict())
-    try:
-        timeout_s = core.request_timeout_s if timeout is None else timeout
-        req = pb.EndTxnRequest(transactional_id=tid, producer_id=int(pid), producer_epoch=int(epoch),
-                               committed=bool(commit))
-        try:
-            core.coordinator_call(tid, COORDINATOR_TRANSACTION, lambda addr: core.txn_stub(addr).EndTxn, req,
-                                  timeout_s=timeout_s)
-        except errors.ExactlyError as exc:
-            if is_retriable(exc):
-                raise errors.KafkaTimeoutError(
-                    f"EndTxn({'commit' if commit else 'abort'}) of {tid!r} did not succeed within "
-                    f"{timeout_s:.1f} s: {exc}") from exc
-            raise normalize(exc) from None
-    finally:
-        core.close()
-
-
-__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction", "TransactionAbortedError"]
+__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction", "rewind_to_committed",
+           "TransactionAbortedError"]

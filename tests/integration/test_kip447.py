@@ -63,12 +63,12 @@ def test_a_zombie_of_an_older_generation_is_refused_on_every_transactional_rpc(c
     c2 = None
     try:
         gen1 = settle(c1)
-        p1.init_transactions(sorted(c1.assignment()), c1.group_metadata())
+        p1.init_transactions_for_group(sorted(c1.assignment()), c1.group_metadata())
         pid, epoch = p1._txn.producer_id, p1._txn.producer_epoch
         c2 = member(cluster2, group, src)
         gen2 = settle(c1, c2)
         assert gen2 > gen1
-        p2.init_transactions(sorted(c2.assignment()), group, gen2)
+        p2.init_transactions_for_group(sorted(c2.assignment()), group, gen2)
         stub = txn_stub(p1, group)
         zombie = dict(transactional_id=p1._transactional_id, producer_id=pid, producer_epoch=epoch,
                       consumer_group_id=group, generation_id=gen1)
@@ -90,7 +90,7 @@ def test_a_zombie_of_an_older_generation_is_refused_on_every_transactional_rpc(c
             p1.commit_transaction(30)
         p1.abort_transaction(30)
         # Initialised with the current generation, it goes on.
-        p1.init_transactions(sorted(c1.assignment()), c1.group_metadata())
+        p1.init_transactions_for_group(sorted(c1.assignment()), c1.group_metadata())
         with p1.transaction():
             p1.send(dst, b"after-init", partition=0)
     finally:
@@ -111,7 +111,7 @@ def test_offsets_of_another_members_partition_get_concurrent_producer_commit(clu
         settle(ca, cb)
         mine, theirs = sorted(ca.assignment()), sorted(cb.assignment())
         assert mine and theirs
-        pa.init_transactions(mine, ca.group_metadata())
+        pa.init_transactions_for_group(mine, ca.group_metadata())
         pa.begin_transaction()
         pa.send(dst, b"a")
         with pytest.raises(errors.ConcurrentProducerCommitError) as info:
@@ -141,7 +141,7 @@ def test_a_new_owners_init_waits_for_the_old_owners_open_transaction(cluster2):
     cb = None
     try:
         settle(ca)
-        pa.init_transactions(sorted(ca.assignment()), ca.group_metadata())  # both partitions
+        pa.init_transactions_for_group(sorted(ca.assignment()), ca.group_metadata())  # both partitions
         pa.begin_transaction()
         pa.send(dst, b"old-owner")
         pa.flush(30)  # in the log, transaction open: the LSO is pinned
@@ -150,7 +150,7 @@ def test_a_new_owners_init_waits_for_the_old_owners_open_transaction(cluster2):
         moved = sorted(cb.assignment())
         raw = group_init(txn_stub(pb_, group), pb_._transactional_id, group, gen2, moved)
         assert raw.error_code == ErrorCode.PENDING_TRANSACTION  # the old owner's transaction is open
-        pb_.init_transactions(moved, group, gen2)  # returns once it is complete
+        pb_.init_transactions_for_group(moved, group, gen2)  # returns once it is complete
         with pytest.raises(errors.ProducerFencedError):
             pa.commit_transaction(30)
         with pb_.transaction():
@@ -215,7 +215,7 @@ def test_a_mixed_group_refuses_the_stale_per_partition_producer(cluster2):
             legacy.send(dst, b"legacy-1")
             legacy.send_offsets_to_transaction({tp: 1}, ConsumerGroupMetadata(group))
         settle(c)
-        aware.init_transactions([tp], c.group_metadata())
+        aware.init_transactions_for_group([tp], c.group_metadata())
         with aware.transaction():
             aware.send(dst, b"aware-2")
             aware.send_offsets_to_transaction({tp: 2}, c.group_metadata())

@@ -4,10 +4,11 @@ It runs the synchronous Producer's rules, not a copy of them: a private subclass
 `exactly.Producer` supplies the asyncio core (`AIOClientCore`) and an asyncio
 sender task (`AIOSender`, a `SenderCore` driver), so record validation,
 partitioning, batching (`RecordAccumulator`), sequence and transaction state
-(`TransactionManager`) and the transaction flows (init, send offsets, commit,
-abort, prepare: generators of I/O effects) are the Producer's own; this module
-only performs their effects with `await`. KIP-98 ("Transactional Producer") and
-KIP-447, as the Producer.
+(`TransactionManager`) and the transaction flows (`exactly._txn_flows`: init, send
+offsets, commit, abort, prepare, complete: generators of I/O effects) are the
+Producer's own; this module only performs their effects with `await`. KIP-98
+("Transactional Producer"), KIP-447 and its draft's group-aware
+init_transactions_for_group(), as the Producer.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from exactly import errors
-from exactly.producer import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, PreparedTxnState, Producer
+from exactly.producer import Producer
+from exactly._two_phase import PreparedTxnState
+from exactly._txn_flows import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, takes_earlier_init_args
 from exactly._sender import SenderCore
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
 
@@ -262,21 +265,29 @@ class AIOProducer:
     async def flush(self, timeout: float | None = None) -> None:
         """Send every queued record now and wait until each has an outcome; `timeout`
         in seconds (None: no limit). Raises errors.KafkaTimeoutError."""
-        await self._drive(self._p._flush_flow(timeout))
+        await self._drive(self._p._flows.flush(timeout))
 
     # ------------------------------------------------------------ transactions
 
-    async def init_transactions(self, partitions: Iterable[TopicPartition] | float | None = None,
-                                group: str | ConsumerGroupMetadata | None = None, generation: int | None = None,
-                                timeout: float | None = None, keep_prepared_txn: bool = False) -> None:
-        """As `exactly.Producer.init_transactions`: `await init_transactions()` fences
-        older instances; `await init_transactions(partitions, group_id, generation)`
-        (or with `consumer.group_metadata()`) is the group-aware form of the KIP-447
-        draft, to call after every rebalance; keep_prepared_txn=True keeps a prepared
-        transaction of the id (KIP-939), to decide with `complete_transaction(state)`."""
+    @takes_earlier_init_args
+    async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
+        """As `exactly.Producer.init_transactions`: `await init_transactions(timeout)`
+        fences older instances (KIP-98); keep_prepared_txn=True keeps a prepared
+        transaction of the id (KIP-939), to decide with `complete_transaction(state)`.
+        The call of earlier releases with the input partitions first runs
+        `init_transactions_for_group` with a DeprecationWarning."""
         self._p._check_open()
-        await self._drive(self._p._init_transactions_flow(partitions, group, generation, timeout,
-                                                          keep_prepared_txn))
+        await self._drive(self._p._flows.init(timeout, keep_prepared_txn))
+
+    async def init_transactions_for_group(self, partitions: Iterable[TopicPartition],
+                                          group: str | ConsumerGroupMetadata, generation: int | None = None,
+                                          timeout: float | None = None) -> None:
+        """As `exactly.Producer.init_transactions_for_group`: the group-aware form of
+        the KIP-447 draft, `await init_transactions_for_group(partitions, group_id,
+        generation)` (or with `consumer.group_metadata()`), to call after every
+        rebalance. `timeout` in seconds (default max.block.ms)."""
+        self._p._check_open()
+        await self._drive(self._p._flows.init_for_group(partitions, group, generation, timeout))
 
     def begin_transaction(self) -> None:
         """As `exactly.Producer.begin_transaction` (local, no I/O)."""
@@ -287,22 +298,22 @@ class AIOProducer:
                                           timeout: float | None = None) -> None:
         """As `exactly.Producer.send_offsets_to_transaction` (KIP-447)."""
         self._p._check_open()
-        await self._drive(self._p._send_offsets_flow(offsets, group_metadata, timeout))
+        await self._drive(self._p._flows.send_offsets(offsets, group_metadata, timeout))
 
     async def commit_transaction(self, timeout: float | None = None) -> None:
         """As `exactly.Producer.commit_transaction`."""
         self._p._check_open()
-        await self._drive(self._p._commit_flow(timeout))
+        await self._drive(self._p._flows.commit(timeout))
 
     async def abort_transaction(self, timeout: float | None = None) -> None:
         """As `exactly.Producer.abort_transaction`."""
         self._p._check_open()
-        await self._drive(self._p._abort_flow(timeout))
+        await self._drive(self._p._flows.abort(timeout))
 
     async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """As `exactly.Producer.prepare_transaction` (KIP-939 two-phase commit)."""
         self._p._check_open()
-        return await self._drive(self._p._prepare_flow(timeout))
+        return await self._drive(self._p._flows.prepare(timeout))
 
     def prepared_transaction_state(self) -> PreparedTxnState | None:
         """As `exactly.Producer.prepared_transaction_state` (local, no I/O)."""
@@ -313,7 +324,7 @@ class AIOProducer:
         commit when `state` is the prepared transaction's, abort otherwise; returns
         "committed", "aborted" or "none"."""
         self._p._check_open()
-        return await self._drive(self._p._complete_flow(state, timeout))
+        return await self._drive(self._p._flows.complete(state, timeout))
 
     @contextlib.asynccontextmanager
     async def transaction(self, timeout: float | None = None) -> AsyncIterator["AIOProducer"]:

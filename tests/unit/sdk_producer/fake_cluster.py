@@ -36,6 +36,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.committed_offsets: dict[str, dict] = collections.defaultdict(dict)
         self.produce_requests: list[pb.ProduceRequest] = []
         self.add_partitions_requests: list[pb.AddPartitionsToTxnRequest] = []
+        self.init_requests: list[pb.InitProducerIdRequest] = []
         self.calls: collections.Counter = collections.Counter()
         # Fault injection: codes returned (once each) before normal handling.
         self.produce_faults: collections.deque = collections.deque()  # (topic, partition, code, write_anyway)
@@ -191,6 +192,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
     def InitProducerId(self, request, context):
         self.calls["InitProducerId"] += 1
         with self.lock:
+            self.init_requests.append(request)
             if self.init_faults:
                 return pb.InitProducerIdResponse(error_code=self.init_faults.popleft())
             tid = request.transactional_id

@@ -1,0 +1,243 @@
+"""init_transactions(timeout=None, keep_prepared_txn=False) is the classic call only
+(confluent-kafka's init_transactions(timeout), Java's initTransactions()); the
+group-aware form of the KIP-447 draft is init_transactions_for_group(partitions, group,
+generation, timeout) on Producer and AIOProducer. The call of earlier releases with the
+partitions first still runs the group-aware form, the same requests, after a
+DeprecationWarning naming the new method. Against the in-process gRPC stand-in
+(fake_cluster)."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import warnings
+
+import pytest
+
+from exactly import ConsumerGroupMetadata, OffsetAndMetadata, Producer, TopicPartition, errors
+from exactly.aio import AIOProducer
+from exactly_wire.error_codes import ErrorCode
+
+from .fake_cluster import FakeCluster
+
+TP = TopicPartition("u", 0)
+GM = ConsumerGroupMetadata("g", 3, "member-1")
+NEW_METHOD = "init_transactions_for_group"
+
+
+@pytest.fixture
+def fc():
+    cluster = FakeCluster({"t": 3, "u": 1})
+    yield cluster
+    cluster.stop()
+
+
+def conf(fc, tid, **extra):
+    return {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
+            "request.timeout.ms": 5000, "max.block.ms": 5000, "transactional.id": tid, **extra}
+
+
+@pytest.fixture
+def make(fc):
+    made = []
+
+    def _make(tid):
+        made.append(Producer(conf(fc, tid)))
+        return made[-1]
+
+    yield _make
+    for p in made:
+        p.close(timeout=5)
+
+
+def _fields(req):
+    """An InitProducerId request without its transactional.id."""
+    return (req.consumer_group_id, req.generation_id, req.transaction_timeout_ms, req.keep_prepared_txn,
+            [(tps.topic, list(tps.partitions)) for tps in req.assigned_partitions])
+
+
+def _round_trip(fc, p, gm):
+    """A transaction with records and offsets; returns what the cluster ended."""
+    p.begin_transaction()
+    p.send("t", b"v", key=b"k").result(5)
+    p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, gm, 5)
+    p.commit_transaction(5)
+    return [(committed, sorted(parts)) for tid, committed, parts in fc.ended if tid == p.transactional_id]
+
+
+@pytest.mark.parametrize("old_args, new_args", [
+    (([TP], "g", 3), ([TP], "g", 3)),
+    (([TP], GM), ([TP], GM)),
+    (([TP],), {"partitions": [TP], "group": "g", "generation": 3}),  # keywords of the earlier signature
+    (([TP], "g", 3, 5.0), ([TP], "g", 3, 5.0)),
+], ids=["positional", "group-metadata", "keywords", "with-timeout"])
+def test_the_earlier_call_warns_and_sends_what_the_group_method_sends(fc, make, old_args, new_args):
+    old, new = make("tx-old"), make("tx-new")
+    if isinstance(new_args, dict):
+        old_call = lambda: old.init_transactions(**new_args)  # noqa: E731
+        new_call = lambda: new.init_transactions_for_group(**new_args)  # noqa: E731
+    else:
+        old_call = lambda: old.init_transactions(*old_args)  # noqa: E731
+        new_call = lambda: new.init_transactions_for_group(*new_args)  # noqa: E731
+    with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
+        old_call()
+    assert [w.filename for w in caught] == [__file__], "the warning names the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new_call()
+    old_req, new_req = fc.init_requests
+    assert _fields(old_req) == _fields(new_req) == ("g", 3, 60000, False, [("u", [0])])
+    assert (old._txn.group_id, old._txn.generation_id, old._flows.assigned) == \
+        (new._txn.group_id, new._txn.generation_id, new._flows.assigned) == ("g", 3, [TP])
+    ended_old, ended_new = _round_trip(fc, old, GM), _round_trip(fc, new, GM)
+    assert ended_old == ended_new and ended_old[0][0] is True
+
+
+def test_old_and_new_group_aware_producers_commit_the_same_transaction(fc, make):
+    old, new = make("tx-a"), make("tx-b")
+    with pytest.warns(DeprecationWarning, match=NEW_METHOD):
+        old.init_transactions([TP], GM)
+    new.init_transactions_for_group([TP], GM)
+    for p in (old, new):
+        p.begin_transaction()
+        p.send("u", b"v").result(5)
+        p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
+        p.commit_transaction(5)
+    ended = {tid: (committed, parts) for tid, committed, parts in fc.ended}
+    assert ended["tx-a"] == ended["tx-b"] == (True, frozenset({("u", 0)}))
+    assert fc.committed_offsets["g"][("u", 0)] == 4
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.init_transactions(),
+    lambda p: p.init_transactions(5),
+    lambda p: p.init_transactions(5.0),
+    lambda p: p.init_transactions(None),
+    lambda p: p.init_transactions(timeout=5),
+    lambda p: p.init_transactions(5, keep_prepared_txn=True),
+    lambda p: p.init_transactions(timeout=5, keep_prepared_txn=False),
+    lambda p: p.init_transactions_for_group([TP], "g", 3),
+    lambda p: p.init_transactions_for_group([TP], GM, timeout=5),
+    lambda p: p.init_transactions_for_group(partitions=[TP], group="g", generation=3, timeout=5),
+], ids=["none", "int", "float", "None", "keyword", "keep-prepared", "keywords", "group", "group-metadata",
+        "group-keywords"])
+def test_the_current_forms_do_not_warn(fc, make, call):
+    p = make("tx-w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(p)
+    req = fc.init_requests[-1]
+    assert req.transactional_id == "tx-w" and req.producer_id == -1
+
+
+def test_the_classic_form_sends_no_group(fc, make):
+    p = make("tx-c")
+    p.init_transactions(5)
+    assert _fields(fc.init_requests[0]) == ("", 0, 60000, False, [])  # no group fields set
+    assert p._txn.group_id is None
+
+
+def test_the_signatures_are_the_current_ones():
+    for cls in (Producer, AIOProducer):
+        assert list(inspect.signature(cls.init_transactions).parameters) == ["self", "timeout", "keep_prepared_txn"]
+        assert list(inspect.signature(cls.init_transactions_for_group).parameters) == \
+            ["self", "partitions", "group", "generation", "timeout"]
+    assert inspect.iscoroutinefunction(AIOProducer.init_transactions)
+
+
+def test_the_earlier_call_keeps_its_errors(fc, make):
+    p = make("tx-e")
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs a consumer group"):
+        p.init_transactions([TP])
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="keep_prepared_txn"):
+        p.init_transactions([TP], "g", 3, keep_prepared_txn=True)
+    with pytest.raises(TypeError):
+        p.init_transactions(5, bogus=1)
+    with pytest.raises(ValueError, match="generation >= 0"):
+        p.init_transactions_for_group([TP], "g")
+    with pytest.raises(ValueError, match="needs a consumer group"):
+        p.init_transactions_for_group([TP], None, 3)
+    assert fc.init_requests == []
+    plain = Producer({"bootstrap.servers": fc.address})
+    try:
+        with pytest.raises(errors.IllegalStateError, match="transactional.id"):
+            plain.init_transactions_for_group([TP], "g", 3)
+        with pytest.raises(errors.IllegalStateError, match="transactional.id"):
+            plain.init_transactions(5)
+    finally:
+        plain.close(5)
+
+
+def _timed(call):
+    start = time.monotonic()
+    with pytest.raises(errors.KafkaTimeoutError):
+        call()
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: p.init_transactions(0.3),
+    lambda p: p.init_transactions(timeout=0.3),
+    lambda p: p.init_transactions_for_group([TP], "g", 3, timeout=0.3),
+], ids=["positional", "keyword", "group"])
+def test_a_timeout_is_honoured(fc, make, call):
+    # The coordinator stays loading: only the timeout (0.3 s, not max.block.ms = 5 s) ends the call.
+    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+    p = make("tx-t")
+    elapsed = _timed(lambda: call(p))
+    assert 0.25 <= elapsed < 2.5, elapsed
+    assert fc.calls["InitProducerId"] >= 2, "retried until the timeout"
+
+
+def test_the_earlier_call_honours_its_timeout(fc, make):
+    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+    p, q = make("tx-t1"), make("tx-t2")
+    with pytest.warns(DeprecationWarning):
+        assert 0.25 <= _timed(lambda: p.init_transactions([TP], "g", 3, timeout=0.3)) < 2.5
+    with pytest.warns(DeprecationWarning):
+        assert 0.25 <= _timed(lambda: q.init_transactions([TP], "g", 3, 0.3)) < 2.5
+
+
+# ---------------------------------------------------------------- asyncio
+
+
+def test_aio_earlier_call_warns_and_sends_what_the_group_method_sends(fc):
+    async def scenario():
+        async with AIOProducer(conf(fc, "tx-aold")) as old, AIOProducer(conf(fc, "tx-anew")) as new:
+            with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
+                await old.init_transactions([TP], "g", 3)
+            assert [w.filename for w in caught] == [__file__]
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                await new.init_transactions_for_group([TP], GM)
+                for p in (old, new):
+                    p.begin_transaction()
+                    await p.send("u", b"v")
+                    await p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
+                    await p.commit_transaction(5)
+
+    asyncio.run(scenario())
+    old_req, new_req = fc.init_requests
+    assert _fields(old_req) == _fields(new_req) == ("g", 3, 60000, False, [("u", [0])])
+    ended = {tid: (committed, parts) for tid, committed, parts in fc.ended}
+    assert ended["tx-aold"] == ended["tx-anew"] == (True, frozenset({("u", 0)}))
+
+
+def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc):
+    async def scenario():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            async with AIOProducer(conf(fc, "tx-a1")) as p:
+                await p.init_transactions(5)
+            async with AIOProducer(conf(fc, "tx-a2")) as p:
+                await p.init_transactions(timeout=5)
+            fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+            async with AIOProducer(conf(fc, "tx-a3")) as p:
+                for call in (lambda: p.init_transactions(0.3),
+                             lambda: p.init_transactions_for_group([TP], "g", 3, timeout=0.3)):
+                    start = time.monotonic()
+                    with pytest.raises(errors.KafkaTimeoutError):
+                        await call()
+                    assert 0.25 <= time.monotonic() - start < 2.5
+
+    asyncio.run(scenario())
