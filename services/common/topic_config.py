@@ -118,11 +118,6 @@ TOPIC_CONFIGS: dict[str, tuple[str, str]] = {d.key: (d.default_text, d.doc) for 
 BROKER_SYNONYMS: dict[str, str] = {d.key: d.broker_key for d in SCHEMA if d.broker_key != d.key}
 
 
-def default(key: str) -> int | str:
-    """The built-in default of topic config `key`. Raises KeyError for an unknown key."""
-    return BY_KEY[key].default
-
-
 def validate_topic_configs(configs: Mapping[str, str]) -> str | None:
     """None when every key is a topic config with a well-formed value, else a message
     naming the first bad key or value and what is allowed."""
@@ -145,5 +140,5 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["TopicConfigDef", "SCHEMA", "BY_KEY", "TOPIC_CONFIGS", "BROKER_SYNONYMS", "default", "DEFAULTS",
+__all__ = ["TopicConfigDef", "SCHEMA", "BY_KEY", "TOPIC_CONFIGS", "BROKER_SYNONYMS", "DEFAULTS",
            "validate_topic_configs", "markdown_table", "INT", "LONG", "LIST", "DELETE", "COMPACT", "CLEANUP_POLICY"]
