@@ -220,21 +220,22 @@ class PartitionLeaderSchema(ServiceSchema):
     log_index_interval_bytes: int | None = setting("log.index.interval.bytes", None,
                                                    "Broker-level name of index.interval.bytes.", LOW, ge=1)
     flush_messages: int | None = setting("flush.messages", None, "fsync after this many appended records "
-                                         f"(default {_TOPIC_DEFAULTS.flush_messages}: on roll and shutdown only; alias "
-                                         "log.flush.interval.messages).", MEDIUM, ge=1)
+                                         f"(default {_TOPIC_DEFAULTS.flush_messages}: on roll and shutdown only; "
+                                         "alias log.flush.interval.messages).", MEDIUM, ge=1)
     log_flush_interval_messages: int | None = setting("log.flush.interval.messages", None,
                                                       "Broker-level name of flush.messages.", LOW, ge=1)
-    message_max_bytes: int = setting("message.max.bytes", _TOPIC_DEFAULTS.max_message_bytes, "Largest record batch a Produce may carry "
-                                     "(bytes; MESSAGE_TOO_LARGE above; topic config max.message.bytes).", HIGH,
-                                     ge=0, le=2147483647)
-    min_insync_replicas: int = setting("min.insync.replicas", _TOPIC_DEFAULTS.min_insync_replicas, "In-sync replicas acks=all writes and "
-                                       "markers need (capped at the replication factor).", HIGH, ge=1)
+    message_max_bytes: int = setting("message.max.bytes", _TOPIC_DEFAULTS.max_message_bytes, "Largest record "
+                                     "batch a Produce may carry (bytes; MESSAGE_TOO_LARGE above; topic config "
+                                     "max.message.bytes).", HIGH, ge=0, le=2147483647)
+    min_insync_replicas: int = setting("min.insync.replicas", _TOPIC_DEFAULTS.min_insync_replicas, "In-sync "
+                                       "replicas acks=all writes and markers need (capped at the replication "
+                                       "factor).", HIGH, ge=1)
     producer_snapshot_interval_ms: int = setting("producer.snapshot.interval.ms",
                                                  _TOPIC_DEFAULTS.producer_snapshot_interval_ms, "Least ms between "
                                                  "periodic producer-state snapshots.", LOW, ge=1)
     producer_snapshot_retained: int = setting("producer.snapshot.retained",
-                                              _TOPIC_DEFAULTS.producer_snapshot_retained, "Producer-state snapshots kept "
-                                              "per partition.", LOW, ge=1)
+                                              _TOPIC_DEFAULTS.producer_snapshot_retained, "Producer-state "
+                                              "snapshots kept per partition.", LOW, ge=1)
     producer_id_expiration_ms: int = setting("producer.id.expiration.ms", _TOPIC_DEFAULTS.producer_id_expiration_ms,
                                              "ms after its last write "
                                              "after which an idle producer id's state is dropped.", MEDIUM, ge=1)
@@ -263,17 +264,19 @@ class PartitionLeaderSchema(ServiceSchema):
         "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
         "batch on a partition with its transaction coordinator.", MEDIUM)
     log_cleanup_policy: Literal["delete", "compact", "compact,delete", "delete,compact"] = setting(
-        "log.cleanup.policy", _TOPIC_DEFAULTS.cleanup_policy, "Default cleanup.policy of topics: delete (retention) and/or compact "
-        "(the latest record per key). Internal topics are always compact.", MEDIUM)
-    log_retention_ms: int = setting("log.retention.ms", _TOPIC_DEFAULTS.retention_ms, "Default retention.ms: delete segments whose "
-                                    "newest record is older (ms; -1: no limit).", HIGH, ge=-1)
-    log_retention_bytes: int = setting("log.retention.bytes", _TOPIC_DEFAULTS.retention_bytes, "Default retention.bytes: delete the oldest "
-                                       "segments while a partition is larger (bytes; -1: no limit).", HIGH, ge=-1)
-    log_roll_ms: int = setting("log.roll.ms", _TOPIC_DEFAULTS.segment_ms, "Default segment.ms: roll the active segment after "
-                               "this many ms, so retention can delete it.", MEDIUM, ge=1)
+        "log.cleanup.policy", _TOPIC_DEFAULTS.cleanup_policy, "Default cleanup.policy of topics: delete "
+        "(retention) and/or compact (the latest record per key). Internal topics are always compact.", MEDIUM)
+    log_retention_ms: int = setting("log.retention.ms", _TOPIC_DEFAULTS.retention_ms, "Default retention.ms: "
+                                    "delete segments whose newest record is older (ms; -1: no limit).", HIGH,
+                                    ge=-1)
+    log_retention_bytes: int = setting("log.retention.bytes", _TOPIC_DEFAULTS.retention_bytes, "Default "
+                                       "retention.bytes: delete the oldest segments while a partition is larger "
+                                       "(bytes; -1: no limit).", HIGH, ge=-1)
+    log_roll_ms: int = setting("log.roll.ms", _TOPIC_DEFAULTS.segment_ms, "Default segment.ms: roll the active "
+                               "segment after this many ms, so retention can delete it.", MEDIUM, ge=1)
     log_cleaner_delete_retention_ms: int = setting(
-        "log.cleaner.delete.retention.ms", _TOPIC_DEFAULTS.delete_retention_ms, "Default delete.retention.ms: ms a compacted topic keeps "
-        "tombstones and the markers of transactions whose records are gone.", MEDIUM, ge=0)
+        "log.cleaner.delete.retention.ms", _TOPIC_DEFAULTS.delete_retention_ms, "Default delete.retention.ms: ms "
+        "a compacted topic keeps tombstones and the markers of transactions whose records are gone.", MEDIUM, ge=0)
     log_retention_check_interval_ms: int = setting(
         "log.retention.check.interval.ms", 300000, "ms between passes of the log cleaner (retention, "
         "DeleteRecords segment deletion, compaction).", MEDIUM, ge=10)
@@ -345,12 +348,12 @@ class TxnCoordinatorSchema(ServiceSchema):
     test_pause_after_prepare_ms: int = setting("exactly.test.pause.after.prepare.ms", 0, "Test hook: ms between "
                                                "a Prepare record and its markers.", LOW, ge=0)
 
-
     @property
     def max_timeout_ms(self) -> int:
         """The largest transaction.timeout.ms (ms): transaction.max.timeout.ms, else the
         design document's max.transaction.timeout.ms, else the default."""
-        return self.transaction_max_timeout_ms or self.max_transaction_timeout_ms or DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
+        return (self.transaction_max_timeout_ms or self.max_transaction_timeout_ms
+                or DEFAULT_TRANSACTION_MAX_TIMEOUT_MS)
 
 
 class GroupCoordinatorSchema(ServiceSchema):
@@ -393,6 +396,7 @@ SERVICE_SCHEMAS: dict[str, type[ServiceSchema]] = {
     "txn_coordinator": TxnCoordinatorSchema,
     "group_coordinator": GroupCoordinatorSchema,
 }
+
 
 def role_settings(schema: type[S], given: S | Mapping[str, object]) -> S:
     """`given` when it is already a parsed settings object, else `parse(schema, given)`
@@ -454,5 +458,5 @@ def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
 
 
 __all__ = ["settings_by_role", "role_settings", "service_settings", "settings_from_lookup",
-           "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema", "GroupCoordinatorSchema",
-           "SERVICE_SCHEMAS"]
+           "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema",
+           "GroupCoordinatorSchema", "SERVICE_SCHEMAS"]
