@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -29,6 +29,8 @@ from kazoo.retry import KazooRetry
 from exactly_wire.error_codes import ErrorCode
 
 from . import limits
+from .settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
+                       role_settings)
 from .zk_security import ZkSecurity
 from .zk_tls import ZkTls
 
@@ -165,19 +167,20 @@ class ClusterState:
     """
 
     def __init__(self, zk_hosts: str, node_id: str, role: str, host: str, port: int,
-                 session_timeout_s: float = 10.0, props: dict[str, str] | None = None):
-        self.props = dict(props or {})
+                 session_timeout_s: float = 10.0, props: ServiceSchema | Mapping[str, object] | None = None):
+        # The process's parsed settings (a mapping of Kafka keys is parsed with the role's schema).
+        self.settings = role_settings(SERVICE_SCHEMAS.get(role, ServiceSchema), props or {})
         self.node_id = node_id
         self.role = role
         self.host = host
         self.port = port
         self.kafka_port = 0  # set before register() when a Kafka listener runs
         # zookeeper.set.acl: digest credentials and znode ACLs (zk_security.py).
-        self.zk_security = ZkSecurity(self.props)
+        self.zk_security = ZkSecurity(self.settings)
         # With the authorizer on: producer id bindings (pid_binding.py), set by server.py.
         self.pid_bindings = None
         # zookeeper.ssl.client.enable: the session over TLS to the secureClientPort (zk_tls.py).
-        self.zk_tls = ZkTls.from_props(self.props)
+        self.zk_tls = ZkTls.from_settings(self.settings)
         self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_s, auth_data=self.zk_security.auth_data,
                               default_acl=self.zk_security.default_acl,
                               connection_retry=reconnect_retry(session_timeout_s), **self.zk_tls.kazoo_kwargs())
@@ -500,7 +503,7 @@ class ClusterState:
         bad = limits.validate_topic_name(name, topics, internal)
         if bad is None:
             others = sum(len(t.partitions) for t in topics.values() if t.name != name)
-            bad = limits.validate_partition_count(name, num_partitions, others, self.props)
+            bad = limits.validate_partition_count(name, num_partitions, others, self.settings)
         if bad is None:
             bad = limits.validate_replication_factor(replication_factor, len(self._live_leaders()))
         if bad is not None:
@@ -563,20 +566,29 @@ class ClusterState:
                               replication_factor: int | None = None) -> None:
         """Create `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
         if missing, with `transaction.state.log.num.partitions` / `offsets.topic.num.partitions`
-        partitions (default 8), the matching `*.replication.factor` (default 1, capped at
-        the live partition leaders) and `*.segment.bytes` (default 104857600), compacted. Raises RuntimeError when no partition leader is live."""
+        partitions, the matching `*.replication.factor` (capped at the live partition
+        leaders) and `*.segment.bytes`, compacted: the settings of the coordinator role
+        owning the topic (this process's, or that role's defaults; services.common.settings).
+        Raises RuntimeError when no partition leader is live."""
         name = INTERNAL_TOPIC_FOR_KIND[kind]
-        prefix = "transaction.state.log" if kind == "txn" else "offsets.topic"
+        schema = TxnCoordinatorSchema if kind == "txn" else GroupCoordinatorSchema
+        owner = self.settings if isinstance(self.settings, schema) else schema()
+        if isinstance(owner, TxnCoordinatorSchema):
+            layout = (owner.state_log_num_partitions, owner.state_log_replication_factor,
+                      owner.state_log_segment_bytes)
+        else:
+            layout = (owner.offsets_topic_num_partitions, owner.offsets_topic_replication_factor,
+                      owner.offsets_topic_segment_bytes)
         if num_partitions is None:
-            num_partitions = int(self.props.get(f"{prefix}.num.partitions", 8))
+            num_partitions = layout[0]
         if replication_factor is None:
-            replication_factor = int(self.props.get(f"{prefix}.replication.factor", 1))
+            replication_factor = layout[1]
         if self.zk.exists(f"{TOPICS}/{name}"):
             return
         leaders = [n for n in self.nodes().values() if n.role == PARTITION_LEADER]
         if not leaders:
             raise RuntimeError(f"cannot create {name}: no live partition leader")
-        segment_bytes = int(self.props.get(f"{prefix}.segment.bytes", 104857600))
+        segment_bytes = layout[2]
         code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)),
                                       {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)},
                                       internal=True)
@@ -652,7 +664,7 @@ class ClusterState:
                 return (ErrorCode.INVALID_PARTITIONS,
                         f"topic {name!r} has {current} partitions; the new count must be larger, got {count}")
             others = sum(len(t.partitions) for t in self.topics().values() if t.name != name)
-            bad = limits.validate_partition_count(name, count, others, self.props)
+            bad = limits.validate_partition_count(name, count, others, self.settings)
             if bad is not None:
                 return bad
             rf = len(next(iter(body["partitions"].values())))

@@ -16,10 +16,10 @@ from typing import Any
 
 import jproperties
 
-from exactly_wire.config import ConfigSchema, ConfigurationError, parse
+from exactly_wire.config import ConfigurationError, parse
 from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
-from .settings import SERVICE_SCHEMAS
+from .settings import SERVICE_SCHEMAS, ServiceSchema
 from .zk_security import ZkSecurity
 from .zk_tls import ZkTls
 
@@ -47,7 +47,7 @@ class ServiceConfig:
     data_dir: pathlib.Path = pathlib.Path(".")
     props: dict[str, str] = field(default_factory=dict)
     advertised_host: str = ""
-    settings: ConfigSchema | None = field(default=None, init=False, repr=False)
+    settings: ServiceSchema = field(init=False, repr=False)
 
     @property
     def advertised(self) -> str:
@@ -55,12 +55,14 @@ class ServiceConfig:
         return self.advertised_host or self.host
 
     def __post_init__(self) -> None:
-        schema = SERVICE_SCHEMAS.get(self.role)
-        self.settings = parse(schema, self.props) if schema is not None else None
+        """Parse `props` once with the role's schema (services.common.settings):
+        `settings` is what the process reads, as attributes. Raises ConfigurationError."""
+        self.settings = parse(SERVICE_SCHEMAS.get(self.role, ServiceSchema), self.props)
 
     def _value(self, key: str, default: Any) -> Any:
-        """The validated value of `key` when it was set, else `default`."""
-        if self.settings is None or key not in self.props:
+        """The validated value of `key` when it was set, else `default` (the get_*
+        lookups are for tools and tests; the services read `settings`)."""
+        if key not in self.props:
             return default
         value = self.settings.get(key)
         return default if value is None else value
@@ -125,8 +127,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
                             zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
                             advertised_host=args.advertised_host or args.host)
         service_security(cfg)  # cross-key checks and readable certificate files, before starting
-        ZkSecurity(cfg.props)  # zookeeper.set.acl needs both digest credentials
-        ZkTls.from_props(cfg.props)  # zookeeper.ssl.*: readable certificate, key and CA files
+        ZkSecurity(cfg.settings)  # zookeeper.set.acl needs both digest credentials
+        ZkTls.from_settings(cfg.settings)  # zookeeper.ssl.*: readable certificate, key and CA files
         return cfg
     except ConfigurationError as exc:
         parser.error(str(exc))
@@ -137,12 +139,12 @@ def service_security(cfg: ServiceConfig) -> TransportSecurity:
     needs ssl.ca.location, ssl.certificate.location and ssl.key.location: the
     service's identity for its listeners and for its calls to other services).
     Raises ConfigurationError naming the key."""
-    settings = cfg.settings.as_dict() if cfg.settings is not None else dict(cfg.props)
-    outbound = {**settings, "sasl.username": None, "sasl.password": None,
-                "security.protocol": "SSL" if settings.get("security.protocol") in TLS_PROTOCOLS else "PLAINTEXT"}
+    protocol = cfg.settings.security_protocol
+    outbound = {**cfg.settings.as_dict(), "sasl.username": None, "sasl.password": None,
+                "security.protocol": "SSL" if protocol in TLS_PROTOCOLS else "PLAINTEXT"}
     security = TransportSecurity.from_settings(outbound, ConfigurationError, role=cfg.role)
     if security.tls and security.certificate is None:
-        raise ConfigurationError(f"security.protocol={settings.get('security.protocol')} needs "
+        raise ConfigurationError(f"security.protocol={protocol} needs "
                                  "ssl.certificate.location and ssl.key.location for the service",
                                  key="ssl.certificate.location", allowed="a PEM file")
     return security

@@ -20,7 +20,6 @@ logged at most once per `LOG_INTERVAL_S` per listener and reason (`RefusalLog`).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import resource
@@ -30,22 +29,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .metrics import CONNECTIONS_REFUSED as REFUSED
+from . import peer_addresses
+from .peer_addresses import normalize_ip
+
+parse_overrides = peer_addresses.parse_overrides  # part of the limits' API (max.connections.per.ip.overrides)
 
 log = logging.getLogger(__name__)
 
-MAX_INT = 2147483647  # Kafka's Integer.MAX_VALUE, the default of the limits below: no limit
+MAX_INT = 2147483647  # Kafka's Integer.MAX_VALUE: a limit this high is no limit
+# Key names, for refusal reasons and messages (the values: ServiceSchema attributes).
 MAX_CONNECTIONS = "max.connections"
 MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
-MAX_CONNECTIONS_PER_IP_OVERRIDES = "max.connections.per.ip.overrides"
 MAX_CONNECTION_CREATION_RATE = "max.connection.creation.rate"
 CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
-HANDSHAKE_TIMEOUT_MS = "exactly.ssl.handshake.timeout.ms"
-FD_RESERVE = "exactly.connections.fd.reserve"
-SWEEP_INTERVAL_MS = "exactly.connections.sweep.interval.ms"
-DEFAULT_IDLE_MS = 600000
-DEFAULT_HANDSHAKE_TIMEOUT_MS = 10000
-DEFAULT_FD_RESERVE = 1024
-DEFAULT_SWEEP_INTERVAL_MS = 1000
 LOG_INTERVAL_S = 10.0
 
 REASONS = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTION_CREATION_RATE, CONNECTIONS_MAX_IDLE_MS,
@@ -56,44 +52,6 @@ def declare_series(listener: str) -> None:
     """Create every refusal series of `listener` at 0."""
     for reason in REASONS:
         REFUSED.labels(listener, reason)
-
-
-def parse_overrides(value: str) -> dict[str, int]:
-    """Kafka's `max.connections.per.ip.overrides`: "host-or-ip:count,..." -> {ip: count}.
-    A host name is resolved once, here (every address it has gets the count); IPv6
-    literals are written bare or in brackets ("[::1]:5"). Raises ValueError naming the
-    entry that is malformed, has a negative count or does not resolve."""
-    out: dict[str, int] = {}
-    for entry in (e.strip() for e in (value or "").split(",")):
-        if not entry:
-            continue
-        host, sep, count = entry.rpartition(":")
-        if not sep or not host or not count.strip().lstrip("-").isdigit():
-            raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {entry!r} is not host:count")
-        n = int(count)
-        if n < 0:
-            raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {entry!r} has a negative count")
-        host = host.strip().strip("[]")
-        try:
-            out[normalize_ip(host)] = n
-        except ValueError:
-            try:
-                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-            except OSError as exc:
-                raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {host!r} does not resolve: {exc}") from None
-            for info in infos:
-                out[normalize_ip(info[4][0])] = n
-    return out
-
-
-def normalize_ip(address: str) -> str:
-    """The canonical text of an IP address; an IPv4-mapped IPv6 address as IPv4
-    ("::ffff:10.0.0.1" -> "10.0.0.1"), so one peer counts as one whichever socket family
-    accepted it. Raises ValueError for anything else."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip)
 
 
 class TokenBucket:

@@ -38,6 +38,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from .cluster import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
+from .settings import PartitionLeaderSchema
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ class Controller:
     its own (kazoo calls block). `start()` / `stop()`; `is_controller` for tests and
     metrics. Settings: controller.sweep.interval.ms (1000)."""
 
-    def __init__(self, cluster: ClusterState, sweep_interval_ms: int = 1000):
+    def __init__(self, cluster: ClusterState,
+                 sweep_interval_ms: int = PartitionLeaderSchema.model_fields["controller_sweep_interval_ms"].default):
         self.cluster = cluster
         self.zk = cluster.zk
         self.node_id = cluster.node_id

@@ -3,36 +3,33 @@ a request before anything is allocated for it, as Kafka does (docs/design.md,
 "Input validation and limits"). Each returns None when the input is acceptable,
 else (Kafka error code, message).
 
-Settings (names are Kafka's where Kafka has one; every service reads them, since
-every service answers CreateTopics and CreatePartitions):
+Settings (declared with their defaults in services.common.settings; every service
+reads them, since every service answers CreateTopics and CreatePartitions):
 
-- `max.partitions.per.topic` (default 10000): partitions one topic may have
-  (CreateTopics, CreatePartitions) -> INVALID_PARTITIONS;
-- `max.partitions` (KIP-578's cluster-wide limit, default 100000): partitions of all
-  topics together -> POLICY_VIOLATION;
-- `socket.request.max.bytes` (default 104857600): the largest request a server
-  receives (gRPC's receive limit; RESOURCE_EXHAUSTED);
-- `exactly.max.concurrent.streams` (default 1000): calls in flight per connection;
-- `message.max.bytes` (partition leaders; default 1048588, topic config
-  `max.message.bytes`): the largest record batch -> MESSAGE_TOO_LARGE.
+- `max.partitions.per.topic`: partitions one topic may have (CreateTopics,
+  CreatePartitions) -> INVALID_PARTITIONS;
+- `max.partitions` (KIP-578's cluster-wide limit): partitions of all topics together
+  -> POLICY_VIOLATION;
+- `socket.request.max.bytes`: the largest request a server receives (gRPC's receive
+  limit; RESOURCE_EXHAUSTED);
+- `exactly.max.concurrent.streams`: calls in flight per connection;
+- `message.max.bytes` (partition leaders; topic config `max.message.bytes`,
+  services.common.topic_config): the largest record batch -> MESSAGE_TOO_LARGE.
 """
 from __future__ import annotations
 
 import re
-from typing import Collection
+from typing import Collection, Mapping
 
 from exactly_wire.error_codes import ErrorCode
 
+from .settings import ServiceSchema, service_settings
+from .topic_config import DEFAULTS
+
+# Key names for refusal messages; the values are ServiceSchema's attributes.
 MAX_PARTITIONS_PER_TOPIC = "max.partitions.per.topic"
-DEFAULT_MAX_PARTITIONS_PER_TOPIC = 10000
 MAX_PARTITIONS = "max.partitions"
-DEFAULT_MAX_PARTITIONS = 100000
-REQUEST_MAX_BYTES = "socket.request.max.bytes"
-DEFAULT_REQUEST_MAX_BYTES = 104857600
-MAX_CONCURRENT_STREAMS = "exactly.max.concurrent.streams"
-DEFAULT_MAX_CONCURRENT_STREAMS = 1000
-MESSAGE_MAX_BYTES = "message.max.bytes"
-DEFAULT_MESSAGE_MAX_BYTES = 1048588
+DEFAULT_MESSAGE_MAX_BYTES = DEFAULTS.max_message_bytes
 
 TOPIC_NAME_MAX_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH
 _LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -40,13 +37,6 @@ INT32_MAX = (1 << 31) - 1
 INT16_MAX = (1 << 15) - 1
 
 Refusal = tuple[ErrorCode, str]
-
-
-def _int_setting(props, key: str, default: int) -> int:
-    try:
-        return int(props.get(key, default))
-    except (TypeError, ValueError):
-        return default
 
 
 def unify_collision_chars(name: str) -> str:
@@ -80,19 +70,22 @@ def validate_topic_name(name: str, existing: Collection[str] = (), internal: boo
     return None
 
 
-def validate_partition_count(topic: str, count: int, cluster_partitions: int, props) -> Refusal | None:
+def validate_partition_count(topic: str, count: int, cluster_partitions: int,
+                             settings: ServiceSchema | Mapping[str, object]) -> Refusal | None:
     """A topic with `count` partitions in a cluster that has `cluster_partitions`
     partitions besides this topic's (CreateTopics: all others; CreatePartitions: all
     others than the topic's current ones): INVALID_PARTITIONS below 1 or above
     `max.partitions.per.topic`, POLICY_VIOLATION when the cluster would pass
-    `max.partitions`. `props`: the service's settings (str -> str)."""
+    `max.partitions`. `settings`: the service's parsed settings (or a mapping of
+    Kafka keys, parsed; ConfigurationError for a wrong value)."""
     if count < 1:
         return ErrorCode.INVALID_PARTITIONS, f"topic {topic!r}: the number of partitions must be at least 1, got {count}"
-    per_topic = _int_setting(props, MAX_PARTITIONS_PER_TOPIC, DEFAULT_MAX_PARTITIONS_PER_TOPIC)
+    settings = settings if isinstance(settings, ServiceSchema) else service_settings(settings)
+    per_topic = settings.max_partitions_per_topic
     if count > per_topic:
         return (ErrorCode.INVALID_PARTITIONS,
                 f"topic {topic!r}: {count} partitions is more than {MAX_PARTITIONS_PER_TOPIC}={per_topic}")
-    total = _int_setting(props, MAX_PARTITIONS, DEFAULT_MAX_PARTITIONS)
+    total = settings.max_partitions
     if cluster_partitions + count > total:
         return (ErrorCode.POLICY_VIOLATION,
                 f"topic {topic!r}: {count} partitions would bring the cluster to {cluster_partitions + count}, "
@@ -128,6 +121,4 @@ def validate_producer_epoch(epoch: int) -> Refusal | None:
 
 __all__ = ["validate_topic_name", "validate_partition_count", "validate_replication_factor",
            "validate_batch_size", "validate_producer_epoch", "unify_collision_chars",
-           "MAX_PARTITIONS_PER_TOPIC", "MAX_PARTITIONS", "REQUEST_MAX_BYTES", "MAX_CONCURRENT_STREAMS",
-           "MESSAGE_MAX_BYTES", "DEFAULT_MAX_PARTITIONS_PER_TOPIC", "DEFAULT_MAX_PARTITIONS",
-           "DEFAULT_REQUEST_MAX_BYTES", "DEFAULT_MAX_CONCURRENT_STREAMS", "DEFAULT_MESSAGE_MAX_BYTES"]
+           "MAX_PARTITIONS_PER_TOPIC", "MAX_PARTITIONS", "DEFAULT_MESSAGE_MAX_BYTES"]

@@ -57,6 +57,8 @@ from typing import Callable, Iterable
 
 import grpc
 
+from .settings import ServiceSchema
+
 log = logging.getLogger(__name__)
 
 QUOTAS = "/exactly/config/quotas"
@@ -70,8 +72,9 @@ CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
 MAX_PARTITIONS = "max_partitions"
 QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE, MAX_PARTITIONS)
 
-DEFAULT_WINDOW_NUM = 11  # quota.window.num
-DEFAULT_WINDOW_SIZE_S = 1  # quota.window.size.seconds
+# The schema's defaults of quota.window.num and quota.window.size.seconds.
+DEFAULT_WINDOW_NUM = ServiceSchema.model_fields["quota_window_num"].default
+DEFAULT_WINDOW_SIZE_S = ServiceSchema.model_fields["quota_window_size_seconds"].default
 
 # The client id of the request in progress (the Kafka header's, or the SDK's
 # `client.id` from the gRPC user agent); set beside auth.current_principal.

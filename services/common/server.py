@@ -37,7 +37,7 @@ from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import authz, connections, limits, metrics, quotas, topic_admin
+from . import authz, connections, metrics, quotas, topic_admin
 from .acl import Operation as Op, Resource, ResourceType
 from .acl import AclCache, AclStore, Authorizer, parse_super_users
 from .pid_binding import ProducerIdBindings
@@ -45,8 +45,9 @@ from .auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenti
                    create_user_credentials, current_principal)
 from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from .config import ServiceConfig, parse_args, service_security
+from .settings import TxnCoordinatorSchema
 from .guard import RequestGuard
-from .tunnel import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_QUEUED, HandlerRegistry, TunnelServicer, add_tunnel_to_server
+from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from .kafka.acl_api import acl_message, binding_of_message
 from .kafka.cluster_api import ClusterApis
 from .kafka import surface as kafka_surface
@@ -472,12 +473,12 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     bind = f"{_bracketed(cfg.host)}:{cfg.port}"
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
         else server.add_insecure_port(bind)
-    metrics.set_topic_labels(cfg.get_bool("metrics.topic.labels", False))
+    metrics.set_topic_labels(cfg.settings.metrics_topic_labels)
     metrics_server = _start_metrics(cfg)
     _declare_rpc_series(cfg.role)
     cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
-                           session_timeout_s=cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000,
-                           props=cfg.props)
+                           session_timeout_s=cfg.settings.zookeeper_session_timeout_ms / 1000,
+                           props=cfg.settings)
     await asyncio.to_thread(cluster.start)
     client = ClusterClient(cluster, security)
     await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor, client)
@@ -491,8 +492,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
     service = await setup(registry, cluster, client, cfg)
     add_tunnel_to_server(TunnelServicer(registry, interceptors,
-                                        cfg.get_int("exactly.tunnel.max.in.flight.calls", DEFAULT_MAX_IN_FLIGHT),
-                                        cfg.get_int("exactly.tunnel.max.queued.replies", DEFAULT_MAX_QUEUED)),
+                                        cfg.settings.tunnel_max_in_flight_calls,
+                                        cfg.settings.tunnel_max_queued_replies),
                          server)
     await server.start()
     sweeper = connection_sweeper(cfg, port, nofile)
@@ -509,15 +510,13 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         own = service.kafka_handlers() if hasattr(service, "kafka_handlers") else {}
         apis = kafka_surface.apis_for(cfg.role, {**cluster_apis.handlers(), **own}, cluster_apis.elsewhere())
         sasl = cluster.sasl if security.tls and cluster.sasl.mechanisms else None
-        required = cfg.get_str("ssl.client.auth", "none") == "required"
-        kafka = KafkaListener(apis, principal_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
+        required = cfg.settings.ssl_client_auth == "required"
+        kafka = KafkaListener(apis, principal_rules=cfg.settings.ssl_principal_mapping_rules,
                               sasl=sasl, require_authentication=required,
                               quota_manager=quota_manager,
                               limits=connection_limits(cfg, nofile),
-                              idle_timeout_s=cfg.get_int(connections.CONNECTIONS_MAX_IDLE_MS,
-                                                         connections.DEFAULT_IDLE_MS) / 1000,
-                              handshake_timeout_s=cfg.get_int(connections.HANDSHAKE_TIMEOUT_MS,
-                                                              connections.DEFAULT_HANDSHAKE_TIMEOUT_MS) / 1000)
+                              idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
+                              handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000)
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security, sasl is not None) if security.tls else None)
     await asyncio.to_thread(cluster.register)
@@ -526,7 +525,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     watcher = None
     if hasattr(service, "loading"):
-        poll_s = max(cfg.get_int("exactly.health.poll.ms", 100), 10) / 1000
+        poll_s = max(cfg.settings.health_poll_ms, 10) / 1000
         watcher = asyncio.create_task(_follow_loading(service, health_servicer, poll_s), name="health")
     (cfg.data_dir / "port").write_text(str(port))
     if kafka is not None:
@@ -568,15 +567,12 @@ def server_options(cfg: ServiceConfig, nofile: int | None = None) -> list[tuple[
     budget (`nofile`: RLIMIT_NOFILE, default the current soft limit, less
     `exactly.connections.fd.reserve`, halved between the two listeners)."""
     options = dict(CHANNEL_OPTIONS)
-    options["grpc.server_handshake_timeout_ms"] = cfg.get_int(connections.HANDSHAKE_TIMEOUT_MS,
-                                                              connections.DEFAULT_HANDSHAKE_TIMEOUT_MS)
-    options["grpc.max_connection_idle_ms"] = cfg.get_int(connections.CONNECTIONS_MAX_IDLE_MS,
-                                                         connections.DEFAULT_IDLE_MS)
+    settings = cfg.settings
+    options["grpc.server_handshake_timeout_ms"] = settings.ssl_handshake_timeout_ms
+    options["grpc.max_connection_idle_ms"] = settings.connections_max_idle_ms
     options["grpc.max_allowed_incoming_connections"] = _connection_cap(cfg, nofile)
-    options["grpc.max_receive_message_length"] = cfg.get_int(limits.REQUEST_MAX_BYTES,
-                                                              limits.DEFAULT_REQUEST_MAX_BYTES)
-    options["grpc.max_concurrent_streams"] = cfg.get_int(limits.MAX_CONCURRENT_STREAMS,
-                                                          limits.DEFAULT_MAX_CONCURRENT_STREAMS)
+    options["grpc.max_receive_message_length"] = settings.socket_request_max_bytes
+    options["grpc.max_concurrent_streams"] = settings.max_concurrent_streams
     return list(options.items())
 
 
@@ -585,8 +581,7 @@ def _connection_cap(cfg: ServiceConfig, nofile: int | None) -> int:
     if nofile is None:
         import resource
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return connections.connection_budget(nofile, cfg.get_int(connections.FD_RESERVE, connections.DEFAULT_FD_RESERVE),
-                                         cfg.get_int(connections.MAX_CONNECTIONS, connections.MAX_INT))
+    return connections.connection_budget(nofile, cfg.settings.connections_fd_reserve, cfg.settings.max_connections)
 
 
 def connection_limits(cfg: ServiceConfig, nofile: int) -> connections.ConnectionLimits:
@@ -594,9 +589,9 @@ def connection_limits(cfg: ServiceConfig, nofile: int) -> connections.Connection
     max.connections.per.ip, max.connections.per.ip.overrides and
     max.connection.creation.rate."""
     return connections.ConnectionLimits(
-        _connection_cap(cfg, nofile), cfg.get_int(connections.MAX_CONNECTIONS_PER_IP, connections.MAX_INT),
-        connections.parse_overrides(cfg.get_str(connections.MAX_CONNECTIONS_PER_IP_OVERRIDES, "")),
-        cfg.get_int(connections.MAX_CONNECTION_CREATION_RATE, connections.MAX_INT))
+        _connection_cap(cfg, nofile), cfg.settings.max_connections_per_ip,
+        connections.parse_overrides(cfg.settings.max_connections_per_ip_overrides),
+        cfg.settings.max_connection_creation_rate)
 
 
 def connection_sweeper(cfg: ServiceConfig, port: int, nofile: int) -> connections.GrpcConnectionSweeper | None:
@@ -607,7 +602,7 @@ def connection_sweeper(cfg: ServiceConfig, port: int, nofile: int) -> connection
         return None  # max.connections alone: grpcio's core applies it at accept
     return connections.GrpcConnectionSweeper(
         port, limits, connections.RefusalLog("grpc"),
-        cfg.get_int(connections.SWEEP_INTERVAL_MS, connections.DEFAULT_SWEEP_INTERVAL_MS) / 1000)
+        cfg.settings.connections_sweep_interval_ms / 1000)
 
 
 async def _set_health(servicer, status, name: str = "") -> None:
@@ -641,18 +636,26 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
     users = UserStore(cluster.zk, cluster.ensure_sensitive_path)
     gateway = sasl_gateway(cfg, cluster, users, security)
     interceptor.authenticator = Authenticator(users, tls=security.tls,
-                                              mapping_rules=cfg.get_str("ssl.principal.mapping.rules", "DEFAULT"),
+                                              mapping_rules=cfg.settings.ssl_principal_mapping_rules,
                                               tokens=gateway.tokens)
-    if cfg.get_str("authorizer", "none") == "acl":
-        authorizer = Authorizer(super_users=parse_super_users(cfg.get_str("super.users", "")),
-                                allow_if_no_acl=cfg.get_bool("allow.everyone.if.no.acl.found", False))
+    if cfg.settings.authorizer == "acl":
+        authorizer = Authorizer(super_users=parse_super_users(cfg.settings.super_users),
+                                allow_if_no_acl=cfg.settings.allow_everyone_if_no_acl_found)
         AclStore(cluster.zk, AclCache(authorizer), cluster.zk_security.sensitive_acl)
         interceptor.authorizer = authorizer
         authz.active_authorizer = authorizer
         cluster.pid_bindings = ProducerIdBindings(
-            cluster, client, refresh_s=cfg.get_int("producer.id.expiration.ms", 86_400_000) / 4000)
+            cluster, client, refresh_s=_producer_id_expiration_ms(cfg) / 4000)
     cluster.users = users
     cluster.sasl = gateway
+
+
+def _producer_id_expiration_ms(cfg: ServiceConfig) -> int:
+    """`producer.id.expiration.ms` (ms) of the process's role; a role without the setting
+    (the group coordinator) takes the transaction coordinator's default, whose bindings
+    it checks."""
+    default = TxnCoordinatorSchema.model_fields["producer_id_expiration_ms"].default
+    return getattr(cfg.settings, "producer_id_expiration_ms", default)
 
 
 def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, security: TransportSecurity):
@@ -665,20 +668,18 @@ def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, se
     tokens = None
     if security.tls:
         key = load_token_key(cluster.zk, cluster.zk_security.sensitive_acl)
-        tokens = SessionTokens(key, users, cfg.get_int("exactly.sasl.session.lifetime.ms", 3600000))
-    return SaslGateway(users, parse_mechanisms(cfg.get_str("sasl.enabled.mechanisms",
-                                                           "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN")),
-                       AuthThrottle(float(cfg.get_str("exactly.sasl.failed.authentication.attempts.per.second",
-                                                      "5"))),
-                       cfg.get_int("connection.failed.authentication.delay.ms", 100), tokens)
+        tokens = SessionTokens(key, users, cfg.settings.exactly_sasl_session_lifetime_ms)
+    return SaslGateway(users, parse_mechanisms(cfg.settings.sasl_enabled_mechanisms),
+                       AuthThrottle(float(cfg.settings.exactly_sasl_failed_authentication_attempts_per_second)),
+                       cfg.settings.connection_failed_authentication_delay_ms, tokens)
 
 
 def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaManager:
     """The process's client quotas (services.common.quotas), kept current by a watch
     on /exactly/config/quotas; super users (the services) are not throttled."""
-    manager = quotas.QuotaManager(samples=cfg.get_int("quota.window.num", quotas.DEFAULT_WINDOW_NUM),
-                                  window_s=cfg.get_int("quota.window.size.seconds", quotas.DEFAULT_WINDOW_SIZE_S),
-                                  super_users=parse_super_users(cfg.get_str("super.users", "")))
+    manager = quotas.QuotaManager(samples=cfg.settings.quota_window_num,
+                                  window_s=cfg.settings.quota_window_size_seconds,
+                                  super_users=parse_super_users(cfg.settings.super_users))
     quotas.QuotaStore(cluster.zk).watch(manager)
     return manager
 
@@ -686,7 +687,7 @@ def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaMana
 def server_credentials(cfg: ServiceConfig, security: TransportSecurity) -> grpc.ServerCredentials:
     """gRPC server credentials: the service's certificate; client certificates of the
     CA required, or verified when presented, as `ssl.client.auth` says."""
-    client_auth = cfg.get_str("ssl.client.auth", "none")
+    client_auth = cfg.settings.ssl_client_auth
     return grpc.ssl_server_credentials([(security.key, security.certificate)],
                                        root_certificates=security.ca if client_auth != "none" else None,
                                        require_client_auth=client_auth == "required")
@@ -706,7 +707,7 @@ def ssl_context(cfg: ServiceConfig, security: TransportSecurity, sasl: bool = Fa
         with open(key, "wb") as f:
             f.write(security.key)
         ctx.load_cert_chain(cert, key)
-    client_auth = cfg.get_str("ssl.client.auth", "none")
+    client_auth = cfg.settings.ssl_client_auth
     if client_auth != "none":
         ctx.load_verify_locations(cadata=security.ca.decode())
         ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" and not sasl else ssl.CERT_OPTIONAL
@@ -721,10 +722,10 @@ def _bracketed(host: str) -> str:
 def _start_metrics(cfg: ServiceConfig) -> metrics.MetricsServer | None:
     """Start /metrics when `metrics.port` > 0 (bound to `metrics.bind.address`,
     default the gRPC bind host)."""
-    port = cfg.get_int("metrics.port", 0)
+    port = cfg.settings.metrics_port
     if port <= 0:
         return None
-    address = cfg.get_str("metrics.bind.address", cfg.host)
+    address = cfg.settings.metrics_bind_address or cfg.host
     server = metrics.start_metrics_server(port, address)
     log.info("metrics on http://%s:%d/metrics", _bracketed(server.address[0]), server.address[1])
     return server

@@ -11,13 +11,21 @@ settings where Kafka has one; `exactly.*` keys are Exactly's own (docs/design.md
 from __future__ import annotations
 
 import difflib
-import sys
-from typing import Annotated, ClassVar, Literal, Mapping
+import typing
+from typing import Annotated, Callable, ClassVar, Literal, Mapping, TypeVar
 
 from pydantic import AfterValidator
 
 from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
 from exactly_wire.security import SecuritySettings
+
+from .topic_config import DEFAULTS as _TOPIC_DEFAULTS
+
+S = TypeVar("S", bound=ConfigSchema)
+
+# Default of transaction.max.timeout.ms, whose schema default is unset so that its
+# older name max.transaction.timeout.ms can give it (TxnCoordinatorSchema.max_timeout_ms).
+DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 900000
 
 _SERVICE_UNSUPPORTED = {
     "ssl.keystore.": "give PEM files: ssl.certificate.location and ssl.key.location",
@@ -44,8 +52,8 @@ PrincipalMappingRules = Annotated[str, AfterValidator(_principal_mapping_rules)]
 
 
 def _per_ip_overrides(value: str) -> str:
-    """max.connections.per.ip.overrides parse (services.common.connections.parse_overrides)."""
-    from .connections import parse_overrides
+    """max.connections.per.ip.overrides parse (services.common.peer_addresses.parse_overrides)."""
+    from .peer_addresses import parse_overrides
     parse_overrides(value)
     return value
 
@@ -201,29 +209,35 @@ class PartitionLeaderSchema(ServiceSchema):
     ROLE: ClassVar[str] = "partition leader"
 
     segment_bytes: int | None = setting("segment.bytes", None, "Roll the active segment past this many bytes "
-                                        "(default 1073741824; alias log.segment.bytes).", MEDIUM, ge=1024)
+                                        f"(default {_TOPIC_DEFAULTS.segment_bytes}; alias log.segment.bytes).",
+                                        MEDIUM, ge=1024)
     log_segment_bytes: int | None = setting("log.segment.bytes", None, "Broker-level name of segment.bytes.",
                                             LOW, ge=1024)
     index_interval_bytes: int | None = setting("index.interval.bytes", None, "Bytes between offset index "
-                                               "entries (default 4096; alias log.index.interval.bytes).", LOW,
+                                               f"entries (default {_TOPIC_DEFAULTS.index_interval_bytes}; alias "
+                                               "log.index.interval.bytes).", LOW,
                                                ge=1)
     log_index_interval_bytes: int | None = setting("log.index.interval.bytes", None,
                                                    "Broker-level name of index.interval.bytes.", LOW, ge=1)
     flush_messages: int | None = setting("flush.messages", None, "fsync after this many appended records "
-                                         f"(default {sys.maxsize}: on roll and shutdown only; alias "
-                                         "log.flush.interval.messages).", MEDIUM, ge=1)
+                                         f"(default {_TOPIC_DEFAULTS.flush_messages}: on roll and shutdown only; "
+                                         "alias log.flush.interval.messages).", MEDIUM, ge=1)
     log_flush_interval_messages: int | None = setting("log.flush.interval.messages", None,
                                                       "Broker-level name of flush.messages.", LOW, ge=1)
-    message_max_bytes: int = setting("message.max.bytes", 1048588, "Largest record batch a Produce may carry "
-                                     "(bytes; MESSAGE_TOO_LARGE above; topic config max.message.bytes).", HIGH,
-                                     ge=0, le=2147483647)
-    min_insync_replicas: int = setting("min.insync.replicas", 1, "In-sync replicas acks=all writes and "
-                                       "markers need (capped at the replication factor).", HIGH, ge=1)
-    producer_snapshot_interval_ms: int = setting("producer.snapshot.interval.ms", 30000, "Least ms between "
+    message_max_bytes: int = setting("message.max.bytes", _TOPIC_DEFAULTS.max_message_bytes, "Largest record "
+                                     "batch a Produce may carry (bytes; MESSAGE_TOO_LARGE above; topic config "
+                                     "max.message.bytes).", HIGH, ge=0, le=2147483647)
+    min_insync_replicas: int = setting("min.insync.replicas", _TOPIC_DEFAULTS.min_insync_replicas, "In-sync "
+                                       "replicas acks=all writes and markers need (capped at the replication "
+                                       "factor).", HIGH, ge=1)
+    producer_snapshot_interval_ms: int = setting("producer.snapshot.interval.ms",
+                                                 _TOPIC_DEFAULTS.producer_snapshot_interval_ms, "Least ms between "
                                                  "periodic producer-state snapshots.", LOW, ge=1)
-    producer_snapshot_retained: int = setting("producer.snapshot.retained", 3, "Producer-state snapshots kept "
-                                              "per partition.", LOW, ge=1)
-    producer_id_expiration_ms: int = setting("producer.id.expiration.ms", 86400000, "ms after its last write "
+    producer_snapshot_retained: int = setting("producer.snapshot.retained",
+                                              _TOPIC_DEFAULTS.producer_snapshot_retained, "Producer-state "
+                                              "snapshots kept per partition.", LOW, ge=1)
+    producer_id_expiration_ms: int = setting("producer.id.expiration.ms", _TOPIC_DEFAULTS.producer_id_expiration_ms,
+                                             "ms after its last write "
                                              "after which an idle producer id's state is dropped.", MEDIUM, ge=1)
     producer_id_expiration_check_interval_ms: int = setting(
         "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id expiration scans.", LOW, ge=1)
@@ -250,17 +264,19 @@ class PartitionLeaderSchema(ServiceSchema):
         "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
         "batch on a partition with its transaction coordinator.", MEDIUM)
     log_cleanup_policy: Literal["delete", "compact", "compact,delete", "delete,compact"] = setting(
-        "log.cleanup.policy", "delete", "Default cleanup.policy of topics: delete (retention) and/or compact "
-        "(the latest record per key). Internal topics are always compact.", MEDIUM)
-    log_retention_ms: int = setting("log.retention.ms", 604800000, "Default retention.ms: delete segments whose "
-                                    "newest record is older (ms; -1: no limit).", HIGH, ge=-1)
-    log_retention_bytes: int = setting("log.retention.bytes", -1, "Default retention.bytes: delete the oldest "
-                                       "segments while a partition is larger (bytes; -1: no limit).", HIGH, ge=-1)
-    log_roll_ms: int = setting("log.roll.ms", 604800000, "Default segment.ms: roll the active segment after "
-                               "this many ms, so retention can delete it.", MEDIUM, ge=1)
+        "log.cleanup.policy", _TOPIC_DEFAULTS.cleanup_policy, "Default cleanup.policy of topics: delete "
+        "(retention) and/or compact (the latest record per key). Internal topics are always compact.", MEDIUM)
+    log_retention_ms: int = setting("log.retention.ms", _TOPIC_DEFAULTS.retention_ms, "Default retention.ms: "
+                                    "delete segments whose newest record is older (ms; -1: no limit).", HIGH,
+                                    ge=-1)
+    log_retention_bytes: int = setting("log.retention.bytes", _TOPIC_DEFAULTS.retention_bytes, "Default "
+                                       "retention.bytes: delete the oldest segments while a partition is larger "
+                                       "(bytes; -1: no limit).", HIGH, ge=-1)
+    log_roll_ms: int = setting("log.roll.ms", _TOPIC_DEFAULTS.segment_ms, "Default segment.ms: roll the active "
+                               "segment after this many ms, so retention can delete it.", MEDIUM, ge=1)
     log_cleaner_delete_retention_ms: int = setting(
-        "log.cleaner.delete.retention.ms", 86400000, "Default delete.retention.ms: ms a compacted topic keeps "
-        "tombstones and the markers of transactions whose records are gone.", MEDIUM, ge=0)
+        "log.cleaner.delete.retention.ms", _TOPIC_DEFAULTS.delete_retention_ms, "Default delete.retention.ms: ms "
+        "a compacted topic keeps tombstones and the markers of transactions whose records are gone.", MEDIUM, ge=0)
     log_retention_check_interval_ms: int = setting(
         "log.retention.check.interval.ms", 300000, "ms between passes of the log cleaner (retention, "
         "DeleteRecords segment deletion, compaction).", MEDIUM, ge=10)
@@ -275,7 +291,8 @@ class TxnCoordinatorSchema(ServiceSchema):
 
     transaction_max_timeout_ms: int | None = setting(
         "transaction.max.timeout.ms", None, "Largest transaction.timeout.ms a producer may ask for (default "
-        "900000; the design document's max.transaction.timeout.ms is accepted too).", HIGH, ge=1)
+        f"{DEFAULT_TRANSACTION_MAX_TIMEOUT_MS}; the design document's max.transaction.timeout.ms is accepted "
+        "too).", HIGH, ge=1)
     max_transaction_timeout_ms: int | None = setting("max.transaction.timeout.ms", None,
                                                      "The design document's name of transaction.max.timeout.ms.",
                                                      LOW, ge=1)
@@ -331,6 +348,13 @@ class TxnCoordinatorSchema(ServiceSchema):
     test_pause_after_prepare_ms: int = setting("exactly.test.pause.after.prepare.ms", 0, "Test hook: ms between "
                                                "a Prepare record and its markers.", LOW, ge=0)
 
+    @property
+    def max_timeout_ms(self) -> int:
+        """The largest transaction.timeout.ms (ms): transaction.max.timeout.ms, else the
+        design document's max.transaction.timeout.ms, else the default."""
+        return (self.transaction_max_timeout_ms or self.max_transaction_timeout_ms
+                or DEFAULT_TRANSACTION_MAX_TIMEOUT_MS)
+
 
 class GroupCoordinatorSchema(ServiceSchema):
     """Group coordinator settings."""
@@ -373,6 +397,40 @@ SERVICE_SCHEMAS: dict[str, type[ServiceSchema]] = {
     "group_coordinator": GroupCoordinatorSchema,
 }
 
+
+def role_settings(schema: type[S], given: S | Mapping[str, object]) -> S:
+    """`given` when it is already a parsed settings object, else `parse(schema, given)`
+    (a mapping of Kafka keys, as tests and tools give them). Raises ConfigurationError
+    for an unknown key or a wrong value."""
+    if isinstance(given, ConfigSchema):
+        return given
+    return parse(schema, given)
+
+
+def service_settings(props: Mapping[str, object]) -> ServiceSchema:
+    """The settings every service has (ServiceSchema), parsed from a mapping of one
+    role's settings: keys of the role's own settings are left out. Raises
+    ConfigurationError for a wrong value."""
+    common = set(keys(ServiceSchema))
+    return parse(ServiceSchema, {k: v for k, v in props.items() if k in common})
+
+
+def settings_from_lookup(schema: type[S], get_int: Callable[[str, int], int]) -> S:
+    """Parse `schema`'s integer settings as a `get_int(key, default)` lookup gives them
+    (ServiceConfig.get_int, or a test's): each key is asked with its schema default (0
+    for a key whose default is unset) and counts as set when the answer differs.
+    Raises ConfigurationError for a value out of range."""
+    given: dict[str, int] = {}
+    for info in schema.model_fields.values():
+        if int not in (info.annotation, *typing.get_args(info.annotation)):
+            continue
+        asked = info.default if info.default is not None else 0
+        value = get_int(info.alias, asked)
+        if value is not None and value != asked:
+            given[info.alias] = value
+    return parse(schema, given)
+
+
 def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Split one set of cluster-wide settings (as a development cluster or a Helm
     values file gives them) into each role's own: role -> {key: value}, every value
@@ -399,5 +457,6 @@ def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return out
 
 
-__all__ = ["settings_by_role", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema", "GroupCoordinatorSchema",
-           "SERVICE_SCHEMAS"]
+__all__ = ["settings_by_role", "role_settings", "service_settings", "settings_from_lookup",
+           "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema",
+           "GroupCoordinatorSchema", "SERVICE_SCHEMAS"]

@@ -1,14 +1,15 @@
 """Topic configs as the Cluster RPCs see them: validation (CreateTopics,
 IncrementalAlterConfigs), the operations of IncrementalAlterConfigs and the entries
-of DescribeConfigs. Pure; the catalogue of topic configs is the partition leader's
-(`services.partition_leader.partition.TOPIC_CONFIGS`), so a key is accepted exactly
-when the partition leaders understand it (docs/design.md, "Administration")."""
+of DescribeConfigs. Pure; the catalogue of topic configs is the topic-config schema
+(`services.common.topic_config`) the partition leaders resolve their configs from, so
+a key is accepted exactly when the partition leaders understand it (docs/design.md,
+"Administration")."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping, NamedTuple
 
 from exactly_wire.error_codes import ErrorCode
-from services.partition_leader.partition import TOPIC_CONFIGS, validate_topic_configs
+from services.common.topic_config import TOPIC_CONFIGS, validate_topic_configs
 
 OP_SET = 0
 OP_DELETE = 1

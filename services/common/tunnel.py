@@ -46,6 +46,7 @@ import grpc
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from .settings import ServiceSchema
 from .guard import _safe_deserializer, _Undecodable  # the request guard's parsing, for the stream's messages
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,9 @@ TUNNEL_METHOD = method_path("Tunnel", "Calls")
 # The admission check of a stream, as the interceptors see it (a method the proto
 # does not have, so no real call can name it or collide with its cached handlers).
 OPEN_METHOD = "/exactly.v1.Tunnel/Open"
-DEFAULT_MAX_IN_FLIGHT = 500
-DEFAULT_MAX_QUEUED = 64
+# The schema's defaults of exactly.tunnel.max.in.flight.calls and exactly.tunnel.max.queued.replies.
+DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"].default
+DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
 
 
 class TunnelError(grpc.RpcError):

@@ -25,6 +25,8 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from exactly_wire.config import ConfigurationError
 
+from .settings import ServiceSchema, service_settings
+
 SET_ACL = "zookeeper.set.acl"
 USERNAME = "zookeeper.digest.username"
 PASSWORD = "zookeeper.digest.password"
@@ -34,15 +36,17 @@ _WORLD_READ = ACL(Permissions.READ, OPEN_ACL_UNSAFE[0].id)
 class ZkSecurity:
     """The ZooKeeper credentials and znode ACLs of one process.
 
-    props: the service's settings (keys above; values strings or bools). Raises
-    ConfigurationError when `zookeeper.set.acl` is on without both credentials, or
-    when only one of username and password is given.
+    settings: the service's parsed settings (a mapping of Kafka keys is parsed first;
+    the keys of other settings are ignored). Raises ConfigurationError when
+    `zookeeper.set.acl` is on without both credentials, or when only one of username
+    and password is given.
     """
 
-    def __init__(self, props: Mapping[str, object]):
-        set_acl = str(props.get(SET_ACL, "false")).strip().lower() == "true"
-        user = str(props.get(USERNAME) or "")
-        password = str(props.get(PASSWORD) or "")
+    def __init__(self, settings: ServiceSchema | Mapping[str, object]):
+        s = settings if isinstance(settings, ServiceSchema) else service_settings(settings)
+        set_acl = s.zookeeper_set_acl
+        user = str(s.zookeeper_digest_username or "")
+        password = str(s.zookeeper_digest_password or "")
         if bool(user) != bool(password):
             raise ConfigurationError(f"{USERNAME} and {PASSWORD} go together; give both or neither")
         if set_acl and not user:

@@ -26,15 +26,12 @@ from typing import Any, Mapping
 
 from exactly_wire.config import ConfigurationError
 
-ENABLE = "zookeeper.ssl.client.enable"
+from .settings import ServiceSchema, service_settings
+
+# Key names for error messages (the values are read from ServiceSchema's attributes).
 KEYSTORE = "zookeeper.ssl.keystore.location"
 KEYSTORE_PASSWORD = "zookeeper.ssl.keystore.password"
 TRUSTSTORE = "zookeeper.ssl.truststore.location"
-ENDPOINT_IDENTIFICATION = "zookeeper.ssl.endpoint.identification.algorithm"
-
-
-def _truthy(value: object) -> bool:
-    return str(value).strip().lower() == "true"
 
 
 @dataclass(frozen=True)
@@ -56,27 +53,34 @@ class ZkTls:
 
     @classmethod
     def from_props(cls, props: Mapping[str, object]) -> "ZkTls":
-        """From a service's settings (Kafka key -> string value). Reads the files once to
-        check them: raises ConfigurationError naming the key when a file cannot be read,
-        holds no certificate and matching key, or holds no CA certificate, and when a
-        keystore password comes without a keystore. Disabled: no file is read."""
-        if props.get(KEYSTORE_PASSWORD) and not props.get(KEYSTORE):
+        """From a mapping of a service's settings (Kafka key -> value; the keys of other
+        settings are ignored): `from_settings` of their parsed ServiceSchema. Raises
+        ConfigurationError as `from_settings` does, or for a malformed value."""
+        return cls.from_settings(service_settings(props))
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSchema) -> "ZkTls":
+        """From a service's parsed settings. Reads the files once to check them: raises
+        ConfigurationError naming the key when a file cannot be read, holds no
+        certificate and matching key, or holds no CA certificate, and when a keystore
+        password comes without a keystore. Disabled: no file is read."""
+        s = settings
+        if s.zookeeper_ssl_keystore_password and not s.zookeeper_ssl_keystore_location:
             raise ConfigurationError(f"{KEYSTORE_PASSWORD} needs {KEYSTORE}", key=KEYSTORE_PASSWORD)
-        if not _truthy(props.get(ENABLE, "false")):
+        if not s.zookeeper_ssl_client_enable:
             return cls()
-        algorithm = str(props.get(ENDPOINT_IDENTIFICATION, "HTTPS") or "").strip().upper()
-        if props.get(KEYSTORE):
+        algorithm = str(s.zookeeper_ssl_endpoint_identification_algorithm or "").strip().upper()
+        if s.zookeeper_ssl_keystore_location:
             cert_key = KEYSTORE
-            certfile = keyfile = str(props[KEYSTORE])
-            password = props.get(KEYSTORE_PASSWORD)
+            certfile = keyfile = str(s.zookeeper_ssl_keystore_location)
+            password = s.zookeeper_ssl_keystore_password
         else:
             cert_key = "ssl.certificate.location"
-            certfile = props.get("ssl.certificate.location")
-            keyfile = props.get("ssl.key.location")
-            password = props.get("ssl.key.password")
+            certfile, keyfile = s.ssl_certificate_location, s.ssl_key_location
+            password = s.ssl_key_password
             certfile, keyfile = (str(certfile), str(keyfile)) if certfile and keyfile else (None, None)
-        ca_key = TRUSTSTORE if props.get(TRUSTSTORE) else "ssl.ca.location"
-        ca = props.get(ca_key)
+        ca_key, ca = ((TRUSTSTORE, s.zookeeper_ssl_truststore_location) if s.zookeeper_ssl_truststore_location
+                      else ("ssl.ca.location", s.ssl_ca_location))
         tls = cls(True, str(ca) if ca else None, certfile, keyfile, str(password) if password else None,
                   algorithm == "HTTPS")
         tls._check(cert_key, ca_key)

@@ -35,6 +35,7 @@ from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.owned import NotOwner, OwnedPartition, PartitionOwner
+from services.common.settings import GroupCoordinatorSchema, settings_from_lookup
 from services.common.verification import Verifier
 
 from . import metrics
@@ -85,14 +86,18 @@ class CoordinatorStats:
     pending_txn_offsets: int
 
 
+_DEFAULTS = GroupCoordinatorSchema()  # the schema's defaults, as attributes
+
+
 @dataclass(frozen=True, slots=True)
 class GroupCoordinatorConfig:
-    """Settings (Kafka keys in parentheses).
+    """Settings (Kafka keys in parentheses; defaults and docs in
+    services.common.settings.GroupCoordinatorSchema).
 
-    group: membership limits (group.min.session.timeout.ms default 1000,
-    group.max.session.timeout.ms 1800000, group.initial.rebalance.delay.ms 0,
-    group.max.size). offset_metadata_max_bytes (offset.metadata.max.bytes, 4096).
-    commit_timeout_ms (offsets.commit.timeout.ms, 5000): how long a write waits
+    group: membership limits (group.min.session.timeout.ms,
+    group.max.session.timeout.ms, group.initial.rebalance.delay.ms,
+    group.max.size). offset_metadata_max_bytes (offset.metadata.max.bytes).
+    commit_timeout_ms (offsets.commit.timeout.ms): how long a write waits
     for the append and for the tailer to apply it. load_buffer_size
     (offsets.load.buffer.size, bytes per fetch while loading). tail_max_wait_ms
     (group.coordinator.tail.max.wait.ms): long-poll wait of the tailer's fetches.
@@ -100,30 +105,33 @@ class GroupCoordinatorConfig:
     timeout checks.
     """
 
-    group: GroupConfig = field(default_factory=GroupConfig)
-    offset_metadata_max_bytes: int = 4096
-    commit_timeout_ms: int = 5000
-    load_buffer_size: int = 5 * 1024 * 1024
-    tail_max_wait_ms: int = 500
-    tick_ms: int = 100
+    group: GroupConfig = field(default_factory=lambda: GroupCoordinatorConfig.group_config(_DEFAULTS))
+    offset_metadata_max_bytes: int = _DEFAULTS.offset_metadata_max_bytes
+    commit_timeout_ms: int = _DEFAULTS.offsets_commit_timeout_ms
+    load_buffer_size: int = _DEFAULTS.offsets_load_buffer_size
+    tail_max_wait_ms: int = _DEFAULTS.tail_max_wait_ms
+    tick_ms: int = _DEFAULTS.tick_ms
+
+    @staticmethod
+    def group_config(s: GroupCoordinatorSchema) -> GroupConfig:
+        """The membership limits of the parsed settings `s`."""
+        return GroupConfig(min_session_timeout_ms=s.group_min_session_timeout_ms,
+                           max_session_timeout_ms=s.group_max_session_timeout_ms,
+                           initial_rebalance_delay_ms=s.group_initial_rebalance_delay_ms,
+                           max_size=s.group_max_size)
+
+    @classmethod
+    def from_settings(cls, s: GroupCoordinatorSchema) -> "GroupCoordinatorConfig":
+        """From the process's parsed settings (services.common.settings.GroupCoordinatorSchema)."""
+        return cls(group=cls.group_config(s), offset_metadata_max_bytes=s.offset_metadata_max_bytes,
+                   commit_timeout_ms=s.offsets_commit_timeout_ms, load_buffer_size=s.offsets_load_buffer_size,
+                   tail_max_wait_ms=s.tail_max_wait_ms, tick_ms=s.tick_ms)
 
     @classmethod
     def from_props(cls, get_int: Callable[[str, int], int]) -> "GroupCoordinatorConfig":
-        """Build from a `get_int(key, default)` lookup (ServiceConfig.get_int)."""
-        d = cls()
-        g = d.group
-        return cls(
-            group=GroupConfig(
-                min_session_timeout_ms=get_int("group.min.session.timeout.ms", g.min_session_timeout_ms),
-                max_session_timeout_ms=get_int("group.max.session.timeout.ms", g.max_session_timeout_ms),
-                initial_rebalance_delay_ms=get_int("group.initial.rebalance.delay.ms",
-                                                   g.initial_rebalance_delay_ms),
-                max_size=get_int("group.max.size", g.max_size)),
-            offset_metadata_max_bytes=get_int("offset.metadata.max.bytes", d.offset_metadata_max_bytes),
-            commit_timeout_ms=get_int("offsets.commit.timeout.ms", d.commit_timeout_ms),
-            load_buffer_size=get_int("offsets.load.buffer.size", d.load_buffer_size),
-            tail_max_wait_ms=get_int("group.coordinator.tail.max.wait.ms", d.tail_max_wait_ms),
-            tick_ms=get_int("group.coordinator.tick.ms", d.tick_ms))
+        """`from_settings` of the settings a `get_int(key, default)` lookup gives
+        (services.common.settings.settings_from_lookup). Raises ConfigurationError."""
+        return cls.from_settings(settings_from_lookup(GroupCoordinatorSchema, get_int))
 
 
 class _OwnedPartition(OwnedPartition):

@@ -35,6 +35,9 @@ from typing import Callable, Iterable, Mapping
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from services.common.settings import GroupCoordinatorSchema
+
+_DEFAULTS = GroupCoordinatorSchema()  # the schema's defaults, as attributes
 
 PROTOCOL_TYPE = "consumer"
 PROTOCOL_NAME = "range"
@@ -68,7 +71,8 @@ class IllegalGroupTransitionError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
-    """Broker settings of the group coordinator (Kafka keys in parentheses).
+    """Broker settings of the group coordinator (Kafka keys in parentheses; defaults
+    and docs in services.common.settings.GroupCoordinatorSchema).
 
     min/max_session_timeout_ms (group.min/max.session.timeout.ms): JoinGroup
     session timeouts outside [min, max] get INVALID_SESSION_TIMEOUT.
@@ -77,10 +81,10 @@ class GroupConfig:
     max_size (group.max.size): members per group; more get GROUP_MAX_SIZE_REACHED.
     """
 
-    min_session_timeout_ms: int = 1000
-    max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 0
-    max_size: int = 2**31 - 1
+    min_session_timeout_ms: int = _DEFAULTS.group_min_session_timeout_ms
+    max_session_timeout_ms: int = _DEFAULTS.group_max_session_timeout_ms
+    initial_rebalance_delay_ms: int = _DEFAULTS.group_initial_rebalance_delay_ms
+    max_size: int = _DEFAULTS.group_max_size
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterState, partit
 from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.rpc import ClusterClient
+from services.common.settings import GroupCoordinatorSchema
 from services.common.verification import TxnVerifier
 
 from .coordinator import GroupCoordinator, GroupCoordinatorConfig
@@ -88,13 +89,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                 cfg: ServiceConfig) -> GroupCoordinatorService:
     """Build the coordinator, register the GroupCoordinator servicer, and elect
     partitions of __consumer_offsets (kind "group")."""
-    load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
+    settings: GroupCoordinatorSchema = cfg.settings
+    load_delay_ms = settings.test_load_delay_ms
     log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client
     # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
-                                   GroupCoordinatorConfig.from_props(cfg.get_int),
+                                   GroupCoordinatorConfig.from_settings(settings),
                                    on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
-    if cfg.get_bool("transaction.partition.verification.enable", True):
+    if settings.transaction_partition_verification_enable:
         coordinator.verifier = TxnVerifier(cluster, client)
     if load_delay_ms > 0:
         log_client.is_loading = lambda p: coordinator.owned_partitions().get(p) is False

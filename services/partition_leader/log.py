@@ -43,7 +43,6 @@ import bisect
 import logging
 import os
 import struct
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import Callable, Iterator, NamedTuple
 from exactly_wire import records
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.records import BatchHeader, CorruptRecordError
+from services.common.topic_config import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,10 @@ class LogConfig:
         batch is older than this, ms (so retention can delete it later).
     """
 
-    segment_bytes: int = 1073741824
-    index_interval_bytes: int = 4096
-    flush_messages: int = sys.maxsize
-    segment_ms: int = 604800000
+    segment_bytes: int = DEFAULTS.segment_bytes
+    index_interval_bytes: int = DEFAULTS.index_interval_bytes
+    flush_messages: int = DEFAULTS.flush_messages
+    segment_ms: int = DEFAULTS.segment_ms
 
 
 class AbortedTxn(NamedTuple):

@@ -33,19 +33,22 @@ import logging
 import math
 import os
 import shutil
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Mapping, NamedTuple
 
 from exactly_wire.clock import monotonic_ms as _monotonic_ms
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import compression, records
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.config import keys
 from exactly_wire.records import CorruptRecordError
 
-from services.common import limits
+from services.common import limits, topic_config
+from services.common.settings import PartitionLeaderSchema, role_settings
+from services.common.topic_config import COMPACT, DEFAULTS, DELETE
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig
@@ -71,84 +74,6 @@ LOCAL_REPLICA = "local"  # replica id of a partition opened outside a cluster (t
 
 
 
-# Setting name -> (Kafka broker-level alias, default). Topic configs override
-# process settings; a process setting may use either name.
-_SETTINGS = {
-    "segment.bytes": ("log.segment.bytes", 1073741824),
-    "index.interval.bytes": ("log.index.interval.bytes", 4096),
-    "flush.messages": ("log.flush.interval.messages", sys.maxsize),
-    "producer.snapshot.interval.ms": (None, 30000),
-    "producer.snapshot.retained": (None, 3),
-    "producer.id.expiration.ms": (None, 86400000),
-    "min.insync.replicas": (None, 1),
-    "retention.ms": ("log.retention.ms", 604800000),
-    "retention.bytes": ("log.retention.bytes", -1),
-    "segment.ms": ("log.roll.ms", 604800000),
-    "delete.retention.ms": ("log.cleaner.delete.retention.ms", 86400000),
-    "max.message.bytes": ("message.max.bytes", 1048588),
-}
-CLEANUP_POLICY_ALIAS = "log.cleanup.policy"
-# Topic config -> the process setting that gives its default when the topic does not
-# set it (Kafka's broker-level synonym, listed by DescribeConfigs with synonyms).
-BROKER_SYNONYMS = {key: alias for key, (alias, _default) in _SETTINGS.items() if alias} | {
-    "cleanup.policy": CLEANUP_POLICY_ALIAS}
-DELETE, COMPACT = "delete", "compact"
-
-
-# Topic configs a topic may set (CreateTopics, IncrementalAlterConfigs), with Kafka's
-# topic-level names: every key PartitionConfig reads, plus the retention and cleanup
-# keys (docs/design.md, "Administration"). Value: (default shown by DescribeConfigs,
-# documentation).
-TOPIC_CONFIGS: dict[str, tuple[str, str]] = {
-    "segment.bytes": ("1073741824", "Roll the active segment past this many bytes."),
-    "index.interval.bytes": ("4096", "Bytes between offset index entries."),
-    "flush.messages": ("9223372036854775807", "Fsync the log after this many records (default: never)."),
-    "producer.snapshot.interval.ms": ("30000", "ms between periodic producer-state snapshots."),
-    "producer.snapshot.retained": ("3", "Producer-state snapshots kept per partition."),
-    "producer.id.expiration.ms": ("86400000", "Idle ms after which a producer id without an open "
-                                              "transaction is forgotten."),
-    "min.insync.replicas": ("1", "In-sync replicas acks=all and transaction markers need."),
-    "cleanup.policy": ("delete", "delete: segments past retention are deleted; compact: the latest record "
-                                 "per key is kept."),
-    "retention.ms": ("604800000", "Delete segments older than this (ms; -1: no limit)."),
-    "retention.bytes": ("-1", "Delete old segments while the partition is larger (bytes; -1: no limit)."),
-    "segment.ms": ("604800000", "Roll the active segment after this many ms."),
-    "delete.retention.ms": ("86400000", "How long tombstones stay in a compacted topic (ms)."),
-    "max.message.bytes": ("1048588", "Largest record batch a Produce may append (bytes; MESSAGE_TOO_LARGE)."),
-}
-# Smallest value of each integer topic config (Kafka's ConfigDef ranges); every value
-# must also fit a 64-bit signed integer (Kafka's long).
-_TOPIC_CONFIG_MIN = {"segment.bytes": 1024, "index.interval.bytes": 1, "flush.messages": 1,
-                     "producer.snapshot.interval.ms": 1, "producer.snapshot.retained": 1,
-                     "producer.id.expiration.ms": 1, "min.insync.replicas": 1, "retention.ms": -1,
-                     "retention.bytes": -1, "segment.ms": 1, "delete.retention.ms": 0, "max.message.bytes": 0}
-_TOPIC_CONFIG_MAX = {"segment.bytes": (1 << 31) - 1, "max.message.bytes": (1 << 31) - 1,
-                     "index.interval.bytes": (1 << 31) - 1, "min.insync.replicas": (1 << 31) - 1,
-                     "producer.snapshot.retained": 1000}
-_STRING_TOPIC_CONFIGS = {"cleanup.policy": ("delete", "compact", "compact,delete", "delete,compact")}
-
-
-def validate_topic_configs(configs: Mapping[str, str]) -> str | None:
-    """None when every key is a topic config (TOPIC_CONFIGS) with a well-formed value,
-    else a message naming the first bad key or value and what is allowed."""
-    for key, value in configs.items():
-        if key not in TOPIC_CONFIGS:
-            return f"unknown topic config {key!r}; topic configs are: {', '.join(sorted(TOPIC_CONFIGS))}"
-        allowed = _STRING_TOPIC_CONFIGS.get(key)
-        if allowed is not None:
-            if str(value).replace(" ", "") not in allowed:
-                return f"topic config {key}={value!r}: allowed values are {', '.join(allowed)}"
-            continue
-        try:
-            number = int(str(value))
-        except ValueError:
-            return f"topic config {key}={value!r} is not an integer"
-        low, high = _TOPIC_CONFIG_MIN.get(key, -(1 << 63)), _TOPIC_CONFIG_MAX.get(key, (1 << 63) - 1)
-        if not low <= number <= high:
-            return f"topic config {key}={value!r} is outside [{low}, {high}]"
-    return None
-
-
 @dataclass(frozen=True)
 class PartitionConfig:
     """Settings of one partition (keys in `from_settings`).
@@ -171,15 +96,15 @@ class PartitionConfig:
     """
 
     log: LogConfig = field(default_factory=LogConfig)
-    snapshot_interval_ms: int = 30000
-    snapshots_retained: int = 3
-    producer_id_expiration_ms: int = 86400000
-    min_insync_replicas: int = 1
-    cleanup_policy: frozenset[str] = frozenset({DELETE})
-    retention_ms: int = 604800000
-    retention_bytes: int = -1
-    delete_retention_ms: int = 86400000
-    max_message_bytes: int = 1048588
+    snapshot_interval_ms: int = DEFAULTS.producer_snapshot_interval_ms
+    snapshots_retained: int = DEFAULTS.producer_snapshot_retained
+    producer_id_expiration_ms: int = DEFAULTS.producer_id_expiration_ms
+    min_insync_replicas: int = DEFAULTS.min_insync_replicas
+    cleanup_policy: frozenset[str] = frozenset({DEFAULTS.cleanup_policy})
+    retention_ms: int = DEFAULTS.retention_ms
+    retention_bytes: int = DEFAULTS.retention_bytes
+    delete_retention_ms: int = DEFAULTS.delete_retention_ms
+    max_message_bytes: int = DEFAULTS.max_message_bytes
 
     @property
     def compact(self) -> bool:
@@ -190,40 +115,50 @@ class PartitionConfig:
         return DELETE in self.cleanup_policy
 
     @classmethod
-    def from_settings(cls, props: Mapping[str, str], topic_configs: Mapping[str, str] | None = None
-                      ) -> "PartitionConfig":
-        """Resolve settings: topic config, else process setting (Kafka topic-level
-        name, or broker-level alias such as `log.segment.bytes`), else default.
-        Raises ValueError naming a malformed value."""
+    def from_settings(cls, settings: PartitionLeaderSchema | Mapping[str, str],
+                      topic_configs: Mapping[str, str] | None = None) -> "PartitionConfig":
+        """Resolve each topic config (services.common.topic_config): the topic's value,
+        else the process setting of the same name, else its broker-level synonym
+        (e.g. `log.segment.bytes`), else the schema's default. `settings`: the
+        partition leader's parsed settings (a mapping of Kafka keys is parsed first,
+        raising ConfigurationError). Raises ValueError naming a malformed topic value."""
+        settings = role_settings(PartitionLeaderSchema, settings)
         topic_configs = topic_configs or {}
+        process_keys = set(keys(PartitionLeaderSchema))
 
-        def get(key: str) -> int:
-            alias, default = _SETTINGS[key]
-            for source, name in ((topic_configs, key), (props, key), (props, alias)):
-                if name and name in source:
-                    try:
-                        return int(source[name])
-                    except ValueError:
-                        raise ValueError(f"setting {name}={source[name]!r} is not an integer") from None
-            return default
+        def get(spec: topic_config.TopicConfigDef):
+            if spec.key in topic_configs:
+                return topic_configs[spec.key]
+            for name in (spec.key, spec.broker_key):
+                if name in process_keys and settings.get(name) is not None:
+                    return settings.get(name)
+            return spec.default
 
-        policy = topic_configs.get("cleanup.policy", props.get("cleanup.policy",
-                                                               props.get(CLEANUP_POLICY_ALIAS, DELETE)))
+        values: dict[str, int] = {}
+        policy = DEFAULTS.cleanup_policy
+        for spec in topic_config.SCHEMA:
+            raw = get(spec)
+            if spec.kind == topic_config.LIST:
+                policy = raw  # cleanup.policy, the one list
+                continue
+            try:
+                values[spec.key.replace(".", "_")] = int(raw)
+            except ValueError:
+                raise ValueError(f"setting {spec.key}={raw!r} is not an integer") from None
         policies = frozenset(x.strip() for x in str(policy).split(",") if x.strip())
         if not policies or not policies <= {DELETE, COMPACT}:
             raise ValueError(f"setting cleanup.policy={policy!r}: allowed values are delete, compact, "
                              "compact,delete")
-        return cls(LogConfig(segment_bytes=get("segment.bytes"),
-                             index_interval_bytes=get("index.interval.bytes"),
-                             flush_messages=max(get("flush.messages"), 1),
-                             segment_ms=max(get("segment.ms"), 1)),
-                   snapshot_interval_ms=get("producer.snapshot.interval.ms"),
-                   snapshots_retained=max(get("producer.snapshot.retained"), 1),
-                   producer_id_expiration_ms=get("producer.id.expiration.ms"),
-                   min_insync_replicas=max(get("min.insync.replicas"), 1),
-                   cleanup_policy=policies, retention_ms=get("retention.ms"),
-                   retention_bytes=get("retention.bytes"), delete_retention_ms=get("delete.retention.ms"),
-                   max_message_bytes=get("max.message.bytes"))
+        v = SimpleNamespace(**values)
+        return cls(LogConfig(segment_bytes=v.segment_bytes, index_interval_bytes=v.index_interval_bytes,
+                             flush_messages=max(v.flush_messages, 1), segment_ms=max(v.segment_ms, 1)),
+                   snapshot_interval_ms=v.producer_snapshot_interval_ms,
+                   snapshots_retained=max(v.producer_snapshot_retained, 1),
+                   producer_id_expiration_ms=v.producer_id_expiration_ms,
+                   min_insync_replicas=max(v.min_insync_replicas, 1),
+                   cleanup_policy=policies, retention_ms=v.retention_ms,
+                   retention_bytes=v.retention_bytes, delete_retention_ms=v.delete_retention_ms,
+                   max_message_bytes=v.max_message_bytes)
 
 
 class AppendResult(NamedTuple):

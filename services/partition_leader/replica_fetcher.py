@@ -38,6 +38,7 @@ import grpc
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 from exactly_wire.v1 import exactly_pb2 as pb
+from services.common.settings import PartitionLeaderSchema, role_settings
 from services.common.tunnel import TunnelChannel, method_path
 
 from .leader_epoch import UNDEFINED_EPOCH, EpochEndOffset
@@ -62,16 +63,17 @@ class ReplicaFetchers:
     """
 
     def __init__(self, manager: ReplicaManager, addresses: Callable[[str], str | None],
-                 tunnel: Callable[[str], TunnelChannel], props: Mapping[str, str] | None = None,
+                 tunnel: Callable[[str], TunnelChannel],
+                 props: PartitionLeaderSchema | Mapping[str, str] | None = None,
                  notify: Callable[[TopicPartition], None] = lambda tp: None):
-        props = props or {}
+        settings = role_settings(PartitionLeaderSchema, props or {})
         self.manager = manager
         self.addresses = addresses
         self.tunnel = tunnel
         self.notify = notify
-        self.max_wait_ms = int(props.get("replica.fetch.wait.max.ms", 500))
-        self.max_bytes = int(props.get("replica.fetch.max.bytes", 1048576))
-        self.backoff_s = int(props.get("replica.fetch.backoff.ms", 200)) / 1000
+        self.max_wait_ms = settings.replica_fetch_wait_max_ms
+        self.max_bytes = settings.replica_fetch_max_bytes
+        self.backoff_s = settings.replica_fetch_backoff_ms / 1000
         self._tasks: dict[TopicPartition, tuple[tuple[str, int], asyncio.Task]] = {}
 
     def sync(self) -> None:

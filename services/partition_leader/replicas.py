@@ -48,6 +48,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
 from services.common import pid_binding
+from services.common.settings import PartitionLeaderSchema, role_settings
 from services.common.verification import Verifier
 
 from .partition import Partition, PartitionConfig
@@ -56,9 +57,6 @@ from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REPLICA_LAG_TIME_MAX_MS = 10000
-DEFAULT_FETCH_MAX_WAIT_MS = 30000
-DEFAULT_MAX_PARKED_FETCHES = 1000
 
 T = TypeVar("T")
 
@@ -109,13 +107,6 @@ def _state(topic_info, partition: int):
     return _State(replicas[0] if replicas else None, 0, replicas)
 
 
-def _int_prop(props: Mapping[str, str], key: str, default: int) -> int:
-    try:
-        return int(props.get(key, default))
-    except (TypeError, ValueError):
-        return default
-
-
 def positions(p: Partition) -> dict[str, int]:
     """The positions of `p` that parked watches wait on (purgatory.Watch)."""
     return {LOG_END: p.log_end_offset, HIGH_WATERMARK: p.high_watermark, LAST_STABLE: p.last_stable_offset}
@@ -125,26 +116,30 @@ class HostedReplicas:
     """Open replicas by (topic, partition).
 
     node_id: this process; data_dir: its data directory (logs under `logs/`,
-    snapshots in `store`); props: process settings (Kafka keys, see
-    `PartitionConfig.from_settings`; `replica.lag.time.max.ms`, default 10000),
-    topic configs from the cluster override them; clock_ms: wall clock (ms, for
-    timestamps), monotonic_s: clock of the leadership leases (s), monotonic_ms: clock
+    snapshots in `store`); props: the process's parsed settings (PartitionLeaderSchema;
+    a mapping of Kafka keys is parsed, raising ConfigurationError; see
+    `PartitionConfig.from_settings`), topic configs from the cluster override them;
+    clock_ms: wall clock (ms, for timestamps), monotonic_s: clock of the leadership leases (s), monotonic_ms: clock
     of the other durations (followers' lag for the ISR, snapshot interval; ms).
     """
 
-    def __init__(self, node_id: str, data_dir: Path, props: Mapping[str, str], cluster: ClusterView,
+    def __init__(self, node_id: str, data_dir: Path, props: PartitionLeaderSchema | Mapping[str, str],
+                 cluster: ClusterView,
                  store: SnapshotStore, clock_ms: Callable[[], int] = wall_clock_ms,
                  monotonic_s: Callable[[], float] = time.monotonic,
                  monotonic_ms: Callable[[], int] = _monotonic_ms):
         self.node_id = node_id
         self.data_dir = data_dir
-        self.props = dict(props)
+        self._settings = role_settings(PartitionLeaderSchema, props)
+        # The settings as Kafka keys, for callers holding a mapping; `settings` follows changes to it.
+        self.props: dict[str, object] = self._settings.model_dump(by_alias=True, exclude_unset=True)
+        self._settings_of = dict(self.props)
         self.cluster = cluster
         self.store = store
         self.clock_ms = clock_ms
         self.monotonic_s = monotonic_s
         self.monotonic_ms = monotonic_ms
-        self.max_lag_ms = int(self.props.get("replica.lag.time.max.ms", DEFAULT_REPLICA_LAG_TIME_MAX_MS))
+        self.max_lag_ms = self.settings.replica_lag_time_max_ms
         self.lease_ms: int | None = None
         self.replicas: dict[TopicPartition, Partition] = {}  # every open replica
         self.serving: dict[TopicPartition, Partition] = {}  # those serving (none once the log dir failed)
@@ -153,10 +148,9 @@ class HostedReplicas:
         self.is_live: Callable[[str], bool] = lambda node_id: True  # registered in ZooKeeper
         # Requests waiting for events on a partition (see purgatory.py); the service
         # notifies it on appends, markers, high-watermark, ISR and leadership changes.
-        self.purgatory = Purgatory(monotonic_s, max_parked_per_owner=_int_prop(
-            self.props, "exactly.fetch.max.parked.per.principal", DEFAULT_MAX_PARKED_FETCHES))
+        self.purgatory = Purgatory(monotonic_s, max_parked_per_owner=self.settings.fetch_max_parked_per_principal)
         # The longest a consumer's Fetch may wait (`fetch.max.wait.ms`, ms).
-        self.fetch_max_wait_ms = _int_prop(self.props, "fetch.max.wait.ms", DEFAULT_FETCH_MAX_WAIT_MS)
+        self.fetch_max_wait_ms = self.settings.fetch_max_wait_ms
         # Leadership confirmation before acknowledging writes; None: always confirmed.
         self.leases: Leases | None = None
         # The ZooKeeper connection is down while the session may still live (kazoo's
@@ -176,6 +170,15 @@ class HostedReplicas:
         # error on the log directory; on_log_dir_failure(exc) then tells the controller.
         self.log_dir_offline = False
         self.on_log_dir_failure: Callable[[OSError], None] = lambda exc: None
+
+    @property
+    def settings(self) -> PartitionLeaderSchema:
+        """The process's parsed settings (PartitionLeaderSchema), parsed again only when
+        `props` was changed since. Raises ConfigurationError for a wrong changed value."""
+        if self.props != self._settings_of:
+            self._settings = role_settings(PartitionLeaderSchema, self.props)
+            self._settings_of = dict(self.props)
+        return self._settings
 
     def fail_log_dir(self, exc: OSError) -> None:
         """KIP-112 (docs/design.md, "Disk faults"): an I/O error (EIO, ENOSPC, a failed
@@ -218,7 +221,7 @@ class HostedReplicas:
     # ------------------------------------------------------------ assignment and roles
     def _open(self, topic_info, partition: int) -> Partition:
         name = topic_info.name
-        config = PartitionConfig.from_settings(self.props, getattr(topic_info, "configs", {}))
+        config = PartitionConfig.from_settings(self.settings, getattr(topic_info, "configs", {}))
         p = Partition.open(name, partition, self.data_dir, config, self.store,
                            internal=bool(getattr(topic_info, "internal", False)) or name.startswith("__"),
                            leader_epoch=-1, clock_ms=self.clock_ms, local_id=self.node_id, single_replica=False,
@@ -300,7 +303,7 @@ class HostedReplicas:
     def _reconfigure(self, p: Partition, info) -> None:
         configs = dict(getattr(info, "configs", {}))
         try:
-            p.reconfigure(PartitionConfig.from_settings(self.props, configs))
+            p.reconfigure(PartitionConfig.from_settings(self.settings, configs))
         except ValueError:
             log.exception("%s-%d: topic configs %s not applied", p.topic, p.partition, configs)
         p.config_source = configs

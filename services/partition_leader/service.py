@@ -41,6 +41,7 @@ from services.common.cluster import ClusterState
 from services.common.config import ServiceConfig
 from services.common.controller import Controller
 from services.common.rpc import ClusterClient
+from services.common.settings import PartitionLeaderSchema
 from services.common.verification import TxnVerifier
 
 from services.common.authz import AuthorizedServicer
@@ -70,11 +71,12 @@ class PartitionLeaderService:
         self.servicer = servicer
         self.leases = leases
         self.notify = manager.purgatory.notify
-        self.fetchers = ReplicaFetchers(manager, self._address, client.tunnel, cfg.props, self.notify)
+        settings: PartitionLeaderSchema = cfg.settings
+        self.fetchers = ReplicaFetchers(manager, self._address, client.tunnel, settings, self.notify)
         self.isr = IsrUpdater(manager, cluster, self.notify)
-        self.controller = Controller(cluster, cfg.get_int("controller.sweep.interval.ms", 1000))
+        self.controller = Controller(cluster, settings.controller_sweep_interval_ms)
         self.cleaner = LogCleaner(lambda: list(manager.serving.values()), manager.serves,
-                                  compaction=cfg.get_bool("log.cleaner.enable", True), clock_ms=manager.clock_ms,
+                                  compaction=settings.log_cleaner_enable, clock_ms=manager.clock_ms,
                                   monotonic_ms=manager.monotonic_ms)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,10 +105,11 @@ class PartitionLeaderService:
         self.cluster.add_listener(self._on_cluster_change)
         self.cluster.add_session_listener(self._on_session)
         self.controller.start()
-        snapshot_tick = max(min(self.cfg.get_int("producer.snapshot.interval.ms", 30000), 1000), 10) / 1000
-        expiry_tick = max(self.cfg.get_int("producer.id.expiration.check.interval.ms", 600000), 10) / 1000
+        settings: PartitionLeaderSchema = self.cfg.settings
+        snapshot_tick = max(min(settings.producer_snapshot_interval_ms, 1000), 10) / 1000
+        expiry_tick = max(settings.producer_id_expiration_check_interval_ms, 10) / 1000
         isr_tick = max(self.manager.max_lag_ms / 2, 10) / 1000
-        cleaner_tick = max(self.cfg.get_int("log.retention.check.interval.ms", 300000), 10) / 1000
+        cleaner_tick = max(settings.log_retention_check_interval_ms, 10) / 1000
         self._tasks = [
             asyncio.create_task(self._cleaner_loop(cleaner_tick), name="log-cleaner"),
             asyncio.create_task(self._every(snapshot_tick, self._snapshots_and_checkpoints), name="snapshots"),
@@ -135,7 +138,7 @@ class PartitionLeaderService:
         i.e. until the controller has elected again after a restart, so that serving
         starts with leaderships this process can confirm."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * self.cfg.get_int("zookeeper.session.timeout.ms", 10000) / 1000
+        deadline = loop.time() + 2 * self.cfg.settings.zookeeper_session_timeout_ms / 1000
         registered = None
         while loop.time() < deadline:
             try:
@@ -277,13 +280,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     """Create the partition leader on `server`: snapshot store under
     `<data_dir>/producer-state`, logs under `<data_dir>/logs/`."""
     store = SnapshotStore(cfg.data_dir / "producer-state")
-    manager = ReplicaManager(cfg.node_id, cfg.data_dir, cfg.props, cluster, store)
+    settings: PartitionLeaderSchema = cfg.settings
+    manager = ReplicaManager(cfg.node_id, cfg.data_dir, settings, cluster, store)
     PARTITIONS.track(manager)
     manager.on_appended = count_produced
     manager.verifier = TxnVerifier(cluster, client)
-    manager.verify_transactions = cfg.get_bool("transaction.partition.verification.enable", True)
+    manager.verify_transactions = settings.transaction_partition_verification_enable
     manager.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)
-    session_ms = cfg.get_int("zookeeper.session.timeout.ms", 10000)
+    session_ms = settings.zookeeper_session_timeout_ms
     leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)
     manager.leases = leases
     servicer = PartitionLeaderServicer(manager)

@@ -38,7 +38,7 @@ producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
 way, from the partition leader of that partition.
 
-Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from_props`.
+Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from_settings`.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from services.common.config import ServiceConfig
 from services.common.ownership import CoordinatorOwnership
 from services.common.pid_binding import RatePerPrincipal
 from services.common.rpc import ClusterClient
+from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog, Linger
@@ -53,8 +54,9 @@ class TxnCoordinatorService:
         await self.ownership.start()
 
     async def _ensure_topic(self) -> None:
-        partitions = self.cfg.get_int("transaction.state.log.num.partitions", 8)
-        replication = self.cfg.get_int("transaction.state.log.replication.factor", 1)
+        settings: TxnCoordinatorSchema = self.cfg.settings
+        partitions = settings.state_log_num_partitions
+        replication = settings.state_log_replication_factor
         while True:
             try:
                 await asyncio.to_thread(self.cluster.ensure_internal_topic, "txn", partitions, replication)
@@ -74,10 +76,10 @@ class TxnCoordinatorService:
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
         """Return once the partitions this process should own are loaded (bounded by
-        exactly.txn.ready.timeout.ms, default 30000), so that a (re)started
+        exactly.txn.ready.timeout.ms), so that a (re)started
         coordinator answers requests right after it reports SERVING."""
         if timeout_s is None:
-            timeout_s = self.cfg.get_int("exactly.txn.ready.timeout.ms", 30_000) / 1000
+            timeout_s = self.cfg.settings.txn_ready_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             expected = self._expected_partitions()
@@ -105,8 +107,9 @@ class TxnCoordinatorService:
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
                 cfg: ServiceConfig) -> TxnCoordinatorService:
     """Build the coordinator over the cluster and register its gRPC servicer.
-    Settings: see TxnCoordinatorConfig.from_props."""
-    config = TxnCoordinatorConfig.from_props(cfg.get_int)
+    Settings: see TxnCoordinatorConfig.from_settings."""
+    settings: TxnCoordinatorSchema = cfg.settings
+    config = TxnCoordinatorConfig.from_settings(settings)
     bind = cluster.pid_bindings is not None  # the authorizer is on
     topology = ClusterTopology(cluster)
 
@@ -121,7 +124,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     pids = ProducerIdManager(allocate_block)
     linger = Linger(config.batch_linger_ms)
     txn_log = ClusterTxnLog(client, linger=linger)
-    load_delay_ms = cfg.get_int("exactly.test.load.delay.ms", 0)
+    load_delay_ms = settings.test_load_delay_ms
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
     # on_fenced resigns through the ownership, which is built from the coordinator below.
@@ -131,7 +134,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
                                          bind_producer_ids=bind)
     linger.bind(lambda: coordinator.recently_active() > 1)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
-    rate = cfg.get_float("exactly.producer.ids.rate", 100.0)
+    rate = settings.producer_ids_rate
     servicer = TxnCoordinatorServicer(coordinator, RatePerPrincipal(rate) if bind and rate > 0 else None)
     pbg.add_TransactionCoordinatorServicer_to_server(servicer, server)
     metrics.STATES.track(coordinator)

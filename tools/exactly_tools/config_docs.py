@@ -4,25 +4,29 @@ Kafka API tables from the API surface, exactly_tools.kafka_api_docs).
     python -m exactly_tools.config_docs [--check] [--readme README.md]
 
 Each table sits between `<!-- config-table: NAME -->` and `<!-- /config-table -->`
-in the README, NAME being a role of `TABLES`; the text between the markers is
-replaced by `exactly_wire.config.markdown_table` of that role's schema. `--check`
+in the README, NAME being a key of `TABLES`; the text between the markers is replaced
+by `exactly_wire.config.markdown_table` of that role's schema, or for `topic` by the
+topic-config schema's table (services.common.topic_config). `--check`
 changes nothing and exits 1 when the README differs from the schemas (drift).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import re
 import sys
+from typing import Callable
 
 from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema
 from exactly_wire.config import ConfigSchema, markdown_table
+from services.common import topic_config
 from services.common.settings import GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema
 
 from . import kafka_api_docs
 from .generated_docs import regenerate
 
-TABLES: dict[str, type[ConfigSchema]] = {
+SCHEMAS: dict[str, type[ConfigSchema]] = {
     "producer": ProducerSchema,
     "consumer": ConsumerSchema,
     "admin": AdminSchema,
@@ -30,14 +34,19 @@ TABLES: dict[str, type[ConfigSchema]] = {
     "txn_coordinator": TxnCoordinatorSchema,
     "group_coordinator": GroupCoordinatorSchema,
 }
+# Block name -> its table, in README order: the roles' schemas, then the topic configs.
+TABLES: dict[str, Callable[[], str]] = {
+    **{role: functools.partial(markdown_table, schema) for role, schema in SCHEMAS.items()},
+    "topic": topic_config.markdown_table,
+}
 
 _BLOCK = re.compile(r"(<!-- config-table: (\w+) -->\n)(.*?)(<!-- /config-table -->)", re.S)
 
 
 def render(text: str) -> str:
     """`text` with every config-table block regenerated, and the Kafka API tables
-    (exactly_tools.kafka_api_docs). Raises KeyError for a block naming no known role."""
-    text = _BLOCK.sub(lambda m: m.group(1) + markdown_table(TABLES[m.group(2)]) + "\n" + m.group(4), text)
+    (exactly_tools.kafka_api_docs). Raises KeyError for a block naming no known table."""
+    text = _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group(2)]() + "\n" + m.group(4), text)
     return kafka_api_docs.render(text)
 
 

@@ -4,7 +4,7 @@ and alter configs), KIP-226 (synonyms), KIP-339 (incremental alter) and KIP-569
 (documentation, config types); docs/design.md, "Administration".
 
 Adapters over the topic-config domain code (services.common.topic_admin, the
-partition leader's catalogue of topic configs, ClusterState.alter_topic_configs), so a
+topic-config schema services.common.topic_config, ClusterState.alter_topic_configs), so a
 change made here is the change `exactly topics alter-config` and Cluster/
 IncrementalAlterConfigs make: a compare-and-set of the topic's znode that the
 partition leaders apply when their watch fires.
@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Mapping
 from exactly_wire.config import ConfigSchema
 from exactly_wire.error_codes import ErrorCode
 
-from .. import authz, topic_admin
+from .. import authz, topic_admin, topic_config
 from ..cluster import broker_id
 from ..acl import CLUSTER_NAME, Operation as Op, Resource, ResourceType
 from .codec import field
@@ -53,14 +53,8 @@ DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 # Kafka's ConfigEntry.ConfigType ids (DescribeConfigs v3+).
 BOOLEAN, STRING, INT, LONG, DOUBLE, LIST, PASSWORD = 1, 2, 3, 5, 6, 7, 9
 
-# Topic configs Kafka declares as INT (the others are LONG, cleanup.policy a LIST).
-_INT_TOPIC_CONFIGS = {"segment.bytes", "index.interval.bytes", "min.insync.replicas", "max.message.bytes",
-                      "producer.snapshot.retained"}
-
-
-def _broker_synonyms() -> Mapping[str, str]:
-    from services.partition_leader.partition import BROKER_SYNONYMS
-    return BROKER_SYNONYMS
+# The topic-config schema's Kafka types -> ConfigEntry.ConfigType ids.
+_TOPIC_CONFIG_TYPES = {topic_config.INT: INT, topic_config.LONG: LONG, topic_config.LIST: LIST}
 
 
 def _is_sensitive(key: str) -> bool:
@@ -93,7 +87,7 @@ def topic_config_entries(configs: Mapping[str, str], props: Mapping[str, str], k
     (DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG via the broker-level synonym, or
     DEFAULT_CONFIG), read_only false, is_sensitive false, its synonyms in precedence
     order when `synonyms`, its config type and, when `documentation`, its doc."""
-    aliases = _broker_synonyms()
+    aliases = topic_config.BROKER_SYNONYMS
     out = []
     for entry in topic_admin.describe_topic_configs(configs, list(keys or ())):
         chain = []
@@ -107,7 +101,8 @@ def topic_config_entries(configs: Mapping[str, str], props: Mapping[str, str], k
             chain.append({"name": aliases.get(entry.name, entry.name), "value": default[0].value,
                           "source": DEFAULT_CONFIG})
         first = chain[0] if chain else {"value": entry.value, "source": DEFAULT_CONFIG}
-        kind = LIST if entry.name == "cleanup.policy" else INT if entry.name in _INT_TOPIC_CONFIGS else LONG
+        spec = topic_config.BY_KEY.get(entry.name)
+        kind = _TOPIC_CONFIG_TYPES[spec.kind] if spec is not None else LONG
         out.append({"name": entry.name, "value": first["value"], "read_only": False,
                     "config_source": first["source"], "is_sensitive": False,
                     "synonyms": chain if synonyms else [], "config_type": kind,

@@ -14,7 +14,7 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.common import limits
 from services.common.guard import status_for
-from services.partition_leader.partition import validate_topic_configs
+from services.common.topic_config import validate_topic_configs
 
 
 @pytest.mark.parametrize("name", ["a", "topic-1", "with.dot", "with_underscore", "A" * 249, "..a", "_x"])

@@ -1,0 +1,211 @@
+"""Each setting is defined once: the schemas (services.common.settings for the service
+roles, services.common.topic_config for topic configs) hold every key, default and
+doc; the services read typed settings objects built from them; the README's tables
+are generated from them. These tests fail when a key, a default or a doc differs
+between the schemas, what the services use and the README, and when domain code
+under services/ reads a dotted configuration key by string."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+from exactly_wire.config import keys
+from services.common import topic_config
+from services.common.kafka.config_api import INT, LIST, LONG, topic_config_entries
+from services.common.settings import (GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema,
+                                      role_settings)
+from services.group_coordinator.coordinator import GroupCoordinatorConfig
+from services.group_coordinator.group import GroupConfig
+from services.partition_leader.log import LogConfig
+from services.partition_leader.partition import PartitionConfig
+from services.partition_leader.replica_fetcher import ReplicaFetchers
+from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+README = ROOT / "README.md"
+
+
+def _field(schema, key):
+    return schema.model_fields[{i.alias: n for n, i in schema.model_fields.items()}[key]]
+
+
+# ---------------------------------------------------------------- topic configs
+
+def test_every_topic_config_has_a_broker_level_setting_with_the_same_default():
+    leader_keys = set(keys(PartitionLeaderSchema))
+    for spec in topic_config.SCHEMA:
+        assert spec.broker_key in leader_keys, spec.key
+        broker_default = _field(PartitionLeaderSchema, spec.broker_key).default
+        # A broker-level key without a default of its own (an alias such as
+        # log.segment.bytes) takes the topic config's.
+        assert broker_default in (None, spec.default), (spec.key, broker_default, spec.default)
+        assert spec.doc and spec.doc.endswith((".", ")")), spec.key
+        assert spec.check(spec.default_text) is None, spec.key  # the default is a valid value
+
+
+def test_the_partition_leader_resolves_the_schema_defaults():
+    resolved = PartitionConfig.from_settings(PartitionLeaderSchema())
+    assert resolved == PartitionConfig() == PartitionConfig.from_settings({})
+    d = topic_config.DEFAULTS
+    assert resolved.log == LogConfig(d.segment_bytes, d.index_interval_bytes, d.flush_messages, d.segment_ms)
+    assert (resolved.retention_ms, resolved.retention_bytes, resolved.delete_retention_ms,
+            resolved.max_message_bytes, resolved.min_insync_replicas) == \
+        (d.retention_ms, d.retention_bytes, d.delete_retention_ms, d.max_message_bytes, d.min_insync_replicas)
+    assert resolved.cleanup_policy == frozenset({d.cleanup_policy})
+
+
+def test_each_topic_config_is_resolved_from_its_broker_level_setting():
+    for spec in topic_config.SCHEMA:
+        value = "compact" if spec.kind == topic_config.LIST else str(max(spec.low, 2) + 5)
+        from_broker = PartitionConfig.from_settings({spec.broker_key: value})
+        from_topic = PartitionConfig.from_settings({}, {spec.key: value})
+        assert from_broker == from_topic != PartitionConfig(), spec.key
+
+
+def test_describe_configs_types_and_defaults_come_from_the_schema():
+    kinds = {topic_config.INT: INT, topic_config.LONG: LONG, topic_config.LIST: LIST}
+    entries = {e["name"]: e for e in topic_config_entries({}, {}, None, True, True)}
+    assert set(entries) == set(topic_config.BY_KEY)
+    for spec in topic_config.SCHEMA:
+        e = entries[spec.key]
+        assert (e["config_type"], e["value"], e["documentation"]) == (kinds[spec.kind], spec.default_text, spec.doc)
+        assert e["synonyms"][-1]["name"] == spec.broker_key
+
+
+# ---------------------------------------------------------------- service roles
+
+def test_the_services_settings_objects_default_to_the_schemas():
+    txn = TxnCoordinatorSchema()
+    assert TxnCoordinatorConfig.from_settings(txn) == TxnCoordinatorConfig()
+    assert TxnCoordinatorConfig().max_transaction_timeout_ms == txn.max_timeout_ms
+    group = GroupCoordinatorSchema()
+    assert GroupCoordinatorConfig.from_settings(group) == GroupCoordinatorConfig()
+    assert GroupCoordinatorConfig.group_config(group) == GroupConfig()
+    leader = PartitionLeaderSchema()
+    fetchers = ReplicaFetchers(None, lambda node: None, lambda address: None)
+    assert (fetchers.max_wait_ms, fetchers.max_bytes, fetchers.backoff_s * 1000) == \
+        (leader.replica_fetch_wait_max_ms, leader.replica_fetch_max_bytes, leader.replica_fetch_backoff_ms)
+
+
+def test_a_set_value_reaches_the_services_settings_objects():
+    txn = role_settings(TxnCoordinatorSchema, {"max.transaction.timeout.ms": "7000",
+                                               "exactly.txn.batch.linger.ms": "3"})
+    assert (TxnCoordinatorConfig.from_settings(txn).max_transaction_timeout_ms,
+            TxnCoordinatorConfig.from_settings(txn).batch_linger_ms) == (7000, 3)
+    group = role_settings(GroupCoordinatorSchema, {"group.max.size": "4", "group.coordinator.tick.ms": "7"})
+    cfg = GroupCoordinatorConfig.from_settings(group)
+    assert (cfg.group.max_size, cfg.tick_ms) == (4, 7)
+    fetchers = ReplicaFetchers(None, lambda node: None, lambda address: None, {"replica.fetch.wait.max.ms": "9"})
+    assert fetchers.max_wait_ms == 9
+
+
+# ---------------------------------------------------------------- README
+
+def _rows(block: str) -> dict[str, list[str]]:
+    text = README.read_text()
+    m = re.search(rf"<!-- config-table: {block} -->\n(.*?)<!-- /config-table -->", text, re.S)
+    assert m, f"README has no {block} table"
+    rows = {}
+    for line in m.group(1).splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def test_the_readme_topic_config_table_is_the_schema():
+    rows = _rows("topic")
+    assert list(rows) == [spec.key for spec in topic_config.SCHEMA]
+    for spec in topic_config.SCHEMA:
+        _key, broker, _allowed, default, doc = rows[spec.key]
+        assert (broker, default, doc) == (f"`{spec.broker_key}`", f"`{spec.default}`", spec.doc)
+
+
+@pytest.mark.parametrize("block, schema", [("partition_leader", PartitionLeaderSchema),
+                                           ("txn_coordinator", TxnCoordinatorSchema),
+                                           ("group_coordinator", GroupCoordinatorSchema)])
+def test_the_readme_service_tables_have_each_key_default_and_doc_of_the_schema(block, schema):
+    rows = _rows(block)
+    for key in keys(schema):
+        info = _field(schema, key)
+        _key, _allowed, default, _importance, doc = rows[key]
+        assert doc == info.description, key
+        if info.default is None:
+            assert default == "unset", key
+        elif not isinstance(info.default, bool):
+            assert default.strip("`") == str(info.default) or (default == '""' and info.default == ""), key
+
+
+# ---------------------------------------------------------------- no key read by string
+
+# Modules that may name keys: the schemas, and the Kafka config API that maps names.
+_ALLOWED = {"services/common/settings.py", "services/common/topic_config.py", "services/common/kafka/config_api.py"}
+_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+_GETTERS = {"get", "get_int", "get_str", "get_bool", "get_float", "pop", "setdefault"}
+
+
+def _key_constants(trees: dict[str, ast.Module]) -> set[str]:
+    """Module-level names bound to a dotted key string, in any of `trees`."""
+    names = set()
+    for tree in trees.values():
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str) and _KEY.match(node.value.value)):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _names_a_key(node: ast.AST, constants: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and bool(_KEY.match(node.value))
+    if isinstance(node, ast.Name):
+        return node.id in constants
+    if isinstance(node, ast.Attribute):
+        return node.attr in constants
+    if isinstance(node, ast.JoinedStr):  # f"{prefix}.num.partitions"
+        return any(isinstance(v, ast.Constant) and re.search(r"\.[a-z]+\.?", str(v.value)) and
+                   not str(v.value).startswith("/") for v in node.values)
+    return False
+
+
+def key_reads(trees: dict[str, ast.Module]) -> list[str]:
+    """`path:line` of every read of a configuration key by string: a getter call
+    (`props.get("a.b", ...)`, `cfg.get_int(KEY, ...)`) or a subscript (`props["a.b"]`)
+    whose key is a dotted literal, an f-string of one, or a constant bound to one."""
+    constants = _key_constants(trees)
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            key = None
+            if isinstance(node, ast.Call) and node.args:
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in _GETTERS:
+                    key = node.args[0]
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+                key = node.slice
+            if key is not None and _names_a_key(key, constants):
+                found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_the_key_read_check_finds_reads_by_string():
+    sample = {"x.py": ast.parse('KEY = "replica.lag.time.max.ms"\n'
+                                'a = props.get("replica.fetch.wait.max.ms", 500)\n'
+                                'b = cfg.get_int(KEY, 10000)\n'
+                                'c = props["log.retention.ms"]\n'
+                                'd = int(props.get(f"{prefix}.num.partitions", 8))\n'
+                                'e = settings.replica_lag_time_max_ms\n'
+                                'f = zk.get(f"{TOPICS}/{name}")\n'
+                                'options["grpc.max_concurrent_streams"] = 5\n')}
+    assert key_reads(sample) == ["x.py:2", "x.py:3", "x.py:4", "x.py:5"]
+
+
+def test_domain_code_reads_no_configuration_key_by_string():
+    trees = {}
+    for path in sorted((ROOT / "services").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in _ALLOWED:
+            trees[rel] = ast.parse(path.read_text(), rel)
+    assert key_reads(trees) == [], "read typed settings attributes instead (services.common.settings)"
