@@ -131,7 +131,9 @@ def test_groups_list_describe_delete_and_lag(cluster):
         assert admin.list_consumer_group_offsets("g-lag", isolation_level="read_committed")[tp].lag == 4
         txp.commit_transaction()
         txp.close()
-        assert admin.list_consumer_group_offsets("g-lag", isolation_level="read_committed")[tp].lag == 8
+        # EndTxn answers once the commit is decided; the marker that moves the LSO follows.
+        wait_for(lambda: admin.list_consumer_group_offsets("g-lag", isolation_level="read_committed")[tp].lag == 8,
+                 30, "the LSO past the committed transaction")
         with pytest.raises(errors.NonEmptyGroupError):
             admin.delete_groups(["g-lag"])
         consumer.close()

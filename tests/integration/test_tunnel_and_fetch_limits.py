@@ -230,7 +230,9 @@ def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
     pl = tenants.services["pl-0"]
     victim = pbg.PartitionLeaderStub(grpc.insecure_channel(pl.address))
     _produce_p50(victim, 30)  # warm up
-    baseline = _produce_p50(victim)
+    # The least of three p50s on each side: other work on the machine adds bursts of
+    # latency; a cost of the parked fetches is paid on every append, so in every round.
+    baseline = min(_produce_p50(victim) for _ in range(3))
     # The attacker parks PARKED fetches (and a few more) at the end of its own (empty)
     # topic from 5 processes, 50 per connection; one process after the other, so that no
     # call waits longer than gRPC's 30 s to be taken up by the leader (it cancels those).
@@ -244,7 +246,7 @@ def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             wait_for(lambda: parked() >= PARKED * k // 5, 120,
                      lambda: f"{PARKED * k // 5} fetches parked (parked: {parked()})", interval_s=0.5)
-        attacked = _produce_p50(victim)
+        attacked = min(_produce_p50(victim) for _ in range(3))
         assert metric(pl.metrics_address, "exactly_purgatory_size") >= PARKED  # still parked throughout
     finally:
         for a in attackers:
