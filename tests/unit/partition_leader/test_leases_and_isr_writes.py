@@ -160,8 +160,9 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
         task = asyncio.create_task(m.append_records(-1, [entry], timeout_ms=5000))
         await asyncio.wait_for(appended.wait(), 5)
         assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
-        m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2)
-        res = (await task)[0]
+        assert m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2).hw_changed
+        m.purgatory.notify(("r", 0))  # as the Fetch path does when the high watermark moved
+        res = (await asyncio.wait_for(task, 2))[0]
         assert (res.error, res.base_offset) == (ErrorCode.NONE, 0) and not m.lease_valid(p)
         m.zookeeper_suspended = False
         again = await m.append_records(-1, [entry], timeout_ms=200)
