@@ -20,7 +20,7 @@ Kafka port never use it. So (docs/design.md, "Tunnel and fetch limits"):
   (the service principals; super users pass too): before the stream's first message
   is read, an `Open` pseudo-call (`OPEN_METHOD`, no request body) runs through the
   same interceptors, so authentication and the authorizer's rule for `Tunnel/Open`
-  (services.common.authz) decide, and a refusal ends the stream with the refusal's
+  (services.common.security.authz) decide, and a refusal ends the stream with the refusal's
   status (PERMISSION_DENIED, CLUSTER_AUTHORIZATION_FAILED) before anything of it is
   read. With the authorizer off everyone is admitted, as for every call;
 - at most `max_in_flight` calls of one stream are in flight (read and not yet
@@ -46,8 +46,8 @@ import grpc
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from .settings import ServiceSchema
-from .guard import _safe_deserializer, _Undecodable  # the request guard's parsing, for the stream's messages
+from ..settings import ServiceSchema
+from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +258,8 @@ class TunnelServicer(pbg.TunnelServicer):
             if replies.qsize() >= self.max_queued:
                 drained.clear()
 
-        async def answer(call: pb.TunneledCall | _Undecodable) -> None:
-            if isinstance(call, _Undecodable):
+        async def answer(call: pb.TunneledCall | Undecodable) -> None:
+            if isinstance(call, Undecodable):
                 # No correlation id to answer under: 0, and the stream serves on.
                 put(pb.TunneledReply(
                     correlation_id=0, status_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
@@ -305,7 +305,7 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
     add_TunnelServicer_to_server, a message that does not parse reaches the servicer
     (answered INVALID_ARGUMENT) instead of silently ending the stream."""
     handler = grpc.stream_stream_rpc_method_handler(
-        servicer.Calls, request_deserializer=_safe_deserializer(pb.TunneledCall.FromString),
+        servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Tunnel", {"Calls": handler}),))
 
