@@ -95,30 +95,31 @@ def tunnel_status(value: int) -> grpc.StatusCode:
 # ------------------------------------------------------------------ server side
 
 class TunneledContext:
-    """The servicer context of one tunneled call: the subset of
-    grpc.aio.ServicerContext the handlers and interceptors use. `abort` raises
-    grpc.aio.AbortError, as on a direct call; metadata and the peer's certificate
-    are the stream's."""
+    """The servicer context of one tunneled call, narrowed to what the interceptors
+    (metrics, the request guard, authentication, authorization) and the servicers call:
 
-    __slots__ = ("_stream", "_code", "_details", "trailing_metadata")
+    - the call's own status: `abort(code, details, trailing_metadata)` records the
+      status and details and raises grpc.aio.AbortError, as on a direct call;
+      `code()` (None until aborted) and `details()` read them back for the reply;
+      `set_trailing_metadata(metadata)` is accepted and dropped, since a TunneledReply
+      carries status and details only (the request guard's Kafka error name leads
+      the details);
+    - the stream's connection, forwarded: `invocation_metadata()`, `auth_context()`
+      (the peer's certificate) and `peer()`.
+
+    Nothing else of grpc.aio.ServicerContext is offered: the stream's own context
+    holds one status for the whole stream, so it cannot stand in for a call."""
+
+    __slots__ = ("_stream", "_code", "_details")
 
     def __init__(self, stream: grpc.aio.ServicerContext):
         self._stream = stream
         self._code: grpc.StatusCode | None = None
         self._details = ""
-        self.trailing_metadata: tuple = ()
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
         self._code, self._details = code, details
-        if trailing_metadata:
-            self.trailing_metadata = tuple(trailing_metadata)
         raise grpc.aio.AbortError()
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
@@ -127,7 +128,7 @@ class TunneledContext:
         return self._details
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
-        self.trailing_metadata = tuple(metadata)
+        pass
 
     def invocation_metadata(self):
         return self._stream.invocation_metadata()
