@@ -30,7 +30,7 @@ from exactly_wire.error_codes import ErrorCode
 
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
-                       role_settings)
+                        role_settings)
 from ..security.zk_security import ZkSecurity
 from ..security.zk_tls import ZkTls
 

@@ -45,7 +45,7 @@ from ..security.acl import Operation as Op, Resource, ResourceType
 from ..security.acl import AclCache, AclStore, Authorizer, parse_super_users
 from ..security.pid_binding import ProducerIdBindings
 from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
-                   create_user_credentials, current_principal)
+                             create_user_credentials, current_principal)
 from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from ..config import ServiceConfig, parse_args, service_security
 from ..settings import TxnCoordinatorSchema

@@ -8,7 +8,7 @@ from cryptography.x509.oid import NameOID
 
 from exactly_wire.security import SASL_PASSWORD_HEADER, SASL_TOKEN_HEADER, SASL_USERNAME_HEADER
 from services.common.security.auth import (ANONYMOUS, AuthenticationError, Authenticator, CertificateIdentityError,
-                                  PrincipalMapper, ScramCredential, UserStore, distinguished_name)
+                                           PrincipalMapper, ScramCredential, UserStore, distinguished_name)
 from services.common.security.sasl import SessionTokens
 
 

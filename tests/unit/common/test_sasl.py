@@ -13,7 +13,7 @@ from exactly_wire.security import SaslAuthenticationError, SaslSession
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.security.auth import ScramCredential, UserStore, create_user_credentials, parse_user_credentials
 from services.common.security.sasl import (AuthThrottle, SaslFailure, SaslGateway, SessionTokens, UnsupportedMechanism,
-                                  parse_mechanisms)
+                                           parse_mechanisms)
 from services.common.transport.server import sasl_authenticate
 
 
