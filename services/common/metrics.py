@@ -111,7 +111,8 @@ REQUEST_DURATION = Histogram("exactly_rpc_request_duration_seconds",
                              "Server-side duration of gRPC calls, by gRPC service and method",
                              ["service", "method"], buckets=RPC_BUCKETS)
 CONNECTIONS_REFUSED = Counter(
-    "exactly_connections_refused", "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
+    "exactly_connections_refused",
+    "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
     "by listener (grpc, kafka) and reason (max.connections, max.connections.per.ip, max.connection.creation.rate, "
     "connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed)", ["listener", "reason"])
 RPC_ERRORS = Counter("exactly_rpc_errors",

@@ -58,7 +58,8 @@ from typing import Any, Awaitable, Callable
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..security.auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal, principal_from_certificate
+from ..security.auth import (ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal,
+                             principal_from_certificate)
 from ..security.authz import Denied
 from ..security import quotas as quota
 from ..transport.connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from services.common.security.quotas import (CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, MAX_PARTITIONS,
-                                             PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError, QuotaManager,
-                                             Rate, TokenBucket, alter, decode_configs, encode_configs, grpc_client_id,
-                                             resolve, throttle_time_ms)
+                                             PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError,
+                                             QuotaManager, Rate, TokenBucket, alter, decode_configs, encode_configs,
+                                             grpc_client_id, resolve, throttle_time_ms)
 
 
 class Clock:

@@ -11,8 +11,8 @@ import pytest
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.transport.guard import RequestGuard
-from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
-                                              add_tunnel_to_server, method_path)
+from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError,
+                                              TunnelServicer, add_tunnel_to_server, method_path)
 
 LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 

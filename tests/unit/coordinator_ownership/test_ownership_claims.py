@@ -13,8 +13,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from exactly_wire import records
 from services.common.cluster.state import NodeInfo, TopicInfo
-from services.common.cluster.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership, fence_batches,
-                                               is_fence_record)
+from services.common.cluster.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership,
+                                               fence_batches, is_fence_record)
 
 PATH = "/exactly/coordinators/txn/0"
 
