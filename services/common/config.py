@@ -20,8 +20,8 @@ from exactly_wire.config import ConfigurationError, parse
 from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
 from .settings import SERVICE_SCHEMAS, ServiceSchema
-from .zk_security import ZkSecurity
-from .zk_tls import ZkTls
+from .security.zk_security import ZkSecurity
+from .security.zk_tls import ZkTls
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 

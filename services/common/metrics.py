@@ -15,7 +15,7 @@
   name (NOT_COORDINATOR, ...). A call that fails at the transport level (handler
   exception, abort, cancellation) is counted under `GRPC_<status>`
   (GRPC_UNKNOWN, GRPC_CANCELLED, ...).
-- `CONNECTIONS_REFUSED`, counted by services/common/connections.py (docs/design.md,
+- `CONNECTIONS_REFUSED`, counted by services/common/transport/connections.py (docs/design.md,
   "Connections"):
     exactly_connections_refused_total{listener, reason}   counter
   `listener` is grpc or kafka, `reason` the limit's setting name (max.connections,
@@ -57,7 +57,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exactly_wire.error_codes import ErrorCode
 
-from .cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ REQUEST_DURATION = Histogram("exactly_rpc_request_duration_seconds",
                              "Server-side duration of gRPC calls, by gRPC service and method",
                              ["service", "method"], buckets=RPC_BUCKETS)
 CONNECTIONS_REFUSED = Counter(
-    "exactly_connections_refused", "Connections refused or closed by a connection limit (services/common/connections.py), "
+    "exactly_connections_refused",
+    "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
     "by listener (grpc, kafka) and reason (max.connections, max.connections.per.ip, max.connection.creation.rate, "
     "connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed)", ["listener", "reason"])
 RPC_ERRORS = Counter("exactly_rpc_errors",

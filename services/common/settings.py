@@ -41,9 +41,9 @@ _SERVICE_UNSUPPORTED = {
 
 
 def _principal_mapping_rules(value: str) -> str:
-    """ssl.principal.mapping.rules parse (services.common.auth.PrincipalMapper), so a
+    """ssl.principal.mapping.rules parse (services.common.security.auth.PrincipalMapper), so a
     malformed rule stops the process naming the key."""
-    from .auth import PrincipalMapper
+    from .security.auth import PrincipalMapper
     PrincipalMapper(value)
     return value
 
@@ -52,8 +52,8 @@ PrincipalMappingRules = Annotated[str, AfterValidator(_principal_mapping_rules)]
 
 
 def _per_ip_overrides(value: str) -> str:
-    """max.connections.per.ip.overrides parse (services.common.peer_addresses.parse_overrides)."""
-    from .peer_addresses import parse_overrides
+    """max.connections.per.ip.overrides parse (services.common.transport.peer_addresses.parse_overrides)."""
+    from .transport.peer_addresses import parse_overrides
     parse_overrides(value)
     return value
 
@@ -61,8 +61,8 @@ def _per_ip_overrides(value: str) -> str:
 PerIpOverrides = Annotated[str, AfterValidator(_per_ip_overrides)]
 
 def _sasl_mechanisms(value: str) -> str:
-    """sasl.enabled.mechanisms parse (services.common.sasl.parse_mechanisms)."""
-    from .sasl import parse_mechanisms
+    """sasl.enabled.mechanisms parse (services.common.security.sasl.parse_mechanisms)."""
+    from .security.sasl import parse_mechanisms
     parse_mechanisms(value)
     return value
 
@@ -92,7 +92,7 @@ class ServiceSchema(SecuritySettings):
     zookeeper_digest_password: str | None = setting(
         "zookeeper.digest.password", None, "Password of zookeeper.digest.username. Prefer --config FILE "
         "(mode 0600) to --set, which other local users can see in the process list.", HIGH)
-    # ZooKeeper over TLS (KIP-515 names; PEM files only): services/common/zk_tls.py.
+    # ZooKeeper over TLS (KIP-515 names; PEM files only): services/common/security/zk_tls.py.
     zookeeper_ssl_client_enable: Bool = setting(
         "zookeeper.ssl.client.enable", False, "Connect to ZooKeeper with TLS (the connect string names the "
         "servers' secureClientPort).", HIGH)

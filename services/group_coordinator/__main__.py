@@ -1,5 +1,5 @@
 """`python -m services.group_coordinator --node-id ID --zookeeper HOST:PORT --data-dir DIR`."""
-from services.common.server import main_for
+from services.common.transport.server import main_for
 
 from .service import setup
 

@@ -2,7 +2,7 @@
 them from the log, and answers the GroupCoordinator RPCs as domain calls.
 
 No gRPC here (the servicer adapts messages); I/O goes through an injected log
-client with the shape of services.common.rpc.ClusterClient (`produce`, `fetch`).
+client with the shape of services.common.transport.rpc.ClusterClient (`produce`, `fetch`).
 
 State is single-writer and ordered: for each owned partition one tailer task
 fetches the partition (read_uncommitted, long poll) from the last applied
@@ -16,7 +16,7 @@ Each owned partition has two parts: its log (offsets_log.OffsetsLog: append,
 replay and tail, waits until an offset is applied, offset writes) and its
 membership (membership.GroupMembership: join / sync / heartbeat / leave and the
 rebalance timing). This class keeps the wiring: loading and ownership
-(services.common.owned.PartitionOwner), routing each request to the partition of
+(services.common.cluster.owned.PartitionOwner), routing each request to the partition of
 its group, the offset requests and the group administration.
 
 Seeds: KIP-98 design document, "Consumer Coordinator" (TxnOffsetCommit appends
@@ -34,9 +34,9 @@ from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import NotOwner, OwnedPartition, PartitionOwner
+from services.common.cluster.owned import NotOwner, OwnedPartition, PartitionOwner
 from services.common.settings import GroupCoordinatorSchema, settings_from_lookup
-from services.common.verification import Verifier
+from services.common.cluster.verification import Verifier
 
 from . import metrics
 from .group import (Assignment, concurrent_commits, GroupConfig, GroupMetadata, GroupState, JoinResponse,
@@ -167,7 +167,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     timestamps); new_member_id(client_id) -> member id. Call `start()` on the event
     loop, then `on_elected` / `on_resigned` from CoordinatorOwnership.
     on_fenced(partition, coordinator_epoch) is called on the loop when a newer owner
-    of the partition exists (services.common.owned.PartitionOwner,
+    of the partition exists (services.common.cluster.owned.PartitionOwner,
     CoordinatorOwnership.fenced); sleep: async (seconds) -> None, backoff of retries.
     """
 
@@ -184,7 +184,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         super().__init__(clock, wall_clock, sleep=sleep, on_fenced=on_fenced)
         self.client = client
         # Transaction verification of TxnOffsetCommit (KIP-890 part 1, see
-        # services.common.verification); None: not verified (tests, tools).
+        # services.common.cluster.verification); None: not verified (tests, tools).
         self.verifier: Verifier | None = None
         self.partition_for = partition_for
         self.partition_counts = partition_counts

@@ -4,7 +4,7 @@ of exactly/v1/offsets_log.proto inside Kafka record batches v2.
 - Offset commit: key OffsetsLogKey.offset (group, topic, partition), value
   OffsetCommitValue (offset, leader epoch, metadata, commit timestamp ms), or a
   null value (tombstone). OffsetCommit writes them in a non-transactional batch
-  carrying the owner's writer PID and epoch (services.common.ownership: the
+  carrying the owner's writer PID and epoch (services.common.cluster.ownership: the
   partition leader fences a deposed owner); TxnOffsetCommit in a transactional
   batch with the producer's PID and epoch and base sequence -1
   (records.NO_SEQUENCE), so the transaction's marker decides.

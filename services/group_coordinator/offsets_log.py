@@ -10,7 +10,7 @@ tombstones of one group are appended in order), the offset writes in flight
 (require_stable sees them) and the last transactional committer of each
 partition (KIP-447 draft). No ownership logic of its own: whether this process
 still owns the partition and whether an append was fenced are asked through the
-injected `owns` and `fenced` callables (services.common.owned.PartitionOwner).
+injected `owns` and `fenced` callables (services.common.cluster.owned.PartitionOwner).
 
 Seeds: KIP-98 design document, "Consumer Coordinator Startup" (replay from offset
 0, then tail; pending transactional offsets wait for their marker).
@@ -28,7 +28,7 @@ from exactly_wire import records
 from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import code_name
+from services.common.cluster.owned import code_name
 
 from . import log_format
 from .offsets import OffsetAndMetadata
@@ -44,7 +44,7 @@ WaitFor = Callable[[Awaitable[T], float], Awaitable[T]]
 
 
 class LogClient(Protocol):
-    """What the coordinator needs from services.common.rpc.ClusterClient."""
+    """What the coordinator needs from services.common.transport.rpc.ClusterClient."""
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
                       timeout_ms: int = 30000, transactional_id: str = "",

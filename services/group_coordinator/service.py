@@ -1,5 +1,5 @@
 """Wiring of the group coordinator process: `setup()` for
-services.common.server (CONTRACT: `python -m services.group_coordinator`).
+services.common.transport.server (CONTRACT: `python -m services.group_coordinator`).
 
 Settings (Kafka keys, `--set key=value`): group.min.session.timeout.ms (1000),
 group.max.session.timeout.ms (1800000), group.initial.rebalance.delay.ms (0),
@@ -15,15 +15,15 @@ import logging
 import grpc
 
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster import CONSUMER_OFFSETS_TOPIC, ClusterState, partition_for_key
+from services.common.cluster.state import CONSUMER_OFFSETS_TOPIC, ClusterState, partition_for_key
 from services.common.config import ServiceConfig
-from services.common.ownership import CoordinatorOwnership
-from services.common.rpc import ClusterClient
+from services.common.cluster.ownership import CoordinatorOwnership
+from services.common.transport.rpc import ClusterClient
 from services.common.settings import GroupCoordinatorSchema
-from services.common.verification import TxnVerifier
+from services.common.cluster.verification import TxnVerifier
 
 from .coordinator import GroupCoordinator, GroupCoordinatorConfig
-from services.common.authz import AuthorizedServicer
+from services.common.security.authz import AuthorizedServicer
 
 from .kafka_api import GroupCoordinatorApis
 from .servicer import GroupCoordinatorServicer
@@ -62,7 +62,7 @@ class GroupCoordinatorService:
     @property
     def loading(self) -> bool:
         """True while an owned `__consumer_offsets` partition is loading:
-        services.common.server reports NOT_SERVING meanwhile."""
+        services.common.transport.server reports NOT_SERVING meanwhile."""
         return not all(self.coordinator.owned_partitions().values())
 
     async def stop(self) -> None:

@@ -11,10 +11,10 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common import authz
-from services.common.acl import Operation as Op, Resource, ResourceType
-from services.common.auth import current_principal
-from services.common.pid_binding import ProducerIdBindings
+from services.common.security import authz
+from services.common.security.acl import Operation as Op, Resource, ResourceType
+from services.common.security.auth import current_principal
+from services.common.security.pid_binding import ProducerIdBindings
 
 from .coordinator import GroupCoordinator
 from .group import UNKNOWN_GENERATION
@@ -57,7 +57,7 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
 
     def __init__(self, coordinator: GroupCoordinator, bindings: ProducerIdBindings | None = None):
         """bindings: with the authorizer on, TxnOffsetCommit's producer id must be bound
-        to the caller and the transactional.id (services/common/pid_binding.py)."""
+        to the caller and the transactional.id (services/common/security/pid_binding.py)."""
         self.coordinator = coordinator
         self.bindings = bindings
 

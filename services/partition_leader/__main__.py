@@ -1,5 +1,5 @@
 """`python -m services.partition_leader --node-id ID --zookeeper HOST:PORT --data-dir DIR [--set k=v ...]`"""
-from services.common.server import main_for
+from services.common.transport.server import main_for
 
 from .service import setup
 

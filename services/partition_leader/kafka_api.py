@@ -17,8 +17,8 @@ from typing import Any
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from services.common import authz
-from services.common.acl import Operation as Op
+from services.common.security import authz
+from services.common.security.acl import Operation as Op
 from services.common.kafka.codec import field
 from services.common.kafka.listener import Handler, RequestContext
 

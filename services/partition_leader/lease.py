@@ -30,7 +30,7 @@ from typing import Callable
 
 from kazoo.exceptions import KazooException
 
-from services.common.cluster import ClusterState, PartitionState
+from services.common.cluster.state import ClusterState, PartitionState
 
 from .partition import Partition
 from .replica_manager import ReplicaManager, TopicPartition

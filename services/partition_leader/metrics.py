@@ -73,8 +73,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
-from services.common.cluster import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
-                                     TopicInfo)
+from services.common.cluster.state import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
+                                           TopicInfo)
 from services.common.metrics import LoopCollector, TopicRows, topic_label
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,9 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.config import keys
 from exactly_wire.records import CorruptRecordError
 
-from services.common import limits, topic_config
+from services.common.transport import limits
+
+from services.common import topic_config
 from services.common.settings import PartitionLeaderSchema, role_settings
 from services.common.topic_config import COMPACT, DEFAULTS, DELETE
 

@@ -11,7 +11,7 @@ each of its entries, in this order:
    producer id). Nothing else is asked before these pass, so a malformed batch never
    reaches a transaction coordinator.
 2. `authorize`: with the authorizer on, the producer id must be bound to the caller
-   (services/common/pid_binding.py).
+   (services/common/security/pid_binding.py).
 3. Under the producer's lock (one producer's batches on one partition go in arrival
    order): the leader replica, its lease confirmed, and the batch's size
    (`max.message.bytes`);
@@ -38,8 +38,8 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
-from services.common import limits
-from services.common.ownership import RETIRED_WRITER_EPOCH
+from services.common.transport import limits
+from services.common.cluster.ownership import RETIRED_WRITER_EPOCH
 
 from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, check_batch_shape
 from .purgatory import HIGH_WATERMARK, Watch
@@ -174,7 +174,7 @@ class ProducePipeline:
 
     async def authorize(self, ctx: ProduceContext, e: ProduceEntry, h: records.BatchHeader) -> AppendResult | None:
         """Gate 2: the refusal of a client's batch whose producer id is not bound to the
-        caller (services/common/pid_binding.py; TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
+        caller (services/common/security/pid_binding.py; TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
         CLUSTER_AUTHORIZATION_FAILED, NOT_ENOUGH_REPLICAS when its binding could not be
         checked by the deadline); None when it is, or when bindings are off."""
         bindings = self.hosted.pid_bindings

@@ -21,7 +21,7 @@ up) are retried after `replica.fetch.backoff.ms`. `sync()` starts, keeps or canc
 tasks to match `ReplicaManager.follower_targets()` after every refresh.
 
 Fetches and OffsetForLeaderEpoch travel through the tunnel to the leader
-(services/common/tunnel.py): one stream per peer carries every follower task's calls,
+(services/common/transport/tunnel.py): one stream per peer carries every follower task's calls,
 each answered like the direct call (TunnelError is a grpc.RpcError).
 
 Settings: replica.fetch.wait.max.ms (500), replica.fetch.max.bytes (1048576),
@@ -39,7 +39,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.records import CorruptRecordError
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.settings import PartitionLeaderSchema, role_settings
-from services.common.tunnel import TunnelChannel, method_path
+from services.common.transport.tunnel import TunnelChannel, method_path
 
 from .leader_epoch import UNDEFINED_EPOCH, EpochEndOffset
 from .partition import Partition

@@ -127,7 +127,7 @@ class ReplicaManager(HostedReplicas):
         transactional batch is appended only when its producer id is bound to
         `principal` (and, transactional, to `transactional_id`): otherwise
         TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
-        producer state is touched (services/common/pid_binding.py; NOT_ENOUGH_REPLICAS
+        producer state is touched (services/common/security/pid_binding.py; NOT_ENOUGH_REPLICAS
         while the binding cannot be checked). Returns one
         AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION, the refusals of `partition.check_batch_shape` (a

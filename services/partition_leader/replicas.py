@@ -47,9 +47,9 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
-from services.common import pid_binding
+from services.common.security import pid_binding
 from services.common.settings import PartitionLeaderSchema, role_settings
-from services.common.verification import Verifier
+from services.common.cluster.verification import Verifier
 
 from .partition import Partition, PartitionConfig
 from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory
@@ -91,7 +91,7 @@ def guarded(what: str, fn: Callable[..., T], *args,
 
 
 class _State:
-    """The partition state fields the manager reads (services.common.cluster.PartitionState)."""
+    """The partition state fields the manager reads (services.common.cluster.state.PartitionState)."""
 
     def __init__(self, leader: str | None, leader_epoch: int, isr: tuple[str, ...], version: int = -1):
         self.leader, self.leader_epoch, self.isr, self.version = leader, leader_epoch, isr, version

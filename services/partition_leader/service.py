@@ -2,7 +2,7 @@
 cluster listener, replication (replica fetchers, ISR updates, leadership leases), the
 controller, and the periodic producer-state tasks.
 
-`setup(server, cluster, client, cfg)` is what `services.common.server.serve` calls
+`setup(server, cluster, client, cfg)` is what `services.common.transport.server.serve` calls
 (see `__main__.py`). Settings (`--set key=value`, Kafka names; topic configs override
 the log ones per topic):
 
@@ -37,14 +37,14 @@ import logging
 import grpc
 
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster import ClusterState
+from services.common.cluster.state import ClusterState
 from services.common.config import ServiceConfig
-from services.common.controller import Controller
-from services.common.rpc import ClusterClient
+from services.common.cluster.controller import Controller
+from services.common.transport.rpc import ClusterClient
 from services.common.settings import PartitionLeaderSchema
-from services.common.verification import TxnVerifier
+from services.common.cluster.verification import TxnVerifier
 
-from services.common.authz import AuthorizedServicer
+from services.common.security.authz import AuthorizedServicer
 
 from .cleaner import LogCleaner
 from .kafka_api import PartitionLeaderApis

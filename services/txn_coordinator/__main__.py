@@ -1,6 +1,6 @@
 """`python -m services.txn_coordinator --node-id ID --zookeeper HOST:PORT --data-dir DIR
 [--set key=value ...]`: a transaction coordinator process."""
-from services.common.server import main_for
+from services.common.transport.server import main_for
 
 from .service import setup
 

@@ -10,9 +10,9 @@ from typing import Callable
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.cluster import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
-                                     partition_for_key)
-from services.common.rpc import ClusterClient
+from services.common.cluster.state import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
+                                           partition_for_key)
+from services.common.transport.rpc import ClusterClient
 
 from .ports import TxnLogFetch, TxnMarker
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import NotOwner, RetryLater, code_name
+from services.common.cluster.owned import NotOwner, RetryLater, code_name
 
 from . import metrics
 from .ports import MARKER_LEADER_DEADLINE_MS, UNANSWERED_MARKER_ERRORS, TxnMarker

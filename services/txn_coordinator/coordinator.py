@@ -50,7 +50,7 @@ from typing import Awaitable, Callable, Iterable
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
-from services.common.owned import PartitionOwner, code_name
+from services.common.cluster.owned import PartitionOwner, code_name
 
 from . import metrics, txn_log
 from .completion import TxnCompletion
@@ -86,7 +86,7 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
     (every duration: transaction.timeout.ms, transaction.prepared.max.ms, the
     expirations, the marker deadline; docs/design.md, "Clocks"); sleep: async (seconds) -> None
     (injected in tests); on_fenced(partition, coordinator_epoch): called (on the loop)
-    when a newer owner of the partition exists (services.common.owned.PartitionOwner,
+    when a newer owner of the partition exists (services.common.cluster.owned.PartitionOwner,
     CoordinatorOwnership.fenced). bind_producer_ids (on with the authorizer): every
     producer id is issued bound to a principal, the binding written to partition
     producer id % n of the log first (docs/design.md, "Producer-id bindings").

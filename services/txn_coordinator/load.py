@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Iterable
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.owned import NotOwner, RetryLater, code_name
+from services.common.cluster.owned import NotOwner, RetryLater, code_name
 
 from . import metrics, txn_log
 from .state import TransactionMetadata, TxnState

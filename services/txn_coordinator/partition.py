@@ -2,7 +2,7 @@
 coordinator's state per partition; docs/design.md, "Transaction Coordinator")."""
 from __future__ import annotations
 
-from services.common.owned import OwnedPartition
+from services.common.cluster.owned import OwnedPartition
 
 from . import txn_log
 from .completion import Completion

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.owned import code_name
-from services.common.pid_binding import refusal, refusal_code
+from services.common.cluster.owned import code_name
+from services.common.security.pid_binding import refusal, refusal_code
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError

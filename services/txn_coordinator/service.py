@@ -1,5 +1,5 @@
 """Wiring of the transaction coordinator process (CONTRACT: `setup(server, cluster,
-client, cfg) -> service` for services.common.server.main_for)."""
+client, cfg) -> service` for services.common.transport.server.main_for)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,18 +9,18 @@ import time
 import grpc
 
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster import TRANSACTION_STATE_TOPIC, ClusterState
+from services.common.cluster.state import TRANSACTION_STATE_TOPIC, ClusterState
 from services.common.config import ServiceConfig
-from services.common.ownership import CoordinatorOwnership
-from services.common.pid_binding import RatePerPrincipal
-from services.common.rpc import ClusterClient
+from services.common.cluster.ownership import CoordinatorOwnership
+from services.common.security.pid_binding import RatePerPrincipal
+from services.common.transport.rpc import ClusterClient
 from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog, Linger
 from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
-from services.common.authz import AuthorizedServicer
+from services.common.security.authz import AuthorizedServicer
 
 from .kafka_api import TxnCoordinatorApis
 from .servicer import TxnCoordinatorServicer
@@ -94,7 +94,7 @@ class TxnCoordinatorService:
     @property
     def loading(self) -> bool:
         """True while an owned `__transaction_state` partition is loading (or is
-        disabled as corrupt): services.common.server reports NOT_SERVING meanwhile."""
+        disabled as corrupt): services.common.transport.server reports NOT_SERVING meanwhile."""
         return not all(self.coordinator.owned_partitions().values())
 
     async def stop(self) -> None:

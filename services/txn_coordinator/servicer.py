@@ -12,10 +12,10 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common import authz
-from services.common.acl import Operation as Op, Resource, ResourceType
-from services.common.auth import current_principal
-from services.common.pid_binding import RatePerPrincipal
+from services.common.security import authz
+from services.common.security.acl import Operation as Op, Resource, ResourceType
+from services.common.security.auth import current_principal
+from services.common.security.pid_binding import RatePerPrincipal
 
 from . import metrics
 from .coordinator import TransactionCoordinator

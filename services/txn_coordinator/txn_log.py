@@ -3,7 +3,7 @@
 One record per state change of a transactional.id, in its own record batch v2
 (`exactly_wire.records.encode_batch`, not transactional; with the owner's writer
 producer id and epoch and no sequence, so that the partition leader fences a
-deposed owner, see services.common.ownership):
+deposed owner, see services.common.cluster.ownership):
 
     key   = transactional.id, UTF-8 bytes
     value = exactly.v1.TransactionLogValue (protos/exactly_wire/v1/txn_log.proto) holding the

@@ -6,7 +6,7 @@ The NetworkPolicies are checked by evaluating them as Kubernetes does (a pod sel
 a policy admits only what one of its ingress rules allows) for the rendered pods and
 pods of other namespaces. The ZooKeeper settings are checked against a real ZooKeeper
 server (the Debian package's) started by the chart's own start script with the rendered
-zoo.cfg, which the services' ZooKeeper client (services.common.cluster.ClusterState) joins
+zoo.cfg, which the services' ZooKeeper client (services.common.cluster.state.ClusterState) joins
 over TLS with the settings the chart renders for them."""
 from __future__ import annotations
 
@@ -529,7 +529,7 @@ def _connects(timeout_s: float = 3.0, **kwargs) -> tuple[bool, str]:
 
 @needs_zookeeper
 def test_the_services_join_the_charts_tls_zookeeper_and_others_are_refused(tls_zookeeper, pki):
-    from services.common.cluster import ClusterState
+    from services.common.cluster.state import ClusterState
     dirs, rogue = pki
     objects = render({})
     pod_name = f"{RELEASE}-partition-leader-0"
@@ -580,7 +580,7 @@ def test_zookeepers_plaintext_port_listens_on_loopback_only(tls_zookeeper):
 @needs_zookeeper
 def test_a_service_with_unreadable_zookeeper_tls_files_is_refused_before_starting(pki, tmp_path):
     from exactly_wire.config import ConfigurationError
-    from services.common.zk_tls import ZkTls
+    from services.common.security.zk_tls import ZkTls
     dirs, rogue = pki
     pod_name = f"{RELEASE}-partition-leader-0"
     props = _service_props(render({}), dirs[pod_name], pod_name)

@@ -21,7 +21,7 @@ from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from clusters import admin_client, certificate_conf, chrooted_cluster
-from services.common.tunnel import TunnelError, tunnel_status
+from services.common.transport.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
 

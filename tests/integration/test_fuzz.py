@@ -31,8 +31,8 @@ from exactly_tools.devcluster import pid_alive
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from fuzz_requests import Pools, Rpc, generate, raw_garbage, rpcs
-from services.common.server import ROLE_SERVICES
-from services.common.tunnel import TUNNEL_METHOD, TunnelError, tunnel_status
+from services.common.transport.server import ROLE_SERVICES
+from services.common.transport.tunnel import TUNNEL_METHOD, TunnelError, tunnel_status
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -175,7 +175,7 @@ def _short(msg) -> str:
 
 
 def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes):
-    """The request through Tunnel/Calls (services.common.tunnel): its response, or a
+    """The request through Tunnel/Calls (services.common.transport.tunnel): its response, or a
     TunnelError with the status it was answered with. Raw garbage is sent as the
     stream's message itself (it must come back INVALID_ARGUMENT under correlation id 0)."""
     wrapped = body if msg is None else pb.TunneledCall(correlation_id=1, method=rpc.path,

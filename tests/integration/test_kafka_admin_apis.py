@@ -16,7 +16,7 @@ from confluent_kafka.admin import (AclBinding as KAcl, AclBindingFilter, AclOper
 
 from exactly import NewTopic
 from exactly_tools.certs import CertificateAuthority
-from services.common.cluster import broker_id
+from services.common.cluster.state import broker_id
 from clusters import admin_client, chrooted_cluster
 from waiting import wait_for
 

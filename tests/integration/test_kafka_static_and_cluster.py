@@ -22,7 +22,7 @@ from exactly_wire.error_codes import ErrorCode
 from clusters import chrooted_cluster
 from exactly import AdminClient as XAdmin
 from waiting import wait_for
-from services.common.cluster import broker_id
+from services.common.cluster.state import broker_id
 
 from .test_consumer_calls import StaticMemberProcess
 from .test_kafka_clients import new_topic

@@ -36,7 +36,7 @@ from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from clusters import new_chroot
-from services.common.tunnel import TUNNEL_METHOD, method_path
+from services.common.transport.tunnel import TUNNEL_METHOD, method_path
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration

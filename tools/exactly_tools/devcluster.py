@@ -316,7 +316,7 @@ class DevCluster:
         if svc.metrics_port:
             cmd += ["--set", f"metrics.port={svc.metrics_port}"]
         log = _open_log(self.dir / "logs" / f"{svc.name}.log")
-        # The service sets umask 077 itself (services.common.server.main_for).
+        # The service sets umask 077 itself (services.common.transport.server.main_for).
         extra = self.service_env.get(svc.name)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, **extra} if extra else None)

@@ -1,6 +1,6 @@
 """Kafka's ACL APIs on every port: DescribeAcls (29), CreateAcls (30) and DeleteAcls
 (31), v1-3 (KIP-140, KIP-290 prefixed ACLs; docs/design.md, "Kafka protocol" and
-"Security"), mapped onto Exactly's ACL model (services.common.acl) and served through
+"Security"), mapped onto Exactly's ACL model (services.common.security.acl) and served through
 the Cluster servicer's CreateAcls / DeleteAcls / DescribeAcls, so the rules (Alter on
 the Cluster to change, Describe on the Cluster to list) and the ZooKeeper store are the
 gRPC admin's.
@@ -32,8 +32,8 @@ from typing import Any
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .. import authz
-from ..acl import WILDCARD, AclBinding, Operation, PatternType, Permission, ResourceType
+from ..security import authz
+from ..security.acl import WILDCARD, AclBinding, Operation, PatternType, Permission, ResourceType
 from .codec import field
 
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
@@ -166,7 +166,7 @@ def kafka_fields(b: AclBinding) -> dict:
 
 class AclApis:
     """DescribeAcls, CreateAcls, DeleteAcls over `servicer` (the Cluster servicer as
-    the Kafka listener calls it: services.common.authz.AuthorizedServicer, so a caller
+    the Kafka listener calls it: services.common.security.authz.AuthorizedServicer, so a caller
     without Alter / Describe on the Cluster gets CLUSTER_AUTHORIZATION_FAILED)."""
 
     def __init__(self, servicer: Any):

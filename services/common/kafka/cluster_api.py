@@ -2,7 +2,7 @@
 DeleteTopics, CreatePartitions, DescribeClientQuotas, AlterClientQuotas, DescribeCluster, ElectLeaders,
 the ACL APIs (acl_api.py), the config APIs (config_api.py) and ListGroups (the union of the group
 coordinators') — adapters over the Cluster servicer
-(services/common/server.py), so the rules stay in one place (docs/design.md, "Kafka
+(services/common/transport/server.py), so the rules stay in one place (docs/design.md, "Kafka
 protocol").
 
 Node ids become int32 broker ids (`cluster.broker_id`); a node is listed as a broker
@@ -21,10 +21,11 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from .. import authz, topic_admin
-from ..acl import Operation as Op, Resource, ResourceType
-from ..auth import current_principal
-from ..cluster import ClusterState, PartitionState, broker_id
+from ..security import authz
+from ..cluster import topic_admin
+from ..security.acl import Operation as Op, Resource, ResourceType
+from ..security.auth import current_principal
+from ..cluster.state import ClusterState, PartitionState, broker_id
 from .acl_api import AclApis
 from .codec import field
 from .config_api import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, ConfigApis
@@ -58,7 +59,7 @@ def _kafka_entity(c: pb.ClientQuotaEntityComponent) -> dict:
 def election_result(election_type: int, replicas: list[str], state: PartitionState | None,
                     live: set[str]) -> tuple[int, str | None]:
     """The ElectLeaders answer (error code, message) for one partition (KIP-183
-    preferred, KIP-460 unclean) under Exactly's controller (services.common.controller),
+    preferred, KIP-460 unclean) under Exactly's controller (services.common.cluster.controller),
     which elects only on a leader's failure and only among live in-sync replicas:
 
     - PREFERRED: ELECTION_NOT_NEEDED when the first assigned replica leads;
@@ -87,7 +88,7 @@ def election_result(election_type: int, replicas: list[str], state: PartitionSta
 
 
 class ClusterApis:
-    """Handlers over `servicer` (a services.common.server.ClusterServicer).
+    """Handlers over `servicer` (a services.common.transport.server.ClusterServicer).
     `channel(address)`: a grpc.aio channel to another service (ClusterClient.channel),
     for InitProducerId of idempotent producers sent to a service that is not a
     transaction coordinator (Kafka clients send it to any broker). `settings` and

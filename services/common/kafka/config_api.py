@@ -3,7 +3,7 @@ AlterConfigs (33, v0-2) and IncrementalAlterConfigs (44, v0-1) — KIP-133 (desc
 and alter configs), KIP-226 (synonyms), KIP-339 (incremental alter) and KIP-569
 (documentation, config types); docs/design.md, "Administration".
 
-Adapters over the topic-config domain code (services.common.topic_admin, the
+Adapters over the topic-config domain code (services.common.cluster.topic_admin, the
 topic-config schema services.common.topic_config, ClusterState.alter_topic_configs), so a
 change made here is the change `exactly topics alter-config` and Cluster/
 IncrementalAlterConfigs make: a compare-and-set of the topic's znode that the
@@ -38,9 +38,11 @@ from typing import Any, Callable, Iterable, Mapping
 from exactly_wire.config import ConfigSchema
 from exactly_wire.error_codes import ErrorCode
 
-from .. import authz, topic_admin, topic_config
-from ..cluster import broker_id
-from ..acl import CLUSTER_NAME, Operation as Op, Resource, ResourceType
+from ..security import authz
+from ..cluster import topic_admin
+from .. import topic_config
+from ..cluster.state import broker_id
+from ..security.acl import CLUSTER_NAME, Operation as Op, Resource, ResourceType
 from .codec import field
 from .listener import Handler, RequestContext
 

@@ -15,21 +15,21 @@ Refused input, as a Kafka broker does it:
   other API closes the connection;
 - a handler failing unexpectedly: logged, the connection closed; the service goes on;
 - a request the connection's principal may not make (the same checks as gRPC,
-  services.common.authz): the connection is closed (logged with the reason).
+  services.common.security.authz): the connection is closed (logged with the reason).
 
-Quotas (services.common.quotas, KIP-13/124/219): every handled request is recorded
+Quotas (services.common.security.quotas, KIP-13/124/219): every handled request is recorded
 against the connection's principal and client id; the throttle time goes into the
 response's throttle_time_ms, and the connection is muted (no further request read)
 for that long after the response is written, as a Kafka broker mutes a throttled
 channel. A throttled Produce with acks=0 mutes the connection too.
 
 The principal of a connection comes from its verified TLS client certificate, by the
-same function as on the gRPC port (services.common.auth.principal_from_certificate:
+same function as on the gRPC port (services.common.security.auth.principal_from_certificate:
 the parsed subject through ssl.principal.mapping.rules). A certificate that names no
 principal (several common names, no rule applies) closes the connection before any
 request is read, as a Kafka broker fails the authentication of such a connection.
 
-Connections (services.common.connections, docs/design.md "Connections"): a new
+Connections (services.common.transport.connections, docs/design.md "Connections"): a new
 connection is admitted by `limits` (max.connections, max.connections.per.ip and its
 overrides, max.connection.creation.rate) before its TLS handshake starts, and closed
 at once when refused; the handshake must end within `handshake_timeout_s`; a
@@ -58,11 +58,12 @@ from typing import Any, Awaitable, Callable
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..auth import ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal, principal_from_certificate
-from ..authz import Denied
-from .. import quotas as quota
-from ..connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog
-from ..sasl import SaslFailure, UnsupportedMechanism
+from ..security.auth import (ANONYMOUS, CertificateIdentityError, PrincipalMapper, current_principal,
+                             principal_from_certificate)
+from ..security.authz import Denied
+from ..security import quotas as quota
+from ..transport.connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog
+from ..security.sasl import SaslFailure, UnsupportedMechanism
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class KafkaListener:
                  limits: ConnectionLimits | None = None,
                  idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0):
         """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
-        `sasl`: a services.common.sasl.SaslGateway to serve SaslHandshake and
+        `sasl`: a services.common.security.sasl.SaslGateway to serve SaslHandshake and
         SaslAuthenticate (give it for TLS listeners only; None: no SASL);
         `require_authentication`: a connection without a client certificate must
         authenticate with SASL before any request but ApiVersions (ssl.client.auth=
@@ -388,7 +389,7 @@ class KafkaListener:
 
     def _throttle(self, api_key: int, frame: bytes, value: dict | None, elapsed_s: float, client_id: str) -> int:
         """The request's throttle time (ms) under the connection's quotas: handling
-        time, a Produce's request size, a Fetch's record bytes (services.common.quotas)."""
+        time, a Produce's request size, a Fetch's record bytes (services.common.security.quotas)."""
         if self.quotas is None or api_key == API_VERSIONS_KEY:
             return 0
         method = {0: quota.PRODUCE_METHOD, 1: quota.FETCH_METHOD}.get(api_key, f"kafka/{api_key}")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from services.common.acl import (AclBinding, AclCache, Authorizer, Operation as Op, PatternType as P,
-                                 Permission, Resource, ResourceType as R, parse_super_users)
+from services.common.security.acl import (AclBinding, AclCache, Authorizer, Operation as Op, PatternType as P,
+                                          Permission, Resource, ResourceType as R, parse_super_users)
 
 ALLOW, DENY = Permission.ALLOW, Permission.DENY
 

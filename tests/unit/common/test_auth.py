@@ -7,9 +7,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from exactly_wire.security import SASL_PASSWORD_HEADER, SASL_TOKEN_HEADER, SASL_USERNAME_HEADER
-from services.common.auth import (ANONYMOUS, AuthenticationError, Authenticator, CertificateIdentityError,
-                                  PrincipalMapper, ScramCredential, UserStore, distinguished_name)
-from services.common.sasl import SessionTokens
+from services.common.security.auth import (ANONYMOUS, AuthenticationError, Authenticator, CertificateIdentityError,
+                                           PrincipalMapper, ScramCredential, UserStore, distinguished_name)
+from services.common.security.sasl import SessionTokens
 
 
 def test_scram_credentials_verify_the_password_and_never_hold_it():

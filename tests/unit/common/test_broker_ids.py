@@ -1,6 +1,6 @@
-"""Kafka broker ids of node ids (services.common.cluster.broker_id): stable, below 2**24,
+"""Kafka broker ids of node ids (services.common.cluster.state.broker_id): stable, below 2**24,
 and a node whose broker id another live node already has refuses to register."""
-from services.common.cluster import BROKER_ID_BITS, broker_id, broker_id_collision
+from services.common.cluster.state import BROKER_ID_BITS, broker_id, broker_id_collision
 
 # Two node ids whose CRC-32 agree in the low 24 bits.
 A, B = "node-188781", "node-326020"

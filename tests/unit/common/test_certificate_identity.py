@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import serialization
 
 from crafted_certs import CRAFTED, TWO_COMMON_NAMES, name, signed
 from exactly_tools.certs import CertificateAuthority
-from services.common.auth import AuthenticationError, Authenticator, AuthInterceptor, UserStore, current_principal
+from services.common.security.auth import (AuthenticationError, Authenticator, AuthInterceptor, UserStore,
+                                           current_principal)
 from services.common.kafka.listener import KafkaListener
 
 

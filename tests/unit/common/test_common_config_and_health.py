@@ -1,5 +1,5 @@
 """services.common.config (bind vs advertised host) and the health status that
-services.common.server derives from a service's `loading` state."""
+services.common.transport.server derives from a service's `loading` state."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import pytest
 from waiting import wait_for_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common import server
+from services.common.transport import server
 from services.common.config import ServiceConfig, parse_args
 
 BASE = ["--node-id", "pl-0", "--zookeeper", "zk:2181", "--data-dir", "/tmp/x"]

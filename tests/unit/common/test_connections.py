@@ -1,4 +1,4 @@
-"""Connection limits' pure logic (services.common.connections; docs/design.md,
+"""Connection limits' pure logic (services.common.transport.connections; docs/design.md,
 "Connections"): per-IP counting and overrides, the KIP-612 creation-rate bucket,
 the fd budget, /proc/net/tcp parsing and the gRPC sweeper's choice of connections
 to shut, the rate-limited refusal log."""
@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from services.common import connections as c
+from services.common.transport import connections as c
 
 
 class Clock:
@@ -182,7 +182,7 @@ BASE = ["--node-id", "pl-0", "--zookeeper", "zk:2181", "--data-dir", "/tmp/x"]
 
 
 def test_grpc_server_options_carry_the_connection_limits():
-    from services.common import server
+    from services.common.transport import server
     from services.common.config import parse_args
     cfg = parse_args("partition_leader", BASE + ["--set", "exactly.ssl.handshake.timeout.ms=2500",
                                                  "--set", "connections.max.idle.ms=60000",

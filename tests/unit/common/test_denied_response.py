@@ -6,7 +6,7 @@ import pytest
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.authz import Denied, denied_response
+from services.common.security.authz import Denied, denied_response
 
 TOPIC_DENIED = Denied(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "User:bob may not Write Topic 't'")
 RPCS = [(s.name, m.name) for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods]

@@ -4,7 +4,7 @@ either not needed or refused with the reason."""
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import PartitionState
+from services.common.cluster.state import PartitionState
 from services.common.kafka.cluster_api import PREFERRED, UNCLEAN, election_result
 
 REPLICAS = ["pl-0", "pl-1", "pl-2"]

@@ -10,9 +10,9 @@ import grpc
 from exactly._fork import _Connection
 from exactly_wire.security import SASL_TOKEN_HEADER, TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.auth import UserStore, create_user_credentials, parse_user_credentials
-from services.common.sasl import SaslGateway, SessionTokens
-from services.common.server import sasl_authenticate
+from services.common.security.auth import UserStore, create_user_credentials, parse_user_credentials
+from services.common.security.sasl import SaslGateway, SessionTokens
+from services.common.transport.server import sasl_authenticate
 
 PASSWORD = "fork-safe secret"
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from services.common.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from services.common.kafka import codec
 from services.common.kafka.acl_api import ANY, MATCH, AclApis, InvalidAcl, binding_of, filter_of, kafka_fields
 

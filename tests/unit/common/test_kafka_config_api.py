@@ -11,10 +11,10 @@ from kio.serial import entity_reader
 
 from exactly_wire.config import parse
 from exactly_wire.error_codes import ErrorCode
-from services.common import authz
-from services.common.acl import AclBinding, Authorizer, Operation, PatternType, Permission, ResourceType
-from services.common.auth import current_principal
-from services.common.cluster import broker_id
+from services.common.security import authz
+from services.common.security.acl import AclBinding, Authorizer, Operation, PatternType, Permission, ResourceType
+from services.common.security.auth import current_principal
+from services.common.cluster.state import broker_id
 from services.common.kafka import codec, surface
 from services.common.kafka.config_api import (BROKER, DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG,
                                               TOPIC, ConfigApis)

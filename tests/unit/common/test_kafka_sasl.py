@@ -12,10 +12,10 @@ from kio.serial import entity_reader, entity_writer
 from kio.schema.request_header.v1.header import RequestHeader
 from scramp import ScramClient
 
-from services.common.auth import UserStore, create_user_credentials, current_principal, parse_user_credentials
+from services.common.security.auth import UserStore, create_user_credentials, current_principal, parse_user_credentials
 from services.common.kafka.codec import build, request_class, response_class
 from services.common.kafka.listener import Api, KafkaListener
-from services.common.sasl import SaslGateway
+from services.common.security.sasl import SaslGateway
 
 METADATA = 3
 

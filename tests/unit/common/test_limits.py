@@ -1,4 +1,4 @@
-"""Input validation rules (services.common.limits, the record framing check of
+"""Input validation rules (services.common.transport.limits, the record framing check of
 exactly_wire.records, the request guard's status mapping): pure functions, no
 processes (docs/design.md, "Input validation and limits")."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from kazoo.exceptions import ConnectionLoss
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
-from services.common import limits
-from services.common.guard import status_for
+from services.common.transport import limits
+from services.common.transport.guard import status_for
 from services.common.topic_config import validate_topic_configs
 
 

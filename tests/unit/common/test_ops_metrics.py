@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.common import metrics
 from services.common.metrics import HIDDEN_TOPIC, TopicRows, coordinator_partitions, topic_label
 from services.group_coordinator.metrics import GroupCollector

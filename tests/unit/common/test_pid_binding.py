@@ -1,12 +1,12 @@
-"""Producer-id bindings (services/common/pid_binding.py): who may write a producer id's
+"""Producer-id bindings (services/common/security/pid_binding.py): who may write a producer id's
 batches, and the per-principal InitProducerId rate."""
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common import authz
-from services.common.acl import Operation
-from services.common.pid_binding import RatePerPrincipal, refusal, refusal_code
+from services.common.security import authz
+from services.common.security.acl import Operation
+from services.common.security.pid_binding import RatePerPrincipal, refusal, refusal_code
 from services.txn_coordinator.txn_log import ProducerIdBinding
 
 ALICE = ProducerIdBinding("User:alice", "tx-a")

@@ -1,14 +1,14 @@
-"""Client quota math and resolution (services.common.quotas; Kafka's KIP-13 Rate and
+"""Client quota math and resolution (services.common.security.quotas; Kafka's KIP-13 Rate and
 throttle time, KIP-124 request percentage, KIP-599 token bucket, the
 ClientQuotaManager precedence order), on a fake clock."""
 from __future__ import annotations
 
 import pytest
 
-from services.common.quotas import (CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, MAX_PARTITIONS,
-                                    PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError, QuotaManager,
-                                    Rate, TokenBucket, alter, decode_configs, encode_configs, grpc_client_id,
-                                    resolve, throttle_time_ms)
+from services.common.security.quotas import (CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, MAX_PARTITIONS,
+                                             PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError,
+                                             QuotaManager, Rate, TokenBucket, alter, decode_configs, encode_configs,
+                                             grpc_client_id, resolve, throttle_time_ms)
 
 
 class Clock:
@@ -233,7 +233,7 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
     import asyncio
     import time as _time
 
-    from services.common.quotas import Timed
+    from services.common.security.quotas import Timed
 
     def spin(seconds: float) -> None:  # running on the event loop
         end = _time.perf_counter() + seconds
@@ -266,7 +266,7 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
 def test_timed_passes_errors_and_cancellation_through():
     import asyncio
 
-    from services.common.quotas import Timed
+    from services.common.security.quotas import Timed
 
     async def failing():
         await asyncio.sleep(0)

@@ -11,10 +11,10 @@ import pytest
 
 from exactly_wire.security import SaslAuthenticationError, SaslSession
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.auth import ScramCredential, UserStore, create_user_credentials, parse_user_credentials
-from services.common.sasl import (AuthThrottle, SaslFailure, SaslGateway, SessionTokens, UnsupportedMechanism,
-                                  parse_mechanisms)
-from services.common.server import sasl_authenticate
+from services.common.security.auth import ScramCredential, UserStore, create_user_credentials, parse_user_credentials
+from services.common.security.sasl import (AuthThrottle, SaslFailure, SaslGateway, SessionTokens, UnsupportedMechanism,
+                                           parse_mechanisms)
+from services.common.transport.server import sasl_authenticate
 
 
 def _store(password: str = "correct horse") -> UserStore:

@@ -3,8 +3,8 @@ topic configs, IncrementalAlterConfigs operations, DescribeConfigs entries."""
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.topic_admin import (OP_DELETE, OP_SET, SOURCE_DEFAULT, SOURCE_TOPIC, apply_config_ops,
-                                         describe_topic_configs, validate_topic_configs)
+from services.common.cluster.topic_admin import (OP_DELETE, OP_SET, SOURCE_DEFAULT, SOURCE_TOPIC, apply_config_ops,
+                                                 describe_topic_configs, validate_topic_configs)
 from services.common.topic_config import TOPIC_CONFIGS
 from services.partition_leader.partition import PartitionConfig
 

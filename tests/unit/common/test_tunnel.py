@@ -1,4 +1,4 @@
-"""services.common.tunnel over real gRPC on loopback: a tunneled call gets what a direct
+"""services.common.transport.tunnel over real gRPC on loopback: a tunneled call gets what a direct
 call gets (response, or status and details), through the server's interceptors; a
 broken stream fails the calls in flight with UNAVAILABLE and the next call reopens it."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.guard import RequestGuard
-from services.common.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError, TunnelServicer,
-                                   add_tunnel_to_server, method_path)
+from services.common.transport.guard import RequestGuard
+from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError,
+                                              TunnelServicer, add_tunnel_to_server, method_path)
 
 LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 

@@ -1,11 +1,11 @@
-"""zookeeper.set.acl: credentials and znode ACLs (services/common/zk_security.py)."""
+"""zookeeper.set.acl: credentials and znode ACLs (services/common/security/zk_security.py)."""
 from __future__ import annotations
 
 import pytest
 from kazoo.security import Permissions
 
 from exactly_wire.config import ConfigurationError
-from services.common.zk_security import ZkSecurity
+from services.common.security.zk_security import ZkSecurity
 
 
 def test_off_by_default_means_open_znodes_and_no_credentials():

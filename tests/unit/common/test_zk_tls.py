@@ -1,4 +1,4 @@
-"""ZooKeeper over TLS settings (services/common/zk_tls.py): Kafka's zookeeper.ssl.* keys
+"""ZooKeeper over TLS settings (services/common/security/zk_tls.py): Kafka's zookeeper.ssl.* keys
 mapped to kazoo's TLS arguments, and bad files refused before the service starts."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from exactly_wire.config import ConfigurationError
 from services.common.config import parse_args
-from services.common.zk_tls import ZkTls
+from services.common.security.zk_tls import ZkTls
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""CoordinatorOwnership's claims in ZooKeeper (services/common/ownership.py) over an
+"""CoordinatorOwnership's claims in ZooKeeper (services/common/cluster/ownership.py) over an
 in-memory znode store: the coordinator epoch and the writer epoch rise with every
 claim, the writer PID comes from the PID blocks and is rotated (and retired) before
 its epoch overflows int16, a lost compare-and-set is retried, the partition rule
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from exactly_wire import records
-from services.common.cluster import NodeInfo, TopicInfo
-from services.common.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership, fence_batches,
-                                       is_fence_record)
+from services.common.cluster.state import NodeInfo, TopicInfo
+from services.common.cluster.ownership import (MAX_WRITER_EPOCH, RETIRED_WRITER_EPOCH, CoordinatorOwnership,
+                                               fence_batches, is_fence_record)
 
 PATH = "/exactly/coordinators/txn/0"
 

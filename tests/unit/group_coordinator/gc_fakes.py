@@ -1,5 +1,5 @@
 """In-memory stand-ins for unit tests of the group coordinator: a partition
-leader log reached like services.common.rpc.ClusterClient, and a manual clock."""
+leader log reached like services.common.transport.rpc.ClusterClient, and a manual clock."""
 from __future__ import annotations
 
 import asyncio

@@ -2,7 +2,7 @@
 one in-memory log that fences writers like a partition leader does: the new owner
 appends its fence record before replaying, the deposed owner's plain writes are
 refused (it stops serving and reports it), transactional offsets keep the
-producer's PID (services.common.ownership; design doc "Consumer Coordinator
+producer's PID (services.common.cluster.ownership; design doc "Consumer Coordinator
 Startup")."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The controller's choice of a partition's next state (services.common.controller.
+"""The controller's choice of a partition's next state (services.common.cluster.controller.
 plan_partition): keep a live leader, drop dead replicas from the ISR, elect from the
 live ISR in assignment order, go offline rather than elect an out-of-sync replica
 (unclean election off), re-elect when the leader registered again (restarted)."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.cluster import PartitionState
-from services.common.controller import plan_partition
+from services.common.cluster.state import PartitionState
+from services.common.cluster.controller import plan_partition
 
 REPLICAS = ("pl-0", "pl-1", "pl-2")
 MZXID = 100  # when the state was last written

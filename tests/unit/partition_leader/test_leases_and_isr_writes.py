@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.lease import IsrUpdater, LeaseKeeper
 from services.partition_leader.replica_manager import ReplicaManager
 

@@ -9,7 +9,7 @@ import errno
 import math
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import PartitionState
+from services.common.cluster.state import PartitionState
 from services.partition_leader.replica_manager import FetchEntry, ProduceEntry
 
 from .conftest import make_batch

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.produce import ProduceContext
 from services.partition_leader.replica_manager import ProduceEntry, ReplicaManager
 

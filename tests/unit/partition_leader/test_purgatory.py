@@ -11,7 +11,7 @@ import pytest
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory, Watch
 from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
 

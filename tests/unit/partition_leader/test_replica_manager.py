@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
 
 from .conftest import make_batch

@@ -13,7 +13,7 @@ from waiting import wait_for_async
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
 from services.partition_leader.servicer import PartitionLeaderServicer
 

@@ -13,7 +13,7 @@ import zlib
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.cluster import PartitionState, TopicInfo
+from services.common.cluster.state import PartitionState, TopicInfo
 from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
 from services.group_coordinator.offsets import OffsetAndMetadata
 from services.partition_leader.producer_state import ProducerStateManager

@@ -7,7 +7,7 @@ import asyncio
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.cluster import NodeInfo
+from services.common.cluster.state import NodeInfo
 from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog, Linger
 from services.txn_coordinator.coordinator import TxnMarker
 

@@ -2,14 +2,14 @@
 in-memory log that fences writers like a partition leader does (an older producer
 epoch of a PID -> INVALID_PRODUCER_EPOCH): the new owner's fence record, its replay
 of everything the old owner got in, and the old owner's writes refused afterwards
-(services.common.ownership; design doc "Transaction Coordinator Startup")."""
+(services.common.cluster.ownership; design doc "Transaction Coordinator Startup")."""
 from __future__ import annotations
 
 from txn_coordinator_fakes import FakeLog, Harness, run
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
-from services.common.ownership import fence_batch
+from services.common.cluster.ownership import fence_batch
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import TxnState
 

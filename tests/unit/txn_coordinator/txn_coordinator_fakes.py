@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
-from services.common.cluster import NodeInfo
+from services.common.cluster.state import NodeInfo
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.adapters import ClusterTxnLog
 from services.txn_coordinator.coordinator import (TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch,

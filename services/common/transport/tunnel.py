@@ -20,7 +20,7 @@ Kafka port never use it. So (docs/design.md, "Tunnel and fetch limits"):
   (the service principals; super users pass too): before the stream's first message
   is read, an `Open` pseudo-call (`OPEN_METHOD`, no request body) runs through the
   same interceptors, so authentication and the authorizer's rule for `Tunnel/Open`
-  (services.common.authz) decide, and a refusal ends the stream with the refusal's
+  (services.common.security.authz) decide, and a refusal ends the stream with the refusal's
   status (PERMISSION_DENIED, CLUSTER_AUTHORIZATION_FAILED) before anything of it is
   read. With the authorizer off everyone is admitted, as for every call;
 - at most `max_in_flight` calls of one stream are in flight (read and not yet
@@ -46,8 +46,8 @@ import grpc
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from .settings import ServiceSchema
-from .guard import _safe_deserializer, _Undecodable  # the request guard's parsing, for the stream's messages
+from ..settings import ServiceSchema
+from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
 
 log = logging.getLogger(__name__)
 
@@ -95,30 +95,31 @@ def tunnel_status(value: int) -> grpc.StatusCode:
 # ------------------------------------------------------------------ server side
 
 class TunneledContext:
-    """The servicer context of one tunneled call: the subset of
-    grpc.aio.ServicerContext the handlers and interceptors use. `abort` raises
-    grpc.aio.AbortError, as on a direct call; metadata and the peer's certificate
-    are the stream's."""
+    """The servicer context of one tunneled call, narrowed to what the interceptors
+    (metrics, the request guard, authentication, authorization) and the servicers call:
 
-    __slots__ = ("_stream", "_code", "_details", "trailing_metadata")
+    - the call's own status: `abort(code, details, trailing_metadata)` records the
+      status and details and raises grpc.aio.AbortError, as on a direct call;
+      `code()` (None until aborted) and `details()` read them back for the reply;
+      `set_trailing_metadata(metadata)` is accepted and dropped, since a TunneledReply
+      carries status and details only (the request guard's Kafka error name leads
+      the details);
+    - the stream's connection, forwarded: `invocation_metadata()`, `auth_context()`
+      (the peer's certificate) and `peer()`.
+
+    Nothing else of grpc.aio.ServicerContext is offered: the stream's own context
+    holds one status for the whole stream, so it cannot stand in for a call."""
+
+    __slots__ = ("_stream", "_code", "_details")
 
     def __init__(self, stream: grpc.aio.ServicerContext):
         self._stream = stream
         self._code: grpc.StatusCode | None = None
         self._details = ""
-        self.trailing_metadata: tuple = ()
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
         self._code, self._details = code, details
-        if trailing_metadata:
-            self.trailing_metadata = tuple(trailing_metadata)
         raise grpc.aio.AbortError()
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
@@ -127,7 +128,7 @@ class TunneledContext:
         return self._details
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
-        self.trailing_metadata = tuple(metadata)
+        pass
 
     def invocation_metadata(self):
         return self._stream.invocation_metadata()
@@ -258,8 +259,8 @@ class TunnelServicer(pbg.TunnelServicer):
             if replies.qsize() >= self.max_queued:
                 drained.clear()
 
-        async def answer(call: pb.TunneledCall | _Undecodable) -> None:
-            if isinstance(call, _Undecodable):
+        async def answer(call: pb.TunneledCall | Undecodable) -> None:
+            if isinstance(call, Undecodable):
                 # No correlation id to answer under: 0, and the stream serves on.
                 put(pb.TunneledReply(
                     correlation_id=0, status_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
@@ -305,7 +306,7 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
     add_TunnelServicer_to_server, a message that does not parse reaches the servicer
     (answered INVALID_ARGUMENT) instead of silently ending the stream."""
     handler = grpc.stream_stream_rpc_method_handler(
-        servicer.Calls, request_deserializer=_safe_deserializer(pb.TunneledCall.FromString),
+        servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Tunnel", {"Calls": handler}),))
 

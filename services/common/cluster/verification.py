@@ -41,9 +41,9 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_expo
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .cluster import ClusterState
-from .rpc import ClusterClient, transport_error_code
-from .tunnel import method_path
+from .state import ClusterState
+from ..transport.rpc import ClusterClient, transport_error_code
+from ..transport.tunnel import method_path
 
 log = logging.getLogger(__name__)
 

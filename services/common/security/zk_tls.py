@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from exactly_wire.config import ConfigurationError
 
-from .settings import ServiceSchema, service_settings
+from ..settings import ServiceSchema, service_settings
 
 # Key names for error messages (the values are read from ServiceSchema's attributes).
 KEYSTORE = "zookeeper.ssl.keystore.location"

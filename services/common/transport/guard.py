@@ -44,8 +44,9 @@ _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, LookupError, struct.err
 _UNAVAILABLE_ERRORS = (KazooException, OSError, TimeoutError)
 
 
-class _Undecodable:
-    """Stands for a request body that failed to parse (see `RequestGuard`)."""
+class Undecodable:
+    """Stands for a request body that failed to parse (see `RequestGuard`): what a
+    `safe_deserializer` returns instead of raising. `error` is the parser's exception."""
 
     __slots__ = ("error",)
 
@@ -65,7 +66,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, ErrorCode]:
     return grpc.StatusCode.INVALID_ARGUMENT, ErrorCode.INVALID_REQUEST
 
 
-def _safe_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def safe_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserialize` (bytes -> message; None for a raw-bytes method, returned as is)
+    wrapped so that a body it cannot parse (DecodeError, RuntimeError, ValueError)
+    yields an `Undecodable` instead of raising: the caller answers it with
+    INVALID_ARGUMENT (module docstring). Used by `RequestGuard` for unary methods and
+    by the tunnel (services.common.transport.tunnel) for its stream's messages."""
     if deserialize is None:
         return None
 
@@ -73,13 +79,13 @@ def _safe_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callable[[
         try:
             return deserialize(body)
         except (DecodeError, RuntimeError, ValueError) as exc:
-            return _Undecodable(exc)
+            return Undecodable(exc)
     return parse
 
 
 def _guard(behavior: Callable, method: str) -> Callable:
     async def handler(request, context):
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, ErrorCode.INVALID_REQUEST,
                          f"the request is not a valid encoding of {method}'s request message: {request.error}")
         try:
@@ -120,10 +126,10 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             return handler
         wrapped = grpc.unary_unary_rpc_method_handler(
             _guard(handler.unary_unary, method),
-            request_deserializer=_safe_deserializer(handler.request_deserializer),
+            request_deserializer=safe_deserializer(handler.request_deserializer),
             response_serializer=handler.response_serializer)
         self._handlers[method] = wrapped
         return wrapped
 
 
-__all__ = ["RequestGuard", "status_for", "ERROR_CODE_METADATA"]
+__all__ = ["RequestGuard", "status_for", "safe_deserializer", "Undecodable", "ERROR_CODE_METADATA"]

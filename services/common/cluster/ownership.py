@@ -36,7 +36,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 
-from .cluster import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
+from .state import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Peer addresses of the connection limits (services.common.connections): the
+"""Peer addresses of the connection limits (services.common.transport.connections): the
 canonical text of an IP address, and Kafka's `max.connections.per.ip.overrides`
 parsed. No dependency on the rest of the services, so the settings schema
 (services.common.settings) validates the overrides with it at start."""

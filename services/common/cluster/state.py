@@ -28,11 +28,11 @@ from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
 
-from . import limits
-from .settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
-                       role_settings)
-from .zk_security import ZkSecurity
-from .zk_tls import ZkTls
+from ..transport import limits
+from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
+                        role_settings)
+from ..security.zk_security import ZkSecurity
+from ..security.zk_tls import ZkTls
 
 log = logging.getLogger(__name__)
 
@@ -491,8 +491,8 @@ class ClusterState:
                      principal: str = "") -> tuple[ErrorCode, str]:
         """Assign replicas round-robin over live partition leaders and write the topic;
         `principal` (the caller, "" for none) is kept with it, for its partition quota
-        (services.common.quotas, max_partitions).
-        Everything is validated before anything is allocated (services.common.limits).
+        (services.common.security.quotas, max_partitions).
+        Everything is validated before anything is allocated (services.common.transport.limits).
 
         Returns (error code, message): NONE, TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION
         (bad name, or one colliding with an existing topic once '.' and '_' are

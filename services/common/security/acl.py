@@ -16,7 +16,7 @@ it). Deciding a request, as Kafka does:
    (false by default when the authorizer is on); otherwise the request is denied.
 
 Pure logic over an in-memory set of bindings; `AclCache` keeps the set a ZooKeeper
-watch delivers (services/common/cluster.py stores them under /exactly/acls).
+watch delivers (services/common/cluster/state.py stores them under /exactly/acls).
 """
 from __future__ import annotations
 

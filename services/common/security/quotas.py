@@ -57,7 +57,7 @@ from typing import Callable, Iterable
 
 import grpc
 
-from .settings import ServiceSchema
+from ..settings import ServiceSchema
 
 log = logging.getLogger(__name__)
 

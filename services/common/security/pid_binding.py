@@ -49,9 +49,9 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_expo
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .connections import TokenBucket
-from .rpc import transport_error_code
-from .tunnel import method_path
+from ..transport.connections import TokenBucket
+from ..transport.rpc import transport_error_code
+from ..transport.tunnel import method_path
 
 if TYPE_CHECKING:
     from services.txn_coordinator.txn_log import ProducerIdBinding

@@ -73,7 +73,7 @@ class OwnedPartition:
 
     partition: the partition number; coordinator_epoch: the epoch of the claim.
     producer_id/producer_epoch: the writer identity of the claim (see
-    services.common.ownership), producer_id -1 when batches are written without a
+    services.common.cluster.ownership), producer_id -1 when batches are written without a
     PID; retired_producer_id: a writer PID the fence also closes, -1 for none.
     tasks: the background tasks working on the partition (cancelled when it is
     dropped). loading: True until the load finished. loaded: event set when the load
@@ -162,7 +162,7 @@ class PartitionOwner(abc.ABC, Generic[P]):
         """This process now owns `partition` with `coordinator_epoch`: start loading
         it (returns at once; requests get COORDINATOR_LOAD_IN_PROGRESS meanwhile).
         producer_id/producer_epoch: the writer identity of the claim (see
-        services.common.ownership); with producer_id >= 0 the load first appends the
+        services.common.cluster.ownership); with producer_id >= 0 the load first appends the
         fence records (closing `retired_producer_id` too, if >= 0), so that a deposed
         owner can no longer append, and every batch of this owner carries it; -1
         writes batches without a PID."""

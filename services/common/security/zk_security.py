@@ -25,7 +25,7 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from exactly_wire.config import ConfigurationError
 
-from .settings import ServiceSchema, service_settings
+from ..settings import ServiceSchema, service_settings
 
 SET_ACL = "zookeeper.set.acl"
 USERNAME = "zookeeper.digest.username"

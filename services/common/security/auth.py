@@ -3,7 +3,7 @@
 A call's principal, in this order:
 1. A SASL session token in the call's metadata (`exactly_wire.security.SASL_TOKEN_HEADER`):
    `User:<username>` of the user the token was issued to by Cluster/SaslAuthenticate
-   after a SCRAM-SHA-256/512 or PLAIN exchange (services.common.sasl); users are
+   after a SCRAM-SHA-256/512 or PLAIN exchange (services.common.security.sasl); users are
    salted SCRAM credentials in ZooKeeper (`/exactly/config/users/<name>`: salt,
    iterations, StoredKey, ServerKey per mechanism, as RFC 5802 defines them; the
    password itself is never stored). A token that does not verify fails the call
@@ -17,7 +17,7 @@ A call's principal, in this order:
    with several common names, or one no rule applies to, is refused.
 3. Otherwise `User:ANONYMOUS`.
 
-The principal of the call in progress is in `current_principal` (services.common.principal,
+The principal of the call in progress is in `current_principal` (services.common.security.principal,
 re-exported here; set by `AuthInterceptor` for gRPC and by the Kafka listener for its
 connections).
 """
@@ -392,7 +392,7 @@ class Authenticator:
     """Decides a call's principal (see the module docstring). `tls`: the listener
     uses TLS (SASL is refused otherwise); `mapping_rules`: ssl.principal.mapping.rules
     (ValueError when malformed, so a service with bad rules does not start);
-    `tokens`: the verifier of session tokens (services.common.sasl.SessionTokens;
+    `tokens`: the verifier of session tokens (services.common.security.sasl.SessionTokens;
     None: no SASL on this port)."""
 
     def __init__(self, users: UserStore, tls: bool, mapping_rules: str = "DEFAULT", tokens=None):
@@ -435,7 +435,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Sets `current_principal` for every gRPC call; a failed SASL check ends the
     call with UNAUTHENTICATED (SASL_AUTHENTICATION_FAILED) before the handler runs, as
     does a client certificate that names no principal (CertificateIdentityError).
-    With an `authorizer`, the call's checks (services.common.authz) run next: a
+    With an `authorizer`, the call's checks (services.common.security.authz) run next: a
     failing one ends the call with PERMISSION_DENIED naming the Kafka error.
     `authenticator` and `authorizer` may be set after the server was built."""
 

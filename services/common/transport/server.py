@@ -37,21 +37,24 @@ from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from . import authz, connections, metrics, quotas, topic_admin
-from .acl import Operation as Op, Resource, ResourceType
-from .acl import AclCache, AclStore, Authorizer, parse_super_users
-from .pid_binding import ProducerIdBindings
-from .auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
-                   create_user_credentials, current_principal)
-from .cluster import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
-from .config import ServiceConfig, parse_args, service_security
-from .settings import TxnCoordinatorSchema
+from ..security import authz, quotas
+from . import connections
+from .. import metrics
+from ..cluster import topic_admin
+from ..security.acl import Operation as Op, Resource, ResourceType
+from ..security.acl import AclCache, AclStore, Authorizer, parse_super_users
+from ..security.pid_binding import ProducerIdBindings
+from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
+                             create_user_credentials, current_principal)
+from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
+from ..config import ServiceConfig, parse_args, service_security
+from ..settings import TxnCoordinatorSchema
 from .guard import RequestGuard
 from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
-from .kafka.acl_api import acl_message, binding_of_message
-from .kafka.cluster_api import ClusterApis
-from .kafka import surface as kafka_surface
-from .kafka.listener import KafkaListener
+from ..kafka.acl_api import acl_message, binding_of_message
+from ..kafka.cluster_api import ClusterApis
+from ..kafka import surface as kafka_surface
+from ..kafka.listener import KafkaListener
 from .rpc import CHANNEL_OPTIONS, ClusterClient
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,7 @@ class ClusterServicer(pbg.ClusterServicer):
     def __init__(self, cluster: ClusterState, tls: bool = False, quota_manager: quotas.QuotaManager | None = None):
         self.cluster = cluster
         self.security = SecurityAdmin(cluster, tls)
-        # Client quotas (services.common.quotas): controller_mutation_rate and
+        # Client quotas (services.common.security.quotas): controller_mutation_rate and
         # max_partitions are checked here, for both ports; None: no quotas.
         self.quotas = quota_manager
 
@@ -270,7 +273,7 @@ async def sasl_authenticate(gateway, request: pb.SaslAuthenticateRequest, peer: 
     (SessionTokens) good for session_lifetime_ms. Refusals: UNSUPPORTED_SASL_MECHANISM,
     SASL_AUTHENTICATION_FAILED (bad credentials after the failed-authentication delay,
     throttled, unknown or expired session_id), ILLEGAL_SASL_STATE without TLS."""
-    from .sasl import SaslFailure, UnsupportedMechanism
+    from ..security.sasl import SaslFailure, UnsupportedMechanism
     if gateway is None or gateway.tokens is None:
         return pb.SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                                            error_message="SASL is available on TLS listeners only")
@@ -659,12 +662,12 @@ def _producer_id_expiration_ms(cfg: ServiceConfig) -> int:
 
 
 def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, security: TransportSecurity):
-    """The process's SASL (services.common.sasl.SaslGateway) from its settings:
+    """The process's SASL (services.common.security.sasl.SaslGateway) from its settings:
     sasl.enabled.mechanisms, connection.failed.authentication.delay.ms,
     exactly.sasl.failed.authentication.attempts.per.second and
     exactly.sasl.session.lifetime.ms; session tokens (TLS listeners only) signed with
     the cluster's key from ZooKeeper."""
-    from .sasl import AuthThrottle, SaslGateway, SessionTokens, load_token_key, parse_mechanisms
+    from ..security.sasl import AuthThrottle, SaslGateway, SessionTokens, load_token_key, parse_mechanisms
     tokens = None
     if security.tls:
         key = load_token_key(cluster.zk, cluster.zk_security.sensitive_acl)
@@ -675,7 +678,7 @@ def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, se
 
 
 def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaManager:
-    """The process's client quotas (services.common.quotas), kept current by a watch
+    """The process's client quotas (services.common.security.quotas), kept current by a watch
     on /exactly/config/quotas; super users (the services) are not throttled."""
     manager = quotas.QuotaManager(samples=cfg.settings.quota_window_num,
                                   window_s=cfg.settings.quota_window_size_seconds,

@@ -37,8 +37,8 @@ from typing import Mapping, Sequence
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from .cluster import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
-from .settings import PartitionLeaderSchema
+from .state import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
+from ..settings import PartitionLeaderSchema
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from exactly_wire.security import TransportSecurity, secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from .cluster import ClusterState, NodeInfo
+from ..cluster.state import ClusterState, NodeInfo
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ClusterClient:
         return ch
 
     def tunnel(self, address: str) -> TunnelChannel:
-        """Tunneled unary calls to `address` (services.common.tunnel): the cheaper
+        """Tunneled unary calls to `address` (services.common.transport.tunnel): the cheaper
         path for the calls of the transaction path."""
         t = self._tunnels.get(address)
         if t is None:

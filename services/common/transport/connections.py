@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .metrics import CONNECTIONS_REFUSED as REFUSED
+from ..metrics import CONNECTIONS_REFUSED as REFUSED
 from . import peer_addresses
 from .peer_addresses import normalize_ip
 
@@ -57,7 +57,7 @@ def declare_series(listener: str) -> None:
 class TokenBucket:
     """`rate` tokens per second, holding at most `rate` (one second's worth, at least 1);
     `take()` spends one when there is one (KIP-612's connection creation rate; also the
-    InitProducerId rate per principal, services.common.pid_binding). clock: monotonic s."""
+    InitProducerId rate per principal, services.common.security.pid_binding). clock: monotonic s."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
         self.rate = float(rate)

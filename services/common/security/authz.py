@@ -162,7 +162,7 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "PartitionLeader/OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "PartitionLeader/DescribeProducers": lambda r, p: _topics((t.topic for t in r.topics), Op.READ),
     "PartitionLeader/DeleteRecords": lambda r, p: _topics((t.name for t in r.topics), Op.DELETE),
-    # The tunnel carries the services' calls to each other only (services/common/tunnel.py):
+    # The tunnel carries the services' calls to each other only (services/common/transport/tunnel.py):
     # a stream is admitted (its `Open` pseudo-call) with ClusterAction on the Cluster.
     "Tunnel/Open": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
     # Transaction coordinator

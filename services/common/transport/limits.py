@@ -23,8 +23,8 @@ from typing import Collection, Mapping
 
 from exactly_wire.error_codes import ErrorCode
 
-from .settings import ServiceSchema, service_settings
-from .topic_config import DEFAULTS
+from ..settings import ServiceSchema, service_settings
+from ..topic_config import DEFAULTS
 
 # Key names for refusal messages; the values are ServiceSchema's attributes.
 MAX_PARTITIONS_PER_TOPIC = "max.partitions.per.topic"
