@@ -58,6 +58,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from exactly_wire.error_codes import ErrorCode
 
 from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from .transport.guard import UnaryHandlerInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -234,27 +235,15 @@ def _status_name(context) -> str | None:
     return None if status is grpc.StatusCode.OK else status.name
 
 
-class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+class RpcMetricsInterceptor(UnaryHandlerInterceptor):
     """Times every unary gRPC call and counts its error codes (module docstring).
     Streaming methods (e.g. Health.Watch) are passed through untouched."""
 
-    def __init__(self) -> None:
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        cached = self._handlers.get(method)
-        if cached is not None:
-            return cached
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
             _instrument(handler.unary_unary, *split_method(method)),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
-        self._handlers[method] = wrapped
-        return wrapped
 
 
 def _instrument(behavior: Callable, service: str, method: str) -> Callable:

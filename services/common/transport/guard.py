@@ -109,9 +109,10 @@ async def _abort(context, status: grpc.StatusCode, code: ErrorCode, message: str
     await context.abort(status, f"{code.name}: {message}"[:1000])
 
 
-class RequestGuard(grpc.aio.ServerInterceptor):
-    """Interceptor applying the module docstring's rules to every unary method;
-    streaming methods (e.g. Health.Watch) pass through untouched."""
+class UnaryHandlerInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that wraps each unary method's handler once, cached by method
+    name; streaming methods (e.g. Health.Watch) pass through untouched. Subclasses
+    give `wrap(handler, method) -> grpc.RpcMethodHandler`."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -124,12 +125,24 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            _guard(handler.unary_unary, method),
-            request_deserializer=safe_deserializer(handler.request_deserializer),
-            response_serializer=handler.response_serializer)
+        wrapped = self.wrap(handler, method)
         self._handlers[method] = wrapped
         return wrapped
 
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The handler serving the unary `handler` of `method` ("/package.Service/Method")."""
+        raise NotImplementedError
 
-__all__ = ["RequestGuard", "status_for", "safe_deserializer", "Undecodable", "ERROR_CODE_METADATA"]
+
+class RequestGuard(UnaryHandlerInterceptor):
+    """Interceptor applying the module docstring's rules to every unary method;
+    streaming methods (e.g. Health.Watch) pass through untouched."""
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            _guard(handler.unary_unary, method),
+            request_deserializer=safe_deserializer(handler.request_deserializer),
+            response_serializer=handler.response_serializer)
+
+
+__all__ = ["RequestGuard", "UnaryHandlerInterceptor", "status_for", "safe_deserializer", "Undecodable", "ERROR_CODE_METADATA"]
