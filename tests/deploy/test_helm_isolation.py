@@ -23,6 +23,8 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
+from exactly_tools.ports import free_ports
+
 from tests.deploy.test_helm_chart import (CERT_MANAGER, CHART, COMPONENTS, NAMESPACE, PLAINTEXT, RELEASE, by_kind,
                                           container, statefulset)
 from tests.deploy.test_helm_chart import render as render_chart
@@ -363,18 +365,6 @@ needs_zookeeper = pytest.mark.skipif(not ZOOKEEPER_JAR.exists() or shutil.which(
                                      reason="needs the zookeeper package and java (scripts/setup.sh)")
 
 
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports (held together while picked, so none repeats)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _srvr(port: int) -> str:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
@@ -406,7 +396,7 @@ class LocalZooKeeper:
         self.dir = work / pod_name
         (self.dir / "data").mkdir(parents=True)
         self.secrets = self.dir / "secrets"
-        self.client_port, self.secure_port = client_ports or _free_ports(2)
+        self.client_port, self.secure_port = client_ports or free_ports(2)
         text = by_kind(objects, "ConfigMap")[ZK]["data"]["zoo.cfg"]
         lines = []
         for line in text.splitlines():
@@ -604,7 +594,7 @@ def test_quorum_sasl_forms_an_ensemble_with_the_password_and_refuses_a_server_wi
     objects = render({"zookeeper": {"replicas": 2}})
     assert zoo_cfg(objects)["quorum.auth.serverRequireSasl"] == "true"
 
-    picked = _free_ports(16)  # every port of both ensembles, distinct
+    picked = free_ports(16)  # every port of both ensembles, distinct
 
     def ensemble(work: pathlib.Path, second_password: str) -> list[LocalZooKeeper]:
         p = [picked.pop() for _ in range(8)]
