@@ -157,15 +157,25 @@ class Sleep(NamedTuple):
     seconds: float
 
 
+class MetadataAt(NamedTuple):
+    """Effect of `wait_serving_flow`: the metadata the service at `address` answers
+    now; outcome: Metadata, or None when it does not answer."""
+
+    address: str
+
+
 def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Generator:
-    """Until every partition of `topics` has a leader that answers (a flow of the
-    effects above, see exactly._client.run_flow); raises errors.KafkaTimeoutError
-    at `deadline` (time.monotonic() seconds) and non-retriable metadata errors."""
+    """Until every partition of `topics` has a leader that answers and every service
+    that answers lists them all (a flow of the effects above, see
+    exactly._client.run_flow); raises errors.KafkaTimeoutError at `deadline`
+    (time.monotonic() seconds) and non-retriable metadata errors. Each service answers
+    Metadata from its own ZooKeeper cache, which a watch updates: waiting for all of
+    them makes the change visible to the next call whichever service it asks."""
     pending = set(topics)
     backoff = core.retry_backoff_ms / 1000.0
-    while pending:
+    while True:
         try:
-            md = yield RefreshMetadata(frozenset(pending))
+            md = yield RefreshMetadata(frozenset(topics))
             for topic in sorted(pending):
                 parts = md.partitions(topic)
                 if not parts:
@@ -176,13 +186,20 @@ def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Gen
                     answers.append(address is not None and (yield ProbeLeader(address, topic, p)))
                 if all(answers):
                     pending.discard(topic)
+            if not pending:
+                lagging = []
+                for address in md.addresses():
+                    seen = yield MetadataAt(address)
+                    if seen is not None and any(len(seen.partitions(t)) < len(md.partitions(t)) for t in topics):
+                        lagging.append(address)
+                if not lagging:
+                    return
         except errors.ExactlyError as exc:
             if not exc.retriable:
                 raise
-        if not pending:
-            return
         if time.monotonic() >= deadline:
-            raise errors.KafkaTimeoutError(f"topics {sorted(pending)} do not serve yet")
+            raise errors.KafkaTimeoutError(f"topics {sorted(pending or topics)} do not serve yet"
+                                           + ("" if pending else " on every service"))
         yield Sleep(backoff)
         backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
 
@@ -329,6 +346,14 @@ class AdminClient:
             return self._core.metadata(effect.topics, refresh=True)
         if isinstance(effect, ProbeLeader):
             return self._leader_answers(*effect)
+        if isinstance(effect, MetadataAt):
+            core = self._core
+            try:
+                return Metadata.from_response(core.call(core.cluster_stub(effect.address).Metadata,
+                                                        pb.MetadataRequest(), timeout_s=min(core.request_timeout_s,
+                                                                                            5.0)), core.clock())
+            except errors.ExactlyError:
+                return None
         if isinstance(effect, Sleep):
             return time.sleep(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")

@@ -7,15 +7,16 @@ import time
 from typing import Any, Iterable, Mapping
 
 from exactly import errors
-from exactly._client import COORDINATOR_TRANSACTION
+from exactly._client import COORDINATOR_TRANSACTION, Metadata
 from exactly.config import AdminSchema, parse
 from exactly._sender import txn_coordinator_addresses
-from exactly.admin import (ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription,
+from exactly.admin import (MetadataAt, ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription,
                            TransactionListing, create_topics_outcome, create_topics_request, create_topics_timeout_s, describe_transaction_code,
                            describe_transaction_request, leader_probe, list_transactions_request, probe_answered,
                            topic_descriptions, topic_listing, transaction_descriptions, transaction_listings,
                            wait_serving_flow)
 from exactly.types import NewTopic
+from exactly_wire.v1 import exactly_pb2 as pb
 
 from ._core import AIOClientCore, run_flow_async
 
@@ -61,6 +62,14 @@ class AIOAdminClient:
             return await self._core.metadata_async(effect.topics, refresh=True)
         if isinstance(effect, ProbeLeader):
             return await self._leader_answers(*effect)
+        if isinstance(effect, MetadataAt):
+            core = self._core
+            try:
+                return Metadata.from_response(await core.call(core.cluster_stub(effect.address).Metadata,
+                                                              pb.MetadataRequest(),
+                                                              timeout_s=min(core.request_timeout_s, 5.0)), core.clock())
+            except errors.ExactlyError:
+                return None
         if isinstance(effect, Sleep):
             return await asyncio.sleep(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")

@@ -34,3 +34,44 @@ def test_existing_topic_raises_but_others_are_created(fc):
     with pytest.raises(TypeError):
         admin.create_topics(["not-a-NewTopic"])
     admin.close()
+
+
+def _metadata(partitions: int):
+    from exactly._client import Metadata
+    from exactly_wire.v1 import exactly_pb2 as pb
+    resp = pb.MetadataResponse(nodes=[pb.Node(node_id="pl-0", role="partition_leader", host="h", port=1),
+                                      pb.Node(node_id="pl-1", role="partition_leader", host="h", port=2)],
+                               topics=[pb.TopicMetadata(name="grow", partitions=[
+                                   pb.PartitionMetadata(partition=p, leader_id="pl-0") for p in range(partitions)])])
+    return Metadata.from_response(resp, 0)
+
+
+def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
+    """A service whose ZooKeeper cache has not seen the new partitions yet keeps the
+    flow waiting, so the next call sees them whichever service it asks."""
+    import time as _time
+    from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow
+
+    class Core:
+        retry_backoff_ms, retry_backoff_max_ms = 10, 40
+
+    views = {"h:1": [5, 5], "h:2": [2, 5]}  # what each service lists, round by round
+    flow = wait_serving_flow(Core(), ["grow"], _time.monotonic() + 60)
+    effects, answer, rounds = [], None, 0
+    try:
+        while True:
+            effect = flow.send(answer)
+            effects.append(type(effect).__name__)
+            if isinstance(effect, RefreshMetadata):
+                answer = _metadata(5)
+            elif isinstance(effect, ProbeLeader):
+                answer = True
+            elif isinstance(effect, MetadataAt):
+                answer = _metadata(views[effect.address][rounds])
+            elif isinstance(effect, Sleep):
+                rounds += 1
+                answer = None
+    except StopIteration:
+        pass
+    assert rounds == 1 and effects.count("Sleep") == 1
+    assert effects.count("MetadataAt") == 4  # both services asked in each of the two rounds
