@@ -242,8 +242,10 @@ class KafkaListener:
                 ssl_object is not None and ssl_object.getpeercert(binary_form=True))
             while True:
                 try:
-                    size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
-                except (asyncio.TimeoutError, TimeoutError):
+                    # asyncio.timeout, not wait_for: no task of its own per request.
+                    async with asyncio.timeout(self.idle_timeout_s):
+                        size_bytes = await reader.readexactly(4)
+                except TimeoutError:
                     self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, f"idle {self.idle_timeout_s:g} s")
                     return
                 except (asyncio.IncompleteReadError, ConnectionError):
@@ -270,8 +272,9 @@ class KafkaListener:
                 if response is not None:
                     writer.write(response)
                     try:
-                        await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
-                    except (asyncio.TimeoutError, TimeoutError):
+                        async with asyncio.timeout(self.idle_timeout_s):
+                            await writer.drain()
+                    except TimeoutError:
                         self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, "response unread")
                         return
                 if throttle_ms > 0:  # muted: read nothing more for that long (KIP-219)

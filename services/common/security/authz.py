@@ -259,6 +259,7 @@ class AuthorizedServicer:
             except Denied as denied:
                 return denied_response(self._service, name, request, denied)
             return await method(request, context)
+        setattr(self, name, call)  # built once per method: later lookups find the attribute
         return call
 
 

@@ -375,8 +375,10 @@ class TunnelChannel:
         try:
             # The bound covers the write too: towards a peer that stopped reading (SIGSTOP,
             # a cut network) a write waits on flow control, and later calls on the lock.
-            return await asyncio.wait_for(self._call(method, request, response_class), timeout_s)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: no task of its own per call.
+            async with asyncio.timeout(timeout_s):
+                return await self._call(method, request, response_class)
+        except TimeoutError:
             raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
 
     async def _call(self, method: str, request: Any, response_class: type) -> Any:
