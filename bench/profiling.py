@@ -15,19 +15,21 @@ import sys
 class PySpy:
     """py-spy record against several pids at once; stop() writes the SVGs."""
 
-    def __init__(self, directory: pathlib.Path, targets: dict[str, int], rate: int = 100):
+    def __init__(self, directory: pathlib.Path, targets: dict[str, int], rate: int = 100, prefix: str = "txn-10ms",
+                 fmt: str = "flamegraph"):
         exe = shutil.which("py-spy") or str(pathlib.Path(sys.executable).parent / "py-spy")
         if not os.path.exists(exe):
             raise RuntimeError("py-spy is not installed (pip install -r bench/requirements.txt)")
         directory.mkdir(parents=True, exist_ok=True)
-        self.outputs = {name: directory / f"txn-10ms-{name}.svg" for name in targets}
-        self.logs = {name: directory / f"txn-10ms-{name}.py-spy.log" for name in targets}
+        suffix = {"flamegraph": "svg", "raw": "folded.txt", "speedscope": "speedscope.json"}[fmt]
+        self.outputs = {name: directory / f"{prefix}-{name}.{suffix}" for name in targets}
+        self.logs = {name: directory / f"{prefix}-{name}.py-spy.log" for name in targets}
         self.procs = {}
         for name, pid in targets.items():
             with open(self.logs[name], "wb") as log:
                 self.procs[name] = subprocess.Popen(
                     [exe, "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking", "--threads",
-                     "--format", "flamegraph", "--output", str(self.outputs[name])],
+                     "--format", fmt, "--output", str(self.outputs[name])],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop(self) -> dict[str, str]:

@@ -31,7 +31,7 @@ import time
 
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from . import producer_perf, recovery, redis_peer, transactions
+from . import producer_perf, recovery, redis_peer, server_cost, transactions
 from .common import Progress, create_topic, machine_info, median, start_cluster
 
 FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     n, size, reps = args.num_records, args.record_size, args.reps
     fig = Figures()
     extra: dict = {}
-    progress = Progress(11 + (1 if args.profile else 0))
+    progress = Progress(12 + (1 if args.profile else 0))
     clusters: list[DevCluster] = []
 
     def cluster(name: str, leaders: int = 1, props: dict | None = None, security: bool = False) -> DevCluster:
@@ -225,16 +225,34 @@ def run(args: argparse.Namespace) -> dict:
         fig.ratio("peer.librdkafka", "produce.plain")
         progress.done(f"{fig.value('peer.librdkafka'):,.0f}/s")
 
-        # ---- 4: coordinator throughput, RF 1
+        # ---- 4: coordinator throughput and server CPU per transaction, RF 1
         pcount, secs = args.coordinator_producers, args.coordinator_seconds
-        progress.start(f"committed transactions/s, {pcount} producer processes, 1 coordinator, RF 1, "
-                       f"{reps} windows of {secs:g} s")
-        create_topic(main, "bench-coord", 3)
-        rf1 = transactions.coordinator_throughput(bootstrap, "bench-coord", 3, pcount, reps, secs)
-        fig.add("coordinator.rf1", f"committed txn/s, {pcount} producers, 1-record txns, RF 1",
-                [r["txn_per_s"] for r in rf1], "txn/s")
-        fig.goal("coordinator.rf1", ">= 2,000 txn/s", fig.value("coordinator.rf1") >= 2000)
-        progress.done(f"{fig.value('coordinator.rf1'):,.0f} txn/s")
+        rf1 = {}
+        for client, label in (("librdkafka", "librdkafka through the Kafka port"), ("sdk", "the SDK over gRPC")):
+            progress.start(f"committed transactions/s and server CPU per transaction, {pcount} {label} producer "
+                           f"processes, 1 coordinator, RF 1, {reps} windows of {secs:g} s")
+            topic = f"bench-coord-{client}"
+            create_topic(main, topic, 3)
+            rows = server_cost.measure(main, client, pcount, reps, secs, topic)
+            rf1[client] = rows
+            key = "coordinator.rf1" if client == "sdk" else f"coordinator.rf1_{client}"
+            fig.add(key, f"committed txn/s, {pcount} {'SDK' if client == 'sdk' else client} producers, "
+                         f"1-record txns, RF 1", [r["txn_per_s"] for r in rows], "txn/s")
+            split = {name: median([r["server_cpu_ms_per_txn"][name] for r in rows])
+                     for name in ("partition_leader", "txn_coordinator")}
+            fig.add(f"server_cpu.{client}", f"server CPU per txn, {client} producers (leader "
+                                            f"{split['partition_leader']:.2f} + coordinator "
+                                            f"{split['txn_coordinator']:.2f} ms)",
+                    [r["server_cpu_ms_per_txn"]["total"] for r in rows], "ms",
+                    partition_leader_ms=split["partition_leader"], txn_coordinator_ms=split["txn_coordinator"])
+            fig.add(f"client_cpu.{client}", f"client CPU per txn, {client} producers",
+                    [r["client_cpu_ms_per_txn"] for r in rows], "ms")
+            progress.done(f"{fig.value(key):,.0f} txn/s, server {fig.value(f'server_cpu.{client}'):.2f} ms/txn, "
+                          f"client {fig.value(f'client_cpu.{client}'):.2f} ms/txn")
+        fig.goal("coordinator.rf1_librdkafka", ">= 1,000 txn/s", fig.value("coordinator.rf1_librdkafka") >= 1000)
+        fig.goal("server_cpu.librdkafka", "<= 1.2 ms", fig.value("server_cpu.librdkafka") <= 1.2)
+        fig.goal("server_cpu.sdk", "<= 1.6 ms", fig.value("server_cpu.sdk") <= 1.6)
+        fig.goal("client_cpu.sdk", "<= 0.8 ms", fig.value("client_cpu.sdk") <= 0.8)
         down(main)
 
         progress.start(f"committed transactions/s, RF 3 (3 partition leaders, internal topics RF 3, "

@@ -17,13 +17,15 @@ pytestmark = pytest.mark.integration
 FIGURES = [
     "produce.plain", "produce.idempotent", "produce.flush_messages_1", "produce.flush_messages_1_ratio",
     "produce.txn_100ms", "produce.txn_10ms",
-    "commit_3p.p50", "commit_3p.p99", "coordinator.rf1", "coordinator.rf3",
+    "commit_3p.p50", "commit_3p.p99", "coordinator.rf1", "coordinator.rf1_librdkafka", "coordinator.rf3",
+    "server_cpu.librdkafka", "server_cpu.sdk", "client_cpu.librdkafka", "client_cpu.sdk",
     "consume.read_committed", "consume.read_uncommitted",
     "redis.xadd", "redis.multi_exec", "redis.xread", "vs_redis.produce", "vs_redis.read_committed",
     "restart.snapshot", "restart.scan", "restart.ratio", "restart.open_snapshot", "restart.open_scan",
     "txn_load.loaded", "txn_load.bytes_per_id", "peer.librdkafka", "peer.tls",
 ]
-GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1", "coordinator.rf3",
+GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1_librdkafka", "coordinator.rf3",
+         "server_cpu.librdkafka", "server_cpu.sdk", "client_cpu.sdk",
          "vs_redis.produce", "vs_redis.read_committed", "restart.ratio", "txn_load.bytes_per_id"]
 THROUGHPUTS = ["produce.txn_100ms", "produce.txn_10ms", "consume.read_committed", "consume.read_uncommitted",
                "redis.xadd", "redis.xread", "peer.librdkafka", "peer.tls"]
@@ -50,5 +52,5 @@ def test_quick_bench_writes_every_figure(tmp_path):
     assert body["meta"]["quick"] is True and body["meta"]["machine"]["cpus"] >= 1
     # One progress line per phase on stderr, the table on stdout.
     phases = [line for line in proc.stderr.splitlines() if line.startswith("bench [")]
-    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 11, proc.stderr
+    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 12, proc.stderr
     assert "goals met" in proc.stdout

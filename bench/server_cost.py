@@ -1,0 +1,89 @@
+"""Server CPU per committed transaction, measured on its own for profiling.
+
+    python -m bench.server_cost [--client sdk|librdkafka|both] [--producers 8] [--seconds 10]
+                                [--reps 3] [--profile DIR [--profile-format raw]] [--dir .run/bench-cost] [--json]
+
+One dev cluster (1 partition leader, 1 transaction and 1 group coordinator, RF 1), a
+3-partition topic, `--producers` processes committing 1-record transactions; per window
+the committed transactions/s and the CPU ms per transaction of the partition leader and
+the transaction coordinator (from /proc) and of the clients. `--profile DIR` records
+py-spy flame graphs of both services during an extra window. `make bench` runs the same
+measurement (bench/suite.py); this entry point is for profiling one figure quickly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from . import transactions
+from .common import create_topic, median, start_cluster
+
+
+def server_pids(cluster) -> dict[str, int]:
+    """{"partition_leader": pid, "txn_coordinator": pid} of a one-leader dev cluster."""
+    return {svc.role: svc.pid for svc in cluster.services.values() if svc.role in ("partition_leader",
+                                                                                 "txn_coordinator")}
+
+
+def measure(cluster, client: str, producers: int, reps: int, seconds: float, topic: str) -> list[dict]:
+    bootstrap = cluster.kafka_bootstrap_servers if client == "librdkafka" else cluster.bootstrap_servers
+    return transactions.coordinator_throughput(bootstrap, topic, 3, producers, reps, seconds, client=client,
+                                               server_pids=server_pids(cluster))
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians over the windows: txn/s, server CPU ms per txn (each service and total), client CPU ms."""
+    out = {"txn_per_s": median([r["txn_per_s"] for r in rows]),
+           "client_cpu_ms_per_txn": median([r["client_cpu_ms_per_txn"] for r in rows])}
+    for name in rows[0]["server_cpu_ms_per_txn"]:
+        out[f"server_cpu_ms_per_txn.{name}"] = median([r["server_cpu_ms_per_txn"][name] for r in rows])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.server_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client", choices=["sdk", "librdkafka", "both"], default="both")
+    parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", type=pathlib.Path, default=pathlib.Path(".run/bench-cost"))
+    parser.add_argument("--profile", type=pathlib.Path, metavar="DIR")
+    parser.add_argument("--profile-format", choices=["flamegraph", "raw", "speedscope"], default="flamegraph",
+                        help="py-spy's output format (raw: folded stacks, one line per stack)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    cluster = start_cluster(args.dir.resolve())
+    results = {}
+    try:
+        clients = ["librdkafka", "sdk"] if args.client == "both" else [args.client]
+        for i, client in enumerate(clients):
+            topic = f"bench-cost-{i}"
+            create_topic(cluster, topic, 3)
+            rows = measure(cluster, client, args.producers, args.reps, args.seconds, topic)
+            results[client] = {"windows": rows, **summary(rows)}
+            if args.profile:
+                from .profiling import PySpy
+                spy = PySpy(args.profile / client, server_pids(cluster), prefix=f"cost-{client}",
+                            fmt=args.profile_format)
+                try:
+                    measure(cluster, client, args.producers, 1, args.seconds, topic)
+                finally:
+                    results[client]["profiles"] = spy.stop()
+            if not args.json:
+                s = results[client]
+                print(f"{client:>10}: {s['txn_per_s']:7.0f} txn/s  server CPU/txn "
+                      f"{s['server_cpu_ms_per_txn.total']:.2f} ms (leader "
+                      f"{s['server_cpu_ms_per_txn.partition_leader']:.2f} + coordinator "
+                      f"{s['server_cpu_ms_per_txn.txn_coordinator']:.2f})  client CPU/txn "
+                      f"{s['client_cpu_ms_per_txn']:.2f} ms", file=sys.stderr, flush=True)
+    finally:
+        cluster.down()
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
