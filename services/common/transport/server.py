@@ -140,64 +140,66 @@ class ClusterServicer(pbg.ClusterServicer):
     def _throttled(throttle_ms: int) -> str:
         return f"the controller mutation rate quota is exceeded; retry in {throttle_ms} ms (controller_mutation_rate)"
 
-    async def CreateTopics(self, request, context):
-        resp = pb.CreateTopicsResponse()
-        principal = _owner(current_principal.get())
+    async def _mutate_each(self, items, mutate) -> tuple[list[tuple[Any, int, str | None]], int]:
+        """The controller mutation quota over one request's topics (KIP-599): `mutate(item)`
+        returns (error code, message, partitions created or deleted) and runs only while
+        the caller is not throttled; once it is, each remaining item is answered
+        THROTTLING_QUOTA_EXCEEDED. Returns ([(item, code, message)], throttle ms)."""
         throttle = self._mutation_throttle()
-        for t in request.topics:
-            bad = topic_admin.validate_topic_configs(dict(t.configs))
+        results = []
+        for item in items:
             if throttle > 0:
-                code, msg = ErrorCode.THROTTLING_QUOTA_EXCEEDED, self._throttled(throttle)
-            elif bad is not None:
-                code, msg = ErrorCode.INVALID_CONFIG, bad
-            elif (over := self._partition_quota_refusal(principal, t.num_partitions)) is not None:
-                code, msg = ErrorCode.POLICY_VIOLATION, over
-            else:
-                code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
-                                                    t.replication_factor or 1, dict(t.configs), False,
-                                                    principal)
-                if code == ErrorCode.NONE:
-                    throttle = max(throttle, self._record_mutations(t.num_partitions))
-            resp.topics.append(pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg))
-        resp.throttle_time_ms = throttle
-        return resp
+                results.append((item, ErrorCode.THROTTLING_QUOTA_EXCEEDED, self._throttled(throttle)))
+                continue
+            code, msg, mutated = await mutate(item)
+            if code == ErrorCode.NONE and mutated:
+                throttle = max(throttle, self._record_mutations(mutated))
+            results.append((item, code, msg))
+        return results, throttle
+
+    async def CreateTopics(self, request, context):
+        principal = _owner(current_principal.get())
+
+        async def create(t):
+            bad = topic_admin.validate_topic_configs(dict(t.configs))
+            if bad is not None:
+                return ErrorCode.INVALID_CONFIG, bad, 0
+            if (over := self._partition_quota_refusal(principal, t.num_partitions)) is not None:
+                return ErrorCode.POLICY_VIOLATION, over, 0
+            code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
+                                                t.replication_factor or 1, dict(t.configs), False, principal)
+            return code, msg, t.num_partitions
+
+        results, throttle = await self._mutate_each(request.topics, create)
+        return pb.CreateTopicsResponse(throttle_time_ms=throttle, topics=[
+            pb.CreatableTopicResult(name=t.name, error_code=code, error_message=msg) for t, code, msg in results])
 
     async def DeleteTopics(self, request, context):
-        resp = pb.DeleteTopicsResponse()
-        throttle = self._mutation_throttle()
-        for name in request.topic_names:
-            if throttle > 0:
-                resp.responses.append(pb.DeletableTopicResult(name=name, error_code=ErrorCode.THROTTLING_QUOTA_EXCEEDED,
-                                                              error_message=self._throttled(throttle)))
-                continue
+        async def delete(name):
             known = self.cluster.topics().get(name)
             code, msg = await asyncio.to_thread(self.cluster.delete_topic, name)
-            if code == ErrorCode.NONE and known is not None:
-                throttle = max(throttle, self._record_mutations(len(known.partitions)))
-            resp.responses.append(pb.DeletableTopicResult(name=name, error_code=code, error_message=msg))
-        resp.throttle_time_ms = throttle
-        return resp
+            return code, msg, len(known.partitions) if known is not None else 0
+
+        results, throttle = await self._mutate_each(request.topic_names, delete)
+        return pb.DeleteTopicsResponse(throttle_time_ms=throttle, responses=[
+            pb.DeletableTopicResult(name=name, error_code=code, error_message=msg) for name, code, msg in results])
 
     async def CreatePartitions(self, request, context):
-        resp = pb.CreatePartitionsResponse()
-        throttle = self._mutation_throttle()
-        for t in request.topics:
+        async def grow(t):
             known = self.cluster.topics().get(t.name)
             more = t.count - len(known.partitions) if known is not None else 0
             # The new partitions count against the topic's creator (the caller for a topic without one).
             owner = (known.principal if known is not None and known.principal else _owner(current_principal.get()))
-            if throttle > 0:
-                code, msg = ErrorCode.THROTTLING_QUOTA_EXCEEDED, self._throttled(throttle)
-            elif (over := self._partition_quota_refusal(owner, more)) is not None:
-                code, msg = ErrorCode.POLICY_VIOLATION, over
-            else:
-                code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
-                                                    request.validate_only)
-                if code == ErrorCode.NONE and not request.validate_only:
-                    throttle = max(throttle, self._record_mutations(more))
-            resp.results.append(pb.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=msg))
-        resp.throttle_time_ms = throttle
-        return resp
+            if (over := self._partition_quota_refusal(owner, more)) is not None:
+                return ErrorCode.POLICY_VIOLATION, over, 0
+            code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
+                                                request.validate_only)
+            return code, msg, 0 if request.validate_only else more
+
+        results, throttle = await self._mutate_each(request.topics, grow)
+        return pb.CreatePartitionsResponse(throttle_time_ms=throttle, results=[
+            pb.CreatePartitionsTopicResult(name=t.name, error_code=code, error_message=msg)
+            for t, code, msg in results])
 
     async def DescribeConfigs(self, request, context):
         resp = pb.DescribeConfigsResponse()
