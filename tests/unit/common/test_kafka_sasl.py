@@ -17,6 +17,8 @@ from services.common.kafka.codec import build, request_class, response_class
 from services.common.kafka.listener import Api, KafkaListener
 from services.common.security.sasl import AuthThrottle, SaslGateway
 
+from .clocks import SleepClock
+
 METADATA = 3
 
 
@@ -40,21 +42,6 @@ def _response(api_key: int, version: int, frame: bytes):
 
 async def _closed(reader: asyncio.StreamReader) -> bool:
     return await asyncio.wait_for(reader.read(1), 10) == b""
-
-
-class _Clock:
-    """Monotonic seconds that move only by `sleep`: a sleep of s seconds moves the
-    clock s ahead and returns after one turn of the loop."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 def _run(body, throttle: AuthThrottle | None = None) -> None:
@@ -132,7 +119,7 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
     """Six connections guess dave's password at once: after the first failure the
     answers come at most 5 a second (the same AuthThrottle as the gRPC port). The
     throttle runs on a clock that only its waits move, so the spacing is exact."""
-    clock = _Clock()
+    clock = SleepClock()
 
     class Recording(AuthThrottle):
         """Keeps the clock's time at which each password check was let through."""
