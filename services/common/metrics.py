@@ -43,8 +43,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
+import socket
 import threading
 import time
 import weakref
@@ -292,6 +294,11 @@ class MetricsServer:
         self.address: tuple[str, int] = httpd.server_address[:2]
 
     def close(self) -> None:
+        """Stop serving and close the port. Shutting the listening socket down first
+        wakes the server thread's select at once (on Linux), instead of at its next
+        poll (socketserver polls every 0.5 s)."""
+        with contextlib.suppress(OSError):
+            self._httpd.socket.shutdown(socket.SHUT_RDWR)
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)

@@ -29,7 +29,7 @@ import asyncio
 import io
 import struct
 from dataclasses import dataclass, field as dataclass_field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
 from kio.schema.consumer_protocol_assignment.v0.data import TopicPartition as AssignedPartition
@@ -108,8 +108,14 @@ class _LeaderUserData:
 
 
 class GroupCoordinatorApis:
-    def __init__(self, servicer: Any):
+    """The group coordinator's Kafka APIs over `servicer` (the gRPC servicer).
+    `wait_for`: asyncio.wait_for's signature (awaitable, timeout in seconds), the
+    bounded wait of a follower's SyncGroup for its leader's (tests pass one whose
+    timeout passes at once)."""
+
+    def __init__(self, servicer: Any, wait_for: Callable[[Awaitable, float], Awaitable] = asyncio.wait_for):
         self.servicer = servicer
+        self._wait_for = wait_for
         # (group, member id) -> (protocol name, subscription metadata, group instance id)
         # of its last JoinGroup here.
         self._joined: dict[tuple[str, str], tuple[str, bytes, str]] = {}
@@ -185,7 +191,7 @@ class GroupCoordinatorApis:
             known.sent.set()
         elif req.member_id != known.leader and (req.group_id, known.leader) in self._joined:
             try:
-                await asyncio.wait_for(known.sent.wait(), USER_DATA_WAIT_S)
+                await self._wait_for(known.sent.wait(), USER_DATA_WAIT_S)
             except asyncio.TimeoutError:
                 return None
         return known.by_member.get(req.member_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Callable
+from typing import Awaitable, Callable
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -28,10 +28,12 @@ class Linger:
     waits `linger_ms` (exactly.txn.batch.linger.ms), and the transitions and markers of
     the transactions that reach the same step meanwhile travel with it: fewer requests
     per transaction, which is what a saturated leader and coordinator spend their CPU on.
-    `busy` is bound once the coordinator exists (`bind`)."""
+    `busy` is bound once the coordinator exists (`bind`). `sleep`: async (seconds) ->
+    None, asyncio.sleep by default (tests pass one they release)."""
 
-    def __init__(self, linger_ms: int = 0):
+    def __init__(self, linger_ms: int = 0, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self.linger_s = linger_ms / 1000
+        self._sleep = sleep
         self._busy: Callable[[], bool] = lambda: False
 
     def bind(self, busy: Callable[[], bool]) -> None:
@@ -39,7 +41,7 @@ class Linger:
 
     async def wait(self) -> None:
         if self.linger_s > 0 and self._busy():
-            await asyncio.sleep(self.linger_s)
+            await self._sleep(self.linger_s)
 
 
 class ClusterTxnLog:

@@ -505,26 +505,28 @@ class Timed:
     """Await `coro` and keep in `seconds` the time spent running it: the synchronous
     steps of its coroutine chain on the event loop, not the time it waited (for data,
     replication, ZooKeeper, a thread). What request_percentage measures, as Kafka
-    counts a request's thread time but not its time in purgatory."""
+    counts a request's thread time but not its time in purgatory. `clock`: () ->
+    seconds, time.perf_counter by default."""
 
-    def __init__(self, awaitable):
+    def __init__(self, awaitable, clock: Callable[[], float] = time.perf_counter):
         # A coroutine steps itself; any other awaitable through its __await__ iterator.
         self.coro = awaitable if hasattr(awaitable, "send") else awaitable.__await__()
+        self.clock = clock
         self.seconds = 0.0
 
     def __await__(self):
-        coro, value, error = self.coro, None, None
+        coro, value, error, clock = self.coro, None, None, self.clock
         while True:
-            start = time.perf_counter()
+            start = clock()
             try:
                 step = coro.throw(error) if error is not None else coro.send(value)
             except StopIteration as done:
-                self.seconds += time.perf_counter() - start
+                self.seconds += clock() - start
                 return done.value
             except BaseException:
-                self.seconds += time.perf_counter() - start
+                self.seconds += clock() - start
                 raise
-            self.seconds += time.perf_counter() - start
+            self.seconds += clock() - start
             try:
                 value, error = (yield step), None
             except BaseException as exc:  # noqa: BLE001 - cancellation and the like go to the handler

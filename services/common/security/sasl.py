@@ -78,15 +78,19 @@ class AuthThrottle:
     """Per-user and per-peer spacing of authentication attempts after a failure (see
     the module docstring). `rate`: attempts a second (> 0); `window_s`: how long after
     its last failure a user or peer stays throttled; `max_wait_s`: an attempt that
-    would wait longer is refused; `max_keys`: memory bound (the oldest entries go)."""
+    would wait longer is refused; `max_keys`: memory bound (the oldest entries go);
+    `clock`: () -> seconds (monotonic); `sleep`: async (seconds) -> None, the wait for
+    a slot on that clock (tests pass a fake pair that moves the clock)."""
 
     def __init__(self, rate: float = DEFAULT_ATTEMPTS_PER_SECOND, window_s: float = 60.0,
-                 max_wait_s: float = 10.0, max_keys: int = 100000, clock=time.monotonic):
+                 max_wait_s: float = 10.0, max_keys: int = 100000, clock=time.monotonic,
+                 sleep=asyncio.sleep):
         self.interval_s = 1.0 / rate
         self.window_s = window_s
         self.max_wait_s = max_wait_s
         self.max_keys = max_keys
         self.clock = clock
+        self.sleep = sleep
         self._slots: dict[str, _Slots] = {}
         self._locks: dict[str, list] = {}  # user -> [asyncio.Lock, holders and waiters]
 
@@ -122,7 +126,7 @@ class AuthThrottle:
         refused outright."""
         wait = self.reserve(keys)
         if wait > 0:
-            await asyncio.sleep(wait)
+            await self.sleep(wait)
 
     @contextlib.asynccontextmanager
     async def checking(self, user: str, peer: str):

@@ -180,7 +180,11 @@ class TunnelServicer(pbg.TunnelServicer):
     """Serves `Tunnel/Calls` (module docstring): each call through `interceptors`
     (the server's, outermost first) to the unary handler `registry` has for it.
     max_in_flight: calls of one stream read and not yet answered (>= 1);
-    max_queued: replies waiting to be sent at which the stream stops reading (>= 1)."""
+    max_queued: replies waiting to be sent at which the stream stops reading (>= 1).
+
+    Observable state (over all streams): `in_flight`, calls read and not yet
+    answered; `held_reads`, streams whose next read waits for a slot or for the
+    replies to drain (back-pressure on their senders)."""
 
     def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor],
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED):
@@ -189,6 +193,8 @@ class TunnelServicer(pbg.TunnelServicer):
         self._resolved: dict[str, grpc.RpcMethodHandler | None] = {}
         self.max_in_flight = max(int(max_in_flight), 1)
         self.max_queued = max(int(max_queued), 1)
+        self.in_flight = 0
+        self.held_reads = 0
 
     async def _handler(self, method: str, metadata) -> grpc.RpcMethodHandler | None:
         if method in self._resolved:
@@ -253,6 +259,7 @@ class TunnelServicer(pbg.TunnelServicer):
         drained = asyncio.Event()
         drained.set()
         done = object()
+        mine = 0  # this stream's share of self.in_flight
 
         def put(reply) -> None:
             replies.put_nowait(reply)
@@ -269,17 +276,25 @@ class TunnelServicer(pbg.TunnelServicer):
             put(await self._one(call, context))
 
         async def read() -> None:
+            nonlocal mine
             try:
                 while True:
                     # Back-pressure: no further call is read while the replies wait or
                     # the stream has max_in_flight calls (the sender's window fills).
-                    await drained.wait()
-                    await slots.acquire()
+                    held = not drained.is_set() or slots.locked()
+                    self.held_reads += held
+                    try:
+                        await drained.wait()
+                        await slots.acquire()
+                    finally:
+                        self.held_reads -= held
                     try:
                         call = await request_iterator.__anext__()
                     except StopAsyncIteration:
                         slots.release()
                         break
+                    mine += 1
+                    self.in_flight += 1
                     task = asyncio.create_task(answer(call))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -294,11 +309,14 @@ class TunnelServicer(pbg.TunnelServicer):
                 if replies.qsize() < self.max_queued:
                     drained.set()
                 yield reply
+                mine -= 1
+                self.in_flight -= 1
                 slots.release()
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
+            self.in_flight -= mine
 
 
 def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:

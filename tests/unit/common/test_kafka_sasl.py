@@ -15,7 +15,9 @@ from scramp import ScramClient
 from services.common.security.auth import UserStore, create_user_credentials, current_principal, parse_user_credentials
 from services.common.kafka.codec import build, request_class, response_class
 from services.common.kafka.listener import Api, KafkaListener
-from services.common.security.sasl import SaslGateway
+from services.common.security.sasl import AuthThrottle, SaslGateway
+
+from .clocks import SleepClock
 
 METADATA = 3
 
@@ -42,7 +44,7 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
     return await asyncio.wait_for(reader.read(1), 10) == b""
 
 
-def _run(body) -> None:
+def _run(body, throttle: AuthThrottle | None = None) -> None:
     users = UserStore()
     users.put("dave", *parse_user_credentials(create_user_credentials("secret", 4096)).values())
     seen: list[str] = []
@@ -52,8 +54,8 @@ def _run(body) -> None:
         return {"throttle_time": 0, "brokers": [], "topics": []}
 
     async def main():
-        listener = KafkaListener({METADATA: Api(1, 1, metadata)}, sasl=SaslGateway(users, failed_delay_ms=0),
-                                 require_authentication=True)
+        gateway = SaslGateway(users, throttle=throttle or AuthThrottle(), failed_delay_ms=0)
+        listener = KafkaListener({METADATA: Api(1, 1, metadata)}, sasl=gateway, require_authentication=True)
         port = await listener.start("127.0.0.1", 0)
         try:
             await asyncio.wait_for(body(port, seen), 30)
@@ -115,7 +117,23 @@ def test_v1_handshake_authenticate_and_refusals():
 
 def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
     """Six connections guess dave's password at once: after the first failure the
-    answers come at most 5 a second (the same AuthThrottle as the gRPC port)."""
+    answers come at most 5 a second (the same AuthThrottle as the gRPC port). The
+    throttle runs on a clock that only its waits move, so the spacing is exact."""
+    clock = SleepClock()
+
+    class Recording(AuthThrottle):
+        """Keeps the clock's time at which each password check was let through."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.admitted: list[float] = []
+
+        async def admit(self, keys):
+            await super().admit(keys)
+            self.admitted.append(self.clock())
+
+    throttle = Recording(rate=5, clock=clock, sleep=clock.sleep)
+
     async def body(port, seen):
         async def guess(i: int) -> float:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -124,9 +142,11 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
             writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0guess-%d" % i}))
             assert _response(36, 1, await _frame(reader)).error_code.value == 58
             writer.close()
-            return asyncio.get_running_loop().time()
-        started = asyncio.get_running_loop().time()
-        answered = sorted(await asyncio.gather(*(guess(i) for i in range(6))))
-        # The first guesses run before any failure is recorded; from then on 0.2 s apart.
-        assert answered[-1] - started >= 0.2 * 4, [round(t - started, 2) for t in answered]
-    _run(body)
+            return clock()
+        answered = await asyncio.gather(*(guess(i) for i in range(6)))
+        # The first check runs before any failure is recorded; from then on 0.2 s apart.
+        assert max(answered) >= 0.2 * 4, answered
+        checked = throttle.admitted
+        assert len(checked) == 6 and checked[0] == 0.0, checked
+        assert all(b - a >= 0.2 - 1e-9 for a, b in zip(checked, checked[1:])), checked
+    _run(body, throttle)

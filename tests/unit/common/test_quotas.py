@@ -230,20 +230,22 @@ def test_grpc_client_id_from_the_sdk_user_agent():
 
 
 def test_timed_counts_the_handlers_own_steps_not_its_waits():
+    """On a clock that moves only when a step "works" (spin): the handler's own step
+    is counted, another request's work while the handler waits is not."""
     import asyncio
-    import time as _time
 
     from services.common.security.quotas import Timed
 
+    now = [0.0]
+
     def spin(seconds: float) -> None:  # running on the event loop
-        end = _time.perf_counter() + seconds
-        while _time.perf_counter() < end:
-            pass
+        now[0] += seconds
 
     async def handler(gate: asyncio.Event):
         await gate.wait()  # waiting (for data, replication) while others run: not counted
         spin(0.05)  # the handler's own step: counted
         await asyncio.sleep(0)
+        spin(0.01)  # and its next one
         return "done"
 
     async def _timed(timed):
@@ -251,7 +253,7 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
 
     async def main():
         gate = asyncio.Event()
-        timed = Timed(handler(gate))
+        timed = Timed(handler(gate), clock=lambda: now[0])
         task = asyncio.ensure_future(_timed(timed))
         await asyncio.sleep(0)  # the handler parks on the gate
         spin(0.2)  # another request's work meanwhile
@@ -260,7 +262,7 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
         return timed.seconds
 
     seconds = asyncio.run(main())
-    assert 0.05 <= seconds < 0.15, seconds
+    assert seconds == pytest.approx(0.06), seconds
 
 
 def test_timed_passes_errors_and_cancellation_through():

@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 import pytest
+from waiting import wait_for_async
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
@@ -108,7 +109,10 @@ def test_a_broken_stream_fails_calls_in_flight_and_the_next_call_reopens_it():
         leader = Leader()
         server, address = await _server(leader)
         port = int(address.rsplit(":", 1)[1])
-        async with grpc.aio.insecure_channel(address) as channel:
+        # Reconnect to the new server as soon as it listens, not after gRPC's default
+        # first reconnect backoff (1 s; gRPC waits at least 0.1 s whatever these say).
+        backoff = [("grpc.initial_reconnect_backoff_ms", 10), ("grpc.max_reconnect_backoff_ms", 100)]
+        async with grpc.aio.insecure_channel(address, options=backoff) as channel:
             tunnel = TunnelChannel(channel)
             waiting = asyncio.create_task(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
             await leader.arrived.wait()  # the call is in flight, at the server
@@ -201,28 +205,32 @@ def test_a_stream_is_admitted_only_when_its_open_pseudo_call_passes_the_intercep
 
 def test_a_stream_reads_no_more_calls_than_its_in_flight_bound():
     """Calls that do not finish hold their slots: with max_in_flight 4, 40 blocked
-    calls on one stream run 4 at a time (the rest wait unread in the transport), and
-    all finish once released."""
+    calls on one stream run 4 at a time (the stream's next read waits for a slot, the
+    rest wait unread in the transport), and all finish once released."""
     async def body():
         leader = _Counting()
         interceptors = [RequestGuard()]
         server = grpc.aio.server(interceptors=interceptors)
         registry = HandlerRegistry(server)
         pbg.add_PartitionLeaderServicer_to_server(leader, registry)
-        add_tunnel_to_server(TunnelServicer(registry, interceptors, max_in_flight=4, max_queued=2), server)
+        servicer = TunnelServicer(registry, interceptors, max_in_flight=4, max_queued=2)
+        add_tunnel_to_server(servicer, server)
         address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         await server.start()
         async with grpc.aio.insecure_channel(address) as channel:
             tunnel = TunnelChannel(channel)
             calls = [asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
                      for _ in range(40)]
-            await asyncio.wait_for(leader.arrived.wait(), 10)
-            for _ in range(50):  # give the server every chance to read more
-                await asyncio.sleep(0.01)
-            assert leader.entered == 4
+            # The stream's reader stops at the bound (it would read the 5th call next)...
+            await wait_for_async(lambda: servicer.held_reads == 1, 10, "the stream's reads to wait for a slot")
+            assert servicer.in_flight == 4
+            # ...and the 4 calls it read reach the handler, no more.
+            await wait_for_async(lambda: leader.entered >= 4, 10, "the calls read to reach the handler")
+            assert leader.entered == 4 and servicer.held_reads == 1 and servicer.in_flight == 4
             leader.release.set()
             replies = await asyncio.wait_for(asyncio.gather(*calls), 30)
             assert len(replies) == 40 and leader.entered == 40
+            await wait_for_async(lambda: servicer.in_flight == 0, 10, "every slot to be given back")
             await tunnel.close()
         await server.stop(0)
     asyncio.run(body())

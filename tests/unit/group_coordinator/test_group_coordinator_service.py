@@ -43,7 +43,7 @@ class Env:
         ids = itertools.count(1)
         self.coord = GroupCoordinator(
             self.log, partition_for, lambda: dict(self.counts),
-            config or GroupCoordinatorConfig(tail_max_wait_ms=50),
+            config or GroupCoordinatorConfig(tail_max_wait_ms=5000),
             clock=self.clock, wall_clock=lambda: 1_700_000_000_000,
             new_member_id=lambda _i: f"member-{next(ids)}")
 

@@ -45,7 +45,7 @@ class FencingLog(FakeLog):
 def coordinator(log: FakeLog) -> tuple[GroupCoordinator, list]:
     ids = itertools.count(1)
     fenced: list = []
-    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, GroupCoordinatorConfig(tail_max_wait_ms=50),
+    coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2}, GroupCoordinatorConfig(tail_max_wait_ms=5000),
                              clock=ManualClock(), wall_clock=lambda: 1_700_000_000_000,
                              new_member_id=lambda _i: f"member-{next(ids)}",
                              on_fenced=lambda p, e: fenced.append((p, e)))

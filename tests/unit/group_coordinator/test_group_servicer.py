@@ -33,7 +33,7 @@ def test_servicer_round_trip():
     async def body():
         log = FakeLog()
         coord = GroupCoordinator(log, lambda g: zlib.crc32(g.encode()) % N, lambda: {"orders": 3},
-                                 GroupCoordinatorConfig(tail_max_wait_ms=50))
+                                 GroupCoordinatorConfig(tail_max_wait_ms=5000))
         await coord.start()
         for p in range(N):
             await coord.on_elected(p, 0)

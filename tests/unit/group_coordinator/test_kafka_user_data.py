@@ -84,27 +84,42 @@ def test_a_follower_that_syncs_first_waits_for_the_leaders_sync():
     assert asyncio.run(run()) == ([("in", [2])], b"state-of-follower")
 
 
-def test_without_the_leaders_sync_the_follower_gets_its_partitions_without_user_data(monkeypatch):
-    monkeypatch.setattr(kafka_api, "USER_DATA_WAIT_S", 0.05)
+class Elapsing:
+    """A wait_for whose timeout passes before anything else happens; records the
+    timeouts it was given (seconds)."""
+
+    def __init__(self):
+        self.timeouts: list[float] = []
+
+    async def __call__(self, awaitable, timeout: float):
+        self.timeouts.append(timeout)
+        awaitable.close()
+        raise asyncio.TimeoutError
+
+
+def test_without_the_leaders_sync_the_follower_gets_its_partitions_without_user_data():
+    elapsing = Elapsing()
 
     async def run():
-        apis = GroupCoordinatorApis(Servicer())
+        apis = GroupCoordinatorApis(Servicer(), wait_for=elapsing)
         for m in ("leader", "follower"):
             await apis.join_group(join(m), 5, None)
         return decoded(await asyncio.wait_for(apis.sync_group(sync("follower"), 3, None), 5))
     assert asyncio.run(run()) == ([("in", [2])], None)
+    assert elapsing.timeouts == [kafka_api.USER_DATA_WAIT_S]  # it waited that long for the leader's
 
 
-def test_a_leader_that_did_not_join_over_kafka_is_not_waited_for(monkeypatch):
+def test_a_leader_that_did_not_join_over_kafka_is_not_waited_for():
     """A leader that joined over gRPC (an exactly SDK member) never sends a Kafka
     SyncGroup: the follower is answered at once."""
-    monkeypatch.setattr(kafka_api, "USER_DATA_WAIT_S", 60)
+    elapsing = Elapsing()
 
     async def run():
-        apis = GroupCoordinatorApis(Servicer(leader="sdk-member"))
+        apis = GroupCoordinatorApis(Servicer(leader="sdk-member"), wait_for=elapsing)
         await apis.join_group(join("follower"), 5, None)
         return decoded(await asyncio.wait_for(apis.sync_group(sync("follower"), 3, None), 5))
     assert asyncio.run(run()) == ([("in", [2])], None)
+    assert elapsing.timeouts == []  # no wait at all
 
 
 @pytest.mark.parametrize("garbage", [b"", b"\x00", b"\x00\x00\xff\xff\xff"])

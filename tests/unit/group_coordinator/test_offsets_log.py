@@ -30,7 +30,7 @@ def run(coro, timeout=10):
 def offsets_log(client, **kw) -> OffsetsLog:
     kw.setdefault("clock", ManualClock())
     kw.setdefault("wall_clock", lambda: WALL)
-    kw.setdefault("tail_max_wait_ms", 50)
+    kw.setdefault("tail_max_wait_ms", 5000)
     return OffsetsLog(client, OffsetsPartitionState(P), **kw)
 
 

@@ -38,6 +38,22 @@ class FakeClock:
         self.now += ms
 
 
+class Now:
+    """Monotonic seconds moved by hand (a ReplicaManager's `monotonic_s`, a
+    Purgatory's clock)."""
+
+    def __init__(self) -> None:
+        self.s = 100.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+@pytest.fixture
+def now() -> Now:
+    return Now()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -3,7 +3,6 @@ cluster view: message adaptation, per-partition errors, long-poll Fetch."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
@@ -13,6 +12,7 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.partition_leader.purgatory import Purgatory
 from services.partition_leader.replica_manager import ReplicaManager
 from services.partition_leader.servicer import PartitionLeaderServicer
 
@@ -102,21 +102,33 @@ def test_fetch_returns_raw_batches_and_offsets(manager):
     run(manager, scenario)
 
 
-def test_fetch_long_polls_until_an_append(manager):
+def test_fetch_long_polls_until_an_append(tmp_path, store, clock, now):
+    """A Fetch with nothing to read waits in the purgatory: an append answers it with
+    the records before its max_wait_ms; without one it is answered empty once
+    max_wait_ms passed on the manager's clock (moved by the test), not before."""
+    cluster = FakeCluster({"a": topic("a", ["me", "me", "other"])})
+    manager = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock, monotonic_s=now)
+    manager.purgatory = Purgatory(now, timers=False)
+    manager.refresh()
+
     async def scenario(stub):
-        start = time.monotonic()
-        waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 0, max_wait_ms=5000)))
+        waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 0, max_wait_ms=5000), timeout=10))
         await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
-        await stub.Produce(produce_req(("a", 0, make_batch(1))))
-        resp = await waiting
-        assert time.monotonic() - start < 3
+        now.s += 4.9
+        assert manager.purgatory.expire_due() == 0
+        await stub.Produce(produce_req(("a", 0, make_batch(1))), timeout=10)
+        resp = await asyncio.wait_for(waiting, 10)  # answered by the append, within its max_wait_ms
         assert len(resp.responses[0].partitions[0].records) == len(make_batch(1))
-        start = time.monotonic()
-        empty = await stub.Fetch(fetch_req("a", 0, 1, max_wait_ms=300))
-        assert 0.25 < time.monotonic() - start < 3
-        assert empty.responses[0].partitions[0].records == b""
+        empty = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 1, max_wait_ms=300), timeout=10))
+        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the second fetch to wait in the purgatory")
+        now.s += 0.299
+        assert manager.purgatory.expire_due() == 0 and not empty.done()
+        now.s += 0.001
+        assert manager.purgatory.expire_due() == 1
+        assert (await empty).responses[0].partitions[0].records == b""
     run(manager, scenario)
+    manager.close()
 
 
 def test_read_committed_fetch_waits_for_the_marker(manager):

@@ -22,21 +22,6 @@ from .test_replication_servicer import FakeLeases
 TP = ("r", 0)
 
 
-class Now:
-    """Monotonic seconds moved by hand."""
-
-    def __init__(self) -> None:
-        self.s = 100.0
-
-    def __call__(self) -> float:
-        return self.s
-
-
-@pytest.fixture
-def now():
-    return Now()
-
-
 @pytest.fixture
 def manager(tmp_path, store, clock, now):
     """Leader "me" of r-0 (replicas me, x; ISR both; min.insync.replicas 2)."""

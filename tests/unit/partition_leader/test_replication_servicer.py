@@ -14,6 +14,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.cluster.state import PartitionState, TopicInfo
+from services.partition_leader.purgatory import Purgatory
 from services.partition_leader.replica_manager import ReplicaManager
 from services.partition_leader.servicer import PartitionLeaderServicer
 
@@ -87,13 +88,27 @@ def test_acks_all_answers_once_the_follower_has_the_batch(manager):
     run(manager, scenario)
 
 
-def test_acks_all_times_out_without_the_follower(manager):
+def test_acks_all_times_out_without_the_follower(tmp_path, store, clock, now):
+    """The produce waits in the purgatory for the follower until its timeout_ms passed
+    on the manager's clock (moved by the test), then answers REQUEST_TIMED_OUT."""
+    m = ReplicaManager("me", tmp_path, {}, rf2(), store, clock, monotonic_s=now)
+    m.purgatory = Purgatory(now, timers=False)
+    m.refresh()
+
     async def scenario(stub):
         req = produce_req(("r", 0, make_batch(1)))
         req.timeout_ms = 300
-        out = first(await stub.Produce(req, timeout=5))
+        pending = asyncio.ensure_future(stub.Produce(req, timeout=5))
+        await wait_for_async(lambda: len(m.purgatory) == 1, 5, "the produce to wait for the follower")
+        now.s += 0.299
+        assert m.purgatory.expire_due() == 0 and not pending.done()
+        now.s += 0.001
+        assert m.purgatory.expire_due() == 1
+        out = first(await pending)
         assert out.error_code == ErrorCode.REQUEST_TIMED_OUT
-    run(manager, scenario)
+        assert m.replicas[("r", 0)].log_end_offset == 1  # appended, not replicated
+    run(m, scenario)
+    m.close()
 
 
 def test_not_enough_replicas_before_appending(tmp_path, store, clock):

@@ -155,23 +155,43 @@ class AppendClient:
         return [ErrorCode.NONE] * len(batches)
 
 
+class HeldSleep:
+    """A sleep that returns when the test releases it; records the seconds asked."""
+
+    def __init__(self):
+        self.slept: list[float] = []
+        self.sleeping = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.sleeping.set()
+        await self.release.wait()
+
+
 def test_a_busy_coordinator_lingers_so_that_appends_share_a_request():
-    async def scenario(busy: bool) -> list[list[int]]:
+    async def scenario(busy: bool) -> tuple[list[list[int]], list[float]]:
         client = AppendClient()
-        linger = Linger(linger_ms=50)
+        sleep = HeldSleep()
+        linger = Linger(linger_ms=50, sleep=sleep)
         linger.bind(lambda: busy)
         log = ClusterTxnLog(client, linger=linger)
         first = asyncio.create_task(log.append(0, b"x"))
-        for _ in range(3):
-            await asyncio.sleep(0)  # the first request's task runs: sent, or lingering
+        if busy:
+            await asyncio.wait_for(sleep.sleeping.wait(), 5)  # the first request lingers
+        else:
+            for _ in range(3):
+                await asyncio.sleep(0)  # the first request's task runs: sent
         later = asyncio.create_task(log.append(1, b"y"))
-        assert await asyncio.gather(first, later) == [ErrorCode.NONE, ErrorCode.NONE]
-        return client.requests
+        await asyncio.sleep(0)  # the later append is queued
+        sleep.release.set()  # the linger is over
+        assert await asyncio.wait_for(asyncio.gather(first, later), 5) == [ErrorCode.NONE, ErrorCode.NONE]
+        return client.requests, sleep.slept
 
     # A lone producer's append goes out at once; a later one gets its own request.
-    assert asyncio.run(scenario(busy=False)) == [[0], [1]]
-    # Several producers committing: the first request waits, and the later append joins it.
-    assert asyncio.run(scenario(busy=True)) == [[0, 1]]
+    assert asyncio.run(scenario(busy=False)) == ([[0], [1]], [])
+    # Several producers committing: the first request waits 50 ms, and the later append joins it.
+    assert asyncio.run(scenario(busy=True)) == ([[0, 1]], [0.05])
 
 
 def test_linger_zero_never_waits():
