@@ -8,6 +8,8 @@ from exactly_wire import records
 from exactly._accumulator import ProducerBatch, RecordAccumulator
 from exactly.types import RecordMetadata, TopicPartition
 
+from .fake_clock import FakeClock
+
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
@@ -20,8 +22,8 @@ class Clock:
         return self.now
 
 
-def make(batch_size=16384, linger_ms=5.0, **kw):
-    clock = Clock()
+def make(batch_size=16384, linger_ms=5.0, clock=None, **kw):
+    clock = Clock() if clock is None else clock
     return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, clock=clock, **kw), clock
 
 
@@ -215,11 +217,13 @@ def test_expired_batches():
 
 
 def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
-    acc, _ = make(batch_size=100, buffer_memory=200)
+    acc, clock = make(batch_size=100, buffer_memory=200, clock=FakeClock())
     acc.append(TP0, 1, None, b"x" * 80)
     acc.append(TP1, 1, None, b"x" * 80)
+    started = clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=50)
+    assert clock.now_s() - started >= 0.05  # waited max.block.ms (virtual time)
     b = acc.drain(TP0)
     waiting, done = threading.Event(), threading.Event()
 
