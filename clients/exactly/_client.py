@@ -135,8 +135,20 @@ def remaining_s(timeout_s: float) -> float:
         return timeout_s
     left = bound[0] - bound[1].now_s()
     if left <= 0:
-        raise errors.RequestTimedOutError("the call's deadline passed before the request was sent")
+        exc = errors.RequestTimedOutError("the call's deadline passed before the request was sent")
+        exc.unsent = True  # no outcome of its own: see `outcome_of_retries`
+        raise exc
     return min(timeout_s, left)
+
+
+def outcome_of_retries(last: BaseException, retried: list[BaseException]) -> BaseException:
+    """The error a retry loop ends with: `last`, unless `last` only says that the
+    call's deadline passed before its request was sent (`remaining_s`); then the
+    error of the try before it (`retried[-1]`), which tells what went wrong
+    (e.g. errors.UnknownTopicOrPartitionError for a topic still unknown at max.block.ms)."""
+    if getattr(last, "unsent", False) and retried:
+        return retried[-1]
+    return last
 
 
 def stop_before_deadline(clock: MonotonicClock, timeout_s: float) -> Callable[[tenacity.RetryCallState], bool]:
@@ -394,14 +406,14 @@ class CoreBase(abc.ABC):
         assert last is not None
         raise last
 
-    def _retry_policy(self, timeout_s: float | None,
-                      on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
+    def _retry_policy(self, timeout_s: float | None, on_retry: Callable[[BaseException], None] | None,
+                      retried: list[BaseException] | None = None) -> dict[str, Any]:
         """tenacity arguments of `retry` (sync and asyncio): retriable errors are
         retried with retry.backoff.ms doubling up to retry.backoff.max.ms (with
         jitter) for `timeout_s` (default request.timeout.ms, cut to the enclosing
         `call_deadline`); between tries metadata is refreshed after leader/network
         errors and cached coordinators are dropped after coordinator errors, then
-        `on_retry(exc)` is called."""
+        `on_retry(exc)` is called; each retried error is appended to `retried`."""
         timeout = self.retry_timeout_s(timeout_s)
 
         def _before_sleep(state: tenacity.RetryCallState) -> None:
@@ -412,6 +424,8 @@ class CoreBase(abc.ABC):
                     self._invalidate_metadata()
                 if exc.code in COORDINATOR_ERRORS:
                     self._invalidate_all_coordinators_if_network(exc)
+            if retried is not None:
+                retried.append(exc)
             if on_retry is not None:
                 on_retry(exc)
 
@@ -601,8 +615,13 @@ class ClientCore(CoreBase):
         Non-retriable errors and the last retriable one propagate. Every try, and
         every retry inside it, ends by this loop's deadline."""
         timeout = self.retry_timeout_s(timeout_s)
+        retried: list[BaseException] = []
         with call_deadline(timeout, self.clock):
-            return tenacity.Retrying(sleep=self.clock.sleep, **self._retry_policy(timeout, on_retry))(fn)
+            try:
+                return tenacity.Retrying(sleep=self.clock.sleep,
+                                         **self._retry_policy(timeout, on_retry, retried))(fn)
+            except errors.RequestTimedOutError as exc:
+                raise outcome_of_retries(exc, retried) from None
 
     # ------------------------------------------------------------ metadata
 

@@ -23,8 +23,8 @@ import tenacity
 
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
-from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, remaining_s,
-                             translate_rpc_error)
+from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, outcome_of_retries,
+                             remaining_s, translate_rpc_error)
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -113,9 +113,13 @@ class AIOClientCore(CoreBase):
             return await fn()
 
         timeout = self.retry_timeout_s(timeout_s)
+        retried: list[BaseException] = []
         with call_deadline(timeout, self.clock):
-            return await tenacity.AsyncRetrying(sleep=self.clock.sleep_async,
-                                                **self._retry_policy(timeout, on_retry))(_try)
+            try:
+                return await tenacity.AsyncRetrying(sleep=self.clock.sleep_async,
+                                                    **self._retry_policy(timeout, on_retry, retried))(_try)
+            except errors.RequestTimedOutError as exc:
+                raise outcome_of_retries(exc, retried) from None
 
     # ------------------------------------------------------------ metadata
 

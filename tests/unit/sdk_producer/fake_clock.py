@@ -153,3 +153,18 @@ def _satisfied(done: set, pending: set, return_when: str) -> bool:
     if not pending:
         return True
     return bool(done) and return_when == concurrent.futures.FIRST_COMPLETED
+
+
+def on_clock(client_cls: type, clock: MonotonicClock) -> type:
+    """`client_cls` (Producer, Consumer: a class with `_make_core`) with its client core, and so
+    everything the client owns, on `clock`."""
+    make_core = client_cls._make_core
+
+    class OnClock(client_cls):
+        def _make_core(self, conf):
+            core = make_core(self, conf)
+            core.clock = clock
+            return core
+
+    OnClock.__name__ = client_cls.__name__
+    return OnClock
