@@ -349,7 +349,7 @@ class RecordAccumulator:
                 # once per switch interval (5 ms), so records pile up unsent while the
                 # connection idles (after every commit, as the transaction refills).
                 # Hand over: wait until the sender drains or completes a batch.
-                self._space.wait(YIELD_WAIT_S)
+                self.clock.wait(self._space, YIELD_WAIT_S)
                 if self.closed:
                     raise errors.IllegalStateError("producer is closed")
             self._wait_for_space(max_block_ms)

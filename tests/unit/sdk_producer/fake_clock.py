@@ -11,11 +11,13 @@ the virtual time at which it ended. Virtual time also runs on with real time (it
 real monotonic clock plus the jumps), so a loop that ends by a deadline in real time
 ends by it here too; and every wait of the driver takes at least `step_s` of virtual time
 (a loop that waits on answers that come at once, as those of in-process fakes, still
-reaches its deadline in few rounds).
+reaches its deadline in few rounds). `runs=False` stops the real-time part: time then
+moves only by `advance` and by the driver's sleeps and waits.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 import time
 from typing import Callable, Iterable
@@ -25,9 +27,10 @@ from exactly_wire.clock import MonotonicClock, Waitable
 
 class FakeClock(MonotonicClock):
     def __init__(self, start_s: float = 1000.0, grace_s: float = 0.01, poll_s: float = 0.001,
-                 step_s: float = 0.001):
+                 step_s: float = 0.001, runs: bool = True):
         self._cond = threading.Condition()
-        self._offset = float(start_s) - time.monotonic()
+        self._real: Callable[[], float] = time.monotonic if runs else (lambda: 0.0)
+        self._offset = float(start_s) - self._real()
         self._driver = threading.get_ident()
         self.grace_s = grace_s
         self.poll_s = poll_s
@@ -39,10 +42,10 @@ class FakeClock(MonotonicClock):
 
     def now_s(self) -> float:
         with self._cond:
-            return time.monotonic() + self._offset
+            return self._real() + self._offset
 
     def __call__(self) -> int:
-        return int(self.now_s() * 1000)
+        return math.floor(self.now_s() * 1000 + 1e-6)  # ms; 1000.005 s is 1000005 ms
 
     def advance(self, seconds: float) -> None:
         """Move time `seconds` forward (any thread)."""
@@ -52,7 +55,7 @@ class FakeClock(MonotonicClock):
 
     def _advance_to(self, t: float) -> None:
         with self._cond:
-            ahead = t - (time.monotonic() + self._offset)
+            ahead = t - (self._real() + self._offset)
             if ahead > 0:
                 self._offset += ahead
                 self._cond.notify_all()
@@ -70,7 +73,7 @@ class FakeClock(MonotonicClock):
             return
         deadline = self.now_s() + seconds
         with self._cond:
-            while time.monotonic() + self._offset < deadline:
+            while self._real() + self._offset < deadline:
                 self._cond.wait(self.poll_s)
 
     async def sleep_async(self, seconds: float) -> None:

@@ -167,13 +167,17 @@ def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkey
     a drain lets it go on at once; without one it goes on after YIELD_WAIT_S."""
     from exactly import _accumulator
     monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
-    acc, _ = make(batch_size=100)
+    acc, clock = make(batch_size=100, clock=FakeClock())
     value = b"x" * 60  # one record per batch
     for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 1):
         acc.append(TP0, 1, None, value)
     appended = threading.Event()
+    start = clock.now_s()
     threading.Thread(target=lambda: (acc.append(TP0, 1, None, value), appended.set()), daemon=True).start()
-    assert not appended.wait(0.2)  # waiting for the sender
+    # The appending thread waits for the sender, up to YIELD_WAIT_S (virtual time, which
+    # only this thread moves).
+    assert clock.wait_for_waiter(lambda deadline: deadline is not None and deadline - start >= 29.9)
+    assert not appended.is_set()
     assert acc.drain(TP0) is not None
     assert appended.wait(5)  # the drain let it go on
 
