@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 import warnings
 
 import pytest

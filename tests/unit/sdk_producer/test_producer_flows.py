@@ -1,7 +1,6 @@
 """Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
 sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
 Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
-from concurrent import futures
 
 import pytest
 from waiting import wait_for
