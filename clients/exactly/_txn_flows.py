@@ -61,7 +61,8 @@ class CoordinatorRequest(NamedTuple):
 
 class AwaitBatches(NamedTuple):
     """Wait until every batch incomplete now has its outcome; errors.KafkaTimeoutError
-    (`what` timed out) at `deadline` (seconds of the producer's clock, `MonotonicClock.now_s()`; None: no limit)."""
+    (`what` timed out) at `deadline` (seconds of the producer's clock,
+    `MonotonicClock.now_s()`; None: no limit)."""
 
     deadline: float | None
     what: str

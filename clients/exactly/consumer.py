@@ -717,8 +717,10 @@ class Consumer:
             return (st.log_start_offset if st.log_start_offset >= 0 else OFFSET_INVALID,
                     st.high_watermark if st.high_watermark >= 0 else OFFSET_INVALID)
         deadline = self._clock.now_s() + (self._api_timeout_s if timeout is None else timeout)
-        low = self._fetcher.list_offsets({tp: EARLIEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - self._clock.now_s()))
-        high = self._fetcher.list_offsets({tp: LATEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - self._clock.now_s()))
+        low = self._fetcher.list_offsets({tp: EARLIEST_TIMESTAMP}, READ_UNCOMMITTED,
+                                         max(0.0, deadline - self._clock.now_s()))
+        high = self._fetcher.list_offsets({tp: LATEST_TIMESTAMP}, READ_UNCOMMITTED,
+                                          max(0.0, deadline - self._clock.now_s()))
         return low[tp][0], high[tp][0]
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition],

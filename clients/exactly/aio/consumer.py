@@ -100,7 +100,8 @@ class AIOGroupMembership(GroupMembership):
             return
         timeout_s = bounded_s(timeout_s)
         with call_deadline(timeout_s, self._core.clock):
-            await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async, **self._retry_policy(timeout_s, _RETRY_CODES))(
+            await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
+                                         **self._retry_policy(timeout_s, _RETRY_CODES))(
                 self._request_aio, "OffsetCommit", lambda: self._commit_request(offsets, managed), timeout_s,
                 self._commit_outcome)
 
@@ -112,7 +113,8 @@ class AIOGroupMembership(GroupMembership):
             return {}
         timeout_s = bounded_s(timeout_s)
         with call_deadline(timeout_s, self._core.clock):
-            return await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async, **self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
+            return await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
+                                                **self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
                 self._request_aio, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable),
                 timeout_s, lambda resp: self.offset_fetch_outcome(resp, wanted))
 

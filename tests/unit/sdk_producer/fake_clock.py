@@ -16,6 +16,7 @@ moves only by `advance` and by the driver's sleeps and waits.
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import math
 import threading
@@ -77,7 +78,6 @@ class FakeClock(MonotonicClock):
                 self._cond.wait(self.poll_s)
 
     async def sleep_async(self, seconds: float) -> None:
-        import asyncio
         await asyncio.sleep(min(max(seconds, 0.0), self.poll_s))
         self.advance(seconds)
 
