@@ -78,8 +78,9 @@ class FakeCore:
         self.cache_metadata = False
         self._cached: FakeMetadata | None = None
         # The consumer's clock (ClientCore.clock): virtual, driven by the test's thread; the
-        # fakes answer at once, so a wait nothing ended within 2 ms waits out its timeout.
-        self.clock = FakeClock(grace_s=0.002)
+        # fakes answer at once, so a wait nothing ended within 2 ms waits out its timeout, and a
+        # sleep (of retry.backoff.ms = 1 here) pauses 0.2 ms of real time.
+        self.clock = FakeClock(grace_s=0.002, poll_s=0.0002)
 
     def dispatch(self, address: str, rpc: str, request):
         self.calls.append((address, rpc, request))
