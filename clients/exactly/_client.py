@@ -612,8 +612,10 @@ class ClientCore(CoreBase):
         with jitter) for at most `timeout_s` (default request.timeout.ms). Between
         tries, metadata is refreshed after leader/network errors, cached coordinators
         are dropped after coordinator errors, then `on_retry(exc)` is called.
-        Non-retriable errors and the last retriable one propagate. Every try, and
-        every retry inside it, ends by this loop's deadline."""
+        Non-retriable errors and the last retriable one propagate (the one before it
+        when the last try found the deadline passed before sending: `outcome_of_retries`).
+        Every try, and every retry inside it, ends by this loop's deadline; backoff sleeps
+        and the deadline are on this core's `clock`."""
         timeout = self.retry_timeout_s(timeout_s)
         retried: list[BaseException] = []
         with call_deadline(timeout, self.clock):
