@@ -7,7 +7,10 @@ within `grace_s` real seconds move time to their deadline. Other threads (the pr
 sender, gRPC callbacks) never move time: their timed waits end when woken, or when the
 driver moved time past their deadline (looked at every `poll_s` real seconds). So a
 1 s max.block.ms wait takes about `grace_s` of real time, and the test can still read
-the virtual time at which it ended. Virtual time also runs on with real time (it is the
+the virtual time at which it ended. A driver's wait that is to succeed on real work done
+by other threads (a flush or commit waiting for real answers) needs a `grace_s` longer
+than that work can take on a loaded machine: use such a clock only for calls that are to
+time out, or a large `grace_s`. Virtual time also runs on with real time (it is the
 real monotonic clock plus the jumps), so a loop that ends by a deadline in real time
 ends by it here too; and every wait of the driver takes at least `step_s` of virtual time
 (a loop that waits on answers that come at once, as those of in-process fakes, still

@@ -45,11 +45,13 @@ def clock():
 
 
 @pytest.fixture
-def make(fc, clock):
+def make(fc):
     made = []
 
-    def _make(tid):
-        made.append(on_clock(Producer, clock)(conf(fc, tid)))
+    def _make(tid, clock=None):
+        """A producer of `tid`; on `clock` (a FakeClock: for calls that wait out a
+        timeout) when given, else on real time."""
+        made.append(Producer(conf(fc, tid)) if clock is None else on_clock(Producer, clock)(conf(fc, tid)))
         return made[-1]
 
     yield _make
@@ -193,7 +195,7 @@ def test_a_timeout_is_honoured(fc, make, clock, call):
     # It returns up to one backoff (retry.backoff.max.ms 50 + jitter) before 0.3 s: no try
     # would start after the deadline. Virtual time: the backoffs take no real time.
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
-    p = make("tx-t")
+    p = make("tx-t", clock)
     elapsed = _timed(lambda: call(p), clock)
     assert 0.3 - 0.07 <= elapsed < 2.5, elapsed
     assert fc.calls["InitProducerId"] >= 2, "retried until the timeout"
@@ -201,7 +203,7 @@ def test_a_timeout_is_honoured(fc, make, clock, call):
 
 def test_the_earlier_call_honours_its_timeout(fc, make, clock):
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
-    p, q = make("tx-t1"), make("tx-t2")
+    p, q = make("tx-t1", clock), make("tx-t2", clock)
     with pytest.warns(DeprecationWarning):
         assert 0.3 - 0.07 <= _timed(lambda: p.init_transactions([TP], "g", 3, timeout=0.3), clock) < 2.5
     with pytest.warns(DeprecationWarning):
