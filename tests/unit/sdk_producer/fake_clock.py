@@ -30,6 +30,12 @@ from exactly_wire.clock import MonotonicClock, Waitable
 
 
 class FakeClock(MonotonicClock):
+    """Virtual monotonic time (see the module docstring). `start_s`: the first reading;
+    `grace_s`: real seconds a driver's wait waits for a wake-up before it jumps to its
+    deadline; `poll_s`: the real pause of a driver's sleep and the slice other threads
+    wait in; `step_s`: virtual time a driver's wait that was woken takes at least;
+    `runs=False`: no real-time part. Thread-safe."""
+
     def __init__(self, start_s: float = 1000.0, grace_s: float = 0.01, poll_s: float = 0.001,
                  step_s: float = 0.001, runs: bool = True):
         self._cond = threading.Condition()
