@@ -16,14 +16,13 @@ import collections
 import random
 import struct
 import threading
-import time
 from concurrent.futures import Future
 from concurrent.futures import _base as _futures_base
 from typing import Callable, Iterable, Sequence
 
 from . import errors
 from exactly_wire import records as _rec
-from exactly_wire.clock import Clock, monotonic_ms
+from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from .types import RecordMetadata, TopicPartition
 
 Headers = Sequence[tuple[str, bytes | None]]
@@ -300,11 +299,12 @@ class RecordAccumulator:
     """Batches per partition, bounded by `buffer_memory` bytes in total.
 
     `batch_size` (bytes) closes a batch; `linger_ms` is how long a non-full batch
-    waits for more records. `clock()` returns ms (monotonic). Thread-safe.
+    waits for more records. `clock`: the producer's monotonic clock (`clock()` ms;
+    its `wait` bounds the max.block.ms wait for buffer space). Thread-safe.
     """
 
     def __init__(self, batch_size: int = 16384, linger_ms: float = 5,
-                 buffer_memory: int = 32 * 1024 * 1024, clock: Clock = monotonic_ms):
+                 buffer_memory: int = 32 * 1024 * 1024, clock: MonotonicClock = SYSTEM_CLOCK):
         self.batch_size = batch_size
         self.linger_ms = linger_ms
         self.buffer_memory = buffer_memory
@@ -349,7 +349,7 @@ class RecordAccumulator:
                 # once per switch interval (5 ms), so records pile up unsent while the
                 # connection idles (after every commit, as the transaction refills).
                 # Hand over: wait until the sender drains or completes a batch.
-                self._space.wait(YIELD_WAIT_S)
+                self.clock.wait(self._space, YIELD_WAIT_S)
                 if self.closed:
                     raise errors.IllegalStateError("producer is closed")
             self._wait_for_space(max_block_ms)
@@ -367,13 +367,13 @@ class RecordAccumulator:
     def _wait_for_space(self, max_block_ms: float) -> None:
         if self._buffered < self.buffer_memory:
             return
-        deadline = time.monotonic() + max_block_ms / 1000.0
+        deadline = self.clock.now_s() + max_block_ms / 1000.0
         while self._buffered >= self.buffer_memory and not self.closed:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.now_s()
             if remaining <= 0:
                 raise errors.KafkaTimeoutError(
                     f"buffer.memory ({self.buffer_memory} bytes) full for max.block.ms ({max_block_ms:.0f} ms)")
-            self._space.wait(remaining)
+            self.clock.wait(self._space, remaining)
         if self.closed:
             raise errors.IllegalStateError("producer is closed")
 

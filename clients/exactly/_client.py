@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, TypeVar
 
@@ -26,7 +25,7 @@ import grpc
 import tenacity
 
 from . import _fork, errors
-from exactly_wire.clock import Clock, monotonic_ms
+from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -94,48 +93,73 @@ def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
     return cls(f"{name}: {details}" if details else name)
 
 
-# The deadline (time.monotonic() seconds) of the public call this thread or task is
-# inside: every retry and every blocking RPC under it gets the remaining time, never a
-# fresh request.timeout.ms (README, "Timeouts").
-_call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("exactly_call_deadline", default=None)
+# The deadline of the public call this thread or task is inside, with the clock it is
+# on (`clock.now_s()` seconds): every retry and every blocking RPC under it gets the
+# remaining time, never a fresh request.timeout.ms (README, "Timeouts").
+_call_deadline: contextvars.ContextVar[tuple[float, MonotonicClock] | None] = contextvars.ContextVar(
+    "exactly_call_deadline", default=None)
 
 
 @contextlib.contextmanager
-def call_deadline(timeout_s: float | None) -> Generator[float | None, None, None]:
+def call_deadline(timeout_s: float | None,
+                  clock: MonotonicClock = SYSTEM_CLOCK) -> Generator[float | None, None, None]:
     """Bound every retry and blocking RPC inside the block to `timeout_s` seconds from
-    now, or to the enclosing block's deadline when that ends first. `None` lifts any
-    bound (for application callbacks, which make public calls with bounds of their
-    own). Yields the deadline (time.monotonic() seconds) or None."""
+    now on `clock` (the client core's), or to the enclosing block's deadline when that
+    ends first. `None` lifts any bound (for application callbacks, which make public
+    calls with bounds of their own). Yields the deadline (`clock.now_s()` seconds) or None."""
     if timeout_s is None:
-        deadline = None
+        bound = None
     else:
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+        bound = (clock.now_s() + max(timeout_s, 0.0), clock)
         outer = _call_deadline.get()
-        if outer is not None and outer < deadline:
-            deadline = outer
-    token = _call_deadline.set(deadline)
+        if outer is not None and outer[0] < bound[0]:
+            bound = outer
+    token = _call_deadline.set(bound)
     try:
-        yield deadline
+        yield None if bound is None else bound[0]
     finally:
         _call_deadline.reset(token)
 
 
 def bounded_s(timeout_s: float) -> float:
     """`timeout_s` cut to what is left of the enclosing `call_deadline` (seconds, >= 0)."""
-    deadline = _call_deadline.get()
-    return timeout_s if deadline is None else max(min(timeout_s, deadline - time.monotonic()), 0.0)
+    bound = _call_deadline.get()
+    return timeout_s if bound is None else max(min(timeout_s, bound[0] - bound[1].now_s()), 0.0)
 
 
 def remaining_s(timeout_s: float) -> float:
     """`timeout_s`, cut to what is left of the enclosing `call_deadline` (seconds).
     Raises errors.RequestTimedOutError (retriable) when nothing is left."""
-    deadline = _call_deadline.get()
-    if deadline is None:
+    bound = _call_deadline.get()
+    if bound is None:
         return timeout_s
-    left = deadline - time.monotonic()
+    left = bound[0] - bound[1].now_s()
     if left <= 0:
-        raise errors.RequestTimedOutError("the call's deadline passed before the request was sent")
+        exc = errors.RequestTimedOutError("the call's deadline passed before the request was sent")
+        exc.unsent = True  # no outcome of its own: see `outcome_of_retries`
+        raise exc
     return min(timeout_s, left)
+
+
+def outcome_of_retries(last: BaseException, retried: list[BaseException]) -> BaseException:
+    """The error a retry loop ends with: `last`, unless `last` only says that the
+    call's deadline passed before its request was sent (`remaining_s`); then the
+    error of the try before it (`retried[-1]`), which tells what went wrong
+    (e.g. errors.UnknownTopicOrPartitionError for a topic still unknown at max.block.ms)."""
+    if getattr(last, "unsent", False) and retried:
+        return retried[-1]
+    return last
+
+
+def stop_before_deadline(clock: MonotonicClock, timeout_s: float) -> Callable[[tenacity.RetryCallState], bool]:
+    """A tenacity `stop`: tenacity's stop_before_delay(`timeout_s`) on `clock` (the
+    client's) instead of the real clock: stop when the next try would start `timeout_s`
+    seconds or more after now (now: when the retry loop is set up)."""
+    deadline = clock.now_s() + timeout_s
+
+    def _stop(state: tenacity.RetryCallState) -> bool:
+        return clock.now_s() + (state.upcoming_sleep or 0.0) >= deadline
+    return _stop
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -285,10 +309,12 @@ class CoreBase(abc.ABC):
 
     `conf` keys (Kafka names): `bootstrap.servers` ("host:port,host:port", required),
     `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
-    (1000), `metadata.max.age.ms` (300000); clock: monotonic ms (injectable).
+    (1000), `metadata.max.age.ms` (300000). `clock`: the monotonic clock of this
+    client and of everything it owns (`exactly_wire.clock.MonotonicClock`; the real
+    one by default): metadata age, call deadlines, retry backoff.
     """
 
-    def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
         self.clock = clock
         if "bootstrap.servers" not in conf:
             raise ValueError("bootstrap.servers is required")
@@ -380,14 +406,14 @@ class CoreBase(abc.ABC):
         assert last is not None
         raise last
 
-    def _retry_policy(self, timeout_s: float | None,
-                      on_retry: Callable[[BaseException], None] | None) -> dict[str, Any]:
+    def _retry_policy(self, timeout_s: float | None, on_retry: Callable[[BaseException], None] | None,
+                      retried: list[BaseException] | None = None) -> dict[str, Any]:
         """tenacity arguments of `retry` (sync and asyncio): retriable errors are
         retried with retry.backoff.ms doubling up to retry.backoff.max.ms (with
         jitter) for `timeout_s` (default request.timeout.ms, cut to the enclosing
         `call_deadline`); between tries metadata is refreshed after leader/network
         errors and cached coordinators are dropped after coordinator errors, then
-        `on_retry(exc)` is called."""
+        `on_retry(exc)` is called; each retried error is appended to `retried`."""
         timeout = self.retry_timeout_s(timeout_s)
 
         def _before_sleep(state: tenacity.RetryCallState) -> None:
@@ -398,6 +424,8 @@ class CoreBase(abc.ABC):
                     self._invalidate_metadata()
                 if exc.code in COORDINATOR_ERRORS:
                     self._invalidate_all_coordinators_if_network(exc)
+            if retried is not None:
+                retried.append(exc)
             if on_retry is not None:
                 on_retry(exc)
 
@@ -406,7 +434,7 @@ class CoreBase(abc.ABC):
             wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
                                            max=self.retry_backoff_max_ms / 1000.0)
             + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
-            stop=tenacity.stop_before_delay(timeout),
+            stop=stop_before_deadline(self.clock, timeout),
             before_sleep=_before_sleep,
             reraise=True,
         )
@@ -495,7 +523,7 @@ class ClientCore(CoreBase):
     gRPC). Settings: see `CoreBase`. Thread-safe.
     """
 
-    def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
         super().__init__(conf, clock)
         self._metadata_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -584,11 +612,18 @@ class ClientCore(CoreBase):
         with jitter) for at most `timeout_s` (default request.timeout.ms). Between
         tries, metadata is refreshed after leader/network errors, cached coordinators
         are dropped after coordinator errors, then `on_retry(exc)` is called.
-        Non-retriable errors and the last retriable one propagate. Every try, and
-        every retry inside it, ends by this loop's deadline."""
+        Non-retriable errors and the last retriable one propagate (the one before it
+        when the last try found the deadline passed before sending: `outcome_of_retries`).
+        Every try, and every retry inside it, ends by this loop's deadline; backoff sleeps
+        and the deadline are on this core's `clock`."""
         timeout = self.retry_timeout_s(timeout_s)
-        with call_deadline(timeout):
-            return tenacity.Retrying(**self._retry_policy(timeout, on_retry))(fn)
+        retried: list[BaseException] = []
+        with call_deadline(timeout, self.clock):
+            try:
+                return tenacity.Retrying(sleep=self.clock.sleep,
+                                         **self._retry_policy(timeout, on_retry, retried))(fn)
+            except errors.RequestTimedOutError as exc:
+                raise outcome_of_retries(exc, retried) from None
 
     # ------------------------------------------------------------ metadata
 

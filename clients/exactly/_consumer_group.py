@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 import tenacity
 
 from exactly import errors
-from exactly._client import CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP, bounded_s, call_deadline
+from exactly._client import (CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP, bounded_s, call_deadline,
+                             stop_before_deadline)
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
@@ -530,8 +531,9 @@ class GroupMembership:
         timeout = bounded_s(timeout_s)
 
         def _run(fn: Callable[..., T], *args: Any) -> T:
-            with call_deadline(timeout):
-                return tenacity.Retrying(**self._retry_policy(timeout, retry_codes))(fn, *args)
+            with call_deadline(timeout, self._core.clock):
+                return tenacity.Retrying(sleep=self._core.clock.sleep,
+                                         **self._retry_policy(timeout, retry_codes))(fn, *args)
         return _run
 
     def _retry_policy(self, timeout_s: float, retry_codes: frozenset) -> dict:
@@ -545,7 +547,7 @@ class GroupMembership:
             wait=tenacity.wait_exponential_jitter(multiplier=self._backoff_ms / 1000,
                                                   max=self._backoff_max_ms / 1000,
                                                   jitter=self._backoff_ms / 1000 / 5),
-            stop=tenacity.stop_before_delay(timeout_s),
+            stop=stop_before_deadline(self._core.clock, timeout_s),
             reraise=True)
 
     def _commit_request(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],

@@ -376,8 +376,7 @@ class Fetcher:
         every completed one."""
         futures = self.in_flight()
         if futures and timeout_s > 0:
-            concurrent.futures.wait(futures, timeout=timeout_s,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            self._core.clock.wait_futures(futures, timeout_s, concurrent.futures.FIRST_COMPLETED)
         self.handle_completed()
 
     def handle_completed(self) -> None:

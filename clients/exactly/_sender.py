@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from exactly_wire import records as _rec
-from exactly_wire.clock import Clock, monotonic_ms
+from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -86,7 +86,7 @@ class SenderCore(abc.ABC):
 
     def __init__(self, config: SenderConfig, accumulator: RecordAccumulator, txn: TransactionManager,
                  core: CoreBase, on_metadata_change: Callable[[], None] = lambda: None,
-                 clock: Clock = monotonic_ms):
+                 clock: MonotonicClock = SYSTEM_CLOCK):
         self.on_metadata_change = on_metadata_change
         self.config = config
         self.acc = accumulator
@@ -491,7 +491,7 @@ class Sender(SenderCore, threading.Thread):
 
     def __init__(self, config: SenderConfig, accumulator: RecordAccumulator, txn: TransactionManager,
                  core: ClientCore, on_metadata_change: Callable[[], None] = lambda: None,
-                 clock: Clock = monotonic_ms):
+                 clock: MonotonicClock = SYSTEM_CLOCK):
         threading.Thread.__init__(self, name="exactly-producer-sender", daemon=True)
         SenderCore.__init__(self, config, accumulator, txn, core, on_metadata_change, clock)
         self._cond = threading.Condition()
@@ -520,7 +520,7 @@ class Sender(SenderCore, threading.Thread):
                 if not self._running:
                     break
                 if not self._woken and not self._completions and (delay is None or delay > 0):
-                    self._cond.wait(None if delay is None else delay / 1000.0)
+                    self.clock.wait(self._cond, None if delay is None else delay / 1000.0)
                 self._woken = False
         self._drain_completions()
 

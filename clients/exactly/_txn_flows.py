@@ -21,10 +21,10 @@ import dataclasses
 import functools
 import inspect
 import logging
-import time
 import warnings
 from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple, TypeVar, cast
 
+from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -61,7 +61,8 @@ class CoordinatorRequest(NamedTuple):
 
 class AwaitBatches(NamedTuple):
     """Wait until every batch incomplete now has its outcome; errors.KafkaTimeoutError
-    (`what` timed out) at `deadline` (time.monotonic() seconds, None: no limit)."""
+    (`what` timed out) at `deadline` (seconds of the producer's clock,
+    `MonotonicClock.now_s()`; None: no limit)."""
 
     deadline: float | None
     what: str
@@ -152,7 +153,8 @@ class TransactionFlows:
     """The flows of one producer (generators of the effects above): `transactional_id`,
     its `TransactionManager`, `RecordAccumulator` and sender (whose `wakeup()` makes it
     send now), `txn_timeout_ms` (transaction.timeout.ms) and `max_block_ms`
-    (max.block.ms, the default of every `timeout`); `assigned`: a group-aware
+    (max.block.ms, the default of every `timeout`); `clock`: the producer's monotonic
+    clock, which deadlines are on; `assigned`: a group-aware
     producer's input partitions. Each flow raises what the Producer method of its name
     documents."""
 
@@ -162,6 +164,7 @@ class TransactionFlows:
     sender: Any
     txn_timeout_ms: int
     max_block_ms: float
+    clock: MonotonicClock = SYSTEM_CLOCK
     assigned: list[TopicPartition] = dataclasses.field(default_factory=list)
 
     def timeout_s(self, timeout: float | None) -> float:
@@ -173,7 +176,7 @@ class TransactionFlows:
         self.acc.begin_flush()
         try:
             self.sender.wakeup()
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = None if timeout is None else self.clock.now_s() + timeout
             yield AwaitBatches(deadline, f"flush timed out after {timeout} s")
         finally:
             self.acc.end_flush()
@@ -247,7 +250,7 @@ class TransactionFlows:
             raise ValueError("the group-aware init_transactions_for_group() needs a group id and a generation >= 0")
         assigned = sorted(TopicPartition(*tp) for tp in (partitions or ()))
         timeout_s = self.timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.now_s() + timeout_s
         # An open transaction is dropped: unsent records fail, those in flight finish;
         # the coordinator aborts the transaction itself.
         dropped = self.acc.drain_all()
@@ -258,7 +261,7 @@ class TransactionFlows:
         yield AwaitAddPartitions(deadline)
         self.txn.begin_group_initialize(group_id, int(generation))
         self.assigned = assigned
-        yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), assigned=assigned)
+        yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), assigned=assigned)
 
     def send_offsets(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
                      group_metadata: ConsumerGroupMetadata | str, timeout: float | None) -> Generator:
@@ -269,7 +272,7 @@ class TransactionFlows:
         if not offsets:
             return
         timeout_s = self.timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.now_s() + timeout_s
         try:
             if txn.needs_add_offsets(gm.group_id):
                 yield self._txn_call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(
@@ -291,7 +294,7 @@ class TransactionFlows:
                 topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
             yield CoordinatorRequest(
                 gm.group_id, COORDINATOR_GROUP, "group", "TxnOffsetCommit", req,
-                max(deadline - time.monotonic(), 0.001),
+                max(deadline - self.clock.now_s(), 0.001),
                 error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
                                            if p.error_code), 0))
         except errors.ExactlyError as exc:
@@ -307,9 +310,9 @@ class TransactionFlows:
 
     def _begin_ending(self, begin: Callable[[], None], timeout: float | None) -> Generator:
         """Enter the commit or prepare state (`begin`), then send every record of the
-        transaction; returns (timeout in seconds, time.monotonic() deadline)."""
+        transaction; returns (timeout in seconds, deadline on the producer's clock)."""
         timeout_s = self.timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.now_s() + timeout_s
         begin()
         yield from self._flush_transaction(timeout_s, deadline)
         return timeout_s, deadline
@@ -318,7 +321,7 @@ class TransactionFlows:
         """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
         under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
         txn = self.txn
-        resp = (yield from self._end_txn(commit, max(deadline - time.monotonic(), 0.001))) \
+        resp = (yield from self._end_txn(commit, max(deadline - self.clock.now_s(), 0.001))) \
             if txn.needs_end_txn else None
         if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
             txn.complete_transaction(resp.producer_id, resp.producer_epoch)
@@ -329,13 +332,13 @@ class TransactionFlows:
             # still on its way could make its leader add its partition to this epoch's
             # next transaction: the new epoch fences that add (KIP-890 part 2).
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), bump=True)
             return
         else:
             txn.complete_transaction()
         if txn.epoch_exhausted:
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - time.monotonic(), 0.001), bump=True)
+            yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), bump=True)
 
     def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
@@ -357,7 +360,7 @@ class TransactionFlows:
         req = pb.PrepareTxnRequest(transactional_id=self.transactional_id, producer_id=txn.producer_id,
                                    producer_epoch=txn.producer_epoch, **self._group_fields())
         try:
-            yield self._txn_call("PrepareTxn", req, max(deadline - time.monotonic(), 0.001))
+            yield self._txn_call("PrepareTxn", req, max(deadline - self.clock.now_s(), 0.001))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc
@@ -399,7 +402,7 @@ class TransactionFlows:
         """Drop unsent records, wait for those in flight, then EndTxn(ABORT)."""
         txn = self.txn
         timeout_s = self.timeout_s(timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock.now_s() + timeout_s
         txn.begin_abort()
         dropped = self.acc.drain_all()
         if any(b.has_sequence for b in dropped):

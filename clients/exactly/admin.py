@@ -168,9 +168,10 @@ def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Gen
     """Until every partition of `topics` has a leader that answers and every service
     that answers lists them all (a flow of the effects above, see
     exactly._client.run_flow); raises errors.KafkaTimeoutError at `deadline`
-    (time.monotonic() seconds) and non-retriable metadata errors. Each service answers
-    Metadata from its own ZooKeeper cache, which a watch updates: waiting for all of
-    them makes the change visible to the next call whichever service it asks."""
+    (seconds of the core's clock, `core.clock.now_s()`) and non-retriable metadata
+    errors. Each service answers Metadata from its own ZooKeeper cache, which a watch
+    updates: waiting for all of them makes the change visible to the next call
+    whichever service it asks."""
     pending = set(topics)
     backoff = core.retry_backoff_ms / 1000.0
     while True:
@@ -197,7 +198,7 @@ def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Gen
         except errors.ExactlyError as exc:
             if not exc.retriable:
                 raise
-        if time.monotonic() >= deadline:
+        if core.clock.now_s() >= deadline:
             raise errors.KafkaTimeoutError(f"topics {sorted(pending or topics)} do not serve yet"
                                            + ("" if pending else " on every service"))
         yield Sleep(backoff)
@@ -324,7 +325,7 @@ class AdminClient:
         if not topics:
             return
         timeout_s = create_topics_timeout_s(self._core, timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = self._core.clock.now_s() + timeout_s
         core = self._core
         req = create_topics_request(topics, timeout_s)
         tried = [0]
@@ -355,7 +356,7 @@ class AdminClient:
             except errors.ExactlyError:
                 return None
         if isinstance(effect, Sleep):
-            return time.sleep(effect.seconds)
+            return self._core.clock.sleep(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")
 
     def _leader_answers(self, address: str, topic: str, partition: int) -> bool:
@@ -495,7 +496,7 @@ class AdminClient:
             return
         core = self._core
         timeout_s = core.request_timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout_s
+        deadline = self._core.clock.now_s() + timeout_s
         resp = core.retry(lambda: core.call(core.cluster_stub().DeleteTopics,
                                             pb.DeleteTopicsRequest(topic_names=names)), timeout_s)
         failures = [errors.for_code(r.error_code, r.error_message or None) for r in resp.responses if r.error_code]
@@ -516,7 +517,7 @@ class AdminClient:
             return
         core = self._core
         timeout_s = max(core.request_timeout_s, 30.0) if timeout is None else timeout
-        deadline = time.monotonic() + timeout_s
+        deadline = self._core.clock.now_s() + timeout_s
         req = pb.CreatePartitionsRequest(validate_only=validate_only, topics=[
             pb.CreatePartitionsTopic(name=t, count=int(n)) for t, n in new_counts.items()])
         resp = core.retry(lambda: core.call(core.cluster_stub().CreatePartitions, req), timeout_s)
@@ -853,9 +854,9 @@ class AdminClient:
             except errors.ExactlyError as exc:
                 if not exc.retriable:
                     raise
-            if time.monotonic() >= deadline:
+            if self._core.clock.now_s() >= deadline:
                 raise errors.KafkaTimeoutError(what)
-            time.sleep(backoff)
+            self._core.clock.sleep(backoff)
             backoff = min(backoff * 2, self._core.retry_backoff_max_ms / 1000.0)
 
     def close(self) -> None:

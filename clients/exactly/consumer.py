@@ -20,7 +20,6 @@ import inspect
 import logging
 import os
 import re
-import time
 from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from exactly import _fork, errors
@@ -30,7 +29,6 @@ from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOff
                                      ResetStrategy, SubscriptionState, reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, list_offsets_request
 from exactly.config import ConsumerSchema, parse
-from exactly_wire.clock import monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import (ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp,
                            TopicPartition)
@@ -126,9 +124,10 @@ class Consumer:
         self._api_timeout_s = cfg.default_api_timeout_ms / 1000.0
         self._session_timeout_ms = cfg.session_timeout_ms
         self._core = self._make_core(conf)
-        # Timers (backoff, auto-commit) run on one monotonic ms clock, shared with the
-        # Fetcher and the GroupMembership; blocking waits for `timeout` use seconds.
-        self._clock = monotonic_ms
+        # Timers (backoff, auto-commit) and blocking waits run on one monotonic clock,
+        # the core's, shared with the Fetcher and the GroupMembership: ms from
+        # `_clock()`, seconds (deadlines of `timeout`s) from `_clock.now_s()`.
+        self._clock = self._core.clock
         self._backoff_ms = self._core.retry_backoff_ms
         self._backoff_max_ms = max(self._core.retry_backoff_max_ms, self._backoff_ms)
         self._subs = SubscriptionState(default_reset=ResetStrategy.parse(cfg.auto_offset_reset))
@@ -309,7 +308,7 @@ class Consumer:
         limit = self._max_poll_records if max_records is None else int(max_records)
         if limit < 1:
             raise ValueError("max_records must be >= 1")
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = self._clock.now_s() + max(0.0, timeout)
         self._run_commit_callbacks()
         if self._group is not None:
             self._group.polled()
@@ -321,7 +320,7 @@ class Consumer:
             self._fetcher.send_fetches()  # prefetch while the application processes `out`
             if out:
                 return out
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.now_s()
             if remaining <= 0:
                 return []
             yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
@@ -342,9 +341,9 @@ class Consumer:
     def _wait(self, timeout_s: float) -> None:
         futures = self._requests_in_flight()
         if futures:
-            concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
+            self._clock.wait_futures(futures, timeout_s, concurrent.futures.FIRST_COMPLETED)
         else:
-            time.sleep(timeout_s)
+            self._clock.sleep(timeout_s)
         self._fetcher.handle_completed()
 
     # ------------------------------------------------------------ group
@@ -564,12 +563,12 @@ class Consumer:
 
     def _position_flow(self, tp: TopicPartition, timeout: float | None) -> Generator:
         st = self._subs.state(TopicPartition(*tp))
-        deadline = time.monotonic() + (self._api_timeout_s if timeout is None else timeout)
+        deadline = self._clock.now_s() + (self._api_timeout_s if timeout is None else timeout)
         while not st.has_position:
             self._update_positions()
             if st.has_position:
                 break
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.now_s()
             if remaining <= 0:
                 raise errors.KafkaTimeoutError(f"position of {tp[0]}-{tp[1]} not known in time")
             yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
@@ -717,9 +716,11 @@ class Consumer:
                 return OFFSET_INVALID, OFFSET_INVALID
             return (st.log_start_offset if st.log_start_offset >= 0 else OFFSET_INVALID,
                     st.high_watermark if st.high_watermark >= 0 else OFFSET_INVALID)
-        deadline = time.monotonic() + (self._api_timeout_s if timeout is None else timeout)
-        low = self._fetcher.list_offsets({tp: EARLIEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - time.monotonic()))
-        high = self._fetcher.list_offsets({tp: LATEST_TIMESTAMP}, READ_UNCOMMITTED, max(0.0, deadline - time.monotonic()))
+        deadline = self._clock.now_s() + (self._api_timeout_s if timeout is None else timeout)
+        low = self._fetcher.list_offsets({tp: EARLIEST_TIMESTAMP}, READ_UNCOMMITTED,
+                                         max(0.0, deadline - self._clock.now_s()))
+        high = self._fetcher.list_offsets({tp: LATEST_TIMESTAMP}, READ_UNCOMMITTED,
+                                          max(0.0, deadline - self._clock.now_s()))
         return low[tp][0], high[tp][0]
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition],
@@ -793,7 +794,7 @@ class Consumer:
         wait_s = self._api_timeout_s if timeout is None else timeout
         try:
             if self._async_commits:
-                concurrent.futures.wait(list(self._async_commits), timeout=wait_s)
+                self._clock.wait_futures(list(self._async_commits), wait_s, concurrent.futures.ALL_COMPLETED)
             try:
                 self._run_commit_callbacks()
             except Exception:  # noqa: BLE001 - closing anyway

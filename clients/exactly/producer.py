@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
@@ -140,7 +139,9 @@ class Producer:
         self._compression = compression.codec_for(cfg.compression_type)
         self._txn_timeout_ms = cfg.transaction_timeout_ms
         self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
-        self._acc = RecordAccumulator(self._batch_size, self._linger_ms, cfg.buffer_memory)
+        # One monotonic clock, the core's, for every timer and wait of this producer.
+        self._clock = self._core.clock
+        self._acc = RecordAccumulator(self._batch_size, self._linger_ms, cfg.buffer_memory, clock=self._clock)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
@@ -152,10 +153,10 @@ class Producer:
                          retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
                          max_in_flight=self._max_in_flight, compression=self._compression,
                          txn_timeout_ms=self._txn_timeout_ms),
-            self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed)
+            self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed, clock=self._clock)
         # The transaction flows, performed blocking by `_perform` (awaited by exactly.aio).
         self._flows = TransactionFlows(self._transactional_id, self._txn, self._acc, self._sender,
-                                       self._txn_timeout_ms, self._max_block_ms)
+                                       self._txn_timeout_ms, self._max_block_ms, self._clock)
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
@@ -242,7 +243,7 @@ class Producer:
         core = self._core
         max_block_s = self._max_block_ms / 1000.0
         # Kafka's send(): wait for the topic's metadata up to max.block.ms, in all.
-        with call_deadline(max_block_s):
+        with call_deadline(max_block_s, self._clock):
             try:
                 md = core.metadata([topic], refresh=True) if refresh else core.metadata([topic])
                 ids = md.partitions(topic)
@@ -283,8 +284,8 @@ class Producer:
 
     def _await_batches(self, deadline: float | None, timed_out: str) -> None:
         for batch in self._acc.incomplete():
-            remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not batch.done.wait(remaining):
+            remaining = None if deadline is None else max(deadline - self._clock.now_s(), 0)
+            if not self._clock.wait(batch.done, remaining):
                 raise errors.KafkaTimeoutError(timed_out)
 
     def _perform(self, effect: Any) -> Any:
@@ -303,9 +304,9 @@ class Producer:
 
     def _wait_add_partitions(self, deadline: float) -> None:
         while self._txn.add_in_flight:
-            if time.monotonic() >= deadline:
+            if self._clock.now_s() >= deadline:
                 raise errors.KafkaTimeoutError("AddPartitionsToTxn still in flight at the timeout")
-            time.sleep(0.001)
+            self._clock.sleep(0.001)
 
     # ------------------------------------------------------------ transactions
 
@@ -575,6 +576,7 @@ class Producer:
 
         outcome: list[T] = []
         retrying = tenacity.Retrying(
+            sleep=self._clock.sleep,
             retry=tenacity.retry_if_exception(_retriable),
             wait=tenacity.wait_exponential(multiplier=self._backoff_ms / 1000.0, max=self._backoff_max_ms / 1000.0)
             + tenacity.wait_random(0, self._backoff_ms / 1000.0 / 5),

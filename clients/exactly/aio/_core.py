@@ -23,9 +23,9 @@ import tenacity
 
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
-from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, remaining_s,
-                             translate_rpc_error)
-from exactly_wire.clock import Clock, monotonic_ms
+from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, outcome_of_retries,
+                             remaining_s, translate_rpc_error)
+from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -56,7 +56,7 @@ class AIOClientCore(CoreBase):
     created inside a running event loop (raises RuntimeError otherwise) and used
     from that loop only. Settings: see `exactly._client.CoreBase`."""
 
-    def __init__(self, conf: dict[str, Any], clock: Clock = monotonic_ms):
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
         super().__init__(conf, clock)
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task] = set()
@@ -113,8 +113,13 @@ class AIOClientCore(CoreBase):
             return await fn()
 
         timeout = self.retry_timeout_s(timeout_s)
-        with call_deadline(timeout):
-            return await tenacity.AsyncRetrying(**self._retry_policy(timeout, on_retry))(_try)
+        retried: list[BaseException] = []
+        with call_deadline(timeout, self.clock):
+            try:
+                return await tenacity.AsyncRetrying(sleep=self.clock.sleep_async,
+                                                    **self._retry_policy(timeout, on_retry, retried))(_try)
+            except errors.RequestTimedOutError as exc:
+                raise outcome_of_retries(exc, retried) from None
 
     # ------------------------------------------------------------ metadata
 

@@ -2,8 +2,6 @@
 rules (`exactly.admin`: requests, outcomes, listings, descriptions)."""
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any, Iterable, Mapping
 
 from exactly import errors
@@ -40,7 +38,7 @@ class AIOAdminClient:
             return
         core = self._core
         timeout_s = create_topics_timeout_s(core, timeout)
-        deadline = time.monotonic() + timeout_s
+        deadline = core.clock.now_s() + timeout_s
         req = create_topics_request(topics, timeout_s)
         tries = 0
 
@@ -71,7 +69,7 @@ class AIOAdminClient:
             except errors.ExactlyError:
                 return None
         if isinstance(effect, Sleep):
-            return await asyncio.sleep(effect.seconds)
+            return await self._core.clock.sleep_async(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")
 
     async def _leader_answers(self, address: str, topic: str, partition: int) -> bool:

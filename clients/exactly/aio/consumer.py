@@ -15,7 +15,6 @@ import asyncio
 import collections
 import logging
 import os
-import time
 from typing import Any, Iterable, Mapping
 
 import tenacity
@@ -100,8 +99,9 @@ class AIOGroupMembership(GroupMembership):
         if not offsets:
             return
         timeout_s = bounded_s(timeout_s)
-        with call_deadline(timeout_s):
-            await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, _RETRY_CODES))(
+        with call_deadline(timeout_s, self._core.clock):
+            await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
+                                         **self._retry_policy(timeout_s, _RETRY_CODES))(
                 self._request_aio, "OffsetCommit", lambda: self._commit_request(offsets, managed), timeout_s,
                 self._commit_outcome)
 
@@ -112,8 +112,9 @@ class AIOGroupMembership(GroupMembership):
         if not wanted:
             return {}
         timeout_s = bounded_s(timeout_s)
-        with call_deadline(timeout_s):
-            return await tenacity.AsyncRetrying(**self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
+        with call_deadline(timeout_s, self._core.clock):
+            return await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
+                                                **self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
                 self._request_aio, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable),
                 timeout_s, lambda resp: self.offset_fetch_outcome(resp, wanted))
 
@@ -170,14 +171,14 @@ class AIOConsumer:
         max.poll.records), waiting up to `timeout` seconds for some."""
         self._c._check_open()
         if self._core._metadata is None:
-            started = time.monotonic()
+            started = self._core.clock.now_s()
             try:
                 await self._core.metadata_async(timeout_s=max(timeout, 0.0))
             except errors.ExactlyError as exc:  # no cluster yet: poll as the sync client, until its timeout
                 if not exc.retriable:
                     raise
                 log.debug("poll: no metadata yet: %r", exc)
-            timeout = max(timeout - (time.monotonic() - started), 0.0)
+            timeout = max(timeout - (self._core.clock.now_s() - started), 0.0)
         return await self._drive(self._c._poll_flow(timeout, max_records))
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None

@@ -17,7 +17,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import time
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from exactly import errors
@@ -106,9 +105,9 @@ class AIOSender(SenderCore):
 
     async def wait_until(self, predicate: Callable[[], bool], deadline: float | None) -> bool:
         """Wait until `predicate()` holds after a sender step, or until `deadline`
-        (time.monotonic() seconds, None: no limit). Returns whether it holds."""
+        (seconds of the producer's clock, `MonotonicClock.now_s()`; None: no limit). Returns whether it holds."""
         while not predicate():
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if deadline is None else deadline - self.clock.now_s()
             if remaining is not None and remaining <= 0:
                 return False
             waiter = asyncio.get_running_loop().create_future()
@@ -232,7 +231,7 @@ class AIOProducer:
         try:
             if previous is not None:
                 await previous
-            deadline = time.monotonic() + self._p._max_block_ms / 1000.0
+            deadline = self._p._clock.now_s() + self._p._max_block_ms / 1000.0
             topic = args[0]
             if topic not in self._p._topic_cache:
                 core = self._p._core

@@ -9,6 +9,8 @@ from exactly import errors
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from sdk_producer.fake_clock import FakeClock
+
 from .logbuilder import PartitionLog
 
 
@@ -75,6 +77,10 @@ class FakeCore:
         self.extra_topics: set[str] = set()
         self.cache_metadata = False
         self._cached: FakeMetadata | None = None
+        # The consumer's clock (ClientCore.clock): virtual, driven by the test's thread; the
+        # fakes answer at once, so a wait nothing ended within 2 ms waits out its timeout, and a
+        # sleep (of retry.backoff.ms = 1 here) pauses 0.2 ms of real time.
+        self.clock = FakeClock(grace_s=0.002, poll_s=0.0002)
 
     def dispatch(self, address: str, rpc: str, request):
         self.calls.append((address, rpc, request))

@@ -178,8 +178,10 @@ def test_position_refreshes_metadata_that_knew_no_leader(core):
     core.down.add("l:1")
     c = make(core, auto_offset_reset="earliest")
     c.assign([A])
+    start = core.clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         c.position(A, timeout=0.3)
+    assert core.clock.now_s() - start >= 0.3  # waited out the timeout (virtual time)
     core.down.clear()
     assert c.position(A, timeout=5) == 0
     assert core.metadata_refreshes >= 1

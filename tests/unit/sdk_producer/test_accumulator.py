@@ -8,6 +8,8 @@ from exactly_wire import records
 from exactly._accumulator import ProducerBatch, RecordAccumulator
 from exactly.types import RecordMetadata, TopicPartition
 
+from .fake_clock import FakeClock
+
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
@@ -20,8 +22,8 @@ class Clock:
         return self.now
 
 
-def make(batch_size=16384, linger_ms=5.0, **kw):
-    clock = Clock()
+def make(batch_size=16384, linger_ms=5.0, clock=None, **kw):
+    clock = Clock() if clock is None else clock
     return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, clock=clock, **kw), clock
 
 
@@ -165,13 +167,17 @@ def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkey
     a drain lets it go on at once; without one it goes on after YIELD_WAIT_S."""
     from exactly import _accumulator
     monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
-    acc, _ = make(batch_size=100)
+    acc, clock = make(batch_size=100, clock=FakeClock())
     value = b"x" * 60  # one record per batch
     for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 1):
         acc.append(TP0, 1, None, value)
     appended = threading.Event()
+    start = clock.now_s()
     threading.Thread(target=lambda: (acc.append(TP0, 1, None, value), appended.set()), daemon=True).start()
-    assert not appended.wait(0.2)  # waiting for the sender
+    # The appending thread waits for the sender, up to YIELD_WAIT_S (virtual time, which
+    # only this thread moves).
+    assert clock.wait_for_waiter(lambda deadline: deadline is not None and deadline - start >= 29.9)
+    assert not appended.is_set()
     assert acc.drain(TP0) is not None
     assert appended.wait(5)  # the drain let it go on
 
@@ -215,11 +221,13 @@ def test_expired_batches():
 
 
 def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
-    acc, _ = make(batch_size=100, buffer_memory=200)
+    acc, clock = make(batch_size=100, buffer_memory=200, clock=FakeClock())
     acc.append(TP0, 1, None, b"x" * 80)
     acc.append(TP1, 1, None, b"x" * 80)
+    started = clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         acc.append(TopicPartition("t", 2), 1, None, b"x", max_block_ms=50)
+    assert clock.now_s() - started >= 0.05  # waited max.block.ms (virtual time)
     b = acc.drain(TP0)
     waiting, done = threading.Event(), threading.Event()
 

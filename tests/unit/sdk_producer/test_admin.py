@@ -49,14 +49,15 @@ def _metadata(partitions: int):
 def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
     """A service whose ZooKeeper cache has not seen the new partitions yet keeps the
     flow waiting, so the next call sees them whichever service it asks."""
-    import time as _time
     from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow
+    from exactly_wire.clock import SYSTEM_CLOCK
 
     class Core:
         retry_backoff_ms, retry_backoff_max_ms = 10, 40
+        clock = SYSTEM_CLOCK
 
     views = {"h:1": [5, 5], "h:2": [2, 5]}  # what each service lists, round by round
-    flow = wait_serving_flow(Core(), ["grow"], _time.monotonic() + 60)
+    flow = wait_serving_flow(Core(), ["grow"], SYSTEM_CLOCK.now_s() + 60)
     effects, answer, rounds = [], None, 0
     try:
         while True:

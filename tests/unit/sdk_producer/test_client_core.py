@@ -1,7 +1,6 @@
 """ClientCore: bootstrap parsing, the transport-error seam, metadata and
 coordinator caches, and the retry helper (docs/design.md, "Code conventions")."""
 import socket
-import time
 
 import grpc
 import pytest
@@ -9,9 +8,11 @@ import pytest
 from exactly import errors
 from exactly._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, parse_bootstrap,
                              translate_rpc_error)
+from exactly_wire.clock import SYSTEM_CLOCK
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from .fake_clock import FakeClock
 from .fake_cluster import FakeCluster
 
 
@@ -28,9 +29,9 @@ def dead_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def core_for(*addresses, **conf) -> ClientCore:
+def core_for(*addresses, clock=SYSTEM_CLOCK, **conf) -> ClientCore:
     return ClientCore({"bootstrap.servers": ",".join(addresses), "retry.backoff.ms": 10,
-                       "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf})
+                       "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf}, clock)
 
 
 def test_parse_bootstrap():
@@ -95,13 +96,13 @@ def test_metadata_is_cached_and_refreshed(fc):
 
 
 def test_metadata_max_age(fc):
-    now = [1000]
-    core = ClientCore({"bootstrap.servers": fc.address, "metadata.max.age.ms": 5}, clock=lambda: now[0])
+    clock = FakeClock(runs=False)
+    core = ClientCore({"bootstrap.servers": fc.address, "metadata.max.age.ms": 5}, clock=clock)
     core.metadata()
-    now[0] += 5
+    clock.advance(0.005)
     core.metadata()
     assert fc.calls["Metadata"] == 1  # not older than metadata.max.age.ms yet
-    now[0] += 1
+    clock.advance(0.001)
     core.metadata()
     assert fc.calls["Metadata"] == 2
     core.close()
@@ -115,7 +116,8 @@ def test_bootstrap_skips_a_dead_address(fc):
 
 
 def test_find_coordinator_retries_and_caches(fc):
-    core = core_for(fc.address)
+    clock = FakeClock()
+    core = core_for(fc.address, clock=clock)
     fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS])
     assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == fc.address
     assert fc.calls["FindCoordinator"] == 3
@@ -127,8 +129,11 @@ def test_find_coordinator_retries_and_caches(fc):
     core.find_coordinator("tx", COORDINATOR_TRANSACTION)
     assert fc.calls["FindCoordinator"] == 5
     fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE] * 1000)
+    start = clock.now_s()
     with pytest.raises(errors.CoordinatorNotAvailableError):
         core.find_coordinator("other", COORDINATOR_TRANSACTION, timeout_s=0.2)
+    # retried until 0.2 s (virtual); the last try starts less than one backoff (40 ms + jitter) before
+    assert 0.2 - 0.05 <= clock.now_s() - start < 1.0
     core.close()
 
 
@@ -148,7 +153,8 @@ def test_coordinator_call_refinds_on_not_coordinator(fc):
 
 
 def test_retry_helper():
-    core = core_for("127.0.0.1:1")
+    clock = FakeClock()
+    core = core_for("127.0.0.1:1", clock=clock)
     attempts = []
 
     def flaky():
@@ -170,10 +176,10 @@ def test_retry_helper():
         core.retry(fatal, timeout_s=5)
     assert len(attempts) == 1
 
-    start = time.monotonic()
+    start = clock.now_s()
     with pytest.raises(errors.LeaderNotAvailableError):
         core.retry(lambda: (_ for _ in ()).throw(errors.LeaderNotAvailableError()), timeout_s=0.2)
-    assert time.monotonic() - start < 1.0
+    assert 0.2 - 0.05 <= clock.now_s() - start < 1.0  # virtual time
     core.close()
 
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 import warnings
 
 import pytest
 
 from exactly import ConsumerGroupMetadata, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly.aio import AIOProducer
+from exactly.aio import producer as aio_producer
+from exactly.aio._core import AIOClientCore
 from exactly_wire.error_codes import ErrorCode
 
+from .fake_clock import FakeClock, on_clock
 from .fake_cluster import FakeCluster
 
 TP = TopicPartition("u", 0)
@@ -38,11 +40,18 @@ def conf(fc, tid, **extra):
 
 
 @pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
 def make(fc):
     made = []
 
-    def _make(tid):
-        made.append(Producer(conf(fc, tid)))
+    def _make(tid, clock=None):
+        """A producer of `tid`; on `clock` (a FakeClock: for calls that wait out a
+        timeout) when given, else on real time."""
+        made.append(Producer(conf(fc, tid)) if clock is None else on_clock(Producer, clock)(conf(fc, tid)))
         return made[-1]
 
     yield _make
@@ -168,11 +177,12 @@ def test_the_earlier_call_keeps_its_errors(fc, make):
         plain.close(5)
 
 
-def _timed(call):
-    start = time.monotonic()
+def _timed(call, clock):
+    """Seconds (on the producer's virtual clock) until `call()` raised KafkaTimeoutError."""
+    start = clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         call()
-    return time.monotonic() - start
+    return clock.now_s() - start
 
 
 @pytest.mark.parametrize("call", [
@@ -180,24 +190,24 @@ def _timed(call):
     lambda p: p.init_transactions(timeout=0.3),
     lambda p: p.init_transactions_for_group([TP], "g", 3, timeout=0.3),
 ], ids=["positional", "keyword", "group"])
-def test_a_timeout_is_honoured(fc, make, call):
+def test_a_timeout_is_honoured(fc, make, clock, call):
     # The coordinator stays loading: only the timeout (0.3 s, not max.block.ms = 5 s) ends the call.
-    # It may return slightly before 0.3 s (its retries are spaced by a backoff), so the
-    # lower bound only shows that it waited.
+    # It returns up to one backoff (retry.backoff.max.ms 50 + jitter) before 0.3 s: no try
+    # would start after the deadline. Virtual time: the backoffs take no real time.
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
-    p = make("tx-t")
-    elapsed = _timed(lambda: call(p))
-    assert 0.1 <= elapsed < 2.5, elapsed
+    p = make("tx-t", clock)
+    elapsed = _timed(lambda: call(p), clock)
+    assert 0.3 - 0.07 <= elapsed < 2.5, elapsed
     assert fc.calls["InitProducerId"] >= 2, "retried until the timeout"
 
 
-def test_the_earlier_call_honours_its_timeout(fc, make):
+def test_the_earlier_call_honours_its_timeout(fc, make, clock):
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
-    p, q = make("tx-t1"), make("tx-t2")
+    p, q = make("tx-t1", clock), make("tx-t2", clock)
     with pytest.warns(DeprecationWarning):
-        assert 0.1 <= _timed(lambda: p.init_transactions([TP], "g", 3, timeout=0.3)) < 2.5
+        assert 0.3 - 0.07 <= _timed(lambda: p.init_transactions([TP], "g", 3, timeout=0.3), clock) < 2.5
     with pytest.warns(DeprecationWarning):
-        assert 0.1 <= _timed(lambda: q.init_transactions([TP], "g", 3, 0.3)) < 2.5
+        assert 0.3 - 0.07 <= _timed(lambda: q.init_transactions([TP], "g", 3, 0.3), clock) < 2.5
 
 
 # ---------------------------------------------------------------- asyncio
@@ -225,7 +235,12 @@ def test_aio_earlier_call_warns_and_sends_what_the_group_method_sends(fc):
     assert ended["tx-aold"] == ended["tx-anew"] == (True, frozenset({("u", 0)}))
 
 
-def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc):
+def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc, clock, monkeypatch):
+    def clocked(conf):  # the third producer's core: on the virtual clock
+        core = AIOClientCore(conf)
+        core.clock = clock
+        return core
+
     async def scenario():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -234,12 +249,13 @@ def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc):
             async with AIOProducer(conf(fc, "tx-a2")) as p:
                 await p.init_transactions(timeout=5)
             fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+            monkeypatch.setattr(aio_producer, "AIOClientCore", clocked)
             async with AIOProducer(conf(fc, "tx-a3")) as p:
                 for call in (lambda: p.init_transactions(0.3),
                              lambda: p.init_transactions_for_group([TP], "g", 3, timeout=0.3)):
-                    start = time.monotonic()
+                    start = clock.now_s()
                     with pytest.raises(errors.KafkaTimeoutError):
                         await call()
-                    assert 0.1 <= time.monotonic() - start < 2.5
+                    assert 0.3 - 0.07 <= clock.now_s() - start < 2.5
 
     asyncio.run(scenario())

@@ -1,7 +1,6 @@
 """Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
 sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
 Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
-from concurrent import futures
 
 import pytest
 from waiting import wait_for
@@ -14,6 +13,7 @@ from exactly._txn_manager import TransactionManagerState
 from exactly_wire.error_codes import ErrorCode
 from exactly.producer import TransactionAbortedError
 
+from .fake_clock import FakeClock, on_clock
 from .fake_cluster import FakeCluster
 
 
@@ -28,10 +28,11 @@ def fc():
 def make(fc):
     made = []
 
-    def _make(**conf):
+    def _make(clock=None, **conf):
+        """A producer of `conf`; on `clock` (a FakeClock) when given, else on real time."""
         conf = {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
                 "request.timeout.ms": 5000, "max.block.ms": 5000, **conf}
-        p = Producer(conf)
+        p = Producer(conf) if clock is None else on_clock(Producer, clock)(conf)
         made.append(p)
         return p
 
@@ -142,11 +143,15 @@ def test_pipelines_batches_of_several_partitions_in_one_request(fc, make):
 
 
 def test_unknown_topic_and_partition(make):
-    # The unknown topic is waited for max.block.ms (it may be created meanwhile); 1 s leaves
-    # the fake cluster room to answer on a loaded machine before the deadline.
-    p = make(**{"max.block.ms": 1000})
+    # The unknown topic is waited for max.block.ms (it may be created meanwhile), on the
+    # virtual clock: the retry backoffs take no real time. The last try starts less than
+    # one backoff (retry.backoff.max.ms 50 + jitter) before the deadline.
+    clock = FakeClock()
+    p = make(clock, **{"max.block.ms": 1000})
+    start = clock.now_s()
     with pytest.raises(errors.UnknownTopicOrPartitionError):
         p.send("nope", b"v")
+    assert 1.0 - 0.07 <= clock.now_s() - start < 4.0
     with pytest.raises(errors.UnknownTopicOrPartitionError):
         p.send("u", b"v", partition=5)
 
@@ -211,12 +216,15 @@ def test_real_out_of_order_sequence_fails_the_batch_and_a_new_pid_continues(fc, 
 
 
 def test_flush_timeout(fc, make):
-    p = make()
+    clock = FakeClock()
+    p = make(clock)
     fc.produce_delay.clear()
     try:
         f = p.send("u", b"v")
+        start = clock.now_s()
         with pytest.raises(errors.KafkaTimeoutError):
             p.flush(0.2)
+        assert clock.now_s() - start >= 0.2  # it waited out the timeout (virtual time)
     finally:
         fc.produce_delay.set()
     assert f.result(5).offset == 0
@@ -282,13 +290,19 @@ def test_the_first_batch_of_a_partition_in_a_transaction_goes_without_lingering(
     filling of the next batches, so the first batch of each partition is sent at
     once; later ones linger as configured."""
     fc.transaction_version = 2
-    p = make(**{"transactional.id": "tx-eager", "linger.ms": 60_000})
+    # Virtual time that this thread's waits never jump (commit_transaction waits for real
+    # answers); only its sleeps, and real time, move it.
+    clock = FakeClock(grace_s=30.0)
+    p = make(clock, **{"transactional.id": "tx-eager", "linger.ms": 60_000})
     p.init_transactions(5)
     p.begin_transaction()
     assert p.send("u", b"first").result(5).offset == 0
+    appended = clock.now_s()
     later = p.send("u", b"second")
-    with pytest.raises(futures.TimeoutError):
-        later.result(0.3)
+    # The sender thread goes to sleep until the batch's linger.ms is over (virtual time,
+    # which only this thread moves): the second batch lingers.
+    assert clock.wait_for_waiter(lambda deadline: deadline is not None and 59.9 <= deadline - appended <= 61)
+    assert not later.done()
     p.commit_transaction(5)
     assert later.result(0).offset == 1
     p.begin_transaction()
@@ -440,10 +454,15 @@ def test_init_transactions_retries_then_times_out(fc, make):
     p = make(**{"transactional.id": "tx-i"})
     p.init_transactions(5)
     assert p._txn.state is TransactionManagerState.READY
-    q = make(**{"transactional.id": "tx-i2"})
+    clock = FakeClock()
+    q = make(clock, **{"transactional.id": "tx-i2"})
     fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
+    start = clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         q.init_transactions(0.3)
+    # Retried until the timeout, on the virtual clock (the last try starts less than one
+    # backoff, 50 ms + jitter, before it), not until max.block.ms (5 s).
+    assert 0.3 - 0.07 <= clock.now_s() - start < 2.5
     fc.init_faults.clear()
     q.init_transactions(5)  # may be called again after a timeout
 
