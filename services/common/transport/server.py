@@ -754,18 +754,4 @@ def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(cfg, setup))
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The services' event loop: uvloop's (libuv; about 15 % less CPU per transaction
-    in `python -m bench.server_cost`) when it is installed, asyncio's own with
-    EXACTLY_EVENT_LOOP=asyncio or without uvloop. None means asyncio's default."""
-    if os.environ.get("EXACTLY_EVENT_LOOP", "uvloop") == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    asyncio.run(serve(cfg, setup))
