@@ -82,6 +82,35 @@ def _headers(h: Any) -> tuple[tuple[str, bytes | None], ...]:
     return tuple(out)
 
 
+
+class UnknownTopicWait:
+    """The outcome of send()'s wait of up to max.block.ms for a topic's metadata
+    (Kafka's KafkaProducer.waitOnMetadata): `note` is the retry loop's on_retry;
+    `outcome(exc)` is the error to raise when the wait ended with `exc`. A topic the
+    cluster said it does not know raises errors.UnknownTopicOrPartitionError, also
+    when the deadline passed during the last try (on a slow network, or a machine
+    short of CPU) instead of between two tries; other retriable errors become
+    errors.KafkaTimeoutError naming the topic; non-retriable ones are raised as they are."""
+
+    def __init__(self, topic: str, max_block_ms: float):
+        self.topic = topic
+        self.max_block_ms = max_block_ms
+        self.unknown: errors.UnknownTopicOrPartitionError | None = None
+
+    def note(self, exc: BaseException) -> None:
+        if isinstance(exc, errors.UnknownTopicOrPartitionError):
+            self.unknown = exc
+
+    def outcome(self, exc: errors.ExactlyError) -> errors.ExactlyError:
+        if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
+            return exc
+        if self.unknown is not None:
+            return self.unknown
+        timeout = errors.KafkaTimeoutError(f"no metadata for topic {self.topic!r} within max.block.ms "
+                                           f"({self.max_block_ms:.0f} ms): {exc}")
+        timeout.__cause__ = exc
+        return timeout
+
 class Producer:
     """Sends records to topic partitions, optionally idempotently and in transactions.
 
@@ -242,23 +271,23 @@ class Producer:
         unknown topic); cached until the sender sees new metadata."""
         core = self._core
         max_block_s = self._max_block_ms / 1000.0
+        unknown = UnknownTopicWait(topic, self._max_block_ms)
         # Kafka's send(): wait for the topic's metadata up to max.block.ms, in all.
         with call_deadline(max_block_s, self._clock):
             try:
                 md = core.metadata([topic], refresh=True) if refresh else core.metadata([topic])
                 ids = md.partitions(topic)
                 if not ids:
-                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s)
+                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s,
+                                     on_retry=unknown.note)
             except errors.ExactlyError as exc:
                 if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
-                    raise
+                    raise unknown.outcome(exc)
                 try:
-                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s)
+                    ids = core.retry(lambda: core.partitions_for(topic), timeout_s=max_block_s,
+                                     on_retry=unknown.note)
                 except errors.ExactlyError as last:
-                    if not last.retriable or isinstance(last, errors.UnknownTopicOrPartitionError):
-                        raise
-                    raise errors.KafkaTimeoutError(f"no metadata for topic {topic!r} within max.block.ms "
-                                                   f"({self._max_block_ms:.0f} ms): {last}") from last
+                    raise unknown.outcome(last)
         tps = [TopicPartition(topic, p) for p in ids]
         cached = _TopicPartitions(ids, tps, dict(zip(ids, tps)))
         self._topic_cache = {**self._topic_cache, topic: cached}  # rebinding: readers need no lock

@@ -20,7 +20,7 @@ import os
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from exactly import errors
-from exactly.producer import Producer
+from exactly.producer import Producer, UnknownTopicWait
 from exactly._two_phase import PreparedTxnState
 from exactly._txn_flows import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, takes_earlier_init_args
 from exactly._sender import SenderCore
@@ -235,14 +235,12 @@ class AIOProducer:
             topic = args[0]
             if topic not in self._p._topic_cache:
                 core = self._p._core
+                unknown = UnknownTopicWait(topic, self._p._max_block_ms)
                 try:
                     await core.retry(lambda: core.partitions_for_async(topic),
-                                     timeout_s=self._p._max_block_ms / 1000.0)
-                except errors.ExactlyError as exc:  # as the sync send(): a timeout after max.block.ms
-                    if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
-                        raise
-                    raise errors.KafkaTimeoutError(f"no metadata for topic {topic!r} within max.block.ms "
-                                                   f"({self._p._max_block_ms:.0f} ms): {exc}") from exc
+                                     timeout_s=self._p._max_block_ms / 1000.0, on_retry=unknown.note)
+                except errors.ExactlyError as exc:  # as the sync send()
+                    raise unknown.outcome(exc)
             if not await self._sender.wait_until(self._p._acc.has_space, deadline):
                 raise errors.KafkaTimeoutError(
                     f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")
