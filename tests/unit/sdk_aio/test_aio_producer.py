@@ -129,8 +129,9 @@ def test_send_nowait_keeps_call_order_and_flush_completes_every_future(make_fc):
             await p.flush(5)
             assert all(f.done() for f in futures)
             assert [f.result().offset for f in futures] == list(range(30))
-            meta = await p.send("u", "last")
-            assert meta.offset == 30
+            last = p.send_nowait("u", "last")
+            await p.flush(5)  # not `await send`: that would wait out linger.ms in real time
+            assert last.result().offset == 30
 
     asyncio.run(main())
     assert [r.value for r, _ in fc.records("u", 0)] == [f"v{i}".encode() for i in range(30)] + [b"last"]

@@ -308,6 +308,4 @@ def test_waiting_on_a_pending_sibling_is_not_woken_early():
     f2 = acc.append(TP0, 1, None, b"b")[0]  # another batch: another lock
     b1.fail(errors.NetworkException("x"))
     assert isinstance(f1.exception(0), errors.NetworkException)
-    with pytest.raises(Exception) as info:
-        f2.result(timeout=0.05)
-    assert type(info.value).__name__ == "TimeoutError"
+    assert not f2.done()  # the accumulator completes futures synchronously: nothing can come later
