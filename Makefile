@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit compat soak fuzz proto bench down clean
+.PHONY: setup demo spark-demo test unit unit-waits compat soak fuzz proto bench down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,11 @@ test: setup
 
 unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# The unit tests again, failing when one waited on real time (tests/real_waits.py; one process,
+# so the wrappers see every wait).
+unit-waits: setup
+	$(PY) -m pytest -q -p no:cacheprovider -p tests.real_waits tests/unit
 
 # The compatibility suite at full size (README, "Compatibility"): KafkaJS 2.2.4 copying 5,000 ids
 # through two SIGKILLs, faust-streaming, FastStream, kafka-python, aiokafka, kcat, Quix Streams
