@@ -47,22 +47,17 @@ async def _asleep(delay, result=None):
     return await _real_asleep(delay, result)
 
 
-def _event_wait(self, timeout=None):
-    started = time.monotonic()
-    done = _real_event_wait(self, timeout)
-    if not done and timeout is not None and threading.current_thread() is threading.main_thread():
-        if time.monotonic() - started >= MIN_S:
-            _note("Event.wait ran out", time.monotonic() - started)
-    return done
-
-
-def _cond_wait(self, timeout=None):
-    started = time.monotonic()
-    done = _real_cond_wait(self, timeout)
-    if not done and timeout is not None and threading.current_thread() is threading.main_thread():
-        if time.monotonic() - started >= MIN_S:
-            _note("Condition.wait ran out", time.monotonic() - started)
-    return done
+def _ran_out(real, kind: str):
+    """`real` (Event.wait or Condition.wait) noting a wait of the test's thread that ran out."""
+    def wait(self, timeout=None):
+        started = time.monotonic()
+        done = real(self, timeout)
+        waited = time.monotonic() - started
+        if not done and timeout is not None and waited >= MIN_S and \
+                threading.current_thread() is threading.main_thread():
+            _note(kind, waited)
+        return done
+    return wait
 
 
 def _call_at(self, when, callback, *args, context=None):
@@ -80,8 +75,8 @@ def _call_at(self, when, callback, *args, context=None):
 def pytest_configure(config):
     time.sleep = _sleep
     asyncio.sleep = _asleep
-    threading.Event.wait = _event_wait
-    threading.Condition.wait = _cond_wait
+    threading.Event.wait = _ran_out(_real_event_wait, "Event.wait ran out")
+    threading.Condition.wait = _ran_out(_real_cond_wait, "Condition.wait ran out")
     asyncio.base_events.BaseEventLoop.call_at = _call_at
 
 
