@@ -458,10 +458,11 @@ class SenderCore(abc.ABC):
             b.unseal()
             self._retry(b)
             return
-        if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and b.has_sequence and \
+        if code in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID) and b.has_sequence and \
                 not b.sent_in_order and can_retry:
             # Sent while an earlier batch of the partition was unresolved: the leader
-            # may have seen them in another order. Retry in sequence order, at once
+            # may have seen them in another order (a later batch before the producer's
+            # first one: UNKNOWN_PRODUCER_ID). Retry in sequence order, at once
             # (retried batches go one at a time, so the order is restored).
             self._retry(b, backoff=False)
             return

@@ -132,16 +132,19 @@ class ProducePipeline:
             return refused
         if h.producer_id < 0:
             appended = await self._append_ordered(ctx, e, h)
-        elif (refused := await self.authorize(ctx, e, h)) is not None:
-            return refused
         else:
             key = (e.topic, e.partition, h.producer_id)
             lock = self._producer_locks.get(key)
             if lock is None:
                 lock = self._producer_locks[key] = asyncio.Lock()
             try:
-                async with lock:  # acquired in arrival order: an uncontended acquire does not yield
-                    appended = await self._append_ordered(ctx, e, h)
+                # Acquired in arrival order (an uncontended acquire does not yield), before
+                # the authorization's await: a first batch whose producer-id binding is
+                # being looked up is not overtaken by the next one (which the leader would
+                # then refuse as out of sequence).
+                async with lock:
+                    refused = await self.authorize(ctx, e, h)
+                    appended = refused if refused is not None else await self._append_ordered(ctx, e, h)
             finally:
                 if not lock.locked() and not getattr(lock, "_waiters", None) and \
                         self._producer_locks.get(key) is lock:

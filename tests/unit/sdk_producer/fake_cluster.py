@@ -51,6 +51,8 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.strict_end_txn = False
         self.produce_delay = threading.Event()
         self.produce_delay.set()
+        # An Event the next Produce request (only that one) waits for before it is handled.
+        self.hold_next_produce: threading.Event | None = None
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pbg.add_ClusterServicer_to_server(self, self.server)
         pbg.add_PartitionLeaderServicer_to_server(self, self.server)
@@ -102,6 +104,10 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
     # ---------------------------------------------------------------- PartitionLeader
     def Produce(self, request, context):
         self.produce_delay.wait(10)
+        with self.lock:
+            hold, self.hold_next_produce = self.hold_next_produce, None
+        if hold is not None:
+            hold.wait(10)
         self.calls["Produce"] += 1
         with self.lock:
             self.produce_requests.append(request)

@@ -2,6 +2,8 @@
 sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
 Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
 
+import threading
+
 import pytest
 from waiting import wait_for
 
@@ -216,6 +218,28 @@ def test_real_out_of_order_sequence_fails_the_batch_and_a_new_pid_continues(fc, 
     pids = [h.producer_id for h in batches(fc, "u", 0)]
     assert len(set(pids)) == 2 and batches(fc, "u", 0)[-1].base_sequence == 0
 
+
+
+def test_a_batch_that_overtook_the_producers_first_one_is_sent_again_in_order(fc, make):
+    """gRPC may hand a leader two pipelined Produce requests in either order: the
+    producer's second batch can arrive before its first and be refused
+    UNKNOWN_PRODUCER_ID (no state yet, sequence not 0), writing nothing. That batch was
+    sent while an earlier one was unresolved, so it is sent again in sequence order,
+    and the transaction commits both records."""
+    p = make(**{"transactional.id": "tx-overtaken", "batch.size": 1})
+    p.init_transactions(5)
+    p.begin_transaction()
+    p.send("u", b"first").result(5)  # the partition is in the transaction
+    hold = fc.hold_next_produce = threading.Event()
+    fc.produce_faults.append(("u", 0, ErrorCode.UNKNOWN_PRODUCER_ID, False))
+    f1 = p.send("u", b"a")
+    wait_for(lambda: fc.hold_next_produce is None, 5, "the first request held", interval_s=0.005)
+    f2 = p.send("u", b"b")  # overtakes it and is refused
+    wait_for(lambda: not fc.produce_faults, 5, "the second request refused", interval_s=0.005)
+    hold.set()
+    assert (f1.result(5).offset, f2.result(5).offset) == (1, 2)
+    p.commit_transaction(5)
+    assert [r.value for r, _ in fc.records("u", 0)] == [b"first", b"a", b"b"]
 
 def test_flush_timeout(fc, make):
     clock = FakeClock()
