@@ -241,11 +241,8 @@ class RpcMetricsInterceptor(UnaryHandlerInterceptor):
     """Times every unary gRPC call and counts its error codes (module docstring).
     Streaming methods (e.g. Health.Watch) are passed through untouched."""
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            _instrument(handler.unary_unary, *split_method(method)),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+    def __init__(self) -> None:
+        super().__init__(lambda behavior, method: _instrument(behavior, *split_method(method)))
 
 
 def _instrument(behavior: Callable, service: str, method: str) -> Callable:

@@ -111,10 +111,16 @@ async def _abort(context, status: grpc.StatusCode, code: ErrorCode, message: str
 
 class UnaryHandlerInterceptor(grpc.aio.ServerInterceptor):
     """An interceptor that wraps each unary method's handler once, cached by method
-    name; streaming methods (e.g. Health.Watch) pass through untouched. Subclasses
-    give `wrap(handler, method) -> grpc.RpcMethodHandler`."""
+    name; streaming methods (e.g. Health.Watch) pass through untouched.
 
-    def __init__(self) -> None:
+    wrap_behavior(behavior, method) -> behavior: the coroutine function serving the
+    unary `behavior` of `method` ("/package.Service/Method");
+    wrap_deserializer(deserializer) -> deserializer: the request parsing (default: as is)."""
+
+    def __init__(self, wrap_behavior: Callable[[Callable, str], Callable],
+                 wrap_deserializer: Callable[[Callable | None], Callable | None] = lambda d: d) -> None:
+        self._wrap_behavior = wrap_behavior
+        self._wrap_deserializer = wrap_deserializer
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -125,24 +131,20 @@ class UnaryHandlerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        wrapped = self.wrap(handler, method)
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            self._wrap_behavior(handler.unary_unary, method),
+            request_deserializer=self._wrap_deserializer(handler.request_deserializer),
+            response_serializer=handler.response_serializer)
         self._handlers[method] = wrapped
         return wrapped
-
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """The handler serving the unary `handler` of `method` ("/package.Service/Method")."""
-        raise NotImplementedError
 
 
 class RequestGuard(UnaryHandlerInterceptor):
     """Interceptor applying the module docstring's rules to every unary method;
     streaming methods (e.g. Health.Watch) pass through untouched."""
 
-    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        return grpc.unary_unary_rpc_method_handler(
-            _guard(handler.unary_unary, method),
-            request_deserializer=safe_deserializer(handler.request_deserializer),
-            response_serializer=handler.response_serializer)
+    def __init__(self) -> None:
+        super().__init__(_guard, safe_deserializer)
 
 
 __all__ = ["RequestGuard", "UnaryHandlerInterceptor", "status_for", "safe_deserializer", "Undecodable", "ERROR_CODE_METADATA"]
