@@ -167,6 +167,11 @@ class TransactionFlows:
     clock: MonotonicClock = SYSTEM_CLOCK
     assigned: list[TopicPartition] = dataclasses.field(default_factory=list)
 
+    def _left_s(self, deadline: float) -> float:
+        """Seconds left until `deadline` (on the producer's clock), at least 1 ms: a
+        request sent at the deadline still gets a (short) timeout of its own."""
+        return max(deadline - self.clock.now_s(), 0.001)
+
     def timeout_s(self, timeout: float | None) -> float:
         """`timeout` in seconds, max.block.ms when None."""
         return self.max_block_ms / 1000.0 if timeout is None else timeout
@@ -261,7 +266,7 @@ class TransactionFlows:
         yield AwaitAddPartitions(deadline)
         self.txn.begin_group_initialize(group_id, int(generation))
         self.assigned = assigned
-        yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), assigned=assigned)
+        yield from self._init_producer_id(self._left_s(deadline), assigned=assigned)
 
     def send_offsets(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
                      group_metadata: ConsumerGroupMetadata | str, timeout: float | None) -> Generator:
@@ -294,7 +299,7 @@ class TransactionFlows:
                 topics=[pb.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
             yield CoordinatorRequest(
                 gm.group_id, COORDINATOR_GROUP, "group", "TxnOffsetCommit", req,
-                max(deadline - self.clock.now_s(), 0.001),
+                self._left_s(deadline),
                 error_code=lambda r: next((p.error_code for t in r.topics for p in t.partitions
                                            if p.error_code), 0))
         except errors.ExactlyError as exc:
@@ -321,7 +326,7 @@ class TransactionFlows:
         """EndTxn (when the coordinator has a transaction), adopt the epoch it ends
         under, and rotate the PID when that epoch is exhausted (KIP-890 part 2)."""
         txn = self.txn
-        resp = (yield from self._end_txn(commit, max(deadline - self.clock.now_s(), 0.001))) \
+        resp = (yield from self._end_txn(commit, self._left_s(deadline))) \
             if txn.needs_end_txn else None
         if resp is not None and resp.HasField("producer_epoch") and resp.producer_epoch >= 0:
             txn.complete_transaction(resp.producer_id, resp.producer_epoch)
@@ -332,13 +337,13 @@ class TransactionFlows:
             # still on its way could make its leader add its partition to this epoch's
             # next transaction: the new epoch fences that add (KIP-890 part 2).
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), bump=True)
+            yield from self._init_producer_id(self._left_s(deadline), bump=True)
             return
         else:
             txn.complete_transaction()
         if txn.epoch_exhausted:
             txn.transition_to(TransactionManagerState.INITIALIZING)
-            yield from self._init_producer_id(max(deadline - self.clock.now_s(), 0.001), bump=True)
+            yield from self._init_producer_id(self._left_s(deadline), bump=True)
 
     def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
@@ -360,7 +365,7 @@ class TransactionFlows:
         req = pb.PrepareTxnRequest(transactional_id=self.transactional_id, producer_id=txn.producer_id,
                                    producer_epoch=txn.producer_epoch, **self._group_fields())
         try:
-            yield self._txn_call("PrepareTxn", req, max(deadline - self.clock.now_s(), 0.001))
+            yield self._txn_call("PrepareTxn", req, self._left_s(deadline))
         except errors.ExactlyError as exc:
             if is_retriable(exc):
                 raise errors.KafkaTimeoutError(f"PrepareTxn did not succeed within {timeout_s:.1f} s: {exc}") from exc

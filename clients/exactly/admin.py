@@ -164,6 +164,12 @@ class MetadataAt(NamedTuple):
     address: str
 
 
+def probe_timeout_s(core: CoreBase) -> float:
+    """The timeout (seconds) of one probe of `wait_serving_flow` (a leader's
+    ListOffsets, a service's Metadata): request.timeout.ms, at most 5 s."""
+    return min(core.request_timeout_s, 5.0)
+
+
 def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Generator:
     """Until every partition of `topics` has a leader that answers and every service
     that answers lists them all (a flow of the effects above, see
@@ -348,13 +354,7 @@ class AdminClient:
         if isinstance(effect, ProbeLeader):
             return self._leader_answers(*effect)
         if isinstance(effect, MetadataAt):
-            core = self._core
-            try:
-                return Metadata.from_response(core.call(core.cluster_stub(effect.address).Metadata,
-                                                        pb.MetadataRequest(), timeout_s=min(core.request_timeout_s,
-                                                                                            5.0)), core.clock())
-            except errors.ExactlyError:
-                return None
+            return self._metadata_at(effect.address)
         if isinstance(effect, Sleep):
             return self._core.clock.sleep(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")
@@ -363,10 +363,18 @@ class AdminClient:
         core = self._core
         try:
             resp = core.call(core.leader_stub(address).ListOffsets, leader_probe(topic, partition),
-                             timeout_s=min(core.request_timeout_s, 5.0))
+                             timeout_s=probe_timeout_s(core))
         except errors.ExactlyError:
             return False
         return probe_answered(resp)
+
+    def _metadata_at(self, address: str) -> Metadata | None:
+        core = self._core
+        try:
+            resp = core.call(core.cluster_stub(address).Metadata, pb.MetadataRequest(), timeout_s=probe_timeout_s(core))
+        except errors.ExactlyError:
+            return None
+        return Metadata.from_response(resp, core.clock())
 
     def list_topics(self, include_internal: bool = False) -> dict[str, list[int]]:
         """Topic name -> sorted partition ids (internal topics only if asked)."""

@@ -82,7 +82,6 @@ def _headers(h: Any) -> tuple[tuple[str, bytes | None], ...]:
     return tuple(out)
 
 
-
 class UnknownTopicWait:
     """The outcome of send()'s wait of up to max.block.ms for a topic's metadata
     (Kafka's KafkaProducer.waitOnMetadata): `note` is the retry loop's on_retry;

@@ -51,7 +51,7 @@ class MonotonicClock:
 
     def __call__(self) -> int:
         """Milliseconds, as `monotonic_ms()`."""
-        return time.monotonic_ns() // 1_000_000
+        return monotonic_ms()
 
     def now_s(self) -> float:
         """Seconds (time.monotonic()); deadlines of blocking calls are in these."""

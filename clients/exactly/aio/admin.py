@@ -11,8 +11,8 @@ from exactly._sender import txn_coordinator_addresses
 from exactly.admin import (MetadataAt, ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription,
                            TransactionListing, create_topics_outcome, create_topics_request, create_topics_timeout_s, describe_transaction_code,
                            describe_transaction_request, leader_probe, list_transactions_request, probe_answered,
-                           topic_descriptions, topic_listing, transaction_descriptions, transaction_listings,
-                           wait_serving_flow)
+                           probe_timeout_s, topic_descriptions, topic_listing, transaction_descriptions,
+                           transaction_listings, wait_serving_flow)
 from exactly.types import NewTopic
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -61,13 +61,7 @@ class AIOAdminClient:
         if isinstance(effect, ProbeLeader):
             return await self._leader_answers(*effect)
         if isinstance(effect, MetadataAt):
-            core = self._core
-            try:
-                return Metadata.from_response(await core.call(core.cluster_stub(effect.address).Metadata,
-                                                              pb.MetadataRequest(),
-                                                              timeout_s=min(core.request_timeout_s, 5.0)), core.clock())
-            except errors.ExactlyError:
-                return None
+            return await self._metadata_at(effect.address)
         if isinstance(effect, Sleep):
             return await self._core.clock.sleep_async(effect.seconds)
         raise TypeError(f"unknown effect {effect!r}")
@@ -76,10 +70,19 @@ class AIOAdminClient:
         core = self._core
         try:
             resp = await core.call(core.leader_stub(address).ListOffsets, leader_probe(topic, partition),
-                                   timeout_s=min(core.request_timeout_s, 5.0))
+                                   timeout_s=probe_timeout_s(core))
         except errors.ExactlyError:
             return False
         return probe_answered(resp)
+
+    async def _metadata_at(self, address: str) -> Metadata | None:
+        core = self._core
+        try:
+            resp = await core.call(core.cluster_stub(address).Metadata, pb.MetadataRequest(),
+                                   timeout_s=probe_timeout_s(core))
+        except errors.ExactlyError:
+            return None
+        return Metadata.from_response(resp, core.clock())
 
     async def list_topics(self, include_internal: bool = False) -> dict[str, list[int]]:
         """Topic name -> sorted partition ids (internal topics only if asked)."""
