@@ -11,8 +11,7 @@ settings where Kafka has one; `exactly.*` keys are Exactly's own (docs/design.md
 from __future__ import annotations
 
 import difflib
-import typing
-from typing import Annotated, Callable, ClassVar, Literal, Mapping, TypeVar
+from typing import Annotated, ClassVar, Literal, Mapping, TypeVar
 
 from pydantic import AfterValidator
 
@@ -298,7 +297,8 @@ class TxnCoordinatorSchema(ServiceSchema):
                                                      LOW, ge=1)
     transactional_id_expiration_ms: int = setting(
         "transactional.id.expiration.ms", 604800000, "ms without a transaction after which a transactional.id "
-        "is expired.", MEDIUM, ge=1)
+        "is expired; also how long a transactional producer's producer-id binding outlives its use once the "
+        "transactional.id holds another producer id.", MEDIUM, ge=1)
     abort_timed_out_interval_ms: int = setting(
         "transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000, "ms between scans that abort "
         "timed-out transactions.", LOW, ge=1)
@@ -415,22 +415,6 @@ def service_settings(props: Mapping[str, object]) -> ServiceSchema:
     return parse(ServiceSchema, {k: v for k, v in props.items() if k in common})
 
 
-def settings_from_lookup(schema: type[S], get_int: Callable[[str, int], int]) -> S:
-    """Parse `schema`'s integer settings as a `get_int(key, default)` lookup gives them
-    (ServiceConfig.get_int, or a test's): each key is asked with its schema default (0
-    for a key whose default is unset) and counts as set when the answer differs.
-    Raises ConfigurationError for a value out of range."""
-    given: dict[str, int] = {}
-    for info in schema.model_fields.values():
-        if int not in (info.annotation, *typing.get_args(info.annotation)):
-            continue
-        asked = info.default if info.default is not None else 0
-        value = get_int(info.alias, asked)
-        if value is not None and value != asked:
-            given[info.alias] = value
-    return parse(schema, given)
-
-
 def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Split one set of cluster-wide settings (as a development cluster or a Helm
     values file gives them) into each role's own: role -> {key: value}, every value
@@ -457,6 +441,6 @@ def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return out
 
 
-__all__ = ["settings_by_role", "role_settings", "service_settings", "settings_from_lookup",
+__all__ = ["settings_by_role", "role_settings", "service_settings",
            "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema",
            "GroupCoordinatorSchema", "SERVICE_SCHEMAS"]

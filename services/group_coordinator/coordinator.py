@@ -28,18 +28,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import NotOwner, OwnedPartition, PartitionOwner
-from services.common.settings import GroupCoordinatorSchema, settings_from_lookup
+from services.common.settings import GroupCoordinatorSchema
 from services.common.cluster.verification import Verifier
 
 from . import metrics
-from .group import (Assignment, concurrent_commits, GroupConfig, GroupMetadata, GroupState, JoinResponse,
+from .group import (Assignment, concurrent_commits, GroupMetadata, GroupState, JoinResponse,
                     default_member_id, validate_offset_commit)
 from .membership import GroupMembership
 from .offsets import FetchedOffset, OffsetAndMetadata
@@ -86,54 +86,6 @@ class CoordinatorStats:
     pending_txn_offsets: int
 
 
-_DEFAULTS = GroupCoordinatorSchema()  # the schema's defaults, as attributes
-
-
-@dataclass(frozen=True, slots=True)
-class GroupCoordinatorConfig:
-    """Settings (Kafka keys in parentheses; defaults and docs in
-    services.common.settings.GroupCoordinatorSchema).
-
-    group: membership limits (group.min.session.timeout.ms,
-    group.max.session.timeout.ms, group.initial.rebalance.delay.ms,
-    group.max.size). offset_metadata_max_bytes (offset.metadata.max.bytes).
-    commit_timeout_ms (offsets.commit.timeout.ms): how long a write waits
-    for the append and for the tailer to apply it. load_buffer_size
-    (offsets.load.buffer.size, bytes per fetch while loading). tail_max_wait_ms
-    (group.coordinator.tail.max.wait.ms): long-poll wait of the tailer's fetches.
-    tick_ms (group.coordinator.tick.ms): period of session-expiry and rebalance
-    timeout checks.
-    """
-
-    group: GroupConfig = field(default_factory=lambda: GroupCoordinatorConfig.group_config(_DEFAULTS))
-    offset_metadata_max_bytes: int = _DEFAULTS.offset_metadata_max_bytes
-    commit_timeout_ms: int = _DEFAULTS.offsets_commit_timeout_ms
-    load_buffer_size: int = _DEFAULTS.offsets_load_buffer_size
-    tail_max_wait_ms: int = _DEFAULTS.tail_max_wait_ms
-    tick_ms: int = _DEFAULTS.tick_ms
-
-    @staticmethod
-    def group_config(s: GroupCoordinatorSchema) -> GroupConfig:
-        """The membership limits of the parsed settings `s`."""
-        return GroupConfig(min_session_timeout_ms=s.group_min_session_timeout_ms,
-                           max_session_timeout_ms=s.group_max_session_timeout_ms,
-                           initial_rebalance_delay_ms=s.group_initial_rebalance_delay_ms,
-                           max_size=s.group_max_size)
-
-    @classmethod
-    def from_settings(cls, s: GroupCoordinatorSchema) -> "GroupCoordinatorConfig":
-        """From the process's parsed settings (services.common.settings.GroupCoordinatorSchema)."""
-        return cls(group=cls.group_config(s), offset_metadata_max_bytes=s.offset_metadata_max_bytes,
-                   commit_timeout_ms=s.offsets_commit_timeout_ms, load_buffer_size=s.offsets_load_buffer_size,
-                   tail_max_wait_ms=s.tail_max_wait_ms, tick_ms=s.tick_ms)
-
-    @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "GroupCoordinatorConfig":
-        """`from_settings` of the settings a `get_int(key, default)` lookup gives
-        (services.common.settings.settings_from_lookup). Raises ConfigurationError."""
-        return cls.from_settings(settings_from_lookup(GroupCoordinatorSchema, get_int))
-
-
 class _OwnedPartition(OwnedPartition):
     """One owned __consumer_offsets partition: its log (OffsetsLog, which holds the
     materialised state) and its membership (GroupMembership)."""
@@ -175,7 +127,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
 
     def __init__(self, client: LogClient, partition_for: Callable[[str], int],
                  partition_counts: Callable[[], Mapping[str, int]],
-                 config: GroupCoordinatorConfig | None = None,
+                 config: GroupCoordinatorSchema | None = None,
                  clock: Clock = monotonic_ms,
                  wall_clock: Clock = wall_clock_ms,
                  new_member_id: Callable[[str], str] = default_member_id,
@@ -188,7 +140,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         self.verifier: Verifier | None = None
         self.partition_for = partition_for
         self.partition_counts = partition_counts
-        self.config = config or GroupCoordinatorConfig()
+        self.config = config or GroupCoordinatorSchema()
         self.new_member_id = new_member_id
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
@@ -210,15 +162,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                        retired_producer_id: int) -> _OwnedPartition:
         owned = _OwnedPartition(partition, coordinator_epoch, producer_id, producer_epoch, retired_producer_id)
         cfg = self.config
-        state = OffsetsPartitionState(partition, cfg.group, self.new_member_id)
+        state = OffsetsPartitionState(partition, cfg, self.new_member_id)
         owned.log = OffsetsLog(self.client, state, producer_id=producer_id, producer_epoch=producer_epoch,
                                owns=lambda: self._owns(owned), fenced=lambda code: self._is_fenced(owned, code),
-                               commit_timeout_ms=cfg.commit_timeout_ms, load_buffer_size=cfg.load_buffer_size,
-                               tail_max_wait_ms=cfg.tail_max_wait_ms,
-                               offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
-                               clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
-        owned.members = GroupMembership(state.groups, owned.log, config=cfg.group,
-                                        commit_timeout_ms=cfg.commit_timeout_ms,
+                               config=cfg, clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
+        owned.members = GroupMembership(state.groups, owned.log, config=cfg,
                                         partition_counts=self.partition_counts, clock=self._clock,
                                         wall_clock=self._wall_clock, new_member_id=self.new_member_id,
                                         spawn=lambda coro, name: self._spawn(None, coro, name),
@@ -392,7 +340,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             else:
                 code = await self.verifier.verify(transactional_id, producer_id, producer_epoch, OFFSETS_TOPIC,
                                                   owned.partition,
-                                                  time.monotonic() + self.config.commit_timeout_ms / 1000,
+                                                  time.monotonic() + self.config.offsets_commit_timeout_ms / 1000,
                                                   group_id if group_aware_producer else "")
         if code != ErrorCode.NONE:
             return {TopicPartition(*tp): code for tp in offsets}

@@ -37,8 +37,6 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.settings import GroupCoordinatorSchema
 
-_DEFAULTS = GroupCoordinatorSchema()  # the schema's defaults, as attributes
-
 PROTOCOL_TYPE = "consumer"
 PROTOCOL_NAME = "range"
 UNKNOWN_GENERATION = -1
@@ -67,24 +65,6 @@ VALID_PREVIOUS: dict[GroupState, frozenset[GroupState]] = {
 
 class IllegalGroupTransitionError(RuntimeError):
     """A group state transition not allowed by VALID_PREVIOUS (a bug)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupConfig:
-    """Broker settings of the group coordinator (Kafka keys in parentheses; defaults
-    and docs in services.common.settings.GroupCoordinatorSchema).
-
-    min/max_session_timeout_ms (group.min/max.session.timeout.ms): JoinGroup
-    session timeouts outside [min, max] get INVALID_SESSION_TIMEOUT.
-    initial_rebalance_delay_ms (group.initial.rebalance.delay.ms): how long the
-    first rebalance of an Empty group waits for more members.
-    max_size (group.max.size): members per group; more get GROUP_MAX_SIZE_REACHED.
-    """
-
-    min_session_timeout_ms: int = _DEFAULTS.group_min_session_timeout_ms
-    max_session_timeout_ms: int = _DEFAULTS.group_max_session_timeout_ms
-    initial_rebalance_delay_ms: int = _DEFAULTS.group_initial_rebalance_delay_ms
-    max_size: int = _DEFAULTS.group_max_size
 
 
 @dataclass(slots=True)
@@ -222,10 +202,10 @@ class GroupMetadata:
     (metadata record appended); any -> Dead (partition emigrated).
     """
 
-    def __init__(self, group_id: str, now_ms: int, config: GroupConfig | None = None,
+    def __init__(self, group_id: str, now_ms: int, config: GroupCoordinatorSchema | None = None,
                  new_member_id: Callable[[str], str] = default_member_id):
         self.group_id = group_id
-        self.config = config or GroupConfig()
+        self.config = config or GroupCoordinatorSchema()
         self._new_member_id = new_member_id
         self.state = GroupState.EMPTY
         self.state_timestamp_ms = now_ms
@@ -271,7 +251,7 @@ class GroupMetadata:
         initial = self.state is GroupState.EMPTY
         self._transition_to(GroupState.PREPARING_REBALANCE, now_ms)
         self.rebalance_started_ms = now_ms
-        self.join_not_before_ms = now_ms + (self.config.initial_rebalance_delay_ms if initial else 0)
+        self.join_not_before_ms = now_ms + (self.config.group_initial_rebalance_delay_ms if initial else 0)
 
     # ------------------------------------------------------------ JoinGroup
 
@@ -299,8 +279,8 @@ class GroupMetadata:
 
         if self.state is GroupState.DEAD:
             return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if not (self.config.min_session_timeout_ms <= session_timeout_ms
-                <= self.config.max_session_timeout_ms):
+        if not (self.config.group_min_session_timeout_ms <= session_timeout_ms
+                <= self.config.group_max_session_timeout_ms):
             return fail(ErrorCode.INVALID_SESSION_TIMEOUT)
         if rebalance_timeout_ms <= 0:
             rebalance_timeout_ms = session_timeout_ms
@@ -317,7 +297,7 @@ class GroupMetadata:
                                            rebalance_timeout_ms, now_ms)
 
         if not member_id:
-            if len(self.members) >= self.config.max_size:
+            if len(self.members) >= self.config.group_max_size:
                 return fail(ErrorCode.GROUP_MAX_SIZE_REACHED)
             member_id = self._new_member_id(group_instance_id)
             self.members[member_id] = MemberMetadata(
@@ -330,7 +310,7 @@ class GroupMetadata:
                 if now_ms < self.join_not_before_ms:
                     # Kafka's InitialDelayedJoin: each new member extends the
                     # delay, bounded by the rebalance timeout.
-                    self.join_not_before_ms = min(now_ms + self.config.initial_rebalance_delay_ms,
+                    self.join_not_before_ms = min(now_ms + self.config.group_initial_rebalance_delay_ms,
                                                   self.rebalance_deadline_ms())
             else:
                 self.prepare_rebalance(now_ms)
@@ -566,7 +546,7 @@ class GroupMetadata:
             tuple(sorted(self.topic_partition_counts.items())))
 
     @classmethod
-    def from_snapshot(cls, snap: GroupSnapshot, now_ms: int, config: GroupConfig | None = None,
+    def from_snapshot(cls, snap: GroupSnapshot, now_ms: int, config: GroupCoordinatorSchema | None = None,
                       new_member_id: Callable[[str], str] = default_member_id) -> "GroupMetadata":
         """Rebuild a group from its last metadata record (coordinator load):
         Stable with the recorded members (sessions restart at now_ms) or Empty."""

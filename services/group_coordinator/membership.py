@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Callable, Coroutine, Iterable, Mapping, Protocol
 
 from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
+from services.common.settings import GroupCoordinatorSchema
 
 from . import log_format, metrics
-from .group import (Assignment, CompletedRebalance, GroupConfig, GroupMetadata, GroupState, JoinResponse,
+from .group import (Assignment, CompletedRebalance, GroupMetadata, GroupState, JoinResponse,
                     default_member_id)
 from .offsets_log import GROUP_APPEND_ERRORS, WaitFor
 
@@ -41,13 +43,15 @@ class GroupLog(Protocol):
     async def append(self, batch: bytes, transactional_id: str = "", consumer_group_id: str = "") -> ErrorCode: ...
 
 
+@dataclass(eq=False)
 class GroupMembership:
     """Membership of the groups of one owned __consumer_offsets partition.
 
     groups: group id -> GroupMetadata (the partition state's dict, shared with the
-    tailer that rebuilds groups while loading); log: GroupLog; config: GroupConfig
-    (group.* limits); commit_timeout_ms (offsets.commit.timeout.ms): how long a
-    SyncGroup or a group deletion waits for a generation record being stored;
+    tailer that rebuilds groups while loading); log: GroupLog; config: the
+    parsed settings (services.common.settings.GroupCoordinatorSchema): the group.*
+    limits, and offsets.commit.timeout.ms, how long a SyncGroup or a group deletion
+    waits for a generation record being stored;
     partition_counts() -> {topic: partitions} for the range assignment; clock:
     monotonic ms (sessions, rebalance timeouts); wall_clock: wall-clock ms (record
     timestamps); new_member_id(client_id) -> member id; spawn(coro, name) runs a
@@ -55,25 +59,20 @@ class GroupMembership:
     calls `tick` soon; wait_for: asyncio.wait_for's shape (injected in tests).
     """
 
-    def __init__(self, groups: dict[str, GroupMetadata], log: GroupLog, *,
-                 config: GroupConfig | None = None, commit_timeout_ms: int = 5000,
-                 partition_counts: Callable[[], Mapping[str, int]],
-                 clock: Clock, wall_clock: Clock,
-                 new_member_id: Callable[[str], str] = default_member_id,
-                 spawn: Callable[[Coroutine, str], object] | None = None,
-                 wake: Callable[[], None] = lambda: None,
-                 wait_for: WaitFor = asyncio.wait_for):
-        self.groups = groups
-        self.log = log
-        self.config = config or GroupConfig()
-        self.commit_timeout_ms = commit_timeout_ms
-        self.partition_counts = partition_counts
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self.new_member_id = new_member_id
-        self._spawn = spawn or (lambda coro, name: asyncio.get_running_loop().create_task(coro, name=name))
-        self._wake = wake
-        self._wait_for = wait_for
+    groups: dict[str, GroupMetadata]
+    log: GroupLog
+    _: KW_ONLY
+    partition_counts: Callable[[], Mapping[str, int]]
+    clock: Clock
+    wall_clock: Clock
+    config: GroupCoordinatorSchema = field(default_factory=GroupCoordinatorSchema)
+    new_member_id: Callable[[str], str] = default_member_id
+    spawn: Callable[[Coroutine, str], object] = lambda coro, name: asyncio.get_running_loop().create_task(
+        coro, name=name)
+    wake: Callable[[], None] = lambda: None
+    wait_for: WaitFor = asyncio.wait_for
+
+    def __post_init__(self) -> None:
         # group id -> member id -> future of a JoinGroup waiting for the rebalance
         self.join_waiters: dict[str, dict[str, asyncio.Future]] = {}
         # group id -> set once the group metadata record of the latest rebalance is stored
@@ -95,14 +94,14 @@ class GroupMembership:
             ev.set()
 
     async def wait_stored(self, group_id: str) -> bool:
-        """Wait at most commit_timeout_ms until the record of `group_id`'s latest
+        """Wait at most offsets.commit.timeout.ms until the record of `group_id`'s latest
         completed rebalance is stored (at once when none is being stored); False
         on timeout."""
         stored = self.stored.get(group_id)
         if stored is None:
             return True
         try:
-            await self._wait_for(stored.wait(), self.commit_timeout_ms / 1000)
+            await self.wait_for(stored.wait(), self.config.offsets_commit_timeout_ms / 1000)
         except asyncio.TimeoutError:
             return False
         return True
@@ -113,7 +112,7 @@ class GroupMembership:
         """Expire sessions, notice partition count changes of subscribed topics
         (`counts`: {topic: partitions}, partition_counts() when None) and complete
         rebalances whose members rejoined or whose time is up."""
-        now = self._clock()
+        now = self.clock()
         counts = counts if counts is not None else self.partition_counts()
         for group in list(self.groups.values()):
             for member_id in group.expire_members(now):
@@ -132,7 +131,7 @@ class GroupMembership:
     def _try_complete(self, group: GroupMetadata, counts: Mapping[str, int] | None = None) -> None:
         if not group.is_(GroupState.PREPARING_REBALANCE):
             return
-        completed = group.poll_rebalance(self._clock(),
+        completed = group.poll_rebalance(self.clock(),
                                          counts if counts is not None else self.partition_counts())
         if completed is None:
             return
@@ -143,7 +142,7 @@ class GroupMembership:
         waiters = self.join_waiters.pop(group.group_id, {})
         stored = asyncio.Event()
         self.stored[group.group_id] = stored
-        self._spawn(self._store_generation(group, completed, waiters, stored),
+        self.spawn(self._store_generation(group, completed, waiters, stored),
                     f"store-{group.group_id}-{completed.generation}")
 
     async def _store_generation(self, group: GroupMetadata, completed: CompletedRebalance,
@@ -152,20 +151,20 @@ class GroupMembership:
         JoinGroups that waited for it (generation-ordered per group)."""
         try:
             async with self.log.store_lock(group.group_id):
-                raw = await self.log.append(log_format.group_batch(completed.snapshot, self._wall_clock(),
+                raw = await self.log.append(log_format.group_batch(completed.snapshot, self.wall_clock(),
                                                                    self.log.writer))
             code = GROUP_APPEND_ERRORS.get(raw, raw)
             if code != ErrorCode.NONE:
                 log.warning("group %s: storing generation %d failed: %s", group.group_id,
                             completed.generation, code.name)
-            group.store_completed(completed.generation, code, self._clock())
+            group.store_completed(completed.generation, code, self.clock())
             for member_id, fut in waiters.items():
                 if not fut.done():
                     fut.set_result(completed.join_response(member_id) if code == ErrorCode.NONE
                                    else JoinResponse(code, member_id))
         finally:
             stored.set()
-            self._wake()
+            self.wake()
 
     # ------------------------------------------------------------ membership requests
 
@@ -178,7 +177,7 @@ class GroupMembership:
         stored. Errors besides the group's: UNKNOWN_MEMBER_ID (member id given for an
         unknown group), NOT_COORDINATOR (the partition was given up meanwhile), and
         append errors of the generation record."""
-        now = self._clock()
+        now = self.clock()
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -217,7 +216,7 @@ class GroupMembership:
         answer the current generation. A failed append undoes the replacement and
         returns the append error (Kafka's GroupCoordinator does the same)."""
         async with self.log.store_lock(group.group_id):
-            raw = await self.log.append(log_format.group_batch(group.snapshot(), self._wall_clock(),
+            raw = await self.log.append(log_format.group_batch(group.snapshot(), self.wall_clock(),
                                                                self.log.writer))
         code = GROUP_APPEND_ERRORS.get(raw, raw)
         if code != ErrorCode.NONE:
@@ -236,13 +235,13 @@ class GroupMembership:
                    group_instance_id: str = "") -> tuple[ErrorCode, Assignment]:
         """SyncGroup: (error, {topic: [partitions]}) of the member in the current
         generation (group.GroupMetadata.sync). A SyncGroup that arrives while its
-        generation is being stored waits for the store (at most commit_timeout_ms)."""
+        generation is being stored waits for the store (at most offsets.commit.timeout.ms)."""
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, {}
         if group.is_(GroupState.COMPLETING_REBALANCE) and generation_id == group.generation:
             await self.wait_stored(group_id)
-        return group.sync(member_id, generation_id, self._clock(), group_instance_id)
+        return group.sync(member_id, generation_id, self.clock(), group_instance_id)
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str = "") -> ErrorCode:
         """Heartbeat (group.GroupMetadata.heartbeat); REBALANCE_IN_PROGRESS means
@@ -251,7 +250,7 @@ class GroupMembership:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(member_id, generation_id, self._clock(), group_instance_id)
+        return group.heartbeat(member_id, generation_id, self.clock(), group_instance_id)
 
     def leave(self, group_id: str, member_id: str, group_instance_id: str = "") -> ErrorCode:
         """LeaveGroup: remove the member, rebalance the others (FENCED_INSTANCE_ID
@@ -262,7 +261,7 @@ class GroupMembership:
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         member_id = group.leaving_member_id(member_id, group_instance_id)
-        code = group.leave(member_id, self._clock(), group_instance_id)
+        code = group.leave(member_id, self.clock(), group_instance_id)
         if code == ErrorCode.NONE:
             self._answer_removed(group_id, member_id)
             self._try_complete(group)
@@ -272,7 +271,7 @@ class GroupMembership:
         """An accepted OffsetCommit of `member_id` counts as a heartbeat."""
         group = self.groups.get(group_id)
         if group is not None and member_id in group.members:
-            group.members[member_id].last_heartbeat_ms = self._clock()
+            group.members[member_id].last_heartbeat_ms = self.clock()
 
 
 __all__ = ["GroupLog", "GroupMembership"]

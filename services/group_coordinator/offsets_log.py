@@ -22,6 +22,7 @@ import heapq
 import itertools
 import logging
 from collections import Counter
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from exactly_wire import records
@@ -29,6 +30,7 @@ from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import code_name
+from services.common.settings import GroupCoordinatorSchema
 
 from . import log_format
 from .offsets import OffsetAndMetadata
@@ -85,6 +87,7 @@ def _as_code(code: int) -> ErrorCode:
         return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
+@dataclass(eq=False)
 class OffsetsLog:
     """The __consumer_offsets partition `state.partition` as this coordinator sees it.
 
@@ -94,39 +97,31 @@ class OffsetsLog:
     (producer_id -1: none); owns() -> whether the partition is still this
     coordinator's; fenced(code) -> whether an error code of an append written with
     our writer PID means a newer owner fenced us (the partition is then deposed).
-    commit_timeout_ms (offsets.commit.timeout.ms): how long an append and the wait
-    for the tailer may take; load_buffer_size (offsets.load.buffer.size): bytes per
-    fetch; tail_max_wait_ms: long poll of the tailer's fetches;
-    offset_metadata_max_bytes (offset.metadata.max.bytes). clock: monotonic ms
+    config: the parsed settings (services.common.settings.GroupCoordinatorSchema;
+    its defaults when None): offsets.commit.timeout.ms, how long an append and the
+    wait for the tailer may take; offsets.load.buffer.size, bytes per fetch;
+    group.coordinator.tail.max.wait.ms, long poll of the tailer's fetches;
+    offset.metadata.max.bytes. clock: monotonic ms
     passed to the state when applying; wall_clock: wall-clock ms (commit
     timestamps); sleep: async (seconds) -> None, backoff after a failed fetch;
     wait_for: asyncio.wait_for's shape, the deadline of waits (injected in tests).
     """
 
-    def __init__(self, client: LogClient, state: OffsetsPartitionState, *,
-                 producer_id: int = -1, producer_epoch: int = -1,
-                 owns: Callable[[], bool] = lambda: True,
-                 fenced: Callable[[int], bool] = lambda _code: False,
-                 commit_timeout_ms: int = 5000, load_buffer_size: int = 5 * 1024 * 1024,
-                 tail_max_wait_ms: int = 500, offset_metadata_max_bytes: int = 4096,
-                 clock: Clock, wall_clock: Clock,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 wait_for: WaitFor = asyncio.wait_for):
-        self.client = client
-        self.state = state
-        self.partition = state.partition
-        self.producer_id = producer_id
-        self.producer_epoch = producer_epoch
-        self._owns = owns
-        self._fenced = fenced
-        self.commit_timeout_ms = commit_timeout_ms
-        self.load_buffer_size = load_buffer_size
-        self.tail_max_wait_ms = tail_max_wait_ms
-        self.offset_metadata_max_bytes = offset_metadata_max_bytes
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._sleep = sleep
-        self.wait_for = wait_for
+    client: LogClient
+    state: OffsetsPartitionState
+    _: KW_ONLY
+    clock: Clock
+    wall_clock: Clock
+    producer_id: int = -1
+    producer_epoch: int = -1
+    owns: Callable[[], bool] = lambda: True
+    fenced: Callable[[int], bool] = lambda _code: False
+    config: GroupCoordinatorSchema = field(default_factory=GroupCoordinatorSchema)
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    wait_for: WaitFor = asyncio.wait_for
+
+    def __post_init__(self) -> None:
+        self.partition = self.state.partition
         self.closed = False
         # set when a write of ours was appended: the tailer fetches at once
         self.kick = asyncio.Event()
@@ -202,19 +197,19 @@ class OffsetsLog:
         while True:
             resp = await self._fetch(max_wait_ms=0)
             if not self._handle_fetch(resp, loading=True):
-                await self._sleep(0.1)
+                await self.sleep(0.1)
                 continue
             if self.state.next_offset >= resp.high_watermark:
                 return
             if not resp.records:
-                await self._sleep(0.01)
+                await self.sleep(0.01)
 
     async def tail(self) -> None:
-        """Keep applying new batches (long poll of tail_max_wait_ms, cut short by
+        """Keep applying new batches (long poll of group.coordinator.tail.max.wait.ms, cut short by
         `kick`); never returns (cancel it)."""
         while True:
             self.kick.clear()
-            fetch = asyncio.ensure_future(self._fetch(self.tail_max_wait_ms))
+            fetch = asyncio.ensure_future(self._fetch(self.config.tail_max_wait_ms))
             kicked = asyncio.ensure_future(self.kick.wait())
             try:
                 done, _ = await asyncio.wait({fetch, kicked}, return_when=asyncio.FIRST_COMPLETED)
@@ -230,13 +225,13 @@ class OffsetsLog:
                 await asyncio.gather(fetch, return_exceptions=True)
                 continue
             if not self._handle_fetch(fetch.result(), loading=False):
-                await self._sleep(0.1)
+                await self.sleep(0.1)
 
     async def _fetch(self, max_wait_ms: int) -> Any | None:
         try:
             return await self.client.fetch(OFFSETS_TOPIC, self.partition, self.state.next_offset,
                                            max_wait_ms=max_wait_ms, isolation_level=READ_UNCOMMITTED,
-                                           max_bytes=self.load_buffer_size)
+                                           max_bytes=self.config.offsets_load_buffer_size)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - keep tailing; the leader may be restarting
@@ -257,7 +252,7 @@ class OffsetsLog:
             log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, self.partition, code_name(code))
             return False
         if resp.records:
-            self.state.apply_all(resp.records, self._clock(), loading)
+            self.state.apply_all(resp.records, self.clock(), loading)
             self.notify_applied()
         return True
 
@@ -266,7 +261,7 @@ class OffsetsLog:
     async def append_fence(self, batch: bytes) -> int:
         """Append one fence batch (acks=all); returns the leader's error code value."""
         code, _ = await self.client.produce(OFFSETS_TOPIC, self.partition, batch, acks=-1,
-                                            timeout_ms=self.commit_timeout_ms)
+                                            timeout_ms=self.config.offsets_commit_timeout_ms)
         return code
 
     async def append(self, batch: bytes, transactional_id: str = "", consumer_group_id: str = "",
@@ -276,21 +271,21 @@ class OffsetsLog:
         group-aware producer, for the leader's verification; `verified_from`: the
         coordinator verified it itself, see GroupCoordinator.txn_commit_offsets). Returns the partition
         leader's error code, NOT_COORDINATOR if the partition was resigned meanwhile
-        (or our writer was fenced), REQUEST_TIMED_OUT after commit_timeout_ms."""
-        if not self._owns():
+        (or our writer was fenced), REQUEST_TIMED_OUT after offsets.commit.timeout.ms."""
+        if not self.owns():
             return ErrorCode.NOT_COORDINATOR
         code, base_offset = await self.client.produce(OFFSETS_TOPIC, self.partition, batch, acks=-1,
-                                                      timeout_ms=self.commit_timeout_ms,
+                                                      timeout_ms=self.config.offsets_commit_timeout_ms,
                                                       transactional_id=transactional_id,
                                                       consumer_group_id=consumer_group_id,
                                                       verified_from=verified_from)
         if code != ErrorCode.NONE:
-            if records.parse_header(batch).producer_id == self.producer_id and self._fenced(code):
+            if records.parse_header(batch).producer_id == self.producer_id and self.fenced(code):
                 return ErrorCode.NOT_COORDINATOR
             return _as_code(code)
         last_offset = base_offset + records.parse_header(batch).last_offset_delta
         self.kick.set()
-        return await self.until_applied(last_offset, self.commit_timeout_ms)
+        return await self.until_applied(last_offset, self.config.offsets_commit_timeout_ms)
 
     async def write_offsets(self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata],
                             producer_id: int = records.NO_PRODUCER_ID,
@@ -304,10 +299,10 @@ class OffsetsLog:
         committer sees it (OFFSET_APPEND_ERRORS)."""
         results: dict[TopicPartition, ErrorCode] = {}
         valid: dict[TopicPartition, OffsetAndMetadata] = {}
-        now = self._wall_clock()
+        now = self.wall_clock()
         for tp, value in offsets.items():
             tp = TopicPartition(*tp)
-            if len(value.metadata.encode()) > self.offset_metadata_max_bytes:
+            if len(value.metadata.encode()) > self.config.offset_metadata_max_bytes:
                 results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:
                 valid[tp] = OffsetAndMetadata(value.offset, value.metadata, value.leader_epoch, now)
@@ -333,7 +328,7 @@ class OffsetsLog:
         """Append tombstones of `group_id`'s committed offsets of `partitions` (and
         of its group metadata with group_too) in one batch; returns the append's
         error as the committer sees it (OFFSET_APPEND_ERRORS)."""
-        raw = await self.append(log_format.tombstones_batch(group_id, partitions, self._wall_clock(),
+        raw = await self.append(log_format.tombstones_batch(group_id, partitions, self.wall_clock(),
                                                             self.writer, group_too=group_too))
         return OFFSET_APPEND_ERRORS.get(raw, raw)
 

@@ -22,7 +22,7 @@ from services.common.transport.rpc import ClusterClient
 from services.common.settings import GroupCoordinatorSchema
 from services.common.cluster.verification import TxnVerifier
 
-from .coordinator import GroupCoordinator, GroupCoordinatorConfig
+from .coordinator import GroupCoordinator
 from services.common.security.authz import AuthorizedServicer
 
 from .kafka_api import GroupCoordinatorApis
@@ -94,7 +94,7 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client
     # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = GroupCoordinator(log_client, _partition_for(cluster), _partition_counts(cluster),
-                                   GroupCoordinatorConfig.from_settings(settings),
+                                   settings,
                                    on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch))
     if settings.transaction_partition_verification_enable:
         coordinator.verifier = TxnVerifier(cluster, client)

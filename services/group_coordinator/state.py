@@ -13,9 +13,10 @@ import logging
 from typing import Callable
 
 from exactly_wire import records
+from services.common.settings import GroupCoordinatorSchema
 
 from . import log_format
-from .group import GroupConfig, GroupMetadata, default_member_id
+from .group import GroupMetadata, default_member_id
 from .offsets import OffsetStore
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,10 @@ class OffsetsPartitionState:
     a group that is unknown or has a lower generation.
     """
 
-    def __init__(self, partition: int, config: GroupConfig | None = None,
+    def __init__(self, partition: int, config: GroupCoordinatorSchema | None = None,
                  new_member_id: Callable[[str], str] = default_member_id):
         self.partition = partition
-        self.config = config or GroupConfig()
+        self.config = config or GroupCoordinatorSchema()
         self._new_member_id = new_member_id
         self.groups: dict[str, GroupMetadata] = {}
         self.offsets = OffsetStore()

@@ -181,8 +181,8 @@ class TxnCompletion:
                         started: float | None = None) -> None:
         """The body of a completion's task: the markers, then the Complete record, or
         the handover (`Completion.markers_done`)."""
-        if from_client and self.config.pause_after_prepare_ms > 0:
-            await self._sleep(self.config.pause_after_prepare_ms / 1000)
+        if from_client and self.config.test_pause_after_prepare_ms > 0:
+            await self._sleep(self.config.test_pause_after_prepare_ms / 1000)
         committed = prepared.state is TxnState.PREPARE_COMMIT
         marker = TxnMarker(prepared.producer_id, prepared.producer_epoch, committed, part.coordinator_epoch,
                            prepared.partitions, prepared.transaction_version)
@@ -301,9 +301,9 @@ class TxnCompletion:
         the markers are written, without a Complete record of its own."""
         err, part = self._lookup(tid, group_id)
         completion = part.completions.get(tid) if part is not None and not err else None
-        if completion is not None and completion.running and self.config.previous_completion_wait_ms > 0:
+        if completion is not None and completion.running and self.config.txn_previous_completion_wait_ms > 0:
             with completion.next_add_waiting() if handover else contextlib.nullcontext():
-                await self._wait_done({completion.task}, self.config.previous_completion_wait_ms)
+                await self._wait_done({completion.task}, self.config.txn_previous_completion_wait_ms)
 
     def _resume_completion(self, tid: str, group_id: str) -> None:
         """A completion that stopped for the handover, when the add that was to take

@@ -38,7 +38,7 @@ producer's next transaction does not start with CONCURRENT_TRANSACTIONS.
 `__consumer_offsets` partitions added by AddOffsetsToTxn get their marker the same
 way, from the partition leader of that partition.
 
-Settings (Kafka keys unless prefixed `exactly.`), see `TxnCoordinatorConfig.from_settings`.
+Settings: `services.common.settings.TxnCoordinatorSchema` (each key's default, range and doc).
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ from typing import Awaitable, Callable, Iterable
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
 from services.common.cluster.owned import PartitionOwner, code_name
+from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics, txn_log
 from .completion import TxnCompletion
@@ -60,7 +61,7 @@ from .partition import TxnPartition
 from .pid_manager import ProducerIdManager
 from .ports import (AMBIGUOUS_APPEND_ERRORS, MARKER_LEADER_DEADLINE_MS, OFFSETS_TOPIC, UNANSWERED_MARKER_ERRORS,
                     DescribeResult, EndTxnResult, InitProducerIdResult, MarkerWriter, Topology,
-                    TxnCoordinatorConfig, TxnLogFetch, TxnLogStore, TxnMarker)
+                    TxnLogFetch, TxnLogStore, TxnMarker)
 from .requests import TxnRequests
 from .scans import TxnScans
 from .state import TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "TransactionCoordinator", "TxnPartition", "AMBIGUOUS_APPEND_ERRORS", "MARKER_LEADER_DEADLINE_MS",
     "OFFSETS_TOPIC", "UNANSWERED_MARKER_ERRORS", "DescribeResult", "EndTxnResult", "InitProducerIdResult",
-    "MarkerWriter", "Topology", "TxnCoordinatorConfig", "TxnLogFetch", "TxnLogStore", "TxnMarker",
+    "MarkerWriter", "Topology", "TxnLogFetch", "TxnLogStore", "TxnMarker",
 ]
 
 
@@ -81,7 +82,8 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
     """Handles the transaction coordinator RPCs for the `__transaction_state`
     partitions this process owns (`on_elected` / `on_resigned`).
 
-    log, markers, topology: the ports (ports.py); pids: PID allocation; clock: wall-clock
+    log, markers, topology: the ports (ports.py); pids: PID allocation; config: the parsed
+    settings (services.common.settings.TxnCoordinatorSchema; its defaults when None); clock: wall-clock
     ms (timestamps written to the transaction log); monotonic: ms of a monotonic clock
     (every duration: transaction.timeout.ms, transaction.prepared.max.ms, the
     expirations, the marker deadline; docs/design.md, "Clocks"); sleep: async (seconds) -> None
@@ -95,17 +97,17 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
     topic = "__transaction_state"
 
     def __init__(self, log_store: TxnLogStore, markers: MarkerWriter, topology: Topology,
-                 pids: ProducerIdManager, config: TxnCoordinatorConfig | None = None,
+                 pids: ProducerIdManager, config: TxnCoordinatorSchema | None = None,
                  clock: Clock = wall_clock_ms,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  on_fenced: Callable[[int, int], None] | None = None, bind_producer_ids: bool = False,
                  monotonic: Clock = monotonic_ms):
-        self.config = config or TxnCoordinatorConfig()
+        self.config = config or TxnCoordinatorSchema()
         self._monotonic = monotonic
         self.bind_producer_ids = bind_producer_ids
         self._next_binding_partition = 0
-        super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.retry_backoff_ms,
-                         retry_backoff_max_ms=self.config.retry_backoff_max_ms)
+        super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.txn_retry_backoff_ms,
+                         retry_backoff_max_ms=self.config.txn_retry_backoff_max_ms)
         self._log = log_store
         self._markers = markers
         self._topology = topology

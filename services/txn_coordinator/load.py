@@ -37,7 +37,7 @@ class TxnLoad:
         started = time.monotonic()
         entries: list[txn_log.TxnLogEntry] = []
         offset, target = 0, None
-        max_bytes = self.config.load_buffer_bytes
+        max_bytes = self.config.state_log_load_buffer_size
         try:
             await self._fence_previous_owner(part)
             async for attempt in self._retrying():
@@ -100,5 +100,5 @@ class TxnLoad:
                 age = min(max(now - md.txn_start_timestamp, 0), md.txn_timeout_ms + 1)
                 md.started_monotonic_ms = loaded_at - age
             if md.prepared_timestamp >= 0:
-                age = min(max(now - md.prepared_timestamp, 0), self.config.prepared_max_ms + 1)
+                age = min(max(now - md.prepared_timestamp, 0), self.config.transaction_prepared_max_ms + 1)
                 md.prepared_monotonic_ms = loaded_at - age

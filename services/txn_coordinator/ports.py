@@ -1,4 +1,4 @@
-"""The ports, settings and results of the transaction coordinator
+"""The ports and results of the transaction coordinator
 (`services.txn_coordinator.coordinator.TransactionCoordinator`).
 
 The coordinator reaches the transaction log, the partition leaders' markers and the
@@ -9,11 +9,10 @@ tests. Every protocol outcome is an `ErrorCode` value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.settings import TxnCoordinatorSchema, settings_from_lookup
 
 from .state import TxnStateSummary
 
@@ -97,92 +96,7 @@ class Topology(Protocol):
 
 
 
-# ---------------------------------------------------------------- config and results
-
-_DEFAULTS = TxnCoordinatorSchema()  # the schema's defaults, as attributes
-
-
-@dataclass(frozen=True)
-class TxnCoordinatorConfig:
-    """Coordinator settings. Durations in ms, sizes in bytes."""
-
-    max_transaction_timeout_ms: int = _DEFAULTS.max_timeout_ms
-    transactional_id_expiration_ms: int = _DEFAULTS.transactional_id_expiration_ms
-    abort_timed_out_interval_ms: int = _DEFAULTS.abort_timed_out_interval_ms
-    remove_expired_interval_ms: int = _DEFAULTS.remove_expired_interval_ms
-    load_buffer_bytes: int = _DEFAULTS.state_log_load_buffer_size
-    retry_backoff_ms: int = _DEFAULTS.txn_retry_backoff_ms
-    retry_backoff_max_ms: int = _DEFAULTS.txn_retry_backoff_max_ms
-    end_txn_completion_wait_ms: int = _DEFAULTS.txn_end_completion_wait_ms
-    previous_completion_wait_ms: int = _DEFAULTS.txn_previous_completion_wait_ms
-    batch_linger_ms: int = _DEFAULTS.txn_batch_linger_ms
-    pause_after_prepare_ms: int = _DEFAULTS.test_pause_after_prepare_ms
-    prepared_max_ms: int = _DEFAULTS.transaction_prepared_max_ms
-    producer_id_expiration_ms: int = _DEFAULTS.producer_id_expiration_ms
-    producer_id_expiration_check_interval_ms: int = _DEFAULTS.producer_id_expiration_check_interval_ms
-
-    @classmethod
-    def from_settings(cls, s: TxnCoordinatorSchema) -> "TxnCoordinatorConfig":
-        """From the process's parsed settings (keys, defaults and docs:
-        services.common.settings.TxnCoordinatorSchema):
-
-        transaction.max.timeout.ms (or the design doc's max.transaction.timeout.ms):
-            largest transaction.timeout.ms of InitProducerId.
-        transactional.id.expiration.ms: idle time after which a transactional.id
-            without a transaction is expired (tombstone); also how long the
-            producer-id binding of a transactional producer outlives its use once the
-            transactional.id no longer holds that producer id.
-        producer.id.expiration.ms: how long the producer-id binding of an idempotent
-            producer outlives its last use (InitProducerId, or a partition leader's or
-            group coordinator's VerifyProducerId).
-        producer.id.expiration.check.interval.ms: period of the binding expiration scan.
-        transaction.abort.timed.out.transaction.cleanup.interval.ms: period of the scan
-            that aborts timed-out transactions.
-        transaction.remove.expired.transaction.cleanup.interval.ms: period of the
-            transactional.id expiration scan.
-        transaction.state.log.load.buffer.size: bytes per Fetch when loading.
-        exactly.txn.retry.backoff.ms / exactly.txn.retry.backoff.max.ms: backoff of
-            marker, completion-append and load retries.
-        exactly.txn.end.completion.wait.ms: how long EndTxn waits for the markers and
-            the Complete record before answering NONE anyway (0: it answers once the
-            Prepare record is written, as Kafka does).
-        exactly.txn.previous.completion.wait.ms: how long AddPartitionsToTxn and
-            AddOffsetsToTxn of a producer's next transaction wait for the previous one
-            to complete (markers written) before answering CONCURRENT_TRANSACTIONS.
-        exactly.txn.batch.linger.ms: while several producers commit at once
-            (`recently_active`), how long a transaction-log append or marker request
-            waits for others to join it (adapters.Linger; 0: never).
-        transaction.prepared.max.ms: how long a transaction sealed by PrepareTxn
-            (two-phase commit) may wait for its EndTxn; it replaces
-            transaction.timeout.ms while prepared. Past it the coordinator aborts the
-            transaction with an epoch bump, as for a timeout.
-        exactly.test.pause.after.prepare.ms: test hook; sleep between the Prepare
-            record of a client's EndTxn and its markers, to widen the window in which a
-            coordinator crash leaves a prepared transaction to roll forward.
-        """
-        return cls(
-            max_transaction_timeout_ms=s.max_timeout_ms,
-            transactional_id_expiration_ms=s.transactional_id_expiration_ms,
-            abort_timed_out_interval_ms=s.abort_timed_out_interval_ms,
-            remove_expired_interval_ms=s.remove_expired_interval_ms,
-            load_buffer_bytes=s.state_log_load_buffer_size,
-            retry_backoff_ms=s.txn_retry_backoff_ms,
-            retry_backoff_max_ms=s.txn_retry_backoff_max_ms,
-            end_txn_completion_wait_ms=s.txn_end_completion_wait_ms,
-            previous_completion_wait_ms=s.txn_previous_completion_wait_ms,
-            batch_linger_ms=s.txn_batch_linger_ms,
-            pause_after_prepare_ms=s.test_pause_after_prepare_ms,
-            prepared_max_ms=s.transaction_prepared_max_ms,
-            producer_id_expiration_ms=s.producer_id_expiration_ms,
-            producer_id_expiration_check_interval_ms=s.producer_id_expiration_check_interval_ms,
-        )
-
-    @classmethod
-    def from_props(cls, get_int: Callable[[str, int], int]) -> "TxnCoordinatorConfig":
-        """`from_settings` of the settings a `get_int(key, default)` lookup gives
-        (services.common.settings.settings_from_lookup). Raises ConfigurationError."""
-        return cls.from_settings(settings_from_lookup(TxnCoordinatorSchema, get_int))
-
+# ---------------------------------------------------------------- results
 
 @dataclass(frozen=True)
 class InitProducerIdResult:

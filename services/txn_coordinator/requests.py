@@ -111,11 +111,11 @@ class TxnRequests:
                 return InitProducerIdResult(ErrorCode.NONE, await self._pids.generate(), 0)
             except ProducerIdAllocationError as exc:
                 return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
-        if not 0 < transaction_timeout_ms <= self.config.max_transaction_timeout_ms:
+        if not 0 < transaction_timeout_ms <= self.config.max_timeout_ms:
             return InitProducerIdResult(
                 ErrorCode.INVALID_TRANSACTION_TIMEOUT,
                 message=f"transaction.timeout.ms {transaction_timeout_ms} not in (0, "
-                        f"{self.config.max_transaction_timeout_ms}] (transaction.max.timeout.ms)")
+                        f"{self.config.max_timeout_ms}] (transaction.max.timeout.ms)")
         if "\0" in transactional_id:
             return InitProducerIdResult(ErrorCode.INVALID_REQUEST, message="transactional.id holds a NUL character")
         group_id = ""
@@ -479,8 +479,8 @@ class TxnRequests:
             self._start_completion(part, md, transit, from_client=True, started=started)))
         if err:
             return EndTxnResult(err)
-        if self.config.end_txn_completion_wait_ms > 0:
-            await self._wait_done(completions, self.config.end_txn_completion_wait_ms)
+        if self.config.txn_end_completion_wait_ms > 0:
+            await self._wait_done(completions, self.config.txn_end_completion_wait_ms)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod

@@ -54,10 +54,10 @@ class TxnScans:
             if md.prepared_monotonic_ms is None:
                 md.prepared_monotonic_ms = now
             if md.is_prepared:
-                if md.prepared_monotonic_ms + self.config.prepared_max_ms < now:
+                if md.prepared_monotonic_ms + self.config.transaction_prepared_max_ms < now:
                     log.info("prepared transaction of %r (PID %d epoch %d) waited more than "
                              "transaction.prepared.max.ms (%d ms); aborting", md.transactional_id,
-                             md.producer_id, md.producer_epoch, self.config.prepared_max_ms)
+                             md.producer_id, md.producer_epoch, self.config.transaction_prepared_max_ms)
                     aborts.append(self._fence_and_abort(part, md))
             elif md.state is TxnState.ONGOING and md.started_monotonic_ms + md.txn_timeout_ms < now:
                 log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",

@@ -18,7 +18,7 @@ from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog, Linger
-from .coordinator import TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch
+from .coordinator import TransactionCoordinator, TxnLogFetch
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
 from services.common.security.authz import AuthorizedServicer
 
@@ -107,9 +107,8 @@ class TxnCoordinatorService:
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
                 cfg: ServiceConfig) -> TxnCoordinatorService:
     """Build the coordinator over the cluster and register its gRPC servicer.
-    Settings: see TxnCoordinatorConfig.from_settings."""
+    Settings: services.common.settings.TxnCoordinatorSchema."""
     settings: TxnCoordinatorSchema = cfg.settings
-    config = TxnCoordinatorConfig.from_settings(settings)
     bind = cluster.pid_bindings is not None  # the authorizer is on
     topology = ClusterTopology(cluster)
 
@@ -122,14 +121,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
         return block
 
     pids = ProducerIdManager(allocate_block)
-    linger = Linger(config.batch_linger_ms)
+    linger = Linger(settings.txn_batch_linger_ms)
     txn_log = ClusterTxnLog(client, linger=linger)
     load_delay_ms = settings.test_load_delay_ms
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
     # on_fenced resigns through the ownership, which is built from the coordinator below.
     coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client, linger=linger),
-                                         topology, pids, config,
+                                         topology, pids, settings,
                                          on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch),
                                          bind_producer_ids=bind)
     linger.bind(lambda: coordinator.recently_active() > 1)

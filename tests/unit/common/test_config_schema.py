@@ -14,11 +14,8 @@ from exactly.config import ConsumerSchema, ProducerSchema, parse
 from exactly_tools import config_docs
 from exactly_wire.config import ConfigurationError, keys
 from services.common.config import ServiceConfig, parse_args
-from services.common.settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, PartitionLeaderSchema,
-                                      TxnCoordinatorSchema, settings_by_role)
-from services.group_coordinator.coordinator import GroupCoordinatorConfig
+from services.common.settings import SERVICE_SCHEMAS, PartitionLeaderSchema, settings_by_role
 from services.partition_leader.partition import PartitionConfig
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BOOT = {"bootstrap.servers": "127.0.0.1:1"}
@@ -154,11 +151,6 @@ def _schema_default(schema, key):
 
 
 def test_schema_defaults_are_the_defaults_the_services_use():
-    def lookup(schema):
-        return lambda key, default: (default if _schema_default(schema, key) is None
-                                     else _schema_default(schema, key))
-    assert TxnCoordinatorConfig.from_props(lookup(TxnCoordinatorSchema)) == TxnCoordinatorConfig()
-    assert GroupCoordinatorConfig.from_props(lookup(GroupCoordinatorSchema)) == GroupCoordinatorConfig()
     pl_defaults = {k: str(_schema_default(PartitionLeaderSchema, k)) for k in keys(PartitionLeaderSchema)
                    if _schema_default(PartitionLeaderSchema, k) is not None and k in
                    ("min.insync.replicas", "producer.snapshot.interval.ms", "producer.snapshot.retained",

@@ -17,12 +17,14 @@ from services.common import topic_config
 from services.common.kafka.config_api import INT, LIST, LONG, topic_config_entries
 from services.common.settings import (GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema,
                                       role_settings)
-from services.group_coordinator.coordinator import GroupCoordinatorConfig
-from services.group_coordinator.group import GroupConfig
+from services.group_coordinator.coordinator import GroupCoordinator
+from services.group_coordinator.group import GroupMetadata
+from services.group_coordinator.offsets_log import OffsetsLog
+from services.group_coordinator.state import OffsetsPartitionState
 from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import PartitionConfig
 from services.partition_leader.replica_fetcher import ReplicaFetchers
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.txn_coordinator.coordinator import TransactionCoordinator
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
@@ -78,12 +80,11 @@ def test_describe_configs_types_and_defaults_come_from_the_schema():
 # ---------------------------------------------------------------- service roles
 
 def test_the_services_settings_objects_default_to_the_schemas():
-    txn = TxnCoordinatorSchema()
-    assert TxnCoordinatorConfig.from_settings(txn) == TxnCoordinatorConfig()
-    assert TxnCoordinatorConfig().max_transaction_timeout_ms == txn.max_timeout_ms
-    group = GroupCoordinatorSchema()
-    assert GroupCoordinatorConfig.from_settings(group) == GroupCoordinatorConfig()
-    assert GroupCoordinatorConfig.group_config(group) == GroupConfig()
+    # The coordinators hold their role's schema object itself: no second definition
+    # of a key or a default exists to drift.
+    assert TransactionCoordinator(None, None, None, None).config == TxnCoordinatorSchema()
+    assert GroupCoordinator(None, lambda group: 0, lambda: {}).config == GroupCoordinatorSchema()
+    assert GroupMetadata("g", 0).config == GroupCoordinatorSchema()
     leader = PartitionLeaderSchema()
     fetchers = ReplicaFetchers(None, lambda node: None, lambda address: None)
     assert (fetchers.max_wait_ms, fetchers.max_bytes, fetchers.backoff_s * 1000) == \
@@ -93,13 +94,28 @@ def test_the_services_settings_objects_default_to_the_schemas():
 def test_a_set_value_reaches_the_services_settings_objects():
     txn = role_settings(TxnCoordinatorSchema, {"max.transaction.timeout.ms": "7000",
                                                "exactly.txn.batch.linger.ms": "3"})
-    assert (TxnCoordinatorConfig.from_settings(txn).max_transaction_timeout_ms,
-            TxnCoordinatorConfig.from_settings(txn).batch_linger_ms) == (7000, 3)
-    group = role_settings(GroupCoordinatorSchema, {"group.max.size": "4", "group.coordinator.tick.ms": "7"})
-    cfg = GroupCoordinatorConfig.from_settings(group)
-    assert (cfg.group.max_size, cfg.tick_ms) == (4, 7)
+    coordinator = TransactionCoordinator(None, None, None, None, txn)
+    assert (coordinator.config.max_timeout_ms, coordinator.config.txn_batch_linger_ms) == (7000, 3)
+    group = role_settings(GroupCoordinatorSchema, {"group.max.size": "4", "offsets.commit.timeout.ms": "7"})
+    state = OffsetsPartitionState(0, group)
+    state.groups["g"] = GroupMetadata("g", 0, state.config)
+    olog = OffsetsLog(None, state, config=group, clock=lambda: 0, wall_clock=lambda: 0)
+    assert (state.groups["g"].config.group_max_size, olog.config.offsets_commit_timeout_ms) == (4, 7)
     fetchers = ReplicaFetchers(None, lambda node: None, lambda address: None, {"replica.fetch.wait.max.ms": "9"})
     assert fetchers.max_wait_ms == 9
+
+
+def test_no_service_module_restates_a_roles_defaults():
+    # The pattern a second definition takes: a module-level instance of a role's
+    # schema whose attributes become another class's field defaults.
+    schemas = {"ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema", "GroupCoordinatorSchema"}
+    found = []
+    for path in (ROOT / "services").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                    isinstance(node.value.func, ast.Name) and node.value.func.id in schemas:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
 
 
 # ---------------------------------------------------------------- README

@@ -8,6 +8,13 @@ from collections import defaultdict
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
+from services.common.settings import GroupCoordinatorSchema, role_settings
+
+
+def group_settings(conf: dict[str, object]) -> GroupCoordinatorSchema:
+    """The group coordinator's settings with the Kafka keys of `conf` set (the
+    schema's defaults elsewhere). Raises ConfigurationError for an unknown key."""
+    return role_settings(GroupCoordinatorSchema, conf)
 
 
 class ManualClock:

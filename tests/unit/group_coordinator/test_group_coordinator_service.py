@@ -13,11 +13,12 @@ from waiting import wait_for_async
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
-from services.group_coordinator.group import GroupConfig, GroupState
+from services.group_coordinator.coordinator import GroupCoordinator
+from services.common.settings import GroupCoordinatorSchema
+from services.group_coordinator.group import GroupState
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata
 
-from .gc_fakes import FakeLog, ManualClock
+from .gc_fakes import FakeLog, ManualClock, group_settings
 
 N = 4
 TP0 = TopicPartition("orders", 0)
@@ -36,14 +37,14 @@ def run(coro, timeout=10):
 
 class Env:
     def __init__(self, log: FakeLog | None = None, clock: ManualClock | None = None,
-                 counts: dict | None = None, config: GroupCoordinatorConfig | None = None):
+                 counts: dict | None = None, config: GroupCoordinatorSchema | None = None):
         self.log = log or FakeLog()
         self.clock = clock or ManualClock()
         self.counts = counts if counts is not None else {"orders": 4, "payments": 2}
         ids = itertools.count(1)
         self.coord = GroupCoordinator(
             self.log, partition_for, lambda: dict(self.counts),
-            config or GroupCoordinatorConfig(tail_max_wait_ms=5000),
+            config or group_settings({"group.coordinator.tail.max.wait.ms": 5000}),
             clock=self.clock, wall_clock=lambda: 1_700_000_000_000,
             new_member_id=lambda _i: f"member-{next(ids)}")
 
@@ -389,10 +390,10 @@ def test_restart_replays_offsets_groups_and_pending_transactions():
 def test_config_from_kafka_keys():
     props = {"group.min.session.timeout.ms": "100", "group.initial.rebalance.delay.ms": "3000",
              "offset.metadata.max.bytes": "10", "group.max.size": "5"}
-    cfg = GroupCoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
-    assert cfg.group == GroupConfig(min_session_timeout_ms=100, max_session_timeout_ms=1_800_000,
-                                    initial_rebalance_delay_ms=3000, max_size=5)
-    assert cfg.offset_metadata_max_bytes == 10 and cfg.commit_timeout_ms == 5000
+    cfg = group_settings(props)
+    assert (cfg.group_min_session_timeout_ms, cfg.group_max_session_timeout_ms, cfg.group_initial_rebalance_delay_ms,
+            cfg.group_max_size) == (100, 1_800_000, 3000, 5)
+    assert cfg.offset_metadata_max_bytes == 10 and cfg.offsets_commit_timeout_ms == 5000
 
 
 @pytest.mark.parametrize("session_timeout_ms", [999, 1_800_001])

@@ -9,9 +9,12 @@ from collections import namedtuple
 import pytest
 
 from exactly_wire.error_codes import ErrorCode
+from services.common.settings import GroupCoordinatorSchema
 from services.group_coordinator.group import (
-    GroupConfig, GroupMetadata, GroupState, IllegalGroupTransitionError, range_assign,
+    GroupMetadata, GroupState, IllegalGroupTransitionError, range_assign,
     validate_offset_commit)
+
+from .gc_fakes import group_settings
 
 T0 = 1_000_000
 SESSION = 10_000
@@ -19,7 +22,7 @@ REBALANCE = 30_000
 COUNTS = {"orders": 6, "payments": 3}
 
 
-def make_group(config: GroupConfig | None = None) -> GroupMetadata:
+def make_group(config: GroupCoordinatorSchema | None = None) -> GroupMetadata:
     ids = (f"m{i}" for i in itertools.count(1))
     return GroupMetadata("g", T0, config, new_member_id=lambda _instance: next(ids))
 
@@ -65,7 +68,7 @@ def test_join_errors():
 
 
 def test_group_max_size():
-    g = make_group(GroupConfig(max_size=1))
+    g = make_group(group_settings({"group.max.size": 1}))
     join_new(g)
     assert g.join("", ["orders"], SESSION, 0, T0).response.error == ErrorCode.GROUP_MAX_SIZE_REACHED
 
@@ -215,7 +218,7 @@ def test_generations_keep_rising_and_failed_store_rebalances_again():
 
 
 def test_initial_rebalance_delay_waits_for_more_members():
-    g = make_group(GroupConfig(initial_rebalance_delay_ms=3000))
+    g = make_group(group_settings({"group.initial.rebalance.delay.ms": 3000}))
     join_new(g)
     assert g.poll_rebalance(T0 + 2000, COUNTS) is None
     join_new(g, now=T0 + 2000)  # extends the delay to T0 + 5000

@@ -13,10 +13,10 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.metrics import RpcMetricsInterceptor
-from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
+from services.group_coordinator.coordinator import GroupCoordinator
 from services.group_coordinator.servicer import GroupCoordinatorServicer
 
-from .gc_fakes import FakeLog
+from .gc_fakes import FakeLog, group_settings
 
 N = 4
 
@@ -33,7 +33,7 @@ def test_servicer_round_trip():
     async def body():
         log = FakeLog()
         coord = GroupCoordinator(log, lambda g: zlib.crc32(g.encode()) % N, lambda: {"orders": 3},
-                                 GroupCoordinatorConfig(tail_max_wait_ms=5000))
+                                 group_settings({"group.coordinator.tail.max.wait.ms": 5000}))
         await coord.start()
         for p in range(N):
             await coord.on_elected(p, 0)

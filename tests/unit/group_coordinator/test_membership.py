@@ -12,10 +12,11 @@ import itertools
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator import log_format
-from services.group_coordinator.group import GroupConfig, GroupState
+from services.common.settings import GroupCoordinatorSchema
+from services.group_coordinator.group import GroupState
 from services.group_coordinator.membership import GroupMembership
 
-from .gc_fakes import Deadlines, ManualClock
+from .gc_fakes import Deadlines, ManualClock, group_settings
 
 SESSION = 6000
 REBALANCE = 3000  # below the session timeout: the waiting member's session holds
@@ -49,14 +50,14 @@ class FakeGroupLog:
 
 
 class Env:
-    def __init__(self, config: GroupConfig | None = None, wait_for=asyncio.wait_for):
+    def __init__(self, config: GroupCoordinatorSchema | None = None, wait_for=asyncio.wait_for):
         self.clock = ManualClock()
         self.log = FakeGroupLog()
         self.groups: dict = {}
         self.wakes = 0
         ids = itertools.count(1)
         self.members = GroupMembership(
-            self.groups, self.log, config=config, commit_timeout_ms=5000,
+            self.groups, self.log, config=config or GroupCoordinatorSchema(),
             partition_counts=lambda: {"orders": 4}, clock=self.clock, wall_clock=lambda: 1_700_000_000_000,
             new_member_id=lambda _i: f"member-{next(ids)}", wake=self._wake, wait_for=wait_for)
 
@@ -229,7 +230,7 @@ def test_a_restarted_static_member_is_stored_then_answered_and_undone_on_failure
 
 def test_close_answers_waiting_joins_not_coordinator_and_kills_the_groups():
     async def body():
-        env = Env(config=GroupConfig(initial_rebalance_delay_ms=3000))
+        env = Env(config=group_settings({"group.initial.rebalance.delay.ms": 3000}))
         join = env.joining()
         await env.settle()
         assert not join.done()  # the initial rebalance delay holds it

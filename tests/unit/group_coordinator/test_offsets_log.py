@@ -15,7 +15,7 @@ from services.group_coordinator.offsets import OffsetAndMetadata
 from services.group_coordinator.offsets_log import OffsetsLog
 from services.group_coordinator.state import OffsetsPartitionState
 
-from .gc_fakes import Deadlines, FakeLog, ManualClock
+from .gc_fakes import Deadlines, FakeLog, ManualClock, group_settings
 
 P = 0
 TP0 = TopicPartition("orders", 0)
@@ -30,8 +30,8 @@ def run(coro, timeout=10):
 def offsets_log(client, **kw) -> OffsetsLog:
     kw.setdefault("clock", ManualClock())
     kw.setdefault("wall_clock", lambda: WALL)
-    kw.setdefault("tail_max_wait_ms", 5000)
-    return OffsetsLog(client, OffsetsPartitionState(P), **kw)
+    conf = {"group.coordinator.tail.max.wait.ms": 5000, **kw.pop("conf", {})}
+    return OffsetsLog(client, OffsetsPartitionState(P), config=group_settings(conf), **kw)
 
 
 async def tailing(olog: OffsetsLog) -> asyncio.Task:
@@ -94,7 +94,7 @@ def test_the_wait_for_the_tailer_has_the_commit_timeout_as_deadline():
     async def body():
         deadlines = Deadlines(expire=True)
         log = FakeLog()
-        olog = offsets_log(log, commit_timeout_ms=1234, wait_for=deadlines)  # no tailer runs
+        olog = offsets_log(log, conf={"offsets.commit.timeout.ms": 1234}, wait_for=deadlines)  # no tailer runs
         assert await olog.write_offsets("g", {TP0: OffsetAndMetadata(1)}) == {TP0: ErrorCode.REQUEST_TIMED_OUT}
         assert deadlines.seen == [1.234]
         assert log.produced == 1 and not olog.inflight
@@ -153,7 +153,7 @@ def test_a_refused_batch_of_our_writer_reports_the_fence():
 def test_append_errors_as_the_committer_sees_them_and_oversized_metadata():
     async def body():
         log = FakeLog()
-        olog = offsets_log(log, offset_metadata_max_bytes=4)
+        olog = offsets_log(log, conf={"offset.metadata.max.bytes": 4})
         assert await olog.write_offsets("g", {TP0: OffsetAndMetadata(1, "12345")}) == \
             {TP0: ErrorCode.OFFSET_METADATA_TOO_LARGE}
         assert log.produced == 0
@@ -190,7 +190,7 @@ def test_replay_reaches_the_high_watermark_and_backs_off_on_failed_fetches():
         async def sleep(seconds):
             slept.append(seconds)
 
-        olog = offsets_log(log, sleep=sleep, load_buffer_size=1)  # one batch per fetch
+        olog = offsets_log(log, sleep=sleep, conf={"offsets.load.buffer.size": 1})  # one batch per fetch
         await olog.replay()
         assert olog.state.next_offset == log.end[P] == 3
         assert olog.state.offsets.fetch("g", [TP0], False)[TP0].offset == 2
@@ -227,7 +227,7 @@ class DeafLog(FakeLog):
 def test_our_own_append_kicks_the_tailer_out_of_its_long_poll():
     async def body():
         log = DeafLog()
-        olog = offsets_log(log, tail_max_wait_ms=600_000)
+        olog = offsets_log(log, conf={"group.coordinator.tail.max.wait.ms": 600_000})
         tailer = await tailing(olog)
         for i in range(3):
             assert await olog.write_offsets("g", {TP0: OffsetAndMetadata(i)}) == {TP0: ErrorCode.NONE}

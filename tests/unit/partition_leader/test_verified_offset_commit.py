@@ -14,7 +14,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import PartitionState, TopicInfo
-from services.group_coordinator.coordinator import GroupCoordinator, GroupCoordinatorConfig
+from services.common.settings import GroupCoordinatorSchema, role_settings
+from services.group_coordinator.coordinator import GroupCoordinator
 from services.group_coordinator.offsets import OffsetAndMetadata
 from services.partition_leader.producer_state import ProducerStateManager
 from services.partition_leader.replica_manager import FetchEntry, ProduceEntry, ReplicaManager
@@ -87,7 +88,7 @@ async def _commit(manager: ReplicaManager, verifier: CountingVerifier) -> dict:
     manager.verifier = verifier
     ids = itertools.count(1)
     coord = GroupCoordinator(LeaderLog(manager), partition_for, lambda: {"orders": 1},
-                             GroupCoordinatorConfig(tail_max_wait_ms=50), wall_clock=lambda: 1_700_000_000_000,
+                             role_settings(GroupCoordinatorSchema, {"group.coordinator.tail.max.wait.ms": 50}), wall_clock=lambda: 1_700_000_000_000,
                              new_member_id=lambda _i: f"member-{next(ids)}")
     coord.verifier = verifier
     try:

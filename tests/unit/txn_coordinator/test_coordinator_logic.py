@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnCoordinatorConfig
+from services.common.settings import TxnCoordinatorSchema
+from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -46,7 +47,7 @@ def test_init_rejects_invalid_transaction_timeout(timeout_ms):
 
 def test_init_max_timeout_is_configurable():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(max_transaction_timeout_ms=1000, end_txn_completion_wait_ms=0))
+        h = Harness(txn_settings({"transaction.max.timeout.ms": 1000}))
         await h.elect()
         assert (await h.coord.init_producer_id("t", 1001)).error == E.INVALID_TRANSACTION_TIMEOUT
         assert (await h.coord.init_producer_id("t", 1000)).error == E.NONE
@@ -59,12 +60,11 @@ def test_config_keys():
              "transaction.abort.timed.out.transaction.cleanup.interval.ms": "100",
              "transaction.remove.expired.transaction.cleanup.interval.ms": "200",
              "exactly.test.pause.after.prepare.ms": "3000"}
-    c = TxnCoordinatorConfig.from_props(lambda k, d: int(props.get(k, d)))
-    assert (c.max_transaction_timeout_ms, c.transactional_id_expiration_ms, c.abort_timed_out_interval_ms,
-            c.remove_expired_interval_ms, c.pause_after_prepare_ms) == (5000, 60000, 100, 200, 3000)
-    assert TxnCoordinatorConfig.from_props(lambda k, d: d).max_transaction_timeout_ms == 900_000
-    legacy = TxnCoordinatorConfig.from_props(lambda k, d: 7000 if k == "max.transaction.timeout.ms" else d)
-    assert legacy.max_transaction_timeout_ms == 7000
+    c = txn_settings(props)
+    assert (c.max_timeout_ms, c.transactional_id_expiration_ms, c.abort_timed_out_interval_ms,
+            c.remove_expired_interval_ms, c.test_pause_after_prepare_ms) == (5000, 60000, 100, 200, 3000)
+    assert TxnCoordinatorSchema().max_timeout_ms == 900_000
+    assert txn_settings({"max.transaction.timeout.ms": "7000"}).max_timeout_ms == 7000
 
 
 def test_init_logs_mapping_and_bumps_epoch():
@@ -186,7 +186,7 @@ def test_commit_or_abort_writes_prepare_markers_complete(committed):
 
 def test_end_txn_waits_for_completion_when_configured():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=5000))
+        h = Harness(txn_settings({"exactly.txn.end.completion.wait.ms": 5000}))
         await h.elect()
         pid, epoch = await h.begin("t")
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
@@ -302,7 +302,7 @@ def test_next_transaction_waits_for_the_previous_ones_markers():
 
 def test_end_txn_while_completing():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(previous_completion_wait_ms=0))
+        h = Harness(txn_settings({"exactly.txn.previous.completion.wait.ms": 0}))
         await h.elect()
         pid, epoch = await h.begin("t")
         h.markers.gate = asyncio.Event()
@@ -540,7 +540,7 @@ def test_timeout_counts_from_first_partition_not_last_update():
 
 def test_expired_transactional_id_gets_tombstone():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=10_000, end_txn_completion_wait_ms=0))
+        h = Harness(txn_settings({"transactional.id.expiration.ms": 10_000}))
         await h.elect()
         await h.coord.init_producer_id("idle", 60000)
         pid, epoch = await h.begin("busy", timeout_ms=60000)
@@ -559,7 +559,7 @@ def test_expired_transactional_id_gets_tombstone():
 
 def test_failed_tombstone_keeps_the_id():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=10, end_txn_completion_wait_ms=0))
+        h = Harness(txn_settings({"transactional.id.expiration.ms": 10}))
         await h.elect()
         await h.coord.init_producer_id("idle", 60000)
         h.clock.advance(10)
@@ -644,7 +644,7 @@ def test_load_retries_fetch_errors_and_reads_in_chunks():
         log = FakeLog()
         for i in range(50):
             _write(log, f"t{i}", S.EMPTY, pid=i, epoch=0)
-        h = Harness(log=log, config=TxnCoordinatorConfig(load_buffer_bytes=300, end_txn_completion_wait_ms=0))
+        h = Harness(log=log, config=txn_settings({"transaction.state.log.load.buffer.size": 300}))
         log.fetch_errors = [E.NOT_LEADER_OR_FOLLOWER, E.NETWORK_EXCEPTION]
         await h.elect()
         assert len(h.coord.list_transactions()[1]) == 50
@@ -684,7 +684,7 @@ def test_reelection_reloads_what_was_written():
 def test_pause_after_prepare_delays_markers_of_client_commits_only():
     async def scenario():
         slept = []
-        h = Harness(TxnCoordinatorConfig(pause_after_prepare_ms=5000, end_txn_completion_wait_ms=0))
+        h = Harness(txn_settings({"exactly.test.pause.after.prepare.ms": 5000}))
 
         async def recording_sleep(s):
             slept.append(s)
@@ -853,7 +853,7 @@ def test_group_aware_producers_live_on_the_partition_of_their_group():
 
 def test_expired_group_aware_id_leaves_a_group_tombstone():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, transactional_id_expiration_ms=1000))
+        h = Harness(txn_settings({"transactional.id.expiration.ms": 1000}))
         await h.elect()
         assert (await h.coord.init_producer_id("p1", 60000, group=GroupAssignment("g", 1, frozenset()))).error \
             == E.NONE
@@ -1067,7 +1067,7 @@ class _HeldSleep:
         self.resume = asyncio.Event()
 
     async def __call__(self, seconds: float) -> None:
-        if seconds <= TxnCoordinatorConfig().retry_backoff_max_ms / 1000:
+        if seconds <= TxnCoordinatorSchema().txn_retry_backoff_max_ms / 1000:
             await asyncio.sleep(0)
             return
         self.parked.set()
@@ -1079,7 +1079,7 @@ async def _held_harness() -> tuple["Harness", "_HeldSleep", int, int]:
     """An elected Harness whose coordinator sleeps on a `_HeldSleep`, with transaction
     "t" begun: (harness, sleep, producer id, epoch)."""
     sleep = _HeldSleep()
-    h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, previous_completion_wait_ms=0), sleep=sleep)
+    h = Harness(txn_settings({"exactly.txn.previous.completion.wait.ms": 0}), sleep=sleep)
     sleep.clock = h.clock
     await h.elect()
     pid, epoch = await h.begin("t")

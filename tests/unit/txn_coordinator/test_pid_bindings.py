@@ -3,17 +3,15 @@ issued in partition producer id % n, checked by VerifyProducerId, replayed by a 
 owner, expired with producer state."""
 from __future__ import annotations
 
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
 from services.txn_coordinator.pid_manager import ProducerIdManager
 
 E = ErrorCode
 N = 4
-CONFIG = TxnCoordinatorConfig(end_txn_completion_wait_ms=0, producer_id_expiration_ms=1000,
-                              transactional_id_expiration_ms=5000)
+CONFIG = txn_settings({"producer.id.expiration.ms": 1000, "transactional.id.expiration.ms": 5000})
 
 
 async def _owner_of_all(log: FakeLog | None = None, epoch: int = 1) -> Harness:

@@ -4,10 +4,10 @@ stamps what goes into the transaction log (docs/design.md, "Clocks")."""
 from __future__ import annotations
 
 import pytest
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
-from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnCoordinatorConfig, TxnMarker
+from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnMarker
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -56,7 +56,7 @@ def test_next_transaction_restarts_the_timeout_whatever_the_wall_clock():
 
 def test_prepared_transaction_waits_its_full_prepared_max_ms_after_a_forward_step():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(end_txn_completion_wait_ms=0, prepared_max_ms=2000), split_clocks=True)
+        h = Harness(txn_settings({"transaction.prepared.max.ms": 2000}), split_clocks=True)
         await h.elect()
         pid, epoch = await h.begin("t", timeout_ms=60_000)
         assert await h.coord.prepare_txn("t", pid, epoch) == ErrorCode.NONE
@@ -70,7 +70,7 @@ def test_prepared_transaction_waits_its_full_prepared_max_ms_after_a_forward_ste
 
 def test_forward_step_expires_no_transactional_id_in_use():
     async def scenario():
-        h = Harness(TxnCoordinatorConfig(transactional_id_expiration_ms=60_000, end_txn_completion_wait_ms=0),
+        h = Harness(txn_settings({"transactional.id.expiration.ms": 60_000}),
                     split_clocks=True)
         await h.elect()
         await h.coord.init_producer_id("idle", 60_000)

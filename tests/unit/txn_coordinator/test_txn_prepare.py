@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.txn_coordinator import txn_log
-from services.txn_coordinator.coordinator import TxnCoordinatorConfig
+from services.common.settings import TxnCoordinatorSchema
 from services.txn_coordinator.servicer import TxnCoordinatorServicer
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -22,8 +22,8 @@ S = TxnState
 E = ErrorCode
 
 
-def _config(**kw) -> TxnCoordinatorConfig:
-    return TxnCoordinatorConfig(end_txn_completion_wait_ms=0, **kw)
+def _config(prepared_max_ms: int) -> TxnCoordinatorSchema:
+    return txn_settings({"transaction.prepared.max.ms": prepared_max_ms})
 
 
 def test_prepare_seals_the_ongoing_transaction_and_logs_it():
@@ -147,7 +147,7 @@ def test_prepare_errors():
             # The wait sleeps on the fake clock (a real-time wait would never get here).
             await asyncio.wait_for(h.clock.sleeping.wait(), timeout=5)
             assert not task.done()
-            h.clock.advance(h.coord.config.previous_completion_wait_ms)
+            h.clock.advance(h.coord.config.txn_previous_completion_wait_ms)
             return await task
 
         # The previous transaction is completing: retriable, as for AddPartitionsToTxn.

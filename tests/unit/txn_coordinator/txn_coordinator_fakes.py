@@ -12,10 +12,16 @@ from exactly_wire.error_codes import ErrorCode
 from services.common.cluster.state import NodeInfo
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.adapters import ClusterTxnLog
-from services.txn_coordinator.coordinator import (TransactionCoordinator, TxnCoordinatorConfig, TxnLogFetch,
-                                                  TxnMarker)
+from services.common.settings import TxnCoordinatorSchema, role_settings
+from services.txn_coordinator.coordinator import TransactionCoordinator, TxnLogFetch, TxnMarker
 from services.txn_coordinator.pid_manager import ProducerIdManager
 from services.txn_coordinator.state import TxnState
+
+
+def txn_settings(conf: dict[str, object]) -> TxnCoordinatorSchema:
+    """The transaction coordinator's settings with the Kafka keys of `conf` set (the
+    schema's defaults elsewhere). Raises ConfigurationError for an unknown key."""
+    return role_settings(TxnCoordinatorSchema, conf)
 
 
 class FakeClock:
@@ -39,7 +45,7 @@ class FakeClock:
                 woken.set()
 
     async def sleep(self, seconds: float) -> None:
-        if seconds <= TxnCoordinatorConfig().retry_backoff_max_ms / 1000:
+        if seconds <= TxnCoordinatorSchema().txn_retry_backoff_max_ms / 1000:
             await asyncio.sleep(0)
             return
         timer = (self.now + math.ceil(seconds * 1000), asyncio.Event())
@@ -209,7 +215,7 @@ class Harness:
     of its own (stepped by hand) and `clock` the monotonic one. clock_sleep: the
     coordinator sleeps on `clock` (FakeClock.sleep) instead of `sleep`."""
 
-    def __init__(self, config: TxnCoordinatorConfig | None = None, txn_partitions: int = 1, block_size: int = 1000,
+    def __init__(self, config: TxnCoordinatorSchema | None = None, txn_partitions: int = 1, block_size: int = 1000,
                  log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep,
                  bind_producer_ids: bool = False, split_clocks: bool = False, clock_sleep: bool = False):
         self.clock = FakeClock()
@@ -224,7 +230,7 @@ class Harness:
         self.blocks: list[tuple[int, int]] = []
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
-                                            config or TxnCoordinatorConfig(end_txn_completion_wait_ms=0),
+                                            config or TxnCoordinatorSchema(),
                                             clock=self.wall, sleep=sleep, on_fenced=on_fenced,
                                             bind_producer_ids=bind_producer_ids, monotonic=self.clock)
 
