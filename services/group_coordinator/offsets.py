@@ -20,6 +20,7 @@ from typing import Iterable, NamedTuple
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from services.common.nested import put_or_remove
 
 NO_OFFSET = -1
 
@@ -68,13 +69,7 @@ class OffsetStore:
                      log_offset: int) -> None:
         """A non-transactional offset commit record at `log_offset` (value None:
         tombstone, the committed offset is deleted)."""
-        offsets = self._committed.setdefault(group, {})
-        if value is None:
-            offsets.pop(tp, None)
-            if not offsets:
-                del self._committed[group]
-        else:
-            offsets[tp] = _Entry(value, log_offset)
+        put_or_remove(self._committed, group, tp, None if value is None else _Entry(value, log_offset))
 
     def apply_txn_commit(self, producer_id: int, group: str, tp: TopicPartition,
                          value: OffsetAndMetadata, log_offset: int) -> None:

@@ -136,9 +136,8 @@ class HostedReplicas:
         self._settings_of = dict(self.props)
         self.cluster = cluster
         self.store = store
-        self.clock_ms = clock_ms
-        self.monotonic_s = monotonic_s
-        self.monotonic_ms = monotonic_ms
+        # The clocks: wall (ms), leases (s), other durations (ms).
+        self.clock_ms, self.monotonic_s, self.monotonic_ms = clock_ms, monotonic_s, monotonic_ms
         self.max_lag_ms = self.settings.replica_lag_time_max_ms
         self.lease_ms: int | None = None
         self.replicas: dict[TopicPartition, Partition] = {}  # every open replica

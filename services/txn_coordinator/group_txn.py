@@ -19,6 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
+from services.common.nested import put_or_remove
 
 from . import txn_log
 from .ports import AMBIGUOUS_APPEND_ERRORS, InitProducerIdResult
@@ -101,13 +102,7 @@ class GroupTxn:
             if self._is_fenced(part, code):
                 return ErrorCode.NOT_COORDINATOR
             return ErrorCode.COORDINATOR_NOT_AVAILABLE if code in RETRIABLE else ErrorCode.UNKNOWN_SERVER_ERROR
-        members = part.groups.setdefault(group_id, {})
-        if assignment is None:
-            members.pop(tid, None)
-            if not members:
-                del part.groups[group_id]
-        else:
-            members[tid] = assignment
+        put_or_remove(part.groups, group_id, tid, assignment)
         md = part.txns.get(tid)
         if md is not None:
             md.group = assignment

@@ -37,6 +37,7 @@ from typing import Iterable
 from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import txn_log_pb2
+from services.common.nested import put_or_remove
 
 from .state import GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
@@ -278,12 +279,8 @@ def rebuild_groups(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]
     for entry in entries:
         if not isinstance(entry, GroupAssignmentEntry):
             continue
-        members = groups.setdefault(entry.group_id, {})
-        if entry.assignment is None:
-            members.pop(entry.transactional_id, None)
-        else:
-            members[entry.transactional_id] = entry.assignment
-    return {g: m for g, m in groups.items() if m}
+        put_or_remove(groups, entry.group_id, entry.transactional_id, entry.assignment)
+    return groups
 
 
 def rebuild(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]) -> dict[str, TransactionMetadata]:

@@ -32,6 +32,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 from scramp import ScramException, ScramMechanism
 
@@ -74,6 +75,7 @@ class _Slots:
     failed_s: float = -1e18  # monotonic time of the last failure
 
 
+@dataclass(eq=False)
 class AuthThrottle:
     """Per-user and per-peer spacing of authentication attempts after a failure (see
     the module docstring). `rate`: attempts a second (> 0); `window_s`: how long after
@@ -82,15 +84,15 @@ class AuthThrottle:
     `clock`: () -> seconds (monotonic); `sleep`: async (seconds) -> None, the wait for
     a slot on that clock (tests pass a fake pair that moves the clock)."""
 
-    def __init__(self, rate: float = DEFAULT_ATTEMPTS_PER_SECOND, window_s: float = 60.0,
-                 max_wait_s: float = 10.0, max_keys: int = 100000, clock=time.monotonic,
-                 sleep=asyncio.sleep):
-        self.interval_s = 1.0 / rate
-        self.window_s = window_s
-        self.max_wait_s = max_wait_s
-        self.max_keys = max_keys
-        self.clock = clock
-        self.sleep = sleep
+    rate: float = DEFAULT_ATTEMPTS_PER_SECOND
+    window_s: float = 60.0
+    max_wait_s: float = 10.0
+    max_keys: int = 100000
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def __post_init__(self) -> None:
+        self.interval_s = 1.0 / self.rate
         self._slots: dict[str, _Slots] = {}
         self._locks: dict[str, list] = {}  # user -> [asyncio.Lock, holders and waiters]
 
