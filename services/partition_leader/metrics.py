@@ -27,6 +27,14 @@ error (KIP-112, docs/design.md "Disk faults"), 0 otherwise; alert ExactlyLogDirO
 exactly_purgatory_size: requests parked in the purgatory (delayed Fetch and Produce
 waiting for data, the high watermark or their deadline; Kafka's PurgatorySize).
 
+exactly_fetch_wakeups_total{fetcher_type, outcome}: parked Fetches leaving the
+purgatory, by fetcher_type (consumer, follower; Kafka's DelayedFetchMetrics label)
+and outcome: completed (woken by a position passing its offset, or by an ISR or
+leadership change, and answered), parked_again (woken, read again, still short of
+min_bytes: a wasted re-read), expired (answered at max_wait_ms; Kafka's
+ExpiresPerSec). Parked fetches wake by partition and offset (purgatory.py), so
+parked_again stays small next to completed.
+
 Gauges per hosted replica, leader or follower (labels topic, partition; the
 `instance` label tells the process), so that disk use shows on every replica:
 
@@ -69,13 +77,15 @@ import weakref
 from typing import Any, Iterable, Sequence
 
 from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from services.common.cluster.state import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
                                            TopicInfo)
 from services.common.metrics import LoopCollector, TopicRows, topic_label
+
+from .replica_manager import COMPLETED, CONSUMER, EXPIRED, FOLLOWER, PARKED_AGAIN
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +128,12 @@ class PartitionCollector(LoopCollector):
         parked = GaugeMetricFamily("exactly_purgatory_size", "Requests parked in the purgatory (delayed "
                                    "Fetch and Produce, as Kafka's PurgatorySize)")
         parked.add_metric([], sum(len(m.purgatory) for m in managers))
+        wakeups = CounterMetricFamily("exactly_fetch_wakeups", "Parked Fetches leaving the purgatory, by "
+                                      "fetcher type (consumer, follower) and outcome (completed, parked_again: "
+                                      "woken but still short of min_bytes, expired)",
+                                      labels=["fetcher_type", "outcome"])
+        for key in ((f, o) for f in (CONSUMER, FOLLOWER) for o in (COMPLETED, PARKED_AGAIN, EXPIRED)):
+            wakeups.add_metric(list(key), sum(getattr(m, "fetch_wakeups", {}).get(key, 0) for m in managers))
         offline_dir = GaugeMetricFamily("exactly_log_dir_offline", "1 when this process's log directory is "
                                         "offline after an I/O error (KIP-112), else 0")
         offline_dir.add_metric([], sum(int(getattr(m, "log_dir_offline", False)) for m in managers))
@@ -150,7 +166,7 @@ class PartitionCollector(LoopCollector):
                 size.add(*row, sum(seg.size for seg in list(p.log.segments)))
         for key in set(self._txn_starts) - seen:
             del self._txn_starts[key]
-        return [parked, offline_dir] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
+        return [parked, wakeups, offline_dir] + [g.done() for g in (hw, lso, lag, leo, pids, ongoing, oldest, aborted, replicas, isr, under, at_min,
                                    under_min, log_start, size)]
 
     def _oldest_start_ms(self, key: tuple[str, int], p, now: int) -> int | None:

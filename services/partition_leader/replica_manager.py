@@ -8,7 +8,7 @@ calls it from its event loop only.
 """
 from __future__ import annotations
 
-import sys
+from collections import Counter
 from typing import Hashable, NamedTuple, Sequence
 
 from exactly_wire.error_codes import ErrorCode
@@ -26,6 +26,12 @@ __all__ = ["ClusterView", "DEFAULT_PRODUCE_TIMEOUT_MS", "FetchEntry", "Leases", 
 
 DEFAULT_FETCH_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes
 DEFAULT_PARTITION_MAX_BYTES = 1048576  # Kafka's max.partition.fetch.bytes
+
+# Keys of `ReplicaManager.fetch_wakeups`: who fetched (Kafka's fetcherType) ...
+CONSUMER, FOLLOWER = "consumer", "follower"
+# ... and how a parked fetch left the purgatory: woken and answered, woken and parked
+# again (still short of min_bytes: a wasted re-read), or answered at its deadline.
+COMPLETED, PARKED_AGAIN, EXPIRED = "completed", "parked_again", "expired"
 
 
 class FetchEntry(NamedTuple):
@@ -46,6 +52,9 @@ class ReplicaManager(HostedReplicas):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.write_path = ProducePipeline(self)  # the write path (produce.py)
+        # (CONSUMER | FOLLOWER, COMPLETED | PARKED_AGAIN | EXPIRED) -> parked fetches
+        # that left the purgatory so (metrics: exactly_fetch_wakeups_total).
+        self.fetch_wakeups: Counter[tuple[str, str]] = Counter()
 
     # ------------------------------------------------------------ requests
     def delete_records(self, topic: str, partition: int, offset: int) -> tuple[ErrorCode, int, str]:
@@ -176,20 +185,30 @@ class ReplicaManager(HostedReplicas):
         fetches; beyond that it is answered at once. The wait wakes when a position
         passes an entry's offset: the log end for a follower, the high watermark
         (read_uncommitted) or the last stable offset (read_committed) for a consumer
-        (docs/design.md, "Tunnel and fetch limits")."""
+        (docs/design.md, "Tunnel and fetch limits"); a high-watermark move alone
+        wakes no follower. Each parked fetch that leaves the purgatory is counted in
+        `fetch_wakeups` (CONSUMER | FOLLOWER, COMPLETED | PARKED_AGAIN | EXPIRED)."""
         if not replica_id:
             max_wait_ms = min(max_wait_ms, self.fetch_max_wait_ms)
         deadline = self.monotonic_s() + max(max_wait_ms, 0) / 1000
         min_bytes = max(min_bytes, 1)
         bound = LOG_END if replica_id else LAST_STABLE if isolation_level == READ_COMMITTED else HIGH_WATERMARK
+        fetcher = FOLLOWER if replica_id else CONSUMER
+        woken = False
         while True:
             results, total, failed = self._read_once(entries, max_bytes, isolation_level, replica_id)
-            if total >= min_bytes or failed or self.monotonic_s() >= deadline:
+            done = total >= min_bytes or failed or self.monotonic_s() >= deadline
+            if woken:
+                self.fetch_wakeups[fetcher, COMPLETED if done else PARKED_AGAIN] += 1
+            if done:
                 return results
             # What was readable has been read: wait for the position to pass where it is now.
             watches = [Watch((e.topic, e.partition), bound, max(e.fetch_offset, self._position(e, bound)))
                        for e in entries]
-            if not await self.purgatory.wait(watches, deadline, None if replica_id else owner):
+            woken = await self.purgatory.wait(watches, deadline, None if replica_id else owner)
+            if not woken:
+                if self.monotonic_s() >= deadline:
+                    self.fetch_wakeups[fetcher, EXPIRED] += 1
                 return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
 
     def _position(self, e: FetchEntry, bound: str) -> int:
@@ -211,10 +230,11 @@ class ReplicaManager(HostedReplicas):
                     res = ReplicaFetchResult(err)
                 if res.hw_changed:
                     leader = self.serving.get((e.topic, e.partition))
-                    # The followers learn the new high watermark from their next answer: wake
-                    # them (LOG_END past every offset), and the consumers it lets read.
-                    self.purgatory.notify((e.topic, e.partition), None if leader is None else
-                                          {**positions(leader), LOG_END: sys.maxsize})
+                    # Wake the consumers and acks=all produces the new high watermark lets
+                    # through. Not the other followers: a follower's fetch completes on bytes
+                    # past its offset only (Kafka's DelayedFetch), so woken it would read
+                    # nothing and park again; it learns the high watermark from its next answer.
+                    self.purgatory.notify((e.topic, e.partition), None if leader is None else positions(leader))
             else:
                 p, err = self.get(e.topic, e.partition)
                 res = None

@@ -246,8 +246,15 @@ def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             wait_for(lambda: parked() >= PARKED * k // 5, 120,
                      lambda: f"{PARKED * k // 5} fetches parked (parked: {parked()})", interval_s=0.5)
+        woken = lambda: sum(metric(pl.metrics_address, "exactly_fetch_wakeups_total",
+                                   f'fetcher_type="consumer",outcome="{o}"') for o in ("completed", "parked_again"))
+        assert 'exactly_fetch_wakeups_total{fetcher_type="consumer",outcome="parked_again"}' in \
+            scrape(pl.metrics_address)
+        before = woken()
         attacked = min(_produce_p50(victim) for _ in range(3))
         assert metric(pl.metrics_address, "exactly_purgatory_size") >= PARKED  # still parked throughout
+        # The victim's appends read none of the parked fetches again (one round of it: PARKED).
+        assert woken() - before < 50, f"{woken() - before} parked consumer fetches woken by the victim's appends"
     finally:
         for a in attackers:
             a.kill()

@@ -407,3 +407,216 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
         [res] = await waiting
         assert res.error == ErrorCode.NONE and res.records
     asyncio.run(main())
+
+
+# ------------------------------------------------------------ who an append, a marker or a HW move wakes
+
+@pytest.fixture
+def two(tmp_path, store, clock, now):
+    """Leader "me" of r-0 and r-1, in-sync alone (an append moves the high watermark
+    at once), and of f-0 with followers x and y in sync."""
+    cluster = FakeCluster({
+        "r": TopicInfo("r", {0: ["me"], 1: ["me"]}, {}, False,
+                       {0: PartitionState("me", 3, ("me",), version=0), 1: PartitionState("me", 3, ("me",), version=0)}),
+        "f": TopicInfo("f", {0: ["me", "x", "y"]}, {}, False, {0: PartitionState("me", 3, ("me", "x", "y"), version=0)}),
+    })
+    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=now)
+    m.purgatory = Purgatory(now, timers=False)
+    m.refresh()
+    yield m
+    m.close()
+
+
+def count_reads(m: ReplicaManager) -> list[tuple]:
+    """The partitions each `_read_once` of `m` reads, one tuple per call, in order."""
+    reads: list[tuple] = []
+    read_once = m._read_once
+    m._read_once = lambda entries, *a: reads.append(tuple((e.topic, e.partition) for e in entries)) or \
+        read_once(entries, *a)
+    return reads
+
+
+def consumer_fetch(m: ReplicaManager, tp, offset: int, isolation_level: int = 0):
+    return asyncio.ensure_future(m.fetch_messages([FetchEntry(*tp, offset)], max_wait_ms=5000,
+                                                  isolation_level=isolation_level))
+
+
+async def append(m: ReplicaManager, tp, batch: bytes) -> None:
+    [res] = await m.append_records(1, [ProduceEntry(*tp, batch)])
+    assert res.error == ErrorCode.NONE
+
+
+async def settled(m: ReplicaManager) -> None:
+    """Let every woken fetch run to its next park or its answer."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_an_append_wakes_no_fetch_of_another_partition(two):
+    async def main():
+        reads = count_reads(two)
+        on_a, on_b = consumer_fetch(two, ("r", 0), 0), consumer_fetch(two, ("r", 1), 0)
+        await parked(two, 2)
+        await append(two, ("r", 0), make_batch(1))
+        [res] = await on_a
+        assert res.error == ErrorCode.NONE and res.records
+        await settled(two)
+        assert reads.count((("r", 1),)) == 1 and not on_b.done()  # read once, when it parked
+        assert len(two.purgatory) == 1
+        await append(two, ("r", 1), make_batch(1))
+        [res] = await on_b
+        assert res.error == ErrorCode.NONE and res.records
+        assert two.fetch_wakeups == {("consumer", "completed"): 2}
+    asyncio.run(main())
+
+
+def test_a_read_committed_fetch_waits_for_the_last_stable_offset(two):
+    """An open transaction's batch moves the high watermark but not the LSO: the
+    read_uncommitted fetch wakes, the read_committed one is not even read again; the
+    COMMIT marker moves the LSO and wakes it."""
+    async def main():
+        tp = ("r", 0)
+        reads = count_reads(two)
+        committed = consumer_fetch(two, tp, 0, isolation_level=1)
+        uncommitted = consumer_fetch(two, tp, 0)
+        await parked(two, 2)
+        assert len(reads) == 2
+        await append(two, tp, make_batch(2, pid=7, seq=0, txn=True))
+        p = two.replicas[tp]
+        assert (p.high_watermark, p.last_stable_offset) == (2, 0)
+        [res] = await uncommitted
+        assert res.records and res.high_watermark == 2
+        await append(two, tp, make_batch(1))  # the HW moves again, the LSO stays behind the transaction
+        await settled(two)
+        assert len(reads) == 3 and not committed.done()  # only the read_uncommitted fetch's second read
+        [[marker]] = await two.write_markers([MarkerEntry(7, 0, True, 0, (tp,))])
+        assert marker.error == ErrorCode.NONE and p.last_stable_offset == 4
+        [res] = await committed
+        assert res.error == ErrorCode.NONE and res.last_stable_offset == 4
+        assert [h.base_offset for _, h in records.iter_batches(res.records)] == [0, 2, 3]
+        assert len(reads) == 4 and two.fetch_wakeups == {("consumer", "completed"): 2}
+    asyncio.run(main())
+
+
+def test_the_reads_an_append_causes_are_the_fetches_it_satisfies(two):
+    """Forty fetches parked over two partitions and two isolation levels: an append
+    behind an open transaction on r-0 reads again only the ten read_uncommitted fetches
+    of r-0 (a purgatory keyed by partition alone would read twenty, an unkeyed one forty)."""
+    async def main():
+        a, b = ("r", 0), ("r", 1)
+        await append(two, a, make_batch(1, pid=7, seq=0, txn=True))  # open: the LSO of r-0 stays at 0
+        await append(two, b, make_batch(1))
+        fetches = [consumer_fetch(two, a, 1) for _ in range(10)]
+        blocked = [consumer_fetch(two, a, 0, isolation_level=1) for _ in range(10)]
+        elsewhere = [consumer_fetch(two, b, 1) for _ in range(10)]
+        elsewhere += [consumer_fetch(two, b, 1, isolation_level=1) for _ in range(10)]
+        await parked(two, 40)
+        reads = count_reads(two)
+        await append(two, a, make_batch(1))
+        done = await asyncio.gather(*fetches)
+        await settled(two)
+        assert len(reads) == 10 and all(r[0].records for r in done)
+        assert not any(f.done() for f in blocked + elsewhere) and len(two.purgatory) == 30
+        assert two.fetch_wakeups == {("consumer", "completed"): 10}
+        for f in blocked + elsewhere:
+            f.cancel()
+        await asyncio.gather(*blocked, *elsewhere, return_exceptions=True)
+    asyncio.run(main())
+
+
+def test_a_high_watermark_move_does_not_wake_the_other_followers(two, now):
+    """Follower y's fetch moves the high watermark: the consumer parked for it wakes,
+    follower x's parked fetch is not read again (it would find nothing past its offset
+    and park again); x wakes for the next append."""
+    async def main():
+        tp = ("f", 0)
+        await append(two, tp, make_batch(1))
+        for follower in ("x", "y"):
+            [res] = await two.fetch_messages([FetchEntry(*tp, 0, 1 << 20, 3)], replica_id=follower)
+            assert res.records
+        consumer = consumer_fetch(two, tp, 0)
+        x = asyncio.ensure_future(two.fetch_messages([FetchEntry(*tp, 1, 1 << 20, 3)], max_wait_ms=500,
+                                                     replica_id="x"))
+        await parked(two, 2)
+        reads = count_reads(two)
+        [y] = await two.fetch_messages([FetchEntry(*tp, 1, 1 << 20, 3)], replica_id="y")
+        assert y.hw_changed and two.replicas[tp].high_watermark == 1
+        [res] = await consumer
+        assert res.records and res.high_watermark == 1
+        await settled(two)
+        assert len(reads) == 2 and not x.done()  # y's read and the consumer's, not x's
+        await append(two, tp, make_batch(1))
+        [res] = await x
+        assert res.records and res.high_watermark == 1
+        assert two.fetch_wakeups == {("consumer", "completed"): 1, ("follower", "completed"): 1}
+    asyncio.run(main())
+
+
+def test_fetch_wakeups_are_counted_by_outcome_and_exported(manager, now):
+    """A fetch short of min_bytes that an append wakes is parked_again; one answered at
+    its deadline expired; exactly_fetch_wakeups_total has every series."""
+    from services.partition_leader.metrics import PartitionCollector
+
+    async def main():
+        manager.replicas[TP].set_isr(("me",), 1)
+        waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry(*TP, 0)], max_wait_ms=1000,
+                                                               min_bytes=1 << 20))
+        await parked(manager)
+        await manager.append_records(1, [ProduceEntry(*TP, make_batch(1))])
+        await settled(manager)
+        await parked(manager)
+        now.s += 1
+        assert manager.purgatory.expire_due() == 1
+        [res] = await waiting
+        assert res.records
+        assert manager.fetch_wakeups == {("consumer", "parked_again"): 1, ("consumer", "expired"): 1}
+        [family] = [f for f in PartitionCollector(registry=None).families([manager])
+                    if f.name == "exactly_fetch_wakeups"]
+        samples = {(s.labels["fetcher_type"], s.labels["outcome"]): s.value for s in family.samples
+                   if s.name == "exactly_fetch_wakeups_total"}
+        assert samples == {(f, o): 1 if (f, o) in manager.fetch_wakeups else 0
+                           for f in ("consumer", "follower") for o in ("completed", "parked_again", "expired")}
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("event", ["leadership moved", "log dir failed", "partition closed"])
+def test_every_parked_fetch_of_a_partition_wakes_with_its_error(two, event):
+    """A leadership change, a failed log directory or a closed replica wakes every
+    fetch parked on the partition, consumers' at any offset and isolation level and
+    followers', and each is answered with the error; the other partitions' stay
+    (all of them stop on a failed log directory)."""
+    expected = {"leadership moved": ErrorCode.NOT_LEADER_OR_FOLLOWER, "log dir failed": ErrorCode.KAFKA_STORAGE_ERROR,
+                "partition closed": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}[event]
+
+    async def main():
+        tp = ("f", 0)
+        await append(two, tp, make_batch(1, pid=7, seq=0, txn=True))  # open transaction: the LSO stays at 0
+        for follower in ("x", "y"):
+            await two.fetch_messages([FetchEntry(*tp, 1, 1 << 20, 3)], replica_id=follower)  # HW 1
+        fetches = [consumer_fetch(two, tp, 1), consumer_fetch(two, tp, 0, isolation_level=1),
+                   asyncio.ensure_future(two.fetch_messages([FetchEntry(*tp, 1, 1 << 20, 3)], max_wait_ms=500,
+                                                            replica_id="x"))]
+        other = consumer_fetch(two, ("r", 0), 0)
+        await parked(two, 4)
+        if event == "leadership moved":
+            two.replicas[tp].become_follower("x", 4, ("me", "x", "y"))
+            two.purgatory.notify(tp)  # as the service does for every partition refresh() changed
+        elif event == "log dir failed":
+            two.fail_log_dir(OSError(5, "Input/output error"))
+        else:
+            del two.cluster._topics["f"]
+            _, closed = two.refresh()
+            assert tp in closed
+            for changed in closed:
+                two.purgatory.notify(changed)
+        answers = await asyncio.gather(*fetches)
+        assert [res.error for [res] in answers] == [expected] * 3
+        if event == "log dir failed":  # every partition of the directory stops serving
+            [res] = await other
+            assert res.error == ErrorCode.KAFKA_STORAGE_ERROR and len(two.purgatory) == 0
+        else:
+            await settled(two)
+            assert not other.done() and len(two.purgatory) == 1
+            other.cancel()
+            await asyncio.gather(other, return_exceptions=True)
+    asyncio.run(main())
