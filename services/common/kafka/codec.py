@@ -158,27 +158,49 @@ def _convert(kafka_type: str, value: Any) -> Any:
 def build(cls: type, value: dict) -> Any:
     """The kio entity `cls` from a dict of plain values (see the module docstring).
     Missing fields take their schema default, else a zero value of their type (an
-    empty array for arrays, nullable ones included)."""
+    empty array for arrays, nullable ones included). The per-class work (type hints,
+    which fields are entities or arrays, each field's conversion) is done once per
+    class (`_plan`), so a response costs only its own values."""
     kwargs = {}
-    for name, tp, meta, default in _fields(cls):
-        sub = _element_class(tp)
+    for name, sub, array, convert, zero in _plan(cls):
         if name in value:
             v = value[name]
             if sub is not None and v is not None:
-                if _is_array(tp) or isinstance(v, (list, tuple)):
+                if array or isinstance(v, (list, tuple)):
                     v = tuple(build(sub, x) if isinstance(x, dict) else x for x in v)
                 elif isinstance(v, dict):
                     v = build(sub, v)
-            else:
-                kafka_type = meta.get("kafka_type", "")
-                if isinstance(v, (list, tuple)):
-                    v = tuple(_convert(kafka_type, x) for x in v)
-                else:
-                    v = _convert(kafka_type, v)
+            elif convert is not None:
+                v = tuple(convert(x) for x in v) if isinstance(v, (list, tuple)) else convert(v)
             kwargs[name] = v
-        elif default is dataclasses.MISSING:
-            kwargs[name] = _zero(tp, meta, sub)
+        elif zero is not _HAS_DEFAULT:
+            kwargs[name] = build(sub, {}) if zero is _ENTITY_ZERO else zero
     return cls(**kwargs)
+
+
+_HAS_DEFAULT, _ENTITY_ZERO = object(), object()
+# kio field types whose plain values `_convert` changes (others pass as they are).
+_CONVERTED_TYPES = frozenset({"error_code", "timedelta_i32", "timedelta_i64", "datetime_i64", "uuid"})
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, type | None, bool, Any, Any], ...]:
+    """Per field of `cls`: (name, entity class or None, is an array, converter of a
+    plain value or None when it passes as is, zero value: `_HAS_DEFAULT` when the
+    schema has a default, `_ENTITY_ZERO` for an entity built empty)."""
+    out = []
+    for name, tp, meta, default in _fields(cls):
+        sub = _element_class(tp)
+        kafka_type = meta.get("kafka_type", "")
+        convert = functools.partial(_convert, kafka_type) if kafka_type in _CONVERTED_TYPES else None
+        if default is not dataclasses.MISSING:
+            zero = _HAS_DEFAULT
+        elif sub is not None and not _is_array(tp):
+            zero = _ENTITY_ZERO
+        else:
+            zero = _zero(tp, meta, sub)
+        out.append((name, sub, _is_array(tp), convert, zero))
+    return tuple(out)
 
 
 def _is_array(tp: Any) -> bool:
