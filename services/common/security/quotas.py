@@ -584,10 +584,13 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
                     return await inner(request, context)
                 principal = current_principal.get()
                 await _wait_muted(manager, principal, client_id, context)
-                timed = Timed(inner(request, context))
-                response = await timed
-                throttle = throttle_request(manager, principal, client_id, method, request, response,
-                                            timed.seconds)
+                if not manager.configs():  # no quota set: nothing to time or record
+                    response, throttle = await inner(request, context), 0
+                else:
+                    timed = Timed(inner(request, context))
+                    response = await timed
+                    throttle = throttle_request(manager, principal, client_id, method, request, response,
+                                                timed.seconds)
                 if _has_throttle_field(response):
                     throttle = max(throttle, response.throttle_time_ms)
                     response.throttle_time_ms = throttle
