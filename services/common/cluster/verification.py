@@ -143,7 +143,7 @@ class TxnVerifier:
     def _retrying(self, remaining: float, codes: frozenset) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in codes),
-            wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
+            wait=wait_exponential_jitter(multiplier=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
                                          jitter=self.backoff_ms / 1000),
             retry_error_callback=lambda state: state.outcome.result())
 
