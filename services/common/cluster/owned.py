@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import random
 from typing import Awaitable, Callable, Coroutine, Generic, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
@@ -60,12 +61,68 @@ def code_name(code: int) -> str:
         return str(code)
 
 
-def _log_retry(state) -> None:
-    """Log a retried step at its 1st, 10th, 100th... retry (not every one)."""
-    n = state.attempt_number
+def _log_retry(state, before: int = 0) -> None:
+    """Log a retried step at its 1st, 10th, 100th... retry (not every one);
+    `before`: attempts made before this tenacity loop started."""
+    n = state.attempt_number + before
     if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):
         exc = state.outcome.exception() if state.outcome is not None else None
         log.info("retrying (attempt %d): %s", n, exc)
+
+
+class _FirstAttempt:
+    """The first attempt of a `FirstTryThenRetrying`: `with attempt:` keeps a
+    `retry_on` exception (the step is retried), lets any other through."""
+
+    __slots__ = ("retry_on", "failed")
+
+    def __init__(self, retry_on: type[BaseException]):
+        self.retry_on = retry_on
+        self.failed: BaseException | None = None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, self.retry_on):
+            self.failed = exc
+            return True
+        return False
+
+
+class FirstTryThenRetrying:
+    """`async for attempt in ...: with attempt: step` as over tenacity's AsyncRetrying,
+    whose construction and bookkeeping cost more than a step that succeeds at once
+    (the common case, a few times per transaction): the first attempt is a plain one,
+    and only when it raises `retry_on` is the tenacity loop built (`make()`), after
+    `first_wait_s()` seconds (its backoff for the first retry) on `sleep`, and
+    `on_retry(exception)` called."""
+
+    __slots__ = ("_make", "_retry_on", "_first_wait_s", "_sleep", "_on_retry", "_first", "_rest")
+
+    def __init__(self, make: Callable[[], AsyncRetrying], retry_on: type[BaseException],
+                 first_wait_s: Callable[[], float], sleep: Callable[[float], Awaitable[None]],
+                 on_retry: Callable[[BaseException], None] | None = None):
+        self._make, self._retry_on, self._first_wait_s = make, retry_on, first_wait_s
+        self._sleep, self._on_retry = sleep, on_retry
+        self._first: _FirstAttempt | None = None
+        self._rest = None
+
+    def __aiter__(self) -> "FirstTryThenRetrying":
+        return self
+
+    async def __anext__(self):
+        if self._first is None:
+            self._first = _FirstAttempt(self._retry_on)
+            return self._first
+        if self._rest is None:
+            if self._first.failed is None:
+                raise StopAsyncIteration
+            if self._on_retry is not None:
+                self._on_retry(self._first.failed)
+            await self._sleep(self._first_wait_s())
+            self._rest = self._make().__aiter__()
+        return await self._rest.__anext__()
 
 
 class OwnedPartition:
@@ -314,15 +371,20 @@ class PartitionOwner(abc.ABC, Generic[P]):
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return ErrorCode.NONE
 
-    def _retrying(self) -> AsyncRetrying:
+    def _retrying(self) -> FirstTryThenRetrying:
         """Retries of a step that raises RetryLater: exponential backoff with jitter
         from retry_backoff_ms up to retry_backoff_max_ms, forever; other exceptions
-        propagate."""
+        propagate. The first attempt runs without tenacity (FirstTryThenRetrying)."""
         backoff = self._retry_backoff_ms / 1000
-        return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
-                             wait=wait_exponential_jitter(multiplier=backoff, max=self._retry_backoff_max_ms / 1000,
-                                                          jitter=backoff),
-                             before_sleep=_log_retry)
+        top = self._retry_backoff_max_ms / 1000
+
+        def later() -> AsyncRetrying:
+            return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
+                                 wait=wait_exponential_jitter(multiplier=backoff, max=top, jitter=backoff),
+                                 before_sleep=lambda state: _log_retry(state, 1))
+
+        return FirstTryThenRetrying(later, RetryLater, lambda: min(backoff * (1 + random.random()), top),
+                                    self._sleep, lambda exc: log.info("retrying (attempt 1): %s", exc))
 
     def _spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
         """Run `coro` as a task of `part` (cancelled when it is dropped) or, with
@@ -339,4 +401,4 @@ class PartitionOwner(abc.ABC, Generic[P]):
         return task
 
 
-__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "code_name"]
+__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "FirstTryThenRetrying", "code_name"]

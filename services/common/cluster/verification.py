@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Awaitable, Callable, Protocol
 
@@ -118,17 +119,31 @@ class TxnVerifier:
         remaining = deadline - self.clock()
         if remaining <= 0:
             return ErrorCode.NOT_ENOUGH_REPLICAS
-        code = await self._retrying(remaining, RETRY_CODES)(
-            self._ask, transactional_id, producer_id, producer_epoch, topic, partition, deadline, group_id)
+        code = await self._asking(deadline, RETRY_CODES, self._ask, transactional_id, producer_id, producer_epoch,
+                                  topic, partition, deadline, group_id)
         if code != ErrorCode.NONE:
             log.info("transaction verification of %r (PID %d epoch %d) for %s-%d: %s", transactional_id,
                      producer_id, producer_epoch, topic, partition, ErrorCode(code).name)
         return writer_error(code)
 
+    async def _asking(self, deadline: float, codes: frozenset, ask: Callable[..., Awaitable[int]], *args) -> int:
+        """`await ask(*args)` (an error code), asked again while the answer is one of
+        `codes` until `deadline` (clock seconds), with exponential backoff and jitter;
+        the last answer. The first ask goes out as is: the retry machinery (tenacity)
+        is built only when it is answered with one of `codes`, after the first backoff."""
+        code = await ask(*args)
+        if code not in codes:
+            return code
+        await asyncio.sleep(self.backoff_ms / 1000 * (1 + random.random()))  # tenacity's first wait
+        remaining = deadline - self.clock()
+        if remaining <= 0:
+            return code
+        return await self._retrying(remaining, codes)(ask, *args)
+
     def _retrying(self, remaining: float, codes: frozenset) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in codes),
-            wait=wait_exponential_jitter(initial=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
+            wait=wait_exponential_jitter(multiplier=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
                                          jitter=self.backoff_ms / 1000),
             retry_error_callback=lambda state: state.outcome.result())
 
@@ -180,9 +195,8 @@ class TxnVerifier:
             if remaining <= 0:
                 code = ErrorCode.REQUEST_TIMED_OUT
             else:
-                code = await self._retrying(remaining, ADD_RETRY_CODES)(
-                    self._ask_add, transactional_id, producer_id, producer_epoch, sorted(pending.partitions),
-                    pending.deadline)
+                code = await self._asking(pending.deadline, ADD_RETRY_CODES, self._ask_add, transactional_id,
+                                          producer_id, producer_epoch, sorted(pending.partitions), pending.deadline)
         except Exception as exc:  # noqa: BLE001 - every waiter gets an answer
             log.warning("implicit add for %r failed: %r", transactional_id, exc)
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE

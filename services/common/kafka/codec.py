@@ -15,10 +15,11 @@ import dataclasses
 import datetime
 import functools
 import io
+import struct
 import types
 import typing
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode as KioErrorCode
@@ -89,7 +90,25 @@ def decode_request(frame: bytes, api_key: int, version: int) -> tuple[Any, Any]:
 
 def encode_response(api_key: int, version: int, correlation_id: int, value: dict) -> bytes:
     """A size-prefixed response frame. Response header v1 (tagged fields) for flexible
-    versions, except ApiVersions, whose response header is always v0 (KIP-511)."""
+    versions, except ApiVersions, whose response header is always v0 (KIP-511).
+    The responses of every transaction (Produce, AddPartitionsToTxn, EndTxn) are
+    written by `_hot_encoder`'s writers, byte for byte what kio writes; the others
+    (and a hot one whose dict lacks a field) through kio."""
+    hot = _hot_encoder(api_key, version)
+    if hot is not None:
+        try:
+            body = hot(value)
+        except KeyError:  # a field left to its default: kio knows it
+            pass
+        else:
+            flexible = version >= _HOT_FLEXIBLE_FROM[api_key]
+            header = _I32.pack(correlation_id) + (b"\0" if flexible else b"")
+            return _I32.pack(len(header) + len(body)) + header + body
+    return _kio_response(api_key, version, correlation_id, value)
+
+
+def _kio_response(api_key: int, version: int, correlation_id: int, value: dict) -> bytes:
+    """`encode_response` through kio, for every API."""
     cls = response_class(api_key, version)
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
@@ -101,6 +120,117 @@ def encode_response(api_key: int, version: int, correlation_id: int, value: dict
     data = bytearray(out.getbuffer())
     data[0:4] = (len(data) - 4).to_bytes(4, "big")
     return bytes(data)
+
+
+# ------------------------------------------------------------ hot responses
+# Kafka's message schemas (clients/src/main/resources/common/message/*Response.json):
+# the first flexible version of each hot API, and what each version has.
+PRODUCE_KEY, ADD_PARTITIONS_TO_TXN_KEY, END_TXN_KEY = 0, 24, 26
+_HOT_FLEXIBLE_FROM = {PRODUCE_KEY: 9, ADD_PARTITIONS_TO_TXN_KEY: 3, END_TXN_KEY: 3}
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+_KAFKA_ERROR_CODES = frozenset(int(e.value) for e in KioErrorCode)
+
+
+def _error(code: int) -> bytes:
+    """An error code as Kafka clients read it: an Exactly-only one is UNKNOWN_SERVER_ERROR (-1), as `_convert`."""
+    code = int(code)
+    return _I16.pack(code if code in _KAFKA_ERROR_CODES else -1)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _array_length(n: int, flexible: bool) -> bytes:
+    return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+
+def _string(s: str, flexible: bool) -> bytes:
+    data = s.encode()
+    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
+
+
+def _nullable_string(s: str | None, flexible: bool) -> bytes:
+    if s is None:
+        return b"\0" if flexible else _I16.pack(-1)
+    return _string(s, flexible)
+
+
+def _produce_response(version: int) -> Callable[[dict], bytes]:
+    """ProduceResponse v3-9: log_start_offset from v5, record_errors and
+    error_message from v8, flexible from v9; throttle_time_ms last."""
+    flexible, start, errors = version >= 9, version >= 5, version >= 8
+    tags = b"\0" if flexible else b""
+
+    def encode(value: dict) -> bytes:
+        out = [_array_length(len(value["responses"]), flexible)]
+        for topic in value["responses"]:
+            parts = topic["partition_responses"]
+            out += (_string(topic["name"], flexible), _array_length(len(parts), flexible))
+            for p in parts:
+                append_time = p["log_append_time"]
+                out += (_I32.pack(p["index"]), _error(p["error_code"]), _I64.pack(p["base_offset"]),
+                        _I64.pack(-1 if append_time is None else append_time))
+                if start:
+                    out.append(_I64.pack(p["log_start_offset"]))
+                if errors:
+                    record_errors = p.get("record_errors") or ()
+                    out.append(_array_length(len(record_errors), flexible))
+                    for e in record_errors:
+                        out += (_I32.pack(e["batch_index"]),
+                                _nullable_string(e["batch_index_error_message"], flexible), tags)
+                    out.append(_nullable_string(p["error_message"], flexible))
+                out.append(tags)
+            out.append(tags)
+        out += (_I32.pack(value["throttle_time"]), tags)
+        return b"".join(out)
+    return encode
+
+
+def _add_partitions_to_txn_response(version: int) -> Callable[[dict], bytes]:
+    """AddPartitionsToTxnResponse v0-3 (results_by_topic_v3_and_below), flexible from v3."""
+    flexible = version >= 3
+    tags = b"\0" if flexible else b""
+
+    def encode(value: dict) -> bytes:
+        topics = value["results_by_topic_v3_and_below"]
+        out = [_I32.pack(value["throttle_time"]), _array_length(len(topics), flexible)]
+        for topic in topics:
+            parts = topic["results_by_partition"]
+            out += (_string(topic["name"], flexible), _array_length(len(parts), flexible))
+            for p in parts:
+                out += (_I32.pack(p["partition_index"]), _error(p["partition_error_code"]), tags)
+            out.append(tags)
+        out.append(tags)
+        return b"".join(out)
+    return encode
+
+
+def _end_txn_response(version: int) -> Callable[[dict], bytes]:
+    """EndTxnResponse v0-4, flexible from v3 (v5's producer id and epoch are not served)."""
+    tags = b"\0" if version >= 3 else b""
+
+    def encode(value: dict) -> bytes:
+        return _I32.pack(value["throttle_time"]) + _error(value["error_code"]) + tags
+    return encode
+
+
+_HOT_VERSIONS = {PRODUCE_KEY: (range(3, 10), _produce_response),
+                 ADD_PARTITIONS_TO_TXN_KEY: (range(0, 4), _add_partitions_to_txn_response),
+                 END_TXN_KEY: (range(0, 5), _end_txn_response)}
+
+
+@functools.cache
+def _hot_encoder(api_key: int, version: int) -> Callable[[dict], bytes] | None:
+    """The body writer of a hot response (`encode_response`), None for the others.
+    A writer raises KeyError for a dict without one of its fields."""
+    versions, make = _HOT_VERSIONS.get(api_key, ((), None))
+    return make(version) if version in versions else None
 
 
 def field(entity: Any, name: str, default: Any = None) -> Any:
@@ -158,27 +288,49 @@ def _convert(kafka_type: str, value: Any) -> Any:
 def build(cls: type, value: dict) -> Any:
     """The kio entity `cls` from a dict of plain values (see the module docstring).
     Missing fields take their schema default, else a zero value of their type (an
-    empty array for arrays, nullable ones included)."""
+    empty array for arrays, nullable ones included). The per-class work (type hints,
+    which fields are entities or arrays, each field's conversion) is done once per
+    class (`_plan`), so a response costs only its own values."""
     kwargs = {}
-    for name, tp, meta, default in _fields(cls):
-        sub = _element_class(tp)
+    for name, sub, array, convert, zero in _plan(cls):
         if name in value:
             v = value[name]
             if sub is not None and v is not None:
-                if _is_array(tp) or isinstance(v, (list, tuple)):
+                if array or isinstance(v, (list, tuple)):
                     v = tuple(build(sub, x) if isinstance(x, dict) else x for x in v)
                 elif isinstance(v, dict):
                     v = build(sub, v)
-            else:
-                kafka_type = meta.get("kafka_type", "")
-                if isinstance(v, (list, tuple)):
-                    v = tuple(_convert(kafka_type, x) for x in v)
-                else:
-                    v = _convert(kafka_type, v)
+            elif convert is not None:
+                v = tuple(convert(x) for x in v) if isinstance(v, (list, tuple)) else convert(v)
             kwargs[name] = v
-        elif default is dataclasses.MISSING:
-            kwargs[name] = _zero(tp, meta, sub)
+        elif zero is not _HAS_DEFAULT:
+            kwargs[name] = build(sub, {}) if zero is _ENTITY_ZERO else zero
     return cls(**kwargs)
+
+
+_HAS_DEFAULT, _ENTITY_ZERO = object(), object()
+# kio field types whose plain values `_convert` changes (others pass as they are).
+_CONVERTED_TYPES = frozenset({"error_code", "timedelta_i32", "timedelta_i64", "datetime_i64", "uuid"})
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, type | None, bool, Any, Any], ...]:
+    """Per field of `cls`: (name, entity class or None, is an array, converter of a
+    plain value or None when it passes as is, zero value: `_HAS_DEFAULT` when the
+    schema has a default, `_ENTITY_ZERO` for an entity built empty)."""
+    out = []
+    for name, tp, meta, default in _fields(cls):
+        sub = _element_class(tp)
+        kafka_type = meta.get("kafka_type", "")
+        convert = functools.partial(_convert, kafka_type) if kafka_type in _CONVERTED_TYPES else None
+        if default is not dataclasses.MISSING:
+            zero = _HAS_DEFAULT
+        elif sub is not None and not _is_array(tp):
+            zero = _ENTITY_ZERO
+        else:
+            zero = _zero(tp, meta, sub)
+        out.append((name, sub, _is_array(tp), convert, zero))
+    return tuple(out)
 
 
 def _is_array(tp: Any) -> bool:

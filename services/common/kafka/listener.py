@@ -378,9 +378,12 @@ class KafkaListener:
         ctx = RequestContext(getattr(header, "client_id", None), version, peer)
         token = quota.current_client_id.set(ctx.client_id or "")
         try:
-            timed = quota.Timed(api.handler(request, version, ctx))
-            value = await timed
-            throttle = self._throttle(api_key, frame, value, timed.seconds, ctx.client_id or "")
+            if self.quotas is None or not self.quotas.configs():  # no quota set: nothing to time or record
+                value, throttle = await api.handler(request, version, ctx), 0
+            else:
+                timed = quota.Timed(api.handler(request, version, ctx))
+                value = await timed
+                throttle = self._throttle(api_key, frame, value, timed.seconds, ctx.client_id or "")
         finally:
             quota.current_client_id.reset(token)
         if value is None:

@@ -24,6 +24,7 @@ connections).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -428,7 +429,14 @@ def peer_certificate(context: grpc.ServicerContext) -> x509.Certificate | None:
     None when the call presented none."""
     auth = context.auth_context() if context is not None else {}
     pem = (auth.get("x509_pem_cert") or [None])[0]
-    return x509.load_pem_x509_certificate(pem) if pem else None
+    return _certificate(pem) if pem else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _certificate(pem: bytes) -> x509.Certificate:
+    """A PEM certificate parsed once: a connection's calls, and a tunnel's, present
+    the same one (certificates are immutable; peers are bounded by max.connections)."""
+    return x509.load_pem_x509_certificate(pem)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

@@ -266,6 +266,10 @@ class TokenBucket:
         self.tokens -= value
 
 
+_UNRESOLVED = object()
+_MAX_RESOLVED = 10_000
+
+
 def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
@@ -283,7 +287,10 @@ class QuotaManager:
         self.window_ms = window_s * 1000
         self.super_users = frozenset(super_users)
         self.clock = clock
-        self._configs: dict[QuotaEntity, dict[str, float]] = {}
+        # The configs and their resolutions, (user, client id, key) -> quota()'s answer,
+        # replaced together (one attribute): a resolution never outlives its configs.
+        self._view: tuple[dict[QuotaEntity, dict[str, float]],
+                          dict[tuple[str, str, str], tuple[QuotaEntity, float] | None]] = ({}, {})
         self._lock = threading.Lock()
         self._rates: dict[tuple[str, QuotaEntity, float], Rate] = {}
         self._buckets: dict[tuple[QuotaEntity, float], TokenBucket] = {}
@@ -291,17 +298,25 @@ class QuotaManager:
 
     def set_configs(self, configs: dict[QuotaEntity, dict[str, float]]) -> None:
         with self._lock:
-            self._configs = {e: dict(v) for e, v in configs.items()}
+            self._view = ({e: dict(v) for e, v in configs.items()}, {})
 
     def configs(self) -> dict[QuotaEntity, dict[str, float]]:
-        return self._configs
+        return self._view[0]
 
     def quota(self, principal: str, client_id: str, key: str) -> tuple[QuotaEntity, float] | None:
         """(sensor entity, quota) of `key` for this caller, None when unlimited (no
         entity sets it, or a super user)."""
-        if principal in self.super_users:
+        configs, resolved = self._view
+        if not configs or principal in self.super_users:
             return None
-        return resolve(self._configs, user_name(principal), client_id or "", key)
+        user, client_id = user_name(principal), client_id or ""
+        found = resolved.get((user, client_id, key), _UNRESOLVED)
+        if found is _UNRESOLVED:
+            found = resolve(configs, user, client_id, key)
+            if len(resolved) >= _MAX_RESOLVED:  # client ids are the callers' to choose: bounded
+                resolved.clear()
+            resolved[(user, client_id, key)] = found
+        return found
 
     def record(self, principal: str, client_id: str, key: str, value: float) -> int:
         """Record `value` (bytes, or percent-seconds for request_percentage) against
@@ -370,6 +385,8 @@ class QuotaManager:
 
     def muted_ms(self, principal: str, client_id: str) -> float:
         """ms the caller is still muted (0: not muted)."""
+        if not self._muted:  # nobody is: no lock needed to say so
+            return 0.0
         with self._lock:
             until = self._muted.get((principal, client_id))
             if until is None:
@@ -567,10 +584,13 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
                     return await inner(request, context)
                 principal = current_principal.get()
                 await _wait_muted(manager, principal, client_id, context)
-                timed = Timed(inner(request, context))
-                response = await timed
-                throttle = throttle_request(manager, principal, client_id, method, request, response,
-                                            timed.seconds)
+                if not manager.configs():  # no quota set: nothing to time or record
+                    response, throttle = await inner(request, context), 0
+                else:
+                    timed = Timed(inner(request, context))
+                    response = await timed
+                    throttle = throttle_request(manager, principal, client_id, method, request, response,
+                                                timed.seconds)
                 if _has_throttle_field(response):
                     throttle = max(throttle, response.throttle_time_ms)
                     response.throttle_time_ms = throttle

@@ -93,3 +93,42 @@ def test_every_advertised_version_has_request_and_response_schemas():
             assert codec.response_class(key, version).__version__ == version
             checked += 1
     assert len(apis) == 40 and checked > 120, (len(apis), checked)
+
+
+def _produce_value(error_code: int, message, record_errors=None, append_time=-1):
+    partition = {"index": 2, "error_code": error_code, "base_offset": 1 << 40, "log_append_time": append_time,
+                 "log_start_offset": 7, "error_message": message}
+    if record_errors is not None:
+        partition["record_errors"] = record_errors
+    return {"throttle_time": 12, "responses": [
+        {"name": "tëst", "partition_responses": [partition, {**partition, "index": 3, "error_code": 0}]},
+        {"name": "other", "partition_responses": []}]}
+
+
+HOT_RESPONSES = [
+    *((0, v, _produce_value(code, message, errors, append_time)) for v in range(3, 10)
+      for code, message, errors, append_time in [
+          (0, None, None, -1), (6, "not the leader", [], 1_700_000_000_123),
+          (ErrorCode.INVALID_TXN_STATE, "", [{"batch_index": 1, "batch_index_error_message": None},
+                                             {"batch_index": 4, "batch_index_error_message": "bad"}], None),
+          (1001, None, None, -1)]),  # an Exactly-only code: UNKNOWN_SERVER_ERROR to Kafka clients
+    *((24, v, {"throttle_time": t, "results_by_topic_v3_and_below": [
+        {"name": "t", "results_by_partition": [{"partition_index": 0, "partition_error_code": code},
+                                               {"partition_index": 9, "partition_error_code": 0}]},
+        {"name": "ü" * 200, "results_by_partition": []}]}) for v in range(0, 4) for t, code in [(0, 0), (5, 51)]),
+    *((26, v, {"throttle_time": t, "error_code": code, "producer_id": 5, "producer_epoch": 1})
+      for v in range(0, 5) for t, code in [(0, 0), (30, 47), (0, 1001)]),
+]
+
+
+@pytest.mark.parametrize("api_key,version,value", HOT_RESPONSES)
+def test_hot_responses_are_byte_for_byte_what_kio_writes(api_key, version, value):
+    assert codec._hot_encoder(api_key, version) is not None
+    assert codec.encode_response(api_key, version, 123456, value) == codec._kio_response(api_key, version, 123456,
+                                                                                         value)
+
+
+def test_a_hot_response_missing_a_field_goes_through_kio():
+    value = {"error_code": 0}  # no throttle_time: kio's zero value
+    assert codec.encode_response(26, 3, 1, value) == codec._kio_response(26, 3, 1, value)
+    assert codec._hot_encoder(26, 5) is None and codec._hot_encoder(3, 12) is None

@@ -119,6 +119,22 @@ def test_each_key_resolves_on_its_own():
     assert resolve(configs, "bob", "", PRODUCER_BYTE_RATE)[1] == 99.0
 
 
+def test_a_managers_answers_follow_every_change_of_the_configs():
+    """QuotaManager keeps each caller's resolution until the configs change: a
+    new, changed or removed quota applies to the very next request."""
+    manager = QuotaManager()
+    assert manager.quota("User:alice", "app", PRODUCER_BYTE_RATE) is None
+    manager.set_configs({QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 10.0}})
+    assert manager.quota("User:alice", "app", PRODUCER_BYTE_RATE)[1] == 10.0
+    assert manager.quota("User:alice", "app", PRODUCER_BYTE_RATE)[1] == 10.0  # answered from the resolutions
+    manager.set_configs({QuotaEntity("alice", "app"): {PRODUCER_BYTE_RATE: 5.0},
+                         QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 10.0}})
+    assert manager.quota("User:alice", "app", PRODUCER_BYTE_RATE)[1] == 5.0
+    assert manager.quota("User:bob", "app", PRODUCER_BYTE_RATE)[1] == 10.0
+    manager.set_configs({})
+    assert manager.quota("User:alice", "app", PRODUCER_BYTE_RATE) is None
+
+
 def test_a_user_quota_is_shared_by_its_clients_and_a_default_is_per_user():
     clock = Clock()
     manager = QuotaManager(samples=11, window_s=1, clock=clock)
