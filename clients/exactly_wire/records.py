@@ -477,3 +477,52 @@ def decode_records(buf: bytes | memoryview, pos: int = 0, header: BatchHeader | 
     except (IndexError, UnicodeDecodeError) as exc:
         raise CorruptRecordError(str(exc)) from exc
     return out
+
+
+def merge_batches(batches: Sequence[bytes]) -> bytes | None:
+    """One batch holding the records of `batches`, in order (offset deltas renumbered
+    0.., timestamps kept: each record's timestamp delta is taken from the first
+    batch's base timestamp), with their producer id and epoch and no sequence.
+    Group commit uses it to turn many single-record appends of one writer into one
+    append. Returns None when they cannot be merged: fewer than two, a compressed,
+    transactional or control batch, a batch with a sequence, differing producer ids or
+    epochs, or one that does not parse (the caller then sends them as they are).
+    Record bytes are copied, not re-encoded: only each record's length, timestamp
+    delta and offset delta are rewritten (Kafka protocol, "Record Batch", v2)."""
+    if len(batches) < 2:
+        return None
+    parts: list[bytes] = []
+    count = 0
+    first: BatchHeader | None = None
+    max_ts = 0
+    try:
+        for batch in batches:
+            h = parse_header(batch)
+            if h.attributes or h.base_sequence != NO_SEQUENCE or h.size != len(batch):
+                return None
+            if first is None:
+                first, max_ts = h, h.max_timestamp
+            elif (h.producer_id, h.producer_epoch) != (first.producer_id, first.producer_epoch):
+                return None
+            max_ts = max(max_ts, h.max_timestamp)
+            shift = h.base_timestamp - first.base_timestamp
+            p = HEADER_SIZE
+            for _ in range(h.record_count):
+                length, p = _read_varint(batch, p)
+                end = p + length
+                if length < 3 or end > len(batch):
+                    return None
+                ts_delta, q = _read_varint(batch, p + 1)  # after the attributes byte
+                _, q = _read_varint(batch, q)  # the old offset delta
+                ts = _varint_bytes(ts_delta + shift)
+                od = _varint_bytes(count)
+                parts.append(b"".join((_varint_bytes(1 + len(ts) + len(od) + end - q), batch[p:p + 1], ts, od,
+                                       batch[q:end])))
+                count += 1
+                p = end
+            if p != len(batch):
+                return None
+    except CorruptRecordError:
+        return None
+    return build_batch(b"".join(parts), count, first.base_timestamp, max_ts, count - 1,
+                       producer_id=first.producer_id, producer_epoch=first.producer_epoch)

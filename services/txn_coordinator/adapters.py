@@ -7,6 +7,7 @@ import asyncio
 from collections import defaultdict
 from typing import Awaitable, Callable
 
+from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -44,6 +45,43 @@ class Linger:
             await self._sleep(self.linger_s)
 
 
+def merge_per_partition(entries: list[tuple[int, bytes]], max_bytes: int) -> list[tuple[int, bytes, list[int]]]:
+    """Group commit's batches of one request, merged per partition: the batches
+    queued for one partition become one record batch (`records.merge_batches`: same
+    writer producer id and epoch, uncompressed, in arrival order) of at most
+    `max_bytes` (bytes of the batches merged; a larger batch goes alone), so that the
+    partition leader appends, checks and indexes once per partition instead of once per
+    transition. A merged batch is written or refused as a whole, so each of its
+    transitions gets the batch's error code. entries: (partition, batch) in arrival
+    order. Returns (partition, batch, indexes into `entries` it holds) in the order of
+    each one's first batch (so a partition's records keep their order); batches that
+    cannot be merged are kept as they are."""
+    runs: dict[int, list[list[int]]] = {}
+    order: list[tuple[int, int]] = []  # (partition, run number)
+    sizes: dict[tuple[int, int], int] = {}
+    for i, (partition, batch) in enumerate(entries):
+        part_runs = runs.setdefault(partition, [])
+        key = (partition, len(part_runs) - 1)
+        if part_runs and sizes[key] + len(batch) <= max_bytes:
+            part_runs[-1].append(i)
+            sizes[key] += len(batch)
+        else:
+            part_runs.append([i])
+            key = (partition, len(part_runs) - 1)
+            sizes[key] = len(batch)
+            order.append(key)
+    out: list[tuple[int, bytes, list[int]]] = []
+    for partition, n in order:
+        members = runs[partition][n]
+        merged = records.merge_batches([entries[i][1] for i in members]) if len(members) > 1 else None
+        if merged is not None:
+            out.append((partition, merged, members))
+        else:
+            out.extend((partition, entries[i][1], [i]) for i in members)
+    out.sort(key=lambda entry: entry[2][0])  # arrival order of each entry's first batch
+    return out
+
+
 class ClusterTxnLog:
     """`__transaction_state` through its partition leaders. Appends use acks=all
     (design doc: "wait for this message to be replicated"). Group commit per
@@ -51,15 +89,18 @@ class ClusterTxnLog:
     every transition that arrives meanwhile, for any partition that leader leads, go
     together in the next request (up to `max_batches_per_request`, appended in arrival
     order, so a partition's records keep their order), and concurrent transactions
-    share round trips and replication waits. While `busy()` says that several
+    share round trips and replication waits. The batches of one partition in a
+    request are merged into one record batch (`merge_per_partition`, at most
+    `max_merged_bytes` each). While `busy()` says that several
     transactions are completing at once, a request first waits `linger_ms` for more
     transitions to join it (see `Linger`)."""
 
     def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200,
-                 linger: "Linger | None" = None):
+                 linger: "Linger | None" = None, max_merged_bytes: int = 256 * 1024):
         self._client = client
         self._timeout_ms = timeout_ms
         self._max = max_batches_per_request
+        self._max_merged_bytes = max_merged_bytes
         self._linger = linger or Linger()
         self._queues: dict[str, list[tuple[int, bytes, asyncio.Future]]] = defaultdict(list)
         self._nodes: dict[str, NodeInfo] = {}
@@ -83,18 +124,20 @@ class ClusterTxnLog:
         await self._linger.wait()
         while queue:
             group, queue[:] = queue[:self._max], queue[self._max:]
+            entries = merge_per_partition([(p, b) for p, b, _ in group], self._max_merged_bytes)
             try:
                 codes = await self._client.produce_to(self._nodes[node_id], TRANSACTION_STATE_TOPIC,
-                                                      [(p, b) for p, b, _ in group], acks=-1,
+                                                      [(p, b) for p, b, _ in entries], acks=-1,
                                                       timeout_ms=self._timeout_ms)
             except Exception as exc:  # noqa: BLE001 - every waiting transition learns of it
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, _, future), code in zip(group, codes):
-                if not future.done():
-                    future.set_result(code)
+            for (_, _, members), code in zip(entries, codes):
+                for i in members:
+                    if not group[i][2].done():
+                        group[i][2].set_result(code)
 
     async def fetch(self, partition: int, offset: int, max_bytes: int) -> TxnLogFetch:
         resp = await self._client.fetch(TRANSACTION_STATE_TOPIC, partition, offset, max_wait_ms=0,

@@ -47,11 +47,16 @@ class _PerPartitionGauge:
 
     def __init__(self, name: str, doc: str) -> None:
         self._gauge = Gauge(name, doc, ["partition"])
+        self._children: dict[int, Gauge] = {}  # partition -> its series (set on every new id: no label lookup)
 
     def set(self, partition: int, count: int) -> None:
-        self._gauge.labels(partition=str(partition)).set(count)
+        child = self._children.get(partition)
+        if child is None:
+            child = self._children[partition] = self._gauge.labels(partition=str(partition))
+        child.set(count)
 
     def remove_partition(self, partition: int) -> None:
+        self._children.pop(partition, None)
         try:
             self._gauge.remove(str(partition))
         except KeyError:

@@ -88,7 +88,10 @@ class ProducerIdManager:
             return self.next_pid()
 
     async def ensure_available(self) -> None:
-        """Reserve a block if none is left. Raises ProducerIdAllocationError."""
+        """Reserve a block if none is left (a PID left: returns at once, without
+        taking the lock). Raises ProducerIdAllocationError."""
+        if self._next <= self._last or self._prefetched is not None:
+            return
         async with self._lock:
             if self._next <= self._last or self._prefetched is not None:
                 return

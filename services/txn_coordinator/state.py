@@ -194,12 +194,23 @@ class TxnTransitMetadata:
     transaction_version: int = 2
 
 
+NO_PARTITIONS: frozenset[TopicPartition] = frozenset()
+
+
+def _partition_set(partitions: Iterable[TopicPartition]) -> frozenset[TopicPartition]:
+    """`partitions` as a frozenset, the shared NO_PARTITIONS when empty: most
+    transactional ids have no transaction ongoing, and an empty set of each would cost
+    216 bytes per id."""
+    fs = partitions if isinstance(partitions, frozenset) else frozenset(partitions)
+    return fs or NO_PARTITIONS
+
+
 class TransactionMetadata:
     """In-memory state of one transactional.id (Kafka's TransactionMetadata).
 
     Fields: producer_id / producer_epoch (current PID and epoch), last_producer_id /
     last_producer_epoch (previous ones, kept to recognise retries of an epoch bump or
-    PID rotation), txn_timeout_ms, state, partitions (set of (topic, partition) in the
+    PID rotation), txn_timeout_ms, state, partitions (frozenset of (topic, partition) in the
     transaction), txn_start_timestamp (ms, -1 when none), txn_last_update_timestamp
     (ms), pending_state (target of the transition in flight, or None), group (the KIP-447
     draft group assignment of a group-aware producer: its own log record, kept here by the
@@ -235,7 +246,7 @@ class TransactionMetadata:
         self.last_producer_epoch = last_producer_epoch
         self.txn_timeout_ms = txn_timeout_ms
         self._state = state  # from here on changed only by _apply (the transition table)
-        self.partitions: set[TopicPartition] = set(partitions)
+        self.partitions: frozenset[TopicPartition] = _partition_set(partitions)
         self.txn_start_timestamp = txn_start_timestamp
         self.txn_last_update_timestamp = txn_last_update_timestamp
         self.pending_state: TxnState | None = None
@@ -514,7 +525,7 @@ class TransactionMetadata:
         self.last_producer_epoch = transit.last_producer_epoch
         self.txn_timeout_ms = transit.txn_timeout_ms
         self._state = row.target
-        self.partitions = set(transit.partitions)
+        self.partitions = _partition_set(transit.partitions)
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
         self.prepared_timestamp = transit.prepared_timestamp

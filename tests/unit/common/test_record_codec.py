@@ -64,3 +64,38 @@ def test_a_damaged_body_is_corruption_not_a_crash(seed):
         except records.CorruptRecordError:
             return
         assert len(got) == h.record_count
+
+
+def _single(key: bytes, value: bytes | None, ts: int, producer_id: int = 7, producer_epoch: int = 2) -> bytes:
+    return records.encode_batch([(key, value, (), ts)], producer_id=producer_id, producer_epoch=producer_epoch,
+                                base_sequence=records.NO_SEQUENCE)
+
+
+def test_merge_batches_keeps_every_record_in_order_with_its_timestamp():
+    big = b"v" * 300  # a record length that needs a two-byte varint
+    batches = [_single(b"t1", b"a", 1_000), _single(b"t2", None, 995),
+               records.encode_batch([(b"t3", big, (("h", b"x"),), 1_010), (b"t4", b"d", (), 1_020)],
+                                    producer_id=7, producer_epoch=2, base_sequence=records.NO_SEQUENCE)]
+    merged = records.merge_batches(batches)
+    header = records.verify_crc(merged)
+    assert records.validate_records(merged, header) is None
+    assert (header.record_count, header.last_offset_delta, header.base_timestamp, header.max_timestamp) == \
+        (4, 3, 1_000, 1_020)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 2, records.NO_SEQUENCE)
+    got = records.decode_records(merged)
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in got] == [
+        (0, b"t1", b"a", (), 1_000), (1, b"t2", None, (), 995), (2, b"t3", big, (("h", b"x"),), 1_010),
+        (3, b"t4", b"d", (), 1_020)]
+
+
+def test_merge_batches_refuses_what_one_batch_cannot_hold():
+    a = _single(b"k", b"v", 1)
+    assert records.merge_batches([a]) is None
+    assert records.merge_batches([a, _single(b"k", b"v", 2, producer_epoch=3)]) is None  # another writer epoch
+    assert records.merge_batches([a, records.encode_batch([(b"k", b"v", (), 2)], producer_id=7, producer_epoch=2,
+                                                          base_sequence=5)]) is None  # a sequence
+    assert records.merge_batches([a, records.encode_control_batch(True, 7, 2, 0, 2)]) is None  # a marker
+    assert records.merge_batches([a, records.encode_batch([(b"k", b"v", (), 2)], producer_id=7, producer_epoch=2,
+                                                          compression=records.COMPRESSION_GZIP)]) is None
+    assert records.merge_batches([a, a[:-1]]) is None  # truncated
+    assert records.merge_batches([a, b"not a batch"]) is None

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import NodeInfo
-from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog, Linger
+from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog, Linger, merge_per_partition
 from services.txn_coordinator.coordinator import TxnMarker
 
 LEADERS = {("a", 0): NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
@@ -203,3 +204,55 @@ def test_linger_zero_never_waits():
         assert waiter.done()
 
     asyncio.run(scenario())
+
+
+def _txn_record(tid: bytes, ts: int, epoch: int = 0) -> bytes:
+    return records.encode_batch([(tid, b"state", (), ts)], producer_id=9, producer_epoch=epoch,
+                                base_sequence=records.NO_SEQUENCE)
+
+
+def test_a_requests_batches_of_one_partition_become_one_batch():
+    """Group commit merges the records queued for one partition into one record batch
+    (in arrival order, the leader appending once per partition); each waiter gets its
+    merged batch's answer."""
+    async def scenario():
+        class Client:
+            cluster = OneLeader()
+
+            def __init__(self):
+                self.requests: list[list[tuple[int, bytes]]] = []
+                self.gate = asyncio.Event()
+
+            async def produce_to(self, node, topic, batches, acks, timeout_ms):
+                self.requests.append(list(batches))
+                await self.gate.wait()
+                return [ErrorCode.NOT_ENOUGH_REPLICAS if p == 1 else ErrorCode.NONE for p, _ in batches]
+
+        client = Client()
+        txn_log = ClusterTxnLog(client)
+        first = asyncio.create_task(txn_log.append(0, _txn_record(b"t0", 100)))
+        await asyncio.sleep(0)  # in flight alone
+        queued = [(0, _txn_record(b"t1", 101)), (1, _txn_record(b"t2", 102)), (0, _txn_record(b"t3", 103)),
+                  (1, _txn_record(b"t4", 104, epoch=1)), (0, _txn_record(b"t5", 105))]
+        rest = [asyncio.create_task(txn_log.append(p, b)) for p, b in queued]
+        await asyncio.sleep(0)
+        client.gate.set()
+        codes = await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+        assert codes == [0, 0, ErrorCode.NOT_ENOUGH_REPLICAS, 0, ErrorCode.NOT_ENOUGH_REPLICAS, 0]
+        assert len(client.requests) == 2
+        # Partition 0: t1, t3, t5 in one batch. Partition 1: t4 is of another writer
+        # epoch, so t2 and t4 go as they are, in their order.
+        second = [(p, [r.key for r in records.decode_records(b)]) for p, b in client.requests[1]]
+        assert second == [(0, [b"t1", b"t3", b"t5"]), (1, [b"t2"]), (1, [b"t4"])]
+        assert [b for p, b in client.requests[1][1:]] == [queued[1][1], queued[3][1]]
+
+    asyncio.run(scenario())
+
+
+def test_merged_batches_stay_below_the_size_bound():
+    entries = [(0, _txn_record(b"t%d" % i, i)) for i in range(5)]
+    size = len(entries[0][1])
+    merged = merge_per_partition(entries, max_bytes=2 * size)
+    assert [(p, members) for p, _, members in merged] == [(0, [0, 1]), (0, [2, 3]), (0, [4])]
+    assert merged[2][1] == entries[4][1]
+    assert [r.key for r in records.decode_records(merged[1][1])] == [b"t2", b"t3"]

@@ -1367,3 +1367,19 @@ def test_without_the_epoch_bump_the_next_handover_waits_for_its_own_markers():
         assert h.md("t").partitions == {("orders", 2)}
 
     run(scenario())
+
+
+def test_per_partition_gauge_series_come_back_after_a_partition_left():
+    """The gauge keeps each partition's series for the frequent sets; a partition this
+    coordinator resigned loses its series, and owning it again brings it back."""
+    from prometheus_client import REGISTRY
+    from services.txn_coordinator.metrics import _PerPartitionGauge
+
+    gauge = _PerPartitionGauge("exactly_test_per_partition_ids", "test series")
+    gauge.set(3, 5)
+    gauge.set(3, 7)
+    assert REGISTRY.get_sample_value("exactly_test_per_partition_ids", {"partition": "3"}) == 7
+    gauge.remove_partition(3)
+    assert REGISTRY.get_sample_value("exactly_test_per_partition_ids", {"partition": "3"}) is None
+    gauge.set(3, 2)
+    assert REGISTRY.get_sample_value("exactly_test_per_partition_ids", {"partition": "3"}) == 2

@@ -86,3 +86,31 @@ def test_overlapping_block_is_rejected():
             await m.generate()
 
     asyncio.run(scenario())
+
+
+def test_a_slow_prefetch_holds_up_no_request_while_pids_are_left():
+    """The next block's reservation (a ZooKeeper write) runs in the background: while
+    it is under way, InitProducerId's ensure_available() returns at once as long as
+    the current block has PIDs left."""
+    async def scenario():
+        release = asyncio.Event()
+        calls = 0
+
+        async def allocate():
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                await release.wait()  # the prefetch's ZooKeeper write hangs
+            return (calls - 1) * 10, (calls - 1) * 10 + 9
+
+        m = ProducerIdManager(allocate, prefetch_ratio=0.5)
+        await m.ensure_available()
+        assert [m.next_pid() for _ in range(5)] == [0, 1, 2, 3, 4]  # 5 left: the prefetch starts
+        await asyncio.sleep(0)
+        assert calls == 2
+        await asyncio.wait_for(m.ensure_available(), 5)
+        assert m.next_pid() == 5
+        release.set()
+        await m.close()
+
+    asyncio.run(scenario())

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from exactly_wire.error_codes import ErrorCode
-from services.txn_coordinator.state import (MAX_PRODUCER_EPOCH, VALID_PREVIOUS, InvalidTransitionError,
+from services.txn_coordinator.state import (MAX_PRODUCER_EPOCH, NO_PARTITIONS, VALID_PREVIOUS, InvalidTransitionError,
                                             PendingTransitionError, TransactionMetadata, TransitionMismatchError,
                                             TxnState, TxnStateError, check_transition, is_epoch_exhausted)
 
@@ -278,3 +278,18 @@ def test_a_cancelled_handover_leaves_the_prepared_transaction():
     m.pending_state = S.ONGOING  # a pending Ongoing that is no handover: Prepare -> Ongoing is refused
     with pytest.raises(InvalidTransitionError):
         m.complete_transition(t)
+
+
+def test_ids_without_a_transaction_share_one_empty_partition_set():
+    """Memory per transactional.id: an id with no partition in a transaction holds the
+    shared NO_PARTITIONS, not a set of its own; its partitions while a transaction is
+    ongoing are exactly those added."""
+    md = TransactionMetadata("t", 5, txn_timeout_ms=1000, txn_last_update_timestamp=NOW)
+    assert md.partitions is NO_PARTITIONS
+    md.complete_transition(md.prepare_increment_producer_epoch(1000, None, NOW))
+    assert md.partitions is NO_PARTITIONS
+    md.complete_transition(md.prepare_add_partitions([("a", 0), ("b", 1)], NOW))
+    assert md.partitions == {("a", 0), ("b", 1)}
+    md.complete_transition(md.prepare_abort_or_commit(S.PREPARE_COMMIT, NOW))
+    md.complete_transition(md.prepare_complete(NOW))
+    assert md.state is S.COMPLETE_COMMIT and md.partitions is NO_PARTITIONS
