@@ -2,23 +2,25 @@
 snapshot, and the transaction coordinator's load time and memory per
 transactional id.
 
-The 1,000,000-batch partition is written through the partition leader's own
-`Partition` class (services/partition_leader/partition.py), in the leader's data
-directory while the leader is stopped: the same `Partition.append` a Produce runs
-(CRC check, producer-id/sequence check, log append, producer-state update), then
-`Partition.close()` (flush, producer-state snapshot into the leader's RocksDB), so
-the files are those the leader itself would have written, without a million
-Produce round trips through one Python process (minutes on two cores)."""
+The restarted partition (1,000,000 one-record batches, then the same partition
+grown to 10,000,000) is written in the leader's data directory while the leader
+is stopped, through the partition leader's own `Log.append` and producer state
+(`build_partition`), then closed as the leader closes it (flush, producer-state
+snapshot into the leader's RocksDB): the files are those the leader itself would
+have written, without millions of Produce round trips through one Python process
+(an hour on two cores)."""
 from __future__ import annotations
 
 import asyncio
 import pathlib
 import re
+import struct
 import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from crc32c import crc32c as crc32c_fn
 from exactly_wire import records
 from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
 from exactly_tools.devcluster import DevCluster
@@ -57,32 +59,66 @@ def _log_tail(path: pathlib.Path, since: int) -> str:
 
 # ---------------------------------------------------------------- partition leader restart
 
+# Byte offsets in a record batch v2 header (records.HEADER_SIZE = 61): the CRC32C, the
+# attributes (where the CRC starts) and producer id, epoch, base sequence (contiguous).
+_CRC_OFFSET, _ATTR_OFFSET, _PID_OFFSET = 17, 21, 43
+
+
 def build_partition(data_dir: pathlib.Path, topic: str, batches: int, producers: int) -> dict:
-    """Append `batches` one-record idempotent batches from `producers` producer ids
-    (round robin) to `topic`-0 under `data_dir`, then close (flush + snapshot)."""
+    """Grow `topic`-0 under `data_dir` (the partition leader's data directory, the
+    leader stopped) to `batches` one-record idempotent batches from `producers`
+    producer ids (round robin: batch i is producer i % producers' sequence
+    i // producers), then close it (flush, producer-state snapshot). A partition
+    already holding some of them is extended, so the 1M partition becomes the 10M
+    one without writing its first million again.
+
+    The first batch is encoded by the client's encoder (`records.encode_batch`); the
+    others are that batch with the producer id, sequence, value digits and CRC32C
+    rewritten (the same bytes the encoder would produce, a few times faster). Each is
+    written the way `Partition.append` writes it after its checks: `Log.append`
+    (offset and leader epoch assigned, offset index, segment rolls). The producer
+    state is fed (`ProducerStateManager.on_append`) the last 5 batches of each
+    producer id, the ones it keeps (the earlier ones leave no trace in it). The
+    produce path's CRC and sequence checks are left out: a full-scan restart checks
+    every batch's CRC32C and offsets and rebuilds the producer state from the log,
+    and the bench checks the producer count it finds. Returns sizes and the build
+    time (s)."""
     from services.partition_leader.partition import Partition, PartitionConfig
     from services.partition_leader.snapshot_store import SnapshotStore
     store = SnapshotStore(data_dir / "producer-state")
     p = Partition.open(topic, 0, data_dir, PartitionConfig(), store)
     p.leader_epoch = max(p.epochs.latest_epoch, 0)
+    p._note_epoch(p.leader_epoch, p.log_end_offset)  # noqa: SLF001 - as Partition.append does
     now = int(time.time() * 1000)
-    seqs = [0] * producers
     base_pid = 10_000_000
+    first = p.log_end_offset
+    template = bytearray(records.encode_batch([(None, b"v%09d" % 0, (), now)], producer_id=base_pid, producer_epoch=0,
+                                              base_sequence=0))
+    header = records.parse_header(template)
+    size = header.size
+    # The batches the producer state keeps, from a whole round (producer ids in order).
+    tracked_from = (batches - 5 * producers) // producers * producers
+    append, on_append, epoch = p.log.append, p.producers.on_append, p.leader_epoch
+    pack_into, crc32c = struct.pack_into, crc32c_fn
     start = time.perf_counter()
-    for i in range(batches):
-        k = i % producers
-        batch = records.encode_batch([(None, b"v%09d" % i, (), now)], producer_id=base_pid + k, producer_epoch=0,
-                                     base_sequence=seqs[k])
-        seqs[k] += 1
-        r = p.append(batch)
-        if r.error:
-            raise RuntimeError(f"append {i} failed: {r}")
+    for i in range(first, batches):
+        pid, seq = base_pid + i % producers, i // producers
+        batch = bytearray(template)
+        pack_into(">qhi", batch, _PID_OFFSET, pid, 0, seq)
+        batch[size - 10:size - 1] = b"%09d" % i
+        crc = crc32c(memoryview(batch)[_ATTR_OFFSET:])
+        pack_into(">I", batch, _CRC_OFFSET, crc)
+        h = header._replace(crc=crc, producer_id=pid, base_sequence=seq)
+        info = append(batch, h, epoch)
+        if i >= tracked_from:
+            on_append(h._replace(base_offset=info.base_offset))
+    p.maybe_advance_high_watermark()
     end = p.log_end_offset
     size = p.log.size_bytes
     p.close()
     store.close()
     return {"batches": batches, "producers": producers, "log_end_offset": end, "log_bytes": size,
-            "build_s": time.perf_counter() - start}
+            "appended": end - first, "build_s": time.perf_counter() - start}
 
 
 def _delete_snapshots(data_dir: pathlib.Path, topic: str) -> int:
