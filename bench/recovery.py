@@ -147,22 +147,18 @@ def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, 
             "snapshot_at": m.group(2) if m else None}
 
 
-def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int, progress=None) -> dict:
-    """The restart figures on a 1-leader cluster: with the snapshot, then with it
-    deleted (full log scan); plus `Partition.open` alone, in this process."""
+def _restart_size(cluster: DevCluster, name: str, topic: str, data_dir: pathlib.Path, batches: int, producers: int,
+                  reps: int) -> dict:
+    """With the leader down: grow the partition to `batches`, start the leader, then
+    time `reps` restarts with the snapshot, `reps` with it deleted (full log scan) and
+    `Partition.open` alone, in this process, both ways. Leaves the leader down."""
     from services.partition_leader.partition import Partition, PartitionConfig
     from services.partition_leader.snapshot_store import SnapshotStore
-    topic = "bench-restart"
-    name = "pl-0"
-    create_topic(cluster, topic, 1)
     svc = cluster.services[name]
-    wait_until(lambda: _latest_offset(svc.address, topic, 0) == 0, 60, 0.05, f"{topic}-0 to be led")
-    data_dir = cluster.dir / name
-    cluster.stop(name)
     built = build_partition(data_dir, topic, batches, producers)
     end = built["log_end_offset"]
     _respawn(cluster, name)
-    wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, 300, 0.05, f"{name} to serve {topic}-0")
+    wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, 600, 0.05, f"{name} to serve {topic}-0")
     with_snapshot, scan = [], []
     for _ in range(reps):
         cluster.kill(name)
@@ -170,7 +166,7 @@ def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int,
     for _ in range(reps):
         cluster.kill(name)
         _delete_snapshots(data_dir, topic)
-        scan.append(_timed_leader_restart(cluster, name, topic, end))
+        scan.append(_timed_leader_restart(cluster, name, topic, end, timeout_s=900))
     # The load alone (log recovery + producer state), without process start and ZooKeeper.
     cluster.kill(name)
     open_scan, open_snapshot = [], []
@@ -192,6 +188,22 @@ def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int,
                 raise RuntimeError(f"Partition.open did not load the snapshot at {end} (got {loaded_from})")
     return {**built, "restart_snapshot": with_snapshot, "restart_scan": scan,
             "open_snapshot_s": open_snapshot, "open_scan_s": open_scan}
+
+
+def leader_restart(cluster: DevCluster, sizes: list[int], producers: int, reps: int) -> dict:
+    """The restart figures on a 1-leader cluster for each partition size in `sizes`
+    (one-record batches, ascending; the partition is grown from one size to the
+    next): SIGKILL + start with the producer-state snapshot, then with it deleted
+    (full log scan), timed until ListOffsets answers the log end; plus
+    `Partition.open` alone, in this process. Returns {"runs": [one dict per size]}."""
+    topic = "bench-restart"
+    name = "pl-0"
+    create_topic(cluster, topic, 1)
+    svc = cluster.services[name]
+    wait_until(lambda: _latest_offset(svc.address, topic, 0) == 0, 60, 0.05, f"{topic}-0 to be led")
+    cluster.stop(name)
+    return {"runs": [_restart_size(cluster, name, topic, cluster.dir / name, batches, producers, reps)
+                     for batches in sorted(sizes)]}
 
 
 # ---------------------------------------------------------------- transaction coordinator load
