@@ -244,7 +244,8 @@ class Segment:
     """One segment: its log file, sparse offset index and aborted transaction index.
 
     `size` is the log file size in bytes; `next_offset` the offset after its last
-    batch (`base_offset` when empty). Index entries are mirrored in memory.
+    batch (`base_offset` when empty). Index entries are mirrored in memory (int32
+    arrays), decoded from the file on first use after an open (`load_index`).
     """
 
     def __init__(self, directory: Path, base_offset: int, config: LogConfig):
