@@ -339,9 +339,11 @@ def run(args: argparse.Namespace) -> dict:
         for size, run in zip(("small", "large"), rs["runs"]):
             n = f"{run['batches']:,} batches"
             fig.add(f"restart.snapshot_{size}", f"leader restart to serving, from the producer-state snapshot, {n}",
-                    [r["seconds"] for r in run["restart_snapshot"]], "s", batches=run["batches"])
+                    [r["seconds"] for r in run["restart_snapshot"]], "s", batches=run["batches"],
+                    cpu_s=median([r["cpu_s"] for r in run["restart_snapshot"]]))
             fig.add(f"restart.scan_{size}", f"leader restart to serving, snapshot removed (full log scan), {n}",
-                    [r["seconds"] for r in run["restart_scan"]], "s", batches=run["batches"])
+                    [r["seconds"] for r in run["restart_scan"]], "s", batches=run["batches"],
+                    cpu_s=median([r["cpu_s"] for r in run["restart_scan"]]))
             fig.add(f"restart.ratio_{size}", f"restart: scan / snapshot, {n}",
                     [fig.value(f"restart.scan_{size}") / fig.value(f"restart.snapshot_{size}")], "x")
             fig.add(f"restart.open_snapshot_{size}", f"Partition.open alone (in-process), from the snapshot, {n}",
@@ -354,6 +356,9 @@ def run(args: argparse.Namespace) -> dict:
         fig.add("restart.snapshot_growth", f"restart from the snapshot: {large:,} / {small:,} batches ({times})",
                 [fig.value("restart.snapshot_large") / fig.value("restart.snapshot_small")], "x")
         fig.goal("restart.snapshot_growth", "<= 1.2", fig.value("restart.snapshot_growth") <= 1.2)
+        fig.add("restart.snapshot_cpu_growth", f"restart from the snapshot, the leader's CPU time until serving: "
+                                               f"{large:,} / {small:,} batches",
+                [fig.rows["restart.snapshot_large"]["cpu_s"] / fig.rows["restart.snapshot_small"]["cpu_s"]], "x")
         fig.add("restart.scan_growth", f"restart with a full log scan: {large:,} / {small:,} batches ({times})",
                 [fig.value("restart.scan_large") / fig.value("restart.scan_small")], "x")
         fig.goal("restart.open_ratio_large", ">= 20", fig.value("restart.open_ratio_large") >= 20)

@@ -23,7 +23,7 @@ FIGURES = [
     "redis.xadd", "redis.multi_exec", "redis.xread", "vs_redis.produce", "vs_redis.read_committed",
     *(f"restart.{f}_{size}" for size in ("small", "large")
       for f in ("snapshot", "scan", "ratio", "open_snapshot", "open_scan", "open_ratio")),
-    "restart.snapshot_growth", "restart.scan_growth",
+    "restart.snapshot_growth", "restart.snapshot_cpu_growth", "restart.scan_growth",
     "txn_load.loaded", "txn_load.bytes_per_id", "peer.librdkafka", "peer.tls",
 ]
 GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1_librdkafka", "coordinator.rf3",
