@@ -262,7 +262,8 @@ class Segment:
         self.next_offset = base_offset
         self._index_offsets = _index_array()  # relative last offsets (int32, as in the file)
         self._index_positions = _index_array()
-        self._index_pending: bytes | None = None  # the .index file's entries, not decoded yet
+        # (bytes, last entry's position) of a checked .index file not read in full yet
+        self._index_pending: tuple[int, int] | None = None
         self._index_fd: int | None = None
         self._bytes_since_index = 0
         self.aborted: list[AbortedTxn] = []
@@ -325,30 +326,34 @@ class Segment:
         whose last offset matches. With `limit`, entries at positions >= limit are
         dropped (the data there is about to be validated again).
 
-        Only the file size and the last entry are checked here when that entry lies
-        below `limit` (a clean shutdown, or a segment before the recovery point): the
-        entries are decoded, and their order checked, on first use (`_entries`), as
+        Only the file size and the first and last entries are checked here (16 bytes
+        read) when the last entry lies below `limit` (a clean shutdown, or a segment
+        before the recovery point): the entries are read, decoded and their order
+        checked on first use (`_entries`), as
         Kafka's lazily loaded indexes, so opening a segment costs the same whatever
         its size. An index found out of order then is rebuilt from the segment."""
         self._index_offsets, self._index_positions = _index_array(), _index_array()
         self._index_pending = None
         try:
-            data = self.index_path.read_bytes()
+            with open(self.index_path, "rb") as f:
+                length = os.fstat(f.fileno()).st_size
+                if length % INDEX_ENTRY.size:
+                    return False
+                if not length:
+                    self._bytes_since_index = self.size
+                    return True
+                last_rel, last_pos = INDEX_ENTRY.unpack(os.pread(f.fileno(), INDEX_ENTRY.size,
+                                                                 length - INDEX_ENTRY.size))
+                if limit is None or last_pos < limit:
+                    first_rel, first_pos = INDEX_ENTRY.unpack(os.pread(f.fileno(), INDEX_ENTRY.size, 0))
+                    if first_rel < 0 or first_pos < 0 or not self._indexes_its_batch(last_rel, last_pos):
+                        return False
+                    self._index_pending = (length, last_pos)
+                    self._bytes_since_index = self.size - last_pos
+                    return True
+                data = f.read()
         except FileNotFoundError:
             return False
-        if len(data) % INDEX_ENTRY.size:
-            return False
-        if not data:
-            self._bytes_since_index = self.size
-            return True
-        last_rel, last_pos = INDEX_ENTRY.unpack_from(data, len(data) - INDEX_ENTRY.size)
-        if limit is None or last_pos < limit:
-            first_rel, first_pos = INDEX_ENTRY.unpack_from(data)
-            if first_rel < 0 or first_pos < 0 or not self._indexes_its_batch(last_rel, last_pos):
-                return False
-            self._index_pending = data
-            self._bytes_since_index = self.size - last_pos
-            return True
         offsets, positions = _decode_index(data)
         # Entries before the first one at or past `limit` (a C loop).
         keep = next(compress(count(), map(operator.ge, positions, repeat(limit))), len(positions))
@@ -375,12 +380,17 @@ class Segment:
         """The offset index (relative offsets, positions), decoded on first use; an
         index out of order is rebuilt from the segment (headers only)."""
         if self._index_pending is not None:
-            data, self._index_pending = self._index_pending, None
+            length, self._index_pending = self._index_pending[0], None
+            try:
+                with open(self.index_path, "rb") as f:
+                    data = f.read(length)
+            except FileNotFoundError:
+                data = b""
             offsets, positions = _decode_index(data)
-            if _strictly_increasing(offsets) and _strictly_increasing(positions):
+            if len(data) == length and _strictly_increasing(offsets) and _strictly_increasing(positions):
                 self._index_offsets, self._index_positions = offsets, positions
             else:
-                log.warning("%s: rebuilding an offset index out of order", self.index_path)
+                log.warning("%s: rebuilding an offset index out of order or gone", self.index_path)
                 next_offset = self.next_offset
                 self.rebuild_index()
                 self.next_offset = max(self.next_offset, next_offset)
@@ -389,7 +399,7 @@ class Segment:
     def last_index_position(self) -> int:
         """File position of the last offset-index entry (0 without entries)."""
         if self._index_pending is not None:
-            return INDEX_ENTRY.unpack_from(self._index_pending, len(self._index_pending) - INDEX_ENTRY.size)[1]
+            return self._index_pending[1]
         return self._index_positions[-1] if self._index_positions else 0
 
     def _truncate_index(self, position: int) -> None:

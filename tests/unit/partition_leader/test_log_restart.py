@@ -126,3 +126,24 @@ def test_a_crash_after_a_clean_open_still_recovers_from_the_recovery_point(tmp_p
     for offset, position in entries:
         assert records.parse_header(third.active_segment.read_at(position, records.HEADER_SIZE)).last_offset == offset
     assert third.read(50, 1, 87).first_offset == 48
+
+
+@pytest.mark.parametrize("damage", ["gone", "cut"])
+def test_an_index_changed_between_the_open_and_its_first_use_is_rebuilt(tmp_path, damage):
+    directory = tmp_path / "t-0"
+    config = LogConfig(index_interval_bytes=150)
+    plog = Log.open(directory, config, clock)
+    for _ in range(30):
+        append(plog, make_batch(3))
+    expected = plog.active_segment.index_entries()
+    plog.close()
+    again = Log.open(directory, config, clock)  # reads 16 bytes of the index
+    index = directory / f"{0:020d}.index"
+    if damage == "gone":
+        index.unlink()
+    else:
+        os.truncate(index, 2 * INDEX_ENTRY.size)
+    assert again.read(31, 1, 90).first_offset == 30
+    assert again.active_segment.index_entries() == expected
+    append(again, make_batch(3))
+    assert again.log_end_offset == 93 and again.read(90, 1, 93).first_offset == 90
