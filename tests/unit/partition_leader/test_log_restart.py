@@ -83,7 +83,9 @@ def test_a_fetch_from_the_log_end_after_a_clean_open_needs_no_index(tmp_path):
     assert again.read(80, 1 << 20, 82).first_offset == 80
 
 
-def test_an_index_out_of_order_is_rebuilt_on_first_use(tmp_path):
+def closed_log(tmp_path):
+    """A cleanly closed log of 30 three-record batches with an index entry every 150
+    bytes: (directory, config, its index entries)."""
     directory = tmp_path / "t-0"
     config = LogConfig(index_interval_bytes=150)
     plog = Log.open(directory, config, clock)
@@ -91,6 +93,11 @@ def test_an_index_out_of_order_is_rebuilt_on_first_use(tmp_path):
         append(plog, make_batch(3))
     expected = plog.active_segment.index_entries()
     plog.close()
+    return directory, config, expected
+
+
+def test_an_index_out_of_order_is_rebuilt_on_first_use(tmp_path):
+    directory, config, expected = closed_log(tmp_path)
     index = directory / f"{0:020d}.index"
     raw = bytearray(index.read_bytes())
     assert len(raw) >= 4 * INDEX_ENTRY.size
@@ -130,13 +137,7 @@ def test_a_crash_after_a_clean_open_still_recovers_from_the_recovery_point(tmp_p
 
 @pytest.mark.parametrize("damage", ["gone", "cut"])
 def test_an_index_changed_between_the_open_and_its_first_use_is_rebuilt(tmp_path, damage):
-    directory = tmp_path / "t-0"
-    config = LogConfig(index_interval_bytes=150)
-    plog = Log.open(directory, config, clock)
-    for _ in range(30):
-        append(plog, make_batch(3))
-    expected = plog.active_segment.index_entries()
-    plog.close()
+    directory, config, expected = closed_log(tmp_path)
     again = Log.open(directory, config, clock)  # reads 16 bytes of the index
     index = directory / f"{0:020d}.index"
     if damage == "gone":
