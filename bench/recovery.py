@@ -2,23 +2,26 @@
 snapshot, and the transaction coordinator's load time and memory per
 transactional id.
 
-The 1,000,000-batch partition is written through the partition leader's own
-`Partition` class (services/partition_leader/partition.py), in the leader's data
-directory while the leader is stopped: the same `Partition.append` a Produce runs
-(CRC check, producer-id/sequence check, log append, producer-state update), then
-`Partition.close()` (flush, producer-state snapshot into the leader's RocksDB), so
-the files are those the leader itself would have written, without a million
-Produce round trips through one Python process (minutes on two cores)."""
+The restarted partition (1,000,000 one-record batches, then the same partition
+grown to 10,000,000) is written in the leader's data directory while the leader
+is stopped, through the partition leader's own `Log.append` and producer state
+(`build_partition`), then closed as the leader closes it (flush, producer-state
+snapshot into the leader's RocksDB): the files are those the leader itself would
+have written, without millions of Produce round trips through one Python process
+(an hour on two cores)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import re
+import struct
 import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from crc32c import crc32c as crc32c_fn
 from exactly_wire import records
 from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
 from exactly_tools.devcluster import DevCluster
@@ -57,32 +60,66 @@ def _log_tail(path: pathlib.Path, since: int) -> str:
 
 # ---------------------------------------------------------------- partition leader restart
 
+# Byte offsets in a record batch v2 header (records.HEADER_SIZE = 61): the CRC32C, the
+# attributes (where the CRC starts) and producer id, epoch, base sequence (contiguous).
+_CRC_OFFSET, _ATTR_OFFSET, _PID_OFFSET = 17, 21, 43
+
+
 def build_partition(data_dir: pathlib.Path, topic: str, batches: int, producers: int) -> dict:
-    """Append `batches` one-record idempotent batches from `producers` producer ids
-    (round robin) to `topic`-0 under `data_dir`, then close (flush + snapshot)."""
+    """Grow `topic`-0 under `data_dir` (the partition leader's data directory, the
+    leader stopped) to `batches` one-record idempotent batches from `producers`
+    producer ids (round robin: batch i is producer i % producers' sequence
+    i // producers), then close it (flush, producer-state snapshot). A partition
+    already holding some of them is extended, so the 1M partition becomes the 10M
+    one without writing its first million again.
+
+    The first batch is encoded by the client's encoder (`records.encode_batch`); the
+    others are that batch with the producer id, sequence, value digits and CRC32C
+    rewritten (the same bytes the encoder would produce, a few times faster). Each is
+    written the way `Partition.append` writes it after its checks: `Log.append`
+    (offset and leader epoch assigned, offset index, segment rolls). The producer
+    state is fed (`ProducerStateManager.on_append`) the last 5 batches of each
+    producer id, the ones it keeps (the earlier ones leave no trace in it). The
+    produce path's CRC and sequence checks are left out: a full-scan restart checks
+    every batch's CRC32C and offsets and rebuilds the producer state from the log,
+    and the bench checks the producer count it finds. Returns sizes and the build
+    time (s)."""
     from services.partition_leader.partition import Partition, PartitionConfig
     from services.partition_leader.snapshot_store import SnapshotStore
     store = SnapshotStore(data_dir / "producer-state")
     p = Partition.open(topic, 0, data_dir, PartitionConfig(), store)
     p.leader_epoch = max(p.epochs.latest_epoch, 0)
+    p._note_epoch(p.leader_epoch, p.log_end_offset)  # noqa: SLF001 - as Partition.append does
     now = int(time.time() * 1000)
-    seqs = [0] * producers
     base_pid = 10_000_000
+    first = p.log_end_offset
+    template = bytearray(records.encode_batch([(None, b"v%09d" % 0, (), now)], producer_id=base_pid, producer_epoch=0,
+                                              base_sequence=0))
+    header = records.parse_header(template)
+    size = header.size
+    # The batches the producer state keeps, from a whole round (producer ids in order).
+    tracked_from = (batches - 5 * producers) // producers * producers
+    append, on_append, epoch = p.log.append, p.producers.on_append, p.leader_epoch
+    pack_into, crc32c = struct.pack_into, crc32c_fn
     start = time.perf_counter()
-    for i in range(batches):
-        k = i % producers
-        batch = records.encode_batch([(None, b"v%09d" % i, (), now)], producer_id=base_pid + k, producer_epoch=0,
-                                     base_sequence=seqs[k])
-        seqs[k] += 1
-        r = p.append(batch)
-        if r.error:
-            raise RuntimeError(f"append {i} failed: {r}")
+    for i in range(first, batches):
+        pid, seq = base_pid + i % producers, i // producers
+        batch = bytearray(template)
+        pack_into(">qhi", batch, _PID_OFFSET, pid, 0, seq)
+        batch[size - 10:size - 1] = b"%09d" % i
+        crc = crc32c(memoryview(batch)[_ATTR_OFFSET:])
+        pack_into(">I", batch, _CRC_OFFSET, crc)
+        h = header._replace(crc=crc, producer_id=pid, base_sequence=seq)
+        info = append(batch, h, epoch)
+        if i >= tracked_from:
+            on_append(h._replace(base_offset=info.base_offset))
+    p.maybe_advance_high_watermark()
     end = p.log_end_offset
     size = p.log.size_bytes
     p.close()
     store.close()
     return {"batches": batches, "producers": producers, "log_end_offset": end, "log_bytes": size,
-            "build_s": time.perf_counter() - start}
+            "appended": end - first, "build_s": time.perf_counter() - start}
 
 
 def _delete_snapshots(data_dir: pathlib.Path, topic: str) -> int:
@@ -97,8 +134,17 @@ def _delete_snapshots(data_dir: pathlib.Path, topic: str) -> int:
     return len(offsets)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time (s) of a process so far, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, timeout_s: float = 300) -> dict:
-    """SIGKILL was sent; start the leader and time until ListOffsets answers the log end."""
+    """SIGKILL was sent; start the leader and time until ListOffsets answers the log
+    end: "seconds" (wall clock) and "cpu_s" (the leader's CPU time by then, steadier
+    than the wall clock on a busy machine)."""
     svc = cluster.services[name]
     log_path = cluster.dir / "logs" / f"{name}.log"
     mark = log_path.stat().st_size
@@ -106,27 +152,24 @@ def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, 
     _respawn(cluster, name)
     wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, timeout_s, 0.01, f"{name} to serve {topic}-0")
     elapsed = time.perf_counter() - start
+    cpu = _cpu_seconds(cluster.services[name].pid)
     m = re.search(rf"opened {re.escape(topic)}-0: .*?(\d+) producers \(snapshot at (\w+)\)", _log_tail(log_path, mark))
-    return {"seconds": elapsed, "producers_loaded": int(m.group(1)) if m else None,
+    return {"seconds": elapsed, "cpu_s": cpu, "producers_loaded": int(m.group(1)) if m else None,
             "snapshot_at": m.group(2) if m else None}
 
 
-def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int, progress=None) -> dict:
-    """The restart figures on a 1-leader cluster: with the snapshot, then with it
-    deleted (full log scan); plus `Partition.open` alone, in this process."""
+def _restart_size(cluster: DevCluster, name: str, topic: str, data_dir: pathlib.Path, batches: int, producers: int,
+                  reps: int) -> dict:
+    """With the leader down: grow the partition to `batches`, start the leader, then
+    time `reps` restarts with the snapshot, `reps` with it deleted (full log scan) and
+    `Partition.open` alone, in this process, both ways. Leaves the leader down."""
     from services.partition_leader.partition import Partition, PartitionConfig
     from services.partition_leader.snapshot_store import SnapshotStore
-    topic = "bench-restart"
-    name = "pl-0"
-    create_topic(cluster, topic, 1)
     svc = cluster.services[name]
-    wait_until(lambda: _latest_offset(svc.address, topic, 0) == 0, 60, 0.05, f"{topic}-0 to be led")
-    data_dir = cluster.dir / name
-    cluster.stop(name)
     built = build_partition(data_dir, topic, batches, producers)
     end = built["log_end_offset"]
     _respawn(cluster, name)
-    wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, 300, 0.05, f"{name} to serve {topic}-0")
+    wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, 600, 0.05, f"{name} to serve {topic}-0")
     with_snapshot, scan = [], []
     for _ in range(reps):
         cluster.kill(name)
@@ -134,7 +177,7 @@ def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int,
     for _ in range(reps):
         cluster.kill(name)
         _delete_snapshots(data_dir, topic)
-        scan.append(_timed_leader_restart(cluster, name, topic, end))
+        scan.append(_timed_leader_restart(cluster, name, topic, end, timeout_s=900))
     # The load alone (log recovery + producer state), without process start and ZooKeeper.
     cluster.kill(name)
     open_scan, open_snapshot = [], []
@@ -156,6 +199,22 @@ def leader_restart(cluster: DevCluster, batches: int, producers: int, reps: int,
                 raise RuntimeError(f"Partition.open did not load the snapshot at {end} (got {loaded_from})")
     return {**built, "restart_snapshot": with_snapshot, "restart_scan": scan,
             "open_snapshot_s": open_snapshot, "open_scan_s": open_scan}
+
+
+def leader_restart(cluster: DevCluster, sizes: list[int], producers: int, reps: int) -> dict:
+    """The restart figures on a 1-leader cluster for each partition size in `sizes`
+    (one-record batches, ascending; the partition is grown from one size to the
+    next): SIGKILL + start with the producer-state snapshot, then with it deleted
+    (full log scan), timed until ListOffsets answers the log end; plus
+    `Partition.open` alone, in this process. Returns {"runs": [one dict per size]}."""
+    topic = "bench-restart"
+    name = "pl-0"
+    create_topic(cluster, topic, 1)
+    svc = cluster.services[name]
+    wait_until(lambda: _latest_offset(svc.address, topic, 0) == 0, 60, 0.05, f"{topic}-0 to be led")
+    cluster.stop(name)
+    return {"runs": [_restart_size(cluster, name, topic, cluster.dir / name, batches, producers, reps)
+                     for batches in sorted(sizes)]}
 
 
 # ---------------------------------------------------------------- transaction coordinator load

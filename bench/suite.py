@@ -35,10 +35,10 @@ from . import producer_perf, recovery, redis_peer, server_cost, transactions
 from .common import Progress, create_topic, machine_info, median, start_cluster
 
 FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
-        "redis_transactions": 20_000, "restart_batches": 1_000_000, "restart_producers": 10_000,
+        "redis_transactions": 20_000, "restart_batches": [1_000_000, 10_000_000], "restart_producers": 10_000,
         "transactional_ids": 100_000}
 QUICK = {"num_records": 3_000, "latency_transactions": 50, "coordinator_seconds": 1.0,
-         "redis_transactions": 500, "restart_batches": 20_000, "restart_producers": 200,
+         "redis_transactions": 500, "restart_batches": [20_000, 200_000], "restart_producers": 200,
          # enough ids that the coordinator's growth (~0.8 KB each) stands out of the
          # RSS noise between two processes (a few tens of KB either way)
          "transactional_ids": 20_000}
@@ -88,7 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-transactions", type=int, help="MULTI/EXEC transactions per repetition")
     parser.add_argument("--redis-pipeline", type=int, default=500, help="XADD pipeline depth")
     parser.add_argument("--redis-read-batch", type=int, default=1000, help="XREAD COUNT")
-    parser.add_argument("--restart-batches", type=int, help="one-record batches in the restarted partition")
+    parser.add_argument("--restart-batches", type=int, nargs=2, metavar=("SMALL", "LARGE"),
+                        help="one-record batches in the restarted partition, the two sizes compared "
+                             f"(default {FULL['restart_batches'][0]:,} and {FULL['restart_batches'][1]:,})")
     parser.add_argument("--restart-producers", type=int, help="producer ids writing them")
     parser.add_argument("--transactional-ids", type=int, help="transactional ids loaded by the coordinator")
     args = parser.parse_args(argv)
@@ -318,36 +320,54 @@ def run(args: argparse.Namespace) -> dict:
         progress.done(f"XADD {fig.value('redis.xadd'):,.0f}/s, MULTI/EXEC {fig.value('redis.multi_exec'):,.0f}/s, "
                       f"XREAD {fig.value('redis.xread'):,.0f}/s")
 
-        # ---- 7: partition-leader restart
-        progress.start(f"partition-leader restart: {args.restart_batches:,} one-record batches from "
+        # ---- 7: partition-leader restart, at two partition sizes
+        small, large = sorted(args.restart_batches)
+        progress.start(f"partition-leader restart: {small:,} then {large:,} one-record batches from "
                        f"{args.restart_producers:,} producer ids; SIGKILL + start x {reps} with the snapshot, "
-                       f"x {reps} without")
+                       f"x {reps} without, at each size")
         rc = cluster("restart")
-        rs = recovery.leader_restart(rc, args.restart_batches, args.restart_producers, reps)
+        rs = recovery.leader_restart(rc, [small, large], args.restart_producers, reps)
         down(rc)
-        for case in ("snapshot", "scan"):
-            rows = rs[f"restart_{case}"]
-            expected = str(rs["log_end_offset"]) if case == "snapshot" else "None"
-            wrong = [r for r in rows if r["snapshot_at"] != expected or r["producers_loaded"] != args.restart_producers]
-            if wrong:
-                raise RuntimeError(f"restart {case}: the leader loaded {wrong[0]} (expected snapshot at {expected}, "
-                                   f"{args.restart_producers} producers)")
-        fig.add("restart.snapshot", "leader restart to serving, from the producer-state snapshot",
-                [r["seconds"] for r in rs["restart_snapshot"]], "s")
-        fig.add("restart.scan", "leader restart to serving, snapshot removed (full log scan)",
-                [r["seconds"] for r in rs["restart_scan"]], "s")
-        fig.add("restart.ratio", "restart: scan / snapshot", [fig.value("restart.scan") / fig.value("restart.snapshot")],
-                "x")
-        fig.goal("restart.ratio", ">= 20", fig.value("restart.ratio") >= 20)
-        fig.add("restart.open_snapshot", "Partition.open alone (in-process), from the snapshot",
-                [s * 1000 for s in rs["open_snapshot_s"]], "ms")
-        fig.add("restart.open_scan", "Partition.open alone (in-process), full log scan",
-                [s * 1000 for s in rs["open_scan_s"]], "ms")
-        fig.add("restart.open_ratio", "Partition.open: scan / snapshot",
-                [fig.value("restart.open_scan") / fig.value("restart.open_snapshot")], "x")
+        for run in rs["runs"]:
+            for case in ("snapshot", "scan"):
+                expected = str(run["log_end_offset"]) if case == "snapshot" else "None"
+                wrong = [r for r in run[f"restart_{case}"]
+                         if r["snapshot_at"] != expected or r["producers_loaded"] != args.restart_producers]
+                if wrong:
+                    raise RuntimeError(f"restart {case} at {run['batches']:,} batches: the leader loaded {wrong[0]} "
+                                       f"(expected snapshot at {expected}, {args.restart_producers} producers)")
+        for size, run in zip(("small", "large"), rs["runs"]):
+            n = f"{run['batches']:,} batches"
+            fig.add(f"restart.snapshot_{size}", f"leader restart to serving, from the producer-state snapshot, {n}",
+                    [r["seconds"] for r in run["restart_snapshot"]], "s", batches=run["batches"],
+                    cpu_s=median([r["cpu_s"] for r in run["restart_snapshot"]]))
+            fig.add(f"restart.scan_{size}", f"leader restart to serving, snapshot removed (full log scan), {n}",
+                    [r["seconds"] for r in run["restart_scan"]], "s", batches=run["batches"],
+                    cpu_s=median([r["cpu_s"] for r in run["restart_scan"]]))
+            fig.add(f"restart.ratio_{size}", f"restart: scan / snapshot, {n}",
+                    [fig.value(f"restart.scan_{size}") / fig.value(f"restart.snapshot_{size}")], "x")
+            fig.add(f"restart.open_snapshot_{size}", f"Partition.open alone (in-process), from the snapshot, {n}",
+                    [s * 1000 for s in run["open_snapshot_s"]], "ms", batches=run["batches"])
+            fig.add(f"restart.open_scan_{size}", f"Partition.open alone (in-process), full log scan, {n}",
+                    [s * 1000 for s in run["open_scan_s"]], "ms", batches=run["batches"])
+            fig.add(f"restart.open_ratio_{size}", f"Partition.open: scan / snapshot, {n}",
+                    [fig.value(f"restart.open_scan_{size}") / fig.value(f"restart.open_snapshot_{size}")], "x")
+        times = f"{large / small:g} x the batches"
+        fig.add("restart.snapshot_growth", f"restart from the snapshot: {large:,} / {small:,} batches ({times})",
+                [fig.value("restart.snapshot_large") / fig.value("restart.snapshot_small")], "x")
+        fig.goal("restart.snapshot_growth", "<= 1.2", fig.value("restart.snapshot_growth") <= 1.2)
+        fig.add("restart.snapshot_cpu_growth", f"restart from the snapshot, the leader's CPU time until serving: "
+                                               f"{large:,} / {small:,} batches",
+                [fig.rows["restart.snapshot_large"]["cpu_s"] / fig.rows["restart.snapshot_small"]["cpu_s"]], "x")
+        fig.add("restart.scan_growth", f"restart with a full log scan: {large:,} / {small:,} batches ({times})",
+                [fig.value("restart.scan_large") / fig.value("restart.scan_small")], "x")
+        fig.goal("restart.open_ratio_large", ">= 20", fig.value("restart.open_ratio_large") >= 20)
         extra["restart"] = rs
-        progress.done(f"snapshot {fig.value('restart.snapshot'):.2f} s, scan {fig.value('restart.scan'):.2f} s "
-                      f"(x{fig.value('restart.ratio'):.1f})")
+        progress.done(f"snapshot {fig.value('restart.snapshot_small'):.2f} / {fig.value('restart.snapshot_large'):.2f} s "
+                      f"(x{fig.value('restart.snapshot_growth'):.2f}), scan {fig.value('restart.scan_small'):.2f} / "
+                      f"{fig.value('restart.scan_large'):.2f} s; Partition.open at {large:,}: "
+                      f"{fig.value('restart.open_snapshot_large'):.0f} / {fig.value('restart.open_scan_large'):.0f} ms "
+                      f"(x{fig.value('restart.open_ratio_large'):.0f})")
 
         # ---- 8: transaction-coordinator load
         progress.start(f"transaction coordinator: InitProducerId of {args.transactional_ids:,} ids, then SIGKILL + "

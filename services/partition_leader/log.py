@@ -41,10 +41,14 @@ from __future__ import annotations
 
 import bisect
 import logging
+import operator
 import os
 import struct
+import sys
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import compress, count, islice, repeat
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -192,6 +196,26 @@ class TimeIndex:
         return self.positions[i - 1] if i > 0 else 0
 
 
+def _index_array(data: bytes = b"") -> array:
+    """Offset-index entries or columns as native int32s; `data`: the .index file's
+    big-endian bytes."""
+    out = array("i", data)
+    if data and sys.byteorder == "little":
+        out.byteswap()
+    return out
+
+
+def _decode_index(data: bytes) -> tuple[array, array]:
+    """(relative offsets, positions) of an .index file's bytes."""
+    entries = _index_array(data)
+    return entries[0::2], entries[1::2]
+
+
+def _strictly_increasing(values: array) -> bool:
+    """Whether every value is above the one before (a C loop)."""
+    return all(map(operator.lt, values, islice(values, 1, None)))
+
+
 def _fsync(fd: int | None) -> None:
     if fd is not None:
         os.fsync(fd)
@@ -220,7 +244,8 @@ class Segment:
     """One segment: its log file, sparse offset index and aborted transaction index.
 
     `size` is the log file size in bytes; `next_offset` the offset after its last
-    batch (`base_offset` when empty). Index entries are mirrored in memory.
+    batch (`base_offset` when empty). Index entries are mirrored in memory (int32
+    arrays), decoded from the file on first use after an open (`load_index`).
     """
 
     def __init__(self, directory: Path, base_offset: int, config: LogConfig):
@@ -235,8 +260,10 @@ class Segment:
         if self.size == 0:
             self.index_path.touch()  # an index file always exists, even without entries
         self.next_offset = base_offset
-        self._index_offsets: list[int] = []  # relative last offsets
-        self._index_positions: list[int] = []
+        self._index_offsets = _index_array()  # relative last offsets (int32, as in the file)
+        self._index_positions = _index_array()
+        # (bytes, last entry's position) of a checked .index file not read in full yet
+        self._index_pending: tuple[int, int] | None = None
         self._index_fd: int | None = None
         self._bytes_since_index = 0
         self.aborted: list[AbortedTxn] = []
@@ -293,55 +320,109 @@ class Segment:
 
     # ------------------------------------------------------------ offset index
     def load_index(self, limit: int | None = None) -> bool:
-        """Load the .index file. Returns False (index left empty) when it is missing or
-        fails the sanity checks: whole entries, strictly increasing offsets and
-        positions, positions inside the log file, last entry pointing at a batch whose
-        last offset matches. With `limit`, entries at positions >= limit are dropped
-        (the data there is about to be validated again)."""
-        self._index_offsets, self._index_positions = [], []
+        """Check the .index file and load it. Returns False (index left empty) when it
+        is missing or fails the checks: whole entries, strictly increasing offsets
+        and positions, positions inside the log file, last entry pointing at a batch
+        whose last offset matches. With `limit`, entries at positions >= limit are
+        dropped (the data there is about to be validated again).
+
+        Only the file size and the first and last entries are checked here (16 bytes
+        read) when the last entry lies below `limit` (a clean shutdown, or a segment
+        before the recovery point): the entries are read, decoded and their order
+        checked on first use (`_entries`), as
+        Kafka's lazily loaded indexes, so opening a segment costs the same whatever
+        its size. An index found out of order then is rebuilt from the segment."""
+        self._index_offsets, self._index_positions = _index_array(), _index_array()
+        self._index_pending = None
         try:
-            data = self.index_path.read_bytes()
+            with open(self.index_path, "rb") as f:
+                length = os.fstat(f.fileno()).st_size
+                if length % INDEX_ENTRY.size:
+                    return False
+                if not length:
+                    self._bytes_since_index = self.size
+                    return True
+                last_rel, last_pos = INDEX_ENTRY.unpack(os.pread(f.fileno(), INDEX_ENTRY.size,
+                                                                 length - INDEX_ENTRY.size))
+                if limit is None or last_pos < limit:
+                    first_rel, first_pos = INDEX_ENTRY.unpack(os.pread(f.fileno(), INDEX_ENTRY.size, 0))
+                    if first_rel < 0 or first_pos < 0 or not self._indexes_its_batch(last_rel, last_pos):
+                        return False
+                    self._index_pending = (length, last_pos)
+                    self._bytes_since_index = self.size - last_pos
+                    return True
+                data = f.read()
         except FileNotFoundError:
             return False
-        if len(data) % INDEX_ENTRY.size:
+        offsets, positions = _decode_index(data)
+        # Entries before the first one at or past `limit` (a C loop).
+        keep = next(compress(count(), map(operator.ge, positions, repeat(limit))), len(positions))
+        del offsets[keep:], positions[keep:]
+        if offsets and (offsets[0] < 0 or positions[0] < 0 or not _strictly_increasing(offsets) or
+                        not _strictly_increasing(positions) or
+                        not self._indexes_its_batch(offsets[-1], positions[-1])):
             return False
-        offsets, positions = [], []
-        prev_off, prev_pos = -1, -1
-        for rel, pos in INDEX_ENTRY.iter_unpack(data):
-            if limit is not None and pos >= limit:
-                break
-            if rel <= prev_off or pos <= prev_pos or pos >= self.size:
-                return False
-            offsets.append(rel)
-            positions.append(pos)
-            prev_off, prev_pos = rel, pos
-        if offsets:
-            try:
-                h = records.parse_header(self.read_at(positions[-1], records.HEADER_SIZE))
-            except CorruptRecordError:
-                return False
-            if h.last_offset != self.base_offset + offsets[-1] or positions[-1] + h.size > self.size:
-                return False
         self._index_offsets, self._index_positions = offsets, positions
         self._bytes_since_index = self.size - (positions[-1] if positions else 0)
         return True
 
+    def _indexes_its_batch(self, rel: int, position: int) -> bool:
+        """Whether a whole batch whose last offset is base + `rel` starts at `position`."""
+        if position >= self.size:
+            return False
+        try:
+            h = records.parse_header(self.read_at(position, records.HEADER_SIZE))
+        except CorruptRecordError:
+            return False
+        return h.last_offset == self.base_offset + rel and position + h.size <= self.size
+
+    def _entries(self) -> tuple[array, array]:
+        """The offset index (relative offsets, positions), decoded on first use; an
+        index out of order is rebuilt from the segment (headers only)."""
+        if self._index_pending is not None:
+            length, self._index_pending = self._index_pending[0], None
+            try:
+                with open(self.index_path, "rb") as f:
+                    data = f.read(length)
+            except FileNotFoundError:
+                data = b""
+            offsets, positions = _decode_index(data)
+            if len(data) == length and _strictly_increasing(offsets) and _strictly_increasing(positions):
+                self._index_offsets, self._index_positions = offsets, positions
+            else:
+                log.warning("%s: rebuilding an offset index out of order or gone", self.index_path)
+                next_offset = self.next_offset
+                self.rebuild_index()
+                self.next_offset = max(self.next_offset, next_offset)
+        return self._index_offsets, self._index_positions
+
+    def last_index_position(self) -> int:
+        """File position of the last offset-index entry (0 without entries)."""
+        if self._index_pending is not None:
+            return self._index_pending[1]
+        return self._index_positions[-1] if self._index_positions else 0
+
     def _truncate_index(self, position: int) -> None:
         """Drop index entries for batches at or after `position`."""
-        keep = bisect.bisect_left(self._index_positions, position)
-        del self._index_offsets[keep:]
-        del self._index_positions[keep:]
+        if self._index_pending is not None and self.last_index_position() < position:
+            self._bytes_since_index = position - self.last_index_position()  # none to drop
+            return
+        offsets, positions = self._entries()
+        keep = bisect.bisect_left(positions, position)
+        del offsets[keep:]
+        del positions[keep:]
         os.ftruncate(self._index_writer(), keep * INDEX_ENTRY.size)
-        last = self._index_positions[-1] if self._index_positions else 0
+        last = positions[-1] if positions else 0
         self._bytes_since_index = position - last
 
     def _maybe_index(self, header: BatchHeader, position: int) -> None:
         if self._bytes_since_index > self.config.index_interval_bytes:
+            offsets, positions = self._entries()
             rel = header.last_offset - self.base_offset
             fd = self._index_writer()
-            _write_all(fd, INDEX_ENTRY.pack(rel, position), len(self._index_offsets) * INDEX_ENTRY.size)
-            self._index_offsets.append(rel)
-            self._index_positions.append(position)
+            _write_all(fd, INDEX_ENTRY.pack(rel, position), len(offsets) * INDEX_ENTRY.size)
+            offsets.append(rel)
+            positions.append(position)
             self._bytes_since_index = 0
         self._bytes_since_index += header.size
 
@@ -350,8 +431,9 @@ class Segment:
         cached = self._positions.get(offset)
         if cached is not None:
             return cached
-        i = bisect.bisect_right(self._index_offsets, offset - self.base_offset) - 1
-        return self._index_positions[i] if i >= 0 else 0
+        offsets, positions = self._entries()
+        i = bisect.bisect_right(offsets, offset - self.base_offset) - 1
+        return positions[i] if i >= 0 else 0
 
     def time_index(self) -> TimeIndex:
         """The segment's time index, built from its batch headers on first use."""
@@ -364,7 +446,7 @@ class Segment:
 
     def index_entries(self) -> list[tuple[int, int]]:
         """(absolute offset, position) pairs of the offset index, for inspection."""
-        return [(self.base_offset + o, p) for o, p in zip(self._index_offsets, self._index_positions)]
+        return [(self.base_offset + o, p) for o, p in zip(*self._entries())]
 
     def _remember(self, base_offset: int, position: int) -> None:
         self._positions[base_offset] = position
@@ -412,12 +494,13 @@ class Segment:
     def load_tail(self) -> int:
         """Find `next_offset` by walking headers from the last index entry; returns the
         position after the last whole batch (a trailing partial batch is ignored)."""
-        start = self._index_positions[-1] if self._index_positions else 0
+        start = self.last_index_position()
         self.next_offset = self.base_offset
         end = start
         for pos, h in self.scan(start):
             self.next_offset = h.last_offset + 1
             end = pos + h.size
+        self._remember(self.next_offset, end)  # a fetch from the log end needs no index lookup
         return end
 
     def recover(self, start: int, expected_offset: int) -> bool:
@@ -450,6 +533,7 @@ class Segment:
             os.ftruncate(self._fd, valid_end)
             self.size = valid_end
             clean = False
+        self._remember(self.next_offset, valid_end)
         return clean
 
     # ------------------------------------------------------------ append / read
@@ -706,7 +790,7 @@ class Log:
         try:
             if position < seg.size:
                 return records.parse_header(seg.read_at(position, records.HEADER_SIZE)).base_offset == offset
-            start = seg._index_positions[-1] if seg._index_positions else 0
+            start = seg.last_index_position()
             end, next_offset = start, seg.base_offset
             for pos, h in seg.scan(start):
                 end, next_offset = pos + h.size, h.last_offset + 1

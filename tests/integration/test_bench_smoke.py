@@ -21,12 +21,15 @@ FIGURES = [
     "server_cpu.librdkafka", "server_cpu.sdk", "client_cpu.librdkafka", "client_cpu.sdk",
     "consume.read_committed", "consume.read_uncommitted",
     "redis.xadd", "redis.multi_exec", "redis.xread", "vs_redis.produce", "vs_redis.read_committed",
-    "restart.snapshot", "restart.scan", "restart.ratio", "restart.open_snapshot", "restart.open_scan",
+    *(f"restart.{f}_{size}" for size in ("small", "large")
+      for f in ("snapshot", "scan", "ratio", "open_snapshot", "open_scan", "open_ratio")),
+    "restart.snapshot_growth", "restart.snapshot_cpu_growth", "restart.scan_growth",
     "txn_load.loaded", "txn_load.bytes_per_id", "peer.librdkafka", "peer.tls",
 ]
 GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1_librdkafka", "coordinator.rf3",
          "server_cpu.librdkafka", "server_cpu.sdk", "client_cpu.sdk",
-         "vs_redis.produce", "vs_redis.read_committed", "restart.ratio", "txn_load.bytes_per_id"]
+         "vs_redis.produce", "vs_redis.read_committed", "restart.snapshot_growth", "restart.open_ratio_large",
+         "txn_load.bytes_per_id"]
 THROUGHPUTS = ["produce.txn_100ms", "produce.txn_10ms", "consume.read_committed", "consume.read_uncommitted",
                "redis.xadd", "redis.xread", "peer.librdkafka", "peer.tls"]
 
@@ -43,7 +46,8 @@ def test_quick_bench_writes_every_figure(tmp_path):
         row = figures[key]
         assert len(row["reps"]) >= 1 and math.isfinite(row["value"]) and row["value"] > 0, (key, row)
         assert all(math.isfinite(v) and v > 0 for v in row["reps"]), (key, row)
-    for key in ("produce.plain", "commit_3p.p99", "restart.snapshot", "txn_load.loaded", "coordinator.rf3"):
+    for key in ("produce.plain", "commit_3p.p99", "restart.snapshot_small", "restart.snapshot_large", "txn_load.loaded",
+                "coordinator.rf3"):
         assert len(figures[key]["reps"]) == 3, key
     for key in GOALS:
         assert figures[key]["goal"] and isinstance(figures[key]["pass"], bool), key
