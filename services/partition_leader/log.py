@@ -368,7 +368,7 @@ class Segment:
 
     def _indexes_its_batch(self, rel: int, position: int) -> bool:
         """Whether a whole batch whose last offset is base + `rel` starts at `position`."""
-        if position >= self.size:
+        if not 0 <= position < self.size or rel < 0:
             return False
         try:
             h = records.parse_header(self.read_at(position, records.HEADER_SIZE))

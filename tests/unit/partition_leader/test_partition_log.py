@@ -218,7 +218,7 @@ def test_recovery_without_a_recovery_point_scans_everything_and_drops_later_segm
     assert not (logdir / f"{12:020d}.log").exists()
 
 
-@pytest.mark.parametrize("damage", ["missing", "garbage", "partial", "beyond_end"])
+@pytest.mark.parametrize("damage", ["missing", "garbage", "partial", "beyond_end", "negative_last"])
 def test_a_missing_or_bad_index_is_rebuilt(logdir, damage):
     config = LogConfig(segment_bytes=1500, index_interval_bytes=150)
     plog = Log.open(logdir, config)
@@ -233,6 +233,8 @@ def test_a_missing_or_bad_index_is_rebuilt(logdir, damage):
         index.write_bytes(os.urandom(len(index.read_bytes())))
     elif damage == "partial":
         index.write_bytes(index.read_bytes()[:-3])
+    elif damage == "negative_last":  # as random bytes can give
+        index.write_bytes(index.read_bytes()[:-INDEX_ENTRY.size] + INDEX_ENTRY.pack(5, -8))
     else:
         index.write_bytes(index.read_bytes() + INDEX_ENTRY.pack(10_000, 10_000_000))
     again = Log.open(logdir, config)
