@@ -15,7 +15,10 @@ real monotonic clock plus the jumps), so a loop that ends by a deadline in real 
 ends by it here too; and every wait of the driver takes at least `step_s` of virtual time
 (a loop that waits on answers that come at once, as those of in-process fakes, still
 reaches its deadline in few rounds). `runs=False` stops the real-time part: time then
-moves only by `advance` and by the driver's sleeps and waits.
+moves only by `advance` and by the driver's sleeps and waits. Another thread's timed wait
+on a threading.Condition waits in `poll_s` slices, and a notify that lands just as a slice
+times out is lost (threading.Condition drops it then): a test that wakes such a waiter
+with a single notify gives the clock a long `poll_s`.
 """
 from __future__ import annotations
 

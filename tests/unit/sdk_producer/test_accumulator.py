@@ -167,7 +167,10 @@ def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkey
     a drain lets it go on at once; without one it goes on after YIELD_WAIT_S."""
     from exactly import _accumulator
     monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
-    acc, clock = make(batch_size=100, clock=FakeClock())
+    # The appending thread's timed wait polls its condition in poll_s slices, and a
+    # notify landing just as a slice times out is lost (threading.Condition): long
+    # slices keep the drain below far from a slice's end.
+    acc, clock = make(batch_size=100, clock=FakeClock(poll_s=1.0))
     value = b"x" * 60  # one record per batch
     for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 1):
         acc.append(TP0, 1, None, value)
