@@ -73,6 +73,13 @@ class HealthRecorder:
     def statuses(self) -> list[int]:
         return [overall for _, overall, _ in self.changes]
 
+    def wait_seen(self, status: int, since: int, timeout_s: float) -> None:
+        """Wait until `status` was recorded at or after change number `since` (it may
+        have come and gone already)."""
+        wait_for(lambda: any(overall == status for _, overall, _ in self.changes[since:]), timeout_s,
+                 lambda: f"{self.address}: health {status} since change {since}; recorded {self.changes}",
+                 interval_s=0.02)
+
     def wait_status(self, status: int, timeout_s: float) -> None:
         """Until the last recorded overall status is `status`."""
         wait_for(lambda: self.changes and self.changes[-1][1] == status, timeout_s,
@@ -121,8 +128,11 @@ def test_coordinator_is_not_serving_while_it_loads_a_partition(make_cluster, rol
     # Take-over: once `second` stops, `first` is elected for its partitions and loads them.
     with HealthRecorder(first.address) as rec:
         rec.wait_status(SERVING, 5)
+        before_stop = len(rec.changes)
+        # The take-over may begin, and even end, while `stop` still waits for the
+        # process to exit (it resigns its partitions first).
         cluster.stop(second.name)
-        rec.wait_status(NOT_SERVING, 30)
+        rec.wait_seen(NOT_SERVING, before_stop, 30)
         rec.wait_status(SERVING, 30)
     statuses = rec.statuses()
     assert statuses[0] == SERVING and NOT_SERVING in statuses and statuses[-1] == SERVING, rec.changes
