@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import random
+import types
 from typing import Awaitable, Callable, Coroutine, Generic, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
@@ -68,6 +68,14 @@ def _log_retry(state, before: int = 0) -> None:
     if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):
         exc = state.outcome.exception() if state.outcome is not None else None
         log.info("retrying (attempt %d): %s", n, exc)
+
+
+_FIRST_RETRY = types.SimpleNamespace(attempt_number=1)  # what a tenacity wait strategy reads
+
+
+def first_wait_s(wait: Callable) -> float:
+    """The wait (s) tenacity's strategy `wait` gives before the first retry."""
+    return wait(_FIRST_RETRY)
 
 
 class _FirstAttempt:
@@ -376,15 +384,14 @@ class PartitionOwner(abc.ABC, Generic[P]):
         from retry_backoff_ms up to retry_backoff_max_ms, forever; other exceptions
         propagate. The first attempt runs without tenacity (FirstTryThenRetrying)."""
         backoff = self._retry_backoff_ms / 1000
-        top = self._retry_backoff_max_ms / 1000
+        wait = wait_exponential_jitter(multiplier=backoff, max=self._retry_backoff_max_ms / 1000, jitter=backoff)
 
         def later() -> AsyncRetrying:
             return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
-                                 wait=wait_exponential_jitter(multiplier=backoff, max=top, jitter=backoff),
-                                 before_sleep=lambda state: _log_retry(state, 1))
+                                 wait=wait, before_sleep=lambda state: _log_retry(state, 1))
 
-        return FirstTryThenRetrying(later, RetryLater, lambda: min(backoff * (1 + random.random()), top),
-                                    self._sleep, lambda exc: log.info("retrying (attempt 1): %s", exc))
+        return FirstTryThenRetrying(later, RetryLater, lambda: first_wait_s(wait), self._sleep,
+                                    lambda exc: log.info("retrying (attempt 1): %s", exc))
 
     def _spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
         """Run `coro` as a task of `part` (cancelled when it is dropped) or, with
@@ -401,4 +408,4 @@ class PartitionOwner(abc.ABC, Generic[P]):
         return task
 
 
-__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "FirstTryThenRetrying", "code_name"]
+__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "FirstTryThenRetrying", "code_name", "first_wait_s"]

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from typing import Awaitable, Callable, Protocol
 
@@ -42,6 +41,7 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_expo
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from .owned import first_wait_s
 from .state import ClusterState
 from ..transport.rpc import ClusterClient, transport_error_code
 from ..transport.tunnel import method_path
@@ -134,18 +134,19 @@ class TxnVerifier:
         code = await ask(*args)
         if code not in codes:
             return code
-        await asyncio.sleep(self.backoff_ms / 1000 * (1 + random.random()))  # tenacity's first wait
+        wait = self._wait()
+        await asyncio.sleep(first_wait_s(wait))
         remaining = deadline - self.clock()
         if remaining <= 0:
             return code
-        return await self._retrying(remaining, codes)(ask, *args)
+        return await AsyncRetrying(
+            stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in codes), wait=wait,
+            retry_error_callback=lambda state: state.outcome.result())(ask, *args)
 
-    def _retrying(self, remaining: float, codes: frozenset) -> AsyncRetrying:
-        return AsyncRetrying(
-            stop=stop_after_delay(remaining), retry=retry_if_result(lambda code: code in codes),
-            wait=wait_exponential_jitter(multiplier=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
-                                         jitter=self.backoff_ms / 1000),
-            retry_error_callback=lambda state: state.outcome.result())
+    def _wait(self) -> wait_exponential_jitter:
+        """The backoff between asks: exponential from backoff_ms up to backoff_max_ms, with jitter."""
+        return wait_exponential_jitter(multiplier=self.backoff_ms / 1000, max=self.backoff_max_ms / 1000,
+                                       jitter=self.backoff_ms / 1000)
 
     async def add(self, transactional_id: str, producer_id: int, producer_epoch: int, topic: str,
                   partition: int, deadline: float) -> ErrorCode:
