@@ -49,21 +49,24 @@ class GroupCoordinatorService:
         await self.ownership.start()
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Until this process owns partitions of __consumer_offsets and has loaded
-        them (bounded: with more coordinators than partitions it may own none)."""
+        """Return once this process sees itself registered and every `__consumer_offsets`
+        partition it should own or holds is loaded (none to own: at once, e.g. with more coordinators than
+        partitions), or after `timeout_s` (s) with a warning: serving then starts anyway
+        and health stays NOT_SERVING until the loads finish."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        elect_by = loop.time() + min(20.0, timeout_s)
-        while not self.ownership.owned and loop.time() < elect_by:
+        while not self.ownership.in_view() or self.loading:
+            if loop.time() >= deadline:
+                log.warning("partitions of %s still loading after %.0f s", CONSUMER_OFFSETS_TOPIC, timeout_s)
+                return
             await asyncio.sleep(0.05)
-        if not await self.coordinator.wait_loaded(timeout_s=max(0.0, deadline - loop.time())):
-            log.warning("partitions of %s still loading after %.0f s", CONSUMER_OFFSETS_TOPIC, timeout_s)
 
     @property
     def loading(self) -> bool:
-        """True while an owned `__consumer_offsets` partition is loading:
-        services.common.transport.server reports NOT_SERVING meanwhile."""
-        return not all(self.coordinator.owned_partitions().values())
+        """True while a `__consumer_offsets` partition this process should own or holds
+        is not loaded (CoordinatorOwnership.unloaded): services.common.transport.server
+        reports NOT_SERVING meanwhile."""
+        return bool(self.ownership.unloaded(self.coordinator.owned_partitions()))
 
     async def stop(self) -> None:
         await self.ownership.stop()

@@ -65,37 +65,32 @@ class TxnCoordinatorService:
                 log.info("cannot create %s yet (%s); retrying", TRANSACTION_STATE_TOPIC, exc)
                 await asyncio.sleep(0.5)
 
-    def _expected_partitions(self) -> set[int] | None:
-        """The partitions this process should own (CoordinatorOwnership's rule: live
-        txn coordinators sorted by id, partition p -> coordinator p % n)."""
-        topic = self.cluster.topics().get(TRANSACTION_STATE_TOPIC)
-        live = sorted(n.node_id for n in self.cluster.nodes().values() if n.role == ROLE)
-        if topic is None or self.cluster.node_id not in live:
-            return None
-        return {p for p in topic.partitions if live[p % len(live)] == self.cluster.node_id}
-
     async def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Return once the partitions this process should own are loaded (bounded by
-        exactly.txn.ready.timeout.ms), so that a (re)started
-        coordinator answers requests right after it reports SERVING."""
+        """Return once this process sees itself registered and every `__transaction_state`
+        partition it should own or holds is loaded, so that a (re)started coordinator answers requests right after
+        it reports SERVING; bounded by exactly.txn.ready.timeout.ms (then a warning, and
+        health stays NOT_SERVING until the loads finish). While the topic does not
+        exist yet but a partition leader is live, it waits for the topic too."""
         if timeout_s is None:
             timeout_s = self.cfg.settings.txn_ready_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            expected = self._expected_partitions()
-            loaded = {p for p, ok in self.coordinator.owned_partitions().items() if ok}
-            if expected is not None and expected <= loaded:
+        while not self.ownership.in_view() or self.loading or self._topic_pending():
+            if time.monotonic() >= deadline:
+                log.warning("transaction log partitions not all loaded after %.0f s; serving anyway", timeout_s)
                 return
-            if expected is None and not any(n.role == "partition_leader" for n in self.cluster.nodes().values()):
-                return  # nothing can load before a partition leader serves the log
             await asyncio.sleep(0.05)
-        log.warning("transaction log partitions not all loaded after %.0f s; serving anyway", timeout_s)
+
+    def _topic_pending(self) -> bool:
+        """The topic is still to be created and a partition leader could serve it."""
+        return (self.cluster.topics().get(TRANSACTION_STATE_TOPIC) is None
+                and any(n.role == "partition_leader" for n in self.cluster.nodes().values()))
 
     @property
     def loading(self) -> bool:
-        """True while an owned `__transaction_state` partition is loading (or is
-        disabled as corrupt): services.common.transport.server reports NOT_SERVING meanwhile."""
-        return not all(self.coordinator.owned_partitions().values())
+        """True while a `__transaction_state` partition this process should own or holds
+        is not loaded, or is disabled as corrupt (CoordinatorOwnership.unloaded):
+        services.common.transport.server reports NOT_SERVING meanwhile."""
+        return bool(self.ownership.unloaded(self.coordinator.owned_partitions()))
 
     async def stop(self) -> None:
         if self._topic_task is not None:

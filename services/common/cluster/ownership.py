@@ -29,7 +29,7 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -190,7 +190,10 @@ class CoordinatorOwnership:
                 await asyncio.sleep(0.5)
                 self._wake.set()
 
-    def _desired(self) -> set[int]:
+    def desired(self) -> set[int]:
+        """The partitions this process should own by its current view: none before it is
+        registered, while its ZooKeeper session is lost or once stopped; otherwise
+        partition p goes to live coordinator p % n of this kind, sorted by node id."""
         if self._lost or self._stopped or not self.cluster.registered:
             return set()
         topic = self.cluster.topics().get(self.topic)
@@ -201,12 +204,29 @@ class CoordinatorOwnership:
             return set()
         return {p for p in topic.partitions if live[p % len(live)] == self.cluster.node_id}
 
+    def in_view(self) -> bool:
+        """Whether this process is registered and sees itself among the live
+        coordinators of its kind. Until then `desired` is empty for want of a view, not
+        because no partition is this process's."""
+        return self.cluster.registered and any(
+            n.node_id == self.cluster.node_id and n.role == self.role for n in self.cluster.nodes().values())
+
+    def unloaded(self, loaded: Mapping[int, bool]) -> set[int]:
+        """The partitions this process should own or holds whose load has not finished.
+
+        `loaded`: the coordinator's partition -> loaded (False while loading). A claim is
+        recorded here before the coordinator hears of it, so a partition it does not
+        list yet counts as unloaded: readiness and health must not report a claimed
+        partition as served before its load even began."""
+        done = {p for p, ok in loaded.items() if ok}
+        return (self.desired() | set(self._owned) | set(loaded)) - done
+
     async def _reconcile(self) -> None:
-        desired = self._desired()
+        desired = self.desired()
         for p in sorted(set(self._owned) - desired):
             await self._resign(p)
         for p in sorted(desired - set(self._owned)):
-            if p not in self._desired():
+            if p not in self.desired():
                 continue  # the view changed while we were claiming others
             claim = await asyncio.to_thread(self._claim, p)
             self._owned[p] = claim

@@ -132,9 +132,31 @@ def test_lost_compare_and_set_is_retried_on_the_new_value():
 
 def test_partitions_are_spread_over_the_sorted_live_coordinators():
     o = ownership(FakeCluster("txn-1", ["txn-2", "txn-0", "txn-1"], partitions=7))
-    assert o._desired() == {1, 4}
+    assert o.desired() == {1, 4}
     o._lost = True
-    assert o._desired() == set()
+    assert o.desired() == set()
+
+
+def test_a_partition_is_unloaded_until_the_coordinator_lists_it_as_loaded():
+    # Readiness and health ask `unloaded`: a partition this process should own, or has
+    # claimed before the coordinator heard of it, must not count as served.
+    cluster = FakeCluster("txn-0", ["txn-0", "txn-1"], partitions=4)
+    o = ownership(cluster)
+    assert o.in_view()
+    assert o.unloaded({}) == {0, 2}  # should own, not claimed yet
+    o._owned[0] = o._claim(0)
+    assert o.unloaded({}) == {0, 2}  # claimed, the coordinator not told yet
+    assert o.unloaded({0: False}) == {0, 2}  # loading
+    assert o.unloaded({0: True}) == {2}
+    assert o.unloaded({0: True, 2: True}) == set()
+    cluster.live = ["txn-0", "txn-1", "txn-2"]  # a view change: partition 3 is ours, 2 is not
+    assert o.unloaded({0: True, 2: True}) == {3}
+    assert o.unloaded({0: True, 2: True, 3: False}) == {3}
+    cluster.registered = False  # nothing desired; what is held still counts
+    assert not o.in_view()
+    assert o.unloaded({0: False}) == {0}
+    cluster.registered, cluster.live = True, ["txn-1"]  # registered, not yet in the view
+    assert not o.in_view()
 
 
 def test_nothing_is_claimed_before_this_process_is_registered():
@@ -145,11 +167,11 @@ def test_nothing_is_claimed_before_this_process_is_registered():
     cluster = FakeCluster("txn-0", ["txn-0"], partitions=2)
     cluster.registered = False
     o = ownership(cluster)
-    assert o._desired() == set()
+    assert o.desired() == set()
     asyncio.run(o._reconcile())
     assert o.owned == {} and cluster.zk.nodes == {}
     cluster.registered = True
-    assert o._desired() == {0, 1}
+    assert o.desired() == {0, 1}
 
 
 def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
