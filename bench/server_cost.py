@@ -2,6 +2,7 @@
 
     python -m bench.server_cost [--client sdk|librdkafka|both] [--producers 8] [--seconds 10]
                                 [--reps 3] [--profile DIR [--profile-format raw]] [--dir .run/bench-cost] [--json]
+    python -m bench.server_cost --compare-event-loops [--client ...] [--reps 3] ...
 
 One dev cluster (1 partition leader, 1 transaction and 1 group coordinator, RF 1), a
 3-partition topic, `--producers` processes committing 1-record transactions; per window
@@ -9,6 +10,11 @@ the committed transactions/s and the CPU ms per transaction of the partition lea
 the transaction coordinator (from /proc) and of the clients. `--profile DIR` records
 py-spy flame graphs of both services during an extra window. `make bench` runs the same
 measurement (bench/suite.py); this entry point is for profiling one figure quickly.
+
+`--event-loop asyncio|uvloop` sets the services' exactly.event.loop (default: the
+services' default, uvloop). `--compare-event-loops` measures both loops in alternating
+windows, each on a fresh cluster (asyncio, uvloop, asyncio, ...), and prints the
+ratio uvloop / asyncio of the server CPU per transaction (medians over the windows).
 """
 from __future__ import annotations
 
@@ -53,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-format", choices=["flamegraph", "raw", "speedscope"], default="flamegraph",
                         help="py-spy's output format (raw: folded stacks, one line per stack)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"],
+                        help="the services' exactly.event.loop (default: theirs, uvloop)")
+    parser.add_argument("--compare-event-loops", action="store_true",
+                        help="alternate windows on asyncio and on uvloop; print the ratio of server CPU per txn")
     args = parser.parse_args(argv)
-    cluster = start_cluster(args.dir.resolve())
+    if args.compare_event_loops:
+        return compare_event_loops(args)
+    cluster = start_cluster(args.dir.resolve(), props=_loop_props(args.event_loop))
     results = {}
     try:
         clients = ["librdkafka", "sdk"] if args.client == "both" else [args.client]
@@ -80,6 +92,46 @@ def main(argv: list[str] | None = None) -> int:
                       f"{s['client_cpu_ms_per_txn']:.2f} ms", file=sys.stderr, flush=True)
     finally:
         cluster.down()
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+def _loop_props(event_loop: str | None) -> dict[str, str]:
+    return {"exactly.event.loop": event_loop} if event_loop else {}
+
+
+def compare_event_loops(args) -> int:
+    """`--reps` rounds; per round and client, one window of `--seconds` on a fresh
+    cluster with each event loop (asyncio first). Prints (or with --json returns) the
+    medians per loop and the ratio uvloop / asyncio of the server CPU per transaction."""
+    clients = ["librdkafka", "sdk"] if args.client == "both" else [args.client]
+    loops = ("asyncio", "uvloop")
+    rows: dict[tuple[str, str], list[dict]] = {(c, lp): [] for c in clients for lp in loops}
+    for rep in range(args.reps):
+        for event_loop in loops:
+            cluster = start_cluster(args.dir.resolve(), props=_loop_props(event_loop))
+            try:
+                for i, client in enumerate(clients):
+                    topic = f"bench-cost-{i}"
+                    create_topic(cluster, topic, 3)
+                    window = measure(cluster, client, args.producers, 1, args.seconds, topic)
+                    rows[(client, event_loop)].extend(window)
+                    w = window[0]
+                    print(f"round {rep + 1}/{args.reps} {event_loop:>7} {client:>10}: {w['txn_per_s']:6.0f} txn/s  "
+                          f"server CPU/txn {w['server_cpu_ms_per_txn']['total']:.2f} ms", file=sys.stderr, flush=True)
+            finally:
+                cluster.down()
+    results = {}
+    for client in clients:
+        per_loop = {lp: summary(rows[(client, lp)]) for lp in loops}
+        ratio = (per_loop["uvloop"]["server_cpu_ms_per_txn.total"]
+                 / per_loop["asyncio"]["server_cpu_ms_per_txn.total"])
+        results[client] = {**per_loop, "server_cpu_ratio_uvloop_to_asyncio": ratio}
+        if not args.json:
+            print(f"{client:>10}: server CPU/txn asyncio {per_loop['asyncio']['server_cpu_ms_per_txn.total']:.2f} ms, "
+                  f"uvloop {per_loop['uvloop']['server_cpu_ms_per_txn.total']:.2f} ms: {ratio:.2f} x; txn/s "
+                  f"{per_loop['asyncio']['txn_per_s']:.0f} -> {per_loop['uvloop']['txn_per_s']:.0f}")
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

@@ -115,6 +115,10 @@ class ServiceSchema(SecuritySettings):
                                 MEDIUM, ge=0, le=65535)
     metrics_bind_address: str | None = setting("metrics.bind.address", None, "Address the /metrics endpoint "
                                                "binds (unset: --host).", LOW)
+    event_loop: Literal["uvloop", "asyncio"] = setting(
+        "exactly.event.loop", "uvloop", "The service's asyncio event loop: uvloop (libuv; less CPU per call, used "
+        "when the uvloop package is installed, else asyncio with a warning) or asyncio (the standard library's).",
+        LOW)
     health_poll_ms: int = setting("exactly.health.poll.ms", 100, "ms between updates of the gRPC health status.",
                                   LOW, ge=10)
     socket_request_max_bytes: int = setting(

@@ -100,6 +100,8 @@ def test_every_service_kind_serves_once_ready(make_cluster):
     for svc in cluster.services.values():
         assert check(svc.address) == SERVING, svc.name
         assert check(svc.address, "liveness") == SERVING, svc.name
+        # exactly.event.loop's default: every service runs on uvloop.
+        assert "event loop uvloop" in (cluster.dir / "logs" / f"{svc.name}.log").read_text(), svc.name
         with grpc.insecure_channel(svc.address) as channel:
             with pytest.raises(grpc.RpcError) as exc:
                 health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="nope"), timeout=2)

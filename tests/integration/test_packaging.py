@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_ONLY = {"kazoo", "rocksdict", "kubernetes", "tqdm", "pyspark", "pyarrow", "prometheus-client",
-               "grpcio-health-checking", "psycopg", "psycopg-binary"}
+               "grpcio-health-checking", "psycopg", "psycopg-binary", "uvloop"}
 
 pytestmark = pytest.mark.integration
 

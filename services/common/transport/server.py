@@ -535,8 +535,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     (cfg.data_dir / "port").write_text(str(port))
     if kafka is not None:
         (cfg.data_dir / "kafka-port").write_text(str(cluster.kafka_port))
-    log.info("%s %s serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s", cfg.role, cfg.node_id,
-             cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none")
+    log.info("%s %s serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s, event loop %s", cfg.role,
+             cfg.node_id, cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none",
+             type(loop).__module__.split(".")[0])
     await stop.wait()
     log.info("%s %s stopping", cfg.role, cfg.node_id)
     for task in (watcher, sweeper):
@@ -754,4 +755,20 @@ def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    asyncio.run(serve(cfg, setup))
+    with asyncio.Runner(loop_factory=loop_factory(cfg.settings.event_loop)) as runner:
+        runner.run(serve(cfg, setup))
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event-loop factory for setting exactly.event.loop: "uvloop" -> uvloop's
+    (libuv; the same calls cost the services less CPU, `python -m bench.server_cost
+    --event-loop`), or None (asyncio's default loop) when uvloop is not installed (a
+    warning says so) or for "asyncio"."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("exactly.event.loop=uvloop but the uvloop package is not installed; using asyncio's loop")
+            return None
+        return uvloop.new_event_loop
+    return None

@@ -1,5 +1,6 @@
-"""services.common.config (bind vs advertised host) and the health status that
-services.common.transport.server derives from a service's `loading` state."""
+"""services.common.config (bind vs advertised host), the event loop a service runs on
+(exactly.event.loop), and the health status that services.common.transport.server
+derives from a service's `loading` state."""
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,20 @@ def test_config_built_in_code_advertises_its_host():
 
 class _Service:
     loading = False
+
+
+def test_event_loop_is_uvloop_by_default_and_asyncio_on_request_or_without_uvloop(monkeypatch, caplog):
+    import uvloop
+    assert parse_args("partition_leader", BASE).settings.event_loop == "uvloop"
+    assert server.loop_factory("uvloop") is uvloop.new_event_loop
+    assert server.loop_factory("asyncio") is None
+    cfg = parse_args("partition_leader", BASE + ["--set", "exactly.event.loop=asyncio"])
+    assert cfg.settings.event_loop == "asyncio"
+    with pytest.raises(SystemExit):
+        parse_args("partition_leader", BASE + ["--set", "exactly.event.loop=trio"])
+    monkeypatch.setitem(__import__("sys").modules, "uvloop", None)  # as if not installed
+    assert server.loop_factory("uvloop") is None
+    assert "uvloop package is not installed" in caplog.text
 
 
 def test_health_follows_the_loading_state():
