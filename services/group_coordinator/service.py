@@ -49,10 +49,11 @@ class GroupCoordinatorService:
         await self.ownership.start()
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Return once this process sees itself registered and every `__consumer_offsets`
-        partition it should own or holds is loaded (none to own: at once, e.g. with more coordinators than
-        partitions), or after `timeout_s` (s) with a warning: serving then starts anyway
-        and health stays NOT_SERVING until the loads finish."""
+        """Return once this process sees itself registered and every
+        `__consumer_offsets` partition it should own or holds is loaded (with none to
+        own, e.g. more coordinators than partitions, at once), or after `timeout_s` (s)
+        with a warning: serving then starts anyway and health stays NOT_SERVING until
+        the loads finish."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not self.ownership.in_view() or self.loading:

@@ -66,11 +66,12 @@ class TxnCoordinatorService:
                 await asyncio.sleep(0.5)
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Return once this process sees itself registered and every `__transaction_state`
-        partition it should own or holds is loaded, so that a (re)started coordinator answers requests right after
-        it reports SERVING; bounded by exactly.txn.ready.timeout.ms (then a warning, and
-        health stays NOT_SERVING until the loads finish). While the topic does not
-        exist yet but a partition leader is live, it waits for the topic too."""
+        """Return once this process sees itself registered and every
+        `__transaction_state` partition it should own or holds is loaded, so that a
+        (re)started coordinator answers requests right after it reports SERVING;
+        bounded by exactly.txn.ready.timeout.ms (then a warning, and health stays
+        NOT_SERVING until the loads finish). While the topic does not exist yet but a
+        partition leader is live, it waits for the topic too."""
         if timeout_s is None:
             timeout_s = self.cfg.settings.txn_ready_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
