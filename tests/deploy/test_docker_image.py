@@ -22,11 +22,13 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_image_is_python_311_slim_and_installs_the_project():
+def test_image_is_python_311_slim_and_installs_the_project_with_the_server_extras():
+    # The services import the server extras (kazoo, rocksdict, prometheus-client, kio,
+    # uvloop, ...): a plain `pip install .` gives the SDK only.
     ins = instructions()
     assert ins[0] == ("FROM", "python:3.11-slim")
     runs = " ".join(rest for word, rest in ins if word == "RUN")
-    assert "pip install ." in runs
+    assert 'pip install ".[server]"' in runs
 
 
 def test_copied_sources_exist_and_are_kept_by_the_dockerignore():
