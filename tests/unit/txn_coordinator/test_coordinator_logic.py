@@ -272,6 +272,38 @@ def test_end_txn_retry_semantics():
     run(scenario())
 
 
+def test_end_txn_retry_while_the_complete_record_is_appended_is_told_to_retry():
+    """A retry of a committed EndTxn (the epoch from before the bump) that arrives while
+    the CompleteCommit record is being appended is answered CONCURRENT_TRANSACTIONS,
+    not PRODUCER_FENCED: it is the same producer (or, after KIP-939 recovery, another
+    process holding the same PID and epoch), and once the record is written the retry
+    is answered NONE. An abort with that epoch meanwhile is INVALID_TXN_STATE, as
+    before and after."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        h.markers.gate = asyncio.Event()
+        assert (await h.coord.end_txn("t", pid, epoch, True)) == (E.NONE, pid, epoch + 1)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.CONCURRENT_TRANSACTIONS  # markers
+        await h.markers.held.wait()
+        h.log.append_gate = asyncio.Event()
+        h.markers.gate.set()
+        for _ in range(1000):  # until the completion's CompleteCommit append waits at the gate
+            if h.md("t").pending_transition_in_progress:
+                break
+            await asyncio.sleep(0)
+        assert h.md("t").pending_transition_in_progress and h.md("t").state is S.PREPARE_COMMIT
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.CONCURRENT_TRANSACTIONS
+        assert (await h.coord.end_txn("t", pid, epoch, False)).error == E.INVALID_TXN_STATE
+        h.log.append_gate.set()
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert (await h.coord.end_txn("t", pid, epoch, True)) == (E.NONE, pid, epoch + 1)
+
+    run(scenario())
+
+
 def test_next_transaction_waits_for_the_previous_ones_markers():
     """EndTxn answers after the Prepare record; the producer's next AddPartitionsToTxn
     waits in the coordinator until the markers are written, then starts the next
