@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = start_cluster(args.dir.resolve(), props=_loop_props(args.event_loop))
     results = {}
     try:
-        clients = ["librdkafka", "sdk"] if args.client == "both" else [args.client]
+        clients = _clients(args.client)
         for i, client in enumerate(clients):
             topic = f"bench-cost-{i}"
             create_topic(cluster, topic, 3)
@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _clients(choice: str) -> list[str]:
+    return ["librdkafka", "sdk"] if choice == "both" else [choice]
+
+
 def _loop_props(event_loop: str | None) -> dict[str, str]:
     return {"exactly.event.loop": event_loop} if event_loop else {}
 
@@ -105,7 +109,7 @@ def compare_event_loops(args) -> int:
     """`--reps` rounds; per round and client, one window of `--seconds` on a fresh
     cluster with each event loop (asyncio first). Prints (or with --json returns) the
     medians per loop and the ratio uvloop / asyncio of the server CPU per transaction."""
-    clients = ["librdkafka", "sdk"] if args.client == "both" else [args.client]
+    clients = _clients(args.client)
     loops = ("asyncio", "uvloop")
     rows: dict[tuple[str, str], list[dict]] = {(c, lp): [] for c in clients for lp in loops}
     for rep in range(args.reps):

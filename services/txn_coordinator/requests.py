@@ -428,7 +428,8 @@ class TxnRequests:
         completion). A retry (the same request, from before the bump) after
         completion: same command -> NONE, the other -> INVALID_TXN_STATE; while
         completing (also while a record of the transaction is being appended): same
-        command -> CONCURRENT_TRANSACTIONS, the other -> INVALID_TXN_STATE. No transaction (Empty) -> INVALID_TXN_STATE. Also
+        command -> CONCURRENT_TRANSACTIONS, the other -> INVALID_TXN_STATE. No
+        transaction (Empty) -> INVALID_TXN_STATE. Also
         INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED (another epoch),
         CONCURRENT_TRANSACTIONS, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE (design doc "Transaction Coordinator Request
@@ -443,13 +444,12 @@ class TxnRequests:
         err, part = self._lookup(transactional_id, group_id)
         md = part.txns.get(transactional_id) if part is not None else None
         if md is not None and md.is_end_txn_retry(producer_id, producer_epoch):
-            if not md.pending_transition_in_progress:
-                return self._end_txn_outcome(md, committed)
-            # A retry while the transaction's next record (e.g. CompleteCommit) is
-            # appended: its epoch is the one before the bump, which is not fencing. The
-            # same command is answered once the record is written; the other never applies.
-            same = committed == (md.state in (TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT))
-            return EndTxnResult(ErrorCode.CONCURRENT_TRANSACTIONS if same else ErrorCode.INVALID_TXN_STATE)
+            outcome = self._end_txn_outcome(md, committed)
+            if md.pending_transition_in_progress and outcome.error == ErrorCode.NONE:
+                # A retry while the transaction's next record is appended (its epoch is
+                # the one before the bump, not a fencing one): answered once it is written.
+                return EndTxnResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            return outcome
         for confirmed in (False, True):
             err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
                                                  generation_id)
