@@ -25,6 +25,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_bytes(pid: int) -> int:
     """VmRSS of a process, from /proc/<pid>/status."""
     with open(f"/proc/{pid}/status") as f:

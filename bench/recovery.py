@@ -12,7 +12,6 @@ have written, without millions of Produce round trips through one Python process
 from __future__ import annotations
 
 import asyncio
-import os
 import pathlib
 import re
 import struct
@@ -26,7 +25,7 @@ from exactly_wire import records
 from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
 from exactly_tools.devcluster import DevCluster
 
-from .common import create_topic, rss_bytes, wait_until
+from .common import cpu_seconds, create_topic, rss_bytes, wait_until
 
 # Reconnect at once to a service that is coming back, instead of gRPC's backoff of 1 s and more.
 FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
@@ -134,12 +133,6 @@ def _delete_snapshots(data_dir: pathlib.Path, topic: str) -> int:
     return len(offsets)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time (s) of a process so far, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, timeout_s: float = 300) -> dict:
     """SIGKILL was sent; start the leader and time until ListOffsets answers the log
@@ -152,7 +145,7 @@ def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, 
     _respawn(cluster, name)
     wait_until(lambda: _latest_offset(svc.address, topic, 0) == end, timeout_s, 0.01, f"{name} to serve {topic}-0")
     elapsed = time.perf_counter() - start
-    cpu = _cpu_seconds(cluster.services[name].pid)
+    cpu = cpu_seconds(cluster.services[name].pid)
     m = re.search(rf"opened {re.escape(topic)}-0: .*?(\d+) producers \(snapshot at (\w+)\)", _log_tail(log_path, mark))
     return {"seconds": elapsed, "cpu_s": cpu, "producers_loaded": int(m.group(1)) if m else None,
             "snapshot_at": m.group(2) if m else None}

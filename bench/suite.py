@@ -31,17 +31,17 @@ import time
 
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from . import producer_perf, recovery, redis_peer, server_cost, transactions
+from . import producer_perf, recovery, redis_peer, server_cost, transactions, transport_floor
 from .common import Progress, create_topic, machine_info, median, start_cluster
 
 FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
         "redis_transactions": 20_000, "restart_batches": [1_000_000, 10_000_000], "restart_producers": 10_000,
-        "transactional_ids": 100_000}
+        "transactional_ids": 100_000, "floor_calls": 2000}
 QUICK = {"num_records": 3_000, "latency_transactions": 50, "coordinator_seconds": 1.0,
          "redis_transactions": 500, "restart_batches": [20_000, 200_000], "restart_producers": 200,
          # enough ids that the coordinator's growth (~0.8 KB each) stands out of the
          # RSS noise between two processes (a few tens of KB either way)
-         "transactional_ids": 20_000}
+         "transactional_ids": 20_000, "floor_calls": 300}
 
 
 class Figures:
@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"(default {FULL['restart_batches'][0]:,} and {FULL['restart_batches'][1]:,})")
     parser.add_argument("--restart-producers", type=int, help="producer ids writing them")
     parser.add_argument("--transactional-ids", type=int, help="transactional ids loaded by the coordinator")
+    parser.add_argument("--floor-calls", type=int, help="round trips per transport-floor measurement "
+                                                        "(bench/transport_floor.py)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
     n, size, reps = args.num_records, args.record_size, args.reps
     fig = Figures()
     extra: dict = {}
-    progress = Progress(12 + (1 if args.profile else 0))
+    progress = Progress(13 + (1 if args.profile else 0))
     clusters: list[DevCluster] = []
 
     def cluster(name: str, leaders: int = 1, props: dict | None = None, security: bool = False) -> DevCluster:
@@ -128,6 +130,31 @@ def run(args: argparse.Namespace) -> dict:
         clusters.remove(c)
 
     try:
+        # ---- 0: the transport's floor (bench/transport_floor.py), on a quiet machine
+        progress.start(f"transport floor: empty-handler round trips (unary gRPC, gRPC stream, TCP), "
+                       f"{args.floor_calls:,} x {reps}")
+        tf = transport_floor.run(args.floor_calls, reps=reps)
+        for kind, label in (("unary", "unary gRPC call (grpcio blocking client, as the SDK)"),
+                            ("stream", "gRPC stream round trip (grpc.aio, as between the services)"),
+                            ("tcp", "TCP frame round trip (asyncio, as the Kafka port)")):
+            fig.add(f"floor.{kind}", f"transport floor: {label}, empty handler, p50",
+                    [r[kind]["p50_ms"] for r in tf["runs"]], "ms",
+                    **{k: v for k, v in tf[kind].items() if k != "p50_ms"})
+        bounds = (("sdk_commit_p50_ms", "SDK commit latency p50 (2 unary + 3 stream round trips)", "ms"),
+                  ("librdkafka_server_cpu_ms_per_txn", "services' CPU per librdkafka txn (3 Kafka requests + 5 "
+                                                       "stream round trips)", "ms"),
+                  ("sdk_server_cpu_ms_per_txn", "services' CPU per SDK txn (2 unary calls + 5 stream round trips)",
+                   "ms"),
+                  ("sdk_client_cpu_ms_per_txn", "SDK producer's CPU per txn (2 unary calls)", "ms"),
+                  ("unary_calls_per_s", "empty unary gRPC calls/s, 8 in flight (InitProducerId is one per id)",
+                   "calls/s"))
+        for key, label, unit in bounds:
+            fig.add(f"floor.{key}", f"transport floor of the {label}",
+                    [transport_floor.floors(r)[key] for r in tf["runs"]], unit)
+        extra["transport_floor"] = tf
+        progress.done(f"unary {fig.value('floor.unary'):.2f} ms, stream {fig.value('floor.stream'):.2f} ms, "
+                      f"TCP {fig.value('floor.tcp'):.2f} ms")
+
         progress.start("main cluster: 1 partition leader, 1 transaction and 1 group coordinator")
         main = cluster("main")
         bootstrap = main.bootstrap_servers
@@ -399,7 +426,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(figures: dict[str, dict]) -> str:
     def fmt(v: float, unit: str) -> str:
-        if unit in ("records/s", "txn/s", "ids/s", "B"):
+        if unit in ("records/s", "txn/s", "ids/s", "calls/s", "B"):
             return f"{v:,.0f} {unit}"
         if unit == "x":
             return f"{v:.2f} x"

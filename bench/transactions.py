@@ -9,7 +9,7 @@ import time
 
 from exactly import Producer
 
-from .common import percentile
+from .common import cpu_seconds, percentile
 
 
 def commit_latency_run(bootstrap: str, topic: str, partitions: int, transactions: int, warmup: int = 10) -> dict:
@@ -79,12 +79,6 @@ class _RdkafkaTxnClient:
 
 CLIENTS = {"sdk": _SdkTxnClient, "librdkafka": _RdkafkaTxnClient}
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _txn_worker(bootstrap: str, topic: str, partitions: int, index: int, run_id: str, reps: int, seconds: float,

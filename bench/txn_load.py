@@ -18,15 +18,9 @@ import sys
 import tempfile
 import time
 
-from .common import rss_bytes, start_cluster
+from .common import cpu_seconds, rss_bytes, start_cluster
 from .recovery import create_transactional_ids
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(ids: int, directory: pathlib.Path, security: bool = False, profile: pathlib.Path | None = None,

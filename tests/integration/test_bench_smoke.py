@@ -25,6 +25,8 @@ FIGURES = [
       for f in ("snapshot", "scan", "ratio", "open_snapshot", "open_scan", "open_ratio")),
     "restart.snapshot_growth", "restart.snapshot_cpu_growth", "restart.scan_growth",
     "txn_load.loaded", "txn_load.bytes_per_id", "peer.librdkafka", "peer.tls",
+    "floor.unary", "floor.stream", "floor.tcp", "floor.sdk_commit_p50_ms", "floor.librdkafka_server_cpu_ms_per_txn",
+    "floor.sdk_server_cpu_ms_per_txn", "floor.sdk_client_cpu_ms_per_txn", "floor.unary_calls_per_s",
 ]
 GOALS = ["produce.txn_100ms", "produce.txn_10ms", "commit_3p.p99", "coordinator.rf1_librdkafka", "coordinator.rf3",
          "server_cpu.librdkafka", "server_cpu.sdk", "client_cpu.sdk",
@@ -56,5 +58,5 @@ def test_quick_bench_writes_every_figure(tmp_path):
     assert body["meta"]["quick"] is True and body["meta"]["machine"]["cpus"] >= 1
     # One progress line per phase on stderr, the table on stdout.
     phases = [line for line in proc.stderr.splitlines() if line.startswith("bench [")]
-    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 12, proc.stderr
+    assert len(phases) == int(phases[0].split("/", 1)[1].split("]", 1)[0]) == 13, proc.stderr
     assert "goals met" in proc.stdout
