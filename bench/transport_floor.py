@@ -14,20 +14,20 @@ kinds of round trip with an empty handler (the request's bytes echoed, 100 bytes
   as the Kafka protocol listener reads and answers a request.
 
 Each is measured twice per repetition: one call at a time (`--calls` of them; the
-latency p50/p99 in ms) and `--in-flight` at a time (the server's CPU ms per round
-trip, from /proc/<pid>/stat, and the client's, from its process_time). The medians
-over `--reps` are reported.
+latency p50/p99 in ms, and CPU ms per round trip) and `--in-flight` at a time (the
+server's CPU ms per round trip, from /proc/<pid>/stat, and the client's, from its
+process_time). Unary calls are also made as the InitProducerId benchmark makes them
+(`unary_many`: grpc.aio clients in 2 processes, 128 calls in flight each; calls/s).
+The medians over `--reps` are reported.
 
-These figures bound the transaction path from below. A 1-record transaction from the
-SDK waits for at least 2 unary calls (Produce, EndTxn) and 3 stream round trips in
-sequence (the leader's implicit AddPartitionsToTxn, the coordinator's append of it,
-the append of PrepareCommit; KIP-98 design document, "Data Flow", and KIP-890's
-implicit add); one from librdkafka costs the services at least 3 Kafka requests
-(AddPartitionsToTxn, Produce, EndTxn) and 5 stream round trips between them (the
-append of the added partitions, the leader's verification, PrepareCommit, the
-markers, CompleteCommit), each stream round trip paid by both services. `floors`
-in the output adds them up; `make bench` compares them with its goals
-(bench/suite.py).
+These figures bound the transaction path from below (`floors`). A lone SDK producer's
+commit waits for 2 unary calls (Produce, EndTxn) and 3 stream round trips in sequence
+(the leader's implicit AddPartitionsToTxn, the coordinator's append of it, the append
+of PrepareCommit; KIP-98 design document, "Data Flow", and KIP-890's implicit add).
+Every transaction makes its own client calls: 2 unary calls from the SDK, 3 Kafka
+requests from librdkafka (AddPartitionsToTxn, Produce, EndTxn). The services' calls to
+each other carry several transactions at once under load, so the CPU floors leave
+them out. `make bench` puts the floors next to its goals (bench/suite.py).
 """
 from __future__ import annotations
 
@@ -187,6 +187,60 @@ async def _tcp(port: int, server_pid: int, calls: int, in_flight: int, timeout_s
             w.close()
 
 
+async def _unary_aio(addr: str, calls: int, concurrency: int, timeout_s: float) -> None:
+    import grpc
+    async with grpc.aio.insecure_channel(addr) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/Unary", _identity, _identity)
+        left = iter(range(calls))
+
+        async def worker() -> None:
+            for _ in left:
+                await call(PAYLOAD, timeout=timeout_s)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def _unary_aio_process(addr: str, calls: int, concurrency: int, timeout_s: float, barrier, out) -> None:
+    try:
+        asyncio.run(_unary_aio(addr, min(calls, 200), concurrency, timeout_s))  # connect and warm up
+        barrier.wait(timeout_s)
+        c0 = time.process_time()
+        asyncio.run(_unary_aio(addr, calls, concurrency, timeout_s))
+        out.put(("ok", time.process_time() - c0))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        out.put(("error", repr(exc)))
+
+
+def _unary_many(addr: str, server_pid: int, calls: int, processes: int, concurrency: int,
+                timeout_s: float) -> dict:
+    """Empty unary calls as the InitProducerId benchmark makes them (bench.recovery
+    create_transactional_ids): grpc.aio clients in `processes` processes with
+    `concurrency` calls in flight each, `calls` per process. Returns calls/s and CPU ms
+    per call of the server and of the clients."""
+    from .transactions import worker_context
+    ctx = worker_context()
+    out, barrier = ctx.Queue(), ctx.Barrier(processes + 1)
+    procs = [ctx.Process(target=_unary_aio_process, args=(addr, calls, concurrency, timeout_s, barrier, out),
+                         daemon=True) for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(timeout_s * 10)
+        s0, w0 = cpu_seconds(server_pid), time.perf_counter()
+        answers = [out.get(timeout=timeout_s * 60) for _ in procs]
+        s1, w1 = cpu_seconds(server_pid), time.perf_counter()
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    failed = [a[1] for a in answers if a[0] != "ok"]
+    if failed:
+        raise RuntimeError(f"unary clients failed: {failed[0]}")
+    n = calls * processes
+    return {"per_s": n / (w1 - w0), "server_cpu_ms": (s1 - s0) / n * 1000,
+            "client_cpu_ms": sum(a[1] for a in answers) / n * 1000}
+
+
 def _on_uvloop(coro) -> dict:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(coro)
@@ -208,30 +262,36 @@ def _row(latencies: list[float], one_at_a_time: tuple[float, float], n: int, ser
 
 def measure_once(server_pid: int, grpc_port: int, tcp_port: int, calls: int, in_flight: int,
                  timeout_s: float = 10.0) -> dict:
-    """One repetition: {"unary"|"stream"|"tcp": {p50_ms, p99_ms, server_cpu_ms, client_cpu_ms}}."""
+    """One repetition: {"unary"|"stream"|"tcp": {p50_ms, p99_ms, server_cpu_ms, client_cpu_ms, ...}
+    (`_row`), "unary_many": {per_s, server_cpu_ms, client_cpu_ms} (`_unary_many`)}."""
     addr = f"127.0.0.1:{grpc_port}"
     return {"unary": _unary(addr, server_pid, calls, in_flight, timeout_s),
             "stream": _on_uvloop(_stream(addr, server_pid, calls, in_flight, timeout_s)),
-            "tcp": _on_uvloop(_tcp(tcp_port, server_pid, calls, in_flight, timeout_s))}
+            "tcp": _on_uvloop(_tcp(tcp_port, server_pid, calls, in_flight, timeout_s)),
+            "unary_many": _unary_many(addr, server_pid, calls * 2, 2, 128, timeout_s)}
 
 
 def floors(fig: dict) -> dict:
-    """The transaction path's floors from one set of medians (see the module docstring),
-    what the transport alone costs before any of Exactly's code runs:
+    """What the transport alone costs the transaction path, from one set of medians
+    (module docstring), before any of Exactly's code runs. Only round trips that no
+    batching removes count: a lone producer's commit has nothing to share a round trip
+    with, and every transaction makes its own client calls, while the services' calls
+    to each other (appends, markers, verification) carry several transactions at once
+    under load.
     - sdk_commit_p50_ms: an SDK commit's latency, 2 unary calls + 3 stream round trips;
-    - librdkafka_server_cpu_ms_per_txn: the services' CPU per librdkafka transaction,
-      3 Kafka requests + 5 stream round trips (both ends of a stream are services);
-    - sdk_server_cpu_ms_per_txn: the same with the SDK, 2 unary calls + 5 stream round trips;
-    - sdk_client_cpu_ms_per_txn: an SDK producer's CPU for its 2 calls, one at a time;
-    - unary_calls_per_s: empty unary calls a second, `in_flight` at a time (one client
-      process; InitProducerId is one such call per id)."""
+    - sdk_client_cpu_ms_per_txn: an SDK producer's CPU for its 2 calls (Produce,
+      EndTxn), one at a time;
+    - sdk_server_cpu_ms_per_txn: the services' CPU for those 2 calls;
+    - librdkafka_server_cpu_ms_per_txn: the services' CPU for librdkafka's 3 Kafka
+      requests (AddPartitionsToTxn, Produce, EndTxn);
+    - unary_calls_per_s: empty unary calls a second from 2 processes with 128 in flight
+      each, the InitProducerId benchmark's clients (one call per id)."""
     u, s, t = fig["unary"], fig["stream"], fig["tcp"]
-    stream_cpu = s["server_cpu_ms"] + s["client_cpu_ms"]
     return {"sdk_commit_p50_ms": 2 * u["p50_ms"] + 3 * s["p50_ms"],
-            "librdkafka_server_cpu_ms_per_txn": 3 * t["server_cpu_ms"] + 5 * stream_cpu,
-            "sdk_server_cpu_ms_per_txn": 2 * u["server_cpu_ms"] + 5 * stream_cpu,
             "sdk_client_cpu_ms_per_txn": 2 * u["client_cpu_ms_sequential"],
-            "unary_calls_per_s": u["per_s"]}
+            "sdk_server_cpu_ms_per_txn": 2 * u["server_cpu_ms"],
+            "librdkafka_server_cpu_ms_per_txn": 3 * t["server_cpu_ms"],
+            "unary_calls_per_s": fig["unary_many"]["per_s"]}
 
 
 def _free_port() -> int:
@@ -279,11 +339,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['server_cpu_ms_sequential']:.3f} ms, client CPU {r['client_cpu_ms_sequential']:.3f} ms | "
               f"{result['in_flight']} at a time: server CPU {r['server_cpu_ms']:.3f} ms, client CPU "
               f"{r['client_cpu_ms']:.3f} ms, {r['per_s']:,.0f}/s")
+    m = result["unary_many"]
+    print(f"unary, 2 processes x 128 in flight: {m['per_s']:,.0f} calls/s, server CPU {m['server_cpu_ms']:.3f} ms, "
+          f"client CPU {m['client_cpu_ms']:.3f} ms per call")
     f = result["floors"]
-    print(f"floors: SDK commit p50 {f['sdk_commit_p50_ms']:.2f} ms; services' CPU per transaction "
-          f"{f['librdkafka_server_cpu_ms_per_txn']:.2f} ms (librdkafka), {f['sdk_server_cpu_ms_per_txn']:.2f} ms "
-          f"(SDK); SDK client CPU per transaction {f['sdk_client_cpu_ms_per_txn']:.2f} ms; "
-          f"empty unary calls {f['unary_calls_per_s']:,.0f}/s")
+    print(f"floors: SDK commit p50 {f['sdk_commit_p50_ms']:.2f} ms; SDK client CPU per transaction "
+          f"{f['sdk_client_cpu_ms_per_txn']:.2f} ms; services' CPU per transaction "
+          f"{f['sdk_server_cpu_ms_per_txn']:.2f} ms (SDK), {f['librdkafka_server_cpu_ms_per_txn']:.2f} ms "
+          f"(librdkafka); unary calls {f['unary_calls_per_s']:,.0f}/s")
     return 0
 
 
