@@ -118,56 +118,106 @@ class _BatchOutcome:
                               self.base_offset + index if self.base_offset >= 0 else -1, ts)
 
 
-class RecordFuture(Future):
-    """The Future returned by send(): a concurrent.futures.Future whose lock is
-    shared by every record of its batch. One Condition per record would make send()
-    several times slower (allocation and garbage collection); sharing is safe
-    because a batch resolves all its records under one hold of that lock. Its
-    result, RecordMetadata, is built on first request from the batch's outcome
-    (`index`: the record's place in its batch). A record cannot be cancelled once
-    sent (cancel() returns False), as in Kafka."""
+class _Resolution:
+    """The state of every record future of one batch, set once for all of them
+    (`_resolve_all`): pending, then finished with the batch's outcome or its error.
+    `watched`: the batch's futures that have a done-callback or a waiter
+    (concurrent.futures.wait), the only ones resolution visits one by one."""
 
-    def __init__(self, condition: threading.Condition, index: int = 0):  # noqa: super().__init__ would allocate a Condition
+    __slots__ = ("state", "outcome", "exception", "watched")
+
+    def __init__(self):
+        self.state = _futures_base.PENDING
+        self.outcome: _BatchOutcome | None = None
+        self.exception: BaseException | None = None
+        self.watched: list[RecordFuture] = []
+
+
+class RecordFuture(Future):
+    """The Future returned by send(): a concurrent.futures.Future whose lock and
+    state are those of its batch. Its state, result and error are read from the
+    batch's `_Resolution`, so completing a batch costs one update, not one per record;
+    its waiter and callback lists exist only once asked for (concurrent.futures.wait,
+    add_done_callback), which registers the future for resolution. A future per record
+    with its own Condition and lists would make send() several times slower (allocation
+    and garbage collection). Its result, RecordMetadata, is built on request from the
+    batch's outcome (`index`: the record's place in its batch). A record cannot be
+    cancelled once sent (cancel() returns False), as in Kafka; set_result() and
+    set_exception() raise RuntimeError: the producer resolves these futures."""
+
+    def __init__(self, condition: threading.Condition, resolution: _Resolution, index: int = 0):  # noqa: no super().__init__
         self._condition = condition
-        self._state = _futures_base.PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+        self._resolution = resolution
         self._index = index
+
+    # concurrent.futures.Future's fields, as its methods and module functions use them
+    @property
+    def _state(self) -> str:
+        return self._resolution.state
+
+    @property
+    def _exception(self) -> BaseException | None:
+        return self._resolution.exception
+
+    @property
+    def _result(self) -> _BatchOutcome | None:
+        return self._resolution.outcome
+
+    @property
+    def _waiters(self) -> list:
+        return self._lists()[0]
+
+    @property
+    def _done_callbacks(self) -> list:
+        return self._lists()[1]
+
+    def _lists(self) -> tuple[list, list]:
+        # Read under self._condition (as concurrent.futures does), which _resolve_all holds.
+        lists = self.__dict__.get("_watch")
+        if lists is None:
+            lists = self.__dict__["_watch"] = ([], [])
+            self._resolution.watched.append(self)
+        return lists
 
     def cancel(self) -> bool:
         return False
 
+    def set_result(self, result) -> None:
+        raise RuntimeError("a send() future is resolved by its producer")
+
+    def set_exception(self, exception) -> None:
+        raise RuntimeError("a send() future is resolved by its producer")
+
+    def set_running_or_notify_cancel(self) -> bool:
+        raise RuntimeError("a send() future is resolved by its producer")
+
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """RecordMetadata of the record (waiting up to `timeout` seconds), or raise
         its error, as concurrent.futures.Future.result."""
-        res = super().result(timeout)
-        if type(res) is _BatchOutcome:
-            res = self._result = res.record(self._index)
-        return res
+        metadata = self.__dict__.get("_metadata")
+        if metadata is None:  # built on first request, then kept
+            metadata = self.__dict__["_metadata"] = super().result(timeout).record(self._index)
+        return metadata
 
 
-def _resolve_all(condition: threading.Condition, futures: list[RecordFuture],
+def _resolve_all(condition: threading.Condition, resolution: _Resolution,
                  outcome: _BatchOutcome | None, exc: BaseException | None) -> None:
-    """Resolve `futures` (with the batch's outcome, or `exc`) atomically, then run
-    their callbacks."""
+    """Resolve every future of a batch (with the batch's outcome, or `exc`) atomically,
+    then run their callbacks."""
     with condition:
-        for fut in futures:
-            if fut._state != _futures_base.PENDING:
-                continue
-            if exc is None:
-                fut._result = outcome
-            else:
-                fut._exception = exc
-            fut._state = _futures_base.FINISHED
+        if resolution.state != _futures_base.PENDING:
+            return
+        resolution.outcome, resolution.exception = outcome, exc
+        resolution.state = _futures_base.FINISHED
+        watched = list(resolution.watched)
+        for fut in watched:
             for waiter in fut._waiters:
                 if exc is None:
                     waiter.add_result(fut)
                 else:
                     waiter.add_exception(fut)
         condition.notify_all()
-    for fut in futures:
+    for fut in watched:
         fut._invoke_callbacks()
 
 
@@ -179,7 +229,7 @@ class ProducerBatch:
     + i) or fails with the batch's error.
     """
 
-    __slots__ = ("tp", "blobs", "futures", "timestamps", "size", "base_ts", "created_ms",
+    __slots__ = ("tp", "blobs", "resolution", "timestamps", "size", "base_ts", "created_ms",
                  "closed", "producer_id", "producer_epoch", "base_sequence", "payload",
                  "attempts", "retry_at_ms", "done", "in_flight", "transactional", "error",
                  "sent_in_order", "_condition")
@@ -188,7 +238,7 @@ class ProducerBatch:
         self.tp = tp
         self._condition = threading.Condition()
         self.blobs: list[bytes] = []
-        self.futures: list[RecordFuture] = []
+        self.resolution = _Resolution()
         self.timestamps: list[int] = []
         self.size = _rec.HEADER_SIZE
         self.base_ts = base_ts
@@ -227,9 +277,8 @@ class ProducerBatch:
         blob = _rec.encode_record(len(self.blobs), ts - self.base_ts, key, value, headers)
         if self.blobs and self.size + len(blob) > batch_size:
             return None
-        fut = RecordFuture(self._condition, len(self.blobs))
+        fut = RecordFuture(self._condition, self.resolution, len(self.blobs))
         self.blobs.append(blob)
-        self.futures.append(fut)
         self.timestamps.append(ts)
         self.size += len(blob)
         return fut
@@ -271,7 +320,7 @@ class ProducerBatch:
         if self.done.is_set():
             return
         topic, partition = self.tp
-        _resolve_all(self._condition, self.futures,
+        _resolve_all(self._condition, self.resolution,
                      _BatchOutcome(topic, partition, base_offset, self.timestamps, log_append_time_ms), None)
         self.done.set()
 
@@ -280,7 +329,7 @@ class ProducerBatch:
         if self.done.is_set():
             return
         self.error = exc
-        _resolve_all(self._condition, self.futures, None, exc)
+        _resolve_all(self._condition, self.resolution, None, exc)
         self.done.set()
 
     def __repr__(self) -> str:

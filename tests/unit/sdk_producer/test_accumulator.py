@@ -312,3 +312,71 @@ def test_waiting_on_a_pending_sibling_is_not_woken_early():
     b1.fail(errors.NetworkException("x"))
     assert isinstance(f1.exception(0), errors.NetworkException)
     assert not f2.done()  # the accumulator completes futures synchronously: nothing can come later
+
+
+def _two_batches():
+    acc, _ = make()
+    a = [acc.append(TP0, 1, None, b"a")[0] for _ in range(3)]
+    b = [acc.append(TP1, 1, None, b"b")[0] for _ in range(2)]
+    return acc.drain(TP0), a, acc.drain(TP1), b
+
+
+def test_completing_a_batch_visits_only_the_futures_that_are_watched():
+    """A batch's futures share one resolution: completing it sets that once, and only
+    futures with a callback or a waiter are visited one by one."""
+    batch, futs, _, _ = _two_batches()
+    calls = []
+    futs[1].add_done_callback(calls.append)
+    assert batch.resolution.watched == [futs[1]]
+    batch.complete(7)
+    assert calls == [futs[1]]
+    assert [f.done() for f in futs] == [True, True, True]
+    assert [f.result(0).offset for f in futs] == [7, 8, 9]
+    late = []
+    futs[0].add_done_callback(late.append)  # added after completion: runs at once, once
+    assert late == [futs[0]] and calls == [futs[1]]
+    batch.complete(100)  # a second completion changes nothing
+    assert futs[2].result(0).offset == 9 and calls == [futs[1]]
+
+
+def test_a_failed_batch_fails_every_future_with_its_error():
+    batch, futs, _, _ = _two_batches()
+    seen = []
+    futs[0].add_done_callback(lambda f: seen.append(f.exception()))
+    err = errors.NotLeaderOrFollowerError("moved")
+    batch.fail(err)
+    assert seen == [err]
+    assert all(f.exception(0) is err for f in futs)
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        futs[2].result(0)
+
+
+def test_record_futures_work_with_concurrent_futures_wait_and_as_completed():
+    import concurrent.futures
+    first, a, second, b = _two_batches()
+    waiting = threading.Event()
+    result = {}
+
+    def waiter():
+        waiting.set()
+        result["wait"] = concurrent.futures.wait(a + b, timeout=30, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    waiting.wait(30)
+    second.complete(0)
+    t.join(30)
+    done, not_done = result["wait"]
+    assert done == set(b) and not_done == set(a)
+    first.fail(errors.KafkaTimeoutError("expired"))
+    assert set(concurrent.futures.as_completed(a + b, timeout=30)) == set(a + b)
+    assert concurrent.futures.wait(a, timeout=0, return_when=concurrent.futures.FIRST_EXCEPTION).done == set(a)
+
+
+def test_a_send_future_is_resolved_only_by_its_producer():
+    _, futs, _, _ = _two_batches()
+    for attempt in (lambda: futs[0].set_result(None), lambda: futs[0].set_exception(ValueError()),
+                    futs[0].set_running_or_notify_cancel):
+        with pytest.raises(RuntimeError, match="resolved by its producer"):
+            attempt()
+    assert not futs[0].cancel() and not futs[0].done()
