@@ -83,7 +83,6 @@ async def _serve(grpc_port: int, tcp_port: int) -> None:
             writer.close()
 
     tcp = await asyncio.start_server(echo, "127.0.0.1", tcp_port)
-    print("ready", flush=True)
     async with tcp:
         await server.wait_for_termination()
 
@@ -294,6 +293,17 @@ def floors(fig: dict) -> dict:
             "unary_calls_per_s": fig["unary_many"]["per_s"]}
 
 
+def _listening(proc: subprocess.Popen, port: int) -> bool:
+    """Whether `port` on 127.0.0.1 accepts connections; RuntimeError once `proc` exited."""
+    if proc.poll() is not None:
+        raise RuntimeError(f"the echo server exited with {proc.returncode}")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -302,14 +312,13 @@ def _free_port() -> int:
 
 def run(calls: int = 2000, in_flight: int = 8, reps: int = 3, timeout_s: float = 10.0) -> dict:
     """Start the echo server, measure `reps` times; the medians, every repetition, and
-    `floors`. Raises RuntimeError when the server does not start within 30 s."""
+    `floors`. Raises TimeoutError when the server does not listen within 30 s, RuntimeError
+    when it exits first."""
     grpc_port, tcp_port = _free_port(), _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(grpc_port), str(tcp_port)],
-                            stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+                            stdout=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(__file__)))
     try:
-        line = []
-        wait_until(lambda: line.append(proc.stdout.readline()) or line[-1].strip() == "ready", 30,
-                   what="the echo server")
+        wait_until(lambda: _listening(proc, grpc_port) and _listening(proc, tcp_port), 30, 0.05, "the echo server")
         runs = [measure_once(proc.pid, grpc_port, tcp_port, calls, in_flight, timeout_s) for _ in range(reps)]
     finally:
         proc.kill()
