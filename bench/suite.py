@@ -131,9 +131,12 @@ def run(args: argparse.Namespace) -> dict:
 
     try:
         # ---- 0: the transport's floor (bench/transport_floor.py), on a quiet machine
+        # --quick: one short repetition (the smoke test runs beside other tests, and this
+        # phase keeps both cores busy while it runs).
+        floor_reps = 1 if args.quick else reps
         progress.start(f"transport floor: empty-handler round trips (unary gRPC, gRPC stream, TCP), "
-                       f"{args.floor_calls:,} x {reps}")
-        tf = transport_floor.run(args.floor_calls, reps=reps)
+                       f"{args.floor_calls:,} x {floor_reps}")
+        tf = transport_floor.run(args.floor_calls, reps=floor_reps, min_s=0.3 if args.quick else 1.0)
         for kind, label in (("unary", "unary gRPC call (grpcio blocking client, as the SDK)"),
                             ("stream", "gRPC stream round trip (grpc.aio, as between the services)"),
                             ("tcp", "TCP frame round trip (asyncio, as the Kafka port)")):

@@ -14,9 +14,9 @@ kinds of round trip with an empty handler (the request's bytes echoed, 100 bytes
   as the Kafka protocol listener reads and answers a request.
 
 Each is measured twice per repetition: one call at a time (`--calls` of them; the
-latency p50/p99 in ms, and CPU ms per round trip) and `--in-flight` at a time (the
-server's CPU ms per round trip, from /proc/<pid>/stat, and the client's, from its
-process_time). Unary calls are also made as the InitProducerId benchmark makes them
+latency p50/p99 in ms, and CPU ms per round trip) and `--in-flight` at a time, for at
+least a second (the server's CPU ms per round trip, from /proc/<pid>/stat, which counts
+in 10 ms ticks, and the client's, from its process_time). Unary calls are also made as the InitProducerId benchmark makes them
 (`unary_many`: grpc.aio clients in 2 processes, 128 calls in flight each; calls/s).
 The medians over `--reps` are reported.
 
@@ -111,9 +111,10 @@ def _timed(n: int, one) -> list[float]:
     return out
 
 
-def _unary(addr: str, server_pid: int, calls: int, in_flight: int, timeout_s: float) -> dict:
+def _unary(addr: str, server_pid: int, calls: int, in_flight: int, timeout_s: float, min_s: float) -> dict:
     """`calls` sequential calls (latency), then `calls` more, `in_flight` at a time from
-    as many threads (CPU per call)."""
+    as many threads, repeated for at least `min_s` seconds (CPU per call: /proc counts
+    in 10 ms ticks)."""
     import concurrent.futures
     import grpc
     with grpc.insecure_channel(addr) as channel:
@@ -126,14 +127,18 @@ def _unary(addr: str, server_pid: int, calls: int, in_flight: int, timeout_s: fl
         per_thread = calls // in_flight
         with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
             s0, c0, w0 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
-            list(pool.map(lambda _i: [call(PAYLOAD, timeout=timeout_s) for _ in range(per_thread)], range(in_flight)))
+            n = 0
+            while n == 0 or time.perf_counter() - w0 < min_s:
+                list(pool.map(lambda _i: [call(PAYLOAD, timeout=timeout_s) for _ in range(per_thread)],
+                              range(in_flight)))
+                n += per_thread * in_flight
             s1, c1, w1 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
-    return _row(latencies, one, per_thread * in_flight, s1 - s0, c1 - c0, w1 - w0)
+    return _row(latencies, one, n, s1 - s0, c1 - c0, w1 - w0)
 
 
-async def _round_trips(rtt, handles: list, server_pid: int, calls: int, timeout_s: float) -> dict:
+async def _round_trips(rtt, handles: list, server_pid: int, calls: int, timeout_s: float, min_s: float) -> dict:
     """`calls` sequential round trips on handles[0] (latency), then `calls` more spread
-    over every handle at once (CPU per round trip)."""
+    over every handle at once, repeated for at least `min_s` seconds (CPU per round trip)."""
     for _ in range(50):
         await asyncio.wait_for(rtt(handles[0]), timeout_s)
     latencies = []
@@ -149,12 +154,15 @@ async def _round_trips(rtt, handles: list, server_pid: int, calls: int, timeout_
         for _ in range(per_handle):
             await asyncio.wait_for(rtt(h), timeout_s)
     s0, c0, w0 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
-    await asyncio.gather(*(many(h) for h in handles))
+    n = 0
+    while n == 0 or time.perf_counter() - w0 < min_s:
+        await asyncio.gather(*(many(h) for h in handles))
+        n += per_handle * len(handles)
     s1, c1, w1 = cpu_seconds(server_pid), time.process_time(), time.perf_counter()
-    return _row(latencies, one, per_handle * len(handles), s1 - s0, c1 - c0, w1 - w0)
+    return _row(latencies, one, n, s1 - s0, c1 - c0, w1 - w0)
 
 
-async def _stream(addr: str, server_pid: int, calls: int, in_flight: int, timeout_s: float) -> dict:
+async def _stream(addr: str, server_pid: int, calls: int, in_flight: int, timeout_s: float, min_s: float) -> dict:
     import grpc
     async with grpc.aio.insecure_channel(addr) as channel:
         method = channel.stream_stream(f"/{SERVICE}/Stream", _identity, _identity)
@@ -164,13 +172,13 @@ async def _stream(addr: str, server_pid: int, calls: int, in_flight: int, timeou
             await s.write(PAYLOAD)
             await s.read()
         try:
-            return await _round_trips(rtt, streams, server_pid, calls, timeout_s)
+            return await _round_trips(rtt, streams, server_pid, calls, timeout_s, min_s)
         finally:
             for s in streams:
                 s.cancel()
 
 
-async def _tcp(port: int, server_pid: int, calls: int, in_flight: int, timeout_s: float) -> dict:
+async def _tcp(port: int, server_pid: int, calls: int, in_flight: int, timeout_s: float, min_s: float) -> dict:
     conns = [await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout_s) for _ in range(in_flight)]
     frame = _FRAME.pack(len(PAYLOAD)) + PAYLOAD
 
@@ -180,45 +188,56 @@ async def _tcp(port: int, server_pid: int, calls: int, in_flight: int, timeout_s
         (size,) = _FRAME.unpack(await r.readexactly(_FRAME.size))
         await r.readexactly(size)
     try:
-        return await _round_trips(rtt, conns, server_pid, calls, timeout_s)
+        return await _round_trips(rtt, conns, server_pid, calls, timeout_s, min_s)
     finally:
         for _, w in conns:
             w.close()
 
 
-async def _unary_aio(addr: str, calls: int, concurrency: int, timeout_s: float) -> None:
+async def _unary_aio(addr: str, calls: int, concurrency: int, timeout_s: float, barrier=None,
+                     min_s: float = 0.0) -> tuple[float, int]:
+    """`calls` unary calls (a first 200 to connect, then, after `barrier`, `calls` more
+    repeated for at least `min_s` seconds), `concurrency` at a time; returns the
+    process's CPU seconds and the calls of the second part."""
     import grpc
     async with grpc.aio.insecure_channel(addr) as channel:
         call = channel.unary_unary(f"/{SERVICE}/Unary", _identity, _identity)
-        left = iter(range(calls))
 
-        async def worker() -> None:
-            for _ in left:
-                await call(PAYLOAD, timeout=timeout_s)
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        async def some(count: int) -> None:
+            left = iter(range(count))
+
+            async def worker() -> None:
+                for _ in left:
+                    await call(PAYLOAD, timeout=timeout_s)
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await some(min(calls, 200))
+        if barrier is not None:
+            await asyncio.to_thread(barrier.wait, timeout_s * 10)
+        c0, w0, n = time.process_time(), time.perf_counter(), 0
+        while n == 0 or time.perf_counter() - w0 < min_s:
+            await some(calls)
+            n += calls
+        return time.process_time() - c0, n
 
 
-def _unary_aio_process(addr: str, calls: int, concurrency: int, timeout_s: float, barrier, out) -> None:
+def _unary_aio_process(addr: str, calls: int, concurrency: int, timeout_s: float, min_s: float, barrier,
+                       out) -> None:
     try:
-        asyncio.run(_unary_aio(addr, min(calls, 200), concurrency, timeout_s))  # connect and warm up
-        barrier.wait(timeout_s)
-        c0 = time.process_time()
-        asyncio.run(_unary_aio(addr, calls, concurrency, timeout_s))
-        out.put(("ok", time.process_time() - c0))
+        out.put(("ok", *asyncio.run(_unary_aio(addr, calls, concurrency, timeout_s, barrier, min_s))))
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         out.put(("error", repr(exc)))
 
 
 def _unary_many(addr: str, server_pid: int, calls: int, processes: int, concurrency: int,
-                timeout_s: float) -> dict:
+                timeout_s: float, min_s: float) -> dict:
     """Empty unary calls as the InitProducerId benchmark makes them (bench.recovery
     create_transactional_ids): grpc.aio clients in `processes` processes with
-    `concurrency` calls in flight each, `calls` per process. Returns calls/s and CPU ms
-    per call of the server and of the clients."""
+    `concurrency` calls in flight each, `calls` per process, repeated for at least
+    `min_s` seconds. Returns calls/s and CPU ms per call of the server and of the clients."""
     from .transactions import worker_context
     ctx = worker_context()
     out, barrier = ctx.Queue(), ctx.Barrier(processes + 1)
-    procs = [ctx.Process(target=_unary_aio_process, args=(addr, calls, concurrency, timeout_s, barrier, out),
+    procs = [ctx.Process(target=_unary_aio_process, args=(addr, calls, concurrency, timeout_s, min_s, barrier, out),
                          daemon=True) for _ in range(processes)]
     for proc in procs:
         proc.start()
@@ -235,7 +254,7 @@ def _unary_many(addr: str, server_pid: int, calls: int, processes: int, concurre
     failed = [a[1] for a in answers if a[0] != "ok"]
     if failed:
         raise RuntimeError(f"unary clients failed: {failed[0]}")
-    n = calls * processes
+    n = sum(a[2] for a in answers)
     return {"per_s": n / (w1 - w0), "server_cpu_ms": (s1 - s0) / n * 1000,
             "client_cpu_ms": sum(a[1] for a in answers) / n * 1000}
 
@@ -260,14 +279,14 @@ def _row(latencies: list[float], one_at_a_time: tuple[float, float], n: int, ser
 
 
 def measure_once(server_pid: int, grpc_port: int, tcp_port: int, calls: int, in_flight: int,
-                 timeout_s: float = 10.0) -> dict:
+                 timeout_s: float = 10.0, min_s: float = 1.0) -> dict:
     """One repetition: {"unary"|"stream"|"tcp": {p50_ms, p99_ms, server_cpu_ms, client_cpu_ms, ...}
     (`_row`), "unary_many": {per_s, server_cpu_ms, client_cpu_ms} (`_unary_many`)}."""
     addr = f"127.0.0.1:{grpc_port}"
-    return {"unary": _unary(addr, server_pid, calls, in_flight, timeout_s),
-            "stream": _on_uvloop(_stream(addr, server_pid, calls, in_flight, timeout_s)),
-            "tcp": _on_uvloop(_tcp(tcp_port, server_pid, calls, in_flight, timeout_s)),
-            "unary_many": _unary_many(addr, server_pid, calls * 2, 2, 128, timeout_s)}
+    return {"unary": _unary(addr, server_pid, calls, in_flight, timeout_s, min_s),
+            "stream": _on_uvloop(_stream(addr, server_pid, calls, in_flight, timeout_s, min_s)),
+            "tcp": _on_uvloop(_tcp(tcp_port, server_pid, calls, in_flight, timeout_s, min_s)),
+            "unary_many": _unary_many(addr, server_pid, calls * 2, 2, 128, timeout_s, min_s)}
 
 
 def floors(fig: dict) -> dict:
@@ -310,8 +329,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(calls: int = 2000, in_flight: int = 8, reps: int = 3, timeout_s: float = 10.0) -> dict:
-    """Start the echo server, measure `reps` times; the medians, every repetition, and
+def run(calls: int = 2000, in_flight: int = 8, reps: int = 3, timeout_s: float = 10.0, min_s: float = 1.0) -> dict:
+    """Start the echo server, measure `reps` times (each CPU measurement at least `min_s`
+    seconds long); the medians, every repetition, and
     `floors`. Raises TimeoutError when the server does not listen within 30 s, RuntimeError
     when it exits first."""
     grpc_port, tcp_port = _free_port(), _free_port()
@@ -319,7 +339,7 @@ def run(calls: int = 2000, in_flight: int = 8, reps: int = 3, timeout_s: float =
                             stdout=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(__file__)))
     try:
         wait_until(lambda: _listening(proc, grpc_port) and _listening(proc, tcp_port), 30, 0.05, "the echo server")
-        runs = [measure_once(proc.pid, grpc_port, tcp_port, calls, in_flight, timeout_s) for _ in range(reps)]
+        runs = [measure_once(proc.pid, grpc_port, tcp_port, calls, in_flight, timeout_s, min_s) for _ in range(reps)]
     finally:
         proc.kill()
         proc.wait(timeout=30)
