@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from exactly_tools.ports import free_ports
+
 from .common import cpu_seconds, median, percentile, wait_until
 
 SERVICE = "exactly.floor.Floor"
@@ -88,11 +90,10 @@ async def _serve(grpc_port: int, tcp_port: int) -> None:
 
 
 def _loop_factory():
-    try:
-        import uvloop
-        return uvloop.new_event_loop
-    except ImportError:  # the services fall back the same way (exactly.event.loop)
-        return None
+    """The services' uvloop factory (exactly.event.loop=uvloop; None, with a warning,
+    without uvloop)."""
+    from services.common.transport.server import loop_factory
+    return loop_factory("uvloop")
 
 
 def serve(grpc_port: int, tcp_port: int) -> None:
@@ -323,18 +324,12 @@ def _listening(proc: subprocess.Popen, port: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(calls: int = 2000, in_flight: int = 8, reps: int = 3, timeout_s: float = 10.0, min_s: float = 1.0) -> dict:
     """Start the echo server, measure `reps` times (each CPU measurement at least `min_s`
     seconds long); the medians, every repetition, and
     `floors`. Raises TimeoutError when the server does not listen within 30 s, RuntimeError
     when it exits first."""
-    grpc_port, tcp_port = _free_port(), _free_port()
+    grpc_port, tcp_port = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "bench.transport_floor", "--serve", str(grpc_port), str(tcp_port)],
                             stdout=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(__file__)))
     try:
