@@ -237,6 +237,10 @@ class Metadata:
         t = self.topics.get(topic)
         return t is not None and t.error_code == ErrorCode.NONE and bool(t.partitions)
 
+    def listed(self) -> set[str]:
+        """Names of the topics this metadata lists (answered without an error)."""
+        return {name for name, t in self.topics.items() if t.error_code == ErrorCode.NONE}
+
     def partitions(self, topic: str) -> list[int]:
         """Sorted partition ids of `topic`; [] when the topic is unknown."""
         t = self.topics.get(topic)

@@ -137,7 +137,8 @@ def transaction_descriptions(resp: pb.DescribeTransactionsResponse) -> dict[str,
 
 
 class RefreshMetadata(NamedTuple):
-    """Effect of `wait_serving_flow`: metadata fetched now, for `topics`; outcome: Metadata."""
+    """Effect of `wait_serving_flow` and `wait_unlisted_flow`: metadata fetched now,
+    for `topics`; outcome: Metadata."""
 
     topics: frozenset[str]
 
@@ -152,14 +153,14 @@ class ProbeLeader(NamedTuple):
 
 
 class Sleep(NamedTuple):
-    """Effect of `wait_serving_flow`: wait `seconds`."""
+    """Effect of `wait_serving_flow` and `wait_unlisted_flow`: wait `seconds`."""
 
     seconds: float
 
 
 class MetadataAt(NamedTuple):
-    """Effect of `wait_serving_flow`: the metadata the service at `address` answers
-    now; outcome: Metadata, or None when it does not answer."""
+    """Effect of `wait_serving_flow` and `wait_unlisted_flow`: the metadata the
+    service at `address` answers now; outcome: Metadata, or None when it does not answer."""
 
     address: str
 
@@ -207,6 +208,34 @@ def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Gen
         if core.clock.now_s() >= deadline:
             raise errors.KafkaTimeoutError(f"topics {sorted(pending or topics)} do not serve yet"
                                            + ("" if pending else " on every service"))
+        yield Sleep(backoff)
+        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+
+
+def wait_unlisted_flow(core: CoreBase, topics: set[str], deadline: float) -> Generator:
+    """Until no service that answers lists any of `topics` (a flow of the effects
+    above, as `wait_serving_flow`); raises errors.KafkaTimeoutError at `deadline`
+    (seconds of `core.clock`). Each service answers Metadata from its own ZooKeeper
+    cache: waiting for all of them keeps a deleted topic out of the next call's
+    answer whichever service it asks."""
+    backoff = core.retry_backoff_ms / 1000.0
+    listed = set(topics)
+    while True:
+        try:
+            md = yield RefreshMetadata(frozenset())
+            listed = topics & md.listed()
+            if not listed:
+                for address in md.addresses():
+                    seen = yield MetadataAt(address)
+                    if seen is not None:
+                        listed |= topics & seen.listed()
+                if not listed:
+                    return
+        except errors.ExactlyError as exc:
+            if not exc.retriable:
+                raise
+        if core.clock.now_s() >= deadline:
+            raise errors.KafkaTimeoutError(f"topics {sorted(listed or topics)} are still listed")
         yield Sleep(backoff)
         backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
 
@@ -494,7 +523,7 @@ class AdminClient:
                  {v.key: v.value for v in e.values}) for e in resp.entries]
 
     def delete_topics(self, topics: Iterable[str], timeout: float | None = None) -> None:
-        """Delete topics and return once the metadata no longer lists them; every
+        """Delete topics and return once no service that answers lists them; every
         replica then removes its data and producer state. `timeout` in seconds
         (default request.timeout.ms). Raises errors.UnknownTopicOrPartitionError for
         an unknown topic, errors.InvalidTopicException for an internal one (the others
@@ -509,8 +538,7 @@ class AdminClient:
                                             pb.DeleteTopicsRequest(topic_names=names)), timeout_s)
         failures = [errors.for_code(r.error_code, r.error_message or None) for r in resp.responses if r.error_code]
         deleted = {r.name for r in resp.responses if not r.error_code}
-        self._wait_until(lambda: not deleted & self._listed_topics(), deadline,
-                         f"topics {sorted(deleted)} are still listed")
+        run_flow(wait_unlisted_flow(core, deleted, deadline), self._perform)
         if failures:
             raise failures[0]
 
@@ -849,9 +877,6 @@ class AdminClient:
             except errors.ExactlyError:
                 continue
         return out
-
-    def _listed_topics(self) -> set[str]:
-        return {n for n, t in self._core.metadata(refresh=True).topics.items() if t.error_code == ErrorCode.NONE}
 
     def _wait_until(self, done, deadline: float, what: str) -> None:
         backoff = self._core.retry_backoff_ms / 1000.0

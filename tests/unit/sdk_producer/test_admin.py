@@ -37,12 +37,14 @@ def test_existing_topic_raises_but_others_are_created(fc):
 
 
 def _metadata(partitions: int):
+    """Two services' metadata listing topic "grow" with `partitions` partitions (0: not listed)."""
     from exactly._client import Metadata
     from exactly_wire.v1 import exactly_pb2 as pb
     resp = pb.MetadataResponse(nodes=[pb.Node(node_id="pl-0", role="partition_leader", host="h", port=1),
                                       pb.Node(node_id="pl-1", role="partition_leader", host="h", port=2)],
                                topics=[pb.TopicMetadata(name="grow", partitions=[
-                                   pb.PartitionMetadata(partition=p, leader_id="pl-0") for p in range(partitions)])])
+                                   pb.PartitionMetadata(partition=p, leader_id="pl-0") for p in range(partitions)])]
+                               if partitions else [])
     return Metadata.from_response(resp, 0)
 
 
@@ -76,3 +78,55 @@ def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
         pass
     assert rounds == 1 and effects.count("Sleep") == 1
     assert effects.count("MetadataAt") == 4  # both services asked in each of the two rounds
+
+
+def test_wait_unlisted_waits_until_no_service_lists_the_deleted_topic():
+    """delete_topics returns only when every service that answers has dropped the
+    topic from its ZooKeeper cache, so list_topics right after does not list it
+    whichever service it asks; a service that does not answer is not waited for."""
+    from exactly.admin import MetadataAt, RefreshMetadata, Sleep, wait_unlisted_flow
+    from exactly_wire.clock import SYSTEM_CLOCK
+
+    class Core:
+        retry_backoff_ms, retry_backoff_max_ms = 10, 40
+        clock = SYSTEM_CLOCK
+
+    # What each service lists, round by round: h:2's cache drops the topic a round later.
+    views = {"h:1": [0, 0], "h:2": [5, 0]}
+    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60)
+    effects, answer, rounds = [], None, 0
+    try:
+        while True:
+            effect = flow.send(answer)
+            effects.append(type(effect).__name__)
+            if isinstance(effect, RefreshMetadata):
+                answer = _metadata(0)
+            elif isinstance(effect, MetadataAt):
+                answer = _metadata(views[effect.address][rounds])
+            elif isinstance(effect, Sleep):
+                rounds += 1
+                answer = None
+    except StopIteration:
+        pass
+    assert rounds == 1 and effects.count("MetadataAt") == 4
+
+    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60)
+    assert isinstance(flow.send(None), RefreshMetadata)
+    assert isinstance(flow.send(_metadata(0)), MetadataAt)
+    assert isinstance(flow.send(None), MetadataAt)  # h:1 does not answer: not waited for
+    with pytest.raises(StopIteration):
+        flow.send(_metadata(0))
+
+
+def test_wait_unlisted_times_out_naming_the_topic():
+    from exactly.admin import RefreshMetadata, wait_unlisted_flow
+    from exactly_wire.clock import SYSTEM_CLOCK
+
+    class Core:
+        retry_backoff_ms, retry_backoff_max_ms = 10, 40
+        clock = SYSTEM_CLOCK
+
+    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() - 1)
+    assert isinstance(flow.send(None), RefreshMetadata)
+    with pytest.raises(errors.KafkaTimeoutError, match="grow"):
+        flow.send(_metadata(3))
