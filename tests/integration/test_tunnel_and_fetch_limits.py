@@ -6,12 +6,13 @@
   its 2,000 tunneled 1 MB Fetches runs, and the leader's memory does not grow; a
   service principal's stream that stops reading its replies has at most
   `exactly.tunnel.max.in.flight.calls` of them served meanwhile;
-- PARKED Fetches parked on one tenant's own topic leave another tenant's produce latency
-  on the same leader within 2x its baseline of the same run: an append wakes only the
-  fetches its partition and offset concern;
+- PARKED Fetches parked on one tenant's own topic leave the leader's CPU per append of
+  another tenant within 2x its baseline of the same run: an append wakes only the
+  fetches its partition and offset concern. CPU, not latency, is compared: latency on
+  a machine shared with other tests varies by more than 2x from round to round;
 - /metrics names no user topic unless `metrics.topic.labels=true`.
 
-RSS is read from /proc/<pid>/status (VmRSS)."""
+RSS is read from /proc/<pid>/status (VmRSS), CPU from /proc/<pid>/stat."""
 from __future__ import annotations
 
 import os
@@ -26,7 +27,7 @@ import uuid
 import grpc
 import pytest
 
-from bench.common import rss_bytes
+from bench.common import cpu_seconds, rss_bytes
 from exactly import AclBinding, AdminClient, NewTopic
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
@@ -194,15 +195,17 @@ def tenants(zk, tmp_path_factory):
     c.down()
 
 
-def _produce_p50(stub, n: int = 150) -> float:
-    """Median seconds of `n` sequential acks=1 Produce calls of one small record to `victim`."""
+def _produce_cost(stub, pid: int, n: int = 400) -> tuple[float, float]:
+    """(median seconds, leader CPU seconds per call) of `n` sequential acks=1 Produce
+    calls of one small record to `victim`; `pid` is the leader's process."""
     times = []
+    cpu = cpu_seconds(pid)
     for i in range(n):
         start = time.perf_counter()
         resp = stub.Produce(produce_request("victim", b"v%d" % i), timeout=10)
         times.append(time.perf_counter() - start)
         assert resp.topics[0].partitions[0].error_code == 0
-    return statistics.median(times)
+    return statistics.median(times), (cpu_seconds(pid) - cpu) / n
 
 
 # One attacking process: argv address, count, a serialized FetchRequest (hex). It sends
@@ -226,13 +229,14 @@ sys.stdin.read()
 """
 
 
-def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
+def test_parked_fetches_on_one_topic_leave_appends_to_another_as_cheap(tenants):
     pl = tenants.services["pl-0"]
     victim = pbg.PartitionLeaderStub(grpc.insecure_channel(pl.address))
-    _produce_p50(victim, 30)  # warm up
-    # The least of three p50s on each side: other work on the machine adds bursts of
-    # latency; a cost of the parked fetches is paid on every append, so in every round.
-    baseline = min(_produce_p50(victim) for _ in range(3))
+    _produce_cost(victim, pl.pid, 30)  # warm up
+    # The least of three rounds on each side: a cost of the parked fetches is paid on
+    # every append, so in every round; /proc counts CPU in 10 ms ticks, and 400 appends
+    # take some 40 of them.
+    baseline = min(_produce_cost(victim, pl.pid) for _ in range(3))
     # The attacker parks PARKED fetches (and a few more) at the end of its own (empty)
     # topic from 5 processes, 50 per connection; one process after the other, so that no
     # call waits longer than gRPC's 30 s to be taken up by the leader (it cancels those).
@@ -251,7 +255,7 @@ def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
         assert 'exactly_fetch_wakeups_total{fetcher_type="consumer",outcome="parked_again"}' in \
             scrape(pl.metrics_address)
         before = woken()
-        attacked = min(_produce_p50(victim) for _ in range(3))
+        attacked = [_produce_cost(victim, pl.pid) for _ in range(3)]
         assert metric(pl.metrics_address, "exactly_purgatory_size") >= PARKED  # still parked throughout
         # The victim's appends read none of the parked fetches again (one round of it: PARKED).
         assert woken() - before < 50, f"{woken() - before} parked consumer fetches woken by the victim's appends"
@@ -260,9 +264,12 @@ def test_parked_fetches_on_one_topic_leave_produce_latency_on_another(tenants):
             a.kill()
             out, _ = a.communicate(timeout=30)
             print("attacker:", collections.Counter(out.splitlines()).most_common(4))
-    print(f"produce p50: {baseline * 1000:.2f} ms before, {attacked * 1000:.2f} ms with {PARKED} parked fetches")
-    assert attacked <= 2 * baseline, f"produce p50 {attacked * 1000:.1f} ms under attack, " \
-                                     f"{baseline * 1000:.1f} ms before"
+    p50 = min(p for p, _ in attacked)
+    cpu = min(c for _, c in attacked)
+    print(f"produce p50: {baseline[0] * 1000:.2f} ms before, {p50 * 1000:.2f} ms with {PARKED} parked fetches; "
+          f"leader CPU per append: {baseline[1] * 1000:.3f} ms before, {cpu * 1000:.3f} ms with them")
+    assert cpu <= 2 * baseline[1], f"leader CPU per append {cpu * 1000:.3f} ms with {PARKED} parked fetches, " \
+                                   f"{baseline[1] * 1000:.3f} ms before"
 
 
 # ------------------------------------------------------------ topic names on /metrics
