@@ -4,7 +4,7 @@ describe, producer states, hanging transactions and their abort, KIP-664)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Generator, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from . import errors
 from .config import AdminSchema, parse
@@ -171,6 +171,27 @@ def probe_timeout_s(core: CoreBase) -> float:
     return min(core.request_timeout_s, 5.0)
 
 
+def poll_flow(core: CoreBase, deadline: float, check: Callable[[], Generator],
+              what: Callable[[], str]) -> Generator:
+    """Run the flow `check()` (yielding effects, returning True when done) until it
+    returns True, sleeping retry.backoff.ms between rounds, doubling up to
+    retry.backoff.max.ms; a retriable error counts as not done, a non-retriable one
+    is raised. Raises errors.KafkaTimeoutError(what()) at `deadline` (seconds of
+    `core.clock`)."""
+    backoff = core.retry_backoff_ms / 1000.0
+    while True:
+        try:
+            if (yield from check()):
+                return
+        except errors.ExactlyError as exc:
+            if not exc.retriable:
+                raise
+        if core.clock.now_s() >= deadline:
+            raise errors.KafkaTimeoutError(what())
+        yield Sleep(backoff)
+        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+
+
 def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Generator:
     """Until every partition of `topics` has a leader that answers and every service
     that answers lists them all (a flow of the effects above, see
@@ -180,36 +201,29 @@ def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Gen
     updates: waiting for all of them makes the change visible to the next call
     whichever service it asks."""
     pending = set(topics)
-    backoff = core.retry_backoff_ms / 1000.0
-    while True:
-        try:
-            md = yield RefreshMetadata(frozenset(topics))
-            for topic in sorted(pending):
-                parts = md.partitions(topic)
-                if not parts:
-                    continue
-                answers = []
-                for p in parts:
-                    address = md.leader(topic, p)
-                    answers.append(address is not None and (yield ProbeLeader(address, topic, p)))
-                if all(answers):
-                    pending.discard(topic)
-            if not pending:
-                lagging = []
-                for address in md.addresses():
-                    seen = yield MetadataAt(address)
-                    if seen is not None and any(len(seen.partitions(t)) < len(md.partitions(t)) for t in topics):
-                        lagging.append(address)
-                if not lagging:
-                    return
-        except errors.ExactlyError as exc:
-            if not exc.retriable:
-                raise
-        if core.clock.now_s() >= deadline:
-            raise errors.KafkaTimeoutError(f"topics {sorted(pending or topics)} do not serve yet"
-                                           + ("" if pending else " on every service"))
-        yield Sleep(backoff)
-        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+
+    def serving() -> Generator:
+        md = yield RefreshMetadata(frozenset(topics))
+        for topic in sorted(pending):
+            parts = md.partitions(topic)
+            if not parts:
+                continue
+            answers = []
+            for p in parts:
+                address = md.leader(topic, p)
+                answers.append(address is not None and (yield ProbeLeader(address, topic, p)))
+            if all(answers):
+                pending.discard(topic)
+        if pending:
+            return False
+        for address in md.addresses():
+            seen = yield MetadataAt(address)
+            if seen is not None and any(len(seen.partitions(t)) < len(md.partitions(t)) for t in topics):
+                return False
+        return True
+
+    yield from poll_flow(core, deadline, serving, lambda: f"topics {sorted(pending or topics)} do not serve yet"
+                         + ("" if pending else " on every service"))
 
 
 def wait_unlisted_flow(core: CoreBase, topics: set[str], deadline: float) -> Generator:
@@ -218,26 +232,21 @@ def wait_unlisted_flow(core: CoreBase, topics: set[str], deadline: float) -> Gen
     (seconds of `core.clock`). Each service answers Metadata from its own ZooKeeper
     cache: waiting for all of them keeps a deleted topic out of the next call's
     answer whichever service it asks."""
-    backoff = core.retry_backoff_ms / 1000.0
     listed = set(topics)
-    while True:
-        try:
-            md = yield RefreshMetadata(frozenset())
-            listed = topics & md.listed()
-            if not listed:
-                for address in md.addresses():
-                    seen = yield MetadataAt(address)
-                    if seen is not None:
-                        listed |= topics & seen.listed()
-                if not listed:
-                    return
-        except errors.ExactlyError as exc:
-            if not exc.retriable:
-                raise
-        if core.clock.now_s() >= deadline:
-            raise errors.KafkaTimeoutError(f"topics {sorted(listed or topics)} are still listed")
-        yield Sleep(backoff)
-        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+
+    def unlisted() -> Generator:
+        md = yield RefreshMetadata(frozenset())
+        listed.clear()
+        listed.update(topics & md.listed())
+        if listed:
+            return False
+        for address in md.addresses():
+            seen = yield MetadataAt(address)
+            if seen is not None:
+                listed.update(topics & seen.listed())
+        return not listed
+
+    yield from poll_flow(core, deadline, unlisted, lambda: f"topics {sorted(listed or topics)} are still listed")
 
 
 def create_topics_timeout_s(core: CoreBase, timeout: float | None) -> float:

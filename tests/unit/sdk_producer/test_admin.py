@@ -2,6 +2,8 @@
 import pytest
 
 from exactly import AdminClient, NewTopic, errors
+from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow, wait_unlisted_flow
+from exactly_wire.clock import SYSTEM_CLOCK
 
 from .fake_cluster import FakeCluster
 
@@ -48,25 +50,23 @@ def _metadata(partitions: int):
     return Metadata.from_response(resp, 0)
 
 
-def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
-    """A service whose ZooKeeper cache has not seen the new partitions yet keeps the
-    flow waiting, so the next call sees them whichever service it asks."""
-    from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow
-    from exactly_wire.clock import SYSTEM_CLOCK
+class _Core:
+    """What the wait flows read of the client core."""
+    retry_backoff_ms, retry_backoff_max_ms = 10, 40
+    clock = SYSTEM_CLOCK
 
-    class Core:
-        retry_backoff_ms, retry_backoff_max_ms = 10, 40
-        clock = SYSTEM_CLOCK
 
-    views = {"h:1": [5, 5], "h:2": [2, 5]}  # what each service lists, round by round
-    flow = wait_serving_flow(Core(), ["grow"], SYSTEM_CLOCK.now_s() + 60)
+def _drive(flow, metadata: int, views: dict[str, list[int]]) -> tuple[list[str], int]:
+    """Run a wait flow to its end: RefreshMetadata answers `_metadata(metadata)`, a
+    leader probe answers, MetadataAt(address) answers `_metadata(views[address][round])`.
+    Returns (the effects' type names in order, rounds slept)."""
     effects, answer, rounds = [], None, 0
     try:
         while True:
             effect = flow.send(answer)
             effects.append(type(effect).__name__)
             if isinstance(effect, RefreshMetadata):
-                answer = _metadata(5)
+                answer = _metadata(metadata)
             elif isinstance(effect, ProbeLeader):
                 answer = True
             elif isinstance(effect, MetadataAt):
@@ -75,7 +75,14 @@ def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
                 rounds += 1
                 answer = None
     except StopIteration:
-        pass
+        return effects, rounds
+
+
+def test_wait_serving_waits_until_every_service_lists_the_new_partitions():
+    """A service whose ZooKeeper cache has not seen the new partitions yet keeps the
+    flow waiting, so the next call sees them whichever service it asks."""
+    views = {"h:1": [5, 5], "h:2": [2, 5]}  # what each service lists, round by round
+    effects, rounds = _drive(wait_serving_flow(_Core(), ["grow"], SYSTEM_CLOCK.now_s() + 60), 5, views)
     assert rounds == 1 and effects.count("Sleep") == 1
     assert effects.count("MetadataAt") == 4  # both services asked in each of the two rounds
 
@@ -84,33 +91,12 @@ def test_wait_unlisted_waits_until_no_service_lists_the_deleted_topic():
     """delete_topics returns only when every service that answers has dropped the
     topic from its ZooKeeper cache, so list_topics right after does not list it
     whichever service it asks; a service that does not answer is not waited for."""
-    from exactly.admin import MetadataAt, RefreshMetadata, Sleep, wait_unlisted_flow
-    from exactly_wire.clock import SYSTEM_CLOCK
-
-    class Core:
-        retry_backoff_ms, retry_backoff_max_ms = 10, 40
-        clock = SYSTEM_CLOCK
-
     # What each service lists, round by round: h:2's cache drops the topic a round later.
     views = {"h:1": [0, 0], "h:2": [5, 0]}
-    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60)
-    effects, answer, rounds = [], None, 0
-    try:
-        while True:
-            effect = flow.send(answer)
-            effects.append(type(effect).__name__)
-            if isinstance(effect, RefreshMetadata):
-                answer = _metadata(0)
-            elif isinstance(effect, MetadataAt):
-                answer = _metadata(views[effect.address][rounds])
-            elif isinstance(effect, Sleep):
-                rounds += 1
-                answer = None
-    except StopIteration:
-        pass
+    effects, rounds = _drive(wait_unlisted_flow(_Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60), 0, views)
     assert rounds == 1 and effects.count("MetadataAt") == 4
 
-    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60)
+    flow = wait_unlisted_flow(_Core(), {"grow"}, SYSTEM_CLOCK.now_s() + 60)
     assert isinstance(flow.send(None), RefreshMetadata)
     assert isinstance(flow.send(_metadata(0)), MetadataAt)
     assert isinstance(flow.send(None), MetadataAt)  # h:1 does not answer: not waited for
@@ -119,14 +105,7 @@ def test_wait_unlisted_waits_until_no_service_lists_the_deleted_topic():
 
 
 def test_wait_unlisted_times_out_naming_the_topic():
-    from exactly.admin import RefreshMetadata, wait_unlisted_flow
-    from exactly_wire.clock import SYSTEM_CLOCK
-
-    class Core:
-        retry_backoff_ms, retry_backoff_max_ms = 10, 40
-        clock = SYSTEM_CLOCK
-
-    flow = wait_unlisted_flow(Core(), {"grow"}, SYSTEM_CLOCK.now_s() - 1)
+    flow = wait_unlisted_flow(_Core(), {"grow"}, SYSTEM_CLOCK.now_s() - 1)
     assert isinstance(flow.send(None), RefreshMetadata)
     with pytest.raises(errors.KafkaTimeoutError, match="grow"):
         flow.send(_metadata(3))
