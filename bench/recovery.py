@@ -133,7 +133,6 @@ def _delete_snapshots(data_dir: pathlib.Path, topic: str) -> int:
     return len(offsets)
 
 
-
 def _timed_leader_restart(cluster: DevCluster, name: str, topic: str, end: int, timeout_s: float = 300) -> dict:
     """SIGKILL was sent; start the leader and time until ListOffsets answers the log
     end: "seconds" (wall clock) and "cpu_s" (the leader's CPU time by then, steadier

@@ -80,7 +80,6 @@ class _RdkafkaTxnClient:
 CLIENTS = {"sdk": _SdkTxnClient, "librdkafka": _RdkafkaTxnClient}
 
 
-
 def _txn_worker(bootstrap: str, topic: str, partitions: int, index: int, run_id: str, reps: int, seconds: float,
                 ready, barrier, results, client: str = "sdk") -> None:
     """One producer process: init, warm up, then for each repetition (all workers

@@ -22,7 +22,6 @@ from .common import cpu_seconds, rss_bytes, start_cluster
 from .recovery import create_transactional_ids
 
 
-
 def run(ids: int, directory: pathlib.Path, security: bool = False, profile: pathlib.Path | None = None,
         settle_s: float = 1.0) -> dict:
     """Figures of one run: ids, seconds, ids_per_s, bytes_per_id (coordinator RSS
