@@ -272,7 +272,7 @@ class TransactionMetadata:
     def __repr__(self) -> str:
         return (f"TransactionMetadata({self.transactional_id!r}, pid={self.producer_id}, "
                 f"epoch={self.producer_epoch}, state={self.state.kafka_name}, "
-                f"pending={self.pending_state.kafka_name if self.pending_state else None}, "
+                f"pending={None if self.pending_state is None else self.pending_state.kafka_name}, "
                 f"partitions={sorted(self.partitions)})")
 
     # ------------------------------------------------------------ queries

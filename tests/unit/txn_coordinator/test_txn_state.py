@@ -64,6 +64,15 @@ def test_increment_epoch_then_complete():
     assert (m.producer_epoch, m.txn_timeout_ms, m.pending_state, m.txn_last_update_timestamp) == (0, 30000, None, NOW + 1)
 
 
+def test_repr_names_a_pending_empty():
+    """EMPTY is 0, so a truthiness test would print a pending Empty as no pending state."""
+    m = md(epoch=-1)
+    assert "pending=None" in repr(m)
+    m.prepare_increment_producer_epoch(30000, None, NOW + 1)
+    assert m.pending_state is S.EMPTY
+    assert "pending=Empty" in repr(m)
+
+
 def test_transit_is_immutable():
     t = md().prepare_add_partitions([("a", 0)], NOW)
     with pytest.raises(AttributeError):
