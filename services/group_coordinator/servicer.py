@@ -100,6 +100,9 @@ class GroupCoordinatorServicer(pbg.GroupCoordinatorServicer):
             # A group-level error also marks every requested partition, for
             # clients that only read the per-partition codes.
             fetched = {tp: FetchedOffset(-1, "", top) for tp in partitions}
+        if partitions is None:  # all the group's partitions: only the topics the caller may Describe, as Kafka
+            fetched = {tp: f for tp, f in fetched.items()
+                       if authz.visible(Op.DESCRIBE, Resource(ResourceType.TOPIC, tp.topic))}
         by_topic: dict[str, list[pb.OffsetFetchPartition]] = {}
         for tp, f in sorted(fetched.items()):
             by_topic.setdefault(tp.topic, []).append(pb.OffsetFetchPartition(

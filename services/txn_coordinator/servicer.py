@@ -161,7 +161,9 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                 desc.transaction_start_time_ms = s.txn_start_timestamp
                 desc.producer_id = s.producer_id
                 desc.producer_epoch = s.producer_epoch
-                desc.topics.extend(_topics(s.partitions))
+                # Only the topics the caller may Describe, as Kafka's DescribeTransactions answers.
+                desc.topics.extend(_topics(tp for tp in s.partitions
+                                           if authz.visible(Op.DESCRIBE, Resource(ResourceType.TOPIC, tp[0]))))
                 desc.prepared_time_ms = s.prepared_timestamp
             out.append(desc)
         return pb.DescribeTransactionsResponse(transaction_states=out)

@@ -107,7 +107,7 @@ def test_topic_rpcs(sec, world):
             c.get_watermark_offsets(tp, timeout=5)
     # CreateTopics: Create on the Cluster (or the topic); DeleteTopics: Delete.
     with AdminClient(conf(sec, "bob")) as a:
-        with pytest.raises(errors.ClusterAuthorizationFailedError):
+        with pytest.raises(errors.TopicAuthorizationFailedError):
             a.create_topics([NewTopic(f"bobs-{topic}", 1)])
         with pytest.raises(errors.TopicAuthorizationFailedError):
             a.delete_topics([topic])
@@ -437,7 +437,7 @@ def _matrix_rows():
     S = "Cluster"
     return [
         (f"{S}/Metadata", "alice", "bob", LISTED, lambda c: pb.MetadataRequest()),
-        (f"{S}/CreateTopics", "admin", "bob", CLUSTER_DENIED, lambda c: pb.CreateTopicsRequest(
+        (f"{S}/CreateTopics", "admin", "bob", TOPIC_DENIED, lambda c: pb.CreateTopicsRequest(
             topics=[pb.CreatableTopic(name=f"{c['topic']}-new", num_partitions=1, replication_factor=1)])),
         (f"{S}/FindCoordinator", "alice", "bob", GROUP_DENIED, lambda c: pb.FindCoordinatorRequest(key=c["group"])),
         (f"{S}/CreatePartitions", "alice", "bob", TOPIC_DENIED, lambda c: pb.CreatePartitionsRequest(

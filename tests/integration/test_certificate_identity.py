@@ -57,7 +57,7 @@ def test_grpc_port_maps_a_crafted_subject_to_its_common_name(sec, stem):
                           f"{stem}: User:mallory's ACL applied")
         assert THEIRS not in topics, f"{CRAFTED[stem]} acted as a super user on the gRPC port: {sorted(topics)}"
         grab = f"grab-{stem}-{uuid.uuid4().hex[:4]}"
-        with pytest.raises(errors.ClusterAuthorizationFailedError):
+        with pytest.raises(errors.TopicAuthorizationFailedError):
             client.create_topics([NewTopic(grab, 1, 1)])
     assert grab not in _topics(sec)
 

@@ -5,20 +5,12 @@ the first broker's ApiVersions for every broker, runs its exactly-once copier in
 tests/compat/test_kafkajs.py.)"""
 from __future__ import annotations
 
-import io
-import socket
-import struct
 import uuid
 
 import pytest
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
-from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
-from kio.serial import entity_reader, entity_writer
 
+import kafka_requests
 from clusters import chrooted_cluster
-from services.common.kafka import codec
 
 pytestmark = pytest.mark.integration
 
@@ -39,31 +31,7 @@ def kafka_port_of(kc, role: str) -> str:
 
 def call(address: str, key: int, version: int, fields: dict):
     """Send one request (built with kio from `fields`) and return the decoded response."""
-    cls = codec.request_class(key, version)
-    out = io.BytesIO()
-    if cls.__flexible__:
-        entity_writer(RequestHeaderV2)(out, RequestHeaderV2(request_api_key=key, request_api_version=version,
-                                                            correlation_id=7, client_id="surface-test"))
-    else:
-        entity_writer(RequestHeaderV1)(out, RequestHeaderV1(request_api_key=key, request_api_version=version,
-                                                            correlation_id=7, client_id="surface-test"))
-    entity_writer(cls)(out, codec.build(cls, fields))
-    body = out.getvalue()
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(struct.pack(">i", len(body)) + body)
-        data = b""
-        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-            chunk = s.recv(65536)
-            assert chunk, f"connection closed by {address} for api {key} v{version}"
-            data += chunk
-    response_cls = codec.response_class(key, version)
-    header_cls = ResponseHeaderV1 if response_cls.__flexible__ and key != codec.API_VERSIONS_KEY \
-        else ResponseHeaderV0
-    header, used = entity_reader(header_cls)(data, 4)
-    assert header.correlation_id == 7
-    value, _ = entity_reader(response_cls)(data, 4 + used)
-    return value
+    return kafka_requests.call(address, key, version, fields, client_id="surface-test")
 
 
 def api_versions(address: str) -> list[tuple[int, int, int]]:

@@ -80,7 +80,7 @@ def _produce(req, principal: str) -> list[Check]:
     transactional batch without one is refused."""
     out = _topics((t.name for t in req.topics), Op.WRITE)
     if req.transactional_id:
-        return [txn(req.transactional_id)] + out
+        return [txn(req.transactional_id)] + _member_of(req.consumer_group_id) + out
     for t in req.topics:
         for p in t.partitions:
             try:
@@ -121,24 +121,39 @@ def _init_producer_id(req, principal: str) -> list[Check]:
     # Only a service may name the principal the producer id is bound to (pid_binding.py).
     forwarded = [cluster(Op.CLUSTER_ACTION)] if req.principal else []
     if req.transactional_id:
-        out = [txn(req.transactional_id)]
-        if req.consumer_group_id:
-            out.append(group(req.consumer_group_id))
-        return forwarded + out
+        # A group-aware producer (KIP-447 draft) names its group and the input partitions
+        # it was assigned, whose other producers it fences: Read on each.
+        return forwarded + [txn(req.transactional_id)] + _member_of(req.consumer_group_id) + \
+            _topics((t.topic for t in req.assigned_partitions), Op.READ)
     return forwarded + [cluster(Op.IDEMPOTENT_WRITE)]
 
 
 def _add_partitions(req, principal: str) -> list[Check]:
     if req.verify_only or req.implicit:  # a partition leader verifying or adding (KIP-890 parts 1, 2)
         return [cluster(Op.CLUSTER_ACTION)]
-    return [txn(req.transactional_id)] + _topics((t.topic for t in req.topics), Op.WRITE)
+    return [txn(req.transactional_id)] + _member_of(req.consumer_group_id) + \
+        _topics((t.topic for t in req.topics), Op.WRITE)
+
+
+def _create_topics(topics) -> list[Check]:
+    """Create on each topic of the request, or on the Cluster (which covers them all):
+    one check per topic, so no topic is created on the strength of another's ACL
+    (Kafka's CreateTopics answers TOPIC_AUTHORIZATION_FAILED per topic)."""
+    create_any = (cluster(Op.CREATE),)
+    return [Check(Op.CREATE, Resource(R.TOPIC, n), TOPIC_DENIED, any_of=create_any)
+            for n in dict.fromkeys(t.name for t in topics)]
+
+
+def _member_of(consumer_group_id: str) -> list[Check]:
+    """A group-aware producer's later requests name its group (KIP-447 draft): Read on
+    it, as its InitProducerId needed."""
+    return [group(consumer_group_id)] if consumer_group_id else []
 
 
 _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     # Cluster
     "Cluster/Metadata": lambda r, p: [],  # filtered by the servicer
-    "Cluster/CreateTopics": lambda r, p: [Check(Op.CREATE, CLUSTER, CLUSTER_DENIED,
-                                                any_of=tuple(topic(t.name, Op.CREATE) for t in r.topics))],
+    "Cluster/CreateTopics": lambda r, p: _create_topics(r.topics),
     "Cluster/FindCoordinator": _find_coordinator,
     "Cluster/DeleteTopics": lambda r, p: _topics(r.topic_names, Op.DELETE),
     "Cluster/CreatePartitions": lambda r, p: _topics((t.name for t in r.topics), Op.ALTER),
@@ -168,9 +183,10 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     # Transaction coordinator
     "TransactionCoordinator/InitProducerId": _init_producer_id,
     "TransactionCoordinator/AddPartitionsToTxn": _add_partitions,
-    "TransactionCoordinator/AddOffsetsToTxn": lambda r, p: [txn(r.transactional_id), group(r.group_id)],
-    "TransactionCoordinator/EndTxn": lambda r, p: [txn(r.transactional_id)],
-    "TransactionCoordinator/PrepareTxn": lambda r, p: [txn(r.transactional_id)],
+    "TransactionCoordinator/AddOffsetsToTxn": lambda r, p: [txn(r.transactional_id), group(r.group_id)]
+    + _member_of(r.consumer_group_id),
+    "TransactionCoordinator/EndTxn": lambda r, p: [txn(r.transactional_id)] + _member_of(r.consumer_group_id),
+    "TransactionCoordinator/PrepareTxn": lambda r, p: [txn(r.transactional_id)] + _member_of(r.consumer_group_id),
     "TransactionCoordinator/ListTransactions": lambda r, p: [],  # filtered by the servicer
     "TransactionCoordinator/DescribeTransactions": lambda r, p: [txn(t, Op.DESCRIBE) for t in r.transactional_ids],
     # A partition leader or group coordinator checking a producer id's binding.
