@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit unit-waits compat soak fuzz proto bench down clean
+.PHONY: setup demo spark-demo test unit unit-waits compat soak fuzz proto bench docs down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -72,6 +72,10 @@ bench: setup
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -q && apt-get install -y -q --no-install-recommends redis-server redis-tools; }
 	$(PY) -m pip install -q -r bench/requirements.txt
 	$(PY) -m bench --dir $(RUN_DIR)/bench --out $(RUN_DIR)/bench/results.json $(BENCH_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into site/; make test builds it too (tests/docs).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 down:
 	-$(PY) -m exactly_tools.devcluster down --dir $(RUN_DIR)/demo

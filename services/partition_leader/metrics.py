@@ -239,8 +239,10 @@ class ClusterCollector:
     def describe(self):
         return []
 
-    def collect(self):
-        service = self._service() if self._service is not None else None
+    @staticmethod
+    def families() -> list[GaugeMetricFamily]:
+        """The four families, empty: controller active, offline partitions, live nodes,
+        unavailable coordinator partitions."""
         active = GaugeMetricFamily("exactly_controller_active", "1 on the active controller, 0 elsewhere")
         offline = GaugeMetricFamily("exactly_cluster_offline_partitions",
                                     "Partitions without a live leader (active controller only)", labels=["topic"])
@@ -250,6 +252,11 @@ class ClusterCollector:
                                         "Coordinator partitions (kind txn: __transaction_state, group: "
                                         "__consumer_offsets) without a live owner (active controller only)",
                                         labels=["kind"])
+        return [active, offline, nodes, unavailable]
+
+    def collect(self):
+        service = self._service() if self._service is not None else None
+        active, offline, nodes, unavailable = self.families()
         if service is None:
             return [active]
         is_controller = bool(service.controller.is_controller)

@@ -1,21 +1,17 @@
-"""docs/design.md's generated parts match the tree: the table of contents names every
-section and the module map every module (exactly_tools.design_docs)."""
+"""The design's generated parts match the tree: its table of contents names every section
+and the module map page every module (exactly_tools.design_docs)."""
 import pathlib
 
 import pytest
 
 from exactly_tools import design_docs
 
-DESIGN = design_docs.ROOT / "docs" / "design.md"
-
-
-def test_design_doc_is_up_to_date():
-    text = DESIGN.read_text()
-    assert design_docs.render(text) == text, "run: python -m exactly_tools.design_docs"
+def test_design_doc_and_module_map_are_up_to_date():
+    assert design_docs.main(["--check"]) == 0, "run: python -m exactly_tools.design_docs"
 
 
 def test_module_map_names_every_module():
-    text = DESIGN.read_text()
+    text = design_docs.MAP_PAGE.read_text()
     mapped = design_docs.modules()
     assert len(mapped) > 100
     for rel in mapped:
@@ -33,6 +29,13 @@ def test_a_new_module_makes_the_map_drift(tmp_path: pathlib.Path):
     (tmp_path / "services" / "bare.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="bare.py"):
         design_docs.render(text, tmp_path)
+
+
+def test_a_page_without_its_markers_is_an_error(tmp_path: pathlib.Path):
+    page = tmp_path / "modules.md"
+    page.write_text("# Module map\n")
+    with pytest.raises(ValueError, match="module-map"):
+        design_docs.require_blocks({page: "module-map"})
 
 
 def test_anchors_follow_github():

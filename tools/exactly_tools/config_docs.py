@@ -1,13 +1,14 @@
-"""Generate the configuration reference tables of README.md from the schemas (and the
+"""Generate the configuration tables of the documentation from the schemas (and the
 Kafka API tables from the API surface, exactly_tools.kafka_api_docs).
 
-    python -m exactly_tools.config_docs [--check] [--readme README.md]
+    python -m exactly_tools.config_docs [--check] [FILE ...]
 
 Each table sits between `<!-- config-table: NAME -->` and `<!-- /config-table -->`
-in the README, NAME being a key of `TABLES`; the text between the markers is replaced
-by `exactly_wire.config.markdown_table` of that role's schema, or for `topic` by the
-topic-config schema's table (services.common.topic_config). `--check`
-changes nothing and exits 1 when the README differs from the schemas (drift).
+(in docs/reference/configuration.md), NAME being a key of `TABLES`; the text between the
+markers is replaced by `exactly_wire.config.markdown_table` of that role's schema, or for
+`topic` by the topic-config schema's table (services.common.topic_config). The files are
+README.md and every page under docs/ unless given. `--check` changes nothing and exits 1
+when a file differs from the schemas (drift).
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ from services.common import topic_config
 from services.common.settings import GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema
 
 from . import kafka_api_docs
-from .generated_docs import regenerate
+from .generated_docs import DOCS, documents, regenerate
+
+# The page that holds the tables.
+PAGE = DOCS / "reference" / "configuration.md"
 
 SCHEMAS: dict[str, type[ConfigSchema]] = {
     "producer": ProducerSchema,
@@ -57,12 +61,13 @@ def blocks(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exactly_tools.config_docs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=pathlib.Path, default=pathlib.Path("README.md"))
-    parser.add_argument("--check", action="store_true", help="exit 1 when the README's tables are out of date")
+    parser.add_argument("files", nargs="*", type=pathlib.Path, help="default: README.md and docs/**/*.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a file's tables are out of date")
     args = parser.parse_args(argv)
-    return regenerate(args.readme, render, args.check,
-                      "configuration tables differ from the schemas; run python -m exactly_tools.config_docs",
-                      lambda new: f"{len(blocks(new))} configuration tables")
+    return regenerate(args.files or documents(), render, args.check,
+                      "configuration or Kafka API tables differ from the code; run python -m exactly_tools.config_docs",
+                      lambda texts: f"{sum(len(blocks(t)) for t in texts)} configuration tables, "
+                                    f"{sum(len(kafka_api_docs.blocks(t)) for t in texts)} Kafka API tables")
 
 
 if __name__ == "__main__":

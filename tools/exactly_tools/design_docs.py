@@ -1,18 +1,19 @@
-"""Generate docs/design.md's table of contents and its module map from the tree.
+"""Generate the design's table of contents and the module map from the tree.
 
-    python -m exactly_tools.design_docs [--check] [--design docs/design.md]
+    python -m exactly_tools.design_docs [--check]
 
-Two blocks of the design document are generated, each between its markers:
+Two blocks are generated, each between its markers:
 
-- `<!-- toc -->` … `<!-- /toc -->`: a link to every `##` and `###` heading, nested, with
-  the anchors GitHub gives headings;
-- `<!-- module-map -->` … `<!-- /module-map -->`: every Python module of the project's
-  packages (`PACKAGES`; generated protobuf modules excepted), one table per directory,
-  each row the module's file name and the first sentence of its docstring.
+- `<!-- toc -->` … `<!-- /toc -->` in the design (`DESIGN`): a link to every `##` and `###`
+  heading, nested, with the anchors GitHub gives headings;
+- `<!-- module-map -->` … `<!-- /module-map -->` in the module map page (`MAP_PAGE`): every
+  Python module of the project's packages (`PACKAGES`; generated protobuf modules
+  excepted), one table per directory, each row the module's file name and the first
+  sentence of its docstring.
 
 A module without a docstring is an error (ValueError naming it). `--check` changes nothing
-and exits 1 when the document differs from the tree (a module added, moved or renamed, a
-heading changed); the unit test `test_design_doc` runs the same check.
+and exits 1 when a page differs from the tree (a module added, moved or renamed, a heading
+changed); the unit test `test_design_doc` runs the same check.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import pathlib
 import re
 import sys
 
-from .generated_docs import regenerate
+from .generated_docs import DOCS, ROOT, regenerate
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+DESIGN = DOCS / "design.md"
+MAP_PAGE = DOCS / "reference" / "modules.md"
 
 # The directories whose Python modules the map lists, in the order it lists them.
 PACKAGES = ("clients/exactly", "clients/exactly_wire", "services", "tools/exactly_tools", "demo", "bench")
@@ -101,23 +103,29 @@ def toc(text: str) -> str:
 
 
 def render(text: str, root: pathlib.Path = ROOT) -> str:
-    """`text` with its module map and then its table of contents regenerated. Raises
-    ValueError when a block's markers are missing."""
-    for block in (_MAP, _TOC):
-        if not block.search(text):
-            raise ValueError(f"design document lacks the {block.pattern.split('(')[1]} markers")
+    """`text` with its module map and then its table of contents regenerated, each where
+    its markers are."""
     text = _MAP.sub(lambda m: m.group(1) + module_map(root) + m.group(3), text)
     return _TOC.sub(lambda m: m.group(1) + toc(text) + m.group(3), text)
 
 
+def require_blocks(pages: dict[pathlib.Path, str]) -> None:
+    """Raise ValueError when a page lacks the markers of the block it must hold (`pages`:
+    path -> `toc` or `module-map`)."""
+    for path, name in pages.items():
+        if f"<!-- {name} -->" not in path.read_text():
+            raise ValueError(f"{path} lacks the <!-- {name} --> markers")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exactly_tools.design_docs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--design", type=pathlib.Path, default=ROOT / "docs" / "design.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the document is out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a page is out of date")
     args = parser.parse_args(argv)
-    return regenerate(args.design, render, args.check,
+    pages = {DESIGN: "toc", MAP_PAGE: "module-map"}
+    require_blocks(pages)
+    return regenerate(list(pages), render, args.check,
                       "contents or module map differ from the tree; run python -m exactly_tools.design_docs",
-                      lambda new: f"{len(modules())} modules mapped")
+                      lambda texts: f"{len(modules())} modules mapped")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""README.md's Kafka API tables, generated from the API surface (docs/design.md, "Kafka
-protocol") by `python -m exactly_tools.config_docs` with the configuration tables.
+"""The Kafka API tables of docs/reference/kafka-api.md, generated from the API surface
+(design, "Kafka protocol") by `python -m exactly_tools.config_docs` with the configuration
+tables.
 
 The served table (between `<!-- kafka-api-table: served -->` and
 `<!-- /kafka-api-table -->`) has one row per key of
@@ -16,6 +17,11 @@ from kio.schema.index import api_key_map
 
 from services.common.kafka import surface
 from services.common.kafka.listener import LISTENER_APIS, SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
+
+from .generated_docs import DOCS
+
+# The page that holds the tables.
+PAGE = DOCS / "reference" / "kafka-api.md"
 
 WHO = {surface.CLUSTER: "every service", surface.PARTITION_LEADER: "partition leaders",
        surface.TXN_COORDINATOR: "transaction coordinators", surface.GROUP_COORDINATOR: "group coordinators"}

@@ -1,6 +1,6 @@
 """One configuration schema for the SDK clients and the services: unknown keys,
 unsupported keys and wrong values are refused naming the key, the value and what is
-allowed; the README's tables are generated from the schemas."""
+allowed; the configuration reference tables (docs/reference/configuration.md) are generated from the schemas."""
 from __future__ import annotations
 
 import pathlib
@@ -162,10 +162,10 @@ def test_every_role_has_a_schema():
     assert set(SERVICE_SCHEMAS) == {"partition_leader", "txn_coordinator", "group_coordinator"}
 
 
-# ---------------------------------------------------------------- README
+# ---------------------------------------------------------------- docs/reference/configuration.md
 
-def test_readme_configuration_tables_are_generated_from_the_schemas():
-    text = (ROOT / "README.md").read_text()
+def test_the_configuration_tables_are_generated_from_the_schemas():
+    text = config_docs.PAGE.read_text()
     assert config_docs.blocks(text) == list(config_docs.TABLES)
     assert config_docs.render(text) == text, "run: python -m exactly_tools.config_docs"
     for key in keys(ProducerSchema) + keys(PartitionLeaderSchema):

@@ -1,8 +1,8 @@
 """Each setting is defined once: the schemas (services.common.settings for the service
 roles, services.common.topic_config for topic configs) hold every key, default and
-doc; the services read typed settings objects built from them; the README's tables
-are generated from them. These tests fail when a key, a default or a doc differs
-between the schemas, what the services use and the README, and when domain code
+doc; the services read typed settings objects built from them; the configuration
+reference's tables are generated from them. These tests fail when a key, a default or a
+doc differs between the schemas, what the services use and the reference, and when domain code
 under services/ reads a dotted configuration key by string."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from services.partition_leader.replica_fetcher import ReplicaFetchers
 from services.txn_coordinator.coordinator import TransactionCoordinator
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "reference" / "configuration.md"
 
 
 def _field(schema, key):
@@ -118,12 +118,12 @@ def test_no_service_module_restates_a_roles_defaults():
     assert found == []
 
 
-# ---------------------------------------------------------------- README
+# ---------------------------------------------------------------- docs/reference/configuration.md
 
 def _rows(block: str) -> dict[str, list[str]]:
-    text = README.read_text()
+    text = PAGE.read_text()
     m = re.search(rf"<!-- config-table: {block} -->\n(.*?)<!-- /config-table -->", text, re.S)
-    assert m, f"README has no {block} table"
+    assert m, f"{PAGE} has no {block} table"
     rows = {}
     for line in m.group(1).splitlines()[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
@@ -131,7 +131,7 @@ def _rows(block: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_the_readme_topic_config_table_is_the_schema():
+def test_the_topic_config_table_is_the_schema():
     rows = _rows("topic")
     assert list(rows) == [spec.key for spec in topic_config.SCHEMA]
     for spec in topic_config.SCHEMA:
