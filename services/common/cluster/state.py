@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -33,6 +32,7 @@ from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, 
                         role_settings)
 from ..security.zk_security import ZkSecurity
 from ..security.zk_tls import ZkTls
+from .partition_usage import PartitionUsage
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ class NodeInfo:
 
 
 BROKER_ID_BITS = 24
+# Attempts of a compare-and-set write that other writers keep changing (each one reads again).
+_CAS_ATTEMPTS = 20
 
 
 def broker_id(node_id: str) -> int:
@@ -189,9 +191,8 @@ class ClusterState:
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
-        # Topics this process created that the watch may not have delivered yet:
-        # name -> (principal, partitions, monotonic s); forgotten after 60 s.
-        self._created: dict[str, tuple[str, int, float]] = {}
+        # The partitions of each principal's topics, for max_partitions (partition_usage.py).
+        self.partition_usage = PartitionUsage(self.zk, self._count_partitions_of)
         # Coordinator owners by (kind, partition), kept current by data watches set on
         # the first lookup (coordinator_for): a lookup costs no ZooKeeper round trip.
         self._owners: dict[tuple[str, int], tuple[str | None, int]] = {}
@@ -488,17 +489,19 @@ class ClusterState:
     # ------------------------------------------------------------ topics
     def create_topic(self, name: str, num_partitions: int, replication_factor: int,
                      configs: dict[str, str] | None = None, internal: bool = False,
-                     principal: str = "") -> tuple[ErrorCode, str]:
+                     principal: str = "", partition_quota: float | None = None) -> tuple[ErrorCode, str]:
         """Assign replicas round-robin over live partition leaders and write the topic;
-        `principal` (the caller, "" for none) is kept with it, for its partition quota
-        (services.common.security.quotas, max_partitions).
+        `principal` (the caller, "" for none) is kept with it, and the partitions of its
+        topics counted (partition_usage.py) in the same ZooKeeper multi-op, so that
+        `partition_quota` (its max_partitions, None: none) is reserved and the topic
+        created in one step, whatever runs concurrently on this or other processes.
         Everything is validated before anything is allocated (services.common.transport.limits).
 
         Returns (error code, message): NONE, TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION
         (bad name, or one colliding with an existing topic once '.' and '_' are
         unified), INVALID_PARTITIONS (< 1 or above `max.partitions.per.topic`),
-        POLICY_VIOLATION (the cluster would pass `max.partitions`),
-        INVALID_REPLICATION_FACTOR (< 1 or more than the live partition leaders)."""
+        POLICY_VIOLATION (the cluster would pass `max.partitions`, or the principal its
+        partition quota), INVALID_REPLICATION_FACTOR (< 1 or more than the live partition leaders)."""
         topics = self.topics()
         bad = limits.validate_topic_name(name, topics, internal)
         if bad is None:
@@ -513,39 +516,46 @@ class ClusterState:
             live = len(self._live_leaders())
             return (ErrorCode.INVALID_REPLICATION_FACTOR,
                     f"replication factor {replication_factor} with {live} live partition leaders")
-        if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
-            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
         body = {"partitions": {str(p): r for p, r in assignment.items()},
                 "configs": dict(configs or {}), "internal": internal}
         if principal:
             body["principal"] = principal
-        tx = self.zk.transaction()
-        tx.create(f"{TOPICS}/{name}", json.dumps(body).encode())
-        for p, replicas in assignment.items():
-            tx.create(f"{TOPICS}/{name}/{p}")
-            tx.create(f"{TOPICS}/{name}/{p}/state",
-                      json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
-        results = tx.commit()
-        if any(isinstance(r, NodeExistsError) for r in results):
-            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:
-            return ErrorCode.UNKNOWN_SERVER_ERROR, f"topic creation failed: {failed[0]!r}"
-        if principal:
-            with self._lock:  # counted by partitions_of until the topic watch delivers it
-                self._created[name] = (principal, num_partitions, time.monotonic())
-        return ErrorCode.NONE, ""
+        for _ in range(_CAS_ATTEMPTS):
+            if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
+                return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            tx = self.zk.transaction()
+            if principal:  # reserve: the count is written with the topic, checked against what was read
+                used, version = self.partition_usage.read(principal)
+                why, used, version = self.partition_usage.refusal(principal, used, version, num_partitions,
+                                                                  partition_quota)
+                if why is not None:
+                    return ErrorCode.POLICY_VIOLATION, why
+                self.partition_usage.write(tx, principal, used + num_partitions, version)
+            tx.create(f"{TOPICS}/{name}", json.dumps(body).encode())
+            for p, replicas in assignment.items():
+                tx.create(f"{TOPICS}/{name}/{p}")
+                tx.create(f"{TOPICS}/{name}/{p}/state",
+                          json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
+            results = tx.commit()
+            if principal and self.partition_usage.lost_race(results[0]):
+                continue  # another creation by the principal committed first: count again
+            if any(isinstance(r, NodeExistsError) for r in results):
+                return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                return ErrorCode.UNKNOWN_SERVER_ERROR, f"topic creation failed: {failed[0]!r}"
+            return ErrorCode.NONE, ""
+        return ErrorCode.UNKNOWN_SERVER_ERROR, f"the partition count of {principal} kept changing; try again"
 
-    def partitions_of(self, principal: str) -> int:
-        """The partitions of the topics `principal` created: the watched cache, and the
-        topics this process created that the watch has not delivered yet."""
-        topics = self.topics()
-        with self._lock:
-            now = time.monotonic()
-            for name in [n for n, (_, _, t) in self._created.items() if n in topics or now - t > 60]:
-                del self._created[name]
-            pending = sum(n for p, n, _ in self._created.values() if p == principal)
-        return pending + sum(len(t.partitions) for t in topics.values() if t.principal == principal)
+    def _count_partitions_of(self, principal: str) -> int:
+        """The partitions of the topics whose znode names `principal` as creator, read
+        from ZooKeeper (not the cache): the count partition_usage.py starts from."""
+        total = 0
+        for name in self.zk.get_children(TOPICS):
+            found = self._read_topic(name)
+            if found is not None and found[0].get("principal") == principal:
+                total += len(found[0].get("partitions", {}))
+        return total
 
     def writer_claim(self, topic: str, partition: int) -> tuple[int, int, int]:
         """(writer producer id, writer epoch, retired writer producer id) of the
@@ -638,19 +648,27 @@ class ClusterState:
             self.zk.delete(f"{TOPICS}/{name}", recursive=True)
         except NoNodeError:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        if found[0].get("principal"):
+            self.partition_usage.adjust(found[0]["principal"], -len(found[0].get("partitions", {})))
         log.info("deleted topic %s", name)
         return ErrorCode.NONE, ""
 
-    def create_partitions(self, name: str, count: int, validate_only: bool = False) -> tuple[ErrorCode, str]:
+    def create_partitions(self, name: str, count: int, validate_only: bool = False, caller: str = "",
+                          partition_quota: Callable[[str], float | None] = lambda principal: None
+                          ) -> tuple[ErrorCode, str]:
         """Grow a topic to `count` partitions (Kafka's CreatePartitions): the new
         partitions get replica lists as `create_topic` assigns them, with the topic's
         replication factor, and state znodes led by their first replica in epoch 0;
-        written in one multi-op that checks the topic znode's version. Existing
-        partitions keep their data (keys may now hash to other partitions).
+        written in one multi-op that checks the topic znode's version and, for a topic
+        with a creator, writes the creator's new partition count (partition_usage.py).
+        The new partitions count against the topic's creator, or `caller` for a topic
+        without one; `partition_quota(principal)` is its max_partitions (None: none).
+        Existing partitions keep their data (keys may now hash to other partitions).
         Returns NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS (count not above
         the current one), INVALID_TOPIC_EXCEPTION (internal topic: its partition count
         is the coordinators' hash), INVALID_REPLICATION_FACTOR (too few live partition
-        leaders), with a message. Raises kazoo errors."""
+        leaders), POLICY_VIOLATION (past the partition quota), with a message. Raises
+        kazoo errors."""
         while True:
             found = self._read_topic(name)
             if found is None:
@@ -672,10 +690,19 @@ class ClusterState:
             if assignment is None:
                 return (ErrorCode.INVALID_REPLICATION_FACTOR,
                         f"replication factor {rf} needs that many live partition leaders")
+            creator = body.get("principal", "")
+            owner = creator or caller
+            usage = self.partition_usage.read(owner) if owner else (0, None)
+            why, used, usage_version = self.partition_usage.refusal(
+                owner, *usage, count - current, partition_quota(owner) if owner else None)
+            if why is not None:
+                return ErrorCode.POLICY_VIOLATION, why
             if validate_only:
                 return ErrorCode.NONE, ""
             body["partitions"].update({str(p): r for p, r in assignment.items()})
             tx = self.zk.transaction()
+            if creator:
+                self.partition_usage.write(tx, creator, used + count - current, usage_version)
             tx.set_data(f"{TOPICS}/{name}", json.dumps(body).encode(), version=version)
             for p, replicas in assignment.items():
                 tx.create(f"{TOPICS}/{name}/{p}")
@@ -683,7 +710,7 @@ class ClusterState:
                           json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
             results = tx.commit()
             if any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError)) for r in results):
-                continue  # changed or deleted meanwhile: read again
+                continue  # changed or deleted meanwhile (the topic, or its creator's count): read again
             failed = [r for r in results if isinstance(r, Exception)]
             if failed:
                 return ErrorCode.UNKNOWN_SERVER_ERROR, f"creating partitions failed: {failed[0]!r}"

@@ -124,17 +124,10 @@ class ClusterServicer(pbg.ClusterServicer):
             return 0
         return self.quotas.record_mutations(current_principal.get(), quotas.current_client_id.get(), partitions)
 
-    def _partition_quota_refusal(self, principal: str, more: int) -> str | None:
-        """Why `more` partitions would take `principal` past its partition quota
-        (max_partitions), None when they would not (or it has none)."""
-        limit = self.quotas.partition_quota(principal) if self.quotas is not None and principal else None
-        if limit is None or more <= 0:
-            return None
-        used = self.cluster.partitions_of(principal)
-        if used + more <= limit:
-            return None
-        return (f"{principal} has {used} partitions; {more} more would pass its partition quota of {int(limit)} "
-                f"(max_partitions)")
+    def _partition_quota(self, principal: str) -> float | None:
+        """`principal`'s max_partitions (None: none), which the cluster state reserves
+        with the topic it creates (services.common.cluster.partition_usage)."""
+        return self.quotas.partition_quota(principal) if self.quotas is not None and principal else None
 
     @staticmethod
     def _throttled(throttle_ms: int) -> str:
@@ -164,10 +157,9 @@ class ClusterServicer(pbg.ClusterServicer):
             bad = topic_admin.validate_topic_configs(dict(t.configs))
             if bad is not None:
                 return ErrorCode.INVALID_CONFIG, bad, 0
-            if (over := self._partition_quota_refusal(principal, t.num_partitions)) is not None:
-                return ErrorCode.POLICY_VIOLATION, over, 0
             code, msg = await asyncio.to_thread(self.cluster.create_topic, t.name, t.num_partitions,
-                                                t.replication_factor or 1, dict(t.configs), False, principal)
+                                                t.replication_factor or 1, dict(t.configs), False, principal,
+                                                self._partition_quota(principal))
             return code, msg, t.num_partitions
 
         results, throttle = await self._mutate_each(request.topics, create)
@@ -189,11 +181,9 @@ class ClusterServicer(pbg.ClusterServicer):
             known = self.cluster.topics().get(t.name)
             more = t.count - len(known.partitions) if known is not None else 0
             # The new partitions count against the topic's creator (the caller for a topic without one).
-            owner = (known.principal if known is not None and known.principal else _owner(current_principal.get()))
-            if (over := self._partition_quota_refusal(owner, more)) is not None:
-                return ErrorCode.POLICY_VIOLATION, over, 0
             code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,
-                                                request.validate_only)
+                                                request.validate_only, _owner(current_principal.get()),
+                                                self._partition_quota)
             return code, msg, 0 if request.validate_only else more
 
         results, throttle = await self._mutate_each(request.topics, grow)
