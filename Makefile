@@ -42,7 +42,8 @@ compat: setup
 # the copier under ZooKeeper faults with 20,000 records, ZooKeeper down 30 s and every process's
 # session expired in turn (make test: 1,800 records, 10 s, two processes);
 # the copier system test through EIO on a leader's log directory with 20,000 records (make
-# test: 6,000), beside the other disk-fault tests.
+# test: 6,000), beside the other disk-fault tests, whose crash test of transactions aborted at
+# the log end runs 20 crash cycles (make test: 2).
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \

@@ -30,7 +30,12 @@ produce path never decodes records. `Log.offset_for_timestamp` uses it.
 
 Durability (docs/design.md, "Replication"): appends do not fsync unless `flush.messages` records were
 appended since the last flush; rolls and `close()` fsync. The recovery point records
-how far the log is known to be flushed. Opening after a crash (SIGKILL, power loss)
+how far the log is known to be flushed, and everything below it is on disk, the
+aborted-transaction index included: an ABORT marker's entry is written with the marker,
+before the flush decision (as Kafka's `UnifiedLog.append`), an entry added later for a
+marker below the recovery point (restored by a replay) is fsynced at once, a rewritten
+index replaces the old one atomically (temporary file, fsync, rename, directory fsync),
+and a truncation first lowers the recovery point durably. Opening after a crash (SIGKILL, power loss)
 scans from the recovery point, verifying every batch's CRC32C and offset continuity,
 truncates a torn or corrupt tail and rebuilds index entries past the known-good
 position. A missing or inconsistent index is rebuilt from its segment.
@@ -66,6 +71,7 @@ RECOVERY_POINT_FILE = "recovery-point"
 LOG_START_OFFSET_FILE = "log-start-offset"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
+TMP_SUFFIX = ".tmp"
 
 INDEX_ENTRY = struct.Struct(">ii")  # relative offset, file position
 ABORTED_TXN = struct.Struct(">hqqqq")  # version, pid, first offset, last offset, LSO (34 bytes)
@@ -256,9 +262,13 @@ class Segment:
         self.index_path = stem.with_suffix(INDEX_SUFFIX)
         self.txn_index_path = stem.with_suffix(TXN_INDEX_SUFFIX)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.size = os.fstat(self._fd).st_size
-        if self.size == 0:
-            self.index_path.touch()  # an index file always exists, even without entries
+        try:
+            self.size = os.fstat(self._fd).st_size
+            if self.size == 0:
+                self.index_path.touch()  # an index file always exists, even without entries
+        except OSError:
+            os.close(self._fd)
+            raise
         self.next_offset = base_offset
         self._index_offsets = _index_array()  # relative last offsets (int32, as in the file)
         self._index_positions = _index_array()
@@ -637,11 +647,17 @@ class Segment:
         os.write(self._txn_writer(), entry.encode())
         self.aborted.append(entry)
 
+    def sync_aborted(self) -> None:
+        """fsync the aborted-transaction index (when open for appends)."""
+        _fsync(self._txn_fd)
+
     def _rewrite_aborted(self) -> None:
+        """Replace the .txnindex file by `aborted`, atomically and durably: a crash
+        leaves the old file or the new one, never a torn one."""
         if self._txn_fd is not None:
             os.close(self._txn_fd)
             self._txn_fd = None
-        self.txn_index_path.write_bytes(b"".join(e.encode() for e in self.aborted))
+        _write_atomically(self.txn_index_path, b"".join(e.encode() for e in self.aborted))
 
     def truncate_aborted(self, offset: int) -> None:
         """Drop entries whose marker (last offset) is at or after `offset`."""
@@ -708,6 +724,8 @@ class Log:
         for stray in list(directory.glob(f"*{INDEX_SUFFIX}")) + list(directory.glob(f"*{TXN_INDEX_SUFFIX}")):
             if stray.stem.isdigit() and int(stray.stem) not in bases:
                 stray.unlink()
+        for stray in directory.glob(f"*{TMP_SUFFIX}"):  # an atomic replace a crash interrupted
+            stray.unlink()
         if not bases:
             bases = [0]
         segments = [Segment(directory, b, config) for b in bases]
@@ -811,15 +829,15 @@ class Log:
             if seg.base_offset >= flushed_base:
                 seg.flush()
         active = self.segments[-1]
-        point = (active.next_offset, active.base_offset, active.size)
-        tmp = self.dir / (RECOVERY_POINT_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write("%d %d %d\n" % point)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / RECOVERY_POINT_FILE)
-        self._recovery_point = point
+        # A crash that loses the rename keeps the previous, lower, point: only more to scan.
+        self._write_recovery_point((active.next_offset, active.base_offset, active.size), sync_dir=False)
         self._unflushed_records = 0
+
+    def _write_recovery_point(self, point: tuple[int, int, int], sync_dir: bool = True) -> None:
+        """Record (offset, segment base, position) as the recovery point (atomic,
+        fsynced; `sync_dir`: the rename too)."""
+        _write_atomically(self.dir / RECOVERY_POINT_FILE, "%d %d %d\n" % point, sync_dir)
+        self._recovery_point = point
 
     # ------------------------------------------------------------ properties
     @property
@@ -868,8 +886,8 @@ class Log:
     # ------------------------------------------------------------ append
     def _roll(self) -> None:
         active = self.segments[-1]
-        new = Segment(self.dir, active.next_offset, self.config)
         active.seal()
+        new = Segment(self.dir, active.next_offset, self.config)
         self.segments.append(new)
         self._bases.append(new.base_offset)
         # The sealed segment is fsynced: the recovery point may move past it.
@@ -892,14 +910,19 @@ class Log:
         first = active.first_timestamp()
         return first is not None and self.clock_ms() - first > self.config.segment_ms
 
-    def append(self, batch: bytes | bytearray, header: BatchHeader, leader_epoch: int = -1) -> AppendInfo:
+    def append(self, batch: bytes | bytearray, header: BatchHeader, leader_epoch: int = -1,
+               aborted: AbortedTxn | None = None) -> AppendInfo:
         """Append one validated batch with its base offset (and partition leader
         epoch, when >= 0) rewritten. Neither field is under the CRC, so only the
         first REWRITTEN_PREFIX bytes are copied and changed; the records are written
         from `batch` itself (one pwritev, no copy; `batch` is left as it was).
         `header` is the batch's parsed header; the batch must be exactly
-        `header.size` bytes. Rolls the segment first when needed. Returns where it
-        landed. Raises OSError on I/O failure."""
+        `header.size` bytes. `aborted`: the aborted-index entry of an ABORT marker
+        batch (its last_offset the log end offset, where the marker lands), written
+        with it before the flush decision. Rolls the segment first when needed.
+        Returns where it landed. Raises ValueError for an entry of another offset
+        (nothing written), OSError on I/O failure."""
+        self._check_entry(aborted, self.log_end_offset)
         active = self._segment_for_append(header)
         base = active.next_offset
         prefix = bytearray(memoryview(batch)[:REWRITTEN_PREFIX])
@@ -907,30 +930,49 @@ class Log:
         if leader_epoch >= 0:
             records.set_partition_leader_epoch(prefix, leader_epoch)
         h = header._replace(base_offset=base)
-        return self._write(active, (prefix, memoryview(batch)[REWRITTEN_PREFIX:]), h)
+        return self._write(active, (prefix, memoryview(batch)[REWRITTEN_PREFIX:]), h, aborted)
 
-    def append_replicated(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> AppendInfo:
+    def append_replicated(self, batch: bytes | bytearray | memoryview, header: BatchHeader,
+                          aborted: AbortedTxn | None = None) -> AppendInfo:
         """Append a batch copied from the leader byte for byte: its offsets and
         partition leader epoch are kept, so its base offset must be at or after the
         log end offset (after it: the leader's log was compacted, offsets have
-        gaps). Raises ValueError otherwise (an overlap: the caller must truncate or
-        fetch again), OSError on I/O failure."""
+        gaps). `aborted`: as for `append`, its last_offset the batch's base offset.
+        Raises ValueError otherwise (an overlap: the caller must truncate or fetch
+        again) or for an entry of another offset, OSError on I/O failure."""
+        self._check_entry(aborted, header.base_offset)
         if header.base_offset < self.log_end_offset:
             raise ValueError(f"replicated batch at offset {header.base_offset}, log ends at {self.log_end_offset}")
         if len(batch) != header.size:
             raise ValueError(f"replicated batch has {len(batch)} bytes, header says {header.size}")
-        return self._write(self._segment_for_append(header), batch, header)
+        return self._write(self._segment_for_append(header), batch, header, aborted)
 
-    def _write(self, active: Segment, batch, h: BatchHeader) -> AppendInfo:
+    @staticmethod
+    def _check_entry(aborted: AbortedTxn | None, marker_offset: int) -> None:
+        if aborted is not None and aborted.last_offset != marker_offset:
+            raise ValueError(f"aborted-index entry for a marker at {aborted.last_offset}, "
+                             f"the marker lands at {marker_offset}")
+
+    def _write(self, active: Segment, batch, h: BatchHeader, aborted: AbortedTxn | None = None) -> AppendInfo:
         position = active.append(batch, h)
+        if aborted is not None:
+            # Before the flush decision: the flush that moves the recovery point past the
+            # marker makes its entry durable too.
+            active.append_aborted(aborted)
         self._unflushed_records += max(h.record_count, 1)
         if self._unflushed_records >= self.config.flush_messages:
             self.flush()
         return AppendInfo(h.base_offset, h.last_offset, active.base_offset, position)
 
     def append_aborted(self, entry: AbortedTxn) -> None:
-        """Add an aborted-transaction index entry to the segment holding its marker."""
-        self.segments[self.segment_for(entry.last_offset)].append_aborted(entry)
+        """Add an aborted-transaction index entry for a marker already in the log (a
+        replay restoring one a crash lost) to the segment holding the marker. Below
+        the recovery point it is fsynced at once: what the recovery point (and so a
+        producer-state snapshot) covers is on disk. Raises OSError."""
+        seg = self.segments[self.segment_for(entry.last_offset)]
+        seg.append_aborted(entry)
+        if entry.last_offset < self.recovery_point:
+            seg.sync_aborted()
 
     def has_aborted_entry(self, producer_id: int, last_offset: int) -> bool:
         seg = self.segments[self.segment_for(last_offset)]
@@ -1035,6 +1077,12 @@ class Log:
         follower diverging from its leader. Keeps at least one (possibly empty) segment."""
         if offset >= self.log_end_offset:
             return
+        if offset < self.recovery_point:
+            # Durably first: a crash during the truncation then scans (and replays) from
+            # below it instead of trusting files half truncated (an aborted-index entry
+            # gone while its marker is still in the log).
+            base = self.segments[self.segment_for(offset)].base_offset
+            self._write_recovery_point((base, base, 0))
         while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
             self.segments.pop().delete()
             self._bases.pop()
@@ -1115,13 +1163,18 @@ class Log:
         return new
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+def _write_atomically(path: Path, data: str | bytes, sync_dir: bool = True) -> None:
+    """Replace `path` by `data`: written to `<path>.tmp`, fsynced, renamed over `path`,
+    then (`sync_dir`) the directory fsynced, so the rename itself is durable; without
+    it a crash may bring the old content back. Raises OSError."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -517,7 +517,8 @@ class Partition:
         the ISR is below `min.insync.replicas`, NOT_LEADER_OR_FOLLOWER on a follower.
         A marker for a PID without an ongoing transaction here is still written
         (coordinator retries succeed). On ABORT, the aborted-index entry gets the LSO
-        computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")."""
+        computed before the transaction completes (docs/design.md, "Last stable offset and read_committed")
+        and is written with the marker, so the flush that covers the marker covers it."""
         if self.replication is None:
             return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
         # Coordinator epoch -1: a KIP-664 abort of a producer that never had a marker here.
@@ -540,13 +541,11 @@ class Partition:
                                                        coordinator_epoch, now))
         h = records.parse_header(batch)
         marker_offset = self.log.log_end_offset
-        lso = self.producers.lso_excluding(producer_id, marker_offset + 1)
+        aborted = None if committed else self._aborted_entry(producer_id, marker_offset)
         self._note_epoch(self.leader_epoch, marker_offset)
-        info = self.log.append(batch, h, self.leader_epoch)
-        completed = self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch,
-                                                   info.base_offset, now, committed)
-        if completed.is_aborted:
-            self.log.append_aborted(AbortedTxn(producer_id, completed.first_offset, info.base_offset, lso))
+        info = self.log.append(batch, h, self.leader_epoch, aborted=aborted)
+        self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch, info.base_offset, now,
+                                       committed)
         self.maybe_advance_high_watermark()
         return MarkerResult(ErrorCode.NONE, info.base_offset)
 
@@ -642,9 +641,10 @@ class Partition:
             if h.last_offset < self.log.log_end_offset:
                 continue
             batch = view[pos:pos + h.size]
+            control, aborted = self._marker(h, lambda b=batch: bytes(b))
             self._note_epoch(h.partition_leader_epoch, h.base_offset)
-            self.log.append_replicated(batch, h)
-            self._apply_batch(h, lambda b=batch: bytes(b))
+            self.log.append_replicated(batch, h, aborted=aborted)
+            self.producers.replay_batch(h, control)
             appended += 1
         return appended
 
@@ -914,25 +914,35 @@ class Partition:
 
     def _replay(self, start_offset: int) -> None:
         """Rebuild producer state from the batches at and after `start_offset`; restore
-        an aborted-index entry missing for an ABORT marker (crash between the two)."""
+        an aborted-index entry missing for an ABORT marker (one a crash lost: it was
+        not flushed yet, or the marker was replayed past a snapshot that was not)."""
         for b in self.log.batches(start_offset):
-            if b.header.base_offset < start_offset:
+            h = b.header
+            if h.base_offset < start_offset:
                 continue
-            self._apply_batch(b.header, b.read)
+            control, aborted = self._marker(h, b.read)
+            if aborted is not None and not self.log.has_aborted_entry(h.producer_id, h.base_offset):
+                self.log.append_aborted(aborted)
+            self.producers.replay_batch(h, control)
 
-    def _apply_batch(self, h: records.BatchHeader, read: Callable[[], bytes]) -> None:
-        """Apply one batch already in the log to the producer state (a marker ends its
-        transaction and, for ABORT, gets its aborted-index entry unless present)."""
-        control = None
-        lso = -1
-        if h.is_control:
-            ctype, coordinator_epoch = records.decode_control_record(records.decode_records(read(), 0, h)[0])
-            control = (ctype == records.CONTROL_COMMIT, coordinator_epoch)
-            lso = self.producers.lso_excluding(h.producer_id, h.base_offset + 1)
-        completed = self.producers.replay_batch(h, control)
-        if completed is not None and completed.is_aborted and \
-                not self.log.has_aborted_entry(h.producer_id, h.base_offset):
-            self.log.append_aborted(AbortedTxn(h.producer_id, completed.first_offset, h.base_offset, lso))
+    def _marker(self, h: records.BatchHeader, read: Callable[[], bytes]
+                ) -> tuple[tuple[bool, int] | None, AbortedTxn | None]:
+        """For a batch about to be applied to the producer state: (committed,
+        coordinator epoch) of a control batch (None for data; `read()` gives the
+        batch's bytes), and for an ABORT marker its aborted-index entry."""
+        if not h.is_control:
+            return None, None
+        ctype, coordinator_epoch = records.decode_control_record(records.decode_records(read(), 0, h)[0])
+        committed = ctype == records.CONTROL_COMMIT
+        return (committed, coordinator_epoch), None if committed else self._aborted_entry(h.producer_id,
+                                                                                           h.base_offset)
+
+    def _aborted_entry(self, producer_id: int, marker_offset: int) -> AbortedTxn:
+        """The aborted-index entry of an ABORT marker of `producer_id` at
+        `marker_offset`, before the marker is applied: its transaction's first offset
+        and the LSO once it completes (docs/design.md, "Last stable offset and read_committed")."""
+        return AbortedTxn(producer_id, self.producers.txn_first_offset(producer_id, marker_offset), marker_offset,
+                          self.producers.lso_excluding(producer_id, marker_offset + 1))
 
 
 def check_batch_shape(buf: bytes) -> tuple[records.BatchHeader | None, AppendResult | None]:

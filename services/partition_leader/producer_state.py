@@ -209,6 +209,15 @@ class ProducerStateManager:
                 return first
         return default
 
+    def txn_first_offset(self, producer_id: int, marker_offset: int) -> int:
+        """First offset of the transaction a marker of `producer_id` at `marker_offset`
+        completes: that of its ongoing transaction here, else the marker's own offset
+        (as `complete_marker` answers). No mutation: the aborted-index entry of an ABORT
+        marker is written with the marker, before the state is updated."""
+        entry = self.producers.get(producer_id)
+        first = -1 if entry is None else entry.current_txn_first_offset
+        return first if first >= 0 else marker_offset
+
     # ------------------------------------------------------------ verification
     def needs_verification(self, h: BatchHeader, include_internal: bool = False) -> bool:
         """Whether a client batch would start a transaction of its PID here (the PID has

@@ -7,6 +7,10 @@ Faults (`DiskFaults.set(...)` from the test, one JSON line per command):
     eio: ["read", "write", "fsync"]   those operations fail with EIO
     enospc: true                      writes (and creates) fail with ENOSPC
     fsync_delay_ms: 500               every fsync waits this long first
+    fail_after: 12                    the next 12 changes (writes, truncations, fsyncs,
+                                      creates, renames, unlinks) succeed, every later one
+                                      fails with EIO: the writer stops at that point, as
+                                      at a power cut (then "crash" it)
     crash                             drop every write not yet fsynced (as LazyFS does)
     clear                             no faults
 
@@ -134,8 +138,11 @@ class WriteTracker:
 # ------------------------------------------------------------------ the filesystem
 def _operations(backing: str, tracker: WriteTracker, faults: dict):
     import mfusepy as fuse
+    budget_lock = threading.Lock()
 
     def fail(kind: str, rel: str) -> None:
+        """kind: read, write, fsync, create, or unlink (renames, unlinks and rmdirs,
+        which only `fail_after` fails)."""
         prefixes = faults.get("paths")
         if prefixes and not any(rel.lstrip("/").startswith(p) for p in prefixes):
             return
@@ -143,6 +150,11 @@ def _operations(backing: str, tracker: WriteTracker, faults: dict):
             raise fuse.FuseOSError(errno.EIO)
         if kind in ("write", "create") and faults.get("enospc"):
             raise fuse.FuseOSError(errno.ENOSPC)
+        if kind != "read" and "fail_after" in faults:
+            with budget_lock:
+                if faults["fail_after"] <= 0:
+                    raise fuse.FuseOSError(errno.EIO)
+                faults["fail_after"] -= 1
 
     class Passthrough(fuse.Operations):
         use_ns = True
@@ -177,15 +189,18 @@ def _operations(backing: str, tracker: WriteTracker, faults: dict):
             return self._os(os.mkdir, self._full(path), mode)
 
         def rmdir(self, path):
+            fail("unlink", path)
             return self._os(os.rmdir, self._full(path))
 
         def unlink(self, path):
+            fail("unlink", path)
             full = self._full(path)
             self._os(os.unlink, full)
             tracker.forget(full)
             return 0
 
         def rename(self, old, new):
+            fail("unlink", new)
             self._os(os.rename, self._full(old), self._full(new))
             tracker.renamed(self._full(old), self._full(new))
             return 0
@@ -348,7 +363,7 @@ class DiskFaults:
 
     def set(self, **faults) -> None:
         """Switch faults on (see the module docstring): eio=[...], enospc=True,
-        fsync_delay_ms=N, paths=[prefixes]."""
+        fsync_delay_ms=N, fail_after=N, paths=[prefixes]."""
         self._call({"op": "set", "faults": faults})
 
     def clear(self) -> None:
@@ -363,14 +378,17 @@ class DiskFaults:
 
     def close(self) -> None:
         """Stop the filesystem and unmount (idempotent)."""
+        unmounted = False
         if self.proc.poll() is None:
-            subprocess.run(["fusermount3", "-u", str(self.mount)], check=False, capture_output=True)
+            unmounted = subprocess.run(["fusermount3", "-u", str(self.mount)], check=False,
+                                       capture_output=True).returncode == 0
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        if os.path.ismount(self.mount):
+        if not unmounted:
+            # Busy, or its process gone (os.path.ismount is False on such a dead mount).
             subprocess.run(["fusermount3", "-u", "-z", str(self.mount)], check=False, capture_output=True)
         if self.proc.stderr is not None:
             self.proc.stderr.close()

@@ -30,7 +30,7 @@ import uuid
 import grpc
 import pytest
 
-from exactly import AdminClient, NewTopic, Producer, errors
+from exactly import AdminClient, NewTopic, Producer, TopicPartition, errors
 from exactly_wire import records
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
@@ -289,5 +289,72 @@ def test_rf1_crash_loses_unflushed_records_unless_flush_messages_is_1(make_clust
         # Without flush.messages the acknowledged records were only in the page cache.
         assert len(read_values(single, default, 0, 50, timeout_s=5)) < 50
     finally:
+        single.kill("pl-0")
+        disk.close()
+
+
+# Crash cycles of the aborted-index test: CRASH_RUNS (2; 20 under make soak, EXACTLY_DISK_SOAK=1;
+# or EXACTLY_CRASH_RUNS=n).
+CRASH_RUNS = int(os.environ.get("EXACTLY_CRASH_RUNS") or (20 if os.environ.get("EXACTLY_DISK_SOAK") else 2))
+# Values of about 600 bytes, three to a transaction: every transaction's batch is larger than
+# segment.bytes (1024), so it starts a segment of its own and the segments before it can go.
+_PAD = "x" * 600
+
+
+def _committed_names(cluster, topic: str, expected: int) -> list[str]:
+    """The read_committed values of partition 0 without their padding, sorted."""
+    return sorted(r.value.decode().removesuffix("-" + _PAD)
+                  for r in read_all(cluster, topic, expected, timeout_s=30, settle_s=1.0))
+
+
+def test_aborted_transactions_at_the_log_end_stay_aborted_through_crashes(make_cluster):
+    """flush.messages=1, a transaction aborted at the log end, then a producer-state snapshot
+    synced with nothing appended after the marker (the one segment deletion of DeleteRecords
+    takes it), then a crash that drops everything not fsynced: read_committed reads the same
+    before and after, in each of CRASH_RUNS crash cycles."""
+    single = make_cluster(partition_leaders=1, txn_coordinators=1, group_coordinators=0,
+                          props={"zookeeper.session.timeout.ms": str(SESSION_MS), "flush.messages": "1",
+                                 "log.retention.check.interval.ms": "100"})
+    disk = under_faults(single, "pl-0")
+    admin = AdminClient({"bootstrap.servers": single.bootstrap_servers})
+    try:
+        for run in range(CRASH_RUNS):
+            # Periodic snapshots off for the topic: the one taken is the synced one before the
+            # segment deletion, right after the ABORT marker.
+            topic = create_topic(single, rf=1, configs={"segment.bytes": "1024",
+                                                         "producer.snapshot.interval.ms": "3600000"})
+            tp = TopicPartition(topic, 0)
+            p = Producer({"bootstrap.servers": single.bootstrap_servers, "transactional.id": f"crash-{topic}",
+                          "linger.ms": 50, "request.timeout.ms": 10000})
+            try:
+                p.init_transactions(30)
+                ends = []
+                for name, commit in (("old", True), ("kept", True), ("aborted", False)):
+                    p.begin_transaction()
+                    for i in range(3):
+                        p.send(topic, f"{name}-{run}-{i}-{_PAD}".encode(), partition=0)
+                    p.flush(30)  # in the log before the marker, also when aborting
+                    p.commit_transaction(30) if commit else p.abort_transaction(30)
+                    # Each transaction: 3 records and its marker.
+                    end = (ends[-1] if ends else 0) + 4
+                    wait_for(lambda e=end: admin.list_offsets([tp])[tp] == (e, e), 20,
+                             lambda e=end: f"high watermark and LSO at {e}: {admin.list_offsets([tp])[tp]}")
+                    ends.append(end)
+            finally:
+                p.close(10)
+            # DeleteRecords below "kept": the cleaner deletes the segments of "old" and, first,
+            # takes a synced producer-state snapshot at the log end, just past the ABORT marker.
+            assert admin.delete_records({tp: ends[0]})[tp] == ends[0]
+            part_dir = single.dir / "pl-0-backing" / "logs" / f"{topic}-0"
+            wait_for(lambda: not (part_dir / f"{0:020d}.log").exists(), 20, "the first segment deleted")
+            before = _committed_names(single, topic, 3)
+            assert before == [f"kept-{run}-{i}" for i in range(3)]
+            single.kill("pl-0")
+            assert disk.crash() > 0
+            single.restart("pl-0")
+            after = _committed_names(single, topic, 3)
+            assert after == before, f"run {run} of {CRASH_RUNS}: read_committed after the crash"
+    finally:
+        admin.close()
         single.kill("pl-0")
         disk.close()
