@@ -32,6 +32,12 @@ follower alike (every replica cleans its own log, as in Kafka):
    files through its own file handles, and the result is installed only if the log
    still starts with the same segments.
 
+An I/O error (OSError) of a replica the process still serves takes the log directory
+offline (`on_io_error`, the replica manager's `fail_log_dir`; docs/design.md, "Disk
+faults") and ends the pass: nothing more touches the files. One of a replica closed or
+deleted meanwhile (its files gone under the worker) is only logged, as a corrupt segment
+or a log that changed under the compaction (CorruptRecordError, ValueError) is.
+
 Metrics (prometheus-client, label topic): exactly_log_cleaner_deleted_bytes_total,
 exactly_log_cleaner_compacted_bytes_total (bytes saved by compaction),
 exactly_log_cleaner_runs_total, exactly_log_cleaner_errors_total and
@@ -226,9 +232,11 @@ class LogCleaner:
 
     def __init__(self, replicas: Callable[[], Iterable[Partition]], is_open: Callable[[Partition], bool],
                  compaction: bool = True, clock_ms: Callable[[], int] = wall_clock_ms,
-                 monotonic_ms: Callable[[], int] = _monotonic_ms):
+                 monotonic_ms: Callable[[], int] = _monotonic_ms,
+                 on_io_error: Callable[[OSError], None] | None = None):
         self.replicas = replicas
         self.is_open = is_open
+        self.on_io_error = on_io_error  # the log directory failed (see the module docstring)
         self.compaction = compaction
         self.clock_ms = clock_ms
         self.monotonic_ms = monotonic_ms  # the interval between two passes (`_due`)
@@ -237,7 +245,9 @@ class LogCleaner:
 
     async def run_once(self) -> tuple[int, int]:
         """One pass over every replica. Returns (bytes deleted, bytes saved by
-        compaction). Failures are logged per replica and counted; the pass goes on."""
+        compaction). Failures are logged per replica and counted; the pass goes on,
+        except after an I/O error of a replica still served here, which takes the log
+        directory offline (`on_io_error`) and ends it."""
         deleted = saved = 0
         for p in list(self.replicas()):
             try:
@@ -250,6 +260,10 @@ class LogCleaner:
                     saved += gained
             except (OSError, CorruptRecordError, ValueError) as exc:
                 ERRORS.labels(p.topic).inc()
+                if isinstance(exc, OSError) and self.on_io_error is not None and self.is_open(p):
+                    log.exception("%s-%d: log cleaner failed with an I/O error", p.topic, p.partition)
+                    self.on_io_error(exc)
+                    break
                 log.warning("%s-%d: log cleaner failed: %s", p.topic, p.partition, exc)
         RUNS.inc()
         LAST_RUN.set(self.clock_ms() / 1000)

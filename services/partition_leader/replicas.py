@@ -263,8 +263,9 @@ class HostedReplicas:
         """Open newly assigned replicas, close the ones no longer assigned here, and
         apply the partition states (leader / follower, epoch, ISR). Returns (opened,
         closed); `changed` then holds the replicas whose role, epoch or high watermark
-        changed (waiters on them must look again). A
-        replica that fails to open (OSError) is logged and retried at the next refresh."""
+        changed (waiters on them must look again). An I/O error (OSError) opening,
+        closing or deleting a replica takes the log directory offline (`fail_log_dir`),
+        which ends the refresh."""
         self.changed = set()
         if self.log_dir_offline:
             return [], []
@@ -282,15 +283,18 @@ class HostedReplicas:
             if p is None:
                 try:
                     p = self._open(info, tp[1])
-                except OSError:
+                except OSError as exc:
                     log.exception("cannot open %s-%d", *tp)
-                    continue
+                    self.fail_log_dir(exc)
+                    return opened, closed
                 opened.append(tp)
             if p.config_source != dict(getattr(info, "configs", {})):
                 self._reconfigure(p, info)
             if self._apply_state(p, replicas, _state(info, tp[1])):
                 self.changed.add(tp)
         for tp in sorted(set(self.replicas) - set(wanted)):
+            if self.log_dir_offline:
+                break
             if tp[0] in topics:
                 self.close_partition(tp)
             else:
@@ -341,15 +345,18 @@ class HostedReplicas:
 
     def _drop(self, tp: TopicPartition, how: str, done: str) -> None:
         """Forget the replica of `tp` after calling its method `how` ("close",
-        "delete"; an OSError is logged), then log `done` % tp."""
+        "delete"; an OSError takes the log directory offline), then log `done` % tp.
+        With the log directory offline the replica is only forgotten."""
         self.serving.pop(tp, None)
         p = self.replicas.pop(tp, None)
-        if p is None:
+        if p is None or self.log_dir_offline:
             return
         try:
             getattr(p, how)()
-        except OSError:
+        except OSError as exc:
             log.exception("%s of %s-%d failed", how, *tp)
+            self.fail_log_dir(exc)
+            return
         log.info(done, *tp)
 
     def follower_targets(self) -> dict[TopicPartition, tuple[str, int]]:

@@ -77,7 +77,7 @@ class PartitionLeaderService:
         self.controller = Controller(cluster, settings.controller_sweep_interval_ms)
         self.cleaner = LogCleaner(lambda: list(manager.serving.values()), manager.serves,
                                   compaction=settings.log_cleaner_enable, clock_ms=manager.clock_ms,
-                                  monotonic_ms=manager.monotonic_ms)
+                                  monotonic_ms=manager.monotonic_ms, on_io_error=manager.fail_log_dir)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False
@@ -129,8 +129,9 @@ class PartitionLeaderService:
             if not exists and tp not in self.manager.replicas:
                 try:
                     self.manager.delete_orphaned(tp, path)
-                except OSError:
+                except OSError as exc:
                     log.exception("deleting %s failed", path)
+                    self.manager.fail_log_dir(exc)
 
     async def wait_ready(self) -> None:
         """Called once registered: wait (at most twice the ZooKeeper session timeout)

@@ -358,3 +358,65 @@ def test_aborted_transactions_at_the_log_end_stay_aborted_through_crashes(make_c
         admin.close()
         single.kill("pl-0")
         disk.close()
+
+
+def labelled(text: str, name: str, topic: str) -> float:
+    """The value of series `name{topic="<topic>"}` in a scrape, 0 when absent."""
+    prefix = f'{name}{{topic="{topic}"}} '
+    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+
+@pytest.fixture
+def single_on_faults(make_cluster):
+    """A one-node cluster (log cleaner every 200 ms) with pl-0's data directory on the
+    fault filesystem: (cluster, DiskFaults)."""
+    single = make_cluster(partition_leaders=1, txn_coordinators=1, group_coordinators=0,
+                          props={"zookeeper.session.timeout.ms": str(SESSION_MS),
+                                 "log.retention.check.interval.ms": "200"})
+    disk = under_faults(single, "pl-0")
+    yield single, disk
+    single.kill("pl-0")
+    disk.close()
+
+
+def test_an_io_error_of_the_log_cleaner_takes_the_log_directory_offline(single_on_faults):
+    single, disk = single_on_faults
+    # Segments of one batch each (segment.bytes 1024), fsynced as written (flush.messages 1):
+    # nothing but the cleaner has anything left to write to the partition's directory.
+    topic = create_topic(single, rf=1, configs={"segment.bytes": "1024", "flush.messages": "1"})
+    p = producer(single)
+    try:
+        two_hours_ago = wall_clock_ms() - 2 * 3600_000
+        for _ in range(6):  # one batch each
+            p.send(topic, b"v" * 600, partition=0, timestamp_ms=two_hours_ago).result(30)
+    finally:
+        p.close(10)
+    hw_file = single.dir / "pl-0-backing" / "logs" / f"{topic}-0" / "high-watermark"
+    wait_for(lambda: hw_file.exists() and hw_file.read_text().strip() == "6", 20, "the high watermark checkpointed")
+    disk.set(eio=["write", "fsync"], paths=[f"logs/{topic}-0/"])
+    assert gauge(scrape(single, "pl-0"), "exactly_log_dir_offline") == 0
+    admin = AdminClient({"bootstrap.servers": single.bootstrap_servers})
+    try:
+        # The records are two hours old: the next cleaner pass deletes their segments and fails.
+        admin.incremental_alter_configs({topic: {"retention.ms": "3600000"}})
+    finally:
+        admin.close()
+    text = wait_for(lambda: (lambda t: t if labelled(t, "exactly_log_cleaner_errors_total", topic) else None)(
+        scrape(single, "pl-0")), 20, "the log cleaner's I/O error")
+    assert gauge(text, "exactly_log_dir_offline") == 1
+    assert _error_of(_raw_produce(single.services["pl-0"].address, topic, b"x", 10 ** 6, 0,
+                                  timeout_s=10)) == ErrorCode.KAFKA_STORAGE_ERROR
+
+
+def test_an_io_error_opening_a_replica_takes_the_log_directory_offline(single_on_faults):
+    single, disk = single_on_faults
+    topic = f"disk-{uuid.uuid4().hex[:8]}"
+    # The new replica's directory cannot be created: the cluster-change refresh opening it
+    # fails (nothing else asks for the partition here).
+    disk.set(eio=["create", "write", "fsync"], paths=[f"logs/{topic}-"])
+    with grpc.insecure_channel(single.services["pl-0"].address) as ch:
+        resp = pbg.ClusterStub(ch).CreateTopics(pb.CreateTopicsRequest(topics=[pb.CreatableTopic(
+            name=topic, num_partitions=1, replication_factor=1)]), timeout=10)
+    assert resp.topics[0].error_code == ErrorCode.NONE, resp
+    wait_for(lambda: gauge(scrape(single, "pl-0"), "exactly_log_dir_offline") == 1, 15,
+             "the log directory offline")
