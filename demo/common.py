@@ -6,6 +6,7 @@ import collections
 import csv
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,37 @@ def fresh_run_dir(run_dir: pathlib.Path) -> None:
         if (run_dir / "cluster.json").exists():
             DevCluster.load(run_dir).down()
         shutil.rmtree(run_dir)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal closed) end the demo
+    with SystemExit(128 + signal number), so that its `finally` takes the cluster down
+    (take_down). A signal the process was started ignoring (nohup, a background job)
+    stays ignored."""
+    def on_signal(signum: int, frame) -> None:
+        ignore_stop_signals()
+        print(f"\n{signal.Signals(signum).name}: stopping the demo and its cluster", flush=True)
+        raise SystemExit(128 + signum)
+
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, on_signal)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore STOP_SIGNALS from here on: nothing cuts a teardown short."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def take_down(cluster: DevCluster) -> None:
+    """Stop the cluster's workers, services and ZooKeeper (DevCluster.down) with the
+    stop signals ignored, so a second Ctrl-C or SIGTERM does not leave part of it running."""
+    ignore_stop_signals()
+    cluster.down()
 
 
 def item_key(row: dict) -> str:
@@ -170,12 +202,19 @@ def load_purchases(bootstrap: str, rows: list[dict], security: dict | None = Non
     producer.close()
 
 
+def track(cluster: DevCluster | None, name: str, proc: subprocess.Popen) -> None:
+    """Record a worker process in `cluster`'s state (DevCluster.track), so that taking
+    the cluster down stops it too."""
+    if cluster is not None:
+        cluster.track(name, proc.pid)
+
+
 class Worker:
-    """One pipeline worker process."""
+    """One pipeline worker process (`cluster`: the DevCluster that stops it in down())."""
 
     def __init__(self, bootstrap: str, run_dir: pathlib.Path, name: str, hold_open_after: int | None = None,
                  group_aware_id: str | None = None, module: str = "demo.pipeline",
-                 client_config: pathlib.Path | None = None):
+                 client_config: pathlib.Path | None = None, cluster: DevCluster | None = None):
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
         if group_aware_id is None:
@@ -191,6 +230,7 @@ class Worker:
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=pathlib.Path(__file__).resolve().parent.parent)
+        track(cluster, name, self.proc)
 
     def status(self) -> dict:
         try:

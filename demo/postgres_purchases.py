@@ -29,7 +29,7 @@ import psycopg
 from exactly import AdminClient, NewTopic
 from exactly import postgres as exactly_pg
 
-from .common import PURCHASES, SHIPMENTS, Worker, load_purchases, read_topic, wait_gone
+from .common import PURCHASES, SHIPMENTS, Worker, load_purchases, read_topic, track, wait_gone
 from .pipeline_postgres import GROUP_ID, INVOICES_TABLE, PARTITIONS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ class PgWorker(Worker):
     """One demo.pipeline_postgres process (status() and check_alive() as the purchases Worker's)."""
 
     def __init__(self, bootstrap: str, dsn: str, run_dir: pathlib.Path, name: str, hold_at: str | None = None,
-                 hold_after: int = 0, max_records: int = 100):
+                 hold_after: int = 0, max_records: int = 100, cluster=None):
         self.name = name
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
@@ -58,6 +58,7 @@ class PgWorker(Worker):
         (run_dir / "logs").mkdir(exist_ok=True)
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        track(cluster, name, self.proc)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -110,7 +111,7 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
     events: list[str] = []
     for n, (step, share) in enumerate(KILL_POINTS, 1):
         worker = PgWorker(bootstrap, dsn, run_dir, f"pg-worker-{n}", hold_at=step, hold_after=int(total * share),
-                          max_records=max_records)
+                          max_records=max_records, cluster=cluster)
         wait_until(f"worker {n} to hold at {step}", lambda: worker.status().get("state") == "holding", [worker],
                    deadline)
         if n > 1:
@@ -119,7 +120,7 @@ def run_with_failures(cluster, dsn: str, total: int, run_dir: pathlib.Path, say:
         events.append(f"SIGKILLed the worker at '{step}' with {copied(dsn):,} items committed; "
                       "restarting it with the same transactional.id")
         say(events[-1])
-    worker = PgWorker(bootstrap, dsn, run_dir, "pg-worker-5", max_records=max_records)
+    worker = PgWorker(bootstrap, dsn, run_dir, "pg-worker-5", max_records=max_records, cluster=cluster)
     try:
         wait_until("the last worker's recovery", lambda: "recovered" in worker.status(), [worker], deadline)
         say(f"  the next worker's recover(): {RECOVERY.get(worker.status()['recovered'], '?')}")
@@ -177,7 +178,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int, say: Callabl
     the comparison. Returns 0 only when both sides are exact."""
     from exactly_tools.devcluster import DevCluster, replication_props
 
-    from .common import fresh_run_dir, item_key, read_order_items
+    from .common import fresh_run_dir, item_key, read_order_items, take_down
 
     rows = read_order_items()
     expected = {item_key(r): r for r in rows}
@@ -204,4 +205,4 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int, say: Callabl
         return 0 if ok else 1
     finally:
         if not keep:
-            cluster.down()
+            take_down(cluster)

@@ -44,7 +44,8 @@ from exactly import AdminClient, Consumer, NewTopic, TopicPartition
 from exactly_tools.devcluster import DevCluster, replication_props
 
 from .common import (GROUP_ID, INVOICES, PURCHASES, SHIPMENTS, TRANSACTIONAL_ID, Worker, check_outputs,
-                     fresh_run_dir, item_key, load_purchases, read_order_items, read_topic, wait_gone)
+                     fresh_run_dir, item_key, load_purchases, read_order_items, read_topic, stop_on_signals, take_down,
+                     wait_gone)
 
 PARTITIONS = 3
 
@@ -94,13 +95,14 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
             say(f"Running the pipeline with two group-aware workers (one producer each, KIP-447 draft); "
                 f"worker-1 will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
             worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after,
-                            group_aware_id=f"{TRANSACTIONAL_ID}-worker-1")
-            others = [Worker(bootstrap, run_dir, "worker-b", group_aware_id=f"{TRANSACTIONAL_ID}-worker-b")]
+                            group_aware_id=f"{TRANSACTIONAL_ID}-worker-1", cluster=cluster)
+            others = [Worker(bootstrap, run_dir, "worker-b", group_aware_id=f"{TRANSACTIONAL_ID}-worker-b",
+                             cluster=cluster)]
         else:
             say(f"Running the pipeline ({worker_module}); the worker will be SIGKILLed inside an open transaction "
                 f"after ~{hold_after:,} items")
             worker = Worker(worker_bootstrap, run_dir, "worker-1", hold_open_after=hold_after, module=worker_module,
-                            client_config=worker_config)
+                            client_config=worker_config, cluster=cluster)
             others = []
         bar = tqdm(total=total, desc="records copied", unit="rec", file=sys.stdout, mininterval=0.5)
         done = 0
@@ -127,12 +129,13 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
             bar.write(f"SIGKILLed worker-1 (pid {worker.proc.pid}) inside an open transaction ({held} items sent, "
                       "not committed); worker-b takes its partitions over (its init_transactions_for_group aborts "
                       "the open transaction first), then a new worker-2 joins the group")
-            worker = Worker(bootstrap, run_dir, "worker-2", group_aware_id=f"{TRANSACTIONAL_ID}-worker-2")
+            worker = Worker(bootstrap, run_dir, "worker-2", group_aware_id=f"{TRANSACTIONAL_ID}-worker-2",
+                            cluster=cluster)
         else:
             bar.write(f"SIGKILLed worker pid {worker.proc.pid} inside an open transaction "
                       f"({held} items sent, not committed); restarting it with transactional.id={TRANSACTIONAL_ID}")
             worker = Worker(worker_bootstrap, run_dir, "worker-2", module=worker_module,
-                            client_config=worker_config)
+                            client_config=worker_config, cluster=cluster)
         coordinator_killed = leader_killed = False
         while progress() < total:
             for w in [worker, *others]:
@@ -177,7 +180,7 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         return summarize(bootstrap, expected, cluster.kafka_bootstrap_servers if kafka_client else None, sec)
     finally:
         if not keep:
-            cluster.down()
+            take_down(cluster)
 
 
 def secure_worker(cluster: DevCluster) -> pathlib.Path:
@@ -264,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="invoices as rows of a PostgreSQL table, shipments in Exactly, atomically "
                              "(exactly.postgres, demo.postgres_purchases)")
     args = parser.parse_args(argv)
+    stop_on_signals()
     if not 1 <= args.replication_factor <= 3:
         parser.error("--replication-factor must be between 1 and 3 (the dev cluster has 3 partition leaders)")
     if args.txn_coordinators < 1 or args.group_coordinators < 1:

@@ -11,7 +11,8 @@
 `up` starts a ZooKeeper server (unless --zookeeper) and the services as background
 processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
-"metrics_address"}]}; every service serves Prometheus /metrics on its own port
+"metrics_address"}], "clients": [{"name", "pid"}]} (clients: processes run against the
+cluster and registered with DevCluster.track, which `down` stops first); every service serves Prometheus /metrics on its own port
 (`--set metrics.port=P`), at http://<metrics_address>/metrics. With --postgres a
 PostgreSQL server runs too (a private data directory, a free port; as the `postgres`
 OS user when run as root), its libpq DSN in cluster.json's "postgres": {"dsn", "port",
@@ -23,6 +24,7 @@ ZooKeeper and the services run with umask 077.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -165,6 +167,9 @@ class DevCluster:
     # `up --postgres`: a private PostgreSQL server ({"dsn", "port", "data_dir"}), for
     # exactly.postgres (exactly_tools.pgserver); stopped and deleted by down().
     postgres: dict[str, Any] = field(default_factory=dict)
+    # Client processes run against the cluster (a demo's pipeline workers), name -> pid,
+    # registered by track(); down() stops them first.
+    clients: dict[str, int] = field(default_factory=dict)
     # Extra environment variables of a service's process, by service name (not saved;
     # the clock-fault tests preload libfaketime this way, tests/clockfault.py).
     service_env: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
@@ -195,6 +200,7 @@ class DevCluster:
             "zookeeper_pid": self.zookeeper_pid,
             "props": self.props,
             **({"postgres": self.postgres} if self.postgres else {}),
+            "clients": [{"name": name, "pid": pid} for name, pid in self.clients.items()],
             "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address,
                           "metrics_address": s.metrics_address, "kafka_address": s.kafka_address}
                          for s in self.services.values()],
@@ -216,7 +222,8 @@ class DevCluster:
                                           int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]))
         client_config = {k: v for k, v in body.get("client_config", {}).items() if k != "bootstrap.servers"}
         return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}),
-                   bool(body.get("security", False)), client_config, body.get("postgres", {}))
+                   bool(body.get("security", False)), client_config, body.get("postgres", {}),
+                   {c["name"]: c["pid"] for c in body.get("clients", ())})
 
     # ------------------------------------------------------------ PostgreSQL
     @property
@@ -439,8 +446,22 @@ class DevCluster:
         self.save()
         self._await([name], timeout_s)
 
+    def track(self, name: str, pid: int) -> None:
+        """Record a client process run against this cluster (cluster.json "clients",
+        name -> pid; a later one of the same name replaces it), so that down() stops it
+        too, from this process or from `exactly-dev down`."""
+        self.clients[name] = pid
+        self.save()
+
     def down(self) -> None:
-        """Stop every service (SIGTERM, then SIGKILL after 20 s) and our ZooKeeper."""
+        """Stop the tracked clients (SIGTERM, then SIGKILL after 5 s), every service
+        (SIGTERM, then SIGKILL after 20 s) and our ZooKeeper."""
+        for pid in self.clients.values():
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                    os.kill(pid, signal.SIGTERM)
+        for name, pid in self.clients.items():
+            self._reap(name, pid, 5.0)
         order = sorted(self.services.values(), key=lambda s: s.role == "partition_leader")
         for svc in order:
             if pid_alive(svc.pid):
