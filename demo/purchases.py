@@ -37,6 +37,7 @@ import pathlib
 import signal
 import sys
 import time
+from typing import Iterable
 
 from tqdm import tqdm
 
@@ -91,11 +92,14 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
         parts = [TopicPartition(PURCHASES, p) for p in range(PARTITIONS)]
         total = len(rows)
         hold_after = total // 4
+        deadline = time.monotonic() + 600
         if group_aware:
+            hold_after = group_hold_point(watcher.end_offsets(parts).values())
             say(f"Running the pipeline with two group-aware workers (one producer each, KIP-447 draft); "
                 f"worker-1 will be SIGKILLed inside an open transaction after ~{hold_after:,} items")
             worker = Worker(bootstrap, run_dir, "worker-1", hold_open_after=hold_after,
                             group_aware_id=f"{TRANSACTIONAL_ID}-worker-1", cluster=cluster)
+            wait_assigned(worker, deadline)
             others = [Worker(bootstrap, run_dir, "worker-b", group_aware_id=f"{TRANSACTIONAL_ID}-worker-b",
                              cluster=cluster)]
         else:
@@ -114,7 +118,6 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
             done = now
             return now
 
-        deadline = time.monotonic() + 600
         while worker.status().get("state") != "holding":
             for w in [worker, *others]:
                 w.check_alive()
@@ -181,6 +184,28 @@ def run(run_dir: pathlib.Path, keep: bool, replication_factor: int = 1, txn_coor
     finally:
         if not keep:
             take_down(cluster)
+
+
+def group_hold_point(partition_sizes: Iterable[int], max_records: int = 200) -> int:
+    """Items after which the group-aware demo holds worker-1 inside an open transaction:
+    a quarter of the input, but no more than the smallest partition less two batches of
+    `max_records` (demo.pipeline_group's default). worker-1 starts alone and owns every
+    partition until worker-b joins, so each partition it keeps after that rebalance is
+    copied by worker-1 alone: it always copies at least the smallest partition, and
+    holds with a batch of it still to copy, whichever worker the group assigns what."""
+    sizes = list(partition_sizes)
+    return max(1, min(sum(sizes) // 4, min(sizes) - 2 * max_records))
+
+
+def wait_assigned(worker: Worker, deadline: float) -> None:
+    """Until `worker` (demo.pipeline_group) reports a generation of the group (its
+    init_transactions_for_group returned for an assignment); raises RuntimeError if it
+    exits or at `deadline` (time.monotonic())."""
+    while worker.status().get("generation", -1) < 0 and worker.status().get("state") != "holding":
+        worker.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{worker.status_file.stem} was assigned no partitions")
+        time.sleep(0.2)
 
 
 def secure_worker(cluster: DevCluster) -> pathlib.Path:
