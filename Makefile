@@ -43,7 +43,8 @@ compat: setup
 # session expired in turn (make test: 1,800 records, 10 s, two processes);
 # the copier system test through EIO on a leader's log directory with 20,000 records (make
 # test: 6,000), beside the other disk-fault tests, whose crash test of transactions aborted at
-# the log end runs 20 crash cycles (make test: 2).
+# the log end runs 20 crash cycles (make test: 2); an idle stream kept 240 s on the default
+# keepalive settings without a GOAWAY (make test: 30 s with the keepalive scaled down to 3 s).
 soak: setup
 	EXACTLY_COMPACTION_TXNS=50000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/integration/test_compaction.py
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \
@@ -53,6 +54,7 @@ soak: setup
 	EXACTLY_ZK_FAULT_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_zookeeper_faults.py
 	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \
 	  "tests/system/test_transactions_system.py::test_copy_is_exactly_once_through_failures[disk]"
+	EXACTLY_KEEPALIVE_IDLE_S=240 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_keepalive.py
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
 # the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").

@@ -25,6 +25,7 @@ import grpc
 import tenacity
 
 from . import _fork, errors
+from exactly_wire import keepalive
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_channel
@@ -267,8 +268,9 @@ class Metadata:
 def channel_options(retry_backoff_ms: int, retry_backoff_max_ms: int, client_id: str = "") -> list[tuple[str, Any]]:
     """gRPC channel options of every SDK channel (sync and asyncio): large messages,
     fast reconnects after a service restart (the gRPC default backs off to 120 s),
-    no transparent retries (the SDK decides what to retry), and `client.id` as the
-    user agent."""
+    no transparent retries (the SDK decides what to retry), `client.id` as the
+    user agent, and the keepalive the services accept (exactly_wire.keepalive: a ping
+    after 10 s without reads while a call is open)."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
@@ -276,6 +278,7 @@ def channel_options(retry_backoff_ms: int, retry_backoff_max_ms: int, client_id:
         ("grpc.min_reconnect_backoff_ms", max(retry_backoff_ms, 50)),
         ("grpc.max_reconnect_backoff_ms", max(retry_backoff_max_ms, 100)),
         ("grpc.enable_retries", 0),
+        *keepalive.channel_options(),
     ]
     if client_id:
         options.append(("grpc.primary_user_agent", f"exactly/{client_id}"))

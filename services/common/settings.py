@@ -16,6 +16,7 @@ from typing import Annotated, ClassVar, Literal, Mapping, TypeVar
 from pydantic import AfterValidator
 
 from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, ConfigurationError, keys, parse, setting
+from exactly_wire.keepalive import KEEPALIVE_TIME_MS
 from exactly_wire.security import SecuritySettings
 
 from .topic_config import DEFAULTS as _TOPIC_DEFAULTS
@@ -126,6 +127,11 @@ class ServiceSchema(SecuritySettings):
         "is refused with RESOURCE_EXHAUSTED before it is parsed.", MEDIUM, ge=1024, le=2147483647)
     max_concurrent_streams: int = setting("exactly.max.concurrent.streams", 1000, "Calls in flight per "
                                           "connection; more wait for one to finish.", LOW, ge=1)
+    keepalive_time_ms: int = setting(
+        "exactly.keepalive.time.ms", KEEPALIVE_TIME_MS, "ms without reads after which the service's gRPC channel "
+        "to another service, with a call open, pings it (no answer in 20 s closes the connection). The gRPC "
+        "server accepts a client's pings every half of this or of the SDK's 10000 ms, whichever is shorter.",
+        LOW, ge=100)
     connections_max_idle_ms: int = setting(
         "connections.max.idle.ms", 600000, "A connection with no request in progress for this many ms is closed "
         "(gRPC: an HTTP/2 GOAWAY; Kafka port: also a response left unread that long).", MEDIUM, ge=1)

@@ -10,6 +10,7 @@ import logging
 
 import grpc
 
+from exactly_wire import keepalive
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -32,8 +33,13 @@ _WRITE_TXN_MARKERS = method_path("PartitionLeader", "WriteTxnMarkers")
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.keepalive_time_ms", 10_000),
+    *keepalive.channel_options(),
 ]
+
+
+def channel_options(keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS) -> list[tuple[str, int]]:
+    """CHANNEL_OPTIONS with the keepalive of exactly.keepalive.time.ms (ms)."""
+    return list({**dict(CHANNEL_OPTIONS), **dict(keepalive.channel_options(keepalive_time_ms))}.items())
 
 
 def transport_error_code(exc: grpc.RpcError) -> ErrorCode:
@@ -45,16 +51,18 @@ def transport_error_code(exc: grpc.RpcError) -> ErrorCode:
 class ClusterClient:
     """Channels to other services (one per address), found through ClusterState."""
 
-    def __init__(self, cluster: ClusterState, security: TransportSecurity | None = None):
+    def __init__(self, cluster: ClusterState, security: TransportSecurity | None = None,
+                 keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS):
         self.cluster = cluster
         self.security = security or TransportSecurity()
+        self._options = channel_options(keepalive_time_ms)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tunnels: dict[str, TunnelChannel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = secure_aio_channel(address, self.security, CHANNEL_OPTIONS)
+            ch = secure_aio_channel(address, self.security, self._options)
             self._channels[address] = ch
         return ch
 

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from exactly_wire import keepalive
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -475,7 +476,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                            session_timeout_s=cfg.settings.zookeeper_session_timeout_ms / 1000,
                            props=cfg.settings)
     await asyncio.to_thread(cluster.start)
-    client = ClusterClient(cluster, security)
+    client = ClusterClient(cluster, security, cfg.settings.keepalive_time_ms)
     await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor, client)
     quota_manager = await asyncio.to_thread(_start_quotas, cfg, cluster)
     quota_interceptor.manager = quota_manager
@@ -561,9 +562,12 @@ def server_options(cfg: ServiceConfig, nofile: int | None = None) -> list[tuple[
     `exactly.ssl.handshake.timeout.ms`, one without calls for `connections.max.idle.ms`
     (an HTTP/2 GOAWAY), and refuses any beyond `max.connections` bounded by the fd
     budget (`nofile`: RLIMIT_NOFILE, default the current soft limit, less
-    `exactly.connections.fd.reserve`, halved between the two listeners)."""
-    options = dict(CHANNEL_OPTIONS)
+    `exactly.connections.fd.reserve`, halved between the two listeners). Keepalive
+    (exactly_wire.keepalive.server_options): the server accepts a client's pings every
+    half of `exactly.keepalive.time.ms` (capped at the SDK's interval), calls open or
+    not, so it never answers its clients' keepalive with GOAWAY too_many_pings."""
     settings = cfg.settings
+    options = {**dict(CHANNEL_OPTIONS), **dict(keepalive.server_options(settings.keepalive_time_ms))}
     options["grpc.server_handshake_timeout_ms"] = settings.ssl_handshake_timeout_ms
     options["grpc.max_connection_idle_ms"] = settings.connections_max_idle_ms
     options["grpc.max_allowed_incoming_connections"] = _connection_cap(cfg, nofile)
