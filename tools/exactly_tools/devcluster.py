@@ -12,8 +12,9 @@
 processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
 "metrics_address"}], "clients": [{"name", "pid"}]} (clients: processes run against the
-cluster and registered with DevCluster.track, which `down` stops first); every service serves Prometheus /metrics on its own port
-(`--set metrics.port=P`), at http://<metrics_address>/metrics. With --postgres a
+cluster and registered with DevCluster.track, which `down` stops first); every service
+serves Prometheus /metrics on its own port (`--set metrics.port=P`), at
+http://<metrics_address>/metrics. With --postgres a
 PostgreSQL server runs too (a private data directory, a free port; as the `postgres`
 OS user when run as root), its libpq DSN in cluster.json's "postgres": {"dsn", "port",
 "data_dir"}; `down` stops it and deletes its data directory.
