@@ -222,9 +222,13 @@ class TransactionFlows:
                 raise errors.KafkaTimeoutError(f"InitProducerId did not succeed within {timeout_s} s: {err}") from err
             raise err from None
         if keep_prepared_txn and resp.HasField("ongoing_txn_producer_id"):
-            txn.restore_prepared(resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
-            log.info("producer %s: kept the prepared transaction of PID %d epoch %d", self.transactional_id,
-                     resp.ongoing_txn_producer_id, resp.ongoing_txn_producer_epoch)
+            # KIP-939: this producer talks with the new epoch, which fences the previous
+            # instance; the kept transaction is known by its own pair.
+            txn.restore_prepared(resp.producer_id, resp.producer_epoch, resp.ongoing_txn_producer_id,
+                                 resp.ongoing_txn_producer_epoch)
+            log.info("producer %s: PID %d epoch %d, kept the prepared transaction of PID %d epoch %d",
+                     self.transactional_id, resp.producer_id, resp.producer_epoch, resp.ongoing_txn_producer_id,
+                     resp.ongoing_txn_producer_epoch)
             return
         txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
         log.info("producer %s: PID %d epoch %d", self.transactional_id, resp.producer_id, resp.producer_epoch)
@@ -374,18 +378,23 @@ class TransactionFlows:
         return PreparedTxnState(self.transactional_id, txn.producer_id, txn.producer_epoch)
 
     def prepared_state(self) -> PreparedTxnState | None:
-        """The prepared transaction's state; None when none is prepared (no I/O)."""
+        """The prepared transaction's state (its own PID and epoch, also when it was
+        kept by init_transactions(keep_prepared_txn=True) and this producer talks with
+        a newer epoch); None when none is prepared (no I/O)."""
         txn = self.txn
-        if txn.state is not TransactionManagerState.PREPARED_TRANSACTION or not txn.sealed:
+        prepared = txn.prepared_producer
+        if txn.state is not TransactionManagerState.PREPARED_TRANSACTION or not txn.sealed or prepared is None:
             return None
-        return PreparedTxnState(self.transactional_id, txn.producer_id, txn.producer_epoch)
+        return PreparedTxnState(self.transactional_id, *prepared)
 
     def complete(self, state: PreparedTxnState | str | None, timeout: float | None) -> Generator:
         """KIP-939 completeTransaction(state): commit when `state` is the prepared
-        transaction's, abort otherwise; returns "committed", "aborted" or "none"."""
+        transaction's (its own PID and epoch), abort otherwise, with EndTxn under this
+        producer's epoch; returns "committed", "aborted" or "none"."""
         txn = self.txn
         if isinstance(state, str):
             state = PreparedTxnState.deserialize(state)
+        txn.raise_if_fatal()  # a fenced producer stays fenced: ProducerFencedError, not "nothing prepared"
         mine = self.prepared_state()
         if mine is None:
             if txn.state in (TransactionManagerState.COMMITTING_TRANSACTION,

@@ -162,6 +162,11 @@ class TransactionManager:
         # PrepareTxn succeeded for the current transaction: EndTxn is due even when
         # nothing was added (the coordinator then holds an empty sealed transaction).
         self.sealed = False
+        # (PID, epoch) of the sealed transaction, which its PreparedTxnState names: the
+        # pair it was prepared under, or, for a transaction kept by
+        # init_transactions(keep_prepared_txn=True), its own pair while this producer
+        # talks with the newer client-facing one (KIP-939); None when none is sealed.
+        self.prepared_producer: tuple[int, int] | None = None
         # KIP-447 draft: the consumer group and generation of a group-aware producer
         # (None / -1 otherwise), set by begin_group_initialize.
         self.group_id: str | None = None
@@ -363,6 +368,7 @@ class TransactionManager:
         self._maybe_added.clear()
         self._groups.clear()
         self.sealed = False
+        self.prepared_producer = None
 
     def check_can_send(self) -> None:
         """Raise when a record may not be appended now: IllegalStateError outside a
@@ -485,21 +491,28 @@ class TransactionManager:
             self.transition_to(S.PREPARED_TRANSACTION)
             return True
 
-    def restore_prepared(self, producer_id: int, producer_epoch: int) -> None:
+    def restore_prepared(self, producer_id: int, producer_epoch: int, prepared_producer_id: int,
+                         prepared_producer_epoch: int) -> None:
         """init_transactions(keep_prepared_txn=True) found a prepared transaction of
-        the transactional.id (KIP-939): adopt its PID and epoch and hold it as this
-        producer's own prepared, sealed transaction (READY -> PREPARED_TRANSACTION)."""
+        the transactional.id (KIP-939): talk with the new client-facing
+        (producer_id, producer_epoch) InitProducerId answered -- the epoch that fences
+        the previous instance -- and hold the transaction, whose own pair is
+        (prepared_producer_id, prepared_producer_epoch), as this producer's prepared,
+        sealed transaction (READY -> PREPARED_TRANSACTION)."""
         with self._lock:
             self.set_producer_id_and_epoch(producer_id, producer_epoch)
             self._clear_transaction()
             self.transition_to(S.IN_TRANSACTION)
             self.transition_to(S.PREPARED_TRANSACTION)
             self.sealed = True
+            self.prepared_producer = (prepared_producer_id, prepared_producer_epoch)
 
     def transaction_sealed(self) -> None:
-        """PrepareTxn succeeded: the coordinator holds the transaction until EndTxn."""
+        """PrepareTxn succeeded: the coordinator holds the transaction, under the
+        current PID and epoch, until EndTxn."""
         with self._lock:
             self.sealed = True
+            self.prepared_producer = (self.producer_id, self.producer_epoch)
 
     @property
     def needs_end_txn(self) -> bool:

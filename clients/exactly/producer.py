@@ -349,9 +349,13 @@ class Producer:
         `keep_prepared_txn=True` (KIP-939 initTransactions(keepPreparedTxn)): a
         transaction of the id that an earlier instance sealed with
         prepare_transaction() is kept instead of aborted; this producer takes it over
-        as its own prepared transaction (`prepared_transaction_state()` returns it) and
-        must decide it with `complete_transaction(state)` before beginning another.
-        Without such a transaction it behaves as the plain form.
+        as its own prepared transaction (`prepared_transaction_state()` returns it,
+        under the transaction's own PID and epoch) and must decide it with
+        `complete_transaction(state)` before beginning another. The epoch is bumped
+        all the same: this producer talks with a new epoch, and every earlier
+        instance -- its complete_transaction() of the kept transaction included -- gets
+        errors.ProducerFencedError. Without such a transaction it behaves as the plain
+        form.
 
         The group-aware form of the KIP-447 draft is `init_transactions_for_group()`;
         the call of earlier releases with the input partitions first
@@ -491,9 +495,10 @@ class Producer:
         recovery after the transaction was completed: nothing to do). `timeout` in
         seconds (default max.block.ms).
 
-        Raises errors.ProducerFencedError when the coordinator ended the transaction
-        meanwhile (transaction.prepared.max.ms passed, or a newer instance of the
-        transactional.id aborted it); errors.KafkaTimeoutError (call again);
+        Raises errors.ProducerFencedError when a newer instance of the
+        transactional.id initialised meanwhile (with keep_prepared_txn=True it decides
+        the transaction; without, it aborted it): this producer is then fenced for
+        good; errors.KafkaTimeoutError (call again);
         errors.IllegalStateError while a transaction is open but not prepared; other
         errors as commit_transaction() / abort_transaction()."""
         self._check_open()

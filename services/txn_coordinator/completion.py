@@ -184,7 +184,7 @@ class TxnCompletion:
         if from_client and self.config.test_pause_after_prepare_ms > 0:
             await self._sleep(self.config.test_pause_after_prepare_ms / 1000)
         committed = prepared.state is TxnState.PREPARE_COMMIT
-        marker = TxnMarker(prepared.producer_id, prepared.producer_epoch, committed, part.coordinator_epoch,
+        marker = TxnMarker(*prepared.marker_producer(), committed, part.coordinator_epoch,
                            prepared.partitions, prepared.transaction_version)
         try:
             markers_started = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
 from services.common.kafka.codec import field
@@ -26,14 +27,29 @@ class TxnCoordinatorApis:
                 LIST_TRANSACTIONS: self.list_transactions, DESCRIBE_TRANSACTIONS: self.describe_transactions}
 
     async def init_producer_id(self, req: Any, version: int, ctx: RequestContext) -> dict:
+        """InitProducerId v0-6. v6 (KIP-939): keep_prepared_txn keeps a transaction
+        prepared by the SDK's PrepareTxn under a new client-facing epoch, answered with
+        the prepared transaction's pair as ongoing_txn_producer_id / _epoch (-1 when
+        none was kept). enable2_pc is refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KIP-939's answer where two-phase commit is not enabled for Kafka clients: the
+        Kafka protocol cannot seal a transaction (PrepareTxn is an Exactly RPC), so a
+        Kafka client's open transaction keeps transaction.timeout.ms."""
+        if field(req, "enable2_pc", False):
+            return {"throttle_time": 0, "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    "producer_id": -1, "producer_epoch": -1}
         request = pb.InitProducerIdRequest(transactional_id=field(req, "transactional_id") or "",
-                                           transaction_timeout_ms=field(req, "transaction_timeout", 60000))
+                                           transaction_timeout_ms=field(req, "transaction_timeout", 60000),
+                                           keep_prepared_txn=field(req, "keep_prepared_txn", False))
         pid, epoch = field(req, "producer_id", -1), field(req, "producer_epoch", -1)
         if pid >= 0 and epoch >= 0:
             request.producer_id, request.producer_epoch = pid, epoch
         resp = await self.servicer.InitProducerId(request, None)
-        return {"throttle_time": resp.throttle_time_ms, "error_code": resp.error_code, "producer_id": resp.producer_id if
-                resp.error_code == 0 else -1, "producer_epoch": resp.producer_epoch if resp.error_code == 0 else -1}
+        ok = resp.error_code == 0
+        kept = ok and resp.HasField("ongoing_txn_producer_id")
+        return {"throttle_time": resp.throttle_time_ms, "error_code": resp.error_code,
+                "producer_id": resp.producer_id if ok else -1, "producer_epoch": resp.producer_epoch if ok else -1,
+                "ongoing_txn_producer_id": resp.ongoing_txn_producer_id if kept else -1,
+                "ongoing_txn_producer_epoch": resp.ongoing_txn_producer_epoch if kept else -1}
 
     async def add_partitions_to_txn(self, req: Any, version: int, ctx: RequestContext) -> dict:
         topics = field(req, "v3_and_below_topics", None) or field(req, "topics", ())

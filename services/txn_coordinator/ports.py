@@ -100,11 +100,21 @@ class Topology(Protocol):
 
 @dataclass(frozen=True)
 class InitProducerIdResult:
+    """InitProducerId outcome: the error code, the (client-facing) producer id and
+    epoch, and, when keepPreparedTxn kept a prepared transaction (KIP-939), that
+    transaction's own pair as ongoing_txn_producer_id / _epoch (-1 otherwise)."""
+
     error: ErrorCode
     producer_id: int = -1
     producer_epoch: int = -1
     message: str = ""
-    kept_prepared: bool = False  # KIP-939 keepPreparedTxn: PID/epoch are the prepared transaction's
+    ongoing_txn_producer_id: int = -1
+    ongoing_txn_producer_epoch: int = -1
+
+    @property
+    def kept_prepared(self) -> bool:
+        """Whether a prepared transaction was kept (KIP-939 keepPreparedTxn)."""
+        return self.ongoing_txn_producer_id >= 0
 
 
 class EndTxnResult(NamedTuple):

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # What `_prepare_init` decided (InitProducerId): a tagged union matched with `match`.
 @dataclass(frozen=True)
 class InitAnswer:
-    """Answer the request with `result` now (an error, or a kept prepared transaction)."""
+    """Answer the request with `result` now (an error)."""
 
     result: InitProducerIdResult
 
@@ -58,7 +58,8 @@ class InitFencesOngoing:
 
 @dataclass(frozen=True)
 class InitAppends:
-    """`transit` (the epoch bump or PID rotation) is pending on `md`: append it."""
+    """`transit` (the epoch bump or PID rotation, or the kept prepared transaction
+    under a new client-facing epoch) is pending on `md`: append it."""
 
     part: TxnPartition
     md: TransactionMetadata
@@ -92,10 +93,15 @@ class TxnRequests:
         CONCURRENT_TRANSACTIONS. Then the epoch is bumped (a new PID with epoch 0 when
         the epoch is exhausted) and the record appended.
         keep_prepared_txn (KIP-939 keepPreparedTxn=true, classic form only): a transaction
-        sealed by PrepareTxn is kept open instead, nothing is appended, and the answer is
-        NONE with its PID and epoch (kept_prepared=True), so the caller completes it with
-        EndTxn from what its external transaction manager recorded; an ongoing transaction
-        that is not prepared is still aborted (it cannot have been recorded anywhere).
+        sealed by PrepareTxn is kept open instead (`TransactionMetadata.prepare_keep_prepared`):
+        the client-facing epoch is bumped and appended, which fences every earlier
+        instance (its EndTxn of the prepared transaction among its requests:
+        PRODUCER_FENCED), and the answer is NONE with the new client-facing PID and
+        epoch plus the prepared transaction's own pair as ongoing_txn_producer_id /
+        _epoch, so the caller compares that pair with what its external transaction
+        manager recorded and completes the transaction with EndTxn under its own
+        epoch. An ongoing transaction that is not prepared is still aborted (it cannot
+        have been recorded anywhere).
         Other errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE, PRODUCER_FENCED (KIP-360 mismatch).
 
@@ -154,6 +160,10 @@ class TxnRequests:
         err = await self._append(part, md, transit)
         if err:
             return InitProducerIdResult(err)
+        if transit.state is TxnState.ONGOING:  # a kept prepared transaction (KIP-939)
+            return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch,
+                                        ongoing_txn_producer_id=transit.ongoing_txn_producer_id,
+                                        ongoing_txn_producer_epoch=transit.ongoing_txn_producer_epoch)
         return InitProducerIdResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     async def _init_bound_idempotent(self, principal: str) -> InitProducerIdResult:
@@ -275,10 +285,16 @@ class TxnRequests:
             return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
                                                    message="the previous transaction is completing"))
         if state is TxnState.ONGOING and keep_prepared and md.is_prepared:
-            log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d)", tid,
-                     md.producer_id, md.producer_epoch)
-            return InitAnswer(InitProducerIdResult(ErrorCode.NONE, md.producer_id, md.producer_epoch,
-                                                   kept_prepared=True))
+            rotate_to = None
+            if md.is_producer_epoch_exhausted:
+                rotate_to = self._new_pid(part)
+                if rotate_to is None:
+                    return InitNeedsProducerIds()
+            transit = md.prepare_keep_prepared(timeout_ms, now, rotate_to)
+            log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d) and fences the "
+                     "previous instance: PID %d epoch %d", tid, transit.ongoing_txn_producer_id,
+                     transit.ongoing_txn_producer_epoch, transit.producer_id, transit.producer_epoch)
+            return InitAppends(part, md, transit)
         if state is TxnState.ONGOING:
             return InitFencesOngoing(part, md)
         if state not in COMPLETED_STATES:

@@ -82,8 +82,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
         resp = pb.InitProducerIdResponse(error_code=r.error, error_message=r.message,
                                          producer_id=r.producer_id, producer_epoch=r.producer_epoch)
         if r.kept_prepared:
-            resp.ongoing_txn_producer_id = r.producer_id
-            resp.ongoing_txn_producer_epoch = r.producer_epoch
+            resp.ongoing_txn_producer_id = r.ongoing_txn_producer_id
+            resp.ongoing_txn_producer_epoch = r.ongoing_txn_producer_epoch
         return resp
 
     @_rpc("VerifyProducerId")

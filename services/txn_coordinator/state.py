@@ -192,6 +192,24 @@ class TxnTransitMetadata:
     # epoch and the markers carry the next one; 1 (Kafka clients with EndTxn below
     # v5), the epoch stays and the markers carry the transaction's own.
     transaction_version: int = 2
+    # KIP-939's OngoingTxnProducerId / OngoingTxnProducerEpoch: the (PID, epoch) of a
+    # prepared transaction kept by InitProducerId(keepPreparedTxn=true), whose data
+    # carries them, while producer_id / producer_epoch are the client-facing pair the
+    # new instance talks with; -1 / -1 when no transaction is kept (the transaction's
+    # pair is then the client-facing one).
+    ongoing_txn_producer_id: int = NO_PRODUCER_ID
+    ongoing_txn_producer_epoch: int = NO_PRODUCER_EPOCH
+
+    def marker_producer(self) -> tuple[int, int]:
+        """(PID, epoch) the markers of this PrepareCommit / PrepareAbort transit
+        carry: its own pair (the epoch after the end-of-transaction bump), or, for a
+        kept prepared transaction whose client-facing PID was rotated, the
+        transaction's PID with the epoch after its data's, so that the markers end
+        the transaction and fence its late batches on every partition (KIP-890 part 2)."""
+        pid = self.ongoing_txn_producer_id
+        if pid < 0 or pid == self.producer_id:
+            return self.producer_id, self.producer_epoch
+        return pid, min(self.ongoing_txn_producer_epoch + 1, MAX_PRODUCER_EPOCH)
 
 
 NO_PARTITIONS: frozenset[TopicPartition] = frozenset()
@@ -216,7 +234,11 @@ class TransactionMetadata:
     draft group assignment of a group-aware producer: its own log record, kept here by the
     coordinator, not by transitions),
     prepared_timestamp (ms when PrepareTxn sealed the Ongoing transaction, -1: not prepared),
-    transaction_version (of the last EndTxn, see TxnTransitMetadata).
+    transaction_version (of the last EndTxn, see TxnTransitMetadata),
+    ongoing_txn_producer_id / ongoing_txn_producer_epoch (KIP-939: the pair of a prepared
+    transaction kept by InitProducerId(keepPreparedTxn=true), while producer_id /
+    producer_epoch are the client-facing pair; -1 when none is kept; see
+    `prepared_producer`).
 
     The timestamps above are wall-clock ms, written to the transaction log. The
     coordinator owning the transactional.id measures the timeouts on its monotonic
@@ -231,14 +253,16 @@ class TransactionMetadata:
                  "last_producer_epoch", "txn_timeout_ms", "_state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
                  "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_pending_guard",
-                 "started_monotonic_ms", "prepared_monotonic_ms", "updated_monotonic_ms")
+                 "started_monotonic_ms", "prepared_monotonic_ms", "updated_monotonic_ms",
+                 "ongoing_txn_producer_id", "ongoing_txn_producer_epoch")
 
     def __init__(self, transactional_id: str, producer_id: int, *, last_producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
                  txn_timeout_ms: int, state: TxnState = TxnState.EMPTY,
                  partitions: Iterable[TopicPartition] = (), txn_start_timestamp: int = -1,
                  txn_last_update_timestamp: int, group: GroupAssignment | None = None,
-                 prepared_timestamp: int = -1, transaction_version: int = 2):
+                 prepared_timestamp: int = -1, transaction_version: int = 2,
+                 ongoing_txn_producer_id: int = NO_PRODUCER_ID, ongoing_txn_producer_epoch: int = NO_PRODUCER_EPOCH):
         self.transactional_id = transactional_id
         self.producer_id = producer_id
         self.last_producer_id = last_producer_id
@@ -254,6 +278,8 @@ class TransactionMetadata:
         self._fence_epoch: int | None = None
         self.prepared_timestamp = prepared_timestamp
         self.transaction_version = transaction_version
+        self.ongoing_txn_producer_id = ongoing_txn_producer_id
+        self.ongoing_txn_producer_epoch = ongoing_txn_producer_epoch
         self._pending_guard: Guard | None = None  # the guard of the pending transition's row
         self.started_monotonic_ms: int | None = None
         self.prepared_monotonic_ms: int | None = None
@@ -267,13 +293,17 @@ class TransactionMetadata:
                    txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
                    partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
                    txn_last_update_timestamp=transit.txn_last_update_timestamp,
-                   prepared_timestamp=transit.prepared_timestamp, transaction_version=transit.transaction_version)
+                   prepared_timestamp=transit.prepared_timestamp, transaction_version=transit.transaction_version,
+                   ongoing_txn_producer_id=transit.ongoing_txn_producer_id,
+                   ongoing_txn_producer_epoch=transit.ongoing_txn_producer_epoch)
 
     def __repr__(self) -> str:
         return (f"TransactionMetadata({self.transactional_id!r}, pid={self.producer_id}, "
                 f"epoch={self.producer_epoch}, state={self.state.kafka_name}, "
                 f"pending={None if self.pending_state is None else self.pending_state.kafka_name}, "
-                f"partitions={sorted(self.partitions)})")
+                f"partitions={sorted(self.partitions)}"
+                + (f", ongoing_txn=({self.ongoing_txn_producer_id}, {self.ongoing_txn_producer_epoch})"
+                   if self.ongoing_txn_producer_id >= 0 else "") + ")")
 
     # ------------------------------------------------------------ queries
     @property
@@ -292,6 +322,18 @@ class TransactionMetadata:
         return self.state is TxnState.ONGOING and self.prepared_timestamp >= 0
 
     @property
+    def prepared_producer(self) -> tuple[int, int] | None:
+        """(PID, epoch) of the prepared transaction -- its data's, which its markers
+        end and which the client's PreparedTxnState names (KIP-939's
+        OngoingTxnProducerId / OngoingTxnProducerEpoch once a new instance kept it);
+        None when no transaction is prepared."""
+        if not self.is_prepared:
+            return None
+        if self.ongoing_txn_producer_id >= 0:
+            return self.ongoing_txn_producer_id, self.ongoing_txn_producer_epoch
+        return self.producer_id, self.producer_epoch
+
+    @property
     def is_producer_epoch_exhausted(self) -> bool:
         return is_epoch_exhausted(self.producer_epoch)
 
@@ -301,7 +343,8 @@ class TransactionMetadata:
                                   self.last_producer_epoch, self.txn_timeout_ms, self.state,
                                   frozenset(self.partitions), self.txn_start_timestamp,
                                   self.txn_last_update_timestamp, self.prepared_timestamp,
-                                  self.transaction_version)
+                                  self.transaction_version, self.ongoing_txn_producer_id,
+                                  self.ongoing_txn_producer_epoch)
 
     # ------------------------------------------------------------ prepare
     def _prepare_transition_to(self, target: TxnState, now_ms: int, guard: Guard | None = None,
@@ -316,6 +359,8 @@ class TransactionMetadata:
             raise TxnStateError(f"producer epoch {epoch} out of range")
         if target in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT, TxnState.DEAD):
             changes.setdefault("prepared_timestamp", -1)  # no transaction left to be prepared
+            changes.setdefault("ongoing_txn_producer_id", NO_PRODUCER_ID)  # nor kept
+            changes.setdefault("ongoing_txn_producer_epoch", NO_PRODUCER_EPOCH)
         transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
         self.pending_state = target
         self._pending_guard = guard
@@ -396,7 +441,8 @@ class TransactionMetadata:
         InvalidTransitionError outside PrepareCommit / PrepareAbort."""
         return self._prepare_transition_to(TxnState.ONGOING, now_ms, Guard.MARKERS_WRITTEN,
                                            partitions=frozenset(added), txn_start_timestamp=now_ms,
-                                           prepared_timestamp=-1)
+                                           prepared_timestamp=-1, ongoing_txn_producer_id=NO_PRODUCER_ID,
+                                           ongoing_txn_producer_epoch=NO_PRODUCER_EPOCH)
 
     def prepare_mark_prepared(self, now_ms: int) -> TxnTransitMetadata:
         """PrepareTxn (two-phase commit in the spirit of KIP-939): seal the Ongoing
@@ -407,6 +453,37 @@ class TransactionMetadata:
         start = now_ms if self.state in COMPLETED_STATES else self.txn_start_timestamp
         return self._prepare_transition_to(TxnState.ONGOING, now_ms, txn_start_timestamp=start,
                                            prepared_timestamp=now_ms)
+
+    def prepare_keep_prepared(self, new_txn_timeout_ms: int, now_ms: int,
+                              new_producer_id: int | None = None) -> TxnTransitMetadata:
+        """KIP-939 InitProducerId(keepPreparedTxn=true) on a prepared transaction: the
+        transaction stays open, sealed and unchanged, its (PID, epoch) kept as
+        ongoing_txn_producer_id / _epoch for its markers and for the comparison with
+        the PreparedTxnState an external transaction manager holds; the
+        client-facing pair moves to the next epoch, "so that we can fence requests
+        from previous incarnations" (KIP-939): every request of an earlier instance,
+        its EndTxn among them, is then PRODUCER_FENCED. last_producer_epoch is
+        cleared, so that no earlier epoch is ever taken for the retry of an EndTxn
+        (`is_end_txn_retry`), also after an EndTxn of transaction version 1, which
+        does not bump. When the client-facing epoch is exhausted (its EndTxn could not
+        bump it once more), the client-facing PID rotates to `new_producer_id` with
+        epoch 0, the old one kept as last_producer_id.
+        Raises TxnStateError when no transaction is prepared, or at an exhausted epoch
+        without `new_producer_id`; PendingTransitionError while a transition is pending."""
+        kept = self.prepared_producer
+        if kept is None:
+            raise TxnStateError(f"transactional.id {self.transactional_id!r} has no prepared transaction to keep")
+        if self.is_producer_epoch_exhausted:
+            if new_producer_id is None or new_producer_id < 0:
+                raise TxnStateError(f"cannot bump exhausted epoch {self.producer_epoch} of "
+                                    f"{self.transactional_id!r}; rotate the producer id")
+            client = {"producer_id": new_producer_id, "last_producer_id": self.producer_id, "producer_epoch": 0}
+        else:
+            client = {"producer_epoch": self.producer_epoch + 1}
+        client["last_producer_epoch"] = NO_PRODUCER_EPOCH
+        return self._prepare_transition_to(TxnState.ONGOING, now_ms, txn_timeout_ms=new_txn_timeout_ms,
+                                           ongoing_txn_producer_id=kept[0], ongoing_txn_producer_epoch=kept[1],
+                                           **client)
 
     def prepare_abort_or_commit(self, target: TxnState, now_ms: int, bump_epoch: bool = False,
                                 transaction_version: int | None = None) -> TxnTransitMetadata:
@@ -490,18 +567,27 @@ class TransactionMetadata:
         row = check_transition(self.transactional_id, self.state, target, self._pending_guard)
         handover = row.guard is Guard.MARKERS_WRITTEN
         rotated = transit.producer_id != self.producer_id
-        if rotated and not (target is TxnState.EMPTY and transit.last_producer_id == self.producer_id):
+        kept = target is TxnState.ONGOING and transit.ongoing_txn_producer_id >= 0 and (
+            transit.producer_id, transit.producer_epoch) != (self.producer_id, self.producer_epoch)
+        if rotated and not ((target is TxnState.EMPTY or kept) and transit.last_producer_id == self.producer_id):
             self._mismatch(transit, "producer id changed outside a rotation")
         if not rotated and transit.producer_epoch < self.producer_epoch:
             self._mismatch(transit, "producer epoch goes backwards")
-        if target is TxnState.ONGOING:
+        if kept:
+            self._check_kept(transit, rotated)
+        elif target is TxnState.ONGOING:
             if transit.producer_epoch != self.producer_epoch or not (handover or transit.partitions >= self.partitions):
                 self._mismatch(transit, "ongoing transaction lost partitions or changed epoch")
             if self.state is TxnState.ONGOING and transit.txn_start_timestamp != self.txn_start_timestamp:
                 self._mismatch(transit, "start timestamp of an ongoing transaction changed")
+            if not handover and (transit.ongoing_txn_producer_id, transit.ongoing_txn_producer_epoch) != (
+                    self.ongoing_txn_producer_id, self.ongoing_txn_producer_epoch):
+                self._mismatch(transit, "the kept transaction's producer changed")
         elif target in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             if (transit.partitions != frozenset(self.partitions) or transit.txn_timeout_ms != self.txn_timeout_ms
-                    or transit.txn_start_timestamp != self.txn_start_timestamp):
+                    or transit.txn_start_timestamp != self.txn_start_timestamp
+                    or (transit.ongoing_txn_producer_id, transit.ongoing_txn_producer_epoch)
+                    != (self.ongoing_txn_producer_id, self.ongoing_txn_producer_epoch)):
                 self._mismatch(transit, "prepared transaction differs from the ongoing one")
             if target is TxnState.PREPARE_COMMIT and transit.producer_epoch not in (self.producer_epoch,
                                                                                   self.producer_epoch + 1):
@@ -515,6 +601,16 @@ class TransactionMetadata:
         else:
             self._mismatch(transit, "PrepareEpochFence is never completed")
         self._apply(row, transit)
+
+    def _check_kept(self, transit: TxnTransitMetadata, rotated: bool) -> None:
+        """The invariants of `prepare_keep_prepared`: the same sealed transaction, its
+        pair kept, the client-facing pair one epoch on (or rotated to epoch 0)."""
+        if (not self.is_prepared or transit.prepared_timestamp != self.prepared_timestamp
+                or transit.partitions != self.partitions or transit.txn_start_timestamp != self.txn_start_timestamp
+                or (transit.ongoing_txn_producer_id, transit.ongoing_txn_producer_epoch) != self.prepared_producer):
+            self._mismatch(transit, "keeping a prepared transaction changed it")
+        if transit.producer_epoch != (0 if rotated else self.producer_epoch + 1):
+            self._mismatch(transit, "keeping a prepared transaction did not take the next client-facing epoch")
 
     def _apply(self, row: TransitionRow, transit: TxnTransitMetadata) -> None:
         """The table's apply function, the only place the state changes: take `row`
@@ -530,6 +626,8 @@ class TransactionMetadata:
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
         self.prepared_timestamp = transit.prepared_timestamp
         self.transaction_version = transit.transaction_version
+        self.ongoing_txn_producer_id = transit.ongoing_txn_producer_id
+        self.ongoing_txn_producer_epoch = transit.ongoing_txn_producer_epoch
         self.pending_state = None
         self._fence_epoch = None
         self._pending_guard = None

@@ -9,7 +9,8 @@ deposed owner, see services.common.cluster.ownership):
     value = exactly.v1.TransactionLogValue (protos/exactly_wire/v1/txn_log.proto) holding the
             transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
             partitions, start and last-update timestamps (ms),
-            the prepared timestamp (ms) of a transaction sealed by PrepareTxn;
+            the prepared timestamp (ms) of a transaction sealed by PrepareTxn, the
+            (PID, epoch) of a prepared transaction a new instance kept (KIP-939);
             None (a tombstone) when the transactional.id expired.
 
 KIP-447 draft group assignments are records of their own (`encode_group_batch`):
@@ -206,6 +207,9 @@ def encode_value(transit: TxnTransitMetadata) -> bytes:
         txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
         txn_start_timestamp_ms=transit.txn_start_timestamp,
         prepared_timestamp_ms=max(transit.prepared_timestamp, 0), transaction_version=transit.transaction_version)
+    if transit.ongoing_txn_producer_id >= 0:  # only then: other records stay as older versions wrote them
+        value.ongoing_txn_producer_id = transit.ongoing_txn_producer_id
+        value.ongoing_txn_producer_epoch = transit.ongoing_txn_producer_epoch
     return value.SerializeToString()
 
 
@@ -224,7 +228,9 @@ def decode_value(data: bytes) -> TxnTransitMetadata:
         partitions=_partitions_from_pb(v.partitions), txn_start_timestamp=v.txn_start_timestamp_ms,
         txn_last_update_timestamp=v.txn_last_update_timestamp_ms,
         prepared_timestamp=v.prepared_timestamp_ms if v.prepared_timestamp_ms > 0 else -1,
-        transaction_version=v.transaction_version or 2)
+        transaction_version=v.transaction_version or 2,
+        ongoing_txn_producer_id=v.ongoing_txn_producer_id if v.HasField("ongoing_txn_producer_id") else -1,
+        ongoing_txn_producer_epoch=v.ongoing_txn_producer_epoch if v.HasField("ongoing_txn_producer_epoch") else -1)
 
 
 def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, timestamp_ms: int,

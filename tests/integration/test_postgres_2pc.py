@@ -3,11 +3,19 @@ against a real cluster and a real PostgreSQL server (Debian's postgresql):
 recovery of a prepared transaction commits it when the database holds its state and
 aborts it when it does not; init_transactions(keep_prepared_txn=True) keeps a prepared
 transaction that a plain init_transactions() would abort; the asyncio SDK does the same
-(docs/design.md, "Two-phase commit with a database")."""
+(docs/design.md, "Two-phase commit with a database"). A zombie instance that comes
+back after the new one recovered -- in its database transaction, or paused (SIGSTOP)
+between its database COMMIT and its EndTxn -- is fenced, and both sides stay equal."""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import pathlib
+import select
+import signal
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -229,10 +237,71 @@ def test_recovery_waits_for_a_zombie_inside_its_database_transaction(cluster, po
                                                      "WHERE wait_event_type = 'Lock'").fetchone()[0] == 1
                              or recovered.done(), 60, "the successor to wait for the row lock")
                 assert not recovered.done()
-                release.set()  # the zombie commits the database, then the log
-                zombie_done.result(60)
+                release.set()  # the zombie commits the database, then is fenced in the log
+                with pytest.raises(errors.ProducerFencedError):
+                    zombie_done.result(60)
                 assert recovered.result(60) == "committed"  # the database decided: commit, once
+                # The zombie is fenced for good; the successor goes on.
+                with pytest.raises(errors.ProducerFencedError):
+                    zombie_work()
+                with exactly_pg.transaction(conn2, successor) as tx:
+                    successor.send(topic, b"s", partition=0)
+                    tx.cursor.execute("INSERT INTO rows_zombie (v) VALUES ('s')")
                 successor.close()
         zombie.close()
-        assert _table(conn, "rows_zombie") == ["z"]
-    assert read_values(cluster, topic, 2, "read_committed") == [b"z"]
+        assert _table(conn, "rows_zombie") == ["s", "z"]
+    assert read_values(cluster, topic, 2, "read_committed") == [b"s", b"z"]
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP): state T in /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _line(proc: subprocess.Popen, timeout_s: float = 60) -> dict:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert ready, f"no line from the zombie process within {timeout_s} s"
+    line = proc.stdout.readline()
+    assert line, f"the zombie process exited ({proc.poll()})"
+    return json.loads(line)
+
+
+def test_zombie_paused_between_its_database_commit_and_its_end_txn_is_fenced(cluster, postgres):
+    """Steps 1-5 with exactly.postgres and real processes: the old instance (a process
+    of its own) commits its unit of work in the database and is stopped (SIGSTOP)
+    before its EndTxn; the new instance recovers -- the database holds the state, so
+    it commits the transaction -- and goes on; the old one, continued (SIGCONT), is
+    fenced: its EndTxn and its next unit raise ProducerFencedError. Table and topic
+    hold the same units, each once."""
+    topic, tid = create_topic(cluster), _name("pg-paused")
+    values = [f"z{i}" for i in range(5)]
+    with _connect(postgres, "rows_paused") as conn:
+        zombie = subprocess.Popen(
+            [sys.executable, str(pathlib.Path(__file__).with_name("pg_zombie.py")), cluster.bootstrap_servers,
+             postgres.dsn, tid, topic, "rows_paused", ",".join(values)],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert _line(zombie) == {"stopping": "database_committed"}
+            wait_for(lambda: _stopped(zombie.pid), 30, "the zombie to stop")
+            assert _table(conn, "rows_paused") == values  # its database transaction committed
+            successor = _producer(cluster, tid)
+            assert exactly_pg.recover(conn, successor) == "committed"
+            assert read_values(cluster, topic, 2, "read_committed") == sorted(v.encode() for v in values)
+            zombie.send_signal(signal.SIGCONT)  # right after the recovery, before the successor's next unit
+            assert _line(zombie) == {"unit": "ProducerFencedError"}
+            assert _line(zombie) == {"next": "ProducerFencedError"}
+            assert zombie.wait(60) == 0
+            for value, partition in (("live", 0), ("after", 1)):  # the successor is not fenced by it
+                with exactly_pg.transaction(conn, successor) as tx:
+                    successor.send(topic, value.encode(), partition=partition)
+                    tx.cursor.execute("INSERT INTO rows_paused (v) VALUES (%s)", (value,))
+            successor.close()
+        finally:
+            if zombie.poll() is None:
+                zombie.kill()
+                zombie.wait(30)
+        expected = sorted([*values, "live", "after"])
+        assert _table(conn, "rows_paused") == expected
+    assert read_values(cluster, topic, 2, "read_committed") == [v.encode() for v in expected]
+    assert sorted(read_values(cluster, topic, 2, "read_uncommitted")) == [v.encode() for v in expected]

@@ -35,7 +35,8 @@ NOTES: dict[int, str] = {
     16: "any port answers the union of every group coordinator's groups (each asked with a deadline)",
     9: "require_stable",
     19: "from v5 the result lists the topic's configs",
-    22: "elsewhere: an idempotent producer's is forwarded to a transaction coordinator",
+    22: "v6: keep_prepared_txn keeps a prepared transaction under a new epoch (KIP-939; enable2_pc refused); "
+        "elsewhere: an idempotent producer's is forwarded to a transaction coordinator",
     29: "resource types Topic, Group, Cluster, TransactionalId; patterns LITERAL, PREFIXED, ANY, MATCH",
     30: "INVALID_REQUEST with a message for values outside Exactly's model (host other than *, "
         "USER or DELEGATION_TOKEN resources, token operations)",

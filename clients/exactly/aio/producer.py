@@ -270,7 +270,8 @@ class AIOProducer:
     async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """As `exactly.Producer.init_transactions`: `await init_transactions(timeout)`
         fences older instances (KIP-98); keep_prepared_txn=True keeps a prepared
-        transaction of the id (KIP-939), to decide with `complete_transaction(state)`.
+        transaction of the id (KIP-939), to decide with `complete_transaction(state)`,
+        and fences older instances all the same (a new epoch).
         The call of earlier releases with the input partitions first runs
         `init_transactions_for_group` with a DeprecationWarning."""
         self._p._check_open()

@@ -81,7 +81,7 @@ SURFACE: dict[int, Served] = {
     DELETE_RECORDS: Served(PARTITION_LEADER, 0, 2), DESCRIBE_PRODUCERS: Served(PARTITION_LEADER, 0, 0),
     DESCRIBE_LOG_DIRS: Served(PARTITION_LEADER, 1, 4),
     # Transaction coordinators (services.txn_coordinator.kafka_api).
-    INIT_PRODUCER_ID: Served(TXN_COORDINATOR, 0, 4), ADD_PARTITIONS_TO_TXN: Served(TXN_COORDINATOR, 0, 3),
+    INIT_PRODUCER_ID: Served(TXN_COORDINATOR, 0, 6), ADD_PARTITIONS_TO_TXN: Served(TXN_COORDINATOR, 0, 3),
     ADD_OFFSETS_TO_TXN: Served(TXN_COORDINATOR, 0, 3), END_TXN: Served(TXN_COORDINATOR, 0, 4),
     LIST_TRANSACTIONS: Served(TXN_COORDINATOR, 0, 0), DESCRIBE_TRANSACTIONS: Served(TXN_COORDINATOR, 0, 0),
     # Group coordinators (services.group_coordinator.kafka_api).

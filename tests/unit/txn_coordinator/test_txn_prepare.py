@@ -252,21 +252,21 @@ def test_prepare_txn_over_grpc():
     run(scenario())
 
 
-def test_init_with_keep_prepared_txn_keeps_a_prepared_transaction_and_logs_nothing():
+def test_init_with_keep_prepared_txn_keeps_a_prepared_transaction_under_a_new_client_epoch():
     async def scenario():
         h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t")
         await h.coord.prepare_txn("t", pid, epoch)
-        n = len(h.log.entries())
         r = await h.coord.init_producer_id("t", 60000, keep_prepared_txn=True)
-        assert (r.error, r.producer_id, r.producer_epoch, r.kept_prepared) == (E.NONE, pid, epoch, True)
-        assert len(h.log.entries()) == n and h.md("t").is_prepared
-        # EndTxn with the kept PID and epoch decides it; the next init bumps as usual.
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert (r.error, r.producer_id, r.producer_epoch, r.kept_prepared) == (E.NONE, pid, epoch + 1, True)
+        assert (r.ongoing_txn_producer_id, r.ongoing_txn_producer_epoch) == (pid, epoch)
+        assert h.md("t").is_prepared and h.log.entries()[-1].transit.state is S.ONGOING
+        # EndTxn with the new client-facing epoch decides it; the next init bumps as usual.
+        assert (await h.coord.end_txn("t", pid, epoch + 1, True)).error == E.NONE
         await h.settle()
         r = await h.coord.init_producer_id("t", 60000, keep_prepared_txn=True)
-        assert (r.error, r.kept_prepared) == (E.NONE, False) and r.producer_epoch > epoch + 1
+        assert (r.error, r.kept_prepared) == (E.NONE, False) and r.producer_epoch > epoch + 2
 
     run(scenario())
 
