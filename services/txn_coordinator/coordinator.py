@@ -46,7 +46,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Coroutine, Iterable
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
@@ -230,50 +230,68 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
         return ErrorCode.NONE, part
 
+    async def _shielded(self, work: Coroutine[None, None, ErrorCode], name: str,
+                        after: Callable[[ErrorCode], None] | None = None) -> ErrorCode:
+        """The one way the coordinator writes to its log: `work` -- an append and the
+        application of its outcome to the cache -- runs in a task of its own (named
+        `name`), shielded from the caller's cancellation (a client deadline, a
+        disconnect, a broken tunnel stream), so the outcome is applied from the
+        append's own result whatever becomes of the caller, as Kafka applies it in
+        the append callback. `after(code)` (optional) runs once with the result: in
+        the caller before this returns, or, when the caller was cancelled, as soon as
+        the task ended. Returns the task's ErrorCode; cancelling the caller raises
+        CancelledError in the caller only."""
+        task = self._spawn(None, work, name)
+        try:
+            code = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if after is not None:
+                task.add_done_callback(
+                    lambda t: after(t.result()) if not t.cancelled() and t.exception() is None else None)
+            raise
+        if after is not None:
+            after(code)
+        return code
+
     async def _append(self, part: TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
-                      on_complete: Callable[[], None] | None = None) -> ErrorCode:
+                      on_complete: Callable[[], None] | None = None,
+                      bindings: list[tuple[int, txn_log.ProducerIdBinding | None]] | None = None) -> ErrorCode:
         """Append `transit` (md must have it pending) and complete or cancel it.
         Returns NONE, NOT_COORDINATOR (ownership lost meanwhile),
         COORDINATOR_LOAD_IN_PROGRESS (outcome unknown: the partition reloads),
         COORDINATOR_NOT_AVAILABLE (retriable log failure) or UNKNOWN_SERVER_ERROR.
 
-        The outcome is applied from the append's own result, as Kafka applies it in
-        the append callback, whatever becomes of the caller: the append and its
-        application run in a task of their own, shielded from the caller's
-        cancellation (a client deadline, a disconnect, a broken tunnel stream). A
-        record that waits in the group-commit queue (adapters.ClusterTxnLog) goes out
-        even when its request is abandoned, so the transition completes when the
-        record is written, is cancelled when the append failed, and the partition
-        reloads when the outcome is unknown: the cache always agrees with the log.
-        `on_complete` (no arguments) runs once the transition completed, e.g. to
-        start the completion of a Prepare record: in the caller before `_append`
-        returns NONE, or, when the caller was cancelled, as soon as the append task
-        completed the transition. Cancelling the caller raises CancelledError in the
-        caller only."""
+        Through `_shielded`: a record that waits in the group-commit queue
+        (adapters.ClusterTxnLog) goes out even when its request is abandoned, so the
+        transition completes when the record is written, is cancelled when the append
+        failed, and the partition reloads when the outcome is unknown: the cache
+        always agrees with the log. `bindings` (producer-id binding records, see
+        `_write_bindings`) are appended first, in the same task: when they fail the
+        transition is cancelled and their error returned. `on_complete` (no
+        arguments) runs once the transition completed, e.g. to start the completion
+        of a Prepare record: in the caller before `_append` returns NONE, or, when
+        the caller was cancelled, as soon as the append task completed the
+        transition."""
         if not self._owns(part):
             md.cancel_transition()
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_batch(md.transactional_id, transit, self._clock(),
                                      producer_id=part.producer_id, producer_epoch=part.producer_epoch)
         self._note_active(md.transactional_id)
-        append = self._spawn(None, self._append_and_apply(part, md, transit, batch),
-                             f"txn-append-{md.transactional_id}")
-        try:
-            code = await asyncio.shield(append)
-        except asyncio.CancelledError:
-            if on_complete is not None:
-                append.add_done_callback(
-                    lambda t: on_complete() if not t.cancelled() and t.exception() is None
-                    and t.result() == ErrorCode.NONE else None)
-            raise
-        if code == ErrorCode.NONE and on_complete is not None:
-            on_complete()
-        return code
+        return await self._shielded(
+            self._append_and_apply(part, md, transit, batch, bindings), f"txn-append-{md.transactional_id}",
+            None if on_complete is None else lambda code: on_complete() if code == ErrorCode.NONE else None)
 
     async def _append_and_apply(self, part: TxnPartition, md: TransactionMetadata, transit: TxnTransitMetadata,
-                                batch: bytes) -> ErrorCode:
-        """The body of `_append`: one append of `batch`, then its outcome applied to md."""
+                                batch: bytes, bindings: list | None = None) -> ErrorCode:
+        """The body of `_append`: the bindings (if any), then one append of `batch`,
+        then its outcome applied to md."""
         try:
+            if bindings:
+                code = await self._write_bindings(part, bindings)
+                if code != ErrorCode.NONE:
+                    md.cancel_transition()
+                    return code
             code = await self._log.append(part.partition, batch)
         except BaseException:
             md.cancel_transition()

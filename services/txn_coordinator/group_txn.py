@@ -15,7 +15,6 @@ the draft only through these hooks: `_init_group` (InitProducerId),
 """
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
 class GroupTxn:
     """The KIP-447 draft part of the coordinator. Uses the coordinator's `_lookup`,
-    `_spawn`, `_fence_and_abort`, `_owns`, `_restart`, `_is_fenced`, clock and log."""
+    `_spawn`, `_shielded`, `_fence_and_abort`, `_owns`, `_restart`, `_is_fenced`, clock and log."""
 
     async def _init_group(self, tid: str, group: GroupAssignment) -> InitProducerIdResult | None:
         """KIP-447 draft, "Proposed Changes": the group-aware part of InitProducerId,
@@ -85,9 +84,8 @@ class GroupTxn:
             return ErrorCode.NOT_COORDINATOR
         batch = txn_log.encode_group_batch(group_id, tid, assignment, self._clock(),
                                            producer_id=part.producer_id, producer_epoch=part.producer_epoch)
-        append = self._spawn(None, self._append_group_and_apply(part, tid, group_id, assignment, batch),
-                             f"txn-append-group-{tid}")
-        return await asyncio.shield(append)
+        return await self._shielded(self._append_group_and_apply(part, tid, group_id, assignment, batch),
+                                    f"txn-append-group-{tid}")
 
     async def _append_group_and_apply(self, part: TxnPartition, tid: str, group_id: str,
                                       assignment: GroupAssignment | None, batch: bytes) -> ErrorCode:

@@ -147,17 +147,15 @@ class TxnRequests:
                                                 message="aborting the ongoing transaction of the previous producer")
                 case InitAppends(part, md, transit):
                     break
+        bindings = None
         if self.bind_producer_ids:
             wanted = txn_log.ProducerIdBinding(principal, transactional_id, self._clock())
             current = part.bindings.get(transit.producer_id)
             if current is None or (current.principal, current.transactional_id) != (principal, transactional_id):
-                err = await self._append_bindings(part, [(transit.producer_id, wanted)])
-                if err:
-                    md.cancel_transition()
-                    return InitProducerIdResult(err, message="the producer id could not be bound; retry")
+                bindings = [(transit.producer_id, wanted)]  # written before the transition, in its append
             else:
                 part.binding_used[transit.producer_id] = self._monotonic()
-        err = await self._append(part, md, transit)
+        err = await self._append(part, md, transit, bindings=bindings)
         if err:
             return InitProducerIdResult(err)
         if transit.state is TxnState.ONGOING:  # a kept prepared transaction (KIP-939)
@@ -198,10 +196,18 @@ class TxnRequests:
     async def _append_bindings(self, part: TxnPartition,
                                items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
         """Append binding records (None: the tombstone) to `part` as one batch and,
-        once written, apply them to its bindings. Returns NONE, NOT_COORDINATOR (not
-        the owner any more) or COORDINATOR_NOT_AVAILABLE (the append failed or its
-        outcome is unknown: a binding of a producer id never handed out, or a
-        tombstone not applied, is harmless and expires or is retried)."""
+        once written, apply them to its bindings (`_write_bindings`), shielded from the
+        caller's cancellation as every append of the log (`_shielded`). Returns NONE,
+        NOT_COORDINATOR (not the owner any more) or COORDINATOR_NOT_AVAILABLE (the
+        append failed or its outcome is unknown: a binding of a producer id never
+        handed out, or a tombstone not applied, is harmless and expires or is
+        retried)."""
+        return await self._shielded(self._write_bindings(part, items), f"txn-append-bindings-{part.partition}")
+
+    async def _write_bindings(self, part: TxnPartition,
+                              items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
+        """The body of `_append_bindings` (and the first step of an `_append` with
+        bindings): one append of the binding records, then their application."""
         if not self._owns(part):
             return ErrorCode.NOT_COORDINATOR
         now = self._clock()

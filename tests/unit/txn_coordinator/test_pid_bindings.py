@@ -3,7 +3,10 @@ issued in partition producer id % n, checked by VerifyProducerId, replayed by a 
 owner, expired with producer state."""
 from __future__ import annotations
 
-from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
+import asyncio
+
+import pytest
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
@@ -178,4 +181,40 @@ def test_a_producer_id_issued_before_bindings_is_replaced_by_one_of_its_partitio
         r = await h.coord.init_producer_id(old[0], 60000, principal="User:alice")
         assert r.error == E.NONE and r.producer_id != old[1] and r.producer_id % N == partition
         assert h.coord.verify_producer_id(r.producer_id, "User:alice", old[0], True) == (E.NONE, "")
+    run(scenario())
+
+
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "idempotent"])
+def test_an_init_cancelled_while_its_binding_record_waits_in_the_group_commit(transactional):
+    """InitProducerId is cancelled (a client deadline, a disconnect) while the binding
+    record of its producer id waits in the partition leader's group-commit queue. The
+    record goes out all the same; the binding and the transition it precedes are
+    applied from the append's own result, so the transactional.id is not left with an
+    epoch bump pending (every later request CONCURRENT_TRANSACTIONS) and the cache's
+    bindings agree with the log."""
+    async def scenario():
+        log = GroupCommitLog()
+        h = await _owner_of_all(log)
+        tid = "tx-cancelled" if transactional else ""
+        log.request_gate = asyncio.Event()
+        request = asyncio.create_task(h.coord.init_producer_id(tid, 60000, principal="User:alice"))
+        await log.requested.wait()  # the binding record is in the request held at the leader
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        log.request_gate.set()
+        await log.answered.wait()
+        await h.settle()
+        log.request_gate = None
+        if transactional:
+            part = h.topology.txn_partition_for(tid)
+            md = h.md(tid, part)
+            again = await h.coord.init_producer_id(tid, 60000, principal="User:alice")
+            assert (again.error, again.producer_id, again.producer_epoch) == (E.NONE, md.producer_id, 1)
+            assert _bindings(log, part)[md.producer_id] == txn_log.ProducerIdBinding("User:alice", tid,
+                                                                                     h.wall.now)
+        else:
+            assert sum(len(_bindings(log, p)) for p in range(N)) == 1
+        for p in range(N):
+            assert h.coord._parts[p].bindings == _bindings(log, p)
     run(scenario())
