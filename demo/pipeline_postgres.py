@@ -3,7 +3,7 @@ atomically (exactly.postgres: KIP-939 two-phase commit, the database deciding).
 
     python -m demo.pipeline_postgres --bootstrap-servers H:P[,H:P] --dsn DSN
         [--transactional-id ID] [--status-file F] [--max-records 100]
-        [--hold-at STEP --hold-after N]
+        [--hold-at STEP --hold-after N [--pause]]
 
 Each poll's records become one unit of work: an `invoices` row and a `shipments`
 record per purchased item, plus the consumed offsets in the same database
@@ -14,14 +14,18 @@ prepared transaction as the database says, then continues from the database's of
 
 --hold-at STEP (before_prepare, prepared, database_committed, completed) makes the
 worker, once it has copied N items, stop at that step of a transaction, report
-"holding" in the status file and wait there until it is killed. Runs until
-SIGTERM/SIGINT.
+"holding" in the status file and wait there until it is killed; with --pause it
+stops itself there with SIGSTOP instead, and goes on where it was when continued
+(SIGCONT). A worker fenced by a newer instance of its transactional.id
+(ProducerFencedError) reports "fenced" and exits: the newer one owns the work. Runs
+until SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import pathlib
 import signal
 import sys
@@ -91,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     producer_conf = {"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
                      "transaction.timeout.ms": 60000, "linger.ms": 5}
     status("starting")
+    fenced = False
     try:
-        while not _stop:
+        while not _stop and not fenced:
             conn = connect(args.dsn, status)
             producer = Producer(producer_conf)
             try:
@@ -109,6 +114,11 @@ def run(args: argparse.Namespace) -> int:
                 recovery["recovered"] = outcome
                 status("running", copied=copied)
                 copy_loop(args, conn, consumer, producer, status, lambda n, base=copied: n + base)
+            except errors.ProducerFencedError as exc:
+                # A newer instance of the transactional.id took over (KIP-939 recovery
+                # fences the old instance): its recover() decides what was left; stop.
+                print(f"pipeline: fenced by a newer instance ({exc}); stopping", file=sys.stderr)
+                fenced = True
             except (psycopg.OperationalError, errors.ExactlyError) as exc:
                 # The database or the log failed mid-way: start over with a new producer,
                 # whose recover() decides any transaction left prepared.
@@ -118,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 producer.close()
                 conn.close()
     finally:
-        status("stopped")
+        status("fenced" if fenced else "stopped")
         consumer.close()
     return 0
 
@@ -130,6 +140,10 @@ def copy_loop(args, conn, consumer, producer, status, total_after) -> None:
         if step == args.hold_at and total_after(done) >= args.hold_after:
             producer.flush()
             status("holding", step=step)
+            if args.pause:
+                args.hold_at = None  # once: continued, the worker goes on with this transaction
+                os.kill(os.getpid(), signal.SIGSTOP)
+                return
             while True:  # at this step of the transaction, until killed
                 time.sleep(1)
 
@@ -162,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-records", type=int, default=100)
     parser.add_argument("--hold-at", choices=exactly_pg.STEPS)
     parser.add_argument("--hold-after", type=int, default=0)
+    parser.add_argument("--pause", action="store_true", help="at the hold point, stop with SIGSTOP (until SIGCONT)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     signal.signal(signal.SIGTERM, _on_signal)

@@ -44,17 +44,19 @@ COORDINATOR_AT, LEADER_AT = 0.6, 0.8
 
 
 class PgWorker(Worker):
-    """One demo.pipeline_postgres process (status() and check_alive() as the purchases Worker's)."""
+    """One demo.pipeline_postgres process (status() and check_alive() as the purchases
+    Worker's). hold_at / hold_after: where it holds; pause: it stops itself there with
+    SIGSTOP (`stopped()`), and goes on when continued (`cont()`)."""
 
     def __init__(self, bootstrap: str, dsn: str, run_dir: pathlib.Path, name: str, hold_at: str | None = None,
-                 hold_after: int = 0, max_records: int = 100, cluster=None):
+                 hold_after: int = 0, max_records: int = 100, cluster=None, pause: bool = False):
         self.name = name
         self.status_file = run_dir / f"{name}.status"
         self.status_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "demo.pipeline_postgres", "--bootstrap-servers", bootstrap, "--dsn", dsn,
                "--status-file", str(self.status_file), "--max-records", str(max_records)]
         if hold_at:
-            cmd += ["--hold-at", hold_at, "--hold-after", str(hold_after)]
+            cmd += ["--hold-at", hold_at, "--hold-after", str(hold_after)] + (["--pause"] if pause else [])
         (run_dir / "logs").mkdir(exist_ok=True)
         self.log = open(run_dir / "logs" / f"{name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -63,6 +65,17 @@ class PgWorker(Worker):
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (SIGSTOP): state T in /proc/PID/stat."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except FileNotFoundError:
+            return False
+
+    def cont(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
