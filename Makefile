@@ -2,10 +2,15 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup demo spark-demo test unit unit-waits compat soak fuzz proto bench docs down clean
+.PHONY: setup dev demo spark-demo test unit unit-waits compat soak fuzz proto bench docs down clean
 
 setup:
 	@bash scripts/setup.sh
+
+# Only what a dev cluster and the SDK need (README.md, "Quick start"): ZooKeeper, Java, .venv
+# with the services; make setup (every other target) adds the test tools and the rest.
+dev:
+	@bash scripts/setup.sh dev
 
 # make demo DEMO_ARGS="--replication-factor 3 --txn-coordinators 2 --group-coordinators 2"
 demo: setup
@@ -28,7 +33,7 @@ unit: setup
 unit-waits: setup
 	$(PY) -m pytest -q -p no:cacheprovider -p tests.real_waits tests/unit
 
-# The compatibility suite at full size (README, "Compatibility"): KafkaJS 2.2.4 copying 5,000 ids
+# The compatibility suite at full size (docs/kafka-clients.md, "Compatibility"): KafkaJS 2.2.4 copying 5,000 ids
 # through two SIGKILLs, faust-streaming, FastStream, kafka-python, aiokafka, kcat, Quix Streams
 # against a dev cluster; `make test` runs the same tests at a short size.
 compat: setup
@@ -57,7 +62,7 @@ soak: setup
 	EXACTLY_KEEPALIVE_IDLE_S=240 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_keepalive.py
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
-# the figures go to $(RUN_DIR)/fuzz-report.json (README, "Hostile input").
+# the figures go to $(RUN_DIR)/fuzz-report.json (docs/security.md, "Hostile input").
 FUZZ_REQUESTS ?= 2000
 fuzz: setup
 	mkdir -p $(RUN_DIR)
@@ -68,7 +73,7 @@ fuzz: setup
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh
 
-# Every figure of README's performance table in one run (bench/suite.py); the results go to
+# Every figure of the benchmarks page (docs/benchmarks.md) in one run (bench/suite.py); the results go to
 # $(RUN_DIR)/bench/results.json. make bench BENCH_ARGS="--quick" | "--profile DIR" | sizes (--help).
 bench: setup
 	@command -v redis-benchmark >/dev/null 2>&1 || { echo "bench: installing redis-server and redis-tools with apt-get"; \

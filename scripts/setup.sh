@@ -6,13 +6,18 @@
 # a PostgreSQL server, the clock-fault tests libfaketime from faketime, the storage-failure
 # tests FUSE 3), then a
 # virtualenv with the package and its development tools.
+#
+# `scripts/setup.sh dev` (make dev) installs only what a dev cluster and the SDK need:
+# ZooKeeper and a Java runtime, and .venv with the services and the gRPC code generator.
 # Safe to run again: steps already done are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+mode=${1:-full}
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+if [ "$mode" = full ]; then
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
@@ -23,6 +28,7 @@ command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 # libfaketime, preloaded into services by the clock-fault tests (tests/clockfault.py)
 [ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
@@ -36,7 +42,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ "$mode" = dev ]; then
+  # the services and the SDK, and the gRPC code generator for the step below
+  if [ ! -f "$stamp" ] && { [ ! -f "$stamp-dev" ] || [ pyproject.toml -nt "$stamp-dev" ]; }; then
+    echo "setup: installing the services and the SDK"
+    .venv/bin/pip install -q -e '.[server,proto]'
+    touch "$stamp-dev"
+  fi
+elif [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing Python packages"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev]'
@@ -50,6 +63,8 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   echo "setup: generating gRPC code from protos/"
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
+
+[ "$mode" = dev ] && exit 0
 
 # The compatibility suite's frameworks (tests/compat, make compat), each in its own
 # virtualenv under .compat/: their pins may clash with the project's and with each other.
@@ -69,6 +84,6 @@ compat_venv() {  # NAME STAMP-KEY PIP-ARGS...
 # subprocess (.venv has the newest confluent-kafka).
 compat_venv quix "quixstreams==3.28.1" quixstreams==3.28.1
 compat_venv confluent-2.12 "confluent-kafka==2.12.1" confluent-kafka==2.12.1
-# the versions README's "Compatibility" table names
+# the versions the compatibility table names (docs/kafka-clients.md, "Compatibility")
 compat_venv faust "faust-streaming==0.15.3" faust-streaming==0.15.3
 compat_venv faststream "faststream[kafka,confluent]==0.7.8" "faststream[kafka,confluent]==0.7.8"
