@@ -1,4 +1,4 @@
-"""`python -m bench`: the benchmark suite (bench/suite.py), every figure of the README's performance table in one run."""
+"""`python -m bench`: the benchmark suite (bench/suite.py), every figure of the benchmarks page (docs/benchmarks.md) in one run."""
 import sys
 
 from .suite import main

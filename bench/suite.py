@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> dict:
             for key, mode, interval in modes:
                 topic = f"bench-{key.replace('_', '-')}-{rep}"
                 # flush.messages=1: every append fsynced before it is acknowledged (durability
-                # of RF 1 against power loss; README, "Disk faults and durability").
+                # of RF 1 against power loss; docs/operating/failures.md, "Disk faults and durability").
                 create_topic(main, topic, configs={"flush.messages": "1"} if key == "flush_messages_1" else None)
                 runs[key].append(producer_perf.produce_run(bootstrap, topic, mode, n, size, interval))
         labels = {"plain": "plain produce (acks=1), 1 SDK producer, 1 KB records",

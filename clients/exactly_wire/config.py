@@ -7,7 +7,7 @@ of settings (values may be native Python values or strings, as from `--set` or a
 properties file) and returns the model with every key resolved (defaults filled).
 An unknown key, a key Exactly deliberately does not support, or a wrong value raises
 `ConfigurationError` (the SDK's `errors.ConfigurationError`) naming the key, the value and what is allowed.
-`markdown_table(schema)` renders the reference tables of the README from the same
+`markdown_table(schema)` renders the configuration reference's tables (docs/reference/configuration.md) from the same
 definitions (docs/design.md, "SDK"). The client schemas are in `exactly.config`,
 the services' in `services.common.settings`.
 

@@ -9,7 +9,7 @@ Read by the partition leader (`PartitionConfig.from_settings` resolves topic val
 else broker-level setting, else default), by the Cluster RPCs and the Kafka config
 APIs (validation, DescribeConfigs types, sources and synonyms), by the partition
 leader's settings schema (`services.common.settings`: the broker-level defaults) and
-by the README's topic-config table (`exactly_tools.config_docs`).
+by the topic-config table of docs/reference/configuration.md (`exactly_tools.config_docs`).
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def validate_topic_configs(configs: Mapping[str, str]) -> str | None:
 
 
 def markdown_table() -> str:
-    """The README's topic-config table: key, broker-level setting giving the default,
+    """The topic-config table of docs/reference/configuration.md: key, broker-level setting giving the default,
     allowed values, default, description (one row per key, schema order)."""
     rows = ["| topic config | process default | allowed | default | description |", "|---|---|---|---|---|"]
     for d in SCHEMA:

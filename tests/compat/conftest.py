@@ -1,4 +1,4 @@
-"""The compatibility suite (README, "Compatibility"): unmodified third-party Kafka
+"""The compatibility suite (docs/kafka-clients.md, "Compatibility"): unmodified third-party Kafka
 clients and stream-processing frameworks against a dev cluster's Kafka listeners.
 
 `make compat` runs it at full size (EXACTLY_COMPAT_FULL=1); `make test` runs the same

@@ -1,6 +1,6 @@
 """The alerting rules the chart ships (deploy/helm/exactly/files/alerts.yaml): a plain
 Prometheus rules file (promtool when installed), every expression parsed, only exported
-metric names, annotations and a runbook anchor that exists in README.md; and the
+metric names, annotations and a runbook anchor that exists in docs/operating/alerts.md; and the
 optional PrometheusRule: off by default, the same groups when enabled, its options, and
 its structure checked against the PrometheusRule CRD's schema for `spec` (a CRD, which
 kubernetes-validate has no schema for)."""
@@ -75,12 +75,12 @@ def test_every_alert_parses_uses_exported_metrics_and_keeps_namespace_and_job(ru
 
 
 @pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r["alert"])
-def test_every_alert_has_a_summary_a_description_and_a_runbook_in_the_readme(rule):
+def test_every_alert_has_a_summary_a_description_and_a_runbook_in_the_docs(rule):
     annotations = rule["annotations"]
     assert annotations["summary"].strip() and annotations["description"].strip()
-    assert annotations["runbook_url"] == f"README.md#{rule['alert'].lower()}"
-    readme = (REPO / "README.md").read_text()
-    assert f"\n#### {rule['alert']}\n" in readme, rule["alert"]  # GitHub's anchor: the lowercased heading
+    assert annotations["runbook_url"] == f"docs/operating/alerts.md#{rule['alert'].lower()}"
+    runbooks = (REPO / "docs" / "operating" / "alerts.md").read_text()
+    assert f"\n## {rule['alert']}\n" in runbooks, rule["alert"]  # the anchor: the lowercased heading
 
 
 def test_promtool_accepts_the_rules_file():

@@ -1,7 +1,7 @@
 """The `exactly` command line through its installed entry point (`.venv/bin/exactly`
 in a subprocess) against real processes: every subcommand, --json, and the error
 paths (a bad flag, an unknown topic, an unreachable cluster: one line on stderr, a
-non-zero exit, no traceback). README, "Operating Exactly"."""
+non-zero exit, no traceback). docs/operating/cli.md."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
 """Kafka's config admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs)
 on the Kafka ports of a real dev cluster, with unmodified clients: confluent-kafka's
 AdminClient and kafka-python's KafkaAdminClient (docs/design.md, "Administration";
-README, "Config admin APIs"). A change made over the Kafka port is seen over gRPC."""
+docs/kafka-clients.md, "Config admin APIs"). A change made over the Kafka port is seen over gRPC."""
 from __future__ import annotations
 
 import uuid

@@ -1,4 +1,4 @@
-"""Every SDK call ends within its documented bound (README, "Timeouts"), sync and
+"""Every SDK call ends within its documented bound (docs/sdk.md, "Timeouts: what each one bounds"), sync and
 asyncio, whatever the cluster does: a transaction coordinator stopped with SIGSTOP, a
 cluster killed with SIGKILL, a closed port, a server that accepts TCP and never
 answers, a partition leader stopped, a group coordinator stopped. Each call gets

@@ -161,7 +161,7 @@ def test_kafka_config_apis_need_describe_configs_and_alter_configs(secured):
     """DescribeConfigs and the alters over the Kafka port are authorized per resource
     as in Kafka: DescribeConfigs on the topic (or the Cluster for a BROKER resource) to
     describe, AlterConfigs to alter; Alter alone does not do; a refused alter changes
-    nothing (README, "Config admin APIs")."""
+    nothing (docs/kafka-clients.md, "Config admin APIs")."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import (AdminClient as KAdmin, AlterConfigOpType, ConfigEntry, ConfigResource,
                                        ResourceType)

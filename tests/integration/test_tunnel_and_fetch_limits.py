@@ -1,5 +1,5 @@
 """What one client can make a partition leader hold, on real processes (docs/design.md,
-"Tunnel and fetch limits"; README, "Security"):
+"Tunnel and fetch limits"; docs/security.md):
 
 - `Tunnel/Calls` is the services' own stream: a principal without ClusterAction on
   the Cluster (here one allowed to read the topic directly) is refused before any of

@@ -1,5 +1,5 @@
-"""The design's generated parts match the tree: its table of contents names every section
-and the module map page every module (exactly_tools.design_docs)."""
+"""The design's generated parts match the tree: its contents (docs/design.md) name every page
+of docs/design/ and its sections, the module map page every module (exactly_tools.design_docs)."""
 import pathlib
 
 import pytest
@@ -22,9 +22,14 @@ def test_a_new_module_makes_the_map_drift(tmp_path: pathlib.Path):
     for package in design_docs.PACKAGES:
         (tmp_path / package).mkdir(parents=True)
     (tmp_path / "services" / "fresh.py").write_text('"""A module the map does not list yet. More."""\n')
-    text = "<!-- toc -->\n<!-- /toc -->\n## One\n<!-- module-map -->\n<!-- /module-map -->\n"
+    (tmp_path / "docs" / "design").mkdir(parents=True)
+    (tmp_path / "docs" / "design" / "one.md").write_text("# One\n\n## Sub `x`\n\n### Deeper\n\n## One\n")
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\nx: !!python/name:os.getcwd\n"
+                                         "nav:\n  - Home: index.md\n  - Design:\n"
+                                         "      - Overview: design.md\n      - One: design/one.md\n")
+    text = "<!-- toc -->\n<!-- /toc -->\n<!-- module-map -->\n<!-- /module-map -->\n"
     out = design_docs.render(text, tmp_path)
-    assert "- [One](#one)" in out
+    assert "- [One](design/one.md)\n  - [Sub x](design/one.md#sub-x)\n  - [One](design/one.md#one-1)\n" in out
     assert "#### `services/`" in out and "| `fresh.py` | A module the map does not list yet. |" in out
     (tmp_path / "services" / "bare.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="bare.py"):

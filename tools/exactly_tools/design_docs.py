@@ -4,8 +4,9 @@
 
 Two blocks are generated, each between its markers:
 
-- `<!-- toc -->` … `<!-- /toc -->` in the design (`DESIGN`): a link to every `##` and `###`
-  heading, nested, with the anchors GitHub gives headings;
+- `<!-- toc -->` … `<!-- /toc -->` in the design's index (`DESIGN`, docs/design.md): a link to
+  every page of the design (docs/design/*.md, in the order of the site's navigation in
+  mkdocs.yml) and to each `##` heading of it, nested, with the anchors GitHub gives headings;
 - `<!-- module-map -->` … `<!-- /module-map -->` in the module map page (`MAP_PAGE`): every
   Python module of the project's packages (`PACKAGES`; generated protobuf modules
   excepted), one table per directory, each row the module's file name and the first
@@ -23,10 +24,13 @@ import pathlib
 import re
 import sys
 
+import yaml
+
 from .generated_docs import DOCS, ROOT, regenerate
 
 DESIGN = DOCS / "design.md"
 MAP_PAGE = DOCS / "reference" / "modules.md"
+NAV_SECTION = "Design"  # the section of mkdocs.yml's nav that lists the design's pages
 
 # The directories whose Python modules the map lists, in the order it lists them.
 PACKAGES = ("clients/exactly", "clients/exactly_wire", "services", "tools/exactly_tools", "demo", "bench")
@@ -34,7 +38,6 @@ PACKAGES = ("clients/exactly", "clients/exactly_wire", "services", "tools/exactl
 _GENERATED = re.compile(r"_pb2(_grpc)?\.py$")
 _TOC = re.compile(r"(<!-- toc -->\n)(.*?)(<!-- /toc -->)", re.S)
 _MAP = re.compile(r"(<!-- module-map -->\n)(.*?)(<!-- /module-map -->)", re.S)
-_HEADING = re.compile(r"^(#{2,3}) (.+?)\s*$")
 
 
 def modules(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -87,18 +90,48 @@ def anchor(title: str, seen: dict[str, int]) -> str:
     return slug if n == 0 else f"{slug}-{n}"
 
 
-def toc(text: str) -> str:
-    """The table of contents of `text`: every `##`/`###` heading outside code fences but
-    the contents' own."""
-    lines, seen, fenced = [], {}, False
+class _NavLoader(yaml.SafeLoader):
+    """Reads mkdocs.yml, whose Python tags (e.g. the slugify function) are left as None."""
+
+
+_NavLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+
+
+def design_pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """The design's pages (relative to docs/), in the order of mkdocs.yml's nav section
+    `NAV_SECTION`. Raises ValueError when the nav has no such section."""
+    nav = yaml.load((root / "mkdocs.yml").read_text(), Loader=_NavLoader)["nav"]
+    for entry in nav:
+        if isinstance(entry, dict) and NAV_SECTION in entry:
+            items = entry[NAV_SECTION]
+            paths = [next(iter(i.values())) if isinstance(i, dict) else i for i in items]
+            return [pathlib.Path(p) for p in paths if p.startswith("design/")]
+    raise ValueError(f"mkdocs.yml's nav has no {NAV_SECTION!r} section")
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """(level, title) of every heading of Markdown `text` outside code fences."""
+    out, fenced = [], False
     for line in text.splitlines():
-        if line.startswith("```"):
+        if line.startswith(("```", "~~~")):
             fenced = not fenced
-        match = None if fenced else _HEADING.match(line)
-        if match and match.group(2) != "Contents":
-            title = match.group(2)
-            indent = "  " * (len(match.group(1)) - 2)
-            lines.append(f"{indent}- [{title.replace('`', '')}](#{anchor(title, seen)})")
+        match = None if fenced else re.match(r"^(#{1,6}) (.+?)\s*$", line)
+        if match:
+            out.append((len(match.group(1)), match.group(2)))
+    return out
+
+
+def toc(root: pathlib.Path = ROOT) -> str:
+    """The design's contents: each page (its `#` title) and its `##` headings."""
+    lines = []
+    for rel in design_pages(root):
+        seen: dict[str, int] = {}
+        for level, title in headings((root / "docs" / rel).read_text()):
+            slug = anchor(title, seen)
+            if level == 1:
+                lines.append(f"- [{title.replace('`', '')}]({rel})")
+            elif level == 2:
+                lines.append(f"  - [{title.replace('`', '')}]({rel}#{slug})")
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +139,7 @@ def render(text: str, root: pathlib.Path = ROOT) -> str:
     """`text` with its module map and then its table of contents regenerated, each where
     its markers are."""
     text = _MAP.sub(lambda m: m.group(1) + module_map(root) + m.group(3), text)
-    return _TOC.sub(lambda m: m.group(1) + toc(text) + m.group(3), text)
+    return _TOC.sub(lambda m: m.group(1) + toc(root) + m.group(3), text)
 
 
 def require_blocks(pages: dict[pathlib.Path, str]) -> None:

@@ -7,7 +7,7 @@ pyspark >= 4.0; install with the `spark` extra).
 Batch and streaming reads of topics (read_committed by default), and an
 exactly-once streaming sink built on two-phase commit
 (`Producer.prepare_transaction` / `exactly.complete_transaction`). Options and the
-guarantee: README, "Exactly-once pipelines on Spark"; design: `datasource`.
+guarantee: docs/spark.md; design: `datasource`.
 """
 from ._options import OptionError
 from .datasource import ExactlyCommitMessage, ExactlyDataSource, InjectedTaskFailure

@@ -242,7 +242,7 @@ def hold_commit_hook(opts: Mapping[str, str]) -> HoldCommitHook | None:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """The sink's settings (see README "Exactly-once pipelines on Spark")."""
+    """The sink's settings (see docs/spark.md)."""
 
     bootstrap_servers: str
     topic: str | None

@@ -22,7 +22,7 @@ appends its decision to the commits topic and completes every transaction with
 `exactly.complete_transaction`. `abort(messages, batch_id)` aborts them (or rolls
 them forward when a decision lists them). See `_commit_log` for the records.
 
-Options: README "Exactly-once pipelines on Spark"; parsing in `_options`.
+Options: docs/spark.md; parsing in `_options`.
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def read_command_config(path: str) -> dict[str, str]:
     unknown = sorted(k for k in out if k not in every)
     if unknown:
         raise CliError(f"--command-config {path}: unknown client key {unknown[0]!r} "
-                       f"(client keys: bootstrap.servers, request.timeout.ms, ... see the README)")
+                       f"(client keys: bootstrap.servers, request.timeout.ms, ... see docs/reference/configuration.md)")
     return out
 
 

@@ -1,0 +1,360 @@
+"""Running documented code blocks (tests/docs/codeblocks.py) against a dev cluster, as a
+reader runs them (docs/getting-started.md, "How the examples run").
+
+A page's blocks run in order in a working directory of their own that looks like a clone of
+the repository (its top-level entries linked, so `.venv/bin/exactly`, `data/` and `deploy/`
+resolve) with the module's dev cluster at `.run/dev` (`.run/dev/cluster.json`), and with
+`EXACTLY_BOOTSTRAP_SERVER` set to its gRPC addresses and `.venv/bin` first on `PATH`. A block
+that starts a cluster of its own (`exactly-dev up`) runs in a directory without `.run/dev`.
+
+A transactional block (one that sets a transactional.id, or writes with Spark's exactly
+sink) reads the topic `purchases` and writes `invoices` and/or `shipments`: the runner
+recreates those topics, fills `purchases` with `RECORDS` records, runs the block, SIGKILLs
+it once it has committed a transaction and has the next one open (records past the last
+stable offset), runs it again until the output is complete (stopping it if it serves on),
+and reads every output topic under read_committed: each input record must be there exactly
+once. So both ways an example can lose exactly-once show: a transaction committed without
+the input's offsets is copied again, and the open transaction's records must never show.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+import shlex
+import signal
+import subprocess
+import time
+from typing import Iterator
+
+import yaml
+
+from docs.codeblocks import ROOT, Block, blocks
+
+from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly_tools.devcluster import DevCluster
+
+INPUT = "purchases"
+OUTPUTS = ("invoices", "shipments")
+RECORDS = 2000
+PARTITIONS = 3
+# Seconds a block may run (a Spark session or a dev cluster of its own takes most of it).
+BLOCK_TIMEOUT_S = 240.0
+_NOT_LINKED = {".git", ".run", "site", "__pycache__"}
+
+
+def workdir(base: pathlib.Path, cluster: DevCluster | None) -> pathlib.Path:
+    """A directory that looks like a clone of the repository: every top-level entry linked,
+    and `.run/dev` the given cluster's directory (none when `cluster` is None)."""
+    base.mkdir(parents=True, exist_ok=True)
+    for entry in ROOT.iterdir():
+        if entry.name not in _NOT_LINKED and not (base / entry.name).exists():
+            (base / entry.name).symlink_to(entry)
+    if cluster is not None:
+        (base / ".run").mkdir(exist_ok=True)
+        if not (base / ".run" / "dev").exists():
+            (base / ".run" / "dev").symlink_to(cluster.dir)
+    return base
+
+
+def environment(cluster: DevCluster | None) -> dict[str, str]:
+    """The environment every block runs with."""
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("EXACTLY_BOOTSTRAP_SERVER", None)
+    if cluster is not None:
+        env["EXACTLY_BOOTSTRAP_SERVER"] = cluster.bootstrap_servers
+    return env
+
+
+def starts_own_cluster(block: Block) -> bool:
+    """A shell block that starts a dev cluster of its own (`exactly-dev up`)."""
+    return block.kind == "bash" and re.search(r"^\S*exactly-dev up\b", block.text, re.M) is not None
+
+
+def command(block: Block, directory: pathlib.Path) -> list[str]:
+    """The command that runs `block` in `directory` (a python block is written to a file)."""
+    if block.kind == "python":
+        path = directory / f"block_{block.line}.py"
+        path.write_text(block.text)
+        return [str(ROOT / ".venv" / "bin" / "python"), path.name]
+    if block.kind == "bash":
+        return ["bash", "-euo", "pipefail", "-c", block.text]
+    raise ValueError(f"{block.id}: a {block.kind} block does not run")
+
+
+def run(block: Block, directory: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a block to its end; AssertionError unless it exits 0 within BLOCK_TIMEOUT_S."""
+    proc = subprocess.run(command(block, directory), cwd=directory, env=env, capture_output=True, text=True,
+                          timeout=BLOCK_TIMEOUT_S, start_new_session=True)
+    assert proc.returncode == 0, f"{block.id} ({block.heading}) exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _outputs(block: Block) -> list[str]:
+    found = [t for t in OUTPUTS if re.search(rf"""["']{t}["']""", block.text)]
+    assert re.search(rf"""["']{INPUT}["']""", block.text) and found, (
+        f"{block.id}: a transactional example reads {INPUT!r} and writes {' or '.join(map(repr, OUTPUTS))} "
+        "(tests/docs/examples.py), so that its run can be checked for exactly-once")
+    return found
+
+
+def _groups(block: Block) -> list[str]:
+    return re.findall(r"""["']group\.id["']\s*:\s*["']([^"']+)["']""", block.text)
+
+
+def reset_topics(cluster: DevCluster, groups: list[str]) -> list[bytes]:
+    """Recreate the input and output topics empty, delete `groups`, and fill the input with
+    RECORDS records (keys `p0`, `p1`, ...). Returns the keys."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    try:
+        existing = set(admin.list_topics())
+        doomed = [t for t in (INPUT, *OUTPUTS) if t in existing]
+        if doomed:
+            admin.delete_topics(doomed)
+        deadline = time.monotonic() + 60
+        while groups:
+            try:
+                admin.delete_groups(groups)
+                break
+            except errors.GroupIdNotFoundError:
+                break
+            except errors.ExactlyError:
+                # members of a killed run stay until their session times out
+                assert time.monotonic() < deadline, f"groups {groups} still have members"
+                time.sleep(1)
+        admin.create_topics([NewTopic(t, PARTITIONS) for t in (INPUT, *OUTPUTS)])
+    finally:
+        admin.close()
+    keys = [f"p{i}".encode() for i in range(RECORDS)]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    try:
+        for key in keys:
+            producer.send(INPUT, b"purchase " + key, key=key)
+        producer.flush(60)
+    finally:
+        producer.close()
+    return keys
+
+
+def read_committed(cluster: DevCluster, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of `topic` a read_committed consumer reads up to the last stable offset."""
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        ends = consumer.end_offsets(tps)
+        out, deadline = [], time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            out += consumer.poll(timeout=0.5)
+        return out
+    finally:
+        consumer.close()
+
+
+def _ends(cluster: DevCluster, topics: list[str]) -> tuple[int, int]:
+    """(sum of the last stable offsets, sum of the high watermarks) of `topics`."""
+    tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+    out = []
+    for level in ("read_committed", "read_uncommitted"):
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level,
+                             "enable.auto.commit": False})
+        try:
+            out.append(sum(consumer.end_offsets(tps).values()))
+        finally:
+            consumer.close()
+    return out[0], out[1]
+
+
+def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: DevCluster, outputs: list[str],
+                               log: pathlib.Path) -> str:
+    """SIGKILL `proc` once it committed something and has a transaction open (the LSO below
+    the high watermark), or, if it never opens one again within 10 s, after its first
+    commit. Returns what it was doing."""
+    deadline, committed_at = time.monotonic() + BLOCK_TIMEOUT_S, None
+    while True:
+        assert proc.poll() is None, f"{block.id} exited {proc.returncode} before the crash:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"{block.id} committed nothing:\n{log.read_text()}"
+        lso, hw = _ends(cluster, outputs)
+        if lso > 0 and committed_at is None:
+            committed_at = time.monotonic()
+        if committed_at is not None and (hw > lso or time.monotonic() - committed_at > 10):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            return f"killed with {hw - lso} offsets past the last stable offset" if hw > lso else \
+                "killed after a commit, no transaction open"
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _started(block: Block, directory: pathlib.Path, env: dict[str, str], log: pathlib.Path) -> Iterator[subprocess.Popen]:
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command(block, directory), cwd=directory, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+
+
+def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str], cluster: DevCluster) -> dict:
+    """The exactly-once check of a transactional block (module docstring). Returns
+    {output topic: number of records read, "crash": how the first run was killed}."""
+    outputs = _outputs(block)
+    keys = reset_topics(cluster, _groups(block))
+    logs = [directory / f"block_{block.line}.run{n}.log" for n in (1, 2)]
+    with _started(block, directory, env, logs[0]) as first:
+        crash = _kill_inside_a_transaction(first, block, cluster, outputs, logs[0])
+    with _started(block, directory, env, logs[1]) as second:
+        deadline = time.monotonic() + BLOCK_TIMEOUT_S
+        while True:
+            done = second.poll() is not None
+            counts = {t: len(read_committed(cluster, t)) for t in outputs}
+            if done or all(n >= len(keys) for n in counts.values()):
+                break
+            assert time.monotonic() < deadline, f"{block.id}: output incomplete {counts}:\n{logs[1].read_text()}"
+            time.sleep(1)
+        if done:
+            assert second.returncode == 0, f"{block.id} exited {second.returncode}:\n{logs[1].read_text()}"
+        else:
+            time.sleep(2)  # a duplicate would be committed now, if there were one
+            os.killpg(second.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                second.wait(10)
+    counts = {"crash": crash}
+    for topic in outputs:
+        got = sorted(r.key for r in read_committed(cluster, topic))
+        assert got == sorted(keys), (f"{block.id}: {topic} under read_committed is not each input exactly once: "
+                                     f"{len(got)} records, {len(set(got))} distinct, {len(keys)} inputs\n"
+                                     f"{logs[0].read_text()[-2000:]}\n{logs[1].read_text()[-2000:]}")
+        counts[topic] = len(got)
+    return counts
+
+
+def helm_commands(block: Block) -> list[tuple[str, pathlib.Path, str, dict]]:
+    """(release, chart directory, namespace, values) of each `helm install` / `helm upgrade`
+    of `block`, its `--set` values typed as helm types them (`--reuse-values` keeps the
+    release's earlier ones)."""
+    out, released = [], {}
+    for line in block.text.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:2] not in (["helm", "install"], ["helm", "upgrade"]):
+            continue
+        name, chart, rest = words[2], ROOT / words[3], words[4:]
+        values = dict(released.get(name, {})) if "--reuse-values" in rest else {}
+        namespace = "default"
+        for flag, value in zip(rest, rest[1:] + [""]):
+            if flag in ("-n", "--namespace"):
+                namespace = value
+            elif flag == "--set":
+                for item in value.split(","):
+                    key, _, raw = item.partition("=")
+                    node = values
+                    *parents, leaf = key.split(".")
+                    for part in parents:
+                        node = node.setdefault(part, {})
+                    node[leaf] = yaml.safe_load(raw)
+        released[name] = values
+        out.append((name, chart, namespace, values))
+    return out
+
+
+def render_helm(block: Block) -> str:
+    """Render each helm command of `block` offline and validate every manifest strictly;
+    AssertionError naming what fails."""
+    from deploy.test_helm_chart import invalid, render
+    commands = helm_commands(block)
+    assert commands, f"{block.id}: check=\"helm template\" but no helm install or upgrade"
+    done = []
+    for name, chart, namespace, values in commands:
+        objects = render(values, chart, name, namespace)
+        failures = invalid(objects)
+        assert objects and not failures, f"{block.id}: helm {name} with {values}:\n" + "\n".join(failures)
+        done.append(f"{name} ({len(objects)} objects)")
+    return ", ".join(done)
+
+
+def run_page(page: str, base: pathlib.Path, cluster: DevCluster) -> list[str]:
+    """Run every runnable block of `page` in order (module docstring); returns a line per
+    block saying what ran."""
+    env = environment(cluster)
+    directory = workdir(base / "page", cluster)
+    done = []
+    for block in blocks(page):
+        if block.kind in ("text", "no-run"):
+            continue
+        if block.kind == "file":
+            (directory / block.title).write_text(block.text)
+            continue
+        if block.kind == "helm":
+            done.append(f"{block.id} rendered offline: {render_helm(block)}")
+            continue
+        if starts_own_cluster(block):
+            own = workdir(base / f"own-{block.line}", None)
+            run(block, own, environment(None))
+            done.append(f"{block.id} ran (own cluster)")
+        elif block.transactional:
+            done.append(f"{block.id} exactly once across a crash: {run_across_a_crash(block, directory, env, cluster)}")
+        else:
+            run(block, directory, env)
+            done.append(f"{block.id} ran")
+    return done
+
+
+# Which test module runs each page's blocks (one dev cluster per module; README.md's blocks
+# are the quick start, tests/docs/test_quickstart.py). Every page with a block to run is here.
+RUN_BY = {
+    "README.md": "test_quickstart",
+    "docs/getting-started.md": "test_examples_operating",
+    "docs/operating/cli.md": "test_examples_operating",
+    "docs/operating/kubernetes.md": "test_examples_operating",
+    "docs/benchmarks.md": "test_examples_operating",
+    "docs/sdk.md": "test_examples_sdk",
+    "docs/kafka-clients.md": "test_examples_clients",
+    "docs/security.md": "test_examples_clients",
+    "docs/postgres.md": "test_examples_postgres",
+    "docs/spark.md": "test_examples_spark",
+}
+
+
+def pages_of(module: str) -> list[str]:
+    """The pages whose blocks the test module `module` runs."""
+    return [page for page, runner in RUN_BY.items() if runner == module]
+
+
+def dev_cluster(zk: str, base: pathlib.Path, postgres: bool = False) -> Iterator[DevCluster]:
+    """For a module-scoped fixture: a dev cluster (3 partition leaders, a transaction and a
+    group coordinator; a PostgreSQL server too with `postgres`) in its own ZooKeeper chroot,
+    stopped after the module."""
+    from clusters import new_chroot
+    cluster = DevCluster(base / "cluster")
+    try:
+        cluster.up(3, 1, 1, zookeeper=new_chroot(zk, "docs"), postgres=postgres)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def page_tests(module: str, postgres: bool = False, timeout_s: int = 600):
+    """The module-scoped `cluster` fixture and the test of a test module that runs the blocks
+    of its pages (`pages_of(module)`), for `cluster, test_... = page_tests("test_examples_x")`;
+    `timeout_s` bounds one page's blocks (two runs of each transactional one)."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="cluster")
+    def cluster_fixture(zk, tmp_path_factory):
+        yield from dev_cluster(zk, tmp_path_factory.mktemp(module), postgres=postgres)
+
+    @pytest.mark.timeout(timeout_s)
+    @pytest.mark.parametrize("page", pages_of(module))
+    def test_every_block_of_the_page_runs(page, cluster, tmp_path):
+        print("\n".join(run_page(page, tmp_path, cluster)))
+
+    return cluster_fixture, test_every_block_of_the_page_runs
