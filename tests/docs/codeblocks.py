@@ -79,7 +79,8 @@ class Block:
     def transactional(self) -> bool:
         """A block that writes in transactions: its run is checked for exactly-once across a
         crash (tests/docs/examples.py)."""
-        return self.kind == "python" and re.search(r"transactional[._]?id|transactionalId|writeStream", self.text) is not None
+        return self.kind in ("python", "file") and \
+            re.search(r"transactional[._]?id|transactionalId|writeStream", self.text) is not None
 
 
 def problems(block: Block) -> list[str]:

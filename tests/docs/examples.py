@@ -74,9 +74,10 @@ def starts_own_cluster(block: Block) -> bool:
 
 
 def command(block: Block, directory: pathlib.Path) -> list[str]:
-    """The command that runs `block` in `directory` (a python block is written to a file)."""
-    if block.kind == "python":
-        path = directory / f"block_{block.line}.py"
+    """The command that runs `block` in `directory` (a python block is written to a file, a
+    file block to its own name)."""
+    if block.kind in ("python", "file"):
+        path = directory / (block.title or f"block_{block.line}.py")
         path.write_text(block.text)
         return [str(ROOT / ".venv" / "bin" / "python"), path.name]
     if block.kind == "bash":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from docs.codeblocks import parse
+from docs.codeblocks import parse, section
 from docs.examples import environment, page_tests, run_across_a_crash, workdir
 
 cluster, test_every_block_of_the_page_runs = page_tests("test_examples_sdk")
@@ -39,3 +39,11 @@ def test_the_check_fails_an_example_that_duplicates_across_a_crash(cluster, tmp_
     assert block.transactional
     with pytest.raises(AssertionError, match="not each input exactly once"):
         run_across_a_crash(block, workdir(tmp_path, cluster), environment(cluster), cluster)
+
+
+def test_the_quick_starts_copy_is_exactly_once_across_a_crash(cluster, tmp_path):
+    """The README's quick start runs its copy once (tests/docs/test_quickstart.py); here it
+    runs as every transactional example does, killed inside a transaction and run again."""
+    (copy,) = [b for b in section("README.md", "Quick start") if b.kind == "file"]
+    assert copy.transactional
+    print(run_across_a_crash(copy, workdir(tmp_path, cluster), environment(cluster), cluster))
