@@ -35,6 +35,20 @@ def chrooted_cluster(zk: str, directory: pathlib.Path, prefix: str, security: bo
     return cluster
 
 
+def zookeeper_client(cluster: DevCluster, timeout_s: float = 30.0) -> KazooClient:
+    """A started KazooClient on the cluster's ZooKeeper (its chroot), authenticated with
+    the services' digest on a secured cluster (whose znodes nobody else may read); the
+    caller stops and closes it."""
+    auth = []
+    props = cluster.zookeeper_properties
+    if cluster.security and props.exists():
+        conf = dict(line.split("=", 1) for line in props.read_text().split() if "=" in line)
+        auth = [("digest", f"{conf['zookeeper.digest.username']}:{conf['zookeeper.digest.password']}")]
+    client = KazooClient(hosts=cluster.zookeeper, timeout=10, auth_data=auth)
+    client.start(timeout=timeout_s)
+    return client
+
+
 def certificate_conf(cluster: DevCluster, name: str, **extra) -> dict:
     """SDK settings of a client holding the certificate `name` issued by a secured
     cluster's CA (DIR/certs/<name>.pem and .key), plus `extra`."""

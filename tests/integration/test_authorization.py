@@ -20,7 +20,7 @@ from exactly_wire.error_codes import RETRIABLE
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import admin_client, certificate_conf, chrooted_cluster
+from clusters import admin_client, certificate_conf, chrooted_cluster, zookeeper_client
 from services.common.transport.tunnel import TunnelError, tunnel_status
 from waiting import wait_for
 
@@ -364,11 +364,11 @@ def test_purchases_pipeline_secured(tmp_path, capsys):
 
 
 def test_zookeeper_is_not_a_back_door(sec, world):
-    """Without the services' digest credentials a ZooKeeper client may read partition
-    state but not change partition state, coordinator ownership, the producer-id block,
-    ACLs or users, may not even read the SCRAM credentials or the ACL list, and may not
-    create znodes under the root (the chroot's) (zookeeper.set.acl). Producer-id
-    bindings are not in ZooKeeper at all."""
+    """Without the services' digest credentials a ZooKeeper client may neither read nor
+    change partition state, coordinator ownership, the producer-id block, ACLs or users,
+    may not read the SCRAM credentials or the ACL list, and may not create znodes under
+    the root (the chroot's) (zookeeper.set.acl). Producer-id bindings are not in
+    ZooKeeper at all."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError
     from kazoo.security import OPEN_ACL_UNSAFE
@@ -376,10 +376,12 @@ def test_zookeeper_is_not_a_back_door(sec, world):
     state = f"/exactly/topics/{topic}/0/state"
     intruder = KazooClient(hosts=sec.zookeeper)
     intruder.start(timeout=30)
+    services = zookeeper_client(sec)
     try:
-        before, _ = intruder.get(state)  # world-readable, as in Kafka
+        before, _ = services.get(state)
         assert b"leader" in before
         attempts = {
+            "read partition state": lambda: intruder.get(state),
             "partition state": lambda: intruder.set(state, b'{"leader": "intruder"}'),
             "new topic": lambda: intruder.create("/exactly/topics/intruder", b"{}"),
             "coordinator ownership": lambda: intruder.create("/exactly/coordinators/txn/99", b"{}"),
@@ -402,11 +404,12 @@ def test_zookeeper_is_not_a_back_door(sec, world):
             except NoAuthError:
                 refused[what] = True
         assert all(refused.values()), refused
-        assert intruder.get(state)[0] == before
-        assert intruder.exists("/exactly/producer_ids") is None  # bindings live in __transaction_state
+        assert services.get(state)[0] == before
+        assert services.exists("/exactly/producer_ids") is None  # bindings live in __transaction_state
     finally:
-        intruder.stop()
-        intruder.close()
+        for client in (intruder, services):
+            client.stop()
+            client.close()
     with admin(sec) as a:  # the cluster still works for its own principals
         assert topic in a.list_topics()
 

@@ -30,9 +30,8 @@ import urllib.request
 import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
-from clusters import new_chroot
+from clusters import new_chroot, zookeeper_client
 from exactly import AdminClient, NewTopic, Producer
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
@@ -99,8 +98,7 @@ class Flood:
 
 
 def _registration_owner(cluster: DevCluster, name: str) -> int:
-    zk = KazooClient(hosts=cluster.zookeeper, timeout=10)
-    zk.start(10)
+    zk = zookeeper_client(cluster, 10)
     try:
         return zk.get(f"/exactly/services/{name}")[1].ephemeralOwner
     finally:

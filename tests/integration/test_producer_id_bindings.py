@@ -15,7 +15,6 @@ import urllib.request
 import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
 from exactly import AclBinding, AdminClient, Producer, errors
 from exactly_tools.certs import CertificateAuthority
@@ -23,7 +22,7 @@ from exactly_tools.devcluster import DevCluster
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import new_chroot
+from clusters import new_chroot, zookeeper_client
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -66,11 +65,7 @@ def _txn_stub(sec, name: str) -> pbg.TransactionCoordinatorStub:
 
 def _znodes(sec) -> int:
     """Every znode under the cluster's chroot, read with the services' digest."""
-    props = dict(line.split("=", 1) for line in (sec.dir / "certs" / "zookeeper.properties").read_text().split()
-                 if "=" in line)
-    zk = KazooClient(hosts=sec.zookeeper, auth_data=[
-        ("digest", f"{props['zookeeper.digest.username']}:{props['zookeeper.digest.password']}")])
-    zk.start(timeout=30)
+    zk = zookeeper_client(sec)
     try:
         count, todo = 0, ["/"]
         while todo:

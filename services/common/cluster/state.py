@@ -215,17 +215,28 @@ class ClusterState:
         self.zk.ChildrenWatch(SERVICES, self._on_services)
         self.zk.ChildrenWatch(TOPICS, self._on_topics)
 
+    # ZooKeeper's own znodes, created world-writable by the server: locked like the root when
+    # the services' view is ZooKeeper's whole tree (no chroot).
+    ZOOKEEPER_OWN = ("/zookeeper", "/zookeeper/quota")
+
     def _protect_root(self) -> None:
         """zookeeper.set.acl: the root znode of this client's view (the chroot's root
         node with a chroot, else ZooKeeper's "/") gets the default ACL (the cluster
-        identity all, world read) when anyone may change it, so nobody without the
-        digest creates nodes beside /exactly. On a ZooKeeper shared with other
-        applications, give the cluster a chroot. zk_security.py."""
-        from kazoo.security import Permissions
-        acls, _ = self.zk.get_acls("/")
-        if any(a.id.scheme == "world" and a.perms & ~Permissions.READ for a in acls):
-            self.zk.set_acls("/", self.zk_security.default_acl)
-            log.info("ZooKeeper root: world may only read now")
+        identity all, nobody else anything) while the world has any permission on it,
+        so nobody without the digest lists or creates nodes beside /exactly. Without a
+        chroot ZooKeeper's own `/zookeeper` and `/zookeeper/quota` get it too (the server
+        creates them world-writable: anyone could create znodes under them). On a
+        ZooKeeper shared with other applications, give the cluster a chroot (those two
+        are then the other applications' to protect). zk_security.py."""
+        paths = ("/",) + (() if self.zk.chroot else self.ZOOKEEPER_OWN)
+        for path in paths:
+            try:
+                acls, _ = self.zk.get_acls(path)
+            except NoNodeError:
+                continue
+            if self.zk_security.open_to_world(acls):
+                self.zk.set_acls(path, self.zk_security.default_acl)
+                log.info("ZooKeeper %s: closed to the world", path)
 
     def ensure_sensitive_path(self, path: str) -> None:
         """Create `path` (and its parents) if missing; `path` itself gets the

@@ -3,15 +3,17 @@
 With `zookeeper.set.acl=true` every service authenticates to ZooKeeper with the
 cluster's digest credentials (`zookeeper.digest.username`,
 `zookeeper.digest.password`) and creates every znode with an ACL that gives that
-identity all permissions and everyone else read access only. The sensitive subtrees
-(the SCRAM credentials under /exactly/config/users, the ACL list under /exactly/acls)
-are not even readable without the credentials, and the root znode of the services'
-view (the chroot's root node, or "/") is made world-read-only (ClusterState.start), so
-nobody without them creates znodes beside /exactly. Producer-id bindings are not in
-ZooKeeper (they live in __transaction_state, pid_binding.py). So a client that reaches ZooKeeper can look at partition state but
-cannot change partition state, leadership, coordinator ownership, producer-id blocks,
-ACLs or users (ZooKeeper answers NoAuth). This follows Kafka's `zookeeper.set.acl`
-(creator all, world read, sensitive paths closed); docs/design.md, "Security".
+identity all permissions and nobody else anything: not even read, since topic znodes
+name the principal that created them and the topics themselves (which Metadata hides
+from whoever may not Describe them). The root znode of the services' view (the
+chroot's root node, or "/") gets the same ACL (ClusterState.start), and without a
+chroot so do ZooKeeper's own `/zookeeper` and `/zookeeper/quota`, which ZooKeeper
+creates world-writable: nobody without the credentials creates znodes anywhere.
+Producer-id bindings are not in ZooKeeper (they live in __transaction_state,
+pid_binding.py). So a client that reaches ZooKeeper can neither read nor change
+partition state, leadership, coordinator ownership, producer-id blocks, ACLs or users
+(ZooKeeper answers NoAuth). This follows Kafka's `zookeeper.set.acl` (creator all,
+sensitive paths closed) without its world read; docs/design.md, "Security".
 
 A cluster whose znodes were created without ACLs keeps them: turning the setting on
 applies to znodes created afterwards (start a new cluster, or set the ACLs of the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
+from kazoo.security import ACL, make_digest_acl
 
 from exactly_wire.config import ConfigurationError
 
@@ -30,7 +32,6 @@ from ..settings import ServiceSchema, service_settings
 SET_ACL = "zookeeper.set.acl"
 USERNAME = "zookeeper.digest.username"
 PASSWORD = "zookeeper.digest.password"
-_WORLD_READ = ACL(Permissions.READ, OPEN_ACL_UNSAFE[0].id)
 
 
 class ZkSecurity:
@@ -65,16 +66,20 @@ class ZkSecurity:
 
     @property
     def default_acl(self) -> list[ACL] | None:
-        """ACL of every znode the process creates: the cluster identity all, world
-        read; None (ZooKeeper's open ACL) when `zookeeper.set.acl` is off."""
-        if not self.set_acl:
-            return None
-        return [make_digest_acl(self._user, self._password, all=True), _WORLD_READ]
-
-    @property
-    def sensitive_acl(self) -> list[ACL] | None:
-        """ACL of the sensitive znodes (SCRAM credentials, the ACL list): the cluster
-        identity only."""
+        """ACL of every znode the process creates: the cluster identity all, nobody
+        else anything; None (ZooKeeper's open ACL) when `zookeeper.set.acl` is off."""
         if not self.set_acl:
             return None
         return [make_digest_acl(self._user, self._password, all=True)]
+
+    @property
+    def sensitive_acl(self) -> list[ACL] | None:
+        """ACL of the sensitive znodes (SCRAM credentials, the ACL list, the session-token
+        key): the cluster identity only, as every znode now (default_acl); kept apart so
+        these stay closed whatever default_acl becomes."""
+        return self.default_acl
+
+    @staticmethod
+    def open_to_world(acls: list[ACL]) -> bool:
+        """Whether `acls` give the world (world:anyone) any permission."""
+        return any(a.id.scheme == "world" for a in acls)

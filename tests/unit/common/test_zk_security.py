@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from kazoo.security import Permissions
+from kazoo.security import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Permissions
 
 from exactly_wire.config import ConfigurationError
 from services.common.security.zk_security import ZkSecurity
@@ -13,15 +13,16 @@ def test_off_by_default_means_open_znodes_and_no_credentials():
     assert z.auth_data == [] and z.default_acl is None and z.sensitive_acl is None
 
 
-def test_on_gives_the_cluster_identity_everything_and_others_read():
+def test_on_gives_the_cluster_identity_everything_and_others_nothing():
     z = ZkSecurity({"zookeeper.set.acl": "true", "zookeeper.digest.username": "exactly",
                     "zookeeper.digest.password": "s3cret"})
     assert z.auth_data == [("digest", "exactly:s3cret")]
-    digest, world = z.default_acl
+    [digest] = z.default_acl
     assert digest.id.scheme == "digest" and digest.id.id.startswith("exactly:") and "s3cret" not in digest.id.id
     assert digest.perms == Permissions.ALL
-    assert (world.id.scheme, world.id.id, world.perms) == ("world", "anyone", Permissions.READ)
     assert [a.id.scheme for a in z.sensitive_acl] == ["digest"]
+    assert not z.open_to_world(z.default_acl)
+    assert z.open_to_world(OPEN_ACL_UNSAFE) and z.open_to_world(READ_ACL_UNSAFE)
 
 
 def test_credentials_without_acls_only_authenticate():
