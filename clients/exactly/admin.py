@@ -488,7 +488,8 @@ class AdminClient:
                                      iterations: int = 4096) -> None:
         """Create or change SASL users ({name: password}; stored only as salted
         SCRAM-SHA-256 and SCRAM-SHA-512 credentials) and delete users. Passwords are accepted over TLS
-        only (errors.SecurityDisabledError otherwise). Raises
+        only (errors.SecurityDisabledError otherwise). `iterations`: the SCRAM iteration
+        count, 4096..16384 as in Kafka (errors.UnacceptableCredentialError outside). Raises
         errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
         resp = self._acl_call("AlterUserScramCredentials", pb.AlterUserScramCredentialsRequest(
             upsertions=[pb.ScramUpsertion(name=n, password=p, iterations=iterations) for n, p in upsertions.items()],

@@ -664,6 +664,15 @@ class ProducerFencedError(ExactlyError):
     code = ErrorCode.PRODUCER_FENCED
 
 
+class UnacceptableCredentialError(ExactlyError):
+    """A SCRAM credential the cluster does not accept: its iteration count is outside
+    Kafka's 4096..16384 (AlterUserScramCredentials).
+
+    Kafka error code 93 (UNACCEPTABLE_CREDENTIAL)."""
+
+    code = ErrorCode.UNACCEPTABLE_CREDENTIAL
+
+
 class TransactionalIdNotFoundError(ExactlyError):
     """The transactional.id is unknown to its coordinator.
 

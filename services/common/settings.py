@@ -205,8 +205,12 @@ class ServiceSchema(SecuritySettings):
         "answered (and the Kafka connection closed).", LOW, ge=0)
     exactly_sasl_failed_authentication_attempts_per_second: float = setting(
         "exactly.sasl.failed.authentication.attempts.per.second", 5.0, "After a failed authentication, further "
-        "attempts on that user, and from that host, are spaced to at most this many a second (queued, not "
-        "refused, up to 10 s of wait) for a minute.", LOW, gt=0)
+        "attempts from that address on that user name are spaced to at most this many a second (queued, not "
+        "refused, up to 10 s of wait) for a minute; other addresses and other names are not slowed.", LOW, gt=0)
+    sasl_server_max_receive_size: int = setting(
+        "sasl.server.max.receive.size", 524288, "Largest request (bytes) a connection may send before it has "
+        "authenticated (Kafka port: the connection is closed; gRPC: a larger SASL message is refused unread).",
+        LOW, ge=64, le=104857600)
     exactly_sasl_session_lifetime_ms: int = setting(
         "exactly.sasl.session.lifetime.ms", 3600000, "Lifetime in ms of the session token a gRPC client gets "
         "from its SASL exchange (it authenticates again before then).", LOW, ge=1000)

@@ -6,32 +6,74 @@ gRPC, SASL on the Kafka port, authorizer=acl): docs/design.md, "Security", "SASL
 - ZooKeeper: nothing is readable or creatable without the services' digest, not the
   topic znodes (which name their creator), nor ZooKeeper's own /zookeeper and
   /zookeeper/quota.
+- Failed logins keep nothing that grows with what the client sent: six PLAIN attempts
+  with 40 MB user names leave a leader's memory where it was once they closed.
+- Guessing slows the guesser, not the owner: while 16 connections guess dave's password
+  from another address as fast as they are answered, on both ports, and while others
+  fail with made-up user names from dave's own address, dave logs in within 1 s.
+- SCRAM: the server first message does not tell unknown users from known ones (a salt
+  and the default iteration count for both, RFC 5802 5.1); iteration counts outside
+  Kafka's 4096..16384 are refused.
 """
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
+import grpc
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from exactly import NewTopic
+from exactly import NewTopic, errors
+from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
-from clusters import admin_client
+from exactly_wire.security import TransportSecurity, secure_channel
+from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from clusters import admin_client, certificate_conf
+
+from waiting import wait_for
+
+from .kafka_wire import SASL_AUTHENTICATE, SASL_HANDSHAKE, RawKafka, plain_authenticate, request, response
+from .relay import Relay
 
 pytestmark = pytest.mark.integration
+
+
+PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(scope="module")
 def sec(tmp_path_factory):
     """The default secured dev cluster with its own ZooKeeper (no chroot): one service of
-    each role."""
+    each role; SASL user dave."""
     cluster = DevCluster(tmp_path_factory.mktemp("unauthenticated"), security=True)
     try:
         cluster.up(1, 1, 1)
+        CertificateAuthority.load(cluster.dir / "certs").issue("bob", client=True)  # no ACLs: a bare identity
+        with admin_client(cluster) as admin:
+            admin.alter_user_scram_credentials({"dave": PASSWORD})
         yield cluster
     finally:
         cluster.down()
+
+
+def _ca(sec) -> str:
+    return str(sec.dir / "certs" / "ca.pem")
+
+
+def _kafka(sec) -> str:
+    return sec.services["pl-0"].kafka_address
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process `pid` in MB (/proc/PID/status VmRSS)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def test_zookeeper_is_closed_to_the_world(sec):
@@ -68,3 +110,162 @@ def test_zookeeper_is_closed_to_the_world(sec):
         intruder.close()
     with admin_client(sec) as admin:  # the services still work
         assert topic in admin.list_topics()
+
+
+def _scram_first(sec, user: str):
+    """(error code, server first message) of a SCRAM-SHA-512 exchange for `user` on the
+    Kafka port, from a client without a certificate."""
+    with RawKafka.connect(_kafka(sec), _ca(sec)) as conn:
+        conn.send(request(SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"}))
+        assert response(SASL_HANDSHAKE, 1, conn.frame()).error_code.value == 0
+        conn.send(request(SASL_AUTHENTICATE, 1, {"auth_bytes": f"n,,n={user},r=abcdefghijklmnop".encode()}))
+        resp = response(SASL_AUTHENTICATE, 1, conn.frame())
+        return resp.error_code.value, resp.auth_bytes.decode()
+
+
+def test_scram_does_not_tell_unknown_users_from_known_ones(sec):
+    """RFC 5802, 5.1: an unknown user's server first message looks like a known one's
+    (a 32-byte salt, stable across attempts, the default iteration count)."""
+    known = _scram_first(sec, "dave")
+    unknown = _scram_first(sec, "nobody-here")
+    assert known[0] == 0, known
+    assert unknown[0] == 0, f"an unknown user is answered differently: {unknown}"
+    fields = [dict(p.split("=", 1) for p in answer.split(",")) for _, answer in (known, unknown)]
+    assert [sorted(f) for f in fields] == [["i", "r", "s"], ["i", "r", "s"]]
+    assert fields[0]["i"] == fields[1]["i"] == "4096"
+    assert len(fields[1]["s"]) == len(fields[0]["s"])
+    assert _scram_first(sec, "nobody-here")[1].split(",")[1] == "s=" + fields[1]["s"]  # the same salt again
+
+
+@pytest.mark.parametrize("iterations", [1, 400000])
+def test_scram_iteration_counts_outside_kafkas_bounds_are_refused(sec, iterations):
+    with admin_client(sec) as admin:
+        with pytest.raises(errors.UnacceptableCredentialError, match="between 4096 and 16384"):
+            admin.alter_user_scram_credentials({f"iter-{iterations}": PASSWORD}, iterations=iterations)
+        assert f"iter-{iterations}" not in admin.describe_user_scram_credentials()
+
+
+def test_failed_logins_with_huge_user_names_leave_no_memory(sec):
+    """Six PLAIN attempts with 40 MB user names (each another name) from a client without
+    a certificate: once the connections are closed, the leader's resident memory is back
+    within 50 MB of where it was (it kept each name as a throttle key: 242 MB for good)."""
+    leader = sec.services["pl-0"]
+    before = rss_mb(leader.pid)
+    for i in range(6):
+        with RawKafka.connect(_kafka(sec), _ca(sec)) as conn:
+            conn.send(request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}))
+            response(SASL_HANDSHAKE, 1, conn.frame())
+            try:
+                conn.send(plain_authenticate(bytes([97 + i]) * (40 << 20), "guess"))
+                conn.frame(30)  # the failure (or the close of a request too large)
+            except (ConnectionError, OSError):
+                pass
+    wait_for(lambda: rss_mb(leader.pid) < before + 50, 30,
+             lambda: f"the leader's memory back within 50 MB of {before:.0f} MB (now {rss_mb(leader.pid):.0f} MB)")
+    print(f"leader RSS {before:.0f} MB before, {rss_mb(leader.pid):.0f} MB after six 40 MB user names")
+
+
+def kafka_login(sec, user: str, password: str, source: str | None = None) -> tuple[bool, float]:
+    """(succeeded, seconds) of a PLAIN login on the Kafka port (TLS without a
+    certificate, from `source` when given): connect, SaslHandshake, SaslAuthenticate."""
+    started = time.monotonic()
+    try:
+        with RawKafka.connect(_kafka(sec), _ca(sec), source=source) as conn:
+            conn.send(request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}))
+            response(SASL_HANDSHAKE, 1, conn.frame())
+            conn.send(plain_authenticate(user, password))
+            ok = response(SASL_AUTHENTICATE, 1, conn.frame(30)).error_code.value == 0
+    except (ConnectionError, OSError):
+        ok = False
+    return ok, time.monotonic() - started
+
+
+def grpc_login(stub, user: str, password: str) -> tuple[bool, float]:
+    """(succeeded, seconds) of a PLAIN Cluster/SaslAuthenticate on the gRPC port."""
+    started = time.monotonic()
+    resp = stub.SaslAuthenticate(pb.SaslAuthenticateRequest(
+        mechanism="PLAIN", auth_bytes=f"\0{user}\0{password}".encode()), timeout=30)
+    return bool(resp.token), time.monotonic() - started
+
+
+class Guessers:
+    """`threads` threads failing logins as fast as they are answered until stopped: on
+    the Kafka port (from `source`) and on the gRPC port (through `grpc_address`, with
+    bob's certificate); `user(i)` names the user of the i-th attempt."""
+
+    def __init__(self, sec, threads: int, user, source: str | None, grpc_address: str):
+        self.answered = 0
+        self.stop = threading.Event()
+        security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+        self.threads = [threading.Thread(target=self._kafka if n % 2 else self._grpc, daemon=True,
+                                         args=(sec, user, source, grpc_address, security, n))
+                        for n in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _kafka(self, sec, user, source, grpc_address, security, n):
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            kafka_login(sec, user(n * 100000 + i), f"guess-{n}-{i}", source)
+            self.answered += 1
+
+    def _grpc(self, sec, user, source, grpc_address, security, n):
+        with secure_channel(grpc_address, security, []) as channel:
+            stub = pbg.ClusterStub(channel)
+            i = 0
+            while not self.stop.is_set():
+                i += 1
+                try:
+                    grpc_login(stub, user(n * 100000 + i), f"guess-{n}-{i}")
+                except grpc.RpcError:
+                    pass
+                self.answered += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def owner_logins(sec, rounds: int = 6) -> list[tuple[str, bool, float]]:
+    """dave's logins from 127.0.0.1 on both ports (the gRPC one with bob's certificate),
+    one of each every 0.5 s: [(port, succeeded, seconds)]."""
+    security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+    out = []
+    with secure_channel(sec.services["pl-0"].address, security, []) as channel:
+        stub = pbg.ClusterStub(channel)
+        for _ in range(rounds):
+            out.append(("kafka", *kafka_login(sec, "dave", PASSWORD)))
+            out.append(("grpc", *grpc_login(stub, "dave", PASSWORD)))
+            time.sleep(0.5)
+    return out
+
+
+@pytest.mark.parametrize("attack", ["dave's password from another address", "made-up users from dave's address"])
+def test_guessing_slows_the_guesser_not_the_owner(sec, attack):
+    """16 threads fail logins as fast as they are answered for the whole test, on both
+    ports: either on dave's name from 127.0.0.2 (Kafka port) and 127.0.0.4 (gRPC, through
+    a relay), or on made-up names from dave's own address. dave's logins from
+    127.0.0.1 meanwhile all succeed, each within 1 s (they took 34.7 s behind 150 queued
+    guesses, or were refused: "too many failed authentication attempts")."""
+    leader = sec.services["pl-0"]
+    if attack.startswith("dave's"):
+        relay = Relay("127.0.0.4", leader.address)
+        guessers = Guessers(sec, 16, lambda i: "dave", "127.0.0.2", relay.address)
+    else:
+        relay = None
+        guessers = Guessers(sec, 16, lambda i: f"made-up-{i}", None, leader.address)
+    try:
+        time.sleep(3)  # the guesses queue up
+        logins = owner_logins(sec)
+        answered = guessers.answered
+    finally:
+        guessers.close()
+        if relay is not None:
+            relay.close()
+    print(f"{attack}: {answered} guesses answered; dave's logins: "
+          + ", ".join(f"{port} {'ok' if ok else 'REFUSED'} {took:.2f} s" for port, ok, took in logins))
+    assert answered > 16, "the guessers got no answers"
+    assert all(ok for _, ok, _ in logins), logins
+    assert max(took for _, _, took in logins) < 1.0, logins

@@ -191,7 +191,9 @@ class KafkaListener:
                 await asyncio.sleep(0.1)
                 continue
             ip = addr[0] if isinstance(addr, tuple) else str(addr)
-            peer_s = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            # "host:port", an IPv6 host in brackets (the SASL throttle keys on the host).
+            peer_s = (f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}") \
+                if isinstance(addr, tuple) else str(addr)
             refused = self.limits.admit(ip)
             if refused is not None:
                 conn.close()

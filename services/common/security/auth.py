@@ -46,11 +46,23 @@ from .principal import ANONYMOUS, current_principal
 log = logging.getLogger(__name__)
 
 USERS = "/exactly/config/users"
-SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM-SHA-512
+SCRAM_ITERATIONS = 4096  # the default of a new credential
+# Kafka's bounds on a SCRAM credential's iteration count (ScramMechanism minIterations /
+# maxIterations): fewer makes a stolen credential cheap to attack, more makes every
+# PLAIN check an attacker triggers expensive.
+SCRAM_MIN_ITERATIONS, SCRAM_MAX_ITERATIONS = 4096, 16384
 
 
 class AuthenticationError(Exception):
     """Credentials that do not verify (SASL_AUTHENTICATION_FAILED)."""
+
+
+def check_iterations(iterations: int) -> None:
+    """ValueError naming the bounds when `iterations` is outside Kafka's
+    SCRAM_MIN_ITERATIONS..SCRAM_MAX_ITERATIONS (UNACCEPTABLE_CREDENTIAL)."""
+    if not SCRAM_MIN_ITERATIONS <= iterations <= SCRAM_MAX_ITERATIONS:
+        raise ValueError(f"a SCRAM iteration count must be between {SCRAM_MIN_ITERATIONS} and "
+                         f"{SCRAM_MAX_ITERATIONS}, got {iterations}")
 
 
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
@@ -71,7 +83,9 @@ class ScramCredential:
     def create(cls, password: str, iterations: int = SCRAM_ITERATIONS, salt: bytes | None = None,
                mechanism: str = "SCRAM-SHA-512") -> "ScramCredential":
         """The credential of `password` (PBKDF2 with `iterations`, a random 32-byte
-        salt unless given) for `mechanism`; KeyError for another mechanism."""
+        salt unless given) for `mechanism`; KeyError for another mechanism, ValueError
+        for iterations outside SCRAM_MIN_ITERATIONS..SCRAM_MAX_ITERATIONS."""
+        check_iterations(iterations)
         name = _HASHES[mechanism]
         salt = salt or os.urandom(32)
         salted = hashlib.pbkdf2_hmac(name, password.encode(), salt, iterations)
@@ -93,11 +107,27 @@ class ScramCredential:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ScramCredential":
+        """ValueError for an unknown mechanism or an iteration count outside Kafka's
+        bounds (a credential written into ZooKeeper with 400,000 iterations would make
+        every PLAIN check of that user cost 100 times the CPU), KeyError for a missing
+        field."""
         mechanism = d.get("mechanism", "SCRAM-SHA-512")
         if mechanism not in _HASHES:
             raise ValueError(f"unknown SCRAM mechanism {mechanism!r}")
-        return cls(base64.b64decode(d["salt"]), int(d["iterations"]), base64.b64decode(d["stored_key"]),
+        iterations = int(d["iterations"])
+        check_iterations(iterations)
+        return cls(base64.b64decode(d["salt"]), iterations, base64.b64decode(d["stored_key"]),
                    base64.b64decode(d["server_key"]), mechanism)
+
+    @classmethod
+    def fake(cls, secret: bytes, user: str, mechanism: str) -> "ScramCredential":
+        """The credential an unknown `user` is answered with (RFC 5802, section 5.1: a
+        server should not tell unknown users from known ones): a salt derived from
+        `secret` and the name, so every service answers the same salt every time, and
+        the default iteration count; its keys match no proof."""
+        digest = hmac.new(secret, b"scram-unknown-user\0" + mechanism.encode() + b"\0" + user.encode(),
+                          hashlib.sha512).digest()
+        return cls(digest[:32], SCRAM_ITERATIONS, digest[32:], hashlib.sha256(digest).digest(), mechanism)
 
     @classmethod
     def from_json(cls, data: bytes) -> "ScramCredential":
@@ -108,7 +138,8 @@ def create_user_credentials(password: str, iterations: int = SCRAM_ITERATIONS) -
     """The znode data of a user: a SCRAM-SHA-512 and a SCRAM-SHA-256 credential of
     `password` (each its own salt), as {"mechanism": "SCRAM-SHA-512", ...,
     "credentials": [<each credential>]} (the top level stays the SCRAM-SHA-512 one,
-    as before SCRAM-SHA-256 was stored)."""
+    as before SCRAM-SHA-256 was stored). ValueError for `iterations` outside
+    SCRAM_MIN_ITERATIONS..SCRAM_MAX_ITERATIONS."""
     creds = [ScramCredential.create(password, iterations, mechanism=m) for m in ("SCRAM-SHA-512", "SCRAM-SHA-256")]
     return json.dumps({**creds[0].as_dict(), "credentials": [c.as_dict() for c in creds]}).encode()
 
@@ -314,26 +345,45 @@ def principal_from_certificate(certificate: x509.Certificate, mapper: PrincipalM
 
 class UserStore:
     """The SCRAM credentials under /exactly/config/users, cached with ZooKeeper
-    watches (a change applies within the watch's delivery, no restart)."""
+    watches (a change applies within the watch's delivery, no restart). Listeners
+    (`add_listener`) hear of every user whose credentials changed or who was deleted,
+    so live sessions of that user end (docs/design.md, "SASL", revocation)."""
 
     def __init__(self, zk=None, ensure_path=None):
         """zk: a started KazooClient (None: no store, every password fails);
         ensure_path(path): creates the users znode (ClusterState.ensure_sensitive_path,
         so it gets the sensitive ACL); default zk.ensure_path."""
         self._users: dict[str, dict[str, ScramCredential]] = {}
+        self._fingerprints: dict[str, str] = {}
+        self._listeners: list = []
         self._lock = threading.Lock()
         self._zk = zk
         if zk is not None:
             (ensure_path or zk.ensure_path)(USERS)
             zk.ChildrenWatch(USERS, self._on_children)
 
+    def add_listener(self, listener) -> None:
+        """Call `listener(name)` (on ZooKeeper's thread, or put()'s caller) after user
+        `name`'s credentials changed or the user was deleted."""
+        self._listeners.append(listener)
+
+    def _changed(self, name: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(name)
+            except Exception:  # noqa: BLE001 - one listener's failure must not stop the others; logged
+                log.exception("user %s: a change listener failed", name)
+
     def _on_children(self, children: list[str]) -> None:
         for name in children:
             if name not in self._users:
                 self._zk.DataWatch(f"{USERS}/{name}", self._watcher(name))
         with self._lock:
-            for gone in set(self._users) - set(children):
-                self._users.pop(gone, None)
+            gone = set(self._users) - set(children)
+            for name in gone:
+                self._set(name, None)
+        for name in gone:
+            self._changed(name)
 
     def _watcher(self, name: str):
         # kazoo passes a third argument (the event) to functions that take three.
@@ -343,19 +393,36 @@ class UserStore:
 
     def _on_data(self, name: str, data: bytes | None) -> bool | None:
         with self._lock:
+            before = self._fingerprints.get(name, "")
             if data is None:
-                self._users.pop(name, None)
-                return False  # stop watching a deleted user
-            try:
-                self._users[name] = parse_user_credentials(data)
-            except (ValueError, KeyError) as exc:
-                log.warning("user %s: unreadable SCRAM credential (%s); ignored", name, exc)
-                self._users.pop(name, None)
-        return None
+                self._set(name, None)
+            else:
+                try:
+                    self._set(name, parse_user_credentials(data))
+                except (ValueError, KeyError) as exc:
+                    log.warning("user %s: unreadable SCRAM credential (%s); ignored", name, exc)
+                    self._set(name, None)
+            changed = self._fingerprints.get(name, "") != before
+        if changed:
+            self._changed(name)
+        return False if data is None else None  # stop watching a deleted user
+
+    def _set(self, name: str, creds: dict[str, ScramCredential] | None) -> None:
+        """Store (None: drop) a user's credentials and their fingerprint; under _lock."""
+        if not creds:
+            self._users.pop(name, None)
+            self._fingerprints.pop(name, None)
+            return
+        self._users[name] = creds
+        h = hashlib.sha256()
+        for m in sorted(creds):
+            h.update(m.encode() + creds[m].salt + creds[m].stored_key)
+        self._fingerprints[name] = h.hexdigest()[:24]
 
     def put(self, name: str, *credentials: ScramCredential) -> None:
         with self._lock:
-            self._users[name] = {c.mechanism: c for c in credentials}
+            self._set(name, {c.mechanism: c for c in credentials})
+        self._changed(name)
 
     def credential(self, name: str, mechanism: str) -> ScramCredential | None:
         """The user's stored credential for `mechanism` (None: no such user, or none
@@ -363,26 +430,25 @@ class UserStore:
         with self._lock:
             return self._users.get(name, {}).get(mechanism)
 
-    def verify(self, name: str, password: str) -> bool:
-        """Whether `password` is the user's (PLAIN): checked against the stored
-        SCRAM-SHA-512 credential (SCRAM-SHA-256 when only that is stored); a PBKDF2,
-        so call it off the event loop."""
+    def plain_credential(self, name: str) -> ScramCredential | None:
+        """The credential PLAIN checks a password against: the stored SCRAM-SHA-512
+        one (SCRAM-SHA-256 when only that is stored); None for no such user."""
         with self._lock:
             creds = self._users.get(name, {})
-        cred = creds.get("SCRAM-SHA-512") or creds.get("SCRAM-SHA-256")
+        return creds.get("SCRAM-SHA-512") or creds.get("SCRAM-SHA-256")
+
+    def verify(self, name: str, password: str) -> bool:
+        """Whether `password` is the user's (PLAIN; plain_credential); a PBKDF2, so
+        call it off the event loop."""
+        cred = self.plain_credential(name)
         return cred is not None and cred.verify(password)
 
     def fingerprint(self, name: str) -> str:
         """A short digest of the user's stored credentials ("" for no such user):
-        session tokens carry it, so a changed or deleted user's tokens stop verifying."""
+        session tokens and authenticated connections carry it, so a changed or deleted
+        user's tokens stop verifying and its connections close. A dictionary lookup."""
         with self._lock:
-            creds = self._users.get(name)
-        if not creds:
-            return ""
-        h = hashlib.sha256()
-        for m in sorted(creds):
-            h.update(m.encode() + creds[m].salt + creds[m].stored_key)
-        return h.hexdigest()[:24]
+            return self._fingerprints.get(name, "")
 
     def names(self) -> list[str]:
         with self._lock:

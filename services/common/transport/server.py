@@ -46,7 +46,7 @@ from ..security.acl import Operation as Op, Resource, ResourceType
 from ..security.acl import AclCache, AclStore, Authorizer, parse_super_users
 from ..security.pid_binding import ProducerIdBindings
 from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
-                             create_user_credentials, current_principal)
+                             check_iterations, create_user_credentials, current_principal)
 from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from ..config import ServiceConfig, parse_args, service_security
 from ..settings import TxnCoordinatorSchema
@@ -273,6 +273,9 @@ async def sasl_authenticate(gateway, request: pb.SaslAuthenticateRequest, peer: 
     # "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> the address; the throttle keys on its host.
     peer = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
     try:
+        if len(request.auth_bytes) > gateway.max_receive_bytes:
+            raise SaslFailure(f"a SASL message of {len(request.auth_bytes)} bytes is larger than "
+                              f"sasl.server.max.receive.size={gateway.max_receive_bytes}")
         if request.session_id:
             server = gateway.resume(request.session_id)
             if server is None:
@@ -287,7 +290,7 @@ async def sasl_authenticate(gateway, request: pb.SaslAuthenticateRequest, peer: 
         return pb.SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED, error_message=str(exc))
     if not server.done:
         return pb.SaslAuthenticateResponse(auth_bytes=reply, session_id=gateway.begin(server))
-    token, lifetime_ms = gateway.tokens.issue(server.username, server.mechanism)
+    token, lifetime_ms = gateway.tokens.issue(server.username, server.mechanism, server.fingerprint)
     return pb.SaslAuthenticateResponse(auth_bytes=reply, token=token, session_lifetime_ms=lifetime_ms)
 
 
@@ -329,8 +332,14 @@ class SecurityAdmin:
             if bad:
                 resp.results.add(user=u.name, error_code=ErrorCode.INVALID_REQUEST, error_message=bad)
                 continue
+            iterations = u.iterations or SCRAM_ITERATIONS
+            try:
+                check_iterations(iterations)
+            except ValueError as exc:  # Kafka's bounds: a cheap credential, or a check costly to trigger
+                resp.results.add(user=u.name, error_code=ErrorCode.UNACCEPTABLE_CREDENTIAL, error_message=str(exc))
+                continue
             # SCRAM-SHA-512 and SCRAM-SHA-256 credentials (two PBKDF2s: off the event loop).
-            data = await asyncio.to_thread(create_user_credentials, u.password, u.iterations or SCRAM_ITERATIONS)
+            data = await asyncio.to_thread(create_user_credentials, u.password, iterations)
             path = f"{USERS}/{u.name}"
 
             def write(path=path, data=data):
@@ -661,8 +670,8 @@ def _producer_id_expiration_ms(cfg: ServiceConfig) -> int:
 def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, security: TransportSecurity):
     """The process's SASL (services.common.security.sasl.SaslGateway) from its settings:
     sasl.enabled.mechanisms, connection.failed.authentication.delay.ms,
-    exactly.sasl.failed.authentication.attempts.per.second and
-    exactly.sasl.session.lifetime.ms; session tokens (TLS listeners only) signed with
+    exactly.sasl.failed.authentication.attempts.per.second, sasl.server.max.receive.size
+    and exactly.sasl.session.lifetime.ms; session tokens (TLS listeners only) signed with
     the cluster's key from ZooKeeper."""
     from ..security.sasl import AuthThrottle, SaslGateway, SessionTokens, load_token_key, parse_mechanisms
     tokens = None
@@ -671,7 +680,8 @@ def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, se
         tokens = SessionTokens(key, users, cfg.settings.exactly_sasl_session_lifetime_ms)
     return SaslGateway(users, parse_mechanisms(cfg.settings.sasl_enabled_mechanisms),
                        AuthThrottle(float(cfg.settings.exactly_sasl_failed_authentication_attempts_per_second)),
-                       cfg.settings.connection_failed_authentication_delay_ms, tokens)
+                       cfg.settings.connection_failed_authentication_delay_ms, tokens,
+                       max_receive_bytes=cfg.settings.sasl_server_max_receive_size)
 
 
 def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaManager:

@@ -128,8 +128,8 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
             super().__init__(**kw)
             self.admitted: list[float] = []
 
-        async def admit(self, keys):
-            await super().admit(keys)
+        async def admit(self, key):
+            await super().admit(key)
             self.admitted.append(self.clock())
 
     throttle = Recording(rate=5, clock=clock, sleep=clock.sleep)

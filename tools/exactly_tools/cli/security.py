@@ -85,7 +85,8 @@ def users() -> None:
 @click.argument("name")
 @click.option("--password", prompt=True, hide_input=True, confirmation_prompt=False,
               help="The password (prompted when not given); sent over TLS only.")
-@click.option("--iterations", type=click.IntRange(min=4096), default=4096, show_default=True)
+@click.option("--iterations", type=click.IntRange(min=4096, max=16384), default=4096, show_default=True,
+              help="SCRAM iteration count (Kafka's bounds: 4096..16384)")
 @connection_options
 def add_user(name, password, iterations) -> None:
     """Create a user or change its password."""
