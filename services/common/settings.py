@@ -211,6 +211,10 @@ class ServiceSchema(SecuritySettings):
         "sasl.server.max.receive.size", 524288, "Largest request (bytes) a connection may send before it has "
         "authenticated (Kafka port: the connection is closed; gRPC: a larger SASL message is refused unread).",
         LOW, ge=64, le=104857600)
+    exactly_sasl_authentication_timeout_ms: int = setting(
+        "exactly.sasl.authentication.timeout.ms", 15000, "Kafka port: a connection that must authenticate "
+        "with SASL (no client certificate where one is required) and has not within this many ms of its TLS "
+        "handshake is closed, whatever it sends meanwhile.", MEDIUM, ge=100)
     exactly_sasl_session_lifetime_ms: int = setting(
         "exactly.sasl.session.lifetime.ms", 3600000, "Lifetime in ms of the session token a gRPC client gets "
         "from its SASL exchange (it authenticates again before then).", LOW, ge=1000)

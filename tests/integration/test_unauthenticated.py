@@ -8,6 +8,9 @@ gRPC, SASL on the Kafka port, authorizer=acl): docs/design.md, "Security", "SASL
   /zookeeper/quota.
 - Failed logins keep nothing that grows with what the client sent: six PLAIN attempts
   with 40 MB user names leave a leader's memory where it was once they closed.
+- Before authentication a request is at most sasl.server.max.receive.size (a 100 MB size
+  prefix closes the connection at once) and a connection must authenticate within
+  exactly.sasl.authentication.timeout.ms, whatever it sends meanwhile.
 - Guessing slows the guesser, not the owner: while 16 connections guess dave's password
   from another address as fast as they are answered, on both ports, and while others
   fail with made-up user names from dave's own address, dave logs in within 1 s.
@@ -66,6 +69,24 @@ def _ca(sec) -> str:
 
 def _kafka(sec) -> str:
     return sec.services["pl-0"].kafka_address
+
+
+class PeakRss(threading.Thread):
+    """The most resident memory (MB) process `pid` had, sampled every 0.05 s until stopped."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, rss_mb(pid), threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.peak = max(self.peak, rss_mb(self.pid))
+
+    def stop(self) -> float:
+        self.done.set()
+        self.join(5)
+        return self.peak
 
 
 def rss_mb(pid: int) -> float:
@@ -269,3 +290,71 @@ def test_guessing_slows_the_guesser_not_the_owner(sec, attack):
     assert answered > 16, "the guessers got no answers"
     assert all(ok for _, ok, _ in logins), logins
     assert max(took for _, _, took in logins) < 1.0, logins
+
+
+def _flood_body(sec, results: list) -> None:
+    """Announce a 100 MB request before authentication and send as fast as possible."""
+    sent = 0
+    try:
+        with RawKafka.connect(_kafka(sec), _ca(sec)) as conn:
+            conn.send((100 << 20).to_bytes(4, "big"))
+            chunk = b"x" * (1 << 20)
+            while sent < (100 << 20):
+                conn.send(chunk)
+                sent += len(chunk)
+    except (ConnectionError, OSError):
+        pass
+    results.append(sent)
+
+
+def test_before_authentication_requests_are_capped_and_must_authenticate_in_time(sec):
+    """Four connections without a certificate announce 100 MB requests and send as fast
+    as they can: each is closed once its size arrives and the leader's memory stays
+    within 50 MB (it buffered 381 MB in 3 s). A connection that sends the 4 bytes of a
+    size and nothing more, one that sends 2 of them, and one that makes ApiVersions
+    requests forever are closed exactly.sasl.authentication.timeout.ms (15 s) after their
+    handshake (they were held until connections.max.idle.ms, 10 minutes)."""
+    leader = sec.services["pl-0"]
+    before = rss_mb(leader.pid)
+    peak = PeakRss(leader.pid)
+    sent: list[int] = []
+    floods = [threading.Thread(target=_flood_body, args=(sec, sent), daemon=True) for _ in range(4)]
+    for t in floods:
+        t.start()
+    for t in floods:
+        t.join(120)
+    most = peak.stop()
+    print(f"100 MB announced 4 times: {sum(sent) >> 20} MB sent before the close; leader RSS {before:.0f} MB "
+          f"before, at most {most:.0f} MB")
+    assert most < before + 50, (before, most)
+    assert all(n < (100 << 20) for n in sent), sent
+
+    stalled = {name: RawKafka.connect(_kafka(sec), _ca(sec)) for name in ("size", "half a size", "chatty")}
+    stalled["size"].send((200).to_bytes(4, "big"))
+    stalled["half a size"].send(b"\0\0")
+    closed: dict[str, float | None] = {}
+
+    def chatty():
+        conn, started = stalled["chatty"], time.monotonic()
+        try:
+            while time.monotonic() - started < 30:
+                conn.send(request(18, 0, {}))
+                conn.frame(5)
+                time.sleep(0.5)
+            closed["chatty"] = None
+        except (ConnectionError, OSError):
+            closed["chatty"] = time.monotonic() - started
+
+    def silent(name: str):
+        closed[name] = stalled[name].closed_within(30)
+
+    watchers = [threading.Thread(target=chatty, daemon=True)] + [
+        threading.Thread(target=silent, args=(name,), daemon=True) for name in ("size", "half a size")]
+    for t in watchers:
+        t.start()
+    for t in watchers:
+        t.join(40)
+    for conn in stalled.values():
+        conn.close()
+    print("closed after " + ", ".join(f"{k}: {v if v is None else round(v, 1)} s" for k, v in closed.items()))
+    assert all(v is not None and 10 < v < 25 for v in closed.values()), closed

@@ -37,6 +37,19 @@ connection with no request for `idle_timeout_s` (connections.max.idle.ms), or wh
 response the peer does not read for that long, is closed. Each refusal and close is
 counted and logged (rate-limited) by `RefusalLog`.
 
+Before authentication (a connection without a client certificate on a listener that
+requires authentication, until its SASL exchange completes; and any SASL exchange in
+progress) a connection costs the server a few kilobytes and nothing once it closes: a
+request may be at most `max_preauth_bytes` (sasl.server.max.receive.size, Kafka's
+524288), larger ones close the connection when their size arrives; the requests above
+PREAUTH_SMALL_BYTES together take at most PREAUTH_POOL_REQUESTS of that size on the whole
+listener (more close their connection), so slow senders of large requests cannot
+multiply it; the connection reads ahead at most PREAUTH_READ_AHEAD bytes; and it must
+have authenticated `auth_timeout_s` after its TLS handshake
+(exactly.sasl.authentication.timeout.ms), whatever it sends meanwhile, or it is closed.
+Once authenticated, a request's body must arrive within connections.max.idle.ms of its
+size (a size alone no longer holds the connection forever).
+
 SASL (docs/design.md, "SASL"; a TLS listener given a SaslGateway): SaslHandshake
 (key 17, v0-1) picks a mechanism of sasl.enabled.mechanisms (else
 UNSUPPORTED_SASL_MECHANISM with the enabled ones); SaslAuthenticate (key 36, v0-2,
@@ -62,7 +75,8 @@ from ..security.auth import (ANONYMOUS, CertificateIdentityError, PrincipalMappe
                              principal_from_certificate)
 from ..security.authz import Denied
 from ..security import quotas as quota
-from ..transport.connections import CONNECTIONS_MAX_IDLE_MS, ConnectionLimits, RefusalLog
+from ..transport.connections import (CONNECTIONS_MAX_IDLE_MS, SASL_AUTHENTICATION_TIMEOUT_MS,
+                                     SASL_SERVER_MAX_RECEIVE_SIZE, ConnectionLimits, RefusalLog)
 from ..security.sasl import SaslFailure, UnsupportedMechanism
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
 
@@ -72,6 +86,16 @@ Handler = Callable[[Any, int, "RequestContext"], Awaitable[dict | None]]
 DEFAULT_MAX_REQUEST_BYTES = 104857600
 SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY = 17, 36
 SASL_KEYS = (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
+# Before authentication: requests up to this size are read without asking (a SASL message
+# of SCRAM or PLAIN, an ApiVersions request: a few hundred bytes); larger ones share a pool
+# of this many requests of sasl.server.max.receive.size on the listener.
+PREAUTH_SMALL_BYTES = 8192
+PREAUTH_POOL_REQUESTS = 4
+# Bytes a connection reads ahead of the request being handled (asyncio's StreamReader
+# pauses the transport past twice this): small before authentication, then asyncio's
+# default, which a large Produce needs.
+PREAUTH_READ_AHEAD, READ_AHEAD = 4096, 2 ** 16
+CLOSE_LINGER_S = 1.0  # how long a closing connection may take to end (TLS close_notify)
 
 
 class _Closing(Exception):
@@ -80,6 +104,15 @@ class _Closing(Exception):
     def __init__(self, response: bytes | None, reason: str):
         super().__init__(reason)
         self.response = response
+
+
+class _Reader(asyncio.StreamReader):
+    """A StreamReader whose read-ahead can change once the connection authenticated."""
+
+    def read_ahead(self, limit: int) -> None:
+        """Read ahead up to `limit` bytes (the transport pauses past twice that)."""
+        self._limit = limit
+        self._maybe_resume_transport()
 
 
 @dataclass
@@ -93,7 +126,8 @@ class _Sasl:
 
     @property
     def pending(self) -> bool:
-        """An exchange started and not yet complete, or none done where one is required."""
+        """An exchange started and not yet complete, or none done where one is required:
+        the connection is before authentication (module docstring)."""
         if self.server is None:
             return self.required
         return not self.server.done
@@ -121,6 +155,18 @@ class Api:
 LISTENER_APIS = {API_VERSIONS_KEY: (0, 3), SASL_HANDSHAKE_KEY: (0, 1), SASL_AUTHENTICATE_KEY: (0, 2)}
 
 
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection: TLS's close_notify and what was written go out, but a peer
+    that keeps the connection open (or keeps sending) past CLOSE_LINGER_S is cut off, so
+    a closed connection never outlives its place in the connection limits."""
+    writer.close()
+    try:
+        async with asyncio.timeout(CLOSE_LINGER_S):
+            await writer.wait_closed()
+    except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
+        writer.transport.abort()
+
+
 class KafkaListener:
     """Serve `apis` (api key -> Api) on host:port. A handler returns the response as a
     dict of plain values (services.common.kafka.codec), or None to send nothing (a
@@ -130,7 +176,8 @@ class KafkaListener:
                  principal_rules: str = "DEFAULT", sasl=None, require_authentication: bool = False,
                  quota_manager: "quota.QuotaManager | None" = None,
                  limits: ConnectionLimits | None = None,
-                 idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0):
+                 idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0,
+                 max_preauth_bytes: int = 524288, auth_timeout_s: float = 15.0):
         """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
         `sasl`: a services.common.security.sasl.SaslGateway to serve SaslHandshake and
         SaslAuthenticate (give it for TLS listeners only; None: no SASL);
@@ -140,7 +187,11 @@ class KafkaListener:
         requiring one, as a Kafka SASL_SSL listener does);
         `quota_manager`: the process's client quotas (None: none); `limits`: admission of
         new connections (default: none); `idle_timeout_s`: connections.max.idle.ms in
-        seconds; `handshake_timeout_s`: seconds a TLS handshake may take."""
+        seconds; `handshake_timeout_s`: seconds a TLS handshake may take;
+        `max_preauth_bytes`: sasl.server.max.receive.size, the largest request before
+        authentication; `auth_timeout_s`: exactly.sasl.authentication.timeout.ms in
+        seconds, how long after its TLS handshake a connection that must authenticate may
+        take to do so."""
         self.require_authentication = require_authentication and sasl is not None
         self.apis = dict(apis)
         self.quotas = quota_manager
@@ -156,6 +207,10 @@ class KafkaListener:
             for key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
                 self.apis[key] = Api(*LISTENER_APIS[key], self._api_versions)
         self.max_request_bytes = max_request_bytes
+        self.max_preauth_bytes = max_preauth_bytes
+        self.auth_timeout_s = auth_timeout_s
+        # Bytes left in the pool of large requests before authentication (module docstring).
+        self.preauth_pool_bytes = PREAUTH_POOL_REQUESTS * max_preauth_bytes
         self._socket: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
@@ -207,7 +262,7 @@ class KafkaListener:
         """TLS handshake (bounded by handshake_timeout_s), then serve the connection."""
         loop = asyncio.get_running_loop()
         try:
-            reader = asyncio.StreamReader(limit=2 ** 16)
+            reader = _Reader(limit=PREAUTH_READ_AHEAD if self.sasl is not None else READ_AHEAD)
             protocol = asyncio.StreamReaderProtocol(reader)
             started = loop.time()
             try:
@@ -234,29 +289,25 @@ class KafkaListener:
         return [{"api_key": k, "min_version": a.min_version, "max_version": a.max_version}
                 for k, a in sorted(self.apis.items())]
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer_s: str) -> None:
+    async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer_s: str) -> None:
         sasl = _Sasl()
+        loop = asyncio.get_running_loop()
+        auth_deadline = loop.time() + self.auth_timeout_s
         try:
             principal = self._principal(writer)
             current_principal.set(principal)
             ssl_object = writer.get_extra_info("ssl_object")
             sasl.required = self.require_authentication and not (
                 ssl_object is not None and ssl_object.getpeercert(binary_form=True))
+            if self.sasl is not None and not sasl.pending:
+                reader.read_ahead(READ_AHEAD)
             while True:
-                try:
-                    # asyncio.timeout, not wait_for: no task of its own per request.
-                    async with asyncio.timeout(self.idle_timeout_s):
-                        size_bytes = await reader.readexactly(4)
-                except TimeoutError:
-                    self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, f"idle {self.idle_timeout_s:g} s")
+                preauth = self.sasl is not None and sasl.pending
+                frame = await self._read_request(reader, sasl, peer_s,
+                                                 auth_deadline if preauth else None)
+                if frame is None:  # nothing owed to the peer: drop the connection at once
+                    writer.transport.abort()
                     return
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                size = int.from_bytes(size_bytes, "big", signed=True)
-                if size < (0 if sasl.raw else 8) or size > self.max_request_bytes:
-                    log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
-                    return
-                frame = await reader.readexactly(size)
                 throttle_ms = 0
                 try:
                     if sasl.raw:
@@ -271,6 +322,12 @@ class KafkaListener:
                         writer.write(closing.response)
                         await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
                     return
+                finally:
+                    if len(frame) > PREAUTH_SMALL_BYTES and preauth:
+                        self.preauth_pool_bytes += len(frame)
+                del frame
+                if preauth and not sasl.pending:  # authenticated: the ordinary limits from now on
+                    reader.read_ahead(READ_AHEAD)
                 if response is not None:
                     writer.write(response)
                     try:
@@ -296,7 +353,63 @@ class KafkaListener:
         except Exception:  # noqa: BLE001 - one connection fails, the service goes on
             log.exception("kafka connection from %s failed; closing", peer_s)
         finally:
-            writer.close()
+            await _close(writer)
+
+    async def _read_request(self, reader: _Reader, sasl: _Sasl, peer_s: str,
+                            auth_deadline: float | None) -> bytes | None:
+        """The next request frame (without its size), None when the connection is to
+        close: the peer closed it, it was idle for connections.max.idle.ms, its size is
+        out of bounds, or (before authentication, `auth_deadline` given: loop time) the
+        authentication deadline passed or the pre-authentication pool is full. A large
+        frame read before authentication holds its bytes of the pool; the caller gives
+        them back once it handled the frame."""
+        loop = asyncio.get_running_loop()
+        preauth = auth_deadline is not None
+        # asyncio.timeout, not wait_for: no task of its own per request.
+        try:
+            async with asyncio.timeout_at(auth_deadline if preauth else loop.time() + self.idle_timeout_s):
+                size_bytes = await reader.readexactly(4)
+        except TimeoutError:
+            self._timed_out(preauth, peer_s, "no request")
+            return None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        size = int.from_bytes(size_bytes, "big", signed=True)
+        limit = self.max_preauth_bytes if preauth else self.max_request_bytes
+        if size < (0 if sasl.raw else 8) or size > limit:
+            if preauth and size > limit:
+                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s, f"a request of {size} bytes before authentication, "
+                                      f"the limit is {limit}")
+            else:
+                log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
+            return None
+        pooled = preauth and size > PREAUTH_SMALL_BYTES
+        if pooled:
+            if size > self.preauth_pool_bytes:
+                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s, "the listener's pre-authentication buffers "
+                                      "are taken")
+                return None
+            self.preauth_pool_bytes -= size
+        try:
+            # The body within connections.max.idle.ms of its size (before authentication:
+            # within the authentication deadline).
+            async with asyncio.timeout_at(auth_deadline if preauth else loop.time() + self.idle_timeout_s):
+                frame = await reader.readexactly(size)
+        except TimeoutError:
+            self._timed_out(preauth, peer_s, f"{size} bytes announced, not sent")
+            frame = None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            frame = None
+        if frame is None and pooled:
+            self.preauth_pool_bytes += size
+        return frame
+
+    def _timed_out(self, preauth: bool, peer_s: str, what: str) -> None:
+        if preauth:
+            self.refusals.refused(SASL_AUTHENTICATION_TIMEOUT_MS, peer_s, f"not authenticated within "
+                                  f"{self.auth_timeout_s:g} s ({what})")
+        else:
+            self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, f"idle {self.idle_timeout_s:g} s ({what})")
 
     def _principal(self, writer: asyncio.StreamWriter) -> str:
         """The connection's principal: from its verified TLS client certificate

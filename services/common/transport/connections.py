@@ -42,10 +42,13 @@ MAX_CONNECTIONS = "max.connections"
 MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
 MAX_CONNECTION_CREATION_RATE = "max.connection.creation.rate"
 CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
+SASL_SERVER_MAX_RECEIVE_SIZE = "sasl.server.max.receive.size"
+SASL_AUTHENTICATION_TIMEOUT_MS = "exactly.sasl.authentication.timeout.ms"
 LOG_INTERVAL_S = 10.0
 
 REASONS = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTION_CREATION_RATE, CONNECTIONS_MAX_IDLE_MS,
-           "ssl.handshake.timeout", "ssl.handshake.failed")
+           "ssl.handshake.timeout", "ssl.handshake.failed", SASL_SERVER_MAX_RECEIVE_SIZE,
+           SASL_AUTHENTICATION_TIMEOUT_MS)
 
 
 def declare_series(listener: str) -> None:

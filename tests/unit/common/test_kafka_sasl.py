@@ -44,7 +44,10 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
     return await asyncio.wait_for(reader.read(1), 10) == b""
 
 
-def _run(body, throttle: AuthThrottle | None = None) -> None:
+def _run(body, throttle: AuthThrottle | None = None, **listener_kw) -> None:
+    """`body(port, seen, listener)` against a listener that requires authentication, no
+    TLS (so every connection is before authentication until its SASL exchange
+    completes); `seen`: the principals of the Metadata requests served."""
     users = UserStore()
     users.put("dave", *parse_user_credentials(create_user_credentials("secret", 4096)).values())
     seen: list[str] = []
@@ -55,17 +58,18 @@ def _run(body, throttle: AuthThrottle | None = None) -> None:
 
     async def main():
         gateway = SaslGateway(users, throttle=throttle or AuthThrottle(), failed_delay_ms=0)
-        listener = KafkaListener({METADATA: Api(1, 1, metadata)}, sasl=gateway, require_authentication=True)
+        listener = KafkaListener({METADATA: Api(1, 1, metadata)}, sasl=gateway, require_authentication=True,
+                                 **listener_kw)
         port = await listener.start("127.0.0.1", 0)
         try:
-            await asyncio.wait_for(body(port, seen), 30)
+            await asyncio.wait_for(body(port, seen, listener), 30)
         finally:
             await listener.stop()
     asyncio.run(main())
 
 
 def test_v0_handshake_then_bare_scram_tokens():
-    async def body(port, seen):
+    async def body(port, seen, listener):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_request(17, 0, {"mechanism": "SCRAM-SHA-256"}))
         assert _response(17, 0, await _frame(reader)).error_code.value == 0
@@ -84,7 +88,7 @@ def test_v0_handshake_then_bare_scram_tokens():
 
 
 def test_v1_handshake_authenticate_and_refusals():
-    async def body(port, seen):
+    async def body(port, seen, listener):
         # PLAIN through SaslAuthenticate v2 (flexible).
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
@@ -134,7 +138,7 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
 
     throttle = Recording(rate=5, clock=clock, sleep=clock.sleep)
 
-    async def body(port, seen):
+    async def body(port, seen, listener):
         async def guess(i: int) -> float:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
@@ -150,3 +154,49 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
         assert len(checked) == 6 and checked[0] == 0.0, checked
         assert all(b - a >= 0.2 - 1e-9 for a, b in zip(checked, checked[1:])), checked
     _run(body, throttle)
+
+
+async def _plain_login(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+    await _frame(reader)
+    writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0secret"}))
+    assert _response(36, 1, await _frame(reader)).error_code.value == 0
+    return reader, writer
+
+
+def test_before_authentication_a_request_is_capped_and_large_ones_share_a_pool():
+    """sasl.server.max.receive.size: a 100 MB size prefix before authentication closes
+    the connection at once; requests between 8 KB and the limit share a pool of four
+    (a fifth closes its connection) while small ones, a login, go on; after the login
+    the ordinary limit holds again."""
+    from prometheus_client import REGISTRY
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("exactly_connections_refused_total",
+                                         {"listener": "kafka", "reason": "sasl.server.max.receive.size"}) or 0.0
+
+    async def body(port, seen, listener):
+        before = refused()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write((100 << 20).to_bytes(4, "big") + b"x" * 1000)
+        assert await _closed(reader)
+        assert refused() == before + 1
+        slow = []
+        for _ in range(4):  # four large requests announced, a little sent
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write((500_000).to_bytes(4, "big") + b"x" * 100)
+            slow.append((r, w))
+        while listener.preauth_pool_bytes >= 500_000:  # until the listener holds all four
+            await asyncio.sleep(0)
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write((500_000).to_bytes(4, "big"))
+        assert await _closed(r)  # the pool is taken
+        reader, writer = await _plain_login(port)  # small requests are not held up
+        topics = [{"name": f"topic-{i:024d}"} for i in range(20000)]  # > 512 KB, after authentication
+        writer.write(_request(METADATA, 1, {"topics": topics}))
+        await _frame(reader)
+        for r, w in slow:
+            w.close()
+        writer.close()
+    _run(body, max_preauth_bytes=524288)
