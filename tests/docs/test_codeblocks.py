@@ -50,3 +50,10 @@ def test_helm_commands_are_read_with_their_values():
     assert (n1, chart.name, ns) == ("exactly", "exactly", "streams") and n2 == "exactly"
     assert v1 == {"image": {"repository": "r.example.com/exactly"}, "metrics": {"enabled": False}}
     assert v2 == {**v1, "partitionLeaders": {"replicas": 5}}
+
+
+def test_the_readmes_blocks_to_run_are_the_quick_start():
+    """tests/docs/test_quickstart.py runs the README's section "Quick start"; a block to run
+    anywhere else in the README would run nowhere."""
+    elsewhere = [b.id for b in blocks("README.md") if b.kind not in ("text", "no-run") and b.heading != "Quick start"]
+    assert not elsewhere, f"README blocks outside the quick start: {elsewhere}"
