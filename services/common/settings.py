@@ -70,6 +70,26 @@ def _sasl_mechanisms(value: str) -> str:
 SaslMechanisms = Annotated[str, AfterValidator(_sasl_mechanisms)]
 
 
+def _producer_id_expiration_ms():
+    """producer.id.expiration.ms, one definition for the roles that use it: partition
+    leaders (producer state), transaction coordinators (producer-id bindings) and
+    group coordinators (which check bindings as leaders do)."""
+    return setting("producer.id.expiration.ms", _TOPIC_DEFAULTS.producer_id_expiration_ms,
+                   "ms after its last use after which an idle producer id is forgotten: a partition leader drops "
+                   "its producer state (topic config producer.id.expiration.ms overrides it per topic), a "
+                   "transaction coordinator its producer-id binding (authorizer=acl; "
+                   "docs/design.md, \"Producer-id bindings\"), which partition leaders and group coordinators check "
+                   "again every quarter of it. Give every service the same value.", MEDIUM, ge=1)
+
+
+def _producer_id_expiration_check_interval_ms():
+    """producer.id.expiration.check.interval.ms, one definition for partition leaders
+    and transaction coordinators."""
+    return setting("producer.id.expiration.check.interval.ms", 600000, "ms between producer-id expiration "
+                   "scans (partition leaders: producer state; transaction coordinators: producer-id bindings).",
+                   LOW, ge=1)
+
+
 class ServiceSchema(SecuritySettings):
     """Settings every service process has. The security keys (SecuritySettings) set
     the process's listeners (security.protocol; ssl.certificate.location and
@@ -253,11 +273,8 @@ class PartitionLeaderSchema(ServiceSchema):
     producer_snapshot_retained: int = setting("producer.snapshot.retained",
                                               _TOPIC_DEFAULTS.producer_snapshot_retained, "Producer-state "
                                               "snapshots kept per partition.", LOW, ge=1)
-    producer_id_expiration_ms: int = setting("producer.id.expiration.ms", _TOPIC_DEFAULTS.producer_id_expiration_ms,
-                                             "ms after its last write "
-                                             "after which an idle producer id's state is dropped.", MEDIUM, ge=1)
-    producer_id_expiration_check_interval_ms: int = setting(
-        "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id expiration scans.", LOW, ge=1)
+    producer_id_expiration_ms: int = _producer_id_expiration_ms()
+    producer_id_expiration_check_interval_ms: int = _producer_id_expiration_check_interval_ms()
     replica_lag_time_max_ms: int = setting("replica.lag.time.max.ms", 10000, "A follower not caught up for this "
                                            "many ms leaves the ISR.", MEDIUM, ge=1)
     fetch_max_wait_ms: int = setting(
@@ -323,13 +340,8 @@ class TxnCoordinatorSchema(ServiceSchema):
     remove_expired_interval_ms: int = setting(
         "transaction.remove.expired.transaction.cleanup.interval.ms", 3600000, "ms between transactional.id "
         "expiration scans.", LOW, ge=1)
-    producer_id_expiration_ms: int = setting(
-        "producer.id.expiration.ms", 86400000, "ms after its last use after which an idempotent producer's "
-        "producer-id binding expires (with the authorizer on; docs/design.md, \"Producer-id bindings\").",
-        MEDIUM, ge=1)
-    producer_id_expiration_check_interval_ms: int = setting(
-        "producer.id.expiration.check.interval.ms", 600000, "ms between producer-id binding expiration scans.",
-        LOW, ge=1)
+    producer_id_expiration_ms: int = _producer_id_expiration_ms()
+    producer_id_expiration_check_interval_ms: int = _producer_id_expiration_check_interval_ms()
     producer_ids_rate: float = setting(
         "exactly.producer.ids.rate", 100.0, "InitProducerId calls per second each principal may make to one "
         "transaction coordinator with the authorizer on (KIP-936's producer_ids_rate; bursts of one second's "
@@ -407,6 +419,7 @@ class GroupCoordinatorSchema(ServiceSchema):
     transaction_partition_verification_enable: Bool = setting(
         "transaction.partition.verification.enable", True, "KIP-890: verify a TxnOffsetCommit with the "
         "transaction coordinator before accepting it.", MEDIUM)
+    producer_id_expiration_ms: int = _producer_id_expiration_ms()
 
 
 SERVICE_SCHEMAS: dict[str, type[ServiceSchema]] = {

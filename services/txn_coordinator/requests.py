@@ -239,11 +239,11 @@ class TxnRequests:
         producer_id % n. A binding found counts as a use (it expires
         producer.id.expiration.ms / transactional.id.expiration.ms after its last
         use). Returns (NONE, ""), (the refusal code, why) — never issued, expired,
-        another principal's or another transactional.id's — or NOT_COORDINATOR,
-        COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again)."""
+        another principal's or another transactional.id's (`pid_binding.refusal`) — or
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again)."""
         n = self._topology.txn_partition_count()
         if n <= 0 or producer_id < 0:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else refusal_code(transactional), \
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else refusal_code(transactional, bound=False), \
                 f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
         part = self._parts.get(producer_id % n)
         if part is None or part.error is not None:
@@ -251,9 +251,9 @@ class TxnRequests:
         if part.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ""
         binding = part.bindings.get(producer_id)
-        why = refusal(binding, producer_id, principal, transactional_id, transactional)
-        if why is not None:
-            return refusal_code(transactional), why
+        refused = refusal(binding, producer_id, principal, transactional_id, transactional)
+        if refused is not None:
+            return refused
         part.binding_used[producer_id] = self._monotonic()
         return ErrorCode.NONE, ""
 

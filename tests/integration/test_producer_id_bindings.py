@@ -2,8 +2,9 @@
 bindings"): a secured dev cluster (TLS with client certificates, authorizer=acl,
 zookeeper.set.acl). Many idempotent InitProducerId calls leave ZooKeeper's node count
 unchanged and their bindings expire with producer.id.expiration.ms; the bindings hold
-across a transaction coordinator restart; exactly.producer.ids.rate throttles one
-principal and not another.
+across a transaction coordinator restart; an idempotent producer idle past
+producer.id.expiration.ms gets UNKNOWN_PRODUCER_ID, takes a new producer id and goes on;
+exactly.producer.ids.rate throttles one principal and not another.
 
 The load is EXACTLY_PID_SOAK_CALLS calls (10,000 by default; the issue's full
 100,000: `EXACTLY_PID_SOAK_CALLS=100000 make test` or run this file alone)."""
@@ -16,7 +17,7 @@ import uuid
 
 import pytest
 
-from exactly import AclBinding, AdminClient, Producer, errors
+from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
 from exactly_wire.security import TransportSecurity, secure_channel
@@ -122,7 +123,7 @@ def test_idempotent_producer_ids_leave_zookeeper_unchanged_and_expire(sec):
     wait_for(lambda: _live_bindings(sec) == 0, 60 + CALLS / 1000, "every binding expired")
     assert _znodes(sec) == before
     verify = pb.VerifyProducerIdRequest(producer_id=responses[0].producer_id, principal="User:load-0")
-    assert stub.VerifyProducerId(verify, timeout=10).error_code == E.CLUSTER_AUTHORIZATION_FAILED
+    assert stub.VerifyProducerId(verify, timeout=10).error_code == E.UNKNOWN_PRODUCER_ID
 
 
 def test_bindings_hold_across_a_coordinator_restart_and_are_refused_to_others(sec):
@@ -131,7 +132,6 @@ def test_bindings_hold_across_a_coordinator_restart_and_are_refused_to_others(se
     and refuses it to bob; a producer id never issued is refused."""
     topic = f"pb-{uuid.uuid4().hex[:6]}"
     with AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config}) as a:
-        from exactly import NewTopic
         a.create_topics([NewTopic(topic, 3, 1)])
         a.create_acls([AclBinding(f"User:{n}", "Topic", topic, "Write") for n in ("alice", "bob")])
     stub = _txn_stub(sec, "alice")
@@ -148,13 +148,49 @@ def test_bindings_hold_across_a_coordinator_restart_and_are_refused_to_others(se
     assert ask("User:bob") == E.CLUSTER_AUTHORIZATION_FAILED
     never = pl.VerifyProducerId(pb.VerifyProducerIdRequest(producer_id=first.producer_id + 10**12,
                                                            principal="User:alice"), timeout=10)
-    assert never.error_code == E.CLUSTER_AUTHORIZATION_FAILED
+    assert never.error_code == E.UNKNOWN_PRODUCER_ID
     producer = Producer({**_conf(sec, "alice"), "enable.idempotence": True})
     try:
         for p in range(3):  # every leader checks her new producer id at the restarted coordinator
             producer.send(topic, b"x", partition=p).result(20)
     finally:
         producer.close()
+
+
+def test_an_idle_idempotent_producer_takes_a_new_producer_id_and_goes_on(sec):
+    """alice's idempotent producer writes, then idles until its binding expired
+    (producer.id.expiration.ms, 4 s here): its next batch gets UNKNOWN_PRODUCER_ID, as
+    from Kafka for a producer id whose state expired, and the producer takes a new
+    producer id and delivers, instead of failing for good with
+    CLUSTER_AUTHORIZATION_FAILED. Nothing is lost or written twice."""
+    topic = f"pb-{uuid.uuid4().hex[:6]}"
+    tp = TopicPartition(topic, 0)
+    with AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        admin.create_acls([AclBinding("User:alice", "Topic", topic, op) for op in ("Write", "Read")])
+        producer = Producer({**_conf(sec, "alice"), "enable.idempotence": True, "delivery.timeout.ms": 30000})
+        try:
+            producer.send(topic, b"before", partition=0).result(20)
+            first = admin.describe_producers([tp])[tp][0].producer_id
+            # Asked for another principal, the binding is not used (kept alive) by the asking.
+            ask = pb.VerifyProducerIdRequest(producer_id=first, principal="User:nobody")
+            pl = _txn_stub(sec, "pl-0")
+            wait_for(lambda: "not bound" in pl.VerifyProducerId(ask, timeout=10).error_message,
+                     EXPIRATION_MS / 1000 + 30, "alice's idle binding to expire")
+            producer.send(topic, b"after", partition=0).result(20)
+            producer.send(topic, b"later", partition=0).result(20)
+        finally:
+            producer.close()
+        ids = {s.producer_id for s in admin.describe_producers([tp])[tp]}
+    assert len(ids) == 1 and first not in ids, (first, ids)  # the idle one's state expired with its binding
+    consumer = Consumer({**_conf(sec, "alice"), "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        consumer.assign([tp])
+        got: list = []
+        wait_for(lambda: got.extend(r.value for r in consumer.poll(0.5)) or len(got) >= 3, 30, "the 3 records")
+    finally:
+        consumer.close()
+    assert got == [b"before", b"after", b"later"]
 
 
 def test_init_producer_id_rate_throttles_one_principal_not_another(sec):

@@ -26,8 +26,11 @@ Exactly closes this (docs/design.md, "Producer-id bindings"):
   that an active producer's binding stays alive. Anything else is refused before the
   producer state is touched (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a
   transactional batch, CLUSTER_AUTHORIZATION_FAILED for an idempotent one), so the
-  victim's sequence and epoch do not move. A group coordinator checks the same for
-  TxnOffsetCommit.
+  victim's sequence and epoch do not move; except that an idempotent batch whose
+  producer id is bound to no one (expired after the producer idled, or never issued)
+  gets UNKNOWN_PRODUCER_ID, Kafka's answer for a producer id whose state expired:
+  the producer takes a new producer id (bound to itself) and sends again. A group
+  coordinator checks the same for TxnOffsetCommit.
 
 Why it holds across failover: the binding is in the replicated log the coordinators
 replay when they take a partition over (appended with the owner's writer id, so a
@@ -67,25 +70,39 @@ _RETRY_CODES = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_
 
 
 def refusal(binding: "ProducerIdBinding | None", producer_id: int, principal: str, transactional_id: str,
-            transactional: bool) -> str | None:
-    """Why a batch of `producer_id` from `principal` is refused (None: it is not).
-    A transactional batch must also carry the transactional.id the id was issued for."""
+            transactional: bool) -> tuple[ErrorCode, str] | None:
+    """Why a batch of `producer_id` from `principal` is refused, as (error, why), or
+    None when it is not. A transactional batch must also carry the transactional.id
+    the id was issued for. Errors: see `refusal_code`."""
     if binding is None:
-        return (f"producer id {producer_id} is not bound: not issued by a transaction coordinator of this "
-                "cluster, or expired")
+        return refusal_code(transactional, bound=False), (
+            f"producer id {producer_id} is not bound: not issued by a transaction coordinator of this cluster, "
+            "or expired")
     if binding.principal != principal:
-        return f"producer id {producer_id} was issued to another principal, not {principal}"
+        return refusal_code(transactional), f"producer id {producer_id} was issued to another principal, not {principal}"
     if transactional and binding.transactional_id != transactional_id:
-        return (f"producer id {producer_id} was issued for transactional.id {binding.transactional_id!r}, "
-                f"not {transactional_id!r}")
+        return refusal_code(transactional), (
+            f"producer id {producer_id} was issued for transactional.id {binding.transactional_id!r}, "
+            f"not {transactional_id!r}")
     return None
 
 
-def refusal_code(transactional: bool) -> ErrorCode:
+def refusal_code(transactional: bool, bound: bool = True) -> ErrorCode:
     """Kafka's error for a refused batch: the transactional.id's for a transactional
-    batch, the Cluster's (IdempotentWrite) for an idempotent one."""
-    return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED if transactional \
-        else ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    batch, the Cluster's (IdempotentWrite) for an idempotent one, and for an
+    idempotent one whose producer id is bound to no one (`bound` False: expired or
+    never issued) UNKNOWN_PRODUCER_ID, on which the producer takes a new producer id."""
+    if transactional:
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED if bound else ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+# A leader's or group coordinator's allowed answer is trusted for this part of
+# producer.id.expiration.ms, so an active producer's binding is used (kept alive) in time.
+REFRESHES_PER_EXPIRATION = 4
+# The answers of VerifyProducerId that end a check.
+_FINAL_REFUSALS = frozenset({ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                             ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.UNKNOWN_PRODUCER_ID})
 
 
 class RatePerPrincipal:
@@ -117,15 +134,16 @@ class ProducerIdBindings:
     caches what it allowed.
 
     cluster: ClusterState (coordinator ownership); client: ClusterClient (the tunnel
-    to the coordinator, as the service's principal); refresh_s: how long an allowed
-    answer is trusted before it is asked again (a quarter of producer.id.expiration.ms);
-    backoff_ms / backoff_max_ms: retry backoff while the owner moves or loads."""
+    to the coordinator, as the service's principal); expiration_ms: the process's
+    producer.id.expiration.ms (ms; the coordinators' binding expiry, the same setting):
+    an allowed answer is trusted for 1 / REFRESHES_PER_EXPIRATION of it before it is
+    asked again; backoff_ms / backoff_max_ms: retry backoff while the owner moves or loads."""
 
-    def __init__(self, cluster, client, refresh_s: float = 86_400 / 4, cache_size: int = CACHE_SIZE,
+    def __init__(self, cluster, client, expiration_ms: int, cache_size: int = CACHE_SIZE,
                  backoff_ms: int = 20, backoff_max_ms: int = 1000, clock: Callable[[], float] = time.monotonic):
         self.cluster = cluster
         self.client = client
-        self.refresh_s = refresh_s
+        self.refresh_s = expiration_ms / 1000 / REFRESHES_PER_EXPIRATION
         self.backoff_ms = backoff_ms
         self.backoff_max_ms = backoff_max_ms
         self.clock = clock
@@ -136,10 +154,10 @@ class ProducerIdBindings:
                     deadline: float | None = None) -> tuple[ErrorCode, str]:
         """Whether `principal` may write batches of `producer_id` (for a transactional
         batch: of `transactional_id`). deadline: clock seconds (default: 5 s from now).
-        Returns (NONE, ""); (TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
-        CLUSTER_AUTHORIZATION_FAILED, why) when it is not bound so; or
-        (NOT_ENOUGH_REPLICAS, why) when no coordinator answered in time (retriable;
-        nothing may be appended)."""
+        Returns (NONE, ""); (TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        CLUSTER_AUTHORIZATION_FAILED or UNKNOWN_PRODUCER_ID, why) when it is not bound
+        so (`refusal_code`); or (NOT_ENOUGH_REPLICAS, why) when no coordinator answered
+        in time (retriable; nothing may be appended)."""
         key = (producer_id, principal, transactional_id if transactional else "", transactional)
         now = self.clock()
         until = self._cache.get(key)
@@ -163,7 +181,7 @@ class ProducerIdBindings:
                 self._cache.popitem(last=False)
             return ErrorCode.NONE, ""
         self._cache.pop(key, None)
-        if code in (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, ErrorCode.CLUSTER_AUTHORIZATION_FAILED):
+        if code in _FINAL_REFUSALS:
             return ErrorCode(code), why
         log.info("producer id %d of %s: its binding could not be checked (%s)", producer_id, principal,
                  ErrorCode(code).name if code in ErrorCode._value2member_map_ else code)

@@ -49,7 +49,6 @@ from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor
                              check_iterations, create_user_credentials, current_principal)
 from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
 from ..config import ServiceConfig, parse_args, service_security
-from ..settings import TxnCoordinatorSchema
 from .guard import RequestGuard
 from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
 from ..kafka.acl_api import acl_message, binding_of_message
@@ -655,18 +654,9 @@ def _start_security(cfg: ServiceConfig, cluster: ClusterState, security: Transpo
         AclStore(cluster.zk, AclCache(authorizer), cluster.zk_security.sensitive_acl)
         interceptor.authorizer = authorizer
         authz.active_authorizer = authorizer
-        cluster.pid_bindings = ProducerIdBindings(
-            cluster, client, refresh_s=_producer_id_expiration_ms(cfg) / 4000)
+        cluster.pid_bindings = ProducerIdBindings(cluster, client, cfg.settings.producer_id_expiration_ms)
     cluster.users = users
     cluster.sasl = gateway
-
-
-def _producer_id_expiration_ms(cfg: ServiceConfig) -> int:
-    """`producer.id.expiration.ms` (ms) of the process's role; a role without the setting
-    (the group coordinator) takes the transaction coordinator's default, whose bindings
-    it checks."""
-    default = TxnCoordinatorSchema.model_fields["producer_id_expiration_ms"].default
-    return getattr(cfg.settings, "producer_id_expiration_ms", default)
 
 
 def sasl_gateway(cfg: ServiceConfig, cluster: ClusterState, users: UserStore, security: TransportSecurity):

@@ -158,6 +158,14 @@ def test_schema_defaults_are_the_defaults_the_services_use():
     assert PartitionConfig.from_settings(pl_defaults) == PartitionConfig.from_settings({})
 
 
+def test_producer_id_expiration_is_one_setting_of_every_role_that_uses_it():
+    """The leaders' producer-state expiry and binding cache, the transaction coordinators'
+    binding expiry and the group coordinators' binding cache read one definition."""
+    fields = [schema.model_fields["producer_id_expiration_ms"] for schema in SERVICE_SCHEMAS.values()]
+    assert len({(f.alias, f.default, f.description) for f in fields}) == 1
+    assert fields[0].default == PartitionConfig().producer_id_expiration_ms
+
+
 def test_every_role_has_a_schema():
     assert set(SERVICE_SCHEMAS) == {"partition_leader", "txn_coordinator", "group_coordinator"}
 

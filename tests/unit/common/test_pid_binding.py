@@ -18,21 +18,31 @@ def test_the_principal_it_was_issued_to_may_write():
 
 
 def test_another_principal_is_refused_even_with_the_right_transactional_id():
-    assert "another principal" in refusal(ALICE, 7, "User:bob", "tx-a", transactional=True)
-    assert "another principal" in refusal(ALICE, 7, "User:bob", "", transactional=False)
+    code, why = refusal(ALICE, 7, "User:bob", "tx-a", transactional=True)
+    assert code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and "another principal" in why
+    code, why = refusal(ALICE, 7, "User:bob", "", transactional=False)
+    assert code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and "another principal" in why
 
 
 def test_a_transactional_batch_must_carry_the_transactional_id_it_was_issued_for():
-    assert "tx-a" in refusal(ALICE, 7, "User:alice", "tx-b", transactional=True)
+    code, why = refusal(ALICE, 7, "User:alice", "tx-b", transactional=True)
+    assert code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and "tx-a" in why
 
 
 def test_an_unknown_or_expired_producer_id_is_refused():
-    assert "not bound" in refusal(None, 7, "User:alice", "", transactional=False)
+    """An idempotent producer id bound to no one (it idled past producer.id.expiration.ms,
+    or was never issued) gets Kafka's answer for an expired producer id, on which the
+    producer takes a new one; a transactional batch stays refused."""
+    code, why = refusal(None, 7, "User:alice", "", transactional=False)
+    assert code == ErrorCode.UNKNOWN_PRODUCER_ID and "not bound" in why
+    code, why = refusal(None, 7, "User:alice", "tx-a", transactional=True)
+    assert code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and "not bound" in why
 
 
 def test_error_codes_are_kafkas():
-    assert refusal_code(True) == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert refusal_code(True) == refusal_code(True, bound=False) == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert refusal_code(False) == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert refusal_code(False, bound=False) == ErrorCode.UNKNOWN_PRODUCER_ID
 
 
 def test_only_a_service_may_name_the_principal_of_an_init_producer_id():

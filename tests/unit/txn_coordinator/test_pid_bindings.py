@@ -59,7 +59,7 @@ async def test_an_idempotent_producer_id_is_bound_in_its_partition_before_it_is_
         assert _code(h, pid, "User:alice", "") == E.NONE
         code, why = h.coord.verify_producer_id(pid, "User:mallory", "", False)
         assert code == E.CLUSTER_AUTHORIZATION_FAILED and "another principal" in why
-    assert _code(h, 10**9, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+    assert _code(h, 10**9, "User:alice", "") == E.UNKNOWN_PRODUCER_ID  # never issued: bound to no one
 
 
 @_owned
@@ -111,7 +111,9 @@ async def test_idle_idempotent_bindings_expire_and_used_ones_stay(h: Harness):
     assert _code(h, used, "User:alice", "") == E.NONE  # a use
     h.clock.advance(600)
     assert await h.coord.expire_producer_id_bindings() == 1
-    assert _code(h, idle, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+    # Kafka's answer for an idempotent producer id whose state expired: the producer takes a new one.
+    assert _code(h, idle, "User:alice", "") == E.UNKNOWN_PRODUCER_ID
+    assert _code(h, idle, "User:alice", "tx-a") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert _code(h, used, "User:alice", "") == E.NONE
     assert idle not in _bindings(h.log, idle % N)  # the tombstone is in the log
     h.clock.advance(1001)
