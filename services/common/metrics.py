@@ -21,6 +21,8 @@
   `listener` is grpc or kafka, `reason` the limit's setting name (max.connections,
   max.connections.per.ip, max.connection.creation.rate, connections.max.idle.ms) or
   ssl.handshake.timeout / ssl.handshake.failed; every series exists from start-up.
+- `QUOTA_SENSORS`, read from the process's QuotaManager at scrape time (docs/design.md, "Quotas"):
+    exactly_quota_sensors   gauge
 - `LoopCollector`: base of the collectors that read service state at scrape time. A
   scrape runs on the HTTP server's thread; the collector hops onto the asyncio loop
   that owns the state, so it never sees a half-applied change.
@@ -54,7 +56,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exactly_wire.error_codes import ErrorCode
@@ -113,6 +115,11 @@ RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 REQUEST_DURATION = Histogram("exactly_rpc_request_duration_seconds",
                              "Server-side duration of gRPC calls, by gRPC service and method",
                              ["service", "method"], buckets=RPC_BUCKETS)
+QUOTA_SENSORS = Gauge(
+    "exactly_quota_sensors",
+    "Client quota sensors the process keeps: the rates and mutation buckets of the users and client ids that "
+    "requests were measured under (services/common/security/quotas.py); one idle for "
+    "exactly.quota.sensor.expiration.ms is dropped")
 CONNECTIONS_REFUSED = Counter(
     "exactly_connections_refused",
     "Connections refused or closed by a connection limit (services/common/transport/connections.py), "

@@ -198,6 +198,10 @@ class ServiceSchema(SecuritySettings):
                                     "(KIP-13; docs/design.md, \"Quotas\").", LOW, ge=2)
     quota_window_size_seconds: int = setting("quota.window.size.seconds", 1, "Seconds each quota sample "
                                              "spans.", LOW, ge=1)
+    quota_sensor_expiration_ms: int = setting(
+        "exactly.quota.sensor.expiration.ms", 3600000, "A client quota's sensor (the rate and mute of one user "
+        "or client id) unused this long is dropped, as Kafka drops idle quota sensors after an hour; bounds "
+        "what callers rotating client ids make a service keep.", LOW, ge=1000)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
     authorizer: Literal["none", "acl"] = setting(

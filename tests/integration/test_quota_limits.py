@@ -4,17 +4,36 @@ coordinator, TLS with client certificates, authorizer=acl; docs/design.md, "Quot
 
 - max_partitions is reserved with the topic: 16 CreateTopics at once, spread over
   every process, under a quota of 4 partitions create 4 partitions, not 16;
+- a quota holds whatever the client does: a flood of calls the authorizer refuses
+  runs into request_percentage (the principal's own calls are then held); Produce
+  calls with 0.3 s deadlines that ignore every throttle, and Produce calls each under
+  a client id of a pool of 64, all at once, append at most the principal's
+  producer_byte_rate, while another principal's produce p50 on the same partition
+  leader stays within 2x of its value before the attack (the least of three rounds on
+  each side, measured in the same run);
+- quota sensors are bounded: under a `<default>` client-id quota, 4,000 Kafka Metadata
+  requests each with a fresh 30 KB client id are refused (the connection closed; they
+  made a partition leader keep 116 MB before), on gRPC such a client id is answered
+  INVALID_ARGUMENT, and 4,000 fresh client ids of legal length leave a handful of
+  sensors (`exactly_quota_sensors`), none once the quota is removed.
 """
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
+import sys
 import threading
+import time
 import uuid
 
 import grpc
 import pytest
 
-from exactly import AclBinding
+from exactly import AclBinding, NewTopic
 from exactly_tools.certs import CertificateAuthority
+from exactly_wire import records
+from exactly_wire.clock import wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -24,7 +43,7 @@ from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-USERS = ("alice", "mallory")
+USERS = ("alice", "mallory", "eve", "trudy")
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +75,9 @@ def test_concurrent_create_topics_reserve_the_partition_quota(sec):
     """16 CreateTopics of one partition each, sent at once by 16 threads to the five
     processes in turn, under max_partitions=4: 4 are created, 12 refused with
     POLICY_VIOLATION naming the quota, and the principal's topics hold 4 partitions."""
-    prefix = f"mallory-pq-{uuid.uuid4().hex[:6]}"
-    set_quota(sec, "mallory", max_partitions=4)
-    probe = pbg.ClusterStub(channel(sec, "mallory", "pl-0"))
+    prefix = f"eve-pq-{uuid.uuid4().hex[:6]}"
+    set_quota(sec, "eve", max_partitions=4)
+    probe = pbg.ClusterStub(channel(sec, "eve", "pl-0"))
 
     def create(stub, name: str, partitions: int = 1) -> pb.CreatableTopicResult:
         return stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.CreatableTopic(
@@ -67,7 +86,7 @@ def test_concurrent_create_topics_reserve_the_partition_quota(sec):
     # probe created before is deleted again, which gives its partitions back).
     services = sorted(sec.services)
     for service in services:
-        stub = pbg.ClusterStub(channel(sec, "mallory", service))
+        stub = pbg.ClusterStub(channel(sec, "eve", service))
 
         def refused() -> bool:
             name = f"{prefix}-probe-{uuid.uuid4().hex[:4]}"
@@ -77,7 +96,7 @@ def test_concurrent_create_topics_reserve_the_partition_quota(sec):
                     a.delete_topics([name])
             return code == ErrorCode.POLICY_VIOLATION
         wait_for(refused, 20, f"the quota applied at {service}")
-    stubs = [pbg.ClusterStub(channel(sec, "mallory", services[i % len(services)])) for i in range(16)]
+    stubs = [pbg.ClusterStub(channel(sec, "eve", services[i % len(services)])) for i in range(16)]
     barrier = threading.Barrier(16)
     results: dict[int, pb.CreatableTopicResult] = {}
 
@@ -105,3 +124,244 @@ def test_concurrent_create_topics_reserve_the_partition_quota(sec):
     refused = next(r for r in results.values() if r.error_code)
     assert "partition quota of 4" in refused.error_message and "max_partitions" in refused.error_message
     assert create(probe, f"{prefix}-more").error_code == ErrorCode.POLICY_VIOLATION
+
+
+# ---------------------------------------------------------------- quotas the client cannot escape
+QUOTA_BYTES = 100 * 1024  # mallory's producer_byte_rate (bytes/s)
+REQUEST_PERCENT = 10  # and request_percentage
+BATCH = 16 * 1024  # the attackers' record size
+
+# One attacking process: argv mode, leader address, topic, seconds, certificates dir. Sends
+# Produce calls of one BATCH-byte record as fast as 200 in flight allow, ignoring every
+# throttle; "deadline": 0.3 s deadlines; "clientids": a client id per channel of 64,
+# used in turn; "denied": to a topic mallory may not write (refused by the authorizer).
+# Prints {"answered": n, "failed": n, "throttled": n} at the end.
+_ATTACKER = r"""
+import json, sys, threading, time, grpc
+from exactly_wire import records
+from exactly_wire.clock import wall_clock_ms
+from exactly_wire.security import TransportSecurity, secure_channel
+from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
+mode, address, topic, seconds, certs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+security = TransportSecurity.from_settings({"security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
+    "ssl.certificate.location": f"{certs}/mallory.pem", "ssl.key.location": f"{certs}/mallory.key"})
+agents = [f"exactly/c{i}" for i in range(64)] if mode == "clientids" else [None] * 4
+stubs = [pbg.PartitionLeaderStub(secure_channel(address, security, [("grpc.primary_user_agent", a)] if a else []))
+         for a in agents]
+request = pb.ProduceRequest(acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=topic, partitions=[
+    pb.PartitionProduceData(partition=0, records=records.encode_batch([(None, b"m" * 16384, (), wall_clock_ms())]))])])
+counts = {"answered": 0, "failed": 0, "throttled": 0}
+lock, slots = threading.Lock(), threading.Semaphore(200)
+def done(f):
+    slots.release()
+    with lock:
+        if f.exception() is not None:
+            counts["failed"] += 1
+        elif f.result().topics[0].partitions[0].error_code == 89:
+            counts["throttled"] += 1
+        else:
+            counts["answered"] += 1
+end, i = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    slots.acquire()
+    stubs[i % len(stubs)].Produce.future(request, timeout=0.3 if mode == "deadline" else 5).add_done_callback(done)
+    i += 1
+for _ in range(200):
+    slots.acquire(timeout=10)
+print(json.dumps(counts), flush=True)
+"""
+
+
+def _attack(c, mode: str, leader: str, topic: str, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _ATTACKER, mode, c.services[leader].address, topic, str(seconds),
+                             str(c.dir / "certs")], stdout=subprocess.PIPE, text=True)
+
+
+def _produce(stub, topic: str, size: int, timeout: float = 30) -> pb.PartitionProduceResponse:
+    return stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=topic, partitions=[
+        pb.PartitionProduceData(partition=0, records=records.encode_batch([(None, b"v" * size, (), wall_clock_ms())]))
+    ])]), timeout=timeout).topics[0].partitions[0]
+
+
+def _p50_ms(stub, topic: str, n: int = 300) -> float:
+    """Median ms of `n` sequential acks=1 produces of one 100-byte record."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        assert _produce(stub, topic, 100).error_code == 0
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _log_end(c, leader: str, topic: str) -> int:
+    stub = pbg.PartitionLeaderStub(channel(c, "admin", leader))
+    return stub.ListOffsets(pb.ListOffsetsRequest(topics=[pb.ListOffsetsTopic(name=topic, partitions=[
+        pb.ListOffsetsPartition(partition=0, timestamp=-1)])]), timeout=30).topics[0].partitions[0].offset
+
+
+def _topics_on_one_leader(c, who: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """(leader, {user: a topic of theirs}), every topic led by the same partition leader."""
+    tag = uuid.uuid4().hex[:6]
+    with admin_client(c) as a:
+        found: dict[str, dict[str, str]] = {}
+        for i in range(30):
+            names = [f"{u}-q{tag}-{i}" for u in who]
+            a.create_topics([NewTopic(n, 1, 1) for n in names])
+            described = a.describe_topics(names)
+            for u, n in zip(who, names):
+                found.setdefault(described[n].partitions[0].leader_id, {}).setdefault(u, n)
+            full = [leader for leader, topics in found.items() if len(topics) == len(who)]
+            if full:
+                return full[0], found[full[0]]
+    raise AssertionError("no partition leader leads a topic of each user")
+
+
+def test_quotas_hold_whatever_the_client_does(sec):
+    leader, topics = _topics_on_one_leader(sec, ("alice", "mallory"))
+    mallory_topic, alice_topic = topics["mallory"], topics["alice"]
+    set_quota(sec, "mallory", producer_byte_rate=QUOTA_BYTES, request_percentage=REQUEST_PERCENT)
+    mallory = pbg.PartitionLeaderStub(channel(sec, "mallory", leader))
+    alice = pbg.PartitionLeaderStub(channel(sec, "alice", leader))
+    wait_for(lambda: _produce(alice, alice_topic, 10).error_code == 0 and
+             _produce(mallory, mallory_topic, 10).error_code == 0, 30, "the ACLs applied")
+    # Refused calls count: while Produce calls the authorizer refuses flood in, mallory is
+    # over request_percentage, so her own Produce calls (3 s deadlines) wait out her mute
+    # (or are answered THROTTLING_QUOTA_EXCEEDED at their deadline): 10 of them are held
+    # for over a second in all, where they took milliseconds when refused calls were free.
+    denied = _attack(sec, "denied", leader, alice_topic, 25)
+    time.sleep(5)
+    probes = []
+    for _ in range(10):
+        start = time.perf_counter()
+        answer = _produce(mallory, mallory_topic, 10, timeout=3)
+        probes.append((round(time.perf_counter() - start, 3), ErrorCode(answer.error_code).name))
+    denied_counts = json.loads(denied.communicate(timeout=120)[0])
+    held = sum(seconds for seconds, _ in probes)
+    print(f"denied flood: {denied_counts}; mallory's own Produce calls meanwhile (s, answer): {probes}")
+    assert held >= 1.0, f"mallory's Produce calls took {held:.3f} s in all during her flood of refused calls"
+    time.sleep(3)
+
+    baseline = min(_p50_ms(alice, alice_topic) for _ in range(3))
+    attack_s = 45
+    attackers = [_attack(sec, mode, leader, mallory_topic, attack_s) for mode in ("deadline", "clientids")]
+    attackers.append(_attack(sec, "denied", leader, alice_topic, attack_s))
+    try:
+        time.sleep(15)  # past the first windows, where a rate may burst (quota.window.num)
+        start, first = time.monotonic(), _log_end(sec, leader, mallory_topic)
+        attacked = min(_p50_ms(alice, alice_topic) for _ in range(3))
+        wait_for(lambda: time.monotonic() > start + 20, 60, "the measuring interval")
+        appended = (_log_end(sec, leader, mallory_topic) - first) * BATCH / (time.monotonic() - start)
+    finally:
+        outcomes = [json.loads(a.communicate(timeout=120)[0] or "{}") for a in attackers]
+    print(f"mallory appended {appended / 1024:.1f} KiB/s for a producer_byte_rate of {QUOTA_BYTES / 1024:.0f} KiB/s; "
+          f"attackers (deadline, clientids, denied): {outcomes}; alice's produce p50 {baseline:.2f} ms before, "
+          f"{attacked:.2f} ms during the attack")
+    assert appended <= 1.2 * QUOTA_BYTES, f"{appended / 1024:.0f} KiB/s appended for a quota of 100 KiB/s"
+    assert attacked <= 2 * baseline, f"alice's produce p50 {attacked:.2f} ms under attack, {baseline:.2f} ms before"
+
+    # The byte rate alone (no request_percentage to hold mallory first): the two escapes
+    # append what the quota allows, not 19x or 24x of it.
+    with admin_client(sec) as a:
+        a.alter_client_quotas({"user": "mallory"}, remove=["request_percentage"])
+    time.sleep(3)
+    attackers = [_attack(sec, mode, leader, mallory_topic, 40) for mode in ("deadline", "clientids")]
+    try:
+        time.sleep(15)
+        start, first = time.monotonic(), _log_end(sec, leader, mallory_topic)
+        wait_for(lambda: time.monotonic() > start + 20, 60, "the measuring interval")
+        appended = (_log_end(sec, leader, mallory_topic) - first) * BATCH / (time.monotonic() - start)
+    finally:
+        outcomes = [json.loads(a.communicate(timeout=120)[0] or "{}") for a in attackers]
+    print(f"producer_byte_rate alone: mallory appended {appended / 1024:.1f} KiB/s for {QUOTA_BYTES / 1024:.0f} "
+          f"KiB/s; attackers (deadline, clientids): {outcomes}")
+    assert 0.5 * QUOTA_BYTES <= appended <= 1.2 * QUOTA_BYTES, f"{appended / 1024:.0f} KiB/s appended"
+
+
+# ---------------------------------------------------------------- sensors
+def _kafka_pipeline(c, who: str, service: str, client_ids: list[str]) -> int:
+    """Send one Metadata v12 request (no topics) per client id over one TLS connection
+    to `service`'s Kafka port, then read the answers; returns how many came back
+    before the service closed the connection (or all)."""
+    import io
+    import socket
+    import struct
+
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    import kafka_requests
+    from services.common.kafka import codec
+    cls = codec.request_class(3, 12)
+    body = io.BytesIO()
+    entity_writer(cls)(body, codec.build(cls, {"topics": []}))
+    frames = []
+    for i, client_id in enumerate(client_ids):
+        out = io.BytesIO()
+        entity_writer(RequestHeader)(out, RequestHeader(request_api_key=3, request_api_version=12,
+                                                        correlation_id=i, client_id=client_id))
+        frame = out.getvalue() + body.getvalue()
+        frames.append(struct.pack(">i", len(frame)) + frame)
+    host, port = c.services[service].kafka_address.rsplit(":", 1)
+    context = kafka_requests.tls_context(c.dir / "certs", who)
+    answered = 0
+    with socket.create_connection((host, int(port)), timeout=60) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as sock:
+        data = b""
+        try:
+            for start in range(0, len(frames), 100):  # 100 in flight at a time
+                sock.sendall(b"".join(frames[start:start + 100]))
+                target = min(start + 100, len(frames))
+                while answered < target:
+                    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+                        chunk = sock.recv(1 << 16)
+                        if not chunk:
+                            return answered
+                        data += chunk
+                    size = struct.unpack(">i", data[:4])[0]
+                    data = data[4 + size:]
+                    answered += 1
+        except (ConnectionError, OSError):
+            return answered
+    return answered
+
+
+def _metric(c, service: str, name: str) -> float | None:
+    """The value of label-free series `name` on `service`'s /metrics (None: not served)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{c.services[service].metrics_address}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def test_quota_sensors_and_client_ids_are_bounded(sec):
+    from bench.common import rss_bytes
+    initial = _metric(sec, "pl-0", "exactly_quota_sensors")  # other tests' quotas may have some
+    with admin_client(sec) as a:
+        a.alter_client_quotas({"client-id": None}, {"request_percentage": 200})
+    time.sleep(2)  # every process's watch applied it
+    pl = sec.services["pl-0"]
+    before = rss_bytes(pl.pid)
+    # 30 KB client ids: the first closes the connection, nothing is kept.
+    answered = sum(_kafka_pipeline(sec, "trudy", "pl-0", [f"{i:05d}" + "x" * 30_000 for i in range(400)])
+                   for _ in range(10))
+    grown = rss_bytes(pl.pid) - before
+    print(f"4,000 Metadata requests with 30 KB client ids: {answered} answered; leader RSS grew {grown / 2**20:.1f} MB")
+    assert answered == 0
+    assert grown < 20 * 2**20, f"leader RSS grew {grown / 2**20:.0f} MB"
+    assert _kafka_pipeline(sec, "trudy", "pl-0", ["x" * 255]) == 1  # the longest allowed
+    with pytest.raises(grpc.RpcError) as refused:
+        pbg.ClusterStub(channel(sec, "trudy", "pl-0", "exactly/" + "y" * 1000)).Metadata(pb.MetadataRequest(),
+                                                                                          timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 255" in refused.value.details()
+    # Fresh client ids of a legal length: no sensor each.
+    sensors = _metric(sec, "pl-0", "exactly_quota_sensors")
+    assert initial is not None and sensors is not None
+    assert _kafka_pipeline(sec, "trudy", "pl-0", [f"fresh-{i}-{uuid.uuid4().hex}" for i in range(4000)]) == 4000
+    after = _metric(sec, "pl-0", "exactly_quota_sensors")
+    print(f"quota sensors: {sensors:.0f} before 4,000 fresh client ids, {after:.0f} after")
+    assert after - sensors <= 10, (sensors, after)
+    with admin_client(sec) as a:
+        a.alter_client_quotas({"client-id": None}, remove=["request_percentage"])
+    wait_for(lambda: _metric(sec, "pl-0", "exactly_quota_sensors") <= initial, 20, "the sensors dropped with the quota")

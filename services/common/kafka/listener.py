@@ -21,7 +21,10 @@ Quotas (services.common.security.quotas, KIP-13/124/219): every handled request 
 against the connection's principal and client id; the throttle time goes into the
 response's throttle_time_ms, and the connection is muted (no further request read)
 for that long after the response is written, as a Kafka broker mutes a throttled
-channel. A throttled Produce with acks=0 mutes the connection too.
+channel. A throttled Produce with acks=0 mutes the connection too. A request of a
+principal whose quota is exceeded through any connection or port first waits out that
+mute (a new connection per request is no way round it); a client id longer than
+quotas.MAX_CLIENT_ID_LENGTH closes the connection.
 
 The principal of a connection comes from its verified TLS client certificate, by the
 same function as on the gRPC port (services.common.security.auth.principal_from_certificate:
@@ -491,6 +494,10 @@ class KafkaListener:
             raise ProtocolError(f"{api_name(api_key)} v{version} is not served here")
         header, request = decode_request(frame, api_key, version)
         ctx = RequestContext(getattr(header, "client_id", None), version, peer)
+        if (bad := quota.client_id_error(ctx.client_id or "")) is not None:
+            raise ProtocolError(bad)
+        if self.quotas is not None and (muted_ms := self.quotas.muted_ms(current_principal.get(), ctx.client_id or "")):
+            await asyncio.sleep(muted_ms / 1000.0)  # muted by a quota its user (any connection) is over (KIP-219)
         token = quota.current_client_id.set(ctx.client_id or "")
         try:
             if self.quotas is None or not self.quotas.configs():  # no quota set: nothing to time or record

@@ -511,11 +511,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     does a client certificate that names no principal (CertificateIdentityError).
     With an `authorizer`, the call's checks (services.common.security.authz) run next: a
     failing one ends the call with PERMISSION_DENIED naming the Kafka error.
-    `authenticator` and `authorizer` may be set after the server was built."""
+    Between the two, `gate` (services.common.security.quotas.QuotaInterceptor) holds a call
+    of a muted principal, or answers it throttled instead of handling it, and is
+    told of each denied call, so that quotas hold calls that are then refused too.
+    `authenticator`, `authorizer` and `gate` may be set after the server was built."""
 
-    def __init__(self, authenticator: Authenticator | None = None, authorizer=None):
+    def __init__(self, authenticator: Authenticator | None = None, authorizer=None, gate=None):
         self.authenticator = authenticator
         self.authorizer = authorizer
+        self.gate = gate
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -524,7 +528,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # The handler returned here may serve later calls of the method too: read each
         # call's metadata and certificate from its own context.
         inner = handler.unary_unary
-        authenticator, authorizer = self.authenticator, self.authorizer
+        authenticator, authorizer, gate = self.authenticator, self.authorizer, self.gate
         method = authz.method_key(handler_call_details.method)
 
         async def behavior(request, context):
@@ -535,10 +539,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"SSL authentication failed: {exc}")
             except AuthenticationError as exc:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"SASL_AUTHENTICATION_FAILED: {exc}")
+            if gate is not None and (throttled := await gate.admit(principal, method, request, context)) is not None:
+                return throttled
             if authorizer is not None and authz.has_rule(method):
                 try:
                     authz.enforce(authorizer, principal, method, request)
                 except authz.Denied as exc:
+                    if gate is not None:
+                        gate.denied(principal, context)
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             token = current_principal.set(principal)
             try:

@@ -36,6 +36,18 @@ quota.window.num * quota.window.size.seconds` partitions, refilled at the quota;
 request that arrives while the bucket is negative is refused with
 THROTTLING_QUOTA_EXCEEDED and the time until it is back at zero.
 
+Enforcement does not rely on the client (docs/design.md, "Quotas"): the mute is kept per
+quota entity measured, so every client id of a user is held while the user's quota is
+exceeded; a held call waits out the mute whatever its deadline (one whose deadline ends
+first is answered THROTTLING_QUOTA_EXCEEDED without being handled); refused calls
+(throttled, or denied by the authorizer) are charged to request_percentage like
+handled ones, with the CPU a call costs outside its handler (`CallOverhead`). Under a
+`<default>` client-id quota a client id the principal has not used for a whole
+measurement yet is also charged to the principal's shared bucket of new client ids, so
+a fresh client id per call gets no fresh budget. Sensors idle for
+`exactly.quota.sensor.expiration.ms` (Kafka: one hour) are dropped, and client ids are
+at most MAX_CLIENT_ID_LENGTH characters.
+
 Super users (the services' own principals) are not subject to quotas, as Kafka
 exempts inter-broker traffic.
 
@@ -71,10 +83,23 @@ REQUEST_PERCENTAGE = "request_percentage"
 CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
 MAX_PARTITIONS = "max_partitions"
 QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE, MAX_PARTITIONS)
+# The quotas measured as rates, whose excess mutes the caller (KIP-219).
+RATE_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
+# The longest client id a request may carry (the longest quota entity name): a longer one
+# is refused, so no sensor or resolution is kept for an attacker's 30 KB client ids.
+MAX_CLIENT_ID_LENGTH = 255
+# The client id standing for a principal's client ids under a `<default>` client-id quota
+# that it has not used for a whole measurement yet (their shared bucket).
+NEW_CLIENT_IDS = "<new client ids>"
+# The client ids of one principal followed under `<default>` client-id quotas (each its own
+# sensor once established); further ones stay in the shared bucket of new client ids.
+MAX_CLIENT_IDS_PER_USER = 1000
 
-# The schema's defaults of quota.window.num and quota.window.size.seconds.
+# The schema's defaults of quota.window.num, quota.window.size.seconds and
+# exactly.quota.sensor.expiration.ms.
 DEFAULT_WINDOW_NUM = ServiceSchema.model_fields["quota_window_num"].default
 DEFAULT_WINDOW_SIZE_S = ServiceSchema.model_fields["quota_window_size_seconds"].default
+DEFAULT_SENSOR_EXPIRATION_MS = ServiceSchema.model_fields["quota_sensor_expiration_ms"].default
 
 # The client id of the request in progress (the Kafka header's, or the SDK's
 # `client.id` from the gRPC user agent); set beside auth.current_principal.
@@ -83,6 +108,15 @@ current_client_id: contextvars.ContextVar[str] = contextvars.ContextVar("client_
 
 class QuotaError(ValueError):
     """A quota entity or value that is not valid (INVALID_REQUEST)."""
+
+
+def client_id_error(client_id: str) -> str | None:
+    """Why a request's client id is refused (None when it is not): longer than
+    MAX_CLIENT_ID_LENGTH characters."""
+    if len(client_id) > MAX_CLIENT_ID_LENGTH:
+        return (f"client.id of {len(client_id)} characters; at most {MAX_CLIENT_ID_LENGTH} are accepted "
+                f"(a quota entity name's limit)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -150,17 +184,25 @@ def candidates(user: str, client_id: str) -> list[QuotaEntity]:
 
 def resolve(configs: dict[QuotaEntity, dict[str, float]], user: str, client_id: str, key: str
             ) -> tuple[QuotaEntity, float] | None:
-    """(matched entity, quota) of `key` for a request by (user, client id), or None
+    """(sensor entity, quota) of `key` for a request by (user, client id), or None
     when no entity sets it. The matched entity names the sensor: user-level
     quotas are shared by all the user's clients, so the sensor is keyed by the
     concrete user/client the entity covers (a default entity stands for each
     user/client separately, as Kafka's quota metric tags do)."""
+    found = _matched(configs, user, client_id, key)
+    return None if found is None else found[:2]
+
+
+def _matched(configs: dict[QuotaEntity, dict[str, float]], user: str, client_id: str, key: str
+             ) -> tuple[QuotaEntity, float, bool] | None:
+    """`resolve`'s answer and whether the matched entity is a `<default>` client id
+    (a sensor per client id, which a new client id does not get for free)."""
     for entity in candidates(user, client_id):
         value = configs.get(entity, {}).get(key)
         if value is not None:
             sensor = QuotaEntity(None if entity.user is None else user,
                                  None if entity.client_id is None else client_id)
-            return sensor, value
+            return sensor, value, entity.client_id == DEFAULT
     return None
 
 
@@ -274,67 +316,155 @@ def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+class _Sensor:
+    """A quota entity's measurement: its Rate, when it was last recorded (ms) and
+    until when its excess mutes its callers (ms)."""
+
+    __slots__ = ("rate", "last_ms", "muted_until")
+
+    def __init__(self, rate: "Rate", now_ms: float):
+        self.rate = rate
+        self.last_ms = now_ms
+        self.muted_until = 0.0
+
+
 class QuotaManager:
     """The quotas of one service process: the configured values (`set_configs`,
     fed by `QuotaStore`'s watch) and the sensors of the entities that matched.
 
     samples / window_s: quota.window.num / quota.window.size.seconds;
-    super_users: principals never throttled; clock: monotonic ms."""
+    super_users: principals never throttled; clock: monotonic ms;
+    sensor_expiration_ms: a sensor (rate, mute, new-client-id record) idle this long
+    is dropped (exactly.quota.sensor.expiration.ms; Kafka's quota sensors expire after
+    an hour); overhead: the estimate of a call's cost outside its handler (a
+    CallOverhead of the process's CPU by default)."""
 
     def __init__(self, samples: int = DEFAULT_WINDOW_NUM, window_s: int = DEFAULT_WINDOW_SIZE_S,
-                 super_users: Iterable[str] = (), clock: Callable[[], float] = _now_ms):
+                 super_users: Iterable[str] = (), clock: Callable[[], float] = _now_ms,
+                 sensor_expiration_ms: float = DEFAULT_SENSOR_EXPIRATION_MS, overhead: "CallOverhead | None" = None):
+        self.overhead = overhead if overhead is not None else CallOverhead()
         self.samples = samples
         self.window_ms = window_s * 1000
         self.super_users = frozenset(super_users)
         self.clock = clock
-        # The configs and their resolutions, (user, client id, key) -> quota()'s answer,
+        self.sensor_expiration_ms = sensor_expiration_ms
+        # The configs and their resolutions, (user, client id, key) -> _matched()'s answer,
         # replaced together (one attribute): a resolution never outlives its configs.
         self._view: tuple[dict[QuotaEntity, dict[str, float]],
-                          dict[tuple[str, str, str], tuple[QuotaEntity, float] | None]] = ({}, {})
+                          dict[tuple[str, str, str], tuple[QuotaEntity, float, bool] | None]] = ({}, {})
         self._lock = threading.Lock()
-        self._rates: dict[tuple[str, QuotaEntity, float], Rate] = {}
-        self._buckets: dict[tuple[QuotaEntity, float], TokenBucket] = {}
-        self._muted: dict[tuple[str, str], float] = {}  # (principal, client id) -> until (ms)
+        self._sensors: dict[tuple[str, QuotaEntity, float], _Sensor] = {}
+        self._buckets: dict[tuple[QuotaEntity, float], tuple[TokenBucket, list[float]]] = {}
+        self._muted: dict[tuple[str, str], float] = {}  # (principal, client id) -> until (ms): handlers' throttles
+        # user -> client id -> when it was first seen (ms), for client ids under a
+        # <default> client-id quota (at most MAX_CLIENT_IDS_PER_USER per user).
+        self._first_seen: dict[str, dict[str, float]] = {}
+        self._next_expiry_ms = 0.0
 
     def set_configs(self, configs: dict[QuotaEntity, dict[str, float]]) -> None:
         with self._lock:
             self._view = ({e: dict(v) for e, v in configs.items()}, {})
+            # Sensors of a quota no entity sets any more (or not at that value) go now.
+            kept = {(key, value) for values in configs.values() for key, value in values.items()}
+            self._sensors = {k: v for k, v in self._sensors.items() if (k[0], k[2]) in kept}
+            self._buckets = {k: v for k, v in self._buckets.items() if (CONTROLLER_MUTATION_RATE, k[1]) in kept}
 
     def configs(self) -> dict[QuotaEntity, dict[str, float]]:
         return self._view[0]
 
-    def quota(self, principal: str, client_id: str, key: str) -> tuple[QuotaEntity, float] | None:
-        """(sensor entity, quota) of `key` for this caller, None when unlimited (no
-        entity sets it, or a super user)."""
+    def sensors(self) -> int:
+        """How many sensors (rates and mutation buckets) are kept."""
+        return len(self._sensors) + len(self._buckets)
+
+    def _match(self, principal: str, client_id: str, key: str) -> tuple[QuotaEntity, float, bool] | None:
         configs, resolved = self._view
         if not configs or principal in self.super_users:
             return None
         user, client_id = user_name(principal), client_id or ""
         found = resolved.get((user, client_id, key), _UNRESOLVED)
         if found is _UNRESOLVED:
-            found = resolve(configs, user, client_id, key)
+            found = _matched(configs, user, client_id, key)
             if len(resolved) >= _MAX_RESOLVED:  # client ids are the callers' to choose: bounded
                 resolved.clear()
             resolved[(user, client_id, key)] = found
         return found
 
+    def quota(self, principal: str, client_id: str, key: str) -> tuple[QuotaEntity, float] | None:
+        """(sensor entity, quota) of `key` for this caller, None when unlimited (no
+        entity sets it, or a super user)."""
+        found = self._match(principal, client_id, key)
+        return None if found is None else found[:2]
+
     def record(self, principal: str, client_id: str, key: str, value: float) -> int:
         """Record `value` (bytes, or percent-seconds for request_percentage) against
-        the caller's `key` quota; returns the throttle time in ms (0: within it)."""
-        found = self.quota(principal, client_id, key)
+        the caller's `key` quota; returns the throttle time in ms (0: within it), for
+        which the entity measured is muted (`muted_ms`). A client id new under a
+        `<default>` client-id quota is charged to the principal's bucket of new client
+        ids as well, until it has been used for a whole measurement."""
+        found = self._match(principal, client_id, key)
         if found is None:
             return 0
-        entity, bound = found
         now = self.clock()
         with self._lock:
-            rate = self._rates.get((key, entity, bound))
-            if rate is None:
-                rate = self._rates[(key, entity, bound)] = Rate(self.samples, self.window_ms)
-            rate.record(value, now)
-            throttle = throttle_time_ms(rate, bound, now)
+            entity = self._sensor_entity(principal, found, now)
+            throttle = self._record(key, entity, found[1], value, now)
+            if now >= self._next_expiry_ms:
+                self._expire(now)
+        return throttle
+
+    def _record(self, key: str, entity: QuotaEntity, bound: float, value: float, now: float) -> int:
+        sensor = self._sensors.get((key, entity, bound))
+        if sensor is None:
+            sensor = self._sensors[(key, entity, bound)] = _Sensor(Rate(self.samples, self.window_ms), now)
+        sensor.rate.record(value, now)
+        sensor.last_ms = now
+        throttle = throttle_time_ms(sensor.rate, bound, now)
         if key == REQUEST_PERCENTAGE:
             throttle = min(throttle, self.window_ms)
+        if throttle > 0:
+            sensor.muted_until = max(sensor.muted_until, now + throttle)
         return throttle
+
+    def _sensor_entity(self, principal: str, found: tuple[QuotaEntity, float, bool], now: float) -> QuotaEntity:
+        """The entity whose sensor measures a request: `found`'s, except for a client id
+        matched by a `<default>` client-id entity that the principal has not used for a
+        whole measurement (quota.window.num windows) yet, or beyond the
+        MAX_CLIENT_IDS_PER_USER it is followed with: then the principal's shared bucket of
+        new client ids, so that a fresh client id per call gets no fresh budget."""
+        entity, _, per_client = found
+        if not per_client:
+            return entity
+        user = user_name(principal)
+        seen = self._first_seen.setdefault(user, {})
+        first = seen.get(entity.client_id or "")
+        if first is None:
+            if len(seen) >= MAX_CLIENT_IDS_PER_USER:
+                return QuotaEntity(user, NEW_CLIENT_IDS)
+            first = seen[entity.client_id or ""] = now
+        if now - first < self.samples * self.window_ms:
+            return QuotaEntity(user, NEW_CLIENT_IDS)
+        return entity
+
+    def _expire(self, now: float) -> None:
+        """Drop what has been idle for sensor_expiration_ms (at most once a window)."""
+        self._next_expiry_ms = now + min(self.window_ms, self.sensor_expiration_ms)
+        horizon = now - self.sensor_expiration_ms
+        self._sensors = {k: v for k, v in self._sensors.items() if v.last_ms > horizon or v.muted_until > now}
+        self._buckets = {k: v for k, v in self._buckets.items() if v[1][0] > horizon}
+        self._muted = {k: v for k, v in self._muted.items() if v > now}
+        live = {e.client_id for _, e, _ in self._sensors}
+        for user, seen in list(self._first_seen.items()):
+            kept = {c: t for c, t in seen.items() if t > horizon or c in live}
+            if kept:
+                self._first_seen[user] = kept
+            else:
+                del self._first_seen[user]
+
+    def expire(self) -> None:
+        """Drop the sensors idle for sensor_expiration_ms now (also done as requests
+        are recorded)."""
+        with self._lock:
+            self._expire(self.clock())
 
     def record_request_time(self, principal: str, client_id: str, elapsed_s: float) -> int:
         """A request's handling time against request_percentage (Kafka records
@@ -363,11 +493,13 @@ class QuotaManager:
 
     def _bucket(self, found: tuple[QuotaEntity, float]) -> TokenBucket:
         entity, bound = found
-        bucket = self._buckets.get((entity, bound))
-        if bucket is None:
-            bucket = self._buckets[(entity, bound)] = TokenBucket(bound, self.samples * self.window_ms / 1000,
-                                                                  self.clock())
-        return bucket
+        now = self.clock()
+        entry = self._buckets.get((entity, bound))
+        if entry is None:
+            entry = self._buckets[(entity, bound)] = (
+                TokenBucket(bound, self.samples * self.window_ms / 1000, now), [now])
+        entry[1][0] = now
+        return entry[0]
 
     def partition_quota(self, principal: str) -> float | None:
         """The principal's `max_partitions` (user, then <default> user), None when unlimited."""
@@ -375,7 +507,8 @@ class QuotaManager:
         return None if found is None else found[1]
 
     def mute(self, principal: str, client_id: str, throttle_ms: int) -> None:
-        """Mute the caller for `throttle_ms` (its next gRPC request waits)."""
+        """Mute the caller for `throttle_ms` (its next gRPC request waits): a throttle a
+        handler answered itself; the quotas' own excess mutes their entities (`record`)."""
         if throttle_ms <= 0:
             return
         until = self.clock() + throttle_ms
@@ -384,18 +517,64 @@ class QuotaManager:
             self._muted[key] = max(self._muted.get(key, 0.0), until)
 
     def muted_ms(self, principal: str, client_id: str) -> float:
-        """ms the caller is still muted (0: not muted)."""
-        if not self._muted:  # nobody is: no lock needed to say so
+        """ms the caller is still muted (0: not muted): the longest mute of the entities
+        its rate quotas are measured on (every client id of a user under a user quota,
+        a new client id also under its principal's bucket of new client ids), or of a
+        throttle a handler answered it."""
+        if not self._view[0] and not self._muted:  # no quota and nobody muted: no lock needed to say so
             return 0.0
+        now = self.clock()
+        until = 0.0
         with self._lock:
-            until = self._muted.get((principal, client_id))
-            if until is None:
-                return 0.0
-            left = until - self.clock()
-            if left <= 0:
-                del self._muted[(principal, client_id)]
-                return 0.0
-            return left
+            for key in RATE_KEYS:
+                found = self._match(principal, client_id, key)
+                if found is None:
+                    continue
+                sensor = self._sensors.get((key, self._sensor_entity(principal, found, now), found[1]))
+                if sensor is not None:
+                    until = max(until, sensor.muted_until)
+            own = self._muted.get((principal, client_id))
+            if own is not None:
+                if own <= now:
+                    del self._muted[(principal, client_id)]
+                else:
+                    until = max(until, own)
+        return max(until - now, 0.0)
+
+
+class CallOverhead:
+    """The CPU one call costs a process outside its handler: gRPC's transport,
+    (de)serialization, interceptors (KIP-124 counts network thread time as well as
+    request handler time). Measured as the process's CPU time over an interval, less
+    the handlers' own timed seconds, per call, over intervals of at least
+    `interval_s` and `min_calls` calls (with fewer calls the background work of the
+    process would be charged to them); 0 until one such interval has passed.
+    cpu: () -> process CPU seconds; clock: () -> monotonic seconds."""
+
+    def __init__(self, interval_s: float = 1.0, min_calls: int = 100,
+                 cpu: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.min_calls = min_calls
+        self.cpu = cpu
+        self.clock = clock
+        self.per_call_s = 0.0
+        self._start_s = clock()
+        self._start_cpu = cpu()
+        self._calls = 0
+        self._handled_s = 0.0
+
+    def add(self, handled_s: float) -> float:
+        """Count one call whose handler ran `handled_s` seconds; returns the per-call
+        overhead (seconds) to charge it."""
+        self._calls += 1
+        self._handled_s += handled_s
+        now = self.clock()
+        if now - self._start_s >= self.interval_s:
+            cpu = self.cpu()
+            if self._calls >= self.min_calls:
+                self.per_call_s = max(cpu - self._start_cpu - self._handled_s, 0.0) / self._calls
+            self._start_s, self._start_cpu, self._calls, self._handled_s = now, cpu, 0, 0.0
+        return self.per_call_s
 
 
 def encode_configs(configs: dict[QuotaEntity, dict[str, float]]) -> bytes:
@@ -501,14 +680,16 @@ def grpc_client_id(metadata) -> str:
 def throttle_request(manager: QuotaManager, principal: str, client_id: str, method: str, request, response,
                      elapsed_s: float, request_bytes: int | None = None, response_bytes: int | None = None) -> int:
     """Record one handled request against the caller's quotas: its handling time
-    (`elapsed_s`, the Timed seconds; request_percentage), a Produce's request bytes (producer_byte_rate) and a
-    Fetch's response bytes (consumer_byte_rate). Returns the throttle time in ms
+    (`elapsed_s`, the Timed seconds, plus the CPU a call costs outside its handler,
+    `CallOverhead`; request_percentage), a Produce's request bytes (producer_byte_rate)
+    and a Fetch's response bytes (consumer_byte_rate). Returns the throttle time in ms
     (the largest of the quotas exceeded), 0 for internal calls.
     `method`: "Service/Method" (authz.method_key); byte counts default to the
     messages' serialized sizes."""
+    overhead = manager.overhead.add(elapsed_s)
     if method in INTERNAL_METHODS or getattr(request, "replica_id", ""):
         return 0
-    throttle = manager.record_request_time(principal, client_id, elapsed_s)
+    throttle = manager.record_request_time(principal, client_id, elapsed_s + overhead)
     if method == PRODUCE_METHOD:
         size = request.ByteSize() if request_bytes is None else request_bytes
         throttle = max(throttle, manager.record(principal, client_id, PRODUCER_BYTE_RATE, size))
@@ -516,6 +697,13 @@ def throttle_request(manager: QuotaManager, principal: str, client_id: str, meth
         size = response.ByteSize() if response_bytes is None else response_bytes
         throttle = max(throttle, manager.record(principal, client_id, CONSUMER_BYTE_RATE, size))
     return throttle
+
+
+def charge_refused(manager: QuotaManager, principal: str, client_id: str) -> int:
+    """Record a call refused before its handler ran (throttled, or denied by the
+    authorizer) against request_percentage: what a call costs outside its handler
+    (`CallOverhead`), so that refused calls are not free. Returns the throttle time in ms."""
+    return manager.record_request_time(principal, client_id, manager.overhead.add(0.0))
 
 
 class Timed:
@@ -555,15 +743,46 @@ def _has_throttle_field(message) -> bool:
 
 
 class QuotaInterceptor(grpc.aio.ServerInterceptor):
-    """gRPC server interceptor after authentication (auth.current_principal is set):
-    a muted caller's request first waits out its throttle (bounded by the call's
-    deadline); the handled request is recorded (`throttle_request`) and the throttle
-    time goes into the response's `throttle_time_ms` when it has one, the caller
-    being muted that long (KIP-219). `manager` may be set after the server was built
-    (None: no quotas)."""
+    """gRPC server interceptor after authentication (auth.current_principal is set)
+    that records each handled request (`throttle_request`), puts the throttle time in
+    the response's `throttle_time_ms` when it has one and mutes what is over its
+    quota (KIP-219); and the `gate` of auth.AuthInterceptor, which calls `admit`
+    between authentication and authorization, and `denied` for a call the authorizer
+    refused. `manager` may be set after the server was built (None: no quotas).
+
+    A muted caller's call is held until the mute ends, by the server whatever the
+    client does: one whose deadline comes first is held to its deadline and answered
+    THROTTLING_QUOTA_EXCEEDED with the time left in `throttle_time_ms`, never handled
+    (a client with 0.3 s deadlines once wrote 19x its byte rate, each call waiting
+    only until its deadline and then handled). Held calls keep their HTTP/2 stream,
+    so a connection's `exactly.max.concurrent.streams` bounds what a muted client
+    sends meanwhile. A client id longer than MAX_CLIENT_ID_LENGTH is refused with
+    INVALID_ARGUMENT."""
 
     def __init__(self, manager: QuotaManager | None = None):
         self.manager = manager
+
+    async def admit(self, principal: str, method: str, request, context):
+        """None when the call may go on (after waiting out the caller's mute), else the
+        response answering it throttled. Aborts with INVALID_ARGUMENT for a client id
+        longer than MAX_CLIENT_ID_LENGTH."""
+        manager = self.manager
+        client_id = grpc_client_id(context.invocation_metadata() if context is not None else ())
+        if (bad := client_id_error(client_id)) is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"INVALID_REQUEST: {bad}")
+        if manager is None:
+            return None
+        left_ms = await _hold(manager, principal, client_id, context)
+        if left_ms <= 0:
+            return None
+        charge_refused(manager, principal, client_id)
+        return throttled_response(method, request, int(math.ceil(left_ms)))
+
+    def denied(self, principal: str, context) -> None:
+        """A call the authorizer refused: charged to the caller's request_percentage."""
+        if self.manager is not None and self.manager.configs():
+            charge_refused(self.manager, principal,
+                           grpc_client_id(context.invocation_metadata() if context is not None else ()))
 
     async def intercept_service(self, continuation, handler_call_details):
         from . import authz
@@ -583,7 +802,6 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
                 if manager is None:
                     return await inner(request, context)
                 principal = current_principal.get()
-                await _wait_muted(manager, principal, client_id, context)
                 if not manager.configs():  # no quota set: nothing to time or record
                     response, throttle = await inner(request, context), 0
                 else:
@@ -603,16 +821,34 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
                                                    response_serializer=handler.response_serializer)
 
 
-async def _wait_muted(manager: QuotaManager, principal: str, client_id: str, context) -> None:
-    """Wait while the caller is muted, leaving 50 ms of the call's deadline."""
+# What a held call keeps of its deadline to be answered in (s).
+_ANSWER_MARGIN_S = 0.05
+
+
+async def _hold(manager: QuotaManager, principal: str, client_id: str, context) -> float:
+    """Wait while the caller is muted, up to the call's deadline less _ANSWER_MARGIN_S;
+    returns the ms of the mute still left then (0: the call may be handled)."""
     import asyncio
-    muted_s = manager.muted_ms(principal, client_id) / 1000.0
-    if muted_s <= 0:
-        return
-    remaining = None
     time_remaining = getattr(context, "time_remaining", None)
-    if time_remaining is not None:
-        remaining = time_remaining()
-    if remaining is not None:
-        muted_s = min(muted_s, max(remaining - 0.05, 0.0))
-    await asyncio.sleep(muted_s)
+    while True:
+        muted_s = manager.muted_ms(principal, client_id) / 1000.0
+        if muted_s <= 0:
+            return 0.0
+        remaining = time_remaining() if time_remaining is not None else None
+        if remaining is not None and remaining - _ANSWER_MARGIN_S <= 0:
+            return muted_s * 1000.0
+        await asyncio.sleep(muted_s if remaining is None else min(muted_s, remaining - _ANSWER_MARGIN_S))
+
+
+def throttled_response(method: str, request, throttle_ms: int):
+    """The response of `method` ("Service/Method") answering `request` with
+    THROTTLING_QUOTA_EXCEEDED in each of its error fields (authz.denied_response) and
+    `throttle_ms` in its throttle_time_ms when it has one."""
+    from exactly_wire.error_codes import ErrorCode
+    from . import authz
+    service, _, name = method.partition("/")
+    response = authz.denied_response(service, name, request, authz.Denied(
+        ErrorCode.THROTTLING_QUOTA_EXCEEDED, f"the caller is over its quota; retry in {throttle_ms} ms (KIP-219)"))
+    if _has_throttle_field(response):
+        response.throttle_time_ms = throttle_ms
+    return response

@@ -469,6 +469,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         connections.declare_series(listener)
     auth_interceptor = AuthInterceptor()
     quota_interceptor = quotas.QuotaInterceptor()  # after authentication: it reads the principal
+    auth_interceptor.gate = quota_interceptor  # holds muted callers' calls, refused ones included
     # The guard outside authentication: an undecodable body is refused before anything reads it.
     interceptors = [metrics.RpcMetricsInterceptor(), RequestGuard(), auth_interceptor, quota_interceptor]
     server = grpc.aio.server(options=server_options(cfg, nofile), interceptors=interceptors)
@@ -681,7 +682,9 @@ def _start_quotas(cfg: ServiceConfig, cluster: ClusterState) -> quotas.QuotaMana
     on /exactly/config/quotas; super users (the services) are not throttled."""
     manager = quotas.QuotaManager(samples=cfg.settings.quota_window_num,
                                   window_s=cfg.settings.quota_window_size_seconds,
-                                  super_users=parse_super_users(cfg.settings.super_users))
+                                  super_users=parse_super_users(cfg.settings.super_users),
+                                  sensor_expiration_ms=cfg.settings.quota_sensor_expiration_ms)
+    metrics.QUOTA_SENSORS.set_function(manager.sensors)
     quotas.QuotaStore(cluster.zk).watch(manager)
     return manager
 

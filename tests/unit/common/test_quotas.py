@@ -308,3 +308,134 @@ def test_timed_passes_errors_and_cancellation_through():
         return await timed
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- enforcement whatever the client does
+def _fixed_overhead(per_call_s: float = 0.0):
+    from services.common.security.quotas import CallOverhead
+    overhead = CallOverhead(cpu=lambda: 0.0, clock=lambda: 0.0)
+    overhead.per_call_s = per_call_s
+    return overhead
+
+
+def test_a_user_quota_mutes_every_client_id_of_the_user():
+    """The excess of a quota set on the user mutes the user: a client id it has not
+    used before is held as well (its calls waited only per client id before)."""
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity("mallory", None): {PRODUCER_BYTE_RATE: 100.0}})
+    throttle = manager.record("User:mallory", "c1", PRODUCER_BYTE_RATE, 10_000)
+    assert throttle > 0
+    assert manager.muted_ms("User:mallory", "c1") == throttle
+    assert manager.muted_ms("User:mallory", "fresh-c2") == throttle
+    assert manager.muted_ms("User:alice", "c1") == 0
+    clock.ms += throttle
+    assert manager.muted_ms("User:mallory", "fresh-c2") == 0
+
+
+def test_fresh_client_ids_under_a_default_client_id_quota_share_one_budget():
+    """<default> client-id quota of 100 B/s: 200 calls of 100 B, each with a client id
+    never used before, are measured together (the principal's bucket of new client
+    ids), not 200 fresh budgets; a client id used for a whole measurement gets its own."""
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity(None, DEFAULT): {PRODUCER_BYTE_RATE: 100.0}})
+    throttles = []
+    for i in range(200):
+        throttles.append(manager.record("User:mallory", f"fresh-{i}", PRODUCER_BYTE_RATE, 100))
+        clock.ms += 10
+    assert throttles[-1] > 10_000, throttles[-5:]  # 20,000 B in 2 s against 100 B/s: held for minutes
+    assert manager.muted_ms("User:mallory", "fresh-201") > 10_000
+    assert manager.muted_ms("User:alice", "fresh-201") == 0  # another principal's new client ids: its own
+    # "steady" first seen now, used within its budget for a whole measurement: its own sensor then.
+    manager.record("User:alice", "steady", PRODUCER_BYTE_RATE, 1)
+    clock.ms += 11_000
+    assert manager.record("User:alice", "steady", PRODUCER_BYTE_RATE, 50) == 0
+
+
+def test_a_principal_follows_at_most_max_client_ids():
+    from services.common.security.quotas import MAX_CLIENT_IDS_PER_USER
+    clock = Clock()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock, overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity(None, DEFAULT): {REQUEST_PERCENTAGE: 100.0}})
+    for i in range(3 * MAX_CLIENT_IDS_PER_USER):
+        manager.record_request_time("User:mallory", f"c{i}", 0.0)
+    assert sum(len(v) for v in manager._first_seen.values()) == MAX_CLIENT_IDS_PER_USER
+    assert manager.sensors() == 1  # every one of them new: the shared bucket only
+
+
+def test_idle_sensors_expire_and_removed_quotas_drop_theirs():
+    """Sensors idle for the expiration (Kafka: one hour) are dropped as requests go
+    on; a quota removed drops its sensors at once."""
+    clock = Clock()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock, sensor_expiration_ms=3_600_000,
+                           overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity(DEFAULT, None): {REQUEST_PERCENTAGE: 50.0}})
+    for i in range(100):
+        manager.record_request_time(f"User:u{i}", "", 0.001)
+    assert manager.sensors() == 100
+    clock.ms += 3_600_001
+    manager.record_request_time("User:late", "", 0.001)
+    assert manager.sensors() == 1
+    manager.set_configs({})
+    assert manager.sensors() == 0
+
+
+def test_client_ids_are_bounded():
+    from services.common.security.quotas import MAX_CLIENT_ID_LENGTH, client_id_error
+    assert client_id_error("x" * MAX_CLIENT_ID_LENGTH) is None
+    assert "at most 255" in client_id_error("x" * 30_000)
+
+
+def test_refused_calls_are_charged_what_a_call_costs():
+    """A call refused before its handler (throttled, denied) is charged the overhead
+    of a call, so a flood of refused calls runs into request_percentage."""
+    from services.common.security.quotas import charge_refused
+    clock = Clock()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead(0.0005))
+    manager.set_configs({QuotaEntity("mallory", None): {REQUEST_PERCENTAGE: 10.0}})
+    # 10 % of a handler thread measured over the first 10 s: 1 s of calls; 3,000 refused at 0.5 ms are 1.5 s.
+    throttles = [charge_refused(manager, "User:mallory", "") for _ in range(3000)]
+    assert throttles[0] == 0 and throttles[-1] > 0
+    assert manager.muted_ms("User:mallory", "another") > 0
+
+
+def test_call_overhead_is_the_cpu_outside_the_handlers_per_call():
+    from services.common.security.quotas import CallOverhead
+    cpu, now = [10.0], [0.0]
+    overhead = CallOverhead(interval_s=1.0, min_calls=100, cpu=lambda: cpu[0], clock=lambda: now[0])
+    for _ in range(199):
+        assert overhead.add(0.0001) == 0.0
+    cpu[0] += 0.2 + 200 * 0.0001  # 0.2 s outside the handlers over 200 calls
+    now[0] = 1.0
+    assert overhead.add(0.0001) == pytest.approx(0.001)
+    # An interval with fewer calls (the process's background work would be charged to them) keeps it.
+    cpu[0] += 5.0
+    now[0] = 2.5
+    assert overhead.add(0.0) == pytest.approx(0.001)
+
+
+def test_a_held_call_whose_deadline_comes_first_is_answered_throttled_unhandled():
+    import asyncio
+
+    from services.common.security.quotas import QuotaInterceptor
+    from exactly_wire.v1 import exactly_pb2 as pb
+
+    clock = Clock()
+    manager = QuotaManager(clock=clock, overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity("mallory", None): {PRODUCER_BYTE_RATE: 100.0}})
+    manager.record("User:mallory", "", PRODUCER_BYTE_RATE, 10_000)
+
+    class Context:
+        def invocation_metadata(self):
+            return [("user-agent", "exactly/fresh grpc-python")]
+
+        def time_remaining(self):
+            return 0.04  # less than the answer margin: no wait
+
+    request = pb.ProduceRequest(topics=[pb.TopicProduceData(name="t", partitions=[
+        pb.PartitionProduceData(partition=0, records=b"x")])])
+    response = asyncio.run(QuotaInterceptor(manager).admit("User:mallory", "PartitionLeader/Produce", request,
+                                                           Context()))
+    assert response.topics[0].partitions[0].error_code == 89  # THROTTLING_QUOTA_EXCEEDED
+    assert response.throttle_time_ms >= manager.muted_ms("User:mallory", "") - 1
