@@ -42,16 +42,23 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.installed
+# The distribution was called `exactly` before it became `exactly-log` (the PyPI name
+# `exactly` is another project's): an editable install of the old name goes first.
+drop_old_name() {
+  if .venv/bin/pip show -q exactly >/dev/null 2>&1; then .venv/bin/pip uninstall -y -q exactly; fi
+}
 if [ "$mode" = dev ]; then
   # the services and the SDK, and the gRPC code generator for the step below
   if [ ! -f "$stamp" ] && { [ ! -f "$stamp-dev" ] || [ pyproject.toml -nt "$stamp-dev" ]; }; then
     echo "setup: installing the services and the SDK"
+    drop_old_name
     .venv/bin/pip install -q -e '.[server,proto]'
     touch "$stamp-dev"
   fi
 elif [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing Python packages"
   .venv/bin/pip install -q --upgrade pip
+  drop_old_name
   .venv/bin/pip install -q -e '.[dev]'
   touch "$stamp"
 fi

@@ -42,7 +42,8 @@ try:
     import psycopg
     from psycopg import pq
 except ImportError as _exc:  # pragma: no cover - depends on the installation
-    raise ImportError("exactly.postgres needs psycopg 3: pip install 'exactly[postgres]'") from _exc
+    from exactly_wire import DISTRIBUTION
+    raise ImportError(f"exactly.postgres needs psycopg 3: pip install '{DISTRIBUTION}[postgres]'") from _exc
 
 from ._two_phase import PreparedTxnState
 from .producer import Producer

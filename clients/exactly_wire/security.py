@@ -25,6 +25,7 @@ from typing import Any, Literal
 import grpc
 
 from .config import LOW, MEDIUM, ConfigSchema, ConfigurationError, setting
+from . import DISTRIBUTION
 
 # A session token from Cluster/SaslAuthenticate, in every call's metadata.
 SASL_TOKEN_HEADER = "x-exactly-sasl-token"
@@ -81,7 +82,7 @@ def decrypt_key(pem: bytes, password: str | None, error: type[ConfigurationError
     try:
         from cryptography.hazmat.primitives import serialization
     except ImportError:  # pragma: no cover - the server extra installs it
-        raise error("ssl.key.password needs the cryptography package (pip install 'exactly[server]')",
+        raise error(f"ssl.key.password needs the cryptography package (pip install '{DISTRIBUTION}[server]')",
                     key="ssl.key.password") from None
     try:
         key = serialization.load_pem_private_key(pem, password.encode() if password else None)

@@ -25,7 +25,9 @@ def test_pip_install_of_the_sdk_pulls_no_server_dependencies(tmp_path):
     listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], check=True, timeout=120,
                             capture_output=True, text=True).stdout
     installed = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
-    assert "exactly" in installed and {"grpcio", "protobuf", "cramjam"} <= installed
+    # The distribution is exactly-log (PyPI's `exactly` is another project); the import name is exactly.
+    assert "exactly-log" in installed and "exactly" not in installed
+    assert {"grpcio", "protobuf", "cramjam"} <= installed
     assert installed & SERVER_ONLY == set()
     # The SDK works without them: configuration is validated, errors are typed.
     probe = ("from exactly import Producer, errors\n"
@@ -37,3 +39,6 @@ def test_pip_install_of_the_sdk_pulls_no_server_dependencies(tmp_path):
     # The `exactly` command line ships with the SDK and runs without the server extras.
     cli = subprocess.run([str(venv / "bin" / "exactly"), "topics", "list", "--bootstrap-server", "127.0.0.1:1"], timeout=120, capture_output=True, text=True, cwd=tmp_path)
     assert cli.returncode != 0 and "Traceback" not in cli.stderr and "cannot reach the cluster" in cli.stderr
+    version = subprocess.run([str(venv / "bin" / "exactly"), "--version"], timeout=120, capture_output=True,
+                             text=True, cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == "exactly, version 0.1.0", version

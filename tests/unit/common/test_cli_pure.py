@@ -70,3 +70,12 @@ def test_percentile_table_and_pairs(capsys):
     assert parse_key_values(["a=1", "b=x=y"], "--config") == {"a": "1", "b": "x=y"}
     with pytest.raises(Exception, match="expected key=value"):
         parse_key_values(["nope"], "--config")
+
+
+def test_version_reads_the_distribution_metadata():
+    """The SDK and the command line are the PyPI distribution `exactly-log` (the name
+    `exactly` belongs to an unrelated project); `exactly --version` reads its metadata."""
+    from importlib.metadata import version
+    res = CliRunner().invoke(cli, ["--version"])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == f"exactly, version {version('exactly-log')}"

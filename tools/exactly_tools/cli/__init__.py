@@ -21,6 +21,7 @@ import traceback
 import click
 
 from exactly import errors
+from exactly_wire import DISTRIBUTION
 
 from .common import debug, fail
 from .clients import consume, produce
@@ -34,7 +35,7 @@ from .transactions import transactions
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="exactly", prog_name="exactly")
+@click.version_option(package_name=DISTRIBUTION, prog_name="exactly")
 def cli() -> None:
     """Operate an Exactly cluster: topics, console producer and consumer, consumer
     groups, transactions (KIP-664 hanging transactions), segment dumps,
