@@ -331,6 +331,10 @@ class CoreBase(abc.ABC):
         self.retry_backoff_max_ms = int(conf.get("retry.backoff.max.ms", 1000))
         self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
         self.client_id = str(conf.get("client.id") or "")
+        # Whether a Metadata request naming a topic that does not exist asks the services
+        # to create it (MetadataRequest.allow_auto_topic_creation): producers only, as
+        # Kafka's producer (the services decide: auto.create.topics.enable).
+        self.allow_auto_create_topics = False
         # TLS material and SASL credentials (raises errors.ConfigurationError naming the key).
         self.security = TransportSecurity.from_settings(conf, errors.ConfigurationError)
         self._lock = threading.RLock()
@@ -473,6 +477,28 @@ class CoreBase(abc.ABC):
                 raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
             raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
         return addr
+
+    def named_request(self, topic: str) -> pb.MetadataRequest:
+        """A Metadata request naming `topic`, allowing its creation when this client is a
+        producer (`allow_auto_create_topics`; the services' auto.create.topics.enable)."""
+        return pb.MetadataRequest(topics=[topic], allow_auto_topic_creation=self.allow_auto_create_topics)
+
+    @staticmethod
+    def named_topic_error(topic: str, named: pb.MetadataResponse) -> None:
+        """Raise what a Metadata answer naming `topic` says of a topic the listings do not
+        show: errors.TopicAuthorizationFailedError (listings leave out the topics the
+        principal may not Describe), errors.LeaderNotAvailableError (retriable: the service
+        just created it, auto.create.topics.enable), or another error of the topic's;
+        nothing when it is merely unknown."""
+        for t in named.topics:
+            if t.name != topic or t.error_code in (ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+                continue
+            if t.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+                raise errors.TopicAuthorizationFailedError(f"not authorized to access topic {topic!r}")
+            if t.error_code == ErrorCode.LEADER_NOT_AVAILABLE:
+                raise errors.LeaderNotAvailableError(f"topic {topic!r} was created (auto.create.topics.enable) "
+                                                     "and has no leader yet")
+            errors.check(t.error_code, f"topic {topic!r}")
 
     @staticmethod
     def _require_partitions(topic: str, parts: list[int]) -> list[int]:
@@ -673,21 +699,14 @@ class ClientCore(CoreBase):
 
     def partitions_for(self, topic: str) -> list[int]:
         """Sorted partition ids of `topic`. Raises errors.UnknownTopicOrPartitionError
-        when the topic is still unknown after a metadata refresh."""
+        when the topic is still unknown after a metadata refresh (and a request naming
+        it: see `named_topic_error`)."""
         parts = self.metadata([topic]).partitions(topic)
         if not parts:
             parts = self.metadata(refresh=True).partitions(topic)
         if not parts:
-            self._raise_if_hidden(topic)
+            self.named_topic_error(topic, self.call(self.cluster_stub().Metadata, self.named_request(topic)))
         return self._require_partitions(topic, parts)
-
-    def _raise_if_hidden(self, topic: str) -> None:
-        """Listings leave out the topics the principal may not Describe: asked by name,
-        the services answer TOPIC_AUTHORIZATION_FAILED, raised here as
-        errors.TopicAuthorizationFailedError."""
-        named = self.call(self.cluster_stub().Metadata, pb.MetadataRequest(topics=[topic]))
-        if any(t.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED for t in named.topics):
-            raise errors.TopicAuthorizationFailedError(f"not authorized to access topic {topic!r}")
 
     def leader_for(self, topic: str, partition: int) -> str:
         """'host:port' of the partition's leader, refreshing metadata once if unknown.
@@ -697,7 +716,7 @@ class ClientCore(CoreBase):
         if md.leader(topic, partition) is None:
             md = self.metadata(refresh=True)
         if not md.partitions(topic):
-            self._raise_if_hidden(topic)
+            self.named_topic_error(topic, self.call(self.cluster_stub().Metadata, self.named_request(topic)))
         return self._leader_in(md, topic, partition)
 
     # ------------------------------------------------------------ coordinators

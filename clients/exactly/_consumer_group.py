@@ -167,6 +167,9 @@ class GroupMembership:
         self._fatal: errors.ExactlyError | None = None
         self._fenced: errors.ExactlyError | None = None  # FENCED_INSTANCE_ID: permanent
         self._lost = False
+        # Why the coordinator was last unusable (None once a join succeeded): what a
+        # poll() waiting to join reports (exactly._waiting).
+        self.last_problem: object = None
 
     # ------------------------------------------------------------ coordinator
 
@@ -176,6 +179,7 @@ class GroupMembership:
 
     def coordinator_dead(self, why: object = None) -> None:
         log.debug("group %s: coordinator unusable (%s); finding it again", self.group_id, why)
+        self.last_problem = why
         self._core.invalidate_coordinator(self.group_id, COORDINATOR_GROUP)
 
     # ------------------------------------------------------------ membership
@@ -252,6 +256,7 @@ class GroupMembership:
             addr = self.coordinator(timeout_s=self._backoff_max_ms / 1000)
         except errors.ExactlyError as exc:
             log.debug("group %s: no coordinator yet: %r", self.group_id, exc)
+            self.last_problem = exc
             self._backoff()
             return False
         req = pb.JoinGroupRequest(group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
@@ -326,6 +331,7 @@ class GroupMembership:
             self.generation_id = resp.generation_id
             self.member_id = resp.member_id
             self._failures = 0
+            self.last_problem = None
             log.info("group %s: joined generation %d as %s", self.group_id, self.generation_id, self.member_id)
             self.state = MemberState.SYNCING
             self._send_sync()

@@ -243,6 +243,9 @@ class Fetcher:
         self._clock = clock
         self._inflight: dict[str, _InFlight] = {}
         self._errors: list[errors.ExactlyError] = []
+        # Assigned partitions that cannot be fetched now -> why (no leader known, the last
+        # fetch failed); cleared by an answer. What an empty poll() reports (exactly._waiting).
+        self.failing: dict[TopicPartition, BaseException] = {}
         self._metadata_stale = False
         self._last_refresh = float("-inf")
         self._rotation = 0
@@ -341,6 +344,7 @@ class Fetcher:
             addr = self.leader(tp)
             if addr is None:
                 self._subs.assignment[tp].backoff(now, self._backoff_ms, self._backoff_max_ms)
+                self.failing.setdefault(tp, errors.LeaderNotAvailableError("no leader known"))
                 continue
             if addr not in self._inflight and self.throttled_until.get(addr, 0.0) <= now:
                 by_leader.setdefault(addr, []).append(tp)
@@ -394,6 +398,7 @@ class Fetcher:
                 st = self._subs.assignment.get(tp)
                 if st is not None:
                     st.backoff(now, self._backoff_ms, self._backoff_max_ms)
+                    self.failing[tp] = exc
             self._metadata_stale = True
             if isinstance(exc, errors.ExactlyError) and not exc.retriable:
                 self._errors.append(exc)  # e.g. not authorized: poll raises it
@@ -419,6 +424,8 @@ class Fetcher:
             return
         now = self._clock()
         code = pr.error_code or top_error
+        if code in (ErrorCode.NONE, ErrorCode.OFFSET_OUT_OF_RANGE):
+            self.failing.pop(tp, None)
         if code == ErrorCode.NONE:
             st.succeeded()
             st.high_watermark = pr.high_watermark
@@ -450,6 +457,7 @@ class Fetcher:
         else:
             st.backoff(now, self._backoff_ms, self._backoff_max_ms)
             err = errors.for_code(code, f"fetch {tp.topic}-{tp.partition}")
+            self.failing[tp] = err
             if err.retriable or code in METADATA_ERRORS:
                 self._metadata_stale = True
             else:

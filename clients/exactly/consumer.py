@@ -28,6 +28,7 @@ from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
                                      ResetStrategy, SubscriptionState, reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, list_offsets_request
+from exactly._waiting import WaitWarnings
 from exactly.config import ConsumerSchema, parse
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import (ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp,
@@ -130,6 +131,8 @@ class Consumer:
         self._clock = self._core.clock
         self._backoff_ms = self._core.retry_backoff_ms
         self._backoff_max_ms = max(self._core.retry_backoff_max_ms, self._backoff_ms)
+        # Rate-limited WARNINGs of what an empty poll() waits for.
+        self._waits = WaitWarnings(log, self._clock)
         self._subs = SubscriptionState(default_reset=ResetStrategy.parse(cfg.auto_offset_reset))
         self._fetcher = Fetcher(
             self._core, self._subs, isolation_level=self._isolation_level,
@@ -322,8 +325,45 @@ class Consumer:
                 return out
             remaining = deadline - self._clock.now_s()
             if remaining <= 0:
+                self._report_waits()
                 return []
             yield WaitForResponses(min(remaining, self._backoff_ms / 1000))
+
+    def _report_waits(self) -> None:
+        """poll() returns nothing: log at WARNING, rate-limited (`exactly._waiting`), what
+        it waits for — no service of bootstrap.servers answering, a subscribed topic the
+        cluster does not know, the group's coordinator unusable, assigned partitions
+        without a known leader or whose fetches fail. An empty poll for want of new
+        records logs nothing."""
+        found: dict[str, Callable[[], str]] = {}
+        try:
+            md = self._core.metadata_nowait()
+        except errors.ExactlyError as exc:
+            md, unreachable = None, exc
+            servers = ",".join(getattr(self._core, "bootstrap", ()))
+            found["cluster"] = lambda: (f"poll() gets nothing: no service of bootstrap.servers {servers} answers "
+                                        f"({type(unreachable).__name__}: {unreachable})")
+        subs = self._subs
+        if md is not None and subs.pattern is None and subs.subscription:
+            known = {name for name, t in md.topics.items() if t.error_code == ErrorCode.NONE}
+            for topic in subs.subscription:
+                if topic not in known:
+                    found[f"topic:{topic}"] = lambda topic=topic: (
+                        f"poll() gets nothing from topic {topic!r}: the cluster does not know it (create it: "
+                        "AdminClient.create_topics, `exactly topics create`; consumers do not create topics)")
+        group = self._group
+        if group is not None and subs.subscription is not None and group.needs_join() \
+                and group.last_problem is not None:
+            problem = group.last_problem
+            found["group"] = lambda: (f"poll() waits to join group {self._group_id!r}: its coordinator is not "
+                                      f"usable ({problem!r})")
+        failing = {tp: exc for tp, exc in self._fetcher.failing.items() if tp in subs.assignment}
+        if failing:
+            found["fetch"] = lambda: "poll() gets nothing from " + ", ".join(
+                f"{tp.topic}-{tp.partition} ({type(exc).__name__}: {exc})" for tp, exc in sorted(failing.items()))
+        for key, message in found.items():
+            self._waits.waiting(key, message)
+        self._waits.only(set(found))
 
     def _requests_in_flight(self) -> list:
         """Futures of every request a poll may wait for."""
@@ -509,6 +549,7 @@ class Consumer:
             addr = self._fetcher.leader(tp)
             if addr is None:
                 st.backoff(now, self._backoff_ms, self._backoff_max_ms)
+                self._fetcher.failing.setdefault(tp, errors.LeaderNotAvailableError("no leader known"))
                 continue
             if addr not in self._list_offsets:
                 by_leader.setdefault(addr, []).append(tp)
@@ -531,6 +572,7 @@ class Consumer:
                 st = self._subs.assignment.get(tp)
                 if st is not None:
                     st.backoff(now, self._backoff_ms, self._backoff_max_ms)
+                    self._fetcher.failing[tp] = exc
             return
         for t in resp.topics:
             for p in t.partitions:
@@ -540,6 +582,7 @@ class Consumer:
                 st = self._subs.assignment.get(tp)
                 if p.error_code == ErrorCode.NONE:
                     self._subs.apply_reset(tp, epochs[tp], p.offset)
+                    self._fetcher.failing.pop(tp, None)
                     if st is not None:
                         st.succeeded()
                     continue
@@ -547,6 +590,7 @@ class Consumer:
                 if not err.retriable and p.error_code not in METADATA_ERRORS:
                     raise err
                 self._fetcher.mark_metadata_stale()
+                self._fetcher.failing[tp] = err
                 if st is not None:
                     st.backoff(now, self._backoff_ms, self._backoff_max_ms)
 

@@ -40,6 +40,7 @@ from ._two_phase import PreparedTransaction, PreparedTxnState, complete_transact
 from ._txn_flows import (AwaitAddPartitions, AwaitBatches, CoordinatorRequest, TransactionFlows,
                          takes_earlier_init_args)
 from ._txn_manager import TransactionManager, TransactionManagerState, copy_error, fenced_error
+from ._waiting import WaitWarnings
 from .config import ProducerSchema, parse
 from .consumer import rewind_to_committed
 from .errors import ConfigurationError, TransactionAbortedError
@@ -89,16 +90,38 @@ class UnknownTopicWait:
     cluster said it does not know raises errors.UnknownTopicOrPartitionError, also
     when the deadline passed during the last try (on a slow network, or a machine
     short of CPU) instead of between two tries; other retriable errors become
-    errors.KafkaTimeoutError naming the topic; non-retriable ones are raised as they are."""
+    errors.KafkaTimeoutError naming the topic; non-retriable ones are raised as they are.
+    While it waits, `warnings` (the producer's `_waiting.WaitWarnings`) logs at WARNING,
+    rate-limited, what it waits for; `done()` ends that condition."""
 
-    def __init__(self, topic: str, max_block_ms: float):
+    def __init__(self, topic: str, max_block_ms: float, warnings: WaitWarnings | None = None):
         self.topic = topic
         self.max_block_ms = max_block_ms
         self.unknown: errors.UnknownTopicOrPartitionError | None = None
+        self.warnings = warnings
+
+    @property
+    def key(self) -> str:
+        return f"topic:{self.topic}"
 
     def note(self, exc: BaseException) -> None:
         if isinstance(exc, errors.UnknownTopicOrPartitionError):
             self.unknown = exc
+        if self.warnings is not None:
+            self.warnings.waiting(self.key, lambda: self.waiting_message(exc))
+
+    def waiting_message(self, exc: BaseException) -> str:
+        """What the WARNING says while send() waits on the topic's metadata."""
+        head = (f"send() to topic {self.topic!r} waits for its metadata (up to max.block.ms "
+                f"{self.max_block_ms:.0f} ms): {type(exc).__name__}: {exc}")
+        if isinstance(exc, errors.UnknownTopicOrPartitionError):
+            return (head + "; the cluster does not know the topic: create it (AdminClient.create_topics, "
+                    "`exactly topics create`) or turn the services' auto.create.topics.enable on")
+        return head
+
+    def done(self) -> None:
+        if self.warnings is not None:
+            self.warnings.resolved(self.key)
 
     def outcome(self, exc: errors.ExactlyError) -> errors.ExactlyError:
         if not exc.retriable or isinstance(exc, errors.UnknownTopicOrPartitionError):
@@ -128,6 +151,9 @@ class Producer:
         cfg = parse(ProducerSchema, conf)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         self._core = self._make_core(cfg.as_dict())
+        # Metadata naming an unknown topic asks for its creation, as Kafka's producer does
+        # (the services decide: auto.create.topics.enable).
+        self._core.allow_auto_create_topics = True
         self._transactional_id: str | None = cfg.transactional_id
         idem_set = "enable.idempotence" in given
         idempotent = cfg.enable_idempotence
@@ -169,6 +195,8 @@ class Producer:
         self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
         # One monotonic clock, the core's, for every timer and wait of this producer.
         self._clock = self._core.clock
+        # Rate-limited WARNINGs while send() waits for a topic's metadata.
+        self._waits = WaitWarnings(log, self._clock)
         self._acc = RecordAccumulator(self._batch_size, self._linger_ms, cfg.buffer_memory, clock=self._clock)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
@@ -270,7 +298,7 @@ class Producer:
         unknown topic); cached until the sender sees new metadata."""
         core = self._core
         max_block_s = self._max_block_ms / 1000.0
-        unknown = UnknownTopicWait(topic, self._max_block_ms)
+        unknown = UnknownTopicWait(topic, self._max_block_ms, self._waits)
         # Kafka's send(): wait for the topic's metadata up to max.block.ms, in all.
         with call_deadline(max_block_s, self._clock):
             try:
@@ -287,6 +315,8 @@ class Producer:
                                      on_retry=unknown.note)
                 except errors.ExactlyError as last:
                     raise unknown.outcome(last)
+            finally:
+                unknown.done()
         tps = [TopicPartition(topic, p) for p in ids]
         cached = _TopicPartitions(ids, tps, dict(zip(ids, tps)))
         self._topic_cache = {**self._topic_cache, topic: cached}  # rebinding: readers need no lock
@@ -579,7 +609,9 @@ class Producer:
         (retry.backoff.ms doubling up to retry.backoff.max.ms, with jitter). `fn`
         must therefore read its input inside the call (e.g. `consumer.poll()`), and
         send its offsets with send_offsets_to_transaction. A commit that timed out is
-        completed with commit_transaction() instead of being run again.
+        completed with commit_transaction() instead of being run again. An
+        errors.UnknownTopicOrPartitionError is not retried: send() waited max.block.ms for
+        the topic already.
 
         `attempts`: tries in all (>= 1). Returns fn's result of the committed
         attempt. Raises a fatal error at once (the producer is closed, fn is not
@@ -590,8 +622,11 @@ class Producer:
             raise ValueError(f"attempts must be >= 1, not {attempts}")
 
         def _retriable(exc: BaseException) -> bool:
+            # An unknown topic is not transient: send() already waited max.block.ms for it
+            # (and a service with auto.create.topics.enable would have created it).
             return isinstance(exc, errors.ExactlyError) and not exc.fatal \
-                and (exc.txn_requires_abort or exc.retriable) and not self._closed
+                and (exc.txn_requires_abort or exc.retriable) and not self._closed \
+                and not isinstance(exc, errors.UnknownTopicOrPartitionError)
 
         def _attempt() -> T:
             if self._txn.state is TransactionManagerState.COMMITTING_TRANSACTION:

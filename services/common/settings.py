@@ -189,6 +189,16 @@ class ServiceSchema(SecuritySettings):
         "metrics.topic.labels", False, "Export user topic names as `topic` labels on /metrics (per-topic "
         "dashboard panels need it). false: each user topic's series are summed (max for ages and lags) under "
         "topic=\"(hidden)\"; the internal topics keep their names.", MEDIUM)
+    auto_create_topics_enable: Bool = setting(
+        "auto.create.topics.enable", True, "Create a topic that does not exist when a producer asks for its "
+        "metadata (MetadataRequest.allow_auto_topic_creation), with num.partitions and "
+        "default.replication.factor, as Kafka's brokers do; the caller needs Create on the Cluster or the topic. "
+        "Consumers and admin clients never create topics this way.", HIGH)
+    num_partitions: int = setting("num.partitions", 1, "Partitions of an automatically created topic.", MEDIUM,
+                                  ge=1)
+    default_replication_factor: int = setting(
+        "default.replication.factor", 1, "Replicas of an automatically created topic (more than the live "
+        "partition leaders: not created, INVALID_REPLICATION_FACTOR).", MEDIUM, ge=1)
     max_partitions_per_topic: int = setting("max.partitions.per.topic", 10000, "Partitions one topic may have "
                                             "(CreateTopics, CreatePartitions; INVALID_PARTITIONS above).", MEDIUM,
                                             ge=1)

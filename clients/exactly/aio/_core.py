@@ -180,6 +180,8 @@ class AIOClientCore(CoreBase):
         parts = (await self.metadata_async([topic])).partitions(topic)
         if not parts:
             parts = (await self.metadata_async(refresh=True)).partitions(topic)
+        if not parts:
+            self.named_topic_error(topic, await self.call(self.cluster_stub().Metadata, self.named_request(topic)))
         return self._require_partitions(topic, parts)
 
     # ------------------------------------------------------------ coordinators

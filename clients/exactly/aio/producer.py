@@ -235,12 +235,14 @@ class AIOProducer:
             topic = args[0]
             if topic not in self._p._topic_cache:
                 core = self._p._core
-                unknown = UnknownTopicWait(topic, self._p._max_block_ms)
+                unknown = UnknownTopicWait(topic, self._p._max_block_ms, self._p._waits)
                 try:
                     await core.retry(lambda: core.partitions_for_async(topic),
                                      timeout_s=self._p._max_block_ms / 1000.0, on_retry=unknown.note)
                 except errors.ExactlyError as exc:  # as the sync send()
                     raise unknown.outcome(exc)
+                finally:
+                    unknown.done()
             if not await self._sender.wait_until(self._p._acc.has_space, deadline):
                 raise errors.KafkaTimeoutError(
                     f"buffer.memory ({self._p._acc.buffer_memory} bytes) full for max.block.ms")

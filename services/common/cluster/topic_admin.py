@@ -62,5 +62,26 @@ def describe_topic_configs(configs: Mapping[str, str], keys: Iterable[str] = ())
     return out
 
 
+def auto_create_wanted(asked: bool, enabled: bool, may_create: bool) -> bool:
+    """Whether Metadata creates a named topic that does not exist (Kafka's
+    KafkaApis.handleTopicMetadataRequest): the request allows it
+    (allow_auto_topic_creation), the service has auto.create.topics.enable, and the caller
+    may Create on the Cluster or the topic. Otherwise the topic is answered
+    UNKNOWN_TOPIC_OR_PARTITION."""
+    return asked and enabled and may_create
+
+
+def auto_created_error(code: ErrorCode) -> ErrorCode:
+    """What Metadata answers for a topic it asked to create, from the creation's outcome
+    (Kafka's KafkaApis.autoCreateTopic): LEADER_NOT_AVAILABLE when it was created, or
+    created by another request meanwhile — its partitions do not serve yet, clients ask
+    again —, else the creation's own error (INVALID_TOPIC_EXCEPTION for a bad name,
+    INVALID_REPLICATION_FACTOR with fewer live partition leaders than
+    default.replication.factor, POLICY_VIOLATION past max.partitions, ...)."""
+    if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+        return ErrorCode.LEADER_NOT_AVAILABLE
+    return code
+
+
 __all__ = ["apply_config_ops", "describe_topic_configs", "validate_topic_configs", "ConfigEntry", "OP_SET",
-           "OP_DELETE", "SOURCE_TOPIC", "SOURCE_DEFAULT"]
+           "OP_DELETE", "SOURCE_TOPIC", "SOURCE_DEFAULT", "auto_create_wanted", "auto_created_error"]

@@ -136,7 +136,10 @@ class ClusterApis:
         if names == [] and topics is not None and version >= 1:
             resp = pb.MetadataResponse()
         else:
-            resp = await self.servicer.Metadata(pb.MetadataRequest(topics=names or []), None)
+            # v0-3 have no allow_auto_topic_creation: Kafka treats them as allowing it.
+            resp = await self.servicer.Metadata(pb.MetadataRequest(
+                topics=names or [], allow_auto_topic_creation=bool(field(req, "allow_auto_topic_creation", True))),
+                None)
         out = []
         for t in resp.topics:
             out.append({"error_code": t.error_code, "name": t.name, "is_internal": t.is_internal,

@@ -97,7 +97,10 @@ class ClusterServicer(pbg.ClusterServicer):
                     resp.topics.append(pb.TopicMetadata(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                 continue
             if t is None:
-                resp.topics.append(pb.TopicMetadata(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                if request.topics and request.allow_auto_topic_creation:
+                    code = await self._auto_create(name)
+                resp.topics.append(pb.TopicMetadata(name=name, error_code=code))
                 continue
             tm = pb.TopicMetadata(name=name, is_internal=t.internal)
             for p in sorted(t.partitions):
@@ -111,6 +114,30 @@ class ClusterServicer(pbg.ClusterServicer):
                     isr=list(st.isr) if st else t.partitions[p]))
             resp.topics.append(tm)
         return resp
+
+    async def _auto_create(self, name: str) -> ErrorCode:
+        """Create topic `name`, asked for by a Metadata request that allows it, when
+        auto.create.topics.enable is on and the caller may Create it (num.partitions,
+        default.replication.factor, the caller's partition quota); returns the error
+        Metadata answers for it (topic_admin.auto_created_error)."""
+        settings = self.cluster.settings
+        may_create = authz.visible(Op.CREATE, authz.CLUSTER) or \
+            authz.visible(Op.CREATE, Resource(ResourceType.TOPIC, name))
+        if not topic_admin.auto_create_wanted(True, settings.auto_create_topics_enable, may_create):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        principal = _owner(current_principal.get())
+        if (over := self._partition_quota_refusal(principal, settings.num_partitions)) is not None:
+            log.info("topic %r not created automatically: %s", name, over)
+            return ErrorCode.POLICY_VIOLATION
+        code, msg = await asyncio.to_thread(self.cluster.create_topic, name, settings.num_partitions,
+                                            settings.default_replication_factor, {}, False, principal)
+        if code == ErrorCode.NONE:
+            log.info("created topic %r automatically (%d partitions, replication factor %d; "
+                     "auto.create.topics.enable)", name, settings.num_partitions,
+                     settings.default_replication_factor)
+        elif code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            log.info("topic %r not created automatically: %s %s", name, ErrorCode(code).name, msg)
+        return topic_admin.auto_created_error(code)
 
     def _mutation_throttle(self) -> int:
         """ms the caller must wait before mutating again (controller_mutation_rate,

@@ -41,3 +41,17 @@ def test_describe_topic_configs():
                                         entries["segment.bytes"].documentation)
     assert entries["legacy.key"].value == "x"
     assert [e.name for e in describe_topic_configs({}, ["min.insync.replicas", "nope"])] == ["min.insync.replicas"]
+
+
+def test_automatic_topic_creation_rules():
+    from services.common.cluster.topic_admin import auto_create_wanted, auto_created_error
+    # Kafka's rules: the request allows it, the service is configured for it, the caller may Create.
+    assert auto_create_wanted(True, True, True)
+    assert not auto_create_wanted(False, True, True)
+    assert not auto_create_wanted(True, False, True)
+    assert not auto_create_wanted(True, True, False)
+    # Created (by this request or a concurrent one): not served yet, the client asks again.
+    assert auto_created_error(ErrorCode.NONE) == ErrorCode.LEADER_NOT_AVAILABLE
+    assert auto_created_error(ErrorCode.TOPIC_ALREADY_EXISTS) == ErrorCode.LEADER_NOT_AVAILABLE
+    for code in (ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.INVALID_REPLICATION_FACTOR, ErrorCode.POLICY_VIOLATION):
+        assert auto_created_error(code) == code

@@ -319,3 +319,63 @@ def test_api_misuse(core):
         make(core, isolation_level="serializable")
     with pytest.raises(ValueError):
         make(core, auto_offset_reset="sometimes")
+
+
+def _warnings(caplog, *words):
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and all(w in r.getMessage() for w in words)]
+
+
+def test_an_empty_poll_warns_what_it_waits_for_rate_limited(core, caplog):
+    # A poll that gets nothing because the partition's leader is down says so at WARNING:
+    # once the wait lasted 1 s, then at most every 10 s (virtual time: no real waiting).
+    log = PartitionLog()
+    log.append([b"a"])
+    FakeLeader(core, "l:1", {("t", 0): log})
+    core.down.add("l:1")
+    core.retry_backoff_ms, core.retry_backoff_max_ms = 200, 1000  # few waits per 1 s poll
+    caplog.set_level("WARNING", logger="exactly.consumer")
+    c = make(core, auto_offset_reset="earliest")
+    c.assign([A])
+    start = core.clock.now_s()
+    while core.clock.now_s() - start < 25:
+        assert c.poll(1.0) == []
+    warned = _warnings(caplog, "t-0", "LeaderNotAvailableError")  # the fake lists no leader while down
+    assert len(warned) == 3, [r.getMessage() for r in caplog.records]  # about 1 s, 11 s and 21 s in
+    core.down.clear()
+    caplog.clear()
+    got = []
+    for _ in range(5):  # the partition's backoff (up to retry.backoff.max.ms) ends first
+        got += c.poll(1.0)
+    assert [r.value for r in got] == [b"a"]
+    for _ in range(3):
+        c.poll(1.0)
+    assert _warnings(caplog) == []  # an empty poll for want of records is no problem
+
+
+def test_an_empty_poll_warns_about_an_unknown_subscribed_topic(core, caplog):
+    FakeLeader(core, "l:1", {("t", 0): PartitionLog()})
+    coord = FakeGroupCoordinator(core)
+    coord.assignment = []
+    caplog.set_level("WARNING", logger="exactly.consumer")
+    c = make(core, group_id="g")
+    c.subscribe(["invoices"])
+    for _ in range(3):
+        assert c.poll(1.0) == []
+    warned = _warnings(caplog, "'invoices'", "does not know")
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_an_empty_poll_warns_when_no_service_answers(core, caplog):
+    caplog.set_level("WARNING", logger="exactly.consumer")
+    core.metadata_error = errors.NetworkException("UNAVAILABLE: failed to connect to all addresses")
+
+    def no_metadata(topics=None, refresh=False):
+        raise core.metadata_error
+
+    core.metadata_nowait = no_metadata
+    c = make(core, auto_offset_reset="earliest")
+    c.assign([A])
+    for _ in range(3):
+        assert c.poll(1.0) == []
+    assert len(_warnings(caplog, "no service of bootstrap.servers", "failed to connect")) == 1

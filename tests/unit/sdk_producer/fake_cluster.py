@@ -37,6 +37,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         self.produce_requests: list[pb.ProduceRequest] = []
         self.add_partitions_requests: list[pb.AddPartitionsToTxnRequest] = []
         self.init_requests: list[pb.InitProducerIdRequest] = []
+        self.metadata_requests: list[pb.MetadataRequest] = []
         self.calls: collections.Counter = collections.Counter()
         # Fault injection: codes returned (once each) before normal handling.
         self.produce_faults: collections.deque = collections.deque()  # (topic, partition, code, write_anyway)
@@ -69,6 +70,7 @@ class FakeCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
     def Metadata(self, request, context):
         self.calls["Metadata"] += 1
         with self.lock:
+            self.metadata_requests.append(request)
             names = list(request.topics) or sorted(self.topics)
             topics = []
             for n in names:

@@ -160,6 +160,43 @@ def test_unknown_topic_and_partition(make):
         p.send("u", b"v", partition=5)
 
 
+def test_send_to_an_unknown_topic_asks_for_its_creation_and_warns_while_it_waits(fc, make, caplog):
+    # A send() waiting max.block.ms for a topic the cluster does not know is not silent: a
+    # WARNING once the wait lasted 1 s, then one every 10 s, naming the topic and what to do;
+    # each request naming the topic asks for its creation (auto.create.topics.enable).
+    clock = FakeClock(grace_s=5)
+    p = make(clock, **{"max.block.ms": 25000, "retry.backoff.max.ms": 1000})
+    caplog.set_level("WARNING", logger="exactly.producer")
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        p.send("nope", b"v")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "'nope'" in r.getMessage()]
+    assert len(warned) == 3, warned  # at about 1 s, 11 s and 21 s of the 25 s
+    assert "auto.create.topics.enable" in warned[0] and "UnknownTopicOrPartitionError" in warned[0]
+    named = [r for r in fc.metadata_requests if list(r.topics) == ["nope"]]
+    assert named and all(r.allow_auto_topic_creation for r in named)
+    caplog.clear()
+    p.send("t", b"known", partition=0).result(5)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_run_in_transaction_does_not_retry_an_unknown_topic(make):
+    # send() already waited max.block.ms for the topic: the transaction is aborted and the
+    # error raised after one attempt, not after `attempts` waits of max.block.ms.
+    clock = FakeClock(grace_s=5)
+    p = make(clock, **{"transactional.id": "tx-unknown", "max.block.ms": 1000})
+    p.init_transactions(5)
+    attempts = []
+
+    def copy(producer):
+        attempts.append(clock.now_s())
+        producer.send("nope", b"v")
+
+    start = clock.now_s()
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        p.run_in_transaction(copy, attempts=5)
+    assert len(attempts) == 1 and clock.now_s() - start < 4.0
+
+
 def test_message_too_large_is_rejected_at_send(make):
     p = make(**{"max.request.size": 1000})
     with pytest.raises(errors.MessageTooLargeError):
