@@ -24,7 +24,7 @@ from typing import Any, Callable, Generator, Iterable, TypeVar
 import grpc
 import tenacity
 
-from . import _fork, errors
+from . import _fork, _transport_check, errors
 from exactly_wire import keepalive
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
@@ -41,6 +41,14 @@ COORDINATOR_GROUP = 0
 COORDINATOR_TRANSACTION = 1
 # KIP-447 draft: the transaction coordinator of a consumer group (group-aware producers).
 COORDINATOR_TRANSACTION_GROUP = 2
+
+
+@dataclass(frozen=True)
+class TransportCheck:
+    """Effect of `CoreBase._metadata_flow`: probe `address` with plain sockets and
+    return why the transport fails (`exactly._transport_check`), or None."""
+
+    address: str
 
 
 def txn_coordinator_key(transactional_id: str, group_id: str | None) -> tuple[str, int]:
@@ -344,6 +352,7 @@ class CoreBase(abc.ABC):
         self._coordinators: dict[tuple[int, str], str] = {}
         self._rr = itertools.count()
         self._closed = False
+        self._transport_checked = False  # see _metadata_flow
         self.created_in_pid = os.getpid()  # a forked child must not use this client (_fork)
 
     def cached_metadata(self) -> Metadata | None:
@@ -399,10 +408,14 @@ class CoreBase(abc.ABC):
         addrs = self._known_addresses()
         return addrs[next(self._rr) % len(addrs)]
 
-    def _metadata_flow(self) -> Generator[tuple[Callable, pb.MetadataRequest], Any, Metadata]:
+    def _metadata_flow(self) -> Generator[Any, Any, Metadata]:
         """Fetch metadata, asking the known addresses in turn until one answers:
         yields (stub method, request) pairs for `call`; raises the last retriable
-        error when none answers, a non-retriable one at once."""
+        error when none answers, a non-retriable one at once. When no metadata was ever
+        fetched and the failure points at the transport ("Socket closed", a TLS
+        handshake), it yields a `TransportCheck` of the first address once per client
+        (`exactly._transport_check`) and raises errors.ConnectionSetupError saying what
+        the service expected, if that is the cause."""
         last: errors.ExactlyError | None = None
         addrs = self._known_addresses()
         start = next(self._rr)
@@ -415,6 +428,13 @@ class CoreBase(abc.ABC):
                     raise
                 last = exc
         assert last is not None
+        if self._metadata is None and not self._transport_checked and isinstance(last, errors.NetworkException) \
+                and _transport_check.suspect(str(last)):
+            self._transport_checked = True
+            address = addrs[start % len(addrs)]
+            why = yield TransportCheck(address)
+            if why:
+                raise errors.ConnectionSetupError(f"{last}: {why}") from last
         raise last
 
     def _retry_policy(self, timeout_s: float | None, on_retry: Callable[[BaseException], None] | None,
@@ -477,6 +497,13 @@ class CoreBase(abc.ABC):
                 raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
             raise errors.LeaderNotAvailableError(f"no leader for {topic}-{partition}")
         return addr
+
+    def check_transport(self, address: str) -> str | None:
+        """Why connections to `address` fail at the transport with this client's security
+        settings, or None (blocking: a few plain-socket connections, each bounded by
+        request.timeout.ms, at most 5 s)."""
+        facts = _transport_check.probe(address, self.security, min(self.request_timeout_s, 5.0))
+        return _transport_check.explain(facts, self.security, address)
 
     def named_request(self, topic: str) -> pb.MetadataRequest:
         """A Metadata request naming `topic`, allowing its creation when this client is a
@@ -661,7 +688,12 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ metadata
 
     def _fetch_metadata(self) -> Metadata:
-        return run_flow(self._metadata_flow(), lambda request: self.call(*request))
+        return run_flow(self._metadata_flow(), self._perform_metadata)
+
+    def _perform_metadata(self, effect: Any) -> Any:
+        if isinstance(effect, TransportCheck):
+            return self.check_transport(effect.address)
+        return self.call(*effect)
 
     def metadata(self, topics: Iterable[str] | None = None, refresh: bool = False) -> Metadata:
         """The cached cluster metadata, fetched again when `refresh`, older than

@@ -713,6 +713,18 @@ class KafkaTimeoutError(RequestTimedOutError):
     commit_transaction may be retried, Kafka's Producer javadoc)."""
 
 
+class ConnectionSetupError(NetworkException):
+    """The connection to a service could not be set up as the client is configured: the
+    service expects something else — TLS or no TLS, a client certificate, a CA that signed
+    its certificate, gRPC rather than the Kafka protocol —, and the message says what and
+    which setting to change. Not retriable (another try fails the same way): fatal, as
+    Kafka's SslAuthenticationException."""
+
+    retriable: ClassVar[bool] = False
+    fatal: ClassVar[bool] = True
+    txn_requires_abort: ClassVar[bool] = False
+
+
 class IllegalStateError(InvalidTxnStateError):
     """An SDK method was called in a state that does not allow it (e.g.
     commit_transaction without begin_transaction, or a call on a closed client).
@@ -765,4 +777,5 @@ def check(code: int, message: str | None = None) -> None:
 
 
 __all__ = ["ErrorCode", "ExactlyError", "KafkaTimeoutError", "IllegalStateError", "TransactionAbortedError",
+           "ConnectionSetupError",
            "ConfigurationError", "for_code", "check"] + [c.__name__ for c in _BY_CODE.values()]

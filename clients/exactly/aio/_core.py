@@ -23,8 +23,8 @@ import tenacity
 
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
-from exactly._client import (CoreBase, Metadata, bounded_s, call_deadline, channel_options, outcome_of_retries,
-                             remaining_s, translate_rpc_error)
+from exactly._client import (CoreBase, Metadata, TransportCheck, bounded_s, call_deadline, channel_options,
+                             outcome_of_retries, remaining_s, translate_rpc_error)
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -124,8 +124,13 @@ class AIOClientCore(CoreBase):
     # ------------------------------------------------------------ metadata
 
     async def _fetch_metadata(self) -> Metadata:
-        self._metadata = await run_flow_async(self._metadata_flow(), lambda request: self.call(*request))
+        self._metadata = await run_flow_async(self._metadata_flow(), self._perform_metadata)
         return self._metadata
+
+    def _perform_metadata(self, effect: Any) -> Awaitable[Any]:
+        if isinstance(effect, TransportCheck):  # plain blocking sockets: off the event loop
+            return asyncio.to_thread(self.check_transport, effect.address)
+        return self.call(*effect)
 
     def _refresh(self) -> asyncio.Task:
         task = self._metadata_task
