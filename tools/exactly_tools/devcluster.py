@@ -1,18 +1,25 @@
 """`exactly-dev`: a development cluster of real processes on 127.0.0.1.
 
-    exactly-dev up --dir DIR [--partition-leaders 3] [--txn-coordinators 1]
+    exactly-dev up [--dir DIR] [--partition-leaders 3] [--txn-coordinators 1]
                    [--group-coordinators 1] [--replication-factor 1]
-                   [--zookeeper HOST:PORT] [--set key=value ...] [--security] [--postgres]
-    exactly-dev restart --dir DIR NAME      start a stopped or killed service again
-    exactly-dev kill --dir DIR NAME [--signal KILL|TERM|STOP|CONT]
-    exactly-dev status --dir DIR
-    exactly-dev down --dir DIR
+                   [--zookeeper HOST:PORT] [--set key=value ...] [--security] [--postgres] [--json]
+    exactly-dev env [--dir DIR]             export EXACTLY_BOOTSTRAP_SERVER=... (for eval)
+    exactly-dev restart [--dir DIR] NAME    start a stopped or killed service again
+    exactly-dev kill [--dir DIR] NAME [--signal KILL|TERM|STOP|CONT]
+    exactly-dev status [--dir DIR]
+    exactly-dev down [--dir DIR]
 
-`up` starts a ZooKeeper server (unless --zookeeper) and the services as background
-processes, waits until each serves (gRPC health SERVING), and writes DIR/cluster.json:
+DIR defaults to $EXACTLY_DEV_DIR, else .run/dev (exactly_tools.devfiles), where the
+`exactly` command line finds the cluster by itself. `up` starts a ZooKeeper server
+(unless --zookeeper) and the services as background processes, saying on stderr what it
+starts and when each serves (gRPC health SERVING), and writes DIR/cluster.json:
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
 "metrics_address"}], "clients": [{"name", "pid"}]} (clients: processes run against the
-cluster and registered with DevCluster.track, which `down` stops first); every service
+cluster and registered with DevCluster.track, which `down` stops first; printed with
+--json) and DIR/client.properties (bootstrap.servers and, with --security, the admin's TLS
+settings: for `exactly --command-config` and the SDK), DIR/kafka-client.properties (the
+same for Kafka clients, on the Kafka port) and, with --security, DIR/sasl-client.properties
+(SASL_SSL with a client certificate, a user's name and password to add); every service
 serves Prometheus /metrics on its own port (`--set metrics.port=P`), at
 http://<metrics_address>/metrics. With --postgres a
 PostgreSQL server runs too (a private data directory, a free port; as the `postgres`
@@ -37,7 +44,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -46,8 +53,11 @@ from exactly_wire.config import ConfigurationError
 from exactly_wire.security import TransportSecurity, secure_channel
 from services.common.settings import settings_by_role
 
+from . import devfiles
 from .certs import write_private
 from .ports import free_port
+
+Progress = Callable[[str], None]
 
 ROLES = {"pl": "partition_leader", "txn": "txn_coordinator", "group": "group_coordinator"}
 ZOOKEEPER_CLASSPATH = ["/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar",
@@ -213,7 +223,8 @@ class DevCluster:
         d = pathlib.Path(dir)
         path = d / "cluster.json"
         if not path.exists():
-            raise DevClusterError(f"no cluster at {d} (missing cluster.json)")
+            raise DevClusterError(f"no cluster at {d} (missing cluster.json): start one with 'exactly-dev up' "
+                                  f"(--dir DIR, or ${devfiles.DEV_DIR_ENV}, for another directory)")
         body = json.loads(path.read_text())
         services = {}
         for s in body["services"]:
@@ -331,7 +342,8 @@ class DevCluster:
         self._procs[svc.name] = proc
         svc.pid = proc.pid
 
-    def _await(self, names: list[str], timeout_s: float) -> None:
+    def _await(self, names: list[str], timeout_s: float, progress: Progress | None = None) -> None:
+        started = time.monotonic()
         for name in names:
             svc = self.services[name]
             deadline = time.monotonic() + timeout_s
@@ -340,26 +352,42 @@ class DevCluster:
                     raise DevClusterError(f"{name} exited during start-up; see {self.dir / 'logs' / (name + '.log')}")
                 if time.monotonic() > deadline:
                     raise DevClusterError(f"{name} did not serve within {timeout_s:.0f} s")
+            if progress is not None:
+                progress(f"  {name} serving on {svc.address} (Kafka port {svc.kafka_port}) after "
+                         f"{time.monotonic() - started:.1f} s")
 
     def up(self, partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
-           zookeeper: str | None = None, timeout_s: float = 60.0, postgres: bool = False) -> None:
+           zookeeper: str | None = None, timeout_s: float = 60.0, postgres: bool = False,
+           progress: Progress | None = None) -> None:
         """Start ZooKeeper (unless given) and the services; wait until all serve.
-        postgres: also a PostgreSQL server (start_postgres()).
+        postgres: also a PostgreSQL server (start_postgres()). `progress(line)` is told
+        each step as it starts and ends (`exactly-dev up` prints them on stderr).
+        Writes cluster.json and the client property files (`write_client_properties`).
         Raises ConfigurationError for a wrong setting before anything starts."""
+        say = progress or (lambda line: None)
         settings_by_role({**DEV_DEFAULTS, **self.props})
         _mkdir_private(self.dir)
         _mkdir_private(self.dir / "logs")
         if zookeeper:
             self.zookeeper = zookeeper
         else:
+            started = time.monotonic()
+            say("Starting ZooKeeper ...")
             self.start_zookeeper()
+            say(f"  ZooKeeper serving on {self.zookeeper} after {time.monotonic() - started:.1f} s")
         self.props = {**DEV_DEFAULTS, **self.props}
         if postgres:
+            say("Starting PostgreSQL ...")
             self.start_postgres(timeout_s)
+            say(f"  PostgreSQL serving: {self.postgres_dsn}")
         if self.security:
+            say(f"Making a CA and certificates in {self.dir / 'certs'} ...")
             self._make_certificates(partition_leaders, txn_coordinators, group_coordinators)
-        groups = [("pl", partition_leaders), ("txn", txn_coordinators), ("group", group_coordinators)]
-        for prefix, count in groups:
+        groups = [("pl", partition_leaders, "partition leader"), ("txn", txn_coordinators, "transaction coordinator"),
+                  ("group", group_coordinators, "group coordinator")]
+        for prefix, count, what in groups:
+            if not count:
+                continue
             names = []
             for i in range(count):
                 svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port(), metrics_port=free_port(),
@@ -368,8 +396,46 @@ class DevCluster:
                 self._spawn(svc)
                 names.append(svc.name)
             self.save()
-            self._await(names, timeout_s)
+            say(f"Starting {count} {what}{'s' if count > 1 else ''} ({', '.join(names)}) ...")
+            self._await(names, timeout_s, progress)
         self.save()
+        self.write_client_properties()
+
+    # ------------------------------------------------------------ client settings
+    @property
+    def client_properties(self) -> pathlib.Path:
+        """DIR/client.properties: bootstrap.servers and the admin's security settings,
+        for `exactly --command-config` and the SDK (devfiles.CLIENT_PROPERTIES)."""
+        return self.dir / devfiles.CLIENT_PROPERTIES
+
+    def write_client_properties(self) -> None:
+        """Write the client property files of the cluster (mode 0600): client.properties
+        (the SDK and `exactly`: the gRPC ports; with security, TLS with the CA and the
+        admin's certificate, User:admin), kafka-client.properties (the same keys for
+        Kafka clients, on the Kafka ports) and, with security, sasl-client.properties
+        (SASL_SSL with SCRAM-SHA-512: the CA and a client certificate, which the gRPC
+        port requires of every connection; sasl.username and sasl.password to add)."""
+        secured = "secured dev cluster: TLS with client certificates (ssl.client.auth=required), ACLs"
+        files = {devfiles.CLIENT_PROPERTIES: ("the SDK and `exactly --command-config` (gRPC ports)"
+                                              + ("; User:admin, a super user" if self.security else ""),
+                                              {"bootstrap.servers": self.bootstrap_servers, **self.client_config}),
+                 devfiles.KAFKA_CLIENT_PROPERTIES: ("Kafka clients (librdkafka, kcat -F, the Java client): the "
+                                                    "Kafka ports" + ("; User:admin" if self.security else ""),
+                                                    {"bootstrap.servers": self.kafka_bootstrap_servers,
+                                                     **self.client_config})}
+        if self.security:
+            certs = (self.dir / "certs").resolve()
+            files["sasl-client.properties"] = (
+                "the SDK as a SASL user (gRPC ports): add sasl.username and sasl.password of a user made with "
+                "`exactly users add NAME`; the gRPC port also requires a certificate of the cluster's CA "
+                "(sasl-client.pem, no ACLs of its own: the principal is the SASL user)",
+                {"bootstrap.servers": self.bootstrap_servers, "security.protocol": "SASL_SSL",
+                 "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": str(certs / "ca.pem"),
+                 "ssl.certificate.location": str(certs / "sasl-client.pem"),
+                 "ssl.key.location": str(certs / "sasl-client.key")})
+        for name, (comment, props) in files.items():
+            header = f"# Written by exactly-dev up for {comment}.\n" + (f"# A {secured}.\n" if self.security else "")
+            write_private(self.dir / name, (header + "".join(f"{k}={v}\n" for k, v in props.items())).encode())
 
     def _make_certificates(self, *counts: int) -> None:
         """A CA, a certificate per service (its node id as common name, valid for
@@ -378,11 +444,13 @@ class DevCluster:
         from theirs), the ACL authorizer on, the services and User:admin super
         users."""
         from .certs import CertificateAuthority
-        ca = CertificateAuthority.create(self.dir / "certs")
+        # Absolute paths: the settings files are read from any directory.
+        ca = CertificateAuthority.create((self.dir / "certs").resolve())
         for prefix, count in zip(("pl", "txn", "group"), counts):
             for i in range(count):
                 ca.issue(f"{prefix}-{i}", hosts=["127.0.0.1", "localhost"])
         admin = ca.issue("admin", client=True)
+        ca.issue("sasl-client", client=True)  # the certificate of sasl-client.properties
         services = [f"User:{p}-{i}" for p, n in zip(("pl", "txn", "group"), counts) for i in range(n)]
         self.props = {"authorizer": "acl", "super.users": ";".join(["User:admin", *services]),
                       **self.props, "security.protocol": "SSL", "ssl.ca.location": str(ca.ca_path),
@@ -499,11 +567,56 @@ def _parse_props(items: list[str]) -> dict[str, str]:
     return out
 
 
+EXAMPLES = {
+    "up": "exactly-dev up                       # 3 partition leaders, 1 + 1 coordinators in .run/dev\n"
+          "  exactly-dev up --security --dir .run/secure\n"
+          "  exactly-dev up --set auto.create.topics.enable=false --postgres",
+    "env": 'eval "$(exactly-dev env)"            # sets EXACTLY_BOOTSTRAP_SERVER for the SDK examples',
+    "status": "exactly-dev status",
+    "kill": "exactly-dev kill txn-0 --signal KILL",
+    "restart": "exactly-dev restart txn-0",
+    "down": "exactly-dev down",
+}
+
+
+def summary(cluster: DevCluster) -> str:
+    """What `exactly-dev up` prints once the cluster serves: where it is, how to reach it."""
+    roles = [s.role for s in cluster.services.values()]
+    lines = [f"Dev cluster serving in {cluster.dir}: {roles.count('partition_leader')} partition leaders, "
+             f"{roles.count('txn_coordinator')} transaction coordinator(s), {roles.count('group_coordinator')} "
+             "group coordinator(s).",
+             f"  SDK and `exactly` (gRPC):  {cluster.bootstrap_servers}",
+             f"  Kafka clients:             {cluster.kafka_bootstrap_servers}",
+             f"  client settings:           {cluster.client_properties} (and kafka-client.properties"
+             + (", sasl-client.properties)" if cluster.security else ")")]
+    if cluster.postgres_dsn:
+        lines.append(f"  PostgreSQL:                {cluster.postgres_dsn}")
+    if cluster.security:
+        lines.append(f"  secured: use --command-config {cluster.client_properties} (User:admin)")
+    lines.append(f"  logs:                      {cluster.dir / 'logs'}")
+    if cluster.dir.resolve() == devfiles.default_dir().resolve():
+        lines.append("The `exactly` command finds this cluster by itself; for the SDK examples:")
+    else:
+        lines.append(f"`exactly` finds it with {devfiles.DEV_DIR_ENV}={cluster.dir}; for the SDK examples:")
+    lines.append(f"  export {devfiles.BOOTSTRAP_ENV}={cluster.bootstrap_servers}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="exactly-dev", description="Run an Exactly development cluster.")
+    parser = argparse.ArgumentParser(prog="exactly-dev", description="Run an Exactly development cluster.",
+                                     epilog="Examples:\n  exactly-dev up\n  exactly-dev status\n  exactly-dev down",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start ZooKeeper and the services")
-    up.add_argument("--dir", required=True, type=pathlib.Path)
+
+    def command(name: str, helptext: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=helptext, description=helptext, epilog="Example:\n  " + EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--dir", type=pathlib.Path, default=devfiles.default_dir(),
+                       help=f"the cluster's directory (default ${devfiles.DEV_DIR_ENV}, else "
+                            f"{devfiles.DEFAULT_DEV_DIR}; now {devfiles.default_dir()})")
+        return p
+
+    up = command("up", "start ZooKeeper and the services")
     up.add_argument("--partition-leaders", type=int, default=3)
     up.add_argument("--txn-coordinators", type=int, default=1)
     up.add_argument("--group-coordinators", type=int, default=1)
@@ -515,20 +628,21 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--fresh", action="store_true", help="delete DIR first")
     up.add_argument("--security", action="store_true",
                     help="TLS with client certificates on every listener (a CA and certificates under DIR/certs); "
-                         "cluster.json's client_config holds the admin's SDK settings")
+                         "DIR/client.properties holds the admin's settings for exactly --command-config and the SDK")
     up.add_argument("--postgres", action="store_true",
                     help="also a PostgreSQL server (private data directory, free port) for exactly.postgres; "
                          "its DSN is cluster.json's postgres.dsn")
+    up.add_argument("--json", action="store_true",
+                    help="print cluster.json on stdout when the cluster serves (progress stays on stderr)")
+    command("env", "print `export EXACTLY_BOOTSTRAP_SERVER=...` for the cluster (eval \"$(exactly-dev env)\")")
     for name, helptext in (("restart", "start a stopped or killed service again"),
                            ("kill", "send a signal to a service")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--dir", required=True, type=pathlib.Path)
+        p = command(name, helptext)
         p.add_argument("name")
         if name == "kill":
             p.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
-    for name, helptext in (("down", "stop everything"), ("status", "show the services")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--dir", required=True, type=pathlib.Path)
+    command("down", "stop everything")
+    command("status", "show the services")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -541,18 +655,26 @@ def main(argv: list[str] | None = None) -> int:
                                           "run 'exactly-dev down' first")
             props = {**replication_props(args.replication_factor), **_parse_props(args.props)}
             cluster = DevCluster(args.dir, props=props, security=args.security)
+            started = time.monotonic()
             cluster.up(args.partition_leaders, args.txn_coordinators, args.group_coordinators, args.zookeeper,
-                       postgres=args.postgres)
-            print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
+                       postgres=args.postgres, progress=lambda line: print(line, file=sys.stderr, flush=True))
+            print(f"Up in {time.monotonic() - started:.1f} s.", file=sys.stderr)
+            if args.json:
+                print(json.dumps(json.loads(cluster.state_file.read_text()), indent=2))
+            else:
+                print(summary(cluster))
         else:
             cluster = DevCluster.load(args.dir)
-            if args.cmd == "restart":
+            if args.cmd == "env":
+                print(f"export {devfiles.BOOTSTRAP_ENV}={cluster.bootstrap_servers}")
+            elif args.cmd == "restart":
                 cluster.restart(args.name)
                 print(f"{args.name} serving, pid {cluster.services[args.name].pid}")
             elif args.cmd == "kill":
                 cluster.signal(args.name, getattr(signal, "SIG" + args.signal))
             elif args.cmd == "down":
                 cluster.down()
+                print(f"Dev cluster in {args.dir} stopped.", file=sys.stderr)
             elif args.cmd == "status":
                 for s in cluster.services.values():
                     state = "running" if pid_alive(s.pid) else "stopped"

@@ -44,6 +44,10 @@ def test_every_command_has_help(path):
     if path[0] != "dump-log":
         assert "--bootstrap-server" in res.output and "--command-config" in res.output
     assert "--json" in res.output
+    # ... with an example of the command itself, kept line by line.
+    examples = res.output.split("Examples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith("  ") for line in examples), res.output
+    assert any(f"exactly {' '.join(path)}" in line for line in examples), res.output
 
 
 def test_describe_batch_data_and_marker():

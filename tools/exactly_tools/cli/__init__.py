@@ -26,6 +26,7 @@ from exactly_wire import DISTRIBUTION
 from .common import debug, fail
 from .clients import consume, produce
 from .dumplog import dump_log
+from .examples import add_examples
 from .groups import groups
 from .perf import perf
 from .quotas import quotas
@@ -44,6 +45,7 @@ def cli() -> None:
 
 for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users, quotas):
     cli.add_command(command)
+add_examples(cli)
 
 
 def _describe(exc: BaseException) -> str:

@@ -52,7 +52,9 @@ def _check_topic(topic: str) -> list[int]:
 @connection_options
 def produce(topic: str | None, topic_option: str | None, key_separator: str | None, headers: tuple[str, ...],
             transactional_id: str | None, partition: int | None, acks: str, props: tuple[str, ...]) -> None:
-    """Send the lines of stdin to TOPIC (or --topic TOPIC), one record per line (UTF-8)."""
+    """Send the lines of stdin to TOPIC (or --topic TOPIC), one record per line (UTF-8).
+    From a terminal it prompts with '>' for each line, as kafka-console-producer; Ctrl-D
+    ends the input, and so does Ctrl-C (a transaction is then aborted, not committed)."""
     topic = _one_topic(topic, topic_option)
     parts = _check_topic(topic)
     if partition is not None and partition not in parts:
@@ -67,12 +69,19 @@ def produce(topic: str | None, topic_option: str | None, key_separator: str | No
         if transactional_id:
             producer.init_transactions()
             producer.begin_transaction()
-        for line in sys.stdin:
-            line = line.rstrip("\n")
-            key = None
-            if key_separator is not None and key_separator in line:
-                key, line = line.split(key_separator, 1)
-            futures.append(producer.send(topic, value=line, key=key, partition=partition, headers=hdrs or None))
+        try:
+            for line in _input_lines(sys.stdin):
+                line = line.rstrip("\n")
+                key = None
+                if key_separator is not None and key_separator in line:
+                    key, line = line.split(key_separator, 1)
+                futures.append(producer.send(topic, value=line, key=key, partition=partition,
+                                             headers=hdrs or None))
+        except KeyboardInterrupt:
+            if transactional_id:
+                raise click.ClickException(f"interrupted: the transaction of {transactional_id} was aborted, "
+                                           f"none of its {len(futures)} records committed") from None
+            progress("")  # Ctrl-C ends the input: what was sent is delivered
         if transactional_id:
             producer.commit_transaction()
         producer.flush()
@@ -92,6 +101,21 @@ def produce(topic: str | None, topic_option: str | None, key_separator: str | No
     else:
         progress(f"Produced {len(metas)} records to {topic}"
                  + (f" in a transaction of {transactional_id}" if transactional_id else "") + ".")
+
+
+def _input_lines(stream):
+    """The lines of `stream`; from a terminal each is prompted for with '>' on stderr
+    (kafka-console-producer's prompt)."""
+    interactive = stream.isatty()
+    while True:
+        if interactive:
+            click.echo(">", nl=False, err=True)
+        line = stream.readline()
+        if not line:
+            if interactive:
+                click.echo("", err=True)
+            return
+        yield line
 
 
 def _text(value: bytes | None) -> str | None:
@@ -123,7 +147,9 @@ def consume(topic: str | None, topic_option: str | None, from_beginning: bool, g
             isolation_level: str, max_records: int | None, timeout_ms: int | None, fmt: str, print_key: bool,
             partition: int | None, props: tuple[str, ...]) -> None:
     """Print the records of TOPIC (or --topic TOPIC) until --max-records, --timeout-ms
-    or Ctrl-C."""
+    or Ctrl-C, then "Processed a total of N records." on stderr (as kafka-console-consumer):
+    --max-records N with fewer records ends once none arrived for --timeout-ms; Ctrl-C is a
+    normal stop (exit 0)."""
     topic = _one_topic(topic, topic_option)
     parts = _check_topic(topic)
     if options().as_json:
@@ -164,7 +190,8 @@ def consume(topic: str | None, topic_option: str | None, from_beginning: bool, g
             seen += len(batch)
             if group:
                 consumer.commit()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C: a normal stop (the count below)
     finally:
         consumer.close()
-    if fmt != "json":
-        progress(f"Processed a total of {seen} records.")
+    progress(f"Processed a total of {seen} records.")  # stderr, with --json too

@@ -14,6 +14,8 @@ import jproperties
 
 from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema, keys
 
+from .. import devfiles
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9093"
 # A command line should answer quickly when the cluster is not there.
 DEFAULT_REQUEST_TIMEOUT_MS = "10000"
@@ -24,11 +26,18 @@ class CliError(click.ClickException):
     """A failure reported as one line on stderr with exit code 1."""
 
 
+def default_bootstrap() -> str:
+    """--bootstrap-server when not given (nor $EXACTLY_BOOTSTRAP_SERVER): the dev cluster's
+    in $EXACTLY_DEV_DIR or .run/dev (its cluster.json), else 127.0.0.1:9093 (the Helm
+    chart's gRPC port)."""
+    return devfiles.cluster_bootstrap() or DEFAULT_BOOTSTRAP
+
+
 @dataclass
 class Options:
     """The connection and output flags of one invocation."""
 
-    bootstrap_server: str = DEFAULT_BOOTSTRAP
+    bootstrap_server: str = field(default_factory=default_bootstrap)
     command_config: dict[str, str] = field(default_factory=dict)
     as_json: bool = False
 
@@ -63,8 +72,12 @@ def read_command_config(path: str) -> dict[str, str]:
 
 
 def _set_bootstrap(ctx: click.Context, _param, value):
+    """--bootstrap-server, else $EXACTLY_BOOTSTRAP_SERVER unless --command-config (read
+    first: it is eager) names bootstrap.servers."""
     if value is not None:
-        ctx.ensure_object(Options).bootstrap_server = value
+        opts = ctx.ensure_object(Options)
+        if _given(ctx, "bootstrap_server") or "bootstrap.servers" not in opts.command_config:
+            opts.bootstrap_server = value
     return value
 
 
@@ -91,7 +104,8 @@ def _given(ctx: click.Context, name: str) -> bool:
 def connection_options(fn: Callable) -> Callable:
     """--bootstrap-server, --command-config and --json on a subcommand (Kafka's tools
     take them on every command). The bootstrap default is $EXACTLY_BOOTSTRAP_SERVER,
-    else 127.0.0.1:9093."""
+    else bootstrap.servers of --command-config, else the dev cluster in $EXACTLY_DEV_DIR or
+    .run/dev, else 127.0.0.1:9093."""
     fn = click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_set_json,
                       help="Machine-readable JSON on stdout.")(fn)
     fn = click.option("--command-config", type=str, metavar="FILE", expose_value=False, is_eager=True,
@@ -99,8 +113,9 @@ def connection_options(fn: Callable) -> Callable:
                       help="Java properties file of client keys (request.timeout.ms, client.id, ...).")(fn)
     fn = click.option("--bootstrap-server", type=str, metavar="HOST:PORT[,...]", expose_value=False,
                       envvar="EXACTLY_BOOTSTRAP_SERVER", callback=_set_bootstrap,
-                      help="Any service address of the cluster (default $EXACTLY_BOOTSTRAP_SERVER or "
-                           "127.0.0.1:9093).")(fn)
+                      help="Any service address of the cluster (default $EXACTLY_BOOTSTRAP_SERVER, else "
+                           "bootstrap.servers of --command-config, else the dev cluster in $EXACTLY_DEV_DIR or "
+                           ".run/dev, else 127.0.0.1:9093).")(fn)
     return fn
 
 
