@@ -126,11 +126,9 @@ class ClusterServicer(pbg.ClusterServicer):
         if not topic_admin.auto_create_wanted(True, settings.auto_create_topics_enable, may_create):
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         principal = _owner(current_principal.get())
-        if (over := self._partition_quota_refusal(principal, settings.num_partitions)) is not None:
-            log.info("topic %r not created automatically: %s", name, over)
-            return ErrorCode.POLICY_VIOLATION
         code, msg = await asyncio.to_thread(self.cluster.create_topic, name, settings.num_partitions,
-                                            settings.default_replication_factor, {}, False, principal)
+                                            settings.default_replication_factor, {}, False, principal,
+                                            self._partition_quota(principal))
         if code == ErrorCode.NONE:
             log.info("created topic %r automatically (%d partitions, replication factor %d; "
                      "auto.create.topics.enable)", name, settings.num_partitions,

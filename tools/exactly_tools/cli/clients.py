@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import sys
+import threading
 import time
 
 import click
@@ -160,6 +162,10 @@ def consume(topic: str | None, topic_option: str | None, from_beginning: bool, g
                       "enable.auto.commit": "false"})
     consumer = Consumer(options().conf("consumer", extra))
     seen = 0
+    # Ctrl-C is a normal stop: the loop ends after the poll in progress (at most 0.2 s), so
+    # the count covers every record printed.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         if group:
             consumer.subscribe([topic])
@@ -171,7 +177,7 @@ def consume(topic: str | None, topic_option: str | None, from_beginning: bool, g
             consumer.assign(tps)
             (consumer.seek_to_beginning if from_beginning else consumer.seek_to_end)(tps)
         idle_since = time.monotonic()
-        while max_records is None or seen < max_records:
+        while (max_records is None or seen < max_records) and not stop.is_set():
             batch = consumer.poll(0.2, max_records=None if max_records is None else max_records - seen)
             if not batch:
                 if timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
@@ -190,8 +196,7 @@ def consume(topic: str | None, topic_option: str | None, from_beginning: bool, g
             seen += len(batch)
             if group:
                 consumer.commit()
-    except KeyboardInterrupt:
-        pass  # Ctrl-C: a normal stop (the count below)
     finally:
+        signal.signal(signal.SIGINT, previous)
         consumer.close()
     progress(f"Processed a total of {seen} records.")  # stderr, with --json too
