@@ -582,9 +582,14 @@ EXAMPLES = {
 def summary(cluster: DevCluster) -> str:
     """What `exactly-dev up` prints once the cluster serves: where it is, how to reach it."""
     roles = [s.role for s in cluster.services.values()]
-    lines = [f"Dev cluster serving in {cluster.dir}: {roles.count('partition_leader')} partition leaders, "
-             f"{roles.count('txn_coordinator')} transaction coordinator(s), {roles.count('group_coordinator')} "
-             "group coordinator(s).",
+
+    def count(role: str, what: str) -> str:
+        n = roles.count(role)
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    lines = [f"Dev cluster serving in {cluster.dir}: {count('partition_leader', 'partition leader')}, "
+             f"{count('txn_coordinator', 'transaction coordinator')}, "
+             f"{count('group_coordinator', 'group coordinator')}.",
              f"  SDK and `exactly` (gRPC):  {cluster.bootstrap_servers}",
              f"  Kafka clients:             {cluster.kafka_bootstrap_servers}",
              f"  client settings:           {cluster.client_properties} (and kafka-client.properties"
