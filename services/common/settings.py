@@ -249,6 +249,11 @@ class ServiceSchema(SecuritySettings):
         "exactly.sasl.authentication.timeout.ms", 15000, "Kafka port: a connection that must authenticate "
         "with SASL (no client certificate where one is required) and has not within this many ms of its TLS "
         "handshake is closed, whatever it sends meanwhile.", MEDIUM, ge=100)
+    connections_max_reauth_ms: int = setting(
+        "connections.max.reauth.ms", 0, "Kafka port (KIP-368): a SASL session lasts this many ms; the client "
+        "re-authenticates on its connection before then, and a request after it closes the connection. 0: "
+        "sessions last as long as their connection (deleting a user or changing its password closes its "
+        "connections either way).", MEDIUM, ge=0)
     exactly_sasl_session_lifetime_ms: int = setting(
         "exactly.sasl.session.lifetime.ms", 3600000, "Lifetime in ms of the session token a gRPC client gets "
         "from its SASL exchange (it authenticates again before then).", LOW, ge=1000)

@@ -14,6 +14,11 @@ gRPC, SASL on the Kafka port, authorizer=acl): docs/design.md, "Security", "SASL
 - Guessing slows the guesser, not the owner: while 16 connections guess dave's password
   from another address as fast as they are answered, on both ports, and while others
   fail with made-up user names from dave's own address, dave logs in within 1 s.
+- Revocation: deleting a user or changing its password closes its Kafka-port
+  connections (a producer stops getting deliveries) and fails its SCRAM exchanges in
+  flight on both ports; with connections.max.reauth.ms (KIP-368) confluent-kafka
+  re-authenticates on its connection and keeps producing, and a connection that does
+  not is closed at its next request after the session ends.
 - SCRAM: the server first message does not tell unknown users from known ones (a salt
   and the default iteration count for both, RFC 5802 5.1); iteration counts outside
   Kafka's 4096..16384 are refused.
@@ -29,13 +34,13 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from exactly import NewTopic, errors
+from exactly import AclBinding, NewTopic, errors
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from clusters import admin_client, certificate_conf
+from clusters import admin_client, certificate_conf, new_chroot
 
 from waiting import wait_for
 
@@ -358,3 +363,143 @@ def test_before_authentication_requests_are_capped_and_must_authenticate_in_time
         conn.close()
     print("closed after " + ", ".join(f"{k}: {v if v is None else round(v, 1)} s" for k, v in closed.items()))
     assert all(v is not None and 10 < v < 25 for v in closed.values()), closed
+
+
+def _sasl_conf(sec, user: str, password: str = PASSWORD) -> dict:
+    """confluent-kafka settings of `user` on the Kafka port: SASL_SSL PLAIN, the CA only."""
+    return {"bootstrap.servers": sec.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
+            "ssl.ca.location": _ca(sec), "sasl.mechanisms": "PLAIN", "sasl.username": user,
+            "sasl.password": password}
+
+
+def _user_with_topic(sec, user: str) -> str:
+    """A new user allowed to write and describe a new topic; the topic's name."""
+    topic = f"{user}-{uuid.uuid4().hex[:6]}"
+    with admin_client(sec) as admin:
+        admin.alter_user_scram_credentials({user: PASSWORD})
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        admin.create_acls([AclBinding(f"User:{user}", "Topic", topic, "All")])
+    return topic
+
+
+def _authenticated(sec, user: str) -> RawKafka:
+    conn = RawKafka.connect(_kafka(sec), _ca(sec))
+    conn.send(request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}))
+    response(SASL_HANDSHAKE, 1, conn.frame())
+    conn.send(plain_authenticate(user, PASSWORD))
+    assert response(SASL_AUTHENTICATE, 1, conn.frame()).error_code.value == 0
+    return conn
+
+
+def test_deleting_a_user_or_changing_its_password_ends_its_sessions(sec):
+    """A producer of henry (confluent-kafka, Kafka port) gets no delivery once henry is
+    deleted (it kept producing); connections of ida and jack are closed when ida is
+    deleted and jack's password changes."""
+    from confluent_kafka import Producer
+    topic = _user_with_topic(sec, "henry")
+    with admin_client(sec) as admin:
+        admin.alter_user_scram_credentials({"ida": PASSWORD, "jack": PASSWORD})
+    ida, jack = _authenticated(sec, "ida"), _authenticated(sec, "jack")
+    delivered: list[float] = []
+    producer = Producer({**_sasl_conf(sec, "henry"), "message.timeout.ms": 5000, "linger.ms": 0,
+                         "reconnect.backoff.ms": 200})
+
+    def on_delivery(err, msg):
+        if err is None:
+            delivered.append(time.monotonic())
+
+    def produce_for(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            producer.produce(topic, b"x", partition=0, on_delivery=on_delivery)
+            producer.poll(0.1)
+    produce_for(2)
+    assert delivered, "henry could not produce before the deletion"
+    with admin_client(sec) as admin:
+        admin.alter_user_scram_credentials(deletions=["henry", "ida"])
+        admin.alter_user_scram_credentials({"jack": "a new password"})
+    revoked = time.monotonic()
+    produce_for(6)
+    producer.flush(10)
+    late = [t for t in delivered if t > revoked + 2]
+    closed = {"ida": ida.closed_within(10), "jack": jack.closed_within(10)}
+    ida.close()
+    jack.close()
+    print(f"henry: {len(delivered) - len(late)} deliveries, {len(late)} more than 2 s after the deletion; "
+          f"closed after the change: {closed}")
+    assert late == [], f"{len(late)} deliveries to henry after the deletion"
+    assert all(v is not None for v in closed.values()), closed
+
+
+def test_a_scram_exchange_begun_before_a_password_change_fails(sec):
+    """A SCRAM exchange that began before kate's password changed cannot complete with
+    the old password after it, on the Kafka port and on gRPC (it yielded a token good at
+    every service for an hour)."""
+    from scramp import ScramClient
+    with admin_client(sec) as admin:
+        admin.alter_user_scram_credentials({"kate": PASSWORD, "liam": PASSWORD})
+    client = ScramClient(["SCRAM-SHA-512"], "kate", PASSWORD)
+    with RawKafka.connect(_kafka(sec), _ca(sec)) as conn:
+        conn.send(request(SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-512"}))
+        response(SASL_HANDSHAKE, 1, conn.frame())
+        conn.send(request(SASL_AUTHENTICATE, 1, {"auth_bytes": client.get_client_first().encode()}))
+        client.set_server_first(response(SASL_AUTHENTICATE, 1, conn.frame()).auth_bytes.decode())
+        with admin_client(sec) as admin:
+            admin.alter_user_scram_credentials({"kate": "a new password"})
+        time.sleep(1)  # the services' watch delivers the change
+        conn.send(request(SASL_AUTHENTICATE, 1, {"auth_bytes": client.get_client_final().encode()}))
+        kafka_answer = response(SASL_AUTHENTICATE, 1, conn.frame())
+    security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+    client = ScramClient(["SCRAM-SHA-512"], "liam", PASSWORD)
+    with secure_channel(sec.services["pl-0"].address, security, []) as channel:
+        stub = pbg.ClusterStub(channel)
+        first = stub.SaslAuthenticate(pb.SaslAuthenticateRequest(
+            mechanism="SCRAM-SHA-512", auth_bytes=client.get_client_first().encode()), timeout=30)
+        client.set_server_first(first.auth_bytes.decode())
+        with admin_client(sec) as admin:
+            admin.alter_user_scram_credentials({"liam": "a new password"})
+        time.sleep(1)
+        final = stub.SaslAuthenticate(pb.SaslAuthenticateRequest(
+            mechanism="SCRAM-SHA-512", session_id=first.session_id,
+            auth_bytes=client.get_client_final().encode()), timeout=30)
+    print(f"Kafka port: {kafka_answer.error_code.value} {kafka_answer.error_message!r}; gRPC: {final.error_code} "
+          f"{final.error_message!r}, token {'issued' if final.token else 'none'}")
+    assert kafka_answer.error_code.value == 58, kafka_answer
+    assert final.error_code == 58 and not final.token, final
+
+
+def test_reauthentication_kip_368(zk, tmp_path_factory):
+    """connections.max.reauth.ms=3000: confluent-kafka re-authenticates on its connection
+    and keeps producing for 10 s; a connection that does not re-authenticate is closed
+    at its first request after its session ended."""
+    from confluent_kafka import Producer
+    cluster = DevCluster(tmp_path_factory.mktemp("reauth"), security=True, props={"connections.max.reauth.ms": "3000"})
+    cluster.up(1, 0, 0, zookeeper=new_chroot(zk, "reauth"))
+    try:
+        topic = _user_with_topic(cluster, "mia")
+        conn = _authenticated(cluster, "mia")
+        delivered, failed = [], []
+        producer = Producer({**_sasl_conf(cluster, "mia"), "message.timeout.ms": 10000, "linger.ms": 0})
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            producer.produce(topic, b"x", partition=0,
+                             on_delivery=lambda err, msg: (failed if err else delivered).append(err))
+            producer.poll(0.2)
+        producer.flush(15)
+        conn.send(request(3, 1, {"topics": []}))
+        try:
+            conn.frame(10)
+            answered = True
+        except (ConnectionError, OSError):
+            answered = False
+        conn.close()
+        log = (cluster.dir / "logs" / "pl-0.log").read_text()
+        reauths = log.count("re-authenticated as User:mia")
+        print(f"{len(delivered)} delivered, {len(failed)} failed; {reauths} re-authentications; the idle "
+              f"connection's request after its session {'was answered' if answered else 'closed it'}")
+        assert delivered and not failed, failed
+        assert reauths >= 2
+        assert not answered
+        assert "the SASL session ended (connections.max.reauth.ms=3000)" in log
+    finally:
+        cluster.down()

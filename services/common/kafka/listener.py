@@ -58,7 +58,14 @@ SASL (docs/design.md, "SASL"; a TLS listener given a SaslGateway): SaslHandshake
 UNSUPPORTED_SASL_MECHANISM with the enabled ones); SaslAuthenticate (key 36, v0-2,
 KIP-152) carries the exchange's messages (after a v0 handshake they come as bare
 size-prefixed tokens, as Kafka before 1.0). Once it succeeds the connection's
-principal is User:<name>, whatever certificate it presented. After a handshake,
+principal is User:<name>, whatever certificate it presented, for as long as the
+user's credentials stay those it proved: deleting the user or changing its password
+closes its connections (and a connection whose credentials changed is closed at its
+next request, whatever the watch's timing). With `reauth_ms` > 0
+(connections.max.reauth.ms, KIP-368) SaslAuthenticate answers that session lifetime, a
+client re-authenticates on the same connection (SaslHandshake and SaslAuthenticate
+again, as the same user) before it ends, and a request after it ends closes the
+connection. After a handshake,
 any request but ApiVersions before the exchange completed closes the connection
 (ILLEGAL_SASL_STATE); a failed exchange is answered SASL_AUTHENTICATION_FAILED
 after connection.failed.authentication.delay.ms, and the connection closed.
@@ -118,7 +125,7 @@ class _Reader(asyncio.StreamReader):
         self._maybe_resume_transport()
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a listener keeps the sessions of each user in a set
 class _Sasl:
     """A connection's SASL state: the exchange in progress (None: none started), and
     whether its tokens come bare (after a v0 SaslHandshake)."""
@@ -126,6 +133,10 @@ class _Sasl:
     server: Any = None
     raw: bool = False
     required: bool = False  # no certificate on a listener that wants one: SASL first
+    user: str | None = None  # the user authenticated as (SASL), its credentials' fingerprint
+    fingerprint: str = ""
+    expiry: float | None = None  # loop time the session ends (connections.max.reauth.ms)
+    transport: Any = None
 
     @property
     def pending(self) -> bool:
@@ -180,7 +191,7 @@ class KafkaListener:
                  quota_manager: "quota.QuotaManager | None" = None,
                  limits: ConnectionLimits | None = None,
                  idle_timeout_s: float = 600.0, handshake_timeout_s: float = 10.0,
-                 max_preauth_bytes: int = 524288, auth_timeout_s: float = 15.0):
+                 max_preauth_bytes: int = 524288, auth_timeout_s: float = 15.0, reauth_ms: int = 0):
         """`principal_rules`: ssl.principal.mapping.rules (ValueError when malformed);
         `sasl`: a services.common.security.sasl.SaslGateway to serve SaslHandshake and
         SaslAuthenticate (give it for TLS listeners only; None: no SASL);
@@ -194,7 +205,8 @@ class KafkaListener:
         `max_preauth_bytes`: sasl.server.max.receive.size, the largest request before
         authentication; `auth_timeout_s`: exactly.sasl.authentication.timeout.ms in
         seconds, how long after its TLS handshake a connection that must authenticate may
-        take to do so."""
+        take to do so; `reauth_ms`: connections.max.reauth.ms (KIP-368; 0: sessions do
+        not end)."""
         self.require_authentication = require_authentication and sasl is not None
         self.apis = dict(apis)
         self.quotas = quota_manager
@@ -212,6 +224,9 @@ class KafkaListener:
         self.max_request_bytes = max_request_bytes
         self.max_preauth_bytes = max_preauth_bytes
         self.auth_timeout_s = auth_timeout_s
+        self.reauth_ms = reauth_ms
+        self._sessions: dict[str, set[_Sasl]] = {}  # user -> its SASL-authenticated connections
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Bytes left in the pool of large requests before authentication (module docstring).
         self.preauth_pool_bytes = PREAUTH_POOL_REQUESTS * max_preauth_bytes
         self._socket: socket.socket | None = None
@@ -222,6 +237,9 @@ class KafkaListener:
         """Bind and start accepting (TLS with `ssl_context`, started by each connection
         once admitted); returns the bound port."""
         self._ssl = ssl_context
+        self._loop = asyncio.get_running_loop()
+        if self.sasl is not None:
+            self.sasl.users.add_listener(self._user_changed)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         self._socket = socket.create_server((host, port), family=family, backlog=1024, reuse_port=False)
         self._socket.setblocking(False)
@@ -229,6 +247,8 @@ class KafkaListener:
         return self._socket.getsockname()[1]
 
     async def stop(self) -> None:
+        if self.sasl is not None:
+            self.sasl.users.remove_listener(self._user_changed)
         if self._accepting is not None:
             self._accepting.cancel()
             await asyncio.gather(self._accepting, return_exceptions=True)
@@ -285,6 +305,32 @@ class KafkaListener:
         finally:
             self.limits.release(ip)
 
+    def _user_changed(self, name: str) -> None:
+        """UserStore listener (ZooKeeper's thread): user `name` changed or is gone."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._revoke, name)
+
+    def _revoke(self, name: str) -> None:
+        """Close the connections authenticated as `name` with credentials it no longer has."""
+        current = self.sasl.users.fingerprint(name)
+        for session in list(self._sessions.get(name, ())):
+            if session.fingerprint != current and session.transport is not None:
+                log.info("kafka connection of User:%s closed: the user's credentials changed or the user "
+                         "was deleted", name)
+                session.transport.abort()
+
+    def _session_ended(self, sasl: _Sasl) -> str | None:
+        """Why the connection's SASL session no longer holds (None while it does): the
+        user's credentials changed, or its lifetime (connections.max.reauth.ms) ended."""
+        if sasl.user is None:
+            return None
+        if self.sasl.users.fingerprint(sasl.user) != sasl.fingerprint:
+            return f"the credentials of User:{sasl.user} changed or the user was deleted"
+        if sasl.expiry is not None and self._loop.time() >= sasl.expiry:
+            return f"the SASL session ended (connections.max.reauth.ms={self.reauth_ms}) without re-authentication"
+        return None
+
     async def _api_versions(self, req: Any, version: int, ctx: RequestContext) -> dict:
         return {"error_code": 0, "api_keys": self.supported(), "throttle_time": 0}
 
@@ -293,7 +339,7 @@ class KafkaListener:
                 for k, a in sorted(self.apis.items())]
 
     async def _serve(self, reader: _Reader, writer: asyncio.StreamWriter, peer_s: str) -> None:
-        sasl = _Sasl()
+        sasl = _Sasl(transport=writer.transport)
         loop = asyncio.get_running_loop()
         auth_deadline = loop.time() + self.auth_timeout_s
         try:
@@ -302,10 +348,13 @@ class KafkaListener:
             ssl_object = writer.get_extra_info("ssl_object")
             sasl.required = self.require_authentication and not (
                 ssl_object is not None and ssl_object.getpeercert(binary_form=True))
-            if self.sasl is not None and not sasl.pending:
+            preauth = self.sasl is not None and sasl.pending
+            if not preauth:
                 reader.read_ahead(READ_AHEAD)
             while True:
-                preauth = self.sasl is not None and sasl.pending
+                was, preauth = preauth, self.sasl is not None and sasl.pending
+                if preauth and not was:  # a re-authentication began: its own deadline
+                    auth_deadline = loop.time() + self.auth_timeout_s
                 frame = await self._read_request(reader, sasl, peer_s,
                                                  auth_deadline if preauth else None)
                 if frame is None:  # nothing owed to the peer: drop the connection at once
@@ -318,6 +367,8 @@ class KafkaListener:
                     elif self.sasl is not None and (peek_header(frame)[0] in SASL_KEYS or sasl.pending):
                         response = await self._sasl_step(frame, sasl, peer_s)
                     else:
+                        if self.sasl is not None and (ended := self._session_ended(sasl)) is not None:
+                            raise _Closing(None, ended)
                         response, throttle_ms = await self._handle(frame, peer_s)
                 except _Closing as closing:
                     log.info("kafka connection from %s: %s; closing", peer_s, closing)
@@ -356,6 +407,8 @@ class KafkaListener:
         except Exception:  # noqa: BLE001 - one connection fails, the service goes on
             log.exception("kafka connection from %s failed; closing", peer_s)
         finally:
+            if sasl.user is not None:
+                self._forget(sasl)
             await _close(writer)
 
     async def _read_request(self, reader: _Reader, sasl: _Sasl, peer_s: str,
@@ -439,7 +492,7 @@ class KafkaListener:
         _header, request = decode_request(frame, api_key, version)
         if api_key == SASL_HANDSHAKE_KEY:
             mechanism = field(request, "mechanism", "")
-            if sasl.server is not None and sasl.server.done:
+            if sasl.server is not None and sasl.server.done and not self.reauth_ms:
                 raise _Closing(None, "SaslHandshake after SASL authentication completed (ILLEGAL_SASL_STATE)")
             try:
                 sasl.server = self.sasl.server(mechanism, peer)
@@ -461,8 +514,9 @@ class KafkaListener:
                 "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": str(exc),
                 "auth_bytes": b""}), f"SASL authentication failed: {exc}") from None
         self._authenticated(sasl, peer)
-        return encode_response(api_key, version, correlation_id,
-                               {"error_code": 0, "error_message": None, "auth_bytes": reply, "session_lifetime": 0})
+        return encode_response(api_key, version, correlation_id, {
+            "error_code": 0, "error_message": None, "auth_bytes": reply,
+            "session_lifetime": self.reauth_ms if sasl.server.done else 0})
 
     async def _sasl_raw(self, token: bytes, sasl: _Sasl, peer: str) -> bytes:
         """A bare SASL token after a v0 SaslHandshake; the reply goes back bare too (a
@@ -474,13 +528,32 @@ class KafkaListener:
         self._authenticated(sasl, peer)
         return len(reply).to_bytes(4, "big") + reply
 
-    @staticmethod
-    def _authenticated(sasl: _Sasl, peer: str) -> None:
-        if sasl.server.done:
-            sasl.raw = False
-            current_principal.set("User:" + sasl.server.username)
-            log.info("kafka connection from %s authenticated as User:%s (%s)", peer, sasl.server.username,
-                     sasl.server.mechanism)
+    def _authenticated(self, sasl: _Sasl, peer: str) -> None:
+        """After an exchange's step: once it is done, the connection's session is the
+        user's (a re-authentication must name the same user, as in KIP-368)."""
+        server = sasl.server
+        if not server.done:
+            return
+        sasl.raw = False
+        again = sasl.user is not None
+        if again and server.username != sasl.user:
+            raise _Closing(None, f"re-authentication as User:{server.username} on a connection of "
+                                 f"User:{sasl.user} (KIP-368 keeps the principal)")
+        if again:
+            self._forget(sasl)
+        sasl.user, sasl.fingerprint = server.username, server.fingerprint
+        sasl.expiry = self._loop.time() + self.reauth_ms / 1000 if self.reauth_ms else None
+        self._sessions.setdefault(sasl.user, set()).add(sasl)
+        current_principal.set("User:" + server.username)
+        log.info("kafka connection from %s %s as User:%s (%s)", peer, "re-authenticated" if again
+                 else "authenticated", server.username, server.mechanism)
+
+    def _forget(self, sasl: _Sasl) -> None:
+        sessions = self._sessions.get(sasl.user)
+        if sessions is not None:
+            sessions.discard(sasl)
+            if not sessions:
+                del self._sessions[sasl.user]
 
     async def _handle(self, frame: bytes, peer: str) -> tuple[bytes | None, int]:
         """(encoded response or None for none, throttle time in ms) of one request frame."""

@@ -367,6 +367,11 @@ class UserStore:
         `name`'s credentials changed or the user was deleted."""
         self._listeners.append(listener)
 
+    def remove_listener(self, listener) -> None:
+        """Stop calling `listener` (no error when it was not added)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def _changed(self, name: str) -> None:
         for listener in list(self._listeners):
             try:

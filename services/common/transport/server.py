@@ -548,7 +548,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                               idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
                               handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
                               max_preauth_bytes=cfg.settings.sasl_server_max_receive_size,
-                              auth_timeout_s=cfg.settings.exactly_sasl_authentication_timeout_ms / 1000)
+                              auth_timeout_s=cfg.settings.exactly_sasl_authentication_timeout_ms / 1000,
+                              reauth_ms=cfg.settings.connections_max_reauth_ms)
         cluster.kafka_port = await kafka.start(cfg.host, cfg.kafka_port,
                                                ssl_context(cfg, security, sasl is not None) if security.tls else None)
     await asyncio.to_thread(cluster.register)

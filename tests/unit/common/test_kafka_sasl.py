@@ -200,3 +200,42 @@ def test_before_authentication_a_request_is_capped_and_large_ones_share_a_pool()
             w.close()
         writer.close()
     _run(body, max_preauth_bytes=524288)
+
+
+def test_changing_or_deleting_a_user_closes_its_connections():
+    """A connection authenticated as dave is closed when dave's password changes (the
+    UserStore's change listener), and one authenticated again after that stays open."""
+    async def body(port, seen, listener):
+        reader, writer = await _plain_login(port)
+        writer.write(_request(METADATA, 1, {"topics": []}))
+        await _frame(reader)
+        users = listener.sasl.users
+        users.put("dave", *parse_user_credentials(create_user_credentials("new secret", 4096)).values())
+        assert await _closed(reader)
+        writer.close()
+        assert listener.sasl.users.fingerprint("dave")  # the store itself is untouched
+    _run(body)
+
+
+def test_reauthentication_keeps_the_connection_and_the_principal():
+    """connections.max.reauth.ms (KIP-368): SaslAuthenticate answers the session lifetime;
+    a second handshake and exchange on the same connection re-authenticates as the same
+    user; as another user it closes the connection."""
+    async def body(port, seen, listener):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+            await _frame(reader)
+            writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0secret"}))
+            answer = _response(36, 1, await _frame(reader))
+            assert answer.error_code.value == 0 and answer.session_lifetime.total_seconds() == 60.0
+            writer.write(_request(METADATA, 1, {"topics": []}))
+            await _frame(reader)
+        assert seen == ["User:dave", "User:dave"]
+        listener.sasl.users.put("erin", *parse_user_credentials(create_user_credentials("pw", 4096)).values())
+        writer.write(_request(17, 1, {"mechanism": "PLAIN"}))
+        await _frame(reader)
+        writer.write(_request(36, 1, {"auth_bytes": b"\0erin\0pw"}))
+        assert await _closed(reader)
+        writer.close()
+    _run(body, reauth_ms=60000)
