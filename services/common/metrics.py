@@ -62,6 +62,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from exactly_wire.error_codes import ErrorCode
 
 from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from .deadlines import REQUEST_ARRIVAL_S
 from .transport.guard import UnaryHandlerInterceptor
 
 log = logging.getLogger(__name__)
@@ -246,7 +247,10 @@ def _status_name(context) -> str | None:
 
 class RpcMetricsInterceptor(UnaryHandlerInterceptor):
     """Times every unary gRPC call and counts its error codes (module docstring).
-    Streaming methods (e.g. Health.Watch) are passed through untouched."""
+    Streaming methods (e.g. Health.Watch) are passed through untouched. The outermost
+    interceptor (of direct and tunneled calls): it also records each call's arrival
+    in services.common.deadlines.REQUEST_ARRIVAL_S (time.monotonic s), before any
+    later interceptor (a quota mute) holds the call."""
 
     def __init__(self) -> None:
         super().__init__(lambda behavior, method: _instrument(behavior, *split_method(method)))
@@ -263,6 +267,7 @@ def _instrument(behavior: Callable, service: str, method: str) -> Callable:
         child.inc()
 
     async def handler(request, context):
+        arrival = REQUEST_ARRIVAL_S.set(time.monotonic())
         start = time.perf_counter()
         try:
             response = behavior(request, context)
@@ -276,6 +281,7 @@ def _instrument(behavior: Callable, service: str, method: str) -> Callable:
             raise
         finally:
             duration.observe(time.perf_counter() - start)
+            REQUEST_ARRIVAL_S.reset(arrival)
         status = _status_name(context)
         if status is not None:
             count(f"GRPC_{status}")

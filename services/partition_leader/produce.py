@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 VALID_ACKS = (0, 1, -1)
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
-MARKER_TIMEOUT_MS = 25000  # below the coordinators' 30 s WriteTxnMarkers deadline
 OFFSETS_TOPIC = "__consumer_offsets"
 NOT_VERIFIED = -1
 

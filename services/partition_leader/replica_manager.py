@@ -13,15 +13,16 @@ from typing import Hashable, NamedTuple, Sequence
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from services.common.deadlines import marker_leader_deadline_s
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import READ_COMMITTED, AppendResult, FetchResult, MarkerResult, ReplicaFetchResult
-from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, MARKER_TIMEOUT_MS, NOT_VERIFIED, MarkerEntry, ProduceContext,
+from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, NOT_VERIFIED, MarkerEntry, ProduceContext,
                       ProduceEntry, ProducePipeline)
 from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Watch
 from .replicas import ClusterView, HostedReplicas, Leases, guarded, positions
 
-__all__ = ["ClusterView", "DEFAULT_PRODUCE_TIMEOUT_MS", "FetchEntry", "Leases", "MARKER_TIMEOUT_MS", "MarkerEntry",
+__all__ = ["ClusterView", "DEFAULT_PRODUCE_TIMEOUT_MS", "FetchEntry", "Leases", "MarkerEntry",
            "ProduceEntry", "ReplicaManager", "TopicPartition", "guarded", "positions"]
 
 DEFAULT_FETCH_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes
@@ -154,18 +155,21 @@ class ReplicaManager(HostedReplicas):
         return await self.write_path.append(ctx, entries)
 
     async def write_markers(self, markers: Sequence[MarkerEntry],
-                            timeout_ms: int = MARKER_TIMEOUT_MS) -> list[list[MarkerResult]]:
+                            arrival_s: float | None = None) -> list[list[MarkerResult]]:
         """WriteTxnMarkers (design doc "Coordinator-Broker request handling"): append
         each marker to each of its partitions led here (see `Partition.write_marker`)
         and acknowledge as acks=all. Markers of one partition are appended in request
         order (each append happens before its first wait). A marker that could not be
-        appended within `timeout_ms` of the request's arrival (waiting for the
-        leadership lease, or for ZooKeeper on `__consumer_offsets`) is not appended
-        at all and answers REQUEST_TIMED_OUT: the coordinator may have given up on the
-        request and written the marker again, and under transaction version 1 (no
-        epoch bump) a marker applied that late could end the producer's next
-        transaction. Returns, per marker, one MarkerResult per partition in order."""
-        return await self.write_path.write_markers(markers, self.monotonic_s() + timeout_ms / 1000)
+        appended within MARKER_LEADER_DEADLINE_MS of the request's arrival
+        (`arrival_s`, monotonic s, before any interceptor held the request; default
+        now) -- waiting for the leadership lease, or for ZooKeeper on
+        `__consumer_offsets` -- is not appended at all and answers REQUEST_TIMED_OUT:
+        the coordinator may have given up on the request and written the marker
+        again, and under transaction version 1 (no epoch bump) a marker applied that
+        late could end the producer's next transaction (services/common/deadlines.py).
+        Returns, per marker, one MarkerResult per partition in order."""
+        arrived = self.monotonic_s() if arrival_s is None else arrival_s
+        return await self.write_path.write_markers(markers, marker_leader_deadline_s(arrived))
 
     async def fetch_messages(self, entries: Sequence[FetchEntry], *, max_wait_ms: int = 0, min_bytes: int = 1,
                              max_bytes: int = 0, isolation_level: int = 0, replica_id: str = "",

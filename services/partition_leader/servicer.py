@@ -21,6 +21,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from services.common.deadlines import REQUEST_ARRIVAL_S
 from services.common.security.auth import ANONYMOUS, current_principal
 
 from .metrics import count_fetched
@@ -122,7 +123,7 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
         markers = [MarkerEntry(m.producer_id, m.producer_epoch, m.committed, m.coordinator_epoch,
                                tuple((t.topic, p) for t in m.topics for p in t.partitions), m.transaction_version)
                    for m in request.markers]
-        results = iter(await self.manager.write_markers(markers))
+        results = iter(await self.manager.write_markers(markers, REQUEST_ARRIVAL_S.get()))
         resp = pb.WriteTxnMarkersResponse()
         for marker in request.markers:
             per_partition = iter(next(results))

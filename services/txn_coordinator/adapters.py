@@ -13,6 +13,7 @@ from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
                                            partition_for_key)
+from services.common.deadlines import WRITE_TXN_MARKERS_TIMEOUT_MS
 from services.common.transport.rpc import ClusterClient
 
 from .ports import TxnLogFetch, TxnMarker
@@ -157,7 +158,8 @@ class ClusterMarkerWriter:
     `max_markers_per_request`). `__consumer_offsets` partitions are written like any
     other: to the partition leader of that partition. `linger`: as ClusterTxnLog's."""
 
-    def __init__(self, cluster: ClusterState, client: ClusterClient, timeout_s: float = 30.0,
+    def __init__(self, cluster: ClusterState, client: ClusterClient,
+                 timeout_s: float = WRITE_TXN_MARKERS_TIMEOUT_MS / 1000,
                  max_markers_per_request: int = 500, linger: "Linger | None" = None):
         self._cluster = cluster
         self._client = client

@@ -26,7 +26,9 @@ from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import NotOwner, RetryLater, code_name
 
 from . import metrics
-from .ports import MARKER_LEADER_DEADLINE_MS, UNANSWERED_MARKER_ERRORS, TxnMarker
+from services.common.deadlines import marker_coordinator_wait_ms
+
+from .ports import UNANSWERED_MARKER_ERRORS, TxnMarker
 from .state import TransactionMetadata, TxnState, TxnTransitMetadata
 
 if TYPE_CHECKING:
@@ -262,13 +264,15 @@ class TxnCompletion:
         of it on the same stream, or before its stream broke), and the leader
         appends nothing past its deadline (MARKER_LEADER_DEADLINE_MS after arrival),
         so the transaction stays PrepareCommit / PrepareAbort, and the next one
-        cannot start, until that much time (monotonic ms) has passed since the last
+        cannot start, until that deadline and a margin (`marker_coordinator_wait_ms`,
+        services/common/deadlines.py; monotonic ms) have passed since the last
         marker was written. Raises NotOwner when this coordinator no longer owns
         `part`."""
-        until = self._monotonic() + MARKER_LEADER_DEADLINE_MS
+        wait_ms = marker_coordinator_wait_ms()
+        until = self._monotonic() + wait_ms
         log.info("a marker request for %r (PID %d epoch %d) got no answer; the transaction completes in %d ms, "
                  "once that request can no longer append its marker", md.transactional_id, marker.producer_id,
-                 marker.producer_epoch, MARKER_LEADER_DEADLINE_MS)
+                 marker.producer_epoch, wait_ms)
         while (left := until - self._monotonic()) > 0:
             if not self._owns(part):
                 raise NotOwner()

@@ -59,7 +59,7 @@ from .group_txn import GroupTxn
 from .load import TxnLoad
 from .partition import TxnPartition
 from .pid_manager import ProducerIdManager
-from .ports import (AMBIGUOUS_APPEND_ERRORS, MARKER_LEADER_DEADLINE_MS, OFFSETS_TOPIC, UNANSWERED_MARKER_ERRORS,
+from .ports import (AMBIGUOUS_APPEND_ERRORS, OFFSETS_TOPIC, UNANSWERED_MARKER_ERRORS,
                     DescribeResult, EndTxnResult, InitProducerIdResult, MarkerWriter, Topology,
                     TxnLogFetch, TxnLogStore, TxnMarker)
 from .requests import TxnRequests
@@ -69,7 +69,7 @@ from .state import TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMet
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TransactionCoordinator", "TxnPartition", "AMBIGUOUS_APPEND_ERRORS", "MARKER_LEADER_DEADLINE_MS",
+    "TransactionCoordinator", "TxnPartition", "AMBIGUOUS_APPEND_ERRORS",
     "OFFSETS_TOPIC", "UNANSWERED_MARKER_ERRORS", "DescribeResult", "EndTxnResult", "InitProducerIdResult",
     "MarkerWriter", "Topology", "TxnLogFetch", "TxnLogStore", "TxnMarker",
 ]

@@ -29,11 +29,6 @@ AMBIGUOUS_APPEND_ERRORS = frozenset({
 # request may still append its marker there until the leader's own deadline.
 UNANSWERED_MARKER_ERRORS = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NETWORK_EXCEPTION})
 
-# How long a partition leader may work on a WriteTxnMarkers request after receiving
-# it before it drops the markers it has not appended (at least the leaders'
-# services.partition_leader.replica_manager.MARKER_TIMEOUT_MS).
-MARKER_LEADER_DEADLINE_MS = 25_000
-
 OFFSETS_TOPIC = "__consumer_offsets"
 
 

@@ -17,6 +17,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..cluster.state import ClusterState, NodeInfo
+from ..deadlines import WRITE_TXN_MARKERS_TIMEOUT_MS
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,8 @@ class ClusterClient:
         return part.error_code, part.offset
 
     async def write_txn_markers(self, node: NodeInfo, request: pb.WriteTxnMarkersRequest,
-                                timeout_s: float = 30.0) -> pb.WriteTxnMarkersResponse | ErrorCode:
+                                timeout_s: float = WRITE_TXN_MARKERS_TIMEOUT_MS / 1000
+                                ) -> pb.WriteTxnMarkersResponse | ErrorCode:
         """Send markers to one partition leader. Returns the response, or the ErrorCode
         of a transport failure."""
         try:

@@ -4,6 +4,7 @@ broken stream fails the calls in flight with UNAVAILABLE and the next call reope
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -11,7 +12,9 @@ from waiting import wait_for_async
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.transport.guard import RequestGuard
+from services.common.deadlines import REQUEST_ARRIVAL_S
+from services.common.metrics import RpcMetricsInterceptor
+from services.common.transport.guard import RequestGuard, UnaryHandlerInterceptor
 from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError,
                                               TunnelServicer, add_tunnel_to_server, method_path)
 
@@ -234,3 +237,62 @@ def test_a_stream_reads_no_more_calls_than_its_in_flight_bound():
             await tunnel.close()
         await server.stop(0)
     asyncio.run(body())
+
+
+def test_a_calls_arrival_is_taken_before_the_interceptors_that_hold_it():
+    """The outermost interceptor (RpcMetricsInterceptor) records each call's arrival in
+    REQUEST_ARRIVAL_S before an inner interceptor holds the call (as a quota mute
+    does), for direct and tunneled calls: deadlines that count from the arrival
+    (services/common/deadlines.py) do not grow by the hold."""
+    entered: list[float] = []
+    seen: list[float | None] = []
+
+    class Hold(UnaryHandlerInterceptor):
+        """Holds every call until `release` is set (a quota mute's stand-in)."""
+
+        def __init__(self):
+            self.release = asyncio.Event()
+            self.holding = asyncio.Event()
+
+            def wrap(behavior, method):
+                if method != LIST_OFFSETS:  # the tunnel's admission (Open) passes
+                    return behavior
+
+                async def held(request, context):
+                    entered.append(time.monotonic())
+                    self.holding.set()
+                    await self.release.wait()
+                    return await behavior(request, context)
+                return held
+            super().__init__(wrap)
+
+    class Recorder(Leader):
+        async def ListOffsets(self, request, context):
+            seen.append(REQUEST_ARRIVAL_S.get())
+            return await super().ListOffsets(request, context)
+
+    async def body():
+        hold = Hold()
+        interceptors = [RpcMetricsInterceptor(), hold]
+        server = grpc.aio.server(interceptors=interceptors)
+        registry = HandlerRegistry(server)
+        pbg.add_PartitionLeaderServicer_to_server(Recorder(), registry)
+        add_tunnel_to_server(TunnelServicer(registry, interceptors), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            tunnel = TunnelChannel(channel)
+            for call in (lambda: pbg.PartitionLeaderStub(channel).ListOffsets(_request("t", 1), timeout=5),
+                         lambda: tunnel.call(LIST_OFFSETS, _request("t", 2), pb.ListOffsetsResponse, 5)):
+                hold.holding.clear()
+                hold.release.clear()
+                pending = asyncio.ensure_future(call())
+                await hold.holding.wait()
+                hold.release.set()
+                await pending
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(asyncio.wait_for(body(), 20))
+    assert len(seen) == len(entered) == 2 and None not in seen
+    assert all(arrival <= held for arrival, held in zip(seen, entered)), (seen, entered)
+    assert REQUEST_ARRIVAL_S.get() is None  # set per call only

@@ -11,9 +11,12 @@ import pytest
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
+from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import PartitionState, TopicInfo
+from services.common.deadlines import MARKER_LEADER_DEADLINE_MS, REQUEST_ARRIVAL_S
 from services.partition_leader.purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory, Watch
 from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
+from services.partition_leader.servicer import PartitionLeaderServicer
 
 from .conftest import make_batch
 from .test_replica_manager import FakeCluster
@@ -169,6 +172,44 @@ def test_a_marker_whose_deadline_passed_before_it_could_be_appended_is_dropped(m
         await follower_fetch(manager, 2)
         [[ok]] = await pending
         assert (ok.error, ok.offset) == (ErrorCode.NONE, 1)
+    asyncio.run(main())
+
+
+def test_a_markers_deadline_counts_from_the_requests_arrival(manager, now):
+    """WriteTxnMarkers that arrived MARKER_LEADER_DEADLINE_MS ago and was held before
+    its handler ran (a quota mute, in the interceptors): its deadline counts from the
+    arrival the transport recorded (REQUEST_ARRIVAL_S), not from the handler's start,
+    so the marker is not appended (REQUEST_TIMED_OUT); one that arrived within it is."""
+    servicer = PartitionLeaderServicer(manager)
+    request = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
+        producer_id=7, producer_epoch=0, committed=True, coordinator_epoch=0,
+        topics=[pb.TopicPartitions(topic="r", partitions=[0])])])
+
+    async def write_arrived(ago_s: float) -> int:
+        token = REQUEST_ARRIVAL_S.set(now() - ago_s)
+        try:
+            resp = await servicer.WriteTxnMarkers(request, None)
+        finally:
+            REQUEST_ARRIVAL_S.reset(token)
+        return resp.markers[0].topics[0].partitions[0].error_code
+
+    async def main():
+        p = manager.replicas[TP]
+        await produce(manager, make_batch(1, pid=7, seq=0, txn=True), acks=1)
+        late = asyncio.ensure_future(write_arrived(MARKER_LEADER_DEADLINE_MS / 1000 + 0.001))
+        for _ in range(200):  # answered without waiting for anything
+            if late.done():
+                break
+            await asyncio.sleep(0)
+        if not late.done():
+            late.cancel()
+            raise AssertionError(f"the late marker was appended (log end {p.log_end_offset}) and waits for acks")
+        assert late.result() == ErrorCode.REQUEST_TIMED_OUT
+        assert p.log_end_offset == 1  # no marker appended
+        pending = asyncio.ensure_future(write_arrived(MARKER_LEADER_DEADLINE_MS / 1000 - 1))
+        await parked(manager)
+        await follower_fetch(manager, 2)
+        assert await pending == ErrorCode.NONE and p.log_end_offset == 2
     asyncio.run(main())
 
 

@@ -13,7 +13,8 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
 from services.common.settings import TxnCoordinatorSchema
-from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS
+from services.common.deadlines import (MARKER_DEADLINE_MARGIN_MS, marker_coordinator_wait_ms,
+                                       marker_leader_deadline_s)
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
 S = TxnState
@@ -1126,7 +1127,8 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
     broke) may still append its marker at the leader until the leader's deadline;
     landing after the next transaction's first batch it would end that transaction.
     So the transaction completes, and the next one may start, only once the leader's
-    deadline for that request has passed after the retry wrote the marker."""
+    deadline for that request, and a margin, have passed after the retry wrote the
+    marker (the request arrived at the leader at the latest then)."""
     async def scenario():
         h, sleep, pid, epoch = await _held_harness()
         h.markers.fail[("orders", 0)] = [unanswered]  # no answer to the first request; the retry writes it
@@ -1145,7 +1147,9 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
         await h.settle()
         complete = h.log.entries()[-1].transit
         assert complete.state is S.COMPLETE_COMMIT
-        assert complete.txn_last_update_timestamp - ended_at >= MARKER_LEADER_DEADLINE_MS
+        # The retry wrote the marker at ended_at (the clock moves only in the held sleep).
+        leader_deadline_ms = marker_leader_deadline_s(ended_at / 1000) * 1000
+        assert complete.txn_last_update_timestamp - leader_deadline_ms >= MARKER_DEADLINE_MARGIN_MS
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 0)])
         assert set(res.values()) == {E.NONE}
 
@@ -1165,9 +1169,14 @@ def test_unanswered_marker_requests_hold_no_version_2_transaction():
     run(scenario())
 
 
-def test_the_marker_deadline_covers_the_partition_leaders():
-    from services.partition_leader.replica_manager import MARKER_TIMEOUT_MS
-    assert MARKER_LEADER_DEADLINE_MS >= MARKER_TIMEOUT_MS
+def test_the_coordinator_outwaits_the_leaders_marker_deadline_by_the_margin():
+    """services/common/deadlines.py: for a request that arrived at its leader at the
+    latest when the retry wrote the marker, the leader's deadline (counted from the
+    arrival) ends MARKER_DEADLINE_MARGIN_MS before the coordinator's wait does."""
+    written_at_ms = 1_700_000_000_000
+    leader_deadline_ms = marker_leader_deadline_s(written_at_ms / 1000) * 1000
+    coordinator_until_ms = written_at_ms + marker_coordinator_wait_ms()
+    assert coordinator_until_ms - leader_deadline_ms == MARKER_DEADLINE_MARGIN_MS > 0
 
 
 def test_no_transaction_starts_at_an_exhausted_epoch():

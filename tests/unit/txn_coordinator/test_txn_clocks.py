@@ -7,7 +7,8 @@ import pytest
 from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
-from services.txn_coordinator.coordinator import MARKER_LEADER_DEADLINE_MS, TxnMarker
+from services.common.deadlines import marker_coordinator_wait_ms
+from services.txn_coordinator.coordinator import TxnMarker
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -85,7 +86,7 @@ def test_forward_step_expires_no_transactional_id_in_use():
 
 
 def test_marker_deadline_is_not_lengthened_by_a_backward_step():
-    """_outlive_unanswered_markers waits MARKER_LEADER_DEADLINE_MS of the monotonic
+    """_outlive_unanswered_markers waits marker_coordinator_wait_ms() of the monotonic
     clock, not until the wall clock has caught up again."""
     slept_ms = []
 
@@ -107,7 +108,7 @@ def test_marker_deadline_is_not_lengthened_by_a_backward_step():
         await h.coord._outlive_unanswered_markers(part, h.md("t"), marker)
 
     run(scenario())
-    assert sum(slept_ms) == pytest.approx(MARKER_LEADER_DEADLINE_MS, abs=2)
+    assert sum(slept_ms) == pytest.approx(marker_coordinator_wait_ms(), abs=2)
 
 
 def test_owner_whose_clock_is_behind_does_not_hold_a_loaded_transaction():

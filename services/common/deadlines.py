@@ -1,0 +1,56 @@
+"""Deadlines of the wire that two roles must agree on, defined once.
+
+WriteTxnMarkers (docs/design.md, "Two-phase commit with markers"): with transaction
+version 1 the markers keep the producer's epoch, so the producer's next transaction has
+the same PID and epoch, and a marker request that got no answer and still runs at its
+partition leader could end that next transaction early. So:
+
+- the transaction coordinator waits `WRITE_TXN_MARKERS_TIMEOUT_MS` for an answer;
+- a partition leader appends no marker of a request later than
+  `MARKER_LEADER_DEADLINE_MS` after the request arrived (`marker_leader_deadline_s`),
+  counted from its arrival, before any interceptor (a quota mute, authentication)
+  held it;
+- after a marker request got no answer, the coordinator keeps the transaction in
+  PrepareCommit / PrepareAbort, and the next one from starting, for
+  `marker_coordinator_wait_ms()` after a retry wrote the marker: the leader's deadline
+  plus `MARKER_DEADLINE_MARGIN_MS`. The unanswered request arrived, if at all, before
+  the retry (ahead of it on the same stream, or before its stream broke), so its
+  leader deadline ended before the coordinator's wait by at least the margin, which
+  absorbs what lies between the leader's deadline check and its append (an event-loop
+  turn, a lease confirmation bounded by the same deadline).
+
+`REQUEST_ARRIVAL_S` carries the arrival of the request being handled (monotonic s,
+`time.monotonic`), set by the outermost server interceptor
+(services.common.metrics.RpcMetricsInterceptor) for direct and tunneled calls alike;
+the servicers read it.
+"""
+from __future__ import annotations
+
+import contextvars
+
+# How long the transaction coordinator waits for a WriteTxnMarkers answer (ms).
+WRITE_TXN_MARKERS_TIMEOUT_MS = 30_000
+# A partition leader appends no marker of a WriteTxnMarkers request later than this
+# after the request's arrival (ms).
+MARKER_LEADER_DEADLINE_MS = 25_000
+# How much longer than the leader's deadline the coordinator waits out an unanswered
+# marker request under transaction version 1 (ms).
+MARKER_DEADLINE_MARGIN_MS = 5_000
+
+# Monotonic s (time.monotonic) at which the request being handled arrived; None
+# outside a request.
+REQUEST_ARRIVAL_S: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_arrival_s",
+                                                                                  default=None)
+
+
+def marker_leader_deadline_s(arrival_s: float) -> float:
+    """The monotonic s after which a partition leader appends no marker of a
+    WriteTxnMarkers request that arrived at `arrival_s` (monotonic s)."""
+    return arrival_s + MARKER_LEADER_DEADLINE_MS / 1000
+
+
+def marker_coordinator_wait_ms() -> int:
+    """How long (ms) the coordinator keeps a transaction version 1 transaction from
+    completing after a retry wrote the marker of a request that got no answer: the
+    leader's deadline plus the margin."""
+    return MARKER_LEADER_DEADLINE_MS + MARKER_DEADLINE_MARGIN_MS
