@@ -63,6 +63,8 @@ def environment(cluster: DevCluster | None) -> dict[str, str]:
     env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
            "PYTHONUNBUFFERED": "1"}
     env.pop("EXACTLY_BOOTSTRAP_SERVER", None)
+    for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):  # as a reader's shell has them: unset
+        env.pop(name, None)
     if cluster is not None:
         env["EXACTLY_BOOTSTRAP_SERVER"] = cluster.bootstrap_servers
     return env
@@ -270,14 +272,18 @@ def helm_commands(block: Block) -> list[tuple[str, pathlib.Path, str, dict]]:
 def render_helm(block: Block) -> str:
     """Render each helm command of `block` offline and validate every manifest strictly;
     AssertionError naming what fails."""
-    from deploy.test_helm_chart import invalid, render
+    from deploy.test_helm_chart import invalid, render, secrets_missing
     commands = helm_commands(block)
     assert commands, f"{block.id}: check=\"helm template\" but no helm install or upgrade"
+    created = set(re.findall(r"kubectl\b[^\n]*\bcreate secret (?:generic|tls) (\S+)", block.text))
     done = []
     for name, chart, namespace, values in commands:
-        objects = render(values, chart, name, namespace)
+        objects = render(values, chart, name, namespace, user_secrets=False)
         failures = invalid(objects)
         assert objects and not failures, f"{block.id}: helm {name} with {values}:\n" + "\n".join(failures)
+        tls = values.get("security", {}).get("tls", {})
+        missing = secrets_missing(objects, created | {tls.get("existingSecret"), tls.get("clientSecret")} - {None})
+        assert not missing, f"{block.id}: helm {name}: the pods need Secrets nothing makes: {sorted(missing)}"
         done.append(f"{name} ({len(objects)} objects)")
     return ", ".join(done)
 
