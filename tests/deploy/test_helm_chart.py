@@ -45,8 +45,26 @@ COMPONENTS = {"partition-leader": "partition_leader", "txn-coordinator": "txn_co
               "group-coordinator": "group_coordinator"}
 
 
-def render(values: dict, chart_dir: pathlib.Path = CHART, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict]:
-    """Every object the chart renders with `values` (hooks included, NOTES.txt not)."""
+# The certificates' Secrets a secured install names without cert-manager (the chart fails
+# naming them otherwise: test_helm_secrets.py); every render below names them unless its
+# values say otherwise.
+USER_SECRETS = {"security": {"tls": {"existingSecret": f"{RELEASE}-tls", "clientSecret": f"{RELEASE}-admin-tls"}}}
+
+
+def merged(base: dict, values: dict) -> dict:
+    """`values` over `base`, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in values.items():
+        out[key] = merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def render(values: dict, chart_dir: pathlib.Path = CHART, name: str = RELEASE, namespace: str = NAMESPACE,
+           user_secrets: bool = True) -> list[dict]:
+    """Every object the chart renders with `values` (hooks included, NOTES.txt not), over
+    USER_SECRETS unless `user_secrets` is False."""
+    if user_secrets and chart_dir == CHART:
+        values = merged(USER_SECRETS, values)
     with helm.Chart.load(chart_dir) as chart:
         manifests = chart.render(values, name=name, namespace=namespace, is_install=True)
     objects = []
@@ -58,6 +76,35 @@ def render(values: dict, chart_dir: pathlib.Path = CHART, name: str = RELEASE, n
                 doc.setdefault("_template", path)
                 objects.append(doc)
     return objects
+
+
+def secrets_needed(objects: list[dict]) -> set[str]:
+    """Names of the Secrets the rendered pods (and pod templates) mount or read."""
+    names: set[str] = set()
+    for _, spec in pod_specs(objects):
+        for volume in spec.get("volumes", []):
+            if "secret" in volume:
+                names.add(volume["secret"]["secretName"])
+            for source in volume.get("projected", {}).get("sources", []):
+                if "secret" in source:
+                    names.add(source["secret"]["name"])
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            for env in c.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    names.add(ref["name"])
+            for source in c.get("envFrom", []):
+                if "secretRef" in source:
+                    names.add(source["secretRef"]["name"])
+    return names
+
+
+def secrets_missing(objects: list[dict], made_by_hand: set[str]) -> set[str]:
+    """The Secrets the pods need that neither the chart (a Secret, or a cert-manager
+    Certificate's secretName) nor `made_by_hand` provides."""
+    provided = {o["metadata"]["name"] for o in objects if o["kind"] == "Secret"}
+    provided |= {o["spec"]["secretName"] for o in objects if o["kind"] == "Certificate"}
+    return secrets_needed(objects) - provided - made_by_hand
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
@@ -352,7 +399,9 @@ def test_zookeeper_ensemble_of_three_lists_every_server():
 
 def test_external_zookeeper_replaces_the_ensemble():
     objects = render(EXTERNAL_ZK)
-    assert not [o for o in objects if "zookeeper" in o["metadata"]["name"]]
+    # Only the services' digest password (the chart makes it): no ensemble, no quorum password.
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects if "zookeeper" in o["metadata"]["name"]] == [
+        ("Secret", f"{RELEASE}-zookeeper")]
     for component in COMPONENTS:
         args = container(statefulset(objects, component))["args"]
         assert args[args.index("--zookeeper") + 1] == "zk-0.zk:2181,zk-1.zk:2181/exactly"

@@ -21,8 +21,8 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.deploy.test_helm_chart import (CERT_MANAGER, CHART, COMPONENTS, NAMESPACE, PLAINTEXT, RELEASE,
-                                          ZOOKEEPER_AUTH_KEYS, _kubelet_expand, by_kind, container, render,
-                                          statefulset)
+                                          USER_SECRETS, ZOOKEEPER_AUTH_KEYS, _kubelet_expand, by_kind, container,
+                                          merged, render, statefulset)
 
 TLS_DIR = "/etc/exactly-tls"
 SECRET_SETTINGS_DIR = "/etc/exactly-secret-settings"
@@ -65,7 +65,7 @@ def set_flags(c: dict) -> dict[str, str]:
 
 def notes(values: dict) -> str:
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        manifests = chart.render(merged(USER_SECRETS, values), name=RELEASE, namespace=NAMESPACE, is_install=True)
     (text,) = [t for path, t in manifests.items() if path.endswith("NOTES.txt")]
     return text
 

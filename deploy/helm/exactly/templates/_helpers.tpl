@@ -179,6 +179,37 @@ Security helpers (values.yaml, "security").
 {{- default (printf "%s-admin-tls" (include "exactly.fullname" .)) .Values.security.tls.clientSecret }}
 {{- end }}
 
+{{/*
+What a secured release needs that the chart does not make: without cert-manager, the
+certificates (security.tls.existingSecret, security.tls.clientSecret). `helm install` fails
+naming them, instead of pods that wait for Secrets nobody creates. (The ZooKeeper passwords
+the chart makes itself: templates/secrets.yaml.)
+*/}}
+{{- define "exactly.security.required" -}}
+{{- $security := .Values.security }}
+{{- if and $security.enabled (not $security.tls.certManager.enabled) }}
+{{- $missing := list }}
+{{- if not $security.tls.existingSecret }}
+{{- $pods := list }}
+{{- range $component, $key := include "exactly.roles" . | fromYaml }}
+{{- range $i := until (int (index $.Values $key).replicas) }}
+{{- $pods = append $pods (printf "%s-%d" (include "exactly.componentName" (dict "root" $ "component" $component)) $i) }}
+{{- end }}
+{{- end }}
+{{- if and (include "exactly.zookeeper.tls" .) (not .Values.zookeeper.external.connect) }}
+{{- $pods = concat $pods (include "exactly.zookeeper.podNames" . | trim | splitList "\n") }}
+{{- end }}
+{{- $missing = append $missing (printf "--set security.tls.existingSecret=%s-tls: a Secret with ca.crt and, for every pod (%s), <pod name>.crt and <pod name>.key" (include "exactly.fullname" .) (join ", " $pods)) }}
+{{- end }}
+{{- if not $security.tls.clientSecret }}
+{{- $missing = append $missing (printf "--set security.tls.clientSecret=%s-admin-tls: a Secret with ca.crt, tls.crt and tls.key, a client certificate of a super user (User:admin) for helm test and administrators" (include "exactly.fullname" .)) }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf `security.enabled (the default) needs the cluster's certificates. Either let cert-manager issue them (--set security.tls.certManager.enabled=true, cert-manager's CRDs installed), or create these Secrets in namespace %s and name them (deploy/helm/exactly/README.md, "Certificates: one per pod", shows how with openssl): %s. The ZooKeeper passwords the chart makes itself.` .Release.Namespace (join "; " $missing)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "exactly.security.zookeeperSecret" -}}
 {{- default (printf "%s-zookeeper" (include "exactly.fullname" .)) .Values.security.zookeeper.existingSecret }}
 {{- end }}
