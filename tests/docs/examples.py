@@ -130,6 +130,12 @@ def reset_topics(cluster: DevCluster, groups: list[str]) -> list[bytes]:
         admin.create_topics([NewTopic(t, PARTITIONS) for t in (INPUT, *OUTPUTS)])
     finally:
         admin.close()
+    # The new topics must read empty everywhere before anything runs: an end offset of the
+    # deleted topics, seen through a service's stale metadata, would time the crash wrong.
+    deadline = time.monotonic() + 60
+    while _ends(cluster, [INPUT, *OUTPUTS]) != (0, 0):
+        assert time.monotonic() < deadline, "the recreated topics do not read empty"
+        time.sleep(0.2)
     keys = [f"p{i}".encode() for i in range(RECORDS)]
     producer = Producer({"bootstrap.servers": cluster.bootstrap_servers})
     try:
@@ -189,8 +195,8 @@ def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: De
         if committed_at is not None and (hw > lso or time.monotonic() - committed_at > 10):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-            return f"killed with {hw - lso} offsets past the last stable offset" if hw > lso else \
-                "killed after a commit, no transaction open"
+            return (f"killed after {lso} committed offsets, with {hw - lso} past the last stable offset" if hw > lso
+                    else f"killed after {lso} committed offsets, no transaction open")
         time.sleep(0.02)
 
 
