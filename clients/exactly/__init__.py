@@ -10,10 +10,12 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from . import errors
 from .admin import AclBinding, AdminClient
 from .consumer import Consumer
-from .producer import PreparedTransaction, PreparedTxnState, Producer, complete_transaction, rewind_to_committed
+from .producer import (PreparedTransaction, PreparedTxnState, Producer, complete_transaction,
+                       decide_prepared_transaction, rewind_to_committed)
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
                     OffsetAndTimestamp, RecordMetadata, TopicPartition)
 
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
            "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
-           "PreparedTransaction", "PreparedTxnState", "complete_transaction", "rewind_to_committed", "AclBinding"]
+           "PreparedTransaction", "PreparedTxnState", "complete_transaction", "decide_prepared_transaction",
+           "rewind_to_committed", "AclBinding"]

@@ -4,13 +4,14 @@ its completion from any process.
 `Producer.prepare_transaction()` flushes and seals the open transaction at the coordinator
 (PrepareTxn) and returns a `PreparedTxnState` (transactional.id, PID, epoch); any process may
 then decide its outcome with `complete_transaction(prepared, conf, commit=...)` (EndTxn with
-that PID and epoch). A prepared transaction is not aborted after transaction.timeout.ms but
-after the coordinator's transaction.prepared.max.ms (default 1 hour); a new producer instance
-calling init_transactions() with the same transactional.id aborts it (KIP-939's
-keepPreparedTxn=false), while `init_transactions(keep_prepared_txn=True)` keeps it, and
-`Producer.complete_transaction(state)` then commits it when `state` (read back from the
-external transaction manager, e.g. a database) is the prepared one and aborts it otherwise
-(docs/design.md, "Two-phase commit with a database").
+that PID and epoch). The coordinator never aborts a prepared transaction by itself; a new
+producer instance calling init_transactions() with the same transactional.id aborts it
+(KIP-939's keepPreparedTxn=false), while `init_transactions(keep_prepared_txn=True)` keeps it
+under a new epoch that fences every earlier instance, and `Producer.complete_transaction(state)`
+then commits it when `state` (read back from the external transaction manager, e.g. a
+database) is the prepared one and aborts it otherwise. `producer.decide_prepared_transaction`
+is the operator's decision of one whose application does not come back (docs/design.md,
+"Two-phase commit with a database").
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def complete_transaction(prepared: PreparedTxnState | tuple[str, int, int], conf
     after a failover).
 
     Raises errors.ProducerFencedError when the transactional.id has a newer epoch
-    (a new producer instance or transaction.prepared.max.ms aborted it);
+    (a new producer instance initialised: it aborted the transaction, or kept it to
+    decide it itself);
     errors.InvalidTxnStateError when it was completed the other way, or has no
     transaction; errors.InvalidProducerIdMappingError for an unknown PID;
     errors.KafkaTimeoutError when the coordinator does not answer in time (call again).

@@ -10,6 +10,7 @@ from . import errors
 from .config import AdminSchema, parse
 from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
 from ._sender import txn_coordinator_addresses
+from ._two_phase import PreparedTxnState
 from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -29,15 +30,28 @@ class TopicDescription(NamedTuple):
     partitions: dict[int, PartitionDescription]
 
 
+PREPARED_STATE = "PrepareTxn"  # the listed state of a transaction sealed by PrepareTxn, not yet decided
+
+
 class TransactionListing(NamedTuple):
+    """A transaction ListTransactions lists. state: Kafka's state name, or
+    "PrepareTxn" for a prepared transaction (KIP-939), which then has prepared_time_ms
+    (ms) and prepared_state: its PreparedTxnState (the transaction's own PID and
+    epoch, which may differ from the client-facing producer_id / producer_epoch)."""
+
     transactional_id: str
     producer_id: int
     state: str
     producer_epoch: int = -1
     transaction_start_time_ms: int = -1  # -1: no transaction started
+    prepared_time_ms: int = -1  # -1: not prepared
+    prepared_state: PreparedTxnState | None = None
 
 
 class TransactionDescription(NamedTuple):
+    """A transaction DescribeTransactions describes; prepared_time_ms and
+    prepared_state as in TransactionListing."""
+
     transactional_id: str
     state: str
     producer_id: int
@@ -45,6 +59,16 @@ class TransactionDescription(NamedTuple):
     transaction_timeout_ms: int
     transaction_start_time_ms: int
     partitions: tuple[tuple[str, int], ...]
+    prepared_time_ms: int = -1
+    prepared_state: PreparedTxnState | None = None
+
+
+def _prepared(tid: str, msg) -> tuple[int, PreparedTxnState | None]:
+    """(prepared_time_ms, PreparedTxnState) of a listing or description; (-1, None)
+    when it carries no prepared transaction."""
+    if not msg.HasField("prepared"):
+        return -1, None
+    return msg.prepared.prepared_time_ms, PreparedTxnState(tid, msg.prepared.producer_id, msg.prepared.producer_epoch)
 
 
 # The rules of the admin operations, shared with exactly.aio's AIOAdminClient.
@@ -117,7 +141,7 @@ def list_transactions_request(states: Iterable[str], producer_ids: Iterable[int]
 def transaction_listings(resp: pb.ListTransactionsResponse) -> list[TransactionListing]:
     errors.check(resp.error_code)
     return [TransactionListing(t.transactional_id, t.producer_id, t.state, t.producer_epoch,
-                               t.transaction_start_time_ms)
+                               t.transaction_start_time_ms, *_prepared(t.transactional_id, t))
             for t in resp.transaction_states]
 
 
@@ -132,7 +156,8 @@ def describe_transaction_code(resp: pb.DescribeTransactionsResponse) -> int:
 def transaction_descriptions(resp: pb.DescribeTransactionsResponse) -> dict[str, TransactionDescription]:
     return {d.transactional_id: TransactionDescription(
         d.transactional_id, d.state, d.producer_id, d.producer_epoch, d.transaction_timeout_ms,
-        d.transaction_start_time_ms, tuple(sorted((t.topic, p) for t in d.topics for p in t.partitions)))
+        d.transaction_start_time_ms, tuple(sorted((t.topic, p) for t in d.topics for p in t.partitions)),
+        *_prepared(d.transactional_id, d))
         for d in resp.transaction_states}
 
 
@@ -326,7 +351,11 @@ class ProducerState(NamedTuple):
 
 class HangingTransaction(NamedTuple):
     """An open transaction on a partition that its transaction coordinator does not
-    know as ongoing there (`find_hanging`)."""
+    know as ongoing there, or a prepared transaction (KIP-939) waiting for its decision
+    longer than its transaction.timeout.ms, which no coordinator decides
+    (`find_hanging`); prepared_state: the latter's PreparedTxnState string, None for
+    the former. A prepared transaction with no partition is one row with topic "" and
+    partition -1."""
 
     topic: str
     partition: int
@@ -338,6 +367,7 @@ class HangingTransaction(NamedTuple):
     duration_ms: int
     transactional_id: str | None  # the id the coordinators list for the producer id, if any
     reason: str
+    prepared_state: str | None = None
 
 
 # ListOffsets sentinels (docs/design.md, "Last stable offset and read_committed").
@@ -840,21 +870,32 @@ class AdminClient:
         transaction coordinator does not know as an ongoing transaction of that
         producer id including the partition: no coordinator lists the producer id,
         or its transaction is in another state, epoch or partition set. Any real
-        transaction that old would have been aborted by its coordinator."""
+        transaction that old would have been aborted by its coordinator.
+
+        Also every prepared transaction (KIP-939, listed as "PrepareTxn") that has
+        waited for its decision longer than its transaction.timeout.ms since it was
+        prepared, one row per partition of it that is scanned: its coordinator knows
+        it but never decides it (docs/design.md, "Two-phase commit with a database");
+        the reason says how to decide it, and prepared_state is the state string its
+        commit needs."""
         md = self._core.metadata(refresh=True)
+        scan_all = partitions is None and broker is None
         if partitions is None:
             partitions = [TopicPartition(t, p) for t, tm in sorted(md.topics.items()) if tm.error_code == 0
                           for p in sorted(tm.partitions)
                           if broker is None or tm.partitions[p].leader_id == broker]
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        candidates = [(tp, s) for tp, states in sorted(self.describe_producers(list(partitions)).items())
-                      for s in states
+        producers = self.describe_producers(list(partitions))
+        prepared = self.list_transactions([PREPARED_STATE])
+        out = _prepared_rows(self.describe_transactions_lenient(t.transactional_id for t in prepared),
+                             producers, scan_all, now)
+        candidates = [(tp, s) for tp, states in sorted(producers.items()) for s in states
                       if s.current_transaction_start_offset >= 0 and now - s.last_timestamp > max_transaction_timeout_ms]
         if not candidates:
-            return []
+            return out
         listed = {t.producer_id: t for t in self.list_transactions(producer_ids={s.producer_id for _, s in candidates})}
+        listed.update({t.prepared_state.producer_id: t for t in prepared})  # known by its own producer id
         described = self.describe_transactions_lenient(sorted({t.transactional_id for t in listed.values()}))
-        out = []
         for tp, s in candidates:
             listing = listed.get(s.producer_id)
             reason = None
@@ -864,11 +905,11 @@ class AdminClient:
                 d = described.get(listing.transactional_id)
                 if d is None:
                     reason = f"the coordinator cannot describe {listing.transactional_id!r}"
-                elif d.state not in ("Ongoing", "PrepareCommit", "PrepareAbort"):
+                elif d.state not in ("Ongoing", PREPARED_STATE, "PrepareCommit", "PrepareAbort"):
                     reason = f"the coordinator's transaction of {d.transactional_id!r} is {d.state}"
-                elif d.producer_id != s.producer_id or d.producer_epoch < s.producer_epoch:
+                elif _transaction_producer(d) != s.producer_id or _transaction_epoch(d) < s.producer_epoch:
                     reason = (f"the coordinator's transaction of {d.transactional_id!r} is producer "
-                              f"{d.producer_id} epoch {d.producer_epoch}")
+                              f"{_transaction_producer(d)} epoch {_transaction_epoch(d)}")
                 elif (tp.topic, tp.partition) not in d.partitions:
                     reason = f"the coordinator's transaction of {d.transactional_id!r} does not include the partition"
             if reason is not None:
@@ -916,6 +957,45 @@ class AdminClient:
 __all__ = ["AdminClient", "TopicDescription", "PartitionDescription", "TransactionListing",
            "TransactionDescription", "ConfigEntry", "GroupListing", "GroupDescription", "MemberDescription",
            "OffsetLag", "ProducerState", "HangingTransaction"]
+
+
+def _transaction_producer(d: TransactionDescription) -> int:
+    """The producer id the data of `d`'s transaction carries: its prepared
+    transaction's own once a new instance kept it, else the client-facing one."""
+    return d.prepared_state.producer_id if d.prepared_state is not None else d.producer_id
+
+
+def _transaction_epoch(d: TransactionDescription) -> int:
+    """The producer epoch that goes with `_transaction_producer(d)`."""
+    return d.prepared_state.epoch if d.prepared_state is not None else d.producer_epoch
+
+
+def _prepared_rows(prepared: Mapping[str, TransactionDescription], producers: Mapping[TopicPartition, list],
+                   scan_all: bool, now_ms: int) -> list[HangingTransaction]:
+    """`AdminClient.find_hanging`'s rows of the prepared transactions of `prepared`
+    (transactional.id -> description) prepared more than their transaction.timeout.ms
+    ago, on the scanned partitions (`producers`: their producer states; a transaction
+    without partitions only when `scan_all`)."""
+    out = []
+    for d in prepared.values():
+        state, waited = d.prepared_state, now_ms - d.prepared_time_ms
+        if state is None or waited <= d.transaction_timeout_ms:
+            continue
+        reason = (f"prepared {waited} ms ago, longer than its transaction.timeout.ms ({d.transaction_timeout_ms} ms); "
+                  "no coordinator decides it: restart the application that owns it (its recovery decides), or "
+                  "run `exactly transactions commit-prepared` with the state its database holds, or "
+                  "`exactly transactions abort-prepared`")
+        tps = [TopicPartition(*tp) for tp in d.partitions if TopicPartition(*tp) in producers]
+        rows = [(tp, next((s for s in producers[tp] if s.producer_id == state.producer_id), None)) for tp in tps]
+        if not d.partitions and scan_all:
+            rows = [(TopicPartition("", -1), None)]
+        for tp, s in rows:
+            out.append(HangingTransaction(tp.topic, tp.partition, state.producer_id, state.epoch,
+                                          s.coordinator_epoch if s else -1,
+                                          s.current_transaction_start_offset if s else -1,
+                                          s.last_timestamp if s else -1, waited, d.transactional_id, reason,
+                                          state.serialize()))
+    return out
 
 
 def _quota_entity(entity: Mapping[str, str | None]) -> list[pb.ClientQuotaEntityComponent]:

@@ -129,9 +129,10 @@ def recover(conn: psycopg.Connection, producer: Producer, timeout: float | None 
 
     Returns "committed", "aborted" or "none" (no prepared transaction was kept).
     Raises psycopg.errors.LockNotAvailable when another instance holds the row lock
-    longer than `timeout` (default 60 s); errors.ProducerFencedError when transaction.prepared.max.ms aborted a
-    transaction the database committed (the two sides then differ: the case the
-    setting must be long enough to exclude), the producer's other errors, psycopg.Error.
+    longer than `timeout` (default 60 s); errors.ProducerFencedError when another instance of the
+    transactional.id initialised after this one (it decides now), the producer's other errors,
+    psycopg.Error. The coordinator never aborts a prepared transaction by itself, so what the
+    database committed is never aborted in the log behind its back.
     """
     tid = producer.transactional_id
     if not tid:

@@ -487,8 +487,8 @@ class Producer:
         """First phase of a two-phase commit (KIP-939 prepareTransaction()): flush the
         transaction's records, then seal it at the transaction coordinator
         (PrepareTxn). The transaction stays open: no record may be sent to it any
-        more, and the coordinator no longer aborts it after transaction.timeout.ms
-        but after transaction.prepared.max.ms (coordinator setting, default 1 hour).
+        more, and the coordinator never aborts it by itself (not after
+        transaction.timeout.ms, nor at any later time: KIP-939).
         Returns PreparedTxnState(transactional_id, producer_id, epoch); the second
         phase is `complete_transaction(state)` (or commit_transaction() /
         abort_transaction()) on this producer, or on a producer of the same
@@ -709,6 +709,46 @@ class Producer:
         self.close()
 
 
+def decide_prepared_transaction(transactional_id: str, conf: Mapping[str, Any] | str, commit: bool,
+                                state: PreparedTxnState | str | None = None,
+                                timeout: float | None = None) -> PreparedTxnState:
+    """An operator's decision of a prepared transaction (KIP-939), which the transaction
+    coordinator never takes by itself: a producer of `transactional_id` runs
+    init_transactions(keep_prepared_txn=True) -- which fences every instance of the
+    id, the application's among them -- and commits the kept transaction when
+    commit=True and `state` (the PreparedTxnState, or its serialize() string, that the
+    application's database holds) is that transaction's, or aborts it when
+    commit=False (`state`, when given, must match too). `conf`: producer settings
+    (`config.ProducerSchema`, bootstrap.servers required; transactional.id is set
+    here), or the bootstrap.servers string; `timeout` in seconds per call (default
+    max.block.ms). Returns the decided transaction's PreparedTxnState.
 
-__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction", "rewind_to_committed",
+    Raises ValueError for commit=True without `state`; errors.InvalidTxnStateError
+    when no transaction of the id is prepared (its epoch was bumped all the same),
+    or when `state` is not the prepared transaction's: nothing is decided then, the
+    transaction stays prepared; the producer's errors (ProducerFencedError when
+    another instance initialised meanwhile, KafkaTimeoutError)."""
+    if isinstance(state, str):
+        state = PreparedTxnState.deserialize(state)
+    if commit and state is None:
+        raise ValueError("committing a prepared transaction needs the state its transaction manager holds")
+    settings = {"bootstrap.servers": conf} if isinstance(conf, str) else dict(conf)
+    producer = Producer({**settings, "transactional.id": transactional_id})
+    try:
+        producer.init_transactions(timeout, keep_prepared_txn=True)
+        prepared = producer.prepared_transaction_state()
+        if prepared is None:
+            raise errors.InvalidTxnStateError(f"transactional.id {transactional_id!r} has no prepared transaction")
+        if state is not None and tuple(PreparedTxnState(*state)) != tuple(prepared):
+            raise errors.InvalidTxnStateError(
+                f"the prepared transaction of {transactional_id!r} is {prepared.serialize()!r}, not "
+                f"{PreparedTxnState(*state).serialize()!r}: nothing decided, it stays prepared")
+        producer.complete_transaction(prepared if commit else None, timeout)
+        return prepared
+    finally:
+        producer.close()
+
+
+__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction",
+           "decide_prepared_transaction", "rewind_to_committed",
            "TransactionAbortedError"]

@@ -341,6 +341,13 @@ class TxnCoordinatorSchema(ServiceSchema):
     """Transaction coordinator settings (KIP-98 design document, "Added Configurations")."""
 
     ROLE: ClassVar[str] = "transaction coordinator"
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        **_SERVICE_UNSUPPORTED,
+        "transaction.prepared.max.ms": "removed: the coordinator never aborts a prepared transaction by itself "
+        "(KIP-939). Its transaction manager decides it (exactly.postgres.recover()), or an operator: exactly "
+        "transactions commit-prepared / abort-prepared; the alert ExactlyPreparedTransactionWaiting says when one "
+        "waits. Remove the key.",
+    }
 
     transaction_max_timeout_ms: int | None = setting(
         "transaction.max.timeout.ms", None, "Largest transaction.timeout.ms a producer may ask for (default "
@@ -365,9 +372,6 @@ class TxnCoordinatorSchema(ServiceSchema):
         "exactly.producer.ids.rate", 100.0, "InitProducerId calls per second each principal may make to one "
         "transaction coordinator with the authorizer on (KIP-936's producer_ids_rate; bursts of one second's "
         "worth; THROTTLING_QUOTA_EXCEEDED above; 0: no limit).", MEDIUM, ge=0)
-    transaction_prepared_max_ms: int = setting(
-        "transaction.prepared.max.ms", 3600000, "ms a transaction sealed by PrepareTxn may wait for its EndTxn "
-        "before it is aborted.", MEDIUM, ge=1)
     state_log_num_partitions: int = setting("transaction.state.log.num.partitions", 8, "Partitions of "
                                             "__transaction_state when this coordinator creates it.", MEDIUM, ge=1)
     state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "
@@ -475,11 +479,12 @@ def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     for key, value in props.items():
         roles = [role for role, schema in SERVICE_SCHEMAS.items() if key in keys(schema)]
         if not roles:
-            try:
-                parse(ServiceSchema, {key: value})
-            except ConfigurationError as exc:
-                if exc.allowed == "not supported":
-                    raise  # with the reason
+            for schema in (ServiceSchema, *SERVICE_SCHEMAS.values()):
+                try:
+                    parse(schema, {key: value})
+                except ConfigurationError as exc:
+                    if exc.allowed == "not supported":
+                        raise  # with the reason
             guess = difflib.get_close_matches(key.replace("_", ".").lower(), every, n=1, cutoff=0.75)
             hint = f"; did you mean {guess[0]!r}?" if guess else ""
             raise ConfigurationError(f"unknown configuration key {key!r} for every service role{hint}",

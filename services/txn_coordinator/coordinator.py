@@ -64,7 +64,7 @@ from .ports import (AMBIGUOUS_APPEND_ERRORS, OFFSETS_TOPIC, UNANSWERED_MARKER_ER
                     TxnLogFetch, TxnLogStore, TxnMarker)
 from .requests import TxnRequests
 from .scans import TxnScans
-from .state import TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata
+from .state import TransactionMetadata, TxnState, TxnStateSummary, TxnTransitMetadata, listed_state_names
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
     log, markers, topology: the ports (ports.py); pids: PID allocation; config: the parsed
     settings (services.common.settings.TxnCoordinatorSchema; its defaults when None); clock: wall-clock
     ms (timestamps written to the transaction log); monotonic: ms of a monotonic clock
-    (every duration: transaction.timeout.ms, transaction.prepared.max.ms, the
+    (every duration: transaction.timeout.ms, a prepared transaction's age, the
     expirations, the marker deadline; docs/design.md, "Clocks"); sleep: async (seconds) -> None
     (injected in tests); on_fenced(partition, coordinator_epoch): called (on the loop)
     when a newer owner of the partition exists (services.common.cluster.owned.PartitionOwner,
@@ -331,18 +331,15 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
 
     def list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
                           duration_filter_ms: int = 0) -> tuple[ErrorCode, list[TxnStateSummary]]:
-        """ListTransactions over the owned partitions. state_filters: Kafka state
-        names ("Ongoing", ...; unknown names match nothing); producer_id_filters: PIDs;
-        duration_filter_ms > 0: only transactions started at least that many ms ago
-        (KIP-994; a transactional.id with no transaction started never matches).
-        Empty filters match all. COORDINATOR_LOAD_IN_PROGRESS while a partition loads."""
+        """ListTransactions over the owned partitions. state_filters: the listed state
+        names (`TxnStateSummary.state_name`: Kafka's, "PrepareTxn" for a prepared
+        transaction, which "Ongoing" does not select; unknown names match nothing);
+        producer_id_filters: PIDs (client-facing); duration_filter_ms > 0: only
+        transactions started at least that many ms ago (KIP-994; a transactional.id
+        with no transaction started never matches). Empty filters match all.
+        COORDINATOR_LOAD_IN_PROGRESS while a partition loads."""
         names = list(state_filters)
-        states = set()
-        for name in names:
-            try:
-                states.add(TxnState.from_name(name))
-            except ValueError:
-                pass
+        states = listed_state_names(names)
         if names and not states:
             return ErrorCode.NONE, []
         pids = set(producer_id_filters)
@@ -354,13 +351,14 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
             if part.error:
                 continue
             for md in part.txns.values():
-                if md.state is TxnState.DEAD or (states and md.state not in states) or \
-                        (pids and md.producer_id not in pids):
+                if md.state is TxnState.DEAD or (pids and md.producer_id not in pids):
                     continue
                 if duration_filter_ms > 0 and (md.txn_start_timestamp < 0 or
                                                now - md.txn_start_timestamp < duration_filter_ms):
                     continue
-                out.append(TxnStateSummary.of(md))
+                summary = TxnStateSummary.of(md)
+                if not states or summary.state_name in states:
+                    out.append(summary)
         return ErrorCode.NONE, sorted(out, key=lambda s: s.transactional_id)
 
     def describe_transactions(self, transactional_ids: Iterable[str]) -> list[DescribeResult]:

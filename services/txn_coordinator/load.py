@@ -3,7 +3,8 @@ Coordinator Startup").
 
 Fence the previous owner, replay the log into the partition's cache (transactions,
 KIP-447 group assignments, producer-id bindings), resume the timeouts, and roll
-prepared transactions forward.
+PrepareCommit / PrepareAbort transactions forward (a transaction sealed by PrepareTxn
+stays as it is: its transaction manager decides it).
 
 `TxnLoad` is a part of `coordinator.TransactionCoordinator`.
 """
@@ -91,14 +92,15 @@ class TxnLoad:
 
     def _resume_timeouts(self, txns: Iterable[TransactionMetadata], loaded_at: int) -> None:
         """A loaded transaction resumes its timeout: its age at the load is the wall
-        clock's (now - txn_start_timestamp, or - prepared_timestamp), taken as 0 when
-        negative (this host's clock is behind the previous owner's: no hang) and at
-        most its limit + 1 ms; from then on only the monotonic clock counts."""
+        clock's (now - txn_start_timestamp), taken as 0 when negative (this host's
+        clock is behind the previous owner's: no hang) and at most its
+        transaction.timeout.ms + 1 ms; from then on only the monotonic clock counts. A
+        prepared transaction has no timeout (the coordinator never aborts it): its
+        wall-clock age since its prepare, 0 when negative, only feeds its age metric."""
         now = self._clock()
         for md in txns:
             if md.txn_start_timestamp >= 0:
                 age = min(max(now - md.txn_start_timestamp, 0), md.txn_timeout_ms + 1)
                 md.started_monotonic_ms = loaded_at - age
             if md.prepared_timestamp >= 0:
-                age = min(max(now - md.prepared_timestamp, 0), self.config.transaction_prepared_max_ms + 1)
-                md.prepared_monotonic_ms = loaded_at - age
+                md.prepared_monotonic_ms = loaded_at - max(now - md.prepared_timestamp, 0)

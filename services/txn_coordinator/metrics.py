@@ -5,7 +5,11 @@ dashboards in deploy/grafana read them:
   coordinator, per owned `__transaction_state` partition (gauge);
 - exactly_txn_transactions{state}: transactional ids by state of the transaction
   state machine (Empty, Ongoing, PrepareCommit, ...; every state exported, 0 when
-  none), read at scrape time on the event loop;
+  none; a prepared transaction is Ongoing), read at scrape time on the event loop;
+- exactly_txn_prepared_transactions: transactions sealed by PrepareTxn and not yet
+  decided (KIP-939), and exactly_txn_oldest_prepared_transaction_age_seconds: how long
+  the oldest of them has waited for its decision (0 when none): the coordinator never
+  decides one itself, so the alert ExactlyPreparedTransactionWaiting watches it;
 - exactly_txn_completed_total{outcome, cause}: completed transactions, outcome
   commit|abort, cause client (the producer's EndTxn; also completions resumed after a
   coordinator move, whose cause the log does not record), timeout (aborted after
@@ -83,7 +87,14 @@ class TransactionStateCollector(LoopCollector):
                 counts[state] = counts.get(state, 0) + n
         for state, n in counts.items():
             family.add_metric([state], n)
-        return [family, coordinator_partitions("txn", coordinators)]
+        prepared = GaugeMetricFamily("exactly_txn_prepared_transactions",
+                                     "Transactions sealed by PrepareTxn waiting for their decision (KIP-939)",
+                                     value=sum(c.prepared_count() for c in coordinators))
+        oldest = GaugeMetricFamily("exactly_txn_oldest_prepared_transaction_age_seconds",
+                                   "How long the oldest prepared transaction has waited for its decision, "
+                                   "seconds (0: none); the coordinator never decides one by itself",
+                                   value=max((c.oldest_prepared_age_ms() for c in coordinators), default=0) / 1000)
+        return [family, prepared, oldest, coordinator_partitions("txn", coordinators)]
 
 
 STATES = TransactionStateCollector()

@@ -527,12 +527,13 @@ class TxnRequests:
                           group_id: str = "", generation_id: int = -1) -> ErrorCode:
         """PrepareTxn: two-phase commit in the spirit of KIP-939. Seals the ongoing
         transaction: it stays Ongoing (its data below the LSO stays undecided), later
-        AddPartitionsToTxn / AddOffsetsToTxn get INVALID_TXN_STATE, and instead of
-        transaction.timeout.ms it is bounded by transaction.prepared.max.ms. The prepared
-        timestamp is appended to the transaction log, so it survives coordinator restart
-        and failover. EndTxn with the same PID and epoch, from any process, completes it;
-        InitProducerId of the transactional.id aborts it with an epoch bump (fencing), as
-        for any ongoing transaction.
+        AddPartitionsToTxn / AddOffsetsToTxn get INVALID_TXN_STATE, and the coordinator
+        never aborts it by itself (no transaction.timeout.ms, nor any other time: its
+        transaction manager or an operator decides). The prepared timestamp is appended
+        to the transaction log, so it survives coordinator restart and failover. EndTxn
+        with the same PID and epoch, from any process, completes it; InitProducerId of the
+        transactional.id aborts it with an epoch bump (fencing), as for any ongoing
+        transaction, or, with keep_prepared_txn, keeps it under a new client-facing epoch.
 
         Answers NONE (also when already prepared: a retry); without a transaction in
         progress an empty one is started and sealed. Like AddPartitionsToTxn it first

@@ -1,7 +1,8 @@
 """The periodic scans of the transaction coordinator: timeouts and expirations.
 
-Timed-out and over-long prepared transactions are aborted (design doc
-"Coordinator-side Transaction Expiration"), idle transactional.ids expired
+Timed-out transactions are aborted (design doc "Coordinator-side Transaction
+Expiration"; never a prepared one: docs/design.md, "Two-phase commit with a
+database"), idle transactional.ids expired
 ("Coordinator TransactionalId Expiration"), unused producer-id bindings expired
 (docs/design.md, "Producer-id bindings"). Durations count on the injected monotonic clock (docs/design.md,
 "Clocks").
@@ -35,11 +36,19 @@ class TxnScans:
     async def abort_timed_out_transactions(self) -> int:
         """Design doc "Coordinator-side Transaction Expiration": abort, with an epoch
         bump, every ongoing transaction older than its transaction.timeout.ms (from its
-        first partition), and every prepared one (PrepareTxn) older than
-        transaction.prepared.max.ms (from its prepare); restart the completion of prepared transactions whose
-        completion is not running. Returns the number of transactions aborted.
+        first partition); restart the completion of PrepareCommit / PrepareAbort
+        transactions whose completion is not running. Returns the number of
+        transactions aborted.
 
-        Both durations count on this process's monotonic clock from when it applied the
+        A prepared transaction (sealed by PrepareTxn) is never aborted here, however old:
+        the coordinator is a participant that voted yes, and only the transaction
+        manager that holds the decision -- the application's database through
+        `exactly.postgres.recover()`, or an operator (`exactly transactions
+        commit-prepared` / `abort-prepared`) -- completes it (KIP-939 has no timeout for
+        a prepared transaction). Its age is exported for an alert
+        (`oldest_prepared_age_ms`).
+
+        The timeout counts on this process's monotonic clock from when it applied the
         transition: a wall clock stepped forwards expires nothing early, one stepped
         backwards holds nothing longer. A transaction loaded after a failover or restart
         resumes with its wall-clock age at the load (`_resume_timeouts`; docs/design.md,
@@ -54,12 +63,8 @@ class TxnScans:
             if md.prepared_monotonic_ms is None:
                 md.prepared_monotonic_ms = now
             if md.is_prepared:
-                if md.prepared_monotonic_ms + self.config.transaction_prepared_max_ms < now:
-                    log.info("prepared transaction of %r (PID %d epoch %d) waited more than "
-                             "transaction.prepared.max.ms (%d ms); aborting", md.transactional_id,
-                             md.producer_id, md.producer_epoch, self.config.transaction_prepared_max_ms)
-                    aborts.append(self._fence_and_abort(part, md))
-            elif md.state is TxnState.ONGOING and md.started_monotonic_ms + md.txn_timeout_ms < now:
+                continue  # decided by its transaction manager or an operator, never by a clock
+            if md.state is TxnState.ONGOING and md.started_monotonic_ms + md.txn_timeout_ms < now:
                 log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
                          md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
                 aborts.append(self._fence_and_abort(part, md, cause="timeout"))
@@ -86,6 +91,19 @@ class TxnScans:
                     and (md.updated_monotonic_ms is None
                          or md.updated_monotonic_ms + self.config.transactional_id_expiration_ms <= mono)]
         return sum(await asyncio.gather(*expiring))
+
+    def prepared_count(self) -> int:
+        """Prepared transactions of the loaded owned partitions (metrics)."""
+        return sum(1 for _, md in self._loaded_txns() if md.is_prepared)
+
+    def oldest_prepared_age_ms(self) -> int:
+        """Age (ms, on this process's monotonic clock; a transaction loaded from the log
+        counts its wall-clock age at the load) of the oldest prepared transaction of the
+        loaded owned partitions; 0 when none is prepared (metrics)."""
+        now = self._monotonic()
+        ages = [now - md.prepared_monotonic_ms for _, md in self._loaded_txns()
+                if md.is_prepared and md.prepared_monotonic_ms is not None]
+        return max(ages, default=0)
 
     def _loaded_txns(self) -> list[tuple[TxnPartition, TransactionMetadata]]:
         """(partition, metadata) of every transactional.id of the loaded, not

@@ -19,7 +19,7 @@ from services.common.security.pid_binding import RatePerPrincipal
 
 from . import metrics
 from .coordinator import TransactionCoordinator
-from .state import GroupAssignment
+from .state import GroupAssignment, TxnStateSummary
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,14 @@ def _topics(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
     for topic, partition in sorted(partitions):
         by_topic[topic].append(partition)
     return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def _prepared(s: TxnStateSummary) -> pb.PreparedTransaction | None:
+    """The PreparedTransaction of a listed transaction; None when it is not prepared."""
+    if s.prepared_producer is None:
+        return None
+    return pb.PreparedTransaction(prepared_time_ms=s.prepared_timestamp, producer_id=s.prepared_producer[0],
+                                  producer_epoch=s.prepared_producer[1])
 
 
 def _rpc(name: str):
@@ -144,8 +152,8 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                                                             request.duration_filter_ms)
         return pb.ListTransactionsResponse(error_code=code, transaction_states=[
             pb.TransactionListing(transactional_id=s.transactional_id, producer_id=s.producer_id,
-                                  state=s.state.kafka_name, transaction_start_time_ms=s.txn_start_timestamp,
-                                  producer_epoch=s.producer_epoch) for s in listing
+                                  state=s.state_name, transaction_start_time_ms=s.txn_start_timestamp,
+                                  producer_epoch=s.producer_epoch, prepared=_prepared(s)) for s in listing
             if authz.visible(Op.DESCRIBE, Resource(ResourceType.TRANSACTIONAL_ID, s.transactional_id))])
 
     @_rpc("DescribeTransactions")
@@ -156,7 +164,7 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
             desc = pb.TransactionDescription(error_code=d.error, transactional_id=d.transactional_id)
             if d.summary is not None:
                 s = d.summary
-                desc.state = s.state.kafka_name
+                desc.state = s.state_name
                 desc.transaction_timeout_ms = s.txn_timeout_ms
                 desc.transaction_start_time_ms = s.txn_start_timestamp
                 desc.producer_id = s.producer_id
@@ -165,5 +173,7 @@ class TxnCoordinatorServicer(pbg.TransactionCoordinatorServicer):
                 desc.topics.extend(_topics(tp for tp in s.partitions
                                            if authz.visible(Op.DESCRIBE, Resource(ResourceType.TOPIC, tp[0]))))
                 desc.prepared_time_ms = s.prepared_timestamp
+                if s.prepared_producer is not None:
+                    desc.prepared.CopyFrom(_prepared(s))
             out.append(desc)
         return pb.DescribeTransactionsResponse(transaction_states=out)

@@ -636,9 +636,33 @@ class TransactionMetadata:
         raise TransitionMismatchError(f"transactional.id {self.transactional_id!r}: {why}: {self!r} -> {transit!r}")
 
 
+# The state ListTransactions / DescribeTransactions name for an Ongoing transaction
+# sealed by PrepareTxn (KIP-939's prepared state; not a state of the state machine).
+PREPARED_STATE_NAME = "PrepareTxn"
+
+
+def listed_state_names(names: Iterable[str]) -> set[str]:
+    """The listed state names (`TxnStateSummary.state_name`) that ListTransactions'
+    state filters `names` select: Kafka's names in any spelling `TxnState.from_name`
+    reads, and PREPARED_STATE_NAME ("PrepareTxn", "PREPARE_TXN", any case); unknown
+    names select nothing."""
+    out = set()
+    for name in names:
+        if name.replace("_", "").lower() == PREPARED_STATE_NAME.lower():
+            out.add(PREPARED_STATE_NAME)
+            continue
+        try:
+            out.add(TxnState.from_name(name).kafka_name)
+        except ValueError:
+            pass
+    return out
+
+
 @dataclass
 class TxnStateSummary:
-    """A read-only view for ListTransactions / DescribeTransactions."""
+    """A read-only view for ListTransactions / DescribeTransactions. prepared_producer:
+    (PID, epoch) of a prepared transaction (`TransactionMetadata.prepared_producer`),
+    None when none is prepared."""
 
     transactional_id: str
     producer_id: int
@@ -648,8 +672,15 @@ class TxnStateSummary:
     txn_start_timestamp: int
     partitions: list[TopicPartition] = field(default_factory=list)
     prepared_timestamp: int = -1  # ms; -1: not prepared
+    prepared_producer: tuple[int, int] | None = None
+
+    @property
+    def state_name(self) -> str:
+        """The state as listed: PREPARED_STATE_NAME for a prepared transaction, else
+        Kafka's name of the state."""
+        return PREPARED_STATE_NAME if self.prepared_producer is not None else self.state.kafka_name
 
     @classmethod
     def of(cls, md: TransactionMetadata) -> "TxnStateSummary":
         return cls(md.transactional_id, md.producer_id, md.producer_epoch, md.state, md.txn_timeout_ms,
-                   md.txn_start_timestamp, sorted(md.partitions), md.prepared_timestamp)
+                   md.txn_start_timestamp, sorted(md.partitions), md.prepared_timestamp, md.prepared_producer)

@@ -30,6 +30,7 @@ GAUGES = {
     "exactly_partition_log_size_bytes", "exactly_controller_active", "exactly_cluster_offline_partitions",
     "exactly_cluster_live_nodes", "exactly_coordinator_unavailable_partitions", "exactly_coordinator_partitions",
     "exactly_group_committed_offset", "exactly_group_lag_offsets", "exactly_log_dir_offline",
+    "exactly_txn_prepared_transactions", "exactly_txn_oldest_prepared_transaction_age_seconds",
 }
 COUNTERS = {
     "exactly_produce_bytes_total", "exactly_produce_records_total", "exactly_fetch_bytes_total",

@@ -305,7 +305,7 @@ def test_hanging_transaction_found_and_aborted(make_cluster):
     assert hanging == [{"topic": "hang", "partition": 0, "producer_id": pid, "producer_epoch": 3,
                         "coordinator_epoch": -1, "start_offset": 2, "last_timestamp": hour_ago,
                         "duration_ms": hanging[0]["duration_ms"], "transactional_id": None,
-                        "reason": f"no transaction coordinator knows producer id {pid}"}]
+                        "reason": f"no transaction coordinator knows producer id {pid}", "prepared_state": None}]
     assert hanging[0]["duration_ms"] >= 3_600_000
     assert run_json("transactions", "find-hanging", "--topic", "hang", "--partition", "0",
                     "--max-transaction-timeout", "90", bs=bs) == []
@@ -330,3 +330,76 @@ def test_hanging_transaction_found_and_aborted(make_cluster):
     again = run_json("transactions", "abort", "--topic", "hang", "--partition", "0", "--producer-id", str(pid),
                      "--producer-epoch", "3", "--coordinator-epoch", "-1", bs=bs)
     assert again["aborted"] is True
+
+
+def test_prepared_transactions_are_listed_found_and_decided_by_the_operator(cli_cluster):
+    """Two transactions prepared (KIP-939) and left by their applications: list and
+    describe show them as PrepareTxn with their state strings, on gRPC and at the Kafka
+    port; find-hanging lists them once older than their transaction.timeout.ms; the
+    operator commits one with the state its database would hold (a wrong state is
+    refused, nothing decided) and aborts the other; the coordinator decided neither."""
+    import kafka_requests
+    from exactly import Consumer, Producer
+
+    bs = cli_cluster.bootstrap_servers
+    run("topics", "create", "--topic", "prep", "--partitions", "2", bs=bs)
+    states = {}
+    for tid, value in (("prep-commit", "kept"), ("prep-abort", "dropped")):
+        p = Producer({"bootstrap.servers": bs, "transactional.id": tid, "transaction.timeout.ms": 1000})
+        p.init_transactions(30)
+        p.begin_transaction()
+        for partition in (0, 1):
+            p.send("prep", value.encode(), partition=partition)
+        states[tid] = p.prepare_transaction(30).serialize()
+        p.close()  # the application is gone; its transaction stays prepared
+
+    listed = {t["transactional_id"]: t for t in run_json("transactions", "list", "--state", "PrepareTxn", bs=bs)}
+    assert {tid: (t["state"], t["prepared_state"]) for tid, t in listed.items()} == \
+        {tid: ("PrepareTxn", state) for tid, state in states.items()}
+    assert all(t["prepared_age_ms"] >= 0 for t in listed.values())
+    assert not [t for t in run_json("transactions", "list", "--state", "Ongoing", bs=bs) if t["transactional_id"]
+                in states]
+    [described] = run_json("transactions", "describe", "--transactional-id", "prep-commit", bs=bs)
+    assert (described["state"], described["prepared_state"], described["partitions"]) == \
+        ("PrepareTxn", states["prep-commit"], ["prep-0", "prep-1"])
+    assert described["prepared_time_ms"] > 0
+    # The Kafka port names the state the same way.
+    coordinator = next(s.kafka_address for s in cli_cluster.services.values() if s.role == "txn_coordinator")
+    kafka_listed = kafka_requests.call(coordinator, 66, 0, {"state_filters": ["PrepareTxn"], "producer_id_filters": []})
+    assert {t.transactional_id: t.transaction_state for t in kafka_listed.transaction_states} == \
+        {tid: "PrepareTxn" for tid in states}
+    kafka_described = kafka_requests.call(coordinator, 65, 0, {"transactional_ids": ["prep-abort"]})
+    assert kafka_described.transaction_states[0].transaction_state == "PrepareTxn"
+
+    # Older than their transaction.timeout.ms (1 s): find-hanging lists them, the coordinator decides nothing.
+    def prepared_rows():
+        found = [h for h in run_json("transactions", "find-hanging", bs=bs) if h["prepared_state"]]
+        return found if len(found) == 4 else None  # each transaction's two partitions
+
+    rows = wait_for(prepared_rows, 30, "find-hanging to list the prepared transactions")
+    assert sorted((h["transactional_id"], h["topic"], h["partition"], h["prepared_state"]) for h in rows) == \
+        sorted((tid, "prep", p, state) for tid, state in states.items() for p in (0, 1))
+    assert all("commit-prepared" in h["reason"] and h["start_offset"] >= 0 for h in rows)
+
+    assert_one_line_error(run("transactions", "commit-prepared", "--transactional-id", "prep-commit", "--state",
+                              states["prep-abort"], bs=bs, ok=False), "nothing decided")
+    assert_one_line_error(run("transactions", "commit-prepared", "--transactional-id", "prep-commit", "--state",
+                              "not-a-state", bs=bs, ok=False), "--state", code=2)
+    assert run_json("transactions", "describe", "--transactional-id", "prep-commit", bs=bs)[0]["state"] == \
+        "PrepareTxn"  # refused: still prepared
+    out = run("transactions", "commit-prepared", "--transactional-id", "prep-commit", "--state", states["prep-commit"],
+              bs=bs).stdout
+    assert f"Committed the prepared transaction {states['prep-commit']}" in out
+    assert run_json("transactions", "abort-prepared", "--transactional-id", "prep-abort", bs=bs)["outcome"] == "aborted"
+    assert_one_line_error(run("transactions", "abort-prepared", "--transactional-id", "prep-abort", bs=bs, ok=False),
+                          "has no prepared transaction")
+    assert [t for t in run_json("transactions", "list", "--state", "PrepareTxn", bs=bs)
+            if t["transactional_id"] in states] == []
+    consumer = Consumer({"bootstrap.servers": bs, "isolation.level": "read_committed"})
+    tps = [TopicPartition("prep", 0), TopicPartition("prep", 1)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(tps)
+    seen: list[bytes] = []
+    wait_for(lambda: seen.extend(r.value for r in consumer.poll(0.2)) or len(seen) >= 2, 20, "the committed records")
+    assert consumer.poll(1.0) == [] and seen == [b"kept", b"kept"]
+    consumer.close()

@@ -28,7 +28,8 @@ import uuid
 import pytest
 import yaml
 
-from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition
+from exactly import (AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition,
+                     decide_prepared_transaction)
 
 from waiting import wait_for
 from exactly_tools.ports import free_port
@@ -43,8 +44,9 @@ NAMESPACE = "exactly-test"  # the label Kubernetes service discovery would add
 
 def rules_for_test(text: str) -> dict:
     """The alert rules of `text` with every `for` at 1 s, the stuck-LSO window at 5 s
-    and the hanging-transaction threshold at 3 s (instead of transaction.max.timeout.ms),
-    so that they can fire within a test. Fails when the rule file changed shape."""
+    and the hanging- and prepared-transaction thresholds at 3 s (instead of
+    transaction.max.timeout.ms and 5 minutes), so that they can fire within a test.
+    Fails when the rule file changed shape."""
     rules = yaml.safe_load(text)
     seen = set()
     for group in rules["groups"]:
@@ -57,6 +59,9 @@ def rules_for_test(text: str) -> dict:
             if rule["alert"] == "ExactlyHangingTransaction":
                 assert rule["expr"].endswith(" > 900")
                 rule["expr"] = rule["expr"][:-len("900")] + "3"
+            if rule["alert"] == "ExactlyPreparedTransactionWaiting":
+                assert rule["expr"].endswith(" > 300")
+                rule["expr"] = rule["expr"][:-len("300")] + "3"
     assert {"ExactlyStuckLastStableOffset", "ExactlyHangingTransaction", "ExactlyOfflinePartitions",
             "ExactlyUnderReplicatedPartitions", "ExactlyCoordinatorUnavailable"} <= seen
     return rules
@@ -362,6 +367,36 @@ def test_every_dashboard_expression_returns_data_and_lso_follows_transactions(cl
     }
     for expr, least in expected.items():
         wait_for(lambda: (prometheus.value(expr) or 0) >= least, 30, f"{expr} >= {least}", interval_s=0.5)
+
+
+def test_the_prepared_transaction_alert_fires_until_the_transaction_is_decided(cluster, prometheus):
+    """A transaction prepared (KIP-939) and left by its application: the coordinator
+    keeps it and reports its age; ExactlyPreparedTransactionWaiting fires (threshold
+    lowered to 3 s) and resolves once an operator decided it."""
+    wait_rules_loaded_and_healthy(prometheus)
+    topic, tid = _name("prep"), _name("prep")
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, 1)], timeout=60)
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid})
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send(topic, b"prepared", partition=0)
+        state = p.prepare_transaction()
+    finally:
+        p.close()  # the application is gone
+    wait_for(lambda: prometheus.value("sum(exactly_txn_prepared_transactions)") == 1, 30,
+             "the coordinator to report one prepared transaction", interval_s=0.5)
+    labels = wait_for(lambda: prometheus.firing("ExactlyPreparedTransactionWaiting"), 30,
+                      "ExactlyPreparedTransactionWaiting to fire", interval_s=0.5)[0]
+    assert (labels["namespace"], labels["job"], labels["severity"]) == (NAMESPACE, "exactly", "critical")
+    assert prometheus.value("max(exactly_txn_oldest_prepared_transaction_age_seconds)") >= 3
+    decide_prepared_transaction(tid, cluster.bootstrap_servers, commit=True, state=state)
+    wait_for(lambda: prometheus.value("sum(exactly_txn_prepared_transactions)") == 0
+             and prometheus.value("max(exactly_txn_oldest_prepared_transaction_age_seconds)") == 0, 30,
+             "no prepared transaction left", interval_s=0.5)
+    wait_for(lambda: not prometheus.firing("ExactlyPreparedTransactionWaiting"), 30,
+             "the alert to resolve once the transaction is decided", interval_s=0.5)
 
 
 def test_alerts_fire_for_offline_under_replicated_partitions_and_an_unowned_coordinator(make_cluster, tmp_path):

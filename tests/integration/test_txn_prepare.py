@@ -1,22 +1,29 @@
 """Two-phase commit (in the spirit of KIP-939) against a real cluster:
 Producer.prepare_transaction() seals a transaction that another process completes
-with exactly.complete_transaction(); a prepared transaction is not aborted after
-transaction.timeout.ms but after transaction.prepared.max.ms, survives a
-transaction coordinator restart, and is fenced by a newer epoch
-(docs/design.md, "Transactions")."""
+with exactly.complete_transaction(); the coordinator never aborts a prepared
+transaction (not after transaction.timeout.ms, nor when a new owner's clock says it
+is old), it survives a transaction coordinator restart, and is fenced by a newer
+epoch (docs/design.md, "Transactions")."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
 
 from exactly import (AdminClient, Consumer, NewTopic, PreparedTransaction, Producer, TopicPartition,
                      complete_transaction, errors)
+from exactly._client import COORDINATOR_TRANSACTION
+from exactly_tools.devcluster import DevCluster
 
+import clockfault
+from clockfault import clock_faults  # noqa: F401 - fixture: fails without libfaketime
+from clusters import new_chroot
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -107,7 +114,7 @@ def test_prepared_transaction_outlives_its_timeout_and_is_committed_by_another_p
                        20, "the timeout scan to abort the unprepared transaction")
     assert (aborted.producer_id, aborted.producer_epoch) == (pid, epoch + 1)  # fenced by the abort
     d = describe(cluster, tid)
-    assert (d.state, d.producer_id, d.producer_epoch) == ("Ongoing", prepared.producer_id, prepared.epoch)
+    assert (d.state, d.producer_id, d.producer_epoch) == ("PrepareTxn", prepared.producer_id, prepared.epoch)
     assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
     # The second phase, from another process, with only the three values.
     script = ("import json, sys; from exactly import complete_transaction; "
@@ -120,17 +127,65 @@ def test_prepared_transaction_outlives_its_timeout_and_is_committed_by_another_p
         complete_transaction(prepared, cluster.bootstrap_servers, commit=False)
 
 
-def test_prepared_transaction_is_aborted_after_prepared_max(make_cluster):
-    cluster = make_cluster(props={**FAST_TIMEOUTS, "transaction.prepared.max.ms": "1500"})
-    topic = create_topic(cluster)
-    tid = _name("2pc")
-    prepared = prepare(cluster, topic, tid, timeout_ms=60000)
-    wait_for(lambda: describe(cluster, tid).state == "CompleteAbort", 20,
-             "the prepared transaction to be aborted after transaction.prepared.max.ms", interval_s=0.2)
-    with pytest.raises(errors.ProducerFencedError):
-        complete_transaction(prepared, cluster.bootstrap_servers, commit=True)
-    assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
-    assert len(read_values(cluster, topic, 2, "read_uncommitted", quiet_s=0.5)) == 10
+def _owned_by(admin: AdminClient, cluster, name: str, prefix: str) -> str:
+    """A transactional.id whose coordinator is service `name`."""
+    address = cluster.services[name].address
+    for i in range(512):
+        tid = f"{prefix}-{i}"
+        if admin._core.find_coordinator(tid, COORDINATOR_TRANSACTION) == address:
+            return tid
+    raise AssertionError(f"no transactional.id of {name} among {prefix}-0..511")
+
+
+def _metric(cluster, name: str, family: str) -> float:
+    """The value of the unlabelled sample `family` on service `name`'s /metrics (0 when absent)."""
+    with urllib.request.urlopen(f"http://{cluster.services[name].metrics_address}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    m = re.search(rf"^{family} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_new_owner_whose_clock_is_ahead_does_not_abort_a_prepared_transaction(zk, tmp_path, clock_faults):
+    """The transaction coordinator txn-1 runs with its wall clock an hour and a minute
+    ahead (libfaketime; an hour was transaction.prepared.max.ms's default). txn-0, on
+    time, owns a prepared transaction and is SIGKILLed; txn-1 takes its
+    __transaction_state partition over and loads the transaction, which looks more
+    than an hour old to it. Scan after scan (every 200 ms) it keeps it prepared -- the
+    database may have committed it -- and reports its age; the application's recovery
+    then commits it."""
+    ahead = clockfault.SteppedClock(tmp_path / "txn-1.faketime")
+    ahead.set(3660)
+    cluster = DevCluster(tmp_path / "cluster", props=dict(FAST_TIMEOUTS), service_env={"txn-1": ahead.env()})
+    try:
+        cluster.up(1, 2, 1, zookeeper=new_chroot(zk, "t"))
+        topic = create_topic(cluster)
+        with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+            tid = _owned_by(admin, cluster, "txn-0", "ahead")
+        prepared = prepare(cluster, topic, tid)
+        cluster.kill("txn-0")
+        with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+            def moved() -> bool:
+                admin._core.invalidate_coordinator(tid, COORDINATOR_TRANSACTION)
+                return admin._core.find_coordinator(tid, COORDINATOR_TRANSACTION) == cluster.services["txn-1"].address
+            wait_for(moved, 60, "txn-1 to own the transactional.id", interval_s=0.5)
+        deadline = time.monotonic() + 5  # 25 timeout scans of txn-1 after its load
+        while time.monotonic() < deadline:
+            d = describe(cluster, tid)
+            assert d.state not in ("PrepareAbort", "CompleteAbort"), d  # never aborted by the new owner
+            time.sleep(0.2)
+        assert (d.state, d.prepared_state) == ("PrepareTxn", prepared)
+        wait_for(lambda: _metric(cluster, "txn-1", "exactly_txn_oldest_prepared_transaction_age_seconds") > 3600,
+                 30, "txn-1 to report the transaction's age, an hour by its clock", interval_s=0.5)
+        assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
+        p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid})
+        try:
+            p.init_transactions(30, keep_prepared_txn=True)
+            assert p.complete_transaction(prepared, 30) == "committed"  # what the database holds
+        finally:
+            p.close()
+        assert read_values(cluster, topic, 2, "read_committed") == sorted(f"v{i}".encode() for i in range(10))
+    finally:
+        cluster.down()
 
 
 def test_new_epoch_fences_a_prepared_transaction(cluster):
@@ -158,7 +213,7 @@ def test_prepared_transaction_survives_coordinator_restart(cluster):
     cluster.kill("txn-0")
     cluster.restart("txn-0")
     d = describe(cluster, tid)
-    assert (d.state, d.producer_epoch) == ("Ongoing", prepared.epoch)
+    assert (d.state, d.producer_epoch) == ("PrepareTxn", prepared.epoch)
     complete_transaction(prepared, cluster.bootstrap_servers, commit=False, timeout=60)
     assert read_values(cluster, topic, 2, "read_committed", quiet_s=0.5) == []
     assert describe(cluster, tid).state == "CompleteAbort"

@@ -171,8 +171,8 @@ class CommitLogState:
 
     def lost(self, query_id: str) -> list[TxnRef]:
         """Transactions of the query's last decided micro-batch that ended aborted
-        although the decision committed them (e.g. transaction.prepared.max.ms passed
-        while the driver was down): their rows are lost and the caller must fail."""
+        although the decision committed them (e.g. an operator aborted them while the
+        driver was down): their rows are lost and the caller must fail."""
         d = self._last_decision.get(query_id)
         return [] if d is None else [t for t in d.txns if self.fates.get(t) is False]
 

@@ -365,8 +365,8 @@ class ExactlyStreamWriter(DataSourceStreamWriter):
         """Complete micro-batch `batchId`: resolve the query's leftovers, then commit
         every task's transaction, or abort them when the micro-batch was committed
         before (a replay after a driver restart). Raises the SDK's errors (e.g.
-        errors.ProducerFencedError when a decided transaction was aborted meanwhile
-        by transaction.prepared.max.ms)."""
+        errors.ProducerFencedError when a decided transaction was aborted meanwhile,
+        by a new producer of its transactional.id or an operator's abort-prepared)."""
         msgs = [m for m in messages if m is not None]
         if not msgs:
             return
@@ -383,8 +383,8 @@ class ExactlyStreamWriter(DataSourceStreamWriter):
         lost = state.lost(query_id)
         if lost:
             raise RuntimeError(f"transactions {lost} of micro-batch {state.decided_batch[query_id]} of query "
-                               f"{query_id} were decided committed but ended aborted (a driver down longer "
-                               "than transaction.prepared.max.ms?); their rows are lost")
+                               f"{query_id} were decided committed but ended aborted (aborted by an operator "
+                               "or another producer while the driver was down?); their rows are lost")
         if already_committed(state, query_id, batchId):
             log.warning("micro-batch %d of query %s was committed before; aborting its replay (%d transactions)",
                         batchId, query_id, len(msgs))

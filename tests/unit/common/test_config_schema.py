@@ -91,6 +91,7 @@ def _args(role: str, *extra: str) -> list[str]:
     ("txn_coordinator", "ssl.keystore.location=/k", "give PEM files"),
     ("group_coordinator", "group.max.size=-1", "group.max.size"),
     ("group_coordinator", "broker.id=3", "use --node-id"),
+    ("txn_coordinator", "transaction.prepared.max.ms=3600000", "never aborts a prepared transaction"),
 ])
 def test_service_command_line_refuses_bad_settings(role, setting, words, capsys):
     with pytest.raises(SystemExit) as info:
@@ -136,6 +137,9 @@ def test_cluster_wide_settings_are_split_by_role():
         settings_by_role({"offsets.topic.num.partition": "4"})
     with pytest.raises(ConfigurationError, match="min.insync.replicas"):
         settings_by_role({"min.insync.replicas": "0"})
+    # A removed key of a role is refused with its reason, not as an unknown key.
+    with pytest.raises(ConfigurationError, match="removed: the coordinator never aborts a prepared transaction"):
+        settings_by_role({"transaction.prepared.max.ms": "3600000"})
 
 
 def test_a_service_process_with_a_bad_setting_exits_before_starting(tmp_path):

@@ -109,3 +109,24 @@ def test_wait_unlisted_times_out_naming_the_topic():
     assert isinstance(flow.send(None), RefreshMetadata)
     with pytest.raises(errors.KafkaTimeoutError, match="grow"):
         flow.send(_metadata(3))
+
+
+def test_find_hanging_rows_of_prepared_transactions_waiting_past_their_timeout():
+    """A prepared transaction (KIP-939) waiting longer than its transaction.timeout.ms
+    gets a row per scanned partition, with its state string and how to decide it; one
+    not yet that old, none; one without partitions, one row when everything is scanned."""
+    from exactly import PreparedTxnState, TopicPartition
+    from exactly.admin import ProducerState, TransactionDescription, _prepared_rows
+
+    def prepared(tid: str, at: int, partitions=(("t", 0), ("t", 1))) -> TransactionDescription:
+        return TransactionDescription(tid, "PrepareTxn", 9, 5, 1000, at - 10, partitions, at,
+                                      PreparedTxnState(tid, 9, 4))
+    producers = {TopicPartition("t", 0): [ProducerState(8, 0, 3, 1, 2, -1), ProducerState(9, 4, 7, 900, 3, 42)]}
+    old, young, empty = prepared("old", 1000), prepared("young", 2500), prepared("empty", 1000, ())
+    rows = _prepared_rows({"old": old, "young": young, "empty": empty}, producers, True, 3000)
+    assert [(r.transactional_id, r.topic, r.partition, r.producer_id, r.producer_epoch, r.start_offset,
+             r.coordinator_epoch, r.duration_ms, r.prepared_state) for r in rows] == [
+        ("old", "t", 0, 9, 4, 42, 3, 2000, "9:4:old"), ("empty", "", -1, 9, 4, -1, -1, 2000, "9:4:empty")]
+    assert "commit-prepared" in rows[0].reason and "abort-prepared" in rows[0].reason
+    assert [r.transactional_id for r in _prepared_rows({"old": old, "empty": empty}, producers, False, 3000)] == \
+        ["old"]

@@ -123,7 +123,7 @@ def test_decided_transactions_that_ended_aborted_are_reported_lost():
     log.marker(7, commit=True)
     state = log.feed(CommitLogState())
     assert state.lost(Q) == []
-    log.marker(8, commit=False)  # e.g. aborted by transaction.prepared.max.ms
+    log.marker(8, commit=False)  # e.g. aborted by an operator's abort-prepared
     log.feed(state)
     assert state.lost(Q) == [(f"spark-{Q}-1-0", 8, 0)]
     assert state.fates[(f"spark-{Q}-0-0", 7, 0)] is True

@@ -55,16 +55,34 @@ def test_next_transaction_restarts_the_timeout_whatever_the_wall_clock():
     run(scenario())
 
 
-def test_prepared_transaction_waits_its_full_prepared_max_ms_after_a_forward_step():
+@pytest.mark.parametrize("ahead_ms", [3_600_001, 10 * 86_400_000], ids=["an-hour", "ten-days"])
+def test_a_new_owner_whose_clock_is_ahead_does_not_abort_a_prepared_transaction(ahead_ms):
+    """A coordinator takes over a `__transaction_state` partition with its wall clock
+    far ahead of the previous owner's (an hour: the former transaction.prepared.max.ms
+    default): the prepared transaction it loads looks that old, and it must not abort
+    it -- the database may have committed it. The application's recovery still
+    decides it."""
     async def scenario():
-        h = Harness(txn_settings({"transaction.prepared.max.ms": 2000}), split_clocks=True)
-        await h.elect()
-        pid, epoch = await h.begin("t", timeout_ms=60_000)
-        assert await h.coord.prepare_txn("t", pid, epoch) == ErrorCode.NONE
-        h.wall.advance(TEN_MINUTES_MS)
-        assert await h.coord.abort_timed_out_transactions() == 0
-        h.clock.advance(2001)
-        assert await h.coord.abort_timed_out_transactions() == 1
+        log = FakeLog()
+        first = Harness(log=log, split_clocks=True)
+        await first.elect(0, 1)
+        pid, epoch = await first.begin("t", timeout_ms=60_000)
+        assert await first.coord.prepare_txn("t", pid, epoch) == ErrorCode.NONE
+        second = Harness(log=log, split_clocks=True)
+        second.wall.now = first.wall.now + ahead_ms
+        await second.elect(0, 2)
+        for _ in range(3):
+            assert await second.coord.abort_timed_out_transactions() == 0
+            second.clock.advance(ahead_ms)
+        await second.settle()
+        assert second.md("t").is_prepared and second.markers.written == []
+        assert second.coord.oldest_prepared_age_ms() == 4 * ahead_ms  # what the alert sees: its age at the load on
+        kept = await second.coord.init_producer_id("t", 60_000, keep_prepared_txn=True)
+        assert (kept.ongoing_txn_producer_id, kept.ongoing_txn_producer_epoch) == (pid, epoch)
+        assert (await second.coord.end_txn("t", pid, kept.producer_epoch, True)).error == ErrorCode.NONE
+        await second.settle()
+        assert second.md("t").state is S.COMPLETE_COMMIT
+        assert {m.committed for m, _ in second.markers.written_for(pid)} == {True}
 
     run(scenario())
 

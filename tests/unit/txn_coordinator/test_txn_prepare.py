@@ -1,20 +1,18 @@
 """PrepareTxn: two-phase commit in the spirit of KIP-939 over in-memory fakes. A
-sealed transaction stays Ongoing, is not aborted after transaction.timeout.ms but
-after transaction.prepared.max.ms, survives a reload of the transaction log, is
-completed by EndTxn with its PID and epoch, and is aborted by InitProducerId
-(fencing)."""
+sealed transaction stays Ongoing, is never aborted by the coordinator's clock,
+survives a reload of the transaction log, is completed by EndTxn with its PID and
+epoch, and is aborted by InitProducerId (fencing)."""
 from __future__ import annotations
 
 import asyncio
 
 import grpc
-from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
+from txn_coordinator_fakes import FakeLog, Harness, run
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.txn_coordinator import txn_log
-from services.common.settings import TxnCoordinatorSchema
 from services.txn_coordinator.servicer import TxnCoordinatorServicer
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -22,8 +20,7 @@ S = TxnState
 E = ErrorCode
 
 
-def _config(prepared_max_ms: int) -> TxnCoordinatorSchema:
-    return txn_settings({"transaction.prepared.max.ms": prepared_max_ms})
+YEAR_MS = 365 * 86_400_000
 
 
 def test_prepare_seals_the_ongoing_transaction_and_logs_it():
@@ -58,21 +55,25 @@ def test_prepared_transaction_rejects_new_partitions():
     run(scenario())
 
 
-def test_prepared_transaction_outlives_transaction_timeout_until_prepared_max():
+def test_prepared_transaction_is_never_aborted_by_the_coordinator():
+    """A participant that voted yes does not decide alone (KIP-939 has no timeout for a
+    prepared transaction): neither transaction.timeout.ms nor any other time aborts it."""
     async def scenario():
-        h = Harness(_config(prepared_max_ms=10_000))
+        h = Harness()
         await h.elect()
         pid, epoch = await h.begin("t", timeout_ms=1000)
         await h.coord.prepare_txn("t", pid, epoch)
-        h.clock.advance(5000)  # well past transaction.timeout.ms
-        assert await h.coord.abort_timed_out_transactions() == 0
-        assert h.md("t").is_prepared
-        h.clock.advance(5001)  # past transaction.prepared.max.ms
-        assert await h.coord.abort_timed_out_transactions() == 1
-        await h.settle()
+        assert h.coord.oldest_prepared_age_ms() == 0 and h.coord.prepared_count() == 1
+        for _ in range(3):
+            h.clock.advance(YEAR_MS)
+            assert await h.coord.abort_timed_out_transactions() == 0
         md = h.md("t")
-        assert (md.state, md.producer_epoch, md.prepared_timestamp) == (S.COMPLETE_ABORT, epoch + 1, -1)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.PRODUCER_FENCED
+        assert (md.state, md.is_prepared, md.producer_epoch) == (S.ONGOING, True, epoch)
+        assert h.coord.oldest_prepared_age_ms() == 3 * YEAR_MS
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE  # still its to decide
+        await h.settle()
+        assert h.md("t").state is S.COMPLETE_COMMIT
+        assert (h.coord.oldest_prepared_age_ms(), h.coord.prepared_count()) == (0, 0)
 
     run(scenario())
 
@@ -195,13 +196,13 @@ def test_prepare_txn_that_wakes_before_the_handover_add_is_retriable():
 def test_prepared_state_survives_reload():
     async def scenario():
         log = FakeLog()
-        h = Harness(_config(prepared_max_ms=10_000), log=log)
+        h = Harness(log=log)
         await h.elect(0, 1)
         pid, epoch = await h.begin("t", timeout_ms=1000)
         await h.coord.prepare_txn("t", pid, epoch)
         prepared_at = h.clock.now
         # Another coordinator loads the partition (failover).
-        h2 = Harness(_config(prepared_max_ms=10_000), log=log)
+        h2 = Harness(log=log)
         h2.clock.now = h.clock.now + 5000
         await h2.elect(0, 2)
         md = h2.md("t")
@@ -242,7 +243,18 @@ def test_prepare_txn_over_grpc():
             assert r.error_code == E.NONE
             desc = await stub.DescribeTransactions(pb.DescribeTransactionsRequest(transactional_ids=["t"]))
             d = desc.transaction_states[0]
-            assert (d.state, d.prepared_time_ms) == ("Ongoing", h.clock.now)
+            assert (d.state, d.prepared_time_ms) == ("PrepareTxn", h.clock.now)
+            assert (d.prepared.prepared_time_ms, d.prepared.producer_id, d.prepared.producer_epoch) == \
+                (h.clock.now, pid, epoch)
+            # Listed as prepared, with its own pair, also once a new instance kept it.
+            kept = await stub.InitProducerId(pb.InitProducerIdRequest(transactional_id="t", transaction_timeout_ms=60000,
+                                                                      keep_prepared_txn=True))
+            for filters, listed in (([], 1), (["PrepareTxn"], 1), (["prepare_txn"], 1), (["Ongoing"], 0)):
+                found = (await stub.ListTransactions(pb.ListTransactionsRequest(state_filters=filters)))
+                assert len(found.transaction_states) == listed, filters
+            [t] = (await stub.ListTransactions(pb.ListTransactionsRequest())).transaction_states
+            assert (t.state, t.producer_epoch, t.prepared.prepared_time_ms, t.prepared.producer_id,
+                    t.prepared.producer_epoch) == ("PrepareTxn", kept.producer_epoch, h.clock.now, pid, epoch)
             bad = await stub.PrepareTxn(pb.PrepareTxnRequest(producer_id=pid, producer_epoch=epoch))
             assert bad.error_code == E.INVALID_REQUEST
         finally:

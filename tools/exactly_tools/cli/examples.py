@@ -30,6 +30,9 @@ EXAMPLES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("transactions", "describe-producers"): ("exactly transactions describe-producers --topic orders --partition 0",),
     ("transactions", "find-hanging"): ("exactly transactions find-hanging --topic orders",),
     ("transactions", "abort"): ("exactly transactions abort --topic orders --partition 0 --start-offset 4711",),
+    ("transactions", "commit-prepared"): ("exactly transactions commit-prepared --transactional-id orders-1 "
+                                          "--state 4007:12:orders-1",),
+    ("transactions", "abort-prepared"): ("exactly transactions abort-prepared --transactional-id orders-1",),
     ("dump-log",): ("exactly dump-log .run/dev/pl-0/logs/orders-0/00000000000000000000.log --print-data",),
     ("perf", "produce"): ("exactly perf produce --topic orders --num-records 10000 --record-size 200",),
     ("perf", "consume"): ("exactly perf consume --topic orders --messages 10000",),

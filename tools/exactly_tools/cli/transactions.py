@@ -1,43 +1,59 @@
 """`exactly transactions`: list, describe, describe-producers, find-hanging, abort
-(kafka-transactions, KIP-664)."""
+(kafka-transactions, KIP-664), and commit-prepared / abort-prepared, the operator's
+decision of a prepared transaction (KIP-939), which no coordinator takes by itself."""
 from __future__ import annotations
 
 import time
 
 import click
 
-from exactly import TopicPartition, errors
+from exactly import PreparedTxnState, TopicPartition, decide_prepared_transaction, errors
 
-from .common import admin_client, connection_options, emit, print_table
+from .common import admin_client, connection_options, emit, options, print_table
 
 
 @click.group()
 def transactions() -> None:
-    """Inspect transactions and producers; find and abort hanging transactions (KIP-664)."""
+    """Inspect transactions and producers; find and abort hanging transactions (KIP-664);
+    commit or abort a prepared transaction (KIP-939)."""
 
 
 def _age(start_ms: int, now_ms: int) -> int | None:
     return None if start_ms < 0 else max(now_ms - start_ms, 0)
 
 
+def _prepared_fields(t, now: int) -> dict:
+    """prepared_time_ms, prepared_age_ms and prepared_state (the PreparedTxnState
+    string a commit needs) of a listed or described transaction; None when it is not
+    prepared (state PrepareTxn)."""
+    state = t.prepared_state
+    return {"prepared_time_ms": t.prepared_time_ms if state else None,
+            "prepared_age_ms": _age(t.prepared_time_ms, now) if state else None,
+            "prepared_state": state.serialize() if state else None}
+
+
 @transactions.command("list")
 @click.option("--state", "states", multiple=True, metavar="STATE",
-              help="Only transactions in this state (Ongoing, PrepareCommit, Empty, ...; repeatable).")
+              help="Only transactions in this state (Ongoing, PrepareTxn, PrepareCommit, Empty, ...; repeatable).")
 @click.option("--producer-id", "producer_ids", multiple=True, type=int, metavar="PID", help="Only this PID (repeatable).")
 @click.option("--duration-ms", type=click.IntRange(min=0), default=0,
               help="Only transactions running at least this many ms (KIP-994).")
 @connection_options
 def list_transactions(states: tuple[str, ...], producer_ids: tuple[int, ...], duration_ms: int) -> None:
-    """Transactional ids every transaction coordinator knows, with state and age."""
+    """Transactional ids every transaction coordinator knows, with state and age; a
+    prepared transaction (state PrepareTxn) with how long it has waited for its
+    decision and its state string (PreparedTxnState)."""
     now = int(time.time() * 1000)
     with admin_client() as admin:
         found = admin.list_transactions(states, producer_ids, duration_ms)
     data = [{"transactional_id": t.transactional_id, "producer_id": t.producer_id, "producer_epoch": t.producer_epoch,
              "state": t.state, "transaction_start_time_ms": t.transaction_start_time_ms,
-             "duration_ms": _age(t.transaction_start_time_ms, now) if t.state != "Empty" else None} for t in found]
+             "duration_ms": _age(t.transaction_start_time_ms, now) if t.state != "Empty" else None,
+             **_prepared_fields(t, now)} for t in found]
     emit(data, lambda: print_table(
-        ["TRANSACTIONAL-ID", "PRODUCER-ID", "EPOCH", "STATE", "DURATION-MS"],
-        [(d["transactional_id"], d["producer_id"], d["producer_epoch"], d["state"], d["duration_ms"]) for d in data],
+        ["TRANSACTIONAL-ID", "PRODUCER-ID", "EPOCH", "STATE", "DURATION-MS", "PREPARED-AGE-MS", "PREPARED-STATE"],
+        [(d["transactional_id"], d["producer_id"], d["producer_epoch"], d["state"], d["duration_ms"],
+          d["prepared_age_ms"], d["prepared_state"] or "-") for d in data],
         empty="(no transactions)"))
 
 
@@ -45,7 +61,9 @@ def list_transactions(states: tuple[str, ...], producer_ids: tuple[int, ...], du
 @click.option("--transactional-id", "tids", multiple=True, required=True, metavar="ID", help="Repeatable.")
 @connection_options
 def describe(tids: tuple[str, ...]) -> None:
-    """State, producer id and epoch, timeout, start time and partitions of transactions."""
+    """State, producer id and epoch, timeout, start time and partitions of transactions;
+    for a prepared one (state PrepareTxn) its prepare time, how long it has waited for
+    its decision and its state string (PreparedTxnState)."""
     now = int(time.time() * 1000)
     with admin_client() as admin:
         found = admin.describe_transactions(list(tids))
@@ -53,11 +71,13 @@ def describe(tids: tuple[str, ...]) -> None:
              "producer_epoch": d.producer_epoch, "transaction_timeout_ms": d.transaction_timeout_ms,
              "transaction_start_time_ms": d.transaction_start_time_ms,
              "duration_ms": _age(d.transaction_start_time_ms, now),
-             "partitions": [f"{t}-{p}" for t, p in d.partitions]} for d in found.values()]
+             "partitions": [f"{t}-{p}" for t, p in d.partitions], **_prepared_fields(d, now)} for d in found.values()]
     emit(data, lambda: print_table(
-        ["TRANSACTIONAL-ID", "STATE", "PRODUCER-ID", "EPOCH", "TIMEOUT-MS", "DURATION-MS", "PARTITIONS"],
+        ["TRANSACTIONAL-ID", "STATE", "PRODUCER-ID", "EPOCH", "TIMEOUT-MS", "DURATION-MS", "PARTITIONS",
+         "PREPARED-TIME-MS", "PREPARED-AGE-MS", "PREPARED-STATE"],
         [(d["transactional_id"], d["state"], d["producer_id"], d["producer_epoch"], d["transaction_timeout_ms"],
-          d["duration_ms"], ",".join(d["partitions"]) or "-") for d in data]))
+          d["duration_ms"], ",".join(d["partitions"]) or "-", d["prepared_time_ms"], d["prepared_age_ms"],
+          d["prepared_state"] or "-") for d in data]))
 
 
 def _partitions(admin, topic: str | None, partition: int | None) -> list[TopicPartition] | None:
@@ -112,8 +132,11 @@ def describe_producers(topic: str, partition: int | None) -> None:
 def find_hanging(topic: str | None, partition: int | None, broker_id: str | None, max_transaction_timeout: int,
                  max_transaction_timeout_ms: int | None) -> None:
     """Open transactions older than the maximum transaction timeout that their
-    transaction coordinator does not know as ongoing (KIP-664). Abort them with
-    `exactly transactions abort`."""
+    transaction coordinator does not know as ongoing (KIP-664): abort them with
+    `exactly transactions abort`. Also prepared transactions (KIP-939) waiting for
+    their decision longer than their transaction.timeout.ms, which no coordinator
+    decides: decide them with `exactly transactions commit-prepared` (the state their
+    database holds) or `abort-prepared`, never with `abort`."""
     timeout_ms = max_transaction_timeout_ms if max_transaction_timeout_ms is not None \
         else max_transaction_timeout * 60_000
     with admin_client() as admin:
@@ -122,9 +145,10 @@ def find_hanging(topic: str | None, partition: int | None, broker_id: str | None
     data = [h._asdict() for h in found]
     emit(data, lambda: print_table(
         ["TOPIC", "PARTITION", "PRODUCER-ID", "EPOCH", "COORDINATOR-EPOCH", "START-OFFSET", "DURATION-MS",
-         "TRANSACTIONAL-ID", "REASON"],
-        [(h.topic, h.partition, h.producer_id, h.producer_epoch, h.coordinator_epoch, h.start_offset, h.duration_ms,
-          h.transactional_id, h.reason) for h in found], empty="(no hanging transactions)"))
+         "TRANSACTIONAL-ID", "PREPARED-STATE", "REASON"],
+        [(h.topic or "-", h.partition, h.producer_id, h.producer_epoch, h.coordinator_epoch, h.start_offset,
+          h.duration_ms, h.transactional_id, h.prepared_state or "-", h.reason) for h in found],
+        empty="(no hanging transactions)"))
 
 
 @transactions.command("abort")
@@ -158,3 +182,54 @@ def abort(topic: str, partition: int, start_offset: int | None, producer_id: int
             "coordinator_epoch": coordinator_epoch, "aborted": True}
     emit(data, lambda: click.echo(f"Aborted the transaction of producer {producer_id} (epoch {producer_epoch}) "
                                   f"on {topic}-{partition}."))
+
+
+def _decide(transactional_id: str, commit: bool, state: str | None) -> None:
+    """commit-prepared / abort-prepared: refuse, touching nothing, unless the id's
+    transaction is prepared (and, with `state`, is that one), then decide it with
+    decide_prepared_transaction (which checks again, after fencing every instance)."""
+    if state is not None:
+        try:
+            state = PreparedTxnState.deserialize(state).serialize()
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--state") from None
+    with admin_client() as admin:
+        d = admin.describe_transactions([transactional_id])[transactional_id]
+    if d.prepared_state is None:
+        raise click.ClickException(f"{transactional_id!r} has no prepared transaction (state {d.state}): "
+                                   "nothing decided")
+    if state is not None and state != d.prepared_state.serialize():
+        raise click.ClickException(f"the prepared transaction of {transactional_id!r} is "
+                                   f"{d.prepared_state.serialize()!r}, not {state!r}: nothing decided")
+    decided = decide_prepared_transaction(transactional_id, options().conf("producer"), commit, state)
+    data = {"transactional_id": transactional_id, "prepared_state": decided.serialize(),
+            "outcome": "committed" if commit else "aborted"}
+    emit(data, lambda: click.echo(f"{'Committed' if commit else 'Aborted'} the prepared transaction "
+                                  f"{decided.serialize()} of {transactional_id!r}."))
+
+
+@transactions.command("commit-prepared")
+@click.option("--transactional-id", "tid", required=True, metavar="ID")
+@click.option("--state", required=True, metavar="STATE",
+              help="The state string (PreparedTxnState, '<producer-id>:<epoch>:<transactional-id>') the "
+                   "application's database holds for this transactional.id.")
+@connection_options
+def commit_prepared(tid: str, state: str) -> None:
+    """Commit a prepared transaction (KIP-939) whose application does not come back to
+    decide it: only when STATE -- what its database holds, i.e. the database
+    committed its side -- is the prepared transaction's; refused otherwise. Fences
+    every instance of the transactional.id (a new epoch) first: stop the application
+    before."""
+    _decide(tid, True, state)
+
+
+@transactions.command("abort-prepared")
+@click.option("--transactional-id", "tid", required=True, metavar="ID")
+@click.option("--state", metavar="STATE", help="Abort only this prepared transaction (PreparedTxnState string).")
+@connection_options
+def abort_prepared(tid: str, state: str | None) -> None:
+    """Abort a prepared transaction (KIP-939) whose application does not come back to
+    decide it: only right when its database did not commit its side (holds another
+    state, or none). Fences every instance of the transactional.id (a new epoch)
+    first: stop the application before."""
+    _decide(tid, False, state)
