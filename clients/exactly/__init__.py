@@ -8,7 +8,7 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from . import errors
-from .admin import AclBinding, AdminClient
+from .admin import AclBinding, AdminClient, FeatureUpdate
 from .consumer import Consumer
 from .producer import (PreparedTransaction, PreparedTxnState, Producer, complete_transaction,
                        decide_prepared_transaction, rewind_to_committed)
@@ -18,4 +18,4 @@ from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMe
 __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPartition",
            "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
            "PreparedTransaction", "PreparedTxnState", "complete_transaction", "decide_prepared_transaction",
-           "rewind_to_committed", "AclBinding"]
+           "rewind_to_committed", "AclBinding", "FeatureUpdate"]

@@ -376,6 +376,39 @@ READ_COMMITTED = "read_committed"
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000  # Kafka's transaction.max.timeout.ms
 
 
+class FeatureUpdate(NamedTuple):
+    """One update of `AdminClient.update_features` (Kafka's FeatureUpdate, KIP-584):
+    the level to finalize, and "upgrade" (raise it) or "safe_downgrade" (lower it;
+    refused while the higher level's formats may be written)."""
+
+    level: int
+    upgrade_type: str = "upgrade"
+
+
+class ProcessFeatures(NamedTuple):
+    """A live process and the feature levels it supports: {name: (min, max)};
+    `advertised` False for a version before feature levels (metadata.version 1 only)."""
+
+    node_id: str
+    role: str
+    supported: dict[str, tuple[int, int]]
+    advertised: bool
+
+
+class FeatureMetadata(NamedTuple):
+    """`AdminClient.describe_features`: the finalized levels ({name: level}) and their
+    epoch, the levels the answering process supports ({name: (min, max)}), and every
+    live process's (docs/operating/upgrades.md)."""
+
+    finalized: dict[str, int]
+    finalized_epoch: int
+    supported: dict[str, tuple[int, int]]
+    processes: list[ProcessFeatures]
+
+
+_UPGRADE_TYPES = {"upgrade": 1, "safe_downgrade": 2, "unsafe_downgrade": 3}
+
+
 class AdminClient:
     """Administrative operations. `conf`: the keys of `config.AdminSchema`
     (bootstrap.servers required; request.timeout.ms, retry.backoff.ms, ...).
@@ -530,6 +563,59 @@ class AdminClient:
     def describe_user_scram_credentials(self) -> list[str]:
         """The SASL user names."""
         return list(self._acl_call("DescribeUserScramCredentials", pb.DescribeUserScramCredentialsRequest()).users)
+
+    # ------------------------------------------------------------ feature levels
+    def _feature_call(self, method: str, request) -> Any:
+        """`method` of the Cluster service on the first process that implements it,
+        of every process the metadata lists (coordinators too) and the bootstrap
+        servers: a process of a version before feature levels answers UNIMPLEMENTED
+        (errors.UnsupportedVersionError), and the next one is asked, so the calls work
+        in the middle of a rolling upgrade. Raises errors.UnsupportedVersionError when
+        none does."""
+        core = self._core
+        core.retry(lambda: core.metadata(refresh=True))
+        for address in core._known_addresses():
+            try:
+                return core.retry(lambda: core.call(getattr(core.cluster_stub(address), method), request))
+            except errors.UnsupportedVersionError:
+                continue
+        raise errors.UnsupportedVersionError(f"no process reached runs a version with feature levels ({method})")
+
+    def describe_features(self) -> FeatureMetadata:
+        """The finalized feature levels (metadata.version), their epoch and the levels
+        every live process supports (KIP-584 DescribeFeatures; `exactly features
+        describe`). Raises errors.ClusterAuthorizationFailedError without Describe on
+        the Cluster, errors.UnsupportedVersionError when no process reached has
+        feature levels."""
+        resp = self._feature_call("DescribeFeatures", pb.DescribeFeaturesRequest())
+        errors.check(resp.error_code, resp.error_message or None)
+
+        def ranges(items) -> dict[str, tuple[int, int]]:
+            return {f.name: (f.min_version, f.max_version) for f in items}
+        return FeatureMetadata({f.name: f.level for f in resp.finalized}, resp.finalized_epoch,
+                               ranges(resp.supported),
+                               [ProcessFeatures(p.node_id, p.role, ranges(p.supported), p.advertised)
+                                for p in resp.processes])
+
+    def update_features(self, updates: Mapping[str, FeatureUpdate], validate_only: bool = False) -> None:
+        """Finalize feature levels ({name: FeatureUpdate}; KIP-584 UpdateFeatures;
+        `exactly features upgrade|downgrade`): metadata.version is raised only when
+        every live process supports the level, and never lowered below a level whose
+        formats may be written. `validate_only`: check, change nothing. Raises
+        errors.InvalidUpdateVersionError with the reason (naming the processes that
+        lack the level), errors.FeatureUpdateFailedError,
+        errors.ClusterAuthorizationFailedError without Alter on the Cluster,
+        errors.InvalidRequestError for an unknown upgrade_type."""
+        items = []
+        for name, u in updates.items():
+            if u.upgrade_type not in _UPGRADE_TYPES:
+                raise errors.InvalidRequestError(f"upgrade_type {u.upgrade_type!r}: one of {', '.join(_UPGRADE_TYPES)}")
+            items.append(pb.FeatureUpdate(name=name, level=u.level, upgrade_type=_UPGRADE_TYPES[u.upgrade_type]))
+        resp = self._feature_call("UpdateFeatures", pb.UpdateFeaturesRequest(updates=items,
+                                                                             validate_only=validate_only))
+        errors.check(resp.error_code, resp.error_message or None)
+        for r in resp.results:
+            errors.check(r.error_code, r.error_message or None)
 
     # ------------------------------------------------------------ client quotas
     def alter_client_quotas(self, entity: Mapping[str, str | None], set_values: Mapping[str, float] = {},

@@ -673,6 +673,25 @@ class UnacceptableCredentialError(ExactlyError):
     code = ErrorCode.UNACCEPTABLE_CREDENTIAL
 
 
+class InvalidUpdateVersionError(ExactlyError):
+    """UpdateFeatures refused the level (KIP-584): a level a live process does not
+    support (the message names them), a downgrade below a level whose formats may be
+    written, or a level this version does not know.
+
+    Kafka error code 95 (INVALID_UPDATE_VERSION)."""
+
+    code = ErrorCode.INVALID_UPDATE_VERSION
+
+
+class FeatureUpdateFailedError(ExactlyError):
+    """UpdateFeatures could not finalize the level: the finalized features kept
+    changing meanwhile. Ask again.
+
+    Kafka error code 96 (FEATURE_UPDATE_FAILED)."""
+
+    code = ErrorCode.FEATURE_UPDATE_FAILED
+
+
 class TransactionalIdNotFoundError(ExactlyError):
     """The transactional.id is unknown to its coordinator.
 

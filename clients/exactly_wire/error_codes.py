@@ -89,6 +89,8 @@ class ErrorCode(enum.IntEnum):
     THROTTLING_QUOTA_EXCEEDED = 89  # KIP-599; retriable after the response's throttle_time_ms
     PRODUCER_FENCED = 90
     UNACCEPTABLE_CREDENTIAL = 93  # a SCRAM credential outside the accepted iteration counts
+    INVALID_UPDATE_VERSION = 95  # UpdateFeatures: a level that cannot be finalized (KIP-584)
+    FEATURE_UPDATE_FAILED = 96  # UpdateFeatures: the finalized features kept changing
     TRANSACTIONAL_ID_NOT_FOUND = 105
     UNSUPPORTED_ENDPOINT_TYPE = 115
     # KIP-447 draft codes. The draft gives both the number 85, which Kafka has since

@@ -13,6 +13,11 @@ of exactly/v1/offsets_log.proto inside Kafka record batches v2.
   PID and epoch.
 - Records with an empty key are a new owner's fence records; `decode_key`
   returns None for them (skipped).
+
+Keys and values carry a version (0, the default, never on the wire; features.py
+format "offsets-log"): a record of a version this code does not read raises
+NewerOffsetsRecordError, which stops the partition's load (it is not served) instead
+of being skipped as a corrupt batch or read as something else.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Iterable, Mapping, NamedTuple, Union
 from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import offsets_log_pb2 as pb
+from services.common.cluster import features
 
 from .group import GroupSnapshot, MemberSnapshot
 from .offsets import OffsetAndMetadata
@@ -38,6 +44,18 @@ class GroupKey(NamedTuple):
 
 
 LogKey = Union[OffsetKey, GroupKey]
+
+
+class NewerOffsetsRecordError(Exception):
+    """A __consumer_offsets key or value of a version this code does not read: a newer
+    version wrote it. The partition is not served (its load stops)."""
+
+
+def _check_version(version: int, what: str) -> None:
+    try:
+        features.check_readable("offsets-log", version, f"__consumer_offsets {what}")
+    except features.UnknownFormatVersion as exc:
+        raise NewerOffsetsRecordError(str(exc)) from None
 
 
 def offset_key(group: str, tp: TopicPartition) -> bytes:
@@ -60,6 +78,7 @@ def decode_key(data: bytes | None) -> LogKey | None:
         key.ParseFromString(data)
     except Exception as exc:  # protobuf's DecodeError
         raise records.CorruptRecordError(f"__consumer_offsets key: {exc}") from exc
+    _check_version(key.version, "key")
     kind = key.WhichOneof("key")
     if kind == "offset":
         return OffsetKey(key.offset.group, TopicPartition(key.offset.topic, key.offset.partition))
@@ -83,6 +102,7 @@ def decode_offset_value(data: bytes | None) -> OffsetAndMetadata | None:
         v.ParseFromString(data)
     except Exception as exc:
         raise records.CorruptRecordError(f"__consumer_offsets offset value: {exc}") from exc
+    _check_version(v.version, "offset value")
     return OffsetAndMetadata(v.offset, v.metadata, v.leader_epoch, v.commit_timestamp_ms)
 
 
@@ -108,6 +128,7 @@ def decode_group_value(group_id: str, data: bytes | None) -> GroupSnapshot | Non
         v.ParseFromString(data)
     except Exception as exc:
         raise records.CorruptRecordError(f"__consumer_offsets group value: {exc}") from exc
+    _check_version(v.version, "group value")
     return GroupSnapshot(
         group_id, v.protocol_type, v.generation, v.protocol_name, v.leader,
         tuple(MemberSnapshot(m.member_id, m.group_instance_id, m.session_timeout_ms,

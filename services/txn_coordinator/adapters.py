@@ -275,3 +275,6 @@ class ClusterTopology:
     def txn_partition_count(self) -> int:
         info = self._cluster.topics().get(TRANSACTION_STATE_TOPIC)
         return len(info.partitions) if info is not None else 0
+
+    def metadata_version(self) -> int:
+        return self._cluster.metadata_version

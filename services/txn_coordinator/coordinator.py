@@ -123,6 +123,13 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
         if self.bind_producer_ids:
             self._spawn(None, self._every(self.config.producer_id_expiration_check_interval_ms,
                                           self.expire_producer_id_bindings), "pid-binding-expiration")
+        self._spawn(None, self._every(self.config.abort_timed_out_interval_ms, self.record_feature_levels),
+                    "txn-feature-levels")
+
+    def metadata_version_changed(self) -> None:
+        """The finalized metadata.version changed: record it in the owned partitions
+        now (`record_feature_levels`) rather than at the next scan. On the loop."""
+        self._spawn(None, self.record_feature_levels(), "txn-feature-levels-now")
 
     async def stop(self) -> None:
         """Cancel the scans and the work of every owned partition."""

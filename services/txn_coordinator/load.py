@@ -36,7 +36,7 @@ class TxnLoad:
         "Transaction Coordinator Startup"), serve, then roll the prepared
         transactions forward. A corrupt log disables the partition."""
         started = time.monotonic()
-        entries: list[txn_log.TxnLogEntry] = []
+        entries: list[object] = []
         offset, target = 0, None
         max_bytes = self.config.state_log_load_buffer_size
         try:
@@ -67,6 +67,12 @@ class TxnLoad:
             bindings = txn_log.rebuild_bindings(entries)
         except NotOwner:
             return
+        except txn_log.NewerTxnLogError as exc:
+            part.error = str(exc)
+            part.finish_loading()
+            log.error("__transaction_state-%d holds records of a newer version of Exactly; not served: %s",
+                      part.partition, exc)
+            return
         except txn_log.CorruptTxnLogError as exc:
             part.error = str(exc)
             part.finish_loading()
@@ -74,6 +80,7 @@ class TxnLoad:
             return
         part.txns = txns
         part.groups = groups
+        part.recorded_level = txn_log.recorded_level(entries)
         # A use seen by the previous owner is not in the log: count the load as one,
         # so a failover never expires a binding early.
         loaded_at = self._monotonic()
@@ -89,6 +96,7 @@ class TxnLoad:
                  len(entries), len(prepared), (time.monotonic() - started) * 1000)
         for md in prepared:
             self._start_completion(part, md, md.snapshot(), from_client=False)
+        self._spawn(part, self._record_feature_level(part), f"txn-feature-level-{part.partition}")
 
     def _resume_timeouts(self, txns: Iterable[TransactionMetadata], loaded_at: int) -> None:
         """A loaded transaction resumes its timeout: its age at the load is the wall

@@ -29,6 +29,9 @@ class TxnPartition(OwnedPartition):
         # bind_producer_ids): producer id -> binding, and its last use (monotonic ms).
         self.bindings: dict[int, txn_log.ProducerIdBinding] = {}
         self.binding_used: dict[int, int] = {}
+        # The highest metadata.version the partition's feature-level records record
+        # (services.common.cluster.features; the baseline without one).
+        self.recorded_level = 0
 
     def generation(self, group_id: str) -> int:
         """The newest generation of `group_id` a group-aware InitProducerId recorded

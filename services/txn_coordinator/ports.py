@@ -89,6 +89,10 @@ class Topology(Protocol):
     def txn_partition_count(self) -> int:
         """Partitions of `__transaction_state` (0 while the topic does not exist)."""
 
+    def metadata_version(self) -> int:
+        """The finalized metadata.version (services.common.cluster.features): which
+        formats the coordinator may write."""
+
 
 
 # ---------------------------------------------------------------- results

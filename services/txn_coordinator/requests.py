@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from services.common.cluster import features
 from services.common.cluster.owned import code_name
 from services.common.security.pid_binding import refusal, refusal_code
 
@@ -240,10 +241,14 @@ class TxnRequests:
         producer.id.expiration.ms / transactional.id.expiration.ms after its last
         use). Returns (NONE, ""), (the refusal code, why) — never issued, expired,
         another principal's or another transactional.id's (`pid_binding.refusal`) — or
-        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again)."""
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE (ask again).
+        Below metadata.version 2 an idempotent producer id bound to no one is refused
+        with CLUSTER_AUTHORIZATION_FAILED, not UNKNOWN_PRODUCER_ID: a partition leader
+        of a version before it takes that answer for a failure to check and has the
+        producer retry until its delivery timeout."""
         n = self._topology.txn_partition_count()
         if n <= 0 or producer_id < 0:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else refusal_code(transactional, bound=False), \
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else self._unbound_code(transactional), \
                 f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
         part = self._parts.get(producer_id % n)
         if part is None or part.error is not None:
@@ -253,9 +258,16 @@ class TxnRequests:
         binding = part.bindings.get(producer_id)
         refused = refusal(binding, producer_id, principal, transactional_id, transactional)
         if refused is not None:
-            return refused
+            code, why = refused
+            return (self._unbound_code(transactional) if code == ErrorCode.UNKNOWN_PRODUCER_ID else code), why
         part.binding_used[producer_id] = self._monotonic()
         return ErrorCode.NONE, ""
+
+    def _unbound_code(self, transactional: bool) -> ErrorCode:
+        """VerifyProducerId's answer for a producer id bound to no one at the finalized
+        metadata.version (see verify_producer_id)."""
+        answers_unknown = self._topology.metadata_version() >= features.FORMATS["inter-service-protocol"].level_of(2)
+        return refusal_code(transactional, bound=not answers_unknown)
 
     def _new_pid(self, part: TxnPartition) -> int | None:
         """The next producer id for a transactional.id of `part` (None: reserve a
@@ -290,6 +302,17 @@ class TxnRequests:
         if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
                                                    message="the previous transaction is completing"))
+        if state is TxnState.ONGOING and keep_prepared and md.is_prepared and \
+                features.write_version("txn-log-value", self._topology.metadata_version()) \
+                < txn_log.KEPT_TXN_VALUE_VERSION:
+            # Below metadata.version 2, as versions before it did: the transaction is
+            # kept under its own pair and nothing is appended (records of value version
+            # 0 only, which every process of the cluster reads); the previous instance
+            # is not fenced until the level is raised.
+            kept = md.prepared_producer
+            log.info("InitProducerId for %r keeps its prepared transaction (PID %d epoch %d)", tid, *kept)
+            return InitAnswer(InitProducerIdResult(ErrorCode.NONE, *kept, ongoing_txn_producer_id=kept[0],
+                                                   ongoing_txn_producer_epoch=kept[1]))
         if state is TxnState.ONGOING and keep_prepared and md.is_prepared:
             rotate_to = None
             if md.is_producer_epoch_exhausted:

@@ -4,8 +4,9 @@ Timed-out transactions are aborted (design doc "Coordinator-side Transaction
 Expiration"; never a prepared one: docs/design.md, "Two-phase commit with a
 database"), idle transactional.ids expired
 ("Coordinator TransactionalId Expiration"), unused producer-id bindings expired
-(docs/design.md, "Producer-id bindings"). Durations count on the injected monotonic clock (docs/design.md,
-"Clocks").
+(docs/design.md, "Producer-id bindings"), and the finalized metadata.version recorded
+in every owned partition (`record_feature_levels`; docs/operating/upgrades.md).
+Durations count on the injected monotonic clock (docs/design.md, "Clocks").
 
 `TxnScans` is a part of `coordinator.TransactionCoordinator`, which runs the scans
 periodically (`start`).
@@ -16,10 +17,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from exactly_wire.error_codes import ErrorCode
+from exactly_wire.error_codes import RETRIABLE, ErrorCode
+from services.common.cluster import features
 
-from . import metrics
+from . import metrics, txn_log
 from .completion import Completion
+from .ports import AMBIGUOUS_APPEND_ERRORS
 from .state import COMPLETED_STATES, TransactionMetadata, TxnState
 
 if TYPE_CHECKING:
@@ -104,6 +107,36 @@ class TxnScans:
         ages = [now - md.prepared_monotonic_ms for _, md in self._loaded_txns()
                 if md.is_prepared and md.prepared_monotonic_ms is not None]
         return max(ages, default=0)
+
+    async def record_feature_levels(self) -> int:
+        """Append the feature-level record of the finalized metadata.version to every
+        loaded owned partition that does not record it yet, from metadata.version 2 on
+        (txn_log.FeatureLevelValue): a version of the transaction coordinator that does
+        not know the level then refuses the partition instead of serving records it
+        cannot read. Runs after each load, when the level changes, and periodically
+        (a failed append is tried again). Returns the records appended."""
+        parts = [part for part in list(self._parts.values()) if not (part.loading or part.error)]
+        done = await asyncio.gather(*(self._record_feature_level(part) for part in parts))
+        return sum(done)
+
+    async def _record_feature_level(self, part: TxnPartition) -> bool:
+        """One partition's feature-level record (see record_feature_levels); True once
+        appended here."""
+        level = self._topology.metadata_version()
+        introduced = features.FORMATS["txn-log-feature-level"].level_of(0)
+        if level < introduced or part.recorded_level >= level or not self._owns(part):
+            return False
+        batch = txn_log.encode_feature_level_batch(level, self._clock(), producer_id=part.producer_id,
+                                                   producer_epoch=part.producer_epoch)
+        code = await self._shielded(self._log.append(part.partition, batch), f"txn-feature-level-{part.partition}")
+        if code == ErrorCode.NONE:
+            part.recorded_level = max(part.recorded_level, level)
+            log.info("__transaction_state-%d records metadata.version %d", part.partition, level)
+            return True
+        if code in AMBIGUOUS_APPEND_ERRORS or code in RETRIABLE:
+            return False  # the next scan tries again
+        self._is_fenced(part, code)
+        return False
 
     def _loaded_txns(self) -> list[tuple[TxnPartition, TransactionMetadata]]:
         """(partition, metadata) of every transactional.id of the loaded, not

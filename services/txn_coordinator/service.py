@@ -50,6 +50,9 @@ class TxnCoordinatorService:
 
     async def start(self) -> None:
         await self.coordinator.start()
+        loop = asyncio.get_running_loop()
+        self.cluster.add_feature_listener(
+            lambda level: loop.call_soon_threadsafe(self.coordinator.metadata_version_changed))
         self._topic_task = asyncio.create_task(self._ensure_topic(), name="ensure-transaction-state-topic")
         await self.ownership.start()
 

@@ -10,7 +10,8 @@ deposed owner, see services.common.cluster.ownership):
             transit: state, producer id/epoch, last producer id/epoch, timeout (ms),
             partitions, start and last-update timestamps (ms),
             the prepared timestamp (ms) of a transaction sealed by PrepareTxn, the
-            (PID, epoch) of a prepared transaction a new instance kept (KIP-939);
+            (PID, epoch) of a prepared transaction a new instance kept (KIP-939;
+            value version 1, written only at metadata.version 2 or above);
             None (a tombstone) when the transactional.id expired.
 
 KIP-447 draft group assignments are records of their own (`encode_group_batch`):
@@ -25,8 +26,16 @@ Producer-id bindings are records of their own too (`encode_binding_batch`):
     value = exactly.v1.ProducerIdBindingValue: principal, transactional.id, timestamp (ms);
             None (a tombstone) when the binding expired.
 
+The feature-level record (metadata.version 2 and above, `encode_feature_level_batch`):
+
+    key   = "\\0features\\0metadata.version"
+    value = exactly.v1.FeatureLevelValue: the finalized metadata.version the owner
+            saw (services.common.cluster.features); never a tombstone.
+
 The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
-Records with an empty key are fence records of a new owner and are skipped.
+Records with an empty key are fence records of a new owner and are skipped. A record
+of a version this code does not read, or a feature level above the ones it supports,
+makes the partition unreadable (NewerTxnLogError), never something else.
 """
 from __future__ import annotations
 
@@ -38,11 +47,14 @@ from typing import Iterable
 from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import txn_log_pb2
+from services.common.cluster import features
 from services.common.nested import put_or_remove
 
 from .state import GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 VALUE_VERSION = 0
+# The TransactionLogValue version that carries ongoing_txn_producer_id / _epoch.
+KEPT_TXN_VALUE_VERSION = 1
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,60 @@ class CorruptTxnLogError(Exception):
     """The transaction log cannot be materialised: undecodable record, or a PID whose
     epoch goes backwards ("Transaction Coordinator Startup" 1.a). The partition is
     then disabled: requests for it get NOT_COORDINATOR."""
+
+
+class NewerTxnLogError(CorruptTxnLogError):
+    """The partition holds a record of a version this code does not read, or records
+    a feature level above the ones it supports: a newer version wrote it. Disabled
+    as a corrupt one, with this error naming the version or level."""
+
+
+@dataclass(frozen=True)
+class FeatureLevelEntry:
+    """A feature-level record read back: its offset and the metadata.version it records."""
+
+    offset: int
+    metadata_version: int
+
+
+FEATURES_KEY = b"\0features\0" + features.METADATA_VERSION.encode()
+
+
+def encode_feature_level_batch(level: int, timestamp_ms: int, producer_id: int = records.NO_PRODUCER_ID,
+                               producer_epoch: int = records.NO_PRODUCER_EPOCH) -> bytes:
+    """One record batch holding the feature-level record of `level` (metadata.version).
+    producer_id/producer_epoch: the owner's writer identity."""
+    value = txn_log_pb2.FeatureLevelValue(metadata_version=level, version=0).SerializeToString()
+    return records.encode_batch([(FEATURES_KEY, value, (), timestamp_ms)], producer_id=producer_id,
+                                producer_epoch=producer_epoch, base_sequence=records.NO_SEQUENCE)
+
+
+def _decode_feature_level(offset: int, value: bytes | None) -> FeatureLevelEntry:
+    try:
+        v = txn_log_pb2.FeatureLevelValue.FromString(value or b"")
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+        raise CorruptTxnLogError(f"undecodable feature-level record at offset {offset}: {exc}") from exc
+    _check_version("txn-log-feature-level", v.version, offset)
+    if not features.SUPPORTED.covers(v.metadata_version):
+        raise NewerTxnLogError(f"the feature-level record at offset {offset} records metadata.version "
+                               f"{v.metadata_version}; this version of Exactly supports {features.SUPPORTED}: "
+                               "a newer version wrote this partition")
+    return FeatureLevelEntry(offset, v.metadata_version)
+
+
+def _check_version(name: str, version: int, offset: int) -> None:
+    """NewerTxnLogError for a record version this code does not read (features.FORMATS)."""
+    try:
+        features.check_readable(name, version, f"__transaction_state record at offset {offset}")
+    except features.UnknownFormatVersion as exc:
+        raise NewerTxnLogError(str(exc)) from None
+
+
+def recorded_level(entries: Iterable[object]) -> int:
+    """The highest metadata.version the feature-level records of a partition's entries
+    record (features.BASELINE_LEVEL without one)."""
+    return max((e.metadata_version for e in entries if isinstance(e, FeatureLevelEntry)),
+               default=features.BASELINE_LEVEL)
 
 
 @dataclass(frozen=True)
@@ -126,8 +192,7 @@ def _decode_binding(offset: int, key: bytes, value: bytes | None) -> ProducerIdB
         v = txn_log_pb2.ProducerIdBindingValue.FromString(value)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
         raise CorruptTxnLogError(f"undecodable producer-id binding at offset {offset}: {exc}") from exc
-    if v.version != VALUE_VERSION:
-        raise CorruptTxnLogError(f"unknown producer-id binding version {v.version} at offset {offset}")
+    _check_version("txn-log-producer-id-binding", v.version, offset)
     return ProducerIdBindingEntry(offset, pid, ProducerIdBinding(v.principal, v.transactional_id, v.timestamp_ms))
 
 
@@ -178,8 +243,7 @@ def _decode_group(offset: int, key: bytes, value: bytes | None) -> GroupAssignme
         v = txn_log_pb2.GroupAssignmentValue.FromString(value)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
         raise CorruptTxnLogError(f"undecodable group assignment at offset {offset}: {exc}") from exc
-    if v.version != VALUE_VERSION:
-        raise CorruptTxnLogError(f"unknown group assignment version {v.version} at offset {offset}")
+    _check_version("txn-log-group-assignment", v.version, offset)
     return GroupAssignmentEntry(offset, group_id, tid.decode(),
                                 GroupAssignment(group_id, v.generation_id, _partitions_from_pb(v.assigned_partitions)))
 
@@ -196,32 +260,38 @@ def _partitions_from_pb(items) -> frozenset[TopicPartition]:
 
 
 def encode_value(transit: TxnTransitMetadata) -> bytes:
-    """Serialize a transit as a TransactionLogValue."""
+    """Serialize a transit as a TransactionLogValue: version 1 when it holds a kept
+    prepared transaction's pair (which only metadata.version 2 lets a coordinator
+    make), else version 0, byte for byte as versions before it wrote it."""
     if transit.state in (TxnState.DEAD, TxnState.PREPARE_EPOCH_FENCE):
         raise ValueError(f"{transit.state.kafka_name} is never written as a value")
+    kept = transit.ongoing_txn_producer_id >= 0
     value = txn_log_pb2.TransactionLogValue(
-        version=VALUE_VERSION, producer_id=transit.producer_id, last_producer_id=transit.last_producer_id,
+        version=KEPT_TXN_VALUE_VERSION if kept else VALUE_VERSION, producer_id=transit.producer_id, last_producer_id=transit.last_producer_id,
         producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
         transaction_timeout_ms=transit.txn_timeout_ms, state=int(transit.state),
         partitions=_partitions_to_pb(transit.partitions),
         txn_last_update_timestamp_ms=transit.txn_last_update_timestamp,
         txn_start_timestamp_ms=transit.txn_start_timestamp,
         prepared_timestamp_ms=max(transit.prepared_timestamp, 0), transaction_version=transit.transaction_version)
-    if transit.ongoing_txn_producer_id >= 0:  # only then: other records stay as older versions wrote them
+    if kept:  # only then: other records stay as older versions wrote them
         value.ongoing_txn_producer_id = transit.ongoing_txn_producer_id
         value.ongoing_txn_producer_epoch = transit.ongoing_txn_producer_epoch
     return value.SerializeToString()
 
 
-def decode_value(data: bytes) -> TxnTransitMetadata:
-    """Parse a TransactionLogValue. Raises CorruptTxnLogError."""
+def decode_value(data: bytes, offset: int = -1) -> TxnTransitMetadata:
+    """Parse a TransactionLogValue (version 0 or 1). Raises CorruptTxnLogError,
+    NewerTxnLogError for a version this code does not read."""
     try:
         v = txn_log_pb2.TransactionLogValue.FromString(data)
-        state = TxnState(v.state)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
-        raise CorruptTxnLogError(f"undecodable transaction log value: {exc}") from exc
-    if v.version != VALUE_VERSION:
-        raise CorruptTxnLogError(f"unknown transaction log value version {v.version}")
+        raise CorruptTxnLogError(f"undecodable transaction log value at offset {offset}: {exc}") from exc
+    _check_version("txn-log-value", v.version, offset)
+    try:
+        state = TxnState(v.state)
+    except ValueError as exc:
+        raise CorruptTxnLogError(f"transaction log value at offset {offset}: {exc}") from exc
     return TxnTransitMetadata(
         producer_id=v.producer_id, last_producer_id=v.last_producer_id, producer_epoch=v.producer_epoch,
         last_producer_epoch=v.last_producer_epoch, txn_timeout_ms=v.transaction_timeout_ms, state=state,
@@ -245,14 +315,14 @@ def encode_batch(transactional_id: str, transit: TxnTransitMetadata | None, time
                                 base_sequence=records.NO_SEQUENCE)
 
 
-def decode_fetched(buf: bytes | memoryview
-                   ) -> tuple[list[TxnLogEntry | GroupAssignmentEntry | ProducerIdBindingEntry], int | None]:
+def decode_fetched(buf: bytes | memoryview) -> tuple[list[object], int | None]:
     """Entries of the whole batches in `buf` (a Fetch response's records, CRC
     checked; control batches skipped) — TxnLogEntry for a transactional.id's record,
     GroupAssignmentEntry for a group assignment, ProducerIdBindingEntry for a
-    producer-id binding — and the offset following the last
-    whole batch (None when `buf` holds no whole batch). Raises CorruptTxnLogError."""
-    entries: list[TxnLogEntry | GroupAssignmentEntry | ProducerIdBindingEntry] = []
+    producer-id binding, FeatureLevelEntry for a feature-level record — and the
+    offset following the last whole batch (None when `buf` holds no whole batch).
+    Raises CorruptTxnLogError (NewerTxnLogError: a record of a newer version)."""
+    entries: list[object] = []
     next_offset = None
     try:
         for pos, header in records.iter_batches(buf, verify=True):
@@ -270,7 +340,13 @@ def decode_fetched(buf: bytes | memoryview
                 if rec.key.startswith(BINDING_KEY_PREFIX):
                     entries.append(_decode_binding(rec.offset, rec.key, rec.value))
                     continue
-                transit = None if rec.value is None else decode_value(rec.value)
+                if rec.key == FEATURES_KEY:
+                    entries.append(_decode_feature_level(rec.offset, rec.value))
+                    continue
+                if rec.key.startswith(b"\0"):  # a record type of a newer version: never a transactional.id
+                    raise NewerTxnLogError(f"__transaction_state record at offset {rec.offset} has key "
+                                           f"{rec.key[:40]!r}, a record type this version of Exactly does not read")
+                transit = None if rec.value is None else decode_value(rec.value, rec.offset)
                 entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))
     except (records.CorruptRecordError, UnicodeDecodeError) as exc:
         raise CorruptTxnLogError(str(exc)) from exc

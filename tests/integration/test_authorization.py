@@ -463,6 +463,9 @@ def _matrix_rows():
             validate_only=True, entries=[pb.ClientQuotaEntry(
                 entity=[pb.ClientQuotaEntityComponent(entity_type="user", name="matrix-user")],
                 values=[pb.ClientQuotaValue(key="producer_byte_rate", value=1024)])])),
+        (f"{S}/DescribeFeatures", "admin", "alice", CLUSTER_DENIED, lambda c: pb.DescribeFeaturesRequest()),
+        (f"{S}/UpdateFeatures", "admin", "alice", CLUSTER_DENIED, lambda c: pb.UpdateFeaturesRequest(
+            validate_only=True, updates=[pb.FeatureUpdate(name="metadata.version", level=2, upgrade_type=1)])),
         ("PartitionLeader/Produce", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
             acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),

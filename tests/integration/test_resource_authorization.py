@@ -187,7 +187,8 @@ GRPC_MIXED = {
 GRPC_SINGLE = {
     "Cluster/FindCoordinator", "Cluster/CreateAcls", "Cluster/DeleteAcls", "Cluster/DescribeAcls",
     "Cluster/AlterUserScramCredentials", "Cluster/DescribeUserScramCredentials", "Cluster/DescribeClientQuotas",
-    "Cluster/AlterClientQuotas", "Cluster/SaslAuthenticate", "PartitionLeader/CoordinatorProduce",
+    "Cluster/AlterClientQuotas", "Cluster/SaslAuthenticate", "Cluster/DescribeFeatures", "Cluster/UpdateFeatures",
+    "PartitionLeader/CoordinatorProduce",
     "PartitionLeader/WriteTxnMarkers", "TransactionCoordinator/VerifyProducerId", "GroupCoordinator/JoinGroup",
     "GroupCoordinator/SyncGroup", "GroupCoordinator/Heartbeat", "GroupCoordinator/LeaveGroup", "Tunnel/Calls",
 }

@@ -29,7 +29,6 @@ decided again at the next sweep. `plan_partition` is the pure decision, unit-tes
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Mapping, Sequence
@@ -37,6 +36,7 @@ from typing import Mapping, Sequence
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
+from . import features
 from .state import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
 from ..settings import PartitionLeaderSchema
 
@@ -132,7 +132,7 @@ class Controller:
             self._stopped.wait(0.2)
             return False
         try:
-            self.zk.create(CONTROLLER, json.dumps({"node_id": self.node_id}).encode(), ephemeral=True,
+            self.zk.create(CONTROLLER, features.zk_json("zk-controller", {"node_id": self.node_id}), ephemeral=True,
                            makepath=True)
         except NodeExistsError:
             self._event.clear()
@@ -141,7 +141,7 @@ class Controller:
             except NoNodeError:
                 return False
             if stat.ephemeralOwner != self._session():
-                if json.loads(data).get("node_id") == self.node_id:
+                if features.zk_read("zk-controller", data, CONTROLLER).get("node_id") == self.node_id:
                     # Left by this node's previous incarnation: its session is dead or dying.
                     try:
                         self.zk.delete(CONTROLLER, version=stat.version)
@@ -157,9 +157,10 @@ class Controller:
         self.zk.ensure_path(CONTROLLER_EPOCH)
         while True:
             data, stat = self.zk.get(CONTROLLER_EPOCH)
-            epoch = int(json.loads(data).get("epoch", 0)) + 1 if data else 1
+            epoch = int(features.zk_read("zk-controller", data, CONTROLLER_EPOCH).get("epoch", 0)) + 1 if data else 1
             try:
-                new = self.zk.set(CONTROLLER_EPOCH, json.dumps({"epoch": epoch}).encode(), version=stat.version)
+                new = self.zk.set(CONTROLLER_EPOCH, features.zk_json("zk-controller", {"epoch": epoch}),
+                                  version=stat.version)
             except BadVersionError:
                 continue
             self._epoch_version = new.version
@@ -193,7 +194,11 @@ class Controller:
                 data, stat = self.zk.get(f"{SERVICES}/{child}")
             except NoNodeError:
                 continue
-            d = json.loads(data)
+            try:
+                d = features.zk_read("zk-registration", data, f"{SERVICES}/{child}")
+            except ValueError as exc:  # a registration this version cannot read: not a replica it knows
+                log.error("registration of %s not read: %s", child, exc)
+                continue
             if d.get("role") == PARTITION_LEADER and not d.get("log_dir_offline"):
                 live[child] = stat.czxid
         return live

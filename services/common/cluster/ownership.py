@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
@@ -36,6 +35,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 
+from . import features
 from .state import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class CoordinatorOwnership:
                 data, stat = zk.get(path)
             except NoNodeError:
                 data, stat = b"", None
-            d = json.loads(data) if data else {}
+            d = features.zk_read("zk-coordinator-claim", data, path)
             coordinator_epoch = int(d.get("coordinator_epoch", -1)) + 1
             producer_id = int(d.get("producer_id", -1))
             producer_epoch = int(d.get("producer_epoch", -1)) + 1
@@ -275,9 +275,9 @@ class CoordinatorOwnership:
                     retired = producer_id
                 producer_id, _ = self.cluster.allocate_producer_id_block(1)
                 producer_epoch = 0
-            body = json.dumps({"owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch,
-                               "producer_id": producer_id, "producer_epoch": producer_epoch,
-                               "retired_producer_id": retired}).encode()
+            body = features.zk_json("zk-coordinator-claim", {
+                "owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch, "producer_id": producer_id,
+                "producer_epoch": producer_epoch, "retired_producer_id": retired})
             try:
                 if stat is None:
                     zk.create(path, body, makepath=True)
@@ -293,7 +293,10 @@ class CoordinatorOwnership:
         claim = self._owned.get(partition)
         if claim is None or self._loop is None or self._loop.is_closed():
             return
-        d = json.loads(data) if data else {}
+        try:
+            d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{self.kind}/{partition}")
+        except ValueError:  # a claim this version cannot read is not ours
+            d = {}
         if d.get("owner") != self.cluster.node_id or int(d.get("coordinator_epoch", -1)) != claim.coordinator_epoch:
             asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
 

@@ -3,7 +3,12 @@ partition quota (`max_partitions`, services.common.security.quotas) is reserved 
 topic created in one step (docs/design.md, "Quotas").
 
 One znode per principal, `/exactly/config/partitions/<principal, URL-quoted>`, JSON
-`{"partitions": n}`. Every CreateTopics and CreatePartitions by (or on a topic of) a
+`{"version": 1, "partitions": n}`, from metadata.version 2 on (features.py): versions
+before it neither write nor read these counts, so a count kept while they still
+created topics would fall short. Below that level (`enabled()` false) nothing is
+written, and a quota is checked against a count of the topic znodes at each creation
+(as versions before it did: concurrent creations may pass it). A count without a
+version field was written before the level existed and is counted again. Every CreateTopics and CreatePartitions by (or on a topic of) a
 principal writes its new count in the same ZooKeeper multi-op that writes the topic,
 checking the znode's version: of concurrent creations, on one process or several, one
 commits and the others read the count again and check their quota against it. A
@@ -23,21 +28,33 @@ from urllib.parse import quote
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from . import features
+
 log = logging.getLogger(__name__)
 
 USAGE = "/exactly/config/partitions"
 RECOUNT_INTERVAL_S = 60.0  # the least time between two recounts of one principal's topics on a refusal
 
 
+COUNT_FORMAT = "zk-partition-count"
+
+
+def _encode(partitions: int) -> bytes:
+    return json.dumps({"version": features.FORMATS[COUNT_FORMAT].newest, "partitions": partitions}).encode()
+
+
 class PartitionUsage:
     """zk: a started KazooClient (its default ACL is the cluster's); recount(principal)
     -> the partitions of the topics whose znode names `principal` as creator, read from
-    ZooKeeper; clock: monotonic seconds."""
+    ZooKeeper; clock: monotonic seconds; enabled() -> whether the finalized
+    metadata.version lets processes keep the counts (module docstring)."""
 
-    def __init__(self, zk, recount: Callable[[str], int], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, zk, recount: Callable[[str], int], clock: Callable[[], float] = time.monotonic,
+                 enabled: Callable[[], bool] = lambda: True):
         self.zk = zk
         self.recount = recount
         self.clock = clock
+        self.enabled = enabled
         self._recounted: dict[str, float] = {}
         self._parent_made = False
 
@@ -47,7 +64,10 @@ class PartitionUsage:
 
     def read(self, principal: str) -> tuple[int, int | None]:
         """(partitions of `principal`'s topics, znode version; None when there is no
-        znode yet, the count then coming from the topic znodes)."""
+        znode yet or counts are not `enabled`, the count then coming from the topic
+        znodes). Raises features.UnknownFormatVersion for a count of a newer version."""
+        if not self.enabled():
+            return self.recount(principal), None
         if not self._parent_made:
             self.zk.ensure_path(USAGE)
             self._parent_made = True
@@ -56,19 +76,29 @@ class PartitionUsage:
         except NoNodeError:
             return self.recount(principal), None
         try:
-            return int(json.loads(data)["partitions"]), stat.version
-        except (ValueError, KeyError, TypeError):
+            body = json.loads(data)
+            if "version" not in body:  # written before counts were versioned: not trusted
+                return self.recount(principal), stat.version
+            features.check_readable(COUNT_FORMAT, int(body["version"]), self.path(principal))
+            return int(body["partitions"]), stat.version
+        except (ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, features.UnknownFormatVersion):
+                raise
             log.warning("unreadable partition count of %s; counting its topics", principal)
             return self.recount(principal), stat.version
 
-    def write(self, tx, principal: str, partitions: int, version: int | None) -> None:
+    def write(self, tx, principal: str, partitions: int, version: int | None) -> bool:
         """Add to ZooKeeper transaction `tx` the write of `principal`'s new count, checked
-        against the `version` read (None: the znode must not exist yet)."""
-        data = json.dumps({"partitions": partitions}).encode()
+        against the `version` read (None: the znode must not exist yet); nothing when
+        counts are not `enabled`. Returns whether it added the write."""
+        if not self.enabled():
+            return False
+        data = _encode(partitions)
         if version is None:
             tx.create(self.path(principal), data)
         else:
             tx.set_data(self.path(principal), data, version=version)
+        return True
 
     @staticmethod
     def lost_race(result) -> bool:
@@ -91,8 +121,7 @@ class PartitionUsage:
             actual = self.recount(principal)
             if actual != used and version is not None:
                 try:
-                    stat = self.zk.set(self.path(principal), json.dumps({"partitions": actual}).encode(),
-                                       version=version)
+                    stat = self.zk.set(self.path(principal), _encode(actual), version=version)
                     log.info("partition count of %s repaired: %d -> %d", principal, used, actual)
                     used, version = actual, stat.version
                 except (BadVersionError, NoNodeError):
@@ -106,18 +135,22 @@ class PartitionUsage:
 
     def adjust(self, principal: str, delta: int) -> None:
         """Add `delta` to `principal`'s count (DeleteTopics: the partitions removed), by
-        compare-and-set; nothing when it has no znode (counted from the topics then)."""
+        compare-and-set; nothing when it has no znode (counted from the topics then) or
+        counts are not `enabled`."""
+        if not self.enabled():
+            return
         for _ in range(20):
             try:
                 data, stat = self.zk.get(self.path(principal))
-                count = max(int(json.loads(data)["partitions"]) + delta, 0)
-                self.zk.set(self.path(principal), json.dumps({"partitions": count}).encode(), version=stat.version)
+                body = json.loads(data)
+                count = max(int(body["partitions"]) + delta, 0) if "version" in body else self.recount(principal)
+                self.zk.set(self.path(principal), _encode(count), version=stat.version)
                 return
             except NoNodeError:
                 return
             except BadVersionError:
                 continue
             except (ValueError, KeyError, TypeError):
-                self.zk.set(self.path(principal), json.dumps({"partitions": self.recount(principal)}).encode())
+                self.zk.set(self.path(principal), _encode(self.recount(principal)))
                 return
         log.warning("partition count of %s kept changing; left for the next recount", principal)

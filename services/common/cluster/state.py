@@ -3,7 +3,9 @@ coordinator ownership and PID blocks.
 
 Layout (docs/design.md, "ZooKeeper layout"):
 
-    /exactly/services/<node_id>            ephemeral: {"role", "host", "port"[, "log_dir_offline"]}
+    /exactly/features                      {"version", "features": {"metadata.version": level}} (features.py)
+    /exactly/services/<node_id>            ephemeral: {"version", "role", "host", "port", "kafka_port",
+                                           "broker_id", "features"[, "log_dir_offline"]}
     /exactly/topics/<topic>                {"partitions": {"0": [replica ids]}, "configs", "internal"}
     /exactly/topics/<topic>/<p>/state      {"leader", "leader_epoch", "isr"} (versioned CAS)
     /exactly/coordinators/<kind>/<p>       {"owner", "coordinator_epoch"} (versioned CAS)
@@ -14,7 +16,6 @@ Views are cached and refreshed by watches; every public method is thread-safe.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import zlib
@@ -32,6 +33,8 @@ from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, 
                         role_settings)
 from ..security.zk_security import ZkSecurity
 from ..security.zk_tls import ZkTls
+from . import features
+from .features import FEATURES_PATH, SupportedRange
 from .partition_usage import PartitionUsage
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,11 @@ class NodeInfo:
     host: str
     port: int
     kafka_port: int = 0  # the Kafka protocol listener's port; 0: none
+    # The broker id the node registered (its data directory's meta.properties); None: a
+    # version that registers none, whose id is the derivation `broker_id(node_id)`.
+    registered_broker_id: int | None = None
+    # The metadata.version levels it supports (features.py; a version before feature levels: 1).
+    supported: SupportedRange = features.PRE_FEATURES
 
     @property
     def address(self) -> str:
@@ -69,7 +77,16 @@ class NodeInfo:
     @property
     def broker_id(self) -> int:
         """The int32 broker id Kafka clients know this node by."""
-        return broker_id(self.node_id)
+        return broker_id(self.node_id) if self.registered_broker_id is None else self.registered_broker_id
+
+    @classmethod
+    def from_registration(cls, node_id: str, data: bytes) -> "NodeInfo":
+        """A node from its registration znode's JSON. Raises UnknownFormatVersion (a
+        layout this version does not read), ValueError or KeyError (malformed)."""
+        d = features.zk_read("zk-registration", data, f"{SERVICES}/{node_id}")
+        registered = d.get("broker_id")
+        return cls(node_id, d["role"], d["host"], int(d["port"]), int(d.get("kafka_port", 0)),
+                   None if registered is None else int(registered), features.supported_of(d))
 
 
 BROKER_ID_BITS = 24
@@ -92,12 +109,16 @@ class BrokerIdCollision(RuntimeError):
     """Another live node id has this node's Kafka broker id (`broker_id`)."""
 
 
-def broker_id_collision(node_id: str, live: Iterable[str]) -> str | None:
-    """The live node id, other than `node_id`, whose broker id equals `node_id`'s, or
-    None. Two such nodes would be one broker to Kafka clients, so the second refuses
-    to register (rename one of them)."""
-    mine = broker_id(node_id)
-    return next((other for other in live if other != node_id and broker_id(other) == mine), None)
+def broker_id_collision(node_id: str, live: Iterable[str], mine: int | None = None,
+                        registered: Mapping[str, int] | None = None) -> str | None:
+    """The live node id, other than `node_id`, whose broker id equals `node_id`'s
+    (`mine`; default: derived), or None; `registered`: the ids live nodes registered
+    (the others' are derived). Two such nodes would be one broker to Kafka clients, so
+    the second refuses to register (rename one of them)."""
+    mine = broker_id(node_id) if mine is None else mine
+    registered = registered or {}
+    return next((other for other in live
+                 if other != node_id and registered.get(other, broker_id(other)) == mine), None)
 
 
 @dataclass(frozen=True)
@@ -114,12 +135,13 @@ class PartitionState:
     mzxid: int = -1
 
     def encode(self) -> bytes:
-        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch,
-                           "isr": list(self.isr)}).encode()
+        return features.zk_json("zk-partition-state", {"leader": self.leader, "leader_epoch": self.leader_epoch,
+                                                       "isr": list(self.isr)})
 
     @classmethod
     def decode(cls, data: bytes, version: int = -1, mzxid: int = -1) -> "PartitionState":
-        d = json.loads(data)
+        """Raises features.UnknownFormatVersion for a state of a newer version."""
+        d = features.zk_read("zk-partition-state", data, "partition state")
         return cls(d.get("leader"), int(d.get("leader_epoch", 0)), tuple(d.get("isr", ())), version, mzxid)
 
 
@@ -169,7 +191,8 @@ class ClusterState:
     """
 
     def __init__(self, zk_hosts: str, node_id: str, role: str, host: str, port: int,
-                 session_timeout_s: float = 10.0, props: ServiceSchema | Mapping[str, object] | None = None):
+                 session_timeout_s: float = 10.0, props: ServiceSchema | Mapping[str, object] | None = None,
+                 assigned_broker_id: int | None = None):
         # The process's parsed settings (a mapping of Kafka keys is parsed with the role's schema).
         self.settings = role_settings(SERVICE_SCHEMAS.get(role, ServiceSchema), props or {})
         self.node_id = node_id
@@ -177,6 +200,13 @@ class ClusterState:
         self.host = host
         self.port = port
         self.kafka_port = 0  # set before register() when a Kafka listener runs
+        # This node's Kafka broker id (its data directory's meta.properties; None: derived).
+        self.broker_id = broker_id(node_id) if assigned_broker_id is None else assigned_broker_id
+        # The finalized metadata.version (features.py), read by start() and kept current
+        # by a watch; `features_epoch` is the version of its znode.
+        self.metadata_version = features.BASELINE_LEVEL
+        self.features_epoch = -1
+        self._feature_listeners: list[Callable[[int], None]] = []
         # zookeeper.set.acl: digest credentials and znode ACLs (zk_security.py).
         self.zk_security = ZkSecurity(self.settings)
         # With the authorizer on: producer id bindings (pid_binding.py), set by server.py.
@@ -192,7 +222,9 @@ class ClusterState:
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
         # The partitions of each principal's topics, for max_partitions (partition_usage.py).
-        self.partition_usage = PartitionUsage(self.zk, self._count_partitions_of)
+        self.partition_usage = PartitionUsage(
+            self.zk, self._count_partitions_of,
+            enabled=lambda: self.metadata_version >= features.FORMATS["zk-partition-count"].level_of(1))
         # Coordinator owners by (kind, partition), kept current by data watches set on
         # the first lookup (coordinator_for): a lookup costs no ZooKeeper round trip.
         self._owners: dict[tuple[str, int], tuple[str | None, int]] = {}
@@ -205,15 +237,123 @@ class ClusterState:
 
     # ------------------------------------------------------------ lifecycle
     def start(self, timeout_s: float = 30.0) -> None:
-        """Connect to ZooKeeper, create the base paths and start the watches."""
+        """Connect to ZooKeeper, read (or, in a new cluster, create) the finalized
+        feature levels, create the base paths and start the watches. Raises
+        FeatureLevelError when this version does not support the finalized
+        metadata.version (the process must not start)."""
         self.zk.start(timeout=timeout_s)
         self.zk.add_listener(self._on_zk_state)
         if self.zk_security.set_acl:
             self._protect_root()
+        self._start_features()
         for path in (SERVICES, TOPICS, f"{COORDINATORS}/txn", f"{COORDINATORS}/group"):
             self.zk.ensure_path(path)
         self.zk.ChildrenWatch(SERVICES, self._on_services)
         self.zk.ChildrenWatch(TOPICS, self._on_topics)
+
+    # ------------------------------------------------------------ feature levels
+    def _start_features(self) -> None:
+        """Read /exactly/features; when it is missing, create it at the level of a new
+        cluster (the newest) or, when versions before feature levels ran this cluster
+        (their base znodes exist), at the baseline level (features.initial_level).
+        Created before the base paths, so a process starting at the same time sees
+        either the znode or no base paths. Then watch it."""
+        try:
+            data, stat = self.zk.get(FEATURES_PATH)
+        except NoNodeError:
+            existing = any(self.zk.exists(p) for p in (SERVICES, TOPICS, COORDINATORS, PID_BLOCK))
+            level = features.initial_level(existing)
+            self.zk.ensure_path(ROOT)
+            try:
+                self.zk.create(FEATURES_PATH, features.encode_finalized(level))
+                log.info("feature levels: metadata.version %d (%s cluster)", level,
+                         "an existing" if existing else "a new")
+            except NodeExistsError:
+                pass
+            data, stat = self.zk.get(FEATURES_PATH)
+        level = features.decode_finalized(data)
+        features.check_finalized(level)
+        self.metadata_version, self.features_epoch = level, stat.version
+        self.zk.DataWatch(FEATURES_PATH, self._on_features)
+
+    def _on_features(self, data, stat, event=None) -> None:
+        if data is None:  # deleted by hand: the level stays (a new cluster would create it)
+            log.error("%s was deleted; keeping metadata.version %d", FEATURES_PATH, self.metadata_version)
+            return
+        try:
+            level = features.decode_finalized(data)
+        except (features.UnknownFormatVersion, ValueError, KeyError) as exc:
+            log.error("%s is unreadable (%s); keeping metadata.version %d", FEATURES_PATH, exc,
+                      self.metadata_version)
+            return
+        changed = level != self.metadata_version
+        self.metadata_version, self.features_epoch = level, stat.version
+        if changed:
+            log.info("metadata.version is now %d (epoch %d)", level, stat.version)
+        for fn in list(self._feature_listeners):
+            try:
+                fn(level)
+            except Exception:  # noqa: BLE001 - a listener bug must not kill the watch
+                log.exception("feature listener failed")
+
+    def broker_id_of(self, node_id: str) -> int:
+        """The Kafka broker id of `node_id`: the one it registered while it is live,
+        else its derivation (`broker_id`), which every node registers unless its data
+        directory says otherwise (meta.py)."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+        return node.broker_id if node is not None else broker_id(node_id)
+
+    def add_feature_listener(self, fn: Callable[[int], None]) -> None:
+        """`fn(level)` with the finalized metadata.version, from a kazoo thread, on
+        every change of /exactly/features (also a level this version does not
+        support: the caller stops the process then)."""
+        self._feature_listeners.append(fn)
+
+    def feature_processes(self) -> dict[str, tuple[str, SupportedRange]]:
+        """Every live process read from ZooKeeper now (not the cache): node id ->
+        (role, supported metadata.version range). Blocking (kazoo)."""
+        out = {}
+        for child in self.zk.get_children(SERVICES):
+            try:
+                data, _ = self.zk.get(f"{SERVICES}/{child}")
+                node = NodeInfo.from_registration(child, data)
+            except NoNodeError:
+                continue
+            except (features.UnknownFormatVersion, ValueError, KeyError):
+                out[child] = ("unknown", SupportedRange(0, 0))  # unreadable: supports nothing known
+                continue
+            out[child] = (node.role, node.supported)
+        return out
+
+    def update_metadata_version(self, level: int, upgrade: bool, validate_only: bool = False
+                                ) -> tuple[ErrorCode, str]:
+        """Raise (`upgrade`) or lower the finalized metadata.version to `level`, by
+        compare-and-set of /exactly/features against the version read (Kafka's
+        UpdateFeatures). An upgrade is refused while a live process does not support
+        `level` (features.upgrade_refusal names them); a downgrade below the current
+        level is refused (features.downgrade_refusal). Returns (NONE, "") or
+        (INVALID_UPDATE_VERSION, why), (FEATURE_UPDATE_FAILED, why) when the znode
+        kept changing. Blocking (kazoo)."""
+        for _ in range(_CAS_ATTEMPTS):
+            data, stat = self.zk.get(FEATURES_PATH)
+            current = features.decode_finalized(data)
+            if upgrade:
+                processes = {n: rng for n, (_, rng) in self.feature_processes().items()}
+                why = features.upgrade_refusal(level, current, processes)
+            else:
+                why = features.downgrade_refusal(level, current)
+            if why is not None:
+                return ErrorCode.INVALID_UPDATE_VERSION, why
+            if validate_only or level == current:
+                return ErrorCode.NONE, ""
+            try:
+                self.zk.set(FEATURES_PATH, features.encode_finalized(level), version=stat.version)
+            except BadVersionError:
+                continue
+            log.info("metadata.version %d -> %d", current, level)
+            return ErrorCode.NONE, ""
+        return ErrorCode.FEATURE_UPDATE_FAILED, f"{FEATURES_PATH} kept changing; try again"
 
     # ZooKeeper's own znodes, created world-writable by the server: locked like the root when
     # the services' view is ZooKeeper's whole tree (no chroot).
@@ -255,9 +395,11 @@ class ClusterState:
         left by this node_id's previous, killed incarnation is replaced. Raises
         BrokerIdCollision when a live node of another id has this node's broker id."""
         path = f"{SERVICES}/{self.node_id}"
-        other = broker_id_collision(self.node_id, self.zk.get_children(SERVICES))
+        live = self.zk.get_children(SERVICES)
+        registered = {n.node_id: n.broker_id for n in self.nodes().values()}
+        other = broker_id_collision(self.node_id, live, self.broker_id, registered)
         if other is not None:
-            raise BrokerIdCollision(f"node id {self.node_id!r} has the Kafka broker id {broker_id(self.node_id)} "
+            raise BrokerIdCollision(f"node id {self.node_id!r} has the Kafka broker id {self.broker_id} "
                                     f"of the live node {other!r}; give this node another id")
         data = self._registration()
         while True:
@@ -277,10 +419,11 @@ class ClusterState:
         self._notify()  # coordinators count this node as live from now on
 
     def _registration(self) -> bytes:
-        d = {"role": self.role, "host": self.host, "port": self.port, "kafka_port": self.kafka_port}
+        d = {"role": self.role, "host": self.host, "port": self.port, "kafka_port": self.kafka_port,
+             "broker_id": self.broker_id, "features": features.registration_features()}
         if self.log_dir_offline:
             d["log_dir_offline"] = True
-        return json.dumps(d).encode()
+        return features.zk_json("zk-registration", d)
 
     def mark_log_dir_offline(self, timeout_s: float = 10.0) -> None:
         """KIP-112 (docs/design.md, "Disk faults"): publish that this process's log
@@ -358,8 +501,10 @@ class ClusterState:
                 data, _ = self.zk.get(f"{SERVICES}/{child}")
             except NoNodeError:
                 continue
-            d = json.loads(data)
-            nodes[child] = NodeInfo(child, d["role"], d["host"], int(d["port"]), int(d.get("kafka_port", 0)))
+            try:
+                nodes[child] = NodeInfo.from_registration(child, data)
+            except (features.UnknownFormatVersion, ValueError, KeyError) as exc:
+                log.error("registration of %s not read, the node is left out: %s", child, exc)
         with self._lock:
             self._nodes = nodes
         self._notify()
@@ -400,7 +545,11 @@ class ClusterState:
                     self._topic_tokens.pop(name, None)
                 self._notify()
                 return False
-            d = json.loads(data)
+            try:
+                d = features.zk_read("zk-topic", data, f"{TOPICS}/{name}")
+            except features.UnknownFormatVersion as exc:
+                log.error("topic %s not served: %s", name, exc)
+                return None
             parts = {int(p): list(r) for p, r in d["partitions"].items()}
             with self._lock:
                 old = self._topics.get(name)
@@ -535,20 +684,20 @@ class ClusterState:
             if name in self.topics() or self.zk.exists(f"{TOPICS}/{name}"):
                 return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
             tx = self.zk.transaction()
+            counted = False
             if principal:  # reserve: the count is written with the topic, checked against what was read
                 used, version = self.partition_usage.read(principal)
                 why, used, version = self.partition_usage.refusal(principal, used, version, num_partitions,
                                                                   partition_quota)
                 if why is not None:
                     return ErrorCode.POLICY_VIOLATION, why
-                self.partition_usage.write(tx, principal, used + num_partitions, version)
-            tx.create(f"{TOPICS}/{name}", json.dumps(body).encode())
+                counted = self.partition_usage.write(tx, principal, used + num_partitions, version)
+            tx.create(f"{TOPICS}/{name}", features.zk_json("zk-topic", body))
             for p, replicas in assignment.items():
                 tx.create(f"{TOPICS}/{name}/{p}")
-                tx.create(f"{TOPICS}/{name}/{p}/state",
-                          json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
+                tx.create(f"{TOPICS}/{name}/{p}/state", PartitionState(replicas[0], 0, tuple(replicas)).encode())
             results = tx.commit()
-            if principal and self.partition_usage.lost_race(results[0]):
+            if counted and self.partition_usage.lost_race(results[0]):
                 continue  # another creation by the principal committed first: count again
             if any(isinstance(r, NodeExistsError) for r in results):
                 return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
@@ -579,7 +728,7 @@ class ClusterState:
             data, _ = self.zk.get(f"{COORDINATORS}/{kind}/{partition}")
         except NoNodeError:
             return -1, -1, -1
-        d = json.loads(data) if data else {}
+        d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{kind}/{partition}")
         return (int(d.get("producer_id", -1)), int(d.get("producer_epoch", -1)),
                 int(d.get("retired_producer_id", -1)))
 
@@ -641,7 +790,7 @@ class ClusterState:
             data, stat = self.zk.get(f"{TOPICS}/{name}")
         except NoNodeError:
             return None
-        return json.loads(data), stat.version
+        return features.zk_read("zk-topic", data, f"{TOPICS}/{name}"), stat.version
 
     def delete_topic(self, name: str) -> tuple[ErrorCode, str]:
         """Remove a topic's znodes (topic, partitions, states). Every partition leader
@@ -714,11 +863,10 @@ class ClusterState:
             tx = self.zk.transaction()
             if creator:
                 self.partition_usage.write(tx, creator, used + count - current, usage_version)
-            tx.set_data(f"{TOPICS}/{name}", json.dumps(body).encode(), version=version)
+            tx.set_data(f"{TOPICS}/{name}", features.zk_json("zk-topic", body), version=version)
             for p, replicas in assignment.items():
                 tx.create(f"{TOPICS}/{name}/{p}")
-                tx.create(f"{TOPICS}/{name}/{p}/state",
-                          json.dumps({"leader": replicas[0], "leader_epoch": 0, "isr": replicas}).encode())
+                tx.create(f"{TOPICS}/{name}/{p}/state", PartitionState(replicas[0], 0, tuple(replicas)).encode())
             results = tx.commit()
             if any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError)) for r in results):
                 continue  # changed or deleted meanwhile (the topic, or its creator's count): read again
@@ -757,7 +905,7 @@ class ClusterState:
                 return code, msg
             body["configs"] = configs
             try:
-                self.zk.set(f"{TOPICS}/{name}", json.dumps(body).encode(), version=version)
+                self.zk.set(f"{TOPICS}/{name}", features.zk_json("zk-topic", body), version=version)
             except BadVersionError:
                 continue
             except NoNodeError:
@@ -821,7 +969,7 @@ class ClusterState:
             value: tuple[str | None, int] = (None, -1)
             if data:
                 try:
-                    d = json.loads(data)
+                    d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{kind}/{partition}")
                     value = (d.get("owner"), int(d.get("coordinator_epoch", -1)))
                 except (ValueError, TypeError, AttributeError):
                     pass
@@ -836,7 +984,7 @@ class ClusterState:
             data, _ = self.zk.get(f"{COORDINATORS}/{kind}/{partition}")
         except NoNodeError:
             return None, -1
-        d = json.loads(data)
+        d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{kind}/{partition}")
         return d.get("owner"), int(d.get("coordinator_epoch", -1))
 
     # ------------------------------------------------------------ producer ids
@@ -846,9 +994,10 @@ class ClusterState:
         self.zk.ensure_path(PID_BLOCK)
         while True:
             data, stat = self.zk.get(PID_BLOCK)
-            first = int(json.loads(data)["next"]) if data else 0
+            first = int(features.zk_read("zk-producer-id-block", data, PID_BLOCK)["next"]) if data else 0
             try:
-                self.zk.set(PID_BLOCK, json.dumps({"next": first + size}).encode(), version=stat.version)
+                self.zk.set(PID_BLOCK, features.zk_json("zk-producer-id-block", {"next": first + size}),
+                            version=stat.version)
                 return first, first + size - 1
             except BadVersionError:
                 continue

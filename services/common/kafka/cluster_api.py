@@ -25,7 +25,7 @@ from ..security import authz
 from ..cluster import topic_admin
 from ..security.acl import Operation as Op, Resource, ResourceType
 from ..security.auth import current_principal
-from ..cluster.state import ClusterState, PartitionState, broker_id
+from ..cluster.state import ClusterState, PartitionState
 from .acl_api import AclApis
 from .codec import field
 from .config_api import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, ConfigApis
@@ -145,10 +145,11 @@ class ClusterApis:
             out.append({"error_code": t.error_code, "name": t.name, "is_internal": t.is_internal,
                         "topic_authorized_operations": -2147483648,
                         "partitions": [{"error_code": p.error_code, "partition_index": p.partition,
-                                        "leader_id": broker_id(p.leader_id) if p.leader_id else -1,
+                                        "leader_id": self.cluster.broker_id_of(p.leader_id) if p.leader_id else -1,
                                         "leader_epoch": p.leader_epoch,
-                                        "replica_nodes": [broker_id(r) for r in p.replicas],
-                                        "isr_nodes": [broker_id(r) for r in p.isr], "offline_replicas": []}
+                                        "replica_nodes": [self.cluster.broker_id_of(r) for r in p.replicas],
+                                        "isr_nodes": [self.cluster.broker_id_of(r) for r in p.isr],
+                                        "offline_replicas": []}
                                        for p in t.partitions]})
         return {"throttle_time": 0, "brokers": self.brokers(), "cluster_id": CLUSTER_ID,
                 "controller_id": self.controller_id(), "topics": out,

@@ -41,7 +41,6 @@ from exactly_wire.error_codes import ErrorCode
 from ..security import authz
 from ..cluster import topic_admin
 from .. import topic_config
-from ..cluster.state import broker_id
 from ..security.acl import CLUSTER_NAME, Operation as Op, Resource, ResourceType
 from .codec import field
 from .listener import Handler, RequestContext
@@ -165,7 +164,7 @@ class ConfigApis:
                 INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs}
 
     def _broker_name_error(self, name: str) -> str | None:
-        own = str(broker_id(self.cluster.node_id))
+        own = str(self.cluster.broker_id)
         if name in ("", own):
             return None
         return f"unexpected broker id {name!r}: this broker is {own} (or use the empty name for the defaults)"

@@ -168,6 +168,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "Cluster/DescribeClientQuotas": lambda r, p: [cluster(Op.DESCRIBE)],
     "Cluster/AlterClientQuotas": lambda r, p: [cluster(Op.ALTER)],
     "Cluster/SaslAuthenticate": lambda r, p: [],  # authentication itself: open to every caller
+    "Cluster/DescribeFeatures": lambda r, p: [cluster(Op.DESCRIBE)],
+    "Cluster/UpdateFeatures": lambda r, p: [cluster(Op.ALTER)],
     # Partition leader
     "PartitionLeader/Produce": _produce,
     "PartitionLeader/CoordinatorProduce": lambda r, p: [cluster(Op.CLUSTER_ACTION)],

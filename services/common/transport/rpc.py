@@ -7,6 +7,7 @@ callers handle only ErrorCode values (docs/design.md, "Code conventions").
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
@@ -26,6 +27,10 @@ _TRANSPORT_CODES = {
     grpc.StatusCode.UNAVAILABLE: ErrorCode.NETWORK_EXCEPTION,
     grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.REQUEST_TIMED_OUT,
     grpc.StatusCode.CANCELLED: ErrorCode.NETWORK_EXCEPTION,
+    # The peer runs a version without the method (a direct call, or a tunneled one:
+    # services.common.transport.tunnel): not supported there, never retried as a network
+    # error (docs/operating/upgrades.md, "Mixed versions").
+    grpc.StatusCode.UNIMPLEMENTED: ErrorCode.UNSUPPORTED_VERSION,
 }
 
 _COORDINATOR_PRODUCE = method_path("PartitionLeader", "CoordinatorProduce")
@@ -44,9 +49,25 @@ def channel_options(keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS) -> lis
 
 
 def transport_error_code(exc: grpc.RpcError) -> ErrorCode:
-    """The error code standing for a failed call (network or timeout)."""
+    """The error code standing for a failed call: NETWORK_EXCEPTION or
+    REQUEST_TIMED_OUT (retriable), or UNSUPPORTED_VERSION (not retriable) when the peer
+    does not implement the method, which is logged with the peer's answer."""
     code = exc.code() if hasattr(exc, "code") else None
-    return _TRANSPORT_CODES.get(code, ErrorCode.NETWORK_EXCEPTION)
+    out = _TRANSPORT_CODES.get(code, ErrorCode.NETWORK_EXCEPTION)
+    if out == ErrorCode.UNSUPPORTED_VERSION:
+        details = str(exc.details() if hasattr(exc, "details") else "")
+        now = time.monotonic()
+        if now - _unsupported_logged.get(details, -_UNSUPPORTED_LOG_INTERVAL_S) >= _UNSUPPORTED_LOG_INTERVAL_S:
+            if len(_unsupported_logged) > 1000:
+                _unsupported_logged.clear()
+            _unsupported_logged[details] = now
+            log.warning("a peer runs a version without this call (UNIMPLEMENTED: %s); not supported there",
+                        details)
+    return out
+
+
+_UNSUPPORTED_LOG_INTERVAL_S = 60.0  # one warning per peer answer and minute
+_unsupported_logged: dict[str, float] = {}
 
 
 class ClusterClient:

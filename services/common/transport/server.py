@@ -47,7 +47,8 @@ from ..security.acl import AclCache, AclStore, Authorizer, parse_super_users
 from ..security.pid_binding import ProducerIdBindings
 from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
                              check_iterations, create_user_credentials, current_principal)
-from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState
+from ..cluster import features, meta
+from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState, broker_id
 from ..config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
 from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
@@ -266,6 +267,12 @@ class ClusterServicer(pbg.ClusterServicer):
         return await sasl_authenticate(getattr(self.cluster, "sasl", None), request,
                                        context.peer() if context is not None else "")
 
+    async def DescribeFeatures(self, request, context):
+        return await asyncio.to_thread(describe_features, self.cluster)
+
+    async def UpdateFeatures(self, request, context):
+        return await asyncio.to_thread(update_features, self.cluster, request)
+
     async def FindCoordinator(self, request, context):
         kind = KIND_FOR_KEY_TYPE.get(request.key_type)
         if kind is None:
@@ -281,6 +288,43 @@ class ClusterServicer(pbg.ClusterServicer):
                                               error_message=f"no live owner of {what}-{partition}")
         return pb.FindCoordinatorResponse(node_id=node.node_id, host=node.host, port=node.port,
                                           partition=partition, coordinator_epoch=epoch)
+
+
+UPGRADE, SAFE_DOWNGRADE = 1, 2  # Kafka's FeatureUpdate.UpgradeType (3, UNSAFE_DOWNGRADE, is refused)
+
+
+def describe_features(cluster: ClusterState) -> pb.DescribeFeaturesResponse:
+    """DescribeFeatures: this process's supported range, the finalized
+    metadata.version and its epoch, and every live process's advertised range, read
+    from ZooKeeper (features.py). Blocking (kazoo)."""
+    def supported(rng: features.SupportedRange) -> pb.SupportedFeature:
+        return pb.SupportedFeature(name=features.METADATA_VERSION, min_version=rng.min_version,
+                                   max_version=rng.max_version)
+    data, stat = cluster.zk.get(features.FEATURES_PATH)
+    resp = pb.DescribeFeaturesResponse(
+        supported=[supported(features.SUPPORTED)], finalized_epoch=stat.version,
+        finalized=[pb.FinalizedFeature(name=features.METADATA_VERSION, level=features.decode_finalized(data))])
+    for node_id, (role, rng) in sorted(cluster.feature_processes().items()):
+        resp.processes.append(pb.ProcessFeatures(node_id=node_id, role=role, supported=[supported(rng)],
+                                                 advertised=rng is not features.PRE_FEATURES))
+    return resp
+
+
+def update_features(cluster: ClusterState, request: pb.UpdateFeaturesRequest) -> pb.UpdateFeaturesResponse:
+    """UpdateFeatures (KIP-584): each update of metadata.version goes through
+    ClusterState.update_metadata_version (an upgrade only when every live process
+    supports the level; an unsafe downgrade refused). Another feature name is
+    INVALID_UPDATE_VERSION. Blocking (kazoo)."""
+    resp = pb.UpdateFeaturesResponse()
+    for u in request.updates:
+        if u.name != features.METADATA_VERSION:
+            code, why = ErrorCode.INVALID_UPDATE_VERSION, f"unknown feature {u.name!r} (known: metadata.version)"
+        elif u.upgrade_type not in (UPGRADE, SAFE_DOWNGRADE):
+            code, why = ErrorCode.INVALID_UPDATE_VERSION, "an unsafe downgrade of metadata.version is not supported"
+        else:
+            code, why = cluster.update_metadata_version(u.level, u.upgrade_type == UPGRADE, request.validate_only)
+        resp.results.append(pb.FeatureUpdateResult(name=u.name, error_code=code, error_message=why))
+    return resp
 
 
 async def sasl_authenticate(gateway, request: pb.SaslAuthenticateRequest, peer: str) -> pb.SaslAuthenticateResponse:
@@ -508,8 +552,22 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     _declare_rpc_series(cfg.role)
     cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
                            session_timeout_s=cfg.settings.zookeeper_session_timeout_ms / 1000,
-                           props=cfg.settings)
-    await asyncio.to_thread(cluster.start)
+                           props=cfg.settings, assigned_broker_id=meta.load_or_create(cfg.data_dir, cfg.node_id, broker_id))
+    await asyncio.to_thread(cluster.start)  # FeatureLevelError: this version cannot run at the finalized level
+    stop = asyncio.Event()
+    unsupported: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def on_level(level: int) -> None:
+        """A level raised above what this version supports while it runs (it
+        registered after `exactly features upgrade` checked the live processes):
+        stop, and exit with the error, as at start-up."""
+        try:
+            features.check_finalized(level)
+        except features.FeatureLevelError as exc:
+            unsupported.append(str(exc))
+            loop.call_soon_threadsafe(stop.set)
+    cluster.add_feature_listener(on_level)
     client = ClusterClient(cluster, security, cfg.settings.keepalive_time_ms)
     await asyncio.to_thread(_start_security, cfg, cluster, security, auth_interceptor, client)
     quota_manager = await asyncio.to_thread(_start_quotas, cfg, cluster)
@@ -528,8 +586,6 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await server.start()
     sweeper = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper") if sweeper else None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
@@ -567,6 +623,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
              cfg.node_id, cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none",
              type(loop).__module__.split(".")[0])
     await stop.wait()
+    if unsupported:
+        log.critical("%s", unsupported[0])
     log.info("%s %s stopping", cfg.role, cfg.node_id)
     for task in (watcher, sweeper):
         if task is not None:
@@ -587,6 +645,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
             os.unlink(cfg.data_dir / name)
         except FileNotFoundError:
             pass
+    if unsupported:
+        raise features.FeatureLevelError(unsupported[0])
 
 
 def server_options(cfg: ServiceConfig, nofile: int | None = None) -> list[tuple[str, int]]:
@@ -780,8 +840,13 @@ def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    with asyncio.Runner(loop_factory=loop_factory(cfg.settings.event_loop)) as runner:
-        runner.run(serve(cfg, setup))
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(cfg.settings.event_loop)) as runner:
+            runner.run(serve(cfg, setup))
+    except (features.FeatureLevelError, features.UnknownFormatVersion, meta.MetaPropertiesError) as exc:
+        # Refusals that name what this version cannot run with: one line, no traceback.
+        log.critical("%s %s does not start: %s", role, cfg.node_id, exc)
+        sys.exit(2)
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

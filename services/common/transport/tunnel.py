@@ -364,8 +364,13 @@ class TunnelChannel:
                     future.set_result(reply)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNAVAILABLE
-            # A status of the stream itself is not one of its calls': retriable for all of them.
-            error = TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name}")
+            if code is grpc.StatusCode.UNIMPLEMENTED:
+                # A peer that serves no tunnel (a version without it) will never serve one:
+                # its calls are not supported there, not worth a retry.
+                error = TunnelError(code, "the peer serves no tunnel (a version without Tunnel/Calls)")
+            else:
+                # A status of the stream itself is not one of its calls': retriable for all of them.
+                error = TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name}")
         except asyncio.CancelledError:
             pass
         finally:

@@ -70,6 +70,7 @@ NOT_RESOURCES = {
     ("ClientQuotaEntityComponent", "entity_type"): "quotas: Alter on the Cluster",
     ("ClientQuotaEntityComponent", "name"): "quotas: Alter on the Cluster",
     ("ClientQuotaValue", "key"): "a quota key",
+    ("FeatureUpdate", "name"): "a feature name: Alter on the Cluster",
 }
 
 METHODS = [(s.name, m) for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods]

@@ -26,6 +26,7 @@ class Topics:
     """Topic znodes in memory, with ClusterState's topic_configs / alter_topic_configs."""
 
     node_id = "pl-0"
+    broker_id = 4532103  # ClusterState.broker_id of "pl-0" (derived)
 
     def __init__(self, **topics: dict):
         self.topics = {name: dict(c) for name, c in topics.items()}

@@ -156,8 +156,11 @@ def test_the_readme_service_tables_have_each_key_default_and_doc_of_the_schema(b
 
 # ---------------------------------------------------------------- no key read by string
 
-# Modules that may name keys: the schemas, and the Kafka config API that maps names.
-_ALLOWED = {"services/common/settings.py", "services/common/topic_config.py", "services/common/kafka/config_api.py"}
+# Modules that may name keys: the schemas, and the Kafka config API that maps names;
+# and dotted names that are not settings: the feature metadata.version, the keys of a
+# data directory's meta.properties.
+_ALLOWED = {"services/common/settings.py", "services/common/topic_config.py", "services/common/kafka/config_api.py",
+            "services/common/cluster/features.py", "services/common/cluster/meta.py"}
 _KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 _GETTERS = {"get", "get_int", "get_str", "get_bool", "get_float", "pop", "setdefault"}
 

@@ -94,8 +94,8 @@ def test_claims_bump_both_epochs_and_keep_the_writer_pid():
         (0, 1000, 0, -1)
     second = b._claim(0)
     assert (second.coordinator_epoch, second.producer_id, second.producer_epoch) == (1, 1000, 1)
-    assert znode(zk) == {"owner": "txn-1", "coordinator_epoch": 1, "producer_id": 1000, "producer_epoch": 1,
-                         "retired_producer_id": -1}
+    assert znode(zk) == {"version": 1, "owner": "txn-1", "coordinator_epoch": 1, "producer_id": 1000,
+                         "producer_epoch": 1, "retired_producer_id": -1}
     again = a._claim(0)  # a restart of the same owner also bumps
     assert (again.coordinator_epoch, again.producer_epoch) == (2, 2)
 

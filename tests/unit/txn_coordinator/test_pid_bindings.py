@@ -60,6 +60,12 @@ async def test_an_idempotent_producer_id_is_bound_in_its_partition_before_it_is_
         code, why = h.coord.verify_producer_id(pid, "User:mallory", "", False)
         assert code == E.CLUSTER_AUTHORIZATION_FAILED and "another principal" in why
     assert _code(h, 10**9, "User:alice", "") == E.UNKNOWN_PRODUCER_ID  # never issued: bound to no one
+    # Below metadata.version 2 partition leaders of versions before it may ask: they
+    # know no UNKNOWN_PRODUCER_ID answer, so the refusal is theirs.
+    h.topology.level = 1
+    assert _code(h, 10**9, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+    assert _code(h, -1, "User:alice", "") == E.CLUSTER_AUTHORIZATION_FAILED
+    assert _code(h, 10**9, "User:alice", "tx") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 @_owned

@@ -110,6 +110,11 @@ class FakeLog:
         return TxnLogFetch(ErrorCode.NONE, bytes(out), self.next_offset.get(partition, 0), 0)
 
     def entries(self, partition: int = 0) -> list[txn_log.TxnLogEntry]:
+        """The records of the partition, without its feature-level records."""
+        return [e for e in self.all_entries(partition) if not isinstance(e, txn_log.FeatureLevelEntry)]
+
+    def all_entries(self, partition: int = 0) -> list:
+        """Every record of the partition, decoded (txn_log.decode_fetched)."""
         entries, _ = txn_log.decode_fetched(b"".join(self.batches.get(partition, [])))
         return entries
 
@@ -190,6 +195,7 @@ class FakeTopology:
     txn_partitions: int = 1
     offsets_partitions: int = 4
     topics: dict[str, int] = field(default_factory=lambda: {"orders": 3, "payments": 2})
+    level: int = 2  # the finalized metadata.version (a new cluster's: the newest)
 
     def txn_partition_for(self, transactional_id: str) -> int:
         if self.txn_partitions <= 0:
@@ -201,6 +207,9 @@ class FakeTopology:
 
     def txn_partition_count(self) -> int:
         return max(self.txn_partitions, 0)
+
+    def metadata_version(self) -> int:
+        return self.level
 
     def partition_exists(self, topic: str, partition: int) -> bool:
         if topic == "__consumer_offsets":

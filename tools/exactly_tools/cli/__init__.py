@@ -8,6 +8,7 @@
     exactly transactions list|describe|describe-producers|find-hanging|abort
     exactly dump-log SEGMENT_FILE
     exactly perf produce|consume
+    exactly features describe|upgrade|downgrade
 
 Every command takes `--bootstrap-server`, `--command-config FILE` and `--json`.
 Errors (a bad flag, an unknown topic, an unreachable cluster) are one line on stderr
@@ -27,6 +28,7 @@ from .common import debug, fail
 from .clients import consume, produce
 from .dumplog import dump_log
 from .examples import add_examples
+from .features import features
 from .groups import groups
 from .perf import perf
 from .quotas import quotas
@@ -40,10 +42,10 @@ from .transactions import transactions
 def cli() -> None:
     """Operate an Exactly cluster: topics, console producer and consumer, consumer
     groups, transactions (KIP-664 hanging transactions), segment dumps,
-    performance tests, ACLs, SASL users and client quotas."""
+    performance tests, ACLs, SASL users, client quotas and feature levels."""
 
 
-for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users, quotas):
+for command in (topics, produce, consume, groups, transactions, dump_log, perf, acls, users, quotas, features):
     cli.add_command(command)
 add_examples(cli)
 

@@ -48,6 +48,10 @@ EXAMPLES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("quotas",): ("exactly quotas --entity-type users --entity-name alice --alter "
                   "--add-config producer_byte_rate=1048576",
                   "exactly quotas --describe --json"),
+    ("features", "describe"): ("exactly features describe", "exactly features describe --json"),
+    ("features", "upgrade"): ("exactly features upgrade --dry-run",
+                              "exactly features upgrade --feature metadata.version=2"),
+    ("features", "downgrade"): ("exactly features downgrade --feature metadata.version=2 --dry-run",),
 }
 
 
