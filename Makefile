@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup dev demo spark-demo test unit unit-waits compat soak fuzz proto bench docs down clean
+.PHONY: setup dev demo spark-demo test unit unit-waits compat soak fuzz upgrade-test proto bench docs down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -60,6 +60,11 @@ soak: setup
 	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \
 	  "tests/system/test_transactions_system.py::test_copy_is_exactly_once_through_failures[disk]"
 	EXACTLY_KEEPALIVE_IDLE_S=240 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_keepalive.py
+
+# The rolling upgrade from the previous release in all four orders x security (make test runs
+# two of them and the downgrade; docs/operating/upgrades.md).
+upgrade-test: setup
+	EXACTLY_UPGRADE_FULL=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 tests/system/test_rolling_upgrade.py
 
 # Hostile input: 2,000 generated requests per RPC against a real cluster (make test runs 60);
 # the figures go to $(RUN_DIR)/fuzz-report.json (docs/security.md, "Hostile input").

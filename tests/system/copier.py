@@ -9,7 +9,7 @@ committed offset and copies the same records again.
     python tests/system/copier.py --bootstrap-servers H:P[,H:P] --transactional-id ID
         --group-id G --input-topic IN --input-partition P --output-topic OUT
         --end-offset N --status-file F [--gate-file G] [--transaction-size 300]
-        [--abort-every 3] [--max-rate RECORDS_PER_S]
+        [--abort-every 3] [--max-rate RECORDS_PER_S] [--client-config FILE]
 
 Starts from the group's committed offset of the input partition (so a restarted
 copier with the same transactional.id resumes where the last committed transaction
@@ -19,11 +19,14 @@ holds {"fraction": f}: the copier does not consume past ceil(f * end offset), so
 test can pace the copy against its fault schedule; --max-rate caps the records sent
 per second (aborted ones included) by pausing inside the transactions, between
 sends, so that a fault most likely lands in an open transaction with records in the
-log.
+log. --client-config names a JSON file of further SDK settings of both clients (a
+secured cluster's security.protocol, certificates, SASL user).
 SIGTERM/SIGINT: finish (commit or
 abort) the current transaction, then exit 0. The status file (JSON, replaced
 atomically) has state, position (committed offset), end, committed and aborted
-transaction counts, restarts of the producer epoch and the pid.
+transaction counts, the pid, and max_commit_gap_s: the longest time (s) the copier
+went without a commit while it had input to copy (from the start of its first
+transaction, or from the moment the gate let it consume again, to the next commit).
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class Status:
     def __init__(self, path: pathlib.Path, end: int):
         self.path = path
         self.fields = {"state": "starting", "position": 0, "end": end, "committed_txns": 0,
-                       "aborted_txns": 0, "failed_txns": 0, "pid": os.getpid()}
+                       "aborted_txns": 0, "failed_txns": 0, "pid": os.getpid(), "max_commit_gap_s": 0.0}
 
     def update(self, **fields) -> None:
         self.fields.update(fields)
@@ -144,11 +147,13 @@ def run(args: argparse.Namespace) -> int:
     tp = TopicPartition(args.input_topic, args.input_partition)
     status = Status(pathlib.Path(args.status_file), args.end_offset)
     gate_file = pathlib.Path(args.gate_file) if args.gate_file else None
-    consumer = Consumer({"bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
+    extra = json.loads(pathlib.Path(args.client_config).read_text()) if args.client_config else {}
+    consumer = Consumer({**extra, "bootstrap.servers": args.bootstrap_servers, "group.id": args.group_id,
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100,
                          "max.poll.records": args.transaction_size, "request.timeout.ms": 10000})
-    producer = Producer({"bootstrap.servers": args.bootstrap_servers, "transactional.id": args.transactional_id,
+    producer = Producer({**extra, "bootstrap.servers": args.bootstrap_servers,
+                         "transactional.id": args.transactional_id,
                          "transaction.timeout.ms": 30000, "linger.ms": 5, "request.timeout.ms": 10000,
                          "max.block.ms": 60000})
     try:
@@ -159,10 +164,12 @@ def run(args: argparse.Namespace) -> int:
         status.update(state="running", position=position)
         txn_index = 0
         pacer = Pacer(args.max_rate)
+        waiting_since = time.monotonic()  # since when the copier had input and no commit
         while position < args.end_offset and not _stop:
             limit = gate_limit(gate_file, args.end_offset)
             if position >= limit:
                 time.sleep(0.05)
+                waiting_since = time.monotonic()  # held by the gate: not a stall
                 continue
             batch = poll_batch(consumer, min(args.transaction_size, limit - position))
             if not batch:
@@ -202,7 +209,11 @@ def run(args: argparse.Namespace) -> int:
                 status.update(failed_txns=status.fields["failed_txns"] + 1)
                 continue
             position = next_offset
-            status.update(position=position, committed_txns=status.fields["committed_txns"] + 1)
+            now = time.monotonic()
+            gap = max(status.fields["max_commit_gap_s"], round(now - waiting_since, 3))
+            waiting_since = now
+            status.update(position=position, committed_txns=status.fields["committed_txns"] + 1,
+                          max_commit_gap_s=gap)
         status.update(state="done" if position >= args.end_offset else "stopped")
         return 0
     finally:
@@ -231,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transaction-size", type=int, default=300)
     parser.add_argument("--abort-every", type=int, default=3, help="abort every Nth transaction on purpose (0: never)")
     parser.add_argument("--max-rate", type=float, default=0, help="records sent per second at most (0: no cap)")
+    parser.add_argument("--client-config", help="JSON file of further SDK settings (security)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

@@ -30,19 +30,20 @@ class SystemTestError(AssertionError):
 
 # ---------------------------------------------------------------- topics and data
 
-def create_topics(bootstrap: str, topics: dict[str, int], replication_factor: int, min_insync: int) -> None:
+def create_topics(bootstrap: str, topics: dict[str, int], replication_factor: int, min_insync: int,
+                  config: dict | None = None) -> None:
     """Create `topics` (name -> partitions) with the replication factor and
-    min.insync.replicas given."""
-    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+    min.insync.replicas given; `config`: further SDK settings (a secured cluster's)."""
+    with AdminClient({**(config or {}), "bootstrap.servers": bootstrap}) as admin:
         admin.create_topics([NewTopic(name, n, replication_factor, {"min.insync.replicas": str(min_insync)})
                              for name, n in topics.items()], timeout=60)
 
 
-def load_input(bootstrap: str, topic: str, partitions: int, count: int) -> list[bytes]:
+def load_input(bootstrap: str, topic: str, partitions: int, count: int, config: dict | None = None) -> list[bytes]:
     """Write `count` distinct values round-robin over the partitions with an
-    idempotent acks=all producer; returns the values."""
+    idempotent acks=all producer; returns the values. `config`: further SDK settings."""
     values = [f"value-{n:07d}".encode() for n in range(count)]
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+    producer = Producer({**(config or {}), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                          "linger.ms": 10})
     try:
         futures = [producer.send(topic, v, key=v, partition=n % partitions) for n, v in enumerate(values)]
@@ -54,9 +55,9 @@ def load_input(bootstrap: str, topic: str, partitions: int, count: int) -> list[
     return values
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    """Partition -> high watermark (read_uncommitted end)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": False})
+def end_offsets(bootstrap: str, topic: str, partitions: int, config: dict | None = None) -> dict[int, int]:
+    """Partition -> high watermark (read_uncommitted end); `config`: further SDK settings."""
+    c = Consumer({**(config or {}), "bootstrap.servers": bootstrap, "enable.auto.commit": False})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
@@ -67,12 +68,12 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
 
 
 def read_values(bootstrap: str, topic: str, partitions: int, isolation_level: str,
-                timeout_s: float = 120.0) -> list[bytes]:
+                timeout_s: float = 120.0, config: dict | None = None) -> list[bytes]:
     """Every value of `topic` from the beginning up to its end. Under read_committed
     the end is taken once every transaction written so far is complete (LSO = high
     watermark): EndTxn answers once the outcome is durable and the markers follow, so
-    the last commits may still be waiting for theirs."""
-    c = Consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation_level,
+    the last commits may still be waiting for theirs. `config`: further SDK settings."""
+    c = Consumer({**(config or {}), "bootstrap.servers": bootstrap, "isolation.level": isolation_level,
                   "enable.auto.commit": False, "fetch.max.wait.ms": 100})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -82,7 +83,8 @@ def read_values(bootstrap: str, topic: str, partitions: int, isolation_level: st
             c.seek_to_end(tps)
             ends = {tp: c.position(tp, timeout=60) for tp in tps}
             if isolation_level != "read_committed" or \
-                    ends == {tp: hw for tp, hw in zip(tps, end_offsets(bootstrap, topic, partitions).values())}:
+                    ends == {tp: hw for tp, hw in zip(tps, end_offsets(bootstrap, topic, partitions,
+                                                                       config).values())}:
                 break
             if time.monotonic() > deadline:
                 raise SystemTestError(f"transactions on {topic} did not complete in {timeout_s:.0f} s")
@@ -123,10 +125,10 @@ class Comparison:
 
 # ---------------------------------------------------------------- cluster state
 
-def wait_in_sync(bootstrap: str, topics: list[str], timeout_s: float = 60.0) -> None:
+def wait_in_sync(bootstrap: str, topics: list[str], timeout_s: float = 60.0, config: dict | None = None) -> None:
     """Until every partition of `topics` has a live leader and its whole replica
-    set in the ISR (a restarted replica caught up)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    set in the ISR (a restarted replica caught up); `config`: further SDK settings."""
+    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap})
     try:
         def in_sync() -> bool:
             try:
@@ -232,6 +234,8 @@ class CopierProcess:
     transaction_size: int = 300
     abort_every: int = 3
     max_rate: float = 0.0
+    # Further SDK settings of the copier's clients (a secured cluster's), written to a file.
+    client_config: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     starts: int = 0
     history: list[dict] = field(default_factory=list)
@@ -257,6 +261,10 @@ class CopierProcess:
                "--abort-every", str(self.abort_every), "--max-rate", str(self.max_rate)]
         if self.gate_file is not None:
             cmd += ["--gate-file", str(self.gate_file)]
+        if self.client_config:
+            config = self.run_dir / f"{self.name}.client.json"
+            config.write_text(json.dumps(self.client_config))
+            cmd += ["--client-config", str(config)]
         self.status_file.unlink(missing_ok=True)
         log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -314,15 +322,20 @@ class CopierProcess:
 
 
 def make_copiers(tmp_path: pathlib.Path, bootstrap: str, source: str, sink: str, ends: dict[int, int],
-                        group: str, transaction_size: int, max_rate: float) -> tuple[pathlib.Path, list[CopierProcess]]:
+                 group: str, transaction_size: int, max_rate: float, abort_every: int = 3,
+                 client_config: dict | None = None) -> tuple[pathlib.Path, list[CopierProcess]]:
     """(gate file, copiers): one copier per input partition of `ends` (partition ->
-    end offset), copying `source` to `sink` in consumer group `group`, with their
-    status files and the gate under tmp_path/copiers (not started yet)."""
+    end offset), copying `source` to `sink` in consumer group `group` and aborting
+    every `abort_every`-th transaction on purpose, with their status files and the
+    gate under tmp_path/copiers (not started yet); `client_config`: further SDK
+    settings (security)."""
     run_dir = tmp_path / "copiers"
     run_dir.mkdir()
     gate = run_dir / "gate.json"
     return gate, [CopierProcess(f"copier-{p}", bootstrap, source, p, sink, end, group, run_dir, gate_file=gate,
-                                transaction_size=transaction_size, max_rate=max_rate) for p, end in sorted(ends.items())]
+                                transaction_size=transaction_size, abort_every=abort_every, max_rate=max_rate,
+                                client_config=dict(client_config or {}))
+                  for p, end in sorted(ends.items())]
 
 
 def finish_copiers(copiers: list[CopierProcess], gate_file: pathlib.Path, timeout_s: float) -> None:

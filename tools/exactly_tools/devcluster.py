@@ -4,7 +4,9 @@
                    [--group-coordinators 1] [--replication-factor 1]
                    [--zookeeper HOST:PORT] [--set key=value ...] [--security] [--postgres] [--json]
     exactly-dev env [--dir DIR]             export EXACTLY_BOOTSTRAP_SERVER=... (for eval)
-    exactly-dev restart [--dir DIR] NAME    start a stopped or killed service again
+    exactly-dev restart [--dir DIR] NAME [--python PATH]
+                                            start a stopped or killed service again
+                                            (with --python: that interpreter's version)
     exactly-dev kill [--dir DIR] NAME [--signal KILL|TERM|STOP|CONT]
     exactly-dev status [--dir DIR]
     exactly-dev down [--dir DIR]
@@ -14,7 +16,7 @@ DIR defaults to $EXACTLY_DEV_DIR, else .run/dev (exactly_tools.devfiles), where 
 (unless --zookeeper) and the services as background processes, saying on stderr what it
 starts and when each serves (gRPC health SERVING), and writes DIR/cluster.json:
 {"bootstrap_servers", "zookeeper", "services": [{"name", "role", "pid", "address",
-"metrics_address"}], "clients": [{"name", "pid"}]} (clients: processes run against the
+"metrics_address", "python"}], "clients": [{"name", "pid"}]} (clients: processes run against the
 cluster and registered with DevCluster.track, which `down` stops first; printed with
 --json) and DIR/client.properties (bootstrap.servers and, with --security, the admin's TLS
 settings: for `exactly --command-config` and the SDK), DIR/kafka-client.properties (the
@@ -25,6 +27,10 @@ http://<metrics_address>/metrics. With --postgres a
 PostgreSQL server runs too (a private data directory, a free port; as the `postgres`
 OS user when run as root), its libpq DSN in cluster.json's "postgres": {"dsn", "port",
 "data_dir"}; `down` stops it and deletes its data directory.
+A service's "python" (empty: this interpreter) runs it with another installation of
+Exactly, e.g. the virtualenv of another release (`restart --python`): a rolling upgrade
+or downgrade replaces one service after the other on the same data directory, node id
+and ports (docs/operating/upgrades.md).
 Service logs go to DIR/logs/NAME.log; data to DIR/NAME/. Nothing under DIR is readable
 by other users: the dev cluster creates its directories 0700 and its files 0600, and
 ZooKeeper and the services run with umask 077.
@@ -146,6 +152,9 @@ class Service:
     pid: int = 0
     metrics_port: int = 0
     kafka_port: int = 0
+    # The interpreter the service runs with ("": this one): another installation's,
+    # e.g. `.run/releases/<commit>/venv/bin/python`, runs that version.
+    python: str = ""
 
     @property
     def address(self) -> str:
@@ -213,7 +222,8 @@ class DevCluster:
             **({"postgres": self.postgres} if self.postgres else {}),
             "clients": [{"name": name, "pid": pid} for name, pid in self.clients.items()],
             "services": [{"name": s.name, "role": s.role, "pid": s.pid, "address": s.address,
-                          "metrics_address": s.metrics_address, "kafka_address": s.kafka_address}
+                          "metrics_address": s.metrics_address, "kafka_address": s.kafka_address,
+                          **({"python": s.python} if s.python else {})}
                          for s in self.services.values()],
         }
         write_private(self.state_file, json.dumps(body, indent=2).encode())
@@ -231,7 +241,8 @@ class DevCluster:
             metrics = s.get("metrics_address") or ":0"
             kafka = s.get("kafka_address") or ":0"
             services[s["name"]] = Service(s["name"], s["role"], int(s["address"].rsplit(":", 1)[1]), s["pid"],
-                                          int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]))
+                                          int(metrics.rsplit(":", 1)[1]), int(kafka.rsplit(":", 1)[1]),
+                                          s.get("python", ""))
         client_config = {k: v for k, v in body.get("client_config", {}).items() if k != "bootstrap.servers"}
         return cls(d, body["zookeeper"], body.get("zookeeper_pid", 0), services, body.get("props", {}),
                    bool(body.get("security", False)), client_config, body.get("postgres", {}),
@@ -320,10 +331,10 @@ class DevCluster:
 
     # ------------------------------------------------------------ services
     def _spawn(self, svc: Service) -> None:
-        data_dir = self.dir / svc.name
+        data_dir = self.dir.resolve() / svc.name
         _mkdir_private(data_dir)
-        cmd = [sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name, "--host", "127.0.0.1",
-               "--port", str(svc.port), "--kafka-port", str(svc.kafka_port or -1), "--zookeeper", self.zookeeper,
+        cmd = [svc.python or sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name,
+               "--host", "127.0.0.1", "--port", str(svc.port), "--kafka-port", str(svc.kafka_port or -1), "--zookeeper", self.zookeeper,
                "--data-dir", str(data_dir)]
         for k, v in settings_by_role(self.props)[svc.role].items():
             cmd += ["--set", f"{k}={v}"]
@@ -337,8 +348,11 @@ class DevCluster:
         log = _open_log(self.dir / "logs" / f"{svc.name}.log")
         # The service sets umask 077 itself (services.common.transport.server.main_for).
         extra = self.service_env.get(svc.name)
+        # Another interpreter runs in its data directory: `python -m` puts the working
+        # directory first on sys.path, and this one's may hold another version's packages.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, **extra} if extra else None)
+                                start_new_session=True, env={**os.environ, **extra} if extra else None,
+                                cwd=data_dir if svc.python else None)
         self._procs[svc.name] = proc
         svc.pid = proc.pid
 
@@ -358,10 +372,11 @@ class DevCluster:
 
     def up(self, partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
            zookeeper: str | None = None, timeout_s: float = 60.0, postgres: bool = False,
-           progress: Progress | None = None) -> None:
+           progress: Progress | None = None, python: str = "") -> None:
         """Start ZooKeeper (unless given) and the services; wait until all serve.
         postgres: also a PostgreSQL server (start_postgres()). `progress(line)` is told
-        each step as it starts and ends (`exactly-dev up` prints them on stderr).
+        each step as it starts and ends (`exactly-dev up` prints them on stderr);
+        python: the interpreter of every service (Service.python; "": this one).
         Writes cluster.json and the client property files (`write_client_properties`).
         Raises ConfigurationError for a wrong setting before anything starts."""
         say = progress or (lambda line: None)
@@ -391,7 +406,7 @@ class DevCluster:
             names = []
             for i in range(count):
                 svc = Service(f"{prefix}-{i}", ROLES[prefix], free_port(), metrics_port=free_port(),
-                              kafka_port=free_port())
+                              kafka_port=free_port(), python=python)
                 self.services[svc.name] = svc
                 self._spawn(svc)
                 names.append(svc.name)
@@ -505,15 +520,21 @@ class DevCluster:
     def stop(self, name: str) -> None:
         self.signal(name, signal.SIGTERM)
 
-    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+    def restart(self, name: str, timeout_s: float = 60.0, python: str | None = None, wait: bool = True) -> None:
         """Start a stopped or killed service again with its data and port; returns once
-        it serves. Raises DevClusterError if it is still running."""
+        it serves (`wait`; else at once). `python`: the interpreter to run it with from
+        now on (another installation's, to replace its version; "": this
+        interpreter's; None: as before). Raises DevClusterError if it is still
+        running, or did not serve."""
         svc = self._get(name)
         if pid_alive(svc.pid):
             raise DevClusterError(f"{name} is still running (pid {svc.pid})")
+        if python is not None:
+            svc.python = python
         self._spawn(svc)
         self.save()
-        self._await([name], timeout_s)
+        if wait:
+            self._await([name], timeout_s)
 
     def track(self, name: str, pid: int) -> None:
         """Record a client process run against this cluster (cluster.json "clients",
@@ -646,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("name")
         if name == "kill":
             p.add_argument("--signal", default="KILL", choices=["KILL", "TERM", "STOP", "CONT"])
+        else:
+            p.add_argument("--python", help="run the service with this interpreter from now on (the virtualenv "
+                                             "of another version of Exactly; '' for exactly-dev's own)")
     command("down", "stop everything")
     command("status", "show the services")
     args = parser.parse_args(argv)
@@ -673,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "env":
                 print(f"export {devfiles.BOOTSTRAP_ENV}={cluster.bootstrap_servers}")
             elif args.cmd == "restart":
-                cluster.restart(args.name)
+                cluster.restart(args.name, python=args.python)
                 print(f"{args.name} serving, pid {cluster.services[args.name].pid}")
             elif args.cmd == "kill":
                 cluster.signal(args.name, getattr(signal, "SIG" + args.signal))
