@@ -355,6 +355,11 @@ class CoreBase(abc.ABC):
         self._transport_checked = False  # see _metadata_flow
         self.created_in_pid = os.getpid()  # a forked child must not use this client (_fork)
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._closed
+
     def cached_metadata(self) -> Metadata | None:
         """The metadata last fetched, without any request (None before the first)."""
         return self._metadata

@@ -521,10 +521,14 @@ class GroupMembership:
         except errors.ExactlyError as exc:
             log.debug("group %s: LeaveGroup failed: %r", self.group_id, exc)
 
-    def close(self) -> None:
-        """Stop heartbeating and leave the group (a static member only stops)."""
+    def stop_heartbeat(self) -> None:
+        """Make the heartbeat thread end (without waiting for it)."""
         self._hb_stop.set()
         self._hb_wake.set()
+
+    def close(self) -> None:
+        """Stop heartbeating and leave the group (a static member only stops)."""
+        self.stop_heartbeat()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
         self.leave()

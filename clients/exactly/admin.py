@@ -11,6 +11,7 @@ from .config import AdminSchema, parse
 from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
 from ._sender import txn_coordinator_addresses
 from ._two_phase import PreparedTxnState
+from ._unclosed import collected, creation_stack
 from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -415,6 +416,7 @@ class AdminClient:
     Raises errors.ConfigurationError for an unknown key or a wrong value."""
 
     def __init__(self, conf: Mapping[str, Any]):
+        self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         self._core = ClientCore(parse(AdminSchema, conf).as_dict())
 
     def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
@@ -1038,6 +1040,11 @@ class AdminClient:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning, and the connections close (exactly._unclosed).
+        core = getattr(self, "_core", None)
+        collected(self, core is not None and not core.closed, lambda: core.close())
 
 
 __all__ = ["AdminClient", "TopicDescription", "PartitionDescription", "TransactionListing",

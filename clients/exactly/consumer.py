@@ -28,6 +28,7 @@ from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
                                      ResetStrategy, SubscriptionState, reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, list_offsets_request
+from exactly._unclosed import collected, creation_stack
 from exactly._waiting import WaitWarnings
 from exactly.config import ConsumerSchema, parse
 from exactly_wire.error_codes import ErrorCode
@@ -114,6 +115,7 @@ class Consumer:
     """
 
     def __init__(self, conf: Mapping[str, Any]):
+        self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         cfg = parse(ConsumerSchema, conf)
         conf = cfg.as_dict()
@@ -876,6 +878,17 @@ class Consumer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning; nothing is committed, no LeaveGroup sent (exactly._unclosed).
+        collected(self, not getattr(self, "_closed", True), self._abandon)
+
+    def _abandon(self) -> None:
+        """Release what an unclosed consumer holds, without waiting or I/O."""
+        self._release()
+        if self._group is not None:
+            self._group.stop_heartbeat()
+        self._core.close()
 
     def _check_open(self) -> None:
         """Raise errors.IllegalStateError when closed, or in a forked child of the

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
@@ -33,6 +34,7 @@ from exactly_wire import records as _rec
 from exactly_wire.clock import wall_clock_ms
 
 from . import _fork, errors
+from ._unclosed import collected, creation_stack
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
 from ._client import ClientCore, call_deadline, run_flow
 from ._sender import Sender, SenderConfig
@@ -147,6 +149,7 @@ class Producer:
     """
 
     def __init__(self, conf: Mapping[str, Any]):
+        self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         given = {k for k, v in conf.items() if v is not None}
         cfg = parse(ProducerSchema, conf)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
@@ -201,7 +204,6 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
-        self._closed = False
         self._close_lock = threading.Lock()
         self._sender = self._make_sender(
             SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
@@ -209,10 +211,11 @@ class Producer:
                          retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
                          max_in_flight=self._max_in_flight, compression=self._compression,
                          txn_timeout_ms=self._txn_timeout_ms),
-            self._acc, self._txn, self._core, on_metadata_change=self.metadata_changed, clock=self._clock)
+            self._acc, self._txn, self._core, on_metadata_change=_weak_call(self.metadata_changed), clock=self._clock)
         # The transaction flows, performed blocking by `_perform` (awaited by exactly.aio).
         self._flows = TransactionFlows(self._transactional_id, self._txn, self._acc, self._sender,
                                        self._txn_timeout_ms, self._max_block_ms, self._clock)
+        self._closed = False  # set last: a producer whose construction failed has nothing to close
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
@@ -707,6 +710,30 @@ class Producer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning; queued records are not sent (exactly._unclosed).
+        collected(self, not getattr(self, "_closed", True), self._abandon)
+
+    def _abandon(self) -> None:
+        """Release what an unclosed producer holds, without waiting or I/O."""
+        self._closed = True
+        self._acc.close()
+        self._sender.stop()
+        self._core.close()
+
+
+def _weak_call(method: Callable[[], None]) -> Callable[[], None]:
+    """`method` (a bound method) called through a weak reference: the sender thread,
+    which runs until the producer is closed, must not keep an unclosed producer alive
+    (its `__del__` stops the thread)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 def decide_prepared_transaction(transactional_id: str, conf: Mapping[str, Any] | str, commit: bool,

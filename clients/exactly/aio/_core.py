@@ -243,6 +243,21 @@ class AIOClientCore(CoreBase):
 
     # ------------------------------------------------------------ lifecycle
 
+    def release_unclosed(self, *steps: Callable[[], None]) -> None:
+        """For the `__del__` of an asyncio client collected without close(): run
+        `steps` (each stops something, without I/O) and `close()` on this client's event
+        loop, from any thread; nothing when the loop is closed."""
+        loop = self._loop
+        if loop.is_closed():
+            return
+
+        def _release() -> None:
+            for step in steps:
+                step()
+            loop.create_task(self.close())
+
+        loop.call_soon_threadsafe(_release)
+
     async def close(self) -> None:
         """Cancel this client's tasks and close every channel. Idempotent."""
         tasks = [t for t in self._tasks if not t.done()]

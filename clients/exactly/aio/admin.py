@@ -2,9 +2,11 @@
 rules (`exactly.admin`: requests, outcomes, listings, descriptions)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Iterable, Mapping
 
 from exactly import errors
+from exactly._unclosed import collected, creation_stack
 from exactly._client import COORDINATOR_TRANSACTION, Metadata
 from exactly.config import AdminSchema, parse
 from exactly._sender import txn_coordinator_addresses
@@ -25,6 +27,8 @@ class AIOAdminClient:
     it inside a running event loop (raises RuntimeError otherwise)."""
 
     def __init__(self, conf: Mapping[str, Any]):
+        # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
+        self._created = creation_stack(asyncio.get_running_loop().get_debug())
         self._core = AIOClientCore(parse(AdminSchema, conf).as_dict())
 
     async def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
@@ -116,6 +120,11 @@ class AIOAdminClient:
     async def close(self) -> None:
         """Release connections. Idempotent."""
         await self._core.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning; the connections close on the loop (exactly._unclosed).
+        core = getattr(self, "_core", None)
+        collected(self, core is not None and not core.closed, lambda: core.release_unclosed())
 
     async def __aenter__(self) -> "AIOAdminClient":
         return self

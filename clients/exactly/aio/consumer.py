@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 import tenacity
 
 from exactly import errors
+from exactly._unclosed import collected, creation_stack
 from exactly._client import COORDINATOR_GROUP, bounded_s, call_deadline
 from exactly._consumer_group import _RETRY_CODES, FETCH_COMMITTED_RETRY_CODES, GroupMembership
 from exactly.consumer import CommitOffsets, Consumer, FetchCommitted, LeaveGroup, Rebalance, WaitForResponses
@@ -128,6 +129,9 @@ class _Consumer(Consumer):
     def _make_membership(self, core: AIOClientCore, group_id: str, **settings: Any) -> AIOGroupMembership:
         return AIOGroupMembership(core, group_id, **settings)
 
+    def __del__(self) -> None:
+        """Nothing: the AIOConsumer that owns it warns and releases it (its `__del__`)."""
+
 
 class AIOConsumer:
     """Consumes records from asyncio code.
@@ -146,6 +150,8 @@ class AIOConsumer:
     """
 
     def __init__(self, conf: Mapping[str, Any]):
+        # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
+        self._created = creation_stack(asyncio.get_running_loop().get_debug())
         self._c = _Consumer(conf)
         self._core: AIOClientCore = self._c._core
         self._pending: collections.deque[ConsumerRecord] = collections.deque()
@@ -293,6 +299,16 @@ class AIOConsumer:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning; nothing is committed, no LeaveGroup sent (exactly._unclosed).
+        c = getattr(self, "_c", None)
+        collected(self, c is not None and not getattr(c, "_closed", True), lambda: self._abandon(c))
+
+    def _abandon(self, c: _Consumer) -> None:
+        """Release what an unclosed consumer holds, on its event loop."""
+        c._release()
+        self._core.release_unclosed()
 
 
 __all__ = ["AIOConsumer", "AIOGroupMembership"]

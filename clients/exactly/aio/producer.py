@@ -20,6 +20,7 @@ import os
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from exactly import errors
+from exactly._unclosed import collected, creation_stack
 from exactly.producer import Producer, UnknownTopicWait
 from exactly._two_phase import PreparedTxnState
 from exactly._txn_flows import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, takes_earlier_init_args
@@ -158,6 +159,9 @@ class _Producer(Producer):
     def _make_sender(self, *args: Any, **kwargs: Any) -> AIOSender:
         return AIOSender(*args, **kwargs)
 
+    def __del__(self) -> None:
+        """Nothing: the AIOProducer that owns it warns and releases it (its `__del__`)."""
+
 
 class AIOProducer:
     """Sends records, idempotently and in transactions, from asyncio code.
@@ -175,6 +179,8 @@ class AIOProducer:
     """
 
     def __init__(self, conf: Mapping[str, Any]):
+        # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
+        self._created = creation_stack(asyncio.get_running_loop().get_debug())
         self._p = _Producer(conf)
         self._sender: AIOSender = self._p._sender
         # Sends waiting for metadata or buffer space queue their records in call order:
@@ -410,6 +416,16 @@ class AIOProducer:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
+
+    def __del__(self) -> None:
+        # Unclosed: a ResourceWarning; queued records are not sent (exactly._unclosed).
+        p = getattr(self, "_p", None)
+        collected(self, p is not None and not getattr(p, "_closed", True), lambda: self._abandon(p))
+
+    def _abandon(self, p: _Producer) -> None:
+        """Release what an unclosed producer holds, on its event loop."""
+        p._closed = True
+        p._core.release_unclosed(p._acc.close, self._sender.stop)
 
 
 __all__ = ["AIOProducer", "AIOSender"]
