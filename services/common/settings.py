@@ -372,6 +372,16 @@ class TxnCoordinatorSchema(ServiceSchema):
         "exactly.producer.ids.rate", 100.0, "InitProducerId calls per second each principal may make to one "
         "transaction coordinator with the authorizer on (KIP-936's producer_ids_rate; bursts of one second's "
         "worth; THROTTLING_QUOTA_EXCEEDED above; 0: no limit).", MEDIUM, ge=0)
+    producer_ids_max_per_principal: int = setting(
+        "exactly.producer.ids.max.per.principal", 100000, "Live producer-id bindings of idempotent producers "
+        "one principal may hold at one transaction coordinator with the authorizer on (KIP-936's intent: a "
+        "principal cannot fill the coordinator's memory); InitProducerId beyond it is answered POLICY_VIOLATION "
+        "until some expire (producer.id.expiration.ms); 0: no limit.", MEDIUM, ge=0)
+    transactional_ids_max_per_principal: int = setting(
+        "exactly.transactional.ids.max.per.principal", 10000, "Transactional ids one principal may hold "
+        "(producer ids bound to it with that transactional.id) at one transaction coordinator with the "
+        "authorizer on; InitProducerId of one more is answered POLICY_VIOLATION until some expire "
+        "(transactional.id.expiration.ms); 0: no limit.", MEDIUM, ge=0)
     state_log_num_partitions: int = setting("transaction.state.log.num.partitions", 8, "Partitions of "
                                             "__transaction_state when this coordinator creates it.", MEDIUM, ge=1)
     state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "

@@ -46,6 +46,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import Counter
 from typing import Awaitable, Callable, Coroutine, Iterable
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
@@ -106,6 +107,8 @@ class TransactionCoordinator(TxnRequests, GroupTxn, TxnCompletion, TxnScans, Txn
         self._monotonic = monotonic
         self.bind_producer_ids = bind_producer_ids
         self._next_binding_partition = 0
+        # (principal, transactional) -> InitProducerIds in flight that add a binding (requests._reserving).
+        self._binding_reservations: Counter[tuple[str, bool]] = Counter()
         super().__init__(clock, sleep=sleep, on_fenced=on_fenced, retry_backoff_ms=self.config.txn_retry_backoff_ms,
                          retry_backoff_max_ms=self.config.txn_retry_backoff_max_ms)
         self._log = log_store

@@ -85,8 +85,7 @@ class TxnLoad:
         # so a failover never expires a binding early.
         loaded_at = self._monotonic()
         self._resume_timeouts(txns.values(), loaded_at)
-        part.bindings = bindings
-        part.binding_used = {pid: loaded_at for pid in bindings}
+        part.set_bindings(bindings, loaded_at)
         metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(bindings))
         part.finish_loading()
         metrics.TRANSACTIONAL_IDS.set(part.partition, len(txns))

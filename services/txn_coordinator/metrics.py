@@ -24,6 +24,9 @@ dashboards in deploy/grafana read them:
   authorizer on), per owned `__transaction_state` partition (gauge);
 - exactly_txn_init_producer_id_throttled_total: InitProducerId calls refused by
   exactly.producer.ids.rate (THROTTLING_QUOTA_EXCEEDED);
+- exactly_txn_init_producer_id_over_cap_total: InitProducerId calls refused by
+  exactly.producer.ids.max.per.principal / exactly.transactional.ids.max.per.principal
+  (POLICY_VIOLATION);
 - exactly_coordinator_partitions{kind="txn", state}: owned `__transaction_state`
   partitions, loading or serving (services/common/metrics.py).
 
@@ -116,6 +119,10 @@ MARKER_WRITE_SECONDS = Histogram("exactly_txn_marker_write_seconds",
 INIT_PRODUCER_ID_THROTTLED = Counter("exactly_txn_init_producer_id_throttled",
                                      "InitProducerId calls refused by the per-principal rate "
                                      "(exactly.producer.ids.rate)")
+INIT_PRODUCER_ID_OVER_CAP = Counter("exactly_txn_init_producer_id_over_cap",
+                                    "InitProducerId calls refused (POLICY_VIOLATION) because the principal holds "
+                                    "exactly.producer.ids.max.per.principal idempotent producer ids or "
+                                    "exactly.transactional.ids.max.per.principal transactional ids here")
 PID_BLOCKS = Counter("exactly_txn_pid_blocks_allocated", "Producer id blocks reserved in ZooKeeper")
 MARKERS_REJECTED = Counter("exactly_txn_markers_rejected", "Transaction markers a partition leader refused for a "
                            "newer producer epoch of the PID, so not written (reason: the error code); "

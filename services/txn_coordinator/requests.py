@@ -12,6 +12,7 @@ the pending transition and gets CONCURRENT_TRANSACTIONS), then appends it to the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -112,7 +113,11 @@ class TxnRequests:
         (NOT_COORDINATOR when it owns none that is loaded), a transactional one a
         producer id of its transactional.id's partition."""
         if not transactional_id and self.bind_producer_ids:
-            return await self._init_bound_idempotent(principal)
+            over, new = self._over_binding_cap(principal, "")
+            if over is not None:
+                return over
+            with self._reserving(principal, "", new):
+                return await self._init_bound_idempotent(principal)
         if not transactional_id:
             try:
                 return InitProducerIdResult(ErrorCode.NONE, await self._pids.generate(), 0)
@@ -125,6 +130,18 @@ class TxnRequests:
                         f"{self.config.max_timeout_ms}] (transaction.max.timeout.ms)")
         if "\0" in transactional_id:
             return InitProducerIdResult(ErrorCode.INVALID_REQUEST, message="transactional.id holds a NUL character")
+        over, new = self._over_binding_cap(principal, transactional_id) if self.bind_producer_ids else (None, False)
+        if over is not None:
+            return over
+        with self._reserving(principal, transactional_id, new):
+            return await self._init_transactional(transactional_id, transaction_timeout_ms, expected, group, principal,
+                                                  keep_prepared_txn)
+
+    async def _init_transactional(self, transactional_id: str, transaction_timeout_ms: int,
+                                  expected: tuple[int, int] | None, group: GroupAssignment | None, principal: str,
+                                  keep_prepared_txn: bool) -> InitProducerIdResult:
+        """InitProducerId of a transactional producer (see `init_producer_id`), its
+        arguments checked."""
         group_id = ""
         if group is not None:
             blocked = await self._init_group(transactional_id, group)
@@ -194,6 +211,49 @@ class TxnRequests:
             return InitProducerIdResult(err, message="the producer id could not be bound; retry")
         return InitProducerIdResult(ErrorCode.NONE, pid, 0)
 
+    def _over_binding_cap(self, principal: str, transactional_id: str) -> tuple[InitProducerIdResult | None, bool]:
+        """(the POLICY_VIOLATION answer when a new binding would take `principal` past
+        exactly.producer.ids.max.per.principal (idempotent, `transactional_id` "") or
+        a new transactional.id past exactly.transactional.ids.max.per.principal, on this
+        coordinator (its loaded partitions and the InitProducerIds in flight), else
+        None; whether the call adds one to what the principal holds: not for a
+        transactional.id it already holds)."""
+        parts = [p for p in self._parts.values() if p.serving]
+        if not transactional_id:
+            cap, setting = self.config.producer_ids_max_per_principal, "exactly.producer.ids.max.per.principal"
+            held = sum(p.held.idempotent.get(principal, 0) for p in parts)
+            what = "idempotent producer ids"
+        else:
+            cap, setting = self.config.transactional_ids_max_per_principal, "exactly.transactional.ids.max.per.principal"
+            if any(p.held.holds(principal, transactional_id) for p in parts):
+                return None, False
+            held = sum(p.held.transactional_ids(principal) for p in parts)
+            what = "transactional ids"
+        held += self._binding_reservations[(principal, bool(transactional_id))]
+        if cap <= 0 or held < cap:
+            return None, True
+        metrics.INIT_PRODUCER_ID_OVER_CAP.inc()
+        return InitProducerIdResult(ErrorCode.POLICY_VIOLATION, message=(
+            f"{principal} holds {held} {what} at this transaction coordinator, the most {setting} allows ({cap}); "
+            f"retry once some have expired")), True
+
+    @contextlib.contextmanager
+    def _reserving(self, principal: str, transactional_id: str, new: bool):
+        """Count an InitProducerId in flight that adds to what `principal` holds (`new`)
+        against its cap until it ends, so concurrent ones cannot each pass at the last
+        free place."""
+        if not new:
+            yield
+            return
+        key = (principal, bool(transactional_id))
+        self._binding_reservations[key] += 1
+        try:
+            yield
+        finally:
+            self._binding_reservations[key] -= 1
+            if self._binding_reservations[key] <= 0:
+                del self._binding_reservations[key]
+
     async def _append_bindings(self, part: TxnPartition,
                                items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
         """Append binding records (None: the tombstone) to `part` as one batch and,
@@ -225,11 +285,9 @@ class TxnRequests:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         for pid, binding in items:
             if binding is None:
-                part.bindings.pop(pid, None)
-                part.binding_used.pop(pid, None)
+                part.unbind(pid)
             else:
-                part.bindings[pid] = binding
-                part.binding_used[pid] = self._monotonic()
+                part.bind(pid, binding, self._monotonic())
         metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(part.bindings))
         return ErrorCode.NONE
 

@@ -226,3 +226,107 @@ def test_an_init_cancelled_while_its_binding_record_waits_in_the_group_commit(tr
         for p in range(N):
             assert h.coord._parts[p].bindings == _bindings(log, p)
     run(scenario())
+
+
+# ---------------------------------------------------------------- per-principal caps (KIP-936's intent)
+CAPPED = txn_settings({"producer.id.expiration.ms": 1000, "transactional.id.expiration.ms": 5000,
+                       "exactly.producer.ids.max.per.principal": 5,
+                       "exactly.transactional.ids.max.per.principal": 3})
+
+
+async def _capped_owner() -> Harness:
+    h = Harness(CAPPED, txn_partitions=N, bind_producer_ids=True)
+    for p in range(N):
+        await h.elect(p, 1)
+    return h
+
+
+def test_idempotent_producer_ids_per_principal_are_capped_until_some_expire():
+    async def scenario():
+        h = await _capped_owner()
+        for _ in range(5):
+            assert (await h.coord.init_producer_id("", 0, principal="User:mallory")).error == E.NONE
+        over = await h.coord.init_producer_id("", 0, principal="User:mallory")
+        assert over.error == E.POLICY_VIOLATION and over.producer_id == -1
+        assert "exactly.producer.ids.max.per.principal" in over.message and "holds 5" in over.message
+        assert (await h.coord.init_producer_id("", 0, principal="User:alice")).error == E.NONE  # her own count
+        h.clock.advance(1001)  # producer.id.expiration.ms
+        assert await h.coord.expire_producer_id_bindings() == 6
+        assert (await h.coord.init_producer_id("", 0, principal="User:mallory")).error == E.NONE
+    run(scenario())
+
+
+def test_transactional_ids_per_principal_are_capped_and_a_held_one_is_always_served():
+    async def scenario():
+        h = await _capped_owner()
+        for i in range(3):
+            assert (await h.coord.init_producer_id(f"m-{i}", 60000, principal="User:mallory")).error == E.NONE
+        over = await h.coord.init_producer_id("m-3", 60000, principal="User:mallory")
+        assert over.error == E.POLICY_VIOLATION and "exactly.transactional.ids.max.per.principal" in over.message
+        assert "m-3" not in h.coord._parts[h.topology.txn_partition_for("m-3")].txns  # nothing kept for it
+        again = await h.coord.init_producer_id("m-1", 60000, principal="User:mallory")  # one she holds: bumped
+        assert again.error == E.NONE and again.producer_epoch == 1
+        assert (await h.coord.init_producer_id("a-0", 60000, principal="User:alice")).error == E.NONE
+    run(scenario())
+
+
+def test_concurrent_inits_cannot_pass_the_cap_together():
+    """20 idempotent InitProducerIds of one principal at once, under a cap of 5: the
+    ones in flight count, so 5 are bound and 15 refused."""
+    async def scenario():
+        h = await _capped_owner()
+        answers = await asyncio.gather(*(h.coord.init_producer_id("", 0, principal="User:mallory")
+                                         for _ in range(20)))
+        codes = sorted(a.error.name for a in answers)
+        assert codes.count("NONE") == 5 and codes.count("POLICY_VIOLATION") == 15, codes
+        held = sum(p.held.idempotent["User:mallory"] for p in h.coord._parts.values())
+        assert held == 5
+    run(scenario())
+
+
+def test_what_a_principal_holds_is_replayed_with_the_bindings():
+    async def scenario():
+        h = await _capped_owner()
+        for i in range(3):
+            assert (await h.coord.init_producer_id(f"m-{i}", 60000, principal="User:mallory")).error == E.NONE
+        successor = Harness(CAPPED, txn_partitions=N, log=h.log, bind_producer_ids=True)
+        for p in range(N):
+            await successor.elect(p, 2)
+        over = await successor.coord.init_producer_id("m-9", 60000, principal="User:mallory")
+        assert over.error == E.POLICY_VIOLATION, over
+    run(scenario())
+
+
+def test_memory_per_binding_and_per_transactional_id():
+    """Bytes a coordinator keeps per idempotent producer-id binding and per
+    transactional id with its binding (tracemalloc, 20,000 of each, principal and
+    transactional.id names of 20 characters): printed, and bounded, to size
+    exactly.producer.ids.max.per.principal and exactly.transactional.ids.max.per.principal."""
+    import tracemalloc
+
+    from services.txn_coordinator.partition import TxnPartition
+    from services.txn_coordinator.state import TransactionMetadata
+
+    n = 20_000
+    principal = "User:" + "p" * 15
+    tracemalloc.start()
+    try:
+        part = TxnPartition(0, 1)
+        base = tracemalloc.get_traced_memory()[0]
+        for pid in range(n):
+            part.bind(pid, txn_log.ProducerIdBinding(principal, "", 1_700_000_000_000), 1_000)
+        per_binding = (tracemalloc.get_traced_memory()[0] - base) / n
+        part = TxnPartition(1, 1)
+        base = tracemalloc.get_traced_memory()[0]
+        for pid in range(n):
+            tid = f"tx-{pid:017d}"
+            part.txns[tid] = TransactionMetadata(tid, pid, txn_timeout_ms=60000, txn_last_update_timestamp=0)
+            part.bind(pid, txn_log.ProducerIdBinding(principal, tid, 1_700_000_000_000), 1_000)
+        per_tid = (tracemalloc.get_traced_memory()[0] - base) / n
+    finally:
+        tracemalloc.stop()
+    print(f"coordinator memory: {per_binding:.0f} B per idempotent producer-id binding, {per_tid:.0f} B per "
+          f"transactional id with its binding")
+    # The defaults (100,000 and 10,000) then hold a principal to some 19 MB and 5 MB per coordinator.
+    assert per_binding < 400, per_binding
+    assert per_tid < 2000, per_tid
