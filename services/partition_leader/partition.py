@@ -52,6 +52,7 @@ from services.common import topic_config
 from services.common.settings import PartitionLeaderSchema, role_settings
 from services.common.topic_config import COMPACT, DEFAULTS, DELETE
 
+from .byte_marks import ByteMarks
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset, LeaderEpochCache
 from .log import AbortedTxn, Log, LogConfig
 from .producer_state import ProducerStateEntry, ProducerStateManager, SnapshotError
@@ -246,6 +247,8 @@ class Partition:
             if single_replica else None
         self.lease_until = math.inf if single_replica else 0.0
         self.high_watermark = plog.log_end_offset
+        # Byte positions of the offsets above the LSO, for fetches waiting for min_bytes.
+        self.byte_marks = ByteMarks(plog.log_end_offset)
         self._checkpointed_hw = -1
         self._hw_file_lock = threading.Lock()  # the periodic checkpoint runs in a worker thread
         self._last_snapshot_offset = -1
@@ -494,6 +497,7 @@ class Partition:
                 return AppendResult(check.error, -1, self.log_start_offset, check.message)
         self._note_epoch(self.leader_epoch, self.log_end_offset)
         info = self.log.append(buf, h, self.leader_epoch)
+        self.byte_marks.appended(info.last_offset + 1, h.size)
         if h.producer_id >= 0:
             self.producers.on_append(h._replace(base_offset=info.base_offset))
         else:
@@ -544,6 +548,7 @@ class Partition:
         aborted = None if committed else self._aborted_entry(producer_id, marker_offset)
         self._note_epoch(self.leader_epoch, marker_offset)
         info = self.log.append(batch, h, self.leader_epoch, aborted=aborted)
+        self.byte_marks.appended(info.last_offset + 1, h.size)
         self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch, info.base_offset, now,
                                        committed)
         self.maybe_advance_high_watermark()
@@ -644,6 +649,7 @@ class Partition:
             control, aborted = self._marker(h, lambda b=batch: bytes(b))
             self._note_epoch(h.partition_leader_epoch, h.base_offset)
             self.log.append_replicated(batch, h, aborted=aborted)
+            self.byte_marks.appended(h.last_offset + 1, h.size)
             self.producers.replay_batch(h, control)
             appended += 1
         return appended
@@ -674,6 +680,7 @@ class Partition:
             break
         log.info("%s-%d: truncating from %d to %d", self.topic, self.partition, self.log_end_offset, offset)
         self.log.truncate_to(offset)
+        self.byte_marks.reset(self.log.log_end_offset)
         self.epochs.truncate_from_end(offset)
         self._last_snapshot_offset = -1
         self._load_producer_state()
@@ -688,6 +695,7 @@ class Partition:
         log.info("%s-%d: log end %d is below the leader's log start offset %d; starting empty there",
                  self.topic, self.partition, self.log_end_offset, offset)
         self.log.truncate_fully_and_start_at(offset)
+        self.byte_marks.reset(self.log.log_end_offset)
         self.epochs.truncate_from_end(offset)
         self.producers.reset(offset)
         self._last_snapshot_offset = -1

@@ -42,15 +42,23 @@ from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
 from exactly_wire.types import TopicPartition
 
-# The positions of a partition a Watch may wait on.
+# The positions of a partition a Watch may wait on: offsets ...
 LOG_END = "log_end"
 HIGH_WATERMARK = "high_watermark"
 LAST_STABLE = "last_stable"
+# ... and byte positions (byte_marks.ByteMarks: bytes appended to the replica up to the
+# offset), for a consumer fetch waiting for min_bytes: it watches the byte position
+# passing the one where it parked plus what it still needs, minus one.
+LOG_END_BYTES = "log_end_bytes"
+HIGH_WATERMARK_BYTES = "high_watermark_bytes"
+LAST_STABLE_BYTES = "last_stable_bytes"
+BYTES_OF = {LOG_END: LOG_END_BYTES, HIGH_WATERMARK: HIGH_WATERMARK_BYTES, LAST_STABLE: LAST_STABLE_BYTES}
 
 
 class Watch(NamedTuple):
-    """Wake when position `bound` (LOG_END, HIGH_WATERMARK, LAST_STABLE) of
-    partition `tp` is above `offset` (or at any `notify(tp)` without positions)."""
+    """Wake when position `bound` (LOG_END, HIGH_WATERMARK, LAST_STABLE, or one of
+    their *_BYTES byte positions) of partition `tp` is above `offset` (or at any
+    `notify(tp)` without positions)."""
     tp: TopicPartition
     bound: str
     offset: int

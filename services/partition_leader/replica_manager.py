@@ -8,7 +8,7 @@ calls it from its event loop only.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Hashable, NamedTuple, Sequence
 
 from exactly_wire.error_codes import ErrorCode
@@ -19,7 +19,7 @@ from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import READ_COMMITTED, AppendResult, FetchResult, MarkerResult, ReplicaFetchResult
 from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, NOT_VERIFIED, MarkerEntry, ProduceContext,
                       ProduceEntry, ProducePipeline)
-from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Watch
+from .purgatory import BYTES_OF, HIGH_WATERMARK, LAST_STABLE, LOG_END, Watch
 from .replicas import ClusterView, HostedReplicas, Leases, guarded, positions
 
 __all__ = ["ClusterView", "DEFAULT_PRODUCE_TIMEOUT_MS", "FetchEntry", "Leases", "MarkerEntry",
@@ -31,8 +31,11 @@ DEFAULT_PARTITION_MAX_BYTES = 1048576  # Kafka's max.partition.fetch.bytes
 # Keys of `ReplicaManager.fetch_wakeups`: who fetched (Kafka's fetcherType) ...
 CONSUMER, FOLLOWER = "consumer", "follower"
 # ... and how a parked fetch left the purgatory: woken and answered, woken and parked
-# again (still short of min_bytes: a wasted re-read), or answered at its deadline.
+# again (still short of min_bytes), or answered at its deadline.
 COMPLETED, PARKED_AGAIN, EXPIRED = "completed", "parked_again", "expired"
+# Consumer reads kept for fetches asking the same again while the partition is unchanged
+# (the fetches one append wakes at one offset are answered from one read).
+RECENT_READS = 16
 
 
 class FetchEntry(NamedTuple):
@@ -56,6 +59,9 @@ class ReplicaManager(HostedReplicas):
         # (CONSUMER | FOLLOWER, COMPLETED | PARKED_AGAIN | EXPIRED) -> parked fetches
         # that left the purgatory so (metrics: exactly_fetch_wakeups_total).
         self.fetch_wakeups: Counter[tuple[str, str]] = Counter()
+        # (what was read, the partition's state then) -> FetchResult; see `_read_consumer`.
+        self._recent_reads: OrderedDict[tuple, object] = OrderedDict()
+        self.consumer_reads = 0  # reads of a log for consumer fetches (a shared one counted once)
 
     # ------------------------------------------------------------ requests
     def delete_records(self, topic: str, partition: int, offset: int) -> tuple[ErrorCode, int, str]:
@@ -206,14 +212,98 @@ class ReplicaManager(HostedReplicas):
                 self.fetch_wakeups[fetcher, COMPLETED if done else PARKED_AGAIN] += 1
             if done:
                 return results
-            # What was readable has been read: wait for the position to pass where it is now.
-            watches = [Watch((e.topic, e.partition), bound, max(e.fetch_offset, self._position(e, bound)))
-                       for e in entries]
-            woken = await self.purgatory.wait(watches, deadline, None if replica_id else owner)
-            if not woken:
-                if self.monotonic_s() >= deadline:
-                    self.fetch_wakeups[fetcher, EXPIRED] += 1
-                return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
+            # What was readable has been read: wait for the position to pass where it is now,
+            # a consumer for the bytes it still needs.
+            need = min_bytes - total
+            parked = None if replica_id else self._byte_positions(entries, bound)
+            while True:
+                watches = self._watches(entries, bound, parked, need)
+                woken = await self.purgatory.wait(watches, deadline, None if replica_id else owner)
+                if not woken:
+                    if self.monotonic_s() >= deadline:
+                        self.fetch_wakeups[fetcher, EXPIRED] += 1
+                    return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
+                gained = self._bytes_since(entries, bound, parked)
+                if gained is None or gained >= need:
+                    break
+                # A partition passed its share of the bytes but all together did not: wait
+                # again for the rest, without reading.
+                self.fetch_wakeups[fetcher, PARKED_AGAIN] += 1
+                need -= gained
+                parked = self._byte_positions(entries, bound)
+
+    def _byte_positions(self, entries: Sequence[FetchEntry], bound: str) -> list[tuple[object, int, int]] | None:
+        """Where a consumer fetch parks in each entry's partition: (the partition, its
+        leader epoch, the byte position (byte_marks.ByteMarks) at `bound`, or at the
+        fetch offset when that is beyond); None when one is not known (the fetch then
+        waits by offset)."""
+        out = []
+        for e in entries:
+            p = self.serving.get((e.topic, e.partition))
+            at = None if p is None or not p.is_leader else \
+                p.byte_marks.at(max(e.fetch_offset, self._position(e, bound)))
+            if at is None:
+                return None
+            out.append((p, p.leader_epoch, at))
+        return out
+
+    def _watches(self, entries: Sequence[FetchEntry], bound: str, parked: list[tuple[object, int, int]] | None,
+                 need: int) -> list[Watch]:
+        """What a parked fetch waits for: with byte positions, each partition's byte
+        position passing its parked one by a share of the `need` bytes (ceil(need / n):
+        when the n partitions together gained `need`, one of them gained its share);
+        else each partition's `bound` passing the offset read up to."""
+        if parked is None:
+            return [Watch((e.topic, e.partition), bound, max(e.fetch_offset, self._position(e, bound)))
+                    for e in entries]
+        share = -(-need // len(entries))
+        return [Watch((e.topic, e.partition), BYTES_OF[bound], at + share - 1)
+                for e, (_, _, at) in zip(entries, parked)]
+
+    def _bytes_since(self, entries: Sequence[FetchEntry], bound: str,
+                     parked: list[tuple[object, int, int]] | None) -> int | None:
+        """Bytes the entries' partitions gained at `bound` since `parked`; None when
+        that is not known (not waiting by bytes, or a partition closed, replaced, no
+        longer led or in another leader epoch): the fetch reads again, and gets its error."""
+        if parked is None:
+            return None
+        gained = 0
+        for e, (was, epoch, at) in zip(entries, parked):
+            p = self.serving.get((e.topic, e.partition))
+            if p is not was or not p.is_leader or p.leader_epoch != epoch:
+                return None
+            now = p.byte_marks.at(self._position(e, bound))
+            if now is None:
+                return None
+            gained += max(now - at, 0)
+        return gained
+
+    def _read_consumer(self, e: FetchEntry, limit: int, isolation_level: int) -> FetchResult:
+        """A consumer's read of one partition (`Partition.fetch`), from the recent reads
+        when the same was read while the partition was as it is now (its log end, high
+        watermark, log start, leader epoch and bytes appended unchanged): the fetches an
+        append wakes at one offset are answered from one read, not one read each."""
+        p, err = self.get(e.topic, e.partition)
+        if p is None:
+            return FetchResult(err)
+        key = (e.topic, e.partition, e.fetch_offset, limit, isolation_level, e.current_leader_epoch,
+               p.log_end_offset, p.high_watermark, p.log_start_offset, p.leader_epoch, p.byte_marks.total)
+        res = self._recent_reads.get(key)
+        if res is not None:
+            self._recent_reads.move_to_end(key)
+            return res
+        res, err = self._guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
+                                 isolation_level, e.current_leader_epoch)
+        if res is None:
+            return FetchResult(err)
+        self.consumer_reads += 1
+        if isolation_level != READ_COMMITTED and res.aborted:
+            res = res._replace(aborted=())
+        if res.error == ErrorCode.NONE:
+            self._recent_reads[key] = res
+            if len(self._recent_reads) > RECENT_READS:
+                self._recent_reads.popitem(last=False)
+        return res
 
     def _position(self, e: FetchEntry, bound: str) -> int:
         """Position `bound` (purgatory.LOG_END, ...) of the partition of `e` (-1: not here)."""
@@ -240,15 +330,7 @@ class ReplicaManager(HostedReplicas):
                     # nothing and park again; it learns the high watermark from its next answer.
                     self.purgatory.notify((e.topic, e.partition), None if leader is None else positions(leader))
             else:
-                p, err = self.get(e.topic, e.partition)
-                res = None
-                if p is not None:
-                    res, err = self._guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
-                                       isolation_level, e.current_leader_epoch)
-                if res is None:
-                    res = FetchResult(err)
-                elif isolation_level != READ_COMMITTED and res.aborted:
-                    res = res._replace(aborted=())
+                res = self._read_consumer(e, limit, isolation_level)
             results.append(res)
             if res.error != ErrorCode.NONE:
                 failed = True

@@ -52,7 +52,8 @@ from services.common.settings import PartitionLeaderSchema, role_settings
 from services.common.cluster.verification import Verifier
 
 from .partition import Partition, PartitionConfig
-from .purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory
+from .purgatory import (HIGH_WATERMARK, HIGH_WATERMARK_BYTES, LAST_STABLE, LAST_STABLE_BYTES, LOG_END,
+                        LOG_END_BYTES, Purgatory)
 from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,18 @@ def _state(topic_info, partition: int):
 
 
 def positions(p: Partition) -> dict[str, int]:
-    """The positions of `p` that parked watches wait on (purgatory.Watch)."""
-    return {LOG_END: p.log_end_offset, HIGH_WATERMARK: p.high_watermark, LAST_STABLE: p.last_stable_offset}
+    """The positions of `p` that parked watches wait on (purgatory.Watch): the offsets
+    of its log end, high watermark and last stable offset, and their byte positions
+    (byte_marks.ByteMarks; marks below the last stable offset are forgotten here)."""
+    hw, lso = p.high_watermark, p.last_stable_offset
+    marks = p.byte_marks
+    marks.forget_below(lso)
+    out = {LOG_END: p.log_end_offset, HIGH_WATERMARK: hw, LAST_STABLE: lso, LOG_END_BYTES: marks.total}
+    for bound, offset in ((HIGH_WATERMARK_BYTES, hw), (LAST_STABLE_BYTES, lso)):
+        at = marks.at(offset)
+        if at is not None:
+            out[bound] = at
+    return out
 
 
 class HostedReplicas:

@@ -20,6 +20,7 @@ import collections
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -195,35 +196,49 @@ def tenants(zk, tmp_path_factory):
     c.down()
 
 
-def _produce_cost(stub, pid: int, n: int = 400) -> tuple[float, float]:
+def _produce_cost(stub, pid: int, n: int = 400, topic: str = "victim",
+                  budget_s: float = float("inf")) -> tuple[float, float]:
     """(median seconds, leader CPU seconds per call) of `n` sequential acks=1 Produce
-    calls of one small record to `victim`; `pid` is the leader's process."""
+    calls of one small record to `topic` (fewer when they take over `budget_s` in all);
+    `pid` is the leader's process."""
     times = []
     cpu = cpu_seconds(pid)
+    end = time.monotonic() + budget_s
     for i in range(n):
+        if i and time.monotonic() > end:
+            n = i
+            break
         start = time.perf_counter()
-        resp = stub.Produce(produce_request("victim", b"v%d" % i), timeout=10)
+        resp = stub.Produce(produce_request(topic, b"v%d" % i), timeout=10)
         times.append(time.perf_counter() - start)
         assert resp.topics[0].partitions[0].error_code == 0
     return statistics.median(times), (cpu_seconds(pid) - cpu) / n
 
 
-# One attacking process: argv address, count, a serialized FetchRequest (hex). It sends
-# the fetches, 50 per connection, prints their outcomes as they end (a parked fetch
-# does not end) and exits when its stdin closes.
+# One attacking process: argv address, count, a serialized FetchRequest (hex), seconds
+# each fetch may take, and the certificates directory of User:mallory (TLS; "": plaintext).
+# It sends the fetches, 50 per connection, prints their outcomes as they end (a parked
+# fetch does not end) and exits when its stdin closes.
 _ATTACKER = """
 import sys, threading, grpc
+from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
 address, n, request = sys.argv[1], int(sys.argv[2]), pb.FetchRequest.FromString(bytes.fromhex(sys.argv[3]))
-channels = [grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1),
-                                                    ("grpc.primary_user_agent", f"attacker-{i}")])
-            for i in range((n + 49) // 50)]
+timeout, certs = float(sys.argv[4]), sys.argv[5]
+def channel(i):
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.primary_user_agent", f"attacker-{i}")]
+    if not certs:
+        return grpc.insecure_channel(address, options=options)
+    return secure_channel(address, TransportSecurity.from_settings({
+        "security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
+        "ssl.certificate.location": f"{certs}/mallory.pem", "ssl.key.location": f"{certs}/mallory.key"}), options)
+channels = [channel(i) for i in range((n + 49) // 50)]
 lock = threading.Lock()
 def done(f):
     with lock:
         print("ended", f.exception().code().name if f.exception() is not None else "answered", flush=True)
 for i in range(n):
-    pbg.PartitionLeaderStub(channels[i % len(channels)]).Fetch.future(request, timeout=200).add_done_callback(done)
+    pbg.PartitionLeaderStub(channels[i % len(channels)]).Fetch.future(request, timeout=timeout).add_done_callback(done)
 print("sent", n, flush=True)
 sys.stdin.read()
 """
@@ -246,7 +261,7 @@ def test_parked_fetches_on_one_topic_leave_appends_to_another_as_cheap(tenants):
     try:
         for k in range(1, 6):
             attackers.append(subprocess.Popen(
-                [sys.executable, "-c", _ATTACKER, pl.address, str(PARKED * 11 // 50), request],
+                [sys.executable, "-c", _ATTACKER, pl.address, str(PARKED * 11 // 50), request, "200", ""],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             wait_for(lambda: parked() >= PARKED * k // 5, 120,
                      lambda: f"{PARKED * k // 5} fetches parked (parked: {parked()})", interval_s=0.5)
@@ -270,6 +285,97 @@ def test_parked_fetches_on_one_topic_leave_appends_to_another_as_cheap(tenants):
           f"leader CPU per append: {baseline[1] * 1000:.3f} ms before, {cpu * 1000:.3f} ms with them")
     assert cpu <= 2 * baseline[1], f"leader CPU per append {cpu * 1000:.3f} ms with {PARKED} parked fetches, " \
                                    f"{baseline[1] * 1000:.3f} ms before"
+
+
+# ------------------------------------------------------------ long polls on one's own topic
+
+# Fetches one principal parks on her own topic: the default cap of a principal's parked
+# fetches (exactly.fetch.max.parked.per.principal).
+OWN_PARKED = 1000
+
+
+@pytest.fixture(scope="module")
+def own_topic(zk, tmp_path_factory):
+    """A secured cluster (TLS, client certificates, the ACL authorizer) with one
+    partition leader, fetch.max.wait.ms raised so that parked fetches stay parked;
+    User:mallory may use topic `mallory-own`, User:alice topic `alice-own`."""
+    c = DevCluster(tmp_path_factory.mktemp("own-topic-cluster"), security=True,
+                   props={"fetch.max.wait.ms": "600000"})
+    c.up(1, 1, 1, zookeeper=new_chroot(zk, "owntopic"))
+    ca = CertificateAuthority.load(c.dir / "certs")
+    for who in ("mallory", "alice"):
+        ca.issue(who, client=True)
+    with AdminClient({"bootstrap.servers": c.bootstrap_servers, **c.client_config}) as a:
+        a.create_topics([NewTopic("mallory-own", 1, 1), NewTopic("alice-own", 1, 1)])
+        a.create_acls([AclBinding(f"User:{who}", "Topic", f"{who}-own", "All") for who in ("mallory", "alice")])
+    yield c
+    c.down()
+
+
+def test_appends_to_ones_own_topic_wake_only_the_fetches_they_satisfy(own_topic):
+    """mallory parks OWN_PARKED fetches on her own topic asking 1 MB (min_bytes) and
+    appends small records to it: an append brings far less than a parked fetch waits
+    for, so it wakes none of them (each append once re-read all 1,000: 1,000 reads per
+    append on the leader's event loop). Her appends cost the leader's CPU no more than
+    within 2x of appends without parked fetches, and alice's produce p50 on the same
+    leader stays within 2x of its value before the attack (least of three rounds each)."""
+    pl = own_topic.services["pl-0"]
+    mallory = pbg.PartitionLeaderStub(channel(own_topic, "mallory", pl.address))
+    alice = pbg.PartitionLeaderStub(channel(own_topic, "alice", pl.address))
+    def writable(stub, topic: str) -> bool:
+        try:
+            return stub.Produce(produce_request(topic, b"w"), timeout=10).topics[0].partitions[0].error_code == 0
+        except grpc.RpcError as exc:  # PERMISSION_DENIED until the ACL watch fired
+            if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            return False
+    wait_for(lambda: writable(mallory, "mallory-own") and writable(alice, "alice-own"), 30, "the ACLs applied")
+    _produce_cost(mallory, pl.pid, 30, "mallory-own")  # warm up
+    baseline = min(_produce_cost(mallory, pl.pid, 300, "mallory-own") for _ in range(3))
+    alice_before = min(_produce_cost(alice, pl.pid, 300, "alice-own")[0] for _ in range(3))
+    end = mallory.ListOffsets(pb.ListOffsetsRequest(topics=[pb.ListOffsetsTopic(name="mallory-own", partitions=[
+        pb.ListOffsetsPartition(partition=0, timestamp=-1)])]), timeout=10).topics[0].partitions[0].offset
+    request = pb.FetchRequest(max_wait_ms=600000, min_bytes=MB, max_bytes=MB, topics=[pb.FetchTopic(
+        topic="mallory-own", partitions=[pb.FetchPartition(partition=0, fetch_offset=end, partition_max_bytes=MB)])])
+    attacker = subprocess.Popen([sys.executable, "-c", _ATTACKER, pl.address, str(OWN_PARKED),
+                                 request.SerializeToString().hex(), "700", str(own_topic.dir / "certs")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    parked = lambda: metric(pl.metrics_address, "exactly_purgatory_size")  # noqa: E731
+    woken = lambda: sum(metric(pl.metrics_address, "exactly_fetch_wakeups_total",  # noqa: E731
+                               f'fetcher_type="consumer",outcome="{o}"') for o in ("completed", "parked_again"))
+    try:
+        wait_for(lambda: parked() >= OWN_PARKED, 120, lambda: f"{OWN_PARKED} fetches parked (parked: {parked()})",
+                 interval_s=0.5)
+        before = woken()
+        attacked = [_produce_cost(mallory, pl.pid, 100, "mallory-own", budget_s=10) for _ in range(3)]
+        wakeups = woken() - before
+        assert parked() >= OWN_PARKED  # parked throughout
+        # alice produces while mallory keeps appending to her topic under the parked fetches.
+        stop = threading.Event()
+
+        def keep_appending():
+            while not stop.is_set():
+                mallory.Produce(produce_request("mallory-own", b"m"), timeout=10)
+        appender = threading.Thread(target=keep_appending, daemon=True)
+        appender.start()
+        try:
+            alice_during = min(_produce_cost(alice, pl.pid, 300, "alice-own", budget_s=10)[0] for _ in range(3))
+            still = parked()
+        finally:
+            stop.set()
+            appender.join(30)
+    finally:
+        attacker.kill()
+        out, _ = attacker.communicate(timeout=30)
+        print("attacker:", collections.Counter(out.splitlines()).most_common(4))
+    cpu = min(c for _, c in attacked)
+    print(f"mallory's appends under {OWN_PARKED} of her own parked 1 MB fetches: leader CPU per append "
+          f"{baseline[1] * 1000:.3f} ms before, {cpu * 1000:.3f} ms with them; parked fetches woken {wakeups:.0f}; "
+          f"alice's produce p50 {alice_before * 1000:.2f} ms before, {alice_during * 1000:.2f} ms meanwhile")
+    assert still >= OWN_PARKED, still
+    assert wakeups < 50, f"{wakeups:.0f} parked fetches woken by appends far short of their min_bytes"
+    assert cpu <= 2 * baseline[1], f"leader CPU per append {cpu * 1000:.3f} ms, {baseline[1] * 1000:.3f} ms before"
+    assert alice_during <= 2 * alice_before, (alice_before, alice_during)
 
 
 # ------------------------------------------------------------ topic names on /metrics

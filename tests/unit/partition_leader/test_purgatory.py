@@ -424,7 +424,8 @@ def test_a_consumer_fetch_waits_at_most_fetch_max_wait_ms_and_per_owner_bound(ma
 
 def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, now):
     """A consumer that read what was committed and wants more bytes is not woken by
-    appends the high watermark has not passed yet (the follower has not fetched them)."""
+    appends the high watermark has not passed yet (the follower has not fetched them),
+    nor by a high-watermark move that brings fewer bytes than it waits for (min_bytes)."""
     async def main():
         await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         await follower_fetch(manager, 1)  # the HW moves to 1: one batch readable
@@ -436,13 +437,11 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
         await parked(manager)
         await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         assert len(reads) == 1 and not waiting.done()  # the HW is still 1: not woken
-        await follower_fetch(manager, 2)  # the HW moves to 2: woken, reads, still short
+        await follower_fetch(manager, 2)  # the HW moves to 2: one small batch, far short of 1 MB
         for _ in range(200):
-            if len(reads) == 3:
-                break
             await asyncio.sleep(0)
         await parked(manager)
-        assert len(reads) == 3 and not waiting.done()  # the follower's read and its second one
+        assert len(reads) == 2 and not waiting.done()  # the follower's read only: not woken
         now.s += 5
         manager.purgatory.expire_due()
         [res] = await waiting
@@ -594,8 +593,8 @@ def test_a_high_watermark_move_does_not_wake_the_other_followers(two, now):
 
 
 def test_fetch_wakeups_are_counted_by_outcome_and_exported(manager, now):
-    """A fetch short of min_bytes that an append wakes is parked_again; one answered at
-    its deadline expired; exactly_fetch_wakeups_total has every series."""
+    """A fetch short of min_bytes is not woken by an append of fewer bytes; answered at
+    its deadline it is counted expired; exactly_fetch_wakeups_total has every series."""
     from services.partition_leader.metrics import PartitionCollector
 
     async def main():
@@ -610,7 +609,7 @@ def test_fetch_wakeups_are_counted_by_outcome_and_exported(manager, now):
         assert manager.purgatory.expire_due() == 1
         [res] = await waiting
         assert res.records
-        assert manager.fetch_wakeups == {("consumer", "parked_again"): 1, ("consumer", "expired"): 1}
+        assert manager.fetch_wakeups == {("consumer", "expired"): 1}
         [family] = [f for f in PartitionCollector(registry=None).families([manager])
                     if f.name == "exactly_fetch_wakeups"]
         samples = {(s.labels["fetcher_type"], s.labels["outcome"]): s.value for s in family.samples
@@ -660,4 +659,60 @@ def test_every_parked_fetch_of_a_partition_wakes_with_its_error(two, event):
             assert not other.done() and len(two.purgatory) == 1
             other.cancel()
             await asyncio.gather(other, return_exceptions=True)
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------ min_bytes: woken by bytes, answered from one read
+
+def test_a_fetch_waits_for_its_min_bytes_not_for_every_append(two):
+    """A consumer at the end of r-0 asking min_bytes of three batches is not woken (nor
+    re-reads) by the first two appends; the third wakes it and it reads once."""
+    async def main():
+        size = len(make_batch(1))
+        reads = count_reads(two)
+        waiting = asyncio.ensure_future(two.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=5000,
+                                                            min_bytes=3 * size))
+        await parked(two)
+        for _ in range(2):
+            await append(two, ("r", 0), make_batch(1))
+            await settled(two)
+        assert reads == [(("r", 0),)] and not waiting.done()
+        await append(two, ("r", 0), make_batch(1))
+        [res] = await waiting
+        assert len(res.records) == 3 * size and reads == [(("r", 0),)] * 2
+        assert two.fetch_wakeups == {("consumer", "completed"): 1}
+    asyncio.run(main())
+
+
+def test_a_fetch_of_two_partitions_wakes_for_its_share_and_waits_again_without_reading(two):
+    """min_bytes of two batches over r-0 and r-1: the first batch (on r-0) is that
+    partition's share, so it wakes the fetch, which sees one batch in all and parks
+    again without reading (parked_again); the second (on r-1) completes it."""
+    async def main():
+        size = len(make_batch(1))
+        reads = count_reads(two)
+        waiting = asyncio.ensure_future(two.fetch_messages([FetchEntry("r", 0, 0), FetchEntry("r", 1, 0)],
+                                                            max_wait_ms=5000, min_bytes=2 * size))
+        await parked(two)
+        await append(two, ("r", 0), make_batch(1))
+        await settled(two)
+        await parked(two)
+        assert len(reads) == 1 and two.fetch_wakeups == {("consumer", "parked_again"): 1}
+        await append(two, ("r", 1), make_batch(1))
+        results = await waiting
+        assert [len(r.records) for r in results] == [size, size] and len(reads) == 2
+    asyncio.run(main())
+
+
+def test_fetches_woken_at_one_offset_are_answered_from_one_read(two):
+    """100 consumers parked at the end of r-0 (min_bytes 1) are all answered by one
+    append, from one read of the log."""
+    async def main():
+        fetches = [consumer_fetch(two, ("r", 0), 0) for _ in range(100)]
+        await parked(two, 100)
+        before = two.consumer_reads
+        await append(two, ("r", 0), make_batch(1))
+        answers = await asyncio.gather(*fetches)
+        assert {bytes(res.records) for [res] in answers} == {bytes(answers[0][0].records)} and answers[0][0].records
+        assert two.consumer_reads - before == 1
     asyncio.run(main())
