@@ -7,6 +7,8 @@ import os as _os
 # grpc reads this once, at its first import.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+from exactly_wire import version as _version
+
 from . import errors
 from .admin import AclBinding, AdminClient, FeatureUpdate
 from .consumer import Consumer
@@ -19,3 +21,5 @@ __all__ = ["Producer", "Consumer", "AdminClient", "errors", "NewTopic", "TopicPa
            "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecord", "RecordMetadata", "ConsumerGroupMetadata",
            "PreparedTransaction", "PreparedTxnState", "complete_transaction", "decide_prepared_transaction",
            "rewind_to_committed", "AclBinding", "FeatureUpdate"]
+
+__version__ = _version()  # the release, as `exactly --version` prints it (pyproject.toml)

@@ -16,6 +16,7 @@ from typing import Any
 
 import jproperties
 
+from exactly_wire import version
 from exactly_wire.config import ConfigurationError, parse
 from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
@@ -95,6 +96,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
     """Parse a service command line into a ServiceConfig (see module docstring)."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{role}",
                                      description=f"Exactly {role.replace('_', ' ')}")
+    parser.add_argument("--version", action="version", version=f"Exactly {role} {version()}")
     parser.add_argument("--node-id", required=True, help="stable unique id of this process")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the gRPC server binds (0.0.0.0: every interface)")

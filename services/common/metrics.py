@@ -21,6 +21,9 @@
   `listener` is grpc or kafka, `reason` the limit's setting name (max.connections,
   max.connections.per.ip, max.connection.creation.rate, connections.max.idle.ms) or
   ssl.handshake.timeout / ssl.handshake.failed; every series exists from start-up.
+- `BUILD_INFO`, set once by `server.serve()` (`declare_build_info`):
+    exactly_build_info{version, python_version}   gauge, always 1
+  the release the process runs (exactly_wire.version()) and its Python version.
 - `QUOTA_SENSORS`, read from the process's QuotaManager at scrape time (docs/design.md, "Quotas"):
     exactly_quota_sensors   gauge
 - `LoopCollector`: base of the collectors that read service state at scrape time. A
@@ -48,6 +51,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
+import platform
 import socket
 import threading
 import time
@@ -59,6 +63,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from exactly_wire import version
 from exactly_wire.error_codes import ErrorCode
 
 from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
@@ -126,6 +131,10 @@ CONNECTIONS_REFUSED = Counter(
     "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
     "by listener (grpc, kafka) and reason (max.connections, max.connections.per.ip, max.connection.creation.rate, "
     "connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed)", ["listener", "reason"])
+BUILD_INFO = Gauge("exactly_build_info",
+                   "1, labelled with the release the process runs (version: pyproject.toml's, as exactly --version "
+                   "prints it) and its Python version (python_version), as Prometheus' *_build_info series",
+                   ["version", "python_version"])
 RPC_ERRORS = Counter("exactly_rpc_errors",
                      "gRPC answers carrying a Kafka error code (by its name), and calls failed at the "
                      "transport level (GRPC_<status>), by gRPC service and method",
@@ -312,6 +321,12 @@ class MetricsServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+def declare_build_info() -> None:
+    """Set `exactly_build_info{version, python_version}` to 1 for this process's release
+    (exactly_wire.version()) and interpreter."""
+    BUILD_INFO.labels(version=version(), python_version=platform.python_version()).set(1)
 
 
 def start_metrics_server(port: int, address: str) -> MetricsServer:

@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -41,4 +42,5 @@ def test_pip_install_of_the_sdk_pulls_no_server_dependencies(tmp_path):
     assert cli.returncode != 0 and "Traceback" not in cli.stderr and "cannot reach the cluster" in cli.stderr
     version = subprocess.run([str(venv / "bin" / "exactly"), "--version"], timeout=120, capture_output=True,
                              text=True, cwd=tmp_path)
-    assert version.returncode == 0 and version.stdout.strip() == "exactly, version 0.1.0", version
+    release = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version.returncode == 0 and version.stdout.strip() == f"exactly, version {release}", version

@@ -55,6 +55,7 @@ from typing import Any, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from exactly_wire import version
 from exactly_wire.config import ConfigurationError
 from exactly_wire.security import TransportSecurity, secure_channel
 from services.common.settings import settings_by_role
@@ -632,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="exactly-dev", description="Run an Exactly development cluster.",
                                      epilog="Examples:\n  exactly-dev up\n  exactly-dev status\n  exactly-dev down",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"exactly-dev, version {version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def command(name: str, helptext: str) -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 import re
 import signal
 import sys
@@ -32,7 +33,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from exactly_wire import keepalive
+from exactly_wire import DISTRIBUTION, keepalive, version
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -549,6 +550,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         else server.add_insecure_port(bind)
     metrics.set_topic_labels(cfg.settings.metrics_topic_labels)
     metrics_server = _start_metrics(cfg)
+    metrics.declare_build_info()
     _declare_rpc_series(cfg.role)
     cluster = ClusterState(cfg.zookeeper, cfg.node_id, cfg.role, cfg.advertised, port,
                            session_timeout_s=cfg.settings.zookeeper_session_timeout_ms / 1000,
@@ -619,8 +621,8 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     (cfg.data_dir / "port").write_text(str(port))
     if kafka is not None:
         (cfg.data_dir / "kafka-port").write_text(str(cluster.kafka_port))
-    log.info("%s %s serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s, event loop %s", cfg.role,
-             cfg.node_id, cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none",
+    log.info("%s %s (Exactly %s) serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s, event loop %s",
+             cfg.role, cfg.node_id, version(), cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none",
              type(loop).__module__.split(".")[0])
     await stop.wait()
     if unsupported:
@@ -839,6 +841,8 @@ def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
     cfg = parse_args(role, argv)
     logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")
+    log.info("%s %s starting: Exactly %s (%s), Python %s", role, cfg.node_id, version(), DISTRIBUTION,
+             platform.python_version())
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     try:
         with asyncio.Runner(loop_factory=loop_factory(cfg.settings.event_loop)) as runner:

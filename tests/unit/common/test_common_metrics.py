@@ -3,6 +3,7 @@ in-process grpc.aio server, the /metrics HTTP endpoint, scrape-time collectors."
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import threading
 import urllib.request
 
@@ -131,6 +132,17 @@ def test_declared_series_exist_at_zero():
 
 
 # ------------------------------------------------------------------ /metrics over HTTP
+
+def test_build_info_names_the_release_and_the_python_version():
+    import platform
+    import tomllib
+    release = tomllib.loads((pathlib.Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    metrics.declare_build_info()
+    labels = {"version": release["project"]["version"], "python_version": platform.python_version()}
+    assert sample("exactly_build_info", **labels) == 1
+    assert b'exactly_build_info{python_version="%s",version="%s"} 1.0' % (
+        labels["python_version"].encode(), labels["version"].encode()) in generate_latest(metrics.REGISTRY)
+
 
 def test_metrics_server_serves_the_registry_and_stops():
     server = metrics.start_metrics_server(0, "127.0.0.1")
