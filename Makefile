@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 RUN_DIR ?= .run
 
-.PHONY: setup dev demo spark-demo test unit unit-waits compat soak fuzz upgrade-test proto bench docs down clean
+.PHONY: setup dev demo spark-demo test unit unit-waits compat soak fuzz upgrade-test image proto bench docs down clean
 
 setup:
 	@bash scripts/setup.sh
@@ -74,6 +74,13 @@ fuzz: setup
 	EXACTLY_FUZZ_REQUESTS=$(FUZZ_REQUESTS) EXACTLY_FUZZ_REPORT=$(abspath $(RUN_DIR))/fuzz-report.json \
 		$(PY) -m pytest -q -s -p no:cacheprovider --timeout 7200 \
 		--basetemp=$(abspath $(RUN_DIR))/fuzz-cluster tests/integration/test_fuzz.py
+
+# The services' image with podman, tagged exactly:<version of pyproject.toml>, from a Debian base
+# made here with debootstrap (scripts/build_image.sh: IMAGE_REPOSITORY=registry.example.com/exactly,
+# IMAGE_BASE=python:3.11-slim to pull that base instead). make test builds it too and runs the
+# Helm chart's round trip from it (tests/deploy/test_image.py).
+image:
+	@bash scripts/build_image.sh
 
 proto: setup
 	PYTHON=$(PY) bash scripts/gen_protos.sh

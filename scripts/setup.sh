@@ -4,7 +4,7 @@
 # real Prometheus server, the network-partition tests cut services off with nft, the
 # Kafka protocol tests use kcat, the benchmark's smoke test a Redis server, exactly.postgres
 # a PostgreSQL server, the clock-fault tests libfaketime from faketime, the storage-failure
-# tests FUSE 3), then a
+# tests FUSE 3, the image test podman and debootstrap), then a
 # virtualenv with the package and its development tools.
 #
 # `scripts/setup.sh dev` (make dev) installs only what a dev cluster and the SDK need:
@@ -28,6 +28,11 @@ command -v fusermount3 >/dev/null 2>&1 || need_apt+=(fuse3)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 # libfaketime, preloaded into services by the clock-fault tests (tests/clockfault.py)
 [ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
+# podman with runc, and debootstrap for the image's Debian base (scripts/build_image.sh; the
+# image test of tests/deploy builds it and runs the services from it)
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"

@@ -1,5 +1,6 @@
-"""deploy/docker/Dockerfile: no image is built here; these checks keep it consistent with
-the repository and the chart (sources it copies exist, user matches the chart's)."""
+"""deploy/docker/Dockerfile, read: these checks keep it consistent with the repository and
+the chart (sources it copies exist, user matches the chart's). test_image.py builds it and
+runs the services from it."""
 from __future__ import annotations
 
 import pathlib
@@ -22,19 +23,28 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_image_is_python_311_slim_and_installs_the_project_with_the_server_extras():
-    # The services import the server extras (kazoo, rocksdict, prometheus-client, kio,
-    # uvloop, ...): a plain `pip install .` gives the SDK only.
+def test_image_is_python_311_slim_or_the_base_given_and_installs_the_project_with_the_server_extras():
+    # BASE: python:3.11-slim unless the build names another (make image: a Debian made here).
     ins = instructions()
-    assert ins[0] == ("FROM", "python:3.11-slim")
-    runs = " ".join(rest for word, rest in ins if word == "RUN")
-    assert 'pip install ".[server]"' in runs
+    assert ins[0] == ("ARG", "BASE=python:3.11-slim")
+    stages = [rest for word, rest in ins if word == "FROM"]
+    assert stages == ["${BASE} AS build", "${BASE}"]
+    # The services import the server extras (kazoo, rocksdict, prometheus-client, kio,
+    # uvloop, ...): the SDK's wheel alone gives the SDK only. The final stage installs the
+    # wheel with them, from what is already installed (no index).
+    final = ins[[i for i, (word, _) in enumerate(ins) if word == "FROM"][-1]:]
+    runs = " ".join(rest for word, rest in final if word == "RUN")
+    assert 'pip install --no-index "$(ls /tmp/wheels/exactly_log-*.whl)[server]"' in runs
+    assert "pip check" in runs
+    # The dependencies installed are the ones pyproject.toml lists for the SDK and the server extra.
+    build = " ".join(rest for word, rest in ins[:len(ins) - len(final)] if word == "RUN")
+    assert 'p["dependencies"] + p["optional-dependencies"]["server"]' in build
 
 
 def test_copied_sources_exist_and_are_kept_by_the_dockerignore():
     ignore = (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines()
     for word, rest in instructions():
-        if word == "COPY":
+        if word == "COPY" and not rest.startswith("--from="):
             *sources, _ = rest.split()
             for src in sources:
                 assert (REPO / src).exists(), src
