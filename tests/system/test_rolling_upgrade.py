@@ -51,7 +51,7 @@ import pytest
 
 import releases
 from clusters import new_chroot
-from exactly import AclBinding, AdminClient, Producer
+from exactly import AclBinding, AdminClient, Producer, errors
 from exactly_tools.certs import CertificateAuthority
 from exactly_tools.devcluster import DevCluster
 from waiting import wait_for
@@ -193,8 +193,17 @@ class Run:
                 if SERVICE_ERROR.search(line)]
 
     def transactional_ids(self) -> set[str]:
-        with AdminClient({"bootstrap.servers": self.bootstrap, **self.admin}) as admin:
-            return {t.transactional_id for t in admin.list_transactions()}
+        """ListTransactions' transactional.ids, asked again while a coordinator answers
+        a retriable error (it loads a partition)."""
+        def listed() -> list[set[str]] | None:
+            with AdminClient({"bootstrap.servers": self.bootstrap, **self.admin}) as admin:
+                try:
+                    return [{t.transactional_id for t in admin.list_transactions()}]
+                except errors.ExactlyError as exc:
+                    if exc.retriable:
+                        return None
+                    raise
+        return wait_for(listed, PHASE_TIMEOUT_S, "ListTransactions to answer")[0]
 
     def copy_through(self, steps: list[tuple[str, Callable[[], str | None]]]) -> None:
         """Run the copiers while `steps` (what, step) run one per phase of the input,
@@ -283,13 +292,15 @@ def _previous_coordinator_after_the_raise(run: Run) -> None:
     t0 = time.monotonic()
     run.cluster.signal("txn-0", signal.SIGTERM)
     run.cluster.restart("txn-0", python=run.previous, wait=False)
-    refused = wait_for(lambda: re.findall(r"__transaction_state-\d+ is corrupt; disabled: "
-                                          r"unknown transaction log value version 2", run.logs("txn-0")),
-                       PHASE_TIMEOUT_S, "the previous release's coordinator to refuse its partitions")
+    # txn-0 owns the partitions p with p % 2 == 0 of two coordinators (sorted node ids).
+    owned = {str(p) for p in range(0, TXN_PARTITIONS, 2)}
+    refused = wait_for(lambda: (lambda found: found if set(found) >= owned else None)(re.findall(
+        r"__transaction_state-(\d+) is corrupt; disabled: unknown transaction log value version 2",
+        run.logs("txn-0"))), PHASE_TIMEOUT_S, "the previous release's coordinator to refuse its partitions")
     ids = run.transactional_ids()
     assert ids <= {c.transactional_id for c in run.copiers}, ids
-    log(f"{PREVIOUS} txn-0 after the raise: refused {len(refused)} partitions ('{refused[0]}'); "
-        f"ListTransactions {sorted(ids)}")
+    log(f"{PREVIOUS} txn-0 after the raise: refused __transaction_state partitions {sorted(set(refused))} "
+        f"(unknown transaction log value version 2); ListTransactions {sorted(ids)}")
     run.cluster.kill("txn-0")  # it waits for partitions it will never load before it heeds SIGTERM
     run.cluster.restart("txn-0", timeout_s=120, python=CURRENT)
     producer = Producer({"bootstrap.servers": run.bootstrap, **run.admin, "transactional.id": "after-the-raise"})
