@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, TypeVar
+from typing import Any, Callable, Generator, Iterable, Protocol, TypeVar
 
 import grpc
 import tenacity
@@ -41,6 +41,17 @@ COORDINATOR_GROUP = 0
 COORDINATOR_TRANSACTION = 1
 # KIP-447 draft: the transaction coordinator of a consumer group (group-aware producers).
 COORDINATOR_TRANSACTION_GROUP = 2
+
+
+class Transport(Protocol):
+    """Where a client's calls go instead of gRPC over the network: a client core takes
+    its channels from it (`exactly.testing.MockCluster` answers them in the process, as
+    httpx's MockTransport does). `channel(address)` gives a grpc.Channel for the
+    synchronous clients, `aio_channel(address)` a grpc.aio.Channel for `exactly.aio`."""
+
+    def channel(self, address: str) -> Any: ...
+
+    def aio_channel(self, address: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -326,11 +337,13 @@ class CoreBase(abc.ABC):
     `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
     (1000), `metadata.max.age.ms` (300000). `clock`: the monotonic clock of this
     client and of everything it owns (`exactly_wire.clock.MonotonicClock`; the real
-    one by default): metadata age, call deadlines, retry backoff.
+    one by default): metadata age, call deadlines, retry backoff. `transport`: where
+    the calls go instead of gRPC over the network (`Transport`; None: the network).
     """
 
-    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK, transport: Transport | None = None):
         self.clock = clock
+        self.transport = transport
         if "bootstrap.servers" not in conf:
             raise ValueError("bootstrap.servers is required")
         self.bootstrap = parse_bootstrap(conf["bootstrap.servers"])
@@ -588,8 +601,8 @@ class ClientCore(CoreBase):
     gRPC). Settings: see `CoreBase`. Thread-safe.
     """
 
-    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
-        super().__init__(conf, clock)
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK, transport: Transport | None = None):
+        super().__init__(conf, clock, transport)
         self._metadata_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._refresh: concurrent.futures.Future | None = None
@@ -608,6 +621,8 @@ class ClientCore(CoreBase):
     # ------------------------------------------------------------ channels
 
     def _new_channel(self, address: str) -> grpc.Channel:
+        if self.transport is not None:
+            return self.transport.channel(address)
         if _fork.grpcio_unusable():
             return _fork.PureChannel(address, self.security)
         return _fork.note_grpcio_channel(secure_channel(address, self.security, channel_options(
@@ -811,7 +826,7 @@ class ClientCore(CoreBase):
             ch.close()
 
 
-__all__ = ["ClientCore", "CoreBase", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
+__all__ = ["ClientCore", "CoreBase", "Transport", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
            "TopicMetadata", "PartitionMetadata",
            "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP",
            "txn_coordinator_key", "translate_rpc_error", "is_retriable",

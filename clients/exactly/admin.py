@@ -8,7 +8,7 @@ from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from . import errors
 from .config import AdminSchema, parse
-from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, run_flow
+from ._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, CoreBase, Metadata, Transport, run_flow
 from ._sender import txn_coordinator_addresses
 from ._two_phase import PreparedTxnState
 from ._unclosed import collected, creation_stack
@@ -413,11 +413,12 @@ _UPGRADE_TYPES = {"upgrade": 1, "safe_downgrade": 2, "unsafe_downgrade": 3}
 class AdminClient:
     """Administrative operations. `conf`: the keys of `config.AdminSchema`
     (bootstrap.servers required; request.timeout.ms, retry.backoff.ms, ...).
-    Raises errors.ConfigurationError for an unknown key or a wrong value."""
+    Raises errors.ConfigurationError for an unknown key or a wrong value. `transport`:
+    where its calls go instead of the network (an `exactly.testing.MockCluster`)."""
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
-        self._core = ClientCore(parse(AdminSchema, conf).as_dict())
+        self._core = ClientCore(parse(AdminSchema, conf).as_dict(), transport=transport)
 
     def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
         """Create topics and return when every new partition has a leader that

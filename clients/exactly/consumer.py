@@ -23,7 +23,7 @@ import re
 from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 
 from exactly import _fork, errors
-from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, run_flow
+from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, Transport, run_flow
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
 from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
                                      ResetStrategy, SubscriptionState, reset_timestamp)
@@ -106,7 +106,8 @@ class Consumer:
                               new matching topics
     Keys, defaults and allowed values: `config.ConsumerSchema` (the README's
     "Consumer configuration" table). Raises errors.ConfigurationError (a ValueError)
-    for an unknown or unsupported key or a wrong value.
+    for an unknown or unsupported key or a wrong value. `transport`: where its calls
+    go instead of the network (an `exactly.testing.MockCluster` in a unit test).
 
     Calls: subscribe / unsubscribe / assign / assignment; poll; pause / resume /
     paused; position / seek / seek_to_beginning / seek_to_end; commit (sync or
@@ -114,7 +115,7 @@ class Consumer:
     beginning_offsets, end_offsets, offsets_for_times; group_metadata; close.
     """
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         cfg = parse(ConsumerSchema, conf)
@@ -126,7 +127,7 @@ class Consumer:
         self._max_poll_records = cfg.max_poll_records
         self._api_timeout_s = cfg.default_api_timeout_ms / 1000.0
         self._session_timeout_ms = cfg.session_timeout_ms
-        self._core = self._make_core(conf)
+        self._core = self._make_core(conf, transport)
         # Timers (backoff, auto-commit) and blocking waits run on one monotonic clock,
         # the core's, shared with the Fetcher and the GroupMembership: ms from
         # `_clock()`, seconds (deadlines of `timeout`s) from `_clock.now_s()`.
@@ -168,8 +169,8 @@ class Consumer:
 
     # The I/O of a consumer instance: `exactly.aio` swaps in its grpc.aio core and
     # a membership that heartbeats from a task.
-    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
-        return ClientCore(conf)
+    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> ClientCore:
+        return ClientCore(conf, transport=transport)
 
     def _make_membership(self, core: ClientCore, group_id: str, **settings: Any) -> GroupMembership:
         return GroupMembership(core, group_id, **settings)

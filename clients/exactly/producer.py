@@ -36,7 +36,7 @@ from exactly_wire.clock import wall_clock_ms
 from . import _fork, errors
 from ._unclosed import collected, creation_stack
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
-from ._client import ClientCore, call_deadline, run_flow
+from ._client import ClientCore, Transport, call_deadline, run_flow
 from ._sender import Sender, SenderConfig
 from ._two_phase import PreparedTransaction, PreparedTxnState, complete_transaction
 from ._txn_flows import (AwaitAddPartitions, AwaitBatches, CoordinatorRequest, TransactionFlows,
@@ -142,18 +142,20 @@ class Producer:
     defaults and allowed values by `config.ProducerSchema` (the README's "Producer
     configuration" table): bootstrap.servers (required), transactional.id,
     enable.idempotence, acks, linger.ms, batch.size, compression.type, ...
+    `transport`: where its calls go instead of the network (an
+    `exactly.testing.MockCluster` in a unit test); None: the cluster of bootstrap.servers.
 
     Raises errors.ConfigurationError (a ValueError) for an unknown or unsupported
     key, a wrong value, or conflicting settings (e.g. transactional.id with
     enable.idempotence=false). Thread-safe: send() may be called from several threads.
     """
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         given = {k for k, v in conf.items() if v is not None}
         cfg = parse(ProducerSchema, conf)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
-        self._core = self._make_core(cfg.as_dict())
+        self._core = self._make_core(cfg.as_dict(), transport)
         # Metadata naming an unknown topic asks for its creation, as Kafka's producer does
         # (the services decide: auto.create.topics.enable).
         self._core.allow_auto_create_topics = True
@@ -220,8 +222,8 @@ class Producer:
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
     # an asyncio sender task.
-    def _make_core(self, conf: dict[str, Any]) -> ClientCore:
-        return ClientCore(conf)
+    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> ClientCore:
+        return ClientCore(conf, transport=transport)
 
     def _make_sender(self, *args: Any, **kwargs: Any) -> Sender:
         return Sender(*args, **kwargs)

@@ -27,8 +27,7 @@ from services.common.security.pid_binding import refusal, refusal_code
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError
 from .ports import OFFSETS_TOPIC, EndTxnResult, InitProducerIdResult
-from .state import (COMPLETED_STATES, NO_PRODUCER_EPOCH, GroupAssignment, TransactionMetadata, TxnState,
-                    TxnTransitMetadata, is_epoch_exhausted)
+from .state import COMPLETED_STATES, GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 if TYPE_CHECKING:
     from .partition import TxnPartition
@@ -353,7 +352,7 @@ class TxnRequests:
             metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
         if md.pending_transition_in_progress:
             return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS))
-        if expected is not None and not _valid_producer_id(md, *expected):
+        if expected is not None and not md.is_valid_producer_id(*expected):
             return InitAnswer(InitProducerIdResult(ErrorCode.PRODUCER_FENCED,
                                                    message=f"producer id {expected[0]} epoch {expected[1]} is not current"))
         state = md.state
@@ -409,10 +408,9 @@ class TxnRequests:
         if err:
             return err, None, None
         md = part.txns.get(tid)
-        if md is None or md.producer_id != producer_id:
-            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None, None
-        if producer_epoch != md.producer_epoch:
-            return ErrorCode.PRODUCER_FENCED, None, None
+        err = ErrorCode.INVALID_PRODUCER_ID_MAPPING if md is None else md.check_producer(producer_id, producer_epoch)
+        if err:
+            return err, None, None
         if group_id:
             err = self._check_generation(part, md, group_id, generation_id)
             if err:
@@ -461,18 +459,13 @@ class TxnRequests:
         if err:
             return {tp: err for tp in wanted}
         md = part.txns.get(tid)
-        if md is None or md.producer_id != producer_id:
-            return {tp: ErrorCode.INVALID_PRODUCER_ID_MAPPING for tp in wanted}
-        if producer_epoch != md.producer_epoch:
-            return {tp: ErrorCode.PRODUCER_FENCED for tp in wanted}
-        if md.pending_state is not None and md.pending_state is not TxnState.ONGOING:
-            # Being ended or fenced right now (e.g. an epoch fence whose bump is not yet
-            # written): retriable, as Kafka answers; the retry sees the outcome (the new
-            # epoch: PRODUCER_FENCED) instead of a misleading INVALID_TXN_STATE.
-            return {tp: ErrorCode.CONCURRENT_TRANSACTIONS for tp in wanted}
-        if md.state is not TxnState.ONGOING or md.is_prepared:
-            return {tp: ErrorCode.INVALID_TXN_STATE for tp in wanted}
-        return {tp: ErrorCode.NONE if tp in md.partitions else ErrorCode.INVALID_TXN_STATE for tp in wanted}
+        err = ErrorCode.INVALID_PRODUCER_ID_MAPPING if md is None else md.check_producer(producer_id, producer_epoch)
+        if err:
+            return {tp: err for tp in wanted}
+        # Being ended or fenced right now (e.g. an epoch fence whose bump is not yet
+        # written): CONCURRENT_TRANSACTIONS, retriable, as Kafka answers; the retry sees
+        # the outcome (the new epoch: PRODUCER_FENCED) instead of a misleading INVALID_TXN_STATE.
+        return {tp: md.verify_partition(tp) for tp in wanted}
 
     async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                  group_id: str, consumer_group_id: str = "", generation_id: int = -1) -> ErrorCode:
@@ -505,14 +498,9 @@ class TxnRequests:
             return err
         if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             return await self._start_next_transaction(part, md, wanted)  # the handover (completion.py)
-        if md.is_prepared:
-            return ErrorCode.INVALID_TXN_STATE  # sealed by PrepareTxn
-        if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
-            # Every transaction ends under the next epoch: none may start at the last ones.
-            # InitProducerId (KIP-360, with the current PID and epoch) rotates the PID.
-            return ErrorCode.INVALID_PRODUCER_EPOCH
-        if md.state is TxnState.ONGOING and wanted <= md.partitions:
-            return ErrorCode.NONE
+        answer = md.add_partitions_check(wanted)
+        if answer is not None:
+            return answer
         transit = md.prepare_add_partitions(wanted, self._clock())
         return await self._append(part, md, transit)
 
@@ -593,16 +581,9 @@ class TxnRequests:
 
     @staticmethod
     def _end_txn_outcome(md: TransactionMetadata, committed: bool) -> EndTxnResult:
-        """The answer to an EndTxn when no transaction is ongoing: a retry of the end
-        that is completing or completed, or a request without a transaction."""
-        state = md.state
-        done = TxnState.COMPLETE_COMMIT if committed else TxnState.COMPLETE_ABORT
-        completing = TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT
-        if state is done:
-            return EndTxnResult(ErrorCode.NONE, md.producer_id, md.producer_epoch)
-        if state is completing:
-            return EndTxnResult(ErrorCode.CONCURRENT_TRANSACTIONS)
-        return EndTxnResult(ErrorCode.INVALID_TXN_STATE)
+        """The answer to an EndTxn when no transaction is ongoing (`md.end_txn_outcome`)."""
+        err = md.end_txn_outcome(committed)
+        return EndTxnResult(err, md.producer_id, md.producer_epoch) if err == ErrorCode.NONE else EndTxnResult(err)
 
     async def prepare_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           group_id: str = "", generation_id: int = -1) -> ErrorCode:
@@ -638,11 +619,4 @@ class TxnRequests:
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
             return ErrorCode.INVALID_PRODUCER_EPOCH  # as AddPartitionsToTxn: InitProducerId first
         return await self._append(part, md, md.prepare_mark_prepared(self._clock()))
-
-
-def _valid_producer_id(md: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
-    """KIP-360 (Kafka's isValidProducerId): the id may be re-initialised when it is
-    new, the PID matches, or it is the previous PID retried after a rotation."""
-    return (md.producer_epoch == NO_PRODUCER_EPOCH or producer_id == md.producer_id
-            or (producer_id == md.last_producer_id and is_epoch_exhausted(producer_epoch)))
 

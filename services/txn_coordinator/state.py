@@ -337,6 +337,61 @@ class TransactionMetadata:
     def is_producer_epoch_exhausted(self) -> bool:
         return is_epoch_exhausted(self.producer_epoch)
 
+    def is_valid_producer_id(self, producer_id: int, producer_epoch: int) -> bool:
+        """KIP-360 (Kafka's isValidProducerId): an InitProducerId naming its current
+        (producer_id, producer_epoch) may re-initialise the id when the id is new, the
+        PID matches, or it is the previous PID retried after a rotation."""
+        return (self.producer_epoch == NO_PRODUCER_EPOCH or producer_id == self.producer_id
+                or (producer_id == self.last_producer_id and is_epoch_exhausted(producer_epoch)))
+
+    def check_producer(self, producer_id: int, producer_epoch: int) -> ErrorCode:
+        """Whether a request of (producer_id, producer_epoch) is this id's current
+        producer: INVALID_PRODUCER_ID_MAPPING for another PID, PRODUCER_FENCED for
+        another epoch (an older instance, fenced), else NONE."""
+        if producer_id != self.producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if producer_epoch != self.producer_epoch:
+            return ErrorCode.PRODUCER_FENCED
+        return ErrorCode.NONE
+
+    def add_partitions_check(self, wanted: frozenset[TopicPartition]) -> ErrorCode | None:
+        """AddPartitionsToTxn / AddOffsetsToTxn of the current producer (outside the
+        handover): INVALID_TXN_STATE when the transaction is sealed by PrepareTxn;
+        INVALID_PRODUCER_EPOCH between transactions at an exhausted epoch (every
+        transaction ends under the next epoch, so none may start at the last ones:
+        InitProducerId rotates the PID first); NONE when the ongoing transaction holds
+        every partition of `wanted` already; None when the add is to be prepared
+        (`prepare_add_partitions`)."""
+        if self.is_prepared:
+            return ErrorCode.INVALID_TXN_STATE
+        if self.state in COMPLETED_STATES and self.is_producer_epoch_exhausted:
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if self.state is TxnState.ONGOING and wanted <= self.partitions:
+            return ErrorCode.NONE
+        return None
+
+    def verify_partition(self, tp: TopicPartition) -> ErrorCode:
+        """KIP-890 verification of the current producer's write to `tp`: NONE when the
+        transaction is Ongoing, not sealed by PrepareTxn, and holds `tp`;
+        CONCURRENT_TRANSACTIONS while it is being ended or fenced (asking again sees the
+        outcome); else INVALID_TXN_STATE."""
+        if self.pending_state is not None and self.pending_state is not TxnState.ONGOING:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if self.state is not TxnState.ONGOING or self.is_prepared or tp not in self.partitions:
+            return ErrorCode.INVALID_TXN_STATE
+        return ErrorCode.NONE
+
+    def end_txn_outcome(self, committed: bool) -> ErrorCode:
+        """The answer to an EndTxn when no transaction is ongoing: a retry of the end
+        that completed (NONE: answer with the current PID and epoch) or is completing
+        (CONCURRENT_TRANSACTIONS), else INVALID_TXN_STATE (the other command, or no
+        transaction)."""
+        if self.state is (TxnState.COMPLETE_COMMIT if committed else TxnState.COMPLETE_ABORT):
+            return ErrorCode.NONE
+        if self.state is (TxnState.PREPARE_COMMIT if committed else TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        return ErrorCode.INVALID_TXN_STATE
+
     def snapshot(self) -> TxnTransitMetadata:
         """The current values as a transit (no state change)."""
         return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,

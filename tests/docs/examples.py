@@ -330,6 +330,7 @@ RUN_BY = {
     "docs/operating/kubernetes.md": "test_examples_operating",
     "docs/benchmarks.md": "test_examples_operating",
     "docs/sdk.md": "test_examples_sdk",
+    "docs/testing.md": "test_examples_sdk",
     "docs/kafka-clients.md": "test_examples_clients",
     "docs/security.md": "test_examples_clients",
     "docs/postgres.md": "test_examples_postgres",

@@ -1,4 +1,4 @@
-"""The code blocks of docs/sdk.md run as written against a dev cluster, the transactional
+"""The code blocks of docs/sdk.md and docs/testing.md run as written against a dev cluster, the transactional
 ones checked for exactly-once across a SIGKILL (tests/docs/examples.py)."""
 from __future__ import annotations
 

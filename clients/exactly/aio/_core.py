@@ -23,7 +23,7 @@ import tenacity
 
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
-from exactly._client import (CoreBase, Metadata, TransportCheck, bounded_s, call_deadline, channel_options,
+from exactly._client import (CoreBase, Metadata, Transport, TransportCheck, bounded_s, call_deadline, channel_options,
                              outcome_of_retries, remaining_s, translate_rpc_error)
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.security import secure_aio_channel
@@ -56,14 +56,16 @@ class AIOClientCore(CoreBase):
     created inside a running event loop (raises RuntimeError otherwise) and used
     from that loop only. Settings: see `exactly._client.CoreBase`."""
 
-    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK):
-        super().__init__(conf, clock)
+    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK, transport: Transport | None = None):
+        super().__init__(conf, clock, transport)
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task] = set()
         self._metadata_task: asyncio.Task | None = None
         self._lookups: dict[tuple[int, str], asyncio.Task] = {}
 
     def _new_channel(self, address: str) -> grpc.aio.Channel:
+        if self.transport is not None:
+            return self.transport.aio_channel(address)
         if _fork.grpcio_unusable():
             return _fork.AioPureChannel(address, self.security)
         return _fork.note_grpcio_channel(secure_aio_channel(address, self.security, channel_options(

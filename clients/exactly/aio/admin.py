@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 
 from exactly import errors
 from exactly._unclosed import collected, creation_stack
-from exactly._client import COORDINATOR_TRANSACTION, Metadata
+from exactly._client import COORDINATOR_TRANSACTION, Metadata, Transport
 from exactly.config import AdminSchema, parse
 from exactly._sender import txn_coordinator_addresses
 from exactly.admin import (MetadataAt, ProbeLeader, RefreshMetadata, Sleep, TopicDescription, TransactionDescription,
@@ -26,10 +26,10 @@ class AIOAdminClient:
     (required), request.timeout.ms, retry.backoff.ms, retry.backoff.max.ms. Create
     it inside a running event loop (raises RuntimeError otherwise)."""
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
         self._created = creation_stack(asyncio.get_running_loop().get_debug())
-        self._core = AIOClientCore(parse(AdminSchema, conf).as_dict())
+        self._core = AIOClientCore(parse(AdminSchema, conf).as_dict(), transport=transport)
 
     async def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
         """As `exactly.AdminClient.create_topics`: create topics and return when every

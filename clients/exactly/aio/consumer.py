@@ -21,7 +21,7 @@ import tenacity
 
 from exactly import errors
 from exactly._unclosed import collected, creation_stack
-from exactly._client import COORDINATOR_GROUP, bounded_s, call_deadline
+from exactly._client import COORDINATOR_GROUP, Transport, bounded_s, call_deadline
 from exactly._consumer_group import _RETRY_CODES, FETCH_COMMITTED_RETRY_CODES, GroupMembership
 from exactly.consumer import CommitOffsets, Consumer, FetchCommitted, LeaveGroup, Rebalance, WaitForResponses
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
@@ -123,8 +123,8 @@ class AIOGroupMembership(GroupMembership):
 class _Consumer(Consumer):
     """The Consumer with asyncio I/O: its blocking methods are not used."""
 
-    def _make_core(self, conf: dict[str, Any]) -> AIOClientCore:
-        return AIOClientCore(conf)
+    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> AIOClientCore:
+        return AIOClientCore(conf, transport=transport)
 
     def _make_membership(self, core: AIOClientCore, group_id: str, **settings: Any) -> AIOGroupMembership:
         return AIOGroupMembership(core, group_id, **settings)
@@ -149,10 +149,10 @@ class AIOConsumer:
                 ...
     """
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
         self._created = creation_stack(asyncio.get_running_loop().get_debug())
-        self._c = _Consumer(conf)
+        self._c = _Consumer(conf, transport=transport)
         self._core: AIOClientCore = self._c._core
         self._pending: collections.deque[ConsumerRecord] = collections.deque()
 

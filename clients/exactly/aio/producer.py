@@ -24,6 +24,7 @@ from exactly._unclosed import collected, creation_stack
 from exactly.producer import Producer, UnknownTopicWait
 from exactly._two_phase import PreparedTxnState
 from exactly._txn_flows import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, takes_earlier_init_args
+from exactly._client import Transport
 from exactly._sender import SenderCore
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
 
@@ -153,8 +154,8 @@ class AIOSender(SenderCore):
 class _Producer(Producer):
     """The Producer with asyncio I/O: its blocking methods are not used."""
 
-    def _make_core(self, conf: dict[str, Any]) -> AIOClientCore:
-        return AIOClientCore(conf)
+    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> AIOClientCore:
+        return AIOClientCore(conf, transport=transport)
 
     def _make_sender(self, *args: Any, **kwargs: Any) -> AIOSender:
         return AIOSender(*args, **kwargs)
@@ -178,10 +179,10 @@ class AIOProducer:
                 await producer.send("out", b"v", key=b"k")
     """
 
-    def __init__(self, conf: Mapping[str, Any]):
+    def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
         self._created = creation_stack(asyncio.get_running_loop().get_debug())
-        self._p = _Producer(conf)
+        self._p = _Producer(conf, transport=transport)
         self._sender: AIOSender = self._p._sender
         # Sends waiting for metadata or buffer space queue their records in call order:
         # each waits for the previous one's `appended` future (the tail).

@@ -21,7 +21,7 @@ B = TopicPartition("t", 1)
 @pytest.fixture
 def core(monkeypatch):
     fake = FakeCore()
-    monkeypatch.setattr(consumer_mod, "ClientCore", lambda conf: fake)
+    monkeypatch.setattr(consumer_mod, "ClientCore", lambda conf, transport=None: fake)
     return fake
 
 

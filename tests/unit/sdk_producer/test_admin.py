@@ -1,32 +1,31 @@
-"""AdminClient against the in-process stand-in (docs/design.md, "Decisions")."""
+"""AdminClient against an in-process cluster, exactly.testing.MockCluster (docs/design.md, "Decisions")."""
 import pytest
 
 from exactly import AdminClient, NewTopic, errors
 from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow, wait_unlisted_flow
 from exactly_wire.clock import SYSTEM_CLOCK
 
-from .fake_cluster import FakeCluster
+from exactly.testing import MockCluster
 
 
 @pytest.fixture
 def fc():
-    cluster = FakeCluster({"existing": 2})
-    yield cluster
-    cluster.stop()
+    with MockCluster(topics={"existing": 2}) as cluster:
+        yield cluster
 
 
 def test_create_list_describe(fc):
-    with AdminClient({"bootstrap.servers": fc.address}) as admin:
+    with AdminClient({"bootstrap.servers": fc.bootstrap_servers}, transport=fc) as admin:
         admin.create_topics([NewTopic("a", 3), NewTopic("b", 1, replication_factor=1, config={"x": "1"})])
         assert admin.list_topics() == {"a": [0, 1, 2], "b": [0], "existing": [0, 1]}
         desc = admin.describe_topics(["a"])["a"]
-        assert sorted(desc.partitions) == [0, 1, 2] and desc.partitions[0].leader == fc.address
+        assert sorted(desc.partitions) == [0, 1, 2] and desc.partitions[0].leader == fc.bootstrap_servers
         with pytest.raises(errors.UnknownTopicOrPartitionError):
             admin.describe_topics(["zzz"])
 
 
 def test_existing_topic_raises_but_others_are_created(fc):
-    admin = AdminClient({"bootstrap.servers": fc.address})
+    admin = AdminClient({"bootstrap.servers": fc.bootstrap_servers}, transport=fc)
     with pytest.raises(errors.TopicAlreadyExistsError) as info:
         admin.create_topics([NewTopic("existing", 2), NewTopic("fresh", 2)])
     assert "existing" in str(info.value)

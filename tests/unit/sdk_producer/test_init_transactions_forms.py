@@ -236,8 +236,8 @@ def test_aio_earlier_call_warns_and_sends_what_the_group_method_sends(fc):
 
 
 def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc, clock, monkeypatch):
-    def clocked(conf):  # the third producer's core: on the virtual clock
-        core = AIOClientCore(conf)
+    def clocked(conf, transport=None):  # the third producer's core: on the virtual clock
+        core = AIOClientCore(conf, transport=transport)
         core.clock = clock
         return core
 
