@@ -43,6 +43,8 @@ compat: setup
 # compaction of the internal topics after 50,000 transactions and 50,000 offset commits;
 # 100,000 idempotent InitProducerId calls against producer-id bindings (make test runs 10,000);
 # 20,000 raw connections that never start TLS against a partition leader (make test: 4,000);
+# 1,000 connections without credentials (100 MB size prefixes, 40 MB user names, silence after
+# TLS) against a leader's Kafka port, its memory measured (make test: 300);
 # the transactional copy under clock faults with 20,000 records (make test: 3,000);
 # the copier under ZooKeeper faults with 20,000 records, ZooKeeper down 30 s and every process's
 # session expired in turn (make test: 1,800 records, 10 s, two processes);
@@ -55,6 +57,8 @@ soak: setup
 	EXACTLY_PID_SOAK_CALLS=100000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 3600 \
 	  tests/integration/test_producer_id_bindings.py
 	EXACTLY_CONNECTION_FLOOD=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 tests/integration/test_connections.py
+	EXACTLY_PREAUTH_FLOOD=1000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 \
+	  tests/integration/test_unauthenticated.py::test_a_client_without_credentials_costs_a_few_kilobytes_per_connection
 	EXACTLY_CLOCK_RECORDS=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_clock_faults_system.py
 	EXACTLY_ZK_FAULT_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_zookeeper_faults.py
 	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \

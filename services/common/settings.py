@@ -163,8 +163,9 @@ class ServiceSchema(SecuritySettings):
         "are refused at accept. Never above (RLIMIT_NOFILE - exactly.connections.fd.reserve) / 2.", MEDIUM,
         ge=1)
     max_connections_per_ip: int = setting(
-        "max.connections.per.ip", 2147483647, "Connections one peer address holds on each listener (Kafka port: "
-        "refused at accept; gRPC port: the excess shut at the next sweep).", MEDIUM, ge=0)
+        "max.connections.per.ip", 1000, "Connections one peer address holds on each listener (Kafka port: "
+        "refused at accept; gRPC port: the excess shut at the next sweep), authenticated or not, so one host "
+        "cannot take every connection of a port (Kafka's default: no limit).", MEDIUM, ge=0)
     max_connections_per_ip_overrides: PerIpOverrides = setting(
         "max.connections.per.ip.overrides", "", "Per-address exceptions to max.connections.per.ip: "
         "host-or-ip:count,... (a host name resolved at start).", MEDIUM)
@@ -172,12 +173,17 @@ class ServiceSchema(SecuritySettings):
         "max.connection.creation.rate", 2147483647, "New connections per second each listener accepts (KIP-612); "
         "more are refused (gRPC port: shut at the next sweep).", MEDIUM, ge=0)
     connections_fd_reserve: int = setting(
-        "exactly.connections.fd.reserve", 1024, "File descriptors kept from connections for ZooKeeper, segments, "
-        "indexes and channels: the listeners hold at most (RLIMIT_NOFILE - this) / 2 each (the soft limit is "
-        "raised to the hard one at start).", LOW, ge=0)
+        "exactly.connections.fd.reserve", 1024, "File descriptors kept free of connections: the listeners hold "
+        "at most (RLIMIT_NOFILE - this - the descriptors of segments, indexes, ZooKeeper and channels) / 2 each "
+        "(recomputed every sweep; the soft limit is raised to the hard one at start).", LOW, ge=0)
+    memory_trim_interval_ms: int = setting(
+        "exactly.memory.trim.interval.ms", 10000, "ms between returns of freed heap memory to the system "
+        "(glibc's malloc_trim): what a burst of connections allocated does not stay with the process once they "
+        "closed. 0: never.", LOW, ge=0)
     connections_sweep_interval_ms: int = setting(
         "exactly.connections.sweep.interval.ms", 1000, "ms between the gRPC port's sweeps applying "
-        "max.connections.per.ip, its overrides and max.connection.creation.rate.", LOW, ge=10)
+        "max.connections.per.ip, its overrides and max.connection.creation.rate, and between updates of both "
+        "ports' descriptor budget.", LOW, ge=10)
     tunnel_max_in_flight_calls: int = setting(
         "exactly.tunnel.max.in.flight.calls", 500, "Calls of one Tunnel/Calls stream (the services' calls to "
         "each other) read and not yet answered; the stream reads no further call meanwhile (back-pressure).",

@@ -51,7 +51,9 @@ FLOOD_COUNT = int(os.environ.get("EXACTLY_CONNECTION_FLOOD", "4000"))
 def sec(zk, tmp_path_factory):
     cluster = DevCluster(tmp_path_factory.mktemp("connections-cluster"), security=True, props={
         "exactly.ssl.handshake.timeout.ms": str(HANDSHAKE_MS), "connections.max.idle.ms": str(IDLE_MS),
-        "max.connections.per.ip.overrides": f"{LIMITED}:20", "exactly.connections.sweep.interval.ms": "200"})
+        # The flood's address unlimited: the descriptor budget, not max.connections.per.ip, is tested.
+        "max.connections.per.ip.overrides": f"{LIMITED}:20,{FLOOD}:100000",
+        "exactly.connections.sweep.interval.ms": "200"})
     try:
         cluster.up(1, 0, 0, zookeeper=new_chroot(zk, "connections"))
         yield cluster
@@ -241,3 +243,43 @@ def test_kafka_port_closes_a_connection_idle_after_its_handshake(sec):
     assert got == b"", got
     assert IDLE_MS / 1000 * 0.9 <= waited < IDLE_MS / 1000 + 15, waited
     assert _refused(sec, "kafka", "connections.max.idle.ms") - before == 1
+
+
+def test_the_partitions_descriptors_count_in_the_connection_budget(sec):
+    """A leader whose partitions hold descriptors: 1,000 partitions (a .log file each
+    open) with its soft RLIMIT_NOFILE lowered to 4,000 while it runs, then 3,600 raw connections
+    from six addresses on both ports. The listeners leave the reserve free of what the
+    partitions hold (they took (limit - reserve) / 2 each and the leader reached EMFILE):
+    no "Too many open files", the same ZooKeeper session, a client served."""
+    import resource
+    leader = sec.services["pl-0"]
+    topics = [f"fds-{i}-{uuid.uuid4().hex[:6]}" for i in range(10)]
+    with AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config,
+                      "request.timeout.ms": 120000}) as admin:
+        for topic in topics:
+            started = time.monotonic()
+            admin.create_topics([NewTopic(topic, 100, 1)])
+            print(f"{topic}: 100 partitions in {time.monotonic() - started:.1f} s")
+    wait_for(lambda: _descriptors(leader.pid) > 1000, 120, lambda: f"the leader to open its 1,000 partitions "
+             f"({_descriptors(leader.pid)} descriptors)")
+    owner = _registration_owner(sec, "pl-0")
+    old = resource.prlimit(leader.pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(leader.pid, resource.RLIMIT_NOFILE, (4000, old[1]))  # the soft limit: what it may open
+    before, peak = _descriptors(leader.pid), PeakDescriptors(leader.pid)
+    floods = []
+    try:
+        time.sleep(1)  # a sweep (every 200 ms here) sees the new limit
+        floods = [Flood(f"127.0.0.{20 + i}", {leader.address: 300, leader.kafka_address: 300}) for i in range(6)]
+        took = _produce(sec, topics[0])
+        assert took < 30, f"a client waited {took:.1f} s"
+    finally:
+        for flood in floods:
+            flood.close()
+        most = peak.stop()
+        resource.prlimit(leader.pid, resource.RLIMIT_NOFILE, old)
+    log = (sec.dir / "logs" / "pl-0.log").read_text()
+    print(f"{sum(f.opened for f in floods)} connections opened against {before} descriptors held (1,000 partitions); "
+          f"the leader held at most {most} of 4000")
+    assert "Too many open files" not in log
+    assert most <= 4000 - 1024 // 2, most
+    assert _registration_owner(sec, "pl-0") == owner, "the leader lost its ZooKeeper session"

@@ -434,16 +434,16 @@ class KafkaListener:
         limit = self.max_preauth_bytes if preauth else self.max_request_bytes
         if size < (0 if sasl.raw else 8) or size > limit:
             if preauth and size > limit:
-                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s, f"a request of {size} bytes before authentication, "
-                                      f"the limit is {limit}")
+                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s,
+                                      f"a request of {size} bytes before authentication, the limit is {limit}")
             else:
                 log.info("kafka connection from %s: request size %d refused; closing", peer_s, size)
             return None
         pooled = preauth and size > PREAUTH_SMALL_BYTES
         if pooled:
             if size > self.preauth_pool_bytes:
-                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s, "the listener's pre-authentication buffers "
-                                      "are taken")
+                self.refusals.refused(SASL_SERVER_MAX_RECEIVE_SIZE, peer_s,
+                                      "the listener's pre-authentication buffers are taken")
                 return None
             self.preauth_pool_bytes -= size
         try:

@@ -8,9 +8,10 @@
   accepts; more are refused (a token bucket holding one second's worth).
 - a file-descriptor reserve (`exactly.connections.fd.reserve`): at start the process
   raises its RLIMIT_NOFILE soft limit to the hard limit; each of the two listeners may
-  hold at most (limit - reserve) / 2 connections whatever `max.connections` says, so
-  connections can never take the descriptors ZooKeeper's session, the segments and the
-  indexes need.
+  hold at most (limit - reserve - the descriptors not held by connections) / 2
+  connections whatever `max.connections` says (`DescriptorBudget`, updated at every
+  sweep: a partition leader's segments and indexes count as they open), so connections
+  can never take the descriptors ZooKeeper's session, the segments and the indexes need.
 
 `ConnectionLimits` is the pure accounting (no sockets): the Kafka listener asks it
 before its TLS handshake, the gRPC port's `GrpcConnectionSweeper` on every sweep.
@@ -98,6 +99,9 @@ class ConnectionLimits:
     clock: Callable[[], float] = time.monotonic
     active: int = 0
     by_ip: dict[str, int] = field(default_factory=dict)
+    # Whether `active` counts a listener's open connections (the Kafka port's, admitted and
+    # released as they come and go); the gRPC port's are counted at each sweep instead.
+    counted: bool = True
 
     def __post_init__(self):
         self.overrides = {normalize_ip(ip): n for ip, n in self.overrides.items()}
@@ -196,6 +200,38 @@ def connection_budget(nofile: int, reserve: int, max_connections: int, listeners
     return max(1, min(max_connections, (nofile - reserve) // max(listeners, 1)))
 
 
+class DescriptorBudget:
+    """The connections each listener may hold given the descriptors the process holds
+    otherwise (docs/design.md, "Connections"): (RLIMIT_NOFILE - `reserve` - other) /
+    `listeners`, at most `max_connections`, at least 1, where other is every open
+    descriptor that is not a connection of a listener (ZooKeeper's session, segments,
+    indexes, channels to the other services). `update(connections)` recomputes it from
+    the process's open descriptors and the listeners' connections (`connections`: the
+    gRPC port's, from its sweep; each ConnectionLimits of `limits` counts its own) and
+    sets it as the `max_connections` of every one of `limits`. `nofile`: () -> the soft
+    RLIMIT_NOFILE; `descriptors`: () -> open descriptors (tests pass fakes)."""
+
+    def __init__(self, reserve: int, max_connections: int, limits: list[ConnectionLimits],
+                 nofile: Callable[[], int] = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                 descriptors: Callable[[], int] = lambda: open_descriptors()):
+        self.reserve = reserve
+        self.max_connections = max_connections
+        self.limits = limits
+        self.nofile = nofile
+        self.descriptors = descriptors
+        self.other = 0
+
+    def update(self, connections: int = 0) -> int:
+        """Recompute and apply the per-listener budget; returns it."""
+        held = self.descriptors()
+        if held >= 0:
+            self.other = max(0, held - connections - sum(lim.active for lim in self.limits if lim.counted))
+        budget = max(1, min(self.max_connections, (self.nofile() - self.reserve - self.other) // 2))
+        for lim in self.limits:
+            lim.max_connections = budget
+        return budget
+
+
 def open_descriptors() -> int:
     """File descriptors this process has open (Linux /proc/self/fd; -1 elsewhere)."""
     try:
@@ -268,9 +304,10 @@ def shutdown_socket(fd: int, inode: int) -> bool:
 
 
 class GrpcConnectionSweeper:
-    """Per-IP limits, `max.connections` and the creation rate on the gRPC port, which
-    grpcio cannot apply itself (its core has one process-wide cap,
-    grpc.max_allowed_incoming_connections, set to the fd budget by `server_options`).
+    """Per-IP limits, `max.connections` within the descriptor budget and the creation
+    rate on the gRPC port, which grpcio cannot apply itself (its core has one
+    process-wide cap, grpc.max_allowed_incoming_connections, set to the fd budget at
+    start by `server_options`).
 
     Every `interval_s` it lists the connections accepted on `port` (the kernel's
     /proc/self/net/tcp and tcp6, handshake done or not) and admits them through a fresh
@@ -281,11 +318,16 @@ class GrpcConnectionSweeper:
     limit holds at each sweep, not at accept: between two sweeps a peer may hold more,
     up to the core cap."""
 
-    def __init__(self, port: int, limits: ConnectionLimits, refusals: RefusalLog, interval_s: float):
+    def __init__(self, port: int, limits: ConnectionLimits, refusals: RefusalLog, interval_s: float,
+                 budget: DescriptorBudget | None = None):
+        """`budget`: updated at every sweep with the port's connections (it sets
+        `limits.max_connections`)."""
         self.port = port
         self.limits = limits
+        self.limits.counted = False
         self.refusals = refusals
         self.interval_s = interval_s
+        self.budget = budget
         self._bucket = TokenBucket(limits.rate) if limits.rate < MAX_INT else None
         self._admitted: set[int] = set()
 
@@ -318,6 +360,8 @@ class GrpcConnectionSweeper:
                     connections += parse_proc_net_tcp(f.read(), self.port, ipv6)
             except FileNotFoundError:
                 continue
+        if self.budget is not None:
+            self.budget.update(len(connections))
         refused = self.plan(connections)
         if not refused:
             return 0
@@ -339,11 +383,18 @@ class GrpcConnectionSweeper:
 
     async def run(self) -> None:
         """Sweep until cancelled; a failing sweep is logged and the next one runs."""
-        while True:
-            try:
-                await asyncio.to_thread(self.sweep)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the limits are best effort between sweeps; logged
-                log.exception("gRPC connection sweep failed")
-            await asyncio.sleep(self.interval_s)
+        await run_every(self.interval_s, self.sweep, "gRPC connection sweep")
+
+
+async def run_every(interval_s: float, blocking: Callable[[], object], what: str) -> None:
+    """Call `blocking` in a worker thread now and every `interval_s` after it returned,
+    until cancelled; a call that fails is logged (naming `what`) and the next one runs
+    (the periodic tasks of the connection limits and of memory.MemoryTrim)."""
+    while True:
+        try:
+            await asyncio.to_thread(blocking)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - best effort until the next call; logged
+            log.exception("%s failed", what)
+        await asyncio.sleep(interval_s)

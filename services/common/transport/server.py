@@ -40,7 +40,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..security import authz, quotas
-from . import connections
+from . import connections, memory
 from .. import metrics
 from ..cluster import topic_admin
 from ..security.acl import Operation as Op, Resource, ResourceType
@@ -586,8 +586,10 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                                         cfg.settings.tunnel_max_queued_replies),
                          server)
     await server.start()
-    sweeper = connection_sweeper(cfg, port, nofile)
-    sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper") if sweeper else None
+    sweeper, kafka_limits = connection_sweeper(cfg, port, nofile)
+    sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper")
+    trimmer = memory.MemoryTrim.from_settings(cfg.settings)
+    trimmer = asyncio.create_task(trimmer.run(), name="memory-trim") if trimmer is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
@@ -602,7 +604,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         kafka = KafkaListener(apis, principal_rules=cfg.settings.ssl_principal_mapping_rules,
                               sasl=sasl, require_authentication=required,
                               quota_manager=quota_manager,
-                              limits=connection_limits(cfg, nofile),
+                              limits=kafka_limits,
                               idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
                               handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
                               max_preauth_bytes=cfg.settings.sasl_server_max_receive_size,
@@ -628,7 +630,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     if unsupported:
         log.critical("%s", unsupported[0])
     log.info("%s %s stopping", cfg.role, cfg.node_id)
-    for task in (watcher, sweeper):
+    for task in (watcher, sweeper, trimmer):
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -693,15 +695,19 @@ def connection_limits(cfg: ServiceConfig, nofile: int) -> connections.Connection
         cfg.settings.max_connection_creation_rate)
 
 
-def connection_sweeper(cfg: ServiceConfig, port: int, nofile: int) -> connections.GrpcConnectionSweeper | None:
-    """The gRPC port's sweeper of the per-IP and creation-rate limits; None when
-    neither is set (grpcio's core applies max.connections and the fd budget itself)."""
-    limits = connection_limits(cfg, nofile)
-    if limits.per_ip >= connections.MAX_INT and not limits.overrides and limits.rate >= connections.MAX_INT:
-        return None  # max.connections alone: grpcio's core applies it at accept
-    return connections.GrpcConnectionSweeper(
-        port, limits, connections.RefusalLog("grpc"),
-        cfg.settings.connections_sweep_interval_ms / 1000)
+def connection_sweeper(cfg: ServiceConfig, port: int,
+                       nofile: int) -> tuple[connections.GrpcConnectionSweeper, connections.ConnectionLimits]:
+    """(the gRPC port's sweeper, the Kafka port's ConnectionLimits): the sweeper applies
+    the per-IP limits (max.connections.per.ip has a default), the creation rate and
+    max.connections within the descriptor budget, which it recomputes at every sweep for
+    both listeners (DescriptorBudget: the descriptors of the partitions' files, ZooKeeper
+    and the channels count)."""
+    grpc_limits, kafka_limits = connection_limits(cfg, nofile), connection_limits(cfg, nofile)
+    budget = connections.DescriptorBudget(cfg.settings.connections_fd_reserve, cfg.settings.max_connections,
+                                          [grpc_limits, kafka_limits])
+    sweeper = connections.GrpcConnectionSweeper(port, grpc_limits, connections.RefusalLog("grpc"),
+                                                cfg.settings.connections_sweep_interval_ms / 1000, budget)
+    return sweeper, kafka_limits
 
 
 async def _set_health(servicer, status, name: str = "") -> None:

@@ -191,11 +191,47 @@ def test_grpc_server_options_carry_the_connection_limits():
     assert options["grpc.server_handshake_timeout_ms"] == 2500
     assert options["grpc.max_connection_idle_ms"] == 60000
     assert options["grpc.max_allowed_incoming_connections"] == 9488  # the fd budget, below max.connections
-    assert server.connection_sweeper(cfg, 1234, 20000) is None  # no per-address limit, no rate
+    sweeper, kafka = server.connection_sweeper(cfg, 1234, 20000)
+    assert sweeper.limits.limit_for("10.0.0.9") == kafka.limit_for("10.0.0.9") == 1000  # the default per address
+    assert sweeper.budget.limits == [sweeper.limits, kafka]
     cfg = parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip=10",
                                                  "--set", "max.connections.per.ip.overrides=10.0.0.1:100"])
-    sweeper = server.connection_sweeper(cfg, 1234, 20000)
+    sweeper, _ = server.connection_sweeper(cfg, 1234, 20000)
     assert sweeper.limits.limit_for("10.0.0.1") == 100 and sweeper.limits.limit_for("10.0.0.2") == 10
+
+
+def test_the_descriptor_budget_counts_what_is_not_a_connection():
+    """(RLIMIT_NOFILE - reserve - other descriptors) / 2 per listener: a partition
+    leader's segments and indexes shrink what connections may take, as they open."""
+    grpc_limits, kafka_limits = c.ConnectionLimits(counted=False), c.ConnectionLimits()
+    held = [1500]
+    budget = c.DescriptorBudget(1024, c.MAX_INT, [grpc_limits, kafka_limits], nofile=lambda: 20000,
+                                descriptors=lambda: held[0])
+    for ip in ("10.0.0.1", "10.0.0.2"):
+        kafka_limits.admit(ip)
+    # 1500 open: 300 gRPC connections, 2 Kafka ones, 1198 others (ZooKeeper, segments, indexes)
+    assert budget.update(connections=300) == (20000 - 1024 - 1198) // 2
+    assert kafka_limits.max_connections == grpc_limits.max_connections == 8889
+    held[0] = 1500 + 2000  # 1000 partitions opened (a .log and an .index each)
+    assert budget.update(connections=300) == (20000 - 1024 - 3198) // 2
+    held[0] = 30000  # more than the limit: one connection each at least
+    assert budget.update(connections=0) == 1
+    assert c.DescriptorBudget(1024, 50, [kafka_limits], nofile=lambda: 20000,
+                              descriptors=lambda: 100).update() == 50  # max.connections below the budget
+
+
+def test_memory_trim_returns_what_the_trim_gave_back():
+    from services.common.transport import memory
+    resident = [900 << 20]
+
+    def trim():
+        resident[0] = 200 << 20
+        return 1
+    trimmer = memory.MemoryTrim(10.0, trim, resident=lambda: resident[0])
+    assert trimmer.once() == 700 << 20
+    assert trimmer.once() == 0
+    assert memory.malloc_trim() is not None  # glibc: the tests run on Linux
+    assert memory.resident_bytes() > 0
 
 
 def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
