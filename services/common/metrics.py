@@ -34,14 +34,22 @@
   of a coordinator process: owned partitions of its internal topic (kind txn:
   `__transaction_state`, group: `__consumer_offsets`) by state, `loading` (not
   answering yet: COORDINATOR_LOAD_IN_PROGRESS) or `serving`; both states exported.
-- Topic labels (`topic_label`, `TopicRows`): /metrics is read by whoever can reach the
-  port, and topic names are the tenants' own (Metadata shows each principal only the
-  topics it may Describe). So unless `metrics.topic.labels=true` (`set_topic_labels`,
-  set by `server.serve()`), a user topic's series carry topic="(hidden)" and no
-  partition: the series of all user topics of the process are summed into one (the
-  maximum for ages and lags), so totals, rates and alerts keep working without
-  naming a topic. The internal topics (`__transaction_state`, `__consumer_offsets`)
-  keep their names. docs/design.md, "Metrics and topic names".
+- Topic and group labels (`topic_label`, `group_label`, `TopicRows`): /metrics answers
+  whoever reaches the port, before any authentication (plain HTTP), and topic and group
+  names are the tenants' own (Metadata and ListGroups show each principal only what it
+  may Describe). So unless `metrics.topic.labels=true` (`set_topic_labels`, set by
+  `server.serve()`), a user topic's series carry topic="(hidden)" and no partition: the
+  series of all user topics of the process are summed into one (the maximum for ages
+  and lags), so totals, rates and alerts keep working without naming a topic. The
+  internal topics (`__transaction_state`, `__consumer_offsets`) keep their names.
+  Consumer groups likewise: group="(hidden)" unless `metrics.group.labels=true`
+  (`set_group_labels`), their committed offsets and lags summed. docs/design.md,
+  "Metrics and topic names".
+- The endpoint answers at most SCRAPES_PER_SECOND scrapes a second, in turn, at most
+  MAX_SCRAPES at once, and gives a scraper SCRAPE_TIMEOUT_S to send its request
+  (`PacedExposition`): however many scrapers there are, the process does at most that
+  many scrapes' work a second (the collectors that read domain state hop onto its event
+  loop; the formatting runs on the HTTP server's threads).
 """
 from __future__ import annotations
 
@@ -49,6 +57,7 @@ import abc
 import asyncio
 import concurrent.futures
 import contextlib
+import gzip
 import inspect
 import logging
 import platform
@@ -56,11 +65,14 @@ import socket
 import threading
 import time
 import weakref
+from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable, Sequence
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exactly_wire import version
@@ -74,15 +86,28 @@ log = logging.getLogger(__name__)
 
 disable_created_metrics()  # no `*_created` series: Prometheus does not need them
 
-HIDDEN_TOPIC = "(hidden)"
+HIDDEN_TOPIC = HIDDEN_GROUP = "(hidden)"
 INTERNAL_TOPICS = frozenset((TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC))
 _topic_labels = False
+_group_labels = False
 
 
 def set_topic_labels(enabled: bool) -> None:
     """`metrics.topic.labels`: export user topic names as labels (module docstring)."""
     global _topic_labels
     _topic_labels = bool(enabled)
+
+
+def set_group_labels(enabled: bool) -> None:
+    """`metrics.group.labels`: export consumer group names as labels (module docstring)."""
+    global _group_labels
+    _group_labels = bool(enabled)
+
+
+def group_label(group: str) -> str:
+    """The `group` label value of `group`: its name when `metrics.group.labels` is on,
+    else HIDDEN_GROUP."""
+    return group if _group_labels else HIDDEN_GROUP
 
 
 def topic_label(topic: str) -> str:
@@ -329,11 +354,90 @@ def declare_build_info() -> None:
     BUILD_INFO.labels(version=version(), python_version=platform.python_version()).set(1)
 
 
-def start_metrics_server(port: int, address: str) -> MetricsServer:
-    """Serve the default registry on http://address:port/metrics from a daemon thread
-    (prometheus_client.start_http_server). Raises OSError if the port is taken."""
-    host = address.strip("[]")
-    httpd, thread = start_http_server(port, addr=host)
+MAX_SCRAPES = 8  # scrapes served at once; more connections wait in the listen backlog
+SCRAPE_TIMEOUT_S = 10.0  # for a scraper to send its request and read the answer
+SCRAPES_PER_SECOND = 2  # answers sent per second at most; a scrape beyond waits its turn
+
+
+class PacedExposition:
+    """`registry` in Prometheus' text format, rendered for each scrape, at most
+    `per_second` scrapes answered a second: a scrape beyond waits for its turn, on the
+    HTTP server's thread, so what serving scrapers costs the process (the collectors'
+    work on the event loop included) does not grow with their number. `app` is the WSGI
+    application serving it (any path, GET only, gzip when asked). clock: () -> monotonic
+    seconds; sleep: (seconds) -> None."""
+
+    def __init__(self, registry=REGISTRY, per_second: float = SCRAPES_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.registry = registry
+        self.spacing_s = 1.0 / per_second
+        self.clock = clock
+        self.sleep = sleep
+        self._turns = threading.Lock()
+        self._next_turn = float("-inf")
+
+    def wait_turn(self) -> None:
+        """Wait until this answer's turn: one every `spacing_s`."""
+        with self._turns:
+            now = self.clock()
+            turn = max(now, self._next_turn)
+            self._next_turn = turn + self.spacing_s
+        if turn > now:
+            self.sleep(turn - now)
+
+    def app(self, environ, start_response):
+        if environ.get("REQUEST_METHOD") != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "GET")])
+            return [b""]
+        self.wait_turn()
+        body, headers = generate_latest(self.registry), [("Content-Type", CONTENT_TYPE_LATEST)]
+        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_S  # a scraper that sends nothing is cut off
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        pass
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A thread per scrape, at most MAX_SCRAPES at once: the serving thread stops
+    accepting while that many run."""
+
+    daemon_threads = True
+    slots = threading.BoundedSemaphore(MAX_SCRAPES)
+
+    def process_request(self, request, client_address):
+        self.slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def start_metrics_server(port: int, address: str, registry=REGISTRY) -> MetricsServer:
+    """Serve `registry` on http://address:port/metrics from daemon threads
+    (`PacedExposition`: at most SCRAPES_PER_SECOND scrapes answered a second, MAX_SCRAPES
+    at once). Raises OSError if the port is taken."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(address.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    server_class = type("MetricsHTTPServer", (_BoundedServer,), {
+        "address_family": family, "slots": threading.BoundedSemaphore(MAX_SCRAPES)})
+    httpd = make_server(sockaddr[0], port, PacedExposition(registry).app, server_class, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(httpd, thread)
 
 

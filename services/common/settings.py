@@ -191,6 +191,11 @@ class ServiceSchema(SecuritySettings):
     tunnel_max_queued_replies: int = setting(
         "exactly.tunnel.max.queued.replies", 64, "Replies of one Tunnel/Calls stream waiting to be sent at which "
         "the stream stops reading calls until the peer takes them.", LOW, ge=1)
+    metrics_group_labels: Bool = setting(
+        "metrics.group.labels", False, "Export consumer group names as `group` labels on /metrics (per-group "
+        "lag panels need it). false: the groups' committed offsets and lags are summed under group=\"(hidden)\", "
+        "since /metrics answers before authentication and ListGroups shows a principal only its own groups.",
+        MEDIUM)
     metrics_topic_labels: Bool = setting(
         "metrics.topic.labels", False, "Export user topic names as `topic` labels on /metrics (per-topic "
         "dashboard panels need it). false: each user topic's series are summed (max for ages and lags) under "

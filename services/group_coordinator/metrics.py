@@ -11,7 +11,10 @@ dashboard deploy/grafana/services.json reads them:
 - exactly_group_lag_offsets{group, topic, partition}: last stable offset (LSO) minus
   the committed offset (0 at least): what a read_committed member still has to read.
   Without `metrics.topic.labels=true` both are summed per group over the user topics
-  under topic="(hidden)" and no partition (services/common/metrics.py, "Topic labels").
+  under topic="(hidden)" and no partition, and without `metrics.group.labels=true` over
+  the groups under group="(hidden)" (services/common/metrics.py, "Topic and group
+  labels"): /metrics, which answers before authentication, names no group ListGroups
+  would hide from its reader.
   The LSO is the last one known: each scrape starts a refresh (ListOffsets -3 to the
   partitions' leaders, at most one at a time and at most once per
   `LAG_REFRESH_MIN_INTERVAL_S`) and reports what the previous refresh found, so the
@@ -36,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.metrics import LoopCollector, TopicRows, coordinator_partitions
+from services.common.metrics import LoopCollector, TopicRows, coordinator_partitions, group_label
 
 from .group import GroupState
 
@@ -95,11 +98,11 @@ class GroupCollector(LoopCollector):
             n_members += stats.members
             n_pending += stats.pending_txn_offsets
             for (group, tp), offset in sorted(committed_offsets(coordinator).items()):
-                committed.add((group,), tp[0], tp[1], offset)
+                committed.add((group_label(group),), tp[0], tp[1], offset)
                 wanted[TopicPartition(*tp)] = coordinator.client
                 lso = self.last_stable.get(TopicPartition(*tp))
                 if lso is not None:
-                    lag.add((group,), tp[0], tp[1], max(lso - offset, 0))
+                    lag.add((group_label(group),), tp[0], tp[1], max(lso - offset, 0))
         for state, count in sorted(by_state.items()):
             groups.add_metric([state], count)
         members.add_metric([], n_members)

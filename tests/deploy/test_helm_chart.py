@@ -331,6 +331,7 @@ def test_metrics_port_annotations_and_settings(rendered):
     assert ("metrics.port=9404" in config["common.properties"].splitlines()) == enabled
     # User topic names are labels only when the values say so (metrics.topicLabels).
     assert ("metrics.topic.labels=false" in config["common.properties"].splitlines()) == enabled
+    assert ("metrics.group.labels=false" in config["common.properties"].splitlines()) == enabled
     for component in COMPONENTS:
         sts = statefulset(objects, component)
         annotations = sts["spec"]["template"]["metadata"]["annotations"]
@@ -366,6 +367,8 @@ def test_service_monitor_is_off_by_default_and_selects_the_headless_services():
 def test_metrics_topic_labels_follow_the_values():
     data = by_kind(render({"metrics": {"topicLabels": True}}), "ConfigMap")[f"{RELEASE}-config"]["data"]
     assert "metrics.topic.labels=true" in data["common.properties"].splitlines()
+    data = by_kind(render({"metrics": {"groupLabels": True}}), "ConfigMap")[f"{RELEASE}-config"]["data"]
+    assert "metrics.group.labels=true" in data["common.properties"].splitlines()
 
 
 def test_settings_configmap_renders_kafka_style_properties():
@@ -507,7 +510,7 @@ def test_launcher_turns_settings_into_set_flags_of_the_service_command_line(tmp_
     assert cfg["zookeeper"] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
     assert cfg["data_dir"] == "/var/lib/exactly"
     assert cfg["props"] == {"metrics.port": "9404", "metrics.bind.address": "10.0.0.7",  # the pod IP
-                            "metrics.topic.labels": "false",
+                            "metrics.topic.labels": "false", "metrics.group.labels": "false",
                             "zookeeper.session.timeout.ms": "6000", "segment.bytes": "1048576",
                             "min.insync.replicas": "2"}
 

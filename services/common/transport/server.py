@@ -549,6 +549,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     port = server.add_secure_port(bind, server_credentials(cfg, security)) if security.tls \
         else server.add_insecure_port(bind)
     metrics.set_topic_labels(cfg.settings.metrics_topic_labels)
+    metrics.set_group_labels(cfg.settings.metrics_group_labels)
     metrics_server = _start_metrics(cfg)
     metrics.declare_build_info()
     _declare_rpc_series(cfg.role)

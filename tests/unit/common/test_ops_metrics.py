@@ -21,10 +21,13 @@ from services.partition_leader.metrics import offline_partitions
 
 @pytest.fixture
 def topic_labels():
-    """metrics.topic.labels=true for the test (the services' default is false)."""
+    """metrics.topic.labels=true and metrics.group.labels=true for the test (the
+    services' defaults are false)."""
     metrics.set_topic_labels(True)
+    metrics.set_group_labels(True)
     yield
     metrics.set_topic_labels(False)
+    metrics.set_group_labels(False)
 
 
 def test_user_topic_names_are_labels_only_when_metrics_topic_labels_is_true(topic_labels):
@@ -50,17 +53,27 @@ def test_user_topic_names_are_labels_only_when_metrics_topic_labels_is_true(topi
     assert [(tuple(s.labels.values()), s.value) for s in shown.done().samples] == [(("payments", "1"), 4)]
 
 
-def test_group_offsets_of_user_topics_are_summed_per_group_without_topic_labels():
+def test_group_offsets_are_summed_over_groups_and_topics_without_their_labels():
+    """By default /metrics names no group and no user topic: the committed offsets and
+    lags of every group and topic are one series each, group="(hidden)"."""
     registry = CollectorRegistry()
     collector = GroupCollector(registry=registry)
     client = _Client({("t", 0): 10, ("t", 1): 3})
-    coordinator = _Coordinator({"g": {TopicPartition("t", 0): 4, TopicPartition("t", 1): 5}}, client)
+    coordinator = _Coordinator({"g": {TopicPartition("t", 0): 4, TopicPartition("t", 1): 5},
+                                "secret": {TopicPartition("t", 0): 10}}, client)
     collector.track(coordinator)
     asyncio.run(collector.refresh({TopicPartition("t", 0): client, TopicPartition("t", 1): client}))
     assert _samples(registry, "exactly_group_committed_offset") == [
-        'exactly_group_committed_offset{group="g",partition="",topic="(hidden)"} 9.0']
+        'exactly_group_committed_offset{group="(hidden)",partition="",topic="(hidden)"} 19.0']
     assert _samples(registry, "exactly_group_lag_offsets") == [
-        'exactly_group_lag_offsets{group="g",partition="",topic="(hidden)"} 6.0']
+        'exactly_group_lag_offsets{group="(hidden)",partition="",topic="(hidden)"} 6.0']
+    metrics.set_group_labels(True)
+    try:
+        assert _samples(registry, "exactly_group_lag_offsets") == [
+            'exactly_group_lag_offsets{group="g",partition="",topic="(hidden)"} 6.0',
+            'exactly_group_lag_offsets{group="secret",partition="",topic="(hidden)"} 0.0']
+    finally:
+        metrics.set_group_labels(False)
 
 
 def test_offline_partitions_counts_no_leader_and_dead_leaders_only():
@@ -171,3 +184,17 @@ def test_group_lag_skips_loading_partitions():
     collector.track(loading)  # tracked weakly: kept alive here
     assert _samples(registry, "exactly_group_committed_offset") == []
     assert 'exactly_coordinator_partitions{kind="group",state="loading"} 1.0' in generate_latest(registry).decode()
+
+
+def test_scrapes_are_answered_at_most_per_second_in_turn():
+    """However many scrapers ask, answers go out one every 1 / per_second s."""
+    from services.common.metrics import PacedExposition
+    now, slept = [0.0], []
+    exposition = PacedExposition(CollectorRegistry(), per_second=10, clock=lambda: now[0],
+                                 sleep=lambda s: slept.append(round(s, 3)))
+    for _ in range(5):
+        exposition.wait_turn()
+    assert slept == [0.1, 0.2, 0.3, 0.4]  # the first at once, then one every 0.1 s
+    now[0] = 10.0
+    exposition.wait_turn()
+    assert len(slept) == 4  # a turn long past: at once
