@@ -7,10 +7,12 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from exactly import AdminClient, NewTopic
-from exactly_tools.devcluster import DevCluster
+
+if TYPE_CHECKING:  # the clients of bench.cost_clients run against another version's exactly_tools
+    from exactly_tools.devcluster import DevCluster
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -30,6 +32,23 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int | str = "self") -> dict[int, tuple[str, float]]:
+    """{tid: (thread name, CPU s so far)} of every thread of `pid` (default: this
+    process), from /proc/<pid>/task/<tid>/stat."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
 
 
 def rss_bytes(pid: int) -> int:
@@ -67,8 +86,11 @@ class Progress:
 
 
 def start_cluster(directory: pathlib.Path, partition_leaders: int = 1, props: dict[str, str] | None = None,
-                  security: bool = False) -> DevCluster:
-    """A fresh dev cluster in `directory` (a leftover one there is stopped first)."""
+                  security: bool = False, python: str = "") -> "DevCluster":
+    """A fresh dev cluster in `directory` (a leftover one there is stopped first).
+    `python`: the services' interpreter ("": this one; another installation's runs
+    that version, exactly_tools.releases)."""
+    from exactly_tools.devcluster import DevCluster
     if (directory / "cluster.json").exists():
         try:
             DevCluster.load(directory).down()
@@ -78,11 +100,11 @@ def start_cluster(directory: pathlib.Path, partition_leaders: int = 1, props: di
         import shutil
         shutil.rmtree(directory)
     cluster = DevCluster(directory, props=dict(props or {}), security=security)
-    cluster.up(partition_leaders=partition_leaders, txn_coordinators=1, group_coordinators=1)
+    cluster.up(partition_leaders=partition_leaders, txn_coordinators=1, group_coordinators=1, python=python)
     return cluster
 
 
-def create_topic(cluster: DevCluster, name: str, partitions: int = 1, replication_factor: int = 1,
+def create_topic(cluster: "DevCluster", name: str, partitions: int = 1, replication_factor: int = 1,
                  configs: dict[str, str] | None = None) -> None:
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:
         admin.create_topics([NewTopic(name, partitions, replication_factor, config=configs or {})])

@@ -1,15 +1,25 @@
-"""Server CPU per committed transaction, measured on its own for profiling.
+"""Server CPU per committed transaction, measured on its own for profiling, or side by
+side with an earlier commit.
 
     python -m bench.server_cost [--client sdk|librdkafka|both] [--producers 8] [--seconds 10]
                                 [--reps 3] [--profile DIR [--profile-format raw]] [--dir .run/bench-cost] [--json]
     python -m bench.server_cost --compare-event-loops [--client ...] [--reps 3] ...
+    python -m bench.server_cost --against COMMIT [--reps 3] [--seconds 10] [--producers 8]
+                                [--latency-transactions 500] [--records 50000] [--quick] [--out FILE] [--json]
 
 One dev cluster (1 partition leader, 1 transaction and 1 group coordinator, RF 1), a
 3-partition topic, `--producers` processes committing 1-record transactions; per window
-the committed transactions/s and the CPU ms per transaction of the partition leader and
-the transaction coordinator (from /proc) and of the clients. `--profile DIR` records
-py-spy flame graphs of both services during an extra window. `make bench` runs the same
-measurement (bench/suite.py); this entry point is for profiling one figure quickly.
+the committed transactions/s and the CPU ms per transaction of the partition leader, the
+transaction coordinator and the group coordinator (from /proc) and of the clients.
+`--profile DIR` records py-spy flame graphs of the services during an extra window.
+`make bench` runs the same measurement (bench/suite.py); this entry point is for
+profiling one figure quickly.
+
+`--against COMMIT` compares the current tree with COMMIT in alternating windows on two
+clusters at once, `--reps` rounds, and prints the ratio table (bench/against.py: server
+and client CPU per transaction, txn/s and commit p50 under load with librdkafka and with
+the SDK, a lone SDK producer's commit p50 / p99, transactional against plain producing).
+`--quick`: one short round, for the smoke test.
 
 `--event-loop asyncio|uvloop` sets the services' exactly.event.loop (default: the
 services' default, uvloop). `--compare-event-loops` measures both loops in alternating
@@ -23,14 +33,14 @@ import json
 import pathlib
 import sys
 
-from . import transactions
+from . import against, transactions
 from .common import create_topic, median, start_cluster
 
 
 def server_pids(cluster) -> dict[str, int]:
-    """{"partition_leader": pid, "txn_coordinator": pid} of a one-leader dev cluster."""
-    return {svc.role: svc.pid for svc in cluster.services.values() if svc.role in ("partition_leader",
-                                                                                 "txn_coordinator")}
+    """{"partition_leader": pid, "txn_coordinator": pid, "group_coordinator": pid} of a
+    one-leader dev cluster."""
+    return {svc.role: svc.pid for svc in cluster.services.values()}
 
 
 def measure(cluster, client: str, producers: int, reps: int, seconds: float, topic: str) -> list[dict]:
@@ -63,9 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="the services' exactly.event.loop (default: theirs, uvloop)")
     parser.add_argument("--compare-event-loops", action="store_true",
                         help="alternate windows on asyncio and on uvloop; print the ratio of server CPU per txn")
+    parser.add_argument("--against", metavar="COMMIT",
+                        help=f"compare with COMMIT side by side (make bench: {against.YARDSTICK}); --reps rounds")
+    parser.add_argument("--latency-transactions", type=int, default=against.Sizes.latency_transactions,
+                        help="--against: transactions of the lone producer per round")
+    parser.add_argument("--records", type=int, default=against.Sizes.records,
+                        help="--against: records per produce run")
+    parser.add_argument("--quick", action="store_true", help="--against: one short round (the smoke test)")
+    parser.add_argument("--out", type=pathlib.Path, help="--against: also write the results (JSON) here")
     args = parser.parse_args(argv)
     if args.compare_event_loops:
         return compare_event_loops(args)
+    if args.against:
+        return compare_with_commit(args)
     cluster = start_cluster(args.dir.resolve(), props=_loop_props(args.event_loop))
     results = {}
     try:
@@ -88,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{client:>10}: {s['txn_per_s']:7.0f} txn/s  server CPU/txn "
                       f"{s['server_cpu_ms_per_txn.total']:.2f} ms (leader "
                       f"{s['server_cpu_ms_per_txn.partition_leader']:.2f} + coordinator "
-                      f"{s['server_cpu_ms_per_txn.txn_coordinator']:.2f})  client CPU/txn "
+                      f"{s['server_cpu_ms_per_txn.txn_coordinator']:.2f} + group coordinator "
+                      f"{s['server_cpu_ms_per_txn.group_coordinator']:.2f})  client CPU/txn "
                       f"{s['client_cpu_ms_per_txn']:.2f} ms", file=sys.stderr, flush=True)
     finally:
         cluster.down()
@@ -103,6 +124,20 @@ def _clients(choice: str) -> list[str]:
 
 def _loop_props(event_loop: str | None) -> dict[str, str]:
     return {"exactly.event.loop": event_loop} if event_loop else {}
+
+
+def compare_with_commit(args) -> int:
+    """`--against COMMIT`: bench/against.py's run with these sizes; prints the ratio
+    table (or with --json the results) and writes them to --out."""
+    sizes = against.QUICK if args.quick else against.Sizes(
+        rounds=args.reps, producers=args.producers, seconds=args.seconds,
+        latency_transactions=args.latency_transactions, records=args.records)
+    result = against.run(args.against, args.dir.resolve() / "against", sizes)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if args.json else against.table(result))
+    return 0
 
 
 def compare_event_loops(args) -> int:

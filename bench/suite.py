@@ -8,6 +8,10 @@ redis-server, measures each figure as the median of --reps repetitions, prints a
 table with the goals and a pass/fail column, and writes every figure (with its
 repetitions) to --out. One progress line per phase goes to stderr.
 
+The last phase compares the current tree with an earlier commit (--against, by default
+bench/against.py's YARDSTICK) side by side, in alternating windows on two clusters at
+once, and prints its ratio table after the figures.
+
 Clusters: "main" (1 partition leader, 1 transaction and 1 group coordinator):
 producers, commit latency, coordinator throughput at replication factor 1,
 consumers, librdkafka; "rf3" (3 partition leaders, the topic and the internal
@@ -31,7 +35,7 @@ import time
 
 from exactly_tools.devcluster import DevCluster, replication_props
 
-from . import producer_perf, recovery, redis_peer, server_cost, transactions, transport_floor
+from . import against, producer_perf, recovery, redis_peer, server_cost, transactions, transport_floor
 from .common import Progress, create_topic, machine_info, median, start_cluster
 
 FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
@@ -95,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--transactional-ids", type=int, help="transactional ids loaded by the coordinator")
     parser.add_argument("--floor-calls", type=int, help="round trips per transport-floor measurement "
                                                         "(bench/transport_floor.py)")
+    parser.add_argument("--against", default=against.YARDSTICK, metavar="COMMIT",
+                        help=f"the commit of the side-by-side phase (default {against.YARDSTICK}; none: skip it)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
@@ -117,7 +123,8 @@ def run(args: argparse.Namespace) -> dict:
     n, size, reps = args.num_records, args.record_size, args.reps
     fig = Figures()
     extra: dict = {}
-    progress = Progress(13 + (1 if args.profile else 0))
+    side_by_side = args.against.lower() != "none"
+    progress = Progress(13 + (1 if args.profile else 0) + (1 if side_by_side else 0))
     clusters: list[DevCluster] = []
 
     def cluster(name: str, leaders: int = 1, props: dict | None = None, security: bool = False) -> DevCluster:
@@ -418,6 +425,19 @@ def run(args: argparse.Namespace) -> dict:
         extra["txn_load"] = ld
         progress.done(f"{fig.value('txn_load.loaded'):.2f} s, {fig.value('txn_load.bytes_per_id'):,.0f} B/id "
                       f"(ids created at {ld['creation']['ids_per_s']:,.0f}/s)")
+
+        # ---- side by side with an earlier commit (bench/against.py)
+        if side_by_side:
+            sizes = against.QUICK if args.quick else against.Sizes(
+                rounds=reps, producers=args.coordinator_producers, seconds=args.coordinator_seconds,
+                latency_transactions=args.latency_transactions, records=n, record_size=size)
+            progress.start(f"side by side with {args.against}: {sizes.rounds} rounds of alternating windows on a "
+                           f"cluster of each")
+            print(file=sys.stderr)
+            side = against.run(args.against, work / "against", sizes)
+            extra["against"] = side
+            progress.done(f"server CPU per txn {side['figures']['server_cpu.librdkafka']['ratio']:.2f} x "
+                          f"(librdkafka), {side['figures']['server_cpu.sdk']['ratio']:.2f} x (SDK)")
     finally:
         for c in list(clusters):
             try:
@@ -470,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str))
     print(table(result["figures"]))
+    if "against" in result["details"]:
+        print(f"\nSide by side with {args.against}:\n{against.table(result['details']['against'])}")
     goals = [r for r in result["figures"].values() if "pass" in r]
     print(f"\n{sum(r['pass'] for r in goals)} of {len(goals)} goals met; {args.reps} repetitions per figure; "
           f"{meta['machine']['cpus']} CPUs, load average {meta['machine']['loadavg_start'][0]:.1f} at the start, "
