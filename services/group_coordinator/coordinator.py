@@ -325,7 +325,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         producer was appended since; group_aware_producer: the producer's transaction lives with the
         transaction coordinator of `group_id` (KIP-447 draft), which is asked then.
         CONCURRENT_PRODUCER_COMMIT (KIP-447 draft) for each partition another producer
-        owns (group.concurrent_commits); the other partitions are still written."""
+        owns in the group's current generation (group.concurrent_commits); the other
+        partitions are still written."""
         code, owned = self._owner_of(group_id)
         if code == ErrorCode.NONE:
             code = validate_offset_commit(owned.state.groups.get(group_id), member_id, generation_id,
@@ -436,7 +437,9 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         batch and is forgotten. Per group: NONE, GROUP_ID_NOT_FOUND (no membership and
         no offsets), NON_EMPTY_GROUP (members left), INVALID_GROUP_ID,
         NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, or the append's error.
-        Pending transactional offsets stay until their marker."""
+        Pending transactional offsets stay until their marker. A deleted group's last
+        transactional committers own nothing any more (KIP-447 draft,
+        CONCURRENT_PRODUCER_COMMIT): a group created again under the id starts without."""
         out: dict[str, ErrorCode] = {}
         for group_id in group_ids:
             out[group_id] = await self._delete_group(group_id)
@@ -462,6 +465,9 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
             code = await owned.log.append_tombstones(group_id, partitions)
             if code != ErrorCode.NONE:
                 return code
+            # The deleted group's producers own nothing in a group created again
+            # (a TxnOffsetCommit in flight still holds the dict it records into).
+            owned.log.committers.pop(group_id, None)
             current = owned.state.groups.get(group_id)
             if current is group and group is not None and group.is_(GroupState.EMPTY):
                 del owned.state.groups[group_id]
@@ -475,7 +481,8 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         committed offsets of `partitions` get tombstones in one batch. A group with
         members keeps the offsets of the topics they subscribe to (those partitions
         answer GROUP_SUBSCRIBED_TO_TOPIC); a partition without a committed offset
-        answers NONE. Returns (group error, {partition: error}); group errors:
+        answers NONE; a deleted offset's last transactional committer owns it no more
+        (KIP-447 draft). Returns (group error, {partition: error}); group errors:
         GROUP_ID_NOT_FOUND (no membership and no offsets), INVALID_GROUP_ID,
         NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE."""
         code, owned = self._owner_of(group_id)
@@ -498,8 +505,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                     doomed.append(tp)
             if doomed:
                 code = await owned.log.append_tombstones(group_id, doomed, group_too=False)
+                committers = owned.log.committers.get(group_id, {})
                 for tp in doomed:
                     results[tp] = code
+                    if code == ErrorCode.NONE:
+                        committers.pop(tp, None)
             log.info("group %s: %d committed offsets deleted", group_id, len(doomed))
             return ErrorCode.NONE, results
 

@@ -614,25 +614,35 @@ def validate_offset_commit(group: GroupMetadata | None, member_id: str, generati
 def concurrent_commits(group: GroupMetadata | None, member_id: str, generation_id: int, transactional_id: str,
                        partitions: Iterable[TopicPartition],
                        committers: Mapping[TopicPartition, tuple[str, int]]) -> set[TopicPartition]:
-    """KIP-447 draft, CONCURRENT_PRODUCER_COMMIT: the partitions of a TxnOffsetCommit
-    that another producer owns, to be refused. A partition is refused when
+    """KIP-447 draft, CONCURRENT_PRODUCER_COMMIT ("a topic partition which is owned by
+    another producer in this generation"): the partitions of a TxnOffsetCommit that
+    another producer owns in the group's current generation, to be refused. `group`
+    None: no membership (generation 0, as for `validate_offset_commit`). A partition is
+    refused when
     - the commit is of the group's current generation and the partition is assigned
       in it to another member than `member_id`; or
     - `committers` (partition -> (transactional.id, generation) of the last
       transactional commit of the group's offsets for it, the draft's "Compatibility
-      fencing" map) names another producer whose generation is newer than this
-      request's, or known while this request carries none (-1) — a stale producer of a
-      group mixing per-partition transactional.ids and group-aware producers."""
+      fencing" map) names another producer that committed in the group's current
+      generation while this request carries no generation (-1) or another one: a
+      stale per-partition producer of a group mixing per-partition transactional.ids
+      and group-aware producers.
+
+    Ownership is of one generation: a committer of an earlier generation owns nothing
+    once the group moved on (its zombie gets ILLEGAL_GENERATION from
+    `validate_offset_commit` instead), and one recorded without a generation (-1)
+    owns nothing either. The caller forgets the committers of a deleted group or of
+    deleted offsets."""
     refused: set[TopicPartition] = set()
     wanted = [TopicPartition(*tp) for tp in partitions]
-    if group is not None and generation_id >= 0 and generation_id == group.generation and member_id in group.members:
+    current = group.generation if group is not None else 0
+    if group is not None and generation_id >= 0 and generation_id == current and member_id in group.members:
         owner = {TopicPartition(t, p): m.member_id for m in group.members.values()
                  for t, ps in m.assignment.items() for p in ps}
         refused.update(tp for tp in wanted if owner.get(tp, member_id) != member_id)
     for tp in wanted:
         last = committers.get(tp)
-        if last is None or last[0] == transactional_id:
-            continue
-        if generation_id < last[1] or (generation_id < 0 <= last[1]):
+        if last is not None and last[0] != transactional_id and last[1] == current \
+                and generation_id != current:
             refused.add(tp)
     return refused

@@ -132,8 +132,10 @@ class OffsetsLog:
         # (group, partition) -> offset commit writes in flight (require_stable sees them)
         self.inflight: Counter[tuple[str, TopicPartition]] = Counter()
         # group id -> partition -> (transactional.id, generation) of the last
-        # transactional offset commit (KIP-447 draft compatibility fencing; in memory:
-        # after a failover the generation and assignment checks still hold).
+        # transactional offset commit (KIP-447 draft compatibility fencing: ownership in
+        # that generation, group.concurrent_commits; forgotten with the group or the
+        # offset; in memory: after a failover the generation and assignment checks,
+        # rebuilt from the log, still hold).
         self.committers: dict[str, dict[TopicPartition, tuple[str, int]]] = {}
 
     @property

@@ -38,3 +38,38 @@ def test_a_stale_producer_of_a_mixed_group_is_refused():
     # The same producer, or a newer generation, go on:
     assert concurrent_commits(G, "a", 4, "tx-new", [P0], committers) == set()
     assert concurrent_commits(G, "a", 4, "tx-other", [P0], committers) == set()
+
+
+def test_ownership_ends_when_the_generation_moves_on():
+    # tx-a committed P0 in generation 3; the group is now in generation 4.
+    committers = {P0: ("tx-a", 3)}
+    assert concurrent_commits(G, "", -1, "tx-legacy", [P0], committers) == set()
+    assert concurrent_commits(G, "a", 4, "tx-new", [P0], committers) == set()
+    # An empty group that moved on owns nothing either.
+    assert concurrent_commits(group(5, {}), "", -1, "tx-legacy", [P0], committers) == set()
+
+
+def test_a_committer_newer_than_the_group_owns_nothing():
+    # Recorded for generation 7 of a group that was deleted and created again: the new
+    # group's generations start over, and its producers are not zombies of generation 7.
+    committers = {P0: ("tx-deleted-group", 7)}
+    assert concurrent_commits(G, "", -1, "tx-classic", [P0], committers) == set()
+    assert concurrent_commits(G, "a", 4, "tx-classic", [P0], committers) == set()
+
+
+def test_a_committer_without_a_generation_owns_nothing():
+    committers = {P0: ("tx-legacy", -1)}
+    assert concurrent_commits(G, "", -1, "tx-other", [P0], committers) == set()
+    assert concurrent_commits(None, "", -1, "tx-other", [P0], committers) == set()
+
+
+def test_a_group_without_membership_is_generation_zero():
+    committers = {P0: ("tx-aware", 0)}
+    assert concurrent_commits(None, "", -1, "tx-legacy", [P0], committers) == {P0}
+    assert concurrent_commits(None, "", 0, "tx-other", [P0], committers) == set()
+    assert concurrent_commits(None, "", -1, "tx-legacy", [P0], {P0: ("tx-aware", 2)}) == set()
+
+
+def test_only_the_owned_partitions_are_refused():
+    committers = {P0: ("tx-aware", 4), P1: ("tx-aware", 3), P2: ("tx-legacy", 4)}
+    assert concurrent_commits(G, "", -1, "tx-legacy", [P0, P1, P2], committers) == {P0}

@@ -1,11 +1,12 @@
 """ListGroups, DescribeGroups and DeleteGroups in the group coordinator: states,
-offset-only groups, NON_EMPTY_GROUP, tombstones that a reload honours."""
+offset-only groups, NON_EMPTY_GROUP, tombstones that a reload honours, and the
+KIP-447 draft ownership that deletion ends."""
 from __future__ import annotations
 
 from exactly_wire.error_codes import ErrorCode
 from services.group_coordinator.offsets import OffsetAndMetadata
 
-from .test_group_coordinator_service import TP0, TP1, Env, run
+from .test_group_coordinator_service import PID, TP0, TP1, Env, om, partition_for, run
 
 
 async def _member_with_offsets(group: str, offsets: dict):
@@ -76,4 +77,56 @@ def test_offset_delete():
         again = await Env(log=env.log).up()
         assert (await again.coord.fetch_offsets("g", None, False)) == (ErrorCode.NONE, {})
         await again.coord.stop()
+    run(body())
+
+
+def test_a_deleted_groups_committers_own_nothing_in_the_group_created_again():
+    """KIP-447 draft, CONCURRENT_PRODUCER_COMMIT: a group-aware producer's ownership of a
+    partition belongs to its generation of that group; DeleteGroups ends it, so the
+    group created again (generation 1 again) takes commits of any producer, and a new
+    owner that replays the log answers the same."""
+    legacy = ("tx-legacy", "g", PID + 1, 0, -1, "")
+
+    async def body():
+        env = await Env().up()
+        a = await env.join("g")
+        assert a.generation_id == 1
+        assert await env.coord.txn_commit_offsets("tx-aware", "g", PID, 0, 1, a.member_id, {TP0: om(5)}) == \
+            {TP0: ErrorCode.NONE}
+        env.log.write_marker(partition_for("g"), PID, committed=True)
+        assert await env.coord.txn_commit_offsets(*legacy, {TP0: om(6)}) == {TP0: ErrorCode.CONCURRENT_PRODUCER_COMMIT}
+        assert await env.coord.leave_group("g", a.member_id) == ErrorCode.NONE
+        assert await env.coord.delete_groups(["g"]) == {"g": ErrorCode.NONE}
+        b = await env.join("g")
+        assert b.generation_id == 1  # the generation of the deleted group's owner, again
+        assert await env.coord.txn_commit_offsets(*legacy, {TP0: om(7)}) == {TP0: ErrorCode.NONE}
+        assert await env.coord.txn_commit_offsets("tx-classic", "g", PID + 2, 0, 1, b.member_id,
+                                                  {TP0: om(8)}) == {TP0: ErrorCode.NONE}
+        await env.coord.stop()
+        again = await Env(log=env.log).up()
+        assert await again.coord.txn_commit_offsets(*legacy, {TP0: om(9)}) == {TP0: ErrorCode.NONE}
+        await again.coord.stop()
+    run(body())
+
+
+def test_deleted_offsets_are_owned_by_nobody():
+    """OffsetDelete of a partition ends its committer's ownership (KIP-447 draft)."""
+    audit = type(TP0)("audit", 0)
+
+    async def body():
+        env = await Env().up()
+        a = await env.join("g")
+        assert await env.coord.txn_commit_offsets("tx-aware", "g", PID, 0, a.generation_id, a.member_id,
+                                                  {audit: om(5), TP0: om(5)}) == {audit: ErrorCode.NONE,
+                                                                                  TP0: ErrorCode.NONE}
+        env.log.write_marker(partition_for("g"), PID, committed=True)
+        await env.until(lambda: not env.coord.partition_state(partition_for("g")).offsets.has_pending("g", audit))
+        legacy = ("tx-legacy", "g", PID + 1, 0, -1, "")
+        assert await env.coord.txn_commit_offsets(*legacy, {audit: om(6), TP0: om(6)}) == {
+            audit: ErrorCode.CONCURRENT_PRODUCER_COMMIT, TP0: ErrorCode.CONCURRENT_PRODUCER_COMMIT}
+        assert await env.coord.delete_offsets("g", [audit, TP0]) == (
+            ErrorCode.NONE, {audit: ErrorCode.NONE, TP0: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC})
+        assert await env.coord.txn_commit_offsets(*legacy, {audit: om(7), TP0: om(7)}) == {
+            audit: ErrorCode.NONE, TP0: ErrorCode.CONCURRENT_PRODUCER_COMMIT}
+        await env.coord.stop()
     run(body())
