@@ -79,7 +79,7 @@ from exactly_wire import version
 from exactly_wire.error_codes import ErrorCode
 
 from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from .deadlines import REQUEST_ARRIVAL_S
+from .protocol import REQUEST_ARRIVAL_S
 from .transport.guard import UnaryHandlerInterceptor
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class RpcMetricsInterceptor(UnaryHandlerInterceptor):
     """Times every unary gRPC call and counts its error codes (module docstring).
     Streaming methods (e.g. Health.Watch) are passed through untouched. The outermost
     interceptor (of direct and tunneled calls): it also records each call's arrival
-    in services.common.deadlines.REQUEST_ARRIVAL_S (time.monotonic s), before any
+    in services.common.protocol.REQUEST_ARRIVAL_S (time.monotonic s), before any
     later interceptor (a quota mute) holds the call."""
 
     def __init__(self) -> None:

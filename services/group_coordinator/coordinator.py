@@ -34,7 +34,7 @@ from typing import Awaitable, Callable, Iterable, Mapping, NamedTuple
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.cluster.owned import NotOwner, OwnedPartition, PartitionOwner
+from services.common.cluster.owned import OwnedPartition, OwnedPartitions
 from services.common.settings import GroupCoordinatorSchema
 from services.common.cluster.verification import Verifier
 
@@ -109,7 +109,7 @@ class _OwnedPartition(OwnedPartition):
         self.log.close()
 
 
-class GroupCoordinator(PartitionOwner[_OwnedPartition]):
+class GroupCoordinator:
     """Consumer groups and offsets of the owned __consumer_offsets partitions.
 
     client: LogClient; partition_for(group_id) -> partition of __consumer_offsets
@@ -119,11 +119,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     timestamps); new_member_id(client_id) -> member id. Call `start()` on the event
     loop, then `on_elected` / `on_resigned` from CoordinatorOwnership.
     on_fenced(partition, coordinator_epoch) is called on the loop when a newer owner
-    of the partition exists (services.common.cluster.owned.PartitionOwner,
-    CoordinatorOwnership.fenced); sleep: async (seconds) -> None, backoff of retries.
+    of the partition exists (CoordinatorOwnership.fenced); sleep: async (seconds) ->
+    None, backoff of retries. The owned partitions and their lifecycle are
+    `partitions` (services.common.cluster.owned.OwnedPartitions), built here with
+    this coordinator's partition state, load and fence append.
     """
-
-    topic = OFFSETS_TOPIC
 
     def __init__(self, client: LogClient, partition_for: Callable[[str], int],
                  partition_counts: Callable[[], Mapping[str, int]],
@@ -133,7 +133,12 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
                  new_member_id: Callable[[str], str] = default_member_id,
                  on_fenced: Callable[[int, int], None] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
-        super().__init__(clock, wall_clock, sleep=sleep, on_fenced=on_fenced)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._sleep = sleep
+        self.partitions: OwnedPartitions[_OwnedPartition] = OwnedPartitions(
+            OFFSETS_TOPIC, self._new_partition, self._load, self._append_fence, dropped=self._dropped,
+            wall_clock=wall_clock, sleep=sleep, on_fenced=on_fenced)
         self.client = client
         # Transaction verification of TxnOffsetCommit (KIP-890 part 1, see
         # services.common.cluster.verification); None: not verified (tests, tools).
@@ -151,12 +156,31 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     async def start(self) -> None:
         """Start the timer task (session expiry, rebalance completion)."""
         if self._ticker is None:
-            self._ticker = self._spawn(None, self._tick_loop(), "group-coordinator-ticker")
+            self._ticker = self.partitions.spawn(None, self._tick_loop(), "group-coordinator-ticker")
 
     async def stop(self) -> None:
         """Resign every partition and stop background tasks."""
-        await super().stop()
+        await self.partitions.stop()
         self._ticker = None
+
+    async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
+                         producer_epoch: int = -1, retired_producer_id: int = -1) -> None:
+        """This process now owns `partition` (CoordinatorOwnership's callback;
+        OwnedPartitions.on_elected): fence the previous owner, replay, serve."""
+        await self.partitions.on_elected(partition, coordinator_epoch, producer_id, producer_epoch,
+                                         retired_producer_id)
+
+    async def on_resigned(self, partition: int) -> None:
+        """Another coordinator owns `partition` now (OwnedPartitions.on_resigned)."""
+        await self.partitions.on_resigned(partition)
+
+    def owned_partitions(self) -> dict[int, bool]:
+        """partition -> True when it serves (OwnedPartitions.owned_partitions)."""
+        return self.partitions.owned_partitions()
+
+    async def wait_loaded(self, partition: int | None = None, *, timeout_s: float | None = None) -> bool:
+        """OwnedPartitions.wait_loaded (tests and readiness)."""
+        return await self.partitions.wait_loaded(partition, timeout_s=timeout_s)
 
     def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int, producer_epoch: int,
                        retired_producer_id: int) -> _OwnedPartition:
@@ -164,12 +188,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         cfg = self.config
         state = OffsetsPartitionState(partition, cfg, self.new_member_id)
         owned.log = OffsetsLog(self.client, state, producer_id=producer_id, producer_epoch=producer_epoch,
-                               owns=lambda: self._owns(owned), fenced=lambda code: self._is_fenced(owned, code),
+                               owns=lambda: self.partitions.owns(owned),
+                               fenced=lambda code: self.partitions.is_fenced(owned, code),
                                config=cfg, clock=self._clock, wall_clock=self._wall_clock, sleep=self._sleep)
         owned.members = GroupMembership(state.groups, owned.log, config=cfg,
                                         partition_counts=self.partition_counts, clock=self._clock,
                                         wall_clock=self._wall_clock, new_member_id=self.new_member_id,
-                                        spawn=lambda coro, name: self._spawn(None, coro, name),
+                                        spawn=lambda coro, name: self.partitions.spawn(None, coro, name),
                                         wake=self._wake.set)
         return owned
 
@@ -181,14 +206,11 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     # ------------------------------------------------------------ the log
 
     async def _load(self, owned: _OwnedPartition) -> None:
-        """Fence the previous owner, replay the partition from offset 0 to the high
+        """The main task of a newly owned partition, once the previous owner is
+        fenced (OwnedPartitions): replay the partition from offset 0 to the high
         watermark, mark it loaded, then keep applying new batches (long poll)."""
         p = owned.partition
         started = time.monotonic()
-        try:
-            await self._fence_previous_owner(owned)
-        except NotOwner:
-            return
         await owned.log.replay()
         owned.finish_loading()
         log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
@@ -206,7 +228,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         partition = self.partition_for(group_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        owned = self._parts.get(partition)
+        owned = self.partitions.get(partition)
         if owned is None or owned.closed:
             return ErrorCode.NOT_COORDINATOR, None
         if owned.loading:
@@ -232,7 +254,7 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         and complete rebalances whose members rejoined or whose time is up
         (GroupMembership.tick of every serving partition)."""
         counts = self.partition_counts()
-        for owned in list(self._parts.values()):
+        for owned in self.partitions.values():
             if owned.loading or owned.closed:
                 continue
             owned.members.tick(counts)
@@ -402,10 +424,10 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         (Kafka state names: "Empty", "Stable", ...). COORDINATOR_LOAD_IN_PROGRESS
         while a partition loads."""
         wanted = {s.lower() for s in states}
-        if any(owned.loading for owned in self._parts.values()):
+        if any(owned.loading for owned in self.partitions.values()):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         out = []
-        for owned in list(self._parts.values()):
+        for owned in self.partitions.values():
             if owned.closed:
                 continue
             for gid, (state, protocol_type) in self._owned_groups(owned).items():
@@ -518,13 +540,13 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
     def group(self, group_id: str) -> GroupMetadata | None:
         """The in-memory group (None when unknown or not owned), for tests and tools."""
         partition = self.partition_for(group_id)
-        owned = self._parts.get(partition)
+        owned = self.partitions.get(partition)
         return owned.state.groups.get(group_id) if owned else None
 
     def stats(self) -> CoordinatorStats:
         by_state: dict[str, int] = {}
         members = pending = 0
-        for owned in list(self._parts.values()):
+        for owned in self.partitions.values():
             for group in list(owned.state.groups.values()):
                 by_state[group.state.value] = by_state.get(group.state.value, 0) + 1
                 members += len(group.members)
@@ -532,5 +554,5 @@ class GroupCoordinator(PartitionOwner[_OwnedPartition]):
         return CoordinatorStats(by_state, members, pending)
 
     def partition_state(self, partition: int) -> OffsetsPartitionState | None:
-        owned = self._parts.get(partition)
+        owned = self.partitions.get(partition)
         return owned.state if owned else None

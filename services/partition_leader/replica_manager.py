@@ -13,7 +13,7 @@ from typing import Hashable, NamedTuple, Sequence
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
-from services.common.deadlines import marker_leader_deadline_s
+from services.common.protocol import marker_leader_deadline_s
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import READ_COMMITTED, AppendResult, FetchResult, MarkerResult, ReplicaFetchResult
@@ -172,7 +172,7 @@ class ReplicaManager(HostedReplicas):
         `__consumer_offsets` -- is not appended at all and answers REQUEST_TIMED_OUT:
         the coordinator may have given up on the request and written the marker
         again, and under transaction version 1 (no epoch bump) a marker applied that
-        late could end the producer's next transaction (services/common/deadlines.py).
+        late could end the producer's next transaction (services/common/protocol.py).
         Returns, per marker, one MarkerResult per partition in order."""
         arrived = self.monotonic_s() if arrival_s is None else arrival_s
         return await self.write_path.write_markers(markers, marker_leader_deadline_s(arrived))

@@ -21,7 +21,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
-from services.common.deadlines import REQUEST_ARRIVAL_S
+from services.common.protocol import REQUEST_ARRIVAL_S
 from services.common.security.auth import ANONYMOUS, current_principal
 
 from .metrics import count_fetched

@@ -13,7 +13,7 @@ from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
                                            partition_for_key)
-from services.common.deadlines import WRITE_TXN_MARKERS_TIMEOUT_MS
+from services.common.protocol import WRITE_TXN_MARKERS_TIMEOUT_MS
 from services.common.transport.rpc import ClusterClient
 
 from .ports import TxnLogFetch, TxnMarker

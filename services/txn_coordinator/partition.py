@@ -1,22 +1,33 @@
-"""One owned partition of `__transaction_state` and its cache (the transaction
-coordinator's state per partition; docs/design.md, "Transaction Coordinator")."""
+"""One owned partition of the transaction log and its cache (the transaction
+coordinator's state per partition; docs/design.md, "Transaction Coordinator"), and
+`TxnPartition.replay`, the one function that applies a record of the log to that
+cache (Kafka's `CoordinatorShard.replay`): every record when a partition loads, and a
+group assignment, producer-id binding or feature-level record when it was written.
+"""
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
+from services.common.cluster import features
 from services.common.cluster.owned import OwnedPartition
+from services.common.nested import put_or_remove
 
 from . import txn_log
 from .completion import Completion
 from .state import GroupAssignment, TransactionMetadata
 
+log = logging.getLogger(__name__)
+
 
 class TxnPartition(OwnedPartition):
-    """One owned partition of `__transaction_state` and its transaction status cache:
+    """One owned partition of the transaction log and its transaction status cache:
     txns (transactional.id -> metadata), completions (transactional.id -> its
     `Completion`: the task writing the markers and the Complete record of its
     prepared transaction, and the handover), groups (KIP-447 draft group assignments),
-    error (corrupt log: the partition is disabled and answers NOT_COORDINATOR)."""
+    bindings / binding_used (producer-id bindings and their last use), recorded_level
+    (the metadata.version its feature-level records record), error (corrupt log: the
+    partition is disabled and answers NOT_COORDINATOR)."""
 
     def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
                  producer_epoch: int = -1, retired_producer_id: int = -1):
@@ -27,37 +38,18 @@ class TxnPartition(OwnedPartition):
         # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
+        # transactional.id -> its latest group assignment record (what a transactional.id
+        # whose first record follows its assignment's starts with).
+        self._assigned: dict[str, GroupAssignment] = {}
         # Producer-id bindings of the producer ids p with p % n == partition (with
         # bind_producer_ids): producer id -> binding, and its last use (monotonic ms);
-        # changed through bind / unbind / set_bindings, which keep `held` in step.
+        # changed through bind / unbind, which keep `held` in step.
         self.bindings: dict[int, txn_log.ProducerIdBinding] = {}
         self.binding_used: dict[int, int] = {}
+        self.held = HeldByPrincipal()
         # The highest metadata.version the partition's feature-level records record
         # (services.common.cluster.features; the baseline without one).
-        self.recorded_level = 0
-        self.held = HeldByPrincipal()
-
-    def bind(self, producer_id: int, binding: txn_log.ProducerIdBinding, used_ms: int) -> None:
-        old = self.bindings.get(producer_id)
-        if old is not None:
-            self.held.remove(old)
-        self.bindings[producer_id] = binding
-        self.binding_used[producer_id] = used_ms
-        self.held.add(binding)
-
-    def unbind(self, producer_id: int) -> None:
-        old = self.bindings.pop(producer_id, None)
-        self.binding_used.pop(producer_id, None)
-        if old is not None:
-            self.held.remove(old)
-
-    def set_bindings(self, bindings: dict[int, txn_log.ProducerIdBinding], used_ms: int) -> None:
-        """The bindings replayed from the log (a load), each counted as used at `used_ms`."""
-        self.bindings = bindings
-        self.binding_used = {pid: used_ms for pid in bindings}
-        self.held = HeldByPrincipal()
-        for binding in bindings.values():
-            self.held.add(binding)
+        self.recorded_level = features.BASELINE_LEVEL
 
     def generation(self, group_id: str) -> int:
         """The newest generation of `group_id` a group-aware InitProducerId recorded
@@ -68,6 +60,81 @@ class TxnPartition(OwnedPartition):
     def serving(self) -> bool:
         return not self.loading and self.error is None
 
+    def bind(self, producer_id: int, binding: txn_log.ProducerIdBinding, used_ms: int) -> None:
+        """`producer_id` is bound to `binding`, last used at `used_ms` (monotonic ms)."""
+        old = self.bindings.get(producer_id)
+        if old is not None:
+            self.held.remove(old)
+        self.bindings[producer_id] = binding
+        self.binding_used[producer_id] = used_ms
+        self.held.add(binding)
+
+    def unbind(self, producer_id: int) -> None:
+        """`producer_id` is bound to no one any more."""
+        old = self.bindings.pop(producer_id, None)
+        self.binding_used.pop(producer_id, None)
+        if old is not None:
+            self.held.remove(old)
+
+    def replay(self, entry: object, used_at_ms: int) -> None:
+        """Apply one record of this partition's log (an entry of
+        `txn_log.decode_fetched`) to the cache, in log order:
+
+        - TxnLogEntry: the last record of a transactional.id wins ("Transaction
+          Coordinator Startup" 1.b; `TransactionMetadata.replay`), a tombstone removes
+          it. A record whose epoch is lower than the one before of the same PID is not
+          an error: an append whose outcome the coordinator could not learn (a
+          timeout, a leader change after the local append) may have landed while the
+          coordinator went on from its previous state, so the log can hold, say, a
+          PrepareAbort at epoch e+1 followed by a commit at epoch e. The later record
+          is what the coordinator acted on last; it wins, and the regression is logged.
+        - GroupAssignmentEntry (KIP-447 draft): the transactional.id's assignment in
+          its group, a tombstone removes it; also set on its metadata.
+        - ProducerIdBindingEntry: the producer id's binding, used at `used_at_ms`
+          (monotonic ms); a tombstone removes it.
+        - FeatureLevelEntry: the highest metadata.version recorded.
+
+        A transaction record is replayed only at load: when written, its transition
+        is completed by the state machine (`TransactionMetadata.complete_transition`,
+        through the same apply function as `TransactionMetadata.replay`)."""
+        if isinstance(entry, txn_log.TxnLogEntry):
+            self._replay_transaction(entry)
+        elif isinstance(entry, txn_log.GroupAssignmentEntry):
+            put_or_remove(self.groups, entry.group_id, entry.transactional_id, entry.assignment)
+            tid, assignment = entry.transactional_id, entry.assignment
+            current = self._assigned.get(tid)
+            if assignment is not None:
+                self._assigned[tid] = assignment
+            elif current is not None and current.group_id == entry.group_id:
+                del self._assigned[tid]
+            md = self.txns.get(tid)
+            if md is not None and (assignment is not None or md.group is None
+                                   or md.group.group_id == entry.group_id):
+                md.group = assignment
+        elif isinstance(entry, txn_log.ProducerIdBindingEntry):
+            if entry.binding is None:
+                self.unbind(entry.producer_id)
+            else:
+                self.bind(entry.producer_id, entry.binding, used_at_ms)
+        elif isinstance(entry, txn_log.FeatureLevelEntry):
+            self.recorded_level = max(self.recorded_level, entry.metadata_version)
+        else:
+            raise TypeError(f"not a record of the transaction log: {entry!r}")
+
+    def _replay_transaction(self, entry: txn_log.TxnLogEntry) -> None:
+        tid, transit = entry.transactional_id, entry.transit
+        if transit is None:
+            self.txns.pop(tid, None)
+            return
+        md = self.txns.get(tid)
+        if md is None:
+            self.txns[tid] = TransactionMetadata.from_transit(tid, transit, group=self._assigned.get(tid))
+            return
+        if md.producer_id == transit.producer_id and transit.producer_epoch < md.producer_epoch:
+            log.warning("transactional.id %r at offset %d: epoch %d of PID %d follows the higher epoch %d; "
+                        "the later record wins", tid, entry.offset, transit.producer_epoch, transit.producer_id,
+                        md.producer_epoch)
+        md.replay(transit)
 
 
 class HeldByPrincipal:

@@ -1,5 +1,5 @@
 """The ports and results of the transaction coordinator
-(`services.txn_coordinator.coordinator.TransactionCoordinator`).
+(`services.txn_coordinator.coordinator.TransactionCoordinator` and its parts).
 
 The coordinator reaches the transaction log, the partition leaders' markers and the
 cluster topology through the small ports below (`TxnLogStore`, `MarkerWriter`,
@@ -28,9 +28,6 @@ AMBIGUOUS_APPEND_ERRORS = frozenset({
 # leader: no answer within the caller's deadline, or the transport broke. The
 # request may still append its marker there until the leader's own deadline.
 UNANSWERED_MARKER_ERRORS = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NETWORK_EXCEPTION})
-
-OFFSETS_TOPIC = "__consumer_offsets"
-
 
 # ---------------------------------------------------------------- ports
 

@@ -5,9 +5,7 @@ InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, PrepareTxn, and
 VerifyProducerId of the producer-id bindings. Each request checks, prepares its
 transition (no `await` between the checks and the prepare, so a second request sees
 the pending transition and gets CONCURRENT_TRANSACTIONS), then appends it to the log
-(`coordinator._append`).
-
-`TxnRequests` is a part of `coordinator.TransactionCoordinator`.
+(`store.TxnStore.append`).
 """
 from __future__ import annotations
 
@@ -15,22 +13,28 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
+from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster import features
-from services.common.cluster.owned import code_name
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from services.common.settings import TxnCoordinatorSchema
 from services.common.security.pid_binding import refusal, refusal_code
 
 from . import metrics, txn_log
-from .pid_manager import ProducerIdAllocationError
-from .ports import OFFSETS_TOPIC, EndTxnResult, InitProducerIdResult
+from .pid_manager import ProducerIdAllocationError, ProducerIdManager
+from .ports import EndTxnResult, InitProducerIdResult, Topology
 from .state import COMPLETED_STATES, GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 if TYPE_CHECKING:
+    from .completion import Completions
+    from .group_txn import GroupTxn
     from .partition import TxnPartition
+    from .store import TxnStore
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +75,34 @@ InitStep = InitAnswer | InitNeedsProducerIds | InitFencesOngoing | InitAppends
 
 
 class TxnRequests:
-    """The request handlers of the coordinator. Uses the coordinator's `_lookup`,
-    `_append`, `_confirm_ownership`, `_wait_done`, clocks, PID manager and topology,
-    the completion part (`_previous_completed`, `_resume_completion`,
-    `_start_next_transaction`, `_start_completion`, `_fence_and_abort`) and the
-    KIP-447 hooks (`_init_group`, `_check_generation`, `_recorded_assignment`)."""
+    """The request handlers of the coordinator.
+
+    store: the transaction metadata (store.TxnStore: lookup, append, bindings, the
+    owned partitions' ownership barrier); completions: completion.Completions (the
+    wait for the previous transaction, the handover, the completion of an EndTxn,
+    the fencing abort); groups: group_txn.GroupTxn (the KIP-447 draft's hooks);
+    pids: the producer-id blocks (pid_manager.ProducerIdManager); topology:
+    ports.Topology; config: the parsed settings (TxnCoordinatorSchema); clock:
+    wall-clock ms; monotonic: ms of a monotonic clock (a binding's last use);
+    bind_producer_ids (on with the authorizer): every producer id is issued bound to
+    a principal, the binding written to partition producer id % n of the log first
+    (docs/design.md, "Producer-id bindings")."""
+
+    def __init__(self, store: TxnStore, completions: Completions, groups: GroupTxn, pids: ProducerIdManager,
+                 topology: Topology, config: TxnCoordinatorSchema | None = None, clock: Clock = wall_clock_ms,
+                 monotonic: Clock = monotonic_ms, bind_producer_ids: bool = False):
+        self._store = store
+        self._completions = completions
+        self._groups = groups
+        self._pids = pids
+        self._topology = topology
+        self.config = config or TxnCoordinatorSchema()
+        self._clock = clock
+        self._monotonic = monotonic
+        self.bind_producer_ids = bind_producer_ids
+        self._next_binding_partition = 0
+        # (principal, transactional) -> InitProducerIds in flight that add a binding (`_reserving`).
+        self._binding_reservations: Counter[tuple[str, bool]] = Counter()
 
     async def init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
                                expected: tuple[int, int] | None = None,
@@ -86,7 +113,7 @@ class TxnRequests:
         transactional_id None/"": a fresh PID with epoch 0 (idempotent producer).
         Otherwise: transaction_timeout_ms must be in (0, transaction.max.timeout.ms]
         (INVALID_TRANSACTION_TIMEOUT); expected = (producer_id, producer_epoch) of
-        KIP-360 or None; group: KIP-447 draft group-aware init, see `_init_group`
+        KIP-360 or None; group: KIP-447 draft group-aware init, see `GroupTxn.init`
         (ILLEGAL_GENERATION, PENDING_TRANSACTION, INVALID_GROUP_ID).
         An ongoing transaction of the id (also one sealed by PrepareTxn: the
         keepPreparedTxn=false behaviour of KIP-939) is aborted with a bumped epoch first and the
@@ -143,7 +170,7 @@ class TxnRequests:
         arguments checked."""
         group_id = ""
         if group is not None:
-            blocked = await self._init_group(transactional_id, group)
+            blocked = await self._groups.init(transactional_id, group)
             if blocked is not None:
                 return blocked
             group_id = group.group_id
@@ -159,7 +186,7 @@ class TxnRequests:
                 case InitAnswer(result):
                     return result
                 case InitFencesOngoing(part, md):
-                    err = await self._fence_and_abort(part, md)
+                    err = await self._completions.fence_and_abort(part, md)
                     return InitProducerIdResult(err or ErrorCode.CONCURRENT_TRANSACTIONS,
                                                 message="aborting the ongoing transaction of the previous producer")
                 case InitAppends(part, md, transit):
@@ -172,7 +199,7 @@ class TxnRequests:
                 bindings = [(transit.producer_id, wanted)]  # written before the transition, in its append
             else:
                 part.binding_used[transit.producer_id] = self._monotonic()
-        err = await self._append(part, md, transit, bindings=bindings)
+        err = await self._store.append(part, md, transit, bindings=bindings)
         if err:
             return InitProducerIdResult(err)
         if transit.state is TxnState.ONGOING:  # a kept prepared transaction (KIP-939)
@@ -187,12 +214,12 @@ class TxnRequests:
         `principal` by a record in partition p % n before it is handed out."""
         n = self._topology.txn_partition_count()
         if n <= 0:
-            return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message="no __transaction_state yet")
+            return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=f"no {TRANSACTION_STATE_TOPIC} yet")
         while True:
-            serving = sorted(p for p, part in self._parts.items() if part.serving and p < n)
+            serving = sorted(part.partition for part in self._store.serving() if part.partition < n)
             if not serving:
                 return InitProducerIdResult(ErrorCode.NOT_COORDINATOR,
-                                            message="this coordinator owns no loaded __transaction_state partition")
+                                            message=f"this coordinator owns no loaded {TRANSACTION_STATE_TOPIC} partition")
             # One residue at a time, in turn: the bindings spread over the owned partitions.
             self._next_binding_partition = (self._next_binding_partition + 1) % len(serving)
             pid = self._pids.next_pid_in({serving[self._next_binding_partition]}, n)
@@ -202,10 +229,10 @@ class TxnRequests:
                 await self._pids.ensure_available()
             except ProducerIdAllocationError as exc:
                 return InitProducerIdResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, message=str(exc))
-        part = self._parts.get(pid % n)
+        part = self._store.owned.get(pid % n)
         if part is None or not part.serving:
             return InitProducerIdResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        err = await self._append_bindings(part, [(pid, txn_log.ProducerIdBinding(principal, "", self._clock()))])
+        err = await self._store.append_bindings(part, [(pid, txn_log.ProducerIdBinding(principal, "", self._clock()))])
         if err:
             return InitProducerIdResult(err, message="the producer id could not be bound; retry")
         return InitProducerIdResult(ErrorCode.NONE, pid, 0)
@@ -217,7 +244,7 @@ class TxnRequests:
         coordinator (its loaded partitions and the InitProducerIds in flight), else
         None; whether the call adds one to what the principal holds: not for a
         transactional.id it already holds)."""
-        parts = [p for p in self._parts.values() if p.serving]
+        parts = self._store.serving()
         if not transactional_id:
             cap, setting = self.config.producer_ids_max_per_principal, "exactly.producer.ids.max.per.principal"
             held = sum(p.held.idempotent.get(principal, 0) for p in parts)
@@ -253,43 +280,6 @@ class TxnRequests:
             if self._binding_reservations[key] <= 0:
                 del self._binding_reservations[key]
 
-    async def _append_bindings(self, part: TxnPartition,
-                               items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
-        """Append binding records (None: the tombstone) to `part` as one batch and,
-        once written, apply them to its bindings (`_write_bindings`), shielded from the
-        caller's cancellation as every append of the log (`_shielded`). Returns NONE,
-        NOT_COORDINATOR (not the owner any more) or COORDINATOR_NOT_AVAILABLE (the
-        append failed or its outcome is unknown: a binding of a producer id never
-        handed out, or a tombstone not applied, is harmless and expires or is
-        retried)."""
-        return await self._shielded(self._write_bindings(part, items), f"txn-append-bindings-{part.partition}")
-
-    async def _write_bindings(self, part: TxnPartition,
-                              items: list[tuple[int, txn_log.ProducerIdBinding | None]]) -> ErrorCode:
-        """The body of `_append_bindings` (and the first step of an `_append` with
-        bindings): one append of the binding records, then their application."""
-        if not self._owns(part):
-            return ErrorCode.NOT_COORDINATOR
-        now = self._clock()
-        batch = txn_log.encode_binding_batch(items, now, producer_id=part.producer_id,
-                                             producer_epoch=part.producer_epoch)
-        code = await self._log.append(part.partition, batch)
-        if not self._owns(part):
-            return ErrorCode.NOT_COORDINATOR
-        if code != ErrorCode.NONE:
-            if self._is_fenced(part, code):
-                return ErrorCode.NOT_COORDINATOR
-            log.warning("appending %d producer-id binding records to __transaction_state-%d failed: %s",
-                        len(items), part.partition, code_name(code))
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        for pid, binding in items:
-            if binding is None:
-                part.unbind(pid)
-            else:
-                part.bind(pid, binding, self._monotonic())
-        metrics.PRODUCER_ID_BINDINGS.set(part.partition, len(part.bindings))
-        return ErrorCode.NONE
-
     def verify_producer_id(self, producer_id: int, principal: str, transactional_id: str,
                            transactional: bool) -> tuple[ErrorCode, str]:
         """VerifyProducerId: whether `producer_id` is bound to `principal` (and, for a
@@ -307,7 +297,7 @@ class TxnRequests:
         if n <= 0 or producer_id < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE if n <= 0 else self._unbound_code(transactional), \
                 f"producer id {producer_id} was not issued by a transaction coordinator of this cluster"
-        part = self._parts.get(producer_id % n)
+        part = self._store.owned.get(producer_id % n)
         if part is None or part.error is not None:
             return ErrorCode.NOT_COORDINATOR, ""
         if part.loading:
@@ -337,19 +327,17 @@ class TxnRequests:
                       keep_prepared: bool = False) -> InitStep:
         """The synchronous part of InitProducerId (no `await` between the checks and
         the prepare): what to do next, as an `InitStep`."""
-        err, part = self._lookup(tid, group_id)
+        err, part, md = self._store.metadata(tid, group_id)
         if err:
             return InitAnswer(InitProducerIdResult(err))
         now = self._clock()
-        md = part.txns.get(tid)
         if md is None:
             pid = self._new_pid(part)
             if pid is None:
                 return InitNeedsProducerIds()
             md = TransactionMetadata(tid, pid, txn_timeout_ms=timeout_ms, txn_last_update_timestamp=now,
-                                     group=self._recorded_assignment(part, group_id, tid))
-            part.txns[tid] = md
-            metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
+                                     group=self._groups.recorded_assignment(part, group_id, tid))
+            self._store.add(part, md)
         if md.pending_transition_in_progress:
             return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS))
         if expected is not None and not md.is_valid_producer_id(*expected):
@@ -404,7 +392,7 @@ class TxnRequests:
     def _check_producer(self, tid: str, producer_id: int, producer_epoch: int, group_id: str = "",
                         generation_id: int = -1
                         ) -> tuple[ErrorCode, TxnPartition | None, TransactionMetadata | None]:
-        err, part = self._lookup(tid, group_id)
+        err, part = self._store.lookup(tid, group_id)
         if err:
             return err, None, None
         md = part.txns.get(tid)
@@ -412,7 +400,7 @@ class TxnRequests:
         if err:
             return err, None, None
         if group_id:
-            err = self._check_generation(part, md, group_id, generation_id)
+            err = self._groups.check_generation(part, md, group_id, generation_id)
             if err:
                 return err, None, None
         if md.pending_transition_in_progress:
@@ -455,7 +443,7 @@ class TxnRequests:
 
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
                 wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:
-        err, part = self._lookup(tid, group_id)
+        err, part = self._store.lookup(tid, group_id)
         if err:
             return {tp: err for tp in wanted}
         md = part.txns.get(tid)
@@ -480,16 +468,16 @@ class TxnRequests:
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return await self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                          frozenset({(OFFSETS_TOPIC, partition)}), consumer_group_id, generation_id)
+                                          frozenset({(CONSUMER_OFFSETS_TOPIC, partition)}), consumer_group_id, generation_id)
 
     async def _add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
                               wanted: frozenset[TopicPartition], group_id: str = "",
                               generation_id: int = -1) -> ErrorCode:
         try:
-            await self._previous_completed(tid, group_id, handover=True)
+            await self._completions.wait_previous(tid, group_id, handover=True)
             return await self._add_partitions_now(tid, producer_id, producer_epoch, wanted, group_id, generation_id)
         finally:
-            self._resume_completion(tid, group_id)
+            self._completions.resume(tid, group_id)
 
     async def _add_partitions_now(self, tid: str, producer_id: int, producer_epoch: int,
                                   wanted: frozenset[TopicPartition], group_id: str, generation_id: int) -> ErrorCode:
@@ -497,12 +485,12 @@ class TxnRequests:
         if err:
             return err
         if md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return await self._start_next_transaction(part, md, wanted)  # the handover (completion.py)
+            return await self._completions.hand_over(part, md, wanted)
         answer = md.add_partitions_check(wanted)
         if answer is not None:
             return answer
         transit = md.prepare_add_partitions(wanted, self._clock())
-        return await self._append(part, md, transit)
+        return await self._store.append(part, md, transit)
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                       committed: bool, group_id: str = "", generation_id: int = -1,
@@ -530,9 +518,9 @@ class TxnRequests:
         markers are written, under the producer's current epoch. An answer from the
         cache for the current epoch without an ongoing transaction (none to end, or a
         version-1 retry) first passes the ownership barrier
-        (PartitionOwner._confirm_ownership): NOT_COORDINATOR when this owner was
+        (OwnedPartitions.confirm_ownership): NOT_COORDINATOR when this owner was
         deposed, COORDINATOR_NOT_AVAILABLE when the barrier could not be written."""
-        err, part = self._lookup(transactional_id, group_id)
+        err, part = self._store.lookup(transactional_id, group_id)
         md = part.txns.get(transactional_id) if part is not None else None
         if md is not None and md.is_end_txn_retry(producer_id, producer_epoch):
             outcome = self._end_txn_outcome(md, committed)
@@ -557,7 +545,7 @@ class TxnRequests:
             # the ownership barrier shows it is current; a stale owner answers
             # NOT_COORDINATOR, so the producer finds the new owner instead of being told
             # that a transaction the new owner still holds open was committed.
-            err = await self._confirm_ownership(part)
+            err = await self._store.owned.confirm_ownership(part)
             if err:
                 return EndTxnResult(err)
         return self._end_txn_outcome(md, committed)
@@ -571,12 +559,12 @@ class TxnRequests:
         transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
                                              transaction_version=2 if bump else 1)
         completions: list[asyncio.Task] = []
-        err = await self._append(part, md, transit, lambda: completions.append(
-            self._start_completion(part, md, transit, from_client=True, started=started)))
+        err = await self._store.append(part, md, transit, lambda: completions.append(
+            self._completions.start(part, md, transit, from_client=True, started=started)))
         if err:
             return EndTxnResult(err)
         if self.config.txn_end_completion_wait_ms > 0:
-            await self._wait_done(completions, self.config.txn_end_completion_wait_ms)
+            await self._completions.wait(completions, self.config.txn_end_completion_wait_ms)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 
     @staticmethod
@@ -605,7 +593,7 @@ class TxnRequests:
         woke with this request and takes over after it. INVALID_PRODUCER_ID_MAPPING,
         PRODUCER_FENCED (another epoch), NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
         COORDINATOR_NOT_AVAILABLE as EndTxn; ILLEGAL_GENERATION (group-aware)."""
-        await self._previous_completed(transactional_id, group_id)
+        await self._completions.wait_previous(transactional_id, group_id)
         err, part, md = self._check_producer(transactional_id, producer_id, producer_epoch, group_id,
                                              generation_id)
         if err:
@@ -618,5 +606,5 @@ class TxnRequests:
             return ErrorCode.INVALID_TXN_STATE
         if md.state in COMPLETED_STATES and md.is_producer_epoch_exhausted:
             return ErrorCode.INVALID_PRODUCER_EPOCH  # as AddPartitionsToTxn: InitProducerId first
-        return await self._append(part, md, md.prepare_mark_prepared(self._clock()))
+        return await self._store.append(part, md, md.prepare_mark_prepared(self._clock()))
 

@@ -8,8 +8,8 @@ database"), idle transactional.ids expired
 in every owned partition (`record_feature_levels`; docs/operating/upgrades.md).
 Durations count on the injected monotonic clock (docs/design.md, "Clocks").
 
-`TxnScans` is a part of `coordinator.TransactionCoordinator`, which runs the scans
-periodically (`start`).
+`TxnScans` holds them; `coordinator.TransactionCoordinator` runs them periodically
+(`start`).
 """
 from __future__ import annotations
 
@@ -17,24 +17,44 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from exactly_wire.error_codes import RETRIABLE, ErrorCode
+from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
+from exactly_wire.error_codes import ErrorCode
 from services.common.cluster import features
+from services.common.protocol import TRANSACTION_STATE_TOPIC
+from services.common.settings import TxnCoordinatorSchema
 
-from . import metrics, txn_log
-from .completion import Completion
-from .ports import AMBIGUOUS_APPEND_ERRORS
+from .ports import Topology
 from .state import COMPLETED_STATES, TransactionMetadata, TxnState
 
 if TYPE_CHECKING:
+    from .completion import Completions
+    from .group_txn import GroupTxn
     from .partition import TxnPartition
+    from .store import TxnStore
 
 log = logging.getLogger(__name__)
 
 
 class TxnScans:
-    """The scans. Uses the coordinator's owned partitions, `_append`,
-    `_append_bindings`, `_fence_and_abort`, `_start_completion`, `_forget_group`
-    and clocks."""
+    """The scans.
+
+    store: the transaction metadata (store.TxnStore: the loaded transactional ids,
+    append, bindings, feature levels); completions: completion.Completions (aborts,
+    restarted completions); groups: group_txn.GroupTxn (an expired id's group
+    assignment); topology: ports.Topology (the finalized metadata.version); config:
+    the parsed settings (TxnCoordinatorSchema); clock: wall-clock ms; monotonic: ms
+    of a monotonic clock (every duration)."""
+
+    def __init__(self, store: TxnStore, completions: Completions, groups: GroupTxn, topology: Topology,
+                 config: TxnCoordinatorSchema | None = None, clock: Clock = wall_clock_ms,
+                 monotonic: Clock = monotonic_ms):
+        self._store = store
+        self._completions = completions
+        self._groups = groups
+        self._topology = topology
+        self.config = config or TxnCoordinatorSchema()
+        self._clock = clock
+        self._monotonic = monotonic
 
     async def abort_timed_out_transactions(self) -> int:
         """Design doc "Coordinator-side Transaction Expiration": abort, with an epoch
@@ -58,7 +78,7 @@ class TxnScans:
         "Clocks")."""
         now = self._monotonic()
         aborts = []
-        for part, md in self._loaded_txns():
+        for part, md in self._store.loaded_txns():
             if md.pending_transition_in_progress:
                 continue
             if md.started_monotonic_ms is None:
@@ -70,10 +90,10 @@ class TxnScans:
             if md.state is TxnState.ONGOING and md.started_monotonic_ms + md.txn_timeout_ms < now:
                 log.info("transaction of %r (PID %d epoch %d) timed out after %d ms; aborting",
                          md.transactional_id, md.producer_id, md.producer_epoch, md.txn_timeout_ms)
-                aborts.append(self._fence_and_abort(part, md, cause="timeout"))
+                aborts.append(self._completions.fence_and_abort(part, md, cause="timeout"))
             elif (md.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
-                  and not Completion.runs(part.completions, md.transactional_id)):
-                self._start_completion(part, md, md.snapshot(), from_client=False)
+                  and not self._completions.running(part, md.transactional_id)):
+                self._completions.start(part, md, md.snapshot(), from_client=False)
         results = await asyncio.gather(*aborts)
         return sum(1 for r in results if r == ErrorCode.NONE)
 
@@ -88,25 +108,12 @@ class TxnScans:
         clock, so a wall clock stepped forwards expires no id in use."""
         now = self._clock()
         mono = self._monotonic()
-        expiring = [self._expire(part, md, now) for part, md in self._loaded_txns()
+        expiring = [self._expire(part, md, now) for part, md in self._store.loaded_txns()
                     if md.state in COMPLETED_STATES and not md.pending_transition_in_progress
                     and md.txn_last_update_timestamp + self.config.transactional_id_expiration_ms <= now
                     and (md.updated_monotonic_ms is None
                          or md.updated_monotonic_ms + self.config.transactional_id_expiration_ms <= mono)]
         return sum(await asyncio.gather(*expiring))
-
-    def prepared_count(self) -> int:
-        """Prepared transactions of the loaded owned partitions (metrics)."""
-        return sum(1 for _, md in self._loaded_txns() if md.is_prepared)
-
-    def oldest_prepared_age_ms(self) -> int:
-        """Age (ms, on this process's monotonic clock; a transaction loaded from the log
-        counts its wall-clock age at the load) of the oldest prepared transaction of the
-        loaded owned partitions; 0 when none is prepared (metrics)."""
-        now = self._monotonic()
-        ages = [now - md.prepared_monotonic_ms for _, md in self._loaded_txns()
-                if md.is_prepared and md.prepared_monotonic_ms is not None]
-        return max(ages, default=0)
 
     async def record_feature_levels(self) -> int:
         """Append the feature-level record of the finalized metadata.version to every
@@ -115,43 +122,27 @@ class TxnScans:
         not know the level then refuses the partition instead of serving records it
         cannot read. Runs after each load, when the level changes, and periodically
         (a failed append is tried again). Returns the records appended."""
-        parts = [part for part in list(self._parts.values()) if not (part.loading or part.error)]
-        done = await asyncio.gather(*(self._record_feature_level(part) for part in parts))
+        done = await asyncio.gather(*(self.record_feature_level(part) for part in self._store.serving()))
         return sum(done)
 
-    async def _record_feature_level(self, part: TxnPartition) -> bool:
+    async def record_feature_level(self, part: TxnPartition) -> bool:
         """One partition's feature-level record (see record_feature_levels); True once
         appended here."""
         level = self._topology.metadata_version()
         introduced = features.FORMATS["txn-log-feature-level"].level_of(0)
-        if level < introduced or part.recorded_level >= level or not self._owns(part):
+        if level < introduced or part.recorded_level >= level:
             return False
-        batch = txn_log.encode_feature_level_batch(level, self._clock(), producer_id=part.producer_id,
-                                                   producer_epoch=part.producer_epoch)
-        code = await self._shielded(self._log.append(part.partition, batch), f"txn-feature-level-{part.partition}")
-        if code == ErrorCode.NONE:
-            part.recorded_level = max(part.recorded_level, level)
-            log.info("__transaction_state-%d records metadata.version %d", part.partition, level)
-            return True
-        if code in AMBIGUOUS_APPEND_ERRORS or code in RETRIABLE:
+        if await self._store.append_feature_level(part, level) != ErrorCode.NONE:
             return False  # the next scan tries again
-        self._is_fenced(part, code)
-        return False
-
-    def _loaded_txns(self) -> list[tuple[TxnPartition, TransactionMetadata]]:
-        """(partition, metadata) of every transactional.id of the loaded, not
-        disabled owned partitions: a snapshot, safe to iterate across awaits."""
-        return [(part, md) for part in list(self._parts.values()) if not (part.loading or part.error)
-                for md in list(part.txns.values())]
+        log.info("%s-%d records metadata.version %d", TRANSACTION_STATE_TOPIC, part.partition, level)
+        return True
 
     async def _expire(self, part: TxnPartition, md: TransactionMetadata, now: int) -> int:
         group = md.group
-        err = await self._append(part, md, md.prepare_dead(now))
-        if err or part.txns.get(md.transactional_id) is not md:
+        err = await self._store.append(part, md, md.prepare_dead(now))
+        if err or not self._store.forget(part, md):
             return 0
-        del part.txns[md.transactional_id]
-        await self._forget_group(part, md.transactional_id, group)
-        metrics.TRANSACTIONAL_IDS.set(part.partition, len(part.txns))
+        await self._groups.forget(part, md.transactional_id, group)
         log.info("transactional.id %r expired", md.transactional_id)
         return 1
 
@@ -166,9 +157,7 @@ class TxnScans:
         binding loaded from the log counts as used at the load)."""
         now = self._monotonic()
         expired = 0
-        for part in list(self._parts.values()):
-            if not part.serving:
-                continue
+        for part in self._store.serving():
             gone = []
             for pid, b in part.bindings.items():
                 used = part.binding_used.setdefault(pid, now)
@@ -184,7 +173,7 @@ class TxnScans:
             for i in range(0, len(gone), 1000):
                 # Not one used (or rebound) since the scan looked at it.
                 chunk = [pid for pid, used in gone[i:i + 1000] if part.binding_used.get(pid) == used]
-                if chunk and await self._append_bindings(part, [(pid, None) for pid in chunk]) == ErrorCode.NONE:
+                if chunk and await self._store.append_bindings(part, [(pid, None) for pid in chunk]) == ErrorCode.NONE:
                     expired += len(chunk)
         if expired:
             log.info("expired %d producer-id bindings", expired)

@@ -18,8 +18,9 @@ from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics
 from .adapters import ClusterMarkerWriter, ClusterTopology, ClusterTxnLog, Linger
-from .coordinator import TransactionCoordinator, TxnLogFetch
+from .coordinator import TransactionCoordinator
 from .pid_manager import BLOCK_SIZE, ProducerIdManager
+from .ports import TxnLogFetch
 from services.common.security.authz import AuthorizedServicer
 
 from .kafka_api import TxnCoordinatorApis
@@ -126,10 +127,10 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)
     # on_fenced resigns through the ownership, which is built from the coordinator below.
-    coordinator = TransactionCoordinator(txn_log, ClusterMarkerWriter(cluster, client, linger=linger),
-                                         topology, pids, settings,
-                                         on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch),
-                                         bind_producer_ids=bind)
+    coordinator = TransactionCoordinator.build(txn_log, ClusterMarkerWriter(cluster, client, linger=linger),
+                                               topology, pids, settings,
+                                               on_fenced=lambda partition, epoch: ownership.fenced(partition, epoch),
+                                               bind_producer_ids=bind)
     linger.bind(lambda: coordinator.recently_active() > 1)
     ownership = CoordinatorOwnership(cluster, "txn", coordinator.on_elected, coordinator.on_resigned)
     rate = settings.producer_ids_rate

@@ -4,8 +4,11 @@ Follows Kafka's `TransactionState.java` / `TransactionMetadata.java` and the des
 doc sections "Transaction Coordinator" and "Transaction Log": the transition table
 (`TRANSITION_TABLE`) lists, per target state, its valid previous states (Kafka's
 `validPreviousStates`, as `VALID_PREVIOUS`) and one guarded row, the handover
-(`Guard.MARKERS_WRITTEN`); every transition passes the one check (`check_transition`)
-and the state changes only in the table's apply function (`_apply`);
+(`Guard.MARKERS_WRITTEN`), whose guard is a fact the metadata holds itself (recorded
+by `record_markers_written`, the one call of the id's completion into the machine,
+forgotten by the next transition); every transition passes the one check
+(`check_transition`) and the state changes only in the table's apply function
+(`_apply`);
 a change is made in three steps — `prepare_*()` returns an immutable
 `TxnTransitMetadata` and marks the metadata as pending, the coordinator appends the
 transit to the transaction log, then `complete_transition(transit)` re-checks the
@@ -72,12 +75,13 @@ _KAFKA_NAMES = {
 }
 
 class Guard(enum.Enum):
-    """A condition a row of the transition table needs besides the current state; the
-    caller that knows it holds names it (`check_transition`)."""
+    """A condition a row of the transition table needs besides the current state: a
+    fact `TransactionMetadata` records and checks itself before it takes the row
+    (`check_transition` names the row, `TransactionMetadata.holds` the fact)."""
 
     # The handover: every marker of the PrepareCommit / PrepareAbort transaction is
-    # written (the coordinator knows; no record says so) and the first add of the
-    # producer's next transaction takes over.
+    # written (recorded by TransactionMetadata.record_markers_written; no record of the
+    # log says so) and the first add of the producer's next transaction takes over.
     MARKERS_WRITTEN = "every marker of the prepared transaction is written"
 
 
@@ -138,6 +142,18 @@ class PendingTransitionError(TxnStateError):
     answers CONCURRENT_TRANSACTIONS before getting here)."""
 
     code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class GuardNotHeldError(InvalidTransitionError):
+    """A transition along a guarded row whose guard the metadata has not recorded
+    (e.g. the handover before every marker is recorded as written)."""
+
+    def __init__(self, transactional_id: str, current: TxnState, target: TxnState, guard: "Guard"):
+        TxnStateError.__init__(self, f"transactional.id {transactional_id!r}: {current.kafka_name} -> "
+                                     f"{target.kafka_name} needs that {guard.value}, which is not recorded")
+        self.current = current
+        self.target = target
+        self.guard = guard
 
 
 class TransitionMismatchError(TxnStateError):
@@ -253,6 +269,7 @@ class TransactionMetadata:
                  "last_producer_epoch", "txn_timeout_ms", "_state", "partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp", "pending_state",
                  "group", "_fence_epoch", "prepared_timestamp", "transaction_version", "_pending_guard",
+                 "_markers_written",
                  "started_monotonic_ms", "prepared_monotonic_ms", "updated_monotonic_ms",
                  "ongoing_txn_producer_id", "ongoing_txn_producer_epoch")
 
@@ -281,14 +298,19 @@ class TransactionMetadata:
         self.ongoing_txn_producer_id = ongoing_txn_producer_id
         self.ongoing_txn_producer_epoch = ongoing_txn_producer_epoch
         self._pending_guard: Guard | None = None  # the guard of the pending transition's row
+        # Guard.MARKERS_WRITTEN holds: every marker of this PrepareCommit / PrepareAbort
+        # transaction is written (record_markers_written); forgotten by every transition.
+        self._markers_written = False
         self.started_monotonic_ms: int | None = None
         self.prepared_monotonic_ms: int | None = None
         self.updated_monotonic_ms: int | None = None
 
     @classmethod
-    def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata) -> "TransactionMetadata":
-        """Materialise a record read back from the transaction log (coordinator startup)."""
-        return cls(transactional_id, transit.producer_id, last_producer_id=transit.last_producer_id,
+    def from_transit(cls, transactional_id: str, transit: TxnTransitMetadata,
+                     group: GroupAssignment | None = None) -> "TransactionMetadata":
+        """Materialise a record read back from the transaction log (coordinator
+        startup), with `group`, the id's KIP-447 draft group assignment (its own record)."""
+        return cls(transactional_id, transit.producer_id, last_producer_id=transit.last_producer_id, group=group,
                    producer_epoch=transit.producer_epoch, last_producer_epoch=transit.last_producer_epoch,
                    txn_timeout_ms=transit.txn_timeout_ms, state=transit.state,
                    partitions=transit.partitions, txn_start_timestamp=transit.txn_start_timestamp,
@@ -392,6 +414,35 @@ class TransactionMetadata:
             return ErrorCode.CONCURRENT_TRANSACTIONS
         return ErrorCode.INVALID_TXN_STATE
 
+    @property
+    def markers_written(self) -> bool:
+        """Whether every marker of this PrepareCommit / PrepareAbort transaction is
+        recorded as written (`record_markers_written`): the fact the handover's row
+        (Guard.MARKERS_WRITTEN) needs."""
+        return self._markers_written
+
+    def holds(self, guard: Guard) -> bool:
+        """Whether the fact `guard` names is recorded here."""
+        if guard is Guard.MARKERS_WRITTEN:
+            return self._markers_written
+        raise ValueError(f"unknown guard {guard!r}")
+
+    def record_markers_written(self, prepared: TxnTransitMetadata) -> bool:
+        """Record that every marker of the prepared transaction `prepared` (its
+        PrepareCommit / PrepareAbort transit) is written: the one call of the id's
+        completion into the machine's facts (completion.Completion.markers_done).
+        Recorded, and True, only while this is still that transaction (its state,
+        PID and epoch) with nothing pending; else nothing is recorded and False. The
+        fact holds until the next transition is applied (the handover's Ongoing
+        record, or the Complete record); a transaction loaded from the log has it
+        not (no record says so)."""
+        if (self.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or self.state is not prepared.state
+                or self.pending_transition_in_progress
+                or (self.producer_id, self.producer_epoch) != (prepared.producer_id, prepared.producer_epoch)):
+            return False
+        self._markers_written = True
+        return True
+
     def snapshot(self) -> TxnTransitMetadata:
         """The current values as a transit (no state change)."""
         return TxnTransitMetadata(self.producer_id, self.last_producer_id, self.producer_epoch,
@@ -408,7 +459,7 @@ class TransactionMetadata:
             raise PendingTransitionError(
                 f"transactional.id {self.transactional_id!r}: preparing {target.kafka_name} while "
                 f"{self.pending_state.kafka_name} is pending")
-        check_transition(self.transactional_id, self.state, target, guard)
+        self._check_row(target, guard)
         epoch = changes.get("producer_epoch", self.producer_epoch)
         if not NO_PRODUCER_EPOCH <= epoch <= MAX_PRODUCER_EPOCH:
             raise TxnStateError(f"producer epoch {epoch} out of range")
@@ -484,16 +535,18 @@ class TransactionMetadata:
     def prepare_next_transaction(self, added: Iterable[TopicPartition], now_ms: int) -> TxnTransitMetadata:
         """The handover: the first AddPartitionsToTxn / AddOffsetsToTxn of the
         producer's next transaction while the previous one is PrepareCommit or
-        PrepareAbort and the coordinator has written every marker of it (the caller
-        knows; no record says so). One Ongoing record then completes the previous
-        transaction and starts the next, instead of a Complete record followed by an
-        Ongoing one: a loader takes the last record of an id, and the markers were
-        written before it was appended (docs/design.md, "Prepare -> append ->
-        complete"). Same PID and epoch; the partitions are `added` alone; the
-        transaction (and its timeout) starts at now_ms. The row of `TRANSITION_TABLE`
-        guarded by Guard.MARKERS_WRITTEN: the caller has established the guard.
-        Raises PendingTransitionError while another transition is pending,
-        InvalidTransitionError outside PrepareCommit / PrepareAbort."""
+        PrepareAbort and every marker of it is written. One Ongoing record then
+        completes the previous transaction and starts the next, instead of a Complete
+        record followed by an Ongoing one: a loader takes the last record of an id,
+        and the markers were written before it was appended (docs/design.md,
+        "Prepare -> append -> complete"). Same PID and epoch; the partitions are
+        `added` alone; the transaction (and its timeout) starts at now_ms. The row of
+        `TRANSITION_TABLE` guarded by Guard.MARKERS_WRITTEN, which this metadata
+        checks itself: the completion must have recorded every marker as written
+        (`record_markers_written`; no record of the log says so). Raises
+        GuardNotHeldError when it has not, PendingTransitionError while another
+        transition is pending, InvalidTransitionError outside PrepareCommit /
+        PrepareAbort."""
         return self._prepare_transition_to(TxnState.ONGOING, now_ms, Guard.MARKERS_WRITTEN,
                                            partitions=frozenset(added), txn_start_timestamp=now_ms,
                                            prepared_timestamp=-1, ongoing_txn_producer_id=NO_PRODUCER_ID,
@@ -619,7 +672,7 @@ class TransactionMetadata:
             raise TransitionMismatchError(
                 f"transactional.id {self.transactional_id!r}: completing {target.kafka_name} but pending is "
                 f"{self.pending_state.kafka_name if self.pending_state else None}")
-        row = check_transition(self.transactional_id, self.state, target, self._pending_guard)
+        row = self._check_row(target, self._pending_guard)
         handover = row.guard is Guard.MARKERS_WRITTEN
         rotated = transit.producer_id != self.producer_id
         kept = target is TxnState.ONGOING and transit.ongoing_txn_producer_id >= 0 and (
@@ -655,7 +708,16 @@ class TransactionMetadata:
                 self._mismatch(transit, "empty state with partitions")
         else:
             self._mismatch(transit, "PrepareEpochFence is never completed")
-        self._apply(row, transit)
+        self._apply(row.target, transit)
+
+    def _check_row(self, target: TxnState, guard: Guard | None) -> TransitionRow:
+        """The row of the table taking this metadata to `target` under `guard`, whose
+        fact must be recorded here (`holds`). Raises InvalidTransitionError,
+        GuardNotHeldError."""
+        row = check_transition(self.transactional_id, self.state, target, guard)
+        if guard is not None and not self.holds(guard):
+            raise GuardNotHeldError(self.transactional_id, self.state, target, guard)
+        return row
 
     def _check_kept(self, transit: TxnTransitMetadata, rotated: bool) -> None:
         """The invariants of `prepare_keep_prepared`: the same sealed transaction, its
@@ -667,15 +729,29 @@ class TransactionMetadata:
         if transit.producer_epoch != (0 if rotated else self.producer_epoch + 1):
             self._mismatch(transit, "keeping a prepared transaction did not take the next client-facing epoch")
 
-    def _apply(self, row: TransitionRow, transit: TxnTransitMetadata) -> None:
-        """The table's apply function, the only place the state changes: take `row`
-        (checked by `complete_transition`) with the values of `transit`."""
+    def replay(self, transit: TxnTransitMetadata) -> None:
+        """Take a record of this transactional.id read back from the log (a load:
+        `partition.TxnPartition.replay`). The last record of an id wins ("Transaction
+        Coordinator Startup" 1.b), so its values are taken as they are, without the
+        checks of `complete_transition`: the log holds what the previous owner acted
+        on, as Kafka's loader takes it. Through the same apply function as a
+        completed transition. Raises TxnStateError while a transition is pending (a
+        loaded metadata never has one)."""
+        if self.pending_state is not None:
+            raise TxnStateError(f"transactional.id {self.transactional_id!r}: replaying a record while "
+                                f"{self.pending_state.kafka_name} is pending")
+        self._apply(transit.state, transit)
+
+    def _apply(self, target: TxnState, transit: TxnTransitMetadata) -> None:
+        """The table's apply function, the only place the state changes: take the
+        state `target` (a row checked by `complete_transition`, or a record read back
+        by `replay`) with the values of `transit`."""
         self.producer_id = transit.producer_id
         self.last_producer_id = transit.last_producer_id
         self.producer_epoch = transit.producer_epoch
         self.last_producer_epoch = transit.last_producer_epoch
         self.txn_timeout_ms = transit.txn_timeout_ms
-        self._state = row.target
+        self._state = target
         self.partitions = _partition_set(transit.partitions)
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
@@ -686,6 +762,7 @@ class TransactionMetadata:
         self.pending_state = None
         self._fence_epoch = None
         self._pending_guard = None
+        self._markers_written = False  # a fact of the state just left
 
     def _mismatch(self, transit: TxnTransitMetadata, why: str) -> None:
         raise TransitionMismatchError(f"transactional.id {self.transactional_id!r}: {why}: {self!r} -> {transit!r}")

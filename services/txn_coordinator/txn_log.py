@@ -32,14 +32,13 @@ The feature-level record (metadata.version 2 and above, `encode_feature_level_ba
     value = exactly.v1.FeatureLevelValue: the finalized metadata.version the owner
             saw (services.common.cluster.features); never a tombstone.
 
-The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b).
+The last record of a key wins on replay ("Transaction Coordinator Startup" 1.b;
+partition.TxnPartition.replay applies each record read back).
 Records with an empty key are fence records of a new owner and are skipped. A record
 of a version this code does not read, or a feature level above the ones it supports,
 makes the partition unreadable (NewerTxnLogError), never something else.
 """
 from __future__ import annotations
-
-import logging
 
 from dataclasses import dataclass
 from typing import Iterable
@@ -48,15 +47,13 @@ from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import txn_log_pb2
 from services.common.cluster import features
-from services.common.nested import put_or_remove
 
-from .state import GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
+from .state import GroupAssignment, TxnState, TxnTransitMetadata
 
 VALUE_VERSION = 0
 # The TransactionLogValue version that carries ongoing_txn_producer_id / _epoch.
 KEPT_TXN_VALUE_VERSION = 1
 
-log = logging.getLogger(__name__)
 
 
 class CorruptTxnLogError(Exception):
@@ -110,13 +107,6 @@ def _check_version(name: str, version: int, offset: int) -> None:
         features.check_readable(name, version, f"__transaction_state record at offset {offset}")
     except features.UnknownFormatVersion as exc:
         raise NewerTxnLogError(str(exc)) from None
-
-
-def recorded_level(entries: Iterable[object]) -> int:
-    """The highest metadata.version the feature-level records of a partition's entries
-    record (features.BASELINE_LEVEL without one)."""
-    return max((e.metadata_version for e in entries if isinstance(e, FeatureLevelEntry)),
-               default=features.BASELINE_LEVEL)
 
 
 @dataclass(frozen=True)
@@ -194,19 +184,6 @@ def _decode_binding(offset: int, key: bytes, value: bytes | None) -> ProducerIdB
         raise CorruptTxnLogError(f"undecodable producer-id binding at offset {offset}: {exc}") from exc
     _check_version("txn-log-producer-id-binding", v.version, offset)
     return ProducerIdBindingEntry(offset, pid, ProducerIdBinding(v.principal, v.transactional_id, v.timestamp_ms))
-
-
-def rebuild_bindings(entries: Iterable[object]) -> dict[int, ProducerIdBinding]:
-    """The producer-id bindings of a partition's entries in log order: producer id ->
-    its latest binding; a tombstone removes one."""
-    out: dict[int, ProducerIdBinding] = {}
-    for entry in entries:
-        if isinstance(entry, ProducerIdBindingEntry):
-            if entry.binding is None:
-                out.pop(entry.producer_id, None)
-            else:
-                out[entry.producer_id] = entry.binding
-    return out
 
 
 def group_key(group_id: str, transactional_id: str) -> bytes:
@@ -351,43 +328,3 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[object], int | None]:
     except (records.CorruptRecordError, UnicodeDecodeError) as exc:
         raise CorruptTxnLogError(str(exc)) from exc
     return entries, next_offset
-
-
-def rebuild_groups(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]
-                   ) -> dict[str, dict[str, GroupAssignment]]:
-    """The group assignments of a partition's entries in log order: group id ->
-    {transactional.id -> its latest assignment}; a tombstone removes one."""
-    groups: dict[str, dict[str, GroupAssignment]] = {}
-    for entry in entries:
-        if not isinstance(entry, GroupAssignmentEntry):
-            continue
-        put_or_remove(groups, entry.group_id, entry.transactional_id, entry.assignment)
-    return groups
-
-
-def rebuild(entries: Iterable[TxnLogEntry | GroupAssignmentEntry]) -> dict[str, TransactionMetadata]:
-    """Materialise the transaction status cache from a partition's entries in log
-    order: the last record of a transactional.id wins, a tombstone removes it (design
-    doc "Transaction Coordinator Startup" 1.a, as Kafka's loader does).
-
-    A record whose epoch is lower than an earlier one of the same PID is not an error:
-    an append whose outcome the coordinator could not learn (a timeout, a leader
-    change after the local append) may have landed while the coordinator went on from
-    its previous state, so the log can hold, say, a PrepareAbort at epoch e+1 followed
-    by a commit at epoch e. The later record is what the coordinator acted on last;
-    it wins, and the regression is logged."""
-    latest: dict[str, TxnTransitMetadata] = {}
-    for entry in entries:
-        if not isinstance(entry, TxnLogEntry):
-            continue
-        if entry.transit is None:
-            latest.pop(entry.transactional_id, None)
-            continue
-        prev = latest.get(entry.transactional_id)
-        t = entry.transit
-        if prev is not None and prev.producer_id == t.producer_id and t.producer_epoch < prev.producer_epoch:
-            log.warning("transactional.id %r at offset %d: epoch %d of PID %d follows the higher epoch %d; "
-                        "the later record wins", entry.transactional_id, entry.offset, t.producer_epoch,
-                        t.producer_id, prev.producer_epoch)
-        latest[entry.transactional_id] = t
-    return {tid: TransactionMetadata.from_transit(tid, t) for tid, t in latest.items()}

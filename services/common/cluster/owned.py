@@ -7,29 +7,29 @@ keeps an `OwnedPartition`: the partition, the coordinator epoch of the claim, th
 claim's writer identity (producer id and epoch, and a retired writer PID to close),
 the background tasks working on it, a `loaded` event and a `closed` flag.
 
-`PartitionOwner` is the base of both coordinators. It implements:
+`OwnedPartitions` is that lifecycle, a collaborator each coordinator builds with its
+own parts (how to make a partition's state, how to load it, how to append a fence
+batch) and holds. It implements:
 
 - `on_elected` / `on_resigned`: the callbacks of `CoordinatorOwnership`. Election
-  creates the partition (`_new_partition`) and starts its main task (`_load`);
-  resignation closes it and cancels its tasks.
-- fencing of the previous owner (`_fence_previous_owner`): before loading, the fence
+  creates the partition (`new_partition`) and starts its main task: the fence of the
+  previous owner, then `load`; resignation closes it and cancels its tasks.
+- fencing of the previous owner (`fence_previous_owner`): before loading, the fence
   batches of the claim are appended, retried with backoff (tenacity), so that a
   deposed owner can no longer append;
-- deposition (`_is_fenced`, `_deposed`): an append refused because a newer owner
+- deposition (`is_fenced`, `deposed`): an append refused because a newer owner
   wrote with a higher writer epoch makes this coordinator stop serving the
   partition at once and call `on_fenced(partition, coordinator_epoch)`
   (`CoordinatorOwnership.fenced`), which resigns the claim;
-- the ownership barrier (`_confirm_ownership`): before an answer taken from the
+- the ownership barrier (`confirm_ownership`): before an answer taken from the
   cache alone confirms an outcome to a client, one more fence record at the
   current writer epoch proves that no newer owner has fenced this one (a deposed
-  owner that has not noticed yet would otherwise answer from a stale cache).
-
-Subclasses supply `_new_partition`, `_load`, `_append_fence` and, for their own
-clean-up, `_dropped`.
+  owner that has not noticed yet would otherwise answer from a stale cache);
+- the partitions' background tasks (`spawn`) and the retries of their steps
+  (`retrying`).
 """
 from __future__ import annotations
 
-import abc
 import asyncio
 import logging
 import types
@@ -177,49 +177,61 @@ class OwnedPartition:
 P = TypeVar("P", bound=OwnedPartition)
 
 
-class PartitionOwner(abc.ABC, Generic[P]):
-    """Base of the coordinators: the partitions of `topic` this process owns.
+class OwnedPartitions(Generic[P]):
+    """The partitions of `topic` this process owns, and their lifecycle: a
+    collaborator each coordinator builds and holds (Kafka's CoordinatorRuntime holds
+    its shards the same way), not a base class.
 
-    clock: milliseconds (exactly_wire.clock.Clock) of the subclass's choice;
-    wall_clock: wall-clock milliseconds for the timestamps of fence records (the
-    `clock` when None). sleep: async (seconds) -> None, the backoff of retries
-    (injected in tests). on_fenced(partition, coordinator_epoch): called on the loop
-    when a newer owner of the partition exists (CoordinatorOwnership.fenced).
-    retry_backoff_ms / retry_backoff_max_ms: first and largest backoff of retried
-    steps (exponential with jitter).
+    topic: the internal topic (log messages). new_partition(partition,
+    coordinator_epoch, producer_id, producer_epoch, retired_producer_id) -> P: the
+    state object of a newly claimed partition. load(part): async, the main task of a
+    newly owned partition once the previous owner is fenced (replay, then serve;
+    `part.closed` tells it that the ownership ended). append_fence(part, batch): async,
+    appends one fence batch, returns an ErrorCode value. dropped(part): called once
+    `part` was closed and its tasks cancelled (forget its state; optional).
+    wall_clock: wall-clock ms (exactly_wire.clock.Clock) of the fence records' timestamps.
+    sleep: async (seconds) -> None, the backoff of retries (injected in tests).
+    on_fenced(partition, coordinator_epoch): called on the loop when a newer owner of
+    the partition exists (CoordinatorOwnership.fenced). retry_backoff_ms /
+    retry_backoff_max_ms: first and largest backoff of retried steps (exponential
+    with jitter).
     """
 
-    topic = ""  # the internal topic (log messages)
-
-    def __init__(self, clock: Clock, wall_clock: Clock | None = None,
+    def __init__(self, topic: str, new_partition: Callable[[int, int, int, int, int], P],
+                 load: Callable[[P], Awaitable[None]], append_fence: Callable[[P, bytes], Awaitable[int]], *,
+                 wall_clock: Clock, dropped: Callable[[P], None] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  on_fenced: Callable[[int, int], None] | None = None,
                  retry_backoff_ms: int = 20, retry_backoff_max_ms: int = 1_000):
+        self.topic = topic
         self.on_fenced = on_fenced
-        self._clock = clock
-        self._wall_clock = wall_clock or clock
+        self._new_partition = new_partition
+        self._load = load
+        self._append_fence = append_fence
+        self._dropped = dropped or (lambda part: None)
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._retry_backoff_ms = retry_backoff_ms
         self._retry_backoff_max_ms = retry_backoff_max_ms
         self._parts: dict[int, P] = {}
         self._tasks: set[asyncio.Task] = set()  # work not tied to one partition
 
-    # ------------------------------------------------------------ subclass hooks
-    @abc.abstractmethod
-    def _new_partition(self, partition: int, coordinator_epoch: int, producer_id: int,
-                       producer_epoch: int, retired_producer_id: int) -> P:
-        """The state object of a newly claimed partition."""
+    # ------------------------------------------------------------ lookups
+    def get(self, partition: int) -> P | None:
+        """The owned partition `partition` (loading, serving or disabled), None when not owned."""
+        return self._parts.get(partition)
 
-    @abc.abstractmethod
-    async def _load(self, part: P) -> None:
-        """The main task of a newly owned partition: fence, replay, serve."""
+    def values(self) -> list[P]:
+        """Every owned partition, as a list (safe to iterate across awaits)."""
+        return list(self._parts.values())
 
-    @abc.abstractmethod
-    async def _append_fence(self, part: P, batch: bytes) -> int:
-        """Append one fence batch to the partition; returns an ErrorCode value."""
+    def owned_partitions(self) -> dict[int, bool]:
+        """partition -> True when it serves (False while loading or disabled)."""
+        return {p: part.serving for p, part in self._parts.items()}
 
-    def _dropped(self, part: P) -> None:
-        """Called once `part` was closed and its tasks cancelled: forget its state."""
+    def tasks(self) -> list[asyncio.Task]:
+        """The background tasks not tied to one partition (`spawn(None, ...)`)."""
+        return list(self._tasks)
 
     # ------------------------------------------------------------ ownership
     async def on_elected(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
@@ -237,33 +249,39 @@ class PartitionOwner(abc.ABC, Generic[P]):
         part = self._new_partition(partition, coordinator_epoch, producer_id, producer_epoch,
                                    retired_producer_id)
         self._parts[partition] = part
-        self._spawn(part, self._load(part), f"{self.topic}-{partition}-load")
+        self.spawn(part, self._fence_and_load(part), f"{self.topic}-{partition}-load")
 
-    def _restart(self, part: P) -> None:
+    def restart(self, part: P) -> None:
         """Load `part` again under the same claim (coordinator epoch and writer
         identity), e.g. to learn the outcome of an ambiguous append from the log: its
         state and tasks are dropped and a fresh load starts (fence first, then replay),
         requests get COORDINATOR_LOAD_IN_PROGRESS meanwhile. Synchronous, so one of
         `part`'s own tasks may call it: that task is cancelled at its next await."""
-        if not self._owns(part):
+        if not self.owns(part):
             return
         del self._parts[part.partition]
         self._drop(part)
         new = self._new_partition(part.partition, part.coordinator_epoch, part.producer_id, part.producer_epoch,
                                   part.retired_producer_id)
         self._parts[part.partition] = new
-        self._spawn(new, self._load(new), f"{self.topic}-{part.partition}-reload")
+        self.spawn(new, self._fence_and_load(new), f"{self.topic}-{part.partition}-reload")
 
-    async def on_resigned(self, partition: int) -> None:
+    async def _fence_and_load(self, part: P) -> None:
+        """The main task of an owned partition: fence the previous owner, then `load`."""
+        try:
+            await self.fence_previous_owner(part)
+        except NotOwner:
+            return
+        await self._load(part)
+
+    async def on_resigned(self, partition: int) -> bool:
         """Another coordinator owns `partition` now: stop its work and forget its
-        state (requests get NOT_COORDINATOR). Returns once its tasks ended."""
+        state (requests get NOT_COORDINATOR). Returns once its tasks ended: whether
+        it was owned."""
         part = self._parts.pop(partition, None)
         if part is not None:
             await self._resign(part)
-
-    def owned_partitions(self) -> dict[int, bool]:
-        """partition -> True when it serves (False while loading or disabled)."""
-        return {p: part.serving for p, part in self._parts.items()}
+        return part is not None
 
     async def wait_loaded(self, partition: int | None = None, *, timeout_s: float | None = None) -> bool:
         """Wait until `partition` (every owned partition when None) finished loading,
@@ -307,20 +325,20 @@ class PartitionOwner(abc.ABC, Generic[P]):
         self._dropped(part)
         return tasks
 
-    def _owns(self, part: P) -> bool:
+    def owns(self, part: P) -> bool:
         """Whether `part` is still the current, open ownership of its partition."""
         return not part.closed and self._parts.get(part.partition) is part
 
-    def _is_fenced(self, part: P, code: int) -> bool:
+    def is_fenced(self, part: P, code: int) -> bool:
         """Whether `code`, the answer to an append written with our writer PID, means
         that a newer owner wrote with a higher writer epoch; then the partition is
-        deposed (`_deposed`)."""
+        deposed (`deposed`)."""
         if part.producer_id < 0 or code not in FENCED_APPEND_ERRORS:
             return False
-        self._deposed(part, f"writes fenced ({code_name(code)})")
+        self.deposed(part, f"writes fenced ({code_name(code)})")
         return True
 
-    def _deposed(self, part: P, reason: str) -> None:
+    def deposed(self, part: P, reason: str) -> None:
         """A newer owner of `part` exists: stop serving it at once and tell the
         ownership (`on_fenced`)."""
         log.warning("%s-%d: coordinator epoch %d deposed, %s", self.topic, part.partition,
@@ -331,7 +349,7 @@ class PartitionOwner(abc.ABC, Generic[P]):
         if self.on_fenced is not None:
             self.on_fenced(part.partition, part.coordinator_epoch)
 
-    async def _fence_previous_owner(self, part: P) -> None:
+    async def fence_previous_owner(self, part: P) -> None:
         """Append the fence records of this claim, each retried until it is in the
         log. Raises NotOwner when the ownership ended or a newer owner already fenced
         us (the partition is then deposed)."""
@@ -339,9 +357,9 @@ class PartitionOwner(abc.ABC, Generic[P]):
             return
         for batch in fence_batches(part.producer_id, part.producer_epoch, part.retired_producer_id,
                                    self._wall_clock()):
-            async for attempt in self._retrying():
+            async for attempt in self.retrying():
                 with attempt:
-                    if not self._owns(part):
+                    if not self.owns(part):
                         raise NotOwner()
                     code = await self._append_own_fence(part, batch)
                     if code is None:
@@ -354,11 +372,11 @@ class PartitionOwner(abc.ABC, Generic[P]):
         meanwhile or a newer owner had fenced us (`part` is then deposed), else the
         append's error code."""
         code = await self._append_fence(part, batch)
-        if not self._owns(part) or self._is_fenced(part, code):
+        if not self.owns(part) or self.is_fenced(part, code):
             return None
         return code
 
-    async def _confirm_ownership(self, part: P) -> ErrorCode:
+    async def confirm_ownership(self, part: P) -> ErrorCode:
         """The ownership barrier: append a fence record at this claim's writer epoch.
         The new owner fences before it replays and serves, so an accepted barrier means
         no newer owner has served a request yet and the cache holds the latest state;
@@ -366,7 +384,7 @@ class PartitionOwner(abc.ABC, Generic[P]):
         (deposed or no longer owned) or COORDINATOR_NOT_AVAILABLE (the log could not
         take the record: retriable). Without a writer identity (producer_id < 0)
         there is nothing to fence and the answer is NONE."""
-        if not self._owns(part):
+        if not self.owns(part):
             return ErrorCode.NOT_COORDINATOR
         if part.producer_id < 0:
             return ErrorCode.NONE
@@ -379,21 +397,13 @@ class PartitionOwner(abc.ABC, Generic[P]):
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return ErrorCode.NONE
 
-    def _retrying(self) -> FirstTryThenRetrying:
-        """Retries of a step that raises RetryLater: exponential backoff with jitter
-        from retry_backoff_ms up to retry_backoff_max_ms, forever; other exceptions
-        propagate. The first attempt runs without tenacity (FirstTryThenRetrying)."""
-        backoff = self._retry_backoff_ms / 1000
-        wait = wait_exponential_jitter(multiplier=backoff, max=self._retry_backoff_max_ms / 1000, jitter=backoff)
+    # ------------------------------------------------------------ work
+    def retrying(self) -> FirstTryThenRetrying:
+        """Retries of a step that raises RetryLater (`retrying`), with this owner's
+        sleep and backoff."""
+        return retrying(self._sleep, self._retry_backoff_ms, self._retry_backoff_max_ms)
 
-        def later() -> AsyncRetrying:
-            return AsyncRetrying(sleep=self._sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
-                                 wait=wait, before_sleep=lambda state: _log_retry(state, 1))
-
-        return FirstTryThenRetrying(later, RetryLater, lambda: first_wait_s(wait), self._sleep,
-                                    lambda exc: log.info("retrying (attempt 1): %s", exc))
-
-    def _spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
+    def spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
         """Run `coro` as a task of `part` (cancelled when it is dropped) or, with
         part None, of the coordinator (cancelled by `stop`). A failure is logged."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -408,4 +418,20 @@ class PartitionOwner(abc.ABC, Generic[P]):
         return task
 
 
-__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "PartitionOwner", "FirstTryThenRetrying", "code_name", "first_wait_s"]
+def retrying(sleep: Callable[[float], Awaitable[None]], backoff_ms: int, backoff_max_ms: int) -> FirstTryThenRetrying:
+    """Retries of a step that raises RetryLater: exponential backoff with jitter from
+    `backoff_ms` up to `backoff_max_ms` on `sleep`, forever; other exceptions
+    propagate. The first attempt runs without tenacity (FirstTryThenRetrying)."""
+    backoff = backoff_ms / 1000
+    wait = wait_exponential_jitter(multiplier=backoff, max=backoff_max_ms / 1000, jitter=backoff)
+
+    def later() -> AsyncRetrying:
+        return AsyncRetrying(sleep=sleep, retry=retry_if_exception_type(RetryLater), reraise=True,
+                             wait=wait, before_sleep=lambda state: _log_retry(state, 1))
+
+    return FirstTryThenRetrying(later, RetryLater, lambda: first_wait_s(wait), sleep,
+                                lambda exc: log.info("retrying (attempt 1): %s", exc))
+
+
+__all__ = ["NotOwner", "RetryLater", "OwnedPartition", "OwnedPartitions", "FirstTryThenRetrying", "code_name",
+           "first_wait_s", "retrying"]

@@ -28,6 +28,7 @@ from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
 
+from ..protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_FOR_KIND, TRANSACTION_STATE_TOPIC
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
                         role_settings)
@@ -45,9 +46,6 @@ TOPICS = f"{ROOT}/topics"
 COORDINATORS = f"{ROOT}/coordinators"
 PID_BLOCK = f"{ROOT}/producer_id_block"
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
-CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPIC_FOR_KIND = {"txn": TRANSACTION_STATE_TOPIC, "group": CONSUMER_OFFSETS_TOPIC}
 ROLE_FOR_KIND = {"txn": "txn_coordinator", "group": "group_coordinator"}
 # FindCoordinator key types: 0 group, 1 transaction, 2 transaction-group (KIP-447 draft:
 # a group-aware producer's transaction coordinator is the owner of partition

@@ -18,7 +18,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..cluster.state import ClusterState, NodeInfo
-from ..deadlines import WRITE_TXN_MARKERS_TIMEOUT_MS
+from ..protocol import WRITE_TXN_MARKERS_TIMEOUT_MS
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)

@@ -82,7 +82,7 @@ def test_describe_configs_types_and_defaults_come_from_the_schema():
 def test_the_services_settings_objects_default_to_the_schemas():
     # The coordinators hold their role's schema object itself: no second definition
     # of a key or a default exists to drift.
-    assert TransactionCoordinator(None, None, None, None).config == TxnCoordinatorSchema()
+    assert TransactionCoordinator.build(None, None, None, None).config == TxnCoordinatorSchema()
     assert GroupCoordinator(None, lambda group: 0, lambda: {}).config == GroupCoordinatorSchema()
     assert GroupMetadata("g", 0).config == GroupCoordinatorSchema()
     leader = PartitionLeaderSchema()
@@ -94,7 +94,7 @@ def test_the_services_settings_objects_default_to_the_schemas():
 def test_a_set_value_reaches_the_services_settings_objects():
     txn = role_settings(TxnCoordinatorSchema, {"max.transaction.timeout.ms": "7000",
                                                "exactly.txn.batch.linger.ms": "3"})
-    coordinator = TransactionCoordinator(None, None, None, None, txn)
+    coordinator = TransactionCoordinator.build(None, None, None, None, txn)
     assert (coordinator.config.max_timeout_ms, coordinator.config.txn_batch_linger_ms) == (7000, 3)
     group = role_settings(GroupCoordinatorSchema, {"group.max.size": "4", "offsets.commit.timeout.ms": "7"})
     state = OffsetsPartitionState(0, group)

@@ -12,7 +12,7 @@ from waiting import wait_for_async
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.deadlines import REQUEST_ARRIVAL_S
+from services.common.protocol import REQUEST_ARRIVAL_S
 from services.common.metrics import RpcMetricsInterceptor
 from services.common.transport.guard import RequestGuard, UnaryHandlerInterceptor
 from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError,
@@ -243,7 +243,7 @@ def test_a_calls_arrival_is_taken_before_the_interceptors_that_hold_it():
     """The outermost interceptor (RpcMetricsInterceptor) records each call's arrival in
     REQUEST_ARRIVAL_S before an inner interceptor holds the call (as a quota mute
     does), for direct and tunneled calls: deadlines that count from the arrival
-    (services/common/deadlines.py) do not grow by the hold."""
+    (services/common/protocol.py) do not grow by the hold."""
     entered: list[float] = []
     seen: list[float | None] = []
 

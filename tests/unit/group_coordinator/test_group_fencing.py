@@ -85,7 +85,7 @@ def test_deposed_group_coordinator_is_fenced_and_the_new_one_has_everything():
         assert (await old.fetch_offsets(group, [TP0], False))[0] == ErrorCode.NOT_COORDINATOR
 
         marker_offset = log.write_marker(p, 42, committed=True, producer_epoch=3, coordinator_epoch=1)
-        assert await asyncio.wait_for(new._parts[p].wait_applied(marker_offset), 5)  # the tailer applied it
+        assert await asyncio.wait_for(new.partitions.get(p).wait_applied(marker_offset), 5)  # the tailer applied it
         assert await new.fetch_offsets(group, [TP0, TP1], require_stable=True) == (
             ErrorCode.NONE, {TP0: FetchedOffset(7, "", ErrorCode.NONE), TP1: FetchedOffset(80, "", ErrorCode.NONE)})
         assert new_fenced == []

@@ -13,7 +13,7 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import PartitionState, TopicInfo
-from services.common.deadlines import MARKER_LEADER_DEADLINE_MS, REQUEST_ARRIVAL_S
+from services.common.protocol import MARKER_LEADER_DEADLINE_MS, REQUEST_ARRIVAL_S
 from services.partition_leader.purgatory import HIGH_WATERMARK, LAST_STABLE, LOG_END, Purgatory, Watch
 from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
 from services.partition_leader.servicer import PartitionLeaderServicer

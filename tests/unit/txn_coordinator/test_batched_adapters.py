@@ -10,7 +10,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import NodeInfo
 from services.txn_coordinator.adapters import ClusterMarkerWriter, ClusterTxnLog, Linger, merge_per_partition
-from services.txn_coordinator.coordinator import TxnMarker
+from services.txn_coordinator.ports import TxnMarker
 
 LEADERS = {("a", 0): NodeInfo("pl-0", "partition_leader", "127.0.0.1", 1),
            ("a", 1): NodeInfo("pl-1", "partition_leader", "127.0.0.1", 2),

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings, replayed
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
 from services.common.settings import TxnCoordinatorSchema
-from services.common.deadlines import (MARKER_DEADLINE_MARGIN_MS, marker_coordinator_wait_ms,
+from services.common.protocol import (MARKER_DEADLINE_MARGIN_MS, marker_coordinator_wait_ms,
                                        marker_leader_deadline_s)
 from services.txn_coordinator.state import MAX_PRODUCER_EPOCH, GroupAssignment, TxnState, TxnTransitMetadata
 
@@ -540,9 +540,9 @@ def test_timed_out_transaction_is_aborted_with_epoch_bump():
         await h.elect()
         pid, epoch = await h.begin("t", timeout_ms=1000)
         h.clock.advance(1000)
-        assert await h.coord.abort_timed_out_transactions() == 0  # not yet (strictly older)
+        assert await h.coord.scans.abort_timed_out_transactions() == 0  # not yet (strictly older)
         h.clock.advance(1)
-        assert await h.coord.abort_timed_out_transactions() == 1
+        assert await h.coord.scans.abort_timed_out_transactions() == 1
         await h.settle()
         md = h.md("t")
         assert (md.state, md.producer_epoch) == (S.COMPLETE_ABORT, epoch + 1)
@@ -566,7 +566,7 @@ def test_timeout_counts_from_first_partition_not_last_update():
         h.clock.advance(900)
         await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
         h.clock.advance(200)
-        assert await h.coord.abort_timed_out_transactions() == 1
+        assert await h.coord.scans.abort_timed_out_transactions() == 1
 
     run(scenario())
 
@@ -578,12 +578,12 @@ def test_expired_transactional_id_gets_tombstone():
         await h.coord.init_producer_id("idle", 60000)
         pid, epoch = await h.begin("busy", timeout_ms=60000)
         h.clock.advance(10_000)
-        assert await h.coord.expire_transactional_ids() == 1
+        assert await h.coord.scans.expire_transactional_ids() == 1
         assert h.md("idle") is None and h.md("busy") is not None
         assert h.log.states("idle")[-1] is None
         [d] = h.coord.describe_transactions(["idle"])
         assert d.error == E.TRANSACTIONAL_ID_NOT_FOUND
-        assert "idle" not in txn_log.rebuild(h.log.entries())
+        assert "idle" not in replayed(h.log.entries()).txns
         r = await h.coord.init_producer_id("idle", 60000)  # comes back with a new PID
         assert r.error == E.NONE and r.producer_epoch == 0
 
@@ -597,9 +597,9 @@ def test_failed_tombstone_keeps_the_id():
         await h.coord.init_producer_id("idle", 60000)
         h.clock.advance(10)
         h.log.append_errors = [E.NOT_ENOUGH_REPLICAS]
-        assert await h.coord.expire_transactional_ids() == 0
+        assert await h.coord.scans.expire_transactional_ids() == 0
         assert h.md("idle").pending_state is None
-        assert await h.coord.expire_transactional_ids() == 1
+        assert await h.coord.scans.expire_transactional_ids() == 1
 
     run(scenario())
 
@@ -665,7 +665,7 @@ def test_recovered_ongoing_transaction_times_out():
         h = Harness(log=log)
         _write(log, "t", S.ONGOING, start=h.clock() - 61_000, last_update=h.clock() - 61_000)
         await h.elect()
-        assert await h.coord.abort_timed_out_transactions() == 1
+        assert await h.coord.scans.abort_timed_out_transactions() == 1
         await h.settle()
         assert h.md("t").state is S.COMPLETE_ABORT and h.md("t").producer_epoch == 4
 
@@ -717,12 +717,11 @@ def test_reelection_reloads_what_was_written():
 def test_pause_after_prepare_delays_markers_of_client_commits_only():
     async def scenario():
         slept = []
-        h = Harness(txn_settings({"exactly.test.pause.after.prepare.ms": 5000}))
 
         async def recording_sleep(s):
             slept.append(s)
             await asyncio.sleep(0)
-        h.coord._sleep = recording_sleep
+        h = Harness(txn_settings({"exactly.test.pause.after.prepare.ms": 5000}), sleep=recording_sleep)
         await h.elect()
         pid, epoch = await h.begin("t")
         assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
@@ -767,7 +766,7 @@ def test_group_aware_init_rejects_stale_generation():
         g4 = GroupAssignment("g", 4, frozenset({("in", 1)}))
         assert (await h.coord.init_producer_id("p2", 60000, group=g4)).error == E.ILLEGAL_GENERATION
         assert h.md("p1").group == g5 and h.md("p2") is None
-        assert txn_log.rebuild_groups(h.log.entries()) == {"g": {"p1": g5}}
+        assert replayed(h.log.entries()).groups == {"g": {"p1": g5}}
 
     run(scenario())
 
@@ -859,7 +858,7 @@ def test_group_assignments_are_replayed_on_failover():
         assert h.md("p1", group_partition).group == g3
         await h.coord.on_resigned(group_partition)
         await h.elect(group_partition, coordinator_epoch=2)
-        part = h.coord._parts[group_partition]
+        part = h.coord.partitions.get(group_partition)
         assert part.groups == {"g": {"p1": g3}} and part.generation("g") == 3
         assert h.md("p1", group_partition).group == g3
         stale = GroupAssignment("g", 2, frozenset({("in", 1)}))
@@ -891,9 +890,9 @@ def test_expired_group_aware_id_leaves_a_group_tombstone():
         assert (await h.coord.init_producer_id("p1", 60000, group=GroupAssignment("g", 1, frozenset()))).error \
             == E.NONE
         h.clock.advance(2000)
-        assert await h.coord.expire_transactional_ids() == 1
-        assert txn_log.rebuild_groups(h.log.entries()) == {}
-        assert h.coord._parts[0].groups == {}
+        assert await h.coord.scans.expire_transactional_ids() == 1
+        assert replayed(h.log.entries()).groups == {}
+        assert h.coord.partitions.get(0).groups == {}
 
     run(scenario())
 
@@ -940,7 +939,7 @@ def test_an_ambiguous_append_that_landed_is_learned_from_the_log():
         pid, epoch = await h.begin("t", timeout_ms=1000)
         h.clock.advance(1001)
         h.log.errors_after_write.append(E.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
-        await h.coord.abort_timed_out_transactions()
+        await h.coord.scans.abort_timed_out_transactions()
         await h.coord.wait_loaded(0)
         await h.settle()
         md = h.md("t")
@@ -1061,7 +1060,7 @@ def test_a_group_aware_init_cancelled_while_its_group_record_waits_in_the_group_
         h.log.request_gate.set()
         await h.log.answered.wait()
         await h.settle()
-        assert h.coord._parts[0].groups == txn_log.rebuild_groups(h.log.entries()) == {"g": {"p1": g5}}
+        assert h.coord.partitions.get(0).groups == replayed(h.log.entries()).groups == {"g": {"p1": g5}}
         g4 = GroupAssignment("g", 4, frozenset({("in", 1)}))
         assert (await h.coord.init_producer_id("p2", 60000, group=g4)).error == E.ILLEGAL_GENERATION
 
@@ -1135,7 +1134,7 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
         ended_at = h.clock.now
         end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
         assert (end.error, end.producer_epoch) == (E.NONE, epoch)
-        completion = h.coord._parts[0].completions["t"].task
+        completion = h.coord.partitions.get(0).completions["t"].task
         parked = asyncio.create_task(sleep.parked.wait())
         await asyncio.wait({parked, completion}, return_when=asyncio.FIRST_COMPLETED)
         assert not completion.done()  # still waiting for the unanswered request to die at the leader
@@ -1170,7 +1169,7 @@ def test_unanswered_marker_requests_hold_no_version_2_transaction():
 
 
 def test_the_coordinator_outwaits_the_leaders_marker_deadline_by_the_margin():
-    """services/common/deadlines.py: for a request that arrived at its leader at the
+    """services/common/protocol.py: for a request that arrived at its leader at the
     latest when the retry wrote the marker, the leader's deadline (counted from the
     arrival) ends MARKER_DEADLINE_MARGIN_MS before the coordinator's wait does."""
     written_at_ms = 1_700_000_000_000

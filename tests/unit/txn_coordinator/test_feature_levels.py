@@ -9,7 +9,7 @@ unknown version."""
 from __future__ import annotations
 
 import pytest
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, Harness, run, replayed
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
@@ -51,8 +51,8 @@ def _batch(key: bytes, value: bytes | None) -> bytes:
 
 def test_the_feature_level_record_round_trips_and_a_higher_level_is_refused():
     entries, _ = txn_log.decode_fetched(txn_log.encode_feature_level_batch(2, 0))
-    assert entries == [txn_log.FeatureLevelEntry(0, 2)] and txn_log.recorded_level(entries) == 2
-    assert txn_log.recorded_level([]) == features.BASELINE_LEVEL
+    assert entries == [txn_log.FeatureLevelEntry(0, 2)] and replayed(entries).recorded_level == 2
+    assert replayed([]).recorded_level == features.BASELINE_LEVEL
     above = txn_log_pb2.FeatureLevelValue(metadata_version=features.MAX_LEVEL + 1).SerializeToString()
     with pytest.raises(txn_log.NewerTxnLogError, match=f"records metadata.version {features.MAX_LEVEL + 1}"):
         txn_log.decode_fetched(_batch(txn_log.FEATURES_KEY, above))
@@ -104,15 +104,15 @@ def test_raising_the_level_records_it_once_per_partition_and_a_reload_reads_it()
         h.topology.level = 1
         await h.elect(0)
         await h.elect(1)
-        assert await h.coord.record_feature_levels() == 0
+        assert await h.coord.scans.record_feature_levels() == 0
         h.topology.level = 2
-        assert await h.coord.record_feature_levels() == 2
-        assert await h.coord.record_feature_levels() == 0  # recorded already
+        assert await h.coord.scans.record_feature_levels() == 2
+        assert await h.coord.scans.record_feature_levels() == 0  # recorded already
         assert [e.metadata_version for e in log.all_entries(0) if isinstance(e, txn_log.FeatureLevelEntry)] == [2]
         again = Harness(log=log, txn_partitions=2)  # another owner loads the partitions
         await again.elect(0, coordinator_epoch=2)
         await again.settle()
-        assert again.coord._parts[0].recorded_level == 2
+        assert again.coord.partitions.get(0).recorded_level == 2
         assert [e for e in log.all_entries(0) if isinstance(e, txn_log.FeatureLevelEntry)] == \
             [txn_log.FeatureLevelEntry(0, 2)]  # not written again
     run(scenario())
@@ -126,7 +126,7 @@ def test_a_partition_with_a_record_of_a_newer_version_is_not_served():
         log.next_offset[0] = 1
         h = Harness(log=log)
         await h.elect()
-        part = h.coord._parts[0]
+        part = h.coord.partitions.get(0)
         assert part.error and "txn-log-value version 5" in part.error and not part.serving
         r = await h.coord.init_producer_id("t", 60000)
         assert r.error == E.NOT_COORDINATOR

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings
+from txn_coordinator_fakes import FakeLog, GroupCommitLog, Harness, run, txn_settings, replayed
 
 from exactly_wire.error_codes import ErrorCode
 from services.txn_coordinator import txn_log
@@ -42,7 +42,7 @@ def _code(h: Harness, producer_id: int, principal: str, transactional_id: str = 
 
 
 def _bindings(log: FakeLog, partition: int) -> dict[int, txn_log.ProducerIdBinding]:
-    return txn_log.rebuild_bindings(log.entries(partition))
+    return replayed(log.entries(partition)).bindings
 
 
 @_owned
@@ -116,14 +116,14 @@ async def test_idle_idempotent_bindings_expire_and_used_ones_stay(h: Harness):
     h.clock.advance(600)
     assert _code(h, used, "User:alice", "") == E.NONE  # a use
     h.clock.advance(600)
-    assert await h.coord.expire_producer_id_bindings() == 1
+    assert await h.coord.scans.expire_producer_id_bindings() == 1
     # Kafka's answer for an idempotent producer id whose state expired: the producer takes a new one.
     assert _code(h, idle, "User:alice", "") == E.UNKNOWN_PRODUCER_ID
     assert _code(h, idle, "User:alice", "tx-a") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert _code(h, used, "User:alice", "") == E.NONE
     assert idle not in _bindings(h.log, idle % N)  # the tombstone is in the log
     h.clock.advance(1001)
-    assert await h.coord.expire_producer_id_bindings() == 1
+    assert await h.coord.scans.expire_producer_id_bindings() == 1
     assert all(not _bindings(h.log, p) for p in range(N))
 
 
@@ -131,10 +131,10 @@ async def test_idle_idempotent_bindings_expire_and_used_ones_stay(h: Harness):
 async def test_a_transactional_binding_lives_as_long_as_its_transactional_id_holds_it(h: Harness):
     r = await h.coord.init_producer_id("tx-a", 60000, principal="User:alice")
     h.clock.advance(4000)
-    assert await h.coord.expire_producer_id_bindings() == 0  # held by tx-a
+    assert await h.coord.scans.expire_producer_id_bindings() == 0  # held by tx-a
     h.clock.advance(2000)
-    assert await h.coord.expire_transactional_ids() == 1  # tx-a idle > transactional.id.expiration.ms
-    assert await h.coord.expire_producer_id_bindings() == 1
+    assert await h.coord.scans.expire_transactional_ids() == 1  # tx-a idle > transactional.id.expiration.ms
+    assert await h.coord.scans.expire_producer_id_bindings() == 1
     assert _code(h, r.producer_id, "User:alice", "tx-a") == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
@@ -167,8 +167,8 @@ def test_binding_records_round_trip():
     entries, _ = txn_log.decode_fetched(batch)
     assert [(e.producer_id, e.binding) for e in entries] == [(7, txn_log.ProducerIdBinding("User:a", "t", 5)),
                                                              (8, None)]
-    assert txn_log.rebuild(entries) == {}
-    assert txn_log.rebuild_bindings(entries) == {7: txn_log.ProducerIdBinding("User:a", "t", 5)}
+    assert replayed(entries).txns == {}
+    assert replayed(entries).bindings == {7: txn_log.ProducerIdBinding("User:a", "t", 5)}
 
 
 def test_a_producer_id_issued_before_bindings_is_replaced_by_one_of_its_partition():
@@ -224,7 +224,7 @@ def test_an_init_cancelled_while_its_binding_record_waits_in_the_group_commit(tr
         else:
             assert sum(len(_bindings(log, p)) for p in range(N)) == 1
         for p in range(N):
-            assert h.coord._parts[p].bindings == _bindings(log, p)
+            assert h.coord.partitions.get(p).bindings == _bindings(log, p)
     run(scenario())
 
 

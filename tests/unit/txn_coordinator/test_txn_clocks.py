@@ -7,8 +7,8 @@ import pytest
 from txn_coordinator_fakes import FakeLog, Harness, run, txn_settings
 
 from exactly_wire.error_codes import ErrorCode
-from services.common.deadlines import marker_coordinator_wait_ms
-from services.txn_coordinator.coordinator import TxnMarker
+from services.common.protocol import marker_coordinator_wait_ms
+from services.txn_coordinator.ports import TxnMarker
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
@@ -23,11 +23,11 @@ def test_wall_clock_step_neither_expires_nor_holds_a_transaction(step_ms):
         await h.elect()
         await h.begin("t", timeout_ms=60_000)
         h.wall.advance(step_ms)
-        assert await h.coord.abort_timed_out_transactions() == 0  # forwards: not early
+        assert await h.coord.scans.abort_timed_out_transactions() == 0  # forwards: not early
         h.clock.advance(60_000)
-        assert await h.coord.abort_timed_out_transactions() == 0
+        assert await h.coord.scans.abort_timed_out_transactions() == 0
         h.clock.advance(1)
-        assert await h.coord.abort_timed_out_transactions() == 1  # backwards: not late
+        assert await h.coord.scans.abort_timed_out_transactions() == 1  # backwards: not late
         await h.settle()
         assert h.md("t").state is S.COMPLETE_ABORT
 
@@ -48,9 +48,9 @@ def test_next_transaction_restarts_the_timeout_whatever_the_wall_clock():
         res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)])
         assert set(res.values()) == {ErrorCode.NONE}
         h.clock.advance(1000)
-        assert await h.coord.abort_timed_out_transactions() == 0
+        assert await h.coord.scans.abort_timed_out_transactions() == 0
         h.clock.advance(1)
-        assert await h.coord.abort_timed_out_transactions() == 1
+        assert await h.coord.scans.abort_timed_out_transactions() == 1
 
     run(scenario())
 
@@ -72,7 +72,7 @@ def test_a_new_owner_whose_clock_is_ahead_does_not_abort_a_prepared_transaction(
         second.wall.now = first.wall.now + ahead_ms
         await second.elect(0, 2)
         for _ in range(3):
-            assert await second.coord.abort_timed_out_transactions() == 0
+            assert await second.coord.scans.abort_timed_out_transactions() == 0
             second.clock.advance(ahead_ms)
         await second.settle()
         assert second.md("t").is_prepared and second.markers.written == []
@@ -94,10 +94,10 @@ def test_forward_step_expires_no_transactional_id_in_use():
         await h.elect()
         await h.coord.init_producer_id("idle", 60_000)
         h.wall.advance(TEN_MINUTES_MS)
-        assert await h.coord.expire_transactional_ids() == 0
+        assert await h.coord.scans.expire_transactional_ids() == 0
         assert h.md("idle") is not None
         h.clock.advance(60_000)  # idle that long for real: expires
-        assert await h.coord.expire_transactional_ids() == 1
+        assert await h.coord.scans.expire_transactional_ids() == 1
         assert h.md("idle") is None
 
     run(scenario())
@@ -109,8 +109,6 @@ def test_marker_deadline_is_not_lengthened_by_a_backward_step():
     slept_ms = []
 
     async def scenario():
-        h = Harness(split_clocks=True)
-
         async def sleep(seconds: float) -> None:
             if not slept_ms:
                 h.wall.advance(-TEN_MINUTES_MS)
@@ -118,12 +116,12 @@ def test_marker_deadline_is_not_lengthened_by_a_backward_step():
             h.clock.advance(int(seconds * 1000))
             h.wall.advance(int(seconds * 1000))
 
-        h.coord._sleep = sleep
+        h = Harness(split_clocks=True, sleep=sleep)
         await h.elect()
         pid, epoch = await h.begin("t")
-        part = h.coord._parts[0]
+        part = h.coord.partitions.get(0)
         marker = TxnMarker(pid, epoch, True, 1, frozenset({("orders", 0)}), transaction_version=1)
-        await h.coord._outlive_unanswered_markers(part, h.md("t"), marker)
+        await h.coord.completions._outlive_unanswered_markers(part, h.md("t"), marker)
 
     run(scenario())
     assert sum(slept_ms) == pytest.approx(marker_coordinator_wait_ms(), abs=2)
@@ -142,9 +140,9 @@ def test_owner_whose_clock_is_behind_does_not_hold_a_loaded_transaction():
         await h.elect()
         h.clock.advance(60_000)
         h.wall.advance(60_000)
-        assert await h.coord.abort_timed_out_transactions() == 0
+        assert await h.coord.scans.abort_timed_out_transactions() == 0
         h.clock.advance(1)
         h.wall.advance(1)
-        assert await h.coord.abort_timed_out_transactions() == 1
+        assert await h.coord.scans.abort_timed_out_transactions() == 1
 
     run(scenario())

@@ -1,13 +1,15 @@
 """`Completion`, the completion of one transactional.id's prepared transaction: its
-task, the markers-written fact and the next adds waiting for it (the handover), and
-when it leaves its partition's registry."""
+task and the next adds waiting for it (the handover), the markers-written fact it
+records on the metadata, and when it leaves its partition's registry."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
-from exactly_wire.error_codes import ErrorCode
+import pytest
+
 from services.txn_coordinator.completion import Completion
-from services.txn_coordinator.state import Guard, TransactionMetadata, TxnState
+from services.txn_coordinator.state import Guard, GuardNotHeldError, TransactionMetadata, TxnState
 
 S = TxnState
 NOW = 1_000_000
@@ -39,32 +41,33 @@ def test_start_runs_one_task_and_the_registry_forgets_it_when_done():
     asyncio.run(scenario())
 
 
-def test_markers_done_stops_for_the_handover_only_while_a_next_add_waits():
+def test_markers_done_records_the_fact_on_the_metadata_only_while_a_next_add_waits():
     async def scenario():
         registry: dict[str, Completion] = {}
         md = _prepared()
         prepared = md.snapshot()
         c = Completion.of(registry, "t")
-        assert not c.markers_done(md, prepared)  # nobody waits: append the Complete record
+        assert not c.markers_done(md, prepared) and not md.markers_written  # nobody waits: append Complete
         with c.next_add_waiting():
             assert c.waiting == 1
-            assert c.markers_done(md, prepared) and c.markers_written == (7, 4)
-        assert registry == {"t": c}  # the handover is due: kept
-        transit = c.hand_over(md, frozenset({("b", 0)}), NOW + 1)
+            assert c.markers_done(md, prepared) and md.markers_written
+        assert registry == {}  # nothing runs, nobody waits: the fact lives on the metadata
+        transit = md.prepare_next_transaction(frozenset({("b", 0)}), NOW + 1)
         assert transit.state is S.ONGOING and md._pending_guard is Guard.MARKERS_WRITTEN
         md.complete_transition(transit)
-        c.handed_over()
-        assert registry == {} and md.state is S.ONGOING
+        assert md.state is S.ONGOING and not md.markers_written  # forgotten by the transition
 
     asyncio.run(scenario())
 
 
-def test_hand_over_refuses_until_the_markers_are_written():
+def test_markers_done_records_nothing_for_another_transaction():
     md = _prepared(S.PREPARE_ABORT)
     c = Completion("t", {})
-    assert c.hand_over(md, frozenset({("b", 0)}), NOW) == ErrorCode.CONCURRENT_TRANSACTIONS
-    c.markers_written = (7, 3)  # an earlier epoch's markers
-    assert c.hand_over(md, frozenset({("b", 0)}), NOW) == ErrorCode.CONCURRENT_TRANSACTIONS
+    c.waiting = 1
+    earlier = replace(md.snapshot(), producer_epoch=3)  # an earlier epoch's markers
+    assert not c.markers_done(md, earlier) and not md.markers_written
+    with pytest.raises(GuardNotHeldError):
+        md.prepare_next_transaction(frozenset({("b", 0)}), NOW)
     assert md.pending_state is None
 
 

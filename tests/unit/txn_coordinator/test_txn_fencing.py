@@ -134,9 +134,9 @@ def test_new_owner_resumes_the_timeout_of_an_ongoing_transaction():
         await old.coord.on_resigned(0)  # the old owner dies with the transaction open
         new.clock.now = old.clock.now + 500
         await new.take(1, 1)
-        assert await new.coord.abort_timed_out_transactions() == 0  # not yet: 500 of 1000 ms
+        assert await new.coord.scans.abort_timed_out_transactions() == 0  # not yet: 500 of 1000 ms
         new.clock.advance(600)
-        assert await new.coord.abort_timed_out_transactions() == 1
+        assert await new.coord.scans.abort_timed_out_transactions() == 1
         await new.settle()
         md = new.md("t")
         assert (md.state, md.producer_id, md.producer_epoch) == (TxnState.COMPLETE_ABORT, pid, epoch + 1)

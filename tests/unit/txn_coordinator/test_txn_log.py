@@ -6,6 +6,7 @@ import pytest
 
 from exactly_wire import records
 from exactly_wire.v1 import txn_log_pb2
+from txn_coordinator_fakes import replayed
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.state import GroupAssignment, TxnState, TxnTransitMetadata
 from services.txn_coordinator.txn_log import CorruptTxnLogError, TxnLogEntry
@@ -46,8 +47,8 @@ def test_group_assignment_is_a_record_of_its_own():
     groups = [e for e in entries if isinstance(e, txn_log.GroupAssignmentEntry)]
     assert [(e.group_id, e.transactional_id, e.assignment) for e in groups] == [
         ("g", "p1", a4), ("g", "p2", a4), ("g", "p1", a5), ("g", "p2", None)]
-    assert txn_log.rebuild_groups(entries) == {"g": {"p1": a5}}
-    assert set(txn_log.rebuild(entries)) == {"p1"}
+    assert replayed(entries).groups == {"g": {"p1": a5}}
+    assert set(replayed(entries).txns) == {"p1"}
     [rec] = records.decode_records(txn_log.encode_group_batch("g", "p1", a4, 10))
     assert rec.key == b"\0group\0g\0p1"
     v = txn_log_pb2.GroupAssignmentValue.FromString(rec.value)
@@ -111,7 +112,7 @@ def test_rebuild_last_record_wins():
                TxnLogEntry(1, "b", transit(S.EMPTY, pid=9, epoch=0, partitions=frozenset(), start=-1)),
                TxnLogEntry(2, "a", transit(S.ONGOING, epoch=0)),
                TxnLogEntry(3, "a", transit(S.PREPARE_COMMIT, epoch=0))]
-    cache = txn_log.rebuild(entries)
+    cache = replayed(entries).txns
     assert set(cache) == {"a", "b"}
     a = cache["a"]
     assert (a.state, a.producer_epoch, a.pending_state) == (S.PREPARE_COMMIT, 0, None)
@@ -121,9 +122,9 @@ def test_rebuild_last_record_wins():
 def test_rebuild_tombstone_removes_and_id_can_return():
     entries = [TxnLogEntry(0, "a", transit(S.COMPLETE_COMMIT, partitions=frozenset())),
                TxnLogEntry(1, "a", None)]
-    assert txn_log.rebuild(entries) == {}
+    assert replayed(entries).txns == {}
     entries.append(TxnLogEntry(2, "a", transit(S.EMPTY, pid=50, epoch=0, partitions=frozenset())))
-    assert txn_log.rebuild(entries)["a"].producer_id == 50
+    assert replayed(entries).txns["a"].producer_id == 50
 
 
 def test_rebuild_lets_the_last_record_win_when_an_epoch_goes_backwards():
@@ -134,11 +135,11 @@ def test_rebuild_lets_the_last_record_win_when_an_epoch_goes_backwards():
                TxnLogEntry(1, "a", transit(S.PREPARE_ABORT, epoch=6)),
                TxnLogEntry(2, "a", transit(S.PREPARE_COMMIT, epoch=5)),
                TxnLogEntry(3, "a", transit(S.COMPLETE_COMMIT, epoch=5, partitions=frozenset()))]
-    md = txn_log.rebuild(entries)["a"]
+    md = replayed(entries).txns["a"]
     assert (md.state, md.producer_epoch) == (S.COMPLETE_COMMIT, 5)
 
 
 def test_rebuild_allows_new_pid_with_lower_epoch():
     entries = [TxnLogEntry(0, "a", transit(S.EMPTY, epoch=32766, partitions=frozenset())),
                TxnLogEntry(1, "a", transit(S.EMPTY, pid=8, epoch=0, partitions=frozenset()))]
-    assert txn_log.rebuild(entries)["a"].producer_id == 8
+    assert replayed(entries).txns["a"].producer_id == 8

@@ -66,7 +66,7 @@ def test_prepared_transaction_is_never_aborted_by_the_coordinator():
         assert h.coord.oldest_prepared_age_ms() == 0 and h.coord.prepared_count() == 1
         for _ in range(3):
             h.clock.advance(YEAR_MS)
-            assert await h.coord.abort_timed_out_transactions() == 0
+            assert await h.coord.scans.abort_timed_out_transactions() == 0
         md = h.md("t")
         assert (md.state, md.is_prepared, md.producer_epoch) == (S.ONGOING, True, epoch)
         assert h.coord.oldest_prepared_age_ms() == 3 * YEAR_MS
@@ -180,7 +180,7 @@ def test_prepare_txn_that_wakes_before_the_handover_add_is_retriable():
         add = asyncio.create_task(h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1)]))
 
         async def release() -> None:  # runs once both requests wait for the completion
-            assert h.coord._parts[0].completions["t"].waiting == 1
+            assert h.coord.partitions.get(0).completions["t"].waiting == 1
             h.markers.gate.set()
         await asyncio.create_task(release())
         assert await prepare == E.CONCURRENT_TRANSACTIONS
@@ -207,7 +207,7 @@ def test_prepared_state_survives_reload():
         await h2.elect(0, 2)
         md = h2.md("t")
         assert md.is_prepared and md.prepared_timestamp == prepared_at
-        assert await h2.coord.abort_timed_out_transactions() == 0
+        assert await h2.coord.scans.abort_timed_out_transactions() == 0
         assert (await h2.coord.end_txn("t", pid, epoch, True)).error == E.NONE
         await h2.settle()
         assert h2.md("t").state is S.COMPLETE_COMMIT

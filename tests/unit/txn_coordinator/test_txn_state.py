@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from exactly_wire.error_codes import ErrorCode
-from services.txn_coordinator.state import (MAX_PRODUCER_EPOCH, NO_PARTITIONS, VALID_PREVIOUS, InvalidTransitionError,
-                                            PendingTransitionError, TransactionMetadata, TransitionMismatchError,
+from services.txn_coordinator.state import (MAX_PRODUCER_EPOCH, NO_PARTITIONS, VALID_PREVIOUS, Guard,
+                                            GuardNotHeldError, InvalidTransitionError, PendingTransitionError, TransactionMetadata, TransitionMismatchError,
                                             TxnState, TxnStateError, check_transition, is_epoch_exhausted)
 
 S = TxnState
@@ -261,6 +262,7 @@ def test_dead_only_without_transaction():
 @pytest.mark.parametrize("state", [S.PREPARE_COMMIT, S.PREPARE_ABORT])
 def test_the_handover_starts_the_next_transaction_from_prepare(state):
     m = md(state, epoch=4, partitions=[("a", 0), ("a", 1)], start=NOW - 50)
+    assert m.record_markers_written(m.snapshot())
     t = m.prepare_next_transaction([("b", 0)], NOW)
     assert (t.state, t.producer_epoch, t.partitions, t.txn_start_timestamp) == (S.ONGOING, 4, {("b", 0)}, NOW)
     with pytest.raises(PendingTransitionError):
@@ -281,12 +283,50 @@ def test_the_handover_needs_a_prepared_transaction(state):
 
 def test_a_cancelled_handover_leaves_the_prepared_transaction():
     m = md(S.PREPARE_COMMIT, epoch=4, partitions=[("a", 0)], start=NOW)
+    m.record_markers_written(m.snapshot())
     t = m.prepare_next_transaction([("b", 0)], NOW)
     m.cancel_transition()
     assert (m.state, m.partitions) == (S.PREPARE_COMMIT, {("a", 0)})
     m.pending_state = S.ONGOING  # a pending Ongoing that is no handover: Prepare -> Ongoing is refused
     with pytest.raises(InvalidTransitionError):
         m.complete_transition(t)
+
+
+@pytest.mark.parametrize("state", [S.PREPARE_COMMIT, S.PREPARE_ABORT])
+def test_the_state_machine_refuses_the_handover_until_the_markers_are_recorded_as_written(state):
+    """The handover's guard is a fact the metadata holds: without
+    record_markers_written (or after the fact was forgotten) prepare_next_transaction
+    is refused by the machine itself, whatever the caller believes."""
+    m = md(state, epoch=4, partitions=[("a", 0)], start=NOW)
+    with pytest.raises(GuardNotHeldError):
+        m.prepare_next_transaction([("b", 0)], NOW)
+    assert (m.state, m.pending_state, m.markers_written) == (state, None, False)
+    # The fact is recorded only for this transaction, with nothing pending.
+    assert not m.record_markers_written(replace(m.snapshot(), producer_epoch=3))
+    other = S.PREPARE_ABORT if state is S.PREPARE_COMMIT else S.PREPARE_COMMIT
+    assert not m.record_markers_written(replace(m.snapshot(), state=other))
+    with pytest.raises(GuardNotHeldError):
+        m.prepare_next_transaction([("b", 0)], NOW)
+    assert m.record_markers_written(m.snapshot()) and m.markers_written
+    m.complete_transition(m.prepare_next_transaction([("b", 0)], NOW))
+    assert (m.state, m.markers_written) == (S.ONGOING, False)
+
+
+def test_a_pending_guarded_transition_is_refused_once_the_fact_is_gone():
+    m = md(S.PREPARE_ABORT, epoch=4, partitions=[("a", 0)], start=NOW)
+    m.pending_state = S.ONGOING
+    m._pending_guard = Guard.MARKERS_WRITTEN  # as if prepared, but no fact was ever recorded
+    with pytest.raises(GuardNotHeldError):
+        m.complete_transition(replace(m.snapshot(), state=S.ONGOING, partitions=frozenset({("b", 0)})))
+    assert m.state is S.PREPARE_ABORT
+
+
+def test_a_replayed_record_forgets_nothing_it_should_not_and_records_no_fact():
+    m = md(S.PREPARE_COMMIT, epoch=4, partitions=[("a", 0)], start=NOW)
+    m.record_markers_written(m.snapshot())
+    m.replay(replace(m.snapshot(), state=S.COMPLETE_COMMIT, partitions=frozenset(), txn_last_update_timestamp=NOW + 1))
+    assert (m.state, m.partitions, m.markers_written, m.txn_last_update_timestamp) == \
+        (S.COMPLETE_COMMIT, set(), False, NOW + 1)
 
 
 def test_ids_without_a_transaction_share_one_empty_partition_set():

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.txn_coordinator.state import (TRANSITION_TABLE, VALID_PREVIOUS, Guard, InvalidTransitionError,
-                                            TransactionMetadata, TxnState, TxnTransitMetadata, check_transition)
+from services.txn_coordinator.state import (TRANSITION_TABLE, VALID_PREVIOUS, Guard, GuardNotHeldError,
+                                            InvalidTransitionError, TransactionMetadata, TxnState,
+                                            TxnTransitMetadata, check_transition)
 
 S = TxnState
 NOW = 1_000_000
@@ -78,6 +79,8 @@ def test_complete_transition_applies_a_row_only(current, target, guard):
     with the pending transition's guard (PrepareEpochFence, never completed, is
     covered by the fencing tests)."""
     md = _md(current)
+    if guard is Guard.MARKERS_WRITTEN:
+        md.record_markers_written(md.snapshot())  # the fact the guarded row needs, where it can hold
     md.pending_state = target
     md._pending_guard = guard
     transit = _transit(md, target)
@@ -92,6 +95,9 @@ def test_complete_transition_applies_a_row_only(current, target, guard):
 
 def test_the_handover_is_prepared_through_its_guarded_row():
     md = _md(S.PREPARE_ABORT)
+    with pytest.raises(GuardNotHeldError):  # the machine checks its guard's fact itself
+        md.prepare_next_transaction([("b", 0)], NOW + 1)
+    assert md.record_markers_written(md.snapshot())
     transit = md.prepare_next_transaction([("b", 0)], NOW + 1)
     assert md._pending_guard is Guard.MARKERS_WRITTEN
     md.complete_transition(transit)

@@ -13,7 +13,9 @@ from services.common.cluster.state import NodeInfo
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.adapters import ClusterTxnLog
 from services.common.settings import TxnCoordinatorSchema, role_settings
-from services.txn_coordinator.coordinator import TransactionCoordinator, TxnLogFetch, TxnMarker
+from services.txn_coordinator.coordinator import TransactionCoordinator
+from services.txn_coordinator.ports import TxnLogFetch, TxnMarker
+from services.txn_coordinator.partition import TxnPartition
 from services.txn_coordinator.pid_manager import ProducerIdManager
 from services.txn_coordinator.state import TxnState
 
@@ -238,10 +240,10 @@ class Harness:
         self.next_block = first_pid
         self.blocks: list[tuple[int, int]] = []
         self.pids = ProducerIdManager(self._allocate)
-        self.coord = TransactionCoordinator(self.log, self.markers, self.topology, self.pids,
-                                            config or TxnCoordinatorSchema(),
-                                            clock=self.wall, sleep=sleep, on_fenced=on_fenced,
-                                            bind_producer_ids=bind_producer_ids, monotonic=self.clock)
+        self.coord = TransactionCoordinator.build(self.log, self.markers, self.topology, self.pids,
+                                                  config or TxnCoordinatorSchema(),
+                                                  clock=self.wall, sleep=sleep, on_fenced=on_fenced,
+                                                  bind_producer_ids=bind_producer_ids, monotonic=self.clock)
 
     async def _allocate(self) -> tuple[int, int]:
         block = (self.next_block, self.next_block + self.block_size - 1)
@@ -257,15 +259,16 @@ class Harness:
         """Run background work (markers, completions, and appends whose outcome is
         still to be applied) until nothing is left."""
         for _ in range(1000):
-            pending = [t for part in self.coord._parts.values() for t in part.tasks if not t.done()]
-            pending += [t for t in self.coord._tasks if t.get_name().startswith("txn-append") and not t.done()]
+            pending = [t for part in self.coord.partitions.values() for t in part.tasks if not t.done()]
+            pending += [t for t in self.coord.partitions.tasks()
+                        if t.get_name().startswith("txn-append") and not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending, timeout=0.5)
         raise AssertionError("background tasks never settled")
 
     def md(self, transactional_id: str, partition: int = 0):
-        return self.coord._parts[partition].txns.get(transactional_id)
+        return self.coord.partitions.get(partition).txns.get(transactional_id)
 
     async def begin(self, tid: str, partitions=(("orders", 0),), timeout_ms: int = 60000):
         """InitProducerId + AddPartitionsToTxn; returns (pid, epoch)."""
@@ -274,6 +277,15 @@ class Harness:
         res = await self.coord.add_partitions_to_txn(tid, r.producer_id, r.producer_epoch, partitions)
         assert set(res.values()) == {ErrorCode.NONE}, res
         return r.producer_id, r.producer_epoch
+
+
+def replayed(entries, used_at_ms: int = 0) -> TxnPartition:
+    """A fresh partition cache with `entries` (records read back from the log, in
+    order) replayed into it, as a load does (TxnPartition.replay)."""
+    part = TxnPartition(0, 0)
+    for entry in entries:
+        part.replay(entry, used_at_ms)
+    return part
 
 
 def run(coro):

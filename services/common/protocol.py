@@ -1,6 +1,13 @@
-"""Deadlines of the wire that two roles must agree on, defined once.
+"""What every role of the cluster must agree on, defined once: the names of the
+internal topics and the deadlines of the wire.
 
-WriteTxnMarkers (docs/design.md, "Two-phase commit with markers"): with transaction
+Internal topics (Kafka's `Topic.TRANSACTION_STATE_TOPIC_NAME` and
+`Topic.GROUP_METADATA_TOPIC_NAME`): the transaction coordinators' log
+(`TRANSACTION_STATE_TOPIC`) and the group coordinators' log (`CONSUMER_OFFSETS_TOPIC`).
+Every module of `services/` names them through these constants, in code, log
+messages and metric help alike.
+
+Deadlines, WriteTxnMarkers (docs/design.md, "Two-phase commit with markers"): with transaction
 version 1 the markers keep the producer's epoch, so the producer's next transaction has
 the same PID and epoch, and a marker request that got no answer and still runs at its
 partition leader could end that next transaction early. So:
@@ -27,6 +34,14 @@ the servicers read it.
 from __future__ import annotations
 
 import contextvars
+
+# The transaction log: one record per state change of a transactional.id (design doc
+# "Transaction Log").
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+# The offsets log: committed offsets and group metadata (design doc "Consumer Coordinator").
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+# The coordinator kind ("txn", "group") that owns each internal topic's partitions.
+INTERNAL_TOPIC_FOR_KIND = {"txn": TRANSACTION_STATE_TOPIC, "group": CONSUMER_OFFSETS_TOPIC}
 
 # How long the transaction coordinator waits for a WriteTxnMarkers answer (ms).
 WRITE_TXN_MARKERS_TIMEOUT_MS = 30_000
