@@ -1,8 +1,7 @@
 """ListTransactions filters (KIP-664 / KIP-994): state, producer id, duration."""
 from __future__ import annotations
 
-from test_coordinator_logic import _write
-from txn_coordinator_fakes import FakeLog, Harness, run
+from txn_coordinator_fakes import FakeLog, Harness, run, write_record
 
 from exactly_wire.error_codes import ErrorCode as E
 from services.txn_coordinator.state import TxnState as S
@@ -13,9 +12,9 @@ def test_state_producer_id_and_duration_filters():
         log = FakeLog()
         h = Harness(log=log, txn_partitions=1)
         now = h.clock()
-        _write(log, "old", S.ONGOING, pid=1, start=now - 600_000, last_update=now - 600_000)
-        _write(log, "young", S.ONGOING, pid=2, start=now - 1_000, last_update=now - 1_000)
-        _write(log, "idle", S.EMPTY, pid=3, start=-1)
+        write_record(log, "old", S.ONGOING, pid=1, start=now - 600_000, last_update=now - 600_000)
+        write_record(log, "young", S.ONGOING, pid=2, start=now - 1_000, last_update=now - 1_000)
+        write_record(log, "idle", S.EMPTY, pid=3, start=-1)
         await h.elect()
         err, listing = h.coord.list_transactions()
         assert err == E.NONE and [s.transactional_id for s in listing] == ["idle", "old", "young"]

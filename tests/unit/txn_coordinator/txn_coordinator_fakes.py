@@ -17,7 +17,7 @@ from services.txn_coordinator.coordinator import TransactionCoordinator
 from services.txn_coordinator.ports import TxnLogFetch, TxnMarker
 from services.txn_coordinator.partition import TxnPartition
 from services.txn_coordinator.pid_manager import ProducerIdManager
-from services.txn_coordinator.state import TxnState
+from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
 
 def txn_settings(conf: dict[str, object]) -> TxnCoordinatorSchema:
@@ -277,6 +277,17 @@ class Harness:
         res = await self.coord.add_partitions_to_txn(tid, r.producer_id, r.producer_epoch, partitions)
         assert set(res.values()) == {ErrorCode.NONE}, res
         return r.producer_id, r.producer_epoch
+
+
+def write_record(log: FakeLog, tid: str, state: TxnState, pid: int = 42, epoch: int = 3,
+                 partitions=frozenset({("orders", 0), ("payments", 1)}), start: int = 100, timeout_ms: int = 60000,
+                 partition: int = 0, last_update: int = 200) -> None:
+    """Write a transaction record of `tid` in `state` straight to `log` (as a previous
+    owner left it); the partitions only for a transaction in progress."""
+    log.write(partition, txn_log.encode_batch(tid, TxnTransitMetadata(
+        pid, -1, epoch, -1, timeout_ms, state, partitions if state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT,
+                                                                          TxnState.PREPARE_ABORT)
+        else frozenset(), start, last_update), last_update))
 
 
 def replayed(entries, used_at_ms: int = 0) -> TxnPartition:
