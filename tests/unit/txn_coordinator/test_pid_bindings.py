@@ -251,7 +251,7 @@ def test_idempotent_producer_ids_per_principal_are_capped_until_some_expire():
         assert "exactly.producer.ids.max.per.principal" in over.message and "holds 5" in over.message
         assert (await h.coord.init_producer_id("", 0, principal="User:alice")).error == E.NONE  # her own count
         h.clock.advance(1001)  # producer.id.expiration.ms
-        assert await h.coord.expire_producer_id_bindings() == 6
+        assert await h.coord.scans.expire_producer_id_bindings() == 6
         assert (await h.coord.init_producer_id("", 0, principal="User:mallory")).error == E.NONE
     run(scenario())
 
@@ -263,7 +263,7 @@ def test_transactional_ids_per_principal_are_capped_and_a_held_one_is_always_ser
             assert (await h.coord.init_producer_id(f"m-{i}", 60000, principal="User:mallory")).error == E.NONE
         over = await h.coord.init_producer_id("m-3", 60000, principal="User:mallory")
         assert over.error == E.POLICY_VIOLATION and "exactly.transactional.ids.max.per.principal" in over.message
-        assert "m-3" not in h.coord._parts[h.topology.txn_partition_for("m-3")].txns  # nothing kept for it
+        assert "m-3" not in h.coord.partitions.get(h.topology.txn_partition_for("m-3")).txns  # nothing kept for it
         again = await h.coord.init_producer_id("m-1", 60000, principal="User:mallory")  # one she holds: bumped
         assert again.error == E.NONE and again.producer_epoch == 1
         assert (await h.coord.init_producer_id("a-0", 60000, principal="User:alice")).error == E.NONE
@@ -279,7 +279,7 @@ def test_concurrent_inits_cannot_pass_the_cap_together():
                                          for _ in range(20)))
         codes = sorted(a.error.name for a in answers)
         assert codes.count("NONE") == 5 and codes.count("POLICY_VIOLATION") == 15, codes
-        held = sum(p.held.idempotent["User:mallory"] for p in h.coord._parts.values())
+        held = sum(p.held.idempotent["User:mallory"] for p in h.coord.partitions.values())
         assert held == 5
     run(scenario())
 
