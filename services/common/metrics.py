@@ -32,7 +32,7 @@
 - `coordinator_partitions(kind, owners)`: the family
     exactly_coordinator_partitions{kind, state}   gauge
   of a coordinator process: owned partitions of its internal topic (kind txn:
-  `__transaction_state`, group: `__consumer_offsets`) by state, `loading` (not
+  `TRANSACTION_STATE_TOPIC`, group: `CONSUMER_OFFSETS_TOPIC`) by state, `loading` (not
   answering yet: COORDINATOR_LOAD_IN_PROGRESS) or `serving`; both states exported.
 - Topic and group labels (`topic_label`, `group_label`, `TopicRows`): /metrics answers
   whoever reaches the port, before any authentication (plain HTTP), and topic and group
@@ -41,7 +41,7 @@
   `server.serve()`), a user topic's series carry topic="(hidden)" and no partition: the
   series of all user topics of the process are summed into one (the maximum for ages
   and lags), so totals, rates and alerts keep working without naming a topic. The
-  internal topics (`__transaction_state`, `__consumer_offsets`) keep their names.
+  internal topics (`TRANSACTION_STATE_TOPIC`, `CONSUMER_OFFSETS_TOPIC`) keep their names.
   Consumer groups likewise: group="(hidden)" unless `metrics.group.labels=true`
   (`set_group_labels`), their committed offsets and lags summed. docs/design.md,
   "Metrics and topic names".
@@ -78,7 +78,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from exactly_wire import version
 from exactly_wire.error_codes import ErrorCode
 
-from .cluster.state import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from .protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from .protocol import REQUEST_ARRIVAL_S
 from .transport.guard import UnaryHandlerInterceptor
 

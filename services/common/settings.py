@@ -19,6 +19,7 @@ from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, ConfigSchema, Configura
 from exactly_wire.keepalive import KEEPALIVE_TIME_MS
 from exactly_wire.security import SecuritySettings
 
+from .protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from .topic_config import DEFAULTS as _TOPIC_DEFAULTS
 
 S = TypeVar("S", bound=ConfigSchema)
@@ -394,15 +395,15 @@ class TxnCoordinatorSchema(ServiceSchema):
         "authorizer on; InitProducerId of one more is answered POLICY_VIOLATION until some expire "
         "(transactional.id.expiration.ms); 0: no limit.", MEDIUM, ge=0)
     state_log_num_partitions: int = setting("transaction.state.log.num.partitions", 8, "Partitions of "
-                                            "__transaction_state when this coordinator creates it.", MEDIUM, ge=1)
+                                            f"{TRANSACTION_STATE_TOPIC} when this coordinator creates it.", MEDIUM, ge=1)
     state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "
-                                                "__transaction_state when created (capped at the live partition "
+                                                f"{TRANSACTION_STATE_TOPIC} when created (capped at the live partition "
                                                 "leaders).", HIGH, ge=1)
     state_log_segment_bytes: int = setting("transaction.state.log.segment.bytes", 104857600, "segment.bytes of "
-                                           "__transaction_state when this coordinator creates it (smaller "
+                                           f"{TRANSACTION_STATE_TOPIC} when this coordinator creates it (smaller "
                                            "segments compact sooner).", MEDIUM, ge=1024)
     state_log_load_buffer_size: int = setting("transaction.state.log.load.buffer.size", 5242880, "Bytes per "
-                                              "fetch while loading a __transaction_state partition.", LOW, ge=1)
+                                              f"fetch while loading a {TRANSACTION_STATE_TOPIC} partition.", LOW, ge=1)
     txn_retry_backoff_ms: int = setting("exactly.txn.retry.backoff.ms", 20, "ms before retrying a marker, "
                                         "completion append or load.", LOW, ge=0)
     txn_retry_backoff_max_ms: int = setting("exactly.txn.retry.backoff.max.ms", 1000, "Largest ms between "
@@ -447,14 +448,14 @@ class GroupCoordinatorSchema(ServiceSchema):
     offsets_commit_timeout_ms: int = setting("offsets.commit.timeout.ms", 5000, "ms an offset commit waits "
                                              "for its append.", LOW, ge=1)
     offsets_load_buffer_size: int = setting("offsets.load.buffer.size", 5242880, "Bytes per fetch while "
-                                            "loading a __consumer_offsets partition.", LOW, ge=1)
+                                            f"loading a {CONSUMER_OFFSETS_TOPIC} partition.", LOW, ge=1)
     offsets_topic_num_partitions: int = setting("offsets.topic.num.partitions", 8, "Partitions of "
-                                                "__consumer_offsets when this coordinator creates it.", MEDIUM, ge=1)
+                                                f"{CONSUMER_OFFSETS_TOPIC} when this coordinator creates it.", MEDIUM, ge=1)
     offsets_topic_replication_factor: int = setting("offsets.topic.replication.factor", 1, "Replicas of "
-                                                    "__consumer_offsets when created (capped at the live "
+                                                    f"{CONSUMER_OFFSETS_TOPIC} when created (capped at the live "
                                                     "partition leaders).", HIGH, ge=1)
     offsets_topic_segment_bytes: int = setting("offsets.topic.segment.bytes", 104857600, "segment.bytes of "
-                                               "__consumer_offsets when this coordinator creates it (smaller "
+                                               f"{CONSUMER_OFFSETS_TOPIC} when this coordinator creates it (smaller "
                                                "segments compact sooner).", MEDIUM, ge=1024)
     tail_max_wait_ms: int = setting("group.coordinator.tail.max.wait.ms", 500, "ms a fetch of the coordinator's "
                                     "own partition waits for new records.", LOW, ge=0)

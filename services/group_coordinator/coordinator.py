@@ -1,4 +1,4 @@
-"""The group coordinator: owns partitions of __consumer_offsets, materialises
+"""The group coordinator: owns partitions of `CONSUMER_OFFSETS_TOPIC`, materialises
 them from the log, and answers the GroupCoordinator RPCs as domain calls.
 
 No gRPC here (the servicer adapts messages); I/O goes through an injected log
@@ -37,13 +37,14 @@ from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import OwnedPartition, OwnedPartitions
 from services.common.settings import GroupCoordinatorSchema
 from services.common.cluster.verification import Verifier
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from . import metrics
 from .group import (Assignment, concurrent_commits, GroupMetadata, GroupState, JoinResponse,
                     default_member_id, validate_offset_commit)
 from .membership import GroupMembership
 from .offsets import FetchedOffset, OffsetAndMetadata
-from .offsets_log import LogClient, OFFSETS_TOPIC, OffsetsLog
+from .offsets_log import LogClient, OffsetsLog
 from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class CoordinatorStats:
 
 
 class _OwnedPartition(OwnedPartition):
-    """One owned __consumer_offsets partition: its log (OffsetsLog, which holds the
+    """One owned `CONSUMER_OFFSETS_TOPIC` partition: its log (OffsetsLog, which holds the
     materialised state) and its membership (GroupMembership)."""
 
     log: OffsetsLog
@@ -110,9 +111,9 @@ class _OwnedPartition(OwnedPartition):
 
 
 class GroupCoordinator:
-    """Consumer groups and offsets of the owned __consumer_offsets partitions.
+    """Consumer groups and offsets of the owned `CONSUMER_OFFSETS_TOPIC` partitions.
 
-    client: LogClient; partition_for(group_id) -> partition of __consumer_offsets
+    client: LogClient; partition_for(group_id) -> partition of `CONSUMER_OFFSETS_TOPIC`
     (-1 when the topic does not exist yet); partition_counts() -> {topic:
     number of partitions} for the range assignment; clock: monotonic ms
     (sessions, rebalance timeouts); wall_clock: wall-clock ms (commit and fence
@@ -137,7 +138,7 @@ class GroupCoordinator:
         self._wall_clock = wall_clock
         self._sleep = sleep
         self.partitions: OwnedPartitions[_OwnedPartition] = OwnedPartitions(
-            OFFSETS_TOPIC, self._new_partition, self._load, self._append_fence, dropped=self._dropped,
+            CONSUMER_OFFSETS_TOPIC, self._new_partition, self._load, self._append_fence, dropped=self._dropped,
             wall_clock=wall_clock, sleep=sleep, on_fenced=on_fenced)
         self.client = client
         # Transaction verification of TxnOffsetCommit (KIP-890 part 1, see
@@ -214,7 +215,7 @@ class GroupCoordinator:
         await owned.log.replay()
         owned.finish_loading()
         log.info("loaded %s-%d (coordinator epoch %d): %d groups, up to offset %d in %.3f s",
-                 OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
+                 CONSUMER_OFFSETS_TOPIC, p, owned.coordinator_epoch, len(owned.state.groups),
                  owned.state.next_offset, time.monotonic() - started)
         self._wake.set()
         await owned.log.tail()
@@ -337,7 +338,7 @@ class GroupCoordinator:
         (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED come back per partition).
         INVALID_PRODUCER_ID_MAPPING when producer_id < 0. With a verifier, the
         transaction coordinator must first confirm that the group's
-        `__consumer_offsets` partition is in the producer's ongoing transaction
+        `CONSUMER_OFFSETS_TOPIC` partition is in the producer's ongoing transaction
         (AddOffsetsToTxn put it there; KIP-890 part 1): otherwise INVALID_TXN_STATE
         (INVALID_PRODUCER_EPOCH for another epoch) and nothing is written, so no
         phantom pending offset can block require_stable or be committed by a later
@@ -361,7 +362,7 @@ class GroupCoordinator:
             if not transactional_id:
                 code = ErrorCode.INVALID_TXN_STATE
             else:
-                code = await self.verifier.verify(transactional_id, producer_id, producer_epoch, OFFSETS_TOPIC,
+                code = await self.verifier.verify(transactional_id, producer_id, producer_epoch, CONSUMER_OFFSETS_TOPIC,
                                                   owned.partition,
                                                   time.monotonic() + self.config.offsets_commit_timeout_ms / 1000,
                                                   group_id if group_aware_producer else "")

@@ -13,7 +13,7 @@ Differences from Apache Kafka, decided for Exactly (docs/design.md, "Transaction
 - A first JoinGroup with an empty member id gets a generated member id and joins
   at once (no MEMBER_ID_REQUIRED round trip).
 - CompletingRebalance lasts while the new generation's group metadata record is
-  being appended to __consumer_offsets; `store_completed()` moves the group to
+  being appended to `CONSUMER_OFFSETS_TOPIC`; `store_completed()` moves the group to
   Stable (or back to PreparingRebalance when the append failed).
 
 Static membership (KIP-345): a member that joins with a `group_instance_id` is

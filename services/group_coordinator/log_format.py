@@ -1,4 +1,4 @@
-"""Records of the __consumer_offsets topic: keys and values as protobuf messages
+"""Records of the `CONSUMER_OFFSETS_TOPIC` topic: keys and values as protobuf messages
 of exactly/v1/offsets_log.proto inside Kafka record batches v2.
 
 - Offset commit: key OffsetsLogKey.offset (group, topic, partition), value
@@ -27,6 +27,7 @@ from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import offsets_log_pb2 as pb
 from services.common.cluster import features
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from .group import GroupSnapshot, MemberSnapshot
 from .offsets import OffsetAndMetadata
@@ -47,13 +48,13 @@ LogKey = Union[OffsetKey, GroupKey]
 
 
 class NewerOffsetsRecordError(Exception):
-    """A __consumer_offsets key or value of a version this code does not read: a newer
+    """A `CONSUMER_OFFSETS_TOPIC` key or value of a version this code does not read: a newer
     version wrote it. The partition is not served (its load stops)."""
 
 
 def _check_version(version: int, what: str) -> None:
     try:
-        features.check_readable("offsets-log", version, f"__consumer_offsets {what}")
+        features.check_readable("offsets-log", version, f"{CONSUMER_OFFSETS_TOPIC} {what}")
     except features.UnknownFormatVersion as exc:
         raise NewerOffsetsRecordError(str(exc)) from None
 
@@ -77,7 +78,7 @@ def decode_key(data: bytes | None) -> LogKey | None:
     try:
         key.ParseFromString(data)
     except Exception as exc:  # protobuf's DecodeError
-        raise records.CorruptRecordError(f"__consumer_offsets key: {exc}") from exc
+        raise records.CorruptRecordError(f"{CONSUMER_OFFSETS_TOPIC} key: {exc}") from exc
     _check_version(key.version, "key")
     kind = key.WhichOneof("key")
     if kind == "offset":
@@ -101,7 +102,7 @@ def decode_offset_value(data: bytes | None) -> OffsetAndMetadata | None:
     try:
         v.ParseFromString(data)
     except Exception as exc:
-        raise records.CorruptRecordError(f"__consumer_offsets offset value: {exc}") from exc
+        raise records.CorruptRecordError(f"{CONSUMER_OFFSETS_TOPIC} offset value: {exc}") from exc
     _check_version(v.version, "offset value")
     return OffsetAndMetadata(v.offset, v.metadata, v.leader_epoch, v.commit_timestamp_ms)
 
@@ -127,7 +128,7 @@ def decode_group_value(group_id: str, data: bytes | None) -> GroupSnapshot | Non
     try:
         v.ParseFromString(data)
     except Exception as exc:
-        raise records.CorruptRecordError(f"__consumer_offsets group value: {exc}") from exc
+        raise records.CorruptRecordError(f"{CONSUMER_OFFSETS_TOPIC} group value: {exc}") from exc
     _check_version(v.version, "group value")
     return GroupSnapshot(
         group_id, v.protocol_type, v.generation, v.protocol_name, v.leader,

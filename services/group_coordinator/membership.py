@@ -1,4 +1,4 @@
-"""Consumer group membership of one owned __consumer_offsets partition: the
+"""Consumer group membership of one owned `CONSUMER_OFFSETS_TOPIC` partition: the
 JoinGroup / SyncGroup / Heartbeat / LeaveGroup requests and the rebalance timing
 (session expiry, rebalance completion, storing each new generation) over the
 pure state machine of group.py (docs/design.md, "Consumer groups and offsets",
@@ -45,7 +45,7 @@ class GroupLog(Protocol):
 
 @dataclass(eq=False)
 class GroupMembership:
-    """Membership of the groups of one owned __consumer_offsets partition.
+    """Membership of the groups of one owned `CONSUMER_OFFSETS_TOPIC` partition.
 
     groups: group id -> GroupMetadata (the partition state's dict, shared with the
     tailer that rebuilds groups while loading); log: GroupLog; config: the

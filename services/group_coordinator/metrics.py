@@ -1,7 +1,7 @@
 """Prometheus series of the group coordinator (docs/design.md, "Metrics"), as the Grafana
 dashboard deploy/grafana/services.json reads them:
 
-- exactly_group_groups{state}: groups of the owned __consumer_offsets partitions, by
+- exactly_group_groups{state}: groups of the owned `CONSUMER_OFFSETS_TOPIC` partitions, by
   group state (every state is exported, 0 when none);
 - exactly_group_members: members of those groups;
 - exactly_group_pending_txn_offsets: transactional offsets waiting for their marker;
@@ -21,7 +21,7 @@ dashboard deploy/grafana/services.json reads them:
   lag is one scrape interval old and a partition appears from the second scrape on.
   A partition whose leader could not be asked keeps its previous LSO (none: no lag
   series). Nothing is done on the request path;
-- exactly_coordinator_partitions{kind="group", state}: owned `__consumer_offsets`
+- exactly_coordinator_partitions{kind="group", state}: owned `CONSUMER_OFFSETS_TOPIC`
   partitions, loading or serving (services/common/metrics.py).
 
 Gauges are read from the coordinators at scrape time, on their event loop. RPC
@@ -40,6 +40,7 @@ from prometheus_client.core import GaugeMetricFamily
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.metrics import LoopCollector, TopicRows, coordinator_partitions, group_label
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from .group import GroupState
 
@@ -78,7 +79,7 @@ class GroupCollector(LoopCollector):
 
     def families(self, coordinators: Sequence) -> list[GaugeMetricFamily]:
         groups = GaugeMetricFamily("exactly_group_groups", "Consumer groups of the owned "
-                                   "__consumer_offsets partitions, by state", labels=["state"])
+                                   f"{CONSUMER_OFFSETS_TOPIC} partitions, by state", labels=["state"])
         members = GaugeMetricFamily("exactly_group_members", "Members of the consumer groups")
         pending = GaugeMetricFamily("exactly_group_pending_txn_offsets",
                                     "Transactional offsets waiting for their transaction marker")

@@ -1,5 +1,5 @@
 """Committed and pending transactional offsets of the groups of one
-__consumer_offsets partition, as materialised from that partition's log. Pure.
+`CONSUMER_OFFSETS_TOPIC` partition, as materialised from that partition's log. Pure.
 
 Follows the KIP-98 design document, "Consumer Coordinator" ("Client-Coordinator
 request handling" and "Consumer Coordinator Startup"): an offset commit written
@@ -48,11 +48,11 @@ class FetchedOffset:
 
 class _Entry(NamedTuple):
     value: OffsetAndMetadata
-    log_offset: int  # offset of the __consumer_offsets record that wrote it
+    log_offset: int  # offset of the CONSUMER_OFFSETS_TOPIC record that wrote it
 
 
 class OffsetStore:
-    """Offsets of the groups of one __consumer_offsets partition.
+    """Offsets of the groups of one `CONSUMER_OFFSETS_TOPIC` partition.
 
     Mutated only by applying log records in log order (`apply_commit`,
     `apply_txn_commit`, `complete_txn`); read by `fetch`.

@@ -1,4 +1,4 @@
-"""One owned __consumer_offsets partition as this group coordinator sees it: the
+"""One owned `CONSUMER_CONSUMER_OFFSETS_TOPIC` partition as this group coordinator sees it: the
 log it appends to, the tailer that applies the log to the materialised state, and
 the waits of writes until the tailer has applied them (docs/design.md, "Consumer
 groups and offsets", "Offsets").
@@ -30,6 +30,7 @@ from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import code_name
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 from services.common.settings import GroupCoordinatorSchema
 
 from . import log_format
@@ -38,7 +39,6 @@ from .state import OffsetsPartitionState
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 READ_UNCOMMITTED = 0
 
 T = TypeVar("T")
@@ -89,7 +89,7 @@ def _as_code(code: int) -> ErrorCode:
 
 @dataclass(eq=False)
 class OffsetsLog:
-    """The __consumer_offsets partition `state.partition` as this coordinator sees it.
+    """The `CONSUMER_CONSUMER_OFFSETS_TOPIC` partition `state.partition` as this coordinator sees it.
 
     client: LogClient (produce, fetch); state: the partition's materialised
     OffsetsPartitionState (`next_offset` is the next offset to apply);
@@ -231,13 +231,13 @@ class OffsetsLog:
 
     async def _fetch(self, max_wait_ms: int) -> Any | None:
         try:
-            return await self.client.fetch(OFFSETS_TOPIC, self.partition, self.state.next_offset,
+            return await self.client.fetch(CONSUMER_OFFSETS_TOPIC, self.partition, self.state.next_offset,
                                            max_wait_ms=max_wait_ms, isolation_level=READ_UNCOMMITTED,
                                            max_bytes=self.config.offsets_load_buffer_size)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - keep tailing; the leader may be restarting
-            log.exception("%s-%d: fetch failed", OFFSETS_TOPIC, self.partition)
+            log.exception("%s-%d: fetch failed", CONSUMER_OFFSETS_TOPIC, self.partition)
             return None
 
     def _handle_fetch(self, resp: Any | None, loading: bool) -> bool:
@@ -247,11 +247,11 @@ class OffsetsLog:
         code = resp.error_code
         if code == ErrorCode.OFFSET_OUT_OF_RANGE and resp.log_start_offset > self.state.next_offset:
             log.warning("%s-%d: offset %d below the log start %d; continuing from there",
-                        OFFSETS_TOPIC, self.partition, self.state.next_offset, resp.log_start_offset)
+                        CONSUMER_OFFSETS_TOPIC, self.partition, self.state.next_offset, resp.log_start_offset)
             self.state.next_offset = resp.log_start_offset
             return True
         if code != ErrorCode.NONE:
-            log.debug("%s-%d: fetch error %s", OFFSETS_TOPIC, self.partition, code_name(code))
+            log.debug("%s-%d: fetch error %s", CONSUMER_OFFSETS_TOPIC, self.partition, code_name(code))
             return False
         if resp.records:
             self.state.apply_all(resp.records, self.clock(), loading)
@@ -262,7 +262,7 @@ class OffsetsLog:
 
     async def append_fence(self, batch: bytes) -> int:
         """Append one fence batch (acks=all); returns the leader's error code value."""
-        code, _ = await self.client.produce(OFFSETS_TOPIC, self.partition, batch, acks=-1,
+        code, _ = await self.client.produce(CONSUMER_OFFSETS_TOPIC, self.partition, batch, acks=-1,
                                             timeout_ms=self.config.offsets_commit_timeout_ms)
         return code
 
@@ -276,7 +276,7 @@ class OffsetsLog:
         (or our writer was fenced), REQUEST_TIMED_OUT after offsets.commit.timeout.ms."""
         if not self.owns():
             return ErrorCode.NOT_COORDINATOR
-        code, base_offset = await self.client.produce(OFFSETS_TOPIC, self.partition, batch, acks=-1,
+        code, base_offset = await self.client.produce(CONSUMER_OFFSETS_TOPIC, self.partition, batch, acks=-1,
                                                       timeout_ms=self.config.offsets_commit_timeout_ms,
                                                       transactional_id=transactional_id,
                                                       consumer_group_id=consumer_group_id,
@@ -335,5 +335,5 @@ class OffsetsLog:
         return OFFSET_APPEND_ERRORS.get(raw, raw)
 
 
-__all__ = ["GROUP_APPEND_ERRORS", "LogClient", "OFFSET_APPEND_ERRORS", "OFFSETS_TOPIC", "OffsetsLog",
+__all__ = ["GROUP_APPEND_ERRORS", "LogClient", "OFFSET_APPEND_ERRORS", "CONSUMER_OFFSETS_TOPIC", "OffsetsLog",
            "READ_UNCOMMITTED"]

@@ -5,7 +5,7 @@ Settings (Kafka keys, `--set key=value`): group.min.session.timeout.ms (1000),
 group.max.session.timeout.ms (1800000), group.initial.rebalance.delay.ms (0),
 group.max.size, offset.metadata.max.bytes (4096), offsets.commit.timeout.ms
 (5000), offsets.load.buffer.size, offsets.topic.num.partitions (8; read by the
-cluster code that creates __consumer_offsets).
+cluster code that creates `CONSUMER_OFFSETS_TOPIC`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import logging
 import grpc
 
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster.state import CONSUMER_OFFSETS_TOPIC, ClusterState, partition_for_key
+from services.common.cluster.state import ClusterState, partition_for_key
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 from services.common.config import ServiceConfig
 from services.common.cluster.ownership import CoordinatorOwnership
 from services.common.transport.rpc import ClusterClient
@@ -50,7 +51,7 @@ class GroupCoordinatorService:
 
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Return once this process sees itself registered and every
-        `__consumer_offsets` partition it should own or holds is loaded (with none to
+        `CONSUMER_OFFSETS_TOPIC` partition it should own or holds is loaded (with none to
         own, e.g. more coordinators than partitions, at once), or after `timeout_s` (s)
         with a warning: serving then starts anyway and health stays NOT_SERVING until
         the loads finish."""
@@ -64,7 +65,7 @@ class GroupCoordinatorService:
 
     @property
     def loading(self) -> bool:
-        """True while a `__consumer_offsets` partition this process should own or holds
+        """True while a `CONSUMER_OFFSETS_TOPIC` partition this process should own or holds
         is not loaded (CoordinatorOwnership.unloaded): services.common.transport.server
         reports NOT_SERVING meanwhile."""
         return bool(self.ownership.unloaded(self.coordinator.owned_partitions()))
@@ -92,7 +93,7 @@ def _partition_counts(cluster: ClusterState):
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
                 cfg: ServiceConfig) -> GroupCoordinatorService:
     """Build the coordinator, register the GroupCoordinator servicer, and elect
-    partitions of __consumer_offsets (kind "group")."""
+    partitions of `CONSUMER_OFFSETS_TOPIC` (kind "group")."""
     settings: GroupCoordinatorSchema = cfg.settings
     load_delay_ms = settings.test_load_delay_ms
     log_client = SlowLoadClient(client, load_delay_ms) if load_delay_ms > 0 else client

@@ -1,4 +1,4 @@
-"""The coordinator's view of one __consumer_offsets partition, built by applying
+"""The coordinator's view of one `CONSUMER_OFFSETS_TOPIC` partition, built by applying
 the partition's record batches in log order. Pure (no I/O).
 
 KIP-98 design document, "Consumer Coordinator Startup": transactional offset
@@ -14,6 +14,7 @@ from typing import Callable
 
 from exactly_wire import records
 from services.common.settings import GroupCoordinatorSchema
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from . import log_format
 from .group import GroupMetadata, default_member_id
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class OffsetsPartitionState:
-    """Groups and offsets of one __consumer_offsets partition.
+    """Groups and offsets of one `CONSUMER_OFFSETS_TOPIC` partition.
 
     `next_offset` is the log offset after the last applied batch. Group metadata
     records rebuild groups while loading; once the partition is live the
@@ -97,7 +98,7 @@ class OffsetsPartitionState:
             try:
                 header = records.parse_header(buf, pos)
             except records.CorruptRecordError as exc:
-                log.error("__consumer_offsets-%d: unreadable batch header (%s); stopping this fetch",
+                log.error(f"{CONSUMER_OFFSETS_TOPIC}-%d: unreadable batch header (%s); stopping this fetch",
                           self.partition, exc)
                 return n
             if pos + header.size > len(buf):
@@ -106,7 +107,7 @@ class OffsetsPartitionState:
                 records.verify_crc(buf, pos, header)
                 self.apply_batch(buf, pos, header, now_ms, loading)
             except records.CorruptRecordError as exc:
-                log.error("__consumer_offsets-%d: skipping corrupt batch at offsets %d..%d: %s",
+                log.error(f"{CONSUMER_OFFSETS_TOPIC}-%d: skipping corrupt batch at offsets %d..%d: %s",
                           self.partition, header.base_offset, header.last_offset, exc)
                 self.corrupt_batches.append((header.base_offset, header.last_offset))
                 self.next_offset = max(self.next_offset, header.last_offset + 1)

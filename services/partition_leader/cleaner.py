@@ -20,7 +20,7 @@ follower alike (every replica cleans its own log, as in Kafka):
    - records of aborted transactions disappear;
    - tombstones (a null value) and transaction markers disappear once their batch
      is older than `delete.retention.ms`, a COMMIT marker only when no record of
-     its transaction survives (a coordinator replaying `__consumer_offsets` needs
+     its transaction survives (a coordinator replaying `CONSUMER_OFFSETS_TOPIC` needs
      the marker of every transactional offset commit it still reads);
    - a batch keeps its base offset, last offset delta, producer id, epoch and base
      sequence (offsets only get gaps; the producer state replays the same);

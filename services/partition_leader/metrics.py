@@ -50,8 +50,8 @@ Cluster gauges, exported by the active controller only (0 or absent elsewhere, s
                                               ISR member; no unclean election)
     exactly_cluster_live_nodes{role}          registered service processes by role
     exactly_coordinator_unavailable_partitions{kind}
-                                              partitions of __transaction_state (kind
-                                              txn) / __consumer_offsets (group) without a
+                                              partitions of `TRANSACTION_STATE_TOPIC` (kind
+                                              txn) / `CONSUMER_OFFSETS_TOPIC` (group) without a
                                               live owner of the right role
 
 The age of a transaction counts from the timestamp of its first batch (the batch at
@@ -81,9 +81,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
-from services.common.cluster.state import (COORDINATORS, INTERNAL_TOPIC_FOR_KIND, PARTITION_LEADER, ROLE_FOR_KIND,
-                                           TopicInfo)
+from services.common.cluster.state import COORDINATORS, PARTITION_LEADER, ROLE_FOR_KIND, TopicInfo
 from services.common.metrics import LoopCollector, TopicRows, topic_label
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_FOR_KIND, TRANSACTION_STATE_TOPIC
 
 from .replica_manager import COMPLETED, CONSUMER, EXPIRED, FOLLOWER, PARKED_AGAIN
 
@@ -249,8 +249,8 @@ class ClusterCollector:
         nodes = GaugeMetricFamily("exactly_cluster_live_nodes",
                                   "Registered service processes by role (active controller only)", labels=["role"])
         unavailable = GaugeMetricFamily("exactly_coordinator_unavailable_partitions",
-                                        "Coordinator partitions (kind txn: __transaction_state, group: "
-                                        "__consumer_offsets) without a live owner (active controller only)",
+                                        f"Coordinator partitions (kind txn: {TRANSACTION_STATE_TOPIC}, group: "
+                                        f"{CONSUMER_OFFSETS_TOPIC}) without a live owner (active controller only)",
                                         labels=["kind"])
         return [active, offline, nodes, unavailable]
 

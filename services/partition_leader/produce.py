@@ -40,6 +40,7 @@ from exactly_wire.types import TopicPartition
 
 from services.common.transport import limits
 from services.common.cluster.ownership import RETIRED_WRITER_EPOCH
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, check_batch_shape
 from .purgatory import HIGH_WATERMARK, Watch
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 VALID_ACKS = (0, 1, -1)
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
-OFFSETS_TOPIC = "__consumer_offsets"
 NOT_VERIFIED = -1
 
 
@@ -160,7 +160,7 @@ class ProducePipeline:
         """Gate 1, no I/O: (header, None), or (None, refusal): INVALID_REQUIRED_ACKS,
         INVALID_TOPIC_EXCEPTION (internal topic vs origin), the refusals of
         `check_batch_shape`, INVALID_RECORD for a transactional batch on an internal
-        topic other than `__consumer_offsets`."""
+        topic other than `CONSUMER_CONSUMER_OFFSETS_TOPIC`."""
         if ctx.acks not in VALID_ACKS:
             return None, AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
         if self.hosted.is_internal(e.topic) != ctx.internal_only:
@@ -170,7 +170,7 @@ class ProducePipeline:
         h, refused = check_batch_shape(e.records)
         if refused is not None:
             return None, refused
-        if ctx.internal_only and e.topic != OFFSETS_TOPIC and h.is_transactional:
+        if ctx.internal_only and e.topic != CONSUMER_OFFSETS_TOPIC and h.is_transactional:
             return None, AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
         return h, None
 
@@ -340,10 +340,10 @@ class ProducePipeline:
         return out
 
     async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int) -> MarkerResult | None:
-        """`__transaction_state` holds no transactions, so no markers; on
-        `__consumer_offsets` a marker may not name a coordinator's writer id (a marker
+        """`TRANSACTION_STATE_TOPIC` holds no transactions, so no markers; on
+        `CONSUMER_CONSUMER_OFFSETS_TOPIC` a marker may not name a coordinator's writer id (a marker
         bumps its producer's epoch, which would fence the owning coordinator)."""
-        if topic != OFFSETS_TOPIC:
+        if topic != CONSUMER_OFFSETS_TOPIC:
             return MarkerResult(ErrorCode.INVALID_REQUEST, message=f"{topic} holds no transactions")
         claim = await self._claim((topic, partition), True)  # kept current by writer_claim
         if claim is None:

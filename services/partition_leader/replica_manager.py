@@ -169,7 +169,7 @@ class ReplicaManager(HostedReplicas):
         appended within MARKER_LEADER_DEADLINE_MS of the request's arrival
         (`arrival_s`, monotonic s, before any interceptor held the request; default
         now) -- waiting for the leadership lease, or for ZooKeeper on
-        `__consumer_offsets` -- is not appended at all and answers REQUEST_TIMED_OUT:
+        `CONSUMER_OFFSETS_TOPIC` -- is not appended at all and answers REQUEST_TIMED_OUT:
         the coordinator may have given up on the request and written the marker
         again, and under transaction version 1 (no epoch bump) a marker applied that
         late could end the producer's next transaction (services/common/protocol.py).

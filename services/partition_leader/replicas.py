@@ -223,8 +223,8 @@ class HostedReplicas:
         return iter(list(self.serving.values()))
 
     def is_internal(self, topic: str) -> bool:
-        """Whether `topic` is an internal topic (`__transaction_state`,
-        `__consumer_offsets`: marked internal, or named with a leading "__")."""
+        """Whether `topic` is an internal topic (`TRANSACTION_STATE_TOPIC`,
+        `CONSUMER_OFFSETS_TOPIC`: marked internal, or named with a leading "__")."""
         info = self.cluster.topics().get(topic)
         return topic.startswith("__") or bool(getattr(info, "internal", False))
 

@@ -1,5 +1,5 @@
 """The coordinator's ports over the cluster: the transaction log on the partition
-leaders of `__transaction_state`, WriteTxnMarkers to partition leaders, and the
+leaders of `TRANSACTION_STATE_TOPIC`, WriteTxnMarkers to partition leaders, and the
 topology from the ZooKeeper cache (services.common)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common.cluster.state import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterState, NodeInfo,
-                                           partition_for_key)
+from services.common.cluster.state import ClusterState, NodeInfo, partition_for_key
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.common.protocol import WRITE_TXN_MARKERS_TIMEOUT_MS
 from services.common.transport.rpc import ClusterClient
 
@@ -84,7 +84,7 @@ def merge_per_partition(entries: list[tuple[int, bytes]], max_bytes: int) -> lis
 
 
 class ClusterTxnLog:
-    """`__transaction_state` through its partition leaders. Appends use acks=all
+    """`TRANSACTION_STATE_TOPIC` through its partition leaders. Appends use acks=all
     (design doc: "wait for this message to be replicated"). Group commit per
     partition leader: each leader has one append request in flight; the batches of
     every transition that arrives meanwhile, for any partition that leader leads, go
@@ -155,7 +155,7 @@ class ClusterMarkerWriter:
     leader across transactions, as Kafka's TransactionMarkerChannelManager: each
     leader has one request in flight at a time, and the markers of every transaction
     that became ready meanwhile go in the next request together (at most
-    `max_markers_per_request`). `__consumer_offsets` partitions are written like any
+    `max_markers_per_request`). `CONSUMER_OFFSETS_TOPIC` partitions are written like any
     other: to the partition leader of that partition. `linger`: as ClusterTxnLog's."""
 
     def __init__(self, cluster: ClusterState, client: ClusterClient,

@@ -2,7 +2,7 @@
 dashboards in deploy/grafana read them:
 
 - exactly_txn_active_transactional_ids{partition}: transactional ids cached by this
-  coordinator, per owned `__transaction_state` partition (gauge);
+  coordinator, per owned `TRANSACTION_STATE_TOPIC` partition (gauge);
 - exactly_txn_transactions{state}: transactional ids by state of the transaction
   state machine (Empty, Ongoing, PrepareCommit, ...; every state exported, 0 when
   none; a prepared transaction is Ongoing), read at scrape time on the event loop;
@@ -21,13 +21,13 @@ dashboards in deploy/grafana read them:
   partitions, retries included, histogram;
 - exactly_txn_pid_blocks_allocated_total: producer id blocks reserved in ZooKeeper;
 - exactly_txn_producer_id_bindings{partition}: live producer-id bindings (with the
-  authorizer on), per owned `__transaction_state` partition (gauge);
+  authorizer on), per owned `TRANSACTION_STATE_TOPIC` partition (gauge);
 - exactly_txn_init_producer_id_throttled_total: InitProducerId calls refused by
   exactly.producer.ids.rate (THROTTLING_QUOTA_EXCEEDED);
 - exactly_txn_init_producer_id_over_cap_total: InitProducerId calls refused by
   exactly.producer.ids.max.per.principal / exactly.transactional.ids.max.per.principal
   (POLICY_VIOLATION);
-- exactly_coordinator_partitions{kind="txn", state}: owned `__transaction_state`
+- exactly_coordinator_partitions{kind="txn", state}: owned `TRANSACTION_STATE_TOPIC`
   partitions, loading or serving (services/common/metrics.py).
 
 RPC latency and error codes are recorded for every service by services/common/metrics.py.
@@ -40,6 +40,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from services.common.metrics import LoopCollector, coordinator_partitions
+from services.common.protocol import TRANSACTION_STATE_TOPIC
 
 from .state import TxnState
 
@@ -50,7 +51,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class _PerPartitionGauge:
-    """A count per owned `__transaction_state` partition (name, help: the series')."""
+    """A count per owned `TRANSACTION_STATE_TOPIC` partition (name, help: the series')."""
 
     def __init__(self, name: str, doc: str) -> None:
         self._gauge = Gauge(name, doc, ["partition"])
@@ -71,10 +72,10 @@ class _PerPartitionGauge:
 
 
 TRANSACTIONAL_IDS = _PerPartitionGauge("exactly_txn_active_transactional_ids",
-                                       "Transactional ids cached by this coordinator, per __transaction_state partition")
+                                       f"Transactional ids cached by this coordinator, per {TRANSACTION_STATE_TOPIC} partition")
 PRODUCER_ID_BINDINGS = _PerPartitionGauge("exactly_txn_producer_id_bindings",
                                           "Live producer-id bindings held by this coordinator, per "
-                                          "__transaction_state partition")
+                                          f"{TRANSACTION_STATE_TOPIC} partition")
 
 
 class TransactionStateCollector(LoopCollector):

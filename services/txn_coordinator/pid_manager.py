@@ -73,7 +73,7 @@ class ProducerIdManager:
         PIDs skipped are never handed out), or None when the block holds no more
         (then await `ensure_available()`; each block holds about size / modulus of
         each residue). Used with producer-id bindings: a PID's binding lives in
-        partition PID % n of __transaction_state. Never blocks."""
+        partition PID % n of `TRANSACTION_STATE_TOPIC`. Never blocks."""
         if not residues or modulus <= 0:
             return None
         while True:

@@ -43,7 +43,7 @@ class TxnLogFetch:
 
 
 class TxnLogStore(Protocol):
-    """The `__transaction_state` topic."""
+    """The `TRANSACTION_STATE_TOPIC` topic."""
 
     async def append(self, partition: int, batch: bytes) -> int:
         """Append one record batch with acks=all; returns an ErrorCode value."""
@@ -74,17 +74,17 @@ class MarkerWriter(Protocol):
 
 class Topology(Protocol):
     def txn_partition_for(self, transactional_id: str) -> int:
-        """Partition of `__transaction_state` owning the id (crc32 % N), -1 while the
+        """Partition of `TRANSACTION_STATE_TOPIC` owning the id (crc32 % N), -1 while the
         topic does not exist."""
 
     def offsets_partition_for(self, group_id: str) -> int:
-        """Partition of `__consumer_offsets` of the group, -1 while it does not exist."""
+        """Partition of `CONSUMER_OFFSETS_TOPIC` of the group, -1 while it does not exist."""
 
     def partition_exists(self, topic: str, partition: int) -> bool:
         """Whether the topic partition exists in the cluster metadata."""
 
     def txn_partition_count(self) -> int:
-        """Partitions of `__transaction_state` (0 while the topic does not exist)."""
+        """Partitions of `TRANSACTION_STATE_TOPIC` (0 while the topic does not exist)."""
 
     def metadata_version(self) -> int:
         """The finalized metadata.version (services.common.cluster.features): which

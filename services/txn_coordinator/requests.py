@@ -457,10 +457,10 @@ class TxnRequests:
 
     async def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                  group_id: str, consumer_group_id: str = "", generation_id: int = -1) -> ErrorCode:
-        """AddOffsetsToTxn: add the `__consumer_offsets` partition of `group_id`
+        """AddOffsetsToTxn: add the `CONSUMER_OFFSETS_TOPIC` partition of `group_id`
         (crc32(group_id) % offsets.topic.num.partitions) to the transaction, so that it
         gets the marker. Errors as `add_partitions_to_txn` (COORDINATOR_NOT_AVAILABLE
-        while `__consumer_offsets` does not exist; INVALID_REQUEST for an empty group).
+        while `CONSUMER_OFFSETS_TOPIC` does not exist; INVALID_REQUEST for an empty group).
         consumer_group_id / generation_id: a group-aware producer's, as there."""
         if not group_id:
             return ErrorCode.INVALID_REQUEST

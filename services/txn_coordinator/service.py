@@ -9,7 +9,8 @@ import time
 import grpc
 
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from services.common.cluster.state import TRANSACTION_STATE_TOPIC, ClusterState
+from services.common.cluster.state import ClusterState
+from services.common.protocol import TRANSACTION_STATE_TOPIC
 from services.common.config import ServiceConfig
 from services.common.cluster.ownership import CoordinatorOwnership
 from services.common.security.pid_binding import RatePerPrincipal
@@ -32,7 +33,7 @@ ROLE = "txn_coordinator"
 
 
 class TxnCoordinatorService:
-    """Owns the coordinator, its election to `__transaction_state` partitions and the
+    """Owns the coordinator, its election to `TRANSACTION_STATE_TOPIC` partitions and the
     creation of that topic (transaction.state.log.num.partitions, default 8;
     transaction.state.log.replication.factor, default 1)."""
 
@@ -71,7 +72,7 @@ class TxnCoordinatorService:
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
         """Return once this process sees itself registered and every
-        `__transaction_state` partition it should own or holds is loaded, so that a
+        `TRANSACTION_STATE_TOPIC` partition it should own or holds is loaded, so that a
         (re)started coordinator answers requests right after it reports SERVING;
         bounded by exactly.txn.ready.timeout.ms (then a warning, and health stays
         NOT_SERVING until the loads finish). While the topic does not exist yet but a
@@ -92,7 +93,7 @@ class TxnCoordinatorService:
 
     @property
     def loading(self) -> bool:
-        """True while a `__transaction_state` partition this process should own or holds
+        """True while a `TRANSACTION_STATE_TOPIC` partition this process should own or holds
         is not loaded, or is disabled as corrupt (CoordinatorOwnership.unloaded):
         services.common.transport.server reports NOT_SERVING meanwhile."""
         return bool(self.ownership.unloaded(self.coordinator.owned_partitions()))

@@ -1,4 +1,4 @@
-"""Records of the transaction log (`__transaction_state`), design doc "Transaction Log".
+"""Records of the transaction log (`TRANSACTION_STATE_TOPIC`), design doc "Transaction Log".
 
 One record per state change of a transactional.id, in its own record batch v2
 (`exactly_wire.records.encode_batch`, not transactional; with the owner's writer
@@ -47,6 +47,7 @@ from exactly_wire import records
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import txn_log_pb2
 from services.common.cluster import features
+from services.common.protocol import TRANSACTION_STATE_TOPIC
 
 from .state import GroupAssignment, TxnState, TxnTransitMetadata
 
@@ -104,7 +105,7 @@ def _decode_feature_level(offset: int, value: bytes | None) -> FeatureLevelEntry
 def _check_version(name: str, version: int, offset: int) -> None:
     """NewerTxnLogError for a record version this code does not read (features.FORMATS)."""
     try:
-        features.check_readable(name, version, f"__transaction_state record at offset {offset}")
+        features.check_readable(name, version, f"{TRANSACTION_STATE_TOPIC} record at offset {offset}")
     except features.UnknownFormatVersion as exc:
         raise NewerTxnLogError(str(exc)) from None
 
@@ -321,7 +322,7 @@ def decode_fetched(buf: bytes | memoryview) -> tuple[list[object], int | None]:
                     entries.append(_decode_feature_level(rec.offset, rec.value))
                     continue
                 if rec.key.startswith(b"\0"):  # a record type of a newer version: never a transactional.id
-                    raise NewerTxnLogError(f"__transaction_state record at offset {rec.offset} has key "
+                    raise NewerTxnLogError(f"{TRANSACTION_STATE_TOPIC} record at offset {rec.offset} has key "
                                            f"{rec.key[:40]!r}, a record type this version of Exactly does not read")
                 transit = None if rec.value is None else decode_value(rec.value, rec.offset)
                 entries.append(TxnLogEntry(rec.offset, rec.key.decode(), transit))

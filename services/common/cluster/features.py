@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Mapping
+from ..protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 METADATA_VERSION = "metadata.version"
 FEATURES_PATH = "/exactly/features"
@@ -48,7 +49,7 @@ LEVELS: dict[int, str] = {
        "epoch, without fencing the previous instance), no per-principal partition counts",
     2: "transaction-log values version 1 (InitProducerId with keep_prepared_txn bumps the client-facing epoch "
        "and keeps the prepared transaction's own pair beside it, fencing the previous instance: KIP-939); the "
-       "feature-level record of __transaction_state; the per-principal partition counts "
+       f"feature-level record of {TRANSACTION_STATE_TOPIC}; the per-principal partition counts "
        "(/exactly/config/partitions/<principal>) that reserve max_partitions with the topic; inter-service "
        "protocol 2: VerifyProducerId answers UNKNOWN_PRODUCER_ID for an idempotent producer id bound to no one "
        "(versions before it answer CLUSTER_AUTHORIZATION_FAILED, and their partition leaders would take the "
@@ -86,11 +87,11 @@ def _formats(*items: Format) -> dict[str, Format]:
 FORMATS: dict[str, Format] = _formats(
     Format("record-batch", "segment files (magic byte)", {2: 1}),
     Format("transaction-marker", "control records (key and value version int16)", {0: 1}),
-    Format("txn-log-value", "__transaction_state: TransactionLogValue.version", {0: 1, 1: 2}),
-    Format("txn-log-group-assignment", "__transaction_state: GroupAssignmentValue.version", {0: 1}),
-    Format("txn-log-producer-id-binding", "__transaction_state: ProducerIdBindingValue.version", {0: 1}),
-    Format("txn-log-feature-level", "__transaction_state: FeatureLevelValue.version", {0: 2}),
-    Format("offsets-log", "__consumer_offsets: OffsetsLogKey / values .version", {0: 1}),
+    Format("txn-log-value", f"{TRANSACTION_STATE_TOPIC}: TransactionLogValue.version", {0: 1, 1: 2}),
+    Format("txn-log-group-assignment", f"{TRANSACTION_STATE_TOPIC}: GroupAssignmentValue.version", {0: 1}),
+    Format("txn-log-producer-id-binding", f"{TRANSACTION_STATE_TOPIC}: ProducerIdBindingValue.version", {0: 1}),
+    Format("txn-log-feature-level", f"{TRANSACTION_STATE_TOPIC}: FeatureLevelValue.version", {0: 2}),
+    Format("offsets-log", f"{CONSUMER_OFFSETS_TOPIC}: OffsetsLogKey / values .version", {0: 1}),
     Format("producer-state-snapshot", "producer-state RocksDB: version int16", {1: 1, 2: 1}),
     Format("txn-index-entry", "<segment>.txnindex: version int16 per entry", {0: 1}),
     Format("leader-epoch-checkpoint", "leader-epoch-checkpoint: version line", {0: 1}),

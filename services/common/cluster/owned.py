@@ -1,8 +1,8 @@
 """The owned-partition lifecycle both coordinators share (docs/design.md, "Coordinator
 ownership").
 
-A coordinator owns some partitions of its internal topic (`__transaction_state` or
-`__consumer_offsets`), as `CoordinatorOwnership` (ownership.py) decides. For each it
+A coordinator owns some partitions of its internal topic (`TRANSACTION_STATE_TOPIC` or
+`CONSUMER_OFFSETS_TOPIC`), as `CoordinatorOwnership` (ownership.py) decides. For each it
 keeps an `OwnedPartition`: the partition, the coordinator epoch of the claim, the
 claim's writer identity (producer id and epoch, and a retired writer PID to close),
 the background tasks working on it, a `loaded` event and a `closed` flag.

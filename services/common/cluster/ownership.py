@@ -1,6 +1,6 @@
 """Ownership of internal-topic partitions by coordinators, elected through ZooKeeper.
 
-Partition p of `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
+Partition p of `TRANSACTION_STATE_TOPIC` (kind "txn") or `CONSUMER_OFFSETS_TOPIC` ("group")
 belongs to the live coordinator sorted_ids[p % n] of that kind (docs/design.md, "Architecture"). The
 owner claims it with a compare-and-set on /exactly/coordinators/<kind>/<p> that
 bumps the coordinator epoch, then loads it; a coordinator whose claim was
@@ -36,7 +36,8 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 
 from . import features
-from .state import COORDINATORS, INTERNAL_TOPIC_FOR_KIND, ROLE_FOR_KIND, ClusterState
+from ..protocol import INTERNAL_TOPIC_FOR_KIND
+from .state import COORDINATORS, ROLE_FOR_KIND, ClusterState
 
 log = logging.getLogger(__name__)
 

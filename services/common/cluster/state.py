@@ -28,7 +28,7 @@ from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_FOR_KIND, TRANSACTION_STATE_TOPIC
+from ..protocol import INTERNAL_TOPIC_FOR_KIND
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
                         role_settings)
@@ -49,7 +49,7 @@ PID_BLOCK = f"{ROOT}/producer_id_block"
 ROLE_FOR_KIND = {"txn": "txn_coordinator", "group": "group_coordinator"}
 # FindCoordinator key types: 0 group, 1 transaction, 2 transaction-group (KIP-447 draft:
 # a group-aware producer's transaction coordinator is the owner of partition
-# crc32(group id) % n of __transaction_state, so every producer of a group has one).
+# crc32(group id) % n of TRANSACTION_STATE_TOPIC, so every producer of a group has one).
 KIND_FOR_KEY_TYPE = {0: "group", 1: "txn", 2: "txn"}
 
 PARTITION_LEADER = "partition_leader"
@@ -732,7 +732,7 @@ class ClusterState:
 
     def ensure_internal_topic(self, kind: str, num_partitions: int | None = None,
                               replication_factor: int | None = None) -> None:
-        """Create `__transaction_state` (kind "txn") or `__consumer_offsets` ("group")
+        """Create `TRANSACTION_STATE_TOPIC` (kind "txn") or `CONSUMER_OFFSETS_TOPIC` ("group")
         if missing, with `transaction.state.log.num.partitions` / `offsets.topic.num.partitions`
         partitions, the matching `*.replication.factor` (capped at the live partition
         leaders) and `*.segment.bytes`, compacted: the settings of the coordinator role

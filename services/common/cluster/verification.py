@@ -20,7 +20,7 @@ transaction at a time). The producer's epoch, bumped by every EndTxn, keeps a la
 batch of an ended transaction out of the next one: its add is refused as fenced.
 
 `TxnVerifier.verify` finds the coordinator as FindCoordinator does (the live owner of
-partition crc32(transactional.id) % n of `__transaction_state`), asks it, and retries
+partition crc32(transactional.id) % n of `TRANSACTION_STATE_TOPIC`), asks it, and retries
 while the coordinator is moving or loading (tenacity, exponential backoff with
 jitter) until the request's deadline. Outcomes, as the writer should answer them:
 NONE; INVALID_TXN_STATE (not in an ongoing transaction of the coordinator, or no
@@ -152,7 +152,7 @@ class TxnVerifier:
                   partition: int, deadline: float) -> ErrorCode:
         """Add `topic`-`partition` to the transaction of `transactional_id` with
         (producer_id, producer_epoch), starting it if none is ongoing (KIP-890 part 2;
-        the coordinator appends the change to `__transaction_state` before it answers,
+        the coordinator appends the change to `TRANSACTION_STATE_TOPIC` before it answers,
         and first waits while the producer's previous transaction completes). Asks
         until `deadline` (clock seconds). Returns the writer's answer as `verify`:
         NONE once the partition is in the transaction, INVALID_PRODUCER_EPOCH for

@@ -328,7 +328,7 @@ class ClusterApis:
         broker serves an idempotent producer's InitProducerId itself, whoever
         coordinates; here producer ids are allocated and bound to the principal by the
         transaction coordinators, so it is forwarded (KIP-590 style) to the live ones
-        in node order until one answers (one owning no loaded `__transaction_state`
+        in node order until one answers (one owning no loaded `TRANSACTION_STATE_TOPIC`
         partition answers NOT_COORDINATOR: the next is asked); none answering:
         COORDINATOR_NOT_AVAILABLE (retriable). THROTTLING_QUOTA_EXCEEDED
         (exactly.producer.ids.rate) comes back with its throttle time. A transactional one gets NOT_COORDINATOR: the client asks
@@ -353,7 +353,7 @@ class ClusterApis:
             except grpc.RpcError:
                 continue
             if resp.error_code == ErrorCode.NOT_COORDINATOR:
-                continue  # with producer-id bindings: it owns no loaded __transaction_state partition
+                continue  # with producer-id bindings: it owns no loaded TRANSACTION_STATE_TOPIC partition
             if resp.error_code:
                 return {**fail, "error_code": resp.error_code, "throttle_time": resp.throttle_time_ms}
             return {"throttle_time": 0, "error_code": 0, "producer_id": resp.producer_id,

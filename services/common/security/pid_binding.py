@@ -7,7 +7,7 @@ Exactly closes this (docs/design.md, "Producer-id bindings"):
 
 - **Registration.** A transaction coordinator answers InitProducerId only after it
   appended the binding {principal, transactional.id} of the producer id to its log,
-  `__transaction_state`, in partition producer id % n: it issues a producer id only
+  `TRANSACTION_STATE_TOPIC`, in partition producer id % n: it issues a producer id only
   with the residue of a partition it owns (the transactional.id's partition for a
   transactional producer). A transactional.id initialised again by another principal
   with Write on it rebinds its producer id to that principal (the previous one is

@@ -9,7 +9,7 @@ from whoever may not Describe them). The root znode of the services' view (the
 chroot's root node, or "/") gets the same ACL (ClusterState.start), and without a
 chroot so do ZooKeeper's own `/zookeeper` and `/zookeeper/quota`, which ZooKeeper
 creates world-writable: nobody without the credentials creates znodes anywhere.
-Producer-id bindings are not in ZooKeeper (they live in __transaction_state,
+Producer-id bindings are not in ZooKeeper (they live in `TRANSACTION_STATE_TOPIC`,
 pid_binding.py). So a client that reaches ZooKeeper can neither read nor change
 partition state, leadership, coordinator ownership, producer-id blocks, ACLs or users
 (ZooKeeper answers NoAuth). This follows Kafka's `zookeeper.set.acl` (creator all,

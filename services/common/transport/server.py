@@ -49,7 +49,8 @@ from ..security.pid_binding import ProducerIdBindings
 from ..security.auth import (ANONYMOUS, SCRAM_ITERATIONS, USERS, AuthInterceptor, Authenticator, UserStore,
                              check_iterations, create_user_credentials, current_principal)
 from ..cluster import features, meta
-from ..cluster.state import INTERNAL_TOPIC_FOR_KIND, KIND_FOR_KEY_TYPE, ClusterState, broker_id
+from ..cluster.state import KIND_FOR_KEY_TYPE, ClusterState, broker_id
+from ..protocol import INTERNAL_TOPIC_FOR_KIND
 from ..config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
 from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
