@@ -61,7 +61,7 @@ from .harness import (Comparison, copier_phases, create_topics, end_offsets, fin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
-PREVIOUS = "5f0f6d9"  # the previous release
+PREVIOUS = "5f0f6d9"  # the previous release, 0.1.0
 CURRENT = ""  # DevCluster's own interpreter: the current code
 FULL = os.environ.get("EXACTLY_UPGRADE_FULL", "") not in ("", "0")
 EXACTLY = pathlib.Path(sys.executable).parent / "exactly"

@@ -337,6 +337,17 @@ def _chain(interceptor: grpc.aio.ServerInterceptor, continuation: Callable) -> C
 
 # ------------------------------------------------------------------ client side
 
+def _stream_error(exc: grpc.RpcError) -> TunnelError:
+    """What the calls of a stream that ended with `exc` fail with: UNIMPLEMENTED when
+    the peer serves no tunnel (a version without it will never serve one: its calls
+    are not supported there, not worth a retry), else UNAVAILABLE (a status of the
+    stream itself is not one of its calls': retriable for all of them)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNAVAILABLE
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return TunnelError(code, "the peer serves no tunnel (a version without Tunnel/Calls)")
+    return TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name if code else exc}")
+
+
 class TunnelChannel:
     """Tunneled unary calls to one service over `channel` (module docstring)."""
 
@@ -363,14 +374,7 @@ class TunnelChannel:
                 if future is not None and not future.done():
                     future.set_result(reply)
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNAVAILABLE
-            if code is grpc.StatusCode.UNIMPLEMENTED:
-                # A peer that serves no tunnel (a version without it) will never serve one:
-                # its calls are not supported there, not worth a retry.
-                error = TunnelError(code, "the peer serves no tunnel (a version without Tunnel/Calls)")
-            else:
-                # A status of the stream itself is not one of its calls': retriable for all of them.
-                error = TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name}")
+            error = _stream_error(exc)
         except asyncio.CancelledError:
             pass
         finally:
@@ -384,8 +388,8 @@ class TunnelChannel:
                 if not future.done():
                     future.set_exception(error)
 
-    def _abandon(self, stream: grpc.aio.StreamStreamCall, why: str) -> TunnelError:
-        error = TunnelError(grpc.StatusCode.UNAVAILABLE, why)
+    def _abandon(self, stream: grpc.aio.StreamStreamCall, why: str, error: TunnelError | None = None) -> TunnelError:
+        error = error or TunnelError(grpc.StatusCode.UNAVAILABLE, why)
         stream.cancel()
         self._fail(stream, error)
         return error
@@ -421,7 +425,8 @@ class TunnelChannel:
                 raise
             except (grpc.RpcError, asyncio.InvalidStateError) as exc:
                 self._pending.pop(correlation_id, None)
-                raise self._abandon(stream, f"the tunnel broke: {exc}") from None
+                raise self._abandon(stream, f"the tunnel broke: {exc}",
+                                    _stream_error(exc) if isinstance(exc, grpc.RpcError) else None) from None
         try:
             reply = await future
         finally:

@@ -175,9 +175,16 @@ def test_a_peer_without_the_tunnel_fails_tunneled_calls_as_unimplemented():
         await server.start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             tunnel = TunnelChannel(channel)
-            with pytest.raises(TunnelError) as refused:
-                await tunnel.call(method_path("Cluster", "Metadata"), pb.MetadataRequest(), pb.MetadataResponse, 10)
-            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            # gRPC's core now and then loses the stream's status to a write racing the
+            # refusal (INTERNAL): that call fails as a broken stream would, retriable,
+            # and the next stream gets the refusal.
+            codes = []
+            while len(codes) < 5 and grpc.StatusCode.UNIMPLEMENTED not in codes:
+                with pytest.raises(TunnelError) as refused:
+                    await tunnel.call(method_path("Cluster", "Metadata"), pb.MetadataRequest(), pb.MetadataResponse,
+                                      10)
+                codes.append(refused.value.code())
+            assert codes[-1] == grpc.StatusCode.UNIMPLEMENTED and set(codes[:-1]) <= {grpc.StatusCode.UNAVAILABLE}
             assert transport_error_code(refused.value) == ErrorCode.UNSUPPORTED_VERSION
             await tunnel.close()
         await server.stop(0)
