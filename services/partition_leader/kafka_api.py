@@ -89,14 +89,14 @@ class PartitionLeaderApis:
         asked = field(req, "topics")
         wanted = None if asked is None else {(t.topic, p) for t in asked for p in t.partitions}
         by_topic: dict[str, list[dict]] = {}
-        for (topic, partition), p in sorted(self.manager.replicas.items()):
+        for (topic, partition), p in sorted(self.manager.hosted.replicas.items()):
             if wanted is not None and (topic, partition) not in wanted:
                 continue
             by_topic.setdefault(topic, []).append({
                 "partition_index": partition, "partition_size": p.log.size_bytes,
                 "offset_lag": max(0, p.high_watermark - p.log_end_offset),
                 "is_future_key": False})
-        directory = self.manager.data_dir / "logs"
+        directory = self.manager.hosted.data_dir / "logs"
         try:
             usage = shutil.disk_usage(directory)
             total, usable = usage.total, usage.free

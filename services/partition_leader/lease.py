@@ -53,7 +53,7 @@ class LeaseKeeper:
         self.cluster = cluster
         self.lease_ms = lease_ms
         self.notify = notify
-        manager.lease_ms = lease_ms
+        manager.hosted.lease_ms = lease_ms
         self._renewed = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -70,7 +70,7 @@ class LeaseKeeper:
         """ZooKeeper connection state change (on the event loop)."""
         if state in ("SUSPENDED", "LOST"):
             log.warning("ZooKeeper connection %s: leadership leases voided", state)
-            self.manager.invalidate_leases()
+            self.manager.hosted.invalidate_leases()
         else:
             self._wake.set()
 
@@ -83,7 +83,7 @@ class LeaseKeeper:
         asking for renewals. False when `p` stopped leading or the deadline passed
         (ZooKeeper unreachable, the session lost, leadership moved)."""
         loop = asyncio.get_running_loop()
-        while not self.manager.lease_valid(p):
+        while not self.manager.hosted.lease_valid(p):
             remaining = deadline - loop.time()
             if not p.is_leader or remaining <= 0:
                 return False
@@ -93,7 +93,7 @@ class LeaseKeeper:
                 await asyncio.wait_for(self._renewed.wait(), remaining)
             except asyncio.TimeoutError:
                 return False
-            if not self.manager.lease_valid(p):
+            if not self.manager.hosted.lease_valid(p):
                 # Not confirmed (yet): a new election or the watch demoting us comes soon.
                 await asyncio.sleep(min(RETRY_S, max(deadline - loop.time(), 0)))
         return True
@@ -115,10 +115,10 @@ class LeaseKeeper:
 
     async def renew(self) -> None:
         """One confirmation round over the partitions led here."""
-        led = self.manager.partitions  # the serving leaders
+        led = self.manager.hosted.partitions  # the serving leaders
         if not led:
             return
-        sent = self.manager.monotonic_s()
+        sent = self.manager.hosted.monotonic_s()
 
         def read():
             return (self.cluster.registration_zxid(self.lease_ms / 1000),
@@ -133,9 +133,9 @@ class LeaseKeeper:
         until = sent + self.lease_ms / 1000
         for tp, st in states.items():
             p = led[tp]
-            if self.manager.serving.get(tp) is not p or not p.is_leader:
+            if self.manager.hosted.serving.get(tp) is not p or not p.is_leader:
                 continue
-            if st is not None and st.leader == self.manager.node_id and st.leader_epoch == p.leader_epoch \
+            if st is not None and st.leader == self.manager.hosted.node_id and st.leader_epoch == p.leader_epoch \
                     and st.mzxid > registered:
                 p.lease_until = until
                 if st.version > p.replication.zk_version and p.set_isr(st.isr, st.version):
@@ -178,15 +178,15 @@ class IsrUpdater:
         topic, partition = tp
         try:
             for _ in range(5):
-                p = self.manager.serving.get(tp)
-                desired = self.manager.desired_isr(tp)
+                p = self.manager.hosted.serving.get(tp)
+                desired = self.manager.hosted.desired_isr(tp)
                 if p is None or not p.is_leader or desired is None:
                     return
                 epoch, version, old = p.leader_epoch, p.replication.zk_version, p.isr
-                state = PartitionState(self.manager.node_id, epoch, desired)
+                state = PartitionState(self.manager.hosted.node_id, epoch, desired)
                 ok, new_version = await asyncio.to_thread(self.cluster.update_partition_state, topic, partition,
                                                           state, version)
-                p = self.manager.serving.get(tp)
+                p = self.manager.hosted.serving.get(tp)
                 if p is None or not p.is_leader or p.leader_epoch != epoch:
                     return
                 if ok:
@@ -196,10 +196,10 @@ class IsrUpdater:
                     self.notify(tp)
                     continue
                 fresh, fresh_version = await asyncio.to_thread(self.cluster.partition_state, topic, partition)
-                p = self.manager.serving.get(tp)
+                p = self.manager.hosted.serving.get(tp)
                 if p is None or not p.is_leader or p.leader_epoch != epoch:
                     return
-                if fresh is None or fresh.leader != self.manager.node_id or fresh.leader_epoch != epoch:
+                if fresh is None or fresh.leader != self.manager.hosted.node_id or fresh.leader_epoch != epoch:
                     log.warning("%s-%d: ISR update refused, leadership moved (%s); not acknowledging",
                                 topic, partition, fresh)
                     p.lease_until = 0.0

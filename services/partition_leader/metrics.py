@@ -127,7 +127,7 @@ class PartitionCollector(LoopCollector):
         size = gauge("exactly_partition_log_size_bytes", "Bytes of the replica's log segments")
         parked = GaugeMetricFamily("exactly_purgatory_size", "Requests parked in the purgatory (delayed "
                                    "Fetch and Produce, as Kafka's PurgatorySize)")
-        parked.add_metric([], sum(len(m.purgatory) for m in managers))
+        parked.add_metric([], sum(len(m.hosted.purgatory) for m in managers))
         wakeups = CounterMetricFamily("exactly_fetch_wakeups", "Parked Fetches leaving the purgatory, by "
                                       "fetcher type (consumer, follower) and outcome (completed, parked_again: "
                                       "woken but still short of min_bytes, expired)",
@@ -136,11 +136,11 @@ class PartitionCollector(LoopCollector):
             wakeups.add_metric(list(key), sum(getattr(m, "fetch_wakeups", {}).get(key, 0) for m in managers))
         offline_dir = GaugeMetricFamily("exactly_log_dir_offline", "1 when this process's log directory is "
                                         "offline after an I/O error (KIP-112), else 0")
-        offline_dir.add_metric([], sum(int(getattr(m, "log_dir_offline", False)) for m in managers))
+        offline_dir.add_metric([], sum(int(m.hosted.log_dir_offline) for m in managers))
         now = self._clock_ms()
         seen: set[tuple[str, int]] = set()
         for manager in managers:
-            for p in list(manager.partitions.values()):
+            for p in list(manager.hosted.partitions.values()):
                 key = (p.topic, p.partition)
                 seen.add(key)
                 row = ((), p.topic, p.partition)
@@ -160,7 +160,7 @@ class PartitionCollector(LoopCollector):
                 under.add(*row, int(n_isr < n_replicas))
                 at_min.add(*row, int(n_isr == min_isr))
                 under_min.add(*row, int(n_isr < min_isr))
-            for p in manager:  # every hosted replica, followers included
+            for p in manager.hosted:  # every hosted replica, followers included
                 row = ((), p.topic, p.partition)
                 log_start.add(*row, p.log_start_offset)
                 size.add(*row, sum(seg.size for seg in list(p.log.segments)))

@@ -453,36 +453,26 @@ class Partition:
         return ErrorCode.NONE
 
     # ------------------------------------------------------------ produce
-    def append(self, batch: bytes, required_acks: int = 1, verification_guard: object | None = None,
-               checked: records.BatchHeader | None = None) -> AppendResult:
-        """Append one client record batch v2 (Produce) as leader.
+    def append(self, batch: ValidatedBatch, required_acks: int = 1,
+               verification_guard: object | None = None) -> AppendResult:
+        """Append one client record batch v2 (Produce) as leader: `batch` passed the
+        write path's gates already (its shape by `ValidatedBatch.check`, its size
+        against `max.message.bytes`: produce.ProducePipeline), so nothing here looks at
+        its bytes again.
 
-        Validates without decoding records: the size (MESSAGE_TOO_LARGE above
-        `max.message.bytes`), then the batch's shape (`check_batch_shape`: CRC32C and
-        framing, CORRUPT_MESSAGE / INVALID_REQUEST / INVALID_RECORD, the log
-        unchanged; skipped when `checked` is the header that check already returned
-        for these bytes), PID / epoch / sequence rules
-        (`ProducerStateManager.check_append`; a batch without a producer id has none,
-        whatever its epoch and sequence fields hold, as in Kafka's LogValidator). With
-        required_acks -1 (all), NOT_ENOUGH_REPLICAS when the ISR is smaller than
-        `min.insync.replicas`, before anything is appended. A retried batch equal to
-        one of the PID's last 5 gets DUPLICATE_SEQUENCE_NUMBER with the original
-        offsets and is not appended again. Offsets are assigned by rewriting the base
-        offset in place; the batch gets this leader's epoch. NOT_LEADER_OR_FOLLOWER
-        on a follower. verification_guard: the guard of the transaction verification
-        done for this batch (produce.ProducePipeline; INVALID_TXN_STATE when a
-        marker made it stale)."""
+        PID / epoch / sequence rules (`ProducerStateManager.check_append`; a batch
+        without a producer id has none, whatever its epoch and sequence fields hold,
+        as in Kafka's LogValidator). With required_acks -1 (all), NOT_ENOUGH_REPLICAS
+        when the ISR is smaller than `min.insync.replicas`, before anything is
+        appended. A retried batch equal to one of the PID's last 5 gets
+        DUPLICATE_SEQUENCE_NUMBER with the original offsets and is not appended
+        again. Offsets are assigned by rewriting the base offset in place; the batch
+        gets this leader's epoch. NOT_LEADER_OR_FOLLOWER on a follower.
+        verification_guard: the guard of the transaction verification done for this
+        batch (produce.ProducePipeline; INVALID_TXN_STATE when a marker made it stale)."""
         if self.replication is None:
             return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message="this replica is a follower")
-        too_big = limits.validate_batch_size(len(batch), self.config.max_message_bytes)
-        if too_big is not None:
-            return AppendResult(too_big[0], message=too_big[1])
-        buf = batch  # never copied: the log writes a rewritten header, then the rest of these bytes
-        h = checked
-        if h is None:
-            h, refused = check_batch_shape(buf)
-            if refused is not None:
-                return refused
+        buf, h = batch.data, batch.header  # never copied: the log writes a rewritten header, then these bytes
         if required_acks == ACKS_ALL and not self.enough_replicas():
             return AppendResult(ErrorCode.NOT_ENOUGH_REPLICAS, -1, self.log_start_offset,
                                 f"{len(self.isr)} in-sync replicas, min.insync.replicas is "
@@ -951,6 +941,23 @@ class Partition:
         and the LSO once it completes (docs/design.md, "Last stable offset and read_committed")."""
         return AbortedTxn(producer_id, self.producers.txn_first_offset(producer_id, marker_offset), marker_offset,
                           self.producers.lso_excluding(producer_id, marker_offset + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedBatch:
+    """A client's record batch v2 that passed `check_batch_shape` (no state needed):
+    its bytes (`data`, one whole batch) and the header parsed from them. The value the
+    write path's gates and `Partition.append` take, so no check of the bytes is made
+    twice."""
+
+    data: bytes
+    header: records.BatchHeader
+
+    @classmethod
+    def check(cls, buf: bytes) -> ValidatedBatch | AppendResult:
+        """`buf` as a ValidatedBatch, or the refusal of `check_batch_shape`."""
+        h, refused = check_batch_shape(buf)
+        return refused if refused is not None else cls(buf, h)
 
 
 def check_batch_shape(buf: bytes) -> tuple[records.BatchHeader | None, AppendResult | None]:

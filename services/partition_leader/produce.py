@@ -2,26 +2,31 @@
 of named gates, and WriteTxnMarkers (docs/design.md, "Partition leader modules";
 Kafka's ReplicaManager.appendRecords with DelayedProduce).
 
-One frozen `ProduceContext` is built per request and carried through every gate of
-each of its entries, in this order:
+The adapter (a servicer) builds one frozen `ProduceContext` per request
+(`ProduceContext.client` or `.coordinator`) and passes it with the entries
+(`ReplicaManager.append_records(ctx, entries)`). Each entry becomes a `ProduceBatch`
+at the first gate, and every later gate has one shape: `gate(ctx, batch) ->
+AppendResult | None`, the refusal or nothing. In this order:
 
 1. `validate`: the request and the batch alone — required acks, internal topic vs
-   origin, the batch's shape (`partition.check_batch_shape`: CRC32C, framing, record
+   origin, the batch's shape (`partition.ValidatedBatch.check`: CRC32C, framing, record
    count, control bit, codec, producer epoch range, a transactional batch needs a
-   producer id). Nothing else is asked before these pass, so a malformed batch never
-   reaches a transaction coordinator.
+   producer id). It returns the `ProduceBatch` (or the refusal). Nothing else is
+   asked before these pass, so a malformed batch never reaches a transaction
+   coordinator.
 2. `authorize`: with the authorizer on, the producer id must be bound to the caller
    (services/common/security/pid_binding.py).
 3. Under the producer's lock (one producer's batches on one partition go in arrival
-   order): the leader replica, its lease confirmed, and the batch's size
-   (`max.message.bytes`);
+   order): the leader replica, its lease confirmed (`leader`, which sets the
+   batch's replica), and `check_size`, the batch's size (`max.message.bytes`);
 4. `writer_claim`: a coordinator's plain batch with a writer id must carry the
    ZooKeeper claim's writer id (docs/design.md, "Coordinator ownership");
-5. `verify`: a batch that would start its producer's transaction on the partition is
-   confirmed (KIP-890 part 1) or added (part 2) at the transaction coordinator — or,
-   for a coordinator's transactional offset commit the group coordinator verified,
-   taken as verified (`ProduceContext.verified_from`, Kafka's verificationGuards);
-6. `append`: `Partition.append`, with the verification guard;
+5. `verify`: a batch that would start its producer's transaction on the partition
+   (`verification_guard` not None) is confirmed (KIP-890 part 1) or added (part 2)
+   at the transaction coordinator — or, for a coordinator's transactional offset
+   commit the group coordinator verified, taken as verified
+   (`ProduceContext.verified_from`, Kafka's verificationGuards);
+6. append: `Partition.append` of the validated batch, with the verification guard;
 7. `await_acks`: acks=all waits for the high watermark, acks 1 and all confirm the
    lease (outside the producer's lock).
 
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
 from exactly_wire import records
@@ -42,7 +47,7 @@ from services.common.transport import limits
 from services.common.cluster.ownership import RETIRED_WRITER_EPOCH
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
-from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, check_batch_shape
+from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, ValidatedBatch
 from .purgatory import HIGH_WATERMARK, Watch
 from .replicas import HostedReplicas, positions
 
@@ -74,16 +79,18 @@ class MarkerEntry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ProduceContext:
-    """What every gate of one Produce needs, built once per request.
+    """What every gate of one Produce needs, built once per request by the adapter
+    (`client` / `coordinator`).
 
-    acks: 0, 1 or -1 (all); deadline: monotonic seconds bounding the whole request;
-    internal_only: a coordinator's CoordinatorProduce (writes only internal topics)
-    rather than a client's Produce (never internal topics); transactional_id: the
-    producer's, for verification; consumer_group_id: a group-aware producer's group
-    (KIP-447 draft); principal: the caller, for producer-id bindings; add: KIP-890
-    part 2 implicit add instead of verification; verified_from: NOT_VERIFIED (-1), or,
-    on a coordinator's transactional offset commit, the offset up to which the group
-    coordinator had applied the partition when it verified the transaction itself."""
+    acks: 0, 1 or -1 (all); deadline: monotonic seconds bounding the whole request
+    (`produce_deadline`); internal_only: a coordinator's CoordinatorProduce (writes
+    only internal topics) rather than a client's Produce (never internal topics);
+    transactional_id: the producer's, for verification; consumer_group_id: a
+    group-aware producer's group (KIP-447 draft); principal: the caller, for
+    producer-id bindings; add: KIP-890 part 2 implicit add instead of verification;
+    verified_from: NOT_VERIFIED (-1), or, on a coordinator's transactional offset
+    commit, the offset up to which the group coordinator had applied the partition
+    when it verified the transaction itself."""
 
     acks: int
     deadline: float
@@ -93,6 +100,50 @@ class ProduceContext:
     principal: str | None = None
     add: bool = False
     verified_from: int = NOT_VERIFIED
+
+    @classmethod
+    def client(cls, acks: int, deadline: float, transactional_id: str = "", consumer_group_id: str = "",
+               principal: str | None = None, add_partitions: bool = False) -> ProduceContext:
+        """A client's Produce (never an internal topic). add_partitions (KIP-890 part
+        2, a producer of transaction version 2 that sent no AddPartitionsToTxn): the
+        leader adds the partition to the producer's transaction instead of verifying
+        it; not for a group-aware producer (`consumer_group_id`), which adds its
+        partitions itself."""
+        return cls(acks, deadline, False, transactional_id, consumer_group_id, principal,
+                   add_partitions and not consumer_group_id)
+
+    @classmethod
+    def coordinator(cls, acks: int, deadline: float, transactional_id: str = "", consumer_group_id: str = "",
+                    verified_from: int = NOT_VERIFIED) -> ProduceContext:
+        """A coordinator's CoordinatorProduce (internal topics only; Kafka's
+        internal-topics-allowed appends); verified_from as the class says."""
+        return cls(acks, deadline, True, transactional_id, consumer_group_id, None, False, verified_from)
+
+
+def produce_deadline(now_s: float, timeout_ms: int) -> float:
+    """The monotonic s a Produce with `timeout_ms` (<= 0: DEFAULT_PRODUCE_TIMEOUT_MS)
+    that arrived at `now_s` ends at."""
+    return now_s + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBatch:
+    """One entry of a Produce once `validate` passed it: its partition (topic,
+    partition), the validated batch (partition.ValidatedBatch: bytes and header), and
+    the leader replica it goes to (None until the `leader` gate found it)."""
+
+    topic: str
+    partition: int
+    batch: ValidatedBatch
+    replica: Partition | None = None
+
+    @property
+    def header(self) -> records.BatchHeader:
+        return self.batch.header
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
 
 def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) -> bool:
@@ -126,13 +177,13 @@ class ProducePipeline:
         transaction to be verified (KIP-890) holds back the producer's next ones, which
         would otherwise overtake it (a Kafka broker reads one request per connection at
         a time; gRPC runs a client's pipelined requests side by side)."""
-        h, refused = self.validate(ctx, e)
-        if refused is not None:
-            return refused
-        if h.producer_id < 0:
-            appended = await self._append_ordered(ctx, e, h)
+        b = self.validate(ctx, e)
+        if isinstance(b, AppendResult):
+            return b
+        if b.header.producer_id < 0:
+            appended = await self._append_ordered(ctx, b)
         else:
-            key = (e.topic, e.partition, h.producer_id)
+            key = (b.topic, b.partition, b.header.producer_id)
             lock = self._producer_locks.get(key)
             if lock is None:
                 lock = self._producer_locks[key] = asyncio.Lock()
@@ -142,8 +193,8 @@ class ProducePipeline:
                 # being looked up is not overtaken by the next one (which the leader would
                 # then refuse as out of sequence).
                 async with lock:
-                    refused = await self.authorize(ctx, e, h)
-                    appended = refused if refused is not None else await self._append_ordered(ctx, e, h)
+                    refused = await self.authorize(ctx, b)
+                    appended = refused if refused is not None else await self._append_ordered(ctx, b)
             finally:
                 if not lock.locked() and not getattr(lock, "_waiters", None) and \
                         self._producer_locks.get(key) is lock:
@@ -155,26 +206,25 @@ class ProducePipeline:
         return res if err == ErrorCode.NONE else res._replace(error=err, message="")
 
     # ------------------------------------------------------------ gates
-    def validate(self, ctx: ProduceContext, e: ProduceEntry) -> tuple[records.BatchHeader | None,
-                                                                    AppendResult | None]:
-        """Gate 1, no I/O: (header, None), or (None, refusal): INVALID_REQUIRED_ACKS,
-        INVALID_TOPIC_EXCEPTION (internal topic vs origin), the refusals of
-        `check_batch_shape`, INVALID_RECORD for a transactional batch on an internal
-        topic other than `CONSUMER_CONSUMER_OFFSETS_TOPIC`."""
+    def validate(self, ctx: ProduceContext, e: ProduceEntry) -> ProduceBatch | AppendResult:
+        """Gate 1, no I/O: the entry as a ProduceBatch, or the refusal:
+        INVALID_REQUIRED_ACKS, INVALID_TOPIC_EXCEPTION (internal topic vs origin), the
+        refusals of `ValidatedBatch.check`, INVALID_RECORD for a transactional batch on
+        an internal topic other than the offsets topic."""
         if ctx.acks not in VALID_ACKS:
-            return None, AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
+            return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS)
         if self.hosted.is_internal(e.topic) != ctx.internal_only:
             why = (f"{e.topic} is an internal topic: only its coordinators write it" if not ctx.internal_only
                    else f"{e.topic} is not an internal topic")
-            return None, AppendResult(ErrorCode.INVALID_TOPIC_EXCEPTION, message=why)
-        h, refused = check_batch_shape(e.records)
-        if refused is not None:
-            return None, refused
-        if ctx.internal_only and e.topic != CONSUMER_OFFSETS_TOPIC and h.is_transactional:
-            return None, AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
-        return h, None
+            return AppendResult(ErrorCode.INVALID_TOPIC_EXCEPTION, message=why)
+        batch = ValidatedBatch.check(e.records)
+        if isinstance(batch, AppendResult):
+            return batch
+        if ctx.internal_only and e.topic != CONSUMER_OFFSETS_TOPIC and batch.header.is_transactional:
+            return AppendResult(ErrorCode.INVALID_RECORD, message=f"{e.topic} holds no transactional batches")
+        return ProduceBatch(e.topic, e.partition, batch)
 
-    async def authorize(self, ctx: ProduceContext, e: ProduceEntry, h: records.BatchHeader) -> AppendResult | None:
+    async def authorize(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
         """Gate 2: the refusal of a client's batch whose producer id is not bound to the
         caller (services/common/security/pid_binding.py; TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
         CLUSTER_AUTHORIZATION_FAILED, NOT_ENOUGH_REPLICAS when its binding could not be
@@ -182,30 +232,104 @@ class ProducePipeline:
         bindings = self.hosted.pid_bindings
         if bindings is None or ctx.internal_only:
             return None
+        h = b.header
         code, why = await bindings.check(h.producer_id, ctx.principal or "", ctx.transactional_id,
                                          h.is_transactional, ctx.deadline)
         if code == ErrorCode.NONE:
             return None
         return AppendResult(code, message=why)
 
-    async def _append_ordered(self, ctx: ProduceContext, e: ProduceEntry, h: records.BatchHeader
-                              ) -> AppendResult | tuple[AppendResult, Partition, int]:
-        """Gates 3-6 (leader and size, writer claim, verification, the local append):
-        an AppendResult when done (an error), or (result, partition, leader epoch) to
-        acknowledge by acks."""
+    async def leader(self, ctx: ProduceContext, b: ProduceBatch) -> ProduceBatch | AppendResult:
+        """Gate 3: `b` with the replica of its partition led here, its leadership
+        confirmed when acks != 0 (`HostedReplicas.leader_for_write`), or the refusal
+        (the errors of `HostedReplicas.get`, NOT_LEADER_OR_FOLLOWER)."""
+        p, err = await self.hosted.leader_for_write(b.topic, b.partition, ctx.deadline, confirm=ctx.acks != 0,
+                                                    hw_gated=ctx.acks == ACKS_ALL)
+        return AppendResult(err) if p is None else replace(b, replica=p)
+
+    async def check_size(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
+        """Gate 3, after `leader`: MESSAGE_TOO_LARGE above the partition's
+        `max.message.bytes` (the one size check of the batch)."""
+        too_big = limits.validate_batch_size(len(b.batch.data), b.replica.config.max_message_bytes)
+        return None if too_big is None else AppendResult(too_big[0], message=too_big[1])
+
+    async def writer_claim(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
+        """Gate 4: a coordinator's plain batch with a writer id must carry the writer id
+        of the ZooKeeper claim on the partition, at most its writer epoch, or the retired
+        writer id at the closing epoch (docs/design.md, "Coordinator ownership"): a
+        forged batch cannot bump the writer epoch and fence the real owner
+        (INVALID_PRODUCER_EPOCH). The claim is cached and read again when a batch goes
+        past it (a new owner's fence)."""
+        h = b.header
+        if not ctx.internal_only or h.producer_id < 0 or h.is_transactional:
+            return None  # no writer id; transactional offset commits are verified (KIP-890)
+        cached = self._claims.get(b.tp)
+        claim = await self._claim(b.tp, cached is not None and _backed(cached, h.producer_id, h.producer_epoch))
+        if claim is None or _backed(claim, h.producer_id, h.producer_epoch):
+            return None
+        return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
+                            message=f"the writer id and epoch of this batch are not those of the coordinator "
+                                    f"claim on {b.topic}-{b.partition}")
+
+    def verification_guard(self, ctx: ProduceContext, b: ProduceBatch) -> object | None:
+        """The producer's verification guard on the replica when `b` would start its
+        producer's transaction there and must be verified (`verify`); None when it
+        needs no verification (or no verifier is set)."""
         hosted = self.hosted
-        p, err = await hosted.leader_for_write(e.topic, e.partition, ctx.deadline, confirm=ctx.acks != 0,
-                                               hw_gated=ctx.acks == ACKS_ALL)
-        if p is None:
-            return AppendResult(err)
-        too_big = limits.validate_batch_size(len(e.records), p.config.max_message_bytes)
-        if too_big is not None:
-            return AppendResult(too_big[0], message=too_big[1])
-        if ctx.internal_only and not await self.writer_claim(e, h):
-            return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
-                                message=f"the writer id and epoch of this batch are not those of the coordinator "
-                                        f"claim on {e.topic}-{e.partition}")
-        guard = None
+        if hosted.verifier is None or not (ctx.add or hosted.verify_transactions):
+            return None
+        producers = b.replica.producers
+        if not producers.needs_verification(b.header, include_internal=ctx.internal_only):
+            return None
+        return producers.verification_guard(b.header.producer_id)
+
+    async def verify(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
+        """Gate 5, for a batch with a `verification_guard`: None when it may be
+        appended, or the refusal: INVALID_TXN_STATE without a transactional.id or when
+        the coordinator does not hold the partition in the producer's transaction,
+        INVALID_PRODUCER_EPOCH for another epoch, NOT_ENOUGH_REPLICAS when no
+        coordinator answered by the deadline. A coordinator's transactional offset
+        commit is verified like a client's batch, so a forged one cannot open a
+        transaction that no transaction coordinator will ever end — unless the group
+        coordinator verified it already (`ctx.verified_from`) and no marker of the
+        producer was appended here since (`ProducerStateManager.marker_since`): then
+        that verification stands (Kafka's verificationGuards) and the transaction
+        coordinator is not asked again."""
+        h = b.header
+        if not ctx.transactional_id:
+            return AppendResult(ErrorCode.INVALID_TXN_STATE, message=(
+                f"transactional batch of producer {h.producer_id} without a transactional.id: "
+                "no coordinator knows its transaction"))
+        if ctx.internal_only and ctx.verified_from >= 0 and \
+                not b.replica.producers.marker_since(h.producer_id, ctx.verified_from):
+            return None
+        verifier = self.hosted.verifier
+        if ctx.add:
+            code = await verifier.add(ctx.transactional_id, h.producer_id, h.producer_epoch, b.topic, b.partition,
+                                      ctx.deadline)
+        else:
+            code = await verifier.verify(ctx.transactional_id, h.producer_id, h.producer_epoch, b.topic,
+                                         b.partition, ctx.deadline, ctx.consumer_group_id)
+        if code == ErrorCode.NONE:
+            return None
+        what = "could not add" if ctx.add else "does not have"
+        return AppendResult(code, message=(
+            f"the coordinator of {ctx.transactional_id!r} {what} {b.topic}-{b.partition} in the ongoing "
+            f"transaction of producer {h.producer_id} epoch {h.producer_epoch}"))
+
+    async def _append_ordered(self, ctx: ProduceContext, b: ProduceBatch
+                              ) -> AppendResult | tuple[AppendResult, Partition, int]:
+        """Gates 3-5 (leader and size, writer claim, verification), then the local
+        append: an AppendResult when done (an error), or (result, replica, leader
+        epoch) to acknowledge by acks."""
+        hosted = self.hosted
+        b = await self.leader(ctx, b)
+        if isinstance(b, AppendResult):
+            return b
+        for gate in (self.check_size, self.writer_claim):
+            refused = await gate(ctx, b)
+            if refused is not None:
+                return refused
         # An implicit add (KIP-890 part 2) may wait at the coordinator while the
         # producer's previous transaction completes; that transaction's marker then
         # arrives here during the add and makes its guard stale. Adding again (at once
@@ -213,24 +337,26 @@ class ProducePipeline:
         # was aborted and the epoch bumped meanwhile) settles which transaction the
         # batch belongs to.
         for _ in range(3 if ctx.add else 1):
-            if hosted.verifier is not None and (ctx.add or hosted.verify_transactions):
-                guard, refused = await self.verify(ctx, p, e, h)
+            guard = self.verification_guard(ctx, b)
+            if guard is not None:
+                refused = await self.verify(ctx, b)
                 if refused is not None:
                     return refused
-                p, err = hosted.get(e.topic, e.partition)  # leadership may have moved meanwhile
+                p, err = hosted.get(b.topic, b.partition)  # leadership may have moved meanwhile
                 if p is None:
                     return AppendResult(err)
+                b = replace(b, replica=p)
+            p = b.replica
             epoch = p.leader_epoch
-            res, err = hosted._guarded(f"produce to {e.topic}-{e.partition}", p.append, e.records, ctx.acks,
-                                       guard, h)
+            res, err = hosted.guarded(f"produce to {b.topic}-{b.partition}", p.append, b.batch, ctx.acks, guard)
             if res is None:
                 return AppendResult(err)
             if not (guard is not None and res.error == ErrorCode.INVALID_TXN_STATE and
-                    p.producers.verification_guards.get(h.producer_id) is not guard):
+                    p.producers.verification_guards.get(b.header.producer_id) is not guard):
                 break
         if res.error == ErrorCode.NONE:
-            hosted.on_appended(e.topic, e.records)
-            hosted.purgatory.notify((e.topic, e.partition), positions(p))
+            hosted.on_appended(b.topic, b.batch.data)
+            hosted.purgatory.notify(b.tp, positions(p))
         if res.error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
             return res, p, epoch
         return res
@@ -246,56 +372,6 @@ class ProducePipeline:
             return None
         claim = self._claims[tp] = await asyncio.to_thread(writer_claim, *tp)
         return claim
-
-    async def writer_claim(self, e: ProduceEntry, h: records.BatchHeader) -> bool:
-        """Gate 4: a coordinator's plain batch with a writer id must carry the writer id
-        of the ZooKeeper claim on the partition, at most its writer epoch, or the retired
-        writer id at the closing epoch (docs/design.md, "Coordinator ownership"): a
-        forged batch cannot bump the writer epoch and fence the real owner. The claim
-        is cached and read again when a batch goes past it (a new owner's fence)."""
-        if h.producer_id < 0 or h.is_transactional:
-            return True  # no writer id; transactional offset commits are verified (KIP-890)
-        cached = self._claims.get((e.topic, e.partition))
-        claim = await self._claim((e.topic, e.partition),
-                                  cached is not None and _backed(cached, h.producer_id, h.producer_epoch))
-        return claim is None or _backed(claim, h.producer_id, h.producer_epoch)
-
-    async def verify(self, ctx: ProduceContext, p: Partition, e: ProduceEntry, h: records.BatchHeader
-                     ) -> tuple[object | None, AppendResult | None]:
-        """Gate 5: (guard, None) when the batch may be appended (guard None: it starts
-        no transaction), or (None, refusal): INVALID_TXN_STATE without a
-        transactional.id or when the coordinator does not hold the partition in the
-        producer's transaction, INVALID_PRODUCER_EPOCH for another epoch,
-        NOT_ENOUGH_REPLICAS when no coordinator answered by the deadline. A
-        coordinator's transactional offset commit is verified like a client's batch,
-        so a forged one cannot open a transaction that no transaction coordinator
-        will ever end — unless the group coordinator verified it already
-        (`ctx.verified_from`) and no marker of the producer was appended here since
-        (`ProducerStateManager.marker_since`): then that verification stands (Kafka's
-        verificationGuards) and the transaction coordinator is not asked again."""
-        if not p.producers.needs_verification(h, include_internal=ctx.internal_only):
-            return None, None
-        if not ctx.transactional_id:
-            return None, AppendResult(ErrorCode.INVALID_TXN_STATE, message=(
-                f"transactional batch of producer {h.producer_id} without a transactional.id: "
-                "no coordinator knows its transaction"))
-        guard = p.producers.verification_guard(h.producer_id)
-        if ctx.internal_only and ctx.verified_from >= 0 and \
-                not p.producers.marker_since(h.producer_id, ctx.verified_from):
-            return guard, None
-        verifier = self.hosted.verifier
-        if ctx.add:
-            code = await verifier.add(ctx.transactional_id, h.producer_id, h.producer_epoch, e.topic, e.partition,
-                                      ctx.deadline)
-        else:
-            code = await verifier.verify(ctx.transactional_id, h.producer_id, h.producer_epoch, e.topic,
-                                         e.partition, ctx.deadline, ctx.consumer_group_id)
-        if code != ErrorCode.NONE:
-            what = "could not add" if ctx.add else "does not have"
-            return None, AppendResult(code, message=(
-                f"the coordinator of {ctx.transactional_id!r} {what} {e.topic}-{e.partition} in the ongoing "
-                f"transaction of producer {h.producer_id} epoch {h.producer_epoch}"))
-        return guard, None
 
     async def _await_high_watermark(self, p: Partition, epoch: int, last_offset: int, deadline: float) -> ErrorCode:
         """Kafka's DelayedProduce: wait until the high watermark passes `last_offset`
@@ -368,7 +444,7 @@ class ProducePipeline:
                 f"marker for producer {m.producer_id} epoch {m.producer_epoch} on {topic}-{partition} not "
                 "appended: the request's deadline passed first"))
         epoch = p.leader_epoch
-        res, err = hosted._guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id,
+        res, err = hosted.guarded(f"marker on {topic}-{partition}", p.write_marker, m.producer_id,
                                    m.producer_epoch, m.committed, m.coordinator_epoch, m.transaction_version)
         if res is None:
             return MarkerResult(err)

@@ -78,7 +78,7 @@ class ReplicaFetchers:
 
     def sync(self) -> None:
         """Match the tasks to the manager's followed replicas (leader, epoch)."""
-        targets = self.manager.follower_targets()
+        targets = self.manager.hosted.follower_targets()
         for tp, (target, task) in list(self._tasks.items()):
             if targets.get(tp) != target or task.done():
                 task.cancel()
@@ -96,7 +96,7 @@ class ReplicaFetchers:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _current(self, tp: TopicPartition, leader: str, epoch: int) -> Partition | None:
-        p = self.manager.replicas.get(tp)
+        p = self.manager.hosted.replicas.get(tp)
         if p is None or p.is_leader or p.leader_id != leader or p.leader_epoch != epoch:
             return None
         return p
@@ -129,7 +129,7 @@ class ReplicaFetchers:
                 await asyncio.sleep(self.backoff_s)
             except OSError as exc:  # the log directory failed (KIP-112): every replica here stops
                 log.exception("%s-%d: writing the batches from %s failed", *tp, leader)
-                self.manager.fail_log_dir(exc)
+                self.manager.hosted.fail_log_dir(exc)
                 return
             except Exception:  # noqa: BLE001 - keep following; logged with its traceback
                 log.exception("%s-%d: replication from %s failed", *tp, leader)
@@ -146,7 +146,7 @@ class ReplicaFetchers:
             if latest == UNDEFINED_EPOCH:
                 p.truncate_to(p.high_watermark)
                 return True
-            req = pb.OffsetForLeaderEpochRequest(replica_id=self.manager.node_id, topics=[pb.OffsetForLeaderTopic(
+            req = pb.OffsetForLeaderEpochRequest(replica_id=self.manager.hosted.node_id, topics=[pb.OffsetForLeaderTopic(
                 topic=tp[0], partitions=[pb.OffsetForLeaderPartition(partition=tp[1], current_leader_epoch=epoch,
                                                                      leader_epoch=latest)])])
             resp = await calls.call(_OFFSET_FOR_LEADER_EPOCH, req, pb.OffsetForLeaderEpochResponse, 30)
@@ -171,7 +171,7 @@ class ReplicaFetchers:
         p = self._current(tp, leader, epoch)
         if p is None:
             return _OK
-        req = pb.FetchRequest(replica_id=self.manager.node_id, max_wait_ms=self.max_wait_ms, min_bytes=1,
+        req = pb.FetchRequest(replica_id=self.manager.hosted.node_id, max_wait_ms=self.max_wait_ms, min_bytes=1,
                               max_bytes=self.max_bytes, topics=[pb.FetchTopic(topic=tp[0], partitions=[
                                   pb.FetchPartition(partition=tp[1], fetch_offset=p.log_end_offset,
                                                     partition_max_bytes=self.max_bytes,

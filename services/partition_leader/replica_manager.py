@@ -17,13 +17,12 @@ from services.common.protocol import marker_leader_deadline_s
 
 from .leader_epoch import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEndOffset
 from .partition import READ_COMMITTED, AppendResult, FetchResult, MarkerResult, ReplicaFetchResult
-from .produce import (DEFAULT_PRODUCE_TIMEOUT_MS, NOT_VERIFIED, MarkerEntry, ProduceContext,
-                      ProduceEntry, ProducePipeline)
+from .produce import MarkerEntry, ProduceContext, ProduceEntry, ProducePipeline
 from .purgatory import BYTES_OF, HIGH_WATERMARK, LAST_STABLE, LOG_END, Watch
 from .replicas import ClusterView, HostedReplicas, Leases, guarded, positions
 
-__all__ = ["ClusterView", "DEFAULT_PRODUCE_TIMEOUT_MS", "FetchEntry", "Leases", "MarkerEntry",
-           "ProduceEntry", "ReplicaManager", "TopicPartition", "guarded", "positions"]
+__all__ = ["ClusterView", "FetchEntry", "Leases", "MarkerEntry", "ProduceEntry", "ReplicaManager", "TopicPartition",
+           "guarded", "positions"]
 
 DEFAULT_FETCH_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes
 DEFAULT_PARTITION_MAX_BYTES = 1048576  # Kafka's max.partition.fetch.bytes
@@ -49,13 +48,14 @@ class FetchEntry(NamedTuple):
     current_leader_epoch: int = -1
 
 
-class ReplicaManager(HostedReplicas):
-    """The requests a partition leader process serves, over its hosted replicas
-    (constructor: see `HostedReplicas`)."""
+class ReplicaManager:
+    """The requests a partition leader process serves (Kafka's ReplicaManager), over
+    the replicas it hosts: `hosted` (replicas.HostedReplicas), which it has rather
+    than is -- their lifecycle, leases, ISR and periodic work stay there."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.write_path = ProducePipeline(self)  # the write path (produce.py)
+    def __init__(self, hosted: HostedReplicas):
+        self.hosted = hosted
+        self.write_path = ProducePipeline(hosted)  # the write path (produce.py)
         # (CONSUMER | FOLLOWER, COMPLETED | PARKED_AGAIN | EXPIRED) -> parked fetches
         # that left the purgatory so (metrics: exactly_fetch_wakeups_total).
         self.fetch_wakeups: Counter[tuple[str, str]] = Counter()
@@ -70,20 +70,20 @@ class ReplicaManager(HostedReplicas):
         segments wholly below it right away. Errors: those of `get`;
         INVALID_TOPIC_EXCEPTION for an internal topic (compaction keeps them small);
         OFFSET_OUT_OF_RANGE above the high watermark."""
-        if self.is_internal(topic):
+        if self.hosted.is_internal(topic):
             return ErrorCode.INVALID_TOPIC_EXCEPTION, -1, f"records of the internal topic {topic} cannot be deleted"
-        p, err = self.get(topic, partition)
+        p, err = self.hosted.get(topic, partition)
         if p is None:
             return err, -1, ""
-        res, err = self._guarded(f"DeleteRecords on {topic}-{partition}", p.delete_records, offset)
+        res, err = self.hosted.guarded(f"DeleteRecords on {topic}-{partition}", p.delete_records, offset)
         if res is None:
             return err, -1, ""
         code, low = res
         if code != ErrorCode.NONE:
             return code, low, (f"offset {offset} is above the high watermark {p.high_watermark}"
                                if code == ErrorCode.OFFSET_OUT_OF_RANGE else "")
-        self._guarded(f"deleting segments of {topic}-{partition}", p.delete_old_segments)
-        self.purgatory.notify((topic, partition))
+        self.hosted.guarded(f"deleting segments of {topic}-{partition}", p.delete_old_segments)
+        self.hosted.purgatory.notify((topic, partition))
         return ErrorCode.NONE, p.log_start_offset, ""
 
     def fetch_for_follower(self, topic: str, partition: int, replica_id: str, offset: int, max_bytes: int,
@@ -91,73 +91,57 @@ class ReplicaManager(HostedReplicas):
         """A follower's fetch (see `Partition.fetch_for_follower`); asks for an ISR
         update (`on_isr_update`) when the follower caught up outside the ISR.
         UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER when not led here."""
-        p, err = self.leader_replica(topic, partition)
+        p, err = self.hosted.leader_replica(topic, partition)
         if p is None:
             return ReplicaFetchResult(err)
         res = p.fetch_for_follower(replica_id, offset, max_bytes, current_leader_epoch)
-        if res.error == ErrorCode.NONE and self.on_isr_update is not None and \
-                p.isr_expand_candidate(replica_id, self.max_lag_ms) is not None:
-            self.on_isr_update((topic, partition))
+        if res.error == ErrorCode.NONE and self.hosted.on_isr_update is not None and \
+                p.isr_expand_candidate(replica_id, self.hosted.max_lag_ms) is not None:
+            self.hosted.on_isr_update((topic, partition))
         return res
 
     def end_offset_for_epoch(self, topic: str, partition: int, leader_epoch: int,
                              current_leader_epoch: int = -1) -> tuple[ErrorCode, EpochEndOffset]:
         """OffsetForLeaderEpoch (see `Partition.end_offset_for_epoch`)."""
-        p, err = self.leader_replica(topic, partition)
+        p, err = self.hosted.leader_replica(topic, partition)
         if p is None:
             return err, EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_OFFSET)
         return p.end_offset_for_epoch(leader_epoch, current_leader_epoch)
 
-    async def append_records(self, acks: int, entries: Sequence[ProduceEntry],
-                             timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS, *,
-                             origin: str = "client", transactional_id: str = "",
-                             consumer_group_id: str = "", principal: str | None = None,
-                             add_partitions: bool = False, verified_from: int = NOT_VERIFIED) -> list[AppendResult]:
+    async def append_records(self, ctx: ProduceContext, entries: Sequence[ProduceEntry]) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led
-        here and acknowledge it by `acks`: 0 at once, 1 after the local append, -1
-        (all) once the high watermark passed it (through the gates of produce.py, in
-        order: validate, authorize, leader and size, writer claim, verify, append,
-        acks). Before appending and before
-        acknowledging (acks != 0) the leader confirms its lease. timeout_ms (<= 0:
-        30000) bounds the whole request. origin "client" (Produce) may not write
-        internal topics, "coordinator" (CoordinatorProduce) writes only internal
-        topics (Kafka's internal-topics-allowed appends): INVALID_TOPIC_EXCEPTION
-        otherwise, so a client can never forge a coordinator's record. With a
-        verifier, a client batch that would start its producer's transaction on a
-        partition is appended only after the coordinator of `transactional_id`
-        confirmed the partition is in that transaction (KIP-890 part 1;
-        INVALID_TXN_STATE without transactional_id or when it is not,
-        INVALID_PRODUCER_EPOCH for another epoch); `consumer_group_id` names a
+        here and acknowledge it by `ctx.acks`: 0 at once, 1 after the local append, -1
+        (all) once the high watermark passed it, through the gates of produce.py, in
+        order (validate, authorize, leader and size, writer claim, verify, append,
+        acks). `ctx` (produce.ProduceContext, built by the adapter: `client` for
+        Produce, `coordinator` for CoordinatorProduce) bounds the whole request by its
+        deadline and carries the request's facts. Before appending and before
+        acknowledging (acks != 0) the leader confirms its lease. A client may not write
+        internal topics and a coordinator writes only internal topics (Kafka's
+        internal-topics-allowed appends): INVALID_TOPIC_EXCEPTION otherwise, so a client
+        can never forge a coordinator's record. With a verifier, a client batch that
+        would start its producer's transaction on a partition is appended only after
+        the coordinator of `ctx.transactional_id` confirmed the partition is in that
+        transaction (KIP-890 part 1; INVALID_TXN_STATE without a transactional.id or
+        when it is not, INVALID_PRODUCER_EPOCH for another epoch), or, with `ctx.add`
+        (KIP-890 part 2), added it (TxnVerifier.add); `ctx.consumer_group_id` names a
         group-aware producer's group, whose coordinator holds its transaction (KIP-447
-        draft). `add_partitions` (KIP-890 part 2, a producer of transaction version
-        2 that sent no AddPartitionsToTxn): instead of verifying, the leader adds the
-        partition to the producer's transaction at its coordinator (TxnVerifier.add),
-        INVALID_PRODUCER_EPOCH when the coordinator holds another epoch (a late batch
-        of an ended transaction); not for a group-aware producer, which adds its
-        partitions itself. `verified_from` (CoordinatorProduce only, else ignored): the
-        group coordinator verified this transactional offset commit when it had applied
-        the partition up to that offset; the transaction coordinator is asked again only
-        if a marker of the producer was appended since (Kafka's verificationGuards).
-        With `pid_bindings` set (authorizer on), a client's idempotent or
-        transactional batch is appended only when its producer id is bound to
-        `principal` (and, transactional, to `transactional_id`): otherwise
-        TRANSACTIONAL_ID_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED before the
-        producer state is touched (services/common/security/pid_binding.py; NOT_ENOUGH_REPLICAS
-        while the binding cannot be checked). Returns one
-        AppendResult per entry, in order: INVALID_REQUIRED_ACKS,
-        INVALID_TOPIC_EXCEPTION, the refusals of `partition.check_batch_shape` (a
-        malformed batch reaches no coordinator), the errors of `get()` and
-        `Partition.append`, and after a local append NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT (offsets kept)."""
-        deadline = self.monotonic_s() + (timeout_ms if timeout_ms > 0 else DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
-        if origin not in ("client", "coordinator"):
-            raise ValueError(f"unknown append origin {origin!r}")
-        ctx = ProduceContext(acks, deadline, internal_only=origin == "coordinator",
-                             transactional_id=transactional_id, consumer_group_id=consumer_group_id,
-                             principal=principal,
-                             add=add_partitions and not consumer_group_id and origin == "client",
-                             verified_from=verified_from if origin == "coordinator" else NOT_VERIFIED)
+        draft); `ctx.verified_from` (a coordinator's): the group coordinator verified
+        this transactional offset commit when it had applied the partition up to that
+        offset, and the transaction coordinator is asked again only if a marker of the
+        producer was appended since (Kafka's verificationGuards). With `pid_bindings`
+        set (authorizer on), a client's idempotent or transactional batch is appended
+        only when its producer id is bound to `ctx.principal` (and, transactional, to
+        its transactional.id): otherwise TRANSACTIONAL_ID_AUTHORIZATION_FAILED or
+        CLUSTER_AUTHORIZATION_FAILED before the producer state is touched
+        (services/common/security/pid_binding.py; NOT_ENOUGH_REPLICAS while the binding
+        cannot be checked). Returns one AppendResult per entry, in order:
+        INVALID_REQUIRED_ACKS, INVALID_TOPIC_EXCEPTION, the refusals of
+        `partition.check_batch_shape` (a malformed batch reaches no coordinator),
+        MESSAGE_TOO_LARGE, the errors of `get()` and `Partition.append`, and after a
+        local append NOT_ENOUGH_REPLICAS_AFTER_APPEND, NOT_LEADER_OR_FOLLOWER or
+        REQUEST_TIMED_OUT (offsets kept)."""
         return await self.write_path.append(ctx, entries)
 
     async def write_markers(self, markers: Sequence[MarkerEntry],
@@ -174,7 +158,7 @@ class ReplicaManager(HostedReplicas):
         again, and under transaction version 1 (no epoch bump) a marker applied that
         late could end the producer's next transaction (services/common/protocol.py).
         Returns, per marker, one MarkerResult per partition in order."""
-        arrived = self.monotonic_s() if arrival_s is None else arrival_s
+        arrived = self.hosted.monotonic_s() if arrival_s is None else arrival_s
         return await self.write_path.write_markers(markers, marker_leader_deadline_s(arrived))
 
     async def fetch_messages(self, entries: Sequence[FetchEntry], *, max_wait_ms: int = 0, min_bytes: int = 1,
@@ -199,15 +183,15 @@ class ReplicaManager(HostedReplicas):
         wakes no follower. Each parked fetch that leaves the purgatory is counted in
         `fetch_wakeups` (CONSUMER | FOLLOWER, COMPLETED | PARKED_AGAIN | EXPIRED)."""
         if not replica_id:
-            max_wait_ms = min(max_wait_ms, self.fetch_max_wait_ms)
-        deadline = self.monotonic_s() + max(max_wait_ms, 0) / 1000
+            max_wait_ms = min(max_wait_ms, self.hosted.fetch_max_wait_ms)
+        deadline = self.hosted.monotonic_s() + max(max_wait_ms, 0) / 1000
         min_bytes = max(min_bytes, 1)
         bound = LOG_END if replica_id else LAST_STABLE if isolation_level == READ_COMMITTED else HIGH_WATERMARK
         fetcher = FOLLOWER if replica_id else CONSUMER
         woken = False
         while True:
             results, total, failed = self._read_once(entries, max_bytes, isolation_level, replica_id)
-            done = total >= min_bytes or failed or self.monotonic_s() >= deadline
+            done = total >= min_bytes or failed or self.hosted.monotonic_s() >= deadline
             if woken:
                 self.fetch_wakeups[fetcher, COMPLETED if done else PARKED_AGAIN] += 1
             if done:
@@ -218,9 +202,9 @@ class ReplicaManager(HostedReplicas):
             parked = None if replica_id else self._byte_positions(entries, bound)
             while True:
                 watches = self._watches(entries, bound, parked, need)
-                woken = await self.purgatory.wait(watches, deadline, None if replica_id else owner)
+                woken = await self.hosted.purgatory.wait(watches, deadline, None if replica_id else owner)
                 if not woken:
-                    if self.monotonic_s() >= deadline:
+                    if self.hosted.monotonic_s() >= deadline:
                         self.fetch_wakeups[fetcher, EXPIRED] += 1
                     return self._read_once(entries, max_bytes, isolation_level, replica_id)[0]
                 gained = self._bytes_since(entries, bound, parked)
@@ -239,7 +223,7 @@ class ReplicaManager(HostedReplicas):
         waits by offset)."""
         out = []
         for e in entries:
-            p = self.serving.get((e.topic, e.partition))
+            p = self.hosted.serving.get((e.topic, e.partition))
             at = None if p is None or not p.is_leader else \
                 p.byte_marks.at(max(e.fetch_offset, self._position(e, bound)))
             if at is None:
@@ -269,7 +253,7 @@ class ReplicaManager(HostedReplicas):
             return None
         gained = 0
         for e, (was, epoch, at) in zip(entries, parked):
-            p = self.serving.get((e.topic, e.partition))
+            p = self.hosted.serving.get((e.topic, e.partition))
             if p is not was or not p.is_leader or p.leader_epoch != epoch:
                 return None
             now = p.byte_marks.at(self._position(e, bound))
@@ -283,7 +267,7 @@ class ReplicaManager(HostedReplicas):
         when the same was read while the partition was as it is now (its log end, high
         watermark, log start, leader epoch and bytes appended unchanged): the fetches an
         append wakes at one offset are answered from one read, not one read each."""
-        p, err = self.get(e.topic, e.partition)
+        p, err = self.hosted.get(e.topic, e.partition)
         if p is None:
             return FetchResult(err)
         key = (e.topic, e.partition, e.fetch_offset, limit, isolation_level, e.current_leader_epoch,
@@ -292,7 +276,7 @@ class ReplicaManager(HostedReplicas):
         if res is not None:
             self._recent_reads.move_to_end(key)
             return res
-        res, err = self._guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
+        res, err = self.hosted.guarded(f"fetch from {e.topic}-{e.partition}", p.fetch, e.fetch_offset, limit,
                                  isolation_level, e.current_leader_epoch)
         if res is None:
             return FetchResult(err)
@@ -307,7 +291,7 @@ class ReplicaManager(HostedReplicas):
 
     def _position(self, e: FetchEntry, bound: str) -> int:
         """Position `bound` (purgatory.LOG_END, ...) of the partition of `e` (-1: not here)."""
-        p = self.serving.get((e.topic, e.partition))
+        p = self.hosted.serving.get((e.topic, e.partition))
         return -1 if p is None else positions(p)[bound]
 
     def _read_once(self, entries: Sequence[FetchEntry], max_bytes: int, isolation_level: int,
@@ -318,17 +302,17 @@ class ReplicaManager(HostedReplicas):
         for e in entries:
             limit = min(e.max_bytes if e.max_bytes > 0 else DEFAULT_PARTITION_MAX_BYTES, budget - total)
             if replica_id:
-                res, err = self._guarded(f"replica fetch from {e.topic}-{e.partition}", self.fetch_for_follower,
+                res, err = self.hosted.guarded(f"replica fetch from {e.topic}-{e.partition}", self.fetch_for_follower,
                                    e.topic, e.partition, replica_id, e.fetch_offset, limit, e.current_leader_epoch)
                 if res is None:
                     res = ReplicaFetchResult(err)
                 if res.hw_changed:
-                    leader = self.serving.get((e.topic, e.partition))
+                    leader = self.hosted.serving.get((e.topic, e.partition))
                     # Wake the consumers and acks=all produces the new high watermark lets
                     # through. Not the other followers: a follower's fetch completes on bytes
                     # past its offset only (Kafka's DelayedFetch), so woken it would read
                     # nothing and park again; it learns the high watermark from its next answer.
-                    self.purgatory.notify((e.topic, e.partition), None if leader is None else positions(leader))
+                    self.hosted.purgatory.notify((e.topic, e.partition), None if leader is None else positions(leader))
             else:
                 res = self._read_consumer(e, limit, isolation_level)
             results.append(res)

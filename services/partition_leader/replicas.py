@@ -210,7 +210,9 @@ class HostedReplicas:
             self.purgatory.notify(tp, None)
         self.on_log_dir_failure(exc)
 
-    def _guarded(self, what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
+    def guarded(self, what: str, fn: Callable[..., T], *args) -> tuple[T | None, ErrorCode]:
+        """`guarded` (the module's function) with an I/O error taking the log directory
+        offline (`fail_log_dir`)."""
         return guarded(what, fn, *args, on_io_error=self.fail_log_dir)
 
     @property

@@ -52,6 +52,7 @@ from .lease import IsrUpdater, LeaseKeeper
 from .metrics import CLUSTER, PARTITIONS, count_produced
 from .replica_fetcher import ReplicaFetchers
 from .replica_manager import ReplicaManager
+from .replicas import HostedReplicas
 from .servicer import PartitionLeaderServicer
 from .snapshot_store import SnapshotStore
 
@@ -70,14 +71,14 @@ class PartitionLeaderService:
         self.manager = manager
         self.servicer = servicer
         self.leases = leases
-        self.notify = manager.purgatory.notify
+        self.notify = manager.hosted.purgatory.notify
         settings: PartitionLeaderSchema = cfg.settings
         self.fetchers = ReplicaFetchers(manager, self._address, client.tunnel, settings, self.notify)
         self.isr = IsrUpdater(manager, cluster, self.notify)
         self.controller = Controller(cluster, settings.controller_sweep_interval_ms)
-        self.cleaner = LogCleaner(lambda: list(manager.serving.values()), manager.serves,
-                                  compaction=settings.log_cleaner_enable, clock_ms=manager.clock_ms,
-                                  monotonic_ms=manager.monotonic_ms, on_io_error=manager.fail_log_dir)
+        self.cleaner = LogCleaner(lambda: list(manager.hosted.serving.values()), manager.hosted.serves,
+                                  compaction=settings.log_cleaner_enable, clock_ms=manager.hosted.clock_ms,
+                                  monotonic_ms=manager.hosted.monotonic_ms, on_io_error=manager.hosted.fail_log_dir)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_pending = False
@@ -96,9 +97,9 @@ class PartitionLeaderService:
         state changes, start replication, the controller candidacy, and the
         snapshot, PID-expiration and ISR-check tasks."""
         self._loop = asyncio.get_running_loop()
-        self.manager.on_isr_update = self.isr.request
-        self.manager.on_log_dir_failure = self._on_log_dir_failure
-        self.manager.is_live = lambda node_id: node_id in self.cluster.nodes()
+        self.manager.hosted.on_isr_update = self.isr.request
+        self.manager.hosted.on_log_dir_failure = self._on_log_dir_failure
+        self.manager.hosted.is_live = lambda node_id: node_id in self.cluster.nodes()
         self.leases.start()
         self._refresh()
         await self._delete_orphaned_logs()
@@ -108,30 +109,30 @@ class PartitionLeaderService:
         settings: PartitionLeaderSchema = self.cfg.settings
         snapshot_tick = max(min(settings.producer_snapshot_interval_ms, 1000), 10) / 1000
         expiry_tick = max(settings.producer_id_expiration_check_interval_ms, 10) / 1000
-        isr_tick = max(self.manager.max_lag_ms / 2, 10) / 1000
+        isr_tick = max(self.manager.hosted.max_lag_ms / 2, 10) / 1000
         cleaner_tick = max(settings.log_retention_check_interval_ms, 10) / 1000
         self._tasks = [
             asyncio.create_task(self._cleaner_loop(cleaner_tick), name="log-cleaner"),
             asyncio.create_task(self._every(snapshot_tick, self._snapshots_and_checkpoints), name="snapshots"),
-            asyncio.create_task(self._every(expiry_tick, self.manager.expire_producers), name="pid-expiration"),
+            asyncio.create_task(self._every(expiry_tick, self.manager.hosted.expire_producers), name="pid-expiration"),
             asyncio.create_task(self._every(isr_tick, self._check_isr), name="isr-check"),
         ]
 
     async def _delete_orphaned_logs(self) -> None:
         """Delete the replicas of topics deleted while this process was down (their
         topic znode is gone from ZooKeeper)."""
-        for tp, path in self.manager.orphaned_logs():
+        for tp, path in self.manager.hosted.orphaned_logs():
             try:
                 exists = await asyncio.to_thread(self.cluster.topic_exists, tp[0])
             except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: keep the files, try at the next start
                 log.warning("cannot check topic %s: %r", tp[0], exc)
                 continue
-            if not exists and tp not in self.manager.replicas:
+            if not exists and tp not in self.manager.hosted.replicas:
                 try:
-                    self.manager.delete_orphaned(tp, path)
+                    self.manager.hosted.delete_orphaned(tp, path)
                 except OSError as exc:
                     log.exception("deleting %s failed", path)
-                    self.manager.fail_log_dir(exc)
+                    self.manager.hosted.fail_log_dir(exc)
 
     async def wait_ready(self) -> None:
         """Called once registered: wait (at most twice the ZooKeeper session timeout)
@@ -165,7 +166,7 @@ class PartitionLeaderService:
         await self.fetchers.stop()
         await self.isr.stop()
         await self.leases.stop()
-        self.manager.close()
+        self.manager.hosted.close()
         self.store.close()
 
     def _on_cluster_change(self) -> None:
@@ -183,8 +184,8 @@ class PartitionLeaderService:
         # From a kazoo thread; LOST/SUSPENDED void the leases right away, before the
         # event loop runs anything else queued.
         if state in ("LOST", "SUSPENDED"):
-            self.manager.invalidate_leases()
-        self.manager.zookeeper_suspended = state == "SUSPENDED"
+            self.manager.hosted.invalidate_leases()
+        self.manager.hosted.zookeeper_suspended = state == "SUSPENDED"
         loop = self._loop
         if loop is None or self._stopped:
             return
@@ -197,16 +198,16 @@ class PartitionLeaderService:
         self._refresh_pending = False
         if self._stopped:
             return
-        opened, closed = self.manager.refresh()
+        opened, closed = self.manager.hosted.refresh()
         self.fetchers.sync()
-        changed = set(opened) | set(closed) | self.manager.changed
-        if any(p.is_leader for tp, p in self.manager.replicas.items() if tp in changed):
+        changed = set(opened) | set(closed) | self.manager.hosted.changed
+        if any(p.is_leader for tp, p in self.manager.hosted.replicas.items() if tp in changed):
             self.leases.wake()
         for tp in changed:
             self.notify(tp)
 
     def _check_isr(self) -> None:
-        for tp in self.manager.isr_updates():
+        for tp in self.manager.hosted.isr_updates():
             self.isr.request(tp)
 
     async def _cleaner_loop(self, seconds: float) -> None:
@@ -222,16 +223,16 @@ class PartitionLeaderService:
         the high-watermark checkpoints, whose fsyncs run in a worker thread so that
         produce and fetch answers do not wait for the disk every tick."""
         try:
-            self.manager.maybe_snapshot_all()
+            self.manager.hosted.maybe_snapshot_all()
         except OSError as exc:  # the producer-state store on the data directory failed
             log.exception("producer-state snapshot failed")
-            self.manager.fail_log_dir(exc)
+            self.manager.hosted.fail_log_dir(exc)
             return
-        due = self.manager.high_watermarks_to_checkpoint()
+        due = self.manager.hosted.high_watermarks_to_checkpoint()
         if due:
             failed = await asyncio.to_thread(_checkpoint_all, due)
             if failed is not None:
-                self.manager.fail_log_dir(failed)
+                self.manager.hosted.fail_log_dir(failed)
 
     def _on_log_dir_failure(self, exc: OSError) -> None:
         """KIP-112: the log directory went offline (ReplicaManager.fail_log_dir): stop
@@ -282,15 +283,15 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
     `<data_dir>/producer-state`, logs under `<data_dir>/logs/`."""
     store = SnapshotStore(cfg.data_dir / "producer-state")
     settings: PartitionLeaderSchema = cfg.settings
-    manager = ReplicaManager(cfg.node_id, cfg.data_dir, settings, cluster, store)
+    manager = ReplicaManager(HostedReplicas(cfg.node_id, cfg.data_dir, settings, cluster, store))
     PARTITIONS.track(manager)
-    manager.on_appended = count_produced
-    manager.verifier = TxnVerifier(cluster, client)
-    manager.verify_transactions = settings.transaction_partition_verification_enable
-    manager.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)
+    manager.hosted.on_appended = count_produced
+    manager.hosted.verifier = TxnVerifier(cluster, client)
+    manager.hosted.verify_transactions = settings.transaction_partition_verification_enable
+    manager.hosted.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)
     session_ms = settings.zookeeper_session_timeout_ms
-    leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.purgatory.notify)
-    manager.leases = leases
+    leases = LeaseKeeper(manager, cluster, max(session_ms * 2 // 3, 100), manager.hosted.purgatory.notify)
+    manager.hosted.leases = leases
     servicer = PartitionLeaderServicer(manager)
     pbg.add_PartitionLeaderServicer_to_server(servicer, server)
     service = PartitionLeaderService(cfg, cluster, client, store, manager, servicer, leases)

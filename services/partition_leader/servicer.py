@@ -26,6 +26,7 @@ from services.common.security.auth import ANONYMOUS, current_principal
 
 from .metrics import count_fetched
 from .partition import READ_COMMITTED
+from .produce import NOT_VERIFIED, ProduceContext, produce_deadline
 from .replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager, guarded
 
 log = logging.getLogger(__name__)
@@ -48,21 +49,23 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
 
     # ------------------------------------------------------------ Produce
     async def Produce(self, request: pb.ProduceRequest, context) -> pb.ProduceResponse:
-        return await self._produce(request, "client")
+        deadline = produce_deadline(self.manager.hosted.monotonic_s(), request.timeout_ms)
+        ctx = ProduceContext.client(request.acks, deadline, request.transactional_id, request.consumer_group_id,
+                                    current_principal.get(), request.add_partitions_to_txn)
+        return await self._produce(request, ctx)
 
     async def CoordinatorProduce(self, request: pb.ProduceRequest, context) -> pb.ProduceResponse:
-        return await self._produce(request, "coordinator")
+        deadline = produce_deadline(self.manager.hosted.monotonic_s(), request.timeout_ms)
+        verified_from = request.transaction_verified_from if request.HasField("transaction_verified_from") \
+            else NOT_VERIFIED
+        ctx = ProduceContext.coordinator(request.acks, deadline, request.transactional_id, request.consumer_group_id,
+                                         verified_from)
+        return await self._produce(request, ctx)
 
-    async def _produce(self, request: pb.ProduceRequest, origin: str) -> pb.ProduceResponse:
+    async def _produce(self, request: pb.ProduceRequest, ctx: ProduceContext) -> pb.ProduceResponse:
         entries = [ProduceEntry(topic.name, part.partition, part.records)
                    for topic in request.topics for part in topic.partitions]
-        results = iter(await self.manager.append_records(request.acks, entries, request.timeout_ms, origin=origin,
-                                                         transactional_id=request.transactional_id,
-                                                         consumer_group_id=request.consumer_group_id,
-                                                         principal=current_principal.get(),
-                                                         add_partitions=request.add_partitions_to_txn,
-                                                         verified_from=request.transaction_verified_from
-                                                         if request.HasField("transaction_verified_from") else -1))
+        results = iter(await self.manager.append_records(ctx, entries))
         resp = pb.ProduceResponse()
         for topic in request.topics:
             tresp = resp.topics.add(name=topic.name)
@@ -106,7 +109,7 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
             tresp = resp.topics.add(name=topic.name)
             for lp in topic.partitions:
                 out = tresp.partitions.add(partition=lp.partition, timestamp=-1, offset=-1)
-                p, err = self.manager.get(topic.name, lp.partition)
+                p, err = self.manager.hosted.get(topic.name, lp.partition)
                 if p is None:
                     out.error_code = err
                     continue
@@ -160,7 +163,7 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
             tresp = resp.topics.add(name=topic.topic)
             for partition in topic.partitions:
                 out = tresp.partitions.add(partition=partition)
-                p, err = self.manager.get(topic.topic, partition)
+                p, err = self.manager.hosted.get(topic.topic, partition)
                 if p is None:
                     out.error_code = err
                     continue

@@ -1,4 +1,5 @@
-"""Helpers for the partition leader's unit tests: batch builders and a fake clock."""
+"""Helpers for the partition leader's unit tests: batch builders, a fake clock, a
+validated batch for Partition.append and a Produce through a ReplicaManager."""
 from __future__ import annotations
 
 
@@ -6,7 +7,8 @@ import pytest
 
 from exactly_wire import records
 from services.partition_leader.log import LogConfig
-from services.partition_leader.partition import Partition, PartitionConfig
+from services.partition_leader.partition import AppendResult, Partition, PartitionConfig, ValidatedBatch
+from services.partition_leader.produce import NOT_VERIFIED, ProduceContext, produce_deadline
 from services.partition_leader.snapshot_store import SnapshotStore
 
 NOW_MS = 1_700_000_000_000
@@ -18,6 +20,27 @@ def make_batch(n: int = 3, *, pid: int = -1, epoch: int = 0, seq: int = -1, txn:
     return records.encode_batch([(key, bytes([65 + i % 26]) * value_size, (), ts + i) for i in range(n)],
                                 producer_id=pid, producer_epoch=epoch, base_sequence=seq,
                                 transactional=txn)
+
+
+def valid(buf: bytes) -> ValidatedBatch:
+    """`buf` as the validated batch Partition.append takes (the write path's first
+    gate passed it); fails the test when the batch would be refused."""
+    batch = ValidatedBatch.check(buf)
+    assert not isinstance(batch, AppendResult), batch
+    return batch
+
+
+def append_records(manager, acks: int, entries, timeout_ms: int = 0, *, origin: str = "client",
+                   transactional_id: str = "", consumer_group_id: str = "", principal: str | None = None,
+                   add_partitions: bool = False, verified_from: int = NOT_VERIFIED):
+    """`manager.append_records` of `entries` with the context a servicer builds for a
+    Produce (origin "client") or a CoordinatorProduce ("coordinator") of these fields."""
+    deadline = produce_deadline(manager.hosted.monotonic_s(), timeout_ms)
+    if origin == "client":
+        ctx = ProduceContext.client(acks, deadline, transactional_id, consumer_group_id, principal, add_partitions)
+    else:
+        ctx = ProduceContext.coordinator(acks, deadline, transactional_id, consumer_group_id, verified_from)
+    return manager.append_records(ctx, entries)
 
 
 def header(batch: bytes, base_offset: int | None = None) -> records.BatchHeader:

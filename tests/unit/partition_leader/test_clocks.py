@@ -12,7 +12,7 @@ from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import Partition, PartitionConfig
 from services.partition_leader.snapshot_store import SnapshotStore
 
-from .conftest import NOW_MS, FakeClock, make_batch
+from .conftest import NOW_MS, FakeClock, make_batch, valid
 
 TEN_MINUTES_MS = 600_000
 REPLICAS = ("a", "b")
@@ -26,7 +26,7 @@ def test_follower_that_stopped_leaves_the_isr_after_a_backward_step(tmp_path):
                        single_replica=False)
     try:
         p.become_leader(0, REPLICAS, REPLICAS, zk_version=0)
-        assert p.append(make_batch(3), -1).error == ErrorCode.NONE
+        assert p.append(valid(make_batch(3)), -1).error == ErrorCode.NONE
         assert p.fetch_for_follower("b", p.log_end_offset, 1 << 20, 0).error == ErrorCode.NONE  # caught up
         wall.advance(-TEN_MINUTES_MS)  # the leader's wall clock steps back; b stops fetching
         assert p.isr_shrink_candidate(10_000) is None
@@ -57,7 +57,7 @@ def test_forward_step_does_not_shrink_a_fetching_follower_out(tmp_path):
 def test_snapshot_interval_survives_a_backward_step(open_partition, clock):
     mono = FakeClock(5_000)
     p = open_partition(config=PartitionConfig(snapshot_interval_ms=1000), monotonic_ms=mono)
-    p.append(make_batch(3, pid=3, seq=0))
+    p.append(valid(make_batch(3, pid=3, seq=0)))
     clock.advance(-TEN_MINUTES_MS)
     mono.advance(1000)
     assert p.maybe_snapshot()
@@ -68,7 +68,7 @@ def _fresh_segments(open_partition, wall: FakeClock, mono: FakeClock) -> Partiti
     p = open_partition(config=PartitionConfig(LogConfig(segment_bytes=1024, index_interval_bytes=256),
                                               retention_ms=60_000), monotonic_ms=mono)
     for _ in range(30):
-        assert p.append(make_batch(3, ts=wall.now)).error == ErrorCode.NONE
+        assert p.append(valid(make_batch(3, ts=wall.now))).error == ErrorCode.NONE
     assert len(p.log.segments) > 3
     return p
 

@@ -15,17 +15,17 @@ with warnings.catch_warnings():
 
 from exactly_wire import records
 
-from .conftest import make_batch
+from .conftest import make_batch, valid
 
 
 def test_segment_file_decodes_with_kafka_python(open_partition):
     p = open_partition(leader_epoch=2)
-    p.append(make_batch(3, key=b"plain"))  # 0-2
-    p.append(make_batch(2, pid=7, epoch=1, seq=0, txn=True, key=b"txn"))  # 3-4
+    p.append(valid(make_batch(3, key=b"plain")))  # 0-2
+    p.append(valid(make_batch(2, pid=7, epoch=1, seq=0, txn=True, key=b"txn")))  # 3-4
     p.write_marker(7, 1, committed=True, coordinator_epoch=4)  # 5
-    p.append(make_batch(1, pid=7, epoch=1, seq=2, txn=True, key=b"txn"))  # 6
+    p.append(valid(make_batch(1, pid=7, epoch=1, seq=2, txn=True, key=b"txn")))  # 6
     p.write_marker(7, 1, committed=False, coordinator_epoch=4)  # 7
-    p.append(records.encode_batch([(b"g", b"z" * 500, (("h", b"v"),), 5)], compression=records.COMPRESSION_GZIP))
+    p.append(valid(records.encode_batch([(b"g", b"z" * 500, (("h", b"v"),), 5)], compression=records.COMPRESSION_GZIP)))
     data = p.log.active_segment.log_path.read_bytes()
 
     mem = MemoryRecords(data)

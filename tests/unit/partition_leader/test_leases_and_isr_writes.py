@@ -10,7 +10,8 @@ from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.lease import IsrUpdater, LeaseKeeper
 from services.partition_leader.replica_manager import ReplicaManager
 
-from .conftest import make_batch
+from .conftest import make_batch, append_records, valid
+from services.partition_leader.replicas import HostedReplicas
 
 TP = ("r", 0)
 
@@ -45,8 +46,8 @@ class FakeZk:
 
 
 def manager_for(zk, tmp_path, store, clock, now):
-    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
-                       monotonic_s=lambda: now[0], monotonic_ms=clock)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
+                       monotonic_s=lambda: now[0], monotonic_ms=clock))
     return m
 
 
@@ -57,39 +58,39 @@ def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
 
     async def main():
         keeper = LeaseKeeper(m, zk, 3000)
-        m.refresh()
-        p = m.replicas[TP]
-        assert not m.lease_valid(p)
+        m.hosted.refresh()
+        p = m.hosted.replicas[TP]
+        assert not m.hosted.lease_valid(p)
         await keeper.renew()
-        assert m.lease_valid(p) and p.lease_until == 13.0
+        assert m.hosted.lease_valid(p) and p.lease_until == 13.0
         now[0] = 13.0
-        assert not m.lease_valid(p)
+        assert not m.hosted.lease_valid(p)
         # A newer ISR of our epoch is adopted while renewing.
         zk.state = PartitionState("me", 2, ("me",), version=5, mzxid=101)
         await keeper.renew()
-        assert m.lease_valid(p) and p.isr == ("me",)
+        assert m.hosted.lease_valid(p) and p.isr == ("me",)
         # Written before this process registered (it restarted): no lease until the
         # controller elects again.
         zk.registered = 200
         p.lease_until = 0.0
         await keeper.renew()
-        assert not m.lease_valid(p)
+        assert not m.hosted.lease_valid(p)
         zk.registered = None  # not registered with the current session
         await keeper.renew()
-        assert not m.lease_valid(p)
+        assert not m.hosted.lease_valid(p)
         # Another leader: the lease is voided at once.
         zk.registered = 50
         await keeper.renew()
-        assert m.lease_valid(p)
+        assert m.hosted.lease_valid(p)
         zk.state = PartitionState("x", 3, ("x",), version=6, mzxid=102)
         await keeper.renew()
-        assert not m.lease_valid(p)
+        assert not m.hosted.lease_valid(p)
         # ensure() gives up once the watch made it a follower.
-        m.refresh()
+        m.hosted.refresh()
         assert not await keeper.ensure(p, asyncio.get_running_loop().time() + 5)
         keeper.on_session_state("LOST")
     asyncio.run(main())
-    m.close()
+    m.hosted.close()
 
 
 def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
@@ -99,9 +100,9 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
     notified = []
 
     async def main():
-        m.refresh()
-        p = m.replicas[TP]
-        p.append(make_batch(2), 1)
+        m.hosted.refresh()
+        p = m.hosted.replicas[TP]
+        p.append(valid(make_batch(2)), 1)
         m.fetch_for_follower("r", 0, "x", 2, 100, 1)
         clock.advance(1001)  # y never fetched; x fetched 1001 ms ago too
         m.fetch_for_follower("r", 0, "x", 2, 100, 1)
@@ -114,7 +115,7 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
         await updater.drain()
         assert [w[1] for w in zk.writes] == [0, 1]
         assert zk.state.isr == ("me", "x") and p.isr == ("me", "x") and p.replication.zk_version == 2
-        assert m.desired_isr(TP) is None and notified
+        assert m.hosted.desired_isr(TP) is None and notified
         # Leadership moved: the write fails and the lease is voided.
         clock.advance(1001)
         p.lease_until = 99.0
@@ -124,7 +125,7 @@ def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
         assert p.lease_until == 0.0 and zk.state.leader == "y"
         await updater.stop()
     asyncio.run(main())
-    m.close()
+    m.hosted.close()
 
 
 def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_path, store, clock):
@@ -137,17 +138,17 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
     now = [10.0]
     zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
-    m.props["min.insync.replicas"] = "2"
+    m.hosted.props["min.insync.replicas"] = "2"
 
     async def main():
         keeper = LeaseKeeper(m, zk, 3000)
-        m.leases = keeper
-        m.refresh()
-        p = m.replicas[TP]
-        m.invalidate_leases()
-        m.zookeeper_suspended = True
+        m.hosted.leases = keeper
+        m.hosted.refresh()
+        p = m.hosted.replicas[TP]
+        m.hosted.invalidate_leases()
+        m.hosted.zookeeper_suspended = True
         entry = ProduceEntry("r", 0, make_batch(2))
-        one = await m.append_records(1, [entry], timeout_ms=200)
+        one = await append_records(m, 1, [entry], timeout_ms=200)
         assert one[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 0
         appended = asyncio.Event()
         append = p.append
@@ -157,15 +158,15 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
             appended.set()
             return result
         p.append = append_and_tell
-        task = asyncio.create_task(m.append_records(-1, [entry], timeout_ms=5000))
+        task = asyncio.create_task(append_records(m, -1, [entry], timeout_ms=5000))
         await asyncio.wait_for(appended.wait(), 5)
         assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
         assert m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2).hw_changed
-        m.purgatory.notify(("r", 0))  # as the Fetch path does when the high watermark moved
+        m.hosted.purgatory.notify(("r", 0))  # as the Fetch path does when the high watermark moved
         res = (await asyncio.wait_for(task, 2))[0]
-        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0) and not m.lease_valid(p)
-        m.zookeeper_suspended = False
-        again = await m.append_records(-1, [entry], timeout_ms=200)
+        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0) and not m.hosted.lease_valid(p)
+        m.hosted.zookeeper_suspended = False
+        again = await append_records(m, -1, [entry], timeout_ms=200)
         assert again[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 2
 
     asyncio.run(main())

@@ -12,7 +12,7 @@ from exactly_wire.error_codes import ErrorCode
 from services.common.cluster.state import PartitionState
 from services.partition_leader.replica_manager import FetchEntry, ProduceEntry
 
-from .conftest import make_batch
+from .conftest import make_batch, append_records
 from .test_leases_and_isr_writes import FakeZk, manager_for
 
 TP = ("r", 0)
@@ -23,16 +23,16 @@ def test_an_io_error_on_append_takes_the_log_dir_offline(tmp_path, store, clock,
     zk = FakeZk(PartitionState("me", 2, ("me", "x", "y"), version=4, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
     reported: list[OSError] = []
-    m.on_log_dir_failure = reported.append
-    m.refresh()
-    p = m.replicas[TP]
+    m.hosted.on_log_dir_failure = reported.append
+    m.hosted.refresh()
+    p = m.hosted.replicas[TP]
     p.lease_until = math.inf
 
     async def produce():
-        return (await m.append_records(1, [ProduceEntry("r", 0, make_batch(2))], timeout_ms=1000))[0]
+        return (await append_records(m, 1, [ProduceEntry("r", 0, make_batch(2))], timeout_ms=1000))[0]
 
     ok = asyncio.run(produce())
-    assert ok.error == ErrorCode.NONE and not m.log_dir_offline
+    assert ok.error == ErrorCode.NONE and not m.hosted.log_dir_offline
     end = p.log_end_offset
 
     def eio(*args, **kwargs):
@@ -40,22 +40,22 @@ def test_an_io_error_on_append_takes_the_log_dir_offline(tmp_path, store, clock,
     monkeypatch.setattr(p.log, "append", eio)
     failed = asyncio.run(produce())
     assert failed.error == ErrorCode.KAFKA_STORAGE_ERROR
-    assert m.log_dir_offline and len(reported) == 1 and reported[0].errno == errno.EIO
+    assert m.hosted.log_dir_offline and len(reported) == 1 and reported[0].errno == errno.EIO
     monkeypatch.undo()
     # Offline for good: every request answers KAFKA_STORAGE_ERROR, nothing is appended.
     assert asyncio.run(produce()).error == ErrorCode.KAFKA_STORAGE_ERROR
     assert p.log_end_offset == end
-    assert m.get("r", 0) == (None, ErrorCode.KAFKA_STORAGE_ERROR)
-    assert m.get("nope", 0)[1] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert m.hosted.get("r", 0) == (None, ErrorCode.KAFKA_STORAGE_ERROR)
+    assert m.hosted.get("nope", 0)[1] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert m.fetch_for_follower("r", 0, "x", 0, 1000).error == ErrorCode.KAFKA_STORAGE_ERROR
     fetched = asyncio.run(m.fetch_messages([FetchEntry("r", 0, 0, 1000)]))
     assert fetched[0].error == ErrorCode.KAFKA_STORAGE_ERROR
-    assert not m.lease_valid(p) and m.partitions == {} and m.follower_targets() == {}
-    assert m.desired_isr(TP) is None and m.maybe_snapshot_all() == 0 and m.high_watermarks_to_checkpoint() == []
-    assert m.refresh() == ([], [])
-    m.fail_log_dir(OSError(errno.ENOSPC, "No space left on device"))
+    assert not m.hosted.lease_valid(p) and m.hosted.partitions == {} and m.hosted.follower_targets() == {}
+    assert m.hosted.desired_isr(TP) is None and m.hosted.maybe_snapshot_all() == 0 and m.hosted.high_watermarks_to_checkpoint() == []
+    assert m.hosted.refresh() == ([], [])
+    m.hosted.fail_log_dir(OSError(errno.ENOSPC, "No space left on device"))
     assert len(reported) == 1
-    m.close()  # writes nothing
+    m.hosted.close()  # writes nothing
 
 
 def test_rocksdb_io_errors_become_oserror(store, monkeypatch):

@@ -18,15 +18,16 @@ from services.partition_leader.servicer import PartitionLeaderServicer
 
 from .conftest import make_batch
 from .test_replica_manager import FakeCluster, topic
+from services.partition_leader.replicas import HostedReplicas
 
 
 @pytest.fixture
 def manager(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "me", "other"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
     yield m
-    m.close()
+    m.hosted.close()
 
 
 def run(manager, scenario):
@@ -107,35 +108,35 @@ def test_fetch_long_polls_until_an_append(tmp_path, store, clock, now):
     the records before its max_wait_ms; without one it is answered empty once
     max_wait_ms passed on the manager's clock (moved by the test), not before."""
     cluster = FakeCluster({"a": topic("a", ["me", "me", "other"])})
-    manager = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock, monotonic_s=now)
-    manager.purgatory = Purgatory(now, timers=False)
-    manager.refresh()
+    manager = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock, monotonic_s=now))
+    manager.hosted.purgatory = Purgatory(now, timers=False)
+    manager.hosted.refresh()
 
     async def scenario(stub):
         waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 0, max_wait_ms=5000), timeout=10))
-        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the fetch to wait in the purgatory")
+        await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
         now.s += 4.9
-        assert manager.purgatory.expire_due() == 0
+        assert manager.hosted.purgatory.expire_due() == 0
         await stub.Produce(produce_req(("a", 0, make_batch(1))), timeout=10)
         resp = await asyncio.wait_for(waiting, 10)  # answered by the append, within its max_wait_ms
         assert len(resp.responses[0].partitions[0].records) == len(make_batch(1))
         empty = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 1, max_wait_ms=300), timeout=10))
-        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the second fetch to wait in the purgatory")
+        await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the second fetch to wait in the purgatory")
         now.s += 0.299
-        assert manager.purgatory.expire_due() == 0 and not empty.done()
+        assert manager.hosted.purgatory.expire_due() == 0 and not empty.done()
         now.s += 0.001
-        assert manager.purgatory.expire_due() == 1
+        assert manager.hosted.purgatory.expire_due() == 1
         assert (await empty).responses[0].partitions[0].records == b""
     run(manager, scenario)
-    manager.close()
+    manager.hosted.close()
 
 
 def test_read_committed_fetch_waits_for_the_marker(manager):
     async def scenario(stub):
         await stub.Produce(produce_req(("a", 1, make_batch(2, pid=9, seq=0, txn=True))))
         waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 1, 0, max_wait_ms=5000, isolation_level=1)))
-        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the fetch to wait in the purgatory")
+        await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
         markers = pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
             producer_id=9, producer_epoch=0, committed=False, coordinator_epoch=1,
@@ -193,8 +194,8 @@ def test_clients_cannot_produce_to_internal_topics(tmp_path, store, clock):
     CoordinatorProduce writes there, and CoordinatorProduce writes nothing else."""
     cluster = FakeCluster({"a": topic("a", ["me"]), "__transaction_state": topic("__transaction_state", ["me"],
                                                                               internal=True)})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
     forged = make_batch(1, pid=77, seq=-1)
 
     async def scenario(stub):
@@ -202,15 +203,15 @@ def test_clients_cannot_produce_to_internal_topics(tmp_path, store, clock):
         part = refused.topics[0].partitions[0]
         assert (part.error_code, part.base_offset) == (ErrorCode.INVALID_TOPIC_EXCEPTION, -1)
         assert "internal topic" in part.error_message
-        assert m.replicas[("__transaction_state", 0)].log_end_offset == 0
+        assert m.hosted.replicas[("__transaction_state", 0)].log_end_offset == 0
         user = await stub.CoordinatorProduce(produce_req(("a", 0, make_batch(1))))
         assert user.topics[0].partitions[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
-        assert m.replicas[("a", 0)].log_end_offset == 0
+        assert m.hosted.replicas[("a", 0)].log_end_offset == 0
         ok = await stub.CoordinatorProduce(produce_req(("__transaction_state", 0, forged)))
         assert results(ok)[("__transaction_state", 0)] == (ErrorCode.NONE, 0)
         assert results(await stub.Produce(produce_req(("a", 0, make_batch(1)))))[("a", 0)] == (ErrorCode.NONE, 0)
     run(m, scenario)
-    m.close()
+    m.hosted.close()
 
 
 def test_describe_producers(manager):

@@ -16,7 +16,7 @@ from services.partition_leader.producer_state import entries_equal
 from services.partition_leader.replication import truncation_offset
 from services.partition_leader.snapshot_store import SnapshotStore
 
-from .conftest import make_batch
+from .conftest import make_batch, valid
 
 PID = 7007
 REPLICAS = ("a", "b")
@@ -67,11 +67,11 @@ def aborted(p: Partition):
 
 def test_the_follower_builds_the_same_log_producer_state_and_aborted_index(pair):
     a, b = pair
-    assert a.append(make_batch(3, pid=PID, seq=0), -1).error == ErrorCode.NONE
-    assert a.append(make_batch(2, pid=PID + 1, seq=0, txn=True), -1).error == ErrorCode.NONE
-    assert a.append(make_batch(2, pid=PID + 2, seq=0, txn=True), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(3, pid=PID, seq=0)), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(2, pid=PID + 1, seq=0, txn=True)), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(2, pid=PID + 2, seq=0, txn=True)), -1).error == ErrorCode.NONE
     assert a.write_marker(PID + 1, 0, False, 3).error == ErrorCode.NONE
-    assert a.append(make_batch(4), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(4)), -1).error == ErrorCode.NONE
     assert a.high_watermark == 0  # nothing is committed before the follower has it
     replicate(a, b)
     assert a.high_watermark == b.high_watermark == a.log_end_offset == 12
@@ -86,7 +86,7 @@ def test_the_follower_builds_the_same_log_producer_state_and_aborted_index(pair)
 
 def test_consumers_read_only_below_the_high_watermark(pair):
     a, b = pair
-    a.append(make_batch(3), 1)
+    a.append(valid(make_batch(3)), 1)
     assert a.log_end_offset == 3 and a.high_watermark == 0
     empty = a.fetch(0, 1 << 20)
     assert empty.error == ErrorCode.NONE and empty.records == b"" and empty.high_watermark == 0
@@ -100,29 +100,29 @@ def test_acks_all_needs_min_insync_replicas_before_appending(pair, clock):
     a, b = pair
     replicate(a, b)
     a.set_isr(("a",), 1)
-    res = a.append(make_batch(2, pid=PID, seq=0), -1)
+    res = a.append(valid(make_batch(2, pid=PID, seq=0)), -1)
     assert res.error == ErrorCode.NOT_ENOUGH_REPLICAS and a.log_end_offset == 0
     assert a.write_marker(PID, 0, True, 0).error == ErrorCode.NOT_ENOUGH_REPLICAS
     assert a.log_end_offset == 0
     # acks=1 is still accepted (and committed at once with the ISR of one).
-    assert a.append(make_batch(2, pid=PID, seq=0), 1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(2, pid=PID, seq=0)), 1).error == ErrorCode.NONE
     assert a.high_watermark == 2
     # The follower catches up and is a candidate for the ISR again.
     replicate(a, b)
     assert a.isr_expand_candidate("b", 10_000) == ("a", "b")
     a.set_isr(("a", "b"), 2)
-    assert a.append(make_batch(1, pid=PID, seq=2), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(1, pid=PID, seq=2)), -1).error == ErrorCode.NONE
 
 
 def test_min_insync_replicas_is_capped_at_the_replication_factor(tmp_path, clock):
     p = Partition.open("t", 0, tmp_path, PartitionConfig(min_insync_replicas=2), clock_ms=clock, monotonic_ms=clock)
     assert p.min_insync_replicas == 1
-    assert p.append(make_batch(1), -1).error == ErrorCode.NONE
+    assert p.append(valid(make_batch(1)), -1).error == ErrorCode.NONE
 
 
 def test_follower_role_refuses_client_writes(pair):
     _, b = pair
-    assert b.append(make_batch(1), 1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert b.append(valid(make_batch(1)), 1).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert b.write_marker(PID, 0, True, 0).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert b.fetch_for_follower("a", 0, 100).error == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert b.end_offset_for_epoch(0)[0] == ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -130,7 +130,7 @@ def test_follower_role_refuses_client_writes(pair):
 
 def test_replica_fetch_checks_epoch_replica_and_offset(pair):
     a, _ = pair
-    a.append(make_batch(2), 1)
+    a.append(valid(make_batch(2)), 1)
     assert a.fetch_for_follower("b", 0, 100, current_leader_epoch=1).error == ErrorCode.UNKNOWN_LEADER_EPOCH
     a.become_leader(2, REPLICAS, REPLICAS, 3)
     assert a.fetch_for_follower("b", 0, 100, current_leader_epoch=1).error == ErrorCode.FENCED_LEADER_EPOCH
@@ -141,21 +141,21 @@ def test_replica_fetch_checks_epoch_replica_and_offset(pair):
 def test_leader_change_truncates_the_divergent_tail_and_keeps_deduplicating(pair):
     a, b = pair
     first = make_batch(3, pid=PID, seq=0)
-    assert a.append(first, -1).error == ErrorCode.NONE
+    assert a.append(valid(first), -1).error == ErrorCode.NONE
     replicate(a, b)
     # "a" appends two batches nobody replicated, then "b" is elected in epoch 1.
-    a.append(make_batch(2, pid=PID, seq=3), 1)
-    a.append(make_batch(2, pid=PID + 5, seq=0, txn=True), 1)
+    a.append(valid(make_batch(2, pid=PID, seq=3)), 1)
+    a.append(valid(make_batch(2, pid=PID + 5, seq=0, txn=True)), 1)
     assert a.log_end_offset == 7 and a.high_watermark == 3
     b.become_leader(1, REPLICAS, ("b",), 5)
     a.become_follower("b", 1, REPLICAS)
     assert b.epochs.entries == [EpochEntry(0, 0), EpochEntry(1, 3)]
     # The new leader deduplicates a retry of the replicated batch and accepts the
     # next sequence (the unreplicated batch is resent by the producer).
-    dup = b.append(first, 1)
+    dup = b.append(valid(first), 1)
     assert (dup.error, dup.base_offset, dup.last_offset) == (ErrorCode.DUPLICATE_SEQUENCE_NUMBER, 0, 2)
-    assert b.append(make_batch(2, pid=PID, seq=3, value_size=10), 1).error == ErrorCode.NONE
-    assert b.append(make_batch(2, pid=PID, seq=3), 1).error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+    assert b.append(valid(make_batch(2, pid=PID, seq=3, value_size=10)), 1).error == ErrorCode.NONE
+    assert b.append(valid(make_batch(2, pid=PID, seq=3)), 1).error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
     # The old leader asks where epoch 0 ends at the new leader and truncates there.
     err, answer = b.end_offset_for_epoch(a.epochs.latest_epoch, current_leader_epoch=1)
     assert err == ErrorCode.NONE and tuple(answer) == (0, 3)
@@ -172,10 +172,10 @@ def test_leader_change_truncates_the_divergent_tail_and_keeps_deduplicating(pair
 
 def test_truncation_never_goes_below_the_high_watermark(pair):
     a, b = pair
-    a.append(make_batch(2), -1)
+    a.append(valid(make_batch(2)), -1)
     replicate(a, b)
     assert b.high_watermark == 2
-    a.append(make_batch(2), 1)
+    a.append(valid(make_batch(2)), 1)
     replicate(a, b)
     b.high_watermark = 2  # as if the last high watermark had not arrived yet
     assert b.truncate_to(0) == 2 and b.log_end_offset == 2
@@ -184,10 +184,10 @@ def test_truncation_never_goes_below_the_high_watermark(pair):
 
 def test_truncation_rebuilds_from_an_older_snapshot(pair):
     a, b = pair
-    a.append(make_batch(2, pid=PID, seq=0), -1)
+    a.append(valid(make_batch(2, pid=PID, seq=0)), -1)
     replicate(a, b)
     b.take_snapshot()
-    a.append(make_batch(2, pid=PID, seq=2), 1)
+    a.append(valid(make_batch(2, pid=PID, seq=2)), 1)
     replicate(a, b)
     b.take_snapshot()
     assert b.store.offsets("t", 0) == [2, 4]
@@ -203,9 +203,9 @@ def test_high_watermark_checkpoint_survives_a_restart(tmp_path, clock, store):
     p.become_follower("a", 0, ("a", "b"))
     leader = Partition.open("t", 0, tmp_path / "a", config, clock_ms=clock, monotonic_ms=clock, local_id="a", single_replica=False)
     leader.become_leader(0, ("a", "b"), ("a", "b"))
-    leader.append(make_batch(3), -1)
+    leader.append(valid(make_batch(3)), -1)
     replicate(leader, p)
-    leader.append(make_batch(3), 1)
+    leader.append(valid(make_batch(3)), 1)
     res = leader.fetch_for_follower("b", p.log_end_offset, 1 << 20)
     p.append_as_follower(res.records)  # the tail beyond the high watermark
     assert (p.log_end_offset, p.high_watermark) == (6, 3)
@@ -219,9 +219,9 @@ def test_high_watermark_checkpoint_survives_a_restart(tmp_path, clock, store):
 
 def test_a_log_without_an_epoch_checkpoint_rebuilds_it_from_the_batches(tmp_path, clock, store):
     p = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock, monotonic_ms=clock, leader_epoch=2)
-    p.append(make_batch(2))
+    p.append(valid(make_batch(2)))
     p.leader_epoch = 4
-    p.append(make_batch(1))
+    p.append(valid(make_batch(1)))
     p.close()
     (tmp_path / "logs" / "t-0" / "leader-epoch-checkpoint").unlink()
     again = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=clock, monotonic_ms=clock)
@@ -235,11 +235,11 @@ def test_read_committed_waits_until_the_marker_is_replicated(pair):
     first offset (Kafka's unreplicated transactions), so read_committed readers see
     nothing of it and the LSO does not go back when the follower takes over."""
     a, b = pair
-    assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE  # 0-1
+    assert a.append(valid(make_batch(2, pid=PID, seq=0, txn=True)), -1).error == ErrorCode.NONE  # 0-1
     replicate(a, b)
     assert (a.high_watermark, a.last_stable_offset) == (2, 0)
     assert a.write_marker(PID, 0, True, 0).offset == 2
-    assert a.append(make_batch(1), -1).error == ErrorCode.NONE  # 3
+    assert a.append(valid(make_batch(1)), -1).error == ErrorCode.NONE  # 3
     assert a.high_watermark == 2 and not a.producers.ongoing
     assert a.last_stable_offset == 0
     res = a.fetch(0, 1 << 20, isolation_level=1)
@@ -251,7 +251,7 @@ def test_read_committed_waits_until_the_marker_is_replicated(pair):
 
 def test_the_lso_passes_a_transaction_once_its_marker_is_replicated(pair):
     a, b = pair
-    assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE
+    assert a.append(valid(make_batch(2, pid=PID, seq=0, txn=True)), -1).error == ErrorCode.NONE
     assert a.write_marker(PID, 0, True, 0).error == ErrorCode.NONE
     assert a.last_stable_offset == 0
     replicate(a, b)
@@ -276,7 +276,7 @@ def test_the_lso_never_moves_back_across_a_restart_and_a_failover(tmp_path, cloc
     try:
         a.become_leader(0, REPLICAS, REPLICAS, zk_version=0)
         b.become_follower("a", 0, REPLICAS)
-        assert a.append(make_batch(2, pid=PID, seq=0, txn=True), -1).error == ErrorCode.NONE  # 0-1
+        assert a.append(valid(make_batch(2, pid=PID, seq=0, txn=True)), -1).error == ErrorCode.NONE  # 0-1
         replicate(a, b)
         assert a.write_marker(PID, 0, True, 0).offset == 2  # only the leader has it
         seen = [a.last_stable_offset]

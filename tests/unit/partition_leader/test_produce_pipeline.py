@@ -14,7 +14,11 @@ from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.produce import ProduceContext
 from services.partition_leader.replica_manager import ProduceEntry, ReplicaManager
 
-from .conftest import make_batch
+from services.partition_leader.partition import ValidatedBatch
+from services.partition_leader.produce import ProducePipeline
+from services.partition_leader.replicas import HostedReplicas
+
+from .conftest import append_records, make_batch, valid
 from .test_replica_manager import FakeCluster
 
 TP = ("r", 0)
@@ -40,11 +44,11 @@ def manager(tmp_path, store, clock):
     """Single-replica leader of r-0 whose batches may be at most 2000 bytes."""
     cluster = FakeCluster({"r": TopicInfo("r", {0: ["me"]}, {"max.message.bytes": "2000"}, False,
                                           {0: PartitionState("me", 1, ("me",), version=0)})})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
-    m.verifier = CountingVerifier()
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    m.hosted.verifier = CountingVerifier()
+    m.hosted.refresh()
     yield m
-    m.close()
+    m.hosted.close()
 
 
 def _flip_last_byte(batch: bytes) -> bytes:
@@ -66,27 +70,47 @@ def test_a_malformed_transactional_batch_never_reaches_the_coordinator(manager, 
     make, expected = MALFORMED[case]
 
     async def main():
-        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make())], transactional_id="tx",
-                                             add_partitions=add_partitions)
+        [res] = await append_records(manager, 1, [ProduceEntry("r", 0, make())], transactional_id="tx",
+                                     add_partitions=add_partitions)
         return res
     res = asyncio.run(main())
     assert res.error == expected, res
-    assert manager.verifier.adds == [] and manager.verifier.verifies == []  # nothing added to the transaction
-    p = manager.replicas[TP]
+    verifier = manager.hosted.verifier
+    assert verifier.adds == [] and verifier.verifies == []  # nothing added to the transaction
+    p = manager.hosted.replicas[TP]
     assert p.log_end_offset == 0 and not p.producers.ongoing
 
 
 def test_a_well_formed_transactional_batch_is_added_once_then_appended(manager):
     async def main():
-        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=9, seq=0, txn=True))],
-                                             transactional_id="tx", add_partitions=True)
+        [res] = await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(1, pid=9, seq=0, txn=True))],
+                                     transactional_id="tx", add_partitions=True)
         return res
     assert asyncio.run(main()).error == ErrorCode.NONE
-    assert manager.verifier.adds == [("tx", 9, 0, "r", 0)] and manager.verifier.verifies == []
-    assert manager.replicas[TP].log_end_offset == 1
+    assert manager.hosted.verifier.adds == [("tx", 9, 0, "r", 0)] and manager.hosted.verifier.verifies == []
+    assert manager.hosted.replicas[TP].log_end_offset == 1
 
 
 def test_the_produce_context_is_frozen():
     ctx = ProduceContext(acks=-1, deadline=1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.acks = 1  # type: ignore[misc]
+
+
+def test_every_gate_has_one_shape():
+    """After `validate`, which makes the ProduceBatch, each gate takes the request's
+    context and that batch and answers a refusal or nothing."""
+    for gate in ("authorize", "check_size", "writer_claim", "verify"):
+        code = getattr(ProducePipeline, gate).__code__
+        assert code.co_varnames[:code.co_argcount] == ("self", "ctx", "b"), gate
+        assert getattr(ProducePipeline, gate).__annotations__["return"] == "AppendResult | None", gate
+
+
+def test_the_size_is_checked_once_by_the_write_path(manager):
+    """The write path refuses a batch above max.message.bytes; Partition.append takes
+    the validated batch as it is, with no second look at its size or shape."""
+    big = make_batch(1, value_size=4000)
+    [res] = asyncio.run(append_records(manager, 1, [ProduceEntry("r", 0, big)]))
+    assert res.error == ErrorCode.MESSAGE_TOO_LARGE and manager.hosted.replicas[TP].log_end_offset == 0
+    assert manager.hosted.replicas[TP].append(valid(big)).error == ErrorCode.NONE
+    assert isinstance(ValidatedBatch.check(big), ValidatedBatch)

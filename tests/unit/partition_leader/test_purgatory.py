@@ -18,9 +18,10 @@ from services.partition_leader.purgatory import HIGH_WATERMARK, LAST_STABLE, LOG
 from services.partition_leader.replica_manager import FetchEntry, MarkerEntry, ProduceEntry, ReplicaManager
 from services.partition_leader.servicer import PartitionLeaderServicer
 
-from .conftest import make_batch
+from .conftest import make_batch, append_records
 from .test_replica_manager import FakeCluster
 from .test_replication_servicer import FakeLeases
+from services.partition_leader.replicas import HostedReplicas
 
 TP = ("r", 0)
 
@@ -30,20 +31,20 @@ def manager(tmp_path, store, clock, now):
     """Leader "me" of r-0 (replicas me, x; ISR both; min.insync.replicas 2)."""
     cluster = FakeCluster({"r": TopicInfo("r", {0: ["me", "x"]}, {"min.insync.replicas": "2"}, False,
                                           {0: PartitionState("me", 3, ("me", "x"), version=0)})})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=now)
-    m.purgatory = Purgatory(now, timers=False)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now))
+    m.hosted.purgatory = Purgatory(now, timers=False)
+    m.hosted.refresh()
     yield m
-    m.close()
+    m.hosted.close()
 
 
 async def parked(m: ReplicaManager, n: int = 1) -> None:
     """Let the event loop run until `n` requests wait in the purgatory."""
     for _ in range(200):
-        if len(m.purgatory) >= n:
+        if len(m.hosted.purgatory) >= n:
             return
         await asyncio.sleep(0)
-    raise AssertionError(f"{len(m.purgatory)} requests parked, expected {n}")
+    raise AssertionError(f"{len(m.hosted.purgatory)} requests parked, expected {n}")
 
 
 def follower_fetch(m: ReplicaManager, offset: int):
@@ -51,7 +52,7 @@ def follower_fetch(m: ReplicaManager, offset: int):
 
 
 def produce(m: ReplicaManager, batch: bytes, acks: int = -1, timeout_ms: int = 1000):
-    return asyncio.ensure_future(m.append_records(acks, [ProduceEntry("r", 0, batch)], timeout_ms))
+    return asyncio.ensure_future(append_records(m, acks, [ProduceEntry("r", 0, batch)], timeout_ms))
 
 
 def test_acks_all_completes_when_the_high_watermark_passes_the_batch(manager):
@@ -66,7 +67,7 @@ def test_acks_all_completes_when_the_high_watermark_passes_the_batch(manager):
         await follower_fetch(manager, 3)  # its next fetch reports it has it: the HW moves
         [done] = await pending
         assert (done.error, done.base_offset) == (ErrorCode.NONE, 0)
-        assert len(manager.purgatory) == 0
+        assert len(manager.hosted.purgatory) == 0
     asyncio.run(main())
 
 
@@ -74,9 +75,9 @@ def test_acks_all_after_the_isr_shrank_below_min_insync(manager):
     async def main():
         pending = produce(manager, make_batch(1))
         await parked(manager)
-        p = manager.replicas[TP]
+        p = manager.hosted.replicas[TP]
         p.set_isr(("me",), 1)  # the follower left the ISR: the HW passes the batch at once
-        manager.purgatory.notify(TP)
+        manager.hosted.purgatory.notify(TP)
         [res] = await pending
         assert (res.error, res.base_offset) == (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, 0)
     asyncio.run(main())
@@ -86,8 +87,8 @@ def test_acks_all_when_leadership_moves_while_waiting(manager):
     async def main():
         pending = produce(manager, make_batch(1))
         await parked(manager)
-        manager.replicas[TP].become_follower("x", 4, ("me", "x"))
-        manager.purgatory.notify(TP)
+        manager.hosted.replicas[TP].become_follower("x", 4, ("me", "x"))
+        manager.hosted.purgatory.notify(TP)
         [res] = await pending
         assert res.error == ErrorCode.NOT_LEADER_OR_FOLLOWER
     asyncio.run(main())
@@ -98,9 +99,9 @@ def test_acks_all_times_out_at_the_deadline(manager, now):
         pending = produce(manager, make_batch(1), timeout_ms=500)
         await parked(manager)
         now.s += 0.499
-        assert manager.purgatory.expire_due() == 0 and not pending.done()
+        assert manager.hosted.purgatory.expire_due() == 0 and not pending.done()
         now.s += 0.001
-        assert manager.purgatory.expire_due() == 1
+        assert manager.hosted.purgatory.expire_due() == 1
         [res] = await pending
         assert (res.error, res.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, 0)
     asyncio.run(main())
@@ -108,9 +109,9 @@ def test_acks_all_times_out_at_the_deadline(manager, now):
 
 def test_acks_one_answers_after_the_local_append(manager):
     async def main():
-        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(2))])
+        [res] = await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(2))])
         assert (res.error, res.base_offset) == (ErrorCode.NONE, 0)
-        [bad] = await manager.append_records(2, [ProduceEntry("r", 0, make_batch(2))])
+        [bad] = await append_records(manager, 2, [ProduceEntry("r", 0, make_batch(2))])
         assert bad.error == ErrorCode.INVALID_REQUIRED_ACKS
     asyncio.run(main())
 
@@ -119,11 +120,11 @@ def test_acks_one_answers_after_the_local_append(manager):
 def test_a_leader_confirms_its_lease_before_appending(manager, confirmed):
     async def main():
         leases = FakeLeases(confirmed)
-        manager.leases = leases
-        p = manager.replicas[TP]
+        manager.hosted.leases = leases
+        p = manager.hosted.replicas[TP]
         p.set_isr(("me",), 1)
         p.lease_until = 0.0  # the lease ran out: leadership must be confirmed first
-        [res] = await manager.append_records(1, [ProduceEntry("r", 0, make_batch(2))])
+        [res] = await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(2))])
         if confirmed:
             assert res.error == ErrorCode.NONE and p.log_end_offset == 2
         else:
@@ -131,7 +132,7 @@ def test_a_leader_confirms_its_lease_before_appending(manager, confirmed):
         assert leases.calls >= 1
         # acks=0 never waits for a confirmation.
         leases.calls = 0
-        await manager.append_records(0, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        await append_records(manager, 0, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         assert leases.calls == 0
     asyncio.run(main())
 
@@ -159,14 +160,14 @@ def test_a_marker_whose_deadline_passed_before_it_could_be_appended_is_dropped(m
             return True
 
     async def main():
-        p = manager.replicas[TP]
+        p = manager.hosted.replicas[TP]
         await produce(manager, make_batch(1, pid=7, seq=0, txn=True), acks=1)
-        manager.leases = LateLeases()
+        manager.hosted.leases = LateLeases()
         p.lease_until = 0.0  # the lease ran out: leadership must be confirmed first
         [[late]] = await manager.write_markers([MarkerEntry(7, 0, True, 0, (TP,))])
         assert late.error == ErrorCode.REQUEST_TIMED_OUT
         assert p.log_end_offset == 1  # no marker appended
-        manager.leases = None
+        manager.hosted.leases = None
         pending = asyncio.ensure_future(manager.write_markers([MarkerEntry(7, 0, True, 0, (TP,))]))
         await parked(manager)
         await follower_fetch(manager, 2)
@@ -194,7 +195,7 @@ def test_a_markers_deadline_counts_from_the_requests_arrival(manager, now):
         return resp.markers[0].topics[0].partitions[0].error_code
 
     async def main():
-        p = manager.replicas[TP]
+        p = manager.hosted.replicas[TP]
         await produce(manager, make_batch(1, pid=7, seq=0, txn=True), acks=1)
         late = asyncio.ensure_future(write_arrived(MARKER_LEADER_DEADLINE_MS / 1000 + 0.001))
         for _ in range(200):  # answered without waiting for anything
@@ -216,14 +217,14 @@ def test_a_markers_deadline_counts_from_the_requests_arrival(manager, now):
 def test_fetch_long_polls_until_enough_bytes(manager, now):
     async def main():
         batch = make_batch(1)
-        manager.replicas[TP].set_isr(("me",), 1)  # one replica: appends are committed at once
+        manager.hosted.replicas[TP].set_isr(("me",), 1)  # one replica: appends are committed at once
         waiting = asyncio.ensure_future(manager.fetch_messages(
             [FetchEntry("r", 0, 0)], max_wait_ms=5000, min_bytes=2 * len(batch)))
         await parked(manager)
-        await manager.append_records(1, [ProduceEntry("r", 0, batch)])
+        await append_records(manager, 1, [ProduceEntry("r", 0, batch)])
         await parked(manager)  # woken, one batch is not min_bytes: waiting again
         assert not waiting.done()
-        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1))])
+        await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(1))])
         [res] = await waiting
         assert res.error == ErrorCode.NONE
         assert [h.base_offset for _, h in records.iter_batches(res.records)] == [0, 1]
@@ -232,16 +233,16 @@ def test_fetch_long_polls_until_enough_bytes(manager, now):
 
 def test_fetch_answers_what_there_is_at_the_deadline(manager, now):
     async def main():
-        manager.replicas[TP].set_isr(("me",), 1)
+        manager.hosted.replicas[TP].set_isr(("me",), 1)
         waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=300))
         await parked(manager)
         now.s += 0.3
-        manager.purgatory.expire_due()
+        manager.hosted.purgatory.expire_due()
         [res] = await waiting
         assert (res.error, res.records, res.high_watermark) == (ErrorCode.NONE, b"", 0)
         # A failed partition answers at once, without waiting.
         [gone] = await manager.fetch_messages([FetchEntry("r", 5, 0)], max_wait_ms=300)
-        assert gone.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and len(manager.purgatory) == 0
+        assert gone.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and len(manager.hosted.purgatory) == 0
     asyncio.run(main())
 
 
@@ -260,31 +261,31 @@ class FakeVerifier:
 
 
 def txn_produce(m, batch, tid="tx"):
-    return m.append_records(1, [ProduceEntry("r", 0, batch)], transactional_id=tid)
+    return append_records(m, 1, [ProduceEntry("r", 0, batch)], transactional_id=tid)
 
 
 def test_a_transactional_batch_is_verified_before_it_starts_a_transaction(manager):
     async def main():
-        manager.replicas[TP].set_isr(("me",), 1)
-        manager.verifier = FakeVerifier()
+        manager.hosted.replicas[TP].set_isr(("me",), 1)
+        manager.hosted.verifier = FakeVerifier()
         [ok] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
-        assert ok.error == ErrorCode.NONE and manager.verifier.calls == [("tx", 9, 0, "r", 0)]
+        assert ok.error == ErrorCode.NONE and manager.hosted.verifier.calls == [("tx", 9, 0, "r", 0)]
         [more] = await txn_produce(manager, make_batch(1, pid=9, seq=1, txn=True))  # same transaction
-        assert more.error == ErrorCode.NONE and len(manager.verifier.calls) == 1
+        assert more.error == ErrorCode.NONE and len(manager.hosted.verifier.calls) == 1
     asyncio.run(main())
 
 
 @pytest.mark.parametrize("answer", [ErrorCode.INVALID_TXN_STATE, ErrorCode.INVALID_PRODUCER_EPOCH])
 def test_a_batch_the_coordinator_does_not_confirm_is_refused(manager, answer):
     async def main():
-        manager.replicas[TP].set_isr(("me",), 1)
-        manager.verifier = FakeVerifier(answer)
+        manager.hosted.replicas[TP].set_isr(("me",), 1)
+        manager.hosted.verifier = FakeVerifier(answer)
         [res] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
-        p = manager.replicas[TP]
+        p = manager.hosted.replicas[TP]
         assert res.error == answer and p.log_end_offset == 0 and p.last_stable_offset == p.high_watermark
         [rogue] = await txn_produce(manager, make_batch(1, pid=987654, seq=0, txn=True), tid="")
         assert rogue.error == ErrorCode.INVALID_TXN_STATE and "without a transactional.id" in rogue.message
-        assert len(manager.verifier.calls) == 1  # no transactional.id: no coordinator to ask
+        assert len(manager.hosted.verifier.calls) == 1  # no transactional.id: no coordinator to ask
     asyncio.run(main())
 
 
@@ -292,11 +293,11 @@ def test_a_marker_during_verification_makes_the_append_fail(manager):
     """The verification succeeded, but the transaction it confirmed ended (a marker
     arrived) before the append: the batch would open a transaction nobody knows."""
     async def main():
-        p = manager.replicas[TP]  # ISR (me, x): markers have their min.insync.replicas
-        manager.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
+        p = manager.hosted.replicas[TP]  # ISR (me, x): markers have their min.insync.replicas
+        manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
         [res] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
         assert res.error == ErrorCode.INVALID_PRODUCER_EPOCH  # the marker moved the PID to epoch 1
-        manager.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
+        manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
         [res] = await txn_produce(manager, make_batch(1, pid=9, epoch=1, seq=0, txn=True))
         assert res.error == ErrorCode.INVALID_TXN_STATE and not p.producers.ongoing
     asyncio.run(main())
@@ -394,7 +395,7 @@ def test_a_consumer_fetch_is_not_woken_by_appends_below_its_offset(manager, now)
         await parked(manager)
         assert len(reads) == 1
         for _ in range(3):
-            await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+            await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         assert len(reads) == 1 and not waiting.done()  # the HW is still 0: not woken
         await follower_fetch(manager, 3)  # the follower has the batches: the HW moves to 3
         [res] = await waiting
@@ -405,18 +406,18 @@ def test_a_consumer_fetch_is_not_woken_by_appends_below_its_offset(manager, now)
 
 def test_a_consumer_fetch_waits_at_most_fetch_max_wait_ms_and_per_owner_bound(manager, now):
     async def main():
-        manager.fetch_max_wait_ms = 1000
-        manager.purgatory.max_parked_per_owner = 1
+        manager.hosted.fetch_max_wait_ms = 1000
+        manager.hosted.purgatory.max_parked_per_owner = 1
         waiting = asyncio.ensure_future(manager.fetch_messages(
             [FetchEntry("r", 0, 0)], max_wait_ms=600000, owner="User:mallory"))
         await parked(manager)
         # The owner's second fetch is answered at once (empty), not parked.
         [second] = await manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=600000, owner="User:mallory")
-        assert second.error == ErrorCode.NONE and not second.records and len(manager.purgatory) == 1
+        assert second.error == ErrorCode.NONE and not second.records and len(manager.hosted.purgatory) == 1
         now.s += 0.999
-        assert manager.purgatory.expire_due() == 0
+        assert manager.hosted.purgatory.expire_due() == 0
         now.s += 0.001  # 600,000 ms asked, 1,000 ms granted
-        assert manager.purgatory.expire_due() == 1
+        assert manager.hosted.purgatory.expire_due() == 1
         [res] = await waiting
         assert res.error == ErrorCode.NONE and not res.records
     asyncio.run(main())
@@ -427,7 +428,7 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
     appends the high watermark has not passed yet (the follower has not fetched them),
     nor by a high-watermark move that brings fewer bytes than it waits for (min_bytes)."""
     async def main():
-        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         await follower_fetch(manager, 1)  # the HW moves to 1: one batch readable
         reads = []
         read_once = manager._read_once
@@ -435,7 +436,7 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
         waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=5000,
                                                                min_bytes=1 << 20))
         await parked(manager)
-        await manager.append_records(1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
+        await append_records(manager, 1, [ProduceEntry("r", 0, make_batch(1, pid=-1))])
         assert len(reads) == 1 and not waiting.done()  # the HW is still 1: not woken
         await follower_fetch(manager, 2)  # the HW moves to 2: one small batch, far short of 1 MB
         for _ in range(200):
@@ -443,7 +444,7 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
         await parked(manager)
         assert len(reads) == 2 and not waiting.done()  # the follower's read only: not woken
         now.s += 5
-        manager.purgatory.expire_due()
+        manager.hosted.purgatory.expire_due()
         [res] = await waiting
         assert res.error == ErrorCode.NONE and res.records
     asyncio.run(main())
@@ -460,11 +461,11 @@ def two(tmp_path, store, clock, now):
                        {0: PartitionState("me", 3, ("me",), version=0), 1: PartitionState("me", 3, ("me",), version=0)}),
         "f": TopicInfo("f", {0: ["me", "x", "y"]}, {}, False, {0: PartitionState("me", 3, ("me", "x", "y"), version=0)}),
     })
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=now)
-    m.purgatory = Purgatory(now, timers=False)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now))
+    m.hosted.purgatory = Purgatory(now, timers=False)
+    m.hosted.refresh()
     yield m
-    m.close()
+    m.hosted.close()
 
 
 def count_reads(m: ReplicaManager) -> list[tuple]:
@@ -482,7 +483,7 @@ def consumer_fetch(m: ReplicaManager, tp, offset: int, isolation_level: int = 0)
 
 
 async def append(m: ReplicaManager, tp, batch: bytes) -> None:
-    [res] = await m.append_records(1, [ProduceEntry(*tp, batch)])
+    [res] = await append_records(m, 1, [ProduceEntry(*tp, batch)])
     assert res.error == ErrorCode.NONE
 
 
@@ -502,7 +503,7 @@ def test_an_append_wakes_no_fetch_of_another_partition(two):
         assert res.error == ErrorCode.NONE and res.records
         await settled(two)
         assert reads.count((("r", 1),)) == 1 and not on_b.done()  # read once, when it parked
-        assert len(two.purgatory) == 1
+        assert len(two.hosted.purgatory) == 1
         await append(two, ("r", 1), make_batch(1))
         [res] = await on_b
         assert res.error == ErrorCode.NONE and res.records
@@ -522,7 +523,7 @@ def test_a_read_committed_fetch_waits_for_the_last_stable_offset(two):
         await parked(two, 2)
         assert len(reads) == 2
         await append(two, tp, make_batch(2, pid=7, seq=0, txn=True))
-        p = two.replicas[tp]
+        p = two.hosted.replicas[tp]
         assert (p.high_watermark, p.last_stable_offset) == (2, 0)
         [res] = await uncommitted
         assert res.records and res.high_watermark == 2
@@ -556,7 +557,7 @@ def test_the_reads_an_append_causes_are_the_fetches_it_satisfies(two):
         done = await asyncio.gather(*fetches)
         await settled(two)
         assert len(reads) == 10 and all(r[0].records for r in done)
-        assert not any(f.done() for f in blocked + elsewhere) and len(two.purgatory) == 30
+        assert not any(f.done() for f in blocked + elsewhere) and len(two.hosted.purgatory) == 30
         assert two.fetch_wakeups == {("consumer", "completed"): 10}
         for f in blocked + elsewhere:
             f.cancel()
@@ -580,7 +581,7 @@ def test_a_high_watermark_move_does_not_wake_the_other_followers(two, now):
         await parked(two, 2)
         reads = count_reads(two)
         [y] = await two.fetch_messages([FetchEntry(*tp, 1, 1 << 20, 3)], replica_id="y")
-        assert y.hw_changed and two.replicas[tp].high_watermark == 1
+        assert y.hw_changed and two.hosted.replicas[tp].high_watermark == 1
         [res] = await consumer
         assert res.records and res.high_watermark == 1
         await settled(two)
@@ -598,15 +599,15 @@ def test_fetch_wakeups_are_counted_by_outcome_and_exported(manager, now):
     from services.partition_leader.metrics import PartitionCollector
 
     async def main():
-        manager.replicas[TP].set_isr(("me",), 1)
+        manager.hosted.replicas[TP].set_isr(("me",), 1)
         waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry(*TP, 0)], max_wait_ms=1000,
                                                                min_bytes=1 << 20))
         await parked(manager)
-        await manager.append_records(1, [ProduceEntry(*TP, make_batch(1))])
+        await append_records(manager, 1, [ProduceEntry(*TP, make_batch(1))])
         await settled(manager)
         await parked(manager)
         now.s += 1
-        assert manager.purgatory.expire_due() == 1
+        assert manager.hosted.purgatory.expire_due() == 1
         [res] = await waiting
         assert res.records
         assert manager.fetch_wakeups == {("consumer", "expired"): 1}
@@ -639,24 +640,24 @@ def test_every_parked_fetch_of_a_partition_wakes_with_its_error(two, event):
         other = consumer_fetch(two, ("r", 0), 0)
         await parked(two, 4)
         if event == "leadership moved":
-            two.replicas[tp].become_follower("x", 4, ("me", "x", "y"))
-            two.purgatory.notify(tp)  # as the service does for every partition refresh() changed
+            two.hosted.replicas[tp].become_follower("x", 4, ("me", "x", "y"))
+            two.hosted.purgatory.notify(tp)  # as the service does for every partition refresh() changed
         elif event == "log dir failed":
-            two.fail_log_dir(OSError(5, "Input/output error"))
+            two.hosted.fail_log_dir(OSError(5, "Input/output error"))
         else:
-            del two.cluster._topics["f"]
-            _, closed = two.refresh()
+            del two.hosted.cluster._topics["f"]
+            _, closed = two.hosted.refresh()
             assert tp in closed
             for changed in closed:
-                two.purgatory.notify(changed)
+                two.hosted.purgatory.notify(changed)
         answers = await asyncio.gather(*fetches)
         assert [res.error for [res] in answers] == [expected] * 3
         if event == "log dir failed":  # every partition of the directory stops serving
             [res] = await other
-            assert res.error == ErrorCode.KAFKA_STORAGE_ERROR and len(two.purgatory) == 0
+            assert res.error == ErrorCode.KAFKA_STORAGE_ERROR and len(two.hosted.purgatory) == 0
         else:
             await settled(two)
-            assert not other.done() and len(two.purgatory) == 1
+            assert not other.done() and len(two.hosted.purgatory) == 1
             other.cancel()
             await asyncio.gather(other, return_exceptions=True)
     asyncio.run(main())

@@ -5,7 +5,8 @@ from exactly_wire.error_codes import ErrorCode
 from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.replica_manager import ReplicaManager
 
-from .conftest import make_batch
+from .conftest import make_batch, valid
+from services.partition_leader.replicas import HostedReplicas
 
 
 class FakeCluster:
@@ -25,59 +26,59 @@ def topic(name, leaders, configs=None, internal=False, epochs=None):
 
 def test_refresh_opens_led_partitions_and_closes_the_others(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "other", "me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    assert m.refresh() == ([("a", 0), ("a", 2)], [])
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    assert m.hosted.refresh() == ([("a", 0), ("a", 2)], [])
     assert (tmp_path / "logs" / "a-0").is_dir() and not (tmp_path / "logs" / "a-1").exists()
-    p, _ = m.get("a", 0)
-    p.append(make_batch(2))
+    p, _ = m.hosted.get("a", 0)
+    p.append(valid(make_batch(2)))
     cluster._topics["a"] = topic("a", ["other", "other", "me"])
-    assert m.refresh() == ([], [("a", 0)])
+    assert m.hosted.refresh() == ([], [("a", 0)])
     assert store.offsets("a", 0) == [2]  # final snapshot on close
-    assert m.get("a", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    assert m.hosted.get("a", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
     cluster._topics["a"] = topic("a", ["me", "other", "me"])
-    m.refresh()
-    assert m.get("a", 0)[0].log_end_offset == 2
-    m.close()
-    assert m.partitions == {}
+    m.hosted.refresh()
+    assert m.hosted.get("a", 0)[0].log_end_offset == 2
+    m.hosted.close()
+    assert m.hosted.partitions == {}
 
 
 def test_get_errors_and_on_demand_open(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "other"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    assert m.get("nope", 0) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-    assert m.get("a", 5) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-    assert m.get("a", 1) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
-    p, err = m.get("a", 0)  # assigned but not refreshed yet
-    assert err == ErrorCode.NONE and p.topic == "a" and ("a", 0) in m.partitions
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    assert m.hosted.get("nope", 0) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    assert m.hosted.get("a", 5) == (None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    assert m.hosted.get("a", 1) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    p, err = m.hosted.get("a", 0)  # assigned but not refreshed yet
+    assert err == ErrorCode.NONE and p.topic == "a" and ("a", 0) in m.hosted.partitions
 
 
 def test_topic_configs_override_process_settings(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"], {"segment.bytes": "300"}), "b": topic("b", ["me"]),
                            "__consumer_offsets": topic("__consumer_offsets", ["me"], internal=True,
                                                        epochs={0: 4})})
-    m = ReplicaManager("me", tmp_path, {"log.segment.bytes": "5000", "producer.id.expiration.ms": "7"},
-                       cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
-    a, b = m.partitions[("a", 0)], m.partitions[("b", 0)]
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {"log.segment.bytes": "5000", "producer.id.expiration.ms": "7"},
+                       cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
+    a, b = m.hosted.partitions[("a", 0)], m.hosted.partitions[("b", 0)]
     assert a.config.log.segment_bytes == 300 and b.config.log.segment_bytes == 5000
     assert a.producers.expiration_ms == 7
-    internal = m.partitions[("__consumer_offsets", 0)]
+    internal = m.hosted.partitions[("__consumer_offsets", 0)]
     assert internal.producers.internal and not a.producers.internal
     assert internal.leader_epoch == 4
 
 
 def test_periodic_work_covers_every_partition(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "me"])})
-    m = ReplicaManager("me", tmp_path, {"producer.snapshot.interval.ms": "100",
-                                        "producer.id.expiration.ms": "1000"}, cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
-    for p in m:
-        p.append(make_batch(1, pid=p.partition + 1, seq=0, ts=clock.now))
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {"producer.snapshot.interval.ms": "100",
+                                        "producer.id.expiration.ms": "1000"}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
+    for p in m.hosted:
+        p.append(valid(make_batch(1, pid=p.partition + 1, seq=0, ts=clock.now)))
     clock.advance(100)
-    assert m.maybe_snapshot_all() == 2
-    assert m.maybe_snapshot_all() == 0
+    assert m.hosted.maybe_snapshot_all() == 2
+    assert m.hosted.maybe_snapshot_all() == 0
     clock.advance(1000)
-    assert m.expire_producers() == 2
+    assert m.hosted.expire_producers() == 2
 
 
 # ---------------------------------------------------------------- replication roles
@@ -89,117 +90,117 @@ def replicated(name, leader, epoch, isr, replicas=("me", "x", "y"), version=0):
 
 def test_roles_follow_the_partition_state(tmp_path, store, clock):
     cluster = FakeCluster({"r": replicated("r", "x", 0, ("me", "x", "y"))})
-    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, cluster, store, clock, monotonic_ms=clock)
-    assert m.refresh() == ([("r", 0)], []) and m.changed == {("r", 0)}
-    p = m.replicas[("r", 0)]
-    assert not p.is_leader and m.partitions == {}
-    assert m.follower_targets() == {("r", 0): ("x", 0)}
-    assert m.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, cluster, store, clock, monotonic_ms=clock))
+    assert m.hosted.refresh() == ([("r", 0)], []) and m.hosted.changed == {("r", 0)}
+    p = m.hosted.replicas[("r", 0)]
+    assert not p.is_leader and m.hosted.partitions == {}
+    assert m.hosted.follower_targets() == {("r", 0): ("x", 0)}
+    assert m.hosted.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
     # Elected: leader of epoch 1, the epoch recorded at our log end.
     cluster._topics["r"] = replicated("r", "me", 1, ("me", "y"), version=1)
-    m.refresh()
-    assert m.changed == {("r", 0)} and p.is_leader and p.isr == ("me", "y") and p.leader_epoch == 1
-    assert m.get("r", 0) == (p, ErrorCode.NONE) and m.follower_targets() == {}
+    m.hosted.refresh()
+    assert m.hosted.changed == {("r", 0)} and p.is_leader and p.isr == ("me", "y") and p.leader_epoch == 1
+    assert m.hosted.get("r", 0) == (p, ErrorCode.NONE) and m.hosted.follower_targets() == {}
     assert p.epochs.entries[-1] == (1, 0)
     # A newer ISR of the same epoch (the controller's) is adopted without a role change.
     cluster._topics["r"] = replicated("r", "me", 1, ("me",), version=2)
-    m.refresh()
-    assert m.changed == set() and p.isr == ("me",) and p.replication.zk_version == 2
+    m.hosted.refresh()
+    assert m.hosted.changed == set() and p.isr == ("me",) and p.replication.zk_version == 2
     # A stale state (older epoch) is ignored.
     cluster._topics["r"] = replicated("r", "x", 0, ("x",), version=3)
-    m.refresh()
+    m.hosted.refresh()
     assert p.is_leader and p.leader_epoch == 1
     # Deposed: follower of the new leader; offline: no leader to follow.
     cluster._topics["r"] = replicated("r", "y", 2, ("y",), version=4)
-    m.refresh()
-    assert not p.is_leader and m.follower_targets() == {("r", 0): ("y", 2)}
+    m.hosted.refresh()
+    assert not p.is_leader and m.hosted.follower_targets() == {("r", 0): ("y", 2)}
     cluster._topics["r"] = replicated("r", None, 3, ("y",), version=5)
-    m.refresh()
-    assert m.follower_targets() == {} and m.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
-    m.close()
+    m.hosted.refresh()
+    assert m.hosted.follower_targets() == {} and m.hosted.get("r", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    m.hosted.close()
 
 
 def test_replica_fetches_drive_the_isr_and_high_watermark(tmp_path, store, clock):
     cluster = FakeCluster({"r": replicated("r", "me", 0, ("me", "x"))})
-    m = ReplicaManager("me", tmp_path, {"replica.lag.time.max.ms": "1000", "min.insync.replicas": "2"},
-                       cluster, store, clock, monotonic_ms=clock)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {"replica.lag.time.max.ms": "1000", "min.insync.replicas": "2"},
+                       cluster, store, clock, monotonic_ms=clock))
     requested = []
-    m.on_isr_update = requested.append
-    m.refresh()
-    p = m.replicas[("r", 0)]
-    assert p.append(make_batch(3), -1).error == ErrorCode.NONE and p.high_watermark == 0
+    m.hosted.on_isr_update = requested.append
+    m.hosted.refresh()
+    p = m.hosted.replicas[("r", 0)]
+    assert p.append(valid(make_batch(3)), -1).error == ErrorCode.NONE and p.high_watermark == 0
     assert m.fetch_for_follower("r", 0, "x", 0, 1 << 20, 0).high_watermark == 0
     res = m.fetch_for_follower("r", 0, "x", 3, 1 << 20, 0)
     assert res.hw_changed and res.high_watermark == 3 and res.records == b""
     # y catches up from outside the ISR: an ISR update is asked for.
     m.fetch_for_follower("r", 0, "y", 3, 1 << 20, 0)
-    assert requested == [("r", 0)] and m.desired_isr(("r", 0)) == ("me", "x", "y")
+    assert requested == [("r", 0)] and m.hosted.desired_isr(("r", 0)) == ("me", "x", "y")
     # ... unless y is not registered any more.
-    m.is_live = lambda node: node != "y"
-    assert m.desired_isr(("r", 0)) is None
+    m.hosted.is_live = lambda node: node != "y"
+    assert m.hosted.desired_isr(("r", 0)) is None
     # x stops fetching: after replica.lag.time.max.ms it leaves the ISR.
     clock.advance(1001)
-    assert m.isr_updates() == [("r", 0)] and m.desired_isr(("r", 0)) == ("me",)
+    assert m.hosted.isr_updates() == [("r", 0)] and m.hosted.desired_isr(("r", 0)) == ("me",)
     assert m.fetch_for_follower("nope", 0, "x", 0, 1, 0).error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     err, answer = m.end_offset_for_epoch("r", 0, 0, 0)
     assert err == ErrorCode.NONE and tuple(answer) == (0, 3)
-    m.close()
+    m.hosted.close()
 
 
 def test_leases(tmp_path, store, clock):
     now = [100.0]
     cluster = FakeCluster({"r": replicated("r", "me", 0, ("me",))})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0], monotonic_ms=clock)
-    m.refresh()
-    p = m.replicas[("r", 0)]
-    assert m.lease_valid(p)  # no leases kept: leadership needs no confirmation
-    m.lease_ms = 3000
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0], monotonic_ms=clock))
+    m.hosted.refresh()
+    p = m.hosted.replicas[("r", 0)]
+    assert m.hosted.lease_valid(p)  # no leases kept: leadership needs no confirmation
+    m.hosted.lease_ms = 3000
     cluster._topics["r"] = replicated("r", "me", 1, ("me",))
-    m.refresh()
-    assert not m.lease_valid(p)  # a new epoch waits for its first confirmation
+    m.hosted.refresh()
+    assert not m.hosted.lease_valid(p)  # a new epoch waits for its first confirmation
     p.lease_until = now[0] + 3
-    assert m.lease_valid(p)
+    assert m.hosted.lease_valid(p)
     now[0] += 3
-    assert not m.lease_valid(p)
+    assert not m.hosted.lease_valid(p)
     p.lease_until = now[0] + 3
-    m.invalidate_leases()
-    assert not m.lease_valid(p)
-    m.close()
+    m.hosted.invalidate_leases()
+    assert not m.hosted.lease_valid(p)
+    m.hosted.close()
 
 
 def test_deleted_topic_removes_directory_and_snapshots(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"]), "b": topic("b", ["me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
-    p, _ = m.get("a", 0)
-    p.append(make_batch(2))
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
+    p, _ = m.hosted.get("a", 0)
+    p.append(valid(make_batch(2)))
     p.take_snapshot()
     assert store.offsets("a", 0) == [2]
     del cluster._topics["a"]
-    assert m.refresh() == ([], [("a", 0)])
+    assert m.hosted.refresh() == ([], [("a", 0)])
     assert not (tmp_path / "logs" / "a-0").exists() and store.offsets("a", 0) == []
     assert (tmp_path / "logs" / "b-0").is_dir()
     # A directory of a topic deleted while this process was down.
     (tmp_path / "logs" / "gone-3").mkdir()
     store.put("gone", 3, 10, b"snapshot")
-    orphans = m.orphaned_logs()
+    orphans = m.hosted.orphaned_logs()
     assert orphans == [(("gone", 3), tmp_path / "logs" / "gone-3")]
-    m.delete_orphaned(*orphans[0])
+    m.hosted.delete_orphaned(*orphans[0])
     assert not (tmp_path / "logs" / "gone-3").exists() and store.offsets("gone", 3) == []
-    assert m.orphaned_logs() == []
-    m.close()
+    assert m.hosted.orphaned_logs() == []
+    m.hosted.close()
 
 
 def test_altered_topic_configs_apply_to_open_replicas(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"])})
-    m = ReplicaManager("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock)
-    m.refresh()
-    p, _ = m.get("a", 0)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
+    p, _ = m.hosted.get("a", 0)
     assert p.config.log.segment_bytes == 1073741824
     cluster._topics["a"] = topic("a", ["me"], {"segment.bytes": "200", "min.insync.replicas": "3"})
-    m.refresh()
+    m.hosted.refresh()
     assert (p.config.log.segment_bytes, p.log.config.segment_bytes, p.config.min_insync_replicas) == (200, 200, 3)
     for _ in range(4):
-        p.append(make_batch(3))
+        p.append(valid(make_batch(3)))
     assert len(list((tmp_path / "logs" / "a-0").glob("*.log"))) > 1
-    m.close()
+    m.hosted.close()

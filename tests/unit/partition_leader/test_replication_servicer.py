@@ -21,6 +21,7 @@ from services.partition_leader.servicer import PartitionLeaderServicer
 from .conftest import make_batch
 from .test_partition_leader_servicer import produce_req
 from .test_replica_manager import FakeCluster
+from services.partition_leader.replicas import HostedReplicas
 
 
 def rf2(isr=("me", "x")) -> FakeCluster:
@@ -30,10 +31,10 @@ def rf2(isr=("me", "x")) -> FakeCluster:
 
 @pytest.fixture
 def manager(tmp_path, store, clock):
-    m = ReplicaManager("me", tmp_path, {}, rf2(), store, clock)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, rf2(), store, clock))
+    m.hosted.refresh()
     yield m
-    m.close()
+    m.hosted.close()
 
 
 class FakeLeases:
@@ -49,7 +50,7 @@ def run(manager, scenario, leases=None):
     async def main():
         server = grpc.aio.server()
         port = server.add_insecure_port("127.0.0.1:0")
-        manager.leases = leases
+        manager.hosted.leases = leases
         pbg.add_PartitionLeaderServicer_to_server(PartitionLeaderServicer(manager), server)
         await server.start()
         try:
@@ -73,11 +74,11 @@ def first(resp):
 def test_acks_all_answers_once_the_follower_has_the_batch(manager):
     async def scenario(stub):
         produce = asyncio.ensure_future(stub.Produce(produce_req(("r", 0, make_batch(3))), timeout=10))
-        await wait_for_async(lambda: len(manager.purgatory) == 1, 5, "the produce to wait in the purgatory")
+        await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the produce to wait in the purgatory")
         assert not produce.done()  # appended, waiting for the high watermark
         part = (await stub.Fetch(replica_fetch(0), timeout=5)).responses[0].partitions[0]
         assert part.error_code == ErrorCode.NONE and part.records and part.high_watermark == 0
-        assert not produce.done() and len(manager.purgatory) == 1
+        assert not produce.done() and len(manager.hosted.purgatory) == 1
         # The next fetch reports the follower's log end: the high watermark passes the batch.
         part = (await stub.Fetch(replica_fetch(3), timeout=5)).responses[0].partitions[0]
         assert part.high_watermark == 3 and part.records == b""
@@ -91,40 +92,40 @@ def test_acks_all_answers_once_the_follower_has_the_batch(manager):
 def test_acks_all_times_out_without_the_follower(tmp_path, store, clock, now):
     """The produce waits in the purgatory for the follower until its timeout_ms passed
     on the manager's clock (moved by the test), then answers REQUEST_TIMED_OUT."""
-    m = ReplicaManager("me", tmp_path, {}, rf2(), store, clock, monotonic_s=now)
-    m.purgatory = Purgatory(now, timers=False)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, rf2(), store, clock, monotonic_s=now))
+    m.hosted.purgatory = Purgatory(now, timers=False)
+    m.hosted.refresh()
 
     async def scenario(stub):
         req = produce_req(("r", 0, make_batch(1)))
         req.timeout_ms = 300
         pending = asyncio.ensure_future(stub.Produce(req, timeout=5))
-        await wait_for_async(lambda: len(m.purgatory) == 1, 5, "the produce to wait for the follower")
+        await wait_for_async(lambda: len(m.hosted.purgatory) == 1, 5, "the produce to wait for the follower")
         now.s += 0.299
-        assert m.purgatory.expire_due() == 0 and not pending.done()
+        assert m.hosted.purgatory.expire_due() == 0 and not pending.done()
         now.s += 0.001
-        assert m.purgatory.expire_due() == 1
+        assert m.hosted.purgatory.expire_due() == 1
         out = first(await pending)
         assert out.error_code == ErrorCode.REQUEST_TIMED_OUT
-        assert m.replicas[("r", 0)].log_end_offset == 1  # appended, not replicated
+        assert m.hosted.replicas[("r", 0)].log_end_offset == 1  # appended, not replicated
     run(m, scenario)
-    m.close()
+    m.hosted.close()
 
 
 def test_not_enough_replicas_before_appending(tmp_path, store, clock):
-    m = ReplicaManager("me", tmp_path, {}, rf2(isr=("me",)), store, clock)
-    m.refresh()
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, rf2(isr=("me",)), store, clock))
+    m.hosted.refresh()
 
     async def scenario(stub):
         out = first(await stub.Produce(produce_req(("r", 0, make_batch(2))), timeout=5))
         assert out.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
-        assert m.replicas[("r", 0)].log_end_offset == 0
+        assert m.hosted.replicas[("r", 0)].log_end_offset == 0
         markers = await stub.WriteTxnMarkers(pb.WriteTxnMarkersRequest(markers=[pb.WritableTxnMarker(
             producer_id=5, producer_epoch=0, committed=True, coordinator_epoch=0,
             topics=[pb.TopicPartitions(topic="r", partitions=[0])])]), timeout=5)
         assert markers.markers[0].topics[0].partitions[0].error_code == ErrorCode.NOT_ENOUGH_REPLICAS
     run(m, scenario)
-    m.close()
+    m.hosted.close()
 
 
 def test_replica_fetch_errors_and_offset_for_leader_epoch(manager):
@@ -152,14 +153,14 @@ def test_replica_fetch_errors_and_offset_for_leader_epoch(manager):
 
 
 def test_an_unconfirmed_leader_does_not_acknowledge(manager):
-    manager.lease_ms = 1000  # leases are kept, and none is valid
-    manager.invalidate_leases()
+    manager.hosted.lease_ms = 1000  # leases are kept, and none is valid
+    manager.hosted.invalidate_leases()
     leases = FakeLeases(False)
 
     async def scenario(stub):
         out = first(await stub.Produce(produce_req(("r", 0, make_batch(1)), acks=1), timeout=5))
         assert out.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
-        assert manager.replicas[("r", 0)].log_end_offset == 0  # refused before appending
+        assert manager.hosted.replicas[("r", 0)].log_end_offset == 0  # refused before appending
         # acks=0 needs no confirmation.
         assert first(await stub.Produce(produce_req(("r", 0, make_batch(1)), acks=0), timeout=5)).error_code == 0
     run(manager, scenario, leases)

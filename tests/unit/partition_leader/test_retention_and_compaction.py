@@ -10,7 +10,7 @@ from services.partition_leader.cleaner import LogCleaner
 from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import Partition, PartitionConfig
 
-from .conftest import NOW_MS, crash, make_batch
+from .conftest import NOW_MS, crash, make_batch, valid
 
 DAY = 86_400_000
 
@@ -62,7 +62,7 @@ def config(**kw) -> PartitionConfig:
 def test_time_retention_deletes_old_segments_below_the_high_watermark(open_partition, clock):
     p = open_partition(config=config(retention_ms=DAY))
     for i in range(30):
-        p.append(make_batch(3, ts=clock.now - 2 * DAY))
+        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
     assert len(p.log.segments) > 3
     size_before = p.log.size_bytes
     active_base = p.log.segments[-1].base_offset
@@ -76,10 +76,10 @@ def test_time_retention_deletes_old_segments_below_the_high_watermark(open_parti
 
 def test_retention_never_passes_the_high_watermark_or_an_open_transaction(open_partition, clock):
     p = open_partition(config=config(retention_ms=DAY))
-    p.append(make_batch(3, ts=clock.now - 2 * DAY))
-    first_txn = p.append(make_batch(3, pid=7, seq=0, txn=True, ts=clock.now - 2 * DAY)).base_offset
+    p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
+    first_txn = p.append(valid(make_batch(3, pid=7, seq=0, txn=True, ts=clock.now - 2 * DAY))).base_offset
     for i in range(30):
-        p.append(make_batch(3, ts=clock.now - 2 * DAY))
+        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
     assert len(p.log.segments) > 3
     run(cleaner_for(p, clock))
     # The open transaction's first batch (and everything after) stays.
@@ -93,7 +93,7 @@ def test_retention_never_passes_the_high_watermark_or_an_open_transaction(open_p
 def test_size_retention_keeps_at_most_retention_bytes(open_partition, clock):
     p = open_partition(config=config(retention_bytes=3000))
     for i in range(40):
-        p.append(make_batch(3))
+        p.append(valid(make_batch(3)))
     run(cleaner_for(p, clock))
     assert p.log.size_bytes <= 3000 + 1024
     assert p.log.size_bytes >= 3000 - 1024
@@ -102,7 +102,7 @@ def test_size_retention_keeps_at_most_retention_bytes(open_partition, clock):
 def test_delete_records_moves_the_log_start_and_survives_a_restart(open_partition, clock, tmp_path, store):
     p = open_partition(config=config(retention_ms=-1))
     for i in range(30):
-        p.append(make_batch(3, pid=3, seq=3 * i))
+        p.append(valid(make_batch(3, pid=3, seq=3 * i)))
     assert p.delete_records(p.high_watermark + 1) == (ErrorCode.OFFSET_OUT_OF_RANGE, 0)
     assert p.delete_records(40) == (ErrorCode.NONE, 40)
     assert p.delete_records(10) == (ErrorCode.NONE, 40)  # never back
@@ -116,34 +116,34 @@ def test_delete_records_moves_the_log_start_and_survives_a_restart(open_partitio
     again = Partition.open("t", 0, tmp_path, config(retention_ms=-1), store, clock_ms=clock, monotonic_ms=clock)
     assert again.log_start_offset == 40
     # The producer whose early batches are gone is still known: a retry is a duplicate.
-    dup = again.append(make_batch(3, pid=3, seq=87))
+    dup = again.append(valid(make_batch(3, pid=3, seq=87)))
     assert dup.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
-    assert again.append(make_batch(3, pid=3, seq=90)).error == ErrorCode.NONE
+    assert again.append(valid(make_batch(3, pid=3, seq=90))).error == ErrorCode.NONE
 
 
 def test_producer_with_an_open_transaction_survives_deleted_segments_and_a_restart(open_partition, clock,
                                                                                    tmp_path, store):
     cfg = config(retention_ms=DAY, producer_id_expiration_ms=7 * DAY)
     p = open_partition(config=cfg)
-    p.append(make_batch(3, pid=5, seq=0, ts=clock.now - 2 * DAY))
+    p.append(valid(make_batch(3, pid=5, seq=0, ts=clock.now - 2 * DAY)))
     for i in range(30):
-        p.append(make_batch(3, ts=clock.now - 2 * DAY))
-    start = p.append(make_batch(2, pid=9, seq=0, txn=True)).base_offset
-    p.append(make_batch(3))
+        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
+    start = p.append(valid(make_batch(2, pid=9, seq=0, txn=True))).base_offset
+    p.append(valid(make_batch(3)))
     run(cleaner_for(p, clock))
     assert p.log_start_offset > 0
     p.close()
     again = Partition.open("t", 0, tmp_path, cfg, store, clock_ms=clock, monotonic_ms=clock)
     assert again.last_stable_offset == start  # the open transaction is remembered
     assert 5 in again.producers.producers  # so is the producer whose batches were deleted
-    assert again.append(make_batch(3, pid=5, seq=0)).error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+    assert again.append(valid(make_batch(3, pid=5, seq=0))).error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER
 
 
 def test_segment_ms_rolls_the_active_segment(open_partition, clock):
     p = open_partition(config=config(segment_bytes=1 << 20, segment_ms=1000))
-    p.append(make_batch(2))
+    p.append(valid(make_batch(2)))
     clock.advance(1001)
-    p.append(make_batch(2))
+    p.append(valid(make_batch(2)))
     assert [s.base_offset for s in p.log.segments] == [0, 2]
 
 
@@ -162,7 +162,7 @@ def test_follower_below_the_leader_log_start_starts_there(open_partition):
 def fill_keyed(p: Partition, rounds: int, keys: int = 5, ts: int = NOW_MS) -> None:
     for r in range(rounds):
         for k in range(keys):
-            p.append(keyed([(b"key-%d" % k, b"v%d-%d" % (r, k) + b"x" * 60)], ts=ts))
+            p.append(valid(keyed([(b"key-%d" % k, b"v%d-%d" % (r, k) + b"x" * 60)], ts=ts)))
 
 
 def test_compaction_keeps_the_latest_record_per_key(open_partition, clock):
@@ -184,10 +184,10 @@ def test_compaction_drops_tombstones_only_after_delete_retention(open_partition,
     cfg = config(cleanup_policy=frozenset({"compact"}), delete_retention_ms=DAY)
     p = open_partition(config=cfg)
     fill_keyed(p, 10)
-    p.append(keyed([(b"key-0", None)]))  # tombstone
+    p.append(valid(keyed([(b"key-0", None)])))  # tombstone
     fill_keyed(p, 10, keys=0)
     for _ in range(20):
-        p.append(keyed([(b"other", b"y" * 80)]))
+        p.append(valid(keyed([(b"other", b"y" * 80)])))
     cleaner = cleaner_for(p, clock)
     run(cleaner)
     keys = [r.key for r in read_all(p)]
@@ -207,12 +207,12 @@ def test_compaction_drops_tombstones_only_after_delete_retention(open_partition,
 def test_compaction_removes_aborted_data_and_keeps_committed_with_its_marker(open_partition, clock):
     p = open_partition(config=config(cleanup_policy=frozenset({"compact"}), delete_retention_ms=0))
     # pid 1 commits key a=1; pid 2 aborts key a=2 (which must never shadow a=1).
-    p.append(keyed([(b"a", b"1")], pid=1, seq=0, txn=True))
-    p.append(keyed([(b"a", b"2")], pid=2, seq=0, txn=True))
+    p.append(valid(keyed([(b"a", b"1")], pid=1, seq=0, txn=True)))
+    p.append(valid(keyed([(b"a", b"2")], pid=2, seq=0, txn=True)))
     p.write_marker(1, 0, committed=True, coordinator_epoch=0)
     p.write_marker(2, 0, committed=False, coordinator_epoch=0)
     for i in range(40):
-        p.append(keyed([(b"filler-%d" % (i % 3), b"z" * 60)]))
+        p.append(valid(keyed([(b"filler-%d" % (i % 3), b"z" * 60)])))
     clock.advance(1)
     run(cleaner_for(p, clock))
     kept = read_all(p, isolation=1)
@@ -228,7 +228,7 @@ def test_compaction_removes_aborted_data_and_keeps_committed_with_its_marker(ope
 def test_compaction_waits_for_open_transactions(open_partition, clock):
     p = open_partition(config=config(cleanup_policy=frozenset({"compact"})))
     fill_keyed(p, 5)
-    first = p.append(keyed([(b"key-1", b"in-txn")], pid=4, seq=0, txn=True)).base_offset
+    first = p.append(valid(keyed([(b"key-1", b"in-txn")], pid=4, seq=0, txn=True))).base_offset
     fill_keyed(p, 30)
     run(cleaner_for(p, clock))
     # Nothing at or after the open transaction's first offset was cleaned.

@@ -15,7 +15,7 @@ from exactly_wire.error_codes import ErrorCode
 from services.partition_leader import log as log_module
 from services.partition_leader.log import Log, LogConfig, TimeIndex
 
-from .conftest import make_batch
+from .conftest import make_batch, valid
 
 
 def append(plog: Log, batch: bytes) -> int:
@@ -129,7 +129,7 @@ def test_log_append_time_batches_answer_their_first_offset(tmp_path):
 
 def test_control_batches_never_answer(open_partition):
     p = open_partition()
-    assert p.append(make_batch(1, pid=1, seq=0, txn=True, ts=1000)).error == ErrorCode.NONE  # 0
+    assert p.append(valid(make_batch(1, pid=1, seq=0, txn=True, ts=1000))).error == ErrorCode.NONE  # 0
     p.write_marker(1, 0, committed=True, coordinator_epoch=0)  # 1: marker, ts = now
     assert p.list_offset(1001) == (ErrorCode.NONE, -1, -1)
     assert p.list_offset(1000) == (ErrorCode.NONE, 0, 1000)
@@ -137,9 +137,9 @@ def test_control_batches_never_answer(open_partition):
 
 def test_list_offsets_by_timestamp_is_bounded_by_the_isolation_level(open_partition):
     p = open_partition()
-    p.append(make_batch(2, ts=1000))                               # 0-1
-    p.append(make_batch(2, pid=1, seq=0, txn=True, ts=2000))       # 2-3, open
-    p.append(make_batch(1, ts=3000))                               # 4
+    p.append(valid(make_batch(2, ts=1000)))                               # 0-1
+    p.append(valid(make_batch(2, pid=1, seq=0, txn=True, ts=2000)))       # 2-3, open
+    p.append(valid(make_batch(1, ts=3000)))                               # 4
     assert p.list_offset(2500) == (ErrorCode.NONE, 4, 3000)
     assert p.list_offset(2500, isolation_level=1) == (ErrorCode.NONE, -1, -1)
     assert p.list_offset(0, isolation_level=1) == (ErrorCode.NONE, 0, 1000)
@@ -178,10 +178,10 @@ def test_max_timestamp_offset_matches_a_full_scan(tmp_path, seed):
 def test_max_timestamp_skips_control_batches_and_is_bounded_by_the_isolation_level(open_partition):
     p = open_partition()
     assert p.list_offset(-4) == (ErrorCode.NONE, -1, -1)                # empty
-    p.append(make_batch(2, ts=5000))                                   # 0-1: 5000, 5001
-    p.append(make_batch(1, ts=1000))                                   # 2
+    p.append(valid(make_batch(2, ts=5000)))                                   # 0-1: 5000, 5001
+    p.append(valid(make_batch(1, ts=1000)))                                   # 2
     assert p.list_offset(-4) == (ErrorCode.NONE, 1, 5001)
-    p.append(make_batch(1, pid=1, seq=0, txn=True, ts=9000))           # 3, open
+    p.append(valid(make_batch(1, pid=1, seq=0, txn=True, ts=9000)))           # 3, open
     assert p.list_offset(-4) == (ErrorCode.NONE, 3, 9000)
     # Kafka (ReplicaManager's lastFetchableOffset check): the largest is at or above the LSO: no offset.
     assert p.list_offset(-4, isolation_level=1) == (ErrorCode.NONE, -1, -1)

@@ -21,6 +21,8 @@ from services.partition_leader.producer_state import ProducerStateManager
 from services.partition_leader.replica_manager import FetchEntry, ProduceEntry, ReplicaManager
 
 from .test_replica_manager import FakeCluster
+from .conftest import append_records
+from services.partition_leader.replicas import HostedReplicas
 
 N = 2
 OFFSETS = "__consumer_offsets"
@@ -59,7 +61,7 @@ class LeaderLog:
 
     async def produce(self, topic, partition, batch, acks=-1, timeout_ms=30000, transactional_id="",
                       consumer_group_id="", verified_from=None):
-        [res] = await self.manager.append_records(
+        [res] = await append_records(self.manager, 
             acks, [ProduceEntry(topic, partition, batch)], timeout_ms, origin="coordinator",
             transactional_id=transactional_id, consumer_group_id=consumer_group_id,
             verified_from=-1 if verified_from is None else verified_from)
@@ -77,15 +79,15 @@ class LeaderLog:
 def _offsets_leader(tmp_path, store, clock) -> ReplicaManager:
     cluster = FakeCluster({OFFSETS: TopicInfo(OFFSETS, {p: ["me"] for p in range(N)}, {}, True,
                                               {p: PartitionState("me", 1, ("me",), version=0) for p in range(N)})})
-    manager = ReplicaManager("me", tmp_path, {}, cluster, store, clock)
-    manager.refresh()
+    manager = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    manager.hosted.refresh()
     return manager
 
 
 async def _commit(manager: ReplicaManager, verifier: CountingVerifier) -> dict:
     """TxnOffsetCommit of PID's transaction through a group coordinator over `manager`,
     both using `verifier`."""
-    manager.verifier = verifier
+    manager.hosted.verifier = verifier
     ids = itertools.count(1)
     coord = GroupCoordinator(LeaderLog(manager), partition_for, lambda: {"orders": 1},
                              role_settings(GroupCoordinatorSchema, {"group.coordinator.tail.max.wait.ms": 50}), wall_clock=lambda: 1_700_000_000_000,
@@ -106,9 +108,9 @@ def test_a_txn_offset_commit_is_verified_once(tmp_path, store, clock):
     result = asyncio.run(asyncio.wait_for(_commit(manager, verifier), 20))
     assert result == {TP0: ErrorCode.NONE}
     assert verifier.calls == [(TID, PID, 0, OFFSETS, partition_for(GROUP))]  # by the group coordinator only
-    p = manager.replicas[(OFFSETS, partition_for(GROUP))]
+    p = manager.hosted.replicas[(OFFSETS, partition_for(GROUP))]
     assert PID in p.producers.ongoing.values()  # the pending transactional commit was appended
-    manager.close()
+    manager.hosted.close()
 
 
 def test_a_marker_after_the_group_coordinators_verification_has_the_leader_verify_again(tmp_path, store, clock):
@@ -116,7 +118,7 @@ def test_a_marker_after_the_group_coordinators_verification_has_the_leader_verif
     offsets partition) before the commit was appended: the leader asks again, the
     transaction coordinator no longer has it, and nothing is written."""
     manager = _offsets_leader(tmp_path, store, clock)
-    p = manager.replicas[(OFFSETS, partition_for(GROUP))]
+    p = manager.hosted.replicas[(OFFSETS, partition_for(GROUP))]
     markers = []
     verifier = CountingVerifier(answers=[ErrorCode.NONE, ErrorCode.INVALID_TXN_STATE],
                                 before=lambda: markers.append(p.write_marker(PID, 0, False, 0)))
@@ -125,7 +127,7 @@ def test_a_marker_after_the_group_coordinators_verification_has_the_leader_verif
     assert result == {TP0: ErrorCode.INVALID_TXN_STATE}
     assert len(verifier.calls) == 2  # the group coordinator's, then the leader's
     assert not p.producers.ongoing  # no phantom pending offset
-    manager.close()
+    manager.hosted.close()
 
 
 def test_marker_since_knows_the_markers_above_where_the_state_starts():
