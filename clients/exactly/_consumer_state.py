@@ -25,7 +25,7 @@ from exactly import errors
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
-    from ._fetcher import AbortedTransactions, FetchedRecords
+    from ._fetched import AbortedTransactions, FetchedRecords
 
 # ListOffsets sentinel timestamps (design doc "ListOffsetRequest").
 EARLIEST_TIMESTAMP = -2

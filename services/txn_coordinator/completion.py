@@ -9,8 +9,8 @@ partition, that add's Ongoing record completes this transaction too (the handove
 the guarded row of the transition table, `state.Guard.MARKERS_WRITTEN`, whose fact
 the completion records on the metadata: `TransactionMetadata.record_markers_written`).
 
-`Completion` is that work for one transactional.id: its task and the next adds
-waiting for it. `Completions` runs it over the store and the markers port: aborts by
+`partition.Completion` is that work for one transactional.id: its task and the next
+adds waiting for it. `Completions` runs it over the store and the markers port: aborts by
 the coordinator, the markers, the Complete record, the wait of the next transaction
 for the previous one, the handover and the resumption of a completion the handover
 did not take over.
@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
@@ -32,97 +32,15 @@ from services.common.protocol import marker_coordinator_wait_ms
 from services.common.settings import TxnCoordinatorSchema
 
 from . import metrics
+from .partition import Completion, TxnPartition
 from .ports import UNANSWERED_MARKER_ERRORS, MarkerWriter, Topology, TxnMarker
 from .state import TransactionMetadata, TxnState, TxnTransitMetadata
 
 if TYPE_CHECKING:
-    from .partition import TxnPartition
     from .store import TxnStore
 
 log = logging.getLogger(__name__)
 
-_PREPARED = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
-
-
-class Completion:
-    """The completion of one transactional.id's PrepareCommit / PrepareAbort
-    transaction, kept in its partition's `completions` while it runs or while a next
-    add waits for it.
-
-    task: the background task writing the markers and the Complete record (None
-    before `start`). waiting: how many AddPartitionsToTxn / AddOffsetsToTxn of the
-    next transaction wait for it.
-
-    start: run the task unless it runs. markers_done: the task's step once every
-    marker is written; with a next add waiting it records that fact on the metadata
-    (`TransactionMetadata.record_markers_written`) and stops there for the handover.
-    resume: whether a completion stopped for the handover must run again because
-    the add did not take over."""
-
-    def __init__(self, transactional_id: str, registry: dict[str, Completion]):
-        self.transactional_id = transactional_id
-        self.task: asyncio.Task | None = None
-        self.waiting = 0
-        self._registry = registry
-
-    @classmethod
-    def of(cls, registry: dict[str, Completion], transactional_id: str) -> Completion:
-        """The Completion of `transactional_id` in `registry`, created when missing."""
-        completion = registry.get(transactional_id)
-        if completion is None:
-            completion = registry[transactional_id] = cls(transactional_id, registry)
-        return completion
-
-    @staticmethod
-    def runs(registry: dict[str, Completion], transactional_id: str) -> bool:
-        """Whether the completion of `transactional_id` in `registry` runs."""
-        completion = registry.get(transactional_id)
-        return completion is not None and completion.running
-
-    @property
-    def running(self) -> bool:
-        """Whether the task writing markers or the Complete record runs."""
-        return self.task is not None and not self.task.done()
-
-    def start(self, spawn: Callable[[], asyncio.Task]) -> asyncio.Task:
-        """Run the task `spawn()` creates, unless one runs (that one is returned)."""
-        if self.running:
-            return self.task
-        self.task = task = spawn()
-        task.add_done_callback(lambda _: self._release())
-        return task
-
-    def markers_done(self, md: TransactionMetadata, prepared: TxnTransitMetadata) -> bool:
-        """Every marker of `prepared` is written. True when the completion stops
-        here for the handover: a next add waits, and md recorded the fact
-        (`record_markers_written`: md is still that transaction with nothing
-        pending), so that add's Ongoing record completes it (or `resume` starts the
-        completion again); False: append the Complete record."""
-        return bool(self.waiting) and md.record_markers_written(prepared)
-
-    @contextlib.contextmanager
-    def next_add_waiting(self) -> Iterator[None]:
-        """Count a first add of the next transaction as waiting for this completion."""
-        self.waiting += 1
-        try:
-            yield
-        finally:
-            self.waiting -= 1
-            self._release()
-
-    @staticmethod
-    def resume(completion: Completion | None, md: TransactionMetadata) -> bool:
-        """Whether md's prepared transaction needs its completion (again): md is
-        PrepareCommit / PrepareAbort with nothing pending, and no task runs and no
-        next add waits (`completion` None: none runs here)."""
-        if md.state not in _PREPARED or md.pending_transition_in_progress:
-            return False
-        return completion is None or (not completion.running and not completion.waiting)
-
-    def _release(self) -> None:
-        """Leave the registry once nothing is left to do or to wait for."""
-        if not self.running and not self.waiting and self._registry.get(self.transactional_id) is self:
-            del self._registry[self.transactional_id]
 
 
 class Completions:

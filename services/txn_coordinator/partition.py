@@ -1,21 +1,26 @@
 """One owned partition of the transaction log and its cache (the transaction
 coordinator's state per partition; docs/design.md, "Transaction Coordinator"), and
 `TxnPartition.replay`, the one function that applies a record of the log to that
-cache (Kafka's `CoordinatorShard.replay`): every record when a partition loads, and a
-group assignment, producer-id binding or feature-level record when it was written.
+cache, and `Completion`, the running completion of one transactional.id the cache
+keeps (Kafka's `CoordinatorShard.replay`): every record when a partition loads, and a
+group assignment, producer-id binding or feature-level record when it was written;
+and `Completion`, the completion of one transactional.id's prepared transaction that
+the cache keeps while it runs (completion.Completions runs it).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import Counter
+from typing import Callable, Iterator
 
 from services.common.cluster import features
 from services.common.cluster.owned import OwnedPartition
 from services.common.nested import put_or_remove
 
 from . import txn_log
-from .completion import Completion
-from .state import GroupAssignment, TransactionMetadata
+from .state import GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +140,87 @@ class TxnPartition(OwnedPartition):
                         "the later record wins", tid, entry.offset, transit.producer_epoch, transit.producer_id,
                         md.producer_epoch)
         md.replay(transit)
+
+
+class Completion:
+    """The completion of one transactional.id's PrepareCommit / PrepareAbort
+    transaction, kept in its partition's `completions` while it runs or while a next
+    add waits for it.
+
+    task: the background task writing the markers and the Complete record (None
+    before `start`). waiting: how many AddPartitionsToTxn / AddOffsetsToTxn of the
+    next transaction wait for it.
+
+    start: run the task unless it runs. markers_done: the task's step once every
+    marker is written; with a next add waiting it records that fact on the metadata
+    (`TransactionMetadata.record_markers_written`) and stops there for the handover.
+    resume: whether a completion stopped for the handover must run again because
+    the add did not take over."""
+
+    def __init__(self, transactional_id: str, registry: dict[str, Completion]):
+        self.transactional_id = transactional_id
+        self.task: asyncio.Task | None = None
+        self.waiting = 0
+        self._registry = registry
+
+    @classmethod
+    def of(cls, registry: dict[str, Completion], transactional_id: str) -> Completion:
+        """The Completion of `transactional_id` in `registry`, created when missing."""
+        completion = registry.get(transactional_id)
+        if completion is None:
+            completion = registry[transactional_id] = cls(transactional_id, registry)
+        return completion
+
+    @staticmethod
+    def runs(registry: dict[str, Completion], transactional_id: str) -> bool:
+        """Whether the completion of `transactional_id` in `registry` runs."""
+        completion = registry.get(transactional_id)
+        return completion is not None and completion.running
+
+    @property
+    def running(self) -> bool:
+        """Whether the task writing markers or the Complete record runs."""
+        return self.task is not None and not self.task.done()
+
+    def start(self, spawn: Callable[[], asyncio.Task]) -> asyncio.Task:
+        """Run the task `spawn()` creates, unless one runs (that one is returned)."""
+        if self.running:
+            return self.task
+        self.task = task = spawn()
+        task.add_done_callback(lambda _: self._release())
+        return task
+
+    def markers_done(self, md: TransactionMetadata, prepared: TxnTransitMetadata) -> bool:
+        """Every marker of `prepared` is written. True when the completion stops
+        here for the handover: a next add waits, and md recorded the fact
+        (`record_markers_written`: md is still that transaction with nothing
+        pending), so that add's Ongoing record completes it (or `resume` starts the
+        completion again); False: append the Complete record."""
+        return bool(self.waiting) and md.record_markers_written(prepared)
+
+    @contextlib.contextmanager
+    def next_add_waiting(self) -> Iterator[None]:
+        """Count a first add of the next transaction as waiting for this completion."""
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+            self._release()
+
+    @staticmethod
+    def resume(completion: Completion | None, md: TransactionMetadata) -> bool:
+        """Whether md's prepared transaction needs its completion (again): md is
+        PrepareCommit / PrepareAbort with nothing pending, and no task runs and no
+        next add waits (`completion` None: none runs here)."""
+        if md.state not in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or md.pending_transition_in_progress:
+            return False
+        return completion is None or (not completion.running and not completion.waiting)
+
+    def _release(self) -> None:
+        """Leave the registry once nothing is left to do or to wait for."""
+        if not self.running and not self.waiting and self._registry.get(self.transactional_id) is self:
+            del self._registry[self.transactional_id]
 
 
 class HeldByPrincipal:

@@ -42,7 +42,7 @@ from services.partition_leader.log import AbortedTxn
 from services.partition_leader.producer_state import ProducerStateManager
 from services.txn_coordinator.state import COMPLETED_STATES, TransactionMetadata, TxnState, TxnStateSummary
 
-from .._fetcher import AbortedTransactions, parse_fetched
+from .._fetched import AbortedTransactions, parse_fetched
 from ..types import ConsumerRecord
 from ._channel import AioInProcessChannel, HandlerTable, InProcessChannel
 

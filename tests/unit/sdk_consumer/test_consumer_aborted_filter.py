@@ -10,7 +10,7 @@ import pytest
 
 from exactly import errors
 from exactly_wire import records
-from exactly._fetcher import AbortedTransactions, parse_fetched
+from exactly._fetched import AbortedTransactions, parse_fetched
 from exactly.types import TopicPartition
 
 from .logbuilder import PartitionLog

@@ -104,7 +104,7 @@ def test_seek_drops_buffer_and_stale_responses():
 
 def test_seek_clears_read_committed_state():
     st = TopicPartitionState(position=0)
-    from exactly._fetcher import AbortedTransactions
+    from exactly._fetched import AbortedTransactions
     st.aborted = AbortedTransactions()
     st.aborted.add([(1, 0)])
     epoch = st.epoch

@@ -16,7 +16,7 @@ from services.txn_coordinator import txn_log
 from services.common.settings import TxnCoordinatorSchema
 from services.common.protocol import (MARKER_DEADLINE_MARGIN_MS, marker_coordinator_wait_ms,
                                       marker_leader_deadline_s)
-from services.txn_coordinator.completion import Completion
+from services.txn_coordinator.partition import Completion
 from services.txn_coordinator.state import Guard, GuardNotHeldError, TransactionMetadata, TxnState
 
 S = TxnState
