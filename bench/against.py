@@ -30,7 +30,10 @@ Phases, in each round:
 - `produce`: one SDK producer sends `records` records of `record_size` bytes to one
   partition: plain (acks=1, no idempotence), transactional committing every 100 ms and every
   10 ms; records/s, and each transactional rate over the plain one of the same side and
-  round.
+  round;
+- `idle`: no client for `idle_seconds`: the services' CPU per second for their own
+  background work (leases, ZooKeeper, the connection sweep, the group coordinator's
+  tailing), which every other figure includes.
 
 CPU per transaction from /proc is the steadiest of these on a shared machine: it counts the
 work, not the waiting. Rates and latencies move with whatever else runs; the alternation
@@ -75,9 +78,10 @@ class Sizes:
     latency_transactions: int = 1000
     records: int = 200_000
     record_size: int = 1024
+    idle_seconds: float = 5.0
 
 
-QUICK = Sizes(rounds=1, producers=2, seconds=1.0, latency_transactions=20, records=2_000)
+QUICK = Sizes(rounds=1, producers=2, seconds=1.0, latency_transactions=20, records=2_000, idle_seconds=1.0)
 
 
 # Figures: key -> (label, unit, goal of the phase after this one or "", how the goal is read).
@@ -102,6 +106,7 @@ FIGURES = {
     "produce.txn_10ms": ("transactional produce, commit every 10 ms", "records/s", "", None),
     "produce.txn_10ms_vs_plain": ("  / plain produce of the same side and round", "x", ">= 0.70 (head)",
                                   ("head>=", 0.70)),
+    "idle.total": ("services' CPU with no client (leader + coordinators)", "ms/s", "", None),
 }
 # The services' share of server_cpu.*, listed under it.
 for _client in CLIENTS:
@@ -259,6 +264,16 @@ class Run:
         return self._one_shot(side, ["latency", "--bootstrap", side.cluster.bootstrap_servers, "--topic", "lone",
                                      "--partitions", "3", "--transactions", str(self.sizes.latency_transactions)])
 
+    def idle(self, side: Side) -> dict[str, float]:
+        """CPU ms per second of each service (and "total") over `idle_seconds` without clients."""
+        pids = side.pids()
+        cpu0, t0 = {role: cpu_seconds(pid) for role, pid in pids.items()}, time.monotonic()
+        time.sleep(self.sizes.idle_seconds)
+        elapsed = time.monotonic() - t0
+        out = {role: (cpu_seconds(pid) - cpu0[role]) * 1000 / elapsed for role, pid in pids.items()}
+        out["total"] = sum(out.values())
+        return out
+
     def produce(self, side: Side, key: str, mode: str, interval_ms: int, rnd: int) -> dict:
         return self._one_shot(side, ["produce", "--bootstrap", side.cluster.bootstrap_servers, "--topic",
                                      f"produce-{key.replace('_', '-')}-{rnd}", "--mode", mode,
@@ -285,6 +300,10 @@ class Run:
                 windows[side.name].setdefault("lone", []).append(w)
                 self.say(f"  round {rnd + 1}/{s.rounds} {side.name} lone producer: p50 {w['p50_ms']:.1f} ms, "
                          f"p99 {w['p99_ms']:.1f} ms")
+            for side in order:
+                w = self.idle(side)
+                windows[side.name].setdefault("idle", []).append(w)
+                self.say(f"  round {rnd + 1}/{s.rounds} {side.name} idle: {w['total']:.1f} ms/s of CPU")
             for side in order:
                 runs = {key: self.produce(side, key, mode, interval, rnd) for key, mode, interval in PRODUCE_MODES}
                 windows[side.name].setdefault("produce", []).append(runs)
@@ -332,6 +351,7 @@ def per_round(windows: dict[str, list]) -> dict[str, list[float]]:
     for key in ("txn_100ms", "txn_10ms"):
         out[f"produce.{key}_vs_plain"] = [r[key]["records_per_s"] / r["plain"]["records_per_s"]
                                           for r in windows["produce"]]
+    out["idle.total"] = [w["total"] for w in windows["idle"]]
     return out
 
 
@@ -367,6 +387,8 @@ def table(result: dict) -> str:
     def fmt(v: float, unit: str) -> str:
         if unit in ("txn/s", "records/s"):
             return f"{v:,.0f} {unit}"
+        if unit == "ms/s":
+            return f"{v:.1f} {unit}"
         return f"{v:.2f} {unit}" if unit != "x" else f"{v:.2f} x"
     base, head = result["commits"]["base"], result["commits"]["head"]
     rows = [("figure", base, head, "ratio", "goal", "met")]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..metrics import CONNECTIONS_REFUSED as REFUSED
-from . import peer_addresses
+from . import peer_addresses, sock_diag
 from .peer_addresses import normalize_ip
 
 parse_overrides = peer_addresses.parse_overrides  # part of the limits' API (max.connections.per.ip.overrides)
@@ -309,8 +309,8 @@ class GrpcConnectionSweeper:
     process-wide cap, grpc.max_allowed_incoming_connections, set to the fd budget at
     start by `server_options`).
 
-    Every `interval_s` it lists the connections accepted on `port` (the kernel's
-    /proc/self/net/tcp and tcp6, handshake done or not) and admits them through a fresh
+    Every `interval_s` it lists the connections accepted on `port` (`connections()`: the
+    kernel's socket diagnostics for the port, handshake done or not) and admits them through a fresh
     `ConnectionLimits`, connections already admitted at the previous sweep first (so an
     established client keeps its place), new ones after, in order of creation, each new
     one also spending a token of the creation-rate bucket. Every connection refused is
@@ -330,6 +330,7 @@ class GrpcConnectionSweeper:
         self.budget = budget
         self._bucket = TokenBucket(limits.rate) if limits.rate < MAX_INT else None
         self._admitted: set[int] = set()
+        self._sock_diag = True  # until the kernel refuses (connections())
 
     def plan(self, connections: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
         """(inode, ip, reason) of each connection of `connections` ((inode, ip)) to shut
@@ -351,8 +352,18 @@ class GrpcConnectionSweeper:
         self._admitted = kept
         return refused
 
-    def sweep(self) -> int:
-        """One pass (blocking: run it in a thread); returns the connections shut down."""
+    def connections(self) -> list[tuple[int, str]]:
+        """(socket inode, peer IP) of the port's connections: from the kernel's socket
+        diagnostics filtered to the port (services.common.transport.sock_diag), or, where
+        those cannot be asked, from /proc/self/net/tcp and tcp6, which list every socket
+        of the host's network namespace (logged once)."""
+        if self._sock_diag:
+            try:
+                return sock_diag.accepted(self.port)
+            except OSError as exc:
+                self._sock_diag = False
+                log.info("gRPC connection sweep: the kernel's socket diagnostics cannot be asked (%s); "
+                         "reading /proc/self/net/tcp instead", exc)
         connections = []
         for name, ipv6 in (("tcp", False), ("tcp6", True)):
             try:
@@ -360,6 +371,11 @@ class GrpcConnectionSweeper:
                     connections += parse_proc_net_tcp(f.read(), self.port, ipv6)
             except FileNotFoundError:
                 continue
+        return connections
+
+    def sweep(self) -> int:
+        """One pass (blocking: run it in a thread); returns the connections shut down."""
+        connections = self.connections()
         if self.budget is not None:
             self.budget.update(len(connections))
         refused = self.plan(connections)
