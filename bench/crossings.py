@@ -15,7 +15,11 @@ Kafka listener's framing and codec, and a handler that does almost nothing
   appends and tailing fetches, and the coordinators' loads);
 - `unary_sdk`: a direct unary call from grpcio's blocking client (as every SDK call);
 - `kafka`: a Kafka ListOffsets request on the leader's Kafka port over asyncio TCP (as
-  librdkafka's requests).
+  librdkafka's requests);
+- `produce_sdk`: the SDK's unary Produce of a 1-record batch (16 bytes, acks=1, no
+  producer id) to the same partition: the crossing of `unary_sdk` plus the write path
+  (the batch's checks, the append, the offset index), so the difference between the two
+  is what the write path costs one batch.
 
 Each runs `--in-flight` at a time (tasks, threads or connections) for at least
 `--min-seconds`; per call: the partition leader's CPU (/proc) and the calling
@@ -38,7 +42,7 @@ from .against import Run, Side, Sizes, head_label
 from .common import cpu_seconds, median
 
 TOPIC = "crossings"
-KINDS = ("tunnel", "unary_aio", "unary_sdk", "kafka")
+KINDS = ("tunnel", "unary_aio", "unary_sdk", "kafka", "produce_sdk")
 LIST_OFFSETS_VERSION = 1  # the Kafka request: ListOffsets v1 (latest offset), as librdkafka's
 
 
@@ -111,16 +115,27 @@ async def _unary_aio(address: str, pid: int, in_flight: int, min_s: float, calls
         return await _spin(one, list(range(in_flight)), pid, min_s, calls)
 
 
-def _unary_sdk(address: str, pid: int, in_flight: int, min_s: float, calls: int):
+def _produce_request():
+    import time as _time
+
+    from exactly_wire import records
+    from exactly_wire.v1 import exactly_pb2 as pb
+    batch = records.encode_batch([(None, b"x" * 16, (), int(_time.time() * 1000))])
+    return pb.ProduceRequest(acks=1, timeout_ms=10_000, topics=[pb.TopicProduceData(
+        name=TOPIC, partitions=[pb.PartitionProduceData(partition=0, records=batch)])])
+
+
+def _unary_sdk(address: str, pid: int, in_flight: int, min_s: float, calls: int, produce: bool = False):
     import grpc
     from exactly_wire.v1 import exactly_pb2_grpc as pbg
-    request = _list_offsets_request()
+    request = _produce_request() if produce else _list_offsets_request()
     with grpc.insecure_channel(address) as channel:
         stub = pbg.PartitionLeaderStub(channel)
+        method = stub.Produce if produce else stub.ListOffsets
 
         def some(k: int) -> None:
             for _ in range(k):
-                resp = stub.ListOffsets(request, timeout=10.0)
+                resp = method(request, timeout=10.0)
                 assert resp.topics[0].partitions[0].error_code == 0, resp
         with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
             list(pool.map(some, [20] * in_flight))
@@ -162,8 +177,8 @@ def measure(cluster, calls: int, in_flight: int, min_s: float) -> dict[str, dict
     out = {}
     for kind in KINDS:
         w0 = time.perf_counter()
-        if kind == "unary_sdk":
-            n, server, client = _unary_sdk(svc.address, svc.pid, in_flight, min_s, calls)
+        if kind in ("unary_sdk", "produce_sdk"):
+            n, server, client = _unary_sdk(svc.address, svc.pid, in_flight, min_s, calls, kind == "produce_sdk")
         else:
             fn = {"tunnel": _tunnel, "unary_aio": _unary_aio, "kafka": _kafka}[kind]
             address = svc.kafka_address if kind == "kafka" else svc.address

@@ -278,12 +278,14 @@ def run(args: argparse.Namespace) -> dict:
             fig.add(key, f"committed txn/s, {pcount} {'SDK' if client == 'sdk' else client} producers, "
                          f"1-record txns, RF 1", [r["txn_per_s"] for r in rows], "txn/s")
             split = {name: median([r["server_cpu_ms_per_txn"][name] for r in rows])
-                     for name in ("partition_leader", "txn_coordinator")}
+                     for name in ("partition_leader", "txn_coordinator", "group_coordinator")}
             fig.add(f"server_cpu.{client}", f"server CPU per txn, {client} producers (leader "
                                             f"{split['partition_leader']:.2f} + coordinator "
-                                            f"{split['txn_coordinator']:.2f} ms)",
+                                            f"{split['txn_coordinator']:.2f} + group coordinator "
+                                            f"{split['group_coordinator']:.2f} ms)",
                     [r["server_cpu_ms_per_txn"]["total"] for r in rows], "ms",
-                    partition_leader_ms=split["partition_leader"], txn_coordinator_ms=split["txn_coordinator"])
+                    partition_leader_ms=split["partition_leader"], txn_coordinator_ms=split["txn_coordinator"],
+                    group_coordinator_ms=split["group_coordinator"])
             fig.add(f"client_cpu.{client}", f"client CPU per txn, {client} producers",
                     [r["client_cpu_ms_per_txn"] for r in rows], "ms")
             progress.done(f"{fig.value(key):,.0f} txn/s, server {fig.value(f'server_cpu.{client}'):.2f} ms/txn, "

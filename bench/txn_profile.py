@@ -4,8 +4,10 @@
                                 [--py-spy] [--dir .run/txn-profile] [--json]
 
 On one dev cluster of the current tree (1 partition leader, 1 transaction and 1 group
-coordinator, RF 1), `--producers` processes commit 1-record transactions to a
-3-partition topic for `--seconds` (bench/against.py's load window). Over the window:
+coordinator, RF 1), first 10 s without clients (each service's CPU per second for its
+own background work: leases, ZooKeeper, metrics, the group coordinator's tailing), then
+`--producers` processes commit 1-record transactions to a 3-partition topic for
+`--seconds` (bench/against.py's load window). Over the window:
 
 - the CPU ms per committed transaction of each service and of each of its threads
   (/proc/<pid>/task/<tid>/stat): the event loop's thread (the process's main thread),
@@ -15,7 +17,8 @@ coordinator, RF 1), `--producers` processes commit 1-record transactions to a
   crossing of the gRPC boundary each), scraped from /metrics before and after;
 - with `--py-spy`, a second window under py-spy (Python frames, 100 samples/s,
   nonblocking): the share of each service's event-loop samples per part of the code
-  (`CATEGORIES`), idle samples (the loop waiting in its C code) left out.
+  (`CATEGORIES`; samples with no Python frame below the loop: `LOOP_C`), which
+  apportions the thread's measured CPU.
 
 The first window is the measurement, the second only apportions it: py-spy's sampling
 costs the processes CPU of its own.
@@ -33,8 +36,9 @@ import time
 import urllib.request
 
 from .against import ROLES, Run, Side, Sizes, head_label
-from .common import thread_cpu
+from .common import cpu_seconds, thread_cpu
 
+IDLE_S = 10.0  # the idle window before the load, in which each service's own background work is measured
 # (category, pattern over a sample's frames, outermost first): the first that matches a
 # frame names the sample, searched from the innermost frame outwards, so a sample is
 # counted under the most specific part it was in.
@@ -56,10 +60,12 @@ CATEGORIES: list[tuple[str, re.Pattern]] = [(name, re.compile(pattern)) for name
     ("other service code", r"services/"),
     ("asyncio / uvloop machinery", r"(asyncio/|uvloop)"),
 ]]
-IDLE = "idle (waiting in the event loop's C code or a poller)"
-# A sample whose innermost frame is one of these is a thread waiting, not working.
-IDLE_LEAVES = re.compile(r"^(Runner\.run \(asyncio/runners\.py|Thread\.run \(threading\.py|_poll_wrapper|"
-                         r"select \(selectors|_wait_for_tstate_lock|wait \(threading\.py|_worker \(concurrent/)")
+# A sample of the event loop's thread with no Python frame below the loop's run(): uvloop's
+# own C code, the Cython callbacks that complete gRPC's operations, and time the thread was
+# runnable but waiting for a core (py-spy leaves out samples of a thread that sleeps, not
+# those of one that waits for the CPU; on a shared 2-core machine every part has some).
+LOOP_C = "uvloop and gRPC's Cython callbacks (no Python frame)"
+_LOOP_LEAF = re.compile(r"^Runner\.run \(asyncio/runners\.py")
 
 
 def thread_groups(pid: int, before: dict, after: dict, main: str = "event loop (main thread)",
@@ -91,8 +97,11 @@ def rpc_counts(metrics_address: str) -> dict[str, float]:
 
 
 def categorize(folded: pathlib.Path, thread_prefix: str = "MainThread") -> dict[str, int]:
-    """Samples per category (CATEGORIES, IDLE, "other") of the threads whose name
-    starts with `thread_prefix` in a py-spy raw (folded) file."""
+    """Samples per category (CATEGORIES, LOOP_C, "other") of the threads whose name
+    contains `thread_prefix` in a py-spy raw (folded) file. A sample counts under the
+    innermost frame that matches a category; asyncio's and uvloop's frames only when no
+    other frame does (a socket write of the Kafka listener is the listener's cost)."""
+    generic = CATEGORIES[-1]
     out: dict[str, int] = collections.Counter()
     for line in folded.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -100,22 +109,26 @@ def categorize(folded: pathlib.Path, thread_prefix: str = "MainThread") -> dict[
         if not frames or thread_prefix not in frames[0]:
             continue
         frames = frames[1:]
-        if not frames or IDLE_LEAVES.match(frames[-1]):
-            out[IDLE] += int(count)
+        if not frames or _LOOP_LEAF.match(frames[-1]):
+            out[LOOP_C] += int(count)
             continue
-        name = "other"
-        for frame in reversed(frames):
-            hit = next((c for c, pattern in CATEGORIES if pattern.search(frame)), None)
-            if hit is not None:
-                name = hit
-                break
+        name = next((c for frame in reversed(frames) for c, pattern in CATEGORIES[:-1] if pattern.search(frame)),
+                    None)
+        if name is None:
+            name = generic[0] if any(generic[1].search(f) for f in frames) else "other"
         out[name] += int(count)
     return dict(out)
 
 
-@contextlib.contextmanager
+def apportion(samples: dict[str, int], loop_ms: float) -> dict[str, float]:
+    """The event loop's CPU (`loop_ms` per transaction) spread over `samples`' categories."""
+    total = sum(samples.values())
+    return {k: loop_ms * v / total for k, v in sorted(samples.items(), key=lambda kv: -kv[1])} if total else {}
+
+
 def _observer(cluster, result: dict):
-    """Context manager factory for Run.load_window: threads' CPU and RPC counts."""
+    """Run.load_window's `observe`: each service's threads' CPU and RPC counts over the
+    window, into `result`."""
     def observe(pids: dict[str, int], client_pids: list[int]):
         @contextlib.contextmanager
         def window():
@@ -129,10 +142,11 @@ def _observer(cluster, result: dict):
                 result.setdefault("calls", {})[role] = {m: calls1[m] - calls0[role].get(m, 0.0) for m in calls1
                                                         if calls1[m] - calls0[role].get(m, 0.0) > 0}
         return window()
-    yield observe
+    return observe
 
 
 def _spy(directory: pathlib.Path, client: str, result: dict):
+    """Run.load_window's `observe`: py-spy on the services and one producer."""
     from .profiling import PySpy
 
     def observe(pids: dict[str, int], client_pids: list[int]):
@@ -154,8 +168,11 @@ def profile(run: Run, side: Side, client: str, spy_dir: pathlib.Path | None) -> 
     service: CPU ms per txn in all and per thread group, calls per txn per method, and
     the py-spy categories in ms per txn (the event loop's CPU apportioned by samples)."""
     result: dict = {}
-    with _observer(side.cluster, result) as observe:
-        window = run.load_window(side, client, 0, observe)
+    pids = side.pids()
+    idle0 = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    time.sleep(IDLE_S)
+    idle = {role: (cpu_seconds(pid) - idle0[role]) * 1000 / IDLE_S for role, pid in pids.items()}
+    window = run.load_window(side, client, 0, _observer(side.cluster, result))
     commits = window["commits"]
     clients: dict[str, float] = {}
     for pid, (before, after) in window["client_threads"].items():
@@ -171,6 +188,8 @@ def profile(run: Run, side: Side, client: str, spy_dir: pathlib.Path | None) -> 
         threads = {k: v * 1000 / commits for k, v in sorted(result["threads"][role].items(), key=lambda kv: -kv[1])}
         calls = {k: v / commits for k, v in sorted(result["calls"][role].items(), key=lambda kv: -kv[1])}
         out["services"][role] = {"cpu_ms_per_txn": window["server_cpu_ms_per_txn"][role],
+                                 "idle_cpu_ms_per_s": idle[role],
+                                 "idle_share_ms_per_txn": idle[role] / window["txn_per_s"],
                                  "threads_ms_per_txn": threads, "calls_per_txn": calls}
     if spy_dir is not None:
         spied: dict = {}
@@ -180,12 +199,9 @@ def profile(run: Run, side: Side, client: str, spy_dir: pathlib.Path | None) -> 
                 out.setdefault("clients", {})[role] = categorize(pathlib.Path(path))
                 continue
             samples = categorize(pathlib.Path(path))
-            busy = sum(v for k, v in samples.items() if k != IDLE)
             loop_ms = out["services"][role]["threads_ms_per_txn"].get("event loop (main thread)", 0.0)
             out["services"][role]["event_loop_samples"] = samples
-            out["services"][role]["event_loop_ms_per_txn"] = {
-                k: loop_ms * v / busy for k, v in sorted(samples.items(), key=lambda kv: -kv[1])
-                if k != IDLE and busy}
+            out["services"][role]["event_loop_ms_per_txn"] = apportion(samples, loop_ms)
     return out
 
 
@@ -194,7 +210,8 @@ def report(client: str, prof: dict) -> str:
     lines = [f"{client}: {w['txn_per_s']:.0f} txn/s, server CPU {w['server_cpu_ms_per_txn']['total']:.2f} ms/txn, "
              f"client CPU {w['client_cpu_ms_per_txn']:.2f} ms/txn"]
     for role, s in prof["services"].items():
-        lines.append(f"  {ROLES[role]}: {s['cpu_ms_per_txn']:.2f} ms/txn")
+        lines.append(f"  {ROLES[role]}: {s['cpu_ms_per_txn']:.2f} ms/txn (idle it spends {s['idle_cpu_ms_per_s']:.1f} "
+                     f"ms/s, {s['idle_share_ms_per_txn']:.2f} ms per txn at this rate)")
         lines.append("    threads: " + ", ".join(f"{k} {v:.2f}" for k, v in s["threads_ms_per_txn"].items() if v >= 0.005))
         lines.append("    calls/txn: " + ", ".join(f"{k} {v:.2f}" for k, v in s["calls_per_txn"].items() if v >= 0.005))
         if "event_loop_ms_per_txn" in s:
