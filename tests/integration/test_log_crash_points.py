@@ -26,7 +26,7 @@ import pytest
 from exactly_wire import records
 from faults.diskfs import DiskFaults
 from services.partition_leader.log import ABORTED_TXN, Log, LogConfig
-from services.partition_leader.partition import Partition, PartitionConfig
+from services.partition_leader.partition import AppendResult, Partition, PartitionConfig, ValidatedBatch
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +47,14 @@ def disk(tmp_path_factory):
     d.close()
 
 
-def batch(pid: int, seq: int, n: int = 3, txn: bool = True) -> bytes:
-    return records.encode_batch([(b"k", f"{pid}-{seq + i}".encode() * 20, (), NOW_MS) for i in range(n)],
-                                producer_id=pid, producer_epoch=0, base_sequence=seq, transactional=txn)
+def batch(pid: int, seq: int, n: int = 3, txn: bool = True) -> ValidatedBatch:
+    """A producer's record batch v2 as Partition.append takes it (the write path's shape
+    gate passed it)."""
+    checked = ValidatedBatch.check(
+        records.encode_batch([(b"k", f"{pid}-{seq + i}".encode() * 20, (), NOW_MS) for i in range(n)],
+                             producer_id=pid, producer_epoch=0, base_sequence=seq, transactional=txn))
+    assert not isinstance(checked, AppendResult), checked
+    return checked
 
 
 def open_partition(directory: Path, node: str = "a", config: PartitionConfig = CONFIG) -> Partition:
