@@ -28,6 +28,15 @@ START_DEADLINE_S = 240.0  # a cluster, 9,998 items loaded, the worker started: o
 STOP_DEADLINE_S = 60.0  # DevCluster.down: 5 s for the workers, 20 s for the services, 10 s for ZooKeeper
 
 
+def _as_from_a_terminal() -> None:
+    """In the demo's process before it starts: the stop signals at their default
+    disposition, as a shell at a terminal starts `make demo`. A test runner started in
+    the background or under nohup hands its children these signals ignored, and the demo
+    rightly keeps a signal it was started ignoring ignored (demo.common.stop_on_signals)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _lines(stream, out: queue.Queue) -> None:
     for line in iter(stream.readline, b""):
         out.put(line.decode(errors="replace"))
@@ -74,7 +83,7 @@ def test_demo_stopped_by_a_signal_leaves_no_process_of_its_cluster(tmp_path, sig
     run_dir = tmp_path / "demo"
     demo = subprocess.Popen([sys.executable, "-m", "demo.purchases", "--dir", str(run_dir)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(demo.stdout, lines), daemon=True).start()
     seen: list[str] = []
