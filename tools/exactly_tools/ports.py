@@ -63,14 +63,14 @@ def _kernel_port() -> int:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 (and on every interface) now, not handed out before by
-    this process, and outside the kernel's ephemeral range where there is room, so an
+    """A TCP port free on 127.0.0.1 (and on every interface) now, not handed out by this
+    process in the current round through its slice, and outside the kernel's ephemeral range where there is room, so an
     outgoing connection cannot take it before the caller's process binds it.
 
     Returns:
         int: the port number.
     Raises:
-        RuntimeError: every port of this process's slice is handed out or taken.
+        RuntimeError: every port of this process's slice is bound by some process.
     """
     global _next
     ports = _slice()
@@ -82,12 +82,18 @@ def free_port() -> int:
                 return port
     if _next is None or _next not in ports:
         _next = ports.start + (os.getpid() * 7) % len(ports)  # restarts of a worker do not reuse the same first ports
-    for _ in range(len(ports)):
-        port, _next = _next, (ports.start + (_next + 1 - ports.start) % len(ports))
-        if port not in _HANDED_OUT and _bindable(port):
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError(f"no free port left in {ports.start}..{ports.stop - 1}")
+    for round_ in range(2):
+        if round_:
+            # Every port of the slice was handed out once: a long test session gets
+            # through 1,000. Those handed out a whole round ago were bound by their
+            # process or given up long since, so a second round takes any that bind.
+            _HANDED_OUT.difference_update(ports)
+        for _ in range(len(ports)):
+            port, _next = _next, (ports.start + (_next + 1 - ports.start) % len(ports))
+            if port not in _HANDED_OUT and _bindable(port):
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError(f"no free port left in {ports.start}..{ports.stop - 1}: every one is bound")
 
 
 def free_ports(n: int) -> list[int]:

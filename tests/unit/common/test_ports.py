@@ -49,3 +49,30 @@ def test_no_room_below_the_ephemeral_range_falls_back_to_the_kernel(fresh):
     fresh.setattr(ports, "_ephemeral_low", lambda: ports._LOWEST + 500)
     port = ports.free_port()
     assert port > 0 and ports.free_port() != port
+
+
+def test_a_worker_that_handed_out_its_whole_slice_goes_round_again(fresh):
+    """A long test session hands out more ports than a slice holds: once every port of
+    it was handed out, the next round takes those that bind, skipping any still held."""
+    fresh.setenv("PYTEST_XDIST_WORKER", "gw6")
+    fresh.setattr(ports, "_SLICE", 20)
+    first_round = ports.free_ports(20)
+    assert sorted(first_round) == list(ports._slice())
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first_round[0]))
+        held.listen()
+        second_round = ports.free_ports(19)
+        assert first_round[0] not in second_round
+        assert sorted(second_round) == sorted(first_round[1:])
+        assert ports.free_port() != first_round[0]  # a third round, still skipping it
+    holders = []
+    try:
+        for port in ports._slice():
+            s = socket.socket()
+            holders.append(s)
+            s.bind(("127.0.0.1", port))
+        with pytest.raises(RuntimeError, match="every one is bound"):
+            ports.free_port()
+    finally:
+        for s in holders:
+            s.close()
