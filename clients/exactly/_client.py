@@ -115,7 +115,8 @@ def translate_rpc_error(exc: grpc.RpcError) -> errors.ExactlyError:
 
 # The deadline of the public call this thread or task is inside, with the clock it is
 # on (`clock.now_s()` seconds): every retry and every blocking RPC under it gets the
-# remaining time, never a fresh request.timeout.ms (README, "Timeouts").
+# remaining time, never a fresh request.timeout.ms (docs/sdk.md,
+# "Timeouts: what each one bounds").
 _call_deadline: contextvars.ContextVar[tuple[float, MonotonicClock] | None] = contextvars.ContextVar(
     "exactly_call_deadline", default=None)
 

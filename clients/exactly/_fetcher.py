@@ -124,7 +124,8 @@ class Fetcher:
             return
         self._last_refresh = now
         try:
-            self._core.metadata_nowait(refresh=True)  # never blocks a poll (README, "Timeouts")
+            # never blocks a poll (docs/sdk.md, "Timeouts: what each one bounds")
+            self._core.metadata_nowait(refresh=True)
             self._metadata_stale = False
         except errors.ExactlyError as exc:
             log.debug("metadata refresh failed: %r", exc)

@@ -1,6 +1,7 @@
 """The configuration schemas of the SDK's clients: producer, consumer and admin
 client, with Kafka's names and defaults, on the shared machinery of
-`exactly_wire.config` (validation, allowed values in words, README tables).
+`exactly_wire.config` (validation, allowed values in words, the tables of
+docs/reference/configuration.md).
 `parse(ProducerSchema, conf)` raises `errors.ConfigurationError` naming the key,
 the value and what is allowed (docs/design.md, "SDK")."""
 from __future__ import annotations

@@ -104,8 +104,8 @@ class Consumer:
                               without a rebalance; close() sends no LeaveGroup
       metadata.max.age.ms     300000: how often a pattern subscription looks for
                               new matching topics
-    Keys, defaults and allowed values: `config.ConsumerSchema` (the README's
-    "Consumer configuration" table). Raises errors.ConfigurationError (a ValueError)
+    Keys, defaults and allowed values: `config.ConsumerSchema` (docs/reference/configuration.md,
+    "Consumer"). Raises errors.ConfigurationError (a ValueError)
     for an unknown or unsupported key or a wrong value. `transport`: where its calls
     go instead of the network (an `exactly.testing.MockCluster` in a unit test).
 

@@ -1,7 +1,7 @@
 """Atomic writes to PostgreSQL and Exactly in one transaction (KIP-939 two-phase commit,
 with the database as the transaction manager), on psycopg 3.
 
-The recipe (docs/design.md, "Two-phase commit with a database"; README, "Atomic
+The recipe (docs/design.md, "Two-phase commit with a database"; docs/postgres.md, "Atomic
 writes to PostgreSQL and Exactly"):
 
 1. in one database transaction: lock this transactional.id's row of the table the

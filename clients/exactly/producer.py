@@ -139,8 +139,8 @@ class Producer:
     """Sends records to topic partitions, optionally idempotently and in transactions.
 
     `conf`: Kafka keys (values may be str or native types), defined with their
-    defaults and allowed values by `config.ProducerSchema` (the README's "Producer
-    configuration" table): bootstrap.servers (required), transactional.id,
+    defaults and allowed values by `config.ProducerSchema` (docs/reference/configuration.md,
+    "Producer"): bootstrap.servers (required), transactional.id,
     enable.idempotence, acks, linger.ms, batch.size, compression.type, ...
     `transport`: where its calls go instead of the network (an
     `exactly.testing.MockCluster` in a unit test); None: the cluster of bootstrap.servers.

@@ -8,7 +8,7 @@ certificate must name the host connected to; gRPC always checks it, so no other
 value is accepted), `sasl.mechanism` (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN),
 `sasl.username`, `sasl.password`.
 
-SASL (README "Security", "SASL"): each channel authenticates once, with one
+SASL (docs/security.md, "SASL"): each channel authenticates once, with one
 Cluster/SaslAuthenticate exchange (`SaslSession`: SCRAM-SHA-256/512 as RFC 5802
 challenge-response through `scramp`, the server's signature checked too; or PLAIN),
 and then sends only the session token it got (`SASL_TOKEN_HEADER`) in each call's

@@ -6,7 +6,8 @@ validated against its role's schema before the process starts: an unknown key, a
 of another role, or a wrong value stops the process with a ConfigurationError
 naming the key, the value and what is allowed. Names and defaults are Kafka's broker
 settings where Kafka has one; `exactly.*` keys are Exactly's own (docs/design.md,
-"Decisions"). The README's service tables are generated from these classes.
+"Decisions"). The service tables of docs/reference/configuration.md ("Partition leader",
+"Transaction coordinator", "Group coordinator") are generated from these classes.
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class TopicConfigDef:
         return str(self.default)
 
     def allowed_text(self) -> str:
-        """What a value may be, in words (README table, error messages)."""
+        """What a value may be, in words (docs/reference/configuration.md, "Topic configs"; error messages)."""
         if self.allowed:
             return "one of: " + ", ".join(self.allowed)
         if self.high == INT64_MAX:

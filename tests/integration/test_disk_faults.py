@@ -1,7 +1,7 @@
 """Disk faults on a partition leader's data directory (KIP-112 log-directory failure,
 durability per setting), with real processes, real ZooKeeper and a real filesystem
 between the service and its files: the FUSE filesystem of tests/faults/diskfs.py, or
-a size-limited tmpfs for a full disk. README, "Replication and failure model";
+a size-limited tmpfs for a full disk. docs/operating/failures.md, "Disk faults and durability";
 docs/design.md, "Disk faults".
 
 - EIO on writes to one leader's log directory (RF 3): that node answers

@@ -38,7 +38,8 @@ SCHEMAS: dict[str, type[ConfigSchema]] = {
     "txn_coordinator": TxnCoordinatorSchema,
     "group_coordinator": GroupCoordinatorSchema,
 }
-# Block name -> its table, in README order: the roles' schemas, then the topic configs.
+# Block name -> its table, in the order of docs/reference/configuration.md: the roles' schemas,
+# then the topic configs.
 TABLES: dict[str, Callable[[], str]] = {
     **{role: functools.partial(markdown_table, schema) for role, schema in SCHEMAS.items()},
     "topic": topic_config.markdown_table,

@@ -1,5 +1,5 @@
-"""`exactly`: the operator's command line (docs/design.md, "Administration"; README,
-"Operating Exactly").
+"""`exactly`: the operator's command line (docs/design.md, "Administration"; docs/operating/cli.md,
+"Operating Exactly: the `exactly` command").
 
     exactly topics list|describe|create|delete|alter-config|add-partitions
     exactly produce TOPIC | --topic TOPIC   lines from stdin
