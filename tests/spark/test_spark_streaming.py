@@ -76,8 +76,12 @@ def test_exactly_once_through_a_task_failure_and_a_driver_restart(spark, spark_c
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        left = [t for t in admin.list_transactions(states=["Ongoing"]) if t.transactional_id.startswith("spark-")]
-    assert len(left) == 2  # the held micro-batch: one of three transactions committed
+        left = [t for t in admin.list_transactions(states=["Ongoing", "PrepareTxn"])
+                if t.transactional_id.startswith("spark-")]
+    # The held micro-batch: its tasks prepared their transactions (KIP-939), the driver
+    # committed one of the three before it was killed; the coordinator keeps the other
+    # two prepared, never aborting them on its own.
+    assert sorted(t.state for t in left) == ["PrepareTxn", "PrepareTxn"], left
 
     second = _driver(bootstrap, source, sink, checkpoint, log)
     assert second.wait(300) == 0, f"driver 2 failed; see {log.name}"
@@ -89,7 +93,7 @@ def test_exactly_once_through_a_task_failure_and_a_driver_restart(spark, spark_c
     assert set(keys) == {f"k{i}".encode() for i in range(ROWS)}
     assert all(r.value == b"v" + r.key[1:] for r in committed)
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        assert not [t for t in admin.list_transactions(states=["Ongoing"])
+        assert not [t for t in admin.list_transactions(states=["Ongoing", "PrepareTxn"])
                     if t.transactional_id.startswith("spark-")]
 
     # The failed attempt's rows: in the log, aborted.

@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, complete_transaction, errors
 from exactly_wire import records as _rec
 from exactly._accumulator import partition_for_key
+from exactly.admin import PREPARED_STATE
 from exactly._client import ClientCore
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerRecord
@@ -198,18 +199,24 @@ def write_decision(bootstrap: str, topic: str, partition: int, decision: Decisio
         p.close()
 
 
+# The listed states of a transaction still open: ongoing, or sealed by PrepareTxn
+# (KIP-939) and waiting for its decision.
+_OPEN_STATES = ("Ongoing", PREPARED_STATE)
+
+
 def ongoing_transactions(bootstrap: str, prefix: str) -> list[TxnRef]:
-    """(transactional.id, PID, epoch) of every Ongoing transaction (prepared or not)
-    whose transactional.id starts with `prefix`, from every live transaction
-    coordinator."""
+    """(transactional.id, PID, epoch) of every open transaction, ongoing or prepared
+    (KIP-939: listed as PrepareTxn), whose transactional.id starts with `prefix`, from
+    every live transaction coordinator."""
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        tids = sorted({t.transactional_id for t in admin.list_transactions(states=["Ongoing"])
+        tids = sorted({t.transactional_id for t in admin.list_transactions(states=list(_OPEN_STATES))
                        if t.transactional_id.startswith(prefix)})
         return [txn for tid in tids if (txn := _ongoing(admin, tid)) is not None]
 
 
 def ongoing_transaction(bootstrap: str, transactional_id: str) -> TxnRef | None:
-    """(transactional.id, PID, epoch) of the id's Ongoing transaction, or None."""
+    """(transactional.id, PID, epoch) of the id's open transaction (ongoing or
+    prepared), or None."""
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
         return _ongoing(admin, transactional_id)
 
@@ -219,7 +226,7 @@ def _ongoing(admin: AdminClient, tid: str) -> TxnRef | None:
         d = admin.describe_transactions([tid])[tid]
     except errors.TransactionalIdNotFoundError:
         return None
-    return (tid, d.producer_id, d.producer_epoch) if d.state == "Ongoing" else None
+    return (tid, d.producer_id, d.producer_epoch) if d.state in _OPEN_STATES else None
 
 
 def complete(bootstrap: str, txn: TxnRef, commit: bool, timeout_s: float = 60.0) -> None:
