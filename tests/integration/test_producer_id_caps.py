@@ -8,7 +8,7 @@ the setting, on the gRPC port and on the Kafka port; a transactional id she hold
 still served, and alice, under the same caps, is not affected. Before, only
 exactly.producer.ids.rate bounded them: 100/s for a day is 8.6 million bindings per
 principal. The coordinator's memory per entry is measured by
-tests/unit/txn_coordinator/test_pid_bindings.py::test_memory_per_binding_and_per_transactional_id."""
+tests/unit/services/txn_coordinator/test_pid_bindings.py::test_memory_per_binding_and_per_transactional_id."""
 from __future__ import annotations
 
 import pytest

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SERVICES = Path(__file__).resolve().parents[3] / "services"
+from exactly_tools import design_docs
+
+SERVICES = design_docs.ROOT / "services"
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -1,5 +1,5 @@
 """An example for the `--help` of every `exactly` command, shown under "Examples:"
-(`add_examples` sets them as the commands' epilogs; tests/unit/common/test_cli_pure.py
+(`add_examples` sets them as the commands' epilogs; tests/unit/tools/exactly_tools/test_cli_pure.py
 checks that every command has one and that it names the command)."""
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ unsupported keys and wrong values are refused naming the key, the value and what
 allowed; the configuration reference tables (docs/reference/configuration.md) are generated from the schemas."""
 from __future__ import annotations
 
-import pathlib
 import subprocess
 import sys
 
@@ -11,13 +10,13 @@ import pytest
 
 from exactly import AdminClient, Consumer, Producer, errors
 from exactly.config import ConsumerSchema, ProducerSchema, parse
-from exactly_tools import config_docs
+from exactly_tools import config_docs, design_docs
 from exactly_wire.config import ConfigurationError, keys
 from services.common.config import ServiceConfig, parse_args
 from services.common.settings import SERVICE_SCHEMAS, PartitionLeaderSchema, settings_by_role
 from services.partition_leader.partition import PartitionConfig
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = design_docs.ROOT
 BOOT = {"bootstrap.servers": "127.0.0.1:1"}
 
 

@@ -3,7 +3,6 @@ in-process grpc.aio server, the /metrics HTTP endpoint, scrape-time collectors."
 from __future__ import annotations
 
 import asyncio
-import pathlib
 import threading
 import urllib.request
 
@@ -12,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from exactly_tools import design_docs
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
@@ -136,7 +136,7 @@ def test_declared_series_exist_at_zero():
 def test_build_info_names_the_release_and_the_python_version():
     import platform
     import tomllib
-    release = tomllib.loads((pathlib.Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    release = tomllib.loads((design_docs.ROOT / "pyproject.toml").read_text())
     metrics.declare_build_info()
     labels = {"version": release["project"]["version"], "python_version": platform.python_version()}
     assert sample("exactly_build_info", **labels) == 1

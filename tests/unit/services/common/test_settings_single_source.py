@@ -7,11 +7,11 @@ under services/ reads a dotted configuration key by string."""
 from __future__ import annotations
 
 import ast
-import pathlib
 import re
 
 import pytest
 
+from exactly_tools import design_docs
 from exactly_wire.config import keys
 from services.common import topic_config
 from services.common.kafka.config_api import INT, LIST, LONG, topic_config_entries
@@ -26,7 +26,7 @@ from services.partition_leader.partition import PartitionConfig
 from services.partition_leader.replica_fetcher import ReplicaFetchers
 from services.txn_coordinator.coordinator import TransactionCoordinator
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = design_docs.ROOT
 PAGE = ROOT / "docs" / "reference" / "configuration.md"
 
 

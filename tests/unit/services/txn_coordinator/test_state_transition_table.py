@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import ast
 import itertools
-from pathlib import Path
 
 import pytest
 
+from exactly_tools import design_docs
 from services.txn_coordinator.state import (TRANSITION_TABLE, VALID_PREVIOUS, Guard, GuardNotHeldError,
                                             InvalidTransitionError, TransactionMetadata, TxnState,
                                             TxnTransitMetadata, check_transition)
 
 S = TxnState
 NOW = 1_000_000
-PACKAGE = Path(__file__).resolve().parents[3] / "services" / "txn_coordinator"
+PACKAGE = design_docs.ROOT / "services" / "txn_coordinator"
 
 # Written out independently of the module: (current, target, guard) allowed.
 EXPECTED = {(c, t, None) for t, previous in {

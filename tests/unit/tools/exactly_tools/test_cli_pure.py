@@ -5,18 +5,18 @@ tests/integration/test_cli.py)."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from exactly_tools import design_docs
 from exactly_tools.cli import cli
 from exactly_tools.cli.common import parse_key_values, print_table
 from exactly_tools.cli.dumplog import describe_batch
 from exactly_tools.cli.perf import percentile
 from exactly_wire import records
 
-CLI = Path(__file__).resolve().parents[3] / "tools" / "exactly_tools" / "cli"
+CLI = design_docs.ROOT / "tools" / "exactly_tools" / "cli"
 SERVER_ONLY = ("kazoo", "rocksdict", "prometheus_client", "grpc_health", "services")
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pathlib
 from types import SimpleNamespace
 
 import grpc
 import pytest
 from kazoo.exceptions import NoNodeError
 
+from exactly_tools import design_docs
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster import features, meta
@@ -192,7 +192,7 @@ def test_a_peer_without_the_tunnel_fails_tunneled_calls_as_unimplemented():
 
 
 def test_the_formats_page_names_every_format_and_level():
-    page = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "operating" / "upgrade-formats.md").read_text()
+    page = (design_docs.ROOT / "docs" / "operating" / "upgrade-formats.md").read_text()
     for name in features.FORMATS:
         assert f"| `{name}` |" in page, name
     for level in features.LEVELS:
