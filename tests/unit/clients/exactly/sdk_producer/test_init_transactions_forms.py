@@ -90,7 +90,8 @@ def test_the_earlier_call_warns_and_sends_what_the_group_method_sends(fc, make, 
         new_call = lambda: new.init_transactions_for_group(*new_args)  # noqa: E731
     with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
         old_call()
-    assert [w.filename for w in caught] == [__file__], "the warning names the caller's line"
+    # pytest.warns records every warning: an unclosed client of another test collected meanwhile adds a ResourceWarning
+    assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__], "the warning names the caller's line"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new_call()
@@ -218,7 +219,7 @@ def test_aio_earlier_call_warns_and_sends_what_the_group_method_sends(fc):
         async with AIOProducer(conf(fc, "tx-aold")) as old, AIOProducer(conf(fc, "tx-anew")) as new:
             with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
                 await old.init_transactions([TP], "g", 3)
-            assert [w.filename for w in caught] == [__file__]
+            assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__]
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 await new.init_transactions_for_group([TP], GM)
