@@ -11,9 +11,9 @@ from exactly_wire import version as _version
 
 from . import errors
 from .admin import AclBinding, AdminClient, FeatureUpdate
-from .consumer import Consumer
-from .producer import (PreparedTransaction, PreparedTxnState, Producer, complete_transaction,
-                       decide_prepared_transaction, rewind_to_committed)
+from ._two_phase import PreparedTransaction, PreparedTxnState, complete_transaction
+from .consumer import Consumer, rewind_to_committed
+from .producer import Producer, decide_prepared_transaction
 from .types import (ConsumerGroupMetadata, ConsumerRecord, NewTopic, OffsetAndMetadata,
                     OffsetAndTimestamp, RecordMetadata, TopicPartition)
 

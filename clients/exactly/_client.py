@@ -25,6 +25,7 @@ import grpc
 import tenacity
 
 from . import _fork, _transport_check, errors
+from .config import ClientSchema
 from exactly_wire import keepalive
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
@@ -52,6 +53,12 @@ class Transport(Protocol):
     def channel(self, address: str) -> Any: ...
 
     def aio_channel(self, address: str) -> Any: ...
+
+
+# An RPC as a value: `rpc(core, address)` is the stub method (e.g.
+# `core.group_stub(address).OffsetFetch`) that carries a request to the service at
+# `address`. Calls name their RPC in code this way, never by a string.
+Rpc = Callable[["CoreBase", str], Callable[..., Any]]
 
 
 @dataclass(frozen=True)
@@ -187,19 +194,6 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, errors.ExactlyError) and exc.retriable
 
 
-def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
-    """'h1:p1,h2:p2' (or a list of 'h:p') -> ['h1:p1', 'h2:p2']. Raises ValueError."""
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out = [s.strip() for s in items if s and s.strip()]
-    for addr in out:
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"bootstrap.servers entry {addr!r} is not host:port")
-    if not out:
-        raise ValueError("bootstrap.servers is empty")
-    return out
-
-
 @dataclass(frozen=True)
 class NodeMetadata:
     node_id: str
@@ -285,12 +279,13 @@ class Metadata:
         return sorted({n.address for n in self.nodes.values()})
 
 
-def channel_options(retry_backoff_ms: int, retry_backoff_max_ms: int, client_id: str = "") -> list[tuple[str, Any]]:
+def channel_options(settings: ClientSchema) -> list[tuple[str, Any]]:
     """gRPC channel options of every SDK channel (sync and asyncio): large messages,
-    fast reconnects after a service restart (the gRPC default backs off to 120 s),
-    no transparent retries (the SDK decides what to retry), `client.id` as the
-    user agent, and the keepalive the services accept (exactly_wire.keepalive: a ping
-    after 10 s without reads while a call is open)."""
+    fast reconnects after a service restart (the gRPC default backs off to 120 s;
+    from retry.backoff.ms up to retry.backoff.max.ms), no transparent retries (the SDK
+    decides what to retry), `client.id` as the user agent, and the keepalive the services
+    accept (exactly_wire.keepalive: a ping after 10 s without reads while a call is open)."""
+    retry_backoff_ms, retry_backoff_max_ms = settings.retry_backoff_ms, settings.retry_backoff_max_ms
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
@@ -300,8 +295,8 @@ def channel_options(retry_backoff_ms: int, retry_backoff_max_ms: int, client_id:
         ("grpc.enable_retries", 0),
         *keepalive.channel_options(),
     ]
-    if client_id:
-        options.append(("grpc.primary_user_agent", f"exactly/{client_id}"))
+    if settings.client_id:
+        options.append(("grpc.primary_user_agent", f"exactly/{settings.client_id}"))
     return options
 
 
@@ -334,31 +329,30 @@ class CoreBase(abc.ABC):
     and `exactly.aio`'s core (grpc.aio): settings, the metadata and coordinator
     caches, address rotation, and what a failed try invalidates.
 
-    `conf` keys (Kafka names): `bootstrap.servers` ("host:port,host:port", required),
-    `request.timeout.ms` (30000), `retry.backoff.ms` (100), `retry.backoff.max.ms`
-    (1000), `metadata.max.age.ms` (300000). `clock`: the monotonic clock of this
+    `settings`: the client's parsed settings (`exactly.config.ClientSchema`: a
+    ProducerSchema, ConsumerSchema or AdminSchema from `exactly_wire.config.parse`,
+    which holds every key's default): bootstrap.servers, request.timeout.ms,
+    retry.backoff.ms, retry.backoff.max.ms, metadata.max.age.ms, client.id and the
+    security keys. `clock`: the monotonic clock of this
     client and of everything it owns (`exactly_wire.clock.MonotonicClock`; the real
     one by default): metadata age, call deadlines, retry backoff. `transport`: where
     the calls go instead of gRPC over the network (`Transport`; None: the network).
+    Raises errors.ConfigurationError for security settings that do not go together
+    (unreadable files, TLS without a CA, SASL without credentials).
     """
 
-    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK, transport: Transport | None = None):
+    def __init__(self, settings: ClientSchema, clock: MonotonicClock = SYSTEM_CLOCK,
+                 transport: Transport | None = None):
         self.clock = clock
         self.transport = transport
-        if "bootstrap.servers" not in conf:
-            raise ValueError("bootstrap.servers is required")
-        self.bootstrap = parse_bootstrap(conf["bootstrap.servers"])
-        self.request_timeout_ms = int(conf.get("request.timeout.ms", 30000))
-        self.retry_backoff_ms = int(conf.get("retry.backoff.ms", 100))
-        self.retry_backoff_max_ms = int(conf.get("retry.backoff.max.ms", 1000))
-        self.metadata_max_age_ms = int(conf.get("metadata.max.age.ms", 300000))
-        self.client_id = str(conf.get("client.id") or "")
+        self.settings = settings
+        self.bootstrap = settings.bootstrap_addresses
         # Whether a Metadata request naming a topic that does not exist asks the services
         # to create it (MetadataRequest.allow_auto_topic_creation): producers only, as
         # Kafka's producer (the services decide: auto.create.topics.enable).
         self.allow_auto_create_topics = False
         # TLS material and SASL credentials (raises errors.ConfigurationError naming the key).
-        self.security = TransportSecurity.from_settings(conf, errors.ConfigurationError)
+        self.security = TransportSecurity.from_settings(settings, errors.ConfigurationError)
         self._lock = threading.RLock()
         self._channels: dict[str, Any] = {}
         self._stubs: dict[tuple[type, str], Any] = {}
@@ -380,7 +374,7 @@ class CoreBase(abc.ABC):
 
     @property
     def request_timeout_s(self) -> float:
-        return self.request_timeout_ms / 1000.0
+        return self.settings.request_timeout_ms / 1000.0
 
     @abc.abstractmethod
     def _new_channel(self, address: str) -> Any:
@@ -481,9 +475,9 @@ class CoreBase(abc.ABC):
 
         return dict(
             retry=tenacity.retry_if_exception(is_retriable),
-            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_ms / 1000.0,
-                                           max=self.retry_backoff_max_ms / 1000.0)
-            + tenacity.wait_random(0, self.retry_backoff_ms / 1000.0 / 5),
+            wait=tenacity.wait_exponential(multiplier=self.settings.retry_backoff_ms / 1000.0,
+                                           max=self.settings.retry_backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self.settings.retry_backoff_ms / 1000.0 / 5),
             stop=stop_before_deadline(self.clock, timeout),
             before_sleep=_before_sleep,
             reraise=True,
@@ -502,7 +496,7 @@ class CoreBase(abc.ABC):
                                       transaction_version=md.transaction_version)
 
     def _fresh(self, md: Metadata, topics: Iterable[str] | None) -> bool:
-        if self.clock() - md.fetched_at > self.metadata_max_age_ms:
+        if self.clock() - md.fetched_at > self.settings.metadata_max_age_ms:
             return False
         return topics is None or all(md.has_topic(t) for t in topics)
 
@@ -602,8 +596,9 @@ class ClientCore(CoreBase):
     gRPC). Settings: see `CoreBase`. Thread-safe.
     """
 
-    def __init__(self, conf: dict[str, Any], clock: MonotonicClock = SYSTEM_CLOCK, transport: Transport | None = None):
-        super().__init__(conf, clock, transport)
+    def __init__(self, settings: ClientSchema, clock: MonotonicClock = SYSTEM_CLOCK,
+                 transport: Transport | None = None):
+        super().__init__(settings, clock, transport)
         self._metadata_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._refresh: concurrent.futures.Future | None = None
@@ -626,8 +621,7 @@ class ClientCore(CoreBase):
             return self.transport.channel(address)
         if _fork.grpcio_unusable():
             return _fork.PureChannel(address, self.security)
-        return _fork.note_grpcio_channel(secure_channel(address, self.security, channel_options(
-            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id)))
+        return _fork.note_grpcio_channel(secure_channel(address, self.security, channel_options(self.settings)))
 
     # ------------------------------------------------------------ calls
 
@@ -827,8 +821,8 @@ class ClientCore(CoreBase):
             ch.close()
 
 
-__all__ = ["ClientCore", "CoreBase", "Transport", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
+__all__ = ["ClientCore", "CoreBase", "Transport", "Rpc", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
            "TopicMetadata", "PartitionMetadata",
            "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP",
            "txn_coordinator_key", "translate_rpc_error", "is_retriable",
-           "parse_bootstrap", "METADATA_ERRORS", "COORDINATOR_ERRORS"]
+           "METADATA_ERRORS", "COORDINATOR_ERRORS"]

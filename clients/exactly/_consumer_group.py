@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 import tenacity
 
 from exactly import errors
-from exactly._client import (CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP, bounded_s, call_deadline,
-                             stop_before_deadline)
+from exactly._client import (CANCELLED, COORDINATOR_ERRORS, COORDINATOR_GROUP, CoreBase, Rpc, bounded_s,
+                             call_deadline, stop_before_deadline)
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
@@ -82,6 +82,16 @@ class MemberState(enum.Enum):
     JOINING = "joining"    # JoinGroup in flight (or waiting to be sent)
     SYNCING = "syncing"    # SyncGroup in flight
     STABLE = "stable"      # assignment received, heartbeating
+
+
+def offset_commit_rpc(core: CoreBase, address: str) -> Callable[..., Any]:
+    """OffsetCommit of the group coordinator at `address` (an `exactly._client.Rpc`)."""
+    return core.group_stub(address).OffsetCommit
+
+
+def offset_fetch_rpc(core: CoreBase, address: str) -> Callable[..., Any]:
+    """OffsetFetch of the group coordinator at `address` (an `exactly._client.Rpc`)."""
+    return core.group_stub(address).OffsetFetch
 
 
 def group_offsets_request(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list[pb.OffsetCommitTopic]:
@@ -593,17 +603,17 @@ class GroupMembership:
         on the next poll)."""
         if not offsets:
             return
-        self._retrying(timeout_s, _RETRY_CODES)(self._request, "OffsetCommit",
+        self._retrying(timeout_s, _RETRY_CODES)(self._request, offset_commit_rpc,
                                                 lambda: self._commit_request(offsets, managed), timeout_s,
                                                 self._commit_outcome)
 
-    def _request(self, method: str, request: Callable[[], Any], timeout_s: float,
+    def _request(self, rpc: Rpc, request: Callable[[], Any], timeout_s: float,
                  outcome: Callable[[Any], T]) -> T:
         """One try of an offset request: `outcome(answer)` of the coordinator to
-        `request()`; a failure meaning the coordinator moved drops it first."""
+        `request()` sent by `rpc`; a failure meaning the coordinator moved drops it first."""
         addr = self.coordinator(timeout_s)
         try:
-            resp = self._core.call(getattr(self._core.group_stub(addr), method), request())
+            resp = self._core.call(rpc(self._core, addr), request())
         except errors.ExactlyError as exc:
             self.request_failed(exc)
             raise
@@ -693,5 +703,5 @@ class GroupMembership:
         if not wanted:
             return {}
         return self._retrying(timeout_s, FETCH_COMMITTED_RETRY_CODES)(
-            self._request, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable), timeout_s,
+            self._request, offset_fetch_rpc, lambda: self.offset_fetch_request(wanted, require_stable), timeout_s,
             lambda resp: self.offset_fetch_outcome(resp, wanted))

@@ -33,15 +33,6 @@ LATEST_TIMESTAMP = -1
 LSO_TIMESTAMP = -3
 
 
-class NoOffsetForPartitionError(errors.OffsetOutOfRangeError):
-    """`auto.offset.reset` is `none` and the partition has no committed offset
-    (or its position is out of range). Subclass of OffsetOutOfRangeError."""
-
-    def __init__(self, partitions: Iterable[TopicPartition], message: str | None = None):
-        self.partitions = sorted(partitions)
-        super().__init__(message or f"no offset to reset to for {self.partitions} (auto.offset.reset=none)")
-
-
 class ResetStrategy(enum.Enum):
     EARLIEST = "earliest"
     LATEST = "latest"

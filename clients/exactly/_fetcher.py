@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable
 from exactly import errors
 from exactly_wire.clock import Clock, monotonic_ms
 from exactly._client import METADATA_ERRORS
-from exactly._consumer_state import NoOffsetForPartitionError, ResetStrategy
+from exactly._consumer_state import ResetStrategy
 from exactly._fetched import AbortedTransactions, parse_fetched
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerRecord, TopicPartition
@@ -302,7 +302,7 @@ class Fetcher:
         elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
             if self._subs.default_reset is ResetStrategy.NONE:
                 st.backoff(now, self._backoff_ms, self._backoff_max_ms)
-                self._errors.append(NoOffsetForPartitionError(
+                self._errors.append(errors.NoOffsetForPartitionError(
                     [tp], f"fetch offset {fetch_offset} is out of range for {tp.topic}-{tp.partition}"
                           " and auto.offset.reset is none"))
             else:
@@ -323,7 +323,7 @@ class Fetcher:
     def drain(self, max_records: int) -> list[ConsumerRecord]:
         """Up to `max_records` buffered records, taken from the partitions in
         rotating order (paused partitions keep theirs), advancing their positions. Raises a deferred fetch error
-        (e.g. NoOffsetForPartitionError, CorruptMessageError, an authorization
+        (e.g. errors.NoOffsetForPartitionError, CorruptMessageError, an authorization
         error) when no records are returned with it."""
         out: list[ConsumerRecord] = []
         ready = [tp for tp, st in self._subs.assignment.items() if st.buffered is not None and not st.paused]

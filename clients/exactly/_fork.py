@@ -125,7 +125,7 @@ def _error(exc: BaseException) -> PureRpcError:
     from grpclib.exceptions import GRPCError
 
     if isinstance(exc, GRPCError):
-        code = getattr(grpc.StatusCode, exc.status.name, grpc.StatusCode.UNKNOWN)
+        code = grpc.StatusCode.__members__.get(exc.status.name, grpc.StatusCode.UNKNOWN)
         return PureRpcError(code, exc.message or exc.status.name)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return PureRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
+from exactly_wire import compression
 from exactly_wire import records as _rec
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.error_codes import ErrorCode
@@ -30,6 +31,7 @@ from . import errors
 from ._accumulator import ProducerBatch, RecordAccumulator, fail_batches, failed_future
 from ._client import (COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, CoreBase, Metadata, txn_coordinator_key,
                       is_retriable)
+from .config import ProducerSchema
 from ._txn_manager import FENCING_CODES, TransactionManager, TransactionManagerState
 from .errors import TransactionAbortedError
 from .types import TopicPartition
@@ -46,7 +48,8 @@ ADD_PARTITIONS_RETRY_MS = 20
 
 @dataclass(frozen=True)
 class SenderConfig:
-    """The producer settings the sender uses (Kafka's names in parentheses):
+    """The producer settings the sender uses (Kafka's names in parentheses), built
+    from the producer's parsed settings by `from_settings`:
     transactional_id (`transactional.id`, None: none), acks (`acks`: 0, 1, -1),
     request_timeout_ms (`request.timeout.ms`), delivery_timeout_ms
     (`delivery.timeout.ms`), retries (`retries`), backoff_ms / backoff_max_ms
@@ -56,7 +59,7 @@ class SenderConfig:
 
     transactional_id: str | None
     acks: int
-    request_timeout_ms: float
+    request_timeout_ms: int
     delivery_timeout_ms: float
     retries: int
     backoff_ms: float
@@ -64,6 +67,19 @@ class SenderConfig:
     max_in_flight: int
     compression: int
     txn_timeout_ms: int
+
+    @classmethod
+    def from_settings(cls, settings: ProducerSchema) -> "SenderConfig":
+        """The sender's part of a producer's parsed settings (acks "all" is -1; the
+        compression.type name becomes its record batch codec id)."""
+        return cls(transactional_id=settings.transactional_id,
+                   acks=-1 if settings.acks == "all" else int(settings.acks),
+                   request_timeout_ms=settings.request_timeout_ms,
+                   delivery_timeout_ms=float(settings.delivery_timeout_ms), retries=settings.retries,
+                   backoff_ms=float(settings.retry_backoff_ms), backoff_max_ms=float(settings.retry_backoff_max_ms),
+                   max_in_flight=settings.max_in_flight_requests_per_connection,
+                   compression=compression.codec_for(settings.compression_type),
+                   txn_timeout_ms=settings.transaction_timeout_ms)
 
 
 def txn_coordinator_addresses(md: Metadata) -> list[str]:

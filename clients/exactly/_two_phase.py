@@ -76,7 +76,7 @@ def complete_transaction(prepared: PreparedTxnState | tuple[str, int, int], conf
     """
     tid, pid, epoch = prepared
     settings = {"bootstrap.servers": conf} if isinstance(conf, str) else dict(conf)
-    core = ClientCore(parse(ProducerSchema, settings).as_dict())
+    core = ClientCore(parse(ProducerSchema, settings))
     try:
         timeout_s = core.request_timeout_s if timeout is None else timeout
         req = pb.EndTxnRequest(transactional_id=tid, producer_id=int(pid), producer_epoch=int(epoch),

@@ -15,6 +15,7 @@ from ._unclosed import collected, creation_stack
 from exactly_wire.error_codes import ErrorCode
 from .types import NewTopic, TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
+from exactly_wire.v1 import exactly_pb2_grpc as pb_grpc
 
 
 class PartitionDescription(NamedTuple):
@@ -204,7 +205,7 @@ def poll_flow(core: CoreBase, deadline: float, check: Callable[[], Generator],
     retry.backoff.max.ms; a retriable error counts as not done, a non-retriable one
     is raised. Raises errors.KafkaTimeoutError(what()) at `deadline` (seconds of
     `core.clock`)."""
-    backoff = core.retry_backoff_ms / 1000.0
+    backoff = core.settings.retry_backoff_ms / 1000.0
     while True:
         try:
             if (yield from check()):
@@ -215,7 +216,7 @@ def poll_flow(core: CoreBase, deadline: float, check: Callable[[], Generator],
         if core.clock.now_s() >= deadline:
             raise errors.KafkaTimeoutError(what())
         yield Sleep(backoff)
-        backoff = min(backoff * 2, core.retry_backoff_max_ms / 1000.0)
+        backoff = min(backoff * 2, core.settings.retry_backoff_max_ms / 1000.0)
 
 
 def wait_serving_flow(core: CoreBase, topics: list[str], deadline: float) -> Generator:
@@ -418,7 +419,7 @@ class AdminClient:
 
     def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
-        self._core = ClientCore(parse(AdminSchema, conf).as_dict(), transport=transport)
+        self._core = ClientCore(parse(AdminSchema, conf), transport=transport)
 
     def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
         """Create topics and return when every new partition has a leader that
@@ -520,9 +521,11 @@ class AdminClient:
     # ------------------------------------------------------------ topic administration
 
     # ------------------------------------------------------------ ACLs and users
-    def _acl_call(self, method: str, request) -> Any:
+    def _cluster_call(self, method: Callable[[pb_grpc.ClusterStub], Callable[..., Any]], request: Any) -> Any:
+        """`request` by `method` of the Cluster service (e.g. `lambda stub: stub.CreateAcls`)
+        of any process, retried as `ClientCore.retry` retries."""
         core = self._core
-        return core.retry(lambda: core.call(getattr(core.cluster_stub(), method), request))
+        return core.retry(lambda: core.call(method(core.cluster_stub()), request))
 
     @staticmethod
     def _acl_messages(acls: Iterable[AclBinding]) -> list[pb.Acl]:
@@ -533,20 +536,22 @@ class AdminClient:
         """Store ACLs (every service applies them within a second, no restart).
         Raises errors.ClusterAuthorizationFailedError without Alter on the Cluster,
         errors.InvalidRequestError naming a malformed ACL (the others are stored)."""
-        resp = self._acl_call("CreateAcls", pb.CreateAclsRequest(creations=self._acl_messages(acls)))
+        resp = self._cluster_call(lambda stub: stub.CreateAcls,
+                                  pb.CreateAclsRequest(creations=self._acl_messages(acls)))
         for r in resp.results:
             errors.check(r.error_code, r.error_message or None)
 
     def delete_acls(self, acls: Iterable[AclBinding]) -> None:
         """Remove ACLs (an ACL that is not stored is ignored). Errors as create_acls."""
-        resp = self._acl_call("DeleteAcls", pb.DeleteAclsRequest(deletions=self._acl_messages(acls)))
+        resp = self._cluster_call(lambda stub: stub.DeleteAcls,
+                                  pb.DeleteAclsRequest(deletions=self._acl_messages(acls)))
         for r in resp.results:
             errors.check(r.error_code, r.error_message or None)
 
     def describe_acls(self) -> list[AclBinding]:
         """Every stored ACL. Raises errors.ClusterAuthorizationFailedError without
         Describe on the Cluster."""
-        resp = self._acl_call("DescribeAcls", pb.DescribeAclsRequest())
+        resp = self._cluster_call(lambda stub: stub.DescribeAcls, pb.DescribeAclsRequest())
         return [AclBinding(a.principal, a.resource_type, a.name, a.operation, a.permission, a.pattern)
                 for a in resp.acls]
 
@@ -557,7 +562,7 @@ class AdminClient:
         only (errors.SecurityDisabledError otherwise). `iterations`: the SCRAM iteration
         count, 4096..16384 as in Kafka (errors.UnacceptableCredentialError outside). Raises
         errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
-        resp = self._acl_call("AlterUserScramCredentials", pb.AlterUserScramCredentialsRequest(
+        resp = self._cluster_call(lambda stub: stub.AlterUserScramCredentials, pb.AlterUserScramCredentialsRequest(
             upsertions=[pb.ScramUpsertion(name=n, password=p, iterations=iterations) for n, p in upsertions.items()],
             deletions=list(deletions)))
         for r in resp.results:
@@ -565,10 +570,11 @@ class AdminClient:
 
     def describe_user_scram_credentials(self) -> list[str]:
         """The SASL user names."""
-        return list(self._acl_call("DescribeUserScramCredentials", pb.DescribeUserScramCredentialsRequest()).users)
+        return list(self._cluster_call(lambda stub: stub.DescribeUserScramCredentials,
+                                       pb.DescribeUserScramCredentialsRequest()).users)
 
     # ------------------------------------------------------------ feature levels
-    def _feature_call(self, method: str, request) -> Any:
+    def _feature_call(self, method: Callable[[pb_grpc.ClusterStub], Callable[..., Any]], request: Any) -> Any:
         """`method` of the Cluster service on the first process that implements it,
         of every process the metadata lists (coordinators too) and the bootstrap
         servers: a process of a version before feature levels answers UNIMPLEMENTED
@@ -579,10 +585,11 @@ class AdminClient:
         core.retry(lambda: core.metadata(refresh=True))
         for address in core._known_addresses():
             try:
-                return core.retry(lambda: core.call(getattr(core.cluster_stub(address), method), request))
+                return core.retry(lambda: core.call(method(core.cluster_stub(address)), request))
             except errors.UnsupportedVersionError:
                 continue
-        raise errors.UnsupportedVersionError(f"no process reached runs a version with feature levels ({method})")
+        raise errors.UnsupportedVersionError("no process reached runs a version with feature levels "
+                                            f"({type(request).__name__.removesuffix('Request')})")
 
     def describe_features(self) -> FeatureMetadata:
         """The finalized feature levels (metadata.version), their epoch and the levels
@@ -590,7 +597,7 @@ class AdminClient:
         describe`). Raises errors.ClusterAuthorizationFailedError without Describe on
         the Cluster, errors.UnsupportedVersionError when no process reached has
         feature levels."""
-        resp = self._feature_call("DescribeFeatures", pb.DescribeFeaturesRequest())
+        resp = self._feature_call(lambda stub: stub.DescribeFeatures, pb.DescribeFeaturesRequest())
         errors.check(resp.error_code, resp.error_message or None)
 
         def ranges(items) -> dict[str, tuple[int, int]]:
@@ -614,7 +621,7 @@ class AdminClient:
             if u.upgrade_type not in _UPGRADE_TYPES:
                 raise errors.InvalidRequestError(f"upgrade_type {u.upgrade_type!r}: one of {', '.join(_UPGRADE_TYPES)}")
             items.append(pb.FeatureUpdate(name=name, level=u.level, upgrade_type=_UPGRADE_TYPES[u.upgrade_type]))
-        resp = self._feature_call("UpdateFeatures", pb.UpdateFeaturesRequest(updates=items,
+        resp = self._feature_call(lambda stub: stub.UpdateFeatures, pb.UpdateFeaturesRequest(updates=items,
                                                                              validate_only=validate_only))
         errors.check(resp.error_code, resp.error_message or None)
         for r in resp.results:
@@ -632,7 +639,7 @@ class AdminClient:
         errors.ClusterAuthorizationFailedError without Alter on the Cluster."""
         values = [pb.ClientQuotaValue(key=k, value=float(v)) for k, v in set_values.items()]
         values += [pb.ClientQuotaValue(key=k, remove=True) for k in remove]
-        resp = self._acl_call("AlterClientQuotas", pb.AlterClientQuotasRequest(entries=[
+        resp = self._cluster_call(lambda stub: stub.AlterClientQuotas, pb.AlterClientQuotasRequest(entries=[
             pb.ClientQuotaEntry(entity=_quota_entity(entity), values=values)]))
         for r in resp.entries:
             errors.check(r.error_code, r.error_message or None)
@@ -645,8 +652,8 @@ class AdminClient:
         errors.ClusterAuthorizationFailedError without Describe on the Cluster."""
         components = [pb.ClientQuotaFilterComponent(entity_type=t, match_type=1 if n is None else 0, match=n or "")
                       for t, n in (entity or {}).items()]
-        resp = self._acl_call("DescribeClientQuotas", pb.DescribeClientQuotasRequest(components=components,
-                                                                                      strict=strict))
+        resp = self._cluster_call(lambda stub: stub.DescribeClientQuotas,
+                                  pb.DescribeClientQuotasRequest(components=components, strict=strict))
         errors.check(resp.error_code, resp.error_message or None)
         return [({c.entity_type: None if c.is_default else c.name for c in e.entity},
                  {v.key: v.value for v in e.values}) for e in resp.entries]
@@ -1019,7 +1026,7 @@ class AdminClient:
         return out
 
     def _wait_until(self, done, deadline: float, what: str) -> None:
-        backoff = self._core.retry_backoff_ms / 1000.0
+        backoff = self._core.settings.retry_backoff_ms / 1000.0
         while True:
             try:
                 if done():
@@ -1030,7 +1037,7 @@ class AdminClient:
             if self._core.clock.now_s() >= deadline:
                 raise errors.KafkaTimeoutError(what)
             self._core.clock.sleep(backoff)
-            backoff = min(backoff * 2, self._core.retry_backoff_max_ms / 1000.0)
+            backoff = min(backoff * 2, self._core.settings.retry_backoff_max_ms / 1000.0)
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -10,8 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator
 
-from exactly_wire.config import (HIGH, LOW, MEDIUM, Bool, ConfigSchema, allowed, keys, markdown_table, parse,
-                                 setting)
+from exactly_wire.config import HIGH, LOW, MEDIUM, Bool, allowed, keys, markdown_table, parse, setting
 
 from exactly_wire.security import SecuritySettings
 
@@ -49,6 +48,24 @@ class ClientSchema(SecuritySettings):
     retry_backoff_max_ms: int = setting("retry.backoff.max.ms", 1000, "Largest ms between retries.", LOW, ge=0)
     metadata_max_age_ms: int = setting("metadata.max.age.ms", 300000, "ms after which metadata is refreshed "
                                        "even without an error.", LOW, ge=0)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_port_list(cls, value: str) -> str:
+        """Every comma-separated entry is host:port (blanks and empty entries dropped)."""
+        entries = [s.strip() for s in value.split(",") if s.strip()]
+        for addr in entries:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"entry {addr!r} is not host:port")
+        if not entries:
+            raise ValueError("no host:port given")
+        return ",".join(entries)
+
+    @property
+    def bootstrap_addresses(self) -> list[str]:
+        """bootstrap.servers as a list of 'host:port'."""
+        return self.bootstrap_servers.split(",")
 
 
 class ProducerSchema(ClientSchema):

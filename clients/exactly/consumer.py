@@ -25,8 +25,8 @@ from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS, METADATA_ERRORS, ClientCore, Transport, run_flow
 from exactly._consumer_group import GroupMembership, parse_offset_fetch
-from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NoOffsetForPartitionError,
-                                     ResetStrategy, SubscriptionState, reset_timestamp)
+from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ResetStrategy, SubscriptionState,
+                                     reset_timestamp)
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, list_offsets_request
 from exactly._unclosed import collected, creation_stack
 from exactly._waiting import WaitWarnings
@@ -119,7 +119,6 @@ class Consumer:
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
         cfg = parse(ConsumerSchema, conf)
-        conf = cfg.as_dict()
         self._isolation_level = _ISOLATION[cfg.isolation_level]
         self._group_id: str | None = cfg.group_id
         self._auto_commit = cfg.enable_auto_commit and self._group_id is not None
@@ -127,13 +126,13 @@ class Consumer:
         self._max_poll_records = cfg.max_poll_records
         self._api_timeout_s = cfg.default_api_timeout_ms / 1000.0
         self._session_timeout_ms = cfg.session_timeout_ms
-        self._core = self._make_core(conf, transport)
+        self._core = self._make_core(cfg, transport)
         # Timers (backoff, auto-commit) and blocking waits run on one monotonic clock,
         # the core's, shared with the Fetcher and the GroupMembership: ms from
         # `_clock()`, seconds (deadlines of `timeout`s) from `_clock.now_s()`.
         self._clock = self._core.clock
-        self._backoff_ms = self._core.retry_backoff_ms
-        self._backoff_max_ms = max(self._core.retry_backoff_max_ms, self._backoff_ms)
+        self._backoff_ms = cfg.retry_backoff_ms
+        self._backoff_max_ms = max(cfg.retry_backoff_max_ms, self._backoff_ms)
         # Rate-limited WARNINGs of what an empty poll() waits for.
         self._waits = WaitWarnings(log, self._clock)
         self._subs = SubscriptionState(default_reset=ResetStrategy.parse(cfg.auto_offset_reset))
@@ -169,8 +168,8 @@ class Consumer:
 
     # The I/O of a consumer instance: `exactly.aio` swaps in its grpc.aio core and
     # a membership that heartbeats from a task.
-    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> ClientCore:
-        return ClientCore(conf, transport=transport)
+    def _make_core(self, settings: ConsumerSchema, transport: Transport | None) -> ClientCore:
+        return ClientCore(settings, transport=transport)
 
     def _make_membership(self, core: ClientCore, group_id: str, **settings: Any) -> GroupMembership:
         return GroupMembership(core, group_id, **settings)
@@ -301,7 +300,7 @@ class Consumer:
         docs/design.md, "Transactions" and "Decisions"). Records of one partition come in offset order.
         Callbacks of completed asynchronous commits run first, in this thread.
         Raises errors.IllegalStateError when neither subscribed nor assigned;
-        NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
+        errors.NoOffsetForPartitionError (auto.offset.reset=none); errors.CorruptMessageError;
         errors.FencedInstanceIdError (another process joined with this
         group.instance.id; fatal: close the consumer); non-retriable errors from
         the services (e.g. authorization); what a callback raised."""
@@ -536,7 +535,7 @@ class Consumer:
             return
         none = [tp for tp in pending if self._subs.assignment[tp].reset_strategy is ResetStrategy.NONE]
         if none:
-            raise NoOffsetForPartitionError(none)
+            raise errors.NoOffsetForPartitionError(none)
         # A leader that was unknown or failed a ListOffsets marked the metadata stale:
         # refresh it here too (throttled), not only when a poll sends fetches, so that
         # position() alone finds the partition's current leader (Kafka's consumer
@@ -604,7 +603,7 @@ class Consumer:
         change (metadata is refreshed after a leader error, as in poll). A known
         position is returned at once, also while the partition's leader is down.
         Raises errors.IllegalStateError (not assigned), errors.KafkaTimeoutError,
-        NoOffsetForPartitionError."""
+        errors.NoOffsetForPartitionError."""
         self._check_open()
         return run_flow(self._position_flow(tp, timeout), self._perform)
 
@@ -953,5 +952,5 @@ def seek_to_committed(consumer: Any, partitions: Iterable[TopicPartition],
             consumer.seek(tp, om.offset)
 
 
-__all__ = ["Consumer", "rewind_to_committed", "seek_to_committed", "NoOffsetForPartitionError", "WaitForResponses",
+__all__ = ["Consumer", "rewind_to_committed", "seek_to_committed", "WaitForResponses",
            "CommitOffsets", "FetchCommitted", "LeaveGroup", "OFFSET_INVALID"]

@@ -30,10 +30,11 @@ Exactly one of the three holds for every class with a code of its own. The sets 
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 from exactly_wire import config
 from exactly_wire.error_codes import FATAL, RETRIABLE, ErrorCode
+from exactly_wire.types import TopicPartition
 
 
 class ExactlyError(Exception):
@@ -753,6 +754,16 @@ class IllegalStateError(InvalidTxnStateError):
     txn_requires_abort: ClassVar[bool] = False
 
 
+class NoOffsetForPartitionError(OffsetOutOfRangeError):
+    """`auto.offset.reset` is `none` and the partition has no committed offset
+    (or its position is out of range): raised by the Consumer's poll() and position().
+    `partitions`: the TopicPartitions concerned, sorted. Subclass of OffsetOutOfRangeError."""
+
+    def __init__(self, partitions: Iterable[TopicPartition], message: str | None = None):
+        self.partitions = sorted(partitions)
+        super().__init__(message or f"no offset to reset to for {self.partitions} (auto.offset.reset=none)")
+
+
 class TransactionAbortedError(InvalidTxnStateError):
     """The record's transaction was aborted before the record was sent (the
     producer's abort_transaction, or an earlier error of the transaction). Not
@@ -796,5 +807,5 @@ def check(code: int, message: str | None = None) -> None:
 
 
 __all__ = ["ErrorCode", "ExactlyError", "KafkaTimeoutError", "IllegalStateError", "TransactionAbortedError",
-           "ConnectionSetupError",
+           "ConnectionSetupError", "NoOffsetForPartitionError",
            "ConfigurationError", "for_code", "check"] + [c.__name__ for c in _BY_CODE.values()]

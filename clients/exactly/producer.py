@@ -20,6 +20,7 @@ with a database").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -29,7 +30,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeV
 
 import tenacity
 
-from exactly_wire import compression
 from exactly_wire import records as _rec
 from exactly_wire.clock import wall_clock_ms
 
@@ -38,14 +38,14 @@ from ._unclosed import collected, creation_stack
 from ._accumulator import RecordAccumulator, StickyPartitioner, fail_batches, failed_future, partition_for_key
 from ._client import ClientCore, Transport, call_deadline, run_flow
 from ._sender import Sender, SenderConfig
-from ._two_phase import PreparedTransaction, PreparedTxnState, complete_transaction
-from ._txn_flows import (AwaitAddPartitions, AwaitBatches, CoordinatorRequest, TransactionFlows,
-                         takes_earlier_init_args)
+from ._two_phase import PreparedTxnState
+from ._txn_calls import CoordinatorCall
+from ._txn_flows import AwaitAddPartitions, AwaitBatches, TransactionFlows
 from ._txn_manager import TransactionManager, TransactionManagerState, copy_error, fenced_error
 from ._waiting import WaitWarnings
 from .config import ProducerSchema, parse
 from .consumer import rewind_to_committed
-from .errors import ConfigurationError, TransactionAbortedError
+from .errors import ConfigurationError
 from .types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,37 @@ class UnknownTopicWait:
         timeout.__cause__ = exc
         return timeout
 
+def _idempotence(settings: ProducerSchema, sender: SenderConfig) -> bool:
+    """Whether the producer is idempotent: enable.idempotence, always with
+    transactional.id. Idempotence needs acks=all, max.in.flight.requests.per.connection
+    <= 5 and retries > 0; without them it is off when not asked for explicitly (Kafka
+    >= 3.0 falls back). Raises ConfigurationError for transactional.id with
+    enable.idempotence=false, or for idempotence asked for with a conflicting setting."""
+    asked = "enable_idempotence" in settings.model_fields_set
+    idempotent = settings.enable_idempotence
+    if settings.transactional_id is not None:
+        if asked and not idempotent:
+            raise ConfigurationError("transactional.id requires enable.idempotence=true",
+                                     key="enable.idempotence", value=False, allowed="true with transactional.id")
+        idempotent = True
+    if not idempotent:
+        return False
+    conflicts = []
+    if sender.acks != -1:
+        conflicts.append("acks=all")
+    if sender.max_in_flight > 5:
+        conflicts.append("max.in.flight.requests.per.connection <= 5")
+    if sender.retries < 1:
+        conflicts.append("retries > 0")
+    if not conflicts:
+        return True
+    if asked or settings.transactional_id is not None:
+        raise ConfigurationError("enable.idempotence=true (also implied by transactional.id) "
+                                 "requires " + ", ".join(conflicts),
+                                 key="enable.idempotence", value=True, allowed=", ".join(conflicts))
+    return False
+
+
 class Producer:
     """Sends records to topic partitions, optionally idempotently and in transactions.
 
@@ -152,78 +183,41 @@ class Producer:
 
     def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         self._created = creation_stack()  # where, in debug mode, for the unclosed warning (`__del__`)
-        given = {k for k, v in conf.items() if v is not None}
-        cfg = parse(ProducerSchema, conf)
+        settings = parse(ProducerSchema, conf)
+        self._settings = settings
         self._created_in_pid = os.getpid()  # a forked child must not use it (exactly/_fork.py)
-        self._core = self._make_core(cfg.as_dict(), transport)
+        self._core = self._make_core(settings, transport)
         # Metadata naming an unknown topic asks for its creation, as Kafka's producer does
         # (the services decide: auto.create.topics.enable).
         self._core.allow_auto_create_topics = True
-        self._transactional_id: str | None = cfg.transactional_id
-        idem_set = "enable.idempotence" in given
-        idempotent = cfg.enable_idempotence
-        acks_set = "acks" in given
-        self._acks = -1 if cfg.acks == "all" else int(cfg.acks)
-        self._max_in_flight = cfg.max_in_flight_requests_per_connection
-        self._retries = cfg.retries
-        if self._transactional_id is not None:
-            if idem_set and not idempotent:
-                raise ConfigurationError("transactional.id requires enable.idempotence=true",
-                                         key="enable.idempotence", value=False, allowed="true with transactional.id")
-            idempotent = True
-        if idempotent:
-            conflicts = []
-            if self._acks != -1:
-                conflicts.append("acks=all")
-            if self._max_in_flight > 5:
-                conflicts.append("max.in.flight.requests.per.connection <= 5")
-            if self._retries < 1:
-                conflicts.append("retries > 0")
-            if conflicts:
-                if idem_set or self._transactional_id is not None:
-                    raise ConfigurationError("enable.idempotence=true (also implied by transactional.id) "
-                                             "requires " + ", ".join(conflicts),
-                                             key="enable.idempotence", value=True, allowed=", ".join(conflicts))
-                idempotent = False  # not asked for explicitly: Kafka >= 3.0 falls back
-        elif not acks_set:
-            self._acks = -1
-        self._linger_ms = float(cfg.linger_ms)
-        self._batch_size = cfg.batch_size
-        self._request_timeout_ms = self._core.request_timeout_ms
-        self._delivery_timeout_ms = float(cfg.delivery_timeout_ms)
-        self._max_block_ms = float(cfg.max_block_ms)
-        self._max_request_size = cfg.max_request_size
-        self._backoff_ms = float(self._core.retry_backoff_ms)
-        self._backoff_max_ms = float(self._core.retry_backoff_max_ms)
-        self._compression = compression.codec_for(cfg.compression_type)
-        self._txn_timeout_ms = cfg.transaction_timeout_ms
-        self._txn = TransactionManager(self._transactional_id, idempotent, self._txn_timeout_ms)
+        self._transactional_id: str | None = settings.transactional_id
+        sender_config = SenderConfig.from_settings(settings)
+        idempotent = _idempotence(settings, sender_config)
+        self._max_block_ms = float(settings.max_block_ms)
+        self._max_request_size = settings.max_request_size
+        self._txn = TransactionManager(self._transactional_id, idempotent, settings.transaction_timeout_ms)
         # One monotonic clock, the core's, for every timer and wait of this producer.
         self._clock = self._core.clock
         # Rate-limited WARNINGs while send() waits for a topic's metadata.
         self._waits = WaitWarnings(log, self._clock)
-        self._acc = RecordAccumulator(self._batch_size, self._linger_ms, cfg.buffer_memory, clock=self._clock)
+        self._acc = RecordAccumulator(settings.batch_size, float(settings.linger_ms), settings.buffer_memory,
+                                      clock=self._clock)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
         self._close_lock = threading.Lock()
-        self._sender = self._make_sender(
-            SenderConfig(transactional_id=self._transactional_id, acks=self._acks,
-                         request_timeout_ms=self._request_timeout_ms, delivery_timeout_ms=self._delivery_timeout_ms,
-                         retries=self._retries, backoff_ms=self._backoff_ms, backoff_max_ms=self._backoff_max_ms,
-                         max_in_flight=self._max_in_flight, compression=self._compression,
-                         txn_timeout_ms=self._txn_timeout_ms),
-            self._acc, self._txn, self._core, on_metadata_change=_weak_call(self.metadata_changed), clock=self._clock)
+        self._sender = self._make_sender(sender_config, self._acc, self._txn, self._core,
+                                         on_metadata_change=_weak_call(self.metadata_changed), clock=self._clock)
         # The transaction flows, performed blocking by `_perform` (awaited by exactly.aio).
         self._flows = TransactionFlows(self._transactional_id, self._txn, self._acc, self._sender,
-                                       self._txn_timeout_ms, self._max_block_ms, self._clock)
+                                       settings.transaction_timeout_ms, self._max_block_ms, self._clock)
         self._closed = False  # set last: a producer whose construction failed has nothing to close
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
     # an asyncio sender task.
-    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> ClientCore:
-        return ClientCore(conf, transport=transport)
+    def _make_core(self, settings: ProducerSchema, transport: Transport | None) -> ClientCore:
+        return ClientCore(settings, transport=transport)
 
     def _make_sender(self, *args: Any, **kwargs: Any) -> Sender:
         return Sender(*args, **kwargs)
@@ -354,10 +348,9 @@ class Producer:
     def _perform(self, effect: Any) -> Any:
         """Perform one effect of a `_txn_flows` flow, blocking this thread (exactly.aio's
         AIOProducer awaits them instead); returns its outcome or raises its error."""
-        if isinstance(effect, CoordinatorRequest):
+        if isinstance(effect, CoordinatorCall):
             core = self._core
-            stub = core.txn_stub if effect.stub == "txn" else core.group_stub
-            return core.coordinator_call(effect.key, effect.key_type, lambda addr: getattr(stub(addr), effect.method),
+            return core.coordinator_call(effect.key, effect.key_type, functools.partial(effect.rpc, core),
                                          effect.request, error_code=effect.error_code, timeout_s=effect.timeout_s)
         if isinstance(effect, AwaitBatches):
             return self._await_batches(effect.deadline, effect.what)
@@ -373,7 +366,6 @@ class Producer:
 
     # ------------------------------------------------------------ transactions
 
-    @takes_earlier_init_args
     def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """Get this transactional.id's PID and a new epoch from the transaction
         coordinator, fencing older instances and completing (aborting) their open
@@ -392,10 +384,7 @@ class Producer:
         errors.ProducerFencedError. Without such a transaction it behaves as the plain
         form.
 
-        The group-aware form of the KIP-447 draft is `init_transactions_for_group()`;
-        the call of earlier releases with the input partitions first
-        (`init_transactions(partitions, group, generation)`) still runs it, with a
-        DeprecationWarning.
+        The group-aware form of the KIP-447 draft is `init_transactions_for_group()`.
 
         Raises errors.IllegalStateError without transactional.id or when called
         twice; errors.KafkaTimeoutError when the coordinator did not answer in time
@@ -651,8 +640,9 @@ class Producer:
         retrying = tenacity.Retrying(
             sleep=self._clock.sleep,
             retry=tenacity.retry_if_exception(_retriable),
-            wait=tenacity.wait_exponential(multiplier=self._backoff_ms / 1000.0, max=self._backoff_max_ms / 1000.0)
-            + tenacity.wait_random(0, self._backoff_ms / 1000.0 / 5),
+            wait=tenacity.wait_exponential(multiplier=self._settings.retry_backoff_ms / 1000.0,
+                                           max=self._settings.retry_backoff_max_ms / 1000.0)
+            + tenacity.wait_random(0, self._settings.retry_backoff_ms / 1000.0 / 5),
             stop=tenacity.stop_after_attempt(attempts),
             before_sleep=_before_sleep,
             reraise=True,
@@ -689,7 +679,7 @@ class Producer:
         finally:
             self._acc.close()
             self._sender.stop()
-            self._sender.join(timeout=max(self._request_timeout_ms / 1000.0, 1.0))
+            self._sender.join(timeout=max(self._settings.request_timeout_ms / 1000.0, 1.0))
             self._fail_unfinished()
             self._core.close()
 
@@ -778,6 +768,4 @@ def decide_prepared_transaction(transactional_id: str, conf: Mapping[str, Any] |
         producer.close()
 
 
-__all__ = ["Producer", "PreparedTxnState", "PreparedTransaction", "complete_transaction",
-           "decide_prepared_transaction", "rewind_to_committed",
-           "TransactionAbortedError"]
+__all__ = ["Producer", "UnknownTopicWait", "decide_prepared_transaction"]

@@ -96,16 +96,13 @@ class ConfigSchema(BaseModel):
             _ROLES.append(cls)
 
     def get(self, key: str) -> Any:
-        """The value of setting `key` (Kafka's name). Raises KeyError for a key the
-        schema does not define."""
+        """The value of setting `key` (Kafka's name), for code that maps keys to keys (a
+        topic config to its broker-level synonym). Raises KeyError for a key the schema
+        does not define."""
         name = _field_by_key(type(self)).get(key)
         if name is None:
             raise KeyError(key)
         return getattr(self, name)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every setting, Kafka key -> value (defaults filled)."""
-        return self.model_dump(by_alias=True)
 
 
 _ROLES: list[type[ConfigSchema]] = []  # every schema that names a role, for hints

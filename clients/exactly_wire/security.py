@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import grpc
 
-from .config import LOW, MEDIUM, ConfigSchema, ConfigurationError, setting
+from .config import LOW, MEDIUM, ConfigSchema, ConfigurationError, keys, parse, setting
 from . import DISTRIBUTION
 
 # A session token from Cluster/SaslAuthenticate, in every call's metadata.
@@ -108,17 +108,18 @@ class TransportSecurity:
         return self.protocol in TLS_PROTOCOLS
 
     @classmethod
-    def from_settings(cls, conf: dict[str, Any], error: type[ConfigurationError] = ConfigurationError,
+    def from_settings(cls, settings: SecuritySettings, error: type[ConfigurationError] = ConfigurationError,
                       role: str = "client") -> "TransportSecurity":
-        """From resolved settings (Kafka key -> value). Raises `error` naming the key:
-        SSL/SASL_SSL without ssl.ca.location, a certificate without its key (or the
-        reverse), SASL without username and password, unreadable files."""
-        protocol = conf.get("security.protocol") or "PLAINTEXT"
+        """From parsed settings (a client's or a service's schema: the SecuritySettings
+        fields). Raises `error` naming the key: SSL/SASL_SSL without ssl.ca.location, a
+        certificate without its key (or the reverse), SASL without username and
+        password, unreadable files."""
+        protocol = settings.security_protocol
         if protocol == "PLAINTEXT":
             return cls()
-        ca = _read("ssl.ca.location", conf.get("ssl.ca.location"), error)
-        cert = _read("ssl.certificate.location", conf.get("ssl.certificate.location"), error)
-        key = _read("ssl.key.location", conf.get("ssl.key.location"), error)
+        ca = _read("ssl.ca.location", settings.ssl_ca_location, error)
+        cert = _read("ssl.certificate.location", settings.ssl_certificate_location, error)
+        key = _read("ssl.key.location", settings.ssl_key_location, error)
         if protocol in TLS_PROTOCOLS and ca is None:
             raise error(f"security.protocol={protocol} needs ssl.ca.location for the {role}",
                         key="ssl.ca.location", allowed="a PEM file")
@@ -127,15 +128,26 @@ class TransportSecurity:
             raise error(f"ssl.certificate.location and ssl.key.location go together: {missing} is missing",
                         key=missing, allowed="a PEM file")
         if key is not None:
-            key = decrypt_key(key, conf.get("ssl.key.password"), error)
+            key = decrypt_key(key, settings.ssl_key_password, error)
         sasl = None
         if protocol in SASL_PROTOCOLS:
-            user, password = conf.get("sasl.username"), conf.get("sasl.password")
+            user, password = settings.sasl_username, settings.sasl_password
             if not user or password is None:
                 raise error(f"security.protocol={protocol} needs sasl.username and sasl.password",
                             key="sasl.username" if not user else "sasl.password", allowed="a string")
-            sasl = (conf.get("sasl.mechanism") or "PLAIN", user, password)
+            sasl = (settings.sasl_mechanism, user, password)
         return cls(protocol, ca, cert, key, sasl)
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any], error: type[ConfigurationError] = ConfigurationError
+                  ) -> "TransportSecurity":
+        """From a mapping of client settings by Kafka key (only the security keys are
+        read; the others are left to the client's own schema), parsed by
+        SecuritySettings: for a caller that holds settings but no client (a health
+        check, a test's raw gRPC channel). Raises `error` as `from_settings`, or for a
+        wrong value of a security key."""
+        wanted = set(keys(SecuritySettings))
+        return cls.from_settings(parse(SecuritySettings, {k: v for k, v in conf.items() if k in wanted}), error)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,

@@ -142,8 +142,9 @@ def service_security(cfg: ServiceConfig) -> TransportSecurity:
     service's identity for its listeners and for its calls to other services).
     Raises ConfigurationError naming the key."""
     protocol = cfg.settings.security_protocol
-    outbound = {**cfg.settings.as_dict(), "sasl.username": None, "sasl.password": None,
-                "security.protocol": "SSL" if protocol in TLS_PROTOCOLS else "PLAINTEXT"}
+    outbound = cfg.settings.model_copy(update={
+        "sasl_username": None, "sasl_password": None,
+        "security_protocol": "SSL" if protocol in TLS_PROTOCOLS else "PLAINTEXT"})
     security = TransportSecurity.from_settings(outbound, ConfigurationError, role=cfg.role)
     if security.tls and security.certificate is None:
         raise ConfigurationError(f"security.protocol={protocol} needs "

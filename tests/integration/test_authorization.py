@@ -49,7 +49,7 @@ def admin(sec) -> AdminClient:
 
 
 def stub(sec, name: str, address: str, kind=pbg.PartitionLeaderStub):
-    security = TransportSecurity.from_settings(conf(sec, name))
+    security = TransportSecurity.from_conf(conf(sec, name))
     return kind(secure_channel(address, security, []))
 
 

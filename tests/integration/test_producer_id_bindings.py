@@ -60,7 +60,7 @@ def _conf(sec, name: str) -> dict:
 
 
 def _txn_stub(sec, name: str) -> pbg.TransactionCoordinatorStub:
-    security = TransportSecurity.from_settings(_conf(sec, name))
+    security = TransportSecurity.from_conf(_conf(sec, name))
     return pbg.TransactionCoordinatorStub(secure_channel(sec.services["txn-0"].address, security, []))
 
 

@@ -49,7 +49,7 @@ def sec(zk, tmp_path_factory):
 
 def _coordinator(c, who: str) -> pbg.TransactionCoordinatorStub:
     return pbg.TransactionCoordinatorStub(secure_channel(c.services["txn-0"].address,
-                                                         TransportSecurity.from_settings(certificate_conf(c, who)), []))
+                                                         TransportSecurity.from_conf(certificate_conf(c, who)), []))
 
 
 def _init(stub, transactional_id: str = "") -> pb.InitProducerIdResponse:

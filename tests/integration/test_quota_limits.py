@@ -61,7 +61,7 @@ def sec(zk, tmp_path_factory):
 
 def channel(c, who: str, service: str, user_agent: str | None = None) -> grpc.Channel:
     options = [("grpc.primary_user_agent", user_agent)] if user_agent else []
-    return secure_channel(c.services[service].address, TransportSecurity.from_settings(certificate_conf(c, who)),
+    return secure_channel(c.services[service].address, TransportSecurity.from_conf(certificate_conf(c, who)),
                           options)
 
 
@@ -143,7 +143,7 @@ from exactly_wire.clock import wall_clock_ms
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
 mode, address, topic, seconds, certs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
-security = TransportSecurity.from_settings({"security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
+security = TransportSecurity.from_conf({"security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
     "ssl.certificate.location": f"{certs}/mallory.pem", "ssl.key.location": f"{certs}/mallory.key"})
 agents = [f"exactly/c{i}" for i in range(64)] if mode == "clientids" else [None] * 4
 stubs = [pbg.PartitionLeaderStub(secure_channel(address, security, [("grpc.primary_user_agent", a)] if a else []))

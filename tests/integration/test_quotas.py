@@ -72,7 +72,7 @@ def cli(sec, tmp_path, *args) -> subprocess.CompletedProcess:
 def raw_produce(sec, who: str, topic: str, size: int) -> pb.ProduceResponse:
     """One Produce of a `size`-byte record straight to the partition leader."""
     leader = sec.services["pl-0"].address
-    stub = pbg.PartitionLeaderStub(secure_channel(leader, TransportSecurity.from_settings(conf(sec, who)), []))
+    stub = pbg.PartitionLeaderStub(secure_channel(leader, TransportSecurity.from_conf(conf(sec, who)), []))
     batch = records.encode_batch([(None, b"x" * size, (), wall_clock_ms())])
     return stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(
         name=topic, partitions=[pb.PartitionProduceData(partition=0, records=batch)])]), timeout=30)
@@ -278,7 +278,7 @@ def test_partition_quota(sec, tmp_path):
 
     def stub_as(client_id: str) -> pbg.ClusterStub:
         return pbg.ClusterStub(secure_channel(sec.services["pl-0"].address,
-                                              TransportSecurity.from_settings(conf(sec, "bob")),
+                                              TransportSecurity.from_conf(conf(sec, "bob")),
                                               [("grpc.primary_user_agent", f"exactly/{client_id}")]))
     first_client, second_client = stub_as("one"), stub_as("two")
 

@@ -108,7 +108,7 @@ def _mallory_sees(c) -> bool:
 
 
 def stub(c, who: str, kind, service: str):
-    security = TransportSecurity.from_settings(certificate_conf(c, who))
+    security = TransportSecurity.from_conf(certificate_conf(c, who))
     return kind(secure_channel(c.services[service].address, security, []))
 
 

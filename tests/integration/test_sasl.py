@@ -210,7 +210,7 @@ class _RecordingProxy:
     def __init__(self, sec, upstream: str):
         certs = sec.dir / "certs"
         self.calls: list[tuple[str, tuple, bytes]] = []
-        up = TransportSecurity.from_settings({"security.protocol": "SSL", **_certs(sec, "bob")})
+        up = TransportSecurity.from_conf({"security.protocol": "SSL", **_certs(sec, "bob")})
         self._channel = grpc.secure_channel(upstream, up.channel_credentials())
         proxy = self
 
@@ -270,7 +270,7 @@ def test_a_wrong_password_and_a_forged_token_are_refused_on_grpc(sec):
     with pytest.raises(errors.SaslAuthenticationFailedError):
         with AdminClient({**base, "sasl.password": "wrong"}) as client:
             client.list_topics()
-    security = TransportSecurity.from_settings({"security.protocol": "SSL", **_certs(sec, "bob")})
+    security = TransportSecurity.from_conf({"security.protocol": "SSL", **_certs(sec, "bob")})
     with secure_channel(sec.bootstrap_servers.split(",")[0], security, []) as channel:
         stub = pbg.ClusterStub(channel)
         with pytest.raises(grpc.RpcError) as info:  # the old per-call password: refused
@@ -303,8 +303,8 @@ def test_password_guessing_is_slowed_and_the_service_stays_responsive(sec):
     for 4 s: at most 5 guesses a second are answered, and alice's Metadata calls
     meanwhile take about as long as before."""
     address = sec.bootstrap_servers.split(",")[0]
-    security = TransportSecurity.from_settings({"security.protocol": "SSL", **_certs(sec, "bob")})
-    alice = TransportSecurity.from_settings({"security.protocol": "SSL", **_certs(sec, "alice")})
+    security = TransportSecurity.from_conf({"security.protocol": "SSL", **_certs(sec, "bob")})
+    alice = TransportSecurity.from_conf({"security.protocol": "SSL", **_certs(sec, "alice")})
 
     def latencies(stub, seconds: float) -> list[float]:
         out, end = [], time.monotonic() + seconds

@@ -322,7 +322,8 @@ async def _make_aio_consumer(bootstrap: str) -> AIOConsumer:
 
 def _leader_of(cluster, topic: str, partition: int) -> str:
     from exactly._client import ClientCore
-    core = ClientCore({"bootstrap.servers": cluster.bootstrap_servers})
+    from exactly.config import AdminSchema, parse
+    core = ClientCore(parse(AdminSchema, {"bootstrap.servers": cluster.bootstrap_servers}))
     try:
         address = core.leader_for(topic, partition)
     finally:

@@ -102,7 +102,7 @@ def sec(zk, tmp_path_factory):
 
 def channel(c: DevCluster, who: str, address: str) -> grpc.Channel:
     certs = c.dir / "certs"
-    security = TransportSecurity.from_settings({
+    security = TransportSecurity.from_conf({
         "security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem"),
         "ssl.certificate.location": str(certs / f"{who}.pem"), "ssl.key.location": str(certs / f"{who}.key")})
     return secure_channel(address, security, [])
@@ -229,7 +229,7 @@ def channel(i):
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.primary_user_agent", f"attacker-{i}")]
     if not certs:
         return grpc.insecure_channel(address, options=options)
-    return secure_channel(address, TransportSecurity.from_settings({
+    return secure_channel(address, TransportSecurity.from_conf({
         "security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
         "ssl.certificate.location": f"{certs}/mallory.pem", "ssl.key.location": f"{certs}/mallory.key"}), options)
 channels = [channel(i) for i in range((n + 49) // 50)]

@@ -236,7 +236,7 @@ class Guessers:
     def __init__(self, sec, threads: int, user, source: str | None, grpc_address: str):
         self.answered = 0
         self.stop = threading.Event()
-        security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+        security = TransportSecurity.from_conf(certificate_conf(sec, "bob"))
         self.threads = [threading.Thread(target=self._kafka if n % 2 else self._grpc, daemon=True,
                                          args=(sec, user, source, grpc_address, security, n))
                         for n in range(threads)]
@@ -271,7 +271,7 @@ class Guessers:
 def owner_logins(sec, rounds: int = 6) -> list[tuple[str, bool, float]]:
     """dave's logins from 127.0.0.1 on both ports (the gRPC one with bob's certificate),
     one of each every 0.5 s: [(port, succeeded, seconds)]."""
-    security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+    security = TransportSecurity.from_conf(certificate_conf(sec, "bob"))
     out = []
     with secure_channel(sec.services["pl-0"].address, security, []) as channel:
         stub = pbg.ClusterStub(channel)
@@ -472,7 +472,7 @@ def test_a_scram_exchange_begun_before_a_password_change_fails(sec):
         time.sleep(1)  # the services' watch delivers the change
         conn.send(request(SASL_AUTHENTICATE, 1, {"auth_bytes": client.get_client_final().encode()}))
         kafka_answer = response(SASL_AUTHENTICATE, 1, conn.frame())
-    security = TransportSecurity.from_settings(certificate_conf(sec, "bob"))
+    security = TransportSecurity.from_conf(certificate_conf(sec, "bob"))
     client = ScramClient(["SCRAM-SHA-512"], "liam", PASSWORD)
     with secure_channel(sec.services["pl-0"].address, security, []) as channel:
         stub = pbg.ClusterStub(channel)

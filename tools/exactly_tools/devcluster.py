@@ -131,7 +131,7 @@ def wait_serving(address: str, timeout_s: float, client_config: dict | None = No
     """Poll grpc.health.v1 until SERVING or the timeout (s) passes; `client_config`:
     SDK security keys for a secured cluster (TLS)."""
     deadline = time.monotonic() + timeout_s
-    security = TransportSecurity.from_settings(client_config or {})
+    security = TransportSecurity.from_conf(client_config or {})
     with secure_channel(address, security, []) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.restart(args.name, python=args.python)
                 print(f"{args.name} serving, pid {cluster.services[args.name].pid}")
             elif args.cmd == "kill":
-                cluster.signal(args.name, getattr(signal, "SIG" + args.signal))
+                cluster.signal(args.name, signal.Signals["SIG" + args.signal])
             elif args.cmd == "down":
                 cluster.down()
                 print(f"Dev cluster in {args.dir} stopped.", file=sys.stderr)

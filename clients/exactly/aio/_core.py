@@ -68,8 +68,7 @@ class AIOClientCore(CoreBase):
             return self.transport.aio_channel(address)
         if _fork.grpcio_unusable():
             return _fork.AioPureChannel(address, self.security)
-        return _fork.note_grpcio_channel(secure_aio_channel(address, self.security, channel_options(
-            self.retry_backoff_ms, self.retry_backoff_max_ms, self.client_id)))
+        return _fork.note_grpcio_channel(secure_aio_channel(address, self.security, channel_options(self.settings)))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task:
         """Run `coro` as a task of this client; `close()` cancels it."""

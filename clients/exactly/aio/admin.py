@@ -29,7 +29,7 @@ class AIOAdminClient:
     def __init__(self, conf: Mapping[str, Any], *, transport: Transport | None = None):
         # Where, in debug mode (also the event loop's), for the unclosed warning (`__del__`).
         self._created = creation_stack(asyncio.get_running_loop().get_debug())
-        self._core = AIOClientCore(parse(AdminSchema, conf).as_dict(), transport=transport)
+        self._core = AIOClientCore(parse(AdminSchema, conf), transport=transport)
 
     async def create_topics(self, new_topics: Iterable[NewTopic], timeout: float | None = None) -> None:
         """As `exactly.AdminClient.create_topics`: create topics and return when every

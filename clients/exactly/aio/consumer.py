@@ -21,8 +21,10 @@ import tenacity
 
 from exactly import errors
 from exactly._unclosed import collected, creation_stack
-from exactly._client import COORDINATOR_GROUP, Transport, bounded_s, call_deadline
-from exactly._consumer_group import _RETRY_CODES, FETCH_COMMITTED_RETRY_CODES, GroupMembership
+from exactly._client import COORDINATOR_GROUP, Rpc, Transport, bounded_s, call_deadline
+from exactly.config import ConsumerSchema
+from exactly._consumer_group import (_RETRY_CODES, FETCH_COMMITTED_RETRY_CODES, GroupMembership, offset_commit_rpc,
+                                     offset_fetch_rpc)
 from exactly.consumer import CommitOffsets, Consumer, FetchCommitted, LeaveGroup, Rebalance, WaitForResponses
 from exactly.types import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, TopicPartition
 
@@ -85,10 +87,10 @@ class AIOGroupMembership(GroupMembership):
             self._hb_thread.cancel()
         await self.leave_aio()
 
-    async def _request_aio(self, method: str, request, timeout_s: float, outcome):
+    async def _request_aio(self, rpc: Rpc, request, timeout_s: float, outcome):
         addr = await self._core.find_coordinator_async(self.group_id, COORDINATOR_GROUP, timeout_s)
         try:
-            resp = await self._core.call(getattr(self._core.group_stub(addr), method), request())
+            resp = await self._core.call(rpc(self._core, addr), request())
         except errors.ExactlyError as exc:
             self.request_failed(exc)
             raise
@@ -103,7 +105,7 @@ class AIOGroupMembership(GroupMembership):
         with call_deadline(timeout_s, self._core.clock):
             await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
                                          **self._retry_policy(timeout_s, _RETRY_CODES))(
-                self._request_aio, "OffsetCommit", lambda: self._commit_request(offsets, managed), timeout_s,
+                self._request_aio, offset_commit_rpc, lambda: self._commit_request(offsets, managed), timeout_s,
                 self._commit_outcome)
 
     async def fetch_committed_aio(self, partitions: Iterable[TopicPartition], require_stable: bool,
@@ -116,15 +118,15 @@ class AIOGroupMembership(GroupMembership):
         with call_deadline(timeout_s, self._core.clock):
             return await tenacity.AsyncRetrying(sleep=self._core.clock.sleep_async,
                                                 **self._retry_policy(timeout_s, FETCH_COMMITTED_RETRY_CODES))(
-                self._request_aio, "OffsetFetch", lambda: self.offset_fetch_request(wanted, require_stable),
+                self._request_aio, offset_fetch_rpc, lambda: self.offset_fetch_request(wanted, require_stable),
                 timeout_s, lambda resp: self.offset_fetch_outcome(resp, wanted))
 
 
 class _Consumer(Consumer):
     """The Consumer with asyncio I/O: its blocking methods are not used."""
 
-    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> AIOClientCore:
-        return AIOClientCore(conf, transport=transport)
+    def _make_core(self, settings: ConsumerSchema, transport: Transport | None) -> AIOClientCore:
+        return AIOClientCore(settings, transport=transport)
 
     def _make_membership(self, core: AIOClientCore, group_id: str, **settings: Any) -> AIOGroupMembership:
         return AIOGroupMembership(core, group_id, **settings)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
@@ -23,8 +24,10 @@ from exactly import errors
 from exactly._unclosed import collected, creation_stack
 from exactly.producer import Producer, UnknownTopicWait
 from exactly._two_phase import PreparedTxnState
-from exactly._txn_flows import AwaitAddPartitions, AwaitBatches, CoordinatorRequest, takes_earlier_init_args
+from exactly._txn_calls import CoordinatorCall
+from exactly._txn_flows import AwaitAddPartitions, AwaitBatches
 from exactly._client import Transport
+from exactly.config import ProducerSchema
 from exactly._sender import SenderCore
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, RecordMetadata, TopicPartition
 
@@ -154,8 +157,8 @@ class AIOSender(SenderCore):
 class _Producer(Producer):
     """The Producer with asyncio I/O: its blocking methods are not used."""
 
-    def _make_core(self, conf: dict[str, Any], transport: Transport | None) -> AIOClientCore:
-        return AIOClientCore(conf, transport=transport)
+    def _make_core(self, settings: ProducerSchema, transport: Transport | None) -> AIOClientCore:
+        return AIOClientCore(settings, transport=transport)
 
     def _make_sender(self, *args: Any, **kwargs: Any) -> AIOSender:
         return AIOSender(*args, **kwargs)
@@ -275,14 +278,11 @@ class AIOProducer:
 
     # ------------------------------------------------------------ transactions
 
-    @takes_earlier_init_args
     async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """As `exactly.Producer.init_transactions`: `await init_transactions(timeout)`
         fences older instances (KIP-98); keep_prepared_txn=True keeps a prepared
         transaction of the id (KIP-939), to decide with `complete_transaction(state)`,
-        and fences older instances all the same (a new epoch).
-        The call of earlier releases with the input partitions first runs
-        `init_transactions_for_group` with a DeprecationWarning."""
+        and fences older instances all the same (a new epoch)."""
         self._p._check_open()
         await self._drive(self._p._flows.init(timeout, keep_prepared_txn))
 
@@ -372,12 +372,11 @@ class AIOProducer:
 
     async def _perform(self, effect: Any) -> Any:
         p = self._p
-        if isinstance(effect, CoordinatorRequest):
+        if isinstance(effect, CoordinatorCall):
             core = p._core
-            stub = core.txn_stub if effect.stub == "txn" else core.group_stub
-            return await core.coordinator_call(effect.key, effect.key_type,
-                                               lambda addr: getattr(stub(addr), effect.method), effect.request,
-                                               error_code=effect.error_code, timeout_s=effect.timeout_s)
+            return await core.coordinator_call(effect.key, effect.key_type, functools.partial(effect.rpc, core),
+                                               effect.request, error_code=effect.error_code,
+                                               timeout_s=effect.timeout_s)
         if isinstance(effect, AwaitBatches):
             batches = p._acc.incomplete()
             if not await self._sender.wait_until(lambda: all(b.done.is_set() for b in batches), effect.deadline):
@@ -408,7 +407,7 @@ class AIOProducer:
         finally:
             p._acc.close()
             self._sender.stop()
-            await self._sender.join(max(p._request_timeout_ms / 1000.0, 1.0))
+            await self._sender.join(max(p._settings.request_timeout_ms / 1000.0, 1.0))
             p._fail_unfinished()
             await p._core.close()
 

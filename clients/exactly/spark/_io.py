@@ -15,6 +15,8 @@ from exactly_wire import records as _rec
 from exactly._accumulator import partition_for_key
 from exactly.admin import PREPARED_STATE
 from exactly._client import ClientCore
+from exactly.config import AdminSchema
+from exactly_wire.config import parse
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerRecord
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -30,7 +32,7 @@ _FETCH_BYTES = 1 << 20
 
 
 def client(bootstrap: str) -> ClientCore:
-    return ClientCore({"bootstrap.servers": bootstrap})
+    return ClientCore(parse(AdminSchema, {"bootstrap.servers": bootstrap}))
 
 
 def partitions_of(bootstrap: str, topics: Iterable[str]) -> list[TP]:

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from exactly.config import ProducerSchema
+
 EARLIEST = -2
 LATEST = -1
 
@@ -28,6 +30,8 @@ PRODUCER_KEYS = ("linger.ms", "batch.size", "compression.type", "request.timeout
                  "max.block.ms", "buffer.memory", "max.request.size", "retry.backoff.ms", "retry.backoff.max.ms")
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# transaction.timeout.ms unless given: the producer's default, from its schema.
+_TRANSACTION_TIMEOUT_MS = ProducerSchema.model_fields["transaction_timeout_ms"].default
 
 
 class OptionError(ValueError):
@@ -80,6 +84,15 @@ def isolation_level(opts: Mapping[str, str]) -> str:
     if value not in (READ_COMMITTED, READ_UNCOMMITTED):
         raise OptionError(f"isolation.level must be {READ_COMMITTED} or {READ_UNCOMMITTED}, not {value!r}")
     return value
+
+
+def poll_timeout_ms(opts: Mapping[str, str]) -> int:
+    """`pollTimeoutMs` (Spark's `kafkaConsumer.pollTimeoutMs` too): ms a read task may go
+    without progress before failing (120000). Raises OptionError."""
+    try:
+        return int(opts.get("polltimeoutms", opts.get("kafkaconsumer.polltimeoutms", "120000")))
+    except ValueError:
+        raise OptionError("pollTimeoutMs must be an integer (ms)") from None
 
 
 @dataclass(frozen=True)
@@ -271,7 +284,7 @@ def write_options(options: Mapping[str, Any]) -> WriteOptions:
         raise OptionError(f"invalid commits.topic {commits!r}")
     prefix = opts.get("transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX)
     try:
-        timeout_ms = int(opts.get("transaction.timeout.ms", "60000"))
+        timeout_ms = int(opts.get("transaction.timeout.ms", _TRANSACTION_TIMEOUT_MS))
         rf = int(opts.get("commits.topic.replication.factor", "1"))
     except ValueError as exc:
         raise OptionError(f"invalid number: {exc}") from None

@@ -44,8 +44,8 @@ from exactly import Producer
 from . import _io
 from ._commit_log import Decision, TaskRecord, TxnRef, already_committed, recovery_plan
 from ._options import (EARLIEST, LATEST, OptionError, OffsetSpec, bootstrap_servers, isolation_level,
-                       max_offsets_per_trigger, normalize, parse_offsets, query_id_prefix, rate_limit, topics,
-                       transactional_id, write_options)
+                       max_offsets_per_trigger, normalize, parse_offsets, poll_timeout_ms, query_id_prefix, rate_limit,
+                       topics, transactional_id, write_options)
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -106,11 +106,7 @@ class _ReadConf:
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "_ReadConf":
         opts = normalize(options)
-        try:
-            poll_ms = int(opts.get("polltimeoutms", opts.get("kafkaconsumer.polltimeoutms", "120000")))
-        except ValueError:
-            raise OptionError("pollTimeoutMs must be an integer (ms)") from None
-        return cls(bootstrap_servers(opts), tuple(topics(opts)), isolation_level(opts), poll_ms / 1000.0)
+        return cls(bootstrap_servers(opts), tuple(topics(opts)), isolation_level(opts), poll_timeout_ms(opts) / 1000.0)
 
 
 def _read(conf: _ReadConf, part: OffsetRange) -> Iterator[tuple]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import click
 import jproperties
 
-from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema, keys
+from exactly.config import AdminSchema, ClientSchema, ConsumerSchema, ProducerSchema, keys
 
 from .. import devfiles
 
@@ -20,6 +20,8 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9093"
 # A command line should answer quickly when the cluster is not there.
 DEFAULT_REQUEST_TIMEOUT_MS = "10000"
 _SCHEMAS = {"admin": AdminSchema, "producer": ProducerSchema, "consumer": ConsumerSchema}
+# The key of bootstrap.servers, as the clients' schema defines it.
+BOOTSTRAP_SERVERS = ClientSchema.model_fields["bootstrap_servers"].alias
 
 
 class CliError(click.ClickException):
@@ -48,7 +50,7 @@ class Options:
         known = set(keys(_SCHEMAS[role]))
         conf: dict[str, Any] = {"request.timeout.ms": DEFAULT_REQUEST_TIMEOUT_MS}
         conf.update({k: v for k, v in self.command_config.items() if k in known})
-        conf["bootstrap.servers"] = self.bootstrap_server
+        conf[BOOTSTRAP_SERVERS] = self.bootstrap_server
         conf.update(extra or {})
         return conf
 
@@ -76,7 +78,7 @@ def _set_bootstrap(ctx: click.Context, _param, value):
     first: it is eager) names bootstrap.servers."""
     if value is not None:
         opts = ctx.ensure_object(Options)
-        if _given(ctx, "bootstrap_server") or "bootstrap.servers" not in opts.command_config:
+        if _given(ctx, "bootstrap_server") or BOOTSTRAP_SERVERS not in opts.command_config:
             opts.bootstrap_server = value
     return value
 
@@ -85,8 +87,8 @@ def _set_command_config(ctx: click.Context, _param, value):
     if value is not None:
         opts = ctx.ensure_object(Options)
         opts.command_config = read_command_config(value)
-        if "bootstrap.servers" in opts.command_config and not _given(ctx, "bootstrap_server"):
-            opts.bootstrap_server = opts.command_config["bootstrap.servers"]
+        if BOOTSTRAP_SERVERS in opts.command_config and not _given(ctx, "bootstrap_server"):
+            opts.bootstrap_server = opts.command_config[BOOTSTRAP_SERVERS]
     return value
 
 

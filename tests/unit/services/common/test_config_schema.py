@@ -72,7 +72,7 @@ def test_values_are_read_once_with_one_boolean_parser():
     c = parse(ConsumerSchema, {**BOOT, "check.crcs": "True", "auto.offset.reset": "smallest",
                                "isolation.level": "READ_COMMITTED"})
     assert (c.check_crcs, c.auto_offset_reset, c.isolation_level) == (True, "earliest", "read_committed")
-    assert c.get("fetch.max.wait.ms") == 500 and c.as_dict()["max.poll.records"] == 500
+    assert (c.fetch_max_wait_ms, c.max_poll_records) == (500, 500)
 
 
 # ---------------------------------------------------------------- services

@@ -2,8 +2,10 @@
 roles, services.common.topic_config for topic configs) hold every key, default and
 doc; the services read typed settings objects built from them; the configuration
 reference's tables are generated from them. These tests fail when a key, a default or a
-doc differs between the schemas, what the services use and the reference, and when domain code
-under services/ reads a dotted configuration key by string."""
+doc differs between the schemas, what the services use and the reference, and when code under
+services/, clients/ (the SDK) or tools/ reads a dotted configuration key by string: the SDK's
+clients parse their settings once with their schemas (exactly.config) and pass the parsed
+object on."""
 from __future__ import annotations
 
 import ast
@@ -11,8 +13,12 @@ import re
 
 import pytest
 
+from exactly._client import ClientCore
+from exactly._sender import SenderConfig
+from exactly.config import AdminSchema, ConsumerSchema, ProducerSchema
 from exactly_tools import design_docs
-from exactly_wire.config import keys
+from exactly_wire import compression
+from exactly_wire.config import keys, parse
 from services.common import topic_config
 from services.common.kafka.config_api import INT, LIST, LONG, topic_config_entries
 from services.common.settings import (GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema,
@@ -162,6 +168,8 @@ def test_the_readme_service_tables_have_each_key_default_and_doc_of_the_schema(b
 _ALLOWED = {"services/common/settings.py", "services/common/topic_config.py", "services/common/kafka/config_api.py",
             "services/common/cluster/features.py", "services/common/cluster/meta.py"}
 _KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+# Dotted names that are not settings: a feature (KIP-584) and a module.
+_NOT_SETTINGS = {"metadata.version", "pyspark.context"}
 _GETTERS = {"get", "get_int", "get_str", "get_bool", "get_float", "pop", "setdefault"}
 
 
@@ -171,14 +179,15 @@ def _key_constants(trees: dict[str, ast.Module]) -> set[str]:
     for tree in trees.values():
         for node in tree.body:
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                    and isinstance(node.value.value, str) and _KEY.match(node.value.value)):
+                    and isinstance(node.value.value, str) and _KEY.match(node.value.value)
+                    and node.value.value not in _NOT_SETTINGS):
                 names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     return names
 
 
 def _names_a_key(node: ast.AST, constants: set[str]) -> bool:
     if isinstance(node, ast.Constant):
-        return isinstance(node.value, str) and bool(_KEY.match(node.value))
+        return isinstance(node.value, str) and bool(_KEY.match(node.value)) and node.value not in _NOT_SETTINGS
     if isinstance(node, ast.Name):
         return node.id in constants
     if isinstance(node, ast.Attribute):
@@ -228,3 +237,41 @@ def test_domain_code_reads_no_configuration_key_by_string():
         if rel not in _ALLOWED:
             trees[rel] = ast.parse(path.read_text(), rel)
     assert key_reads(trees) == [], "read typed settings attributes instead (services.common.settings)"
+
+
+# Modules of clients/ and tools/ that may name keys: the schemas (the clients', the shared
+# machinery's, the security keys') and the Spark data source's options, which it parses
+# where Spark hands them over.
+_CLIENT_SCHEMAS = {"clients/exactly/config.py", "clients/exactly_wire/config.py", "clients/exactly_wire/security.py",
+                   "clients/exactly/spark/_options.py"}
+
+
+def test_the_sdk_and_the_tools_read_no_configuration_key_by_string():
+    trees = {}
+    for folder in ("clients", "tools"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in _CLIENT_SCHEMAS and not path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                trees[rel] = ast.parse(path.read_text(), rel)
+    assert key_reads(trees) == [], "parse the settings with their schema (exactly.config) and read its attributes"
+
+
+def test_the_sdk_takes_its_settings_from_the_schemas():
+    """The client core and the producer's sender hold what the parsed schema says, defaults
+    included: no second definition of a key or a default in the SDK."""
+    boot = {"bootstrap.servers": "a:1, b:2,"}
+    for schema in (ProducerSchema, ConsumerSchema, AdminSchema):
+        settings = parse(schema, boot)
+        core = ClientCore(settings)
+        try:
+            assert core.bootstrap == ["a:1", "b:2"] == settings.bootstrap_addresses
+            assert core.settings is settings and core.request_timeout_s == settings.request_timeout_ms / 1000
+        finally:
+            core.close()
+    producer = parse(ProducerSchema, {**boot, "acks": "1", "compression.type": "zstd", "retry.backoff.ms": 7})
+    sender = SenderConfig.from_settings(producer)
+    assert (sender.acks, sender.compression, sender.backoff_ms, sender.request_timeout_ms, sender.txn_timeout_ms,
+            sender.max_in_flight, sender.delivery_timeout_ms) == \
+        (1, compression.codec_for("zstd"), 7, producer.request_timeout_ms, producer.transaction_timeout_ms,
+         producer.max_in_flight_requests_per_connection, producer.delivery_timeout_ms)
+    assert SenderConfig.from_settings(parse(ProducerSchema, boot)).acks == -1  # "all"

@@ -14,6 +14,8 @@ from waiting import wait_for_async
 from exactly import ConsumerGroupMetadata, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_TRANSACTION, run_flow
 from exactly.aio import AIOProducer
+from exactly.config import ProducerSchema
+from exactly_wire.config import parse
 from exactly.aio._core import AIOClientCore, run_flow_async
 
 from sdk_producer.fake_cluster import FakeCluster
@@ -183,7 +185,7 @@ def test_core_answers_from_its_caches_and_refreshes_in_the_background(make_fc):
     fc = make_fc()
 
     async def main():
-        core = AIOClientCore(conf(fc))
+        core = AIOClientCore(parse(ProducerSchema, conf(fc)))
         try:
             with pytest.raises(errors.NetworkException):
                 core.metadata()  # nothing cached yet: a refresh starts

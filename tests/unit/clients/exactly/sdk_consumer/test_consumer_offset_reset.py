@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LSO_TIMESTAMP,
-                                     NoOffsetForPartitionError, ResetStrategy, SubscriptionState,
-                                     reset_timestamp)
+from exactly._consumer_state import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LSO_TIMESTAMP, ResetStrategy,
+                                     SubscriptionState, reset_timestamp)
+from exactly.errors import NoOffsetForPartitionError
 from exactly.types import TopicPartition
 
 A = TopicPartition("t", 0)

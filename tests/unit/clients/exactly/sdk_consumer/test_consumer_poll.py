@@ -7,7 +7,8 @@ import pytest
 
 import exactly.consumer as consumer_mod
 from exactly import errors
-from exactly.consumer import Consumer, NoOffsetForPartitionError
+from exactly.consumer import Consumer
+from exactly.errors import NoOffsetForPartitionError
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from exactly import errors
-from exactly._consumer_state import NoOffsetForPartitionError, TopicPartitionState, ResetStrategy, SubscriptionState
+from exactly._consumer_state import TopicPartitionState, ResetStrategy, SubscriptionState
+from exactly.errors import NoOffsetForPartitionError
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, parse_fetched
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import TopicPartition

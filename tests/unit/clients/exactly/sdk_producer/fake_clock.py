@@ -176,8 +176,8 @@ def on_clock(client_cls: type, clock: MonotonicClock) -> type:
     make_core = client_cls._make_core
 
     class OnClock(client_cls):
-        def _make_core(self, conf, transport=None):
-            core = make_core(self, conf, transport)
+        def _make_core(self, settings, transport=None):
+            core = make_core(self, settings, transport)
             core.clock = clock
             return core
 

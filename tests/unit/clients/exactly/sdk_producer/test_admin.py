@@ -3,7 +3,9 @@ import pytest
 
 from exactly import AdminClient, NewTopic, errors
 from exactly.admin import MetadataAt, ProbeLeader, RefreshMetadata, Sleep, wait_serving_flow, wait_unlisted_flow
+from exactly.config import AdminSchema
 from exactly_wire.clock import SYSTEM_CLOCK
+from exactly_wire.config import parse
 
 from exactly.testing import MockCluster
 
@@ -50,8 +52,8 @@ def _metadata(partitions: int):
 
 
 class _Core:
-    """What the wait flows read of the client core."""
-    retry_backoff_ms, retry_backoff_max_ms = 10, 40
+    """What the wait flows read of the client core: its settings and its clock."""
+    settings = parse(AdminSchema, {"bootstrap.servers": "h:1", "retry.backoff.ms": 10, "retry.backoff.max.ms": 40})
     clock = SYSTEM_CLOCK
 
 

@@ -6,8 +6,9 @@ import grpc
 import pytest
 
 from exactly import errors
-from exactly._client import (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, parse_bootstrap,
-                             translate_rpc_error)
+from exactly._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION, ClientCore, translate_rpc_error
+from exactly.config import AdminSchema
+from exactly_wire.config import parse
 from exactly_wire.clock import SYSTEM_CLOCK
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -30,18 +31,18 @@ def dead_address() -> str:
 
 
 def core_for(*addresses, clock=SYSTEM_CLOCK, **conf) -> ClientCore:
-    return ClientCore({"bootstrap.servers": ",".join(addresses), "retry.backoff.ms": 10,
-                       "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf}, clock)
+    return ClientCore(parse(AdminSchema, {"bootstrap.servers": ",".join(addresses), "retry.backoff.ms": 10,
+                                          "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf}), clock)
 
 
-def test_parse_bootstrap():
-    assert parse_bootstrap("a:1, b:2,") == ["a:1", "b:2"]
-    assert parse_bootstrap(["h:9"]) == ["h:9"]
-    for bad in ("", "host", "h:x", ":1"):
-        with pytest.raises(ValueError):
-            parse_bootstrap(bad)
-    with pytest.raises(ValueError):
-        ClientCore({})
+def test_bootstrap_servers_are_host_port_entries():
+    assert parse(AdminSchema, {"bootstrap.servers": "a:1, b:2,"}).bootstrap_addresses == ["a:1", "b:2"]
+    for bad in ("", ",", "host", "h:x", ":1"):
+        with pytest.raises(errors.ConfigurationError, match="bootstrap.servers") as info:
+            parse(AdminSchema, {"bootstrap.servers": bad})
+        assert info.value.key == "bootstrap.servers"
+    with pytest.raises(errors.ConfigurationError, match="bootstrap.servers is required"):
+        parse(AdminSchema, {})
 
 
 class _RpcError(grpc.RpcError):
@@ -97,7 +98,7 @@ def test_metadata_is_cached_and_refreshed(fc):
 
 def test_metadata_max_age(fc):
     clock = FakeClock(runs=False)
-    core = ClientCore({"bootstrap.servers": fc.address, "metadata.max.age.ms": 5}, clock=clock)
+    core = core_for(fc.address, clock=clock, **{"metadata.max.age.ms": 5})
     core.metadata()
     clock.advance(0.005)
     core.metadata()

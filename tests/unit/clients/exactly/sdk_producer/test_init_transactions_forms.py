@@ -2,9 +2,8 @@
 (confluent-kafka's init_transactions(timeout), Java's initTransactions()); the
 group-aware form of the KIP-447 draft is init_transactions_for_group(partitions, group,
 generation, timeout) on Producer and AIOProducer. The call of earlier releases with the
-partitions first still runs the group-aware form, the same requests, after a
-DeprecationWarning naming the new method. Against the in-process gRPC stand-in
-(fake_cluster)."""
+partitions first is refused with a TypeError naming the group-aware method. Against the
+in-process gRPC stand-in (fake_cluster)."""
 from __future__ import annotations
 
 import asyncio
@@ -65,56 +64,17 @@ def _fields(req):
             [(tps.topic, list(tps.partitions)) for tps in req.assigned_partitions])
 
 
-def _round_trip(fc, p, gm):
-    """A transaction with records and offsets; returns what the cluster ended."""
+def test_a_group_aware_producer_sends_its_group_and_commits_records_and_offsets(fc, make):
+    p = make("tx-b")
+    p.init_transactions_for_group([TP], GM)
+    assert _fields(fc.init_requests[0]) == ("g", 3, 60000, False, [("u", [0])])
+    assert (p._txn.group_id, p._txn.generation_id, p._flows.assigned) == ("g", 3, [TP])
     p.begin_transaction()
-    p.send("t", b"v", key=b"k").result(5)
-    p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, gm, 5)
+    p.send("u", b"v").result(5)
+    p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
     p.commit_transaction(5)
-    return [(committed, sorted(parts)) for tid, committed, parts in fc.ended if tid == p.transactional_id]
-
-
-@pytest.mark.parametrize("old_args, new_args", [
-    (([TP], "g", 3), ([TP], "g", 3)),
-    (([TP], GM), ([TP], GM)),
-    (([TP],), {"partitions": [TP], "group": "g", "generation": 3}),  # keywords of the earlier signature
-    (([TP], "g", 3, 5.0), ([TP], "g", 3, 5.0)),
-], ids=["positional", "group-metadata", "keywords", "with-timeout"])
-def test_the_earlier_call_warns_and_sends_what_the_group_method_sends(fc, make, old_args, new_args):
-    old, new = make("tx-old"), make("tx-new")
-    if isinstance(new_args, dict):
-        old_call = lambda: old.init_transactions(**new_args)  # noqa: E731
-        new_call = lambda: new.init_transactions_for_group(**new_args)  # noqa: E731
-    else:
-        old_call = lambda: old.init_transactions(*old_args)  # noqa: E731
-        new_call = lambda: new.init_transactions_for_group(*new_args)  # noqa: E731
-    with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
-        old_call()
-    # pytest.warns records every warning: an unclosed client of another test collected meanwhile adds a ResourceWarning
-    assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__], "the warning names the caller's line"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        new_call()
-    old_req, new_req = fc.init_requests
-    assert _fields(old_req) == _fields(new_req) == ("g", 3, 60000, False, [("u", [0])])
-    assert (old._txn.group_id, old._txn.generation_id, old._flows.assigned) == \
-        (new._txn.group_id, new._txn.generation_id, new._flows.assigned) == ("g", 3, [TP])
-    ended_old, ended_new = _round_trip(fc, old, GM), _round_trip(fc, new, GM)
-    assert ended_old == ended_new and ended_old[0][0] is True
-
-
-def test_old_and_new_group_aware_producers_commit_the_same_transaction(fc, make):
-    old, new = make("tx-a"), make("tx-b")
-    with pytest.warns(DeprecationWarning, match=NEW_METHOD):
-        old.init_transactions([TP], GM)
-    new.init_transactions_for_group([TP], GM)
-    for p in (old, new):
-        p.begin_transaction()
-        p.send("u", b"v").result(5)
-        p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
-        p.commit_transaction(5)
-    ended = {tid: (committed, parts) for tid, committed, parts in fc.ended}
-    assert ended["tx-a"] == ended["tx-b"] == (True, frozenset({("u", 0)}))
+    assert [(tid, committed, parts) for tid, committed, parts in fc.ended] == \
+        [("tx-b", True, frozenset({("u", 0)}))]
     assert fc.committed_offsets["g"][("u", 0)] == 4
 
 
@@ -155,12 +115,14 @@ def test_the_signatures_are_the_current_ones():
     assert inspect.iscoroutinefunction(AIOProducer.init_transactions)
 
 
-def test_the_earlier_call_keeps_its_errors(fc, make):
+def test_the_earlier_call_is_refused_naming_the_group_method(fc, make):
     p = make("tx-e")
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs a consumer group"):
-        p.init_transactions([TP])
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="keep_prepared_txn"):
-        p.init_transactions([TP], "g", 3, keep_prepared_txn=True)
+    with pytest.raises(TypeError, match=NEW_METHOD):
+        p.init_transactions([TP])  # the partitions where the timeout goes
+    with pytest.raises(TypeError):
+        p.init_transactions([TP], "g", 3)
+    with pytest.raises(TypeError):
+        p.init_transactions(partitions=[TP], group="g", generation=3)
     with pytest.raises(TypeError):
         p.init_transactions(5, bogus=1)
     with pytest.raises(ValueError, match="generation >= 0"):
@@ -202,49 +164,21 @@ def test_a_timeout_is_honoured(fc, make, clock, call):
     assert fc.calls["InitProducerId"] >= 2, "retried until the timeout"
 
 
-def test_the_earlier_call_honours_its_timeout(fc, make, clock):
-    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
-    p, q = make("tx-t1", clock), make("tx-t2", clock)
-    with pytest.warns(DeprecationWarning):
-        assert 0.3 - 0.07 <= _timed(lambda: p.init_transactions([TP], "g", 3, timeout=0.3), clock) < 2.5
-    with pytest.warns(DeprecationWarning):
-        assert 0.3 - 0.07 <= _timed(lambda: q.init_transactions([TP], "g", 3, 0.3), clock) < 2.5
-
-
 # ---------------------------------------------------------------- asyncio
 
 
-def test_aio_earlier_call_warns_and_sends_what_the_group_method_sends(fc):
-    async def scenario():
-        async with AIOProducer(conf(fc, "tx-aold")) as old, AIOProducer(conf(fc, "tx-anew")) as new:
-            with pytest.warns(DeprecationWarning, match=NEW_METHOD) as caught:
-                await old.init_transactions([TP], "g", 3)
-            assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__]
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                await new.init_transactions_for_group([TP], GM)
-                for p in (old, new):
-                    p.begin_transaction()
-                    await p.send("u", b"v")
-                    await p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
-                    await p.commit_transaction(5)
-
-    asyncio.run(scenario())
-    old_req, new_req = fc.init_requests
-    assert _fields(old_req) == _fields(new_req) == ("g", 3, 60000, False, [("u", [0])])
-    ended = {tid: (committed, parts) for tid, committed, parts in fc.ended}
-    assert ended["tx-aold"] == ended["tx-anew"] == (True, frozenset({("u", 0)}))
-
-
-def test_aio_current_forms_do_not_warn_and_honour_the_timeout(fc, clock, monkeypatch):
-    def clocked(conf, transport=None):  # the third producer's core: on the virtual clock
-        core = AIOClientCore(conf, transport=transport)
+def test_aio_forms_and_their_timeout(fc, clock, monkeypatch):
+    def clocked(settings, transport=None):  # the third producer's core: on the virtual clock
+        core = AIOClientCore(settings, transport=transport)
         core.clock = clock
         return core
 
     async def scenario():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            async with AIOProducer(conf(fc, "tx-a0")) as p:
+                with pytest.raises(TypeError, match=NEW_METHOD):
+                    await p.init_transactions([TP])
             async with AIOProducer(conf(fc, "tx-a1")) as p:
                 await p.init_transactions(5)
             async with AIOProducer(conf(fc, "tx-a2")) as p:

@@ -13,7 +13,7 @@ from exactly_wire import records
 from exactly._accumulator import partition_for_key
 from exactly._txn_manager import TransactionManagerState
 from exactly_wire.error_codes import ErrorCode
-from exactly.producer import TransactionAbortedError
+from exactly.errors import TransactionAbortedError
 
 from .fake_clock import FakeClock, on_clock
 from .fake_cluster import FakeCluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 from exactly._transport_check import Facts, explain, suspect
 from exactly_wire.security import TransportSecurity
 
-PLAIN = TransportSecurity.from_settings({})
+PLAIN = TransportSecurity.from_conf({})
 A = "127.0.0.1:9093"
 
 

@@ -6,7 +6,8 @@ import pytest
 from exactly import PreparedTxnState, errors
 from exactly._accumulator import RecordAccumulator
 from exactly._client import run_flow
-from exactly._txn_flows import CoordinatorRequest, TransactionFlows
+from exactly._txn_calls import CoordinatorCall
+from exactly._txn_flows import TransactionFlows
 from exactly._txn_manager import TransactionManager, TransactionManagerState
 from exactly.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -98,12 +99,13 @@ class _Sender:
 
 
 def _drive(flow, answers: dict[str, object], sent: list):
-    """Run a producer flow, answering each coordinator request by its RPC name from
-    `answers` (and every wait at once); the requests go to `sent`."""
+    """Run a producer flow, answering each coordinator request by the name of its class
+    (the RPC's) from `answers` (and every wait at once); (name, request) go to `sent`."""
     def perform(effect):
-        if isinstance(effect, CoordinatorRequest):
-            sent.append((effect.method, effect.request))
-            return answers[effect.method]
+        if isinstance(effect, CoordinatorCall):
+            name = type(effect).__name__
+            sent.append((name, effect.request))
+            return answers[name]
         return None
     return run_flow(flow, perform)
 

@@ -42,7 +42,7 @@ def test_the_fork_transport_authenticates_once_and_sends_only_the_token():
         server = grpc.aio.server(handlers=[Handler()])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        security = TransportSecurity.from_settings({"security.protocol": "SASL_PLAINTEXT",
+        security = TransportSecurity.from_conf({"security.protocol": "SASL_PLAINTEXT",
                                                     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "dave",
                                                     "sasl.password": PASSWORD})
         conn = _Connection(f"127.0.0.1:{port}", security)
