@@ -300,6 +300,13 @@ def channel_options(settings: ClientSchema) -> list[tuple[str, Any]]:
     return options
 
 
+def no_metadata_yet(refresh: Any) -> errors.NetworkException:
+    """The error of a call that needs metadata before any arrived (retriable), naming why
+    the last refresh failed (`refresh`: its finished future or task, or None)."""
+    failed = refresh.exception() if refresh is not None and refresh.done() and not refresh.cancelled() else None
+    return errors.NetworkException(f"no cluster metadata yet: {failed}" if failed else "no cluster metadata yet")
+
+
 # A cancelled request future (concurrent.futures or asyncio: distinct classes since
 # Python 3.8), for code shared by the synchronous and the asyncio clients.
 CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
@@ -733,10 +740,11 @@ class ClientCore(CoreBase):
         if not refresh and md is not None and self._fresh(md, topics):
             return md
         with self._lock:
-            if not self._closed and (self._refresh is None or self._refresh.done()):
+            previous = self._refresh
+            if not self._closed and (previous is None or previous.done()):
                 self._refresh = self.submit(self.metadata, None, True)
         if md is None:
-            raise errors.NetworkException("no cluster metadata yet")
+            raise no_metadata_yet(previous)
         return md
 
     def pending_refresh(self) -> concurrent.futures.Future | None:
@@ -821,7 +829,7 @@ class ClientCore(CoreBase):
             ch.close()
 
 
-__all__ = ["ClientCore", "CoreBase", "Transport", "Rpc", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
+__all__ = ["ClientCore", "CoreBase", "Transport", "Rpc", "no_metadata_yet", "channel_options", "run_flow", "CANCELLED", "Metadata", "NodeMetadata",
            "TopicMetadata", "PartitionMetadata",
            "COORDINATOR_GROUP", "COORDINATOR_TRANSACTION", "COORDINATOR_TRANSACTION_GROUP",
            "txn_coordinator_key", "translate_rpc_error", "is_retriable",

@@ -24,7 +24,7 @@ import tenacity
 from exactly import _fork, errors
 from exactly._client import COORDINATOR_ERRORS as _COORDINATOR_ERRORS
 from exactly._client import (CoreBase, Metadata, Transport, TransportCheck, bounded_s, call_deadline, channel_options,
-                             outcome_of_retries, remaining_s, translate_rpc_error)
+                             no_metadata_yet, outcome_of_retries, remaining_s, translate_rpc_error)
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock
 from exactly_wire.security import secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -148,9 +148,10 @@ class AIOClientCore(CoreBase):
         md = self._metadata
         if not refresh and md is not None and self._fresh(md, topics):
             return md
+        previous = self._metadata_task
         self._refresh()
         if md is None:
-            raise errors.NetworkException("no cluster metadata yet")
+            raise no_metadata_yet(previous)
         return md
 
     metadata_nowait = metadata  # the name the I/O-free rules shared with ClientCore use

@@ -1,11 +1,13 @@
 """Test doubles for applications that use the SDK: `MockCluster`, a whole cluster in
 the test's process that a Producer, Consumer or AdminClient (sync or asyncio) takes as
 its `transport` instead of the network, with the services' own transaction, log and
-consumer-group logic (as httpx ships `MockTransport`); and `MockTime`, a monotonic
-clock that moves only when told (Kafka's MockTime), for the cluster's waits and the
-project's own tests. docs/testing.md shows a transactional application's unit test."""
+consumer-group logic (as httpx ships `MockTransport`), and faults a test injects (a node
+down, a partition's leader moved, the next answers of an RPC, a request held). The
+project's own SDK tests use it as its users do. docs/testing.md shows a transactional
+application's unit test and the fault injection."""
 from __future__ import annotations
 
-from ._cluster import MockCluster
+from ._cluster import CompletedTransaction, MockCluster, Request
+from ._faults import Held
 
-__all__ = ["MockCluster"]
+__all__ = ["MockCluster", "Held", "Request", "CompletedTransaction"]

@@ -4,7 +4,8 @@ instead of over the network, for `exactly.testing.MockCluster`.
 
 The servicers are registered with their generated `add_*Servicer_to_server`
 functions on a `HandlerTable` (which records gRPC's own method handlers), so a call
-reaches the servicer method gRPC would call. Requests and responses go through
+reaches the servicer method gRPC would call, through the channel's `serve` function
+(`Serve`: where the cluster takes nodes down, records requests and injects faults). Requests and responses go through
 their serializers both ways, as on the wire: the servicer never shares a message
 object with the client. A servicer may answer with a `concurrent.futures.Future`
 (a request that waits: a long-polling Fetch, a JoinGroup until the group's
@@ -49,10 +50,13 @@ class _Aborted(Exception):
 
 class Context:
     """The `context` a servicer method gets: `abort`, `set_code` / `set_details` (as the
-    generated servicers' unimplemented methods use them), `invocation_metadata`, `peer`."""
+    generated servicers' unimplemented methods use them), `invocation_metadata`, `peer`;
+    and, for the in-process cluster, the `address` the call was sent to and its `rpc`
+    (the method's name: "EndTxn")."""
 
-    def __init__(self, address: str, timeout_s: float | None):
+    def __init__(self, address: str, rpc: str, timeout_s: float | None):
         self.address = address
+        self.rpc = rpc
         self.timeout_s = timeout_s
         self.code: grpc.StatusCode | None = None
         self.details = ""
@@ -81,6 +85,8 @@ class Context:
 
 
 def _error(context: Context, exc: BaseException) -> CallError:
+    if isinstance(exc, CallError):
+        return exc
     if context.code is not None and context.code is not grpc.StatusCode.OK:
         return CallError(context.code, context.details or str(exc))
     return CallError(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
@@ -141,19 +147,29 @@ class _AioUnaryUnary(_UnaryUnary):
             raise CallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
 
+# serve(request, context, run): the answer to `request` (or a Future of it), which
+# `run()` gives by calling the servicer; `context` names the address and the RPC.
+Serve = Callable[[Any, Context, Callable[[], Any]], Any]
+
+
+def _run(request: Any, context: Context, run: Callable[[], Any]) -> Any:
+    return run()
+
+
 class InProcessChannel:
     """A grpc.Channel whose calls reach `handlers` (a HandlerTable's) in this process,
-    as sent to `address`; `invoke` runs one. `clock` bounds the waits of blocking
-    calls. Only unary calls exist (the SDK makes no other)."""
+    as sent to `address`, through `serve` (default: the servicer at once); `invoke` runs
+    one. `clock` bounds the waits of blocking calls. Only unary calls exist (the SDK
+    makes no other)."""
 
     _method = _UnaryUnary
 
     def __init__(self, address: str, handlers: dict[str, grpc.RpcMethodHandler], clock: MonotonicClock,
-                 observe: Callable[[str, str, Any], None] | None = None):
+                 serve: Serve = _run):
         self.address = address
         self.clock = clock
         self._handlers = handlers
-        self._observe = observe
+        self._serve = serve
         self.closed = False
 
     def unary_unary(self, path: str, request_serializer: Callable = None, response_deserializer: Callable = None,
@@ -169,11 +185,9 @@ class InProcessChannel:
         if handler is None or handler.unary_unary is None:
             raise CallError(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
         request = handler.request_deserializer(payload)
-        if self._observe is not None:
-            self._observe(self.address, path, request)
-        context = Context(self.address, timeout)
+        context = Context(self.address, path.rsplit("/", 1)[-1], timeout)
         try:
-            answer = handler.unary_unary(request, context)
+            answer = self._serve(request, context, lambda: handler.unary_unary(request, context))
         except Exception as exc:  # noqa: BLE001 - a failed call, as the server reports it
             raise _error(context, exc) from None
         serialize = handler.response_serializer
@@ -213,4 +227,4 @@ class AioInProcessChannel(InProcessChannel):
         self.closed = True
 
 
-__all__ = ["HandlerTable", "InProcessChannel", "AioInProcessChannel", "CallError", "Context"]
+__all__ = ["HandlerTable", "InProcessChannel", "AioInProcessChannel", "CallError", "Context", "Serve"]

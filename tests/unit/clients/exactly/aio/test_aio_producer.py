@@ -1,5 +1,5 @@
-"""exactly.aio's producer and core against the in-process gRPC stand-in of the
-producer tests (fake_cluster): the asyncio client drives the synchronous
+"""exactly.aio's producer and core against exactly.testing.MockCluster: the asyncio
+client drives the synchronous
 Producer's rules and flows, so both send the same requests; send_nowait keeps
 call order; `async with transaction()` aborts on errors and closes on fencing
 (KIP-98 design document, "Error Handling"); the core answers from its caches
@@ -18,7 +18,7 @@ from exactly.config import ProducerSchema
 from exactly_wire.config import parse
 from exactly.aio._core import AIOClientCore, run_flow_async
 
-from sdk_producer.fake_cluster import FakeCluster
+from exactly.testing import MockCluster
 
 
 @pytest.fixture
@@ -26,16 +26,16 @@ def make_fc():
     made = []
 
     def _make():
-        made.append(FakeCluster({"t": 3, "u": 1}))
+        made.append(MockCluster({"t": 3, "u": 1}))
         return made[-1]
 
     yield _make
     for fc in made:
-        fc.stop()
+        fc.close()
 
 
 def conf(fc, **extra):
-    return {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
+    return {"bootstrap.servers": fc.bootstrap_servers, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
             "request.timeout.ms": 5000, "max.block.ms": 5000, **extra}
 
 
@@ -72,7 +72,7 @@ GM = ConsumerGroupMetadata("g", -1, "")
 
 
 def _sync_scenario(fc) -> None:
-    p = Producer(conf(fc, **{"transactional.id": "tx"}))
+    p = Producer(conf(fc, **{"transactional.id": "tx"}), transport=fc)
     try:
         p.init_transactions(5)
         p.begin_transaction()
@@ -90,7 +90,7 @@ def _sync_scenario(fc) -> None:
 
 
 async def _aio_scenario(fc) -> None:
-    async with AIOProducer(conf(fc, **{"transactional.id": "tx"})) as p:
+    async with AIOProducer(conf(fc, **{"transactional.id": "tx"}), transport=fc) as p:
         await p.init_transactions(5)
         p.begin_transaction()
         for i in range(5):
@@ -105,8 +105,14 @@ async def _aio_scenario(fc) -> None:
 
 
 def _summary(fc):
-    return (dict(fc.calls), fc.ended, {tp: [(r.key, r.value) for r, _ in fc.records(*tp)] for tp in list(fc.logs)},
-            dict(fc.committed_offsets))
+    """The calls of each transaction coordinator RPC, the completed transactions, every
+    partition's records (committed or not), the group's committed offsets."""
+    return ({rpc: len(fc.requests_of(rpc)) for rpc in ("InitProducerId", "AddOffsetsToTxn", "TxnOffsetCommit",
+                                                       "EndTxn")},
+            [(t.transactional_id, t.committed, t.partitions) for t in fc.completed_transactions],
+            {(t, p): [(r.key, r.value) for r in fc.records(t, p, "read_uncommitted")]
+             for t, n in (("t", 3), ("u", 1)) for p in range(n)},
+            fc.committed_offsets("g"))
 
 
 def test_aio_producer_sends_the_requests_of_the_sync_producer(make_fc):
@@ -114,18 +120,16 @@ def test_aio_producer_sends_the_requests_of_the_sync_producer(make_fc):
     _sync_scenario(sync_fc)
     asyncio.run(_aio_scenario(aio_fc))
     calls, ended, logs, offsets = _summary(aio_fc)
-    assert _summary(sync_fc)[1:] == (ended, logs, offsets)
-    for rpc in ("InitProducerId", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn"):
-        assert calls[rpc] == sync_fc.calls[rpc], rpc
+    assert _summary(sync_fc) == (calls, ended, logs, offsets)
     assert [(tid, committed) for tid, committed, _ in ended] == [("tx", True), ("tx", False)]
-    assert offsets == {"g": {("u", 0): 7}}
+    assert offsets == {("u", 0): 7}
 
 
 def test_send_nowait_keeps_call_order_and_flush_completes_every_future(make_fc):
     fc = make_fc()
 
     async def main():
-        async with AIOProducer(conf(fc, **{"linger.ms": 50})) as p:
+        async with AIOProducer(conf(fc, **{"linger.ms": 50}), transport=fc) as p:
             # The first calls wait for metadata in a task; later ones queue behind them.
             futures = [p.send_nowait("u", f"v{i}") for i in range(30)]
             await p.flush(5)
@@ -136,14 +140,14 @@ def test_send_nowait_keeps_call_order_and_flush_completes_every_future(make_fc):
             assert last.result().offset == 30
 
     asyncio.run(main())
-    assert [r.value for r, _ in fc.records("u", 0)] == [f"v{i}".encode() for i in range(30)] + [b"last"]
+    assert [r.value for r in fc.records("u", 0)] == [f"v{i}".encode() for i in range(30)] + [b"last"]
 
 
 def test_transaction_context_commits_or_aborts_and_reraises(make_fc):
     fc = make_fc()
 
     async def main():
-        async with AIOProducer(conf(fc, **{"transactional.id": "tx"})) as p:
+        async with AIOProducer(conf(fc, **{"transactional.id": "tx"}), transport=fc) as p:
             await p.init_transactions(5)
             async with p.transaction():
                 await p.send("u", "kept")
@@ -155,16 +159,16 @@ def test_transaction_context_commits_or_aborts_and_reraises(make_fc):
                 await p.send("u", "kept too")
 
     asyncio.run(main())
-    assert [committed for _, committed, _ in fc.ended] == [True, False, True]
+    assert [t.committed for t in fc.completed_transactions] == [True, False, True]
 
 
 def test_transaction_context_closes_the_producer_when_fenced(make_fc):
     fc = make_fc()
 
     async def main():
-        p = AIOProducer(conf(fc, **{"transactional.id": "tx"}))
+        p = AIOProducer(conf(fc, **{"transactional.id": "tx"}), transport=fc)
         await p.init_transactions(5)
-        newer = Producer(conf(fc, **{"transactional.id": "tx"}))
+        newer = Producer(conf(fc, **{"transactional.id": "tx"}), transport=fc)
         try:
             newer.init_transactions(5)  # a newer epoch: `p` is a zombie
             with pytest.raises(errors.ProducerFencedError):
@@ -178,14 +182,14 @@ def test_transaction_context_closes_the_producer_when_fenced(make_fc):
         await p.close()
 
     asyncio.run(main())
-    assert all(tid == "tx" and not committed for tid, committed, _ in fc.ended)
+    assert all(t.transactional_id == "tx" and not t.committed for t in fc.completed_transactions)
 
 
 def test_core_answers_from_its_caches_and_refreshes_in_the_background(make_fc):
     fc = make_fc()
 
     async def main():
-        core = AIOClientCore(parse(ProducerSchema, conf(fc)))
+        core = AIOClientCore(parse(ProducerSchema, conf(fc)), transport=fc)
         try:
             with pytest.raises(errors.NetworkException):
                 core.metadata()  # nothing cached yet: a refresh starts
@@ -195,7 +199,7 @@ def test_core_answers_from_its_caches_and_refreshes_in_the_background(make_fc):
                 core.find_coordinator("tx", COORDINATOR_TRANSACTION)
             assert core.background()  # the lookup
             addr = await core.find_coordinator_async("tx", COORDINATOR_TRANSACTION)
-            assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == addr == fc.address
+            assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == addr == fc.address_of("txn-coordinator")
         finally:
             await core.close()
         with pytest.raises(errors.IllegalStateError):

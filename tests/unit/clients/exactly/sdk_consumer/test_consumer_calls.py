@@ -1,7 +1,7 @@
 """The Consumer's calls beyond poll: unsubscribe, pause / resume / paused,
 get_watermark_offsets, beginning / end offsets, offsets_for_times, asynchronous
 commits with callbacks, pattern subscriptions, on_lost and static membership in
-GroupMembership. Pure parts directly, the rest against in-process fakes."""
+GroupMembership. Pure parts directly, the rest against exactly.testing.MockCluster."""
 from __future__ import annotations
 
 import re
@@ -17,25 +17,26 @@ from exactly.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .fakes import FakeCore, FakeGroupCoordinator, FakeLeader
-from .logbuilder import PartitionLog
-from .test_consumer_group import join
-from .test_consumer_poll import core, poll_all  # noqa: F401 - `core` is a fixture
-from .test_consumer_poll import make as make_consumer
+from .cluster_logs import make_consumer
+from .test_consumer_group import core_of, join
+from .test_consumer_poll import poll_all
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
 
 
-def make(core, **conf) -> Consumer:
-    return make_consumer(core, **{"auto_offset_reset": "earliest", **conf})
+@pytest.fixture
+def make(cluster, clock):
+    """Consumers of the cluster that start at the earliest offset unless told otherwise."""
+    made = []
 
+    def _make(**conf) -> Consumer:
+        made.append(make_consumer(cluster, clock, **{"auto_offset_reset": "earliest", **conf}))
+        return made[-1]
 
-def log_of(*values: bytes) -> PartitionLog:
-    log = PartitionLog()
-    for v in values:
-        log.append([v])
-    return log
+    yield _make
+    for c in made:
+        c.close()
 
 
 # ---------------------------------------------------------------- pure parts
@@ -94,48 +95,48 @@ def test_list_offsets_request_and_answer():
 # ---------------------------------------------------------------- GroupMembership
 
 @pytest.fixture
-def env():
-    core = FakeCore()
-    coord = FakeGroupCoordinator(core)
-    member = GroupMembership(core, "g", group_instance_id="i-1", backoff_ms=0, backoff_max_ms=0)
-    return core, coord, member
+def env(cluster):
+    """(the cluster, a static member "i-1" of group "g" on it)."""
+    core = core_of(cluster)
+    yield cluster, GroupMembership(core, "g", group_instance_id="i-1", backoff_ms=0, backoff_max_ms=1000)
+    core.close()
 
 
 def test_static_member_requests_carry_the_instance_id_and_close_sends_no_leave_group(env):
-    core, coord, member = env
+    cluster, member = env
     join(member)
     member.heartbeat_once()
     member.commit_sync({A: OffsetAndMetadata(1)}, managed=True, timeout_s=5)
     for rpc in ("JoinGroup", "SyncGroup", "Heartbeat", "OffsetCommit"):
-        assert core.calls_of(rpc)[-1].group_instance_id == "i-1", rpc
+        assert cluster.requests_of(rpc)[-1].group_instance_id == "i-1", rpc
     member.close()
-    assert core.calls_of("LeaveGroup") == []
+    assert cluster.requests_of("LeaveGroup") == []
     assert member.state is MemberState.UNJOINED
 
 
 @pytest.mark.parametrize("code", [ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION])
 def test_a_generation_ended_by_the_coordinator_means_lost_partitions(env, code):
-    core, coord, member = env
+    cluster, member = env
     join(member)
     assert not member.take_lost()
-    coord.heartbeat_code = code
+    cluster.fail_next("Heartbeat", code)
     member.heartbeat_once()
     assert member.needs_join() and member.generation()[0] == -1
     assert member.take_lost() and not member.take_lost()
 
 
 def test_a_rebalance_is_not_a_loss(env):
-    core, coord, member = env
+    cluster, member = env
     join(member)
-    coord.heartbeat_code = ErrorCode.REBALANCE_IN_PROGRESS
+    cluster.fail_next("Heartbeat", ErrorCode.REBALANCE_IN_PROGRESS)
     member.heartbeat_once()
     assert member.needs_join() and not member.take_lost()
 
 
 def test_fenced_instance_id_is_fatal_and_permanent(env):
-    core, coord, member = env
+    cluster, member = env
     join(member)
-    coord.heartbeat_code = ErrorCode.FENCED_INSTANCE_ID
+    cluster.fail_next("Heartbeat", ErrorCode.FENCED_INSTANCE_ID)
     member.heartbeat_once()
     assert member.take_lost()
     for _ in range(2):
@@ -145,9 +146,10 @@ def test_fenced_instance_id_is_fatal_and_permanent(env):
 
 # ---------------------------------------------------------------- the Consumer
 
-def test_pause_keeps_the_position_and_resume_continues(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a0", b"a1"), ("t", 1): log_of(b"b0", b"b1")})
-    c = make(core)
+def test_pause_keeps_the_position_and_resume_continues(make, logs):
+    logs.plain("t", 0, b"a0", b"a1")
+    logs.plain("t", 1, b"b0", b"b1")
+    c = make()
     c.assign([A, B])
     c.pause([A])
     assert c.paused() == {A}
@@ -160,11 +162,11 @@ def test_pause_keeps_the_position_and_resume_continues(core):
         c.pause([TopicPartition("other", 0)])
 
 
-def test_offsets_of_the_log(core):
-    log = log_of(b"a", b"b", b"c")
-    log.append([b"open"], pid=9, transactional=True)  # an open transaction at offset 3
-    FakeLeader(core, "l:1", {("t", 0): log})
-    c = make(core, isolation_level="read_committed")
+def test_offsets_of_the_log(make, logs):
+    logs.plain("t", 0, b"a", b"b", b"c", timestamps=[1000, 2000, 3000])
+    logs.begin("open")
+    logs.in_txn("open", "t", 0, b"open")  # an open transaction at offset 3
+    c = make(isolation_level="read_committed")
     assert c.beginning_offsets([A]) == {A: 0}
     assert c.end_offsets([A]) == {A: 3}          # the LSO
     assert c.get_watermark_offsets(A) == (0, 4)  # the high watermark
@@ -172,55 +174,52 @@ def test_offsets_of_the_log(core):
     c.assign([A])
     poll_all(c, 3)
     assert c.get_watermark_offsets(A, cached=True) == (0, 4)
-    assert c.offsets_for_times({A: 1}) == {A: OffsetAndTimestamp(1, 1)}
-    assert c.offsets_for_times({A: 99}) == {A: None}
+    assert c.offsets_for_times({A: 1500}) == {A: OffsetAndTimestamp(1, 2000)}
+    assert c.offsets_for_times({A: 2 ** 50}) == {A: None}
     with pytest.raises(ValueError):
         c.offsets_for_times({A: -1})
-    u = make(core)
+    u = make()
     assert u.end_offsets([A]) == {A: 4}
 
 
-def test_offsets_of_the_log_time_out_without_a_leader(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a")})
-    core.down.add("l:1")
-    c = make(core)
+def test_offsets_of_the_log_time_out_without_a_leader(cluster, make, logs):
+    logs.plain("t", 0, b"a")
+    cluster.take_down("leader-0")
+    c = make()
     with pytest.raises(errors.KafkaTimeoutError):
         c.end_offsets([A], timeout=1)
 
 
-def test_async_commit_callbacks_run_on_the_next_poll_in_order(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a", b"b")})
-    coord = FakeGroupCoordinator(core)
-    coord.assignment = [("t", 0)]
-    c = make(core, group_id="g")
+def test_async_commit_callbacks_run_on_the_next_poll_in_order(cluster, make, logs):
+    logs.plain("t", 0, b"a", b"b")
+    c = make(group_id="g")
     c.subscribe(["t"])
     assert len(poll_all(c)) == 2
     seen = []
     c.commit(asynchronous=True, callback=lambda err, offsets: seen.append((err, offsets)))
-    coord.commit_codes = [ErrorCode.ILLEGAL_GENERATION]
+    cluster.fail_next("OffsetCommit", ErrorCode.ILLEGAL_GENERATION)
     c.commit({A: 1}, asynchronous=True, callback=lambda err, offsets: seen.append((err, offsets)))
-    assert seen == []  # not from the gRPC thread
+    assert seen == []  # not from the thread that answered
     c.poll(0)
-    assert seen[0] == (None, {A: OffsetAndMetadata(2)})
+    assert seen[0] == (None, {A: OffsetAndMetadata(2), B: OffsetAndMetadata(0)})
     assert isinstance(seen[1][0], errors.IllegalGenerationError) and seen[1][1] == {A: OffsetAndMetadata(1)}
-    assert coord.committed == {("t", 0): 2}
+    assert cluster.committed_offsets("g") == {A: 2, B: 0}
     sync = []
     c.commit({A: 2}, callback=lambda err, offsets: sync.append(err))
     assert sync == [None]
 
 
-def test_unsubscribe_revokes_leaves_and_allows_assign(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a")})
-    coord = FakeGroupCoordinator(core)
-    coord.assignment = [("t", 0)]
+def test_unsubscribe_revokes_leaves_and_allows_assign(cluster, make, logs):
+    logs.plain("t", 0, b"a")
     events = []
-    c = make(core, group_id="g", enable_auto_commit=True)
+    c = make(group_id="g", enable_auto_commit=True)
     c.subscribe(["t"], on_revoke=lambda tps: events.append(("revoke", tps)))
     assert len(poll_all(c)) == 1
+    member = c.group_metadata().member_id
     c.unsubscribe()
-    assert events == [("revoke", [A])]
-    assert coord.committed == {("t", 0): 1}
-    assert core.calls_of("LeaveGroup")[-1].member_id == "m1"
+    assert events == [("revoke", [A, B])]
+    assert cluster.committed_offsets("g") == {A: 1, B: 0}
+    assert cluster.requests_of("LeaveGroup")[-1].member_id == member
     assert c.assignment() == set()
     with pytest.raises(errors.IllegalStateError):
         c.poll(0)
@@ -228,35 +227,34 @@ def test_unsubscribe_revokes_leaves_and_allows_assign(core):
     assert c.position(A) == 1
 
 
-def test_lost_partitions_call_on_lost_and_commit_nothing(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a")})
-    coord = FakeGroupCoordinator(core)
-    coord.assignment = [("t", 0)]
+def test_lost_partitions_call_on_lost_and_commit_nothing(cluster, clock, make, logs):
+    logs.plain("t", 0, b"a")
     events = []
-    c = make(core, group_id="g", enable_auto_commit=True)
+    c = make(group_id="g", enable_auto_commit=True)
     c.subscribe(["t"], on_revoke=lambda tps: events.append(("revoke", tps)),
                 on_lost=lambda tps: events.append(("lost", tps)),
                 on_assign=lambda tps: events.append(("assign", tps)))
     assert len(poll_all(c)) == 1
-    coord.heartbeat_code = ErrorCode.UNKNOWN_MEMBER_ID  # the session expired
-    c._group.heartbeat_once()
-    coord.heartbeat_code = 0
+    clock.advance(11)  # past session.timeout.ms (10 s) without a heartbeat: the coordinator drops the member
+    assert c._group.heartbeat_once() == ErrorCode.UNKNOWN_MEMBER_ID
     c.poll(0.05)
-    assert events == [("assign", [A]), ("lost", [A]), ("assign", [A])]
-    assert coord.committed == {}
-    assert core.calls_of("JoinGroup")[-1].member_id == ""
+    assert events == [("assign", [A, B]), ("lost", [A, B]), ("assign", [A, B])]
+    assert cluster.committed_offsets("g") == {}
+    assert cluster.requests_of("JoinGroup")[-1].member_id == ""
 
 
-def test_pattern_subscription_rejoins_when_a_matching_topic_appears(core):
-    FakeLeader(core, "l:1", {("t", 0): log_of(b"a"), ("u", 0): log_of(b"x")})
-    coord = FakeGroupCoordinator(core)
-    coord.assignment = [("t", 0)]
-    c = make(core, group_id="g")
+def test_pattern_subscription_rejoins_when_a_matching_topic_appears(cluster, make):
+    cluster.create_topic("u")
+    c = make(group_id="g", metadata_max_age_ms=100)  # looks for new matching topics every 100 ms
     c.subscribe("^t.*")
     poll_all(c, 3)
-    assert list(core.calls_of("JoinGroup")[-1].topics) == ["t"]
-    core.extra_topics = {"t2", "__consumer_offsets"}
-    core.metadata(refresh=True)
-    c.poll(0.05)
-    assert list(core.calls_of("JoinGroup")[-1].topics) == ["t", "t2"]
-    assert coord.generation == 2
+    assert list(cluster.requests_of("JoinGroup")[-1].topics) == ["t"]
+    generation = c.group_metadata().generation_id
+    cluster.create_topic("t2")
+    cluster.create_topic("__consumer_offsets")  # internal: never subscribed to
+    for _ in range(50):
+        c.poll(0.05)
+        if TopicPartition("t2", 0) in c.assignment():
+            break
+    assert [list(r.topics) for r in cluster.requests_of("JoinGroup")][-1] == ["t", "t2"]
+    assert c.group_metadata().generation_id == generation + 1

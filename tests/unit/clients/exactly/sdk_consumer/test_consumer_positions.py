@@ -1,41 +1,62 @@
 """Position bookkeeping: draining buffered fetches, seeks invalidating in-flight
-responses and read_committed state, error handling per partition in the Fetcher."""
+responses and read_committed state, error handling per partition in the Fetcher; the
+Fetcher against exactly.testing.MockCluster (one partition leader here) and the errors it
+is told to answer."""
 from __future__ import annotations
 
 import pytest
 
 from exactly import errors
+from exactly._client import ClientCore
 from exactly._consumer_state import TopicPartitionState, ResetStrategy, SubscriptionState
+from exactly.config import ConsumerSchema
 from exactly.errors import NoOffsetForPartitionError
 from exactly._fetcher import READ_COMMITTED, READ_UNCOMMITTED, Fetcher, parse_fetched
+from exactly.testing import MockCluster
+from exactly_wire.config import parse
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .fakes import FakeCore, FakeLeader
 from .logbuilder import PartitionLog
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
 
 
-def make_fetcher(logs, isolation=READ_UNCOMMITTED, reset=ResetStrategy.EARLIEST):
-    core = FakeCore()
-    leader = FakeLeader(core, "l:1", {(tp.topic, tp.partition): log for tp, log in logs.items()})
-    subs = SubscriptionState(default_reset=reset)
-    subs.assign_from_user(logs)
-    for tp in logs:
-        subs.assignment[tp].seek(0)
-    fetcher = Fetcher(core, subs, isolation_level=isolation, max_wait_ms=0, min_bytes=1,
-                      max_bytes=1 << 20, partition_max_bytes=1 << 20, backoff_ms=0, backoff_max_ms=0)
-    return core, leader, subs, fetcher
+@pytest.fixture
+def cluster():
+    """Both partitions of "t" on one partition leader: a fetch of both is one request."""
+    with MockCluster({"t": 2}) as c:
+        yield c
 
 
-def plain_log(n: int, batch: int = 1) -> PartitionLog:
-    log = PartitionLog()
-    for i in range(0, n, batch):
-        log.append([f"v{j}".encode() for j in range(i, min(n, i + batch))])
-    return log
+@pytest.fixture
+def make_fetcher(cluster):
+    cores = []
+
+    def _make(partitions, isolation=READ_UNCOMMITTED, reset=ResetStrategy.EARLIEST):
+        """(core, subscription state, fetcher) reading `partitions` from offset 0; the
+        core has fetched the cluster's metadata."""
+        core = ClientCore(parse(ConsumerSchema, {"bootstrap.servers": cluster.bootstrap_servers}), transport=cluster)
+        cores.append(core)
+        core.metadata()
+        subs = SubscriptionState(default_reset=reset)
+        subs.assign_from_user(partitions)
+        for tp in partitions:
+            subs.assignment[tp].seek(0)
+        fetcher = Fetcher(core, subs, isolation_level=isolation, max_wait_ms=0, min_bytes=1,
+                          max_bytes=1 << 20, partition_max_bytes=1 << 20, backoff_ms=0, backoff_max_ms=0)
+        return core, subs, fetcher
+
+    yield _make
+    for core in cores:
+        core.close()
+
+
+def write(logs, tp: TopicPartition, n: int) -> None:
+    """Records v0..v<n-1> to `tp`, one batch each."""
+    logs.plain(tp.topic, tp.partition, *[f"v{i}".encode() for i in range(n)])
 
 
 def test_drain_moves_position_record_by_record_then_past_trailing_markers():
@@ -50,8 +71,10 @@ def test_drain_moves_position_record_by_record_then_past_trailing_markers():
     assert fetched.exhausted
 
 
-def test_fetcher_round_trip_positions_and_max_records():
-    core, _, subs, fetcher = make_fetcher({A: plain_log(5), B: plain_log(3)})
+def test_fetcher_round_trip_positions_and_max_records(make_fetcher, logs):
+    write(logs, A, 5)
+    write(logs, B, 3)
+    core, subs, fetcher = make_fetcher([A, B])
     assert fetcher.send_fetches() == 1  # both partitions, one leader, one request
     fetcher.wait(1.0)
     got = fetcher.drain(4)
@@ -65,9 +88,9 @@ def test_fetcher_round_trip_positions_and_max_records():
     assert fetcher.drain(10) == [] and subs.positions() == {A: 5, B: 3}
 
 
-def test_records_returned_in_offset_order_per_partition_across_fetches():
-    log = plain_log(10, batch=2)
-    core, leader, subs, fetcher = make_fetcher({A: log})
+def test_records_returned_in_offset_order_per_partition_across_fetches(make_fetcher, logs):
+    write(logs, A, 10)
+    core, subs, fetcher = make_fetcher([A])
     got = []
     for _ in range(10):
         fetcher.send_fetches()
@@ -76,8 +99,9 @@ def test_records_returned_in_offset_order_per_partition_across_fetches():
     assert [r.offset for r in got] == list(range(10))
 
 
-def test_partition_with_buffered_records_is_not_fetched_again():
-    core, _, subs, fetcher = make_fetcher({A: plain_log(4)})
+def test_partition_with_buffered_records_is_not_fetched_again(make_fetcher, logs):
+    write(logs, A, 4)
+    core, subs, fetcher = make_fetcher([A])
     fetcher.send_fetches()
     fetcher.wait(1.0)
     fetcher.drain(1)
@@ -86,8 +110,9 @@ def test_partition_with_buffered_records_is_not_fetched_again():
     assert fetcher.send_fetches() == 1
 
 
-def test_seek_drops_buffer_and_stale_responses():
-    core, _, subs, fetcher = make_fetcher({A: plain_log(6)})
+def test_seek_drops_buffer_and_stale_responses(make_fetcher, logs):
+    write(logs, A, 6)
+    core, subs, fetcher = make_fetcher([A])
     fetcher.send_fetches()
     fetcher.wait(1.0)
     subs.state(A).seek(4)
@@ -113,28 +138,30 @@ def test_seek_clears_read_committed_state():
     assert st.aborted is None and st.epoch == epoch + 1 and st.position == 10
 
 
-def test_response_for_revoked_partition_is_ignored():
-    core, _, subs, fetcher = make_fetcher({A: plain_log(2)})
+def test_response_for_revoked_partition_is_ignored(make_fetcher, logs):
+    write(logs, A, 2)
+    core, subs, fetcher = make_fetcher([A])
     fetcher.send_fetches()
     subs.assign_from_user([B])
     fetcher.wait(1.0)
     assert A not in subs.assignment
 
 
-def test_only_markers_and_aborted_data_advance_position():
-    log = PartitionLog()
-    log.append([b"x"], pid=1, transactional=True)
-    log.marker(1, committed=False)
-    core, _, subs, fetcher = make_fetcher({A: log}, isolation=READ_COMMITTED)
+def test_only_markers_and_aborted_data_advance_position(cluster, make_fetcher, logs):
+    logs.begin("aborted")
+    logs.in_txn("aborted", "t", 0, b"x")
+    logs.end("aborted", committed=False)  # its ABORT marker at offset 1
+    core, subs, fetcher = make_fetcher([A], isolation=READ_COMMITTED)
     fetcher.send_fetches()
     fetcher.wait(1.0)
     assert fetcher.drain(10) == []
     assert subs.state(A).position == 2 and subs.state(A).buffered is None
-    assert core.calls_of("Fetch")[0].isolation_level == 1
+    assert cluster.requests_of("Fetch")[0].isolation_level == 1
 
 
-def test_offset_out_of_range_requests_reset_with_policy():
-    core, leader, subs, fetcher = make_fetcher({A: plain_log(2)}, reset=ResetStrategy.LATEST)
+def test_offset_out_of_range_requests_reset_with_policy(make_fetcher, logs):
+    write(logs, A, 2)
+    core, subs, fetcher = make_fetcher([A], reset=ResetStrategy.LATEST)
     subs.state(A).seek(50)
     fetcher.send_fetches()
     fetcher.wait(1.0)
@@ -142,8 +169,9 @@ def test_offset_out_of_range_requests_reset_with_policy():
     assert st.reset_strategy is ResetStrategy.LATEST and not st.has_position
 
 
-def test_offset_out_of_range_with_policy_none_raises_from_drain():
-    core, leader, subs, fetcher = make_fetcher({A: plain_log(2)}, reset=ResetStrategy.NONE)
+def test_offset_out_of_range_with_policy_none_raises_from_drain(make_fetcher, logs):
+    write(logs, A, 2)
+    core, subs, fetcher = make_fetcher([A], reset=ResetStrategy.NONE)
     subs.state(A).seek(50)
     fetcher.send_fetches()
     fetcher.wait(1.0)
@@ -154,26 +182,33 @@ def test_offset_out_of_range_with_policy_none_raises_from_drain():
 
 @pytest.mark.parametrize("code", [ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                   ErrorCode.LEADER_NOT_AVAILABLE])
-def test_leader_errors_back_off_refresh_metadata_and_retry(code):
-    core, leader, subs, fetcher = make_fetcher({A: plain_log(2)})
-    leader.errors[("t", 0)] = code
+def test_leader_errors_back_off_refresh_metadata_and_retry(cluster, make_fetcher, logs, code):
+    write(logs, A, 2)
+    core, subs, fetcher = make_fetcher([A])
+    cluster.fail_next("Fetch", code, topic="t", partition=0)
     fetcher.send_fetches()
     fetcher.wait(1.0)
     assert fetcher.drain(10) == []
     assert subs.state(A).failures == 1 and subs.state(A).position == 0
-    fetcher.send_fetches()  # refreshes metadata first, then fetches again
-    assert core.metadata_refreshes == 1
+    fetched = len(cluster.requests_of("Metadata"))
+    fetcher.send_fetches()  # refreshes metadata first (in the background), then fetches again
+    refresh = core.pending_refresh()
+    if refresh is not None:
+        refresh.result(5)
+    assert len(cluster.requests_of("Metadata")) == fetched + 1
     fetcher.wait(1.0)
     assert [r.offset for r in fetcher.drain(10)] == [0, 1]
     assert subs.state(A).failures == 0
 
 
-def test_leader_down_returns_nothing_and_keeps_position():
-    core, leader, subs, fetcher = make_fetcher({A: plain_log(3), B: plain_log(2)})
+def test_leader_down_returns_nothing_and_keeps_position(cluster, make_fetcher, logs):
+    write(logs, A, 3)
+    write(logs, B, 2)
+    core, subs, fetcher = make_fetcher([A, B])
     fetcher.send_fetches()
     fetcher.wait(1.0)
     assert len(fetcher.drain(100)) == 5
-    core.down.add("l:1")
+    cluster.take_down("leader-0")
     for _ in range(3):
         fetcher.send_fetches()
         fetcher.wait(0.01)
@@ -181,23 +216,26 @@ def test_leader_down_returns_nothing_and_keeps_position():
     assert subs.positions() == {A: 3, B: 2}
 
 
-def test_non_retriable_partition_error_is_raised():
-    core, leader, subs, fetcher = make_fetcher({A: plain_log(2)})
-    leader.errors[("t", 0)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+def test_non_retriable_partition_error_is_raised(cluster, make_fetcher, logs):
+    write(logs, A, 2)
+    core, subs, fetcher = make_fetcher([A])
+    cluster.fail_next("Fetch", ErrorCode.TOPIC_AUTHORIZATION_FAILED, topic="t", partition=0)
     fetcher.send_fetches()
     fetcher.wait(1.0)
     with pytest.raises(errors.TopicAuthorizationFailedError):
         fetcher.drain(10)
 
 
-def test_corrupt_batch_error_after_good_records():
-    log = plain_log(2)
+def test_corrupt_batch_error_after_good_records(make_fetcher):
+    log = PartitionLog()
+    for value in (b"v0", b"v1"):
+        log.append([value])
     broken = bytearray(log.entries[1].data)
     broken[-1] ^= 0x55
     log.entries[1].data = bytes(broken)
-    core, leader, subs, fetcher = make_fetcher({A: log})
-    fetcher.send_fetches()
-    fetcher.wait(1.0)
+    core, subs, fetcher = make_fetcher([A])
+    pr = pb.FetchPartitionResponse(partition=0, high_watermark=2, records=log.fetch(0)[0])
+    fetcher.handle_partition(A, pr, {A: (0, subs.state(A).epoch)})  # as a leader answering the corrupt batch
     assert [r.offset for r in fetcher.drain(10)] == [0]
     with pytest.raises(errors.CorruptMessageError):
         fetcher.drain(10)

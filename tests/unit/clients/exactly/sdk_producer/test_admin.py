@@ -21,7 +21,7 @@ def test_create_list_describe(fc):
         admin.create_topics([NewTopic("a", 3), NewTopic("b", 1, replication_factor=1, config={"x": "1"})])
         assert admin.list_topics() == {"a": [0, 1, 2], "b": [0], "existing": [0, 1]}
         desc = admin.describe_topics(["a"])["a"]
-        assert sorted(desc.partitions) == [0, 1, 2] and desc.partitions[0].leader == fc.bootstrap_servers
+        assert sorted(desc.partitions) == [0, 1, 2] and desc.partitions[0].leader == fc.address_of("leader-0")
         with pytest.raises(errors.UnknownTopicOrPartitionError):
             admin.describe_topics(["zzz"])
 

@@ -1,5 +1,6 @@
 """ClientCore: bootstrap parsing, the transport-error seam, metadata and
-coordinator caches, and the retry helper (docs/design.md, "Code conventions")."""
+coordinator caches, and the retry helper (docs/design.md, "Code conventions"), against
+exactly.testing.MockCluster (and a closed port for the real transport's errors)."""
 import socket
 
 import grpc
@@ -13,15 +14,15 @@ from exactly_wire.clock import SYSTEM_CLOCK
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
+from exactly.testing import MockCluster
+
 from .fake_clock import FakeClock
-from .fake_cluster import FakeCluster
 
 
 @pytest.fixture
 def fc():
-    cluster = FakeCluster({"t": 2})
-    yield cluster
-    cluster.stop()
+    with MockCluster({"t": 2}) as cluster:
+        yield cluster
 
 
 def dead_address() -> str:
@@ -30,9 +31,19 @@ def dead_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def core_for(*addresses, clock=SYSTEM_CLOCK, **conf) -> ClientCore:
+def core_for(*addresses, clock=SYSTEM_CLOCK, transport=None, **conf) -> ClientCore:
+    """A core bootstrapping from `addresses`, over `transport` (a MockCluster), else the network."""
     return ClientCore(parse(AdminSchema, {"bootstrap.servers": ",".join(addresses), "retry.backoff.ms": 10,
-                                          "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf}), clock)
+                                          "retry.backoff.max.ms": 40, "request.timeout.ms": 2000, **conf}), clock,
+                      transport)
+
+
+def mock_core(cluster, clock=SYSTEM_CLOCK, **conf) -> ClientCore:
+    return core_for(cluster.bootstrap_servers, clock=clock, transport=cluster, **conf)
+
+
+def calls(cluster, rpc):
+    return len(cluster.requests_of(rpc))
 
 
 def test_bootstrap_servers_are_host_port_entries():
@@ -80,17 +91,17 @@ def test_call_translates_and_never_leaks_grpc():
 
 
 def test_metadata_is_cached_and_refreshed(fc):
-    core = core_for(fc.address)
+    core = mock_core(fc)
     md = core.metadata()
-    assert md.partitions("t") == [0, 1] and md.leader("t", 1) == fc.address
+    assert md.partitions("t") == [0, 1] and md.leader("t", 1) == fc.address_of("leader-0")
     assert md.leader("t", 9) is None and md.partitions("missing") == []
-    assert core.metadata() is md and fc.calls["Metadata"] == 1
-    assert core.metadata(refresh=True) is not md and fc.calls["Metadata"] == 2
-    fc.topics["new"] = 3
+    assert core.metadata() is md and calls(fc, "Metadata") == 1
+    assert core.metadata(refresh=True) is not md and calls(fc, "Metadata") == 2
+    fc.create_topic("new", 3)
     assert core.partitions_for("new") == [0, 1, 2]  # a missing topic triggers a refresh
     with pytest.raises(errors.UnknownTopicOrPartitionError):
         core.partitions_for("missing")
-    assert core.leader_for("t", 0) == fc.address
+    assert core.leader_for("t", 0) == fc.address_of("leader-0")
     with pytest.raises(errors.UnknownTopicOrPartitionError):
         core.leader_for("t", 7)
     core.close()
@@ -98,38 +109,55 @@ def test_metadata_is_cached_and_refreshed(fc):
 
 def test_metadata_max_age(fc):
     clock = FakeClock(runs=False)
-    core = core_for(fc.address, clock=clock, **{"metadata.max.age.ms": 5})
+    core = mock_core(fc, clock=clock, **{"metadata.max.age.ms": 5})
     core.metadata()
     clock.advance(0.005)
     core.metadata()
-    assert fc.calls["Metadata"] == 1  # not older than metadata.max.age.ms yet
+    assert calls(fc, "Metadata") == 1  # not older than metadata.max.age.ms yet
     clock.advance(0.001)
     core.metadata()
-    assert fc.calls["Metadata"] == 2
+    assert calls(fc, "Metadata") == 2
     core.close()
 
 
-def test_bootstrap_skips_a_dead_address(fc):
-    core = core_for(dead_address(), fc.address)
+def test_bootstrap_skips_a_node_that_is_down(fc):
+    fc.take_down("leader-0")
+    core = core_for(fc.address_of("leader-0"), fc.bootstrap_servers, transport=fc)
     for _ in range(3):
         assert core.metadata(refresh=True).partitions("t") == [0, 1]
+    assert calls(fc, "Metadata") == 3  # the node that is down answered none
+    core.close()
+
+
+def test_a_call_without_metadata_names_why_the_last_refresh_failed(fc):
+    fc.take_down("leader-0")
+    core = core_for(fc.address_of("leader-0"), transport=fc)
+    with pytest.raises(errors.NetworkException, match="^no cluster metadata yet$"):
+        core.metadata_nowait()  # a refresh starts in the background
+    refresh = core.pending_refresh()
+    if refresh is not None:
+        refresh.exception(5)  # wait: it fails, the only service is down
+    with pytest.raises(errors.NetworkException, match="no cluster metadata yet: UNAVAILABLE: leader-0 is down") as info:
+        core.metadata_nowait()
+    assert info.value.retriable
     core.close()
 
 
 def test_find_coordinator_retries_and_caches(fc):
     clock = FakeClock()
-    core = core_for(fc.address, clock=clock)
-    fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS])
-    assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == fc.address
-    assert fc.calls["FindCoordinator"] == 3
+    core = mock_core(fc, clock=clock)
+    txn_coordinator = fc.address_of("txn-coordinator")
+    fc.fail_next("FindCoordinator", ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    assert core.find_coordinator("tx", COORDINATOR_TRANSACTION) == txn_coordinator
+    assert calls(fc, "FindCoordinator") == 3
     core.find_coordinator("tx", COORDINATOR_TRANSACTION)
-    assert fc.calls["FindCoordinator"] == 3  # cached
-    core.find_coordinator("tx", COORDINATOR_GROUP)  # another key type: another entry
-    assert fc.calls["FindCoordinator"] == 4
+    assert calls(fc, "FindCoordinator") == 3  # cached
+    assert core.find_coordinator("tx", COORDINATOR_GROUP) == fc.address_of("group-coordinator")  # another entry
+    assert calls(fc, "FindCoordinator") == 4
     core.invalidate_coordinator("tx", COORDINATOR_TRANSACTION)
     core.find_coordinator("tx", COORDINATOR_TRANSACTION)
-    assert fc.calls["FindCoordinator"] == 5
-    fc.find_faults.extend([ErrorCode.COORDINATOR_NOT_AVAILABLE] * 1000)
+    assert calls(fc, "FindCoordinator") == 5
+    fc.take_down("txn-coordinator")  # FindCoordinator answers COORDINATOR_NOT_AVAILABLE
     start = clock.now_s()
     with pytest.raises(errors.CoordinatorNotAvailableError):
         core.find_coordinator("other", COORDINATOR_TRANSACTION, timeout_s=0.2)
@@ -139,17 +167,16 @@ def test_find_coordinator_retries_and_caches(fc):
 
 
 def test_coordinator_call_refinds_on_not_coordinator(fc):
-    core = core_for(fc.address)
-    fc.end_txn_faults.extend([ErrorCode.NOT_COORDINATOR])
-    fc.txn_ids["tx"] = 5
-    fc.pid_epoch[5] = 0
-    resp = core.coordinator_call("tx", COORDINATOR_TRANSACTION, lambda a: core.txn_stub(a).EndTxn,
-                                 pb.EndTxnRequest(transactional_id="tx", producer_id=5, producer_epoch=0))
-    assert resp.error_code == 0 and fc.calls["FindCoordinator"] == 2
-    fc.end_txn_faults.append(ErrorCode.INVALID_TXN_STATE)
-    with pytest.raises(errors.InvalidTxnStateError):
-        core.coordinator_call("tx", COORDINATOR_TRANSACTION, lambda a: core.txn_stub(a).EndTxn,
-                              pb.EndTxnRequest(transactional_id="tx", producer_id=5, producer_epoch=0))
+    core = mock_core(fc)
+    init = core.call(core.cluster_stub().FindCoordinator, pb.FindCoordinatorRequest(key="tx", key_type=1))
+    pid = core.call(core.txn_stub(f"{init.host}:{init.port}").InitProducerId, pb.InitProducerIdRequest(
+        transactional_id="tx", transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)).producer_id
+    finds = calls(fc, "FindCoordinator")
+    fc.fail_next("EndTxn", ErrorCode.NOT_COORDINATOR)
+    end = pb.EndTxnRequest(transactional_id="tx", producer_id=pid, producer_epoch=0)
+    with pytest.raises(errors.InvalidTxnStateError):  # asked again, the coordinator: nothing to end
+        core.coordinator_call("tx", COORDINATOR_TRANSACTION, lambda a: core.txn_stub(a).EndTxn, end)
+    assert calls(fc, "EndTxn") == 2 and calls(fc, "FindCoordinator") == finds + 2
     core.close()
 
 
@@ -193,14 +220,13 @@ def test_closed_core_refuses_new_channels():
 
 
 def test_cancelling_a_call_future_cancels_quietly(fc):
-    core = core_for(fc.address)
-    fc.produce_delay.clear()
-    try:
-        fut = core.call_future(core.leader_stub(fc.address).Produce, pb.ProduceRequest())
-        assert fut.cancel()
-        assert fut.cancelled()
-    finally:
-        fc.produce_delay.set()
+    core = mock_core(fc)
+    held = fc.hold_next("Produce")
+    fut = core.call_future(core.leader_stub(fc.address_of("leader-0")).Produce, pb.ProduceRequest())
+    assert held.arrived.is_set() and not fut.done()
+    assert fut.cancel()
+    assert fut.cancelled()
+    held.release()  # its answer comes to nobody
     ok = core.call_future(core.cluster_stub().Metadata, pb.MetadataRequest())
     assert ok.result(5).nodes
     core.close()

@@ -2,8 +2,8 @@
 (confluent-kafka's init_transactions(timeout), Java's initTransactions()); the
 group-aware form of the KIP-447 draft is init_transactions_for_group(partitions, group,
 generation, timeout) on Producer and AIOProducer. The call of earlier releases with the
-partitions first is refused with a TypeError naming the group-aware method. Against the
-in-process gRPC stand-in (fake_cluster)."""
+partitions first is refused with a TypeError naming the group-aware method. Against
+exactly.testing.MockCluster."""
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +18,9 @@ from exactly.aio import producer as aio_producer
 from exactly.aio._core import AIOClientCore
 from exactly_wire.error_codes import ErrorCode
 
+from exactly.testing import MockCluster
+
 from .fake_clock import FakeClock, on_clock
-from .fake_cluster import FakeCluster
 
 TP = TopicPartition("u", 0)
 GM = ConsumerGroupMetadata("g", 3, "member-1")
@@ -28,14 +29,17 @@ NEW_METHOD = "init_transactions_for_group"
 
 @pytest.fixture
 def fc():
-    cluster = FakeCluster({"t": 3, "u": 1})
-    yield cluster
-    cluster.stop()
+    with MockCluster({"t": 3, "u": 1}) as cluster:
+        yield cluster
 
 
 def conf(fc, tid, **extra):
-    return {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
+    return {"bootstrap.servers": fc.bootstrap_servers, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
             "request.timeout.ms": 5000, "max.block.ms": 5000, "transactional.id": tid, **extra}
+
+
+def init_requests(fc):
+    return fc.requests_of("InitProducerId")
 
 
 @pytest.fixture
@@ -50,7 +54,7 @@ def make(fc):
     def _make(tid, clock=None):
         """A producer of `tid`; on `clock` (a FakeClock: for calls that wait out a
         timeout) when given, else on real time."""
-        made.append(Producer(conf(fc, tid)) if clock is None else on_clock(Producer, clock)(conf(fc, tid)))
+        made.append((Producer if clock is None else on_clock(Producer, clock))(conf(fc, tid), transport=fc))
         return made[-1]
 
     yield _make
@@ -67,15 +71,16 @@ def _fields(req):
 def test_a_group_aware_producer_sends_its_group_and_commits_records_and_offsets(fc, make):
     p = make("tx-b")
     p.init_transactions_for_group([TP], GM)
-    assert _fields(fc.init_requests[0]) == ("g", 3, 60000, False, [("u", [0])])
+    assert _fields(init_requests(fc)[0]) == ("g", 3, 60000, False, [("u", [0])])
     assert (p._txn.group_id, p._txn.generation_id, p._flows.assigned) == ("g", 3, [TP])
     p.begin_transaction()
     p.send("u", b"v").result(5)
-    p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, GM, 5)
+    # The group has no members in the cluster: its generation is 0.
+    p.send_offsets_to_transaction({TP: OffsetAndMetadata(4)}, ConsumerGroupMetadata("g", 0, ""), 5)
     p.commit_transaction(5)
-    assert [(tid, committed, parts) for tid, committed, parts in fc.ended] == \
-        [("tx-b", True, frozenset({("u", 0)}))]
-    assert fc.committed_offsets["g"][("u", 0)] == 4
+    assert [(t.transactional_id, t.committed, t.partitions) for t in fc.completed_transactions] == \
+        [("tx-b", True, frozenset({("u", 0), ("__consumer_offsets", 0)}))]
+    assert fc.committed_offsets("g")[("u", 0)] == 4
 
 
 @pytest.mark.parametrize("call", [
@@ -96,14 +101,14 @@ def test_the_current_forms_do_not_warn(fc, make, call):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         call(p)
-    req = fc.init_requests[-1]
+    req = init_requests(fc)[-1]
     assert req.transactional_id == "tx-w" and req.producer_id == -1
 
 
 def test_the_classic_form_sends_no_group(fc, make):
     p = make("tx-c")
     p.init_transactions(5)
-    assert _fields(fc.init_requests[0]) == ("", 0, 60000, False, [])  # no group fields set
+    assert _fields(init_requests(fc)[0]) == ("", 0, 60000, False, [])  # no group fields set
     assert p._txn.group_id is None
 
 
@@ -129,8 +134,8 @@ def test_the_earlier_call_is_refused_naming_the_group_method(fc, make):
         p.init_transactions_for_group([TP], "g")
     with pytest.raises(ValueError, match="needs a consumer group"):
         p.init_transactions_for_group([TP], None, 3)
-    assert fc.init_requests == []
-    plain = Producer({"bootstrap.servers": fc.address})
+    assert init_requests(fc) == []
+    plain = Producer({"bootstrap.servers": fc.bootstrap_servers}, transport=fc)
     try:
         with pytest.raises(errors.IllegalStateError, match="transactional.id"):
             plain.init_transactions_for_group([TP], "g", 3)
@@ -157,11 +162,11 @@ def test_a_timeout_is_honoured(fc, make, clock, call):
     # The coordinator stays loading: only the timeout (0.3 s, not max.block.ms = 5 s) ends the call.
     # It returns up to one backoff (retry.backoff.max.ms 50 + jitter) before 0.3 s: no try
     # would start after the deadline. Virtual time: the backoffs take no real time.
-    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+    fc.fail_next("InitProducerId", *[ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
     p = make("tx-t", clock)
     elapsed = _timed(lambda: call(p), clock)
     assert 0.3 - 0.07 <= elapsed < 2.5, elapsed
-    assert fc.calls["InitProducerId"] >= 2, "retried until the timeout"
+    assert len(init_requests(fc)) >= 2, "retried until the timeout"
 
 
 # ---------------------------------------------------------------- asyncio
@@ -176,16 +181,16 @@ def test_aio_forms_and_their_timeout(fc, clock, monkeypatch):
     async def scenario():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            async with AIOProducer(conf(fc, "tx-a0")) as p:
+            async with AIOProducer(conf(fc, "tx-a0"), transport=fc) as p:
                 with pytest.raises(TypeError, match=NEW_METHOD):
                     await p.init_transactions([TP])
-            async with AIOProducer(conf(fc, "tx-a1")) as p:
+            async with AIOProducer(conf(fc, "tx-a1"), transport=fc) as p:
                 await p.init_transactions(5)
-            async with AIOProducer(conf(fc, "tx-a2")) as p:
+            async with AIOProducer(conf(fc, "tx-a2"), transport=fc) as p:
                 await p.init_transactions(timeout=5)
-            fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
+            fc.fail_next("InitProducerId", *[ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 10000)
             monkeypatch.setattr(aio_producer, "AIOClientCore", clocked)
-            async with AIOProducer(conf(fc, "tx-a3")) as p:
+            async with AIOProducer(conf(fc, "tx-a3"), transport=fc) as p:
                 for call in (lambda: p.init_transactions(0.3),
                              lambda: p.init_transactions_for_group([TP], "g", 3, timeout=0.3)):
                     start = clock.now_s()

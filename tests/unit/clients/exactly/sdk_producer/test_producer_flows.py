@@ -1,8 +1,6 @@
-"""Producer flows against an in-process gRPC stand-in (fake_cluster): batching,
-sequences, retries, transactions, fencing. KIP-98 design document, "Transactional
-Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
-
-import threading
+"""Producer flows against exactly.testing.MockCluster, with the faults it injects:
+batching, sequences, retries, transactions, fencing. KIP-98 design document,
+"Transactional Producer" (Public APIs, Error Handling) and data flow steps 1-5."""
 
 import pytest
 from waiting import wait_for
@@ -15,36 +13,71 @@ from exactly._txn_manager import TransactionManagerState
 from exactly_wire.error_codes import ErrorCode
 from exactly.errors import TransactionAbortedError
 
+from exactly.testing import MockCluster
+
 from .fake_clock import FakeClock, on_clock
-from .fake_cluster import FakeCluster
+
+
+NO_AUTO_CREATE = {"auto.create.topics.enable": False}
 
 
 @pytest.fixture
 def fc():
-    cluster = FakeCluster({"t": 3, "u": 1})
-    yield cluster
-    cluster.stop()
+    """A cluster whose producers add their partitions with AddPartitionsToTxn (transaction
+    version 1), and that creates no topic by itself; the tests of version 2 make their own."""
+    with MockCluster({"t": 3, "u": 1}, NO_AUTO_CREATE, transaction_version=1) as cluster:
+        yield cluster
+
+
+def producer_maker(cluster):
+    made = []
+
+    def _make(clock=None, **conf):
+        """A producer of `conf` on `cluster`; on `clock` (a FakeClock) when given, else on real time."""
+        conf = {"bootstrap.servers": cluster.bootstrap_servers, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
+                "request.timeout.ms": 5000, "max.block.ms": 5000, **conf}
+        p = (Producer if clock is None else on_clock(Producer, clock))(conf, transport=cluster)
+        made.append(p)
+        return p
+
+    return _make, made
 
 
 @pytest.fixture
 def make(fc):
-    made = []
-
-    def _make(clock=None, **conf):
-        """A producer of `conf`; on `clock` (a FakeClock) when given, else on real time."""
-        conf = {"bootstrap.servers": fc.address, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
-                "request.timeout.ms": 5000, "max.block.ms": 5000, **conf}
-        p = Producer(conf) if clock is None else on_clock(Producer, clock)(conf)
-        made.append(p)
-        return p
-
+    _make, made = producer_maker(fc)
     yield _make
     for p in made:
         p.close(timeout=5)
 
 
+@pytest.fixture
+def v2():
+    """A cluster of transaction version 2 (KIP-890 part 2) and its producer maker."""
+    with MockCluster({"t": 3, "u": 1}, NO_AUTO_CREATE) as cluster:
+        _make, made = producer_maker(cluster)
+        yield cluster, _make
+        for p in made:
+            p.close(timeout=5)
+
+
 def batches(fc, topic, partition):
-    return [records.parse_header(b) for b in fc.logs[(topic, partition)]]
+    """The headers of the partition's data batches (not the markers)."""
+    return [h for h in fc.batches(topic, partition) if not h.is_control]
+
+
+def calls(fc, rpc):
+    return len(fc.requests_of(rpc))
+
+
+def values(fc, topic, partition):
+    """The values of every record the partition holds, transactions committed or not."""
+    return [r.value for r in fc.records(topic, partition, "read_uncommitted")]
+
+
+def ended(fc):
+    """(transactional.id, committed, partitions) of each completed transaction."""
+    return [(t.transactional_id, t.committed, t.partitions) for t in fc.completed_transactions]
 
 
 # ---------------------------------------------------------------- idempotent
@@ -61,8 +94,7 @@ def test_keyed_records_land_like_kafka_and_get_real_offsets(fc, make):
         per_partition.setdefault(md.partition, []).append(md.offset)
     for part, offsets in per_partition.items():
         assert offsets == list(range(len(offsets)))  # send order, contiguous real offsets
-        values = [r.value for r, _ in fc.records("t", part)]
-        assert len(values) == len(offsets)
+        assert len(values(fc, "t", part)) == len(offsets)
 
 
 def test_idempotent_by_default_with_contiguous_sequences(fc, make):
@@ -71,7 +103,7 @@ def test_idempotent_by_default_with_contiguous_sequences(fc, make):
         p.send("u", b"x" * 20, partition=0)
     p.flush(5)
     hs = batches(fc, "u", 0)
-    assert len(hs) > 1 and fc.calls["InitProducerId"] == 1
+    assert len(hs) > 1 and calls(fc, "InitProducerId") == 1
     assert len({h.producer_id for h in hs}) == 1 and hs[0].producer_id >= 0
     seq = 0
     for h in hs:
@@ -85,7 +117,7 @@ def test_plain_producer_sends_no_pid(fc, make):
     p.send("u", b"v").result(5)
     h = batches(fc, "u", 0)[0]
     assert h.producer_id == -1 and h.base_sequence == -1
-    assert fc.calls["InitProducerId"] == 0 and fc.produce_requests[0].acks == 1
+    assert calls(fc, "InitProducerId") == 0 and fc.requests_of("Produce")[0].acks == 1
 
 
 def test_acks_1_without_explicit_idempotence_turns_it_off(make):
@@ -103,11 +135,11 @@ def test_values_keys_headers(fc, make):
     p.send("u", "héllo", key="k", headers=[("a", b"1"), ("b", "2"), ("c", None)]).result(5)
     p.send("u", None, key=b"tomb").result(5)
     p.send("u", bytearray(b"ba"), headers={"d": b"4"}).result(5)
-    recs = [r for r, _ in fc.records("u", 0)]
+    recs = fc.records("u", 0)
     assert recs[0].value == "héllo".encode() and recs[0].key == b"k"
-    assert recs[0].headers == (("a", b"1"), ("b", b"2"), ("c", None))
+    assert list(recs[0].headers) == [("a", b"1"), ("b", b"2"), ("c", None)]
     assert recs[1].value is None and recs[1].key == b"tomb"
-    assert recs[2].value == b"ba" and recs[2].headers == (("d", b"4"),)
+    assert recs[2].value == b"ba" and list(recs[2].headers) == [("d", b"4")]
     with pytest.raises(TypeError):
         p.send("u", 12)
 
@@ -120,7 +152,7 @@ def test_compression_types(fc, make, name, codec):
     p.flush(5)
     assert [f.result(0).offset for f in futs] == list(range(10))
     assert batches(fc, "u", 0)[0].compression == codec
-    assert all(r.value == b"abc" * 200 for r, _ in fc.records("u", 0))
+    assert all(v == b"abc" * 200 for v in values(fc, "u", 0))
 
 
 def test_an_unknown_compression_type_is_refused_naming_the_choices(fc, make):
@@ -140,8 +172,9 @@ def test_pipelines_batches_of_several_partitions_in_one_request(fc, make):
     for part in range(3):
         p.send("t", b"v", partition=part)
     p.flush(5)
-    assert len(fc.produce_requests) == 1
-    assert sorted(pd.partition for t in fc.produce_requests[0].topics for pd in t.partitions) == [0, 1, 2]
+    produced = fc.requests_of("Produce")
+    assert len(produced) == 1
+    assert sorted(pd.partition for t in produced[0].topics for pd in t.partitions) == [0, 1, 2]
 
 
 def test_unknown_topic_and_partition(make):
@@ -172,7 +205,7 @@ def test_send_to_an_unknown_topic_asks_for_its_creation_and_warns_while_it_waits
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "'nope'" in r.getMessage()]
     assert len(warned) == 3, warned  # at about 1 s, 11 s and 21 s of the 25 s
     assert "auto.create.topics.enable" in warned[0] and "UnknownTopicOrPartitionError" in warned[0]
-    named = [r for r in fc.metadata_requests if list(r.topics) == ["nope"]]
+    named = [r for r in fc.requests_of("Metadata") if list(r.topics) == ["nope"]]
     assert named and all(r.allow_auto_topic_creation for r in named)
     caplog.clear()
     p.send("t", b"known", partition=0).result(5)
@@ -205,10 +238,10 @@ def test_message_too_large_is_rejected_at_send(make):
 
 def test_not_leader_is_retried_after_a_metadata_refresh(fc, make):
     p = make()
-    fc.produce_faults.append(("u", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, False))
-    before = fc.calls["Metadata"]
+    fc.fail_next("Produce", ErrorCode.NOT_LEADER_OR_FOLLOWER, topic="u", partition=0)
+    before = calls(fc, "Metadata")
     md = p.send("u", b"v").result(5)
-    assert md.offset == 0 and fc.calls["Produce"] == 2 and fc.calls["Metadata"] > before
+    assert md.offset == 0 and calls(fc, "Produce") == 2 and calls(fc, "Metadata") > before
 
 
 def test_lost_answer_is_retried_and_deduplicated(fc, make):
@@ -216,30 +249,30 @@ def test_lost_answer_is_retried_and_deduplicated(fc, make):
     DUPLICATE_SEQUENCE_NUMBER, which is success, with the original offset."""
     p = make()
     p.send("u", b"first").result(5)
-    fc.produce_faults.append(("u", 0, ErrorCode.REQUEST_TIMED_OUT, True))
+    fc.fail_next("Produce", ErrorCode.REQUEST_TIMED_OUT, applied=True, topic="u")
     md = p.send("u", b"second").result(5)
     assert md.offset == 1
-    assert [r.value for r, _ in fc.records("u", 0)] == [b"first", b"second"]
+    assert values(fc, "u", 0) == [b"first", b"second"]
 
 
 def test_non_retriable_error_fails_the_future(fc, make):
     p = make()
-    fc.produce_faults.append(("u", 0, ErrorCode.CORRUPT_MESSAGE, False))  # retriable in Kafka too
+    fc.fail_next("Produce", ErrorCode.CORRUPT_MESSAGE, topic="u")  # retriable in Kafka too
     assert p.send("u", b"a").result(5).offset == 0
-    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_REQUEST, False))
+    fc.fail_next("Produce", ErrorCode.INVALID_REQUEST, topic="u")
     with pytest.raises(errors.InvalidRequestError):
         p.send("u", b"b").result(5)
     # The PID is renewed so later sends are not rejected as out of order.
     assert p.send("u", b"c").result(5).offset == 1
-    assert fc.calls["InitProducerId"] == 2
+    assert calls(fc, "InitProducerId") == 2
 
 
 def test_unknown_producer_id_renews_the_pid_and_resends(fc, make):
     p = make()
     p.send("u", b"a").result(5)
-    fc.produce_faults.append(("u", 0, ErrorCode.UNKNOWN_PRODUCER_ID, False))
+    fc.fail_next("Produce", ErrorCode.UNKNOWN_PRODUCER_ID, topic="u")
     assert p.send("u", b"b").result(5).offset == 1
-    assert fc.calls["InitProducerId"] == 2
+    assert calls(fc, "InitProducerId") == 2
     assert len({h.producer_id for h in batches(fc, "u", 0)}) == 2
 
 
@@ -248,7 +281,7 @@ def test_real_out_of_order_sequence_fails_the_batch_and_a_new_pid_continues(fc, 
     fails; the idempotent producer takes a new PID, whose sequences start at 0."""
     p = make()
     p.send("u", b"a").result(5)
-    fc.produce_faults.append(("u", 0, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, False))
+    fc.fail_next("Produce", ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, topic="u")
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         p.send("u", b"b").result(5)
     assert p.send("u", b"c").result(5).offset == 1
@@ -267,21 +300,21 @@ def test_a_batch_that_overtook_the_producers_first_one_is_sent_again_in_order(fc
     p.init_transactions(5)
     p.begin_transaction()
     p.send("u", b"first").result(5)  # the partition is in the transaction
-    hold = fc.hold_next_produce = threading.Event()
-    fc.produce_faults.append(("u", 0, ErrorCode.UNKNOWN_PRODUCER_ID, False))
+    held = fc.hold_next("Produce")
     f1 = p.send("u", b"a")
-    wait_for(lambda: fc.hold_next_produce is None, 5, "the first request held", interval_s=0.005)
+    assert held.arrived.wait(5), "the first request held"
+    fc.fail_next("Produce", ErrorCode.UNKNOWN_PRODUCER_ID, topic="u")
     f2 = p.send("u", b"b")  # overtakes it and is refused
-    wait_for(lambda: not fc.produce_faults, 5, "the second request refused", interval_s=0.005)
-    hold.set()
+    wait_for(lambda: calls(fc, "Produce") >= 3, 5, "the second request refused", interval_s=0.005)
+    held.release()
     assert (f1.result(5).offset, f2.result(5).offset) == (1, 2)
     p.commit_transaction(5)
-    assert [r.value for r, _ in fc.records("u", 0)] == [b"first", b"a", b"b"]
+    assert values(fc, "u", 0) == [b"first", b"a", b"b"]
 
 def test_flush_timeout(fc, make):
     clock = FakeClock()
     p = make(clock)
-    fc.produce_delay.clear()
+    held = fc.hold_next("Produce")
     try:
         f = p.send("u", b"v")
         start = clock.now_s()
@@ -289,7 +322,7 @@ def test_flush_timeout(fc, make):
             p.flush(0.2)
         assert clock.now_s() - start >= 0.2  # it waited out the timeout (virtual time)
     finally:
-        fc.produce_delay.set()
+        held.release()
     assert f.result(5).offset == 0
 
 
@@ -308,32 +341,33 @@ def test_close_flushes_and_rejects_later_sends(fc, make):
 def test_transactional_round_trip(fc, make):
     p = make(**{"transactional.id": "tx-a", "linger.ms": 20})
     p.init_transactions(5)
-    assert fc.calls["InitProducerId"] == 1
+    assert calls(fc, "InitProducerId") == 1
     p.begin_transaction()
     futs = [p.send("t", f"v{i}".encode(), partition=i % 3) for i in range(30)]
     futs.append(p.send("u", b"w"))
     p.commit_transaction(5)
     assert all(f.done() for f in futs)
     assert futs[0].result(0) == RecordMetadata("t", 0, 0, futs[0].result(0).timestamp)
-    assert fc.ended == [("tx-a", True, frozenset({("t", 0), ("t", 1), ("t", 2), ("u", 0)}))]
+    assert ended(fc) == [("tx-a", True, frozenset({("t", 0), ("t", 1), ("t", 2), ("u", 0)}))]
     # one AddPartitionsToTxn for all partitions sent before the first drain
-    assert len(fc.add_partitions_requests) == 1
+    assert calls(fc, "AddPartitionsToTxn") == 1
     for part in range(3):
         hs = batches(fc, "t", part)
         assert all(h.is_transactional and h.producer_epoch == 0 for h in hs)
         assert sum(h.record_count for h in hs) == 10
-    assert all(req.transactional_id == "tx-a" for req in fc.produce_requests)
+    assert all(req.transactional_id == "tx-a" for req in fc.requests_of("Produce"))
     # next transaction: partitions are added again
     p.begin_transaction()
-    assert p.send("t", b"again", partition=0).result(5).offset == 10
+    assert p.send("t", b"again", partition=0).result(5).offset == 11  # after the commit marker
     p.commit_transaction(5)
-    assert len(fc.add_partitions_requests) == 2 and len(fc.ended) == 2
+    assert calls(fc, "AddPartitionsToTxn") == 2 and len(ended(fc)) == 2
 
 
-def test_with_transaction_version_2_the_leader_adds_the_partitions(fc, make):
+def test_with_transaction_version_2_the_leader_adds_the_partitions(v2):
     """KIP-890 part 2: a cluster advertising transaction version 2 gets no
-    AddPartitionsToTxn; every Produce asks the leader to add its partitions."""
-    fc.transaction_version = 2
+    AddPartitionsToTxn; every Produce asks the leader to add its partitions, and each
+    transaction ends under the next epoch."""
+    fc, make = v2
     p = make(**{"transactional.id": "tx-implicit", "linger.ms": 5})
     p.init_transactions(5)
     for n in range(2):
@@ -341,18 +375,18 @@ def test_with_transaction_version_2_the_leader_adds_the_partitions(fc, make):
         futs = [p.send("t", b"v", partition=i % 3) for i in range(9)]
         p.commit_transaction(5)
         assert all(f.result(0).offset >= 0 for f in futs)
-        assert fc.ended[-1] == ("tx-implicit", True, frozenset({("t", 0), ("t", 1), ("t", 2)}))
+        assert ended(fc)[-1] == ("tx-implicit", True, frozenset({("t", 0), ("t", 1), ("t", 2)}))
         for part in range(3):
             assert {h.producer_epoch for h in batches(fc, "t", part)[-1:]} == {n}
-    assert fc.calls["AddPartitionsToTxn"] == 0 and fc.calls["implicit add"] == 6
-    assert fc.produce_requests and all(r.add_partitions_to_txn for r in fc.produce_requests)
+    assert calls(fc, "AddPartitionsToTxn") == 0
+    assert fc.requests_of("Produce") and all(r.add_partitions_to_txn for r in fc.requests_of("Produce"))
 
 
-def test_the_first_batch_of_a_partition_in_a_transaction_goes_without_lingering(fc, make):
+def test_the_first_batch_of_a_partition_in_a_transaction_goes_without_lingering(v2):
     """Implicit adds: the leader's AddPartitionsToTxn for a partition overlaps the
     filling of the next batches, so the first batch of each partition is sent at
     once; later ones linger as configured."""
-    fc.transaction_version = 2
+    fc, make = v2
     # Virtual time that this thread's waits never jump (commit_transaction waits for real
     # answers); only its sleeps, and real time, move it.
     clock = FakeClock(grace_s=30.0)
@@ -379,18 +413,17 @@ def test_implicit_adds_stay_off_for_a_cluster_without_transaction_version_2(fc, 
     p.begin_transaction()
     p.send("u", b"v").result(5)
     p.commit_transaction(5)
-    assert fc.calls["AddPartitionsToTxn"] == 1 and fc.calls["implicit add"] == 0
-    assert not any(r.add_partitions_to_txn for r in fc.produce_requests)
+    assert calls(fc, "AddPartitionsToTxn") == 1
+    assert not any(r.add_partitions_to_txn for r in fc.requests_of("Produce"))
 
 
-def test_an_abort_nothing_was_added_for_bumps_the_epoch(fc, make):
+def test_an_abort_nothing_was_added_for_bumps_the_epoch(v2):
     """Implicit adds: the only batch failed, so the coordinator holds no transaction
     and EndTxn(abort) answers INVALID_TXN_STATE; a batch still on its way could make
     its leader add the partition to the producer's next transaction, so the producer
     takes a new epoch (InitProducerId with its PID and epoch) before going on."""
-    fc.transaction_version = 2
-    fc.strict_end_txn = True
-    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_RECORD, False))
+    fc, make = v2
+    fc.fail_next("Produce", ErrorCode.INVALID_RECORD, topic="u")
     p = make(**{"transactional.id": "tx-bump"})
     p.init_transactions(5)
     epoch = p._txn.producer_epoch
@@ -398,12 +431,12 @@ def test_an_abort_nothing_was_added_for_bumps_the_epoch(fc, make):
     with pytest.raises(Exception):
         p.send("u", b"lost").result(5)
     p.abort_transaction(5)
-    assert fc.calls["InitProducerId"] == 2 and p._txn.producer_epoch == epoch + 1
-    assert fc.logs[("u", 0)] == []
+    assert calls(fc, "InitProducerId") == 2 and p._txn.producer_epoch == epoch + 1
+    assert fc.batches("u", 0) == []
     p.begin_transaction()
     assert p.send("u", b"kept").result(5).offset == 0
     p.commit_transaction(5)
-    assert fc.ended[-1] == ("tx-bump", True, frozenset({("u", 0)}))
+    assert ended(fc)[-1] == ("tx-bump", True, frozenset({("u", 0)}))
 
 
 def test_empty_transaction_commits_without_end_txn(fc, make):
@@ -411,7 +444,7 @@ def test_empty_transaction_commits_without_end_txn(fc, make):
     p.init_transactions(5)
     p.begin_transaction()
     p.commit_transaction(5)
-    assert fc.calls["EndTxn"] == 0 and p._txn.state is TransactionManagerState.READY
+    assert calls(fc, "EndTxn") == 0 and p._txn.state is TransactionManagerState.READY
 
 
 def test_send_offsets_to_transaction(fc, make):
@@ -420,19 +453,18 @@ def test_send_offsets_to_transaction(fc, make):
     p.begin_transaction()
     p.send("u", b"out")
     offsets = {TopicPartition("t", 0): OffsetAndMetadata(5, "m"), TopicPartition("t", 2): OffsetAndMetadata(9)}
-    p.send_offsets_to_transaction(offsets, ConsumerGroupMetadata("g1", 4, "member-1"))
-    p.send_offsets_to_transaction({TopicPartition("t", 1): OffsetAndMetadata(3)},
-                                  ConsumerGroupMetadata("g1", 4, "member-1"))
-    assert fc.calls["AddOffsetsToTxn"] == 1  # once per group per transaction
-    req = fc.last_txn_offset_commit
-    assert (req.group_id, req.generation_id, req.member_id, req.producer_epoch) == ("g1", 4, "member-1", 0)
-    assert fc.committed_offsets["g1"] == {}
+    group = ConsumerGroupMetadata("g1", 0, "")  # a group without members is in generation 0
+    p.send_offsets_to_transaction(offsets, group)
+    p.send_offsets_to_transaction({TopicPartition("t", 1): OffsetAndMetadata(3)}, group)
+    assert calls(fc, "AddOffsetsToTxn") == 1  # once per group per transaction
+    req = fc.requests_of("TxnOffsetCommit")[-1]
+    assert (req.group_id, req.generation_id, req.member_id, req.producer_epoch) == ("g1", 0, "", 0)
+    assert fc.committed_offsets("g1") == {}
     p.commit_transaction(5)
-    assert fc.committed_offsets["g1"] == {("t", 0): 5, ("t", 2): 9, ("t", 1): 3}
+    assert fc.committed_offsets("g1") == {("t", 0): 5, ("t", 2): 9, ("t", 1): 3}
 
 
 def test_stale_generation_is_abortable(fc, make):
-    fc.group_generation["g2"] = 7
     p = make(**{"transactional.id": "tx-g"})
     p.init_transactions(5)
     p.begin_transaction()
@@ -444,13 +476,13 @@ def test_stale_generation_is_abortable(fc, make):
     with pytest.raises(errors.IllegalGenerationError):
         p.commit_transaction(5)
     p.abort_transaction(5)
-    assert fc.ended[-1][1] is False
+    assert ended(fc)[-1][1] is False
     f.exception(5)  # sent or aborted: it has an outcome
     p.begin_transaction()
     p.send_offsets_to_transaction({TopicPartition("t", 0): OffsetAndMetadata(1)},
-                                  ConsumerGroupMetadata("g2", 7, "m"))
+                                  ConsumerGroupMetadata("g2", 0, ""))  # the group's generation
     p.commit_transaction(5)
-    assert fc.committed_offsets["g2"] == {("t", 0): 1}
+    assert fc.committed_offsets("g2") == {("t", 0): 1}
 
 
 def test_abort_drops_unsent_records(fc, make):
@@ -463,11 +495,11 @@ def test_abort_drops_unsent_records(fc, make):
     p.abort_transaction(5)
     for f in futs:
         assert isinstance(f.exception(0), TransactionAbortedError)
-    assert fc.logs[("t", 0)] == [] and fc.ended == [("tx-ab", False, frozenset({("t", 0)}))]
+    assert batches(fc, "t", 0) == [] and ended(fc) == [("tx-ab", False, frozenset({("t", 0)}))]
     p.begin_transaction()
     f = p.send("t", b"v", partition=0)
     p.commit_transaction(5)  # flushes despite linger.ms
-    assert f.result(0).offset == 0
+    assert f.result(0).offset == 1  # after the abort's marker
 
 
 def test_abort_after_partial_send_keeps_sequences_valid(fc, make):
@@ -477,22 +509,22 @@ def test_abort_after_partial_send_keeps_sequences_valid(fc, make):
     p.send("u", b"a").result(5)
     p.abort_transaction(5)
     p.begin_transaction()
-    assert p.send("u", b"b").result(5).offset == 1
+    assert p.send("u", b"b").result(5).offset == 2  # after the aborted record and its marker
     p.commit_transaction(5)
 
 
 def test_concurrent_transactions_on_add_partitions_is_retried(fc, make):
-    fc.add_partitions_faults.extend([ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS])
+    fc.fail_next("AddPartitionsToTxn", ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
     p = make(**{"transactional.id": "tx-c"})
     p.init_transactions(5)
     p.begin_transaction()
     assert p.send("u", b"v").result(5).offset == 0
     p.commit_transaction(5)
-    assert fc.calls["AddPartitionsToTxn"] == 3
+    assert calls(fc, "AddPartitionsToTxn") == 3
 
 
 def test_operation_not_attempted_follows_the_other_partitions_error(fc, make):
-    fc.add_partitions_faults.append(ErrorCode.OPERATION_NOT_ATTEMPTED)
+    fc.fail_next("AddPartitionsToTxn", ErrorCode.OPERATION_NOT_ATTEMPTED)
     p = make(**{"transactional.id": "tx-na"})
     p.init_transactions(5)
     p.begin_transaction()
@@ -501,38 +533,38 @@ def test_operation_not_attempted_follows_the_other_partitions_error(fc, make):
 
 
 def test_coordinator_errors_on_end_txn_are_retried(fc, make):
-    fc.end_txn_faults.extend([ErrorCode.NOT_COORDINATOR, ErrorCode.CONCURRENT_TRANSACTIONS])
+    fc.fail_next("EndTxn", ErrorCode.NOT_COORDINATOR, ErrorCode.CONCURRENT_TRANSACTIONS)
     p = make(FakeClock(grace_s=30), **{"transactional.id": "tx-e"})  # the retries' backoff on virtual time
     p.init_transactions(5)
     p.begin_transaction()
     p.send("u", b"v")
-    finds = fc.calls["FindCoordinator"]
+    finds = calls(fc, "FindCoordinator")
     p.commit_transaction(5)
-    assert fc.calls["EndTxn"] == 3 and fc.calls["FindCoordinator"] > finds
-    assert fc.ended[-1][1] is True
+    assert calls(fc, "EndTxn") == 3 and calls(fc, "FindCoordinator") > finds
+    assert ended(fc)[-1][1] is True
 
 
 def test_init_transactions_retries_then_times_out(fc, make):
-    fc.init_faults.extend([ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_NOT_AVAILABLE])
+    fc.fail_next("InitProducerId", ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     p = make(FakeClock(grace_s=30), **{"transactional.id": "tx-i"})  # the retries' backoff on virtual time
     p.init_transactions(5)
     assert p._txn.state is TransactionManagerState.READY
     clock = FakeClock()
     q = make(clock, **{"transactional.id": "tx-i2"})
-    fc.init_faults.extend([ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
+    fc.fail_next("InitProducerId", *[ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
     start = clock.now_s()
     with pytest.raises(errors.KafkaTimeoutError):
         q.init_transactions(0.3)
     # Retried until the timeout, on the virtual clock (the last try starts less than one
     # backoff, 50 ms + jitter, before it), not until max.block.ms (5 s).
     assert 0.3 - 0.07 <= clock.now_s() - start < 2.5
-    fc.init_faults.clear()
+    fc.clear_faults()
     q.init_transactions(5)  # may be called again after a timeout
 
 
 def test_invalid_transaction_timeout_is_fatal(fc, make):
-    fc.init_faults.append(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
-    p = make(**{"transactional.id": "tx-t"})
+    # Above the coordinator's transaction.max.timeout.ms (900000).
+    p = make(**{"transactional.id": "tx-t", "transaction.timeout.ms": 900_001})
     with pytest.raises(errors.InvalidTransactionTimeoutError):
         p.init_transactions(5)
     with pytest.raises(errors.InvalidTransactionTimeoutError):
@@ -611,7 +643,7 @@ def test_invalid_producer_epoch_from_the_leader_is_fencing(fc, make):
     p.init_transactions(5)
     p.begin_transaction()
     p.send("u", b"a").result(5)
-    fc.produce_faults.append(("u", 0, ErrorCode.INVALID_PRODUCER_EPOCH, False))
+    fc.fail_next("Produce", ErrorCode.INVALID_PRODUCER_EPOCH, topic="u")
     f = p.send("u", b"b")
     with pytest.raises(errors.ProducerFencedError):
         f.result(5)
@@ -626,23 +658,25 @@ def test_abort_after_an_unanswered_add_partitions_still_ends_the_transaction(fc,
     means there was nothing to abort."""
     p = make(**{"transactional.id": "tx-amb", "linger.ms": 60_000})
     p.init_transactions(5)
-    fc.add_partitions_faults.extend([ErrorCode.REQUEST_TIMED_OUT] * 10_000)
+    # The coordinator adds the partition, but every answer is lost.
+    fc.fail_next("AddPartitionsToTxn", *[ErrorCode.REQUEST_TIMED_OUT] * 10_000, applied=True)
     p.begin_transaction()
     p.send("t", b"v", partition=0)
-    wait_for(lambda: fc.calls["AddPartitionsToTxn"] >= 1, 5, "an AddPartitionsToTxn attempt", interval_s=0.005)
+    wait_for(lambda: calls(fc, "AddPartitionsToTxn") >= 1, 5, "an AddPartitionsToTxn attempt", interval_s=0.005)
     p.abort_transaction(5)
-    assert fc.calls["EndTxn"] == 1 and fc.ended[-1][:2] == ("tx-amb", False)
-    fc.add_partitions_faults.clear()
+    assert calls(fc, "EndTxn") == 1 and ended(fc)[-1] == ("tx-amb", False, frozenset({("t", 0)}))
+    fc.clear_faults()
     # The same again, with a coordinator that never started the transaction.
     p.begin_transaction()
-    fc.add_partitions_faults.extend([ErrorCode.REQUEST_TIMED_OUT] * 10_000)
+    fc.fail_next("AddPartitionsToTxn", *[ErrorCode.REQUEST_TIMED_OUT] * 10_000)
+    adds = calls(fc, "AddPartitionsToTxn")
     p.send("t", b"w", partition=0)
-    wait_for(lambda: fc.calls["AddPartitionsToTxn"] >= 2, 5, "another AddPartitionsToTxn attempt",
+    wait_for(lambda: calls(fc, "AddPartitionsToTxn") > adds, 5, "another AddPartitionsToTxn attempt",
              interval_s=0.005)
-    fc.end_txn_faults.append(ErrorCode.INVALID_TXN_STATE)
-    p.abort_transaction(5)  # nothing to abort: no error
-    fc.add_partitions_faults.clear()
+    p.abort_transaction(5)  # EndTxn answers INVALID_TXN_STATE: nothing to abort, no error
+    assert calls(fc, "EndTxn") == 2 and len(ended(fc)) == 1
+    fc.clear_faults()
     p.begin_transaction()
     f = p.send("t", b"x", partition=0)
     p.commit_transaction(5)
-    assert f.result(0).offset == 0
+    assert f.result(0).offset == 1  # after the first abort's marker

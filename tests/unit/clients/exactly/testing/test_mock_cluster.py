@@ -11,15 +11,17 @@ import subprocess
 import sys
 import textwrap
 
+import grpc
 import pytest
 
-from exactly import Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
+from exactly import AdminClient, Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
 from exactly.testing import MockCluster
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from sdk_producer.fake_clock import FakeClock, on_clock
 
 TP = TopicPartition("t", 0)
 
@@ -189,3 +191,144 @@ def test_the_mock_cluster_runs_without_the_server_dependencies(tmp_path):
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[b'v']"
+
+
+# ---------------------------------------------------------------- faults a test injects
+
+def test_the_next_answers_of_an_rpc_are_the_errors_a_test_names(cluster):
+    with Producer(conf(cluster, **{"transactional.id": "tx", "retry.backoff.ms": 1}), transport=cluster) as p:
+        p.init_transactions()
+        cluster.fail_next("EndTxn", ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        with p.transaction():
+            p.send("t", b"v")
+        assert len(cluster.requests_of("EndTxn")) == 3  # two answered errors, retried; the third ended it
+        cluster.fail_next("EndTxn", ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        p.begin_transaction()
+        p.send("t", b"w")
+        with pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+            p.commit_transaction()
+    with pytest.raises(ValueError, match="unknown RPC 'Commit'"):
+        cluster.fail_next("Commit", ErrorCode.NOT_COORDINATOR)
+    with pytest.raises(ValueError, match="Metadata answers no error of its own"):
+        cluster.fail_next("Metadata", ErrorCode.NOT_COORDINATOR)
+
+
+def test_an_answer_lost_after_the_work_was_done_is_retried_and_found_done(cluster):
+    with Producer(conf(cluster, **{"retry.backoff.ms": 1}), transport=cluster) as p:
+        p.send("t", b"first").result(5)
+        cluster.fail_next("Produce", ErrorCode.REQUEST_TIMED_OUT, applied=True, topic="t", partition=0)
+        assert p.send("t", b"second").result(5).offset == 1  # the retry is a duplicate: success
+    assert [r.value for r in cluster.records("t")] == [b"first", b"second"]
+    assert len(cluster.requests_of("Produce")) == 3
+
+
+def test_a_held_request_is_answered_when_the_test_releases_it(cluster):
+    leader = pbg.PartitionLeaderStub(cluster.channel(cluster.address_of("leader-0")))
+    held = cluster.hold_next("Produce")
+    answer = leader.Produce.future(pb.ProduceRequest(acks=-1, timeout_ms=1000, topics=[pb.TopicProduceData(
+        name="t", partitions=[pb.PartitionProduceData(partition=0, records=_batch(0))])]))
+    assert held.arrived.is_set() and not answer.done() and cluster.records("t") == []
+    held.release()
+    assert answer.result(5).topics[0].partitions[0].base_offset == 0 and len(cluster.records("t")) == 1
+
+
+def test_a_node_down_is_unreachable_and_a_moved_leader_refuses_its_old_partition(cluster):
+    cluster.create_topic("two", 2)
+    leader = pbg.PartitionLeaderStub(cluster.channel(cluster.address_of("leader-0")))
+    cluster.take_down("leader-0")
+    with pytest.raises(grpc.RpcError) as info:
+        leader.ListOffsets(pb.ListOffsetsRequest(topics=[pb.ListOffsetsTopic(name="t", partitions=[
+            pb.ListOffsetsPartition(partition=0, timestamp=-1)])]))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    md = pbg.ClusterStub(cluster.channel(cluster.bootstrap_servers)).Metadata(pb.MetadataRequest(topics=["t"]))
+    assert "leader-0" not in {n.node_id for n in md.nodes}
+    assert (md.topics[0].partitions[0].leader_id, md.topics[0].partitions[0].error_code) == \
+        ("", ErrorCode.LEADER_NOT_AVAILABLE)
+    cluster.bring_up("leader-0")
+    cluster.move_leader("t", 0, "leader-0")  # the only leader: nothing moves
+    with pytest.raises(ValueError):
+        cluster.move_leader("t", 0, "txn-coordinator")
+    with pytest.raises(KeyError):
+        cluster.take_down("leader-9")
+
+
+def test_partitions_spread_over_the_leaders_and_follow_a_move(tmp_path):
+    with MockCluster(topics={"t": 2}, partition_leaders=2) as cluster:
+        assert [cluster.leader_of("t", p) for p in (0, 1)] == ["leader-0", "leader-1"]
+        with Producer(conf(cluster, **{"retry.backoff.ms": 1}), transport=cluster) as p:
+            p.send("t", b"a", partition=0).result(5)
+            cluster.move_leader("t", 0, "leader-1")
+            cluster.take_down("leader-0")
+            assert p.send("t", b"b", partition=0).result(5).offset == 1  # after a metadata refresh
+        produced = [r.address for r in cluster.requests if r.rpc == "Produce"]
+        assert produced[0] == cluster.address_of("leader-0") and produced[-1] == cluster.address_of("leader-1")
+
+
+def test_a_coordinator_down_is_not_found(cluster):
+    cluster.take_down("txn-coordinator")
+    clock = FakeClock()  # the producer's: its retries' backoff takes no real time
+    p = on_clock(Producer, clock)(conf(cluster, **{"transactional.id": "tx", "max.block.ms": 200}),
+                                  transport=cluster)
+    try:
+        with pytest.raises(errors.KafkaTimeoutError):
+            p.init_transactions()
+        cluster.bring_up("txn-coordinator")
+        p.init_transactions()
+    finally:
+        p.close()
+    assert {r.message.key_type for r in cluster.requests if r.rpc == "FindCoordinator"} == {1}
+
+
+def test_transactions_listed_described_and_aborted_at_their_timeout():
+    clock = FakeClock(runs=False)
+    with MockCluster(topics={"t": 1}, clock=clock) as cluster, \
+            AdminClient(conf(cluster), transport=cluster) as admin, \
+            Producer(conf(cluster, **{"transactional.id": "slow", "transaction.timeout.ms": 5000}),
+                     transport=cluster) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("t", b"never committed").result(5)
+        assert [(t.transactional_id, t.state) for t in admin.list_transactions()] == [("slow", "Ongoing")]
+        described = admin.describe_transactions(["slow"])["slow"]
+        assert (described.state, described.transaction_timeout_ms, described.partitions) == \
+            ("Ongoing", 5000, (("t", 0),))
+        with pytest.raises(errors.TransactionalIdNotFoundError):
+            admin.describe_transactions(["nobody"])
+        clock.advance(5.001)  # s, on the cluster's clock: past transaction.timeout.ms
+        assert admin.list_transactions(states=["Ongoing"]) == []
+        assert cluster.transaction_state("slow") == "CompleteAbort"
+        with pytest.raises(errors.ProducerFencedError):
+            p.commit_transaction()  # aborted with a bumped epoch: the producer is fenced
+    assert cluster.records("t") == [] and cluster.completed_transactions[-1].committed is False
+
+
+def test_groups_listed_described_and_deleted(cluster):
+    with Consumer(conf(cluster, **{"group.id": "live", "enable.auto.commit": False}), transport=cluster) as member, \
+            AdminClient(conf(cluster), transport=cluster) as admin:
+        member.subscribe(["t"])
+        while not member.assignment():
+            member.poll(0.01)
+        with Consumer(conf(cluster, **{"group.id": "done"}), transport=cluster) as other:
+            other.commit({TopicPartition("t", 0): OffsetAndMetadata(2)})  # a group with offsets only
+        assert [(g.group_id, g.state) for g in admin.list_groups()] == [("done", "Empty"), ("live", "Stable")]
+        assert [g.group_id for g in admin.list_groups(states=["stable"])] == ["live"]
+        described = admin.describe_groups(["live", "nobody"])
+        assert (described["live"].state, len(described["live"].members), described["nobody"].state) == \
+            ("Stable", 1, "Dead")
+        with pytest.raises(errors.NonEmptyGroupError):
+            admin.delete_groups(["live"])
+        admin.delete_groups(["done"])
+        assert cluster.committed_offsets("done") == {}
+        with pytest.raises(errors.GroupIdNotFoundError):
+            admin.delete_groups(["done"])
+
+
+def test_a_cluster_of_transaction_version_1_takes_added_partitions():
+    with MockCluster(topics={"t": 1}, transaction_version=1) as cluster, \
+            Producer(conf(cluster, **{"transactional.id": "v1"}), transport=cluster) as p:
+        p.init_transactions()
+        for _ in range(2):
+            with p.transaction():
+                p.send("t", b"v")
+        assert len(cluster.requests_of("AddPartitionsToTxn")) == 2
+        assert {c.producer_epoch for c in cluster.completed_transactions} == {0}  # no bump at the end
