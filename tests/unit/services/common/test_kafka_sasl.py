@@ -12,12 +12,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.schema.request_header.v1.header import RequestHeader
 from scramp import ScramClient
 
+from exactly.testing import MockTime
 from services.common.security.auth import UserStore, create_user_credentials, current_principal, parse_user_credentials
 from services.common.kafka.codec import build, request_class, response_class
 from services.common.kafka.listener import Api, KafkaListener
 from services.common.security.sasl import AuthThrottle, SaslGateway
 
-from .clocks import SleepClock
 
 METADATA = 3
 
@@ -123,7 +123,7 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
     """Six connections guess dave's password at once: after the first failure the
     answers come at most 5 a second (the same AuthThrottle as the gRPC port). The
     throttle runs on a clock that only its waits move, so the spacing is exact."""
-    clock = SleepClock()
+    clock = MockTime(0)
 
     class Recording(AuthThrottle):
         """Keeps the clock's time at which each password check was let through."""
@@ -136,7 +136,7 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
             await super().admit(key)
             self.admitted.append(self.clock())
 
-    throttle = Recording(rate=5, clock=clock, sleep=clock.sleep)
+    throttle = Recording(rate=5, clock=clock.now_s, sleep=clock.sleep_async)
 
     async def body(port, seen, listener):
         async def guess(i: int) -> float:
@@ -146,7 +146,7 @@ def test_guesses_on_the_kafka_port_are_spaced_by_the_throttle():
             writer.write(_request(36, 1, {"auth_bytes": b"\0dave\0guess-%d" % i}))
             assert _response(36, 1, await _frame(reader)).error_code.value == 58
             writer.close()
-            return clock()
+            return clock.now_s()
         answered = await asyncio.gather(*(guess(i) for i in range(6)))
         # The first check runs before any failure is recorded; from then on 0.2 s apart.
         assert max(answered) >= 0.2 * 4, answered

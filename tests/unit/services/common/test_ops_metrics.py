@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from exactly.testing import MockTime
 from services.common.cluster.state import PartitionState, TopicInfo
 from services.common import metrics
 from services.common.metrics import HIDDEN_TOPIC, TopicRows, coordinator_partitions, topic_label
@@ -189,12 +190,12 @@ def test_group_lag_skips_loading_partitions():
 def test_scrapes_are_answered_at_most_per_second_in_turn():
     """However many scrapers ask, answers go out one every 1 / per_second s."""
     from services.common.metrics import PacedExposition
-    now, slept = [0.0], []
-    exposition = PacedExposition(CollectorRegistry(), per_second=10, clock=lambda: now[0],
+    clock, slept = MockTime(0), []
+    exposition = PacedExposition(CollectorRegistry(), per_second=10, clock=clock.now_s,
                                  sleep=lambda s: slept.append(round(s, 3)))
     for _ in range(5):
         exposition.wait_turn()
     assert slept == [0.1, 0.2, 0.3, 0.4]  # the first at once, then one every 0.1 s
-    now[0] = 10.0
+    clock.set_ms(10_000)
     exposition.wait_turn()
     assert len(slept) == 4  # a turn long past: at once

@@ -12,12 +12,12 @@ import pytest
 
 from exactly_wire.security import SaslAuthenticationError, SaslSession
 from exactly_wire.v1 import exactly_pb2 as pb
+from exactly.testing import MockTime
 from services.common.security.auth import ScramCredential, UserStore, create_user_credentials, parse_user_credentials
 from services.common.security.sasl import (AuthThrottle, CheckScheduler, SaslFailure, SaslGateway, SessionTokens,
                                            UnsupportedMechanism, parse_mechanisms, throttle_key)
 from services.common.transport.server import sasl_authenticate
 
-from .clocks import SleepClock
 
 
 def _store(password: str = "correct horse") -> UserStore:
@@ -66,8 +66,8 @@ def test_an_exchange_gives_a_token_of_the_user(mechanism):
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
 def test_a_wrong_password_or_unknown_user_is_refused(mechanism):
-    clock = SleepClock()  # the second attempt from the host waits its slot on it
-    gateway = _gateway(_store(), throttle=AuthThrottle(clock=clock, sleep=clock.sleep))
+    clock = MockTime(0)  # the second attempt from the host waits its slot on it
+    gateway = _gateway(_store(), throttle=AuthThrottle(clock=clock.now_s, sleep=clock.sleep_async))
     for user, password in (("dave", "wrong"), ("eve", "correct horse")):
         with pytest.raises(SaslAuthenticationError) as info:
             _exchange(gateway, mechanism, user, password)
@@ -90,14 +90,14 @@ def test_unknown_mechanisms_and_sessions_are_refused():
 
 def test_tokens_expire_and_are_revoked_when_the_user_changes():
     users = _store()
-    now = [1000.0]
-    tokens = SessionTokens(b"k" * 32, users, lifetime_ms=60000, clock=lambda: now[0])
+    clock = MockTime(1_000_000)  # 1000 s
+    tokens = SessionTokens(b"k" * 32, users, lifetime_ms=60000, clock=clock.now_s)
     token, lifetime = tokens.issue("dave", "SCRAM-SHA-512")
     assert lifetime == 60000 and tokens.verify(token) == "dave"
-    now[0] += 61
+    clock.advance(61_000)
     with pytest.raises(SaslFailure, match="expired"):
         tokens.verify(token)
-    now[0] -= 61
+    clock.advance(-61_000)
     users.put("dave", ScramCredential.create("new password", 4096))  # password changed
     with pytest.raises(SaslFailure, match="revoked"):
         tokens.verify(token)
@@ -107,8 +107,8 @@ def test_tokens_expire_and_are_revoked_when_the_user_changes():
 
 
 def test_the_throttle_spaces_attempts_after_a_failure():
-    now = [0.0]
-    throttle = AuthThrottle(rate=5, window_s=60, max_wait_s=2, clock=lambda: now[0])
+    clock = MockTime(0)
+    throttle = AuthThrottle(rate=5, window_s=60, max_wait_s=2, clock=clock.now_s)
     key = throttle_key("dave", "10.0.0.1:5000")
     assert throttle.reserve(key) == 0  # no failure yet: no wait
     assert throttle.tracked() == 0  # and nothing kept for it
@@ -123,19 +123,19 @@ def test_the_throttle_spaces_attempts_after_a_failure():
     assert throttle.reserve(throttle_key("carol", "10.0.0.1:5001")) == 0
     with pytest.raises(SaslFailure):  # another port of the guessing host: the same key
         throttle.reserve(throttle_key("dave", "10.0.0.1:6000"))
-    now[0] = 61.0  # a minute without failures: free again, and forgotten
+    clock.set_ms(61_000)  # a minute without failures: free again, and forgotten
     assert throttle.reserve(key) == 0 and throttle.tracked() == 0
 
 
 def test_the_throttle_keeps_a_bounded_digest_never_the_name():
-    now = [0.0]
-    throttle = AuthThrottle(max_keys=100, clock=lambda: now[0])
+    clock = MockTime(0)
+    throttle = AuthThrottle(max_keys=100, clock=clock.now_s)
     huge = "u" * (40 << 20)
     key = throttle_key(huge, "[2001:db8::1]:5000")
     assert len(key) < 100 and "uuuu" not in key
     assert key.split()[0] == "2001:db8::/64"  # an IPv6 host is its /64
     for i in range(1000):  # made-up users
-        now[0] = i / 1000
+        clock.set_ms(i)
         throttle.failed(throttle_key(f"made-up-{i}", "10.0.0.1:1"))
     assert throttle.tracked() == 100  # the oldest failures were dropped
     assert throttle.reserve(throttle_key("made-up-999", "10.0.0.1:1")) > 0
@@ -232,14 +232,14 @@ def test_the_session_exchanges_once_and_renews_before_expiry():
     users = _store()
     gateway = _gateway(users)
     gateway.tokens.lifetime_ms = 100000
-    now = [0.0]
-    session = SaslSession("SCRAM-SHA-512", "dave", "correct horse", clock=lambda: now[0])
+    clock = MockTime(0)
+    session = SaslSession("SCRAM-SHA-512", "dave", "correct horse", clock=clock.now_s)
 
     async def call(request, timeout_s):
         return await sasl_authenticate(gateway, request, "ipv4:127.0.0.1:1")
 
     first = asyncio.run(session.token_async(call))
     assert asyncio.run(session.token_async(call)) == first and session.exchanges == 1
-    now[0] = 95.0  # within the last tenth of its lifetime: renewed
+    clock.set_ms(95_000)  # within the last tenth of its lifetime: renewed
     asyncio.run(session.token_async(call))
     assert session.exchanges == 2

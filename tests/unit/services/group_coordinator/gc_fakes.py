@@ -1,5 +1,6 @@
 """In-memory stand-ins for unit tests of the group coordinator: a partition
-leader log reached like services.common.transport.rpc.ClusterClient, and a manual clock."""
+leader log reached like services.common.transport.rpc.ClusterClient (the manual clock is
+exactly.testing.MockTime)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,19 +16,6 @@ def group_settings(conf: dict[str, object]) -> GroupCoordinatorSchema:
     """The group coordinator's settings with the Kafka keys of `conf` set (the
     schema's defaults elsewhere). Raises ConfigurationError for an unknown key."""
     return role_settings(GroupCoordinatorSchema, conf)
-
-
-class ManualClock:
-    """Monotonic ms that only moves when told."""
-
-    def __init__(self, start_ms: int = 1_000_000):
-        self.now = start_ms
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
 
 
 class FakeLog:

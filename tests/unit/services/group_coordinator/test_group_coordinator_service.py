@@ -18,7 +18,8 @@ from services.common.settings import GroupCoordinatorSchema
 from services.group_coordinator.group import GroupState
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata
 
-from .gc_fakes import FakeLog, ManualClock, group_settings
+from exactly.testing import MockTime
+from .gc_fakes import FakeLog, group_settings
 
 N = 4
 TP0 = TopicPartition("orders", 0)
@@ -36,10 +37,10 @@ def run(coro, timeout=10):
 
 
 class Env:
-    def __init__(self, log: FakeLog | None = None, clock: ManualClock | None = None,
+    def __init__(self, log: FakeLog | None = None, clock: MockTime | None = None,
                  counts: dict | None = None, config: GroupCoordinatorSchema | None = None):
         self.log = log or FakeLog()
-        self.clock = clock or ManualClock()
+        self.clock = clock or MockTime()
         self.counts = counts if counts is not None else {"orders": 4, "payments": 2}
         ids = itertools.count(1)
         self.coord = GroupCoordinator(

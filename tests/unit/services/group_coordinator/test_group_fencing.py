@@ -17,7 +17,8 @@ from services.group_coordinator import log_format
 from services.group_coordinator.coordinator import GroupCoordinator
 from services.group_coordinator.offsets import FetchedOffset, OffsetAndMetadata
 
-from .gc_fakes import FakeLog, ManualClock, group_settings
+from exactly.testing import MockTime
+from .gc_fakes import FakeLog, group_settings
 
 N = 2
 WRITER = 300
@@ -46,7 +47,7 @@ def coordinator(log: FakeLog) -> tuple[GroupCoordinator, list]:
     ids = itertools.count(1)
     fenced: list = []
     coord = GroupCoordinator(log, partition_for, lambda: {"orders": 2},
-                             group_settings({"group.coordinator.tail.max.wait.ms": 5000}), clock=ManualClock(), wall_clock=lambda: 1_700_000_000_000,
+                             group_settings({"group.coordinator.tail.max.wait.ms": 5000}), clock=MockTime(), wall_clock=lambda: 1_700_000_000_000,
                              new_member_id=lambda _i: f"member-{next(ids)}",
                              on_fenced=lambda p, e: fenced.append((p, e)))
     return coord, fenced

@@ -16,7 +16,8 @@ from services.common.settings import GroupCoordinatorSchema
 from services.group_coordinator.group import GroupState
 from services.group_coordinator.membership import GroupMembership
 
-from .gc_fakes import Deadlines, ManualClock, group_settings
+from exactly.testing import MockTime
+from .gc_fakes import Deadlines, group_settings
 
 SESSION = 6000
 REBALANCE = 3000  # below the session timeout: the waiting member's session holds
@@ -51,7 +52,7 @@ class FakeGroupLog:
 
 class Env:
     def __init__(self, config: GroupCoordinatorSchema | None = None, wait_for=asyncio.wait_for):
-        self.clock = ManualClock()
+        self.clock = MockTime()
         self.log = FakeGroupLog()
         self.groups: dict = {}
         self.wakes = 0

@@ -15,7 +15,8 @@ from services.group_coordinator.offsets import OffsetAndMetadata
 from services.group_coordinator.offsets_log import OffsetsLog
 from services.group_coordinator.state import OffsetsPartitionState
 
-from .gc_fakes import Deadlines, FakeLog, ManualClock, group_settings
+from exactly.testing import MockTime
+from .gc_fakes import Deadlines, FakeLog, group_settings
 
 P = 0
 TP0 = TopicPartition("orders", 0)
@@ -28,7 +29,7 @@ def run(coro, timeout=10):
 
 
 def offsets_log(client, **kw) -> OffsetsLog:
-    kw.setdefault("clock", ManualClock())
+    kw.setdefault("clock", MockTime())
     kw.setdefault("wall_clock", lambda: WALL)
     conf = {"group.coordinator.tail.max.wait.ms": 5000, **kw.pop("conf", {})}
     return OffsetsLog(client, OffsetsPartitionState(P), config=group_settings(conf), **kw)

@@ -1,10 +1,12 @@
-"""Helpers for the partition leader's unit tests: batch builders, a fake clock, a
-validated batch for Partition.append and a Produce through a ReplicaManager."""
+"""Helpers for the partition leader's unit tests: batch builders, the clocks
+(exactly.testing.MockTime), a validated batch for Partition.append and a Produce
+through a ReplicaManager."""
 from __future__ import annotations
 
 
 import pytest
 
+from exactly.testing import MockTime
 from exactly_wire import records
 from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import AppendResult, Partition, PartitionConfig, ValidatedBatch
@@ -48,38 +50,17 @@ def header(batch: bytes, base_offset: int | None = None) -> records.BatchHeader:
     return h if base_offset is None else h._replace(base_offset=base_offset)
 
 
-class FakeClock:
-    """Wall clock in ms that tests move by hand."""
-
-    def __init__(self, now_ms: int = NOW_MS):
-        self.now = now_ms
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
-class Now:
-    """Monotonic seconds moved by hand (a ReplicaManager's `monotonic_s`, a
-    Purgatory's clock)."""
-
-    def __init__(self) -> None:
-        self.s = 100.0
-
-    def __call__(self) -> float:
-        return self.s
+@pytest.fixture
+def now() -> MockTime:
+    """Monotonic time moved by hand, read in seconds (`now.now_s`: a ReplicaManager's
+    `monotonic_s`, a Purgatory's clock), from 100 s."""
+    return MockTime(100_000)
 
 
 @pytest.fixture
-def now() -> Now:
-    return Now()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> MockTime:
+    """The wall clock (ms) moved by hand, from NOW_MS."""
+    return MockTime(NOW_MS)
 
 
 @pytest.fixture

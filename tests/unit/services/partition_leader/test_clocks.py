@@ -12,14 +12,16 @@ from services.partition_leader.log import LogConfig
 from services.partition_leader.partition import Partition, PartitionConfig
 from services.partition_leader.snapshot_store import SnapshotStore
 
-from .conftest import NOW_MS, FakeClock, make_batch, valid
+from exactly.testing import MockTime
+
+from .conftest import NOW_MS, make_batch, valid
 
 TEN_MINUTES_MS = 600_000
 REPLICAS = ("a", "b")
 
 
 def test_follower_that_stopped_leaves_the_isr_after_a_backward_step(tmp_path):
-    wall, mono = FakeClock(), FakeClock(5_000)
+    wall, mono = MockTime(NOW_MS), MockTime(5_000)
     store = SnapshotStore(tmp_path / "producer-state")
     config = PartitionConfig(LogConfig(segment_bytes=2048, index_interval_bytes=256), min_insync_replicas=1)
     p = Partition.open("t", 0, tmp_path, config, store, clock_ms=wall, monotonic_ms=mono, local_id="a",
@@ -39,7 +41,7 @@ def test_follower_that_stopped_leaves_the_isr_after_a_backward_step(tmp_path):
 
 
 def test_forward_step_does_not_shrink_a_fetching_follower_out(tmp_path):
-    wall, mono = FakeClock(), FakeClock(5_000)
+    wall, mono = MockTime(NOW_MS), MockTime(5_000)
     store = SnapshotStore(tmp_path / "producer-state")
     p = Partition.open("t", 0, tmp_path, PartitionConfig(), store, clock_ms=wall, monotonic_ms=mono,
                        local_id="a", single_replica=False)
@@ -55,7 +57,7 @@ def test_forward_step_does_not_shrink_a_fetching_follower_out(tmp_path):
 
 
 def test_snapshot_interval_survives_a_backward_step(open_partition, clock):
-    mono = FakeClock(5_000)
+    mono = MockTime(5_000)
     p = open_partition(config=PartitionConfig(snapshot_interval_ms=1000), monotonic_ms=mono)
     p.append(valid(make_batch(3, pid=3, seq=0)))
     clock.advance(-TEN_MINUTES_MS)
@@ -63,18 +65,18 @@ def test_snapshot_interval_survives_a_backward_step(open_partition, clock):
     assert p.maybe_snapshot()
 
 
-def _fresh_segments(open_partition, wall: FakeClock, mono: FakeClock) -> Partition:
+def _fresh_segments(open_partition, wall: MockTime, mono: MockTime) -> Partition:
     """A partition (retention.ms 60 s) with closed segments of data stamped `wall` now."""
     p = open_partition(config=PartitionConfig(LogConfig(segment_bytes=1024, index_interval_bytes=256),
                                               retention_ms=60_000), monotonic_ms=mono)
     for _ in range(30):
-        assert p.append(valid(make_batch(3, ts=wall.now))).error == ErrorCode.NONE
+        assert p.append(valid(make_batch(3, ts=wall()))).error == ErrorCode.NONE
     assert len(p.log.segments) > 3
     return p
 
 
 def test_forward_step_deletes_no_fresh_data(open_partition, clock):
-    mono = FakeClock(5_000)
+    mono = MockTime(5_000)
     p = _fresh_segments(open_partition, clock, mono)
     segments = len(p.log.segments)
     clock.advance(TEN_MINUTES_MS)  # the data is seconds old, the node's wall clock says 10 minutes
@@ -90,7 +92,7 @@ def test_forward_step_deletes_no_fresh_data(open_partition, clock):
 
 
 def test_retention_follows_the_wall_clock_when_it_is_not_ahead(open_partition, clock):
-    mono = FakeClock(5_000)
+    mono = MockTime(5_000)
     p = _fresh_segments(open_partition, clock, mono)
     clock.advance(-TEN_MINUTES_MS)  # backwards: kept longer, as in Kafka
     mono.advance(60_001)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from exactly.testing import MockTime
 from services.common.cluster.state import PartitionState, TopicInfo
 from services.partition_leader.lease import IsrUpdater, LeaseKeeper
 from services.partition_leader.replica_manager import ReplicaManager
@@ -47,12 +48,12 @@ class FakeZk:
 
 def manager_for(zk, tmp_path, store, clock, now):
     m = ReplicaManager(HostedReplicas("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
-                       monotonic_s=lambda: now[0], monotonic_ms=clock))
+                       monotonic_s=now.now_s, monotonic_ms=clock))
     return m
 
 
 def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
-    now = [10.0]
+    now = MockTime(10_000)  # 10 s
     zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
 
@@ -63,7 +64,7 @@ def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
         assert not m.hosted.lease_valid(p)
         await keeper.renew()
         assert m.hosted.lease_valid(p) and p.lease_until == 13.0
-        now[0] = 13.0
+        now.set_ms(13_000)
         assert not m.hosted.lease_valid(p)
         # A newer ISR of our epoch is adopted while renewing.
         zk.state = PartitionState("me", 2, ("me",), version=5, mzxid=101)
@@ -94,7 +95,7 @@ def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
 
 
 def test_isr_writes_are_compare_and_set(tmp_path, store, clock):
-    now = [10.0]
+    now = MockTime(10_000)  # 10 s
     zk = FakeZk(PartitionState("me", 1, ("me", "x", "y"), version=0, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
     notified = []
@@ -135,7 +136,7 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
     from exactly_wire.error_codes import ErrorCode
     from services.partition_leader.replica_manager import ProduceEntry
 
-    now = [10.0]
+    now = MockTime(10_000)  # 10 s
     zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
     m.hosted.props["min.insync.replicas"] = "2"

@@ -9,6 +9,7 @@ import errno
 import math
 
 from exactly_wire.error_codes import ErrorCode
+from exactly.testing import MockTime
 from services.common.cluster.state import PartitionState
 from services.partition_leader.replica_manager import FetchEntry, ProduceEntry
 
@@ -19,7 +20,7 @@ TP = ("r", 0)
 
 
 def test_an_io_error_on_append_takes_the_log_dir_offline(tmp_path, store, clock, monkeypatch):
-    now = [10.0]
+    now = MockTime(10_000)  # 10 s
     zk = FakeZk(PartitionState("me", 2, ("me", "x", "y"), version=4, mzxid=100))
     m = manager_for(zk, tmp_path, store, clock, now)
     reported: list[OSError] = []

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from exactly_wire import records
+from exactly.testing import MockTime
 from services.partition_leader.log import INDEX_ENTRY, RECOVERY_POINT_FILE, Log, LogConfig
 
 from .conftest import NOW_MS, crash, make_batch
@@ -17,8 +18,7 @@ from .conftest import NOW_MS, crash, make_batch
 INTERVAL = 4096
 
 
-def clock() -> int:
-    return NOW_MS  # the batches' time: the active segment never rolls by segment.ms
+clock = MockTime(NOW_MS)  # the batches' time, not moved: the active segment never rolls by segment.ms
 
 
 def append(plog: Log, batch: bytes) -> None:

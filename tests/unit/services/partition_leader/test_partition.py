@@ -401,11 +401,11 @@ def test_transactions_survive_a_crash_across_segment_rolls(open_partition):
 
 def test_pids_expire_after_the_configured_idle_time(open_partition, clock):
     p = open_partition(config=PartitionConfig(LogConfig(), producer_id_expiration_ms=60_000))
-    p.append(valid(make_batch(1, pid=1, seq=0, ts=clock.now)))
-    p.append(valid(make_batch(1, pid=2, seq=0, ts=clock.now, txn=True)))
+    p.append(valid(make_batch(1, pid=1, seq=0, ts=clock())))
+    p.append(valid(make_batch(1, pid=2, seq=0, ts=clock(), txn=True)))
     clock.advance(60_000)
     assert p.expire_producers() == [1]
-    assert p.append(valid(make_batch(1, pid=1, seq=1, ts=clock.now))).error == ErrorCode.UNKNOWN_PRODUCER_ID
+    assert p.append(valid(make_batch(1, pid=1, seq=1, ts=clock()))).error == ErrorCode.UNKNOWN_PRODUCER_ID
 
 
 def test_settings_resolution():

@@ -108,24 +108,24 @@ def test_fetch_long_polls_until_an_append(tmp_path, store, clock, now):
     the records before its max_wait_ms; without one it is answered empty once
     max_wait_ms passed on the manager's clock (moved by the test), not before."""
     cluster = FakeCluster({"a": topic("a", ["me", "me", "other"])})
-    manager = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock, monotonic_s=now))
-    manager.hosted.purgatory = Purgatory(now, timers=False)
+    manager = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock, monotonic_s=now.now_s))
+    manager.hosted.purgatory = Purgatory(now.now_s, timers=False)
     manager.hosted.refresh()
 
     async def scenario(stub):
         waiting = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 0, max_wait_ms=5000), timeout=10))
         await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the fetch to wait in the purgatory")
         assert not waiting.done()
-        now.s += 4.9
+        now.advance(4900)
         assert manager.hosted.purgatory.expire_due() == 0
         await stub.Produce(produce_req(("a", 0, make_batch(1))), timeout=10)
         resp = await asyncio.wait_for(waiting, 10)  # answered by the append, within its max_wait_ms
         assert len(resp.responses[0].partitions[0].records) == len(make_batch(1))
         empty = asyncio.ensure_future(stub.Fetch(fetch_req("a", 0, 1, max_wait_ms=300), timeout=10))
         await wait_for_async(lambda: len(manager.hosted.purgatory) == 1, 5, "the second fetch to wait in the purgatory")
-        now.s += 0.299
+        now.advance(299)
         assert manager.hosted.purgatory.expire_due() == 0 and not empty.done()
-        now.s += 0.001
+        now.advance(1)
         assert manager.hosted.purgatory.expire_due() == 1
         assert (await empty).responses[0].partitions[0].records == b""
     run(manager, scenario)

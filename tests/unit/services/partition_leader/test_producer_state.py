@@ -249,10 +249,10 @@ def test_a_damaged_snapshot_is_rejected_and_leaves_state_unchanged(drive, state,
 def test_idle_pids_expire_unless_in_a_transaction(clock):
     state = ProducerStateManager(expiration_ms=1000, clock_ms=clock)
     drive = Driver(state)
-    drive.produce(1, pid=1, seq=0, ts=clock.now)
-    drive.produce(1, pid=2, seq=0, ts=clock.now, txn=True)
+    drive.produce(1, pid=1, seq=0, ts=clock())
+    drive.produce(1, pid=2, seq=0, ts=clock(), txn=True)
     clock.advance(500)
-    drive.produce(1, pid=3, seq=0, ts=clock.now)
+    drive.produce(1, pid=3, seq=0, ts=clock())
     assert state.expire() == []
     clock.advance(500)
     assert state.expire() == [1]
@@ -271,10 +271,10 @@ def test_a_coordinator_writer_pid_on_an_internal_topic_never_expires(clock):
     after a quiet period would let a deposed owner write again."""
     state = ProducerStateManager(internal=True, expiration_ms=1000, clock_ms=clock)
     drive = Driver(state)
-    drive.produce(1, pid=9, epoch=4, seq=-1, ts=clock.now)
+    drive.produce(1, pid=9, epoch=4, seq=-1, ts=clock())
     clock.advance(10_000)
     assert state.expire() == [] and state.entry(9).producer_epoch == 4
-    stale = drive.produce(1, pid=9, epoch=3, seq=-1, ts=clock.now)[0]
+    stale = drive.produce(1, pid=9, epoch=3, seq=-1, ts=clock())[0]
     assert stale.error == ErrorCode.INVALID_PRODUCER_EPOCH
 
 

@@ -31,8 +31,8 @@ def manager(tmp_path, store, clock, now):
     """Leader "me" of r-0 (replicas me, x; ISR both; min.insync.replicas 2)."""
     cluster = FakeCluster({"r": TopicInfo("r", {0: ["me", "x"]}, {"min.insync.replicas": "2"}, False,
                                           {0: PartitionState("me", 3, ("me", "x"), version=0)})})
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now))
-    m.hosted.purgatory = Purgatory(now, timers=False)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now.now_s))
+    m.hosted.purgatory = Purgatory(now.now_s, timers=False)
     m.hosted.refresh()
     yield m
     m.hosted.close()
@@ -98,9 +98,9 @@ def test_acks_all_times_out_at_the_deadline(manager, now):
     async def main():
         pending = produce(manager, make_batch(1), timeout_ms=500)
         await parked(manager)
-        now.s += 0.499
+        now.advance(499)
         assert manager.hosted.purgatory.expire_due() == 0 and not pending.done()
-        now.s += 0.001
+        now.advance(1)
         assert manager.hosted.purgatory.expire_due() == 1
         [res] = await pending
         assert (res.error, res.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, 0)
@@ -156,7 +156,7 @@ def test_a_marker_whose_deadline_passed_before_it_could_be_appended_is_dropped(m
     transaction stays open until a marker within its deadline ends it."""
     class LateLeases:
         async def ensure(self, p, deadline) -> bool:
-            now.s = deadline + 0.001
+            now.set_ms(deadline * 1000 + 1)
             return True
 
     async def main():
@@ -187,7 +187,7 @@ def test_a_markers_deadline_counts_from_the_requests_arrival(manager, now):
         topics=[pb.TopicPartitions(topic="r", partitions=[0])])])
 
     async def write_arrived(ago_s: float) -> int:
-        token = REQUEST_ARRIVAL_S.set(now() - ago_s)
+        token = REQUEST_ARRIVAL_S.set(now.now_s() - ago_s)
         try:
             resp = await servicer.WriteTxnMarkers(request, None)
         finally:
@@ -236,7 +236,7 @@ def test_fetch_answers_what_there_is_at_the_deadline(manager, now):
         manager.hosted.replicas[TP].set_isr(("me",), 1)
         waiting = asyncio.ensure_future(manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=300))
         await parked(manager)
-        now.s += 0.3
+        now.advance(300)
         manager.hosted.purgatory.expire_due()
         [res] = await waiting
         assert (res.error, res.records, res.high_watermark) == (ErrorCode.NONE, b"", 0)
@@ -315,12 +315,12 @@ async def _settle(p: Purgatory, n: int) -> None:
 
 def test_notify_wakes_only_the_watches_whose_offset_a_position_passes(now):
     async def main():
-        p = Purgatory(now, timers=False)
-        at3 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 3)], now.s + 10))
-        at7 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 7)], now.s + 10))
-        follower = asyncio.ensure_future(p.wait([Watch(TP, LOG_END, 3)], now.s + 10))
-        committed = asyncio.ensure_future(p.wait([Watch(TP, LAST_STABLE, 0)], now.s + 10))
-        elsewhere = asyncio.ensure_future(p.wait([Watch(("s", 0), HIGH_WATERMARK, 0)], now.s + 10))
+        p = Purgatory(now.now_s, timers=False)
+        at3 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 3)], now.now_s() + 10))
+        at7 = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 7)], now.now_s() + 10))
+        follower = asyncio.ensure_future(p.wait([Watch(TP, LOG_END, 3)], now.now_s() + 10))
+        committed = asyncio.ensure_future(p.wait([Watch(TP, LAST_STABLE, 0)], now.now_s() + 10))
+        elsewhere = asyncio.ensure_future(p.wait([Watch(("s", 0), HIGH_WATERMARK, 0)], now.now_s() + 10))
         await _settle(p, 5)
         p.notify(TP, {HIGH_WATERMARK: 3, LOG_END: 3, LAST_STABLE: 0})  # nothing passed
         await asyncio.sleep(0)
@@ -333,7 +333,7 @@ def test_notify_wakes_only_the_watches_whose_offset_a_position_passes(now):
         p.notify(TP)  # an ISR or leadership change: everything on the partition
         assert await at7 is True and await committed is True
         assert not elsewhere.done() and len(p) == 1
-        now.s += 10
+        now.advance(10_000)
         assert p.expire_due() == 1 and await elsewhere is False
         assert len(p) == 0 and not p._partitions
     asyncio.run(main())
@@ -341,19 +341,19 @@ def test_notify_wakes_only_the_watches_whose_offset_a_position_passes(now):
 
 def test_gone_waiters_do_not_pile_up_on_a_quiet_partition(now):
     async def main():
-        p = Purgatory(now, timers=False)
+        p = Purgatory(now.now_s, timers=False)
         for round_ in range(20):
-            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 1)) for _ in range(50)]
+            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.now_s() + 1)) for _ in range(50)]
             await _settle(p, 50)
-            now.s += 1
+            now.advance(1000)
             assert p.expire_due() == 50
             assert not any(await asyncio.gather(*waits))
             assert not p._partitions, round_  # every heap entry of a gone waiter dropped
-        keep = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 100))
+        keep = asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.now_s() + 100))
         for _ in range(10):
-            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.s + 1)) for _ in range(50)]
+            waits = [asyncio.ensure_future(p.wait([Watch(TP, HIGH_WATERMARK, 5)], now.now_s() + 1)) for _ in range(50)]
             await _settle(p, 51)
-            now.s += 1
+            now.advance(1000)
             p.expire_due()
             await asyncio.gather(*waits)
         assert sum(len(h) for h in p._partitions[TP].heaps.values()) <= 2 * 1 + 32 + 1
@@ -364,18 +364,18 @@ def test_gone_waiters_do_not_pile_up_on_a_quiet_partition(now):
 
 def test_parked_waits_per_owner_are_bounded(now):
     async def main():
-        p = Purgatory(now, timers=False, max_parked_per_owner=2)
-        first = [asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:mallory")) for _ in range(2)]
+        p = Purgatory(now.now_s, timers=False, max_parked_per_owner=2)
+        first = [asyncio.ensure_future(p.wait([TP], now.now_s() + 10, owner="User:mallory")) for _ in range(2)]
         await _settle(p, 2)
-        assert await p.wait([TP], now.s + 10, owner="User:mallory") is False  # answered at once
+        assert await p.wait([TP], now.now_s() + 10, owner="User:mallory") is False  # answered at once
         assert len(p) == 2 and p.parked("User:mallory") == 2
-        other = asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:alice"))
-        unowned = asyncio.ensure_future(p.wait([TP], now.s + 10))
+        other = asyncio.ensure_future(p.wait([TP], now.now_s() + 10, owner="User:alice"))
+        unowned = asyncio.ensure_future(p.wait([TP], now.now_s() + 10))
         await _settle(p, 4)
         p.notify(TP)
         assert await asyncio.gather(*first, other, unowned) == [True] * 4
         assert p.parked("User:mallory") == 0
-        again = asyncio.ensure_future(p.wait([TP], now.s + 10, owner="User:mallory"))
+        again = asyncio.ensure_future(p.wait([TP], now.now_s() + 10, owner="User:mallory"))
         await _settle(p, 1)
         p.notify(TP)
         assert await again is True
@@ -414,9 +414,9 @@ def test_a_consumer_fetch_waits_at_most_fetch_max_wait_ms_and_per_owner_bound(ma
         # The owner's second fetch is answered at once (empty), not parked.
         [second] = await manager.fetch_messages([FetchEntry("r", 0, 0)], max_wait_ms=600000, owner="User:mallory")
         assert second.error == ErrorCode.NONE and not second.records and len(manager.hosted.purgatory) == 1
-        now.s += 0.999
+        now.advance(999)
         assert manager.hosted.purgatory.expire_due() == 0
-        now.s += 0.001  # 600,000 ms asked, 1,000 ms granted
+        now.advance(1)  # 600,000 ms asked, 1,000 ms granted
         assert manager.hosted.purgatory.expire_due() == 1
         [res] = await waiting
         assert res.error == ErrorCode.NONE and not res.records
@@ -443,7 +443,7 @@ def test_a_fetch_short_of_min_bytes_waits_for_data_beyond_what_it_read(manager, 
             await asyncio.sleep(0)
         await parked(manager)
         assert len(reads) == 2 and not waiting.done()  # the follower's read only: not woken
-        now.s += 5
+        now.advance(5000)
         manager.hosted.purgatory.expire_due()
         [res] = await waiting
         assert res.error == ErrorCode.NONE and res.records
@@ -461,8 +461,8 @@ def two(tmp_path, store, clock, now):
                        {0: PartitionState("me", 3, ("me",), version=0), 1: PartitionState("me", 3, ("me",), version=0)}),
         "f": TopicInfo("f", {0: ["me", "x", "y"]}, {}, False, {0: PartitionState("me", 3, ("me", "x", "y"), version=0)}),
     })
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now))
-    m.hosted.purgatory = Purgatory(now, timers=False)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now.now_s))
+    m.hosted.purgatory = Purgatory(now.now_s, timers=False)
     m.hosted.refresh()
     yield m
     m.hosted.close()
@@ -606,7 +606,7 @@ def test_fetch_wakeups_are_counted_by_outcome_and_exported(manager, now):
         await append_records(manager, 1, [ProduceEntry(*TP, make_batch(1))])
         await settled(manager)
         await parked(manager)
-        now.s += 1
+        now.advance(1000)
         assert manager.hosted.purgatory.expire_due() == 1
         [res] = await waiting
         assert res.records

@@ -73,7 +73,7 @@ def test_periodic_work_covers_every_partition(tmp_path, store, clock):
                                         "producer.id.expiration.ms": "1000"}, cluster, store, clock, monotonic_ms=clock))
     m.hosted.refresh()
     for p in m.hosted:
-        p.append(valid(make_batch(1, pid=p.partition + 1, seq=0, ts=clock.now)))
+        p.append(valid(make_batch(1, pid=p.partition + 1, seq=0, ts=clock())))
     clock.advance(100)
     assert m.hosted.maybe_snapshot_all() == 2
     assert m.hosted.maybe_snapshot_all() == 0
@@ -147,10 +147,9 @@ def test_replica_fetches_drive_the_isr_and_high_watermark(tmp_path, store, clock
     m.hosted.close()
 
 
-def test_leases(tmp_path, store, clock):
-    now = [100.0]
+def test_leases(tmp_path, store, clock, now):
     cluster = FakeCluster({"r": replicated("r", "me", 0, ("me",))})
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=lambda: now[0], monotonic_ms=clock))
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_s=now.now_s, monotonic_ms=clock))
     m.hosted.refresh()
     p = m.hosted.replicas[("r", 0)]
     assert m.hosted.lease_valid(p)  # no leases kept: leadership needs no confirmation
@@ -158,11 +157,11 @@ def test_leases(tmp_path, store, clock):
     cluster._topics["r"] = replicated("r", "me", 1, ("me",))
     m.hosted.refresh()
     assert not m.hosted.lease_valid(p)  # a new epoch waits for its first confirmation
-    p.lease_until = now[0] + 3
+    p.lease_until = now.now_s() + 3
     assert m.hosted.lease_valid(p)
-    now[0] += 3
+    now.advance(3000)
     assert not m.hosted.lease_valid(p)
-    p.lease_until = now[0] + 3
+    p.lease_until = now.now_s() + 3
     m.hosted.invalidate_leases()
     assert not m.hosted.lease_valid(p)
     m.hosted.close()

@@ -92,8 +92,8 @@ def test_acks_all_answers_once_the_follower_has_the_batch(manager):
 def test_acks_all_times_out_without_the_follower(tmp_path, store, clock, now):
     """The produce waits in the purgatory for the follower until its timeout_ms passed
     on the manager's clock (moved by the test), then answers REQUEST_TIMED_OUT."""
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, rf2(), store, clock, monotonic_s=now))
-    m.hosted.purgatory = Purgatory(now, timers=False)
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, rf2(), store, clock, monotonic_s=now.now_s))
+    m.hosted.purgatory = Purgatory(now.now_s, timers=False)
     m.hosted.refresh()
 
     async def scenario(stub):
@@ -101,9 +101,9 @@ def test_acks_all_times_out_without_the_follower(tmp_path, store, clock, now):
         req.timeout_ms = 300
         pending = asyncio.ensure_future(stub.Produce(req, timeout=5))
         await wait_for_async(lambda: len(m.hosted.purgatory) == 1, 5, "the produce to wait for the follower")
-        now.s += 0.299
+        now.advance(299)
         assert m.hosted.purgatory.expire_due() == 0 and not pending.done()
-        now.s += 0.001
+        now.advance(1)
         assert m.hosted.purgatory.expire_due() == 1
         out = first(await pending)
         assert out.error_code == ErrorCode.REQUEST_TIMED_OUT

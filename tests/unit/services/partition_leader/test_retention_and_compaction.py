@@ -62,7 +62,7 @@ def config(**kw) -> PartitionConfig:
 def test_time_retention_deletes_old_segments_below_the_high_watermark(open_partition, clock):
     p = open_partition(config=config(retention_ms=DAY))
     for i in range(30):
-        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
+        p.append(valid(make_batch(3, ts=clock() - 2 * DAY)))
     assert len(p.log.segments) > 3
     size_before = p.log.size_bytes
     active_base = p.log.segments[-1].base_offset
@@ -76,10 +76,10 @@ def test_time_retention_deletes_old_segments_below_the_high_watermark(open_parti
 
 def test_retention_never_passes_the_high_watermark_or_an_open_transaction(open_partition, clock):
     p = open_partition(config=config(retention_ms=DAY))
-    p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
-    first_txn = p.append(valid(make_batch(3, pid=7, seq=0, txn=True, ts=clock.now - 2 * DAY))).base_offset
+    p.append(valid(make_batch(3, ts=clock() - 2 * DAY)))
+    first_txn = p.append(valid(make_batch(3, pid=7, seq=0, txn=True, ts=clock() - 2 * DAY))).base_offset
     for i in range(30):
-        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
+        p.append(valid(make_batch(3, ts=clock() - 2 * DAY)))
     assert len(p.log.segments) > 3
     run(cleaner_for(p, clock))
     # The open transaction's first batch (and everything after) stays.
@@ -125,9 +125,9 @@ def test_producer_with_an_open_transaction_survives_deleted_segments_and_a_resta
                                                                                    tmp_path, store):
     cfg = config(retention_ms=DAY, producer_id_expiration_ms=7 * DAY)
     p = open_partition(config=cfg)
-    p.append(valid(make_batch(3, pid=5, seq=0, ts=clock.now - 2 * DAY)))
+    p.append(valid(make_batch(3, pid=5, seq=0, ts=clock() - 2 * DAY)))
     for i in range(30):
-        p.append(valid(make_batch(3, ts=clock.now - 2 * DAY)))
+        p.append(valid(make_batch(3, ts=clock() - 2 * DAY)))
     start = p.append(valid(make_batch(2, pid=9, seq=0, txn=True))).base_offset
     p.append(valid(make_batch(3)))
     run(cleaner_for(p, clock))

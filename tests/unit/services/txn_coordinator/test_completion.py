@@ -245,7 +245,7 @@ def test_a_version_1_transaction_outlives_its_unanswered_marker_requests(unanswe
     async def scenario():
         h, sleep, pid, epoch = await _held_harness()
         h.markers.fail[("orders", 0)] = [unanswered]  # no answer to the first request; the retry writes it
-        ended_at = h.clock.now
+        ended_at = h.clock()
         end = await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)
         assert (end.error, end.producer_epoch) == (E.NONE, epoch)
         completion = h.coord.partitions.get(0).completions["t"].task

@@ -20,7 +20,8 @@ from services.txn_coordinator.requests import TxnRequests
 from services.txn_coordinator.scans import TxnScans
 from services.txn_coordinator.state import GroupAssignment, TransactionMetadata, TxnState
 from services.txn_coordinator.store import TxnStore
-from txn_coordinator_fakes import FakeClock, FakeLog, FakeMarkers, FakeTopology, fast_sleep, run
+from exactly.testing import MockTime
+from txn_coordinator_fakes import NOW_MS, FakeLog, FakeMarkers, FakeTopology, fast_sleep, run
 
 S = TxnState
 CONFIG = TxnCoordinatorSchema()
@@ -32,17 +33,17 @@ async def _owned_partition(load=None, log: FakeLog | None = None) -> tuple[Owned
         part.finish_loading()
 
     owned = OwnedPartitions("txn-log", TxnPartition, load or serve, lambda part, batch: log.append(0, batch),
-                            wall_clock=FakeClock(), sleep=fast_sleep)
+                            wall_clock=MockTime(NOW_MS), sleep=fast_sleep)
     await owned.on_elected(0, 1)
     await owned.wait_loaded(0)
     return owned, owned.get(0)
 
 
-def _store(owned: OwnedPartitions, log: FakeLog, clock: FakeClock) -> TxnStore:
+def _store(owned: OwnedPartitions, log: FakeLog, clock: MockTime) -> TxnStore:
     return TxnStore(owned, log, FakeTopology(), clock, clock)
 
 
-def _prepared(part: TxnPartition, clock: FakeClock, state: TxnState = S.PREPARE_COMMIT) -> TransactionMetadata:
+def _prepared(part: TxnPartition, clock: MockTime, state: TxnState = S.PREPARE_COMMIT) -> TransactionMetadata:
     md = TransactionMetadata("t", 7, producer_epoch=4, txn_timeout_ms=60000, state=state,
                              partitions=[("orders", 0)], txn_start_timestamp=clock(),
                              txn_last_update_timestamp=clock())
@@ -66,7 +67,7 @@ def test_owned_partitions_alone_load_after_fencing_and_resign():
 
 def test_the_store_alone_looks_up_appends_and_applies():
     async def scenario():
-        clock, log = FakeClock(), FakeLog()
+        clock, log = MockTime(NOW_MS), FakeLog()
         owned, part = await _owned_partition(log=log)
         store = _store(owned, log, clock)
         assert store.lookup("t") == (E.NONE, part)
@@ -83,7 +84,7 @@ def test_the_store_alone_looks_up_appends_and_applies():
 
 def test_completions_alone_write_the_markers_then_the_complete_record():
     async def scenario():
-        clock, log, markers = FakeClock(), FakeLog(), FakeMarkers()
+        clock, log, markers = MockTime(NOW_MS), FakeLog(), FakeMarkers()
         owned, part = await _owned_partition(log=log)
         completions = Completions(_store(owned, log, clock), markers, FakeTopology(), CONFIG, clock, clock, fast_sleep)
         md = _prepared(part, clock)
@@ -99,7 +100,7 @@ def test_completions_alone_write_the_markers_then_the_complete_record():
 
 def test_the_group_hooks_alone_refuse_an_older_generation():
     async def scenario():
-        clock, log = FakeClock(), FakeLog()
+        clock, log = MockTime(NOW_MS), FakeLog()
         owned, part = await _owned_partition(log=log)
         store = _store(owned, log, clock)
         groups = GroupTxn(store, Completions(store, FakeMarkers(), FakeTopology(), CONFIG, clock, clock, fast_sleep))
@@ -110,7 +111,7 @@ def test_the_group_hooks_alone_refuse_an_older_generation():
     run(scenario())
 
 
-def _requests(store: TxnStore, clock: FakeClock, blocks: list) -> TxnRequests:
+def _requests(store: TxnStore, clock: MockTime, blocks: list) -> TxnRequests:
     async def allocate() -> tuple[int, int]:
         blocks.append((len(blocks) * 10, len(blocks) * 10 + 9))
         return blocks[-1]
@@ -121,7 +122,7 @@ def _requests(store: TxnStore, clock: FakeClock, blocks: list) -> TxnRequests:
 
 def test_the_requests_alone_initialise_and_start_a_transaction():
     async def scenario():
-        clock, log, blocks = FakeClock(), FakeLog(), []
+        clock, log, blocks = MockTime(NOW_MS), FakeLog(), []
         owned, part = await _owned_partition(log=log)
         requests = _requests(_store(owned, log, clock), clock, blocks)
         r = await requests.init_producer_id("t", 60000)
@@ -134,7 +135,7 @@ def test_the_requests_alone_initialise_and_start_a_transaction():
 
 def test_the_scans_alone_abort_a_timed_out_transaction():
     async def scenario():
-        clock, log = FakeClock(), FakeLog()
+        clock, log = MockTime(NOW_MS), FakeLog()
         owned, part = await _owned_partition(log=log)
         store = _store(owned, log, clock)
         completions = Completions(store, FakeMarkers(), FakeTopology(), CONFIG, clock, clock, fast_sleep)
@@ -154,7 +155,7 @@ def test_the_scans_alone_abort_a_timed_out_transaction():
 
 def test_the_loader_alone_replays_a_partition_and_rolls_it_forward():
     async def scenario():
-        clock, log, markers = FakeClock(), FakeLog(), FakeMarkers()
+        clock, log, markers = MockTime(NOW_MS), FakeLog(), FakeMarkers()
         prepared = TransactionMetadata("t", 7, producer_epoch=4, txn_timeout_ms=60000, state=S.PREPARE_ABORT,
                                        partitions=[("orders", 0)], txn_start_timestamp=clock(),
                                        txn_last_update_timestamp=clock()).snapshot()

@@ -220,7 +220,7 @@ def test_an_init_cancelled_while_its_binding_record_waits_in_the_group_commit(tr
             again = await h.coord.init_producer_id(tid, 60000, principal="User:alice")
             assert (again.error, again.producer_id, again.producer_epoch) == (E.NONE, md.producer_id, 1)
             assert _bindings(log, part)[md.producer_id] == txn_log.ProducerIdBinding("User:alice", tid,
-                                                                                     h.wall.now)
+                                                                                     h.wall())
         else:
             assert sum(len(_bindings(log, p)) for p in range(N)) == 1
         for p in range(N):

@@ -69,7 +69,7 @@ def test_a_new_owner_whose_clock_is_ahead_does_not_abort_a_prepared_transaction(
         pid, epoch = await first.begin("t", timeout_ms=60_000)
         assert await first.coord.prepare_txn("t", pid, epoch) == ErrorCode.NONE
         second = Harness(log=log, split_clocks=True)
-        second.wall.now = first.wall.now + ahead_ms
+        second.wall.set_ms(first.wall() + ahead_ms)
         await second.elect(0, 2)
         for _ in range(3):
             assert await second.coord.scans.abort_timed_out_transactions() == 0

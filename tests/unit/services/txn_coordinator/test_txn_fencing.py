@@ -132,7 +132,7 @@ def test_new_owner_resumes_the_timeout_of_an_ongoing_transaction():
         await old.take(0, 0)
         pid, epoch = await old.begin("t", timeout_ms=1000)
         await old.coord.on_resigned(0)  # the old owner dies with the transaction open
-        new.clock.now = old.clock.now + 500
+        new.clock.set_ms(old.clock() + 500)
         await new.take(1, 1)
         assert await new.coord.scans.abort_timed_out_transactions() == 0  # not yet: 500 of 1000 ms
         new.clock.advance(600)

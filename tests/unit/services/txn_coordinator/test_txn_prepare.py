@@ -30,14 +30,14 @@ def test_prepare_seals_the_ongoing_transaction_and_logs_it():
         pid, epoch = await h.begin("t")
         assert await h.coord.prepare_txn("t", pid, epoch) == E.NONE
         md = h.md("t")
-        assert md.state is S.ONGOING and md.is_prepared and md.prepared_timestamp == h.clock.now
+        assert md.state is S.ONGOING and md.is_prepared and md.prepared_timestamp == h.clock()
         last = h.log.entries()[-1].transit
-        assert (last.state, last.prepared_timestamp) == (S.ONGOING, h.clock.now)
+        assert (last.state, last.prepared_timestamp) == (S.ONGOING, h.clock())
         n = len(h.log.entries())
         assert await h.coord.prepare_txn("t", pid, epoch) == E.NONE  # a retry: nothing logged
         assert len(h.log.entries()) == n
         [d] = h.coord.describe_transactions(["t"])
-        assert d.summary.prepared_timestamp == h.clock.now
+        assert d.summary.prepared_timestamp == h.clock()
 
     run(scenario())
 
@@ -120,7 +120,7 @@ def test_prepare_without_a_transaction_starts_an_empty_sealed_one():
         r = await h.coord.init_producer_id("t", 60000)
         assert await h.coord.prepare_txn("t", r.producer_id, r.producer_epoch) == E.NONE
         md = h.md("t")
-        assert (md.state, md.partitions, md.txn_start_timestamp) == (S.ONGOING, set(), h.clock.now)
+        assert (md.state, md.partitions, md.txn_start_timestamp) == (S.ONGOING, set(), h.clock())
         assert md.is_prepared
         assert (await h.coord.end_txn("t", r.producer_id, r.producer_epoch, True)).error == E.NONE
         await h.settle()
@@ -200,10 +200,10 @@ def test_prepared_state_survives_reload():
         await h.elect(0, 1)
         pid, epoch = await h.begin("t", timeout_ms=1000)
         await h.coord.prepare_txn("t", pid, epoch)
-        prepared_at = h.clock.now
+        prepared_at = h.clock()
         # Another coordinator loads the partition (failover).
         h2 = Harness(log=log)
-        h2.clock.now = h.clock.now + 5000
+        h2.clock.set_ms(h.clock() + 5000)
         await h2.elect(0, 2)
         md = h2.md("t")
         assert md.is_prepared and md.prepared_timestamp == prepared_at
@@ -243,9 +243,9 @@ def test_prepare_txn_over_grpc():
             assert r.error_code == E.NONE
             desc = await stub.DescribeTransactions(pb.DescribeTransactionsRequest(transactional_ids=["t"]))
             d = desc.transaction_states[0]
-            assert (d.state, d.prepared_time_ms) == ("PrepareTxn", h.clock.now)
+            assert (d.state, d.prepared_time_ms) == ("PrepareTxn", h.clock())
             assert (d.prepared.prepared_time_ms, d.prepared.producer_id, d.prepared.producer_epoch) == \
-                (h.clock.now, pid, epoch)
+                (h.clock(), pid, epoch)
             # Listed as prepared, with its own pair, also once a new instance kept it.
             kept = await stub.InitProducerId(pb.InitProducerIdRequest(transactional_id="t", transaction_timeout_ms=60000,
                                                                       keep_prepared_txn=True))
@@ -254,7 +254,7 @@ def test_prepare_txn_over_grpc():
                 assert len(found.transaction_states) == listed, filters
             [t] = (await stub.ListTransactions(pb.ListTransactionsRequest())).transaction_states
             assert (t.state, t.producer_epoch, t.prepared.prepared_time_ms, t.prepared.producer_id,
-                    t.prepared.producer_epoch) == ("PrepareTxn", kept.producer_epoch, h.clock.now, pid, epoch)
+                    t.prepared.producer_epoch) == ("PrepareTxn", kept.producer_epoch, h.clock(), pid, epoch)
             bad = await stub.PrepareTxn(pb.PrepareTxnRequest(producer_id=pid, producer_epoch=epoch))
             assert bad.error_code == E.INVALID_REQUEST
         finally:

@@ -3,10 +3,11 @@ and the cluster topology, to drive the coordinator without gRPC or ZooKeeper."""
 from __future__ import annotations
 
 import asyncio
-import math
 import zlib
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
+from exactly.testing import MockTime
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from services.common.cluster.state import NodeInfo
@@ -20,45 +21,28 @@ from services.txn_coordinator.pid_manager import ProducerIdManager
 from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 
 
+NOW_MS = 1_700_000_000_000  # the clocks' first reading
+
+
 def txn_settings(conf: dict[str, object]) -> TxnCoordinatorSchema:
     """The transaction coordinator's settings with the Kafka keys of `conf` set (the
     schema's defaults elsewhere). Raises ConfigurationError for an unknown key."""
     return role_settings(TxnCoordinatorSchema, conf)
 
 
-class FakeClock:
-    """Milliseconds that move only when the test advances them. `sleep` is a sleep
-    on this clock: a retry backoff (up to exactly.txn.retry.backoff.max.ms) only
-    yields, a longer sleep returns once the test advanced the clock past its end;
-    `sleeping` is set while such a sleep waits."""
+def sleep_on(clock: MockTime) -> Callable[[float], Awaitable[None]]:
+    """A coordinator's sleep (seconds) on `clock`: a retry backoff (up to
+    exactly.txn.retry.backoff.max.ms) only yields, a longer sleep returns once the test
+    moved `clock` past its end (`clock.sleeping` is set while it waits)."""
+    backoff_max_s = TxnCoordinatorSchema().txn_retry_backoff_max_ms / 1000
 
-    def __init__(self, now_ms: int = 1_700_000_000_000):
-        self.now = now_ms
-        self._timers: list[tuple[int, asyncio.Event]] = []
-        self.sleeping = asyncio.Event()
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-        for until, woken in self._timers:
-            if until <= self.now:
-                woken.set()
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= TxnCoordinatorSchema().txn_retry_backoff_max_ms / 1000:
+    async def sleep(seconds: float) -> None:
+        if seconds <= backoff_max_s:
             await asyncio.sleep(0)
             return
-        timer = (self.now + math.ceil(seconds * 1000), asyncio.Event())
-        self._timers.append(timer)
-        self.sleeping.set()
-        try:
-            await timer[1].wait()
-        finally:
-            self._timers.remove(timer)
-            if not self._timers:
-                self.sleeping.clear()
+        await clock.wait_async(seconds)
+
+    return sleep
 
 
 async def fast_sleep(_seconds: float) -> None:
@@ -224,15 +208,16 @@ class Harness:
     is the coordinator's (seconds; by default it only yields to the loop). `clock` is
     both its wall and its monotonic clock, unless split_clocks: then `wall` is a clock
     of its own (stepped by hand) and `clock` the monotonic one. clock_sleep: the
-    coordinator sleeps on `clock` (FakeClock.sleep) instead of `sleep`."""
+    coordinator sleeps on `clock` (sleep_on) instead of `sleep`. The clocks are
+    exactly.testing.MockTime from 1_700_000_000_000 ms."""
 
     def __init__(self, config: TxnCoordinatorSchema | None = None, txn_partitions: int = 1, block_size: int = 1000,
                  log: FakeLog | None = None, first_pid: int = 0, on_fenced=None, sleep=fast_sleep,
                  bind_producer_ids: bool = False, split_clocks: bool = False, clock_sleep: bool = False):
-        self.clock = FakeClock()
+        self.clock = MockTime(NOW_MS)
         if clock_sleep:
-            sleep = self.clock.sleep
-        self.wall = FakeClock() if split_clocks else self.clock
+            sleep = sleep_on(self.clock)
+        self.wall = MockTime(NOW_MS) if split_clocks else self.clock
         self.log = log or FakeLog()
         self.markers = FakeMarkers()
         self.topology = FakeTopology(txn_partitions=txn_partitions)

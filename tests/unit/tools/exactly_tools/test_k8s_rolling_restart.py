@@ -8,6 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from exactly.testing import MockTime
 from exactly_tools import k8s
 
 NAMESPACE = "streams"
@@ -129,7 +130,7 @@ class FakeCluster:
 
 
 def make(fake, **kwargs):
-    now = itertools.count()
+    clock = MockTime(0, auto_tick_ms=1000)  # each reading 1 s after the one before
     serving_calls = []
 
     def serving(address):
@@ -137,7 +138,7 @@ def make(fake, **kwargs):
         return True
 
     kwargs.setdefault("serving", serving)
-    restart = k8s.RollingRestart(fake, fake, NAMESPACE, "exactly", clock=lambda: next(now), sleep=lambda s: None,
+    restart = k8s.RollingRestart(fake, fake, NAMESPACE, "exactly", clock=clock.now_s, sleep=lambda s: None,
                                  timeout_s=1000, **kwargs)
     return restart, serving_calls
 

@@ -6,19 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from exactly import Consumer, Producer
-from exactly.testing import MockCluster
+from exactly.testing import MockCluster, MockTime
 
-from sdk_producer.fake_clock import FakeClock, on_clock
-
-
-def consumer_clock() -> FakeClock:
-    """The consumers' clock: virtual, driven by the test's thread; the cluster answers at
-    once, so a wait nothing ended within 2 ms waits out its timeout, and a sleep (of
-    retry.backoff.ms) pauses 0.2 ms of real time."""
-    return FakeClock(grace_s=0.002, poll_s=0.0002)
+from sdk_producer.clocked import on_clock
 
 
-def make_consumer(cluster: MockCluster, clock: FakeClock, **conf: Any) -> Consumer:
+def consumer_clock() -> MockTime:
+    """The consumers' clock: virtual, driven by the test's thread, and running on with real
+    time; the cluster answers at once, so a wait nothing ended within 2 ms waits out its
+    timeout, and a sleep (of retry.backoff.ms) pauses 0.2 ms of real time."""
+    return MockTime(grace_s=0.002, poll_s=0.0002, runs=True)
+
+
+def make_consumer(cluster: MockCluster, clock: MockTime, **conf: Any) -> Consumer:
     """A Consumer of `cluster` on `clock`, with `conf` given as keyword arguments
     (`group_id` for group.id): no fetch waits, no automatic commits and no heartbeat in
     the test's time unless asked for."""

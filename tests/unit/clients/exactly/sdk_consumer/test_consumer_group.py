@@ -10,6 +10,7 @@ from exactly import errors
 from exactly._client import ClientCore
 from exactly._consumer_group import GroupMembership, MemberState, parse_offset_fetch
 from exactly.config import ConsumerSchema
+from exactly.testing import MockTime
 from exactly_wire.config import parse
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import OffsetAndMetadata, TopicPartition
@@ -131,14 +132,14 @@ def test_heartbeat_not_coordinator_invalidates(env):
 
 def test_heartbeat_leaves_the_group_after_max_poll_interval_on_the_injected_clock(cluster):
     core = core_of(cluster)
-    now = [1_000]
+    clock = MockTime(1_000)
     member = GroupMembership(core, "g", rebalance_timeout_ms=300, backoff_ms=0, backoff_max_ms=1000,
-                             clock=lambda: now[0])
+                             clock=clock)
     join(member)
     member.polled()
-    now[0] += 300  # ms; not more than max.poll.interval.ms yet
+    clock.advance(300)  # ms; not more than max.poll.interval.ms yet
     assert member.heartbeat_once() == ErrorCode.NONE and member.state is MemberState.STABLE
-    now[0] += 1
+    clock.advance(1)
     assert member.heartbeat_once() is None
     assert member.state is MemberState.UNJOINED and member.member_id == ""
     assert len(cluster.requests_of("LeaveGroup")) == 1

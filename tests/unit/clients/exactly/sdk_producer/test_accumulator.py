@@ -8,22 +8,14 @@ from exactly_wire import records
 from exactly._accumulator import ProducerBatch, RecordAccumulator
 from exactly.types import RecordMetadata, TopicPartition
 
-from .fake_clock import FakeClock
+from exactly.testing import MockTime
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def make(batch_size=16384, linger_ms=5.0, clock=None, **kw):
-    clock = Clock() if clock is None else clock
+    clock = MockTime(1000) if clock is None else clock
     return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, clock=clock, **kw), clock
 
 
@@ -55,9 +47,9 @@ def test_linger_decides_readiness():
     acc.append(TP0, 1, b"k", b"v")
     ready, wait = acc.ready()
     assert ready == [] and wait == pytest.approx(5)
-    clock.now += 3
+    clock.advance(3)
     assert acc.ready() == ([], pytest.approx(2))
-    clock.now += 2
+    clock.advance(2)
     assert acc.ready()[0] == [TP0]
 
 
@@ -170,7 +162,7 @@ def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkey
     # The appending thread's timed wait polls its condition in poll_s slices, and a
     # notify landing just as a slice times out is lost (threading.Condition): long
     # slices keep the drain below far from a slice's end.
-    acc, clock = make(batch_size=100, clock=FakeClock(poll_s=1.0))
+    acc, clock = make(batch_size=100, clock=MockTime(poll_s=1.0, runs=True))
     value = b"x" * 60  # one record per batch
     for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 1):
         acc.append(TP0, 1, None, value)
@@ -205,7 +197,7 @@ def test_reenqueue_keeps_sequence_order_and_backoff():
     acc.reenqueue(batches[0], backoff_ms=50)
     acc.reenqueue(batches[1], backoff_ms=50)
     assert acc.ready()[0] == []  # head is a retry waiting for its backoff
-    clock.now += 50
+    clock.advance(50)
     assert acc.ready()[0] == [TP0]
     order = [acc.drain(TP0) for _ in range(4)]
     assert [b.base_sequence for b in order] == [0, 1, 2, -1]
@@ -215,16 +207,16 @@ def test_reenqueue_keeps_sequence_order_and_backoff():
 def test_expired_batches():
     acc, clock = make()
     acc.append(TP0, 1, None, b"v")
-    clock.now += 100
+    clock.advance(100)
     acc.append(TP1, 1, None, b"v")
-    assert acc.expired(clock.now, 120) == []
-    clock.now += 30
-    out = acc.expired(clock.now, 120)
+    assert acc.expired(clock(), 120) == []
+    clock.advance(30)
+    out = acc.expired(clock(), 120)
     assert [b.tp for b in out] == [TP0]
 
 
 def test_buffer_memory_blocks_then_times_out_and_frees_on_completion():
-    acc, clock = make(batch_size=100, buffer_memory=200, clock=FakeClock())
+    acc, clock = make(batch_size=100, buffer_memory=200, clock=MockTime(runs=True))
     acc.append(TP0, 1, None, b"x" * 80)
     acc.append(TP1, 1, None, b"x" * 80)
     started = clock.now_s()

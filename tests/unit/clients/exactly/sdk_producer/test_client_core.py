@@ -14,9 +14,7 @@ from exactly_wire.clock import SYSTEM_CLOCK
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from exactly.testing import MockCluster
-
-from .fake_clock import FakeClock
+from exactly.testing import MockCluster, MockTime
 
 
 @pytest.fixture
@@ -108,13 +106,13 @@ def test_metadata_is_cached_and_refreshed(fc):
 
 
 def test_metadata_max_age(fc):
-    clock = FakeClock(runs=False)
+    clock = MockTime()
     core = mock_core(fc, clock=clock, **{"metadata.max.age.ms": 5})
     core.metadata()
-    clock.advance(0.005)
+    clock.advance(5)
     core.metadata()
     assert calls(fc, "Metadata") == 1  # not older than metadata.max.age.ms yet
-    clock.advance(0.001)
+    clock.advance(1)
     core.metadata()
     assert calls(fc, "Metadata") == 2
     core.close()
@@ -144,7 +142,7 @@ def test_a_call_without_metadata_names_why_the_last_refresh_failed(fc):
 
 
 def test_find_coordinator_retries_and_caches(fc):
-    clock = FakeClock()
+    clock = MockTime(runs=True)
     core = mock_core(fc, clock=clock)
     txn_coordinator = fc.address_of("txn-coordinator")
     fc.fail_next("FindCoordinator", ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
@@ -181,7 +179,7 @@ def test_coordinator_call_refinds_on_not_coordinator(fc):
 
 
 def test_retry_helper():
-    clock = FakeClock()
+    clock = MockTime(runs=True)
     core = core_for("127.0.0.1:1", clock=clock)
     attempts = []
 

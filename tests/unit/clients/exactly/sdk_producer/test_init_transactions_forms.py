@@ -18,9 +18,9 @@ from exactly.aio import producer as aio_producer
 from exactly.aio._core import AIOClientCore
 from exactly_wire.error_codes import ErrorCode
 
-from exactly.testing import MockCluster
+from exactly.testing import MockCluster, MockTime
 
-from .fake_clock import FakeClock, on_clock
+from .clocked import on_clock
 
 TP = TopicPartition("u", 0)
 GM = ConsumerGroupMetadata("g", 3, "member-1")
@@ -44,7 +44,7 @@ def init_requests(fc):
 
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return MockTime(runs=True)
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def make(fc):
     made = []
 
     def _make(tid, clock=None):
-        """A producer of `tid`; on `clock` (a FakeClock: for calls that wait out a
+        """A producer of `tid`; on `clock` (a MockTime: for calls that wait out a
         timeout) when given, else on real time."""
         made.append((Producer if clock is None else on_clock(Producer, clock))(conf(fc, tid), transport=fc))
         return made[-1]

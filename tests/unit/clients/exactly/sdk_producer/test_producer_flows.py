@@ -13,9 +13,9 @@ from exactly._txn_manager import TransactionManagerState
 from exactly_wire.error_codes import ErrorCode
 from exactly.errors import TransactionAbortedError
 
-from exactly.testing import MockCluster
+from exactly.testing import MockCluster, MockTime
 
-from .fake_clock import FakeClock, on_clock
+from .clocked import on_clock
 
 
 NO_AUTO_CREATE = {"auto.create.topics.enable": False}
@@ -33,7 +33,7 @@ def producer_maker(cluster):
     made = []
 
     def _make(clock=None, **conf):
-        """A producer of `conf` on `cluster`; on `clock` (a FakeClock) when given, else on real time."""
+        """A producer of `conf` on `cluster`; on `clock` (a MockTime) when given, else on real time."""
         conf = {"bootstrap.servers": cluster.bootstrap_servers, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
                 "request.timeout.ms": 5000, "max.block.ms": 5000, **conf}
         p = (Producer if clock is None else on_clock(Producer, clock))(conf, transport=cluster)
@@ -183,7 +183,7 @@ def test_unknown_topic_and_partition(make):
     # one backoff (retry.backoff.max.ms 50 + jitter) before the deadline. The metadata
     # answers are real (grace_s: a wait for one does not jump ahead); on a loaded machine
     # the deadline may pass during the last try, and the error is still the topic's.
-    clock = FakeClock(grace_s=5)
+    clock = MockTime(grace_s=5, runs=True)
     p = make(clock, **{"max.block.ms": 1000})
     start = clock.now_s()
     with pytest.raises(errors.UnknownTopicOrPartitionError):
@@ -197,7 +197,7 @@ def test_send_to_an_unknown_topic_asks_for_its_creation_and_warns_while_it_waits
     # A send() waiting max.block.ms for a topic the cluster does not know is not silent: a
     # WARNING once the wait lasted 1 s, then one every 10 s, naming the topic and what to do;
     # each request naming the topic asks for its creation (auto.create.topics.enable).
-    clock = FakeClock(grace_s=5)
+    clock = MockTime(grace_s=5, runs=True)
     p = make(clock, **{"max.block.ms": 25000, "retry.backoff.max.ms": 1000})
     caplog.set_level("WARNING", logger="exactly.producer")
     with pytest.raises(errors.UnknownTopicOrPartitionError):
@@ -215,7 +215,7 @@ def test_send_to_an_unknown_topic_asks_for_its_creation_and_warns_while_it_waits
 def test_run_in_transaction_does_not_retry_an_unknown_topic(make):
     # send() already waited max.block.ms for the topic: the transaction is aborted and the
     # error raised after one attempt, not after `attempts` waits of max.block.ms.
-    clock = FakeClock(grace_s=5)
+    clock = MockTime(grace_s=5, runs=True)
     p = make(clock, **{"transactional.id": "tx-unknown", "max.block.ms": 1000})
     p.init_transactions(5)
     attempts = []
@@ -312,7 +312,7 @@ def test_a_batch_that_overtook_the_producers_first_one_is_sent_again_in_order(fc
     assert values(fc, "u", 0) == [b"first", b"a", b"b"]
 
 def test_flush_timeout(fc, make):
-    clock = FakeClock()
+    clock = MockTime(runs=True)
     p = make(clock)
     held = fc.hold_next("Produce")
     try:
@@ -389,7 +389,7 @@ def test_the_first_batch_of_a_partition_in_a_transaction_goes_without_lingering(
     fc, make = v2
     # Virtual time that this thread's waits never jump (commit_transaction waits for real
     # answers); only its sleeps, and real time, move it.
-    clock = FakeClock(grace_s=30.0)
+    clock = MockTime(grace_s=30.0, runs=True)
     p = make(clock, **{"transactional.id": "tx-eager", "linger.ms": 60_000})
     p.init_transactions(5)
     p.begin_transaction()
@@ -534,7 +534,7 @@ def test_operation_not_attempted_follows_the_other_partitions_error(fc, make):
 
 def test_coordinator_errors_on_end_txn_are_retried(fc, make):
     fc.fail_next("EndTxn", ErrorCode.NOT_COORDINATOR, ErrorCode.CONCURRENT_TRANSACTIONS)
-    p = make(FakeClock(grace_s=30), **{"transactional.id": "tx-e"})  # the retries' backoff on virtual time
+    p = make(MockTime(grace_s=30, runs=True), **{"transactional.id": "tx-e"})  # the retries' backoff on virtual time
     p.init_transactions(5)
     p.begin_transaction()
     p.send("u", b"v")
@@ -546,10 +546,10 @@ def test_coordinator_errors_on_end_txn_are_retried(fc, make):
 
 def test_init_transactions_retries_then_times_out(fc, make):
     fc.fail_next("InitProducerId", ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    p = make(FakeClock(grace_s=30), **{"transactional.id": "tx-i"})  # the retries' backoff on virtual time
+    p = make(MockTime(grace_s=30, runs=True), **{"transactional.id": "tx-i"})  # the retries' backoff on virtual time
     p.init_transactions(5)
     assert p._txn.state is TransactionManagerState.READY
-    clock = FakeClock()
+    clock = MockTime(runs=True)
     q = make(clock, **{"transactional.id": "tx-i2"})
     fc.fail_next("InitProducerId", *[ErrorCode.COORDINATOR_LOAD_IN_PROGRESS] * 1000)
     start = clock.now_s()

@@ -16,12 +16,12 @@ import pytest
 
 from exactly import AdminClient, Consumer, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
-from exactly.testing import MockCluster
+from exactly.testing import MockCluster, MockTime
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
-from sdk_producer.fake_clock import FakeClock, on_clock
+from sdk_producer.clocked import on_clock
 
 TP = TopicPartition("t", 0)
 
@@ -179,7 +179,7 @@ def test_the_mock_cluster_runs_without_the_server_dependencies(tmp_path):
                     raise ImportError(f"{name} is a server dependency")
         sys.meta_path.insert(0, Refuse())
         from exactly import Producer
-        from exactly.testing import MockCluster
+        from exactly.testing import MockCluster, MockTime
         with MockCluster(topics={"t": 1}) as cluster:
             with Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": "a"},
                           transport=cluster) as p:
@@ -266,7 +266,7 @@ def test_partitions_spread_over_the_leaders_and_follow_a_move(tmp_path):
 
 def test_a_coordinator_down_is_not_found(cluster):
     cluster.take_down("txn-coordinator")
-    clock = FakeClock()  # the producer's: its retries' backoff takes no real time
+    clock = MockTime()  # the producer's: its retries' backoff takes no real time
     p = on_clock(Producer, clock)(conf(cluster, **{"transactional.id": "tx", "max.block.ms": 200}),
                                   transport=cluster)
     try:
@@ -280,7 +280,7 @@ def test_a_coordinator_down_is_not_found(cluster):
 
 
 def test_transactions_listed_described_and_aborted_at_their_timeout():
-    clock = FakeClock(runs=False)
+    clock = MockTime()
     with MockCluster(topics={"t": 1}, clock=clock) as cluster, \
             AdminClient(conf(cluster), transport=cluster) as admin, \
             Producer(conf(cluster, **{"transactional.id": "slow", "transaction.timeout.ms": 5000}),
@@ -294,7 +294,7 @@ def test_transactions_listed_described_and_aborted_at_their_timeout():
             ("Ongoing", 5000, (("t", 0),))
         with pytest.raises(errors.TransactionalIdNotFoundError):
             admin.describe_transactions(["nobody"])
-        clock.advance(5.001)  # s, on the cluster's clock: past transaction.timeout.ms
+        clock.advance(5001)  # ms, on the cluster's clock: past transaction.timeout.ms
         assert admin.list_transactions(states=["Ongoing"]) == []
         assert cluster.transaction_state("slow") == "CompleteAbort"
         with pytest.raises(errors.ProducerFencedError):

@@ -2,6 +2,7 @@
 batches, and the per-principal InitProducerId rate."""
 from __future__ import annotations
 
+from exactly.testing import MockTime
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.security import authz
@@ -58,41 +59,33 @@ def test_only_a_service_may_verify_a_producer_id():
     assert [c.operation for c in checks] == [Operation.CLUSTER_ACTION]
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_rate_allows_a_burst_then_throttles_with_the_wait():
-    clock = _Clock()
-    rate = RatePerPrincipal(10, clock)
+    clock = MockTime(100_000)  # 100 s
+    rate = RatePerPrincipal(10, clock.now_s)
     assert [rate.acquire("User:mallory") for _ in range(10)] == [0] * 10
     wait = rate.acquire("User:mallory")
     assert 90 <= wait <= 100  # one call per 100 ms
     assert rate.acquire("User:alice") == 0  # another principal has its own bucket
-    clock.now += 0.1
+    clock.advance(100)
     assert rate.acquire("User:mallory") == 0
     assert rate.acquire("User:mallory") > 0
 
 
 def test_rate_bounds_calls_over_time():
-    clock = _Clock()
-    rate = RatePerPrincipal(5, clock)
+    clock = MockTime(100_000)  # 100 s
+    rate = RatePerPrincipal(5, clock.now_s)
     allowed = 0
     for _ in range(1000):  # 10 s of calls every 10 ms
         allowed += rate.acquire("User:mallory") == 0
-        clock.now += 0.01
+        clock.advance(10)
     assert 50 <= allowed <= 5 * 10 + 5  # rate x time + one burst
 
 
 def test_idle_principals_are_forgotten():
-    clock = _Clock()
-    rate = RatePerPrincipal(1, clock)
+    clock = MockTime(100_000)  # 100 s
+    rate = RatePerPrincipal(1, clock.now_s)
     for i in range(100):
         rate.acquire(f"User:u{i}")
-    clock.now += 120
+    clock.advance(120_000)
     rate.acquire("User:alice")
     assert list(rate._buckets) == ["User:alice"]

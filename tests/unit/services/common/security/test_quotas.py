@@ -1,22 +1,15 @@
 """Client quota math and resolution (services.common.security.quotas; Kafka's KIP-13 Rate and
 throttle time, KIP-124 request percentage, KIP-599 token bucket, the
-ClientQuotaManager precedence order), on a fake clock."""
+ClientQuotaManager precedence order), on a manual clock (exactly.testing.MockTime)."""
 from __future__ import annotations
 
 import pytest
 
+from exactly.testing import MockTime
 from services.common.security.quotas import (CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, DEFAULT, MAX_PARTITIONS,
                                              PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, QuotaEntity, QuotaError,
                                              QuotaManager, Rate, TokenBucket, alter, decode_configs, encode_configs,
                                              grpc_client_id, resolve, throttle_time_ms)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.ms
 
 
 def test_rate_measures_over_at_least_samples_minus_one_windows():
@@ -74,27 +67,27 @@ def test_a_client_honouring_throttle_converges_to_the_quota(quota, chunk):
     """A producer that sends as fast as it may (waiting out each throttle time, as
     KIP-219 clients and the muted channel make it) gets the quota within 5 % over a
     minute, after the first windows."""
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: quota}})
-    start = clock.ms
+    start = clock.now_ms()
     sent_after_warmup, warmup_end = 0, start + 20_000
-    while clock.ms < start + 80_000:
+    while clock.now_ms() < start + 80_000:
         throttle = manager.record("User:alice", "app", PRODUCER_BYTE_RATE, chunk)
-        if clock.ms >= warmup_end:
+        if clock.now_ms() >= warmup_end:
             sent_after_warmup += chunk
-        clock.ms += max(throttle, 1)  # 1 ms to send the next request
-    achieved = sent_after_warmup / ((clock.ms - warmup_end) / 1000)
+        clock.advance(max(throttle, 1))  # 1 ms to send the next request
+    achieved = sent_after_warmup / ((clock.now_ms() - warmup_end) / 1000)
     assert achieved == pytest.approx(quota, rel=0.05)
 
 
 def test_unthrottled_below_the_quota():
-    clock = Clock()
-    manager = QuotaManager(clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 1000.0}})
     for _ in range(100):
         assert manager.record("User:alice", "", PRODUCER_BYTE_RATE, 50) == 0  # 500 B/s
-        clock.ms += 100
+        clock.advance(100)
 
 
 def test_precedence_is_kafkas():
@@ -136,8 +129,8 @@ def test_a_managers_answers_follow_every_change_of_the_configs():
 
 
 def test_a_user_quota_is_shared_by_its_clients_and_a_default_is_per_user():
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 100.0},
                          QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 100.0}})
     assert manager.record("User:alice", "one", PRODUCER_BYTE_RATE, 1000) == 0  # 100/s over 10 s: at the quota
@@ -147,15 +140,15 @@ def test_a_user_quota_is_shared_by_its_clients_and_a_default_is_per_user():
 
 
 def test_another_user_is_not_throttled_by_one_over_its_quota():
-    clock = Clock()
-    manager = QuotaManager(clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {PRODUCER_BYTE_RATE: 100.0}})
     assert manager.record("User:alice", "", PRODUCER_BYTE_RATE, 100_000) > 0
     assert manager.record("User:bob", "", PRODUCER_BYTE_RATE, 100_000) == 0  # no quota of its own
 
 
 def test_super_users_are_never_throttled():
-    manager = QuotaManager(super_users=["User:pl-0"], clock=Clock())
+    manager = QuotaManager(super_users=["User:pl-0"], clock=MockTime().now_ms)
     manager.set_configs({QuotaEntity(DEFAULT, None): {PRODUCER_BYTE_RATE: 1.0, MAX_PARTITIONS: 1.0}})
     assert manager.record("User:pl-0", "", PRODUCER_BYTE_RATE, 10**9) == 0
     assert manager.partition_quota("User:pl-0") is None
@@ -163,8 +156,8 @@ def test_super_users_are_never_throttled():
 
 
 def test_request_percentage_records_percent_seconds_and_caps_at_one_window():
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {REQUEST_PERCENTAGE: 10.0}})
     # 0.5 s of handling in 10 s = 5 %: within 10 %.
     assert manager.record_request_time("User:alice", "", 0.5) == 0
@@ -182,24 +175,24 @@ def test_mutation_token_bucket():
 
 
 def test_mutation_quota_refuses_while_negative():
-    clock = Clock()
-    manager = QuotaManager(samples=2, window_s=1, clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock.now_ms)
     manager.set_configs({QuotaEntity("alice", None): {CONTROLLER_MUTATION_RATE: 5.0}})  # burst 10
     assert manager.mutation_throttle("User:alice", "") == 0
     assert manager.record_mutations("User:alice", "", 30) == 4000  # 20 below: 4 s
     assert manager.mutation_throttle("User:alice", "") == 4000
-    clock.ms += 4000
+    clock.advance(4000)
     assert manager.mutation_throttle("User:alice", "") == 0
     assert manager.mutation_throttle("User:bob", "") == 0
 
 
 def test_mute_window():
-    clock = Clock()
-    manager = QuotaManager(clock=clock)
+    clock = MockTime()
+    manager = QuotaManager(clock=clock.now_ms)
     manager.mute("User:alice", "app", 300)
     assert manager.muted_ms("User:alice", "app") == 300
     assert manager.muted_ms("User:alice", "other") == 0
-    clock.ms += 301
+    clock.advance(301)
     assert manager.muted_ms("User:alice", "app") == 0
 
 
@@ -252,10 +245,10 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
 
     from services.common.security.quotas import Timed
 
-    now = [0.0]
+    clock = MockTime(0)
 
     def spin(seconds: float) -> None:  # running on the event loop
-        now[0] += seconds
+        clock.advance(seconds * 1000)
 
     async def handler(gate: asyncio.Event):
         await gate.wait()  # waiting (for data, replication) while others run: not counted
@@ -269,7 +262,7 @@ def test_timed_counts_the_handlers_own_steps_not_its_waits():
 
     async def main():
         gate = asyncio.Event()
-        timed = Timed(handler(gate), clock=lambda: now[0])
+        timed = Timed(handler(gate), clock=clock.now_s)
         task = asyncio.ensure_future(_timed(timed))
         await asyncio.sleep(0)  # the handler parks on the gate
         spin(0.2)  # another request's work meanwhile
@@ -321,15 +314,15 @@ def _fixed_overhead(per_call_s: float = 0.0):
 def test_a_user_quota_mutes_every_client_id_of_the_user():
     """The excess of a quota set on the user mutes the user: a client id it has not
     used before is held as well (its calls waited only per client id before)."""
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead())
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms, overhead=_fixed_overhead())
     manager.set_configs({QuotaEntity("mallory", None): {PRODUCER_BYTE_RATE: 100.0}})
     throttle = manager.record("User:mallory", "c1", PRODUCER_BYTE_RATE, 10_000)
     assert throttle > 0
     assert manager.muted_ms("User:mallory", "c1") == throttle
     assert manager.muted_ms("User:mallory", "fresh-c2") == throttle
     assert manager.muted_ms("User:alice", "c1") == 0
-    clock.ms += throttle
+    clock.advance(throttle)
     assert manager.muted_ms("User:mallory", "fresh-c2") == 0
 
 
@@ -337,26 +330,26 @@ def test_fresh_client_ids_under_a_default_client_id_quota_share_one_budget():
     """<default> client-id quota of 100 B/s: 200 calls of 100 B, each with a client id
     never used before, are measured together (the principal's bucket of new client
     ids), not 200 fresh budgets; a client id used for a whole measurement gets its own."""
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead())
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms, overhead=_fixed_overhead())
     manager.set_configs({QuotaEntity(None, DEFAULT): {PRODUCER_BYTE_RATE: 100.0}})
     throttles = []
     for i in range(200):
         throttles.append(manager.record("User:mallory", f"fresh-{i}", PRODUCER_BYTE_RATE, 100))
-        clock.ms += 10
+        clock.advance(10)
     assert throttles[-1] > 10_000, throttles[-5:]  # 20,000 B in 2 s against 100 B/s: held for minutes
     assert manager.muted_ms("User:mallory", "fresh-201") > 10_000
     assert manager.muted_ms("User:alice", "fresh-201") == 0  # another principal's new client ids: its own
     # "steady" first seen now, used within its budget for a whole measurement: its own sensor then.
     manager.record("User:alice", "steady", PRODUCER_BYTE_RATE, 1)
-    clock.ms += 11_000
+    clock.advance(11_000)
     assert manager.record("User:alice", "steady", PRODUCER_BYTE_RATE, 50) == 0
 
 
 def test_a_principal_follows_at_most_max_client_ids():
     from services.common.security.quotas import MAX_CLIENT_IDS_PER_USER
-    clock = Clock()
-    manager = QuotaManager(samples=2, window_s=1, clock=clock, overhead=_fixed_overhead())
+    clock = MockTime()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock.now_ms, overhead=_fixed_overhead())
     manager.set_configs({QuotaEntity(None, DEFAULT): {REQUEST_PERCENTAGE: 100.0}})
     for i in range(3 * MAX_CLIENT_IDS_PER_USER):
         manager.record_request_time("User:mallory", f"c{i}", 0.0)
@@ -367,14 +360,14 @@ def test_a_principal_follows_at_most_max_client_ids():
 def test_idle_sensors_expire_and_removed_quotas_drop_theirs():
     """Sensors idle for the expiration (Kafka: one hour) are dropped as requests go
     on; a quota removed drops its sensors at once."""
-    clock = Clock()
-    manager = QuotaManager(samples=2, window_s=1, clock=clock, sensor_expiration_ms=3_600_000,
+    clock = MockTime()
+    manager = QuotaManager(samples=2, window_s=1, clock=clock.now_ms, sensor_expiration_ms=3_600_000,
                            overhead=_fixed_overhead())
     manager.set_configs({QuotaEntity(DEFAULT, None): {REQUEST_PERCENTAGE: 50.0}})
     for i in range(100):
         manager.record_request_time(f"User:u{i}", "", 0.001)
     assert manager.sensors() == 100
-    clock.ms += 3_600_001
+    clock.advance(3_600_001)
     manager.record_request_time("User:late", "", 0.001)
     assert manager.sensors() == 1
     manager.set_configs({})
@@ -391,8 +384,8 @@ def test_refused_calls_are_charged_what_a_call_costs():
     """A call refused before its handler (throttled, denied) is charged the overhead
     of a call, so a flood of refused calls runs into request_percentage."""
     from services.common.security.quotas import charge_refused
-    clock = Clock()
-    manager = QuotaManager(samples=11, window_s=1, clock=clock, overhead=_fixed_overhead(0.0005))
+    clock = MockTime()
+    manager = QuotaManager(samples=11, window_s=1, clock=clock.now_ms, overhead=_fixed_overhead(0.0005))
     manager.set_configs({QuotaEntity("mallory", None): {REQUEST_PERCENTAGE: 10.0}})
     # 10 % of a handler thread measured over the first 10 s: 1 s of calls; 3,000 refused at 0.5 ms are 1.5 s.
     throttles = [charge_refused(manager, "User:mallory", "") for _ in range(3000)]
@@ -402,16 +395,16 @@ def test_refused_calls_are_charged_what_a_call_costs():
 
 def test_call_overhead_is_the_cpu_outside_the_handlers_per_call():
     from services.common.security.quotas import CallOverhead
-    cpu, now = [10.0], [0.0]
-    overhead = CallOverhead(interval_s=1.0, min_calls=100, cpu=lambda: cpu[0], clock=lambda: now[0])
+    cpu, clock = [10.0], MockTime(0)
+    overhead = CallOverhead(interval_s=1.0, min_calls=100, cpu=lambda: cpu[0], clock=clock.now_s)
     for _ in range(199):
         assert overhead.add(0.0001) == 0.0
     cpu[0] += 0.2 + 200 * 0.0001  # 0.2 s outside the handlers over 200 calls
-    now[0] = 1.0
+    clock.set_ms(1000)
     assert overhead.add(0.0001) == pytest.approx(0.001)
     # An interval with fewer calls (the process's background work would be charged to them) keeps it.
     cpu[0] += 5.0
-    now[0] = 2.5
+    clock.set_ms(2500)
     assert overhead.add(0.0) == pytest.approx(0.001)
 
 
@@ -421,8 +414,8 @@ def test_a_held_call_whose_deadline_comes_first_is_answered_throttled_unhandled(
     from services.common.security.quotas import QuotaInterceptor
     from exactly_wire.v1 import exactly_pb2 as pb
 
-    clock = Clock()
-    manager = QuotaManager(clock=clock, overhead=_fixed_overhead())
+    clock = MockTime()
+    manager = QuotaManager(clock=clock.now_ms, overhead=_fixed_overhead())
     manager.set_configs({QuotaEntity("mallory", None): {PRODUCER_BYTE_RATE: 100.0}})
     manager.record("User:mallory", "", PRODUCER_BYTE_RATE, 10_000)
 

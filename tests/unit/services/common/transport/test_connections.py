@@ -10,15 +10,8 @@ import socket
 
 import pytest
 
+from exactly.testing import MockTime
 from services.common.transport import connections as c
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 def test_per_ip_limit_counts_each_address_and_release_frees_a_place():
@@ -71,20 +64,20 @@ def test_overrides_resolve_a_host_name():
 
 
 def test_creation_rate_refuses_beyond_the_rate_and_refills_with_time():
-    clock = Clock()
-    limits = c.ConnectionLimits(rate=5, clock=clock)
+    clock = MockTime(1_000_000)  # 1000 s
+    limits = c.ConnectionLimits(rate=5, clock=clock.now_s)
     got = [limits.admit(f"10.0.0.{i}") for i in range(8)]
     assert got.count(None) == 5 and got[5:] == [c.MAX_CONNECTION_CREATION_RATE] * 3
-    clock.t += 0.5  # 2.5 tokens
+    clock.advance(500)  # 2.5 tokens
     got = [limits.admit(f"10.0.1.{i}") for i in range(3)]
     assert got == [None, None, c.MAX_CONNECTION_CREATION_RATE]
-    clock.t += 100  # the bucket holds one second's worth, not more
+    clock.advance(100_000)  # the bucket holds one second's worth, not more
     assert [limits.admit(f"10.0.2.{i}") for i in range(6)].count(None) == 5
 
 
 def test_a_refused_connection_spends_no_rate_token():
-    clock = Clock()
-    limits = c.ConnectionLimits(per_ip=1, rate=2, clock=clock)
+    clock = MockTime(1_000_000)  # 1000 s
+    limits = c.ConnectionLimits(per_ip=1, rate=2, clock=clock.now_s)
     assert limits.admit("10.0.0.1") is None
     assert limits.admit("10.0.0.1") == c.MAX_CONNECTIONS_PER_IP
     assert limits.admit("10.0.0.2") is None  # the second token is still there
@@ -165,13 +158,13 @@ def test_shutdown_socket_ends_the_connection_and_checks_the_inode():
 
 
 def test_refusal_log_counts_every_refusal_and_logs_once_per_interval(caplog):
-    clock = Clock()
-    refusals = c.RefusalLog("kafka-test", interval_s=10, clock=clock)
+    clock = MockTime(1_000_000)  # 1000 s
+    refusals = c.RefusalLog("kafka-test", interval_s=10, clock=clock.now_s)
     counter = c.REFUSED.labels("kafka-test", c.MAX_CONNECTIONS_PER_IP)
     before = counter._value.get()
     with caplog.at_level(logging.WARNING, logger=c.__name__):
         logged = [refusals.refused(c.MAX_CONNECTIONS_PER_IP, "10.0.0.1:1") for _ in range(5)]
-        clock.t += 11
+        clock.advance(11_000)
         logged.append(refusals.refused(c.MAX_CONNECTIONS_PER_IP, "10.0.0.1:2"))
     assert logged == [True, False, False, False, False, True]
     assert counter._value.get() - before == 6
