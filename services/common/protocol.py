@@ -26,6 +26,12 @@ partition leader could end that next transaction early. So:
   absorbs what lies between the leader's deadline check and its append (an event-loop
   turn, a lease confirmation bounded by the same deadline).
 
+Deadline, CoordinatorProduce: a coordinator's append to its internal topic (acks=all)
+may take `INTERNAL_APPEND_TIMEOUT_MS` at the partition leader unless the caller gives its
+own (the group coordinator's commits wait `offsets.commit.timeout.ms`); the transaction
+coordinator's appends to `TRANSACTION_STATE_TOPIC` use it (Kafka's TransactionStateManager
+appends with the broker's `request.timeout.ms`, 30 s by default).
+
 `REQUEST_ARRIVAL_S` carries the arrival of the request being handled (monotonic s,
 `time.monotonic`), set by the outermost server interceptor
 (services.common.metrics.RpcMetricsInterceptor) for direct and tunneled calls alike;
@@ -51,6 +57,10 @@ MARKER_LEADER_DEADLINE_MS = 25_000
 # How much longer than the leader's deadline the coordinator waits out an unanswered
 # marker request under transaction version 1 (ms).
 MARKER_DEADLINE_MARGIN_MS = 5_000
+
+# How long a partition leader may take to append a coordinator's batch to an internal
+# topic with acks=all, when the caller gives no deadline of its own (ms).
+INTERNAL_APPEND_TIMEOUT_MS = 30_000
 
 # Monotonic s (time.monotonic) at which the request being handled arrived; None
 # outside a request.

@@ -30,7 +30,7 @@ from exactly_wire.clock import Clock
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster.owned import code_name
-from services.common.protocol import CONSUMER_OFFSETS_TOPIC
+from services.common.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_APPEND_TIMEOUT_MS
 from services.common.settings import GroupCoordinatorSchema
 
 from . import log_format
@@ -49,7 +49,7 @@ class LogClient(Protocol):
     """What the coordinator needs from services.common.transport.rpc.ClusterClient."""
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000, transactional_id: str = "",
+                      timeout_ms: int = INTERNAL_APPEND_TIMEOUT_MS, transactional_id: str = "",
                       consumer_group_id: str = "", verified_from: int | None = None) -> tuple[int, int]: ...
 
     async def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,

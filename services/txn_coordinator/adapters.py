@@ -13,7 +13,7 @@ from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
 from services.common.cluster.state import ClusterState, NodeInfo, partition_for_key
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from services.common.protocol import WRITE_TXN_MARKERS_TIMEOUT_MS
+from services.common.protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
 from services.common.transport.rpc import ClusterClient
 
 from .ports import TxnLogFetch, TxnMarker
@@ -96,8 +96,9 @@ class ClusterTxnLog:
     transactions are completing at once, a request first waits `linger_ms` for more
     transitions to join it (see `Linger`)."""
 
-    def __init__(self, client: ClusterClient, timeout_ms: int = 30_000, max_batches_per_request: int = 200,
-                 linger: "Linger | None" = None, max_merged_bytes: int = 256 * 1024):
+    def __init__(self, client: ClusterClient, timeout_ms: int = INTERNAL_APPEND_TIMEOUT_MS,
+                 max_batches_per_request: int = 200, linger: "Linger | None" = None,
+                 max_merged_bytes: int = 256 * 1024):
         self._client = client
         self._timeout_ms = timeout_ms
         self._max = max_batches_per_request

@@ -18,7 +18,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..cluster.state import ClusterState, NodeInfo
-from ..protocol import WRITE_TXN_MARKERS_TIMEOUT_MS
+from ..protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class ClusterClient:
                 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 
     async def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
-                      timeout_ms: int = 30000, transactional_id: str = "",
+                      timeout_ms: int = INTERNAL_APPEND_TIMEOUT_MS, transactional_id: str = "",
                       consumer_group_id: str = "", verified_from: int | None = None) -> tuple[int, int]:
         """Append one record batch to a coordinator's internal topic (the leader's
         CoordinatorProduce; clients' Produce cannot write internal topics). A
@@ -132,7 +132,7 @@ class ClusterClient:
         return part.error_code, part.base_offset
 
     async def produce_to(self, node: NodeInfo, topic: str, entries: list[tuple[int, bytes]], acks: int = -1,
-                         timeout_ms: int = 30000) -> list[int]:
+                         timeout_ms: int = INTERNAL_APPEND_TIMEOUT_MS) -> list[int]:
         """Append a coordinator's record batches, (partition, batch) pairs, to
         partitions `node` leads, in one CoordinatorProduce (one entry per batch; a
         partition's entries are appended in order): a group commit across partitions.
