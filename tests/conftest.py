@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+import signal
 
 import pytest
 
 import exactly  # noqa: F401  (first: it settles grpc's fork handling before grpc is imported)
 from clusters import new_chroot, running_postgres
 from exactly_tools.devcluster import DevCluster
+
+
+def pytest_configure(config) -> None:
+    """Stop signals at their defaults in the test processes, and so in every process they
+    start, as when `make test` is typed at a terminal. A run started in the background
+    (`cmd &` ignores SIGINT) or under nohup (SIGHUP) hands these signals down ignored,
+    and an ignored disposition survives exec: a service or example the tests stop with
+    SIGTERM or SIGINT would then run on."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
