@@ -20,7 +20,7 @@ from exactly_wire import version
 from exactly_wire.config import ConfigurationError, parse
 from exactly_wire.security import TLS_PROTOCOLS, TransportSecurity
 
-from .settings import SERVICE_SCHEMAS, ServiceSchema
+from .settings import SERVICE_SCHEMAS, ServiceSchema, key_of
 from .security.zk_security import ZkSecurity
 from .security.zk_tls import ZkTls
 
@@ -147,9 +147,10 @@ def service_security(cfg: ServiceConfig) -> TransportSecurity:
         "security_protocol": "SSL" if protocol in TLS_PROTOCOLS else "PLAINTEXT"})
     security = TransportSecurity.from_settings(outbound, ConfigurationError, role=cfg.role)
     if security.tls and security.certificate is None:
-        raise ConfigurationError(f"security.protocol={protocol} needs "
-                                 "ssl.certificate.location and ssl.key.location for the service",
-                                 key="ssl.certificate.location", allowed="a PEM file")
+        certificate = key_of(ServiceSchema, "ssl_certificate_location")
+        raise ConfigurationError(f"security.protocol={protocol} needs {certificate} and "
+                                 f"{key_of(ServiceSchema, 'ssl_key_location')} for the service",
+                                 key=certificate, allowed="a PEM file")
     return security
 
 

@@ -492,6 +492,16 @@ def service_settings(props: Mapping[str, object]) -> ServiceSchema:
     return parse(ServiceSchema, {k: v for k, v in props.items() if k in common})
 
 
+def key_of(schema: type[ConfigSchema], field: str) -> str:
+    """The Kafka key of `schema`'s setting `field` (its attribute name), for the messages,
+    metric labels and error reasons that name a setting: the key is written once, in the
+    schema. Raises KeyError for a field `schema` does not have."""
+    info = schema.model_fields.get(field)
+    if info is None or info.alias is None:
+        raise KeyError(f"{schema.__name__} has no setting {field!r}")
+    return info.alias
+
+
 def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Split one set of cluster-wide settings (as a development cluster or a Helm
     values file gives them) into each role's own: role -> {key: value}, every value

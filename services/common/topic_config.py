@@ -25,6 +25,7 @@ INT32_MAX = (1 << 31) - 1
 INT, LONG, LIST = "INT", "LONG", "LIST"
 DELETE, COMPACT = "delete", "compact"
 CLEANUP_POLICY = "cleanup.policy"  # the one LIST config, resolved apart from the integers
+SEGMENT_BYTES = "segment.bytes"  # set on the internal topics at creation
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class TopicConfigDef:
 _POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
 
 SCHEMA: tuple[TopicConfigDef, ...] = (
-    TopicConfigDef("segment.bytes", INT, 1073741824, "Roll the active segment past this many bytes.",
+    TopicConfigDef(SEGMENT_BYTES, INT, 1073741824, "Roll the active segment past this many bytes.",
                    "log.segment.bytes", low=1024, high=INT32_MAX),
     TopicConfigDef("index.interval.bytes", INT, 4096, "Bytes between offset index entries.",
                    "log.index.interval.bytes", low=1, high=INT32_MAX),
@@ -141,4 +142,5 @@ def markdown_table() -> str:
 
 
 __all__ = ["TopicConfigDef", "SCHEMA", "BY_KEY", "TOPIC_CONFIGS", "BROKER_SYNONYMS", "DEFAULTS",
-           "validate_topic_configs", "markdown_table", "INT", "LONG", "LIST", "DELETE", "COMPACT", "CLEANUP_POLICY"]
+           "validate_topic_configs", "markdown_table", "INT", "LONG", "LIST", "DELETE", "COMPACT", "CLEANUP_POLICY",
+           "SEGMENT_BYTES"]

@@ -22,7 +22,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from services.common.cluster import features
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from services.common.settings import TxnCoordinatorSchema
+from services.common.settings import TxnCoordinatorSchema, key_of
 from services.common.security.pid_binding import refusal, refusal_code
 
 from . import metrics, txn_log
@@ -246,11 +246,13 @@ class TxnRequests:
         transactional.id it already holds)."""
         parts = self._store.serving()
         if not transactional_id:
-            cap, setting = self.config.producer_ids_max_per_principal, "exactly.producer.ids.max.per.principal"
+            cap, setting = (self.config.producer_ids_max_per_principal,
+                            key_of(TxnCoordinatorSchema, "producer_ids_max_per_principal"))
             held = sum(p.held.idempotent.get(principal, 0) for p in parts)
             what = "idempotent producer ids"
         else:
-            cap, setting = self.config.transactional_ids_max_per_principal, "exactly.transactional.ids.max.per.principal"
+            cap, setting = (self.config.transactional_ids_max_per_principal,
+                            key_of(TxnCoordinatorSchema, "transactional_ids_max_per_principal"))
             if any(p.held.holds(principal, transactional_id) for p in parts):
                 return None, False
             held = sum(p.held.transactional_ids(principal) for p in parts)

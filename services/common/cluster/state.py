@@ -29,6 +29,7 @@ from kazoo.retry import KazooRetry
 from exactly_wire.error_codes import ErrorCode
 
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
+from ..topic_config import CLEANUP_POLICY, COMPACT, SEGMENT_BYTES
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
                         role_settings)
@@ -758,7 +759,7 @@ class ClusterState:
             raise RuntimeError(f"cannot create {name}: no live partition leader")
         segment_bytes = layout[2]
         code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)),
-                                      {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)},
+                                      {CLEANUP_POLICY: COMPACT, SEGMENT_BYTES: str(segment_bytes)},
                                       internal=True)
         if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
             raise RuntimeError(f"cannot create {name}: {msg}")

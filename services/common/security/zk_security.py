@@ -27,11 +27,11 @@ from kazoo.security import ACL, make_digest_acl
 
 from exactly_wire.config import ConfigurationError
 
-from ..settings import ServiceSchema, service_settings
+from ..settings import ServiceSchema, key_of, service_settings
 
-SET_ACL = "zookeeper.set.acl"
-USERNAME = "zookeeper.digest.username"
-PASSWORD = "zookeeper.digest.password"
+SET_ACL = key_of(ServiceSchema, "zookeeper_set_acl")
+USERNAME = key_of(ServiceSchema, "zookeeper_digest_username")
+PASSWORD = key_of(ServiceSchema, "zookeeper_digest_password")
 
 
 class ZkSecurity:

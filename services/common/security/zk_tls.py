@@ -26,12 +26,12 @@ from typing import Any, Mapping
 
 from exactly_wire.config import ConfigurationError
 
-from ..settings import ServiceSchema, service_settings
+from ..settings import ServiceSchema, key_of, service_settings
 
 # Key names for error messages (the values are read from ServiceSchema's attributes).
-KEYSTORE = "zookeeper.ssl.keystore.location"
-KEYSTORE_PASSWORD = "zookeeper.ssl.keystore.password"
-TRUSTSTORE = "zookeeper.ssl.truststore.location"
+KEYSTORE = key_of(ServiceSchema, "zookeeper_ssl_keystore_location")
+KEYSTORE_PASSWORD = key_of(ServiceSchema, "zookeeper_ssl_keystore_password")
+TRUSTSTORE = key_of(ServiceSchema, "zookeeper_ssl_truststore_location")
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,12 @@ class ZkTls:
             certfile = keyfile = str(s.zookeeper_ssl_keystore_location)
             password = s.zookeeper_ssl_keystore_password
         else:
-            cert_key = "ssl.certificate.location"
+            cert_key = key_of(ServiceSchema, "ssl_certificate_location")
             certfile, keyfile = s.ssl_certificate_location, s.ssl_key_location
             password = s.ssl_key_password
             certfile, keyfile = (str(certfile), str(keyfile)) if certfile and keyfile else (None, None)
         ca_key, ca = ((TRUSTSTORE, s.zookeeper_ssl_truststore_location) if s.zookeeper_ssl_truststore_location
-                      else ("ssl.ca.location", s.ssl_ca_location))
+                      else (key_of(ServiceSchema, "ssl_ca_location"), s.ssl_ca_location))
         tls = cls(True, str(ca) if ca else None, certfile, keyfile, str(password) if password else None,
                   algorithm == "HTTPS")
         tls._check(cert_key, ca_key)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..metrics import CONNECTIONS_REFUSED as REFUSED
+from ..settings import ServiceSchema, key_of
 from . import peer_addresses, sock_diag
 from .peer_addresses import normalize_ip
 
@@ -39,12 +40,12 @@ log = logging.getLogger(__name__)
 
 MAX_INT = 2147483647  # Kafka's Integer.MAX_VALUE: a limit this high is no limit
 # Key names, for refusal reasons and messages (the values: ServiceSchema attributes).
-MAX_CONNECTIONS = "max.connections"
-MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
-MAX_CONNECTION_CREATION_RATE = "max.connection.creation.rate"
-CONNECTIONS_MAX_IDLE_MS = "connections.max.idle.ms"
-SASL_SERVER_MAX_RECEIVE_SIZE = "sasl.server.max.receive.size"
-SASL_AUTHENTICATION_TIMEOUT_MS = "exactly.sasl.authentication.timeout.ms"
+MAX_CONNECTIONS = key_of(ServiceSchema, "max_connections")
+MAX_CONNECTIONS_PER_IP = key_of(ServiceSchema, "max_connections_per_ip")
+MAX_CONNECTION_CREATION_RATE = key_of(ServiceSchema, "max_connection_creation_rate")
+CONNECTIONS_MAX_IDLE_MS = key_of(ServiceSchema, "connections_max_idle_ms")
+SASL_SERVER_MAX_RECEIVE_SIZE = key_of(ServiceSchema, "sasl_server_max_receive_size")
+SASL_AUTHENTICATION_TIMEOUT_MS = key_of(ServiceSchema, "exactly_sasl_authentication_timeout_ms")
 LOG_INTERVAL_S = 10.0
 
 REASONS = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_IP, MAX_CONNECTION_CREATION_RATE, CONNECTIONS_MAX_IDLE_MS,

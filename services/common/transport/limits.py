@@ -23,12 +23,12 @@ from typing import Collection, Mapping
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..settings import ServiceSchema, service_settings
+from ..settings import ServiceSchema, key_of, service_settings
 from ..topic_config import DEFAULTS
 
 # Key names for refusal messages; the values are ServiceSchema's attributes.
-MAX_PARTITIONS_PER_TOPIC = "max.partitions.per.topic"
-MAX_PARTITIONS = "max.partitions"
+MAX_PARTITIONS_PER_TOPIC = key_of(ServiceSchema, "max_partitions_per_topic")
+MAX_PARTITIONS = key_of(ServiceSchema, "max_partitions")
 DEFAULT_MESSAGE_MAX_BYTES = DEFAULTS.max_message_bytes
 
 TOPIC_NAME_MAX_LENGTH = 249  # Kafka's Topic.MAX_NAME_LENGTH

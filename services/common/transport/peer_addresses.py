@@ -7,8 +7,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-MAX_CONNECTIONS_PER_IP_OVERRIDES = "max.connections.per.ip.overrides"  # the key, for messages
-
 
 def parse_overrides(value: str) -> dict[str, int]:
     """Kafka's `max.connections.per.ip.overrides`: "host-or-ip:count,..." -> {ip: count}.
@@ -21,10 +19,10 @@ def parse_overrides(value: str) -> dict[str, int]:
             continue
         host, sep, count = entry.rpartition(":")
         if not sep or not host or not count.strip().lstrip("-").isdigit():
-            raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {entry!r} is not host:count")
+            raise ValueError(f"{entry!r} is not host:count")
         n = int(count)
         if n < 0:
-            raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {entry!r} has a negative count")
+            raise ValueError(f"{entry!r} has a negative count")
         host = host.strip().strip("[]")
         try:
             out[normalize_ip(host)] = n
@@ -32,7 +30,7 @@ def parse_overrides(value: str) -> dict[str, int]:
             try:
                 infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
             except OSError as exc:
-                raise ValueError(f"{MAX_CONNECTIONS_PER_IP_OVERRIDES}: {host!r} does not resolve: {exc}") from None
+                raise ValueError(f"{host!r} does not resolve: {exc}") from None
             for info in infos:
                 out[normalize_ip(info[4][0])] = n
     return out
@@ -48,4 +46,4 @@ def normalize_ip(address: str) -> str:
     return str(ip)
 
 
-__all__ = ["parse_overrides", "normalize_ip", "MAX_CONNECTIONS_PER_IP_OVERRIDES"]
+__all__ = ["parse_overrides", "normalize_ip"]

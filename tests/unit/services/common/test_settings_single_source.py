@@ -21,8 +21,8 @@ from exactly_wire import compression
 from exactly_wire.config import keys, parse
 from services.common import topic_config
 from services.common.kafka.config_api import INT, LIST, LONG, topic_config_entries
-from services.common.settings import (GroupCoordinatorSchema, PartitionLeaderSchema, TxnCoordinatorSchema,
-                                      role_settings)
+from services.common.settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, PartitionLeaderSchema,
+                                      TxnCoordinatorSchema, role_settings)
 from services.group_coordinator.coordinator import GroupCoordinator
 from services.group_coordinator.group import GroupMetadata
 from services.group_coordinator.offsets_log import OffsetsLog
@@ -230,13 +230,46 @@ def test_the_key_read_check_finds_reads_by_string():
     assert key_reads(sample) == ["x.py:2", "x.py:3", "x.py:4", "x.py:5"]
 
 
+def _domain_trees() -> dict[str, ast.Module]:
+    """The parsed modules of services/ that may not name keys (all but `_ALLOWED`)."""
+    paths = ((path, path.relative_to(ROOT).as_posix()) for path in sorted((ROOT / "services").rglob("*.py")))
+    return {rel: ast.parse(path.read_text(), rel) for path, rel in paths if rel not in _ALLOWED}
+
+
 def test_domain_code_reads_no_configuration_key_by_string():
-    trees = {}
-    for path in sorted((ROOT / "services").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel not in _ALLOWED:
-            trees[rel] = ast.parse(path.read_text(), rel)
-    assert key_reads(trees) == [], "read typed settings attributes instead (services.common.settings)"
+    assert key_reads(_domain_trees()) == [], "read typed settings attributes instead (services.common.settings)"
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def key_spellings(trees: dict[str, ast.Module], known: set[str]) -> list[str]:
+    """`path:line: key` of every string in code (docstrings aside) that is a whole
+    configuration key of `known`: a key named for a message, a metric label or a
+    topic's configs is taken from its schema (`settings.key_of`, the constants of
+    `topic_config`), not written again."""
+    return [f"{path}:{node.lineno}: {node.value}"
+            for path, tree in trees.items() for docs in [_docstrings(tree)] for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in known and id(node) not in docs]
+
+
+def test_the_key_spelling_check_finds_a_key_written_again():
+    sample = {"x.py": ast.parse('"""Reads max.connections."""\n'
+                                'MAX = "max.connections"\n'
+                                'refused(f"{MAX}: too many")\n'
+                                'create(name, {"cleanup.policy": "compact"})\n'
+                                'why = "max.connections is reached"\n')}
+    assert key_spellings(sample, {"max.connections", "cleanup.policy"}) == \
+        ["x.py:2: max.connections", "x.py:4: cleanup.policy"]
+
+
+def test_domain_code_spells_no_configuration_key():
+    known = {k for schema in SERVICE_SCHEMAS.values() for k in keys(schema)} | set(topic_config.BY_KEY) | \
+        set(topic_config.BROKER_SYNONYMS.values())
+    assert key_spellings(_domain_trees(), known) == [], "name a key by settings.key_of or topic_config's constants"
 
 
 # Modules of clients/ and tools/ that may name keys: the schemas (the clients', the shared

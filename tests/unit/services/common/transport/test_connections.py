@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 
 import pytest
 
 from exactly.testing import MockTime
+from exactly_wire.config import ConfigurationError
+from services.common.settings import service_settings
 from services.common.transport import connections as c
 
 
@@ -54,8 +57,12 @@ def test_release_of_an_unknown_address_changes_nothing():
 
 @pytest.mark.parametrize("bad", ["10.0.0.1", "10.0.0.1:x", ":5", "10.0.0.1:-1", "no-such-host.invalid:3"])
 def test_malformed_overrides_are_refused_naming_the_entry(bad):
-    with pytest.raises(ValueError, match="max.connections.per.ip.overrides"):
+    with pytest.raises(ValueError, match=re.escape(repr(bad.rpartition(":")[0] if "invalid" in bad else bad))):
         c.parse_overrides(bad)
+    with pytest.raises(ConfigurationError) as refused:  # at start: the key, once, then why
+        service_settings({"max.connections.per.ip.overrides": bad})
+    assert str(refused.value).startswith(f"max.connections.per.ip.overrides={bad!r} is invalid")
+    assert str(refused.value).count("max.connections.per.ip.overrides") == 1
 
 
 def test_overrides_resolve_a_host_name():
@@ -231,4 +238,7 @@ def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
     from services.common.config import parse_args
     with pytest.raises(SystemExit):
         parse_args("partition_leader", BASE + ["--set", "max.connections.per.ip.overrides=10.0.0.1"])
-    assert "max.connections.per.ip.overrides: '10.0.0.1' is not host:count" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "max.connections.per.ip.overrides='10.0.0.1' is invalid for the partition leader: " \
+        "'10.0.0.1' is not host:count" in err
+    assert err.count("max.connections.per.ip.overrides") == 1
