@@ -76,6 +76,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import traceback
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -88,6 +89,7 @@ from ..security import quotas as quota
 from ..transport.connections import (CONNECTIONS_MAX_IDLE_MS, SASL_AUTHENTICATION_TIMEOUT_MS,
                                      SASL_SERVER_MAX_RECEIVE_SIZE, ConnectionLimits, RefusalLog)
 from ..security.sasl import SaslFailure, UnsupportedMechanism
+from .tls import OffloadedHandshake
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
 
 log = logging.getLogger(__name__)
@@ -289,10 +291,8 @@ class KafkaListener:
             protocol = asyncio.StreamReaderProtocol(reader)
             started = loop.time()
             try:
-                transport, _ = await asyncio.wait_for(loop.connect_accepted_socket(
-                    lambda: protocol, conn, ssl=self._ssl,
-                    ssl_handshake_timeout=self.handshake_timeout_s if self._ssl is not None else None),
-                    self.handshake_timeout_s + 1)
+                async with asyncio.timeout(self.handshake_timeout_s + 1):  # not wait_for: its frame
+                    transport = await self._connect(loop, conn, protocol)  # and task make a cycle (_connect)
             except (asyncio.TimeoutError, TimeoutError, ConnectionError, ssl.SSLError, OSError) as exc:
                 conn.close()
                 if loop.time() - started >= self.handshake_timeout_s * 0.99:
@@ -304,6 +304,31 @@ class KafkaListener:
             await self._serve(reader, writer, peer_s)
         finally:
             self.limits.release(ip)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: socket.socket,
+                       protocol: asyncio.Protocol) -> asyncio.Transport:
+        """The connection's transport to `protocol`: over TLS once its handshake ended
+        (in worker threads: kafka/tls.py), bounded by handshake_timeout_s."""
+        if self._ssl is None:
+            transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+            return transport
+        handshake = loop.create_future()
+        tls = OffloadedHandshake(loop, protocol, self._ssl, handshake, server_side=True,
+                                 ssl_handshake_timeout=self.handshake_timeout_s,
+                                 ssl_shutdown_timeout=CLOSE_LINGER_S)
+        raw, _ = await loop.connect_accepted_socket(lambda: tls, conn)
+        try:
+            await handshake
+        except BaseException as exc:
+            raw.abort()
+            # The failure's traceback holds the frames it passed, which hold the failure (this
+            # one's future, SSLProtocol's handshake_exc): cycles that kept the connection's
+            # TLS state (OpenSSL's buffers, the protocol's) until a full garbage collection,
+            # 60 KB a connection. Without their locals, it goes with the connection.
+            traceback.clear_frames(exc.__traceback__)
+            handshake = tls = raw = None  # noqa: F841 - this frame's, which is still running
+            raise
+        return tls.app_transport()
 
     def _user_changed(self, name: str) -> None:
         """UserStore listener (ZooKeeper's thread): user `name` changed or is gone."""
