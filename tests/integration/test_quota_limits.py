@@ -20,6 +20,7 @@ coordinator, TLS with client certificates, authorizer=acl; docs/design.md, "Quot
 from __future__ import annotations
 
 import json
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -131,49 +132,11 @@ QUOTA_BYTES = 100 * 1024  # mallory's producer_byte_rate (bytes/s)
 REQUEST_PERCENT = 10  # and request_percentage
 BATCH = 16 * 1024  # the attackers' record size
 
-# One attacking process: argv mode, leader address, topic, seconds, certificates dir. Sends
-# Produce calls of one BATCH-byte record as fast as 200 in flight allow, ignoring every
-# throttle; "deadline": 0.3 s deadlines; "clientids": a client id per channel of 64,
-# used in turn; "denied": to a topic mallory may not write (refused by the authorizer).
-# Prints {"answered": n, "failed": n, "throttled": n} at the end.
-_ATTACKER = r"""
-import json, sys, threading, time, grpc
-from exactly_wire import records
-from exactly_wire.clock import wall_clock_ms
-from exactly_wire.security import TransportSecurity, secure_channel
-from exactly_wire.v1 import exactly_pb2 as pb, exactly_pb2_grpc as pbg
-mode, address, topic, seconds, certs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
-security = TransportSecurity.from_conf({"security.protocol": "SSL", "ssl.ca.location": f"{certs}/ca.pem",
-    "ssl.certificate.location": f"{certs}/mallory.pem", "ssl.key.location": f"{certs}/mallory.key"})
-agents = [f"exactly/c{i}" for i in range(64)] if mode == "clientids" else [None] * 4
-stubs = [pbg.PartitionLeaderStub(secure_channel(address, security, [("grpc.primary_user_agent", a)] if a else []))
-         for a in agents]
-request = pb.ProduceRequest(acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=topic, partitions=[
-    pb.PartitionProduceData(partition=0, records=records.encode_batch([(None, b"m" * 16384, (), wall_clock_ms())]))])])
-counts = {"answered": 0, "failed": 0, "throttled": 0}
-lock, slots = threading.Lock(), threading.Semaphore(200)
-def done(f):
-    slots.release()
-    with lock:
-        if f.exception() is not None:
-            counts["failed"] += 1
-        elif f.result().topics[0].partitions[0].error_code == 89:
-            counts["throttled"] += 1
-        else:
-            counts["answered"] += 1
-end, i = time.monotonic() + seconds, 0
-while time.monotonic() < end:
-    slots.acquire()
-    stubs[i % len(stubs)].Produce.future(request, timeout=0.3 if mode == "deadline" else 5).add_done_callback(done)
-    i += 1
-for _ in range(200):
-    slots.acquire(timeout=10)
-print(json.dumps(counts), flush=True)
-"""
+QUOTA_SCRIPT = pathlib.Path(__file__).with_name("quota_flood.py")  # one attacking process
 
 
 def _attack(c, mode: str, leader: str, topic: str, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _ATTACKER, mode, c.services[leader].address, topic, str(seconds),
+    return subprocess.Popen([sys.executable, str(QUOTA_SCRIPT), mode, c.services[leader].address, topic, str(seconds),
                              str(c.dir / "certs")], stdout=subprocess.PIPE, text=True)
 
 
