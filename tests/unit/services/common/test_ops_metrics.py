@@ -199,3 +199,7 @@ def test_scrapes_are_answered_at_most_per_second_in_turn():
     clock.set_ms(10_000)
     exposition.wait_turn()
     assert len(slept) == 4  # a turn long past: at once
+    clock.set_ms(5_000)  # the clock stepped back 5 s: the next turn is not 5 s away
+    exposition.wait_turn()
+    exposition.wait_turn()
+    assert slept == [0.1, 0.2, 0.3, 0.4, 0.1]
