@@ -50,7 +50,7 @@ def scrape(c, service: str) -> str:
 
 
 def stub(c, who: str, kind, service: str):
-    return kind(secure_channel(c.services[service].address, TransportSecurity.from_settings(certificate_conf(c, who)),
+    return kind(secure_channel(c.services[service].address, TransportSecurity.from_conf(certificate_conf(c, who)),
                                []))
 
 
