@@ -203,3 +203,8 @@ def test_scrapes_are_answered_at_most_per_second_in_turn():
     exposition.wait_turn()
     exposition.wait_turn()
     assert slept == [0.1, 0.2, 0.3, 0.4, 0.1]
+
+    def refused(seconds: float) -> None:
+        raise OSError(22, "Invalid argument")
+    exposition.sleep = refused
+    exposition.wait_turn()  # a sleep the kernel refuses: the scrape is answered, unpaced
