@@ -60,7 +60,8 @@ soak: setup
 	EXACTLY_PREAUTH_FLOOD=1000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 \
 	  tests/integration/test_unauthenticated.py::test_a_client_without_credentials_costs_a_few_kilobytes_per_connection
 	EXACTLY_ATTACK_P50=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 900 \
-	  tests/integration/test_unauthenticated.py::test_under_attack_a_client_produces_and_logs_in_as_before
+	  tests/integration/test_unauthenticated.py::test_under_attack_a_client_produces_and_logs_in_as_before \
+	  tests/integration/test_quota_limits.py::test_quotas_hold_whatever_the_client_does
 	EXACTLY_CLOCK_RECORDS=20000 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_clock_faults_system.py
 	EXACTLY_ZK_FAULT_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/system/test_zookeeper_faults.py
 	EXACTLY_DISK_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/integration/test_disk_faults.py \
