@@ -200,6 +200,62 @@ def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: De
         time.sleep(0.02)
 
 
+def _members(cluster: DevCluster, groups: list[str]) -> dict[str, set[str]]:
+    """group id -> member ids of its members with partitions assigned."""
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        described = admin.describe_groups(groups) if groups else {}
+    return {g: {m.member_id for m in d.members if m.assignment} for g, d in described.items()}
+
+
+def _state(cluster: DevCluster, topics: list[str], groups: list[str]) -> str:
+    """What the cluster holds, for a failure's message: each partition's last stable
+    offset and high watermark, every transaction the coordinators list, and the groups'
+    committed offsets."""
+    lines = []
+    tps = [TopicPartition(t, p) for t in (INPUT, *topics) for p in range(PARTITIONS)]
+    try:
+        ends = {}
+        for level in ("read_committed", "read_uncommitted"):
+            with Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level}) as c:
+                ends[level] = c.end_offsets(tps)
+        lines += [f"{tp.topic}-{tp.partition}: LSO {ends['read_committed'][tp]}, HW {ends['read_uncommitted'][tp]}"
+                  for tp in tps]
+        with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+            listed = admin.list_transactions()
+            lines += [f"transaction {t}" for t in listed]
+            described = admin.describe_transactions([t.transactional_id for t in listed]) if listed else {}
+            lines += [f"described {d}" for d in described.values()]
+            for g in groups:
+                lines.append(f"group {g} committed {admin.list_consumer_group_offsets(g)}")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic only
+        lines.append(f"(state not read: {exc!r})")
+    return "\n".join(lines)
+
+
+def _settle(cluster: DevCluster, block: Block, outputs: list[str], deadline: float,
+            first_run: dict[str, set[str]], quiet_s: float = 3.0) -> None:
+    """Wait until the second run had its chance to copy again what the first one did:
+    each consumer group of the block has a member with partitions assigned that is not
+    one of the killed first run's (`first_run`, which stay until their session times
+    out: the rebalance waits for them), then the outputs' last stable offsets and high
+    watermarks stay the same for `quiet_s`. A fixed pause was too short on a busy
+    machine: the second run of an example that duplicates had not joined yet."""
+    groups = _groups(block)
+    while groups:
+        now = _members(cluster, groups)
+        if all(now.get(g, set()) - first_run.get(g, set()) for g in groups):
+            break
+        assert time.monotonic() < deadline, f"{block.id}: its second run never joined {groups}"
+        time.sleep(0.2)
+    last, since = _ends(cluster, outputs), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"{block.id}: its outputs never stopped growing"
+        time.sleep(0.25)
+        now = _ends(cluster, outputs)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 @contextlib.contextmanager
 def _started(block: Block, directory: pathlib.Path, env: dict[str, str], log: pathlib.Path) -> Iterator[subprocess.Popen]:
     with open(log, "w") as out:
@@ -221,6 +277,7 @@ def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str
     logs = [directory / f"block_{block.line}.run{n}.log" for n in (1, 2)]
     with _started(block, directory, env, logs[0]) as first:
         crash = _kill_inside_a_transaction(first, block, cluster, outputs, logs[0])
+    first_run = _members(cluster, _groups(block))
     with _started(block, directory, env, logs[1]) as second:
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
         while True:
@@ -228,12 +285,13 @@ def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str
             counts = {t: len(read_committed(cluster, t)) for t in outputs}
             if done or all(n >= len(keys) for n in counts.values()):
                 break
-            assert time.monotonic() < deadline, f"{block.id}: output incomplete {counts}:\n{logs[1].read_text()}"
+            assert time.monotonic() < deadline, (f"{block.id}: output incomplete {counts}:\n{logs[1].read_text()}\n"
+                                                 f"{_state(cluster, outputs, _groups(block))}")
             time.sleep(1)
         if done:
             assert second.returncode == 0, f"{block.id} exited {second.returncode}:\n{logs[1].read_text()}"
         else:
-            time.sleep(2)  # a duplicate would be committed now, if there were one
+            _settle(cluster, block, outputs, deadline, first_run)  # a duplicate would be committed now, if there were one
             os.killpg(second.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 second.wait(10)
