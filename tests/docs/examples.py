@@ -418,8 +418,8 @@ def dev_cluster(zk: str, base: pathlib.Path, postgres: bool = False) -> Iterator
 # yet explained: after the second run, 183 records of the crashed run's open transaction are
 # aborted while the group's committed offsets are past them (all 2,000 inputs committed,
 # 1,817 records under read_committed, LSO = high watermark). Seen on the group-aware block of
-# docs/sdk.md and on the quick start's copy, each run after other blocks that use the same
-# group id and transactional.id on the same cluster and whose runs were stopped inside a
+# docs/sdk.md, on the quick start's copy and on docs/spark.md's two-phase commit block
+# (1,831), each run after other blocks on the same cluster whose runs were stopped inside a
 # transaction before their group was deleted. Reported by the check as an expected failure
 # until it is found; a run without it passes as usual.
 KNOWN_LOSS = ("a crashed run's open transaction aborted while its input offsets ended committed "

@@ -181,8 +181,11 @@ def test_an_idle_idempotent_producer_takes_a_new_producer_id_and_goes_on(sec):
             producer.send(topic, b"later", partition=0).result(20)
         finally:
             producer.close()
+        # The idle one's state expires with its binding, at the leader's next expiry check.
+        wait_for(lambda: first not in {s.producer_id for s in admin.describe_producers([tp])[tp]}, 60,
+                 "the idle producer's state to expire at the leader")
         ids = {s.producer_id for s in admin.describe_producers([tp])[tp]}
-    assert len(ids) == 1 and first not in ids, (first, ids)  # the idle one's state expired with its binding
+    assert len(ids) == 1 and first not in ids, (first, ids)
     consumer = Consumer({**_conf(sec, "alice"), "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
         consumer.assign([tp])
