@@ -8,7 +8,7 @@ import pytest
 
 from exactly.testing import MockCluster
 
-from .cluster_logs import Logs, consumer_clock
+from .cluster_logs import Logs, consumer_clock, make_consumer
 
 
 @pytest.fixture
@@ -27,3 +27,24 @@ def logs(cluster):
     written = Logs(cluster)
     yield written
     written.close()
+
+
+@pytest.fixture
+def consumer_defaults() -> dict:
+    """Settings every consumer of `make` starts from (a test module overrides it)."""
+    return {}
+
+
+@pytest.fixture
+def make(cluster, clock, consumer_defaults):
+    """make(**conf) -> a Consumer of the cluster (`consumer_defaults` under `conf`),
+    closed after the test."""
+    made = []
+
+    def _make(**conf):
+        made.append(make_consumer(cluster, clock, **{**consumer_defaults, **conf}))
+        return made[-1]
+
+    yield _make
+    for c in made:
+        c.close()

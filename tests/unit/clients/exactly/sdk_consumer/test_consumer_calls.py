@@ -17,7 +17,6 @@ from exactly.types import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 
-from .cluster_logs import make_consumer
 from .test_consumer_group import core_of, join
 from .test_consumer_poll import poll_all
 
@@ -26,17 +25,9 @@ B = TopicPartition("t", 1)
 
 
 @pytest.fixture
-def make(cluster, clock):
-    """Consumers of the cluster that start at the earliest offset unless told otherwise."""
-    made = []
-
-    def _make(**conf) -> Consumer:
-        made.append(make_consumer(cluster, clock, **{"auto_offset_reset": "earliest", **conf}))
-        return made[-1]
-
-    yield _make
-    for c in made:
-        c.close()
+def consumer_defaults() -> dict:
+    """Consumers here start at the earliest offset unless told otherwise."""
+    return {"auto_offset_reset": "earliest"}
 
 
 # ---------------------------------------------------------------- pure parts

@@ -11,23 +11,11 @@ from exactly.errors import NoOffsetForPartitionError
 from exactly_wire.error_codes import ErrorCode
 from exactly.types import ConsumerGroupMetadata, OffsetAndMetadata, TopicPartition
 
-from .cluster_logs import make_consumer
 
 A = TopicPartition("t", 0)
 B = TopicPartition("t", 1)
 
 
-@pytest.fixture
-def make(cluster, clock):
-    made = []
-
-    def _make(**conf) -> Consumer:
-        made.append(make_consumer(cluster, clock, **conf))
-        return made[-1]
-
-    yield _make
-    for c in made:
-        c.close()
 
 
 def poll_all(c: Consumer, rounds: int = 20) -> list:
