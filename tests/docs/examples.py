@@ -26,7 +26,7 @@ import shlex
 import signal
 import subprocess
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import yaml
 
@@ -166,18 +166,24 @@ def read_committed(cluster: DevCluster, topic: str, timeout_s: float = 60.0) -> 
         consumer.close()
 
 
-def _ends(cluster: DevCluster, topics: list[str]) -> tuple[int, int]:
-    """(sum of the last stable offsets, sum of the high watermarks) of `topics`."""
+def _end_offsets(cluster: DevCluster, topics: Iterable[str]) -> tuple[dict, dict]:
+    """({partition: last stable offset}, {partition: high watermark}) of `topics`."""
     tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
     out = []
     for level in ("read_committed", "read_uncommitted"):
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level,
                              "enable.auto.commit": False})
         try:
-            out.append(sum(consumer.end_offsets(tps).values()))
+            out.append(consumer.end_offsets(tps))
         finally:
             consumer.close()
     return out[0], out[1]
+
+
+def _ends(cluster: DevCluster, topics: list[str]) -> tuple[int, int]:
+    """(sum of the last stable offsets, sum of the high watermarks) of `topics`."""
+    lso, hw = _end_offsets(cluster, topics)
+    return sum(lso.values()), sum(hw.values())
 
 
 def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: DevCluster, outputs: list[str],
@@ -212,14 +218,9 @@ def _state(cluster: DevCluster, topics: list[str], groups: list[str]) -> str:
     offset and high watermark, every transaction the coordinators list, and the groups'
     committed offsets."""
     lines = []
-    tps = [TopicPartition(t, p) for t in (INPUT, *topics) for p in range(PARTITIONS)]
     try:
-        ends = {}
-        for level in ("read_committed", "read_uncommitted"):
-            with Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level}) as c:
-                ends[level] = c.end_offsets(tps)
-        lines += [f"{tp.topic}-{tp.partition}: LSO {ends['read_committed'][tp]}, HW {ends['read_uncommitted'][tp]}"
-                  for tp in tps]
+        lso, hw = _end_offsets(cluster, (INPUT, *topics))
+        lines += [f"{tp.topic}-{tp.partition}: LSO {lso[tp]}, HW {hw[tp]}" for tp in lso]
         with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
             listed = admin.list_transactions()
             lines += [f"transaction {t}" for t in listed]
