@@ -13,6 +13,7 @@ from exactly import AdminClient, PreparedTxnState
 
 from .remote_producer import RemoteProducer
 from kafka_requests import call as kafka_call
+from waiting import wait_for
 from .test_txn_prepare import _name, create_topic, read_values
 
 pytestmark = pytest.mark.integration
@@ -53,11 +54,12 @@ def test_recovery_fences_the_old_instance_across_processes(cluster):
         assert r.ok("complete", state) == "committed"
         # Step 3: Z's completion of the same transaction is fenced, and so is all it does next.
         _zombie_is_fenced_for_good(z, topic, state)
+        # The markers are written after EndTxn is answered: PrepareCommit until they are.
         with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
-            d = admin.describe_transactions([tid])[tid]
+            d = wait_for(lambda: (t := admin.describe_transactions([tid])[tid]).state == "CompleteCommit" and t,
+                         30, f"{tid} to reach CompleteCommit")
         # R's epoch: one bump at its InitProducerId, one at its EndTxn.
-        assert (d.state, d.producer_id, d.producer_epoch) == ("CompleteCommit", prepared.producer_id,
-                                                              prepared.epoch + 2)
+        assert (d.producer_id, d.producer_epoch) == (prepared.producer_id, prepared.epoch + 2)
         # Steps 4 and 5: R's next transaction writes live-2 with sequence 0 and commits.
         r.ok("begin")
         r.ok("send", topic, "live-2", 0)
