@@ -264,13 +264,17 @@ class ReplicaManager:
 
     def _read_consumer(self, e: FetchEntry, limit: int, isolation_level: int) -> FetchResult:
         """A consumer's read of one partition (`Partition.fetch`), from the recent reads
-        when the same was read while the partition was as it is now (its log end, high
-        watermark, log start, leader epoch and bytes appended unchanged): the fetches an
-        append wakes at one offset are answered from one read, not one read each."""
+        when the same was read from this very replica while it was as it is now (its log
+        end, high watermark, log start, leader epoch and bytes appended unchanged): the
+        fetches an append wakes at one offset are answered from one read, not one read
+        each. The replica object is part of the key: a topic deleted and created again
+        under its name (or a partition closed and opened again) is another replica, whose
+        log may have the same offsets and sizes but other records and other aborted
+        transactions."""
         p, err = self.hosted.get(e.topic, e.partition)
         if p is None:
             return FetchResult(err)
-        key = (e.topic, e.partition, e.fetch_offset, limit, isolation_level, e.current_leader_epoch,
+        key = (p, e.fetch_offset, limit, isolation_level, e.current_leader_epoch,
                p.log_end_offset, p.high_watermark, p.log_start_offset, p.leader_epoch, p.byte_marks.total)
         res = self._recent_reads.get(key)
         if res is not None:

@@ -415,23 +415,10 @@ def dev_cluster(zk: str, base: pathlib.Path, postgres: bool = False) -> Iterator
         cluster.down()
 
 
-# A loss the crash check finds now and then under load (make test's three workers), not
-# yet explained: after the second run, 183 records of the crashed run's open transaction are
-# aborted while the group's committed offsets are past them (all 2,000 inputs committed,
-# 1,817 records under read_committed, LSO = high watermark). Seen on the group-aware block of
-# docs/sdk.md, on the quick start's copy and on docs/spark.md's two-phase commit block
-# (1,831), each run after other blocks on the same cluster whose runs were stopped inside a
-# transaction before their group was deleted. Reported by the check as an expected failure
-# until it is found; a run without it passes as usual.
-KNOWN_LOSS = ("a crashed run's open transaction aborted while its input offsets ended committed "
-              "(1,817 of 2,000 under read_committed), seen under load; under investigation")
-
-
-def page_tests(module: str, postgres: bool = False, timeout_s: int = 600, known_failures: dict | None = None):
+def page_tests(module: str, postgres: bool = False, timeout_s: int = 600):
     """The module-scoped `cluster` fixture and the test of a test module that runs the blocks
     of its pages (`pages_of(module)`), for `cluster, test_... = page_tests("test_examples_x")`;
-    `timeout_s` bounds one page's blocks (two runs of each transactional one). known_failures:
-    page -> the reason its run may fail (a non-strict expected failure: it still runs)."""
+    `timeout_s` bounds one page's blocks (two runs of each transactional one)."""
     import pytest
 
     @pytest.fixture(scope="module", name="cluster")
@@ -439,9 +426,7 @@ def page_tests(module: str, postgres: bool = False, timeout_s: int = 600, known_
         yield from dev_cluster(zk, tmp_path_factory.mktemp(module), postgres=postgres)
 
     @pytest.mark.timeout(timeout_s)
-    @pytest.mark.parametrize("page", [
-        pytest.param(page, marks=pytest.mark.xfail(reason=known_failures[page], strict=False))
-        if page in (known_failures or {}) else page for page in pages_of(module)])
+    @pytest.mark.parametrize("page", pages_of(module))
     def test_every_block_of_the_page_runs(page, cluster, tmp_path):
         print("\n".join(run_page(page, tmp_path, cluster)))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from docs.codeblocks import parse, section
-from docs.examples import KNOWN_LOSS, environment, page_tests, run_across_a_crash, workdir
+from docs.examples import environment, page_tests, run_across_a_crash, workdir
 
-cluster, test_every_block_of_the_page_runs = page_tests("test_examples_sdk", known_failures={"docs/sdk.md": KNOWN_LOSS})
+cluster, test_every_block_of_the_page_runs = page_tests("test_examples_sdk")
 
 
 # A copier whose transactions commit no input offsets (an earlier form of the guide's
@@ -41,7 +41,6 @@ def test_the_check_fails_an_example_that_duplicates_across_a_crash(cluster, tmp_
         run_across_a_crash(block, workdir(tmp_path, cluster), environment(cluster), cluster)
 
 
-@pytest.mark.xfail(reason=KNOWN_LOSS, strict=False)
 def test_the_quick_starts_copy_is_exactly_once_across_a_crash(cluster, tmp_path):
     """The README's quick start runs its copy once (tests/docs/test_quickstart.py); here it
     runs as every transactional example does, killed inside a transaction and run again."""

@@ -717,3 +717,36 @@ def test_fetches_woken_at_one_offset_are_answered_from_one_read(two):
         assert {bytes(res.records) for [res] in answers} == {bytes(answers[0][0].records)} and answers[0][0].records
         assert two.consumer_reads - before == 1
     asyncio.run(main())
+
+
+def test_a_topic_created_again_is_not_answered_from_the_deleted_ones_reads(two):
+    """A topic deleted and created again under its name, whose log grows to the same
+    offsets and sizes (the same inputs copied the same way), is read from its own log:
+    a read_committed fetch does not get the deleted log's records or aborted
+    transactions from the recent reads. Before, the key named the partition by its
+    topic and number only, and a consumer of the new topic dropped a committed
+    transaction of the producer id an aborted one of the old topic had."""
+    tp = ("r", 0)
+
+    async def incarnation(committed: bool, key: bytes) -> list:
+        await append(two, tp, make_batch(3, pid=7, seq=0, txn=True, key=key))
+        [[res]] = await two.write_markers([MarkerEntry(7, 0, committed, 0, (tp,))])
+        assert res.error == ErrorCode.NONE
+        [answer] = await two.fetch_messages([FetchEntry(*tp, 0)], isolation_level=1)
+        assert answer.error == ErrorCode.NONE and answer.last_stable_offset == 4
+        return answer
+
+    def recreate() -> None:
+        info = two.hosted.cluster._topics.pop("r")
+        assert tp in two.hosted.refresh()[1]
+        two.hosted.cluster._topics["r"] = info
+        assert tp in two.hosted.refresh()[0]
+
+    async def main():
+        old = await incarnation(False, b"a")
+        assert old.aborted == ((7, 0),)
+        recreate()
+        new = await incarnation(True, b"b")
+        assert new.aborted == () and bytes(new.records) != bytes(old.records)
+        assert [r.key for r in records.decode_records(new.records)] == [b"b"] * 3
+    asyncio.run(main())
