@@ -234,15 +234,19 @@ def _state(cluster: DevCluster, topics: list[str], groups: list[str]) -> str:
 
 
 def _settle(cluster: DevCluster, block: Block, outputs: list[str], deadline: float,
-            first_run: dict[str, set[str]], quiet_s: float = 3.0) -> None:
-    """Wait until the second run had its chance to copy again what the first one did:
-    each consumer group of the block has a member with partitions assigned that is not
-    one of the killed first run's (`first_run`, which stay until their session times
-    out: the rebalance waits for them), then the outputs' last stable offsets and high
-    watermarks stay the same for `quiet_s`. A fixed pause was too short on a busy
-    machine: the second run of an example that duplicates had not joined yet."""
+            first_run: dict[str, set[str]], second: subprocess.Popen, quiet_s: float = 3.0) -> bool:
+    """Wait until the second run (`second`) had its chance to copy again what the first
+    one did: each consumer group of the block has a member with partitions assigned that
+    is not one of the killed first run's (`first_run`, which stay until their session
+    times out: the rebalance waits for them), then the outputs' last stable offsets and
+    high watermarks stay the same for `quiet_s`. A fixed pause was too short on a busy
+    machine: the second run of an example that duplicates had not joined yet. Returns
+    True when the second run exited meanwhile (a copy that ends by itself may join, find
+    nothing left and leave between two looks at the group)."""
     groups = _groups(block)
     while groups:
+        if second.poll() is not None:
+            return True
         now = _members(cluster, groups)
         if all(now.get(g, set()) - first_run.get(g, set()) for g in groups):
             break
@@ -255,6 +259,7 @@ def _settle(cluster: DevCluster, block: Block, outputs: list[str], deadline: flo
         now = _ends(cluster, outputs)
         if now != last:
             last, since = now, time.monotonic()
+    return second.poll() is not None
 
 
 @contextlib.contextmanager
@@ -289,10 +294,12 @@ def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str
             assert time.monotonic() < deadline, (f"{block.id}: output incomplete {counts}:\n{logs[1].read_text()}\n"
                                                  f"{_state(cluster, outputs, _groups(block))}")
             time.sleep(1)
+        if not done:
+            # a duplicate would be committed now, if there were one
+            done = _settle(cluster, block, outputs, deadline, first_run, second)
         if done:
             assert second.returncode == 0, f"{block.id} exited {second.returncode}:\n{logs[1].read_text()}"
         else:
-            _settle(cluster, block, outputs, deadline, first_run)  # a duplicate would be committed now, if there were one
             os.killpg(second.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 second.wait(10)
