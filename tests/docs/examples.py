@@ -41,6 +41,7 @@ RECORDS = 2000
 PARTITIONS = 3
 # Seconds a block may run (a Spark session or a dev cluster of its own takes most of it).
 BLOCK_TIMEOUT_S = 240.0
+RUN_SLICE_S = 0.05  # how long a first run runs between two looks at its outputs (_kill_inside_a_transaction)
 _NOT_LINKED = {".git", ".run", "site", "__pycache__"}
 
 
@@ -166,23 +167,33 @@ def read_committed(cluster: DevCluster, topic: str, timeout_s: float = 60.0) -> 
         consumer.close()
 
 
-def _end_offsets(cluster: DevCluster, topics: Iterable[str]) -> tuple[dict, dict]:
-    """({partition: last stable offset}, {partition: high watermark}) of `topics`."""
+@contextlib.contextmanager
+def _end_offset_readers(cluster: DevCluster) -> Iterator[tuple[Consumer, Consumer]]:
+    """Two consumers, read_committed and read_uncommitted, for looks at end offsets
+    (`_end_offsets`) that cost their ListOffsets calls only."""
+    readers = tuple(Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level,
+                              "enable.auto.commit": False}) for level in ("read_committed", "read_uncommitted"))
+    try:
+        yield readers
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _end_offsets(cluster: DevCluster, topics: Iterable[str],
+                 readers: tuple[Consumer, Consumer] | None = None) -> tuple[dict, dict]:
+    """({partition: last stable offset}, {partition: high watermark}) of `topics`, read
+    with `readers` (`_end_offset_readers`; two made for this look when None)."""
+    if readers is None:
+        with _end_offset_readers(cluster) as readers:
+            return _end_offsets(cluster, topics, readers)
     tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-    out = []
-    for level in ("read_committed", "read_uncommitted"):
-        consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "isolation.level": level,
-                             "enable.auto.commit": False})
-        try:
-            out.append(consumer.end_offsets(tps))
-        finally:
-            consumer.close()
-    return out[0], out[1]
+    return readers[0].end_offsets(tps), readers[1].end_offsets(tps)
 
 
-def _ends(cluster: DevCluster, topics: list[str]) -> tuple[int, int]:
+def _ends(cluster: DevCluster, topics: list[str], readers: tuple[Consumer, Consumer] | None = None) -> tuple[int, int]:
     """(sum of the last stable offsets, sum of the high watermarks) of `topics`."""
-    lso, hw = _end_offsets(cluster, topics)
+    lso, hw = _end_offsets(cluster, topics, readers)
     return sum(lso.values()), sum(hw.values())
 
 
@@ -190,20 +201,41 @@ def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: De
                                log: pathlib.Path) -> str:
     """SIGKILL `proc` once it committed something and has a transaction open (the LSO below
     the high watermark), or, if it never opens one again within 10 s, after its first
-    commit. Returns what it was doing."""
+    commit. Returns what it was doing.
+
+    The run is stopped (SIGSTOP) while the outputs are looked at and runs RUN_SLICE_S
+    between two looks: a look takes several round trips, and on a busy machine a run
+    could commit its whole input between two of them and exit before any crash."""
     deadline, committed_at = time.monotonic() + BLOCK_TIMEOUT_S, None
-    while True:
-        assert proc.poll() is None, f"{block.id} exited {proc.returncode} before the crash:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"{block.id} committed nothing:\n{log.read_text()}"
-        lso, hw = _ends(cluster, outputs)
+    with _end_offset_readers(cluster) as readers:
+        while True:
+            assert proc.poll() is None, f"{block.id} exited {proc.returncode} before the crash:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"{block.id} committed nothing:\n{log.read_text()}"
+            crash = _look_stopped(proc, cluster, outputs, readers, committed_at)
+            if isinstance(crash, str):
+                return crash
+            committed_at = crash
+            time.sleep(RUN_SLICE_S)
+
+
+def _look_stopped(proc: subprocess.Popen, cluster: DevCluster, outputs: list[str],
+                  readers: tuple[Consumer, Consumer], committed_at: float | None) -> str | float | None:
+    """One look of `_kill_inside_a_transaction` with the run stopped: what it was doing
+    when it was killed, or when it first committed (None: not yet) if it runs on."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        lso, hw = _ends(cluster, outputs, readers)
         if lso > 0 and committed_at is None:
             committed_at = time.monotonic()
         if committed_at is not None and (hw > lso or time.monotonic() - committed_at > 10):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-            return (f"killed after {lso} committed offsets, with {hw - lso} past the last stable offset" if hw > lso
-                    else f"killed after {lso} committed offsets, no transaction open")
-        time.sleep(0.02)
+            return (f"killed after {lso} committed offsets, with {hw - lso} past the last stable offset"
+                    if hw > lso else f"killed after {lso} committed offsets, no transaction open")
+        return committed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGCONT)
 
 
 def _members(cluster: DevCluster, groups: list[str]) -> dict[str, set[str]]:
