@@ -284,13 +284,14 @@ def _settle(cluster: DevCluster, block: Block, outputs: list[str], deadline: flo
             break
         assert time.monotonic() < deadline, f"{block.id}: its second run never joined {groups}"
         time.sleep(0.2)
-    last, since = _ends(cluster, outputs), time.monotonic()
-    while time.monotonic() - since < quiet_s:
-        assert time.monotonic() < deadline, f"{block.id}: its outputs never stopped growing"
-        time.sleep(0.25)
-        now = _ends(cluster, outputs)
-        if now != last:
-            last, since = now, time.monotonic()
+    with _end_offset_readers(cluster) as readers:
+        last, since = _ends(cluster, outputs, readers), time.monotonic()
+        while time.monotonic() - since < quiet_s:
+            assert time.monotonic() < deadline, f"{block.id}: its outputs never stopped growing"
+            time.sleep(0.25)
+            now = _ends(cluster, outputs, readers)
+            if now != last:
+                last, since = now, time.monotonic()
     return second.poll() is not None
 
 
