@@ -187,11 +187,11 @@ class ServiceSchema(SecuritySettings):
         "max.connections.per.ip, its overrides and max.connection.creation.rate, and between updates of both "
         "ports' descriptor budget.", LOW, ge=10)
     tunnel_max_in_flight_calls: int = setting(
-        "exactly.tunnel.max.in.flight.calls", 500, "Calls of one Tunnel/Calls stream (the services' calls to "
-        "each other) read and not yet answered; the stream reads no further call meanwhile (back-pressure).",
+        "exactly.tunnel.max.in.flight.calls", 500, "Calls of one tunnel stream (Tunnel/Calls or Tunnel/Batches: "
+        "the services' calls to each other) read and not yet answered; the stream reads no further call meanwhile (back-pressure).",
         LOW, ge=1)
     tunnel_max_queued_replies: int = setting(
-        "exactly.tunnel.max.queued.replies", 64, "Replies of one Tunnel/Calls stream waiting to be sent at which "
+        "exactly.tunnel.max.queued.replies", 64, "Replies of one tunnel stream waiting to be sent at which "
         "the stream stops reading calls until the peer takes them.", LOW, ge=1)
     metrics_group_labels: Bool = setting(
         "metrics.group.labels", False, "Export consumer group names as `group` labels on /metrics (per-group "

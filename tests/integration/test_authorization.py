@@ -473,6 +473,8 @@ def _matrix_rows():
             acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("Tunnel/Calls (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
          lambda c: pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
+        ("Tunnel/Batches (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
+         lambda c: pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("PartitionLeader/Fetch", "alice", "bob", TOPIC_DENIED, lambda c: pb.FetchRequest(
             max_wait_ms=0, topics=[pb.FetchTopic(topic=c["topic"], partitions=[pb.FetchPartition(partition=0)])])),
         ("PartitionLeader/ListOffsets", "alice", "bob", TOPIC_DENIED, lambda c: pb.ListOffsetsRequest(
@@ -551,12 +553,16 @@ def _auth_codes(message) -> set[int]:
     return found
 
 
-def _tunneled(tunnel: pbg.TunnelStub, service: str, method: str, request):
-    """One call of `service`/`method` through Tunnel/Calls; raises TunnelError (a
-    grpc.RpcError) with the method's status, as a direct call raises."""
-    reply = next(iter(tunnel.Calls(iter([pb.TunneledCall(
-        correlation_id=1, method=f"/{pb.DESCRIPTOR.package}.{service}/{method}",
-        request=request.SerializeToString())]), timeout=20)))
+def _tunneled(tunnel: pbg.TunnelStub, service: str, method: str, request, batches: bool = False):
+    """One call of `service`/`method` through Tunnel/Calls (Tunnel/Batches with
+    `batches`); raises TunnelError (a grpc.RpcError) with the method's status, as a
+    direct call raises."""
+    call = pb.TunneledCall(correlation_id=1, method=f"/{pb.DESCRIPTOR.package}.{service}/{method}",
+                           request=request.SerializeToString())
+    if batches:
+        [reply] = next(iter(tunnel.Batches(iter([pb.TunneledCalls(calls=[call])]), timeout=20))).replies
+    else:
+        reply = next(iter(tunnel.Calls(iter([call]), timeout=20)))
     if reply.status_code:
         raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
     output = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].output_type
@@ -604,10 +610,12 @@ def test_authorization_matrix(sec):
     for rpc, allowed, denied, expected, build in _matrix_rows():
         service, method = rpc.split(" ")[0].split("/")
         if service == "Tunnel":  # the method named in parentheses, carried by the tunnel
+            batches = method == "Batches"
             service, method = rpc.split("(")[1].rstrip(")").split("/")
 
-            def call(who, service=service, method=method, build=build):
-                return _tunneled(stub(sec, who, address[service], pbg.TunnelStub), service, method, build(c))
+            def call(who, service=service, method=method, build=build, batches=batches):
+                return _tunneled(stub(sec, who, address[service], pbg.TunnelStub), service, method, build(c),
+                                 batches)
         else:
             def call(who, service=service, method=method, build=build):
                 stub_ = stub(sec, who, address[service], STUBS[service])

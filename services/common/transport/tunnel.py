@@ -1,4 +1,4 @@
-"""Many unary calls over one long-lived gRPC stream (`exactly.v1.Tunnel/Calls`).
+"""Many unary calls over one long-lived gRPC stream (`exactly.v1.Tunnel/Calls`, `Tunnel/Batches`).
 
 Why: a unary call between two Python processes costs about 0.45 ms on loopback, a
 message each way on an open stream about half of that (call set-up, headers,
@@ -28,8 +28,18 @@ Kafka port never use it. So (docs/design.md, "Tunnel and fetch limits"):
   further call: HTTP/2 flow control then holds the sender (back-pressure), so
   memory per stream is bounded by the calls in flight whatever the peer does.
 
+Two stream methods carry the calls: `Tunnel/Calls`, one call or reply to a message,
+and `Tunnel/Batches`, whose messages carry several (`TunneledCalls`,
+`TunneledReplies`). Each stream message costs gRPC's per-message work on both ends
+(framing, flow control, the socket write, a completion on the event loop) whatever
+it carries, so a writer sends in one message everything that is ready when it
+writes: the calls that queued while the previous message was being written, the
+replies that finished together (the adds one marker write releases, the appends of
+one group commit). Nothing waits to fill a message: a lone call goes at once.
+
 Client side (`TunnelChannel`): `call(method, request, response_class, timeout_s)`
-opens the stream on first use, sends the call, and waits for its reply. A broken
+opens the stream on first use (Batches; Calls towards a peer that answers Batches
+UNIMPLEMENTED), sends the call, and waits for its reply. A broken
 stream fails every call in flight with UNAVAILABLE (`TunnelError`, a
 `grpc.RpcError`, so callers handle it like a failed unary call); the next call
 opens a new stream.
@@ -184,7 +194,8 @@ class TunnelServicer(pbg.TunnelServicer):
 
     Observable state (over all streams): `in_flight`, calls read and not yet
     answered; `held_reads`, streams whose next read waits for a slot or for the
-    replies to drain (back-pressure on their senders)."""
+    replies to drain (back-pressure on their senders); `messages_read` and
+    `messages_sent`, stream messages each way (a Batches message counts once)."""
 
     def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor],
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED):
@@ -195,6 +206,8 @@ class TunnelServicer(pbg.TunnelServicer):
         self.max_queued = max(int(max_queued), 1)
         self.in_flight = 0
         self.held_reads = 0
+        self.messages_read = 0
+        self.messages_sent = 0
 
     async def _handler(self, method: str, metadata) -> grpc.RpcMethodHandler | None:
         if method in self._resolved:
@@ -247,6 +260,17 @@ class TunnelServicer(pbg.TunnelServicer):
         return None
 
     async def Calls(self, request_iterator, context):
+        async for reply in self._serve(request_iterator, context, batched=False):
+            yield reply
+
+    async def Batches(self, request_iterator, context):
+        async for replies in self._serve(request_iterator, context, batched=True):
+            yield replies
+
+    async def _serve(self, request_iterator, context, batched: bool):
+        """The calls of one stream: each TunneledCall (Calls) or each call of a
+        TunneledCalls (Batches) answered as it finishes; Batches yields every reply
+        that is ready in one TunneledReplies."""
         refused = await self.admit(context)
         if refused is not None:
             log.info("tunnel stream from %s refused: %s %s", context.peer(), refused[0].name, refused[1])
@@ -271,47 +295,88 @@ class TunnelServicer(pbg.TunnelServicer):
                 # No correlation id to answer under: 0, and the stream serves on.
                 put(pb.TunneledReply(
                     correlation_id=0, status_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                    status_details=f"INVALID_REQUEST: not a valid TunneledCall encoding: {call.error}"[:1000]))
+                    status_details=f"INVALID_REQUEST: not a valid {'TunneledCalls' if batched else 'TunneledCall'} "
+                                   f"encoding: {call.error}"[:1000]))
                 return
             put(await self._one(call, context))
 
-        async def read() -> None:
+        async def slot(first: bool) -> None:
+            # Back-pressure: no further call is taken while the replies wait or the
+            # stream has max_in_flight calls (the sender's window fills).
+            held = (first and not drained.is_set()) or slots.locked()
+            self.held_reads += held
+            try:
+                if first:
+                    await drained.wait()
+                await slots.acquire()
+            finally:
+                self.held_reads -= held
+
+        def start(call) -> None:
             nonlocal mine
+            mine += 1
+            self.in_flight += 1
+            task = asyncio.create_task(answer(call))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+        async def read() -> None:
             try:
                 while True:
-                    # Back-pressure: no further call is read while the replies wait or
-                    # the stream has max_in_flight calls (the sender's window fills).
-                    held = not drained.is_set() or slots.locked()
-                    self.held_reads += held
+                    await slot(first=True)
                     try:
-                        await drained.wait()
-                        await slots.acquire()
-                    finally:
-                        self.held_reads -= held
-                    try:
-                        call = await request_iterator.__anext__()
+                        message = await request_iterator.__anext__()
                     except StopAsyncIteration:
                         slots.release()
                         break
-                    mine += 1
-                    self.in_flight += 1
-                    task = asyncio.create_task(answer(call))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
+                    self.messages_read += 1
+                    if not batched or isinstance(message, Undecodable):
+                        start(message)
+                        continue
+                    # A message's calls take a slot each: the ones past the bound wait,
+                    # read but not started, and the stream reads nothing more meanwhile.
+                    for i, call in enumerate(message.calls):
+                        if i:
+                            await slot(first=False)
+                        start(call)
+                    if not message.calls:
+                        slots.release()
                 if running:
                     await asyncio.gather(*running, return_exceptions=True)
             finally:
                 replies.put_nowait(done)
 
+        def sent(count: int) -> None:
+            nonlocal mine
+            mine -= count
+            self.in_flight -= count
+            for _ in range(count):
+                slots.release()
+
         reader = asyncio.create_task(read())
         try:
             while (reply := await replies.get()) is not done:
-                if replies.qsize() < self.max_queued:
-                    drained.set()
-                yield reply
-                mine -= 1
-                self.in_flight -= 1
-                slots.release()
+                if not batched:
+                    if replies.qsize() < self.max_queued:
+                        drained.set()
+                    self.messages_sent += 1
+                    yield reply
+                    sent(1)
+                    continue
+                ready = [reply]
+                ended = False
+                while not replies.empty():
+                    more = replies.get_nowait()
+                    if more is done:
+                        ended = True
+                        break
+                    ready.append(more)
+                drained.set()
+                self.messages_sent += 1
+                yield pb.TunneledReplies(replies=ready)
+                sent(len(ready))
+                if ended:
+                    break
         finally:
             reader.cancel()
             for task in list(running):
@@ -320,13 +385,17 @@ class TunnelServicer(pbg.TunnelServicer):
 
 
 def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
-    """Serve `Tunnel/Calls` on `server`. Unlike the generated
+    """Serve `Tunnel/Calls` and `Tunnel/Batches` on `server`. Unlike the generated
     add_TunnelServicer_to_server, a message that does not parse reaches the servicer
     (answered INVALID_ARGUMENT) instead of silently ending the stream."""
-    handler = grpc.stream_stream_rpc_method_handler(
+    calls = grpc.stream_stream_rpc_method_handler(
         servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Tunnel", {"Calls": handler}),))
+    batches = grpc.stream_stream_rpc_method_handler(
+        servicer.Batches, request_deserializer=safe_deserializer(pb.TunneledCalls.FromString),
+        response_serializer=pb.TunneledReplies.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "exactly.v1.Tunnel", {"Calls": calls, "Batches": batches}),))
 
 
 def _chain(interceptor: grpc.aio.ServerInterceptor, continuation: Callable) -> Callable:
@@ -348,33 +417,72 @@ def _stream_error(exc: grpc.RpcError) -> TunnelError:
     return TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name if code else exc}")
 
 
-class TunnelChannel:
-    """Tunneled unary calls to one service over `channel` (module docstring)."""
+# What one TunneledCalls carries at most: the calls that queued while the previous
+# message was written, up to this many and (past the first) this many request bytes.
+MAX_BATCH_CALLS = 64
+MAX_BATCH_BYTES = 1 << 20
 
-    def __init__(self, channel: grpc.aio.Channel):
+
+class _Downgraded(TunnelError):
+    """The peer answered Tunnel/Batches UNIMPLEMENTED (a version without it) before
+    running any call of the stream: its calls go again over Tunnel/Calls."""
+
+    def __init__(self):
+        super().__init__(grpc.StatusCode.UNIMPLEMENTED, "the peer serves no Tunnel/Batches")
+
+
+class TunnelChannel:
+    """Tunneled unary calls to one service over `channel` (module docstring).
+
+    batched (default True): the calls travel on a `Tunnel/Batches` stream, each
+    message carrying every call that queued while the previous one was written (at
+    most MAX_BATCH_CALLS calls and, past the first, MAX_BATCH_BYTES of requests); a
+    lone call goes at once. Towards a peer that answers Batches UNIMPLEMENTED the
+    channel uses `Tunnel/Calls` from then on, and the calls refused go again there.
+    batched False: `Tunnel/Calls` only, one call to a message."""
+
+    def __init__(self, channel: grpc.aio.Channel, batched: bool = True):
         self._stub = pbg.TunnelStub(channel)
+        self._batched = batched
         self._stream: grpc.aio.StreamStreamCall | None = None
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: list[pb.TunneledCall] = []
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
+
+    @property
+    def batched(self) -> bool:
+        """Whether calls go on Tunnel/Batches (False after the peer refused it)."""
+        return self._batched
 
     def _open(self) -> grpc.aio.StreamStreamCall:
         stream = self._stream
         if stream is None:
-            stream = self._stream = self._stub.Calls()
-            self._reader = asyncio.get_running_loop().create_task(self._read(stream))
+            batched = self._batched
+            stream = self._stream = self._stub.Batches() if batched else self._stub.Calls()
+            self._reader = asyncio.get_running_loop().create_task(self._read(stream, batched))
         return stream
 
-    async def _read(self, stream: grpc.aio.StreamStreamCall) -> None:
+    def _broken(self, exc: grpc.RpcError, batched: bool) -> TunnelError:
+        error = _stream_error(exc)
+        if batched and error.code() is grpc.StatusCode.UNIMPLEMENTED:
+            if self._batched:
+                log.info("a peer serves no Tunnel/Batches (a previous version): calling it over Tunnel/Calls")
+            self._batched = False
+            return _Downgraded()
+        return error
+
+    async def _read(self, stream: grpc.aio.StreamStreamCall, batched: bool) -> None:
         error = TunnelError(grpc.StatusCode.UNAVAILABLE, "the tunnel closed")
         try:
-            async for reply in stream:
-                future = self._pending.pop(reply.correlation_id, None)
-                if future is not None and not future.done():
-                    future.set_result(reply)
+            async for message in stream:
+                for reply in (message.replies if batched else (message,)):
+                    future = self._pending.pop(reply.correlation_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
         except grpc.RpcError as exc:
-            error = _stream_error(exc)
+            error = self._broken(exc, batched)
         except asyncio.CancelledError:
             pass
         finally:
@@ -384,6 +492,7 @@ class TunnelChannel:
         if self._stream is stream:
             self._stream = None
             pending, self._pending = self._pending, {}
+            self._outbox.clear()  # their calls fail below, unsent
             for future in pending.values():
                 if not future.done():
                     future.set_exception(error)
@@ -411,29 +520,77 @@ class TunnelChannel:
     async def _call(self, method: str, request: Any, response_class: type) -> Any:
         correlation_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        async with self._write_lock:
-            stream = self._open()
-            self._pending[correlation_id] = future
-            try:
-                await stream.write(pb.TunneledCall(correlation_id=correlation_id, method=method,
-                                                   request=request.SerializeToString()))
-            except asyncio.CancelledError:
-                # A write cut short (its call's time ran out) may leave half a message on
-                # the stream: drop the stream; the other calls on it fail as UNAVAILABLE.
-                self._pending.pop(correlation_id, None)
-                self._abandon(stream, "a write was interrupted")
-                raise
-            except (grpc.RpcError, asyncio.InvalidStateError) as exc:
-                self._pending.pop(correlation_id, None)
-                raise self._abandon(stream, f"the tunnel broke: {exc}",
-                                    _stream_error(exc) if isinstance(exc, grpc.RpcError) else None) from None
+        call = pb.TunneledCall(correlation_id=correlation_id, method=method, request=request.SerializeToString())
+        if self._batched:
+            await self._send_batched(call, future)
+        else:
+            await self._send_one(call, future)
         try:
             reply = await future
+        except _Downgraded:
+            return await self._call(method, request, response_class)
         finally:
             self._pending.pop(correlation_id, None)
         if reply.status_code:
             raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
         return response_class.FromString(reply.response)
+
+    async def _send_one(self, call: pb.TunneledCall, future: asyncio.Future) -> None:
+        async with self._write_lock:
+            stream = self._open()
+            self._pending[call.correlation_id] = future
+            try:
+                await stream.write(call)
+            except asyncio.CancelledError:
+                # A write cut short (its call's time ran out) may leave half a message on
+                # the stream: drop the stream; the other calls on it fail as UNAVAILABLE.
+                self._pending.pop(call.correlation_id, None)
+                self._abandon(stream, "a write was interrupted")
+                raise
+            except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                self._pending.pop(call.correlation_id, None)
+                raise self._abandon(stream, f"the tunnel broke: {exc}",
+                                    _stream_error(exc) if isinstance(exc, grpc.RpcError) else None) from None
+
+    async def _send_batched(self, call: pb.TunneledCall, future: asyncio.Future) -> None:
+        # The call waits in the outbox; whoever holds the write lock next sends what
+        # the outbox holds then, so calls that queued during a write share the next
+        # message. A call already sent by another's write finds nothing to do.
+        self._pending[call.correlation_id] = future
+        self._outbox.append(call)
+        try:
+            async with self._write_lock:
+                if not self._outbox:
+                    return
+                stream = self._open()
+                batch = self._take()
+                try:
+                    await stream.write(pb.TunneledCalls(calls=batch))
+                except asyncio.CancelledError:
+                    self._abandon(stream, "a write was interrupted")
+                    raise
+                except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                    self._abandon(stream, f"the tunnel broke: {exc}",
+                                  self._broken(exc, True) if isinstance(exc, grpc.RpcError) else None)
+        except asyncio.CancelledError:
+            # Its time ran out before it was sent: it is not sent at all.
+            self._pending.pop(call.correlation_id, None)
+            try:
+                self._outbox.remove(call)
+            except ValueError:
+                pass
+            raise
+
+    def _take(self) -> list[pb.TunneledCall]:
+        outbox = self._outbox
+        count, size = 1, len(outbox[0].request)
+        while count < len(outbox) and count < MAX_BATCH_CALLS:
+            size += len(outbox[count].request)
+            if size > MAX_BATCH_BYTES:
+                break
+            count += 1
+        batch, self._outbox = outbox[:count], outbox[count:]
+        return batch
 
     async def close(self) -> None:
         stream, reader = self._stream, self._reader
