@@ -32,7 +32,7 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from fuzz_requests import Pools, Rpc, generate, raw_garbage, rpcs
 from services.common.transport.server import ROLE_SERVICES
-from services.common.transport.tunnel import TUNNEL_METHOD, TunnelError, tunnel_status
+from services.common.transport.tunnel import TUNNEL_METHOD, TunnelError, method_path, tunnel_status
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,8 +43,10 @@ SEED = int(os.environ.get("EXACTLY_FUZZ_SEED", "20240611"))
 # appends wait up to 25-30 s for the high watermark when a follower lags.
 CALL_DEADLINE_S = 35.0
 PARALLEL = 16
-# The share of requests sent through Tunnel/Calls instead of directly: the same
-# interceptors and handlers must answer them the same way.
+# The share of requests sent through the tunnel instead of directly, half of them on
+# Tunnel/Calls and half on Tunnel/Batches: the same interceptors and handlers must
+# answer them the same way.
+TUNNEL_BATCHES = method_path("Tunnel", "Batches")
 TUNNELED = 0.25
 # Legitimate administrative operations that delete or rewrite data: the generator
 # names only scratch topics and groups in them (see fuzz_requests.Pools).
@@ -174,19 +176,27 @@ def _short(msg) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
-def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes):
-    """The request through Tunnel/Calls (services.common.transport.tunnel): its response, or a
-    TunnelError with the status it was answered with. Raw garbage is sent as the
-    stream's message itself (it must come back INVALID_ARGUMENT under correlation id 0)."""
-    wrapped = body if msg is None else pb.TunneledCall(correlation_id=1, method=rpc.path,
-                                                       request=body).SerializeToString()
-    calls = channel.stream_stream(TUNNEL_METHOD, request_serializer=None,
-                                  response_deserializer=pb.TunneledReply.FromString)
+def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes, batches: bool = False):
+    """The request through Tunnel/Calls, or alone in a message of Tunnel/Batches with
+    `batches` (services.common.transport.tunnel): its response, or a TunnelError with the
+    status it was answered with. Raw garbage is sent as the stream's message itself (it
+    must come back INVALID_ARGUMENT under correlation id 0)."""
+    call = pb.TunneledCall(correlation_id=1, method=rpc.path, request=body)
+    if batches:
+        wrapped = body if msg is None else pb.TunneledCalls(calls=[call]).SerializeToString()
+        calls = channel.stream_stream(TUNNEL_BATCHES, request_serializer=None,
+                                      response_deserializer=pb.TunneledReplies.FromString)
+    else:
+        wrapped = body if msg is None else call.SerializeToString()
+        calls = channel.stream_stream(TUNNEL_METHOD, request_serializer=None,
+                                      response_deserializer=pb.TunneledReply.FromString)
     asked_wait_s = min(max(getattr(msg, "max_wait_ms", 0), 0) / 1000, CALL_DEADLINE_S) if msg is not None else 0.0
     try:
         replies = list(calls(iter([wrapped]), timeout=CALL_DEADLINE_S + asked_wait_s))
     except grpc.RpcError as exc:
         return exc
+    if batches:
+        replies = [r for message in replies for r in message.replies]
     if len(replies) != 1:
         return TunnelError(grpc.StatusCode.INTERNAL, f"{len(replies)} replies to one tunneled call")
     reply = replies[0]
@@ -215,7 +225,7 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
         for rpc in plan:
             targets = addresses[role_of[rpc.service]] if rpc.service in role_of else everyone
             target = rng.choice(targets)
-            tunneled = rng.random() < TUNNELED
+            tunneled = ("batches" if rng.random() < 0.5 else "calls") if rng.random() < TUNNELED else None
             if rng.random() < 0.05:
                 yield rpc, target, None, raw_garbage(rng), tunneled
             else:
@@ -225,7 +235,7 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
     def call(job):
         rpc, target, msg, body, tunneled = job
         if tunneled:
-            return rpc, msg, _tunneled(channels[target], rpc, msg, body)
+            return rpc, msg, _tunneled(channels[target], rpc, msg, body, tunneled == "batches")
         method = channels[target].unary_unary(rpc.path, request_serializer=None,
                                               response_deserializer=rpc.response.FromString)
         # A Fetch long-polls for the max_wait_ms it asks for: an answer just after it is

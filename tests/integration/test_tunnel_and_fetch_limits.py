@@ -1,7 +1,7 @@
 """What one client can make a partition leader hold, on real processes (docs/design.md,
 "Tunnel and fetch limits"; docs/security.md):
 
-- `Tunnel/Calls` is the services' own stream: a principal without ClusterAction on
+- `Tunnel/Calls` and `Tunnel/Batches` are the services' own streams: a principal without ClusterAction on
   the Cluster (here one allowed to read the topic directly) is refused before any of
   its 2,000 tunneled 1 MB Fetches runs, and the leader's memory does not grow; a
   service principal's stream that stops reading its replies has at most
@@ -45,6 +45,7 @@ pytestmark = pytest.mark.integration
 
 MB = 1 << 20
 FETCH = method_path("PartitionLeader", "Fetch")
+TUNNEL_BATCHES = method_path("Tunnel", "Batches")
 IN_FLIGHT = 16
 MAX_WAIT_MS = 2000
 
@@ -108,18 +109,25 @@ def channel(c: DevCluster, who: str, address: str) -> grpc.Channel:
     return secure_channel(address, security, [])
 
 
-def _unread_tunneled_fetches(c: DevCluster, who: str, n: int):
-    """Open a Tunnel/Calls stream as `who`, send `n` 1 MB Fetches of `big` and read
-    no reply: the call object (its status once the stream ends)."""
+def _unread_tunneled_fetches(c: DevCluster, who: str, n: int, batches: bool = False):
+    """Open a Tunnel/Calls stream as `who` (Tunnel/Batches with `batches`: 50 calls to
+    a message), send `n` 1 MB Fetches of `big` and read no reply: the call object (its
+    status once the stream ends)."""
+    body = fetch_request("big").SerializeToString()
+    calls = [pb.TunneledCall(correlation_id=i + 1, method=FETCH, request=body) for i in range(n)]
+    if batches:
+        raw = channel(c, who, c.services["pl-0"].address).stream_stream(
+            TUNNEL_BATCHES, request_serializer=pb.TunneledCalls.SerializeToString,
+            response_deserializer=pb.TunneledReplies.FromString)
+        return raw(iter([pb.TunneledCalls(calls=calls[i:i + 50]) for i in range(0, n, 50)]), timeout=60)
     raw = channel(c, who, c.services["pl-0"].address).stream_stream(
         TUNNEL_METHOD, request_serializer=pb.TunneledCall.SerializeToString,
         response_deserializer=pb.TunneledReply.FromString)
-    body = fetch_request("big").SerializeToString()
-    return raw(iter([pb.TunneledCall(correlation_id=i + 1, method=FETCH, request=body) for i in range(n)]),
-               timeout=60)
+    return raw(iter(calls), timeout=60)
 
 
-def test_an_unprivileged_principal_cannot_open_the_tunnel(sec):
+@pytest.mark.parametrize("batches", [False, True], ids=["calls", "batches"])
+def test_an_unprivileged_principal_cannot_open_the_tunnel(sec, batches):
     pl = sec.services["pl-0"]
     direct = pbg.PartitionLeaderStub(channel(sec, "mallory", pl.address)).Fetch(fetch_request("big"), timeout=20)
     assert len(direct.responses[0].partitions[0].records) > 800_000  # mallory may read the topic directly
@@ -127,7 +135,7 @@ def test_an_unprivileged_principal_cannot_open_the_tunnel(sec):
     served = metric(pl.metrics_address, "exactly_fetch_bytes_total", 'topic="(hidden)"')
     assert served > 800_000
     before = rss_bytes(pl.pid)
-    call = _unread_tunneled_fetches(sec, "mallory", 2000)
+    call = _unread_tunneled_fetches(sec, "mallory", 2000, batches)
     assert call.code() == grpc.StatusCode.PERMISSION_DENIED, call
     assert call.details().startswith("CLUSTER_AUTHORIZATION_FAILED"), call.details()
     assert metric(pl.metrics_address, "exactly_fetch_bytes_total", 'topic="(hidden)"') == served  # none ran
@@ -141,7 +149,8 @@ def test_an_unprivileged_principal_cannot_open_the_tunnel(sec):
     assert again.responses[0].partitions[0].records
 
 
-def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec):
+@pytest.mark.parametrize("batches", [False, True], ids=["calls", "batches"])
+def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec, batches):
     pl = sec.services["pl-0"]
 
     def answered() -> float:  # 1 MB Fetches of `big` answered
@@ -149,7 +158,7 @@ def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec
 
     served = answered()
     before = rss_bytes(pl.pid)
-    call = _unread_tunneled_fetches(sec, "txn-0", 2000)  # a service principal: admitted
+    call = _unread_tunneled_fetches(sec, "txn-0", 2000, batches)  # a service principal: admitted
     try:
         wait_for(lambda: answered() - served >= IN_FLIGHT, 30, "the first calls of the stream served")
         time.sleep(2)  # time for more to be read, were the stream not held

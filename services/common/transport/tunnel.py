@@ -77,6 +77,13 @@ DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"]
 DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
 
 
+# What one Tunnel/Batches message carries at most: this many calls (or replies) and,
+# past the first, this many bytes of requests (or responses). A message stays far
+# below the peers' message size limits (64 MiB between services) whatever it merges.
+MAX_BATCH_CALLS = 64
+MAX_BATCH_BYTES = 1 << 20
+
+
 class TunnelError(grpc.RpcError):
     """A tunneled call that did not get a response: the status its method would
     have ended with (`code()`, `details()`), or UNAVAILABLE for a broken stream and
@@ -354,8 +361,12 @@ class TunnelServicer(pbg.TunnelServicer):
                 slots.release()
 
         reader = asyncio.create_task(read())
+        carried = None  # a reply that did not fit in the previous message
         try:
-            while (reply := await replies.get()) is not done:
+            while True:
+                reply, carried = (carried if carried is not None else await replies.get()), None
+                if reply is done:
+                    break
                 if not batched:
                     if replies.qsize() < self.max_queued:
                         drained.set()
@@ -363,20 +374,20 @@ class TunnelServicer(pbg.TunnelServicer):
                     yield reply
                     sent(1)
                     continue
-                ready = [reply]
-                ended = False
-                while not replies.empty():
+                ready, size = [reply], len(reply.response)
+                while len(ready) < MAX_BATCH_CALLS and not replies.empty():
                     more = replies.get_nowait()
-                    if more is done:
-                        ended = True
-                        break
-                    ready.append(more)
-                drained.set()
+                    if more is not done and size + len(more.response) <= MAX_BATCH_BYTES:
+                        ready.append(more)
+                        size += len(more.response)
+                        continue
+                    carried = more  # the end of the stream, or the next message's first reply
+                    break
+                if replies.qsize() < self.max_queued:
+                    drained.set()
                 self.messages_sent += 1
                 yield pb.TunneledReplies(replies=ready)
                 sent(len(ready))
-                if ended:
-                    break
         finally:
             reader.cancel()
             for task in list(running):
@@ -415,12 +426,6 @@ def _stream_error(exc: grpc.RpcError) -> TunnelError:
     if code is grpc.StatusCode.UNIMPLEMENTED:
         return TunnelError(code, "the peer serves no tunnel (a version without Tunnel/Calls)")
     return TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name if code else exc}")
-
-
-# What one TunneledCalls carries at most: the calls that queued while the previous
-# message was written, up to this many and (past the first) this many request bytes.
-MAX_BATCH_CALLS = 64
-MAX_BATCH_BYTES = 1 << 20
 
 
 class _Downgraded(TunnelError):

@@ -387,3 +387,42 @@ def test_a_batches_message_that_does_not_parse_is_answered_and_the_stream_serves
                 "INVALID_REQUEST: not a valid TunneledCalls encoding")
         await server.stop(0)
     asyncio.run(body())
+
+
+class _Big(Leader):
+    """Fetch answers `size` bytes of records."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    async def Fetch(self, request, context):
+        return pb.FetchResponse(responses=[pb.FetchTopicResponse(topic="t", partitions=[
+            pb.FetchPartitionResponse(partition=0, records=b"r" * self.size)])])
+
+
+def test_a_batches_message_stays_within_its_byte_bound_whatever_is_ready():
+    """Replies of 700 KB ready together go one to a message (two would pass
+    MAX_BATCH_BYTES), and calls whose requests pass it together are split the same
+    way: a merged message never nears the peers' message size limits."""
+    fetch = method_path("PartitionLeader", "Fetch")
+
+    async def body():
+        server, address, servicer = await _serving(_Big(700_000))
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            replies = await asyncio.gather(*(tunnel.call(fetch, pb.FetchRequest(), pb.FetchResponse, 10)
+                                             for _ in range(6)))
+            assert [len(r.responses[0].partitions[0].records) for r in replies] == [700_000] * 6
+            assert servicer.messages_sent == 6
+            # Requests: 6 calls of 700 KB bodies started at once go one to a message too.
+            read_before = servicer.messages_read
+            big = _request("t" * 700_000, 1)  # aborts (not topic "t"): the size is what counts
+            outcomes = await asyncio.gather(*(tunnel.call(LIST_OFFSETS, big, pb.ListOffsetsResponse, 10)
+                                              for _ in range(6)), return_exceptions=True)
+            assert all(isinstance(o, TunnelError) and o.code() == grpc.StatusCode.PERMISSION_DENIED
+                       for o in outcomes), outcomes
+            assert servicer.messages_read - read_before == 6
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(body())
