@@ -560,30 +560,28 @@ class TunnelChannel:
     async def _send_batched(self, call: pb.TunneledCall, future: asyncio.Future) -> None:
         # The call waits in the outbox; whoever holds the write lock next sends what
         # the outbox holds then, so calls that queued during a write share the next
-        # message. A call already sent by another's write finds nothing to do.
+        # message. A call another's write sent finds nothing to do; the holder writes
+        # until its own call is sent (the lock serves its waiters in order, so the calls
+        # queued ahead of it were taken before its turn: one write at most).
         self._pending[call.correlation_id] = future
         self._outbox.append(call)
         try:
             async with self._write_lock:
-                if not self._outbox:
-                    return
-                stream = self._open()
-                batch = self._take()
-                try:
-                    await stream.write(pb.TunneledCalls(calls=batch))
-                except asyncio.CancelledError:
-                    self._abandon(stream, "a write was interrupted")
-                    raise
-                except (grpc.RpcError, asyncio.InvalidStateError) as exc:
-                    self._abandon(stream, f"the tunnel broke: {exc}",
-                                  self._broken(exc, True) if isinstance(exc, grpc.RpcError) else None)
+                while any(queued is call for queued in self._outbox):
+                    stream = self._open()
+                    batch = self._take()
+                    try:
+                        await stream.write(pb.TunneledCalls(calls=batch))
+                    except asyncio.CancelledError:
+                        self._abandon(stream, "a write was interrupted")
+                        raise
+                    except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                        self._abandon(stream, f"the tunnel broke: {exc}",
+                                      self._broken(exc, True) if isinstance(exc, grpc.RpcError) else None)
         except asyncio.CancelledError:
             # Its time ran out before it was sent: it is not sent at all.
             self._pending.pop(call.correlation_id, None)
-            try:
-                self._outbox.remove(call)
-            except ValueError:
-                pass
+            self._outbox = [queued for queued in self._outbox if queued is not call]
             raise
 
     def _take(self) -> list[pb.TunneledCall]:

@@ -15,8 +15,8 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.protocol import REQUEST_ARRIVAL_S
 from services.common.metrics import RpcMetricsInterceptor
 from services.common.transport.guard import RequestGuard, UnaryHandlerInterceptor
-from services.common.transport.tunnel import (OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel, TunnelError,
-                                              TunnelServicer, add_tunnel_to_server, method_path)
+from services.common.transport.tunnel import (MAX_BATCH_CALLS, OPEN_METHOD, TUNNEL_METHOD, HandlerRegistry, TunnelChannel,
+                                              TunnelError, TunnelServicer, add_tunnel_to_server, method_path)
 
 LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 
@@ -329,6 +329,11 @@ def test_calls_that_queue_during_a_write_share_the_next_message_and_replies_read
                                              for p in range(40)))
             assert [r.topics[0].partitions[0].offset for r in replies] == [p * 10 for p in range(40)]
             assert tunnel.batched and servicer.messages_read == 2, servicer.messages_read
+            # More than a message holds (MAX_BATCH_CALLS): 1 + 199 calls in 1 + 4 messages.
+            more = await asyncio.gather(*(tunnel.call(LIST_OFFSETS, _request("t", p), pb.ListOffsetsResponse, 5)
+                                          for p in range(100, 300)))  # (99 would wait for `release`)
+            assert [r.topics[0].partitions[0].offset for r in more] == [p * 10 for p in range(100, 300)]
+            assert servicer.messages_read - 2 == 1 + -(-199 // MAX_BATCH_CALLS), servicer.messages_read
             # Held calls released at once: their replies leave together.
             sent_before = servicer.messages_sent
             held = [asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 10))
