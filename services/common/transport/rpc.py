@@ -1,5 +1,6 @@
 """Async gRPC client used inside the cluster: coordinators reach partition leaders
-(Produce/Fetch/ListOffsets on internal topics, WriteTxnMarkers) through it.
+(Produce/Fetch/ListOffsets on internal topics, WriteTxnMarkers) through it, every call
+on the tunnel to the leader (services.common.transport.tunnel).
 
 Transport failures (grpc.aio.AioRpcError) become error codes here, at one seam, so
 callers handle only ErrorCode values (docs/design.md, "Code conventions").
@@ -15,7 +16,6 @@ from exactly_wire import keepalive
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.security import TransportSecurity, secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
-from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..cluster.state import ClusterState, NodeInfo
 from ..protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
@@ -35,6 +35,8 @@ _TRANSPORT_CODES = {
 
 _COORDINATOR_PRODUCE = method_path("PartitionLeader", "CoordinatorProduce")
 _WRITE_TXN_MARKERS = method_path("PartitionLeader", "WriteTxnMarkers")
+_FETCH = method_path("PartitionLeader", "Fetch")
+_LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -96,9 +98,10 @@ class ClusterClient:
             t = self._tunnels[address] = TunnelChannel(self.channel(address))
         return t
 
-    def leader_stub(self, topic: str, partition: int) -> pbg.PartitionLeaderStub | None:
+    def leader_tunnel(self, topic: str, partition: int) -> TunnelChannel | None:
+        """The tunnel to the leader of `topic`-`partition` (None: no leader known)."""
         node = self.cluster.leader_of(topic, partition)
-        return pbg.PartitionLeaderStub(self.channel(node.address)) if node else None
+        return self.tunnel(node.address) if node else None
 
     def _no_leader(self, topic: str) -> ErrorCode:
         return (ErrorCode.LEADER_NOT_AVAILABLE if topic in self.cluster.topics()
@@ -115,8 +118,8 @@ class ClusterClient:
         the caller verified it when it had applied the partition up to that offset
         (ProduceRequest.transaction_verified_from). Returns (error code, base offset
         or -1)."""
-        stub = self.leader_stub(topic, partition)
-        if stub is None:
+        tunnel = self.leader_tunnel(topic, partition)
+        if tunnel is None:
             return self._no_leader(topic), -1
         req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id,
                                 consumer_group_id=consumer_group_id, topics=[pb.TopicProduceData(
@@ -125,7 +128,7 @@ class ClusterClient:
         if verified_from is not None:
             req.transaction_verified_from = verified_from
         try:
-            resp = await stub.CoordinatorProduce(req, timeout=timeout_ms / 1000 + 5)
+            resp = await tunnel.call(_COORDINATOR_PRODUCE, req, pb.ProduceResponse, timeout_ms / 1000 + 5)
         except grpc.RpcError as exc:
             return transport_error_code(exc), -1
         part = resp.topics[0].partitions[0]
@@ -153,15 +156,15 @@ class ClusterClient:
                     isolation_level: int = 0, max_bytes: int = 1 << 20) -> pb.FetchPartitionResponse:
         """Fetch whole batches from `offset` (bytes up to max_bytes). Errors, including
         transport failures, come back in the response's error_code."""
-        stub = self.leader_stub(topic, partition)
-        if stub is None:
+        tunnel = self.leader_tunnel(topic, partition)
+        if tunnel is None:
             return pb.FetchPartitionResponse(partition=partition, error_code=self._no_leader(topic))
         req = pb.FetchRequest(max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation_level=isolation_level,
                               topics=[pb.FetchTopic(topic=topic, partitions=[pb.FetchPartition(
                                   partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes,
                                   current_leader_epoch=-1)])])
         try:
-            resp = await stub.Fetch(req, timeout=max_wait_ms / 1000 + 30)
+            resp = await tunnel.call(_FETCH, req, pb.FetchResponse, max_wait_ms / 1000 + 30)
         except grpc.RpcError as exc:
             return pb.FetchPartitionResponse(partition=partition, error_code=transport_error_code(exc))
         if resp.error_code:
@@ -171,13 +174,13 @@ class ClusterClient:
     async def list_offset(self, topic: str, partition: int, timestamp: int = -1,
                           isolation_level: int = 0) -> tuple[int, int]:
         """(error code, offset) for timestamp -2 earliest, -1 latest, -3 LSO."""
-        stub = self.leader_stub(topic, partition)
-        if stub is None:
+        tunnel = self.leader_tunnel(topic, partition)
+        if tunnel is None:
             return self._no_leader(topic), -1
         req = pb.ListOffsetsRequest(isolation_level=isolation_level, topics=[pb.ListOffsetsTopic(
             name=topic, partitions=[pb.ListOffsetsPartition(partition=partition, timestamp=timestamp)])])
         try:
-            resp = await stub.ListOffsets(req, timeout=30)
+            resp = await tunnel.call(_LIST_OFFSETS, req, pb.ListOffsetsResponse, 30)
         except grpc.RpcError as exc:
             return transport_error_code(exc), -1
         part = resp.topics[0].partitions[0]
