@@ -84,6 +84,12 @@ MAX_BATCH_CALLS = 64
 MAX_BATCH_BYTES = 1 << 20
 
 
+def _fits(count: int, size: int, more: int) -> bool:
+    """Whether a message of `count` entries and `size` payload bytes takes one more
+    entry of `more` bytes (MAX_BATCH_CALLS, MAX_BATCH_BYTES)."""
+    return count < MAX_BATCH_CALLS and size + more <= MAX_BATCH_BYTES
+
+
 class TunnelError(grpc.RpcError):
     """A tunneled call that did not get a response: the status its method would
     have ended with (`code()`, `details()`), or UNAVAILABLE for a broken stream and
@@ -367,26 +373,18 @@ class TunnelServicer(pbg.TunnelServicer):
                 reply, carried = (carried if carried is not None else await replies.get()), None
                 if reply is done:
                     break
-                if not batched:
-                    if replies.qsize() < self.max_queued:
-                        drained.set()
-                    self.messages_sent += 1
-                    yield reply
-                    sent(1)
-                    continue
                 ready, size = [reply], len(reply.response)
-                while len(ready) < MAX_BATCH_CALLS and not replies.empty():
+                while batched and not replies.empty():  # a Calls message carries one reply
                     more = replies.get_nowait()
-                    if more is not done and size + len(more.response) <= MAX_BATCH_BYTES:
-                        ready.append(more)
-                        size += len(more.response)
-                        continue
-                    carried = more  # the end of the stream, or the next message's first reply
-                    break
+                    if more is done or not _fits(len(ready), size, len(more.response)):
+                        carried = more  # the end of the stream, or the next message's first reply
+                        break
+                    ready.append(more)
+                    size += len(more.response)
                 if replies.qsize() < self.max_queued:
                     drained.set()
                 self.messages_sent += 1
-                yield pb.TunneledReplies(replies=ready)
+                yield pb.TunneledReplies(replies=ready) if batched else reply
                 sent(len(ready))
         finally:
             reader.cancel()
@@ -587,10 +585,8 @@ class TunnelChannel:
     def _take(self) -> list[pb.TunneledCall]:
         outbox = self._outbox
         count, size = 1, len(outbox[0].request)
-        while count < len(outbox) and count < MAX_BATCH_CALLS:
+        while count < len(outbox) and _fits(count, size, len(outbox[count].request)):
             size += len(outbox[count].request)
-            if size > MAX_BATCH_BYTES:
-                break
             count += 1
         batch, self._outbox = outbox[:count], outbox[count:]
         return batch
