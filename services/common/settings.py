@@ -190,6 +190,10 @@ class ServiceSchema(SecuritySettings):
         "exactly.tunnel.max.in.flight.calls", 500, "Calls of one tunnel stream (Tunnel/Calls or Tunnel/Batches: "
         "the services' calls to each other) read and not yet answered; the stream reads no further call meanwhile (back-pressure).",
         LOW, ge=1)
+    client_stream_max_in_flight_calls: int = setting(
+        "exactly.client.stream.max.in.flight.calls", 32, "Calls of one SDK stream (Client/Calls: an SDK's "
+        "transaction-path calls to this service) read and not yet answered; the stream reads no further call "
+        "meanwhile (back-pressure), so a client's memory here is bounded as for its direct calls.", LOW, ge=1)
     tunnel_max_queued_replies: int = setting(
         "exactly.tunnel.max.queued.replies", 64, "Replies of one tunnel stream waiting to be sent at which "
         "the stream stops reading calls until the peer takes them.", LOW, ge=1)

@@ -469,6 +469,10 @@ def _matrix_rows():
         ("PartitionLeader/Produce", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
             acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
+        # An SDK's stream admits any principal; each call it carries is authorized by its own rule.
+        ("Client/Calls (PartitionLeader/Produce)", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
+            acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
+                partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
         ("PartitionLeader/CoordinatorProduce", "txn-0", "alice", CLUSTER_DENIED, lambda c: pb.ProduceRequest(
             acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("Tunnel/Calls (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
@@ -553,13 +557,15 @@ def _auth_codes(message) -> set[int]:
     return found
 
 
-def _tunneled(tunnel: pbg.TunnelStub, service: str, method: str, request, batches: bool = False):
+def _tunneled(tunnel, service: str, method: str, request, batches: bool = False):
     """One call of `service`/`method` through Tunnel/Calls (Tunnel/Batches with
-    `batches`); raises TunnelError (a grpc.RpcError) with the method's status, as a
-    direct call raises."""
+    `batches`; Client/Calls with a ClientStub); raises TunnelError (a grpc.RpcError)
+    with the method's status, as a direct call raises."""
     call = pb.TunneledCall(correlation_id=1, method=f"/{pb.DESCRIPTOR.package}.{service}/{method}",
                            request=request.SerializeToString())
-    if batches:
+    if isinstance(tunnel, pbg.ClientStub):
+        [reply] = next(iter(tunnel.Calls(iter([pb.TunneledCalls(calls=[call])]), timeout=20))).replies
+    elif batches:
         [reply] = next(iter(tunnel.Batches(iter([pb.TunneledCalls(calls=[call])]), timeout=20))).replies
     else:
         reply = next(iter(tunnel.Calls(iter([call]), timeout=20)))
@@ -609,12 +615,12 @@ def test_authorization_matrix(sec):
     tally = {}
     for rpc, allowed, denied, expected, build in _matrix_rows():
         service, method = rpc.split(" ")[0].split("/")
-        if service == "Tunnel":  # the method named in parentheses, carried by the tunnel
-            batches = method == "Batches"
+        if service in ("Tunnel", "Client"):  # the method named in parentheses, carried by the stream
+            batches, stream_stub = method == "Batches", pbg.TunnelStub if service == "Tunnel" else pbg.ClientStub
             service, method = rpc.split("(")[1].rstrip(")").split("/")
 
-            def call(who, service=service, method=method, build=build, batches=batches):
-                return _tunneled(stub(sec, who, address[service], pbg.TunnelStub), service, method, build(c),
+            def call(who, service=service, method=method, build=build, batches=batches, stream_stub=stream_stub):
+                return _tunneled(stub(sec, who, address[service], stream_stub), service, method, build(c),
                                  batches)
         else:
             def call(who, service=service, method=method, build=build):

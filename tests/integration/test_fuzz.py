@@ -32,7 +32,8 @@ from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from fuzz_requests import Pools, Rpc, generate, raw_garbage, rpcs
 from services.common.transport.server import ROLE_SERVICES
-from services.common.transport.tunnel import TUNNEL_METHOD, TunnelError, method_path, tunnel_status
+from services.common.transport.tunnel import (CLIENT_CARRIED, CLIENT_METHOD, TUNNEL_METHOD, TunnelError, method_path,
+                                              tunnel_status)
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,8 +45,8 @@ SEED = int(os.environ.get("EXACTLY_FUZZ_SEED", "20240611"))
 CALL_DEADLINE_S = 35.0
 PARALLEL = 16
 # The share of requests sent through the tunnel instead of directly, half of them on
-# Tunnel/Calls and half on Tunnel/Batches: the same interceptors and handlers must
-# answer them the same way.
+# Tunnel/Calls and half on Tunnel/Batches (on Client/Calls, the SDK's stream, for the
+# methods it carries): the same interceptors and handlers must answer them the same way.
 TUNNEL_BATCHES = method_path("Tunnel", "Batches")
 TUNNELED = 0.25
 # Legitimate administrative operations that delete or rewrite data: the generator
@@ -176,15 +177,17 @@ def _short(msg) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
-def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes, batches: bool = False):
+def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes, batches: bool = False,
+              batches_method: str = TUNNEL_BATCHES):
     """The request through Tunnel/Calls, or alone in a message of Tunnel/Batches with
-    `batches` (services.common.transport.tunnel): its response, or a TunnelError with the
+    `batches` (Client/Calls with that `batches_method`; services.common.transport.tunnel):
+    its response, or a TunnelError with the
     status it was answered with. Raw garbage is sent as the stream's message itself (it
     must come back INVALID_ARGUMENT under correlation id 0)."""
     call = pb.TunneledCall(correlation_id=1, method=rpc.path, request=body)
     if batches:
         wrapped = body if msg is None else pb.TunneledCalls(calls=[call]).SerializeToString()
-        calls = channel.stream_stream(TUNNEL_BATCHES, request_serializer=None,
+        calls = channel.stream_stream(batches_method, request_serializer=None,
                                       response_deserializer=pb.TunneledReplies.FromString)
     else:
         wrapped = body if msg is None else call.SerializeToString()
@@ -226,6 +229,8 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
             targets = addresses[role_of[rpc.service]] if rpc.service in role_of else everyone
             target = rng.choice(targets)
             tunneled = ("batches" if rng.random() < 0.5 else "calls") if rng.random() < TUNNELED else None
+            if tunneled == "batches" and rpc.path in CLIENT_CARRIED:
+                tunneled = "client"  # the SDK's stream: the same message form, any authenticated caller
             if rng.random() < 0.05:
                 yield rpc, target, None, raw_garbage(rng), tunneled
             else:
@@ -235,7 +240,8 @@ def _fuzz(cluster, pools: Pools, requests: int, seed: int) -> _Tally:
     def call(job):
         rpc, target, msg, body, tunneled = job
         if tunneled:
-            return rpc, msg, _tunneled(channels[target], rpc, msg, body, tunneled == "batches")
+            return rpc, msg, _tunneled(channels[target], rpc, msg, body, tunneled != "calls",
+                                       CLIENT_METHOD if tunneled == "client" else TUNNEL_BATCHES)
         method = channels[target].unary_unary(rpc.path, request_serializer=None,
                                               response_deserializer=rpc.response.FromString)
         # A Fetch long-polls for the max_wait_ms it asks for: an answer just after it is

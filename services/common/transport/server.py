@@ -53,7 +53,8 @@ from ..cluster.state import KIND_FOR_KEY_TYPE, ClusterState, broker_id
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
 from ..config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
-from .tunnel import HandlerRegistry, TunnelServicer, add_tunnel_to_server
+from .tunnel import (CLIENT_CARRIED, CLIENT_OPEN_METHOD, HandlerRegistry, TunnelServicer,
+                     add_client_calls_to_server, add_tunnel_to_server)
 from ..kafka.acl_api import acl_message, binding_of_message
 from ..kafka.cluster_api import ClusterApis
 from ..kafka import surface as kafka_surface
@@ -587,6 +588,11 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                                         cfg.settings.tunnel_max_in_flight_calls,
                                         cfg.settings.tunnel_max_queued_replies),
                          server)
+    add_client_calls_to_server(TunnelServicer(registry, interceptors,
+                                              cfg.settings.client_stream_max_in_flight_calls,
+                                              cfg.settings.tunnel_max_queued_replies,
+                                              open_method=CLIENT_OPEN_METHOD, carried=CLIENT_CARRIED),
+                               server)
     await server.start()
     sweeper, kafka_limits = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper")

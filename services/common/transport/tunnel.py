@@ -53,6 +53,8 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from exactly_wire import client_calls
+from exactly_wire.client_calls import MAX_BATCH_BYTES, MAX_BATCH_CALLS, fits as _fits
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
@@ -72,47 +74,31 @@ TUNNEL_METHOD = method_path("Tunnel", "Calls")
 # The admission check of a stream, as the interceptors see it (a method the proto
 # does not have, so no real call can name it or collide with its cached handlers).
 OPEN_METHOD = "/exactly.v1.Tunnel/Open"
+# An SDK's stream of calls to a service (`Client/Calls`, module docstring), its admission
+# check, and the methods it carries (exactly_wire.client_calls).
+CLIENT_METHOD = client_calls.CLIENT_CALLS_METHOD
+CLIENT_OPEN_METHOD = "/exactly.v1.Client/Open"
+CLIENT_CARRIED = client_calls.CARRIED
+# The stream methods and admission checks themselves, which no stream carries.
+_STREAM_METHODS = frozenset((TUNNEL_METHOD, method_path("Tunnel", "Batches"), OPEN_METHOD,
+                             CLIENT_METHOD, CLIENT_OPEN_METHOD))
 # The schema's defaults of exactly.tunnel.max.in.flight.calls and exactly.tunnel.max.queued.replies.
 DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"].default
 DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
 
 
-# What one Tunnel/Batches message carries at most: this many calls (or replies) and,
-# past the first, this many bytes of requests (or responses). A message stays far
-# below the peers' message size limits (64 MiB between services) whatever it merges.
-MAX_BATCH_CALLS = 64
-MAX_BATCH_BYTES = 1 << 20
+# A Tunnel/Batches message carries at most MAX_BATCH_CALLS calls (or replies) and, past
+# the first, MAX_BATCH_BYTES of requests (or responses): far below the peers' message
+# size limits (64 MiB between services) whatever it merges.
 
 
-def _fits(count: int, size: int, more: int) -> bool:
-    """Whether a message of `count` entries and `size` payload bytes takes one more
-    entry of `more` bytes (MAX_BATCH_CALLS, MAX_BATCH_BYTES)."""
-    return count < MAX_BATCH_CALLS and size + more <= MAX_BATCH_BYTES
-
-
-class TunnelError(grpc.RpcError):
+class TunnelError(client_calls.StreamedCallError):
     """A tunneled call that did not get a response: the status its method would
     have ended with (`code()`, `details()`), or UNAVAILABLE for a broken stream and
     DEADLINE_EXCEEDED for a call not answered within its timeout."""
 
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self._code, self._details = code, details
 
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-_STATUS_BY_VALUE = {s.value[0]: s for s in grpc.StatusCode}
-
-
-def tunnel_status(value: int) -> grpc.StatusCode:
-    """The grpc.StatusCode of a TunneledReply's `status_code` (UNKNOWN for a value
-    gRPC does not define)."""
-    return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+tunnel_status = client_calls.status
 
 
 # ------------------------------------------------------------------ server side
@@ -200,10 +186,13 @@ _OPEN_HANDLER = grpc.unary_unary_rpc_method_handler(_admitted)
 
 
 class TunnelServicer(pbg.TunnelServicer):
-    """Serves `Tunnel/Calls` (module docstring): each call through `interceptors`
-    (the server's, outermost first) to the unary handler `registry` has for it.
-    max_in_flight: calls of one stream read and not yet answered (>= 1);
+    """Serves `Tunnel/Calls` and `Tunnel/Batches` (module docstring): each call through
+    `interceptors` (the server's, outermost first) to the unary handler `registry` has
+    for it. max_in_flight: calls of one stream read and not yet answered (>= 1);
     max_queued: replies waiting to be sent at which the stream stops reading (>= 1).
+    `open_method`: the pseudo-call whose authorization admits a stream (OPEN_METHOD;
+    CLIENT_OPEN_METHOD for `Client/Calls`); `carried`: the only methods its streams
+    carry (None: every unary method), the others answered UNIMPLEMENTED.
 
     Observable state (over all streams): `in_flight`, calls read and not yet
     answered; `held_reads`, streams whose next read waits for a slot or for the
@@ -211,8 +200,11 @@ class TunnelServicer(pbg.TunnelServicer):
     `messages_sent`, stream messages each way (a Batches message counts once)."""
 
     def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor],
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED):
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED,
+                 open_method: str = OPEN_METHOD, carried: frozenset[str] | None = None):
         self._registry = registry
+        self._open_method = open_method
+        self._carried = carried
         self._interceptors = list(interceptors)
         self._resolved: dict[str, grpc.RpcMethodHandler | None] = {}
         self.max_in_flight = max(int(max_in_flight), 1)
@@ -227,7 +219,7 @@ class TunnelServicer(pbg.TunnelServicer):
             return self._resolved[method]
 
         async def innermost(details):
-            if details.method == OPEN_METHOD:
+            if details.method in (OPEN_METHOD, CLIENT_OPEN_METHOD):
                 return _OPEN_HANDLER
             return self._registry.handlers.get(details.method)
 
@@ -242,9 +234,13 @@ class TunnelServicer(pbg.TunnelServicer):
 
     async def _one(self, call: pb.TunneledCall, stream: grpc.aio.ServicerContext) -> pb.TunneledReply:
         reply = pb.TunneledReply(correlation_id=call.correlation_id)
-        if call.method in (TUNNEL_METHOD, OPEN_METHOD):
+        if call.method in _STREAM_METHODS:
             reply.status_code, reply.status_details = grpc.StatusCode.INVALID_ARGUMENT.value[0], \
                 "INVALID_REQUEST: the tunnel does not carry itself"
+            return reply
+        if self._carried is not None and call.method not in self._carried:
+            reply.status_code, reply.status_details = grpc.StatusCode.UNIMPLEMENTED.value[0], \
+                f"{call.method!r} is not carried on {CLIENT_METHOD}: call it directly"
             return reply
         handler = await self._handler(call.method, stream.invocation_metadata())
         if handler is None or handler.unary_unary is None:
@@ -264,7 +260,7 @@ class TunnelServicer(pbg.TunnelServicer):
     async def admit(self, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
         """Run the `Open` pseudo-call of a new stream through the interceptors (module
         docstring): None when admitted, else the refusal's (status, details)."""
-        handler = await self._handler(OPEN_METHOD, context.invocation_metadata())
+        handler = await self._handler(self._open_method, context.invocation_metadata())
         call_context = TunneledContext(context)
         try:
             await handler.unary_unary(pb.TunneledCall(), call_context)
@@ -405,6 +401,15 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
         response_serializer=pb.TunneledReplies.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "exactly.v1.Tunnel", {"Calls": calls, "Batches": batches}),))
+
+
+def add_client_calls_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
+    """Serve `Client/Calls` on `server` with `servicer` (made with CLIENT_OPEN_METHOD
+    and CLIENT_CARRIED): the Batches protocol, an unparsable message answered as on the tunnel."""
+    calls = grpc.stream_stream_rpc_method_handler(
+        servicer.Batches, request_deserializer=safe_deserializer(pb.TunneledCalls.FromString),
+        response_serializer=pb.TunneledReplies.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Client", {"Calls": calls}),))
 
 
 def _chain(interceptor: grpc.aio.ServerInterceptor, continuation: Callable) -> Callable:

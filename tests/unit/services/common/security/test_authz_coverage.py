@@ -109,8 +109,8 @@ def test_every_named_resource_has_its_own_check(service, method):
     unclassified = {where for where in names.values() if where not in RESOURCES and where not in NOT_RESOURCES}
     assert not unclassified, f"{service}/{method}: classify {sorted(unclassified)} in RESOURCES or NOT_RESOURCES"
     key = f"{service}/{method}"
-    if key in ("Tunnel/Calls", "Tunnel/Batches"):  # the stream is admitted by its Open pseudo-call
-        key = "Tunnel/Open"
+    if key in ("Tunnel/Calls", "Tunnel/Batches", "Client/Calls"):  # a stream is admitted by its Open pseudo-call
+        key = key.split("/")[0] + "/Open"
     # The request holds every optional field at once (a replica id beside a consumer's
     # topics, say): the consumer's form, without the replica id, is checked too.
     forms = [request] + [_without(request, f) for f in ("replica_id",) if f in desc.input_type.fields_by_name]
