@@ -24,7 +24,7 @@ from typing import Any, Callable, Generator, Iterable, Protocol, TypeVar
 import grpc
 import tenacity
 
-from . import _fork, _transport_check, errors
+from . import _fork, _streams, _transport_check, errors
 from .config import ClientSchema
 from exactly_wire import keepalive
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
@@ -402,9 +402,13 @@ class CoreBase(abc.ABC):
         with self._lock:
             stub = self._stubs.get((cls, address))
             if stub is None:
-                stub = cls(self.channel(address))
+                stub = cls(self._stub_channel(address))
                 self._stubs[(cls, address)] = stub
             return stub
+
+    def _stub_channel(self, address: str) -> Any:
+        """What the stubs of `address` are made on: its channel."""
+        return self.channel(address)
 
     def cluster_stub(self, address: str | None = None) -> pb_grpc.ClusterStub:
         """Cluster service stub at `address`, or at the next known address in turn."""
@@ -609,6 +613,7 @@ class ClientCore(CoreBase):
         self._metadata_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._refresh: concurrent.futures.Future | None = None
+        self._streaming: dict[str, _streams.StreamingChannel] = {}
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future:
         """Run `fn(*args)` on this client's background thread (made on first use):
@@ -629,6 +634,20 @@ class ClientCore(CoreBase):
         if _fork.grpcio_unusable():
             return _fork.PureChannel(address, self.security)
         return _fork.note_grpcio_channel(secure_channel(address, self.security, channel_options(self.settings)))
+
+    def _stub_channel(self, address: str) -> Any:
+        """The channel of `address` with the transaction path's methods on its
+        Client/Calls stream (exactly._streams), where a grpcio channel carries them:
+        not through a custom transport, the pure-Python channel of a forked child, or
+        SASL (whose token the stream would have to renew: those calls stay direct)."""
+        channel = self.channel(address)
+        if self.transport is not None or self.security.sasl is not None or isinstance(channel, _fork.PureChannel):
+            return channel
+        with self._lock:
+            streaming = self._streaming.get(address)
+            if streaming is None:
+                streaming = self._streaming[address] = _streams.StreamingChannel(channel, _streams.CallStream(channel))
+            return streaming
 
     # ------------------------------------------------------------ calls
 

@@ -1,0 +1,371 @@
+"""The blocking SDK's transaction-path calls on one `Client/Calls` stream per service
+(exactly_wire.client_calls; docs/sdk.md, "Calls on one stream per service").
+
+`StreamingChannel` stands in for a grpc.Channel where the generated stubs are made:
+each method of `client_calls.CARRIED` becomes a `StreamedMethod`, whose blocking call
+and `.future()` send the request as a message of the channel's stream and resolve
+on its reply, matched by correlation id; every other method is the channel's own,
+and so is a request larger than STREAMED_MAX_BYTES (bulk producing: its cost is its
+bytes, not the call).
+Pipelining is the caller's as before: the sender thread keeps up to
+max.in.flight.requests.per.connection Produce requests in flight, now as messages
+of one stream without waiting for each other's replies.
+
+One `CallStream` per channel holds the current stream (opened on the first call,
+again after it ended) and two threads of its own: grpcio's, which writes each
+message (every call queued while the previous message was written: no linger),
+and a reader, which resolves the replies. A call's outcome is what the same method
+called directly would give, with the same error types (`StreamCallError` is a
+grpc.RpcError with `code()` and `details()`):
+
+- a reply: the response, or the method's status (PERMISSION_DENIED, ...);
+- a stream that breaks (the service restarts, the connection drops): every call
+  on it fails with the stream's status, UNAVAILABLE or CANCELLED, which the SDK
+  retries as a failed direct call (a Produce resent carries the same sequence
+  numbers: the leader's duplicate check answers it; KIP-98, "Idempotent producer");
+- a call not answered by its timeout: DEADLINE_EXCEEDED, raised by the waiting
+  thread for a blocking call, by one timer thread per process for futures;
+- a service of a version without `Client/Calls` answers the stream UNIMPLEMENTED
+  before reading anything: its calls are sent again as direct calls, and this
+  channel makes direct calls from then on.
+
+A stream that carried nothing for STREAM_IDLE_S ends (a half-close), so an idle
+client holds no call open and the service's connections.max.idle.ms can close its
+connection; the next call opens a new one.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import grpc
+
+from exactly_wire import client_calls
+from exactly_wire.v1 import exactly_pb2 as pb
+
+# Requests larger than this (bytes, serialized) go as direct calls: their cost is their
+# bytes, which a stream message would copy once more, and one stream's flow-control
+# window would hold back what parallel calls send at once (bulk producing).
+STREAMED_MAX_BYTES = 32 * 1024
+# Seconds a stream with no call in flight stays open before it half-closes.
+STREAM_IDLE_S = 60.0
+# Seconds the writer and the timer thread wait at most between checks of their state.
+_POLL_S = 5.0
+
+
+StreamCallError = client_calls.StreamedCallError  # a streamed call's failure (grpc.RpcError)
+
+
+class _Call(concurrent.futures.Future):
+    """One call on a stream: a concurrent.futures.Future of the response (its
+    exception a grpc.RpcError), with what is needed to send it directly instead."""
+
+    def __init__(self, method: str, request: Any, body: bytes, deserialize: Callable[[bytes], Any],
+                 direct: Any, deadline: float | None, timed: bool):
+        super().__init__()
+        self.method, self.request, self.body, self.deserialize = method, request, body, deserialize
+        # `timed`: the timer thread fails it at `deadline` (a blocking call's own thread does).
+        self.direct, self.deadline, self.timed = direct, deadline, timed
+        self.stream: _Stream | None = None
+        self.correlation_id = 0
+
+    def answer(self, reply: pb.TunneledReply) -> None:
+        if reply.status_code == 0:
+            try:
+                response = self.deserialize(reply.response)
+            except Exception as exc:  # noqa: BLE001 - an unreadable response is the call's failure
+                self.fail(grpc.StatusCode.INTERNAL, f"unreadable {self.method} response: {exc}")
+                return
+            self._settle(response, None)
+        else:
+            self.fail(client_calls.status(reply.status_code), reply.status_details)
+
+    def fail(self, code: grpc.StatusCode, details: str) -> None:
+        self._settle(None, StreamCallError(code, details))
+
+    def _settle(self, response: Any, error: BaseException | None) -> None:
+        self.request = self.body = None  # nothing to resend any more
+        try:
+            if error is None:
+                self.set_result(response)
+            else:
+                self.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled or timed out meanwhile
+
+    def send_directly(self) -> None:
+        """Send this call as a direct call (its stream's service has no Client/Calls)."""
+        timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        request = self.request
+        if request is None or self.done():
+            return
+        try:
+            inner = self.direct.future(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            self._settle(None, exc)
+            return
+        except ValueError as exc:  # the channel closed
+            self.fail(grpc.StatusCode.CANCELLED, str(exc))
+            return
+
+        def done(f) -> None:
+            try:
+                self._settle(f.result(), None)
+            except grpc.RpcError as exc:
+                self._settle(None, exc)
+            except grpc.FutureCancelledError:
+                self.fail(grpc.StatusCode.CANCELLED, "request cancelled")
+        inner.add_done_callback(done)
+
+
+class _Timer:
+    """Fails futures not answered by their deadline (one thread per process, made on
+    first use). A call answered earlier leaves the heap at its deadline."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Call]] = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, call: _Call) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (call.deadline, next(self._seq), call))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="exactly-stream-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is call:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            expired = []
+            with self._cond:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    expired.append(heapq.heappop(self._heap)[2])
+                if not expired:
+                    self._cond.wait(min(self._heap[0][0] - now, _POLL_S) if self._heap else _POLL_S)
+                    continue
+            for call in expired:
+                if not call.done():
+                    call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+                    stream = call.stream
+                    if stream is not None:
+                        stream.forget(call)
+
+
+_TIMER = _Timer()
+
+
+class _Stream:
+    """One open `Client/Calls` stream: its calls in flight by correlation id, its
+    outbox, grpcio's writer (the request generator) and the reader thread."""
+
+    def __init__(self, owner: "CallStream", open_stream: Callable[..., Any]):
+        self.owner = owner
+        self.cond = threading.Condition()
+        self.outbox: deque[_Call] = deque()
+        self.pending: dict[int, _Call] = {}
+        self.ended = False
+        self._ids = itertools.count(1)
+        self.call = open_stream(self._messages())
+        self.reader = threading.Thread(target=self._read, name="exactly-stream-reader", daemon=True)
+        self.reader.start()
+
+    def send(self, call: _Call) -> bool:
+        """Queue `call` for the next message; False when this stream has ended."""
+        with self.cond:
+            if self.ended:
+                return False
+            call.stream, call.correlation_id = self, next(self._ids)
+            self.pending[call.correlation_id] = call
+            self.outbox.append(call)
+            self.cond.notify()
+        return True
+
+    def forget(self, call: _Call) -> None:
+        with self.cond:
+            self.pending.pop(call.correlation_id, None)
+
+    def _messages(self):
+        """The stream's messages, as grpcio's writer thread asks for them: every call
+        queued, up to what one message carries; ends after STREAM_IDLE_S without a
+        call in flight, or once the stream ended."""
+        idle_since = time.monotonic()
+        while True:
+            with self.cond:
+                while not self.outbox and not self.ended:
+                    if self.pending:
+                        idle_since = time.monotonic()
+                    elif time.monotonic() - idle_since >= STREAM_IDLE_S:
+                        self.ended = True  # nothing more is sent on it: new calls open a new stream
+                        return
+                    self.cond.wait(_POLL_S)
+                if self.ended:
+                    return
+                calls, size = [], 0
+                while self.outbox:
+                    call = self.outbox[0]
+                    if calls and not client_calls.fits(len(calls), size, len(call.body or b"")):
+                        break
+                    self.outbox.popleft()
+                    if call.done() or call.body is None:
+                        continue  # timed out or cancelled before it was written
+                    calls.append(pb.TunneledCall(correlation_id=call.correlation_id, method=call.method,
+                                                 request=call.body))
+                    size += len(call.body)
+                idle_since = time.monotonic()
+            if calls:
+                yield pb.TunneledCalls(calls=calls)
+
+    def _read(self) -> None:
+        code, details = grpc.StatusCode.UNAVAILABLE, "the stream ended"
+        try:
+            for message in self.call:
+                for reply in message.replies:
+                    with self.cond:
+                        call = self.pending.pop(reply.correlation_id, None)
+                    if call is not None:
+                        call.answer(reply)
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+            details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. an unreadable message: the stream is over
+            code, details = grpc.StatusCode.INTERNAL, f"Client/Calls stream failed: {exc!r}"
+        self.owner.ending(self, code)  # before the stream shows ended: no new stream after an UNIMPLEMENTED
+        with self.cond:
+            self.ended = True
+            left = list(self.pending.values())
+            self.pending.clear()
+            self.outbox.clear()
+            self.cond.notify_all()
+        self.owner.ended(self, code, details, left)
+
+
+class CallStream:
+    """The `Client/Calls` stream of one channel (module docstring). Thread-safe."""
+
+    def __init__(self, channel: grpc.Channel):
+        self._open = channel.stream_stream(client_calls.CLIENT_CALLS_METHOD,
+                                           request_serializer=pb.TunneledCalls.SerializeToString,
+                                           response_deserializer=pb.TunneledReplies.FromString)
+        self._lock = threading.Lock()
+        self._stream: _Stream | None = None
+        self.direct_only = False  # the service answered Client/Calls UNIMPLEMENTED
+        self.streams_opened = 0
+
+    def submit(self, call: _Call) -> _Call:
+        """Send `call` on the current stream (opening one if needed), or directly once
+        the service is known to have no Client/Calls."""
+        while True:
+            with self._lock:
+                if self.direct_only:
+                    stream = None
+                else:
+                    stream = self._stream
+                    if stream is None or stream.ended:
+                        stream = self._stream = _Stream(self, self._open)
+                        self.streams_opened += 1
+            if stream is None:
+                call.send_directly()
+                return call
+            if call.timed and call.deadline is not None:
+                _TIMER.add(call)
+            if stream.send(call):
+                return call
+
+    def ending(self, stream: _Stream, code: grpc.StatusCode) -> None:
+        """The reader's report that `stream` ended with `code` (its calls not failed yet)."""
+        with self._lock:
+            if self._stream is stream:
+                self._stream = None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                self.direct_only = True
+
+    def ended(self, stream: _Stream, code: grpc.StatusCode, details: str, left: list[_Call]) -> None:
+        """The reader's report of a stream's end with `left` calls unanswered."""
+        for call in left:
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                call.send_directly()  # refused before the service read anything
+            else:
+                call.fail(code, details)
+
+    def close(self) -> None:
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.call.cancel()
+
+
+class StreamedMethod:
+    """A method of `client_calls.CARRIED` as the stub's multicallable: `m(request,
+    timeout=s)` blocks for the response, `m.future(request, timeout=s)` returns a
+    concurrent.futures.Future of it; failures are grpc.RpcError as for a direct call."""
+
+    def __init__(self, stream: CallStream, method: str, direct: Any, direct_bytes: Any,
+                 serialize: Callable[[Any], bytes], deserialize: Callable[[bytes], Any]):
+        self._stream, self._method, self._direct, self._direct_bytes = stream, method, direct, direct_bytes
+        self._serialize, self._deserialize = serialize, deserialize
+
+    def _call(self, request: Any, body: bytes, timeout: float | None, timed: bool) -> _Call:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return _Call(self._method, request, body, self._deserialize, self._direct, deadline, timed)
+
+    def __call__(self, request: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if self._stream.direct_only or kwargs:
+            return self._direct(request, timeout=timeout, **kwargs)
+        body = self._serialize(request)
+        if len(body) > STREAMED_MAX_BYTES:
+            return self._direct_bytes(body, timeout=timeout)
+        call = self._stream.submit(self._call(request, body, timeout, timed=False))
+        try:
+            return call.result(timeout)
+        except concurrent.futures.TimeoutError:
+            call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            if call.stream is not None:
+                call.stream.forget(call)
+            return call.result(0)
+
+    def future(self, request: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if self._stream.direct_only or kwargs:
+            return self._direct.future(request, timeout=timeout, **kwargs)
+        body = self._serialize(request)
+        if len(body) > STREAMED_MAX_BYTES:
+            return self._direct_bytes.future(body, timeout=timeout)
+        return self._stream.submit(self._call(request, body, timeout, timed=True))
+
+
+class StreamingChannel:
+    """`channel` for the generated stubs, with the methods of client_calls.CARRIED on
+    `stream` (module docstring); everything else is `channel`'s."""
+
+    def __init__(self, channel: grpc.Channel, stream: CallStream):
+        self._channel, self._stream = channel, stream
+
+    def unary_unary(self, method: str, request_serializer=None, response_deserializer=None, **kwargs: Any) -> Any:
+        direct = self._channel.unary_unary(method, request_serializer=request_serializer,
+                                           response_deserializer=response_deserializer, **kwargs)
+        if method not in client_calls.CARRIED or request_serializer is None or response_deserializer is None:
+            return direct
+        direct_bytes = self._channel.unary_unary(method, request_serializer=None,
+                                                 response_deserializer=response_deserializer, **kwargs)
+        return StreamedMethod(self._stream, method, direct, direct_bytes, request_serializer, response_deserializer)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self._channel.unary_stream(*args, **kwargs)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return self._channel.stream_unary(*args, **kwargs)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self._channel.stream_stream(*args, **kwargs)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._channel.close()
