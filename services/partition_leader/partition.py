@@ -540,7 +540,7 @@ class Partition:
         info = self.log.append(batch, h, self.leader_epoch, aborted=aborted)
         self.byte_marks.appended(info.last_offset + 1, h.size)
         self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch, info.base_offset, now,
-                                       committed)
+                                       committed, transaction_version)
         self.maybe_advance_high_watermark()
         return MarkerResult(ErrorCode.NONE, info.base_offset)
 

@@ -281,7 +281,7 @@ class ProducePipeline:
         producers = b.replica.producers
         if not producers.needs_verification(b.header, include_internal=ctx.internal_only):
             return None
-        return producers.verification_guard(b.header.producer_id)
+        return producers.verification_guard(b.header.producer_id, b.header.producer_epoch)
 
     async def verify(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
         """Gate 5, for a batch with a `verification_guard`: None when it may be
@@ -332,10 +332,12 @@ class ProducePipeline:
                 return refused
         # An implicit add (KIP-890 part 2) may wait at the coordinator while the
         # producer's previous transaction completes; that transaction's marker then
-        # arrives here during the add and makes its guard stale. Adding again (at once
-        # NONE when the partition is in the transaction; fenced when the transaction
-        # was aborted and the epoch bumped meanwhile) settles which transaction the
-        # batch belongs to.
+        # arrives here during the add. Under transaction version 2 it leaves the guard
+        # standing (it ends an earlier transaction: VerificationGuard); a marker that
+        # may end the batch's own transaction (version 1) makes it stale, and adding
+        # again (at once NONE when the partition is in the transaction; fenced when the
+        # transaction was aborted and the epoch bumped meanwhile) settles which
+        # transaction the batch belongs to.
         for _ in range(3 if ctx.add else 1):
             guard = self.verification_guard(ctx, b)
             if guard is not None:

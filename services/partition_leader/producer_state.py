@@ -144,6 +144,34 @@ class CompletedTxn(NamedTuple):
 
 
 
+class VerificationGuard:
+    """A transaction verification in flight for one PID on one partition (KIP-890
+    part 1; Kafka's VerificationGuard): an append verified under it is refused once a
+    marker that may end the verified transaction was applied. `producer_epoch`: the
+    lowest epoch of the batches verified under it.
+
+    Which markers end it (`ended_by`): under transaction version 2 every transaction
+    ends under the epoch after its own (KIP-890 part 2: EndTxn, the coordinator's
+    timeout abort and a fencing InitProducerId all bump it, and the markers carry the
+    bumped epoch), so a marker at epoch m ends a transaction that ran at m - 1. A
+    transaction version 2 marker at or below the guard's epoch therefore ends an
+    earlier transaction -- typically the previous one, whose marker reaches the
+    leader while the next transaction's implicit add waited at the coordinator for
+    exactly that marker -- and the guard stands. Every other marker (transaction
+    version 1, whose markers carry the transaction's own epoch, or a marker above the
+    guard's epoch) drops it."""
+
+    __slots__ = ("producer_epoch",)
+
+    def __init__(self, producer_epoch: int):
+        self.producer_epoch = producer_epoch
+
+    def ended_by(self, marker_epoch: int, transaction_version: int) -> bool:
+        """Whether a marker at `marker_epoch` of `transaction_version` may end the
+        transaction this guard verifies (see the class docstring)."""
+        return not (transaction_version >= 2 and marker_epoch <= self.producer_epoch)
+
+
 class ProducerStateManager:
     """All producer state of one partition.
 
@@ -167,8 +195,9 @@ class ProducerStateManager:
         # offset -> marker offset (Kafka's unreplicatedTxns); see first_unstable_offset_at.
         self.unreplicated: dict[int, int] = {}
         # PID -> guard of a transaction verification in flight (KIP-890 part 1): a
-        # marker for the PID drops it, so an append verified before the marker fails.
-        self.verification_guards: dict[int, object] = {}
+        # marker that may end the verified transaction drops it (complete_marker), so
+        # an append verified before that marker fails.
+        self.verification_guards: dict[int, VerificationGuard] = {}
         # PID -> offset of its last marker applied here; complete for the markers at or
         # above markers_known_from (see marker_since).
         self.last_markers: dict[int, int] = {}
@@ -230,11 +259,17 @@ class ProducerStateManager:
         entry = self.producers.get(h.producer_id)
         return entry is None or entry.current_txn_first_offset < 0 or entry.producer_epoch != h.producer_epoch
 
-    def verification_guard(self, producer_id: int) -> object:
-        """The guard of a verification about to start for `producer_id` (the current
-        one if one is in flight). Pass it to `check_append`; a marker for the PID
-        invalidates it."""
-        return self.verification_guards.setdefault(producer_id, object())
+    def verification_guard(self, producer_id: int, producer_epoch: int) -> "VerificationGuard":
+        """The guard of a verification about to start for a batch of `producer_id` at
+        `producer_epoch` (the current one if one is in flight, its epoch lowered to
+        `producer_epoch` if that is lower). Pass it to `check_append`; a marker that
+        may end the transaction being verified invalidates it (`complete_marker`)."""
+        guard = self.verification_guards.get(producer_id)
+        if guard is None:
+            guard = self.verification_guards[producer_id] = VerificationGuard(producer_epoch)
+        elif producer_epoch < guard.producer_epoch:
+            guard.producer_epoch = producer_epoch
+        return guard
 
     def marker_since(self, producer_id: int, offset: int) -> bool:
         """Whether a marker of `producer_id` may have been appended at or above log
@@ -356,14 +391,20 @@ class ProducerStateManager:
         return OK
 
     def complete_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
-                        marker_offset: int, timestamp: int, committed: bool) -> CompletedTxn:
+                        marker_offset: int, timestamp: int, committed: bool,
+                        transaction_version: int = 1) -> CompletedTxn:
         """Apply a written marker: bump the epoch if newer, store the coordinator epoch,
-        end the ongoing transaction. Returns the completed transaction."""
+        end the ongoing transaction, and drop the PID's verification guard unless the
+        marker cannot end the transaction being verified (VerificationGuard.ended_by).
+        Returns the completed transaction. `transaction_version`: the marker's
+        (WriteTxnMarkers); 1 where it is not known (a marker read back from the log)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
         entry.maybe_update_epoch(producer_epoch)
-        self.verification_guards.pop(producer_id, None)
+        guard = self.verification_guards.get(producer_id)
+        if guard is not None and guard.ended_by(producer_epoch, transaction_version):
+            del self.verification_guards[producer_id]
         self.last_markers[producer_id] = marker_offset
         first = entry.current_txn_first_offset
         if first >= 0:

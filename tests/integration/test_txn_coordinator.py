@@ -8,11 +8,13 @@ Transaction Expiration"), PID uniqueness across restarts, request errors
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 
 import grpc
 import pytest
 
+from exactly import Producer
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
@@ -431,6 +433,41 @@ def test_implicit_adds_start_the_transaction_and_fence_a_late_batch(client):
     assert client.end(tid, pid, epoch + 1, True) == E.NONE
     assert wait_for(lambda: client.data_values(topic, 0, READ_COMMITTED) == [b"t1-a", b"t2"] or None, 30,
                     "T2 committed") is True
+
+
+def _adds_answered(cluster) -> float:
+    """AddPartitionsToTxn calls the transaction coordinator answered (its RPC metrics:
+    the leaders' implicit adds and verifications come over the tunnel, counted the same)."""
+    name = "exactly_rpc_request_duration_seconds_count{"
+    with urllib.request.urlopen(f"http://{cluster.services['txn-0'].metrics_address}/metrics", timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name) and 'method="AddPartitionsToTxn"' in line)
+
+
+def test_back_to_back_transactions_add_each_partition_once(client, cluster):
+    """KIP-890 part 2: an SDK producer committing 1-record transactions back to back.
+    Each transaction's first batch is added to it by the leader while the previous
+    transaction's marker (at the epoch its EndTxn bumped to, the batch's own) may reach
+    the leader during that add; the marker ends an earlier transaction, so the batch is
+    appended after one add (VerificationGuard): one AddPartitionsToTxn per transaction,
+    and every transaction committed."""
+    topic = client.create_topic(partitions=1)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": f"t-{uuid.uuid4().hex[:6]}",
+                         "linger.ms": 0})
+    try:
+        producer.init_transactions()
+        before = _adds_answered(cluster)
+        for i in range(60):
+            producer.begin_transaction()
+            producer.send(topic, value=f"v{i}".encode(), partition=0)
+            producer.commit_transaction()
+        adds = _adds_answered(cluster) - before
+    finally:
+        producer.close()
+    assert adds == 60, f"{adds} AddPartitionsToTxn for 60 transactions"
+    assert wait_for(lambda: len(client.data_values(topic, 0, READ_COMMITTED)) == 60 or None, 30,
+                    "the 60 records committed") is True
 
 
 def test_a_transactional_batch_no_coordinator_knows_is_refused(client):

@@ -318,3 +318,58 @@ def test_a_late_batch_of_a_finished_transaction_is_fenced(drive, state):
     late, offset = drive.produce(1, pid=PID, epoch=0, seq=1, txn=True)  # a retry delayed in the network
     assert late.error == ErrorCode.INVALID_PRODUCER_EPOCH and offset is None
     assert state.ongoing == {}
+
+
+# ------------------------------------------------------------ verification guards (KIP-890)
+
+def _guarded_marker(state: ProducerStateManager, epoch: int, transaction_version: int, offset: int = 50) -> None:
+    assert state.check_marker(PID, epoch, 0, transaction_version).error == ErrorCode.NONE
+    state.complete_marker(PID, epoch, 0, offset, NOW_MS, True, transaction_version)
+
+
+def _verified_first_batch(epoch: int):
+    return header(make_batch(1, pid=PID, epoch=epoch, seq=0, txn=True))
+
+
+@pytest.mark.parametrize("marker_epoch, transaction_version, refused", [
+    # The previous transaction (epoch 4) committed under epoch 5, its marker arriving while
+    # the next transaction's (epoch 5) add was verified: it ends an earlier transaction.
+    (5, 2, None),
+    (4, 2, None),   # a delayed duplicate of an older marker
+    # The verified transaction itself ended: an abort bumped past it (the epoch refuses it
+    # first), or a version 1 marker, which carries the transaction's own epoch.
+    (6, 2, ErrorCode.INVALID_PRODUCER_EPOCH),
+    (5, 1, ErrorCode.INVALID_TXN_STATE),
+    (5, 0, ErrorCode.INVALID_TXN_STATE),
+])
+def test_a_marker_drops_the_guard_only_when_it_may_end_the_verified_transaction(
+        state, marker_epoch, transaction_version, refused):
+    h = _verified_first_batch(5)
+    guard = state.verification_guard(PID, 5)
+    _guarded_marker(state, marker_epoch, transaction_version)
+    assert (PID in state.verification_guards) is (refused is None)
+    check = state.check_append(h, guard)
+    assert check.error == (refused or ErrorCode.NONE), check
+    if refused == ErrorCode.INVALID_TXN_STATE:
+        assert "ended while its batch was being verified" in check.message
+
+
+def test_a_guard_shared_by_verifications_keeps_the_lowest_epoch(state):
+    """Two verifications in flight for one PID share a guard: it stands only through
+    markers that end a transaction before both (a marker at epoch 5 may end one that ran
+    at epoch 4)."""
+    at5 = state.verification_guard(PID, 5)
+    at4 = state.verification_guard(PID, 4)
+    assert at4 is at5 and at5.producer_epoch == 4
+    assert state.verification_guard(PID, 6).producer_epoch == 4
+    _guarded_marker(state, 5, 2)
+    assert PID not in state.verification_guards
+    assert state.check_append(_verified_first_batch(5), at5).error == ErrorCode.INVALID_TXN_STATE
+
+
+def test_a_guard_dropped_by_a_marker_is_replaced_by_a_new_verification(state):
+    old = state.verification_guard(PID, 5)
+    _guarded_marker(state, 6, 2)
+    new = state.verification_guard(PID, 6)
+    assert new is not old and new.producer_epoch == 6
+    assert state.check_append(_verified_first_batch(6), new).error == ErrorCode.NONE

@@ -291,15 +291,30 @@ def test_a_batch_the_coordinator_does_not_confirm_is_refused(manager, answer):
 
 def test_a_marker_during_verification_makes_the_append_fail(manager):
     """The verification succeeded, but the transaction it confirmed ended (a marker
-    arrived) before the append: the batch would open a transaction nobody knows."""
+    arrived) before the append: the batch would open a transaction nobody knows. Under
+    transaction version 2 only a marker above the batch's epoch can end it (and the
+    epoch refuses the batch); a version 1 marker at its epoch drops the guard."""
     async def main():
         p = manager.hosted.replicas[TP]  # ISR (me, x): markers have their min.insync.replicas
         manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
         [res] = await txn_produce(manager, make_batch(1, pid=9, seq=0, txn=True))
         assert res.error == ErrorCode.INVALID_PRODUCER_EPOCH  # the marker moved the PID to epoch 1
-        manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 2))
+        manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, False, 0, 1))
         [res] = await txn_produce(manager, make_batch(1, pid=9, epoch=1, seq=0, txn=True))
         assert res.error == ErrorCode.INVALID_TXN_STATE and not p.producers.ongoing
+    asyncio.run(main())
+
+
+def test_the_previous_transactions_marker_during_verification_leaves_the_append_verified(manager):
+    """Transaction version 2: the previous transaction's marker (at the epoch its EndTxn
+    bumped to, the batch's own) arriving while the batch's add waited at the coordinator
+    ends an earlier transaction: the batch is appended after one verification."""
+    async def main():
+        p = manager.hosted.replicas[TP]
+        manager.hosted.verifier = FakeVerifier(before=lambda: p.write_marker(9, 1, True, 0, 2))
+        [res] = await txn_produce(manager, make_batch(1, pid=9, epoch=1, seq=0, txn=True))
+        assert res.error == ErrorCode.NONE and list(p.producers.ongoing.values()) == [9]
+        assert len(manager.hosted.verifier.calls) == 1
     asyncio.run(main())
 
 
