@@ -53,26 +53,20 @@ def test_no_room_below_the_ephemeral_range_falls_back_to_the_kernel(fresh):
 
 def test_a_worker_that_handed_out_its_whole_slice_goes_round_again(fresh):
     """A long test session hands out more ports than a slice holds: once every port of
-    it was handed out, the next round takes those that bind, skipping any still held."""
+    it was handed out, the next round takes those that bind, skipping any still held.
+    Which ports bind is simulated (`held`): the slice of a patched size lies inside a real
+    worker's slice, whose ports other test processes bind meanwhile."""
     fresh.setenv("PYTEST_XDIST_WORKER", "gw6")
     fresh.setattr(ports, "_SLICE", 20)
+    held: set[int] = set()
+    fresh.setattr(ports, "_bindable", lambda port: port not in held)
     first_round = ports.free_ports(20)
     assert sorted(first_round) == list(ports._slice())
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", first_round[0]))
-        held.listen()
-        second_round = ports.free_ports(19)
-        assert first_round[0] not in second_round
-        assert sorted(second_round) == sorted(first_round[1:])
-        assert ports.free_port() != first_round[0]  # a third round, still skipping it
-    holders = []
-    try:
-        for port in ports._slice():
-            s = socket.socket()
-            holders.append(s)
-            s.bind(("127.0.0.1", port))
-        with pytest.raises(RuntimeError, match="every one is bound"):
-            ports.free_port()
-    finally:
-        for s in holders:
-            s.close()
+    held.add(first_round[0])
+    second_round = ports.free_ports(19)
+    assert first_round[0] not in second_round
+    assert sorted(second_round) == sorted(first_round[1:])
+    assert ports.free_port() != first_round[0]  # a third round, still skipping it
+    held.update(ports._slice())
+    with pytest.raises(RuntimeError, match="every one is bound"):
+        ports.free_port()
