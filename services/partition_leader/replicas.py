@@ -131,15 +131,21 @@ class HostedReplicas:
     a mapping of Kafka keys is parsed, raising ConfigurationError; see
     `PartitionConfig.from_settings`), topic configs from the cluster override them;
     clock_ms: wall clock (ms, for timestamps), monotonic_s: clock of the leadership leases (s), monotonic_ms: clock
-    of the other durations (followers' lag for the ISR, snapshot interval; ms).
+    of the other durations (followers' lag for the ISR, snapshot interval; ms);
+    hosts_topic(topic) -> bool: the topics whose replicas this process hosts when assigned
+    here (a partition leader: every topic; a process hosting one internal topic: that topic).
+    Replicas of other topics are not opened here, and their directories are not counted
+    as orphaned.
     """
 
     def __init__(self, node_id: str, data_dir: Path, props: PartitionLeaderSchema | Mapping[str, str],
                  cluster: ClusterView,
                  store: SnapshotStore, clock_ms: Callable[[], int] = wall_clock_ms,
                  monotonic_s: Callable[[], float] = time.monotonic,
-                 monotonic_ms: Callable[[], int] = _monotonic_ms):
+                 monotonic_ms: Callable[[], int] = _monotonic_ms,
+                 hosts_topic: Callable[[str], bool] = lambda topic: True):
         self.node_id = node_id
+        self.hosts_topic = hosts_topic
         self.data_dir = data_dir
         self._settings = role_settings(PartitionLeaderSchema, props)
         # The settings as Kafka keys, for callers holding a mapping; `settings` follows changes to it.
@@ -285,6 +291,8 @@ class HostedReplicas:
         topics = self.cluster.topics()
         wanted: dict[TopicPartition, tuple[object, tuple[str, ...]]] = {}
         for info in topics.values():
+            if not self.hosts_topic(info.name):
+                continue
             for partition, replicas in info.partitions.items():
                 if self.node_id in replicas:
                     wanted[(info.name, partition)] = (info, tuple(replicas))
@@ -340,7 +348,7 @@ class HostedReplicas:
         for d in sorted(logs.iterdir()) if logs.is_dir() else ():
             topic, _, partition = d.name.rpartition("-")
             if d.is_dir() and topic and partition.isdigit() and topic not in topics and \
-                    (topic, int(partition)) not in self.replicas:
+                    self.hosts_topic(topic) and (topic, int(partition)) not in self.replicas:
                 out.append(((topic, int(partition)), d))
         return out
 
@@ -405,7 +413,7 @@ class HostedReplicas:
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         replicas = tuple(info.partitions[partition])
         st = _state(info, partition)
-        if st.leader != self.node_id or self.node_id not in replicas:
+        if st.leader != self.node_id or self.node_id not in replicas or not self.hosts_topic(topic):
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         try:
             p = self._open(info, partition)

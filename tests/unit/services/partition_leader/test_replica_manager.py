@@ -52,6 +52,27 @@ def test_get_errors_and_on_demand_open(tmp_path, store, clock):
     assert err == ErrorCode.NONE and p.topic == "a" and ("a", 0) in m.hosted.partitions
 
 
+def test_hosts_topic_limits_the_replicas_opened_here(tmp_path, store, clock):
+    """A process hosting one internal topic (ReplicaHost's predicate) opens only its
+    replicas, answers NOT_LEADER_OR_FOLLOWER for the others even where it is named
+    leader, and leaves the other topics' directories alone as not its own."""
+    cluster = FakeCluster({"a": topic("a", ["me", "me"]),
+                           "__transaction_state": topic("__transaction_state", ["me", "other"], internal=True)})
+    (tmp_path / "logs" / "gone-0").mkdir(parents=True)  # a deleted topic's replica: not for this host
+    (tmp_path / "logs" / "__transaction_state-7").mkdir()  # one of its own deleted partitions' topic: kept
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock,
+                                      hosts_topic=lambda name: name == "__transaction_state"))
+    assert m.hosted.refresh() == ([("__transaction_state", 0)], [])
+    assert not (tmp_path / "logs" / "a-0").exists()
+    assert m.hosted.get("a", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)  # named leader, not hosted
+    assert m.hosted.get("__transaction_state", 0)[1] == ErrorCode.NONE
+    assert m.hosted.orphaned_logs() == []
+    cluster._topics.pop("__transaction_state")
+    assert [tp for tp, _ in m.hosted.orphaned_logs()] == [("__transaction_state", 7)]
+    every = ReplicaManager(HostedReplicas("me", tmp_path / "all", {}, cluster, store, clock, monotonic_ms=clock))
+    assert every.hosted.refresh() == ([("a", 0), ("a", 1)], [])
+
+
 def test_topic_configs_override_process_settings(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me"], {"segment.bytes": "300"}), "b": topic("b", ["me"]),
                            "__consumer_offsets": topic("__consumer_offsets", ["me"], internal=True,
