@@ -73,6 +73,7 @@ class _Call(concurrent.futures.Future):
         self.direct, self.deadline, self.timed = direct, deadline, timed
         self.stream: _Stream | None = None
         self.correlation_id = 0
+        self.timer_entry: list | None = None  # its entry in the timer's heap while it waits there
 
     def answer(self, reply: pb.TunneledReply) -> None:
         if reply.status_code == 0:
@@ -97,6 +98,22 @@ class _Call(concurrent.futures.Future):
                 self.set_exception(error)
         except concurrent.futures.InvalidStateError:
             pass  # cancelled or timed out meanwhile
+        self._leave_timer()
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self._leave_timer()
+        return cancelled
+
+    def _leave_timer(self) -> None:
+        """Done: the timer lets go of this call now, not at its deadline (`_Timer`).
+        After the future is done, so that a concurrent `_Timer.add` either sees it
+        done or has set the entry read here."""
+        entry = self.timer_entry
+        if entry is not None:
+            self.timer_entry = None
+            _TIMER.discard(entry)
 
     def send_directly(self) -> None:
         """Send this call as a direct call (its stream's service has no Client/Calls)."""
@@ -125,32 +142,73 @@ class _Call(concurrent.futures.Future):
 
 class _Timer:
     """Fails futures not answered by their deadline (one thread per process, made on
-    first use). A call answered earlier leaves the heap at its deadline."""
+    first use). A call answered earlier lets go of its entry at once (`discard`): the
+    heap keeps no answered call, whose done-callbacks would hold what its caller built
+    (a Produce's batches) until the deadline, growing the memory and the garbage
+    collector's work with the call rate × the timeout. The entries let go of are
+    dropped from the heap when they reach its front or, past half the heap, all at once.
+    The thread wakes at the earliest deadline of a call still waiting (at most every
+    _POLL_S), not at every call's."""
+
+    _COMPACT_MIN = 256  # entries let go of before the heap is rebuilt without them
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, _Call]] = []
+        self._heap: list[list] = []  # [deadline, sequence, call or None once let go of]
+        self._dropped = 0
         self._cond = threading.Condition()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._wake_at = float("inf")  # when the thread wakes next (monotonic s)
 
     def add(self, call: _Call) -> None:
+        entry = [call.deadline, next(self._seq), call]
         with self._cond:
-            heapq.heappush(self._heap, (call.deadline, next(self._seq), call))
+            if call.done():
+                return
+            call.timer_entry = entry
+            heapq.heappush(self._heap, entry)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="exactly-stream-deadlines", daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is call:
+            elif call.deadline < self._wake_at:
                 self._cond.notify()
+
+    def discard(self, entry: list) -> None:
+        """Let go of the call of `entry` (answered, failed or cancelled)."""
+        with self._cond:
+            if entry[2] is None:
+                return
+            entry[2] = None
+            self._dropped += 1
+            if self._dropped >= self._COMPACT_MIN and 2 * self._dropped > len(self._heap):
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+                self._dropped = 0
+
+    def __len__(self) -> int:
+        """Calls the timer holds (waiting for an answer or their deadline)."""
+        with self._cond:
+            return len(self._heap) - self._dropped
 
     def _run(self) -> None:
         while True:
             expired = []
             with self._cond:
                 now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    expired.append(heapq.heappop(self._heap)[2])
+                heap = self._heap
+                while heap and (heap[0][2] is None or heap[0][0] <= now):
+                    entry = heapq.heappop(heap)
+                    call = entry[2]
+                    if call is None:
+                        self._dropped -= 1
+                    else:
+                        entry[2] = call.timer_entry = None  # out of the heap: nothing to discard
+                        expired.append(call)
                 if not expired:
-                    self._cond.wait(min(self._heap[0][0] - now, _POLL_S) if self._heap else _POLL_S)
+                    wait = min(heap[0][0] - now, _POLL_S) if heap else _POLL_S
+                    self._wake_at = now + wait
+                    self._cond.wait(wait)
+                    self._wake_at = float("inf")
                     continue
             for call in expired:
                 if not call.done():

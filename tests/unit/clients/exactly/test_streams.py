@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
+import weakref
 
 import grpc
 import pytest
@@ -144,6 +146,38 @@ def test_a_call_past_its_timeout_fails_and_the_stream_serves_on(service):
         assert blocking.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert stub.EndTxn(_end("t", 5), timeout=5).producer_epoch == 6
         assert stream.streams_opened == 1
+    finally:
+        channel.close()
+
+
+def test_answered_futures_leave_the_deadline_timer_at_once(service):
+    """The timer lets go of a future as soon as it is answered, not at its deadline: what
+    its done-callbacks hold (a Produce's batches) is freed with it, and the timer's heap
+    does not grow with the call rate × the timeout. Deadlines of unanswered calls still
+    fire."""
+    stub, stream, channel = _stub(service.address)
+    try:
+        held = len(_streams._TIMER)
+
+        class Batches:
+            pass
+        batches = Batches()
+        freed = weakref.ref(batches)
+        first = stub.EndTxn.future(_end("t"), timeout=60)
+        first.add_done_callback(lambda _f, batches=batches: None)
+        del batches
+        assert first.result(5).producer_epoch == 1
+        futures = [stub.EndTxn.future(_end("t", e), timeout=60) for e in range(300)]
+        assert [f.result(5).producer_epoch for f in futures] == list(range(1, 301))
+        assert len(_streams._TIMER) == held
+        assert len(_streams._TIMER._heap) < 300  # the entries let go of were dropped
+        del first, futures
+        gc.collect()
+        assert freed() is None
+        with pytest.raises(grpc.RpcError) as late:
+            stub.EndTxn.future(_end("hang"), timeout=0.3).result(5)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(_streams._TIMER) == held
     finally:
         channel.close()
 
