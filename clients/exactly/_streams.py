@@ -89,6 +89,12 @@ class _Call(concurrent.futures.Future):
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         self._settle(None, StreamCallError(code, details))
 
+    def expire(self) -> None:
+        """Past its deadline: DEADLINE_EXCEEDED, and its stream forgets it."""
+        self.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if self.stream is not None:
+            self.stream.forget(self)
+
     def _settle(self, response: Any, error: BaseException | None) -> None:
         self.request = self.body = None  # nothing to resend any more
         try:
@@ -212,10 +218,7 @@ class _Timer:
                     continue
             for call in expired:
                 if not call.done():
-                    call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-                    stream = call.stream
-                    if stream is not None:
-                        stream.forget(call)
+                    call.expire()
 
 
 _TIMER = _Timer()
@@ -385,9 +388,7 @@ class StreamedMethod:
         try:
             return call.result(timeout)
         except concurrent.futures.TimeoutError:
-            call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            if call.stream is not None:
-                call.stream.forget(call)
+            call.expire()
             return call.result(0)
 
     def future(self, request: Any, timeout: float | None = None, **kwargs: Any) -> Any:

@@ -60,13 +60,12 @@ class PartitionLeaderService:
         self.cfg = cfg
         self.cluster = cluster
         self.host = host
-        self.manager = host.manager
         settings: PartitionLeaderSchema = cfg.settings
         self.controller = Controller(cluster, settings.controller_sweep_interval_ms)
 
     def kafka_handlers(self) -> dict:
         """The Kafka protocol handlers of this role (services.common.kafka.surface)."""
-        return PartitionLeaderApis(AuthorizedServicer(self.host.servicer, "PartitionLeader"), self.manager).handlers()
+        return PartitionLeaderApis(AuthorizedServicer(self.host.servicer, "PartitionLeader"), self.host.manager).handlers()
 
     async def start(self) -> None:
         """Start the replica host (open the replicas assigned here, replication, the

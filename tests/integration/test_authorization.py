@@ -15,13 +15,13 @@ import pytest
 
 from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from exactly_tools.certs import CertificateAuthority
-from exactly_wire import records
+from exactly_wire import client_calls, records
 from exactly_wire.error_codes import RETRIABLE
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from clusters import admin_client, certificate_conf, chrooted_cluster, zookeeper_client
-from services.common.transport.tunnel import TunnelError, tunnel_status
+from services.common.transport.tunnel import TunnelError
 from waiting import wait_for
 
 
@@ -570,7 +570,7 @@ def _tunneled(tunnel, service: str, method: str, request, batches: bool = False)
     else:
         reply = next(iter(tunnel.Calls(iter([call]), timeout=20)))
     if reply.status_code:
-        raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
+        raise TunnelError(client_calls.status(reply.status_code), reply.status_details)
     output = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].output_type
     return getattr(pb, output.name).FromString(reply.response)
 

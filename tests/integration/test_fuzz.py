@@ -28,12 +28,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from exactly_tools.devcluster import pid_alive
+from exactly_wire import client_calls
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.v1 import exactly_pb2 as pb
 from fuzz_requests import Pools, Rpc, generate, raw_garbage, rpcs
 from services.common.transport.server import ROLE_SERVICES
-from services.common.transport.tunnel import (CLIENT_CARRIED, CLIENT_METHOD, TUNNEL_METHOD, TunnelError, method_path,
-                                              tunnel_status)
+from services.common.transport.tunnel import CLIENT_CARRIED, CLIENT_METHOD, TUNNEL_METHOD, TunnelError, method_path
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -204,7 +204,7 @@ def _tunneled(channel: grpc.Channel, rpc: Rpc, msg, body: bytes, batches: bool =
         return TunnelError(grpc.StatusCode.INTERNAL, f"{len(replies)} replies to one tunneled call")
     reply = replies[0]
     if reply.status_code:
-        return TunnelError(tunnel_status(reply.status_code), reply.status_details)
+        return TunnelError(client_calls.status(reply.status_code), reply.status_details)
     if reply.correlation_id != 1:
         return TunnelError(grpc.StatusCode.INTERNAL, f"a reply under correlation id {reply.correlation_id}")
     return rpc.response.FromString(reply.response)

@@ -54,6 +54,9 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from exactly_wire import client_calls
+# A Tunnel/Batches message carries at most MAX_BATCH_CALLS calls (or replies) and, past
+# the first, MAX_BATCH_BYTES of requests (or responses): far below the peers' message
+# size limits (64 MiB between services) whatever it merges.
 from exactly_wire.client_calls import MAX_BATCH_BYTES, MAX_BATCH_CALLS, fits as _fits
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
@@ -87,18 +90,12 @@ DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"]
 DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
 
 
-# A Tunnel/Batches message carries at most MAX_BATCH_CALLS calls (or replies) and, past
-# the first, MAX_BATCH_BYTES of requests (or responses): far below the peers' message
-# size limits (64 MiB between services) whatever it merges.
-
 
 class TunnelError(client_calls.StreamedCallError):
     """A tunneled call that did not get a response: the status its method would
     have ended with (`code()`, `details()`), or UNAVAILABLE for a broken stream and
     DEADLINE_EXCEEDED for a call not answered within its timeout."""
 
-
-tunnel_status = client_calls.status
 
 
 # ------------------------------------------------------------------ server side
@@ -396,20 +393,22 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
     calls = grpc.stream_stream_rpc_method_handler(
         servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
-    batches = grpc.stream_stream_rpc_method_handler(
-        servicer.Batches, request_deserializer=safe_deserializer(pb.TunneledCalls.FromString),
-        response_serializer=pb.TunneledReplies.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "exactly.v1.Tunnel", {"Calls": calls, "Batches": batches}),))
+        "exactly.v1.Tunnel", {"Calls": calls, "Batches": _batches_handler(servicer)}),))
 
 
 def add_client_calls_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
     """Serve `Client/Calls` on `server` with `servicer` (made with CLIENT_OPEN_METHOD
     and CLIENT_CARRIED): the Batches protocol, an unparsable message answered as on the tunnel."""
-    calls = grpc.stream_stream_rpc_method_handler(
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "exactly.v1.Client", {"Calls": _batches_handler(servicer)}),))
+
+
+def _batches_handler(servicer: TunnelServicer) -> grpc.RpcMethodHandler:
+    """The Batches protocol's handler (TunneledCalls in, TunneledReplies out) of `servicer`."""
+    return grpc.stream_stream_rpc_method_handler(
         servicer.Batches, request_deserializer=safe_deserializer(pb.TunneledCalls.FromString),
         response_serializer=pb.TunneledReplies.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("exactly.v1.Client", {"Calls": calls}),))
 
 
 def _chain(interceptor: grpc.aio.ServerInterceptor, continuation: Callable) -> Callable:
@@ -540,7 +539,7 @@ class TunnelChannel:
         finally:
             self._pending.pop(correlation_id, None)
         if reply.status_code:
-            raise TunnelError(tunnel_status(reply.status_code), reply.status_details)
+            raise TunnelError(client_calls.status(reply.status_code), reply.status_details)
         return response_class.FromString(reply.response)
 
     async def _send_one(self, call: pb.TunneledCall, future: asyncio.Future) -> None:
@@ -604,4 +603,4 @@ class TunnelChannel:
             await asyncio.gather(reader, return_exceptions=True)
 
 
-__all__ = ["add_tunnel_to_server", "OPEN_METHOD", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "tunnel_status", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
+__all__ = ["add_tunnel_to_server", "OPEN_METHOD", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]
