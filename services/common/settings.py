@@ -420,6 +420,11 @@ class TxnCoordinatorSchema(ServiceSchema):
         "exactly.txn.previous.completion.wait.ms", 5000, "ms AddPartitionsToTxn / AddOffsetsToTxn of a "
         "producer's next transaction wait for its previous one to complete (markers written) before answering "
         "CONCURRENT_TRANSACTIONS.", LOW, ge=0)
+    txn_handover_wait_ms: int = setting(
+        "exactly.txn.handover.wait.ms", 5, "ms the completion of a transaction waits, once its markers are "
+        "written, for the producer's next transaction to start, when that producer started its last one within "
+        "this time of the previous one's completion: the next transaction's first record then also completes "
+        "this one (one transaction-log append instead of two). 0: never wait.", LOW, ge=0)
     txn_batch_linger_ms: int = setting("exactly.txn.batch.linger.ms", 1, "ms a transaction-log append or "
                                        "marker request waits for others to join it while several producers "
                                        "commit at once (0: never).", LOW, ge=0)

@@ -129,9 +129,42 @@ class Completions:
         markers are written, without a Complete record of its own."""
         err, part = self._store.lookup(tid, group_id)
         completion = part.completions.get(tid) if part is not None and not err else None
+        if handover and completion is not None:
+            self._note_back_to_back(part, tid, completion)
         if completion is not None and completion.running and self.config.txn_previous_completion_wait_ms > 0:
+            if not handover:
+                completion.nudge()  # no handover to wait for: the Complete record now
             with completion.next_add_waiting() if handover else contextlib.nullcontext():
                 await self.wait({completion.task}, self.config.txn_previous_completion_wait_ms)
+        elif handover and part is not None and not err:
+            self._note_back_to_back(part, tid, None)
+
+    def _note_back_to_back(self, part: TxnPartition, tid: str, completion: Completion | None) -> None:
+        """A first add of `tid`'s next transaction arrived: its producer runs
+        transactions back to back when the previous one is still completing, or
+        completed at most exactly.txn.handover.wait.ms ago (monotonic ms); its next
+        completions then wait that long for the handover (`_complete`)."""
+        window = self.config.txn_handover_wait_ms
+        if window <= 0 or self.config.txn_previous_completion_wait_ms <= 0 or \
+                self.config.txn_end_completion_wait_ms > 0:
+            # No handover to wait for: the add does not wait for the completion, or
+            # EndTxn waits for the Complete record, so no next add comes before it.
+            return
+        if completion is not None and completion.running:
+            part.back_to_back.add(tid)
+            return
+        md = part.txns.get(tid)
+        if (md is not None and md.state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+                and md.updated_monotonic_ms is not None and self._monotonic() - md.updated_monotonic_ms <= window):
+            part.back_to_back.add(tid)
+
+    def nudge(self, part: TxnPartition, tid: str) -> None:
+        """A request that needs `tid`'s Complete record without the handover
+        (InitProducerId while it completes): its completion stops waiting for a next
+        add."""
+        completion = part.completions.get(tid)
+        if completion is not None and completion.running:
+            completion.nudge()
 
     def resume(self, tid: str, group_id: str) -> None:
         """A completion that stopped for the handover, when the add that was to take
@@ -139,6 +172,7 @@ class Completions:
         all (the markers are written again first; they are idempotent)."""
         err, part, md = self._store.metadata(tid, group_id)
         if md is not None and not err and Completion.resume(part.completions.get(tid), md):
+            part.back_to_back.discard(tid)  # the add failed: the Complete record without waiting for another
             self.start(part, md, md.snapshot(), from_client=False)
 
     async def hand_over(self, part: TxnPartition, md: TransactionMetadata,
@@ -177,12 +211,20 @@ class Completions:
             metrics.MARKER_WRITE_SECONDS.observe(time.monotonic() - markers_started)
             if unanswered and marker.transaction_version < 2:
                 await self._outlive_unanswered_markers(part, md, marker)
+            if (not completion.waiting and md.transactional_id in part.back_to_back
+                    and self.config.txn_handover_wait_ms > 0):
+                # A producer running transactions back to back: its next add usually
+                # comes within the window, and its Ongoing record then completes this
+                # transaction too: one append instead of two, and the add does not wait
+                # for a Complete record in flight.
+                await self.wait({completion.arrival()}, self.config.txn_handover_wait_ms)
             if completion.markers_done(md, prepared):
                 # The handover: the next transaction's first add is waiting; its Ongoing
                 # record completes this transaction (or `resume` appends Complete).
                 if started is not None:  # complete for every reader now: its markers are written
                     metrics.END_TO_COMPLETE_SECONDS.observe(time.monotonic() - started)
                 return
+            part.back_to_back.discard(md.transactional_id)  # no next add came in time
             async for attempt in self._owned.retrying():
                 with attempt:
                     await self._append_complete(part, md)

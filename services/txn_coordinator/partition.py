@@ -29,7 +29,11 @@ class TxnPartition(OwnedPartition):
     """One owned partition of the transaction log and its transaction status cache:
     txns (transactional.id -> metadata), completions (transactional.id -> its
     `Completion`: the task writing the markers and the Complete record of its
-    prepared transaction, and the handover), groups (KIP-447 draft group assignments),
+    prepared transaction, and the handover), back_to_back (the transactional.ids whose
+    producer started its last transaction while the previous one was completing or
+    within exactly.txn.handover.wait.ms after: their completions wait that long for the
+    next add before appending a Complete record of their own), groups (KIP-447 draft
+    group assignments),
     bindings / binding_used (producer-id bindings and their last use), recorded_level
     (the metadata.version its feature-level records record), error (corrupt log: the
     partition is disabled and answers NOT_COORDINATOR)."""
@@ -40,6 +44,7 @@ class TxnPartition(OwnedPartition):
         self.error: str | None = None
         self.txns: dict[str, TransactionMetadata] = {}
         self.completions: dict[str, Completion] = {}
+        self.back_to_back: set[str] = set()
         # KIP-447 draft: group id -> {transactional.id -> its group assignment}, from
         # the group assignment records of this partition.
         self.groups: dict[str, dict[str, GroupAssignment]] = {}
@@ -154,6 +159,9 @@ class Completion:
     start: run the task unless it runs. markers_done: the task's step once every
     marker is written; with a next add waiting it records that fact on the metadata
     (`TransactionMetadata.record_markers_written`) and stops there for the handover.
+    arrival: a future the task may wait on (up to exactly.txn.handover.wait.ms) for a
+    next add, resolved when one starts waiting (`next_add_waiting`) or by `nudge` (a
+    request that needs the Complete record now: InitProducerId, PrepareTxn).
     resume: whether a completion stopped for the handover must run again because
     the add did not take over."""
 
@@ -162,6 +170,7 @@ class Completion:
         self.task: asyncio.Task | None = None
         self.waiting = 0
         self._registry = registry
+        self._arrival: asyncio.Future | None = None
 
     @classmethod
     def of(cls, registry: dict[str, Completion], transactional_id: str) -> Completion:
@@ -198,10 +207,27 @@ class Completion:
         completion again); False: append the Complete record."""
         return bool(self.waiting) and md.record_markers_written(prepared)
 
+    def arrival(self) -> asyncio.Future:
+        """A future resolved when a next add starts waiting or `nudge` is called
+        (already resolved if one of them happened since the last `arrival`)."""
+        if self._arrival is None:
+            self._arrival = asyncio.get_running_loop().create_future()
+        return self._arrival
+
+    def nudge(self) -> None:
+        """End a wait on `arrival` now (a next add came, or a request needs the
+        Complete record without the handover)."""
+        if self._arrival is None:
+            self._arrival = asyncio.get_running_loop().create_future()
+        if not self._arrival.done():
+            self._arrival.set_result(None)
+
     @contextlib.contextmanager
     def next_add_waiting(self) -> Iterator[None]:
-        """Count a first add of the next transaction as waiting for this completion."""
+        """Count a first add of the next transaction as waiting for this completion
+        (which ends its wait on `arrival`)."""
         self.waiting += 1
+        self.nudge()
         try:
             yield
         finally:

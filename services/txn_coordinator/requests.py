@@ -347,6 +347,7 @@ class TxnRequests:
                                                    message=f"producer id {expected[0]} epoch {expected[1]} is not current"))
         state = md.state
         if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            self._completions.nudge(part, tid)  # its Complete record now, not after a handover wait
             return InitAnswer(InitProducerIdResult(ErrorCode.CONCURRENT_TRANSACTIONS,
                                                    message="the previous transaction is completing"))
         if state is TxnState.ONGOING and keep_prepared and md.is_prepared and \

@@ -435,14 +435,51 @@ def test_implicit_adds_start_the_transaction_and_fence_a_late_batch(client):
                     "T2 committed") is True
 
 
-def _adds_answered(cluster) -> float:
-    """AddPartitionsToTxn calls the transaction coordinator answered (its RPC metrics:
-    the leaders' implicit adds and verifications come over the tunnel, counted the same)."""
+def _answered(cluster, service: str, method: str) -> float:
+    """`method` calls `service` answered (its RPC metrics: calls carried on the tunnel
+    are counted as direct ones)."""
     name = "exactly_rpc_request_duration_seconds_count{"
-    with urllib.request.urlopen(f"http://{cluster.services['txn-0'].metrics_address}/metrics", timeout=30) as r:
+    with urllib.request.urlopen(f"http://{cluster.services[service].metrics_address}/metrics", timeout=30) as r:
         lines = r.read().decode().splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith(name) and 'method="AddPartitionsToTxn"' in line)
+               if line.startswith(name) and f'method="{method}"' in line)
+
+
+def _adds_answered(cluster) -> float:
+    """AddPartitionsToTxn calls the transaction coordinator answered (the leaders'
+    implicit adds and verifications come over the tunnel, counted the same)."""
+    return _answered(cluster, "txn-0", "AddPartitionsToTxn")
+
+
+def test_back_to_back_transactions_are_completed_by_the_next_ones_record(make_cluster):
+    """exactly.txn.handover.wait.ms: the completion of a producer committing back to
+    back waits, once its markers are written, for that producer's next transaction,
+    whose Ongoing record then also completes it. 40 SDK transactions take 2 transaction-
+    log appends each (Ongoing, PrepareCommit; a Complete record of their own only for
+    the first, which nothing marked back to back yet, and the last, after the wait),
+    where 3 each are written without the wait; every record is committed, and the
+    last transaction completes once the wait ends without a next one."""
+    cluster = make_cluster(partition_leaders=1, props={"exactly.txn.handover.wait.ms": "500"})
+    client = Client(cluster)
+    topic = client.create_topic(partitions=1)
+    tid = f"t-{uuid.uuid4().hex[:6]}"
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid, "linger.ms": 0})
+    try:
+        producer.init_transactions()
+        before = _answered(cluster, "pl-0", "CoordinatorProduce")
+        for i in range(40):
+            producer.begin_transaction()
+            producer.send(topic, value=f"v{i}".encode(), partition=0)
+            producer.commit_transaction()
+        appends = _answered(cluster, "pl-0", "CoordinatorProduce") - before
+        assert wait_for(lambda: client.describe(tid).state == "CompleteCommit" or None, 30,
+                        "the last transaction to complete after the wait") is True
+        assert wait_for(lambda: len(client.data_values(topic, 0, READ_COMMITTED)) == 40 or None, 30,
+                        "the 40 records committed") is True
+    finally:
+        producer.close()
+        client.close()
+    assert appends <= 2 * 40 + 1, f"{appends} transaction-log appends for 40 transactions"
 
 
 def test_back_to_back_transactions_add_each_partition_once(client, cluster):

@@ -481,3 +481,122 @@ def test_resume_only_a_prepared_transaction_nobody_completes():
     assert not Completion.resume(c, md)  # the waiting add takes over or resumes it
     c.waiting = 0
     assert not Completion.resume(c, _prepared(S.ONGOING))
+
+
+# ---------------------------------------------------------------- the handover wait
+# exactly.txn.handover.wait.ms: the completion of a producer running transactions back to
+# back waits, once its markers are written, for that producer's next add, so that the add's
+# Ongoing record also completes it. The harness's clock moves only when a test moves it.
+
+HANDOVER_WAIT_MS = 5
+
+
+async def _spin(times: int = 50) -> None:
+    for _ in range(times):
+        await asyncio.sleep(0)
+
+
+async def _back_to_back(h) -> tuple[int, int]:
+    """"t" committed once (its own Complete record: nothing marked it back to back yet)
+    and its next transaction started at once: (pid, epoch of the open transaction)."""
+    await h.elect()
+    pid, epoch = await h.begin("t")
+    assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+    await h.settle()
+    assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+    res = await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)])
+    assert set(res.values()) == {E.NONE}
+    assert "t" in h.coord.partitions.get(0).back_to_back
+    return pid, epoch + 1
+
+
+def test_a_back_to_back_producers_next_add_completes_the_previous_transaction():
+    """The next add comes after the markers are written, within the wait: one record,
+    Ongoing, completes the previous transaction and starts the next; no Complete
+    record of its own, and the next transaction holds only its own partition."""
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        pid, epoch = await _back_to_back(h)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await _spin()
+        completion = h.coord.partitions.get(0).completions["t"].task
+        assert not completion.done()  # its markers written, waiting for the next add
+        assert [tp for m, tp in h.markers.written_for(pid) if m.producer_epoch == epoch + 1] == [("orders", 1)]
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)])
+        assert set(res.values()) == {E.NONE}
+        await h.settle()
+        assert h.log.states("t")[-3:] == [S.ONGOING, S.PREPARE_COMMIT, S.ONGOING]
+        md = h.md("t")
+        assert (md.state, md.producer_epoch, md.partitions) == (S.ONGOING, epoch + 1, {("orders", 2)})
+
+    run(scenario())
+
+
+def test_no_next_add_within_the_wait_the_complete_record_after_it():
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        pid, epoch = await _back_to_back(h)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await _spin()
+        completion = h.coord.partitions.get(0).completions["t"].task
+        h.clock.advance(HANDOVER_WAIT_MS - 1)
+        await _spin()
+        assert not completion.done() and h.log.states("t")[-1] is S.PREPARE_COMMIT
+        h.clock.advance(1)
+        await h.settle()
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+        assert "t" not in h.coord.partitions.get(0).back_to_back  # the next completion does not wait
+
+    run(scenario())
+
+
+def test_init_producer_id_during_the_wait_gets_the_complete_record_at_once():
+    """A new instance's InitProducerId while the completion waits: CONCURRENT_TRANSACTIONS
+    as for any completing transaction, and the Complete record without the rest of the
+    wait, so its retry finds the transaction complete."""
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        pid, epoch = await _back_to_back(h)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await _spin()
+        assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
+        await h.settle()  # the clock did not move
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+        retry = await h.coord.init_producer_id("t", 60000)
+        assert (retry.error, retry.producer_epoch) == (E.NONE, epoch + 2)
+
+    run(scenario())
+
+
+def test_a_producer_that_paused_longer_than_the_wait_is_not_waited_for():
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await h.settle()
+        h.clock.advance(HANDOVER_WAIT_MS + 1)
+        assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)])).values()) == {E.NONE}
+        assert "t" not in h.coord.partitions.get(0).back_to_back
+        assert (await h.coord.end_txn("t", pid, epoch + 1, True)).error == E.NONE
+        await h.settle()  # no wait: the clock did not move
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+
+    run(scenario())
+
+
+def test_no_handover_wait_when_end_txn_waits_for_the_complete_record():
+    """exactly.txn.end.completion.wait.ms > 0: EndTxn answers after the Complete record,
+    so no next add can come before it: the completion does not wait for one."""
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS,
+                                  "exactly.txn.end.completion.wait.ms": 1000}))
+        await h.elect()
+        pid, epoch = await h.begin("t")
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 1)])).values()) == {E.NONE}
+        assert "t" not in h.coord.partitions.get(0).back_to_back
+        assert (await h.coord.end_txn("t", pid, epoch + 1, True)).error == E.NONE  # the clock does not move
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+
+    run(scenario())

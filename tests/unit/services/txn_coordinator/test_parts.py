@@ -9,7 +9,6 @@ import asyncio
 
 from exactly_wire.error_codes import ErrorCode as E
 from services.common.cluster.owned import OwnedPartitions
-from services.common.settings import TxnCoordinatorSchema
 from services.txn_coordinator import txn_log
 from services.txn_coordinator.completion import Completions
 from services.txn_coordinator.group_txn import GroupTxn
@@ -21,10 +20,10 @@ from services.txn_coordinator.scans import TxnScans
 from services.txn_coordinator.state import GroupAssignment, TransactionMetadata, TxnState
 from services.txn_coordinator.store import TxnStore
 from exactly.testing import MockTime
-from txn_coordinator_fakes import NOW_MS, FakeLog, FakeMarkers, FakeTopology, fast_sleep, run
+from txn_coordinator_fakes import NOW_MS, FakeLog, FakeMarkers, FakeTopology, fast_sleep, run, txn_settings
 
 S = TxnState
-CONFIG = TxnCoordinatorSchema()
+CONFIG = txn_settings({})
 
 
 async def _owned_partition(load=None, log: FakeLog | None = None) -> tuple[OwnedPartitions, TxnPartition]:

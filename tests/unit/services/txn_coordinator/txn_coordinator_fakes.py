@@ -24,10 +24,17 @@ from services.txn_coordinator.state import TxnState, TxnTransitMetadata
 NOW_MS = 1_700_000_000_000  # the clocks' first reading
 
 
+# The completion's wait for a back-to-back producer's next add (exactly.txn.handover.wait.ms)
+# is off in the harness unless a test sets it: the harness's default sleep only yields and
+# its clock moves only when a test moves it, so that wait would end only with an add.
+HARNESS_DEFAULTS: dict[str, object] = {"exactly.txn.handover.wait.ms": 0}
+
+
 def txn_settings(conf: dict[str, object]) -> TxnCoordinatorSchema:
     """The transaction coordinator's settings with the Kafka keys of `conf` set (the
-    schema's defaults elsewhere). Raises ConfigurationError for an unknown key."""
-    return role_settings(TxnCoordinatorSchema, conf)
+    schema's defaults elsewhere, but HARNESS_DEFAULTS). Raises ConfigurationError for
+    an unknown key."""
+    return role_settings(TxnCoordinatorSchema, {**HARNESS_DEFAULTS, **conf})
 
 
 def sleep_on(clock: MockTime) -> Callable[[float], Awaitable[None]]:
@@ -226,7 +233,7 @@ class Harness:
         self.blocks: list[tuple[int, int]] = []
         self.pids = ProducerIdManager(self._allocate)
         self.coord = TransactionCoordinator.build(self.log, self.markers, self.topology, self.pids,
-                                                  config or TxnCoordinatorSchema(),
+                                                  config or txn_settings({}),
                                                   clock=self.wall, sleep=sleep, on_fenced=on_fenced,
                                                   bind_producer_ids=bind_producer_ids, monotonic=self.clock)
 
