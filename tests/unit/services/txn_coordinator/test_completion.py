@@ -600,3 +600,44 @@ def test_no_handover_wait_when_end_txn_waits_for_the_complete_record():
         assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
 
     run(scenario())
+
+
+def test_a_zombies_add_during_the_wait_is_fenced_and_the_transaction_still_completes():
+    """An add under the previous epoch (an old instance's batch) arrives during the wait:
+    it ends the wait and is refused PRODUCER_FENCED; the transaction gets its Complete
+    record, and the producer's own next add starts the next transaction."""
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        pid, epoch = await _back_to_back(h)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await _spin()
+        zombie = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
+        assert set(zombie.values()) == {E.PRODUCER_FENCED}
+        await h.settle()  # the clock did not move
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+        assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 0)])).values()) == {E.NONE}
+        assert h.md("t").partitions == {("orders", 0)}
+
+    run(scenario())
+
+
+def test_a_new_owner_completes_a_transaction_whose_owner_resigned_during_the_wait():
+    """The coordinator loses the partition while the completion waits for the next add
+    (its markers written, no Complete record): the new owner loads PrepareCommit, writes
+    the markers again (idempotent) and the Complete record; the producer's next add goes
+    to it."""
+    async def scenario():
+        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+        pid, epoch = await _back_to_back(h)
+        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+        await _spin()
+        assert h.log.states("t")[-1] is S.PREPARE_COMMIT
+        await h.coord.on_resigned(0)
+        await h.elect(0, 2)
+        await h.settle()
+        assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+        written = [m for m, tp in h.markers.written_for(pid) if m.producer_epoch == epoch + 1]
+        assert [m.coordinator_epoch for m in written] == [1, 2]  # again by the new owner
+        assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)])).values()) == {E.NONE}
+
+    run(scenario())
