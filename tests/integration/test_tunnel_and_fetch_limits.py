@@ -97,8 +97,21 @@ def sec(zk, tmp_path_factory):
         [[part]] = [[p for p in t.partitions] for t in admin.Produce(
             produce_request("big", b"x" * 900_000), timeout=30).topics]
         assert part.error_code == 0, part
+    # The leader learns of mallory's ACL from its ZooKeeper watch, after create_acls returned.
+    wait_for(lambda: _may_fetch(c, "mallory", leader), 30, "mallory's Read ACL on the leader")
     yield c
     c.down()
+
+
+def _may_fetch(c: DevCluster, who: str, address: str) -> bool:
+    try:
+        with channel(c, who, address) as ch:
+            pbg.PartitionLeaderStub(ch).Fetch(fetch_request("big"), timeout=20)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return False
+        raise
+    return True
 
 
 def channel(c: DevCluster, who: str, address: str) -> grpc.Channel:
