@@ -11,6 +11,7 @@ principal. The coordinator's memory per entry is measured by
 tests/unit/services/txn_coordinator/test_pid_bindings.py::test_memory_per_binding_and_per_transactional_id."""
 from __future__ import annotations
 
+import grpc
 import pytest
 
 import kafka_requests
@@ -43,8 +44,26 @@ def sec(zk, tmp_path_factory):
         a.create_acls([AclBinding(f"User:{n}", "Cluster", "kafka-cluster", "IdempotentWrite") for n in ("alice", "mallory")]
                       + [AclBinding(f"User:{n}", "TransactionalId", f"{n}-", "All", pattern="Prefixed")
                          for n in ("alice", "mallory")])
+    # The coordinator learns of the ACLs from its ZooKeeper watch, after create_acls
+    # returned. Mallory's TransactionalId binding is the last one created, so once the
+    # coordinator lets her describe an id of hers, it holds all four (a check that
+    # allocates no producer id, which the test counts).
+    wait_for(lambda: _may_describe(c, "mallory", "mallory-acl-probe"), 30, "the ACLs applied on the coordinator")
     yield c
     c.down()
+
+
+def _may_describe(c, who: str, transactional_id: str) -> bool:
+    """Whether the coordinator, loaded, lets `who` describe `transactional_id`."""
+    try:
+        r = _coordinator(c, who).DescribeTransactions(
+            pb.DescribeTransactionsRequest(transactional_ids=[transactional_id]), timeout=10)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return False
+        raise
+    code = r.transaction_states[0].error_code
+    return code != ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and code not in RETRIABLE
 
 
 def _coordinator(c, who: str) -> pbg.TransactionCoordinatorStub:
