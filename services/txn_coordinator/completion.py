@@ -129,15 +129,13 @@ class Completions:
         markers are written, without a Complete record of its own."""
         err, part = self._store.lookup(tid, group_id)
         completion = part.completions.get(tid) if part is not None and not err else None
-        if handover and completion is not None:
+        if handover and part is not None and not err:
             self._note_back_to_back(part, tid, completion)
         if completion is not None and completion.running and self.config.txn_previous_completion_wait_ms > 0:
             if not handover:
                 completion.nudge()  # no handover to wait for: the Complete record now
             with completion.next_add_waiting() if handover else contextlib.nullcontext():
                 await self.wait({completion.task}, self.config.txn_previous_completion_wait_ms)
-        elif handover and part is not None and not err:
-            self._note_back_to_back(part, tid, None)
 
     def _note_back_to_back(self, part: TxnPartition, tid: str, completion: Completion | None) -> None:
         """A first add of `tid`'s next transaction arrived: its producer runs

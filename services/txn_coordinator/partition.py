@@ -217,10 +217,9 @@ class Completion:
     def nudge(self) -> None:
         """End a wait on `arrival` now (a next add came, or a request needs the
         Complete record without the handover)."""
-        if self._arrival is None:
-            self._arrival = asyncio.get_running_loop().create_future()
-        if not self._arrival.done():
-            self._arrival.set_result(None)
+        arrival = self.arrival()
+        if not arrival.done():
+            arrival.set_result(None)
 
     @contextlib.contextmanager
     def next_add_waiting(self) -> Iterator[None]:

@@ -496,6 +496,17 @@ async def _spin(times: int = 50) -> None:
         await asyncio.sleep(0)
 
 
+async def _ended_back_to_back() -> tuple["Harness", int, int]:
+    """A harness with the wait on, "t" back to back (`_back_to_back`) and its open
+    transaction ended, the completion waiting for the next add: (harness, pid, epoch of
+    the ended transaction)."""
+    h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
+    pid, epoch = await _back_to_back(h)
+    assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
+    await _spin()
+    return h, pid, epoch
+
+
 async def _back_to_back(h) -> tuple[int, int]:
     """"t" committed once (its own Complete record: nothing marked it back to back yet)
     and its next transaction started at once: (pid, epoch of the open transaction)."""
@@ -515,10 +526,7 @@ def test_a_back_to_back_producers_next_add_completes_the_previous_transaction():
     Ongoing, completes the previous transaction and starts the next; no Complete
     record of its own, and the next transaction holds only its own partition."""
     async def scenario():
-        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
-        pid, epoch = await _back_to_back(h)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        await _spin()
+        h, pid, epoch = await _ended_back_to_back()
         completion = h.coord.partitions.get(0).completions["t"].task
         assert not completion.done()  # its markers written, waiting for the next add
         assert [tp for m, tp in h.markers.written_for(pid) if m.producer_epoch == epoch + 1] == [("orders", 1)]
@@ -534,10 +542,7 @@ def test_a_back_to_back_producers_next_add_completes_the_previous_transaction():
 
 def test_no_next_add_within_the_wait_the_complete_record_after_it():
     async def scenario():
-        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
-        pid, epoch = await _back_to_back(h)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        await _spin()
+        h, pid, epoch = await _ended_back_to_back()
         completion = h.coord.partitions.get(0).completions["t"].task
         h.clock.advance(HANDOVER_WAIT_MS - 1)
         await _spin()
@@ -555,10 +560,7 @@ def test_init_producer_id_during_the_wait_gets_the_complete_record_at_once():
     as for any completing transaction, and the Complete record without the rest of the
     wait, so its retry finds the transaction complete."""
     async def scenario():
-        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
-        pid, epoch = await _back_to_back(h)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        await _spin()
+        h, pid, epoch = await _ended_back_to_back()
         assert (await h.coord.init_producer_id("t", 60000)).error == E.CONCURRENT_TRANSACTIONS
         await h.settle()  # the clock did not move
         assert h.log.states("t")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
@@ -607,10 +609,7 @@ def test_a_zombies_add_during_the_wait_is_fenced_and_the_transaction_still_compl
     it ends the wait and is refused PRODUCER_FENCED; the transaction gets its Complete
     record, and the producer's own next add starts the next transaction."""
     async def scenario():
-        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
-        pid, epoch = await _back_to_back(h)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        await _spin()
+        h, pid, epoch = await _ended_back_to_back()
         zombie = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 2)])
         assert set(zombie.values()) == {E.PRODUCER_FENCED}
         await h.settle()  # the clock did not move
@@ -627,10 +626,7 @@ def test_a_new_owner_completes_a_transaction_whose_owner_resigned_during_the_wai
     the markers again (idempotent) and the Complete record; the producer's next add goes
     to it."""
     async def scenario():
-        h = Harness(txn_settings({"exactly.txn.handover.wait.ms": HANDOVER_WAIT_MS}))
-        pid, epoch = await _back_to_back(h)
-        assert (await h.coord.end_txn("t", pid, epoch, True)).error == E.NONE
-        await _spin()
+        h, pid, epoch = await _ended_back_to_back()
         assert h.log.states("t")[-1] is S.PREPARE_COMMIT
         await h.coord.on_resigned(0)
         await h.elect(0, 2)
