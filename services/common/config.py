@@ -34,7 +34,8 @@ class ServiceConfig:
     node_id: unique, stable name (e.g. "pl-0"); role: partition_leader |
     txn_coordinator | group_coordinator; host: address the gRPC server binds;
     port 0 binds a free port; kafka_port: the Kafka protocol listener's port (0: a free
-    one, -1: none; docs/design.md, "Kafka protocol"); zookeeper: "host:port[,host:port]"; props: Kafka-style
+    one, -1: none; docs/design.md, "Kafka protocol"); link_port: the tunnel's link
+    listener's port (0: a free one, -1: none; services.common.transport.link); zookeeper: "host:port[,host:port]"; props: Kafka-style
     keys -> string values; advertised_host: name other processes connect to ("" =
     `host`; see `advertised`).
     """
@@ -44,6 +45,7 @@ class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = 0
     kafka_port: int = 0
+    link_port: int = 0
     zookeeper: str = "127.0.0.1:2181"
     data_dir: pathlib.Path = pathlib.Path(".")
     props: dict[str, str] = field(default_factory=dict)
@@ -106,6 +108,9 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0: pick a free one)")
     parser.add_argument("--kafka-port", type=int, default=0,
                         help="Kafka protocol port (0: pick a free one; -1: no Kafka listener)")
+    parser.add_argument("--link-port", type=int, default=0,
+                        help="port of the links other services open for their calls to this one, on the "
+                             "--host address (0: pick a free one; -1: none, their calls go on the gRPC port)")
     parser.add_argument("--zookeeper", required=True, help="ZooKeeper connect string host:port")
     parser.add_argument("--data-dir", required=True, type=pathlib.Path, help="directory for this process's data")
     parser.add_argument("--config", type=pathlib.Path, metavar="FILE",
@@ -125,7 +130,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> ServiceConfig:
                      "clients and other services connect to")
     try:
         cfg = ServiceConfig(node_id=args.node_id, role=role, host=args.host, port=args.port,
-                            kafka_port=args.kafka_port,
+                            kafka_port=args.kafka_port, link_port=args.link_port,
                             zookeeper=args.zookeeper, data_dir=args.data_dir, props=props,
                             advertised_host=args.advertised_host or args.host)
         service_security(cfg)  # cross-key checks and readable certificate files, before starting

@@ -154,8 +154,14 @@ QUOTA_SENSORS = Gauge(
 CONNECTIONS_REFUSED = Counter(
     "exactly_connections_refused",
     "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
-    "by listener (grpc, kafka) and reason (max.connections, max.connections.per.ip, max.connection.creation.rate, "
-    "connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed)", ["listener", "reason"])
+    "by listener (grpc, kafka, link) and reason (max.connections, max.connections.per.ip, "
+    "max.connection.creation.rate, connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed; links: "
+    "pending (too many waiting for their ticket), ticket (not one issued, used or expired), "
+    "socket.request.max.bytes)", ["listener", "reason"])
+TUNNEL_LINKS = Gauge(
+    "exactly_tunnel_links",
+    "Links open on this process's link listener: other services' tunnel calls to it on TCP connections "
+    "(services/common/transport/link.py)")
 BUILD_INFO = Gauge("exactly_build_info",
                    "1, labelled with the release the process runs (version: pyproject.toml's, as exactly --version "
                    "prints it) and its Python version (python_version), as Prometheus' *_build_info series",

@@ -419,7 +419,7 @@ def test_zookeeper_is_not_a_back_door(sec, world):
 # latter gets. A new RPC fails test_every_rpc_is_in_the_matrix until it has a row.
 AUTH_CODES = {errors.ErrorCode.TOPIC_AUTHORIZATION_FAILED, errors.ErrorCode.GROUP_AUTHORIZATION_FAILED,
               errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED, errors.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
-STUBS = {"Cluster": pbg.ClusterStub, "PartitionLeader": pbg.PartitionLeaderStub,
+STUBS = {"Cluster": pbg.ClusterStub, "PartitionLeader": pbg.PartitionLeaderStub, "Tunnel": pbg.TunnelStub,
          "TransactionCoordinator": pbg.TransactionCoordinatorStub, "GroupCoordinator": pbg.GroupCoordinatorStub}
 TOPIC_DENIED, GROUP_DENIED = "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED"
 CLUSTER_DENIED, TXN_DENIED = "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
@@ -479,6 +479,8 @@ def _matrix_rows():
          lambda c: pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("Tunnel/Batches (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
          lambda c: pb.ProduceRequest(acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
+        # A ticket for a link: the tunnel's calls on a TCP connection, as the caller.
+        ("Tunnel/Attach", "txn-0", "alice", CLUSTER_DENIED, lambda c: pb.TunnelAttachRequest()),
         ("PartitionLeader/Fetch", "alice", "bob", TOPIC_DENIED, lambda c: pb.FetchRequest(
             max_wait_ms=0, topics=[pb.FetchTopic(topic=c["topic"], partitions=[pb.FetchPartition(partition=0)])])),
         ("PartitionLeader/ListOffsets", "alice", "bob", TOPIC_DENIED, lambda c: pb.ListOffsetsRequest(
@@ -609,13 +611,13 @@ def test_authorization_matrix(sec):
                        AclBinding("User:alice", "TransactionalId", c["tid"], "All")])
         leader = sec.services[a.describe_topics([c["topic"]])[c["topic"]].partitions[0].leader_id].address
     wait_for(lambda: _can_describe(sec, "alice", c["topic"]), 10, "alice's ACLs applied")
-    address = {"Cluster": sec.services["pl-0"].address, "PartitionLeader": leader,
+    address = {"Cluster": sec.services["pl-0"].address, "PartitionLeader": leader, "Tunnel": leader,
                "TransactionCoordinator": sec.services["txn-0"].address,
                "GroupCoordinator": sec.services["group-0"].address}
     tally = {}
     for rpc, allowed, denied, expected, build in _matrix_rows():
         service, method = rpc.split(" ")[0].split("/")
-        if service in ("Tunnel", "Client"):  # the method named in parentheses, carried by the stream
+        if service in ("Tunnel", "Client") and "(" in rpc:  # the method named in parentheses, carried by the stream
             batches, stream_stub = method == "Batches", pbg.TunnelStub if service == "Tunnel" else pbg.ClientStub
             service, method = rpc.split("(")[1].rstrip(")").split("/")
 
@@ -636,6 +638,8 @@ def test_authorization_matrix(sec):
             assert info.value.details().startswith(expected), (rpc, info.value.details())
         response = call(allowed)
         assert not _auth_codes(response), (rpc, response)
+        if rpc == "Tunnel/Attach":
+            assert response.port > 0 and len(response.ticket) == 32, response
         if expected == LISTED:
             assert _listed(rpc, response, c), f"{rpc}: {allowed} does not see the resource"
         if rpc.endswith("InitProducerId"):

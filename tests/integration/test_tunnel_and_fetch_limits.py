@@ -6,6 +6,10 @@
   its 2,000 tunneled 1 MB Fetches runs, and the leader's memory does not grow; a
   service principal's stream that stops reading its replies has at most
   `exactly.tunnel.max.in.flight.calls` of them served meanwhile;
+- links (the tunnel on TCP, services/common/transport/link.py): the services call each
+  other on TLS links; the same principal gets no ticket for one, and a connection to the
+  link port without a valid ticket (plaintext, or TLS with made-up bytes) is closed
+  with nothing read; a service's link that stops reading is held as its stream is;
 - PARKED Fetches parked on one tenant's own topic leave the leader's CPU per append of
   another tenant within 2x its baseline of the same run: an append wakes only the
   fetches its partition and offset concern. CPU, not latency, is compared: latency on
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import os
 import collections
+import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -122,10 +128,50 @@ def channel(c: DevCluster, who: str, address: str) -> grpc.Channel:
     return secure_channel(address, security, [])
 
 
+def _link_port(c: DevCluster, name: str) -> int:
+    return int((c.dir / name / "link-port").read_text())
+
+
+def _tls(c: DevCluster) -> ssl.SSLContext:
+    """A TLS client context trusting the cluster's CA, with no certificate of its own."""
+    return ssl.create_default_context(cafile=str(c.dir / "certs" / "ca.pem"))
+
+
+class _UnreadLink:
+    """A link opened as `who` with a ticket from Tunnel/Attach, on which `n` 1 MB
+    Fetches of `big` are sent, 50 to a frame, and no reply is read; `cancel()` closes it."""
+
+    def __init__(self, c: DevCluster, who: str, n: int):
+        pl = c.services["pl-0"]
+        answer = pbg.TunnelStub(channel(c, who, pl.address)).Attach(pb.TunnelAttachRequest(), timeout=20)
+        assert answer.port == _link_port(c, "pl-0") and len(answer.ticket) == 32, answer
+        self.sock = _tls(c).wrap_socket(socket.create_connection(("127.0.0.1", answer.port), timeout=20),
+                                        server_hostname="127.0.0.1")
+        self.sock.sendall(answer.ticket)
+        assert self.sock.recv(1) == b"\x01"
+        body = fetch_request("big").SerializeToString()
+        calls = [pb.TunneledCall(correlation_id=i + 1, method=FETCH, request=body) for i in range(n)]
+        frames = [pb.TunneledCalls(calls=calls[i:i + 50]).SerializeToString() for i in range(0, n, 50)]
+        self.sender = threading.Thread(target=self._send, args=(frames,), daemon=True)
+        self.sender.start()
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            for frame in frames:  # blocks once the leader stops reading: TCP's flow control
+                self.sock.sendall(len(frame).to_bytes(4, "big") + frame)
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        self.sock.close()
+
+
 def _unread_tunneled_fetches(c: DevCluster, who: str, n: int, batches: bool = False):
     """Open a Tunnel/Calls stream as `who` (Tunnel/Batches with `batches`: 50 calls to
-    a message), send `n` 1 MB Fetches of `big` and read no reply: the call object (its
-    status once the stream ends)."""
+    a message; a link with "link"), send `n` 1 MB Fetches of `big` and read no reply: the
+    call object (its status once the stream ends)."""
+    if batches == "link":
+        return _UnreadLink(c, who, n)
     body = fetch_request("big").SerializeToString()
     calls = [pb.TunneledCall(correlation_id=i + 1, method=FETCH, request=body) for i in range(n)]
     if batches:
@@ -162,7 +208,7 @@ def test_an_unprivileged_principal_cannot_open_the_tunnel(sec, batches):
     assert again.responses[0].partitions[0].records
 
 
-@pytest.mark.parametrize("batches", [False, True], ids=["calls", "batches"])
+@pytest.mark.parametrize("batches", [False, True, "link"], ids=["calls", "batches", "link"])
 def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec, batches):
     pl = sec.services["pl-0"]
 
@@ -183,6 +229,61 @@ def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec
         assert grown < 50 * MB, f"leader RSS grew {grown / MB:.0f} MB"
     finally:
         call.cancel()
+
+
+def test_the_services_call_each_other_on_tls_links(sec):
+    """A transaction's calls from the coordinator to the leader (its appends to
+    __transaction_state, its markers) go on a TLS link, admitted by the coordinator's
+    certificate: the leader counts a link from each coordinator (the group coordinator's
+    tails the offsets topic) and refuses no ticket of theirs."""
+    from exactly import Producer
+    pl = sec.services["pl-0"]
+    with AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config}) as a:
+        a.create_topics([NewTopic("linked", 1, 1)])
+    producer = Producer({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config,
+                         "transactional.id": f"linked-{uuid.uuid4().hex[:6]}"})
+    try:
+        producer.init_transactions()
+        for i in range(3):
+            producer.begin_transaction()
+            producer.send("linked", value=b"v%d" % i)
+            producer.commit_transaction()
+    finally:
+        producer.close()
+    wait_for(lambda: metric(pl.metrics_address, "exactly_tunnel_links") >= 2, 30,
+             "links from both coordinators to the leader")
+    assert metric(pl.metrics_address, "exactly_connections_refused_total", 'reason="ticket"') == 0
+    assert "no link to a peer" not in (sec.dir / "logs" / "txn-0.log").read_text()
+
+
+def test_a_link_needs_a_ticket_of_a_service_principal(sec):
+    """mallory (who may read `big` directly) gets no ticket; made-up bytes on the link
+    port, in plaintext or over TLS, close the connection with nothing answered, and
+    the leader serves on."""
+    pl = sec.services["pl-0"]
+    with pytest.raises(grpc.RpcError) as denied:
+        pbg.TunnelStub(channel(sec, "mallory", pl.address)).Attach(pb.TunnelAttachRequest(), timeout=20)
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert denied.value.details().startswith("CLUSTER_AUTHORIZATION_FAILED"), denied.value.details()
+    port = _link_port(sec, "pl-0")
+
+    def refused(reason: str) -> float:
+        return metric(pl.metrics_address, "exactly_connections_refused_total", f'reason="{reason}"')
+
+    failed, tickets, links = refused("ssl.handshake.failed"), refused("ticket"), \
+        metric(pl.metrics_address, "exactly_tunnel_links")
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as plain:
+        plain.sendall(os.urandom(32) + (1 << 20).to_bytes(4, "big"))
+        assert plain.recv(1) == b""  # not TLS: the handshake fails and the connection closes
+    with _tls(sec).wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20),
+                               server_hostname="127.0.0.1") as tls:
+        tls.sendall(os.urandom(32))
+        assert tls.recv(1) == b""
+    wait_for(lambda: refused("ssl.handshake.failed") == failed + 1 and refused("ticket") == tickets + 1, 10,
+             "both refusals counted")
+    assert metric(pl.metrics_address, "exactly_tunnel_links") == links
+    again = pbg.PartitionLeaderStub(channel(sec, "mallory", pl.address)).Fetch(fetch_request("big"), timeout=20)
+    assert again.responses[0].partitions[0].records
 
 
 # ------------------------------------------------------------ parked fetches

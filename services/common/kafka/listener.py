@@ -76,7 +76,6 @@ import asyncio
 import logging
 import socket
 import ssl
-import traceback
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -89,7 +88,7 @@ from ..security import quotas as quota
 from ..transport.connections import (CONNECTIONS_MAX_IDLE_MS, SASL_AUTHENTICATION_TIMEOUT_MS,
                                      SASL_SERVER_MAX_RECEIVE_SIZE, ConnectionLimits, RefusalLog)
 from ..security.sasl import SaslFailure, UnsupportedMechanism
-from .tls import OffloadedHandshake
+from .tls import accepted_transport
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
 
 log = logging.getLogger(__name__)
@@ -309,26 +308,7 @@ class KafkaListener:
                        protocol: asyncio.Protocol) -> asyncio.Transport:
         """The connection's transport to `protocol`: over TLS once its handshake ended
         (in worker threads: kafka/tls.py), bounded by handshake_timeout_s."""
-        if self._ssl is None:
-            transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
-            return transport
-        handshake = loop.create_future()
-        tls = OffloadedHandshake(loop, protocol, self._ssl, handshake, server_side=True,
-                                 ssl_handshake_timeout=self.handshake_timeout_s,
-                                 ssl_shutdown_timeout=CLOSE_LINGER_S)
-        raw, _ = await loop.connect_accepted_socket(lambda: tls, conn)
-        try:
-            await handshake
-        except BaseException as exc:
-            raw.abort()
-            # The failure's traceback holds the frames it passed, which hold the failure (this
-            # one's future, SSLProtocol's handshake_exc): cycles that kept the connection's
-            # TLS state (OpenSSL's buffers, the protocol's) until a full garbage collection,
-            # 60 KB a connection. Without their locals, it goes with the connection.
-            traceback.clear_frames(exc.__traceback__)
-            handshake = tls = raw = None  # noqa: F841 - this frame's, which is still running
-            raise
-        return tls.app_transport()
+        return await accepted_transport(loop, conn, protocol, self._ssl, self.handshake_timeout_s, CLOSE_LINGER_S)
 
     def _user_changed(self, name: str) -> None:
         """UserStore listener (ZooKeeper's thread): user `name` changed or is gone."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import traceback
 from asyncio import sslproto
 from concurrent.futures import ThreadPoolExecutor
 
@@ -115,3 +116,33 @@ class OffloadedHandshake(sslproto.SSLProtocol):
                 self._do_handshake()
             elif self._state == sslproto.SSLProtocolState.WRAPPED:
                 self._do_read()
+
+
+async def accepted_transport(loop: asyncio.AbstractEventLoop, conn, protocol: asyncio.Protocol,
+                             ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
+                             shutdown_timeout_s: float) -> asyncio.Transport:
+    """The transport of an accepted socket `conn` to `protocol`: plain with no
+    `ssl_context`, else over TLS once its server handshake ended (steps in worker threads:
+    `OffloadedHandshake`), bounded by `handshake_timeout_s` (s). The TLS protocol is the
+    socket's from the start, so no byte of the handshake is read by anything else. Raises
+    the handshake's failure (ssl.SSLError, ConnectionError, TimeoutError); the socket is
+    then closed."""
+    if ssl_context is None:
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+        return transport
+    handshake = loop.create_future()
+    tls = OffloadedHandshake(loop, protocol, ssl_context, handshake, server_side=True,
+                             ssl_handshake_timeout=handshake_timeout_s, ssl_shutdown_timeout=shutdown_timeout_s)
+    raw, _ = await loop.connect_accepted_socket(lambda: tls, conn)
+    try:
+        await handshake
+    except BaseException as exc:
+        raw.abort()
+        # The failure's traceback holds the frames it passed, which hold the failure (this
+        # one's future, SSLProtocol's handshake_exc): cycles that kept the connection's
+        # TLS state (OpenSSL's buffers, the protocol's) until a full garbage collection,
+        # 60 KB a connection. Without their locals, it goes with the connection.
+        traceback.clear_frames(exc.__traceback__)
+        handshake = tls = raw = None  # noqa: F841 - this frame's, which is still running
+        raise
+    return tls.app_transport()

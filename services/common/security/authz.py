@@ -182,6 +182,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     # The tunnel carries the services' calls to each other only (services/common/transport/tunnel.py):
     # a stream is admitted (its `Open` pseudo-call) with ClusterAction on the Cluster.
     "Tunnel/Open": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
+    # A ticket for a link: the tunnel's calls on a TCP connection, run as this call's principal.
+    "Tunnel/Attach": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
     # An SDK's stream of transaction-path calls (Client/Calls): admitted for every caller
     # that authenticates; each call it carries is authorized by its own rule.
     "Client/Open": lambda r, p: [],

@@ -19,6 +19,7 @@ from exactly_wire.v1 import exactly_pb2 as pb
 
 from ..cluster.state import ClusterState, NodeInfo
 from ..protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
+from .link import LinkStream, client_ssl_context
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
@@ -73,13 +74,18 @@ _unsupported_logged: dict[str, float] = {}
 
 
 class ClusterClient:
-    """Channels to other services (one per address), found through ClusterState."""
+    """Channels to other services (one per address), found through ClusterState.
+    links: whether tunnels go on the peers' links (services.common.transport.link) where
+    they offer one."""
 
     def __init__(self, cluster: ClusterState, security: TransportSecurity | None = None,
-                 keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS):
+                 keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS, links: bool = True):
         self.cluster = cluster
         self.security = security or TransportSecurity()
         self._options = channel_options(keepalive_time_ms)
+        self._keepalive_s = keepalive_time_ms / 1000
+        self._links = links
+        self._link_ssl = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tunnels: dict[str, TunnelChannel] = {}
 
@@ -95,8 +101,16 @@ class ClusterClient:
         path for the calls of the transaction path."""
         t = self._tunnels.get(address)
         if t is None:
-            t = self._tunnels[address] = TunnelChannel(self.channel(address))
+            link = (lambda stub: LinkStream(stub, address, self.security, self._link_ssl_context,
+                                            keepalive_s=self._keepalive_s)) if self._links else None
+            t = self._tunnels[address] = TunnelChannel(self.channel(address), link=link)
         return t
+
+    def _link_ssl_context(self):
+        """The links' TLS context, made once (link.client_ssl_context)."""
+        if self._link_ssl is None:
+            self._link_ssl = client_ssl_context(self.security)
+        return self._link_ssl
 
     def leader_tunnel(self, topic: str, partition: int) -> TunnelChannel | None:
         """The tunnel to the leader of `topic`-`partition` (None: no leader known)."""

@@ -53,6 +53,7 @@ from ..cluster.state import KIND_FOR_KEY_TYPE, ClusterState, broker_id
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
 from ..config import ServiceConfig, parse_args, service_security
 from .guard import RequestGuard
+from .link import LinkServer
 from .tunnel import (CLIENT_CARRIED, CLIENT_OPEN_METHOD, HandlerRegistry, TunnelServicer,
                      add_client_calls_to_server, add_tunnel_to_server)
 from ..kafka.acl_api import acl_message, binding_of_message
@@ -584,16 +585,21 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING, LIVENESS)
     service = await setup(registry, cluster, client, cfg)
-    add_tunnel_to_server(TunnelServicer(registry, interceptors,
-                                        cfg.settings.tunnel_max_in_flight_calls,
-                                        cfg.settings.tunnel_max_queued_replies),
-                         server)
+    tunnel = TunnelServicer(registry, interceptors, cfg.settings.tunnel_max_in_flight_calls,
+                            cfg.settings.tunnel_max_queued_replies)
+    add_tunnel_to_server(tunnel, server)
     add_client_calls_to_server(TunnelServicer(registry, interceptors,
                                               cfg.settings.client_stream_max_in_flight_calls,
                                               cfg.settings.tunnel_max_queued_replies,
                                               open_method=CLIENT_OPEN_METHOD, carried=CLIENT_CARRIED),
                                server)
     await server.start()
+    if cfg.link_port >= 0:
+        tunnel.link = LinkServer(tunnel, cfg.settings.socket_request_max_bytes,
+                                 idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
+                                 handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
+                                 keepalive_s=cfg.settings.keepalive_time_ms / 1000)
+        await tunnel.link.start(cfg.host, cfg.link_port, ssl_context(cfg, security, True) if security.tls else None)
     sweeper, kafka_limits = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper")
     trimmer = memory.MemoryTrim.from_settings(cfg.settings)
@@ -631,8 +637,11 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     (cfg.data_dir / "port").write_text(str(port))
     if kafka is not None:
         (cfg.data_dir / "kafka-port").write_text(str(cluster.kafka_port))
-    log.info("%s %s (Exactly %s) serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s, event loop %s",
-             cfg.role, cfg.node_id, version(), cfg.host, port, cfg.advertised, port, cluster.kafka_port or "none",
+    if tunnel.link is not None:
+        (cfg.data_dir / "link-port").write_text(str(tunnel.link.port))
+    log.info("%s %s (Exactly %s) serving on %s:%d (advertised as %s:%d), Kafka protocol on port %s, links on "
+             "port %s, event loop %s", cfg.role, cfg.node_id, version(), cfg.host, port, cfg.advertised, port,
+             cluster.kafka_port or "none", tunnel.link.port if tunnel.link else "none",
              type(loop).__module__.split(".")[0])
     await stop.wait()
     if unsupported:
@@ -646,13 +655,15 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING, LIVENESS)
     if kafka is not None:
         await kafka.stop()
+    if tunnel.link is not None:
+        await tunnel.link.stop()
     await server.stop(grace=1.0)
     await service.stop()
     await client.close()
     await asyncio.to_thread(cluster.stop)
     if metrics_server is not None:
         metrics_server.close()
-    for name in ("port", "kafka-port"):
+    for name in ("port", "kafka-port", "link-port"):
         try:
             os.unlink(cfg.data_dir / name)
         except FileNotFoundError:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import grpc
@@ -63,6 +64,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..settings import ServiceSchema
 from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
+from .link import LINK_RETRY_S, LinkError, LinkServer, LinkStream, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,8 @@ CLIENT_METHOD = client_calls.CLIENT_CALLS_METHOD
 CLIENT_OPEN_METHOD = "/exactly.v1.Client/Open"
 CLIENT_CARRIED = client_calls.CARRIED
 # The stream methods and admission checks themselves, which no stream carries.
-_STREAM_METHODS = frozenset((TUNNEL_METHOD, method_path("Tunnel", "Batches"), OPEN_METHOD,
+ATTACH_METHOD = method_path("Tunnel", "Attach")
+_STREAM_METHODS = frozenset((TUNNEL_METHOD, method_path("Tunnel", "Batches"), ATTACH_METHOD, OPEN_METHOD,
                              CLIENT_METHOD, CLIENT_OPEN_METHOD))
 # The schema's defaults of exactly.tunnel.max.in.flight.calls and exactly.tunnel.max.queued.replies.
 DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"].default
@@ -191,10 +194,14 @@ class TunnelServicer(pbg.TunnelServicer):
     CLIENT_OPEN_METHOD for `Client/Calls`); `carried`: the only methods its streams
     carry (None: every unary method), the others answered UNIMPLEMENTED.
 
-    Observable state (over all streams): `in_flight`, calls read and not yet
+    `link`: the process's link listener (services.common.transport.link), whose tickets
+    `Attach` hands out; None: Attach answers port 0 (no link offered).
+
+    Observable state (over all streams and links): `in_flight`, calls read and not yet
     answered; `held_reads`, streams whose next read waits for a slot or for the
     replies to drain (back-pressure on their senders); `messages_read` and
-    `messages_sent`, stream messages each way (a Batches message counts once)."""
+    `messages_sent`, stream messages each way (a Batches message or a link's frame
+    counts once)."""
 
     def __init__(self, registry: HandlerRegistry, interceptors: Sequence[grpc.aio.ServerInterceptor],
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, max_queued: int = DEFAULT_MAX_QUEUED,
@@ -210,6 +217,23 @@ class TunnelServicer(pbg.TunnelServicer):
         self.held_reads = 0
         self.messages_read = 0
         self.messages_sent = 0
+        self.link: LinkServer | None = None
+
+    async def Attach(self, request: pb.TunnelAttachRequest, context: grpc.aio.ServicerContext
+                     ) -> pb.TunnelAttachResponse:
+        """A ticket for a link (services.common.transport.link) whose calls run with this
+        call's metadata, certificate and peer; port 0 when no link is offered (none
+        configured, or the listener's links and tickets at their bound). The call itself
+        was authorized as `Tunnel/Open` is (ClusterAction on the Cluster)."""
+        link = self.link
+        if link is None or not link.port:
+            return pb.TunnelAttachResponse()
+        ticket = link.issue(Snapshot(tuple(context.invocation_metadata() or ()), dict(context.auth_context() or {}),
+                                     context.peer()))
+        if ticket is None:
+            return pb.TunnelAttachResponse()
+        return pb.TunnelAttachResponse(port=link.port, ticket=ticket,
+                                       ticket_ttl_ms=int(link.tickets.ttl_s * 1000))
 
     async def _handler(self, method: str, metadata) -> grpc.RpcMethodHandler | None:
         if method in self._resolved:
@@ -290,6 +314,7 @@ class TunnelServicer(pbg.TunnelServicer):
         drained.set()
         done = object()
         mine = 0  # this stream's share of self.in_flight
+        failure: list[LinkError] = []  # a link's frame that broke the protocol: the link closes
 
         def put(reply) -> None:
             replies.put_nowait(reply)
@@ -349,6 +374,8 @@ class TunnelServicer(pbg.TunnelServicer):
                         slots.release()
                 if running:
                     await asyncio.gather(*running, return_exceptions=True)
+            except LinkError as exc:
+                failure.append(exc)
             finally:
                 replies.put_nowait(done)
 
@@ -365,6 +392,8 @@ class TunnelServicer(pbg.TunnelServicer):
             while True:
                 reply, carried = (carried if carried is not None else await replies.get()), None
                 if reply is done:
+                    if failure:
+                        raise failure[0]
                     break
                 ready, size = [reply], len(reply.response)
                 while batched and not replies.empty():  # a Calls message carries one reply
@@ -393,8 +422,11 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
     calls = grpc.stream_stream_rpc_method_handler(
         servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
+    attach = grpc.unary_unary_rpc_method_handler(
+        servicer.Attach, request_deserializer=pb.TunnelAttachRequest.FromString,
+        response_serializer=pb.TunnelAttachResponse.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "exactly.v1.Tunnel", {"Calls": calls, "Batches": _batches_handler(servicer)}),))
+        "exactly.v1.Tunnel", {"Calls": calls, "Batches": _batches_handler(servicer), "Attach": attach}),))
 
 
 def add_client_calls_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
@@ -438,6 +470,14 @@ class _Downgraded(TunnelError):
         super().__init__(grpc.StatusCode.UNIMPLEMENTED, "the peer serves no Tunnel/Batches")
 
 
+class _LinkDown(_Downgraded):
+    """The link could not be set up, so nothing of its calls was sent: they go again on
+    the gRPC stream."""
+
+    def __init__(self, why: str):
+        TunnelError.__init__(self, grpc.StatusCode.UNAVAILABLE, f"no link: {why}")
+
+
 class TunnelChannel:
     """Tunneled unary calls to one service over `channel` (module docstring).
 
@@ -446,14 +486,29 @@ class TunnelChannel:
     most MAX_BATCH_CALLS calls and, past the first, MAX_BATCH_BYTES of requests); a
     lone call goes at once. Towards a peer that answers Batches UNIMPLEMENTED the
     channel uses `Tunnel/Calls` from then on, and the calls refused go again there.
-    batched False: `Tunnel/Calls` only, one call to a message."""
+    batched False: `Tunnel/Calls` only, one call to a message.
 
-    def __init__(self, channel: grpc.aio.Channel, batched: bool = True):
+    link: a factory of the peer's link (`stub -> link.LinkStream`): the Batches protocol
+    then goes on a TCP connection (services.common.transport.link). After a link could
+    not be set up the calls go on the gRPC stream; LINK_RETRY_S later the next call sets
+    up a link beside it, and once that link is up new calls go there while the stream
+    ends after answering the calls it carries (half-closed).
+
+    Each call is failed by the end of the stream or link it was written on (UNAVAILABLE,
+    or sent again when that stream refused it unread), so calls on a stream being
+    retired are answered or failed as on any other."""
+
+    def __init__(self, channel: grpc.aio.Channel, batched: bool = True,
+                 link: Callable[[Any], LinkStream] | None = None):
         self._stub = pbg.TunnelStub(channel)
+        self._link = link
+        self._link_retry_at = 0.0
         self._batched = batched
         self._stream: grpc.aio.StreamStreamCall | None = None
-        self._reader: asyncio.Task | None = None
+        self._readers: dict[asyncio.Task, Any] = {}  # reader task -> its stream or link
+        self._probe: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._sent: dict[int, Any] = {}  # correlation id -> the stream or link it was written on
         self._outbox: list[pb.TunneledCall] = []
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
@@ -463,13 +518,61 @@ class TunnelChannel:
         """Whether calls go on Tunnel/Batches (False after the peer refused it)."""
         return self._batched
 
+    @property
+    def linked(self) -> bool:
+        """Whether the calls go on a link that is set up."""
+        return isinstance(self._stream, LinkStream) and self._stream.ready
+
     def _open(self) -> grpc.aio.StreamStreamCall:
         stream = self._stream
         if stream is None:
             batched = self._batched
-            stream = self._stream = self._stub.Batches() if batched else self._stub.Calls()
-            self._reader = asyncio.get_running_loop().create_task(self._read(stream, batched))
+            if batched and self._link is not None and time.monotonic() >= self._link_retry_at:
+                stream = self._stream = self._link(self._stub)
+            else:
+                stream = self._stream = self._stub.Batches() if batched else self._stub.Calls()
+            self._start_reader(stream, batched)
+        elif (self._link is not None and self._batched and self._probe is None and not isinstance(stream, LinkStream)
+              and time.monotonic() >= self._link_retry_at):
+            # On the gRPC stream since a link failed: try one again beside it.
+            self._probe = asyncio.get_running_loop().create_task(self._link_again())
         return stream
+
+    def _start_reader(self, stream: Any, batched: bool) -> None:
+        reader = asyncio.get_running_loop().create_task(self._read(stream, batched))
+        self._readers[reader] = stream
+        reader.add_done_callback(lambda task: self._readers.pop(task, None))
+
+    async def _link_again(self) -> None:
+        """Set up a link beside the gRPC stream the calls use; once it is up, new calls go
+        on it and the stream is half-closed (it ends once its calls are answered)."""
+        link = self._link(self._stub)
+        try:
+            await link.wait_ready()
+        except (LinkError, grpc.RpcError) as exc:
+            link.cancel()
+            self._link_failed(exc if isinstance(exc, LinkError) else LinkError(str(exc)))
+            return
+        except asyncio.CancelledError:
+            link.cancel()
+            raise
+        finally:
+            self._probe = None
+        async with self._write_lock:
+            old, self._stream = self._stream, link
+            self._start_reader(link, True)
+        log.info("a peer's calls go on a link again")
+        if old is not None and not isinstance(old, LinkStream):
+            try:
+                await old.done_writing()
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                pass
+
+    def _link_failed(self, exc: LinkError) -> TunnelError:
+        if time.monotonic() >= self._link_retry_at:
+            log.info("no link to a peer (%s): its calls go on the gRPC stream for %.0f s", exc, LINK_RETRY_S)
+        self._link_retry_at = time.monotonic() + LINK_RETRY_S
+        return _LinkDown(str(exc))
 
     def _broken(self, exc: grpc.RpcError, batched: bool) -> TunnelError:
         error = _stream_error(exc)
@@ -485,24 +588,34 @@ class TunnelChannel:
         try:
             async for message in stream:
                 for reply in (message.replies if batched else (message,)):
+                    self._sent.pop(reply.correlation_id, None)
                     future = self._pending.pop(reply.correlation_id, None)
                     if future is not None and not future.done():
                         future.set_result(reply)
         except grpc.RpcError as exc:
             error = self._broken(exc, batched)
+        except LinkError as exc:
+            error = self._link_failed(exc)
+        except ConnectionError as exc:
+            error = TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {exc}")
         except asyncio.CancelledError:
             pass
         finally:
             self._fail(stream, error)
 
     def _fail(self, stream: grpc.aio.StreamStreamCall, error: TunnelError) -> None:
+        """Fail the calls written on `stream` with `error` and, when it is the current
+        one, those waiting to be written (they fail unsent)."""
+        doomed = [cid for cid, on in self._sent.items() if on is stream]
         if self._stream is stream:
             self._stream = None
-            pending, self._pending = self._pending, {}
-            self._outbox.clear()  # their calls fail below, unsent
-            for future in pending.values():
-                if not future.done():
-                    future.set_exception(error)
+            doomed += [call.correlation_id for call in self._outbox]
+            self._outbox.clear()
+        for cid in doomed:
+            self._sent.pop(cid, None)
+            future = self._pending.pop(cid, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
 
     def _abandon(self, stream: grpc.aio.StreamStreamCall, why: str, error: TunnelError | None = None) -> TunnelError:
         error = error or TunnelError(grpc.StatusCode.UNAVAILABLE, why)
@@ -515,6 +628,7 @@ class TunnelChannel:
         `response_class`. Raises TunnelError with the method's status (as a direct
         call raises AioRpcError), UNAVAILABLE when the stream broke, DEADLINE_EXCEEDED
         after `timeout_s` seconds."""
+        started = time.monotonic()
         try:
             # The bound covers the write too: towards a peer that stopped reading (SIGSTOP,
             # a cut network) a write waits on flow control, and later calls on the lock.
@@ -522,6 +636,11 @@ class TunnelChannel:
             async with asyncio.timeout(timeout_s):
                 return await self._call(method, request, response_class)
         except TimeoutError:
+            stream = self._stream
+            if isinstance(stream, LinkStream) and stream.ready and stream.last_read < started:
+                # Nothing at all came back on the link meanwhile: a stopped or cut-off peer,
+                # which keepalive would not see; the next call sets up a new link.
+                self._abandon(stream, "nothing read on the link within a call's timeout")
             raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
 
     async def _call(self, method: str, request: Any, response_class: type) -> Any:
@@ -538,6 +657,7 @@ class TunnelChannel:
             return await self._call(method, request, response_class)
         finally:
             self._pending.pop(correlation_id, None)
+            self._sent.pop(correlation_id, None)
         if reply.status_code:
             raise TunnelError(client_calls.status(reply.status_code), reply.status_details)
         return response_class.FromString(reply.response)
@@ -546,6 +666,7 @@ class TunnelChannel:
         async with self._write_lock:
             stream = self._open()
             self._pending[call.correlation_id] = future
+            self._sent[call.correlation_id] = stream
             try:
                 await stream.write(call)
             except asyncio.CancelledError:
@@ -572,12 +693,16 @@ class TunnelChannel:
                 while any(queued is call for queued in self._outbox):
                     stream = self._open()
                     batch = self._take()
+                    for taken in batch:
+                        self._sent[taken.correlation_id] = stream
                     try:
                         await stream.write(pb.TunneledCalls(calls=batch))
                     except asyncio.CancelledError:
                         self._abandon(stream, "a write was interrupted")
                         raise
-                    except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                    except LinkError as exc:
+                        self._abandon(stream, str(exc), self._link_failed(exc))
+                    except (grpc.RpcError, asyncio.InvalidStateError, ConnectionError, OSError) as exc:
                         self._abandon(stream, f"the tunnel broke: {exc}",
                                       self._broken(exc, True) if isinstance(exc, grpc.RpcError) else None)
         except asyncio.CancelledError:
@@ -596,11 +721,14 @@ class TunnelChannel:
         return batch
 
     async def close(self) -> None:
-        stream, reader = self._stream, self._reader
-        if stream is not None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        readers = dict(self._readers)
+        for stream in readers.values():
             stream.cancel()
-        if reader is not None:
-            await asyncio.gather(reader, return_exceptions=True)
+        if readers:
+            await asyncio.gather(*readers, return_exceptions=True)
 
 
 __all__ = ["add_tunnel_to_server", "OPEN_METHOD", "method_path", "TunnelServicer", "TunnelChannel", "TunnelError", "TunneledContext", "HandlerRegistry", "TUNNEL_METHOD"]

@@ -1,0 +1,494 @@
+"""The tunnel's link: its Batches protocol on a plain TCP connection (docs/design.md, "Tunnel
+and fetch limits"; exactly.proto, `Tunnel/Attach`).
+
+Why: each message on a gRPC stream costs both processes gRPC's per-message work (HTTP/2
+framing and flow control, the completion queue's poller thread, a callback on the event
+loop); a length-prefixed frame on a TCP connection costs a fraction of it (`python -m
+bench.transport_floor`: 0.25 ms of CPU per round trip on a stream against 0.06 ms on a
+connection, one call at a time, the 2-core machine). The calls between services (a
+coordinator's appends and markers, the leaders' verification and implicit adds, replica
+fetches) are the transaction path's most frequent messages.
+
+How a link is set up, so that it is admitted exactly as a tunnel stream is:
+
+1. The client calls `Tunnel/Attach` on the service's gRPC port: an ordinary unary call,
+   through the server's interceptors (metrics, the request guard, authentication,
+   authorization: ClusterAction on the Cluster, as `Tunnel/Open`). The answer is the
+   link's port and a ticket: TICKET_BYTES random bytes, good once, for TICKET_TTL_MS. The
+   server keeps, with the ticket, the call's metadata, certificate and peer (`Snapshot`).
+2. The client connects to that port on the same host (TLS when the gRPC port is TLS, with
+   the same certificates and the same host name check) and sends the ticket; the server
+   answers ACK once it redeemed it.
+3. From then on the connection carries the Batches protocol: client frames are
+   TunneledCalls, server frames TunneledReplies, each a 4-byte big-endian length and the
+   message. `TunnelServicer._serve` runs them with a context that gives every call the
+   snapshot's metadata and certificate, so each call is authenticated, authorized and
+   held by quotas exactly as on a Batches stream, with the same bounds on calls in flight
+   and replies queued (a link that stops being read stops reading: TCP's flow control
+   then holds the sender).
+
+Before its ticket is redeemed a connection costs the server a few kilobytes: at most
+MAX_PENDING_LINKS connections wait for their TLS handshake and ticket at once (more are
+closed when accepted), each for at most `handshake_timeout_s`; a wrong, used or expired
+ticket closes the connection. At most `max_links` links are open (a ticket is only issued
+below that), at most MAX_OUTSTANDING_TICKETS tickets wait to be redeemed. A frame larger
+than `max_frame_bytes` (socket.request.max.bytes) closes the link; a frame that does not
+parse is answered INVALID_ARGUMENT under correlation id 0, as on a stream. A link with no
+frame for `idle_timeout_s` (connections.max.idle.ms), or whose replies its peer does not
+read for that long, is closed.
+
+The link is an optimization, never a requirement: the client (`LinkStream`, used by
+tunnel.TunnelChannel) falls back to the gRPC stream when the peer answers Attach
+UNIMPLEMENTED (a version without links), offers no port, or cannot be connected to there
+(a firewall, the listener's bounds), and tries the link again when it next opens a stream
+for that peer LINK_RETRY_S or more later (a peer's restart, as in an upgrade, breaks the
+stream). Calls only go on a link after its ACK, so a link that could not be set up has
+sent nothing and its calls go on the stream unchanged. An Attach that fails (the peer down
+or unreachable, the principal refused) fails the calls as a stream that cannot be opened
+does, and the next call tries again. A link that breaks later fails its calls in flight
+with UNAVAILABLE, as a broken stream does. A
+call that times out with nothing at all read from its link meanwhile closes the link (a
+peer stopped or cut off; TCP keepalive, at exactly.keepalive.time.ms, finds dead hosts
+too), and the next call sets up a new one.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import ssl
+import struct
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+
+from exactly_wire.security import TransportSecurity
+from exactly_wire.v1 import exactly_pb2 as pb
+
+from ..kafka.tls import accepted_transport
+from ..metrics import CONNECTIONS_REFUSED, TUNNEL_LINKS
+from ..settings import ServiceSchema, key_of
+from .connections import CONNECTIONS_MAX_IDLE_MS
+from .guard import safe_deserializer
+
+log = logging.getLogger(__name__)
+
+TICKET_BYTES = 32
+TICKET_TTL_MS = 10_000
+MAX_OUTSTANDING_TICKETS = 256
+MAX_PENDING_LINKS = 32
+DEFAULT_MAX_LINKS = 256
+ACK = b"\x01"
+CLOSE_LINGER_S = 1.0  # how long a closing TLS link may take to end (close_notify)
+LINK_RETRY_S = 30.0  # how long a client leaves a peer's calls on the gRPC stream after a link failed
+_HEADER = struct.Struct(">I")
+_parse_calls = safe_deserializer(pb.TunneledCalls.FromString)
+
+
+class LinkError(Exception):
+    """A link that could not be set up (the client falls back to the gRPC stream) or
+    a frame that breaks the protocol (the link is closed)."""
+
+
+class _Oversized(LinkError):
+    """A frame above the listener's bound."""
+
+
+class _Idle(LinkError):
+    """No frame, or replies not read, for the listener's idle timeout."""
+
+
+# Why the link listener refuses or closes a connection (exactly_connections_refused_total's
+# `reason` with listener="link"): too many waiting for their ticket; no TLS handshake and
+# ticket within exactly.ssl.handshake.timeout.ms; a failed handshake or a connection closed
+# before its ticket; a ticket not issued, used or expired; a frame above
+# socket.request.max.bytes; no frame, or replies not read, for connections.max.idle.ms.
+SOCKET_REQUEST_MAX_BYTES = key_of(ServiceSchema, "socket_request_max_bytes")
+REASONS = ("pending", "ssl.handshake.timeout", "ssl.handshake.failed", "ticket", SOCKET_REQUEST_MAX_BYTES,
+           CONNECTIONS_MAX_IDLE_MS)
+
+
+# ------------------------------------------------------------------ tickets (pure)
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a link's calls run as: the metadata, certificate (gRPC auth context) and
+    peer of the Attach call that got its ticket."""
+
+    metadata: tuple
+    auth_context: dict
+    peer: str
+
+
+class LinkTickets:
+    """One-time tickets of a link listener. `issue(snapshot)` -> TICKET_BYTES bytes, or
+    None while `limit` tickets are outstanding; `redeem(ticket)` -> the snapshot it was
+    issued with, once, within `ttl_ms` (ms); None for any other bytes. clock: monotonic
+    seconds."""
+
+    def __init__(self, ttl_ms: int = TICKET_TTL_MS, limit: int = MAX_OUTSTANDING_TICKETS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.ttl_s = ttl_ms / 1000
+        self.limit = limit
+        self.clock = clock
+        self._tickets: dict[bytes, tuple[float, Snapshot]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+    def _expire(self, now: float) -> None:
+        for ticket in [t for t, (expiry, _) in self._tickets.items() if expiry <= now]:
+            del self._tickets[ticket]
+
+    def issue(self, snapshot: Snapshot) -> bytes | None:
+        now = self.clock()
+        self._expire(now)
+        if len(self._tickets) >= self.limit:
+            return None
+        ticket = secrets.token_bytes(TICKET_BYTES)
+        self._tickets[ticket] = (now + self.ttl_s, snapshot)
+        return ticket
+
+    def redeem(self, ticket: bytes) -> Snapshot | None:
+        self._expire(self.clock())
+        # 256 random bits: guessing one is out of reach whatever a lookup's timing shows.
+        entry = self._tickets.pop(ticket, None) if len(ticket) == TICKET_BYTES else None
+        return None if entry is None else entry[1]
+
+
+# ------------------------------------------------------------------ server side
+
+class LinkContext:
+    """The stream-level context of a link for TunnelServicer._serve and TunneledContext:
+    the snapshot's metadata, certificate and peer; `abort` ends the link."""
+
+    __slots__ = ("_snapshot",)
+
+    def __init__(self, snapshot: Snapshot):
+        self._snapshot = snapshot
+
+    def invocation_metadata(self):
+        return self._snapshot.metadata
+
+    def auth_context(self):
+        return self._snapshot.auth_context
+
+    def peer(self) -> str:
+        return self._snapshot.peer
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
+        raise LinkError(f"link refused: {code.name} {details}")
+
+
+class _Frames:
+    """A link's TunneledCalls as the async iterator TunnelServicer._serve reads: each
+    frame within `idle_s` of the previous one, at most `max_bytes`; a frame that does
+    not parse comes as guard.Undecodable."""
+
+    def __init__(self, reader: asyncio.StreamReader, max_bytes: int, idle_s: float):
+        self._reader, self._max, self._idle_s = reader, max_bytes, idle_s
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            async with asyncio.timeout(self._idle_s):
+                (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
+                if size > self._max:
+                    raise _Oversized(f"a frame of {size} bytes, above {SOCKET_REQUEST_MAX_BYTES} ({self._max})")
+                body = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            raise StopAsyncIteration from None
+        except TimeoutError:
+            raise _Idle(f"no frame for {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
+        return _parse_calls(body)
+
+
+class LinkServer:
+    """The link listener of a service process (module docstring). `servicer`: the
+    process's tunnel servicer (tunnel.TunnelServicer), whose `_serve` runs each link's
+    calls. `start(host, port, ssl_context)` -> the bound port; `stop()`.
+    Observable: `links` (open), `pending` (waiting for their ticket), `refused` (by
+    reason)."""
+
+    def __init__(self, servicer: Any, max_frame_bytes: int, idle_timeout_s: float, handshake_timeout_s: float,
+                 keepalive_s: float = 0.0, max_links: int = DEFAULT_MAX_LINKS, tickets: LinkTickets | None = None):
+        self.servicer = servicer
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.keepalive_s = keepalive_s
+        self.max_links = max_links
+        self.tickets = tickets or LinkTickets()
+        self.port = 0
+        self.links = 0
+        self.pending = 0
+        self.refused: dict[str, int] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._socket: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        self._ssl = ssl_context
+        for reason in REASONS:
+            CONNECTIONS_REFUSED.labels("link", reason)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        self._socket = socket.create_server((host, port), family=family, backlog=128)
+        self._socket.setblocking(False)
+        self.port = self._socket.getsockname()[1]
+        self._accepting = asyncio.create_task(self._accept(), name="link-accept")
+        return self.port
+
+    async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def issue(self, snapshot: Snapshot) -> bytes | None:
+        """A ticket for a new link, or None while no more may be opened."""
+        if self.links + len(self.tickets) >= self.max_links:
+            return None
+        return self.tickets.issue(snapshot)
+
+    def _refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+        CONNECTIONS_REFUSED.labels("link", why).inc()
+
+    async def _accept(self) -> None:
+        """Accept connections; at most MAX_PENDING_LINKS wait for their ticket, the others
+        are closed before anything is read from them."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._socket)
+            except OSError as exc:  # EMFILE and the like
+                log.warning("link listener: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if self.pending >= MAX_PENDING_LINKS:
+                conn.close()
+                self._refuse("pending")
+                continue
+            self.pending += 1
+            task = asyncio.create_task(self._connection(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connection(self, conn: socket.socket) -> None:
+        """One accepted connection (counted in `pending` by `_accept`): its TLS handshake
+        and ticket within handshake_timeout_s, then the link it sets up."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport: asyncio.Transport | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.handshake_timeout_s):
+                    transport = await accepted_transport(loop, conn, protocol, self._ssl, self.handshake_timeout_s,
+                                                         CLOSE_LINGER_S)
+                    ticket = await reader.readexactly(TICKET_BYTES)
+            except TimeoutError:
+                self._refuse("ssl.handshake.timeout")
+                return
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError):
+                self._refuse("ssl.handshake.failed")
+                return
+            finally:
+                self.pending -= 1
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            snapshot = self.tickets.redeem(ticket)
+            if snapshot is None:
+                self._refuse("ticket")
+                log.info("link from %s refused: not a ticket this process issued, used or expired",
+                         writer.get_extra_info("peername"))
+                return
+            await self._linked(reader, writer, snapshot)
+        finally:
+            if transport is not None:
+                transport.close()
+            else:
+                conn.close()
+
+    async def _linked(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, snapshot: Snapshot) -> None:
+        """Serve a link whose ticket was redeemed, until it ends."""
+        _keepalive(writer, self.keepalive_s)
+        writer.write(ACK)
+        self.links += 1
+        TUNNEL_LINKS.inc()
+        try:
+            await self._serve(reader, writer, LinkContext(snapshot))
+        except _Oversized as exc:
+            self._refuse(SOCKET_REQUEST_MAX_BYTES)
+            log.warning("link from %s closed: %s", snapshot.peer, exc)
+        except _Idle as exc:
+            self._refuse(CONNECTIONS_MAX_IDLE_MS)
+            log.info("link from %s closed: %s", snapshot.peer, exc)
+        except LinkError as exc:
+            log.info("link from %s closed: %s", snapshot.peer, exc)
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass
+        finally:
+            self.links -= 1
+            TUNNEL_LINKS.dec()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: LinkContext) -> None:
+        frames = _Frames(reader, self.max_frame_bytes, self.idle_timeout_s)
+        async for replies in self.servicer._serve(frames, context, batched=True):
+            body = replies.SerializeToString()
+            writer.write(_HEADER.pack(len(body)) + body)
+            try:
+                async with asyncio.timeout(self.idle_timeout_s):
+                    await writer.drain()
+            except TimeoutError:
+                raise _Idle(f"replies not read for {self.idle_timeout_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
+
+
+def _keepalive(writer: asyncio.StreamWriter, keepalive_s: float) -> None:
+    """TCP keepalive on a link's socket, probing after `keepalive_s` idle (0: off)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or keepalive_s <= 0:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle = max(int(keepalive_s), 1)
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", idle), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------ client side
+
+def client_ssl_context(security: TransportSecurity) -> ssl.SSLContext:
+    """A link client's TLS context: the cluster's CA, the host name checked (as the gRPC
+    channel checks it), this process's certificate when it has one."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=security.ca.decode())
+    if security.certificate is not None and security.key is not None:
+        with tempfile.TemporaryDirectory() as d:
+            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+            for path, data in ((cert, security.certificate), (key, security.key)):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def split_address(address: str) -> str:
+    """The host of a "host:port" address ("[::1]:9093" -> "::1")."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+class LinkStream:
+    """The client end of one link, in the shape of the gRPC stream TunnelChannel uses:
+    `write(TunneledCalls)`, async iteration over TunneledReplies, `cancel()`. It sets
+    itself up on first use (Attach, connect, ticket, ACK), within `setup_timeout_s`;
+    until then nothing is sent. A set-up that fails raises, from `write` and from the
+    iteration, LinkError when the peer offers no link or cannot be connected to there
+    (TunnelChannel then sends the calls on the gRPC stream), or Attach's own
+    grpc.RpcError when the call failed (the peer down or unreachable, the principal
+    refused: the calls fail as on a broken stream).
+    `last_read`: monotonic time of the last bytes read (set-up included)."""
+
+    def __init__(self, stub: Any, address: str, security: TransportSecurity, ssl_context: Callable[[], Any],
+                 setup_timeout_s: float = 5.0, keepalive_s: float = 0.0):
+        self._stub = stub
+        self._host = split_address(address)
+        self._security = security
+        self._ssl_context = ssl_context
+        self._timeout_s = setup_timeout_s
+        self._keepalive_s = keepalive_s
+        self.last_read = time.monotonic()
+        self._writer: asyncio.StreamWriter | None = None
+        self._cancelled = False
+        self._ready = asyncio.ensure_future(self._setup())
+
+    async def _setup(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            answer = await self._stub.Attach(pb.TunnelAttachRequest(), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            if (exc.code() if hasattr(exc, "code") else None) is grpc.StatusCode.UNIMPLEMENTED:
+                raise LinkError("Attach answered UNIMPLEMENTED (a version without links)") from None
+            # The peer is down, unreachable or refuses this principal: the gRPC stream would
+            # fail the same way, so the calls fail as a broken stream's do.
+            raise
+        if not answer.port or len(answer.ticket) != TICKET_BYTES:
+            raise LinkError("the peer offers no link")
+        tls = self._ssl_context() if self._security.tls else None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    self._host, answer.port, ssl=tls, server_hostname=self._host if tls else None)
+                self._writer = writer
+                writer.write(answer.ticket)
+                ack = await reader.readexactly(len(ACK))
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
+            if self._writer is not None:
+                self._writer.close()
+            raise LinkError(f"link to {self._host}:{answer.port} not set up: {exc!r}") from None
+        if ack != ACK:
+            writer.close()
+            raise LinkError(f"link to {self._host}:{answer.port} refused")
+        if self._cancelled:
+            writer.close()
+            raise LinkError("cancelled")
+        _keepalive(writer, self._keepalive_s)
+        self.last_read = time.monotonic()
+        return reader, writer
+
+    async def wait_ready(self) -> None:
+        """Until the link is set up; raises as `write` does when it cannot be."""
+        await asyncio.shield(self._ready)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the link is set up (calls written from now on go on it)."""
+        return self._ready.done() and not self._ready.cancelled() and self._ready.exception() is None
+
+    async def write(self, message: pb.TunneledCalls) -> None:
+        _, writer = await asyncio.shield(self._ready)
+        body = message.SerializeToString()
+        writer.write(_HEADER.pack(len(body)) + body)
+        await writer.drain()
+
+    def __aiter__(self):
+        return self._replies()
+
+    async def _replies(self):
+        reader, _ = await asyncio.shield(self._ready)
+        while True:
+            try:
+                (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+                self.last_read = time.monotonic()
+                body = await reader.readexactly(size)
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
+                raise ConnectionError(f"the link closed: {exc!r}") from None
+            self.last_read = time.monotonic()
+            yield pb.TunneledReplies.FromString(body)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._writer is not None:
+            self._writer.close()
+        if not self._ready.done():
+            self._ready.cancel()
+        else:
+            self._ready.exception() if not self._ready.cancelled() else None  # retrieved: no "never retrieved" warning
+
+
+__all__ = ["ACK", "LinkContext", "LinkError", "LinkServer", "LinkStream", "LinkTickets", "Snapshot",
+           "TICKET_BYTES", "client_ssl_context", "split_address"]
