@@ -226,6 +226,7 @@ def test_node_id_and_advertised_host_are_the_pod_name_and_its_dns_name():
         assert args[args.index("--advertised-host") + 1] == "$(POD_FQDN)"
         assert args[args.index("--port") + 1] == "9093"
         assert args[args.index("--kafka-port") + 1] == "9092"
+        assert args[args.index("--link-port") + 1] == "9094"
         # the secureClientPort: ZooKeeper over TLS by default
         assert args[args.index("--zookeeper") + 1] == f"{RELEASE}-zookeeper.{NAMESPACE}.svc.cluster.local:2281"
         env = {e["name"]: e for e in c["env"]}
@@ -254,6 +255,23 @@ def test_kafka_port_on_pods_headless_and_client_services_and_off_with_minus_one(
         assert "kafka" not in {p["name"] for p in c["ports"]}
         assert c["args"][c["args"].index("--kafka-port") + 1] == "-1"
     assert all("kafka" not in {p["name"] for p in svc["spec"]["ports"]} for svc in by_kind(off, "Service").values())
+
+
+def test_link_port_on_pods_and_headless_services_and_off_with_minus_one():
+    """The services' links to each other: a container port and a port of each headless
+    Service (pod-to-pod; the client Service has none), -1 passed on to turn them off."""
+    objects = render({})
+    for component in COMPONENTS:
+        sts = statefulset(objects, component)
+        assert {p["name"]: p["containerPort"] for p in container(sts)["ports"]}["link"] == 9094
+        headless = by_kind(objects, "Service")[sts["spec"]["serviceName"]]
+        assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["link"] == 9094
+    off = render({"network": {"linkPort": -1}})
+    for component in COMPONENTS:
+        c = container(statefulset(off, component))
+        assert "link" not in {p["name"] for p in c["ports"]}
+        assert c["args"][c["args"].index("--link-port") + 1] == "-1"
+    assert all("link" not in {p["name"] for p in svc["spec"]["ports"]} for svc in by_kind(off, "Service").values())
 
 
 def test_without_bind_all_interfaces_the_service_binds_its_dns_name():

@@ -115,7 +115,7 @@ CLIENT = {"namespace": NAMESPACE, "labels": {"app": "etl", f"{RELEASE}-client": 
 FOREIGN_CLIENT = {"namespace": "etl", "labels": {"app": "etl", f"{RELEASE}-client": "true"}}
 PROMETHEUS = {"namespace": "monitoring", "labels": {"app.kubernetes.io/name": "prometheus"}}
 OTHER_MONITORING_POD = {"namespace": "monitoring", "labels": {"app.kubernetes.io/name": "grafana"}}
-GRPC, KAFKA, METRICS, ZK_TLS_PORT, ZK_PLAIN_PORT, QUORUM, ELECTION = 9093, 9092, 9404, 2281, 2181, 2888, 3888
+GRPC, KAFKA, LINK, METRICS, ZK_TLS_PORT, ZK_PLAIN_PORT, QUORUM, ELECTION = 9093, 9092, 9094, 9404, 2281, 2181, 2888, 3888
 
 
 def test_the_default_render_has_network_policies_for_the_exactly_and_zookeeper_pods():
@@ -165,6 +165,20 @@ def test_service_ports_admit_the_exactly_pods_and_the_configured_clients_only():
     assert not admitted(custom, CLIENT, dst, GRPC)
     assert not admitted(custom, FOREIGN_CLIENT, dst, METRICS)
     assert not admitted(custom, FOREIGN_CLIENT, pod(custom, ZK), ZK_TLS_PORT)
+
+
+def test_the_link_port_admits_the_exactly_pods_only():
+    """Links are the services' calls to each other: no client, test pod or scraper reaches
+    them, whatever the clients' rules admit on the gRPC and Kafka ports."""
+    for values in ({}, {"networkPolicy": {"clients": {"from": [{"namespaceSelector": {}}]}}}):
+        objects = render(values)
+        for component in COMPONENTS:
+            dst = pod(objects, f"{RELEASE}-{component}")
+            for peer in COMPONENTS:
+                assert admitted(objects, pod(objects, f"{RELEASE}-{peer}"), dst, LINK), (component, peer)
+            for src in (STRANGER, NEIGHBOUR, CLIENT, FOREIGN_CLIENT, PROMETHEUS, pod(objects, ZK),
+                        pod(objects, f"{RELEASE}-test-round-trip")):
+                assert not admitted(objects, src, dst, LINK), (component, src)
 
 
 def test_metrics_admit_the_configured_scraper_only():

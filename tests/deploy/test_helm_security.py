@@ -109,8 +109,9 @@ def test_no_plaintext_listener_or_setting_in_the_default_render():
     assert properties(objects)["security.protocol"] == "SSL"  # both the gRPC and the Kafka listener
     for component in COMPONENTS:
         c = container(statefulset(objects, component))
-        # gRPC and Kafka (both TLS with security.protocol=SSL) and the HTTP /metrics port only
-        assert {p["name"] for p in c["ports"]} == {"grpc", "kafka", "metrics"}
+        # gRPC, Kafka and the services' links (all TLS with security.protocol=SSL) and the HTTP
+        # /metrics port only
+        assert {p["name"] for p in c["ports"]} == {"grpc", "kafka", "link", "metrics"}
         assert not any("PLAINTEXT" in a for a in c["args"])
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert "grpc" not in c[probe], (component, probe)

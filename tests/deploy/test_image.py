@@ -92,6 +92,7 @@ class Pod:
     port: int
     kafka_port: int
     metrics_port: int
+    link_port: int
 
     @property
     def address(self) -> str:
@@ -128,9 +129,9 @@ def security_options(context: dict) -> list[str]:
 
 
 def with_ports(args: list[str], pod: Pod) -> list[str]:
-    """The rendered arguments with this pod's --port and --kafka-port."""
+    """The rendered arguments with this pod's --port, --kafka-port and --link-port."""
     out = list(args)
-    for flag, port in (("--port", pod.port), ("--kafka-port", pod.kafka_port)):
+    for flag, port in (("--port", pod.port), ("--kafka-port", pod.kafka_port), ("--link-port", pod.link_port)):
         out[out.index(flag) + 1] = str(port)
     return out
 
@@ -188,7 +189,7 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
             command = list(container["command"])
             assert command[:3] == ["/bin/sh", "/etc/exactly/launch.sh", role] and command[-1] == "--", command
             for i in range(sts["spec"]["replicas"]):
-                pod = Pod(f"{RELEASE}-{component}-{i}", role, *free_ports(3))
+                pod = Pod(f"{RELEASE}-{component}-{i}", role, *free_ports(4))
                 pods.append(pod)
                 env = pod_environment(container, pod)
                 data = tmp_path / "data" / pod.name

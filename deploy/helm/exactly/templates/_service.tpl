@@ -44,6 +44,12 @@ spec:
       targetPort: kafka
       protocol: TCP
     {{- end }}
+    {{- if ge (int $root.Values.network.linkPort) 0 }}
+    - name: link
+      port: {{ $root.Values.network.linkPort }}
+      targetPort: link
+      protocol: TCP
+    {{- end }}
     {{- if $root.Values.metrics.enabled }}
     - name: metrics
       port: {{ $root.Values.metrics.port }}
@@ -126,6 +132,8 @@ spec:
             - {{ $grpcPort | quote }}
             - --kafka-port
             - {{ $root.Values.network.kafkaPort | quote }}
+            - --link-port
+            - {{ $root.Values.network.linkPort | quote }}
             - --zookeeper
             - {{ include "exactly.zookeeper.connect" $root }}
             - --data-dir
@@ -184,6 +192,11 @@ spec:
             {{- if ge (int $root.Values.network.kafkaPort) 0 }}
             - name: kafka
               containerPort: {{ $root.Values.network.kafkaPort }}
+              protocol: TCP
+            {{- end }}
+            {{- if ge (int $root.Values.network.linkPort) 0 }}
+            - name: link
+              containerPort: {{ $root.Values.network.linkPort }}
               protocol: TCP
             {{- end }}
             {{- if $root.Values.metrics.enabled }}
