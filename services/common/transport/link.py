@@ -28,14 +28,17 @@ How a link is set up, so that it is admitted exactly as a tunnel stream is:
    then holds the sender).
 
 Before its ticket is redeemed a connection costs the server a few kilobytes: at most
-MAX_PENDING_LINKS connections wait for their TLS handshake and ticket at once (more are
-closed when accepted), each for at most `handshake_timeout_s`; a wrong, used or expired
-ticket closes the connection. At most `max_links` links are open (a ticket is only issued
-below that), at most MAX_OUTSTANDING_TICKETS tickets wait to be redeemed. A frame larger
-than `max_frame_bytes` (socket.request.max.bytes) closes the link; a frame that does not
-parse is answered INVALID_ARGUMENT under correlation id 0, as on a stream. A link with no
-frame for `idle_timeout_s` (connections.max.idle.ms), or whose replies its peer does not
-read for that long, is closed.
+MAX_PENDING_LINKS connections wait for their TLS handshake and ticket at once, at most
+MAX_PENDING_LINKS_PER_IP of one address (more are closed when accepted), each for at most
+`handshake_timeout_s`; a wrong, used or expired ticket closes the connection. Where the
+gRPC port requires client certificates (ssl.client.auth=required) the link port does too.
+At most `max_links` links are open and unexpired tickets outstanding together (a ticket is
+only issued below that), at most MAX_OUTSTANDING_TICKETS tickets wait to be redeemed. A
+frame larger than `max_frame_bytes` (socket.request.max.bytes) closes the link; a frame
+that does not parse is answered INVALID_ARGUMENT under correlation id 0, as on a stream. A
+link with no frame for `idle_timeout_s` (connections.max.idle.ms) while none of its calls
+is in flight, or whose replies its peer does not read for that long, is closed; a link is
+closed by abort, so nothing it held stays for a peer that reads nothing.
 
 The link is an optimization, never a requirement: the client (`LinkStream`, used by
 tunnel.TunnelChannel) falls back to the gRPC stream when the peer answers Attach
@@ -47,13 +50,16 @@ sent nothing and its calls go on the stream unchanged. An Attach that fails (the
 or unreachable, the principal refused) fails the calls as a stream that cannot be opened
 does, and the next call tries again. A link that breaks later fails its calls in flight
 with UNAVAILABLE, as a broken stream does. A
-call that times out with nothing at all read from its link meanwhile closes the link (a
-peer stopped or cut off; TCP keepalive, at exactly.keepalive.time.ms, finds dead hosts
-too), and the next call sets up a new one.
+call that times out on a link from which nothing at all was read for LINK_SILENCE_S, its
+wait included, closes the link (a peer stopped or cut off; TCP keepalive, at
+exactly.keepalive.time.ms, finds dead hosts too), and the next call sets up a new one; a
+call whose own timeout is short times out alone. A set-up that outlasts a call's timeout
+counts as a link that could not be set up.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -66,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
@@ -82,10 +89,14 @@ TICKET_BYTES = 32
 TICKET_TTL_MS = 10_000
 MAX_OUTSTANDING_TICKETS = 256
 MAX_PENDING_LINKS = 32
+MAX_PENDING_LINKS_PER_IP = 8  # one host cannot hold every pending slot
+MAX_REPLY_FRAME_BYTES = 64 << 20  # a link client's bound on a reply frame (the services' gRPC message bound)
 DEFAULT_MAX_LINKS = 256
 ACK = b"\x01"
 CLOSE_LINGER_S = 1.0  # how long a closing TLS link may take to end (close_notify)
 LINK_RETRY_S = 30.0  # how long a client leaves a peer's calls on the gRPC stream after a link failed
+# A call that times out on a link from which nothing at all was read for this long drops the link.
+LINK_SILENCE_S = 10.0
 _HEADER = struct.Struct(">I")
 _parse_calls = safe_deserializer(pb.TunneledCalls.FromString)
 
@@ -141,6 +152,11 @@ class LinkTickets:
     def __len__(self) -> int:
         return len(self._tickets)
 
+    def outstanding(self) -> int:
+        """Tickets issued, not redeemed and not expired."""
+        self._expire(self.clock())
+        return len(self._tickets)
+
     def _expire(self, now: float) -> None:
         for ticket in [t for t, (expiry, _) in self._tickets.items() if expiry <= now]:
             del self._tickets[ticket]
@@ -186,28 +202,44 @@ class LinkContext:
 
 
 class _Frames:
-    """A link's TunneledCalls as the async iterator TunnelServicer._serve reads: each
-    frame within `idle_s` of the previous one, at most `max_bytes`; a frame that does
-    not parse comes as guard.Undecodable."""
+    """A link's TunneledCalls as the async iterator TunnelServicer._serve reads, each at
+    most `max_bytes`; a frame that does not parse comes as guard.Undecodable. The link is
+    idle (_Idle) when no frame came for `idle_s` while none of its calls was in flight
+    (`calls` read, `answered` counted by the writer), or when a frame's body does not
+    follow its length within `idle_s`."""
 
     def __init__(self, reader: asyncio.StreamReader, max_bytes: int, idle_s: float):
         self._reader, self._max, self._idle_s = reader, max_bytes, idle_s
+        self.calls = 0
+        self.answered = 0
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         try:
-            async with asyncio.timeout(self._idle_s):
-                (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
-                if size > self._max:
-                    raise _Oversized(f"a frame of {size} bytes, above {SOCKET_REQUEST_MAX_BYTES} ({self._max})")
-                body = await self._reader.readexactly(size)
+            while True:
+                try:
+                    async with asyncio.timeout(self._idle_s):
+                        header = await self._reader.readexactly(_HEADER.size)
+                    break
+                except TimeoutError:
+                    if self.calls <= self.answered:
+                        raise _Idle(f"no frame for {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
+            (size,) = _HEADER.unpack(header)
+            if size > self._max:
+                raise _Oversized(f"a frame of {size} bytes, above {SOCKET_REQUEST_MAX_BYTES} ({self._max})")
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    body = await self._reader.readexactly(size)
+            except TimeoutError:
+                raise _Idle(f"a frame's body not sent within {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") \
+                    from None
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             raise StopAsyncIteration from None
-        except TimeoutError:
-            raise _Idle(f"no frame for {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
-        return _parse_calls(body)
+        calls = _parse_calls(body)
+        self.calls += len(calls.calls) if isinstance(calls, pb.TunneledCalls) else 1
+        return calls
 
 
 class LinkServer:
@@ -225,7 +257,7 @@ class LinkServer:
         self.handshake_timeout_s = handshake_timeout_s
         self.keepalive_s = keepalive_s
         self.max_links = max_links
-        self.tickets = tickets or LinkTickets()
+        self.tickets = tickets if tickets is not None else LinkTickets()
         self.port = 0
         self.links = 0
         self.pending = 0
@@ -234,6 +266,7 @@ class LinkServer:
         self._socket: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._pending_by_ip: dict[str, int] = {}
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         self._ssl = ssl_context
@@ -257,8 +290,9 @@ class LinkServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def issue(self, snapshot: Snapshot) -> bytes | None:
-        """A ticket for a new link, or None while no more may be opened."""
-        if self.links + len(self.tickets) >= self.max_links:
+        """A ticket for a new link, or None while no more may be opened (open links and
+        unexpired tickets at max_links)."""
+        if self.links + self.tickets.outstanding() >= self.max_links:
             return None
         return self.tickets.issue(snapshot)
 
@@ -272,21 +306,35 @@ class LinkServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(self._socket)
+                conn, addr = await loop.sock_accept(self._socket)
             except OSError as exc:  # EMFILE and the like
                 log.warning("link listener: accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if self.pending >= MAX_PENDING_LINKS:
+            ip = str(addr[0]) if isinstance(addr, tuple) else str(addr)
+            if self.pending >= MAX_PENDING_LINKS or self._pending_by_ip.get(ip, 0) >= MAX_PENDING_LINKS_PER_IP:
                 conn.close()
                 self._refuse("pending")
                 continue
             self.pending += 1
-            task = asyncio.create_task(self._connection(conn))
+            self._pending_by_ip[ip] = self._pending_by_ip.get(ip, 0) + 1
+            task = asyncio.create_task(self._connection(conn, ip))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._ended, conn))
 
-    async def _connection(self, conn: socket.socket) -> None:
+    def _ended(self, conn: socket.socket, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        conn.close()  # a no-op once its transport closed it; closes one whose task never ran
+
+    def _done_pending(self, ip: str) -> None:
+        self.pending -= 1
+        left = self._pending_by_ip.get(ip, 1) - 1
+        if left:
+            self._pending_by_ip[ip] = left
+        else:
+            self._pending_by_ip.pop(ip, None)
+
+    async def _connection(self, conn: socket.socket, ip: str) -> None:
         """One accepted connection (counted in `pending` by `_accept`): its TLS handshake
         and ticket within handshake_timeout_s, then the link it sets up."""
         loop = asyncio.get_running_loop()
@@ -306,7 +354,7 @@ class LinkServer:
                 self._refuse("ssl.handshake.failed")
                 return
             finally:
-                self.pending -= 1
+                self._done_pending(ip)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             snapshot = self.tickets.redeem(ticket)
             if snapshot is None:
@@ -316,8 +364,10 @@ class LinkServer:
                 return
             await self._linked(reader, writer, snapshot)
         finally:
+            # abort, not close: a peer that reads nothing would otherwise keep the socket and
+            # its unsent replies for as long as it likes.
             if transport is not None:
-                transport.close()
+                transport.abort()
             else:
                 conn.close()
 
@@ -346,6 +396,7 @@ class LinkServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: LinkContext) -> None:
         frames = _Frames(reader, self.max_frame_bytes, self.idle_timeout_s)
         async for replies in self.servicer._serve(frames, context, batched=True):
+            frames.answered += len(replies.replies)
             body = replies.SerializeToString()
             writer.write(_HEADER.pack(len(body)) + body)
             try:
@@ -438,21 +489,33 @@ class LinkStream:
                 ack = await reader.readexactly(len(ACK))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
             if self._writer is not None:
-                self._writer.close()
+                self._writer.transport.abort()
             raise LinkError(f"link to {self._host}:{answer.port} not set up: {exc!r}") from None
         if ack != ACK:
-            writer.close()
+            writer.transport.abort()
             raise LinkError(f"link to {self._host}:{answer.port} refused")
         if self._cancelled:
-            writer.close()
+            writer.transport.abort()
             raise LinkError("cancelled")
         _keepalive(writer, self._keepalive_s)
         self.last_read = time.monotonic()
         return reader, writer
 
+    async def _set_up(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The set-up's (reader, writer), awaited without cancelling it; a set-up cancelled
+        by `cancel()` (the channel closing or dropping it) is a ConnectionError to the
+        caller, whose own cancellation alone is a CancelledError."""
+        try:
+            return await asyncio.shield(self._ready)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._ready.cancelled() and not (task is not None and task.cancelling()):
+                raise ConnectionError("the link was closed while it was being set up") from None
+            raise
+
     async def wait_ready(self) -> None:
         """Until the link is set up; raises as `write` does when it cannot be."""
-        await asyncio.shield(self._ready)
+        await self._set_up()
 
     @property
     def ready(self) -> bool:
@@ -460,7 +523,7 @@ class LinkStream:
         return self._ready.done() and not self._ready.cancelled() and self._ready.exception() is None
 
     async def write(self, message: pb.TunneledCalls) -> None:
-        _, writer = await asyncio.shield(self._ready)
+        _, writer = await self._set_up()
         body = message.SerializeToString()
         writer.write(_HEADER.pack(len(body)) + body)
         await writer.drain()
@@ -469,21 +532,26 @@ class LinkStream:
         return self._replies()
 
     async def _replies(self):
-        reader, _ = await asyncio.shield(self._ready)
+        reader, _ = await self._set_up()
         while True:
             try:
                 (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
                 self.last_read = time.monotonic()
+                if size > MAX_REPLY_FRAME_BYTES:
+                    raise ConnectionError(f"a reply frame of {size} bytes, above {MAX_REPLY_FRAME_BYTES}")
                 body = await reader.readexactly(size)
-            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
+                replies = pb.TunneledReplies.FromString(body)
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, DecodeError) as exc:
                 raise ConnectionError(f"the link closed: {exc!r}") from None
             self.last_read = time.monotonic()
-            yield pb.TunneledReplies.FromString(body)
+            yield replies
 
     def cancel(self) -> None:
+        """Drop the link at once (abort: whatever the peer has not read is discarded, so a
+        stopped peer holds nothing of this process)."""
         self._cancelled = True
         if self._writer is not None:
-            self._writer.close()
+            self._writer.transport.abort()
         if not self._ready.done():
             self._ready.cancel()
         else:

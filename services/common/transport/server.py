@@ -599,7 +599,9 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
                                  idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
                                  handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
                                  keepalive_s=cfg.settings.keepalive_time_ms / 1000)
-        await tunnel.link.start(cfg.host, cfg.link_port, ssl_context(cfg, security, True) if security.tls else None)
+        # The gRPC port's rule on client certificates (ssl.client.auth): a ticket alone does not
+        # pass where a certificate is required.
+        await tunnel.link.start(cfg.host, cfg.link_port, ssl_context(cfg, security) if security.tls else None)
     sweeper, kafka_limits = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper")
     trimmer = memory.MemoryTrim.from_settings(cfg.settings)

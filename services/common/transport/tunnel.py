@@ -64,7 +64,7 @@ from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
 from ..settings import ServiceSchema
 from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
-from .link import LINK_RETRY_S, LinkError, LinkServer, LinkStream, Snapshot
+from .link import LINK_RETRY_S, LINK_SILENCE_S, LinkError, LinkServer, LinkStream, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -545,11 +545,13 @@ class TunnelChannel:
 
     async def _link_again(self) -> None:
         """Set up a link beside the gRPC stream the calls use; once it is up, new calls go
-        on it and the stream is half-closed (it ends once its calls are answered)."""
+        on it and the stream is half-closed (it ends once its calls are answered). Dropped
+        when that stream was replaced meanwhile."""
+        beside = self._stream
         link = self._link(self._stub)
         try:
             await link.wait_ready()
-        except (LinkError, grpc.RpcError) as exc:
+        except (LinkError, grpc.RpcError, ConnectionError) as exc:
             link.cancel()
             self._link_failed(exc if isinstance(exc, LinkError) else LinkError(str(exc)))
             return
@@ -559,6 +561,9 @@ class TunnelChannel:
         finally:
             self._probe = None
         async with self._write_lock:
+            if self._stream is not beside or beside is None:
+                link.cancel()
+                return
             old, self._stream = self._stream, link
             self._start_reader(link, True)
         log.info("a peer's calls go on a link again")
@@ -616,6 +621,7 @@ class TunnelChannel:
             future = self._pending.pop(cid, None)
             if future is not None and not future.done():
                 future.set_exception(error)
+                future.exception()  # its waiter may have timed out meanwhile: no "never retrieved" log
 
     def _abandon(self, stream: grpc.aio.StreamStreamCall, why: str, error: TunnelError | None = None) -> TunnelError:
         error = error or TunnelError(grpc.StatusCode.UNAVAILABLE, why)
@@ -637,10 +643,12 @@ class TunnelChannel:
                 return await self._call(method, request, response_class)
         except TimeoutError:
             stream = self._stream
-            if isinstance(stream, LinkStream) and stream.ready and stream.last_read < started:
-                # Nothing at all came back on the link meanwhile: a stopped or cut-off peer,
-                # which keepalive would not see; the next call sets up a new link.
-                self._abandon(stream, "nothing read on the link within a call's timeout")
+            if isinstance(stream, LinkStream) and stream.ready and stream.last_read < started \
+                    and time.monotonic() - stream.last_read >= LINK_SILENCE_S:
+                # Nothing at all came back on the link for LINK_SILENCE_S, this call's wait
+                # included: a stopped or cut-off peer, which keepalive would not see; the
+                # next call sets up a new link.
+                self._abandon(stream, f"nothing read on the link for {LINK_SILENCE_S:.0f} s")
             raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
 
     async def _call(self, method: str, request: Any, response_class: type) -> Any:
@@ -698,7 +706,16 @@ class TunnelChannel:
                     try:
                         await stream.write(pb.TunneledCalls(calls=batch))
                     except asyncio.CancelledError:
-                        self._abandon(stream, "a write was interrupted")
+                        # This call's own future is not failed with the others: nobody awaits it.
+                        self._pending.pop(call.correlation_id, None)
+                        self._sent.pop(call.correlation_id, None)
+                        if isinstance(stream, LinkStream) and not stream.ready:
+                            # A set-up slower than a call's timeout: the calls go on the gRPC
+                            # stream until a link is set up beside it (`_link_again`).
+                            self._abandon(stream, "the link's set-up outlasted a call",
+                                          self._link_failed(LinkError("its set-up outlasted a call's timeout")))
+                        else:
+                            self._abandon(stream, "a write was interrupted")
                         raise
                     except LinkError as exc:
                         self._abandon(stream, str(exc), self._link_failed(exc))

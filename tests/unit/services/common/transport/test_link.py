@@ -18,6 +18,7 @@ from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.transport import link as link_module
+from services.common.transport import tunnel as tunnel_module
 from services.common.transport.link import (ACK, TICKET_BYTES, LinkServer, LinkStream, LinkTickets, Snapshot,
                                             split_address)
 from services.common.transport.guard import RequestGuard
@@ -319,9 +320,12 @@ def test_a_broken_link_fails_its_calls_in_flight_and_the_next_call_sets_up_a_new
     asyncio.run(body())
 
 
-def test_a_call_that_times_out_with_nothing_read_from_its_link_drops_the_link():
-    """A peer that answers nothing at all within a call's timeout (stopped, cut off)
-    loses the link: the next call sets up a new one instead of queueing behind it."""
+def test_a_call_that_times_out_with_nothing_read_from_its_link_drops_the_link(monkeypatch):
+    """A peer that answers nothing at all for LINK_SILENCE_S, a call's timeout included
+    (stopped, cut off), loses the link: the next call sets up a new one instead of
+    queueing behind it."""
+    monkeypatch.setattr(tunnel_module, "LINK_SILENCE_S", 0.2)
+
     async def body():
         async with _cluster() as c:
             tunnel = _tunnel(c)
@@ -362,3 +366,93 @@ def test_calls_move_back_to_a_link_once_one_can_be_set_up_and_the_stream_ends_af
             await tunnel.close()
             await c.link.stop()
     asyncio.run(body())
+
+
+def test_a_short_call_that_times_out_leaves_the_link_and_the_calls_beside_it():
+    """A call whose own timeout is short times out alone: the link, and a slower call in
+    flight on it, stay (the link is dropped only after LINK_SILENCE_S of silence)."""
+    async def body():
+        async with _cluster() as c:
+            tunnel = _tunnel(c)
+            assert await _offsets(tunnel, [1]) == [10]
+            link = tunnel._stream
+            held = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 10))
+            await asyncio.wait_for(c.leader.arrived.wait(), 5)
+            with pytest.raises(TunnelError) as short:
+                await tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 0.2)
+            assert short.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert tunnel._stream is link and not held.done()
+            c.leader.release.set()
+            assert (await held).topics[0].partitions[0].offset == 990
+            await tunnel.close()
+    asyncio.run(body())
+
+
+def test_the_idle_timeout_does_not_close_a_link_with_a_call_in_flight():
+    async def body():
+        async with _cluster(idle_s=0.3) as c:
+            tunnel = _tunnel(c)
+            held = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 10))
+            await asyncio.wait_for(c.leader.arrived.wait(), 5)
+            await asyncio.sleep(1.0)  # three idle timeouts with no frame, the call running
+            assert c.link.links == 1 and c.link.refused == {}
+            c.leader.release.set()
+            assert (await held).topics[0].partitions[0].offset == 990
+            await wait_for_async(lambda: c.link.refused == {"connections.max.idle.ms": 1}, 5,
+                                 "the link closed once idle with nothing in flight")
+            await tunnel.close()
+    asyncio.run(body())
+
+
+class _SlowAttach(TunnelServicer):
+    """Attach answers after `delay_s` (a busy or stopped peer); None: never."""
+
+    delay_s: float | None = 1.0
+
+    async def Attach(self, request, context):
+        if self.delay_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.delay_s)
+        return await super().Attach(request, context)
+
+
+def test_a_link_slower_to_set_up_than_a_call_leaves_the_calls_on_the_stream():
+    """A set-up that outlasts a call's timeout counts as a failed link: the next calls go
+    on the gRPC stream instead of each waiting for a set-up of its own."""
+    async def body():
+        async with _cluster(servicer=_SlowAttach) as c:
+            tunnel = _tunnel(c)
+            with pytest.raises(TunnelError) as late:
+                await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 0.3)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert tunnel._link_retry_at > 0
+            assert await _offsets(tunnel, [2], timeout_s=0.5) == [20] and not tunnel.linked
+            await tunnel.close()
+    asyncio.run(body())
+
+
+def test_closing_the_channel_during_a_set_up_fails_its_calls_unavailable():
+    async def body():
+        _SlowAttach.delay_s = None
+        try:
+            async with _cluster(servicer=_SlowAttach) as c:
+                tunnel = _tunnel(c)
+                waiting = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5))
+                await asyncio.sleep(0.2)
+                await asyncio.wait_for(tunnel.close(), 5)
+                with pytest.raises(TunnelError) as closed:
+                    await waiting
+                assert closed.value.code() == grpc.StatusCode.UNAVAILABLE  # not a CancelledError
+        finally:
+            _SlowAttach.delay_s = 1.0
+    asyncio.run(body())
+
+
+def test_expired_tickets_do_not_hold_the_listeners_bound():
+    now = [0.0]
+    link = LinkServer(None, 1 << 20, idle_timeout_s=30, handshake_timeout_s=2, max_links=2,
+                      tickets=LinkTickets(ttl_ms=1000, clock=lambda: now[0]))
+    who = Snapshot((), {}, "peer")
+    assert link.issue(who) and link.issue(who) and link.issue(who) is None
+    now[0] += 1.0  # both expire unredeemed
+    assert link.issue(who) is not None
