@@ -156,8 +156,8 @@ CONNECTIONS_REFUSED = Counter(
     "Connections refused or closed by a connection limit (services/common/transport/connections.py), "
     "by listener (grpc, kafka, link) and reason (max.connections, max.connections.per.ip, "
     "max.connection.creation.rate, connections.max.idle.ms, ssl.handshake.timeout, ssl.handshake.failed; links: "
-    "pending (too many waiting for their ticket), ticket (not one issued, used or expired), "
-    "socket.request.max.bytes)", ["listener", "reason"])
+    "pending (too many waiting for their ticket), ticket (not one issued, used or expired), authorization "
+    "(the ticket's principal no longer admitted), socket.request.max.bytes)", ["listener", "reason"])
 TUNNEL_LINKS = Gauge(
     "exactly_tunnel_links",
     "Links open on this process's link listener: other services' tunnel calls to it on TCP connections "

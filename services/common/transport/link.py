@@ -117,11 +117,12 @@ class _Idle(LinkError):
 # Why the link listener refuses or closes a connection (exactly_connections_refused_total's
 # `reason` with listener="link"): too many waiting for their ticket; no TLS handshake and
 # ticket within exactly.ssl.handshake.timeout.ms; a failed handshake or a connection closed
-# before its ticket; a ticket not issued, used or expired; a frame above
+# before its ticket; a ticket not issued, used or expired; its principal no longer admitted
+# (as Tunnel/Open: ClusterAction on the Cluster) when it is redeemed; a frame above
 # socket.request.max.bytes; no frame, or replies not read, for connections.max.idle.ms.
 SOCKET_REQUEST_MAX_BYTES = key_of(ServiceSchema, "socket_request_max_bytes")
-REASONS = ("pending", "ssl.handshake.timeout", "ssl.handshake.failed", "ticket", SOCKET_REQUEST_MAX_BYTES,
-           CONNECTIONS_MAX_IDLE_MS)
+REASONS = ("pending", "ssl.handshake.timeout", "ssl.handshake.failed", "ticket", "authorization",
+           SOCKET_REQUEST_MAX_BYTES, CONNECTIONS_MAX_IDLE_MS)
 
 
 # ------------------------------------------------------------------ tickets (pure)
@@ -372,13 +373,21 @@ class LinkServer:
                 conn.close()
 
     async def _linked(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, snapshot: Snapshot) -> None:
-        """Serve a link whose ticket was redeemed, until it ends."""
+        """Serve a link whose ticket was redeemed, until it ends. It is admitted again
+        before the ACK (the principal may have lost its right since Attach): refused, it
+        is closed unanswered, and the caller meets the refusal on the gRPC stream."""
+        context = LinkContext(snapshot)
+        refused = await self.servicer.admit(context)
+        if refused is not None:
+            self._refuse("authorization")
+            log.info("link from %s refused: %s %s", snapshot.peer, refused[0].name, refused[1])
+            return
         _keepalive(writer, self.keepalive_s)
         writer.write(ACK)
         self.links += 1
         TUNNEL_LINKS.inc()
         try:
-            await self._serve(reader, writer, LinkContext(snapshot))
+            await self._serve(reader, writer, context)
         except _Oversized as exc:
             self._refuse(SOCKET_REQUEST_MAX_BYTES)
             log.warning("link from %s closed: %s", snapshot.peer, exc)

@@ -456,3 +456,26 @@ def test_expired_tickets_do_not_hold_the_listeners_bound():
     assert link.issue(who) and link.issue(who) and link.issue(who) is None
     now[0] += 1.0  # both expire unredeemed
     assert link.issue(who) is not None
+
+
+class _Revoked(TunnelServicer):
+    """Tickets are issued, but the principal is no longer admitted when one is redeemed
+    (its ClusterAction revoked meanwhile), nor on a stream."""
+
+    async def admit(self, context):
+        return grpc.StatusCode.PERMISSION_DENIED, "CLUSTER_AUTHORIZATION_FAILED: revoked"
+
+
+def test_a_link_whose_principal_lost_its_right_since_attach_is_refused_before_its_ack():
+    """The refusal reaches the calls as it would on the gRPC stream; nothing of theirs ran."""
+    async def body():
+        async with _cluster(servicer=_Revoked) as c:
+            tunnel = _tunnel(c)
+            with pytest.raises(TunnelError) as refused:
+                await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "PERMISSION_DENIED" in refused.value.details(), refused.value.details()
+            assert c.link.refused == {"authorization": 1} and c.link.links == 0
+            assert c.servicer.messages_read == 0
+            await tunnel.close()
+    asyncio.run(body())
