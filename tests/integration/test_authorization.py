@@ -64,12 +64,28 @@ def world(sec):
                        AclBinding("User:alice", "TransactionalId", tid, "All"),
                        AclBinding("User:alice", "Cluster", "kafka-cluster", "IdempotentWrite")])
     wait_for(lambda: _can_describe(sec, "alice", topic), 10, "alice's ACLs applied")
+    # The transaction coordinator applies its ACLs from a ZooKeeper watch of its own, which may
+    # run after the leaders' (a fresh-clone run failed test_topic_rpcs's first idempotent
+    # InitProducerId with CLUSTER_AUTHORIZATION_FAILED).
+    wait_for(lambda: _may_write_idempotently(sec, "alice"), 30, "alice's IdempotentWrite on the coordinator")
     return topic, grp, tid
 
 
 def _can_describe(sec, who: str, topic: str) -> bool:
     with AdminClient(conf(sec, who)) as a:
         return topic in a.list_topics()
+
+
+def _may_write_idempotently(sec, who: str) -> bool:
+    """Whether the transaction coordinator gives `who` an idempotent producer id."""
+    coordinator = stub(sec, who, sec.services["txn-0"].address, pbg.TransactionCoordinatorStub)
+    try:
+        resp = coordinator.InitProducerId(pb.InitProducerIdRequest(transaction_timeout_ms=60000), timeout=20)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return False
+        raise
+    return resp.error_code == 0
 
 
 def test_topic_rpcs(sec, world):
