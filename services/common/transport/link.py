@@ -207,10 +207,11 @@ class _Frames:
     most `max_bytes`; a frame that does not parse comes as guard.Undecodable. The link is
     idle (_Idle) when no frame came for `idle_s` while none of its calls was in flight
     (`calls` read, `answered` counted by the writer), or when a frame's body does not
-    follow its length within `idle_s`."""
+    follow its length within `idle_s`. `held()` is called for each `idle_s` without a
+    frame that a call in flight kept the link open through."""
 
-    def __init__(self, reader: asyncio.StreamReader, max_bytes: int, idle_s: float):
-        self._reader, self._max, self._idle_s = reader, max_bytes, idle_s
+    def __init__(self, reader: asyncio.StreamReader, max_bytes: int, idle_s: float, held: Callable[[], None]):
+        self._reader, self._max, self._idle_s, self._held = reader, max_bytes, idle_s, held
         self.calls = 0
         self.answered = 0
 
@@ -227,6 +228,7 @@ class _Frames:
                 except TimeoutError:
                     if self.calls <= self.answered:
                         raise _Idle(f"no frame for {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
+                    self._held()
             (size,) = _HEADER.unpack(header)
             if size > self._max:
                 raise _Oversized(f"a frame of {size} bytes, above {SOCKET_REQUEST_MAX_BYTES} ({self._max})")
@@ -248,7 +250,7 @@ class LinkServer:
     process's tunnel servicer (tunnel.TunnelServicer), whose `_serve` runs each link's
     calls. `start(host, port, ssl_context)` -> the bound port; `stop()`.
     Observable: `links` (open), `pending` (waiting for their ticket), `refused` (by
-    reason)."""
+    reason), `held_idle` (idle timeouts a call in flight kept a link open through)."""
 
     def __init__(self, servicer: Any, max_frame_bytes: int, idle_timeout_s: float, handshake_timeout_s: float,
                  keepalive_s: float = 0.0, max_links: int = DEFAULT_MAX_LINKS, tickets: LinkTickets | None = None):
@@ -263,6 +265,7 @@ class LinkServer:
         self.links = 0
         self.pending = 0
         self.refused: dict[str, int] = {}
+        self.held_idle = 0
         self._ssl: ssl.SSLContext | None = None
         self._socket: socket.socket | None = None
         self._accepting: asyncio.Task | None = None
@@ -296,6 +299,9 @@ class LinkServer:
         if self.links + self.tickets.outstanding() >= self.max_links:
             return None
         return self.tickets.issue(snapshot)
+
+    def _held_idle(self) -> None:
+        self.held_idle += 1
 
     def _refuse(self, why: str) -> None:
         self.refused[why] = self.refused.get(why, 0) + 1
@@ -403,7 +409,7 @@ class LinkServer:
             TUNNEL_LINKS.dec()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: LinkContext) -> None:
-        frames = _Frames(reader, self.max_frame_bytes, self.idle_timeout_s)
+        frames = _Frames(reader, self.max_frame_bytes, self.idle_timeout_s, self._held_idle)
         async for replies in self.servicer._serve(frames, context, batched=True):
             frames.answered += len(replies.replies)
             body = replies.SerializeToString()

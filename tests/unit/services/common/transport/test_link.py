@@ -137,12 +137,6 @@ def test_split_address_takes_the_host_of_ipv4_names_and_ipv6():
     assert split_address("[::1]:9093") == "::1"
 
 
-def test_split_address_takes_the_host_of_ipv4_names_and_ipv6():
-    assert split_address("127.0.0.1:9093") == "127.0.0.1"
-    assert split_address("pl-0.exactly.svc:9093") == "pl-0.exactly.svc"
-    assert split_address("[::1]:9093") == "::1"
-
-
 def test_calls_go_on_the_link_and_answer_as_on_the_stream():
     async def body():
         async with _cluster() as c:
@@ -394,7 +388,7 @@ def test_the_idle_timeout_does_not_close_a_link_with_a_call_in_flight():
             tunnel = _tunnel(c)
             held = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 10))
             await asyncio.wait_for(c.leader.arrived.wait(), 5)
-            await asyncio.sleep(1.0)  # three idle timeouts with no frame, the call running
+            await wait_for_async(lambda: c.link.held_idle >= 3, 5, "three idle timeouts with the call running")
             assert c.link.links == 1 and c.link.refused == {}
             c.leader.release.set()
             assert (await held).topics[0].partitions[0].offset == 990
@@ -404,15 +398,17 @@ def test_the_idle_timeout_does_not_close_a_link_with_a_call_in_flight():
     asyncio.run(body())
 
 
-class _SlowAttach(TunnelServicer):
-    """Attach answers after `delay_s` (a busy or stopped peer); None: never."""
+class _HeldAttach(TunnelServicer):
+    """Attach answers once `release` is set (a busy or stopped peer); `entered` is set
+    when one arrives."""
 
-    delay_s: float | None = 1.0
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
 
     async def Attach(self, request, context):
-        if self.delay_s is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(self.delay_s)
+        self.entered.set()
+        await self.release.wait()
         return await super().Attach(request, context)
 
 
@@ -420,31 +416,29 @@ def test_a_link_slower_to_set_up_than_a_call_leaves_the_calls_on_the_stream():
     """A set-up that outlasts a call's timeout counts as a failed link: the next calls go
     on the gRPC stream instead of each waiting for a set-up of its own."""
     async def body():
-        async with _cluster(servicer=_SlowAttach) as c:
+        async with _cluster(servicer=_HeldAttach) as c:
             tunnel = _tunnel(c)
             with pytest.raises(TunnelError) as late:
                 await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 0.3)
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert tunnel._link_retry_at > 0
             assert await _offsets(tunnel, [2], timeout_s=0.5) == [20] and not tunnel.linked
+            c.servicer.release.set()
             await tunnel.close()
     asyncio.run(body())
 
 
 def test_closing_the_channel_during_a_set_up_fails_its_calls_unavailable():
     async def body():
-        _SlowAttach.delay_s = None
-        try:
-            async with _cluster(servicer=_SlowAttach) as c:
-                tunnel = _tunnel(c)
-                waiting = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5))
-                await asyncio.sleep(0.2)
-                await asyncio.wait_for(tunnel.close(), 5)
-                with pytest.raises(TunnelError) as closed:
-                    await waiting
-                assert closed.value.code() == grpc.StatusCode.UNAVAILABLE  # not a CancelledError
-        finally:
-            _SlowAttach.delay_s = 1.0
+        async with _cluster(servicer=_HeldAttach) as c:
+            tunnel = _tunnel(c)
+            waiting = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5))
+            await asyncio.wait_for(c.servicer.entered.wait(), 5)
+            await asyncio.wait_for(tunnel.close(), 5)
+            with pytest.raises(TunnelError) as closed:
+                await waiting
+            assert closed.value.code() == grpc.StatusCode.UNAVAILABLE  # not a CancelledError
+            c.servicer.release.set()
     asyncio.run(body())
 
 
