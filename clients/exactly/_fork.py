@@ -26,7 +26,6 @@ import asyncio
 import concurrent.futures
 import os
 import ssl
-import tempfile
 import threading
 import weakref
 from typing import Any, Callable
@@ -34,7 +33,7 @@ from typing import Any, Callable
 import grpc
 
 from . import errors
-from exactly_wire.security import SASL_AUTHENTICATE_METHOD, SASL_TOKEN_HEADER, TransportSecurity
+from exactly_wire.security import SASL_AUTHENTICATE_METHOD, SASL_TOKEN_HEADER, TransportSecurity, client_ssl_context
 
 # Whether a gRPC (grpcio) channel was opened by the SDK in this process, and whether
 # this process was forked from one that had (then grpcio must not be used here).
@@ -98,25 +97,12 @@ class PureRpcError(grpc.RpcError):
 
 
 def _ssl_context(security: TransportSecurity) -> ssl.SSLContext | None:
-    """The TLS context of `security` (server verified against ssl.ca.location; the
-    client certificate and key, if any, loaded through 0600 files in a private
-    directory that is removed at once: `ssl` loads a chain only from files)."""
-    if not security.tls:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
-                                     cadata=security.ca.decode() if security.ca else None)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["h2"])
-    if security.certificate is not None and security.key is not None:
-        with tempfile.TemporaryDirectory(prefix="exactly-tls-") as d:
-            paths = []
-            for name, data in (("cert.pem", security.certificate), ("key.pem", security.key)):
-                path = os.path.join(d, name)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                paths.append(path)
-            ctx.load_cert_chain(paths[0], paths[1])
+    """The TLS context of `security` (exactly_wire.security.client_ssl_context), TLS 1.2 or
+    newer, speaking HTTP/2."""
+    ctx = client_ssl_context(security)
+    if ctx is not None:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_alpn_protocols(["h2"])
     return ctx
 
 

@@ -18,7 +18,10 @@ listener.
 """
 from __future__ import annotations
 
+import os
 import pathlib
+import ssl
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
@@ -350,6 +353,33 @@ class _AioSaslInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         details = grpc.aio.ClientCallDetails(client_call_details.method, client_call_details.timeout, md,
                                              client_call_details.credentials, client_call_details.wait_for_ready)
         return await continuation(details, request)
+
+
+def load_pem_chain(ctx: ssl.SSLContext, certificate: bytes, key: bytes) -> None:
+    """Load a certificate chain and its key, PEM bytes, into `ctx`: `ssl` reads a chain
+    only from files, so they go through 0600 files in a private directory removed at once."""
+    with tempfile.TemporaryDirectory(prefix="exactly-tls-") as d:
+        paths = []
+        for name, data in (("cert.pem", certificate), ("key.pem", key)):
+            path = os.path.join(d, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            paths.append(path)
+        ctx.load_cert_chain(paths[0], paths[1])
+
+
+def client_ssl_context(security: TransportSecurity) -> ssl.SSLContext | None:
+    """The TLS context of a client connection with `security` (None without TLS): the
+    server verified against ssl.ca.location with its host name checked, as the gRPC
+    channel does, and the client certificate, if any."""
+    if not security.tls:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                     cadata=security.ca.decode() if security.ca else None)
+    if security.certificate is not None and security.key is not None:
+        load_pem_chain(ctx, security.certificate, security.key)
+    return ctx
 
 
 def secure_aio_channel(address: str, security: TransportSecurity, options: list) -> grpc.aio.Channel:

@@ -61,12 +61,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import secrets
 import socket
 import ssl
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -438,21 +436,6 @@ def _keepalive(writer: asyncio.StreamWriter, keepalive_s: float) -> None:
 
 # ------------------------------------------------------------------ client side
 
-def client_ssl_context(security: TransportSecurity) -> ssl.SSLContext:
-    """A link client's TLS context: the cluster's CA, the host name checked (as the gRPC
-    channel checks it), this process's certificate when it has one."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=security.ca.decode())
-    if security.certificate is not None and security.key is not None:
-        with tempfile.TemporaryDirectory() as d:
-            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
-            for path, data in ((cert, security.certificate), (key, security.key)):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-            ctx.load_cert_chain(cert, key)
-    return ctx
-
-
 def split_address(address: str) -> str:
     """The host of a "host:port" address ("[::1]:9093" -> "::1")."""
     host = address.rsplit(":", 1)[0]
@@ -574,4 +557,4 @@ class LinkStream:
 
 
 __all__ = ["ACK", "LinkContext", "LinkError", "LinkServer", "LinkStream", "LinkTickets", "Snapshot",
-           "TICKET_BYTES", "client_ssl_context", "split_address"]
+           "TICKET_BYTES", "split_address"]

@@ -14,12 +14,12 @@ import grpc
 
 from exactly_wire import keepalive
 from exactly_wire.error_codes import ErrorCode
-from exactly_wire.security import TransportSecurity, secure_aio_channel
+from exactly_wire.security import TransportSecurity, client_ssl_context, secure_aio_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 
 from ..cluster.state import ClusterState, NodeInfo
 from ..protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
-from .link import LinkStream, client_ssl_context
+from .link import LinkStream
 from .tunnel import TunnelChannel, method_path
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class ClusterClient:
         return t
 
     def _link_ssl_context(self):
-        """The links' TLS context, made once (link.client_ssl_context)."""
+        """The links' TLS context, made once (exactly_wire.security.client_ssl_context)."""
         if self._link_ssl is None:
             self._link_ssl = client_ssl_context(self.security)
         return self._link_ssl

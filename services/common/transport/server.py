@@ -35,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from exactly_wire import DISTRIBUTION, keepalive, version
 from exactly_wire.error_codes import ErrorCode
-from exactly_wire.security import TransportSecurity
+from exactly_wire.security import TransportSecurity, load_pem_chain
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
@@ -818,15 +818,8 @@ def ssl_context(cfg: ServiceConfig, security: TransportSecurity, sasl: bool = Fa
     with `sasl`, ssl.client.auth=required asks for a certificate without requiring one
     (a connection without one must then authenticate with SASL: KafkaListener)."""
     import ssl
-    import tempfile
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.TemporaryDirectory() as d:
-        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
-        with open(cert, "wb") as f:
-            f.write(security.certificate)
-        with open(key, "wb") as f:
-            f.write(security.key)
-        ctx.load_cert_chain(cert, key)
+    load_pem_chain(ctx, security.certificate, security.key)
     client_auth = cfg.settings.ssl_client_auth
     if client_auth != "none":
         ctx.load_verify_locations(cadata=security.ca.decode())
