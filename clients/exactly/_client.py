@@ -24,7 +24,7 @@ from typing import Any, Callable, Generator, Iterable, Protocol, TypeVar
 import grpc
 import tenacity
 
-from . import _fork, _streams, _transport_check, errors
+from . import _fork, _link, _streams, _transport_check, errors
 from .config import ClientSchema
 from exactly_wire import keepalive
 from exactly_wire.clock import SYSTEM_CLOCK, MonotonicClock, monotonic_ms
@@ -646,7 +646,9 @@ class ClientCore(CoreBase):
         with self._lock:
             streaming = self._streaming.get(address)
             if streaming is None:
-                streaming = self._streaming[address] = _streams.StreamingChannel(channel, _streams.CallStream(channel))
+                link = _link.Connector(channel, address, self.security, keepalive_s=keepalive.KEEPALIVE_TIME_MS / 1000)
+                streaming = self._streaming[address] = _streams.StreamingChannel(
+                    channel, _streams.CallStream(channel, link))
             return streaming
 
     # ------------------------------------------------------------ calls
@@ -842,9 +844,11 @@ class ClientCore(CoreBase):
         channels = self._take_channels()
         if self.created_in_pid != os.getpid():
             return
+        with self._lock:
+            streaming, self._streaming = list(self._streaming.values()), {}
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        for ch in channels:
+        for ch in [*streaming, *channels]:  # a link is not the channel's: closed with its stream
             ch.close()
 
 

@@ -32,12 +32,22 @@ grpc.RpcError with `code()` and `details()`):
 A stream that carried nothing for STREAM_IDLE_S ends (a half-close), so an idle
 client holds no call open and the service's connections.max.idle.ms can close its
 connection; the next call opens a new one.
+
+Links (exactly._link): beside a new stream, a thread of its own sets up a link to the
+service (`Client/Attach`, a TCP connection, the ticket). Once it is up new calls go there
+as frames (`_LinkedStream`) and the stream is retired: it takes no new call, writes the
+ones it took, half-closes, and the service ends it after answering them. A link fails its
+calls as a broken stream does (UNAVAILABLE), and is dropped when a call times out after
+nothing was read on it for LINK_SILENCE_S. A service that offers no link, or whose link
+cannot be set up, keeps the calls on the stream; the next set-up is LINK_RETRY_S later.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import heapq
 import itertools
+import logging
+import ssl
 import threading
 import time
 from collections import deque
@@ -46,16 +56,23 @@ from typing import Any, Callable
 import grpc
 
 from exactly_wire import client_calls
+from exactly_wire.links import HEADER, LINK_RETRY_S, LINK_SILENCE_S, MAX_REPLY_FRAME_BYTES
 from exactly_wire.v1 import exactly_pb2 as pb
+
+from ._link import Connector, LinkUnavailable, Wire
+
+log = logging.getLogger(__name__)
 
 # Requests larger than this (bytes, serialized) go as direct calls: their cost is their
 # bytes, which a stream message would copy once more, and one stream's flow-control
 # window would hold back what parallel calls send at once (bulk producing).
-STREAMED_MAX_BYTES = 32 * 1024
+STREAMED_MAX_BYTES = client_calls.MAX_CARRIED_REQUEST_BYTES
 # Seconds a stream with no call in flight stays open before it half-closes.
 STREAM_IDLE_S = 60.0
 # Seconds the writer and the timer thread wait at most between checks of their state.
 _POLL_S = 5.0
+# Seconds a link's write may stall at most (the service reads nothing) before the link is dropped.
+_WRITE_STALL_S = 30.0
 
 
 StreamCallError = client_calls.StreamedCallError  # a streamed call's failure (grpc.RpcError)
@@ -224,17 +241,68 @@ class _Timer:
 _TIMER = _Timer()
 
 
-class _Stream:
-    """One open `Client/Calls` stream: its calls in flight by correlation id, its
-    outbox, grpcio's writer (the request generator) and the reader thread."""
+class _Calls:
+    """What a stream and a link keep alike: the calls in flight by correlation id and the
+    outbox, under `cond`; `ended` once no call may be added."""
 
-    def __init__(self, owner: "CallStream", open_stream: Callable[..., Any]):
+    def __init__(self, owner: "CallStream"):
         self.owner = owner
         self.cond = threading.Condition()
         self.outbox: deque[_Call] = deque()
         self.pending: dict[int, _Call] = {}
         self.ended = False
         self._ids = itertools.count(1)
+
+    def _queue(self, call: _Call) -> None:
+        """Under `cond`: `call` in flight here, in the outbox."""
+        call.stream, call.correlation_id = self, next(self._ids)
+        self.pending[call.correlation_id] = call
+        self.outbox.append(call)
+
+    def _next_message(self) -> tuple[list[pb.TunneledCall], float]:
+        """Under `cond`: the outbox's calls for one message (client_calls.fits), those timed
+        out or cancelled meanwhile left out, and their latest deadline (inf: one has none)."""
+        calls, size, deadline = [], 0, 0.0
+        while self.outbox:
+            call = self.outbox[0]
+            if calls and not client_calls.fits(len(calls), size, len(call.body or b"")):
+                break
+            self.outbox.popleft()
+            if call.done() or call.body is None:
+                continue  # timed out or cancelled before it was written
+            calls.append(pb.TunneledCall(correlation_id=call.correlation_id, method=call.method, request=call.body))
+            size += len(call.body)
+            deadline = max(deadline, call.deadline if call.deadline is not None else float("inf"))
+        return calls, deadline
+
+    def _answer(self, message: pb.TunneledReplies) -> None:
+        for reply in message.replies:
+            with self.cond:
+                call = self.pending.pop(reply.correlation_id, None)
+            if call is not None:
+                call.answer(reply)
+
+    def _end(self) -> list[_Call]:
+        """Ended: the calls left unanswered, taken from here."""
+        with self.cond:
+            self.ended = True
+            left = list(self.pending.values())
+            self.pending.clear()
+            self.outbox.clear()
+            self.cond.notify_all()
+        return left
+
+    def forget(self, call: _Call) -> None:
+        with self.cond:
+            self.pending.pop(call.correlation_id, None)
+
+
+class _Stream(_Calls):
+    """One open `Client/Calls` stream: its calls in flight by correlation id, its
+    outbox, grpcio's writer (the request generator) and the reader thread."""
+
+    def __init__(self, owner: "CallStream", open_stream: Callable[..., Any]):
+        super().__init__(owner)
         self.call = open_stream(self._messages())
         self.reader = threading.Thread(target=self._read, name="exactly-stream-reader", daemon=True)
         self.reader.start()
@@ -244,15 +312,19 @@ class _Stream:
         with self.cond:
             if self.ended:
                 return False
-            call.stream, call.correlation_id = self, next(self._ids)
-            self.pending[call.correlation_id] = call
-            self.outbox.append(call)
+            self._queue(call)
             self.cond.notify()
         return True
 
-    def forget(self, call: _Call) -> None:
+    def retire(self) -> None:
+        """Take no new call; half-close once the calls taken are written (the service
+        answers them, then ends the stream)."""
         with self.cond:
-            self.pending.pop(call.correlation_id, None)
+            self.ended = True
+            self.cond.notify_all()
+
+    def cancel(self) -> None:
+        self.call.cancel()
 
     def _messages(self):
         """The stream's messages, as grpcio's writer thread asks for them: every call
@@ -268,19 +340,9 @@ class _Stream:
                         self.ended = True  # nothing more is sent on it: new calls open a new stream
                         return
                     self.cond.wait(_POLL_S)
-                if self.ended:
-                    return
-                calls, size = [], 0
-                while self.outbox:
-                    call = self.outbox[0]
-                    if calls and not client_calls.fits(len(calls), size, len(call.body or b"")):
-                        break
-                    self.outbox.popleft()
-                    if call.done() or call.body is None:
-                        continue  # timed out or cancelled before it was written
-                    calls.append(pb.TunneledCall(correlation_id=call.correlation_id, method=call.method,
-                                                 request=call.body))
-                    size += len(call.body)
+                if self.ended and not self.outbox:
+                    return  # ended, or retired with every call it took written
+                calls, _ = self._next_message()
                 idle_since = time.monotonic()
             if calls:
                 yield pb.TunneledCalls(calls=calls)
@@ -289,37 +351,135 @@ class _Stream:
         code, details = grpc.StatusCode.UNAVAILABLE, "the stream ended"
         try:
             for message in self.call:
-                for reply in message.replies:
-                    with self.cond:
-                        call = self.pending.pop(reply.correlation_id, None)
-                    if call is not None:
-                        call.answer(reply)
+                self._answer(message)
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
             details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         except Exception as exc:  # noqa: BLE001 - e.g. an unreadable message: the stream is over
             code, details = grpc.StatusCode.INTERNAL, f"Client/Calls stream failed: {exc!r}"
         self.owner.ending(self, code)  # before the stream shows ended: no new stream after an UNIMPLEMENTED
+        self.owner.ended(self, code, details, self._end())
+
+
+class _LinkedStream(_Calls):
+    """The same calls on a link (exactly._link): `send`, `forget`, `ended`, `cancel` as
+    a `_Stream`'s. The thread that queues a call while no other writes becomes the
+    writer: it writes every call queued meanwhile, up to what one frame carries, until
+    none is left (no writer thread); one reader thread resolves the replies. The link
+    ends when it breaks, when a write does not complete by the latest deadline of the
+    calls it carries (the service stopped reading), after STREAM_IDLE_S without a call
+    in flight, and when a call times out after nothing at all was read on it for
+    LINK_SILENCE_S (a service stopped or cut off)."""
+
+    def __init__(self, owner: "CallStream", wire: Wire):
+        super().__init__(owner)
+        self.wire = wire
+        self.last_read = self._last_call = time.monotonic()
+        self._writing = False
+        self._why = ""
+        self.reader = threading.Thread(target=self._read, name="exactly-link-reader", daemon=True)
+        self.reader.start()
+
+    def send(self, call: _Call) -> bool:
+        with self.cond:
+            if self.ended:
+                return False
+            self._queue(call)
+            self._last_call = time.monotonic()
+            if self._writing:
+                return True  # the writer takes it with the calls queued before it
+            self._writing = True
+        self._write()
+        return True
+
+    def _write(self) -> None:
+        while True:
+            with self.cond:
+                calls, deadline = self._next_message() if not self.ended else ([], 0.0)
+                if not calls:
+                    self._writing = False
+                    return
+            body = pb.TunneledCalls(calls=calls).SerializeToString()
+            timeout = min(max(deadline - time.monotonic(), 1.0), _WRITE_STALL_S)
+            try:
+                self.wire.send(HEADER.pack(len(body)) + body, timeout)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                with self.cond:
+                    self._writing = False
+                self.abort(f"the link broke while writing: {exc!r}")
+                return
+
+    def forget(self, call: _Call) -> None:
+        super().forget(call)
+        silent_s = time.monotonic() - self.last_read
+        if silent_s >= LINK_SILENCE_S:
+            self.abort(f"nothing read on the link for {silent_s:.0f} s")
+
+    def abort(self, why: str) -> None:
+        """End the link: its calls in flight fail UNAVAILABLE (`why`), new ones go elsewhere."""
         with self.cond:
             self.ended = True
-            left = list(self.pending.values())
-            self.pending.clear()
-            self.outbox.clear()
-            self.cond.notify_all()
-        self.owner.ended(self, code, details, left)
+            self._why = self._why or why
+        self.wire.abort()
+
+    def cancel(self) -> None:
+        self.abort("the client closed")
+
+    def _read(self) -> None:
+        buffer = bytearray()
+        code, details = grpc.StatusCode.UNAVAILABLE, "the link closed"
+        try:
+            while True:
+                data = self.wire.recv(_POLL_S)
+                if data is None:
+                    with self.cond:
+                        if self.ended:
+                            break
+                        if not self.pending and not self.outbox \
+                                and time.monotonic() - self._last_call >= STREAM_IDLE_S:
+                            self.ended = True  # idle: new calls set up a new stream
+                            break
+                    continue
+                if not data:
+                    break
+                self.last_read = time.monotonic()
+                buffer += data
+                while len(buffer) >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buffer)
+                    if size > MAX_REPLY_FRAME_BYTES:
+                        raise ValueError(f"a reply frame of {size} bytes, above {MAX_REPLY_FRAME_BYTES}")
+                    if len(buffer) < HEADER.size + size:
+                        break
+                    message = pb.TunneledReplies.FromString(bytes(buffer[HEADER.size:HEADER.size + size]))
+                    del buffer[:HEADER.size + size]
+                    self._answer(message)
+        except (OSError, ssl.SSLError) as exc:
+            details = f"the link broke: {exc!r}"
+        except Exception as exc:  # noqa: BLE001 - e.g. an unreadable frame: the link is over
+            code, details = grpc.StatusCode.INTERNAL, f"Client/Calls link failed: {exc!r}"
+        self.owner.ending(self, code)
+        left = self._end()
+        self.wire.close()
+        self.owner.ended(self, code, self._why or details, left)
 
 
 class CallStream:
-    """The `Client/Calls` stream of one channel (module docstring). Thread-safe."""
+    """The `Client/Calls` stream of one channel (module docstring). Thread-safe.
+    `link`: sets up a link to the service (exactly._link.Connector), or None for none."""
 
-    def __init__(self, channel: grpc.Channel):
+    def __init__(self, channel: grpc.Channel, link: Connector | None = None):
         self._open = channel.stream_stream(client_calls.CLIENT_CALLS_METHOD,
                                            request_serializer=pb.TunneledCalls.SerializeToString,
                                            response_deserializer=pb.TunneledReplies.FromString)
         self._lock = threading.Lock()
-        self._stream: _Stream | None = None
+        self._stream: _Stream | _LinkedStream | None = None
+        self._link = link
+        self._link_at = 0.0  # monotonic s before which no link is set up (after one could not be)
+        self._linking = False
+        self._closed = False
         self.direct_only = False  # the service answered Client/Calls UNIMPLEMENTED
         self.streams_opened = 0
+        self.links_opened = 0
 
     def submit(self, call: _Call) -> _Call:
         """Send `call` on the current stream (opening one if needed), or directly once
@@ -333,6 +493,8 @@ class CallStream:
                     if stream is None or stream.ended:
                         stream = self._stream = _Stream(self, self._open)
                         self.streams_opened += 1
+                    if isinstance(stream, _Stream):
+                        self._link_beside()
             if stream is None:
                 call.send_directly()
                 return call
@@ -341,7 +503,40 @@ class CallStream:
             if stream.send(call):
                 return call
 
-    def ending(self, stream: _Stream, code: grpc.StatusCode) -> None:
+    def _link_beside(self) -> None:
+        """Under the lock, with a gRPC stream current: set a link up on a thread of its
+        own when one is due; the calls go on the stream meanwhile."""
+        if self._link is None or self._linking or self._closed or time.monotonic() < self._link_at:
+            return
+        self._linking = True
+        threading.Thread(target=self._set_up_link, name="exactly-link-setup", daemon=True).start()
+
+    def _set_up_link(self) -> None:
+        """Set up a link; once up, new calls go there and the gRPC stream is retired
+        (it answers the calls it took). One that cannot be set up is tried again
+        LINK_RETRY_S later."""
+        linked = None
+        try:
+            linked = _LinkedStream(self, self._link.connect())
+        except LinkUnavailable as exc:
+            log.debug("no link to %s (%s): calls stay on the gRPC stream for %.0f s", self._link.host, exc,
+                      LINK_RETRY_S)
+        with self._lock:
+            self._linking = False
+            if linked is None:
+                self._link_at = time.monotonic() + LINK_RETRY_S
+                return
+            if self._closed or self.direct_only:
+                old = None
+            else:
+                old, self._stream = self._stream, linked
+                self.links_opened += 1
+        if old is None:
+            linked.cancel()
+        elif isinstance(old, _Stream):
+            old.retire()
+
+    def ending(self, stream: _Stream | _LinkedStream, code: grpc.StatusCode) -> None:
         """The reader's report that `stream` ended with `code` (its calls not failed yet)."""
         with self._lock:
             if self._stream is stream:
@@ -359,9 +554,10 @@ class CallStream:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             stream, self._stream = self._stream, None
         if stream is not None:
-            stream.call.cancel()
+            stream.cancel()
 
 
 class StreamedMethod:

@@ -26,6 +26,10 @@ CARRIED = frozenset((
     "/exactly.v1.GroupCoordinator/TxnOffsetCommit",
 ))
 
+# The largest request (bytes, serialized) the SDK carries on Client/Calls; a larger one is a
+# direct call (its cost is its bytes, which a stream message would copy once more).
+MAX_CARRIED_REQUEST_BYTES = 32 * 1024
+
 # What one message carries at most, both ways (and the services' tunnel too): this many
 # calls (or replies) and, past the first, this many bytes of requests (or responses).
 MAX_BATCH_CALLS = 64

@@ -160,8 +160,9 @@ CONNECTIONS_REFUSED = Counter(
     "(the ticket's principal no longer admitted), socket.request.max.bytes)", ["listener", "reason"])
 TUNNEL_LINKS = Gauge(
     "exactly_tunnel_links",
-    "Links open on this process's link listener: other services' tunnel calls to it on TCP connections "
-    "(services/common/transport/link.py)")
+    "Links open on this process's link listener (services/common/transport/link.py), by kind: service "
+    "(other services' tunnel calls to it on TCP connections) or client (SDKs' Client/Calls on TCP connections)",
+    ["kind"])
 BUILD_INFO = Gauge("exactly_build_info",
                    "1, labelled with the release the process runs (version: pyproject.toml's, as exactly --version "
                    "prints it) and its Python version (python_version), as Prometheus' *_build_info series",

@@ -194,6 +194,13 @@ class ServiceSchema(SecuritySettings):
         "exactly.client.stream.max.in.flight.calls", 32, "Calls of one SDK stream (Client/Calls: an SDK's "
         "transaction-path calls to this service) read and not yet answered; the stream reads no further call "
         "meanwhile (back-pressure), so a client's memory here is bounded as for its direct calls.", LOW, ge=1)
+    client_link_max_links: int = setting(
+        "exactly.client.link.max.links", 1024, "SDK links (Client/Attach: an SDK's Client/Calls on a TCP "
+        "connection to the link port) this process holds open or has issued unexpired tickets for; past it an "
+        "SDK stays on its Client/Calls gRPC stream. The services' own links are bounded apart.", LOW, ge=0)
+    client_link_max_links_per_principal: int = setting(
+        "exactly.client.link.max.links.per.principal", 128, "SDK links of one principal (open, or an unexpired "
+        "ticket) on this process; past it that principal's new SDK clients stay on their gRPC streams.", LOW, ge=0)
     tunnel_max_queued_replies: int = setting(
         "exactly.tunnel.max.queued.replies", 64, "Replies of one tunnel stream waiting to be sent at which "
         "the stream stops reading calls until the peer takes them.", LOW, ge=1)

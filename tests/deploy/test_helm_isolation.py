@@ -149,7 +149,7 @@ def test_service_ports_admit_the_exactly_pods_and_the_configured_clients_only():
     test_pod = pod(objects, f"{RELEASE}-test-round-trip")
     for component in COMPONENTS:
         dst = pod(objects, f"{RELEASE}-{component}")
-        for port in (GRPC, KAFKA):
+        for port in (GRPC, KAFKA, LINK):  # links: the services' tunnel and the SDKs' calls
             for peer in COMPONENTS:  # the services call each other
                 assert admitted(objects, pod(objects, f"{RELEASE}-{peer}"), dst, port)
             assert admitted(objects, test_pod, dst, port)
@@ -162,23 +162,26 @@ def test_service_ports_admit_the_exactly_pods_and_the_configured_clients_only():
         {"namespaceSelector": {"matchLabels": {"team": "streams"}}, "podSelector": {"matchLabels": {"app": "etl"}}}]}}})
     dst = pod(custom, f"{RELEASE}-partition-leader")
     assert admitted(custom, FOREIGN_CLIENT, dst, GRPC) and admitted(custom, FOREIGN_CLIENT, dst, KAFKA)
+    assert admitted(custom, FOREIGN_CLIENT, dst, LINK) and not admitted(custom, CLIENT, dst, LINK)
     assert not admitted(custom, CLIENT, dst, GRPC)
     assert not admitted(custom, FOREIGN_CLIENT, dst, METRICS)
     assert not admitted(custom, FOREIGN_CLIENT, pod(custom, ZK), ZK_TLS_PORT)
 
 
-def test_the_link_port_admits_the_exactly_pods_only():
-    """Links are the services' calls to each other: no client, test pod or scraper reaches
-    them, whatever the clients' rules admit on the gRPC and Kafka ports."""
+def test_the_link_port_admits_whom_the_grpc_port_admits():
+    """A link is set up with a ticket from the gRPC port (the services' tunnel, the SDKs'
+    Client/Calls): whoever may reach the gRPC port may reach the link port, nobody else;
+    linkPort -1 opens no port."""
     for values in ({}, {"networkPolicy": {"clients": {"from": [{"namespaceSelector": {}}]}}}):
         objects = render(values)
         for component in COMPONENTS:
             dst = pod(objects, f"{RELEASE}-{component}")
-            for peer in COMPONENTS:
-                assert admitted(objects, pod(objects, f"{RELEASE}-{peer}"), dst, LINK), (component, peer)
-            for src in (STRANGER, NEIGHBOUR, CLIENT, FOREIGN_CLIENT, PROMETHEUS, pod(objects, ZK),
-                        pod(objects, f"{RELEASE}-test-round-trip")):
-                assert not admitted(objects, src, dst, LINK), (component, src)
+            for src in (*[pod(objects, f"{RELEASE}-{peer}") for peer in COMPONENTS], STRANGER, NEIGHBOUR, CLIENT,
+                        FOREIGN_CLIENT, PROMETHEUS, pod(objects, ZK), pod(objects, f"{RELEASE}-test-round-trip")):
+                assert admitted(objects, src, dst, LINK) == admitted(objects, src, dst, GRPC), (component, src)
+    objects = render({"network": {"linkPort": -1}})
+    dst = pod(objects, f"{RELEASE}-partition-leader")
+    assert not admitted(objects, CLIENT, dst, LINK) and admitted(objects, CLIENT, dst, GRPC)
 
 
 def test_metrics_admit_the_configured_scraper_only():

@@ -14,9 +14,11 @@ import grpc
 import pytest
 
 from exactly import AclBinding, AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from exactly._link import Connector
 from exactly_tools.certs import CertificateAuthority
 from exactly_wire import client_calls, records
 from exactly_wire.error_codes import RETRIABLE
+from exactly_wire.links import HEADER
 from exactly_wire.security import TransportSecurity, secure_channel
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
@@ -489,6 +491,10 @@ def _matrix_rows():
         ("Client/Calls (PartitionLeader/Produce)", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
             acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
                 partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
+        # An SDK's link (a Client/Attach ticket, TLS with the caller's certificate): the same.
+        ("Client/Attach (PartitionLeader/Produce)", "alice", "bob", TOPIC_DENIED, lambda c: pb.ProduceRequest(
+            acks=1, timeout_ms=10000, topics=[pb.TopicProduceData(name=c["topic"], partitions=[pb.PartitionProduceData(
+                partition=0, records=records.encode_batch([(None, b"matrix", (), wall_clock_ms())]))])])),
         ("PartitionLeader/CoordinatorProduce", "txn-0", "alice", CLUSTER_DENIED, lambda c: pb.ProduceRequest(
             acks=1, topics=[pb.TopicProduceData(name="__consumer_offsets", partitions=[])])),
         ("Tunnel/Calls (PartitionLeader/CoordinatorProduce)", "txn-0", "alice", CLUSTER_DENIED,
@@ -593,6 +599,33 @@ def _tunneled(tunnel, service: str, method: str, request, batches: bool = False)
     return getattr(pb, output.name).FromString(reply.response)
 
 
+def _on_a_link(sec, who: str, address: str, service: str, method: str, request):
+    """One call of `service`/`method` on an SDK link set up as the SDK sets one up
+    (exactly._link.Connector: Client/Attach as `who`, TLS with its certificate, the
+    ticket); raises TunnelError with the method's status, as a direct call raises."""
+    security = TransportSecurity.from_conf(conf(sec, who))
+    channel = secure_channel(address, security, [])
+    wire = Connector(channel, address, security).connect()
+    try:
+        call = pb.TunneledCall(correlation_id=1, method=f"/{pb.DESCRIPTOR.package}.{service}/{method}",
+                               request=request.SerializeToString())
+        body = pb.TunneledCalls(calls=[call]).SerializeToString()
+        wire.send(HEADER.pack(len(body)) + body, 20)
+        data = b""
+        while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+            more = wire.recv(20)
+            assert more, "the link closed or did not answer"
+            data += more
+        [reply] = pb.TunneledReplies.FromString(data[HEADER.size:]).replies
+    finally:
+        wire.close()
+        channel.close()
+    if reply.status_code:
+        raise TunnelError(client_calls.status(reply.status_code), reply.status_details)
+    output = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method].output_type
+    return getattr(pb, output.name).FromString(reply.response)
+
+
 def _listed(kind: str, response, c) -> bool:
     if kind == "Cluster/Metadata":
         return c["topic"] in {t.name for t in response.topics}
@@ -633,7 +666,12 @@ def test_authorization_matrix(sec):
     tally = {}
     for rpc, allowed, denied, expected, build in _matrix_rows():
         service, method = rpc.split(" ")[0].split("/")
-        if service in ("Tunnel", "Client") and "(" in rpc:  # the method named in parentheses, carried by the stream
+        if rpc.startswith("Client/Attach ("):  # the method in parentheses, carried on an SDK link
+            service, method = rpc.split("(")[1].rstrip(")").split("/")
+
+            def call(who, service=service, method=method, build=build):
+                return _on_a_link(sec, who, address[service], service, method, build(c))
+        elif service in ("Tunnel", "Client") and "(" in rpc:  # the method named in parentheses, carried by the stream
             batches, stream_stub = method == "Batches", pbg.TunnelStub if service == "Tunnel" else pbg.ClientStub
             service, method = rpc.split("(")[1].rstrip(")").split("/")
 

@@ -191,7 +191,7 @@ GRPC_SINGLE = {
     "PartitionLeader/CoordinatorProduce",
     "PartitionLeader/WriteTxnMarkers", "TransactionCoordinator/VerifyProducerId", "GroupCoordinator/JoinGroup",
     "GroupCoordinator/SyncGroup", "GroupCoordinator/Heartbeat", "GroupCoordinator/LeaveGroup", "Tunnel/Calls",
-    "Tunnel/Batches", "Tunnel/Attach", "Client/Calls",
+    "Tunnel/Batches", "Tunnel/Attach", "Client/Calls", "Client/Attach",
 }
 
 

@@ -235,26 +235,44 @@ def test_a_service_stream_that_reads_no_reply_is_held_at_its_in_flight_bound(sec
         call.cancel()
 
 
-def test_the_services_call_each_other_on_tls_links(sec):
+def test_the_services_and_the_sdk_call_on_tls_links(sec):
     """A transaction's calls from the coordinator to the leader (its appends to
     __transaction_state, its markers) go on a TLS link, admitted by the coordinator's
     certificate: the leader counts a link from each coordinator (the group coordinator's
-    tails the offsets topic) and refuses no ticket of theirs."""
-    from exactly import Producer
-    pl = sec.services["pl-0"]
+    tails the offsets topic) and refuses no ticket of theirs. The SDK producer's own calls
+    move to TLS links to the leader and the coordinator (Client/Attach, its certificate),
+    its transactions committing on them, and the links end with the producer."""
+    from exactly import Consumer, Producer, TopicPartition
+    pl, txn = sec.services["pl-0"], sec.services["txn-0"]
     with AdminClient({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config}) as a:
         a.create_topics([NewTopic("linked", 1, 1)])
     producer = Producer({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config,
                          "transactional.id": f"linked-{uuid.uuid4().hex[:6]}"})
+    committed = 0
+
+    def client_links(service) -> float:
+        return metric(service.metrics_address, "exactly_tunnel_links", 'kind="client"')
+
+    def commit_one() -> bool:
+        nonlocal committed
+        producer.begin_transaction()
+        producer.send("linked", value=b"v%d" % committed)
+        producer.commit_transaction()
+        committed += 1
+        return client_links(pl) >= 1 and client_links(txn) >= 1
     try:
         producer.init_transactions()
-        for i in range(3):
-            producer.begin_transaction()
-            producer.send("linked", value=b"v%d" % i)
-            producer.commit_transaction()
+        wait_for(commit_one, 30, "the producer's calls on links to the leader and the coordinator")
+        for _ in range(3):
+            commit_one()  # on the links
     finally:
         producer.close()
-    wait_for(lambda: metric(pl.metrics_address, "exactly_tunnel_links") >= 2, 30,
+    wait_for(lambda: client_links(pl) == 0 and client_links(txn) == 0, 30, "the producer's links to end")
+    with Consumer({"bootstrap.servers": sec.bootstrap_servers, **sec.client_config,
+                   "isolation.level": "read_committed"}) as consumer:
+        tp = TopicPartition("linked", 0)
+        assert consumer.end_offsets([tp])[tp] == 2 * committed  # each record and its commit marker
+    wait_for(lambda: metric(pl.metrics_address, "exactly_tunnel_links", 'kind="service"') >= 2, 30,
              "links from both coordinators to the leader")
     assert metric(pl.metrics_address, "exactly_connections_refused_total", 'reason="ticket"') == 0
     assert "no link to a peer" not in (sec.dir / "logs" / "txn-0.log").read_text()

@@ -187,6 +187,8 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     # An SDK's stream of transaction-path calls (Client/Calls): admitted for every caller
     # that authenticates; each call it carries is authorized by its own rule.
     "Client/Open": lambda r, p: [],
+    # A ticket for an SDK's link: Client/Calls on a TCP connection, each call authorized by its own rule.
+    "Client/Attach": lambda r, p: [],
     # Transaction coordinator
     "TransactionCoordinator/InitProducerId": _init_producer_id,
     "TransactionCoordinator/AddPartitionsToTxn": _add_partitions,

@@ -64,7 +64,6 @@ import logging
 import secrets
 import socket
 import ssl
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -72,6 +71,9 @@ from typing import Any, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from exactly_wire.client_calls import MAX_BATCH_BYTES
+from exactly_wire.links import (ACK, HEADER as _HEADER, LINK_RETRY_S, LINK_SILENCE_S, MAX_REPLY_FRAME_BYTES,
+                                TICKET_BYTES, split_address, tcp_keepalive)
 from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -83,19 +85,19 @@ from .guard import safe_deserializer
 
 log = logging.getLogger(__name__)
 
-TICKET_BYTES = 32
 TICKET_TTL_MS = 10_000
 MAX_OUTSTANDING_TICKETS = 256
 MAX_PENDING_LINKS = 32
 MAX_PENDING_LINKS_PER_IP = 8  # one host cannot hold every pending slot
-MAX_REPLY_FRAME_BYTES = 64 << 20  # a link client's bound on a reply frame (the services' gRPC message bound)
 DEFAULT_MAX_LINKS = 256
-ACK = b"\x01"
+# The largest frame an SDK's link may send (bytes): what one Client/Calls message of the SDK
+# carries at most (client_calls.MAX_BATCH_BYTES of requests past the first, each at most
+# client_calls.MAX_CARRIED_REQUEST_BYTES), with room for the framing.
+MAX_CLIENT_FRAME_BYTES = 2 * MAX_BATCH_BYTES
+# The schema's defaults of exactly.client.link.max.links and its per-principal bound.
+DEFAULT_MAX_CLIENT_LINKS = ServiceSchema.model_fields["client_link_max_links"].default
+DEFAULT_MAX_CLIENT_LINKS_PER_PRINCIPAL = ServiceSchema.model_fields["client_link_max_links_per_principal"].default
 CLOSE_LINGER_S = 1.0  # how long a closing TLS link may take to end (close_notify)
-LINK_RETRY_S = 30.0  # how long a client leaves a peer's calls on the gRPC stream after a link failed
-# A call that times out on a link from which nothing at all was read for this long drops the link.
-LINK_SILENCE_S = 10.0
-_HEADER = struct.Struct(">I")
 _parse_calls = safe_deserializer(pb.TunneledCalls.FromString)
 
 
@@ -127,12 +129,15 @@ REASONS = ("pending", "ssl.handshake.timeout", "ssl.handshake.failed", "ticket",
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a link's calls run as: the metadata, certificate (gRPC auth context) and
-    peer of the Attach call that got its ticket."""
+    """What a link's calls run as: the metadata, certificate (gRPC auth context), peer
+    and principal of the Attach call that got its ticket. `client`: an SDK's link
+    (`Client/Attach`, its calls served as on `Client/Calls`), not a service's tunnel link."""
 
     metadata: tuple
     auth_context: dict
     peer: str
+    principal: str = ""
+    client: bool = False
 
 
 class LinkTickets:
@@ -151,10 +156,12 @@ class LinkTickets:
     def __len__(self) -> int:
         return len(self._tickets)
 
-    def outstanding(self) -> int:
-        """Tickets issued, not redeemed and not expired."""
+    def outstanding(self, principal: str | None = None) -> int:
+        """Tickets issued, not redeemed and not expired (of `principal` only, when given)."""
         self._expire(self.clock())
-        return len(self._tickets)
+        if principal is None:
+            return len(self._tickets)
+        return sum(1 for _, snapshot in self._tickets.values() if snapshot.principal == principal)
 
     def _expire(self, now: float) -> None:
         for ticket in [t for t, (expiry, _) in self._tickets.items() if expiry <= now]:
@@ -245,22 +252,40 @@ class _Frames:
 
 class LinkServer:
     """The link listener of a service process (module docstring). `servicer`: the
-    process's tunnel servicer (tunnel.TunnelServicer), whose `_serve` runs each link's
-    calls. `start(host, port, ssl_context)` -> the bound port; `stop()`.
-    Observable: `links` (open), `pending` (waiting for their ticket), `refused` (by
-    reason), `held_idle` (idle timeouts a call in flight kept a link open through)."""
+    process's tunnel servicer (tunnel.TunnelServicer), whose `_serve` runs each service
+    link's calls; `client_servicer`: its `Client/Calls` servicer, which runs the SDKs'
+    links (None: no SDK link is offered). `start(host, port, ssl_context)` -> the bound
+    port; `stop()`.
+
+    Bounds: the services' links and their unexpired tickets at most `max_links`; the
+    SDKs' at most `max_client_links`, of one principal at most
+    `max_client_links_per_principal`, with tickets of their own (`client_tickets`), so
+    that clients never take a service's place. A ticket is not issued past a bound:
+    Attach then answers port 0 and the caller stays on its gRPC stream.
+
+    Observable: `links` and `client_links` (open), `pending` (waiting for their ticket),
+    `refused` (by reason), `held_idle` (idle timeouts a call in flight kept a link open
+    through)."""
 
     def __init__(self, servicer: Any, max_frame_bytes: int, idle_timeout_s: float, handshake_timeout_s: float,
-                 keepalive_s: float = 0.0, max_links: int = DEFAULT_MAX_LINKS, tickets: LinkTickets | None = None):
+                 keepalive_s: float = 0.0, max_links: int = DEFAULT_MAX_LINKS, tickets: LinkTickets | None = None,
+                 client_servicer: Any = None, max_client_links: int = DEFAULT_MAX_CLIENT_LINKS,
+                 max_client_links_per_principal: int = DEFAULT_MAX_CLIENT_LINKS_PER_PRINCIPAL):
         self.servicer = servicer
+        self.client_servicer = client_servicer
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.keepalive_s = keepalive_s
         self.max_links = max_links
+        self.max_client_links = max_client_links
+        self.max_client_links_per_principal = max_client_links_per_principal
         self.tickets = tickets if tickets is not None else LinkTickets()
+        self.client_tickets = LinkTickets(limit=max(min(max_client_links, MAX_OUTSTANDING_TICKETS), 1))
         self.port = 0
         self.links = 0
+        self.client_links = 0
+        self._client_links_of: dict[str, int] = {}  # principal -> its open SDK links
         self.pending = 0
         self.refused: dict[str, int] = {}
         self.held_idle = 0
@@ -292,11 +317,25 @@ class LinkServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def issue(self, snapshot: Snapshot) -> bytes | None:
-        """A ticket for a new link, or None while no more may be opened (open links and
-        unexpired tickets at max_links)."""
-        if self.links + self.tickets.outstanding() >= self.max_links:
+        """A ticket for a new link, or None while no more may be opened: a service's
+        links and unexpired tickets at max_links; an SDK's (snapshot.client) at
+        max_client_links, or its principal's at max_client_links_per_principal, or no
+        client servicer."""
+        if not snapshot.client:
+            if self.links + self.tickets.outstanding() >= self.max_links:
+                return None
+            return self.tickets.issue(snapshot)
+        if self.client_servicer is None or self.client_links + self.client_tickets.outstanding() >= self.max_client_links:
             return None
-        return self.tickets.issue(snapshot)
+        principal = snapshot.principal
+        if self._client_links_of.get(principal, 0) + self.client_tickets.outstanding(principal) \
+                >= self.max_client_links_per_principal:
+            return None
+        return self.client_tickets.issue(snapshot)
+
+    def _redeem(self, ticket: bytes) -> Snapshot | None:
+        snapshot = self.tickets.redeem(ticket)
+        return snapshot if snapshot is not None else self.client_tickets.redeem(ticket)
 
     def _held_idle(self) -> None:
         self.held_idle += 1
@@ -361,7 +400,7 @@ class LinkServer:
             finally:
                 self._done_pending(ip)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-            snapshot = self.tickets.redeem(ticket)
+            snapshot = self._redeem(ticket)
             if snapshot is None:
                 self._refuse("ticket")
                 log.info("link from %s refused: not a ticket this process issued, used or expired",
@@ -381,17 +420,19 @@ class LinkServer:
         before the ACK (the principal may have lost its right since Attach): refused, it
         is closed unanswered, and the caller meets the refusal on the gRPC stream."""
         context = LinkContext(snapshot)
-        refused = await self.servicer.admit(context)
+        servicer = self.client_servicer if snapshot.client else self.servicer
+        refused = await servicer.admit(context)
         if refused is not None:
             self._refuse("authorization")
             log.info("link from %s refused: %s %s", snapshot.peer, refused[0].name, refused[1])
             return
         _keepalive(writer, self.keepalive_s)
         writer.write(ACK)
-        self.links += 1
-        TUNNEL_LINKS.inc()
+        self._count(snapshot, 1)
         try:
-            await self._serve(reader, writer, context)
+            await self._serve(servicer, reader, writer, context,
+                              min(self.max_frame_bytes, MAX_CLIENT_FRAME_BYTES) if snapshot.client
+                              else self.max_frame_bytes)
         except _Oversized as exc:
             self._refuse(SOCKET_REQUEST_MAX_BYTES)
             log.warning("link from %s closed: %s", snapshot.peer, exc)
@@ -403,12 +444,26 @@ class LinkServer:
         except (ConnectionError, ssl.SSLError, OSError):
             pass
         finally:
-            self.links -= 1
-            TUNNEL_LINKS.dec()
+            self._count(snapshot, -1)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: LinkContext) -> None:
-        frames = _Frames(reader, self.max_frame_bytes, self.idle_timeout_s, self._held_idle)
-        async for replies in self.servicer._serve(frames, context, batched=True):
+    def _count(self, snapshot: Snapshot, step: int) -> None:
+        """A link of `snapshot`'s opened (step 1) or ended (-1)."""
+        kind = "client" if snapshot.client else "service"
+        if snapshot.client:
+            self.client_links += step
+            left = self._client_links_of.get(snapshot.principal, 0) + step
+            if left:
+                self._client_links_of[snapshot.principal] = left
+            else:
+                self._client_links_of.pop(snapshot.principal, None)
+        else:
+            self.links += step
+        TUNNEL_LINKS.labels(kind).inc(step)
+
+    async def _serve(self, servicer: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     context: LinkContext, max_frame_bytes: int) -> None:
+        frames = _Frames(reader, max_frame_bytes, self.idle_timeout_s, self._held_idle)
+        async for replies in servicer._serve(frames, context, batched=True):
             frames.answered += len(replies.replies)
             body = replies.SerializeToString()
             writer.write(_HEADER.pack(len(body)) + body)
@@ -422,25 +477,15 @@ class LinkServer:
 def _keepalive(writer: asyncio.StreamWriter, keepalive_s: float) -> None:
     """TCP keepalive on a link's socket, probing after `keepalive_s` idle (0: off)."""
     sock = writer.get_extra_info("socket")
-    if sock is None or keepalive_s <= 0:
+    if sock is None:
         return
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        idle = max(int(keepalive_s), 1)
-        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", idle), ("TCP_KEEPCNT", 3)):
-            if hasattr(socket, name):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        tcp_keepalive(sock, keepalive_s)
     except OSError:
         pass
 
 
 # ------------------------------------------------------------------ client side
-
-def split_address(address: str) -> str:
-    """The host of a "host:port" address ("[::1]:9093" -> "::1")."""
-    host = address.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
 
 class LinkStream:
     """The client end of one link, in the shape of the gRPC stream TunnelChannel uses:
@@ -556,5 +601,5 @@ class LinkStream:
             self._ready.exception() if not self._ready.cancelled() else None  # retrieved: no "never retrieved" warning
 
 
-__all__ = ["ACK", "LinkContext", "LinkError", "LinkServer", "LinkStream", "LinkTickets", "Snapshot",
-           "TICKET_BYTES", "split_address"]
+__all__ = ["ACK", "LINK_RETRY_S", "LINK_SILENCE_S", "LinkContext", "LinkError", "LinkServer", "LinkStream",
+           "LinkTickets", "Snapshot", "TICKET_BYTES", "split_address"]

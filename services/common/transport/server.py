@@ -588,17 +588,19 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     tunnel = TunnelServicer(registry, interceptors, cfg.settings.tunnel_max_in_flight_calls,
                             cfg.settings.tunnel_max_queued_replies)
     add_tunnel_to_server(tunnel, server)
-    add_client_calls_to_server(TunnelServicer(registry, interceptors,
-                                              cfg.settings.client_stream_max_in_flight_calls,
-                                              cfg.settings.tunnel_max_queued_replies,
-                                              open_method=CLIENT_OPEN_METHOD, carried=CLIENT_CARRIED),
-                               server)
+    client_calls = TunnelServicer(registry, interceptors, cfg.settings.client_stream_max_in_flight_calls,
+                                  cfg.settings.tunnel_max_queued_replies,
+                                  open_method=CLIENT_OPEN_METHOD, carried=CLIENT_CARRIED)
+    add_client_calls_to_server(client_calls, server)
     await server.start()
     if cfg.link_port >= 0:
-        tunnel.link = LinkServer(tunnel, cfg.settings.socket_request_max_bytes,
-                                 idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
-                                 handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
-                                 keepalive_s=cfg.settings.keepalive_time_ms / 1000)
+        tunnel.link = client_calls.link = LinkServer(
+            tunnel, cfg.settings.socket_request_max_bytes,
+            idle_timeout_s=cfg.settings.connections_max_idle_ms / 1000,
+            handshake_timeout_s=cfg.settings.ssl_handshake_timeout_ms / 1000,
+            keepalive_s=cfg.settings.keepalive_time_ms / 1000,
+            client_servicer=client_calls, max_client_links=cfg.settings.client_link_max_links,
+            max_client_links_per_principal=cfg.settings.client_link_max_links_per_principal)
         # The gRPC port's rule on client certificates (ssl.client.auth): a ticket alone does not
         # pass where a certificate is required.
         await tunnel.link.start(cfg.host, cfg.link_port, ssl_context(cfg, security) if security.tls else None)

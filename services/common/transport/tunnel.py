@@ -62,6 +62,7 @@ from exactly_wire.client_calls import MAX_BATCH_BYTES, MAX_BATCH_CALLS, fits as 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from ..security.principal import current_principal
 from ..settings import ServiceSchema
 from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
 from .link import LINK_RETRY_S, LINK_SILENCE_S, LinkError, LinkServer, LinkStream, Snapshot
@@ -86,8 +87,9 @@ CLIENT_OPEN_METHOD = "/exactly.v1.Client/Open"
 CLIENT_CARRIED = client_calls.CARRIED
 # The stream methods and admission checks themselves, which no stream carries.
 ATTACH_METHOD = method_path("Tunnel", "Attach")
+CLIENT_ATTACH_METHOD = method_path("Client", "Attach")
 _STREAM_METHODS = frozenset((TUNNEL_METHOD, method_path("Tunnel", "Batches"), ATTACH_METHOD, OPEN_METHOD,
-                             CLIENT_METHOD, CLIENT_OPEN_METHOD))
+                             CLIENT_METHOD, CLIENT_OPEN_METHOD, CLIENT_ATTACH_METHOD))
 # The schema's defaults of exactly.tunnel.max.in.flight.calls and exactly.tunnel.max.queued.replies.
 DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"].default
 DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
@@ -222,14 +224,17 @@ class TunnelServicer(pbg.TunnelServicer):
     async def Attach(self, request: pb.TunnelAttachRequest, context: grpc.aio.ServicerContext
                      ) -> pb.TunnelAttachResponse:
         """A ticket for a link (services.common.transport.link) whose calls run with this
-        call's metadata, certificate and peer; port 0 when no link is offered (none
-        configured, or the listener's links and tickets at their bound). The call itself
-        was authorized as `Tunnel/Open` is (ClusterAction on the Cluster)."""
+        call's metadata, certificate, peer and principal, served by this servicer; port 0
+        when no link is offered (none configured, or the listener's links and tickets at
+        their bound, for an SDK's link also its principal's). Tunnel/Attach was authorized
+        as `Tunnel/Open` (ClusterAction on the Cluster), Client/Attach as `Client/Open`
+        (any caller that authenticates)."""
         link = self.link
         if link is None or not link.port:
             return pb.TunnelAttachResponse()
         ticket = link.issue(Snapshot(tuple(context.invocation_metadata() or ()), dict(context.auth_context() or {}),
-                                     context.peer()))
+                                     context.peer(), current_principal.get(),
+                                     client=self._open_method == CLIENT_OPEN_METHOD))
         if ticket is None:
             return pb.TunnelAttachResponse()
         return pb.TunnelAttachResponse(port=link.port, ticket=ticket,
@@ -422,18 +427,23 @@ def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> N
     calls = grpc.stream_stream_rpc_method_handler(
         servicer.Calls, request_deserializer=safe_deserializer(pb.TunneledCall.FromString),
         response_serializer=pb.TunneledReply.SerializeToString)
-    attach = grpc.unary_unary_rpc_method_handler(
-        servicer.Attach, request_deserializer=pb.TunnelAttachRequest.FromString,
-        response_serializer=pb.TunnelAttachResponse.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "exactly.v1.Tunnel", {"Calls": calls, "Batches": _batches_handler(servicer), "Attach": attach}),))
+        "exactly.v1.Tunnel", {"Calls": calls, "Batches": _batches_handler(servicer),
+                              "Attach": _attach_handler(servicer)}),))
 
 
 def add_client_calls_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:
     """Serve `Client/Calls` on `server` with `servicer` (made with CLIENT_OPEN_METHOD
     and CLIENT_CARRIED): the Batches protocol, an unparsable message answered as on the tunnel."""
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "exactly.v1.Client", {"Calls": _batches_handler(servicer)}),))
+        "exactly.v1.Client", {"Calls": _batches_handler(servicer), "Attach": _attach_handler(servicer)}),))
+
+
+def _attach_handler(servicer: TunnelServicer) -> grpc.RpcMethodHandler:
+    """The `Attach` handler of `servicer` (Tunnel/Attach or Client/Attach)."""
+    return grpc.unary_unary_rpc_method_handler(
+        servicer.Attach, request_deserializer=pb.TunnelAttachRequest.FromString,
+        response_serializer=pb.TunnelAttachResponse.SerializeToString)
 
 
 def _batches_handler(servicer: TunnelServicer) -> grpc.RpcMethodHandler:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import socket
 import threading
 import weakref
 
@@ -19,9 +20,14 @@ from waiting import wait_for
 
 from exactly import _streams, errors
 from exactly._client import translate_rpc_error
+from exactly._link import Connector
+from exactly_wire.links import HEADER
+from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 from services.common.transport.guard import RequestGuard
+from services.common.transport import link as link_module
+from services.common.transport.link import ACK, TICKET_BYTES, LinkServer
 from services.common.transport.tunnel import (CLIENT_CARRIED, CLIENT_OPEN_METHOD, HandlerRegistry, TunneledContext,
                                               TunnelServicer, add_client_calls_to_server)
 
@@ -55,13 +61,15 @@ class Service:
     """An asyncio gRPC server on its own thread serving Coordinator, and Client/Calls
     unless `streams` is False (a service of a version without it)."""
 
-    def __init__(self, streams: bool = True, port: int = 0):
+    def __init__(self, streams: bool = True, port: int = 0, links: dict | None = None):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.coordinator = Coordinator()
         self.streams = streams
         self.servicer: TunnelServicer | None = None
+        self.links = links  # LinkServer arguments: serve SDK links (Client/Attach)
+        self.link: LinkServer | None = None
         self.server, self.port = self.run(self._start(port))
         self.address = f"127.0.0.1:{self.port}"
 
@@ -80,10 +88,17 @@ class Service:
             add_client_calls_to_server(self.servicer, server)
         bound = server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
+        if self.links is not None:
+            self.link = self.servicer.link = LinkServer(self.servicer, 64 << 20, idle_timeout_s=30,
+                                                        handshake_timeout_s=2, client_servicer=self.servicer,
+                                                        **self.links)
+            await self.link.start("127.0.0.1", 0, None)
         return server, bound
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.coordinator.release.set)
+        if self.link is not None:
+            self.run(self.link.stop())
         self.run(self.server.stop(0))
 
     def close(self) -> None:
@@ -99,10 +114,25 @@ def service():
     s.close()
 
 
-def _stub(address: str):
+def _stub(address: str, link: bool = False):
     channel = grpc.insecure_channel(address)
-    stream = _streams.CallStream(channel)
+    stream = _streams.CallStream(channel, Connector(channel, address, TransportSecurity()) if link else None)
     return pbg.TransactionCoordinatorStub(_streams.StreamingChannel(channel, stream)), stream, channel
+
+
+@pytest.fixture
+def linked():
+    s = Service(links={})
+    yield s
+    s.close()
+
+
+def _linked_stub(service: Service):
+    """A stub whose calls went on the link once it was set up (the first call's on the stream)."""
+    stub, stream, channel = _stub(service.address, link=True)
+    assert stub.EndTxn(_end("t"), timeout=5).producer_epoch == 1
+    wait_for(lambda: stream.links_opened == 1 and service.link.client_links == 1, 10, "the link to be set up")
+    return stub, stream, channel
 
 
 def _end(tid: str, epoch: int = 0) -> pb.EndTxnRequest:
@@ -283,3 +313,185 @@ def test_the_stream_carries_only_the_transaction_path(service):
         assert service.coordinator.direct == 0
     finally:
         channel.close()
+
+
+# ------------------------------------------------------------------ links (Client/Attach)
+
+def test_calls_go_on_a_link_once_it_is_set_up_and_answer_like_direct_ones(linked):
+    stub, stream, channel = _linked_stub(linked)
+    try:
+        read_before = linked.servicer.messages_read
+        futures = [stub.EndTxn.future(_end("t", e), timeout=5) for e in range(40)]
+        assert [f.result(5).producer_epoch for f in futures] == list(range(1, 41))
+        with pytest.raises(grpc.RpcError) as denied:
+            stub.EndTxn(_end("deny"), timeout=5)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert denied.value.details() == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED: deny"
+        assert isinstance(stream._stream, _streams._LinkedStream)
+        assert stream.streams_opened == 1 and stream.links_opened == 1
+        assert linked.coordinator.streamed == 1 + 40 + 1 and linked.coordinator.direct == 0
+        assert linked.servicer.messages_read - read_before <= 40 + 1  # frames on the link
+    finally:
+        stream.close()
+        channel.close()
+    wait_for(lambda: linked.link.client_links == 0, 10, "the closed client's link to end on the service")
+
+
+def test_a_principal_past_its_bound_stays_on_its_stream():
+    service = Service(links={"max_client_links_per_principal": 1})
+    try:
+        first, first_stream, first_channel = _linked_stub(service)
+        second, second_stream, second_channel = _stub(service.address, link=True)
+        try:
+            assert second.EndTxn(_end("t", 1), timeout=5).producer_epoch == 2
+            wait_for(lambda: second_stream._link_at > 0, 10, "the second link to be refused")
+            assert second_stream.links_opened == 0 and service.link.client_links == 1
+            assert second.EndTxn(_end("t", 2), timeout=5).producer_epoch == 3  # on its gRPC stream
+            assert first.EndTxn(_end("t", 3), timeout=5).producer_epoch == 4  # on its link
+        finally:
+            for closing in (second_stream, second_channel, first_stream, first_channel):
+                closing.close()
+    finally:
+        service.close()
+
+
+def test_a_service_offering_no_link_answers_on_the_stream(service):
+    """A service without a link port (or of a version without Client/Attach: the same
+    LinkUnavailable) leaves the calls on the gRPC stream and is asked again later."""
+    stub, stream, channel = _stub(service.address, link=True)
+    try:
+        assert stub.EndTxn(_end("t"), timeout=5).producer_epoch == 1
+        wait_for(lambda: stream._link_at > 0, 10, "the link set-up to give up")
+        futures = [stub.EndTxn.future(_end("t", e), timeout=5) for e in range(10)]
+        assert [f.result(5).producer_epoch for f in futures] == list(range(1, 11))
+        assert stream.links_opened == 0 and isinstance(stream._stream, _streams._Stream)
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_a_broken_link_fails_its_calls_and_the_next_call_links_again():
+    first = Service(links={})
+    stub, stream, channel = _linked_stub(first)
+    try:
+        hanging = stub.EndTxn.future(_end("hang"), timeout=30)
+        wait_for(lambda: first.coordinator.streamed == 2, 5, "the hanging call to arrive")
+        first.run(first.link.stop())  # the link goes away with the call in flight
+        with pytest.raises(grpc.RpcError) as broken:
+            hanging.result(10)
+        assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert isinstance(translate_rpc_error(broken.value), errors.NetworkException)
+        first.link = None
+        first.close()
+        second = Service(port=first.port, links={})
+        try:
+            def answered() -> bool:
+                try:
+                    return stub.EndTxn(_end("t", 8), timeout=2).producer_epoch == 9
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                    return False
+            wait_for(answered, 20, "a call to the restarted service to be answered")
+            wait_for(lambda: stream.links_opened == 2 and second.link.client_links == 1, 10, "a new link")
+            assert stub.EndTxn(_end("t", 9), timeout=5).producer_epoch == 10
+        finally:
+            second.close()
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_a_call_timing_out_on_a_silent_link_drops_it(linked, monkeypatch):
+    """A link on which nothing was read for LINK_SILENCE_S when a call times out (a
+    service stopped or cut off) is dropped; a call with a short timeout on a link that
+    answers keeps it."""
+    stub, stream, channel = _linked_stub(linked)
+    try:
+        link = stream._stream
+        with pytest.raises(grpc.RpcError) as late:
+            stub.EndTxn(_end("hang"), timeout=0.3)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert not link.ended  # something was read within LINK_SILENCE_S
+        monkeypatch.setattr(_streams, "LINK_SILENCE_S", 0.0)
+        with pytest.raises(grpc.RpcError) as silent:
+            stub.EndTxn.future(_end("hang"), timeout=0.3).result(5)
+        assert silent.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: link.ended and not link.reader.is_alive(), 10, "the silent link to be dropped")
+        monkeypatch.setattr(_streams, "LINK_SILENCE_S", 10.0)
+        linked.coordinator.release.set()
+        assert stub.EndTxn(_end("t", 4), timeout=5).producer_epoch == 5
+        wait_for(lambda: stream.links_opened == 2, 10, "a new link")
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_an_idle_link_ends_and_the_next_call_opens_another(linked, monkeypatch):
+    monkeypatch.setattr(_streams, "STREAM_IDLE_S", 0.2)
+    monkeypatch.setattr(_streams, "_POLL_S", 0.05)
+    stub, stream, channel = _linked_stub(linked)
+    try:
+        link = stream._stream
+        wait_for(lambda: link.ended and not link.reader.is_alive(), 5, "the idle link to end")
+        wait_for(lambda: linked.link.client_links == 0, 10, "the service to see it end")
+        assert stub.EndTxn(_end("t", 1), timeout=5).producer_epoch == 2
+        wait_for(lambda: stream.links_opened == 2, 10, "a new link")
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_closing_the_client_fails_the_calls_in_flight_on_a_link(linked):
+    stub, stream, channel = _linked_stub(linked)
+    hanging = stub.EndTxn.future(_end("hang"), timeout=30)
+    wait_for(lambda: linked.coordinator.streamed == 2, 5, "the hanging call to arrive")
+    stream.close()
+    channel.close()
+    with pytest.raises(grpc.RpcError) as closed:
+        hanging.result(10)
+    assert closed.value.code() == grpc.StatusCode.UNAVAILABLE
+    linked.loop.call_soon_threadsafe(linked.coordinator.release.set)  # the call the link had in flight ends
+    wait_for(lambda: linked.link.client_links == 0, 10, "the link to end on the service")
+
+
+def test_an_sdk_link_carries_the_transaction_path_only_and_bounds_its_frames(linked):
+    """A raw link set up with a Client/Attach ticket: a method outside client_calls.CARRIED
+    is answered UNIMPLEMENTED and the link serves on; a frame above the SDK links' bound
+    (far below socket.request.max.bytes) closes it, counted, and the service serves on."""
+    channel = grpc.insecure_channel(linked.address)
+    try:
+        answer = pbg.ClientStub(channel).Attach(pb.TunnelAttachRequest(), timeout=5)
+        assert answer.port == linked.link.port and len(answer.ticket) == TICKET_BYTES
+        with socket.create_connection(("127.0.0.1", answer.port), timeout=5) as sock:
+            sock.sendall(answer.ticket)
+            assert sock.recv(1) == ACK
+
+            def one(method: str, request) -> pb.TunneledReply:
+                body = pb.TunneledCalls(calls=[pb.TunneledCall(correlation_id=3, method=method,
+                                                               request=request.SerializeToString())])
+                sock.sendall(HEADER.pack(body.ByteSize()) + body.SerializeToString())
+                (size,) = HEADER.unpack(_read(sock, HEADER.size))
+                [reply] = pb.TunneledReplies.FromString(_read(sock, size)).replies
+                return reply
+            listed = one("/exactly.v1.TransactionCoordinator/ListTransactions", pb.ListTransactionsRequest())
+            assert listed.status_code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+            ended = one("/exactly.v1.TransactionCoordinator/EndTxn", _end("t", 1))
+            assert pb.EndTxnResponse.FromString(ended.response).producer_epoch == 2
+            sock.sendall(HEADER.pack(link_module.MAX_CLIENT_FRAME_BYTES + 1))
+            assert sock.recv(1) == b""  # closed before anything more is read
+        assert linked.link.refused == {"socket.request.max.bytes": 1}
+        wait_for(lambda: linked.link.client_links == 0, 5, "the oversized frame's link to close")
+        stub, stream, streamed = _linked_stub(linked)  # the service serves on
+        stream.close()
+        streamed.close()
+    finally:
+        channel.close()
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        assert more, "the link closed"
+        data += more
+    return data

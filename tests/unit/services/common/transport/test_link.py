@@ -473,3 +473,23 @@ def test_a_link_whose_principal_lost_its_right_since_attach_is_refused_before_it
             assert c.servicer.messages_read == 0
             await tunnel.close()
     asyncio.run(body())
+
+
+def test_sdk_links_have_bounds_and_tickets_of_their_own():
+    """SDK links (Client/Attach) are bounded apart from the services' links: per process,
+    per principal, with their own tickets, so clients cannot take a service's place; no
+    client servicer, no SDK link."""
+    link = LinkServer(object(), 1 << 20, idle_timeout_s=30, handshake_timeout_s=2, client_servicer=object(),
+                      max_links=2, max_client_links=3, max_client_links_per_principal=2)
+
+    def client(principal: str) -> Snapshot:
+        return Snapshot((), {}, "ipv4:127.0.0.1:1", principal, client=True)
+    service = Snapshot((), {}, "ipv4:127.0.0.1:2", "User:CN=leader")
+    assert link.issue(client("User:alice")) and link.issue(client("User:alice"))
+    assert link.issue(client("User:alice")) is None  # alice's bound
+    assert link.issue(client("User:bob")) is not None
+    assert link.issue(client("User:carol")) is None  # the process's SDK-link bound
+    assert link.issue(service) and link.issue(service)  # the services' links are untouched
+    assert link.issue(service) is None
+    assert link.client_tickets.outstanding("User:alice") == 2 and link.tickets.outstanding() == 2
+    assert LinkServer(object(), 1 << 20, idle_timeout_s=30, handshake_timeout_s=2).issue(client("User:bob")) is None

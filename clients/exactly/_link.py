@@ -1,0 +1,178 @@
+"""The blocking SDK's link to a service: its `Client/Calls` messages as frames on a TCP
+connection instead of gRPC stream messages (exactly_wire.links; docs/sdk.md, "Calls on
+one stream per service").
+
+A gRPC message costs the client grpcio's per-message work: the caller hands it to
+grpcio's writer thread, the channel's poller thread moves the bytes, a reader thread
+takes the reply and wakes the caller. On a link the caller writes the frame itself
+(`Wire.send`) and one reader thread per link resolves the replies: two thread wakes a
+call instead of four, and the service reads a frame instead of an HTTP/2 message.
+
+`connect` sets a link up: `Client/Attach` on the channel (the call's metadata and
+certificate are what the link's calls then run with), a TCP connection to the port it
+names on the same host (TLS when the channel is TLS, verified as the channel is), the
+ticket, the service's ACK. It raises LinkUnavailable for every way that can fail; the
+caller then stays on its gRPC stream.
+
+TLS goes through an ssl.SSLObject over memory buffers rather than an SSLSocket, so that
+the reader thread and a writing thread never drive one OpenSSL connection at once:
+`_tls_lock` guards the SSLObject, `_send_lock` keeps the encrypted records in order.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from exactly_wire.links import ACK, TICKET_BYTES, split_address, tcp_keepalive
+from exactly_wire.security import TransportSecurity, client_ssl_context
+from exactly_wire.v1 import exactly_pb2 as pb
+
+CLIENT_ATTACH_METHOD = "/exactly.v1.Client/Attach"
+_READ_BYTES = 256 * 1024
+_LINGER_ABORT = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+
+
+class LinkUnavailable(Exception):
+    """No link to the service: it offers none (a version without Client/Attach, no link
+    port, its links or this principal's at their bound), Attach failed, or the port
+    could not be reached, handshaken with or did not take the ticket in time."""
+
+
+class Wire:
+    """A link's connection. `send(data, timeout_s)` writes all of `data` (raises
+    OSError, socket.timeout included, or ssl.SSLError); `recv(wait_s)` -> the next bytes,
+    b"" once the connection ended, None when none came within `wait_s` (s). Thread-safe
+    for one reader and any number of writers. `abort()` ends it at once, also for a
+    reader waiting in `recv`; `close()` releases the socket (the reader's, at its end)."""
+
+    def __init__(self, sock: socket.socket, tls: ssl.SSLObject | None = None,
+                 incoming: ssl.MemoryBIO | None = None, outgoing: ssl.MemoryBIO | None = None):
+        self.sock = sock
+        self._tls, self._incoming, self._outgoing = tls, incoming, outgoing
+        self._tls_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        with self._send_lock:
+            if self._tls is not None:
+                with self._tls_lock:
+                    self._tls.write(data)
+                    data = self._outgoing.read()
+            self.sock.settimeout(max(timeout_s, 0.001))
+            self.sock.sendall(data)
+
+    def recv(self, wait_s: float) -> bytes | None:
+        while True:
+            if self._tls is not None:
+                with self._tls_lock:
+                    try:
+                        return self._tls.read(_READ_BYTES)
+                    except ssl.SSLWantReadError:
+                        pass
+                    except ssl.SSLZeroReturnError:
+                        return b""
+            readable, _, _ = select.select([self.sock], [], [], wait_s)
+            if not readable:
+                return None
+            data = self.sock.recv(_READ_BYTES)
+            if self._tls is None or not data:
+                return data
+            with self._tls_lock:
+                self._incoming.write(data)
+
+    def abort(self) -> None:
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader in select()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.abort()
+        self.sock.close()
+
+
+def _handshake(sock: socket.socket, ctx: ssl.SSLContext, host: str, deadline: float) -> Wire:
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=host)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            pending = outgoing.read()
+            if pending:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock.sendall(pending)
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            data = sock.recv(_READ_BYTES)
+            if not data:
+                raise ConnectionError("the link port closed the connection during the TLS handshake")
+            incoming.write(data)
+    pending = outgoing.read()
+    if pending:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        sock.sendall(pending)
+    return Wire(sock, tls, incoming, outgoing)
+
+
+class Connector:
+    """Sets up links to the service at `address` over `channel` (the module docstring).
+    `connect()` -> a Wire past the ACK, within `timeout_s` (s) in all; raises
+    LinkUnavailable."""
+
+    def __init__(self, channel: Any, address: str, security: TransportSecurity, timeout_s: float = 5.0,
+                 keepalive_s: float = 0.0):
+        self._attach = channel.unary_unary(CLIENT_ATTACH_METHOD,
+                                           request_serializer=pb.TunnelAttachRequest.SerializeToString,
+                                           response_deserializer=pb.TunnelAttachResponse.FromString)
+        self.host = split_address(address)
+        self._security = security
+        self._timeout_s = timeout_s
+        self._keepalive_s = keepalive_s
+
+    def connect(self) -> Wire:
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            answer = self._attach(pb.TunnelAttachRequest(), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            raise LinkUnavailable(f"Client/Attach failed: {getattr(code, 'name', code)}") from None
+        except ValueError as exc:  # the channel closed
+            raise LinkUnavailable(f"Client/Attach not sent: {exc}") from None
+        if not answer.port or len(answer.ticket) != TICKET_BYTES:
+            raise LinkUnavailable("the service offers no link")
+        where = f"{self.host}:{answer.port}"
+        sock = None
+        try:
+            sock = socket.create_connection((self.host, answer.port),
+                                            timeout=max(deadline - time.monotonic(), 0.001))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tcp_keepalive(sock, self._keepalive_s)
+            ctx = client_ssl_context(self._security)
+            wire = _handshake(sock, ctx, self.host, deadline) if ctx is not None else Wire(sock)
+            wire.send(answer.ticket, deadline - time.monotonic())
+            ack = b""
+            while len(ack) < len(ACK):
+                data = wire.recv(max(deadline - time.monotonic(), 0.0))
+                if not data:  # None: not within the deadline; b"": refused (closed)
+                    raise ConnectionError("no ACK" if data is None else "the ticket was refused")
+                ack += data
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            if sock is not None:
+                Wire(sock).close()
+            raise LinkUnavailable(f"link to {where} not set up: {exc!r}") from None
+        if ack != ACK:
+            wire.close()
+            raise LinkUnavailable(f"link to {where}: unexpected answer {ack!r}")
+        return wire
+
+
+__all__ = ["CLIENT_ATTACH_METHOD", "Connector", "LinkUnavailable", "Wire"]
