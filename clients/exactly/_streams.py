@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 # bytes, which a stream message would copy once more, and one stream's flow-control
 # window would hold back what parallel calls send at once (bulk producing).
 STREAMED_MAX_BYTES = client_calls.MAX_CARRIED_REQUEST_BYTES
+# On a link, requests up to this many bytes (bulk producing's batches included) go as its
+# frames: TCP's own flow control carries them, and the service bounds an SDK link's frame
+# at twice this (services.common.transport.link.MAX_CLIENT_FRAME_BYTES).
+LINKED_MAX_BYTES = client_calls.MAX_LINKED_REQUEST_BYTES
 # Seconds a stream with no call in flight stays open before it half-closes.
 STREAM_IDLE_S = 60.0
 # Seconds the writer and the timer thread wait at most between checks of their state.
@@ -503,6 +507,14 @@ class CallStream:
             if stream.send(call):
                 return call
 
+    def max_request_bytes(self) -> int:
+        """The largest request (bytes) sent on this channel's stream rather than directly:
+        LINKED_MAX_BYTES while a link carries the calls (a frame on TCP costs its bytes
+        and no more; a gRPC message of that size costs HTTP/2 framing and flow-control
+        round trips), STREAMED_MAX_BYTES on a gRPC stream."""
+        stream = self._stream
+        return LINKED_MAX_BYTES if isinstance(stream, _LinkedStream) and not stream.ended else STREAMED_MAX_BYTES
+
     def _link_beside(self) -> None:
         """Under the lock, with a gRPC stream current: set a link up on a thread of its
         own when one is due; the calls go on the stream meanwhile."""
@@ -578,7 +590,7 @@ class StreamedMethod:
         if self._stream.direct_only or kwargs:
             return self._direct(request, timeout=timeout, **kwargs)
         body = self._serialize(request)
-        if len(body) > STREAMED_MAX_BYTES:
+        if len(body) > self._stream.max_request_bytes():
             return self._direct_bytes(body, timeout=timeout)
         call = self._stream.submit(self._call(request, body, timeout, timed=False))
         try:
@@ -591,7 +603,7 @@ class StreamedMethod:
         if self._stream.direct_only or kwargs:
             return self._direct.future(request, timeout=timeout, **kwargs)
         body = self._serialize(request)
-        if len(body) > STREAMED_MAX_BYTES:
+        if len(body) > self._stream.max_request_bytes():
             return self._direct_bytes.future(body, timeout=timeout)
         return self._stream.submit(self._call(request, body, timeout, timed=True))
 

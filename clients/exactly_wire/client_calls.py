@@ -34,6 +34,9 @@ MAX_CARRIED_REQUEST_BYTES = 32 * 1024
 # calls (or replies) and, past the first, this many bytes of requests (or responses).
 MAX_BATCH_CALLS = 64
 MAX_BATCH_BYTES = 1 << 20
+# The largest request (bytes) the SDK carries on a link (Client/Attach), where a frame costs its
+# bytes and no flow-control round trips: one message's worth.
+MAX_LINKED_REQUEST_BYTES = MAX_BATCH_BYTES
 
 
 def fits(count: int, size: int, more: int) -> bool:

@@ -495,3 +495,21 @@ def _read(sock: socket.socket, size: int) -> bytes:
         assert more, "the link closed"
         data += more
     return data
+
+
+def test_on_a_link_requests_up_to_its_bound_go_there_and_larger_ones_directly(linked):
+    """A gRPC stream carries requests up to STREAMED_MAX_BYTES; a link up to
+    LINKED_MAX_BYTES (bulk producing's batches: a frame costs its bytes, TCP carries it);
+    larger ones are direct calls either way."""
+    stub, stream, channel = _linked_stub(linked)
+    try:
+        big = "x" * (_streams.STREAMED_MAX_BYTES + 1)
+        assert stub.EndTxn(_end(big, 1), timeout=5).producer_epoch == 2
+        assert stub.EndTxn.future(_end(big, 2), timeout=5).result(5).producer_epoch == 3
+        assert linked.coordinator.direct == 0 and linked.coordinator.streamed == 1 + 2
+        huge = "x" * (_streams.LINKED_MAX_BYTES + 1)
+        assert stub.EndTxn(_end(huge, 3), timeout=5).producer_epoch == 4
+        assert linked.coordinator.direct == 1
+    finally:
+        stream.close()
+        channel.close()
