@@ -46,27 +46,51 @@ class LinkUnavailable(Exception):
 
 
 class Wire:
-    """A link's connection. `send(data, timeout_s)` writes all of `data` (raises
-    OSError, socket.timeout included, or ssl.SSLError); `recv(wait_s)` -> the next bytes,
-    b"" once the connection ended, None when none came within `wait_s` (s). Thread-safe
-    for one reader and any number of writers. `abort()` ends it at once, also for a
-    reader waiting in `recv`; `close()` releases the socket (the reader's, at its end)."""
+    """A link's connection, its socket non-blocking. Thread-safe for one reader and one
+    writer at a time (the link's). `encode(data)` -> the bytes to send for `data` (TLS
+    records, in the order they must go); `send_some(data)` sends what the socket takes
+    now and returns the rest (empty: all sent), never waiting; `send_all(data, timeout_s)`
+    waits for room up to `timeout_s` (s), else raises TimeoutError; `send(data, timeout_s)`
+    is both. `recv(wait_s)` -> the next bytes, b"" once the connection ended, None when
+    none came within `wait_s` (s). Errors: OSError or ssl.SSLError. `abort()` ends it at
+    once, also for a reader waiting in `recv`; `close()` releases the socket (the
+    reader's, at its end)."""
 
     def __init__(self, sock: socket.socket, tls: ssl.SSLObject | None = None,
                  incoming: ssl.MemoryBIO | None = None, outgoing: ssl.MemoryBIO | None = None):
         self.sock = sock
+        sock.setblocking(False)
         self._tls, self._incoming, self._outgoing = tls, incoming, outgoing
         self._tls_lock = threading.Lock()
-        self._send_lock = threading.Lock()
+
+    def encode(self, data: bytes) -> bytes:
+        if self._tls is None:
+            return data
+        with self._tls_lock:
+            self._tls.write(data)
+            return self._outgoing.read()
+
+    def send_some(self, data: bytes | memoryview) -> memoryview:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self.sock.send(view)
+            except (BlockingIOError, InterruptedError):
+                break
+            view = view[sent:]
+        return view
+
+    def send_all(self, data: bytes | memoryview, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        rest = self.send_some(data)
+        while rest:
+            left = deadline - time.monotonic()
+            if left <= 0 or not _ready(self.sock, select.POLLOUT, left):
+                raise TimeoutError(f"the link took nothing for {timeout_s:.1f} s")
+            rest = self.send_some(rest)
 
     def send(self, data: bytes, timeout_s: float) -> None:
-        with self._send_lock:
-            if self._tls is not None:
-                with self._tls_lock:
-                    self._tls.write(data)
-                    data = self._outgoing.read()
-            self.sock.settimeout(max(timeout_s, 0.001))
-            self.sock.sendall(data)
+        self.send_all(self.encode(data), timeout_s)
 
     def recv(self, wait_s: float) -> bytes | None:
         while True:
@@ -78,10 +102,12 @@ class Wire:
                         pass
                     except ssl.SSLZeroReturnError:
                         return b""
-            readable, _, _ = select.select([self.sock], [], [], wait_s)
-            if not readable:
+            if not _ready(self.sock, select.POLLIN, wait_s):
                 return None
-            data = self.sock.recv(_READ_BYTES)
+            try:
+                data = self.sock.recv(_READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                continue
             if self._tls is None or not data:
                 return data
             with self._tls_lock:
@@ -90,13 +116,21 @@ class Wire:
     def abort(self) -> None:
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ABORT)
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader in select()
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader waiting in poll()
         except OSError:
             pass
 
     def close(self) -> None:
         self.abort()
         self.sock.close()
+
+
+def _ready(sock: socket.socket, event: int, timeout_s: float) -> bool:
+    """Whether `sock` is ready for `event` (select.POLLIN / POLLOUT; an error or hang-up
+    counts) within `timeout_s` (s)."""
+    poller = select.poll()
+    poller.register(sock, event)
+    return bool(poller.poll(max(timeout_s, 0.0) * 1000))
 
 
 def _handshake(sock: socket.socket, ctx: ssl.SSLContext, host: str, deadline: float) -> Wire:

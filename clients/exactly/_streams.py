@@ -77,6 +77,9 @@ STREAM_IDLE_S = 60.0
 _POLL_S = 5.0
 # Seconds a link's write may stall at most (the service reads nothing) before the link is dropped.
 _WRITE_STALL_S = 30.0
+# Frames a caller that became a link's writer writes at most before a thread of the link's own
+# takes over (other threads keep queuing): a call's own wait is not spent on others' frames.
+_INLINE_FRAMES = 4
 
 
 StreamCallError = client_calls.StreamedCallError  # a streamed call's failure (grpc.RpcError)
@@ -369,11 +372,12 @@ class _LinkedStream(_Calls):
     """The same calls on a link (exactly._link): `send`, `forget`, `ended`, `cancel` as
     a `_Stream`'s. The thread that queues a call while no other writes becomes the
     writer: it writes every call queued meanwhile, up to what one frame carries, until
-    none is left (no writer thread); one reader thread resolves the replies. The link
-    ends when it breaks, when a write does not complete by the latest deadline of the
-    calls it carries (the service stopped reading), after STREAM_IDLE_S without a call
-    in flight, and when a call times out after nothing at all was read on it for
-    LINK_SILENCE_S (a service stopped or cut off)."""
+    none is left, without ever waiting for room: when the socket is full the rest goes
+    to a thread of its own (`_flush`), which writes on. One reader thread resolves the
+    replies. The link ends when it breaks, when the socket takes nothing by the latest
+    deadline of the calls being written (at most _WRITE_STALL_S: the service stopped
+    reading), after STREAM_IDLE_S without a call in flight, and when a call times out
+    after nothing at all was read on it for LINK_SILENCE_S (a service stopped or cut off)."""
 
     def __init__(self, owner: "CallStream", wire: Wire):
         super().__init__(owner)
@@ -396,22 +400,47 @@ class _LinkedStream(_Calls):
         self._write()
         return True
 
-    def _write(self) -> None:
+    def _write(self, inline: bool = True) -> None:
+        frames = 0
         while True:
+            if inline and frames == _INLINE_FRAMES:
+                # Others keep queuing: a caller writes a few frames at most, a thread of
+                # the link's own writes on.
+                threading.Thread(target=self._flush, args=(b"", 0.0), name="exactly-link-writer", daemon=True).start()
+                return
+            frames += 1
             with self.cond:
                 calls, deadline = self._next_message() if not self.ended else ([], 0.0)
                 if not calls:
                     self._writing = False
                     return
             body = pb.TunneledCalls(calls=calls).SerializeToString()
-            timeout = min(max(deadline - time.monotonic(), 1.0), _WRITE_STALL_S)
             try:
-                self.wire.send(HEADER.pack(len(body)) + body, timeout)
+                rest = self.wire.send_some(self.wire.encode(HEADER.pack(len(body)) + body))
             except (OSError, ssl.SSLError, ValueError) as exc:
-                with self.cond:
-                    self._writing = False
-                self.abort(f"the link broke while writing: {exc!r}")
+                self._write_failed(exc)
                 return
+            if rest:
+                # The socket is full (the service reads slowly or not at all): a thread of
+                # its own waits to send the rest and writes on; no caller waits for room.
+                threading.Thread(target=self._flush, args=(bytes(rest), deadline), name="exactly-link-writer",
+                                 daemon=True).start()
+                return
+
+    def _flush(self, rest: bytes, deadline: float) -> None:
+        """The writer, while the socket takes nothing: send `rest` within the latest
+        deadline of its calls (at most _WRITE_STALL_S, at least 1 s), else drop the link."""
+        try:
+            self.wire.send_all(rest, min(max(deadline - time.monotonic(), 1.0), _WRITE_STALL_S))
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            self._write_failed(exc)
+            return
+        self._write(inline=False)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        with self.cond:
+            self._writing = False
+        self.abort(f"the link broke while writing: {exc!r}")
 
     def forget(self, call: _Call) -> None:
         super().forget(call)
@@ -502,8 +531,8 @@ class CallStream:
             if stream is None:
                 call.send_directly()
                 return call
-            if call.timed and call.deadline is not None:
-                _TIMER.add(call)
+            if call.timed and call.deadline is not None and call.timer_entry is None:
+                _TIMER.add(call)  # once: a retry on the next stream keeps its entry
             if stream.send(call):
                 return call
 

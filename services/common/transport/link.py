@@ -421,15 +421,17 @@ class LinkServer:
         is closed unanswered, and the caller meets the refusal on the gRPC stream."""
         context = LinkContext(snapshot)
         servicer = self.client_servicer if snapshot.client else self.servicer
-        refused = await servicer.admit(context)
-        if refused is not None:
-            self._refuse("authorization")
-            log.info("link from %s refused: %s %s", snapshot.peer, refused[0].name, refused[1])
-            return
-        _keepalive(writer, self.keepalive_s)
-        writer.write(ACK)
+        # Counted from the redeemed ticket on, so that its principal's bound holds while it is
+        # admitted (the admission may wait, e.g. on a quota).
         self._count(snapshot, 1)
         try:
+            refused = await servicer.admit(context)
+            if refused is not None:
+                self._refuse("authorization")
+                log.info("link from %s refused: %s %s", snapshot.peer, refused[0].name, refused[1])
+                return
+            _keepalive(writer, self.keepalive_s)
+            writer.write(ACK)
             await self._serve(servicer, reader, writer, context,
                               min(self.max_frame_bytes, MAX_CLIENT_FRAME_BYTES) if snapshot.client
                               else self.max_frame_bytes)

@@ -513,3 +513,54 @@ def test_on_a_link_requests_up_to_its_bound_go_there_and_larger_ones_directly(li
     finally:
         stream.close()
         channel.close()
+
+
+def test_a_future_never_waits_for_room_on_a_link_the_service_stopped_reading(linked):
+    """The service holds its 32 calls in flight and reads nothing more: the socket fills,
+    a thread of the link's own takes the writing over, and `.future()` returns at once
+    (the calls wait in the outbox, each for its own deadline) instead of in a write."""
+    stub, stream, channel = _linked_stub(linked)
+    big = pb.EndTxnRequest(transactional_id="x" * 30000, producer_id=7, producer_epoch=0, committed=True)
+    try:
+        held = [stub.EndTxn.future(_end("hang"), timeout=60) for _ in range(40)]
+        wait_for(lambda: linked.coordinator.streamed == 1 + 32, 10, "the service's slots to fill")
+
+        def flusher() -> bool:
+            return any(t.name == "exactly-link-writer" and t.is_alive() for t in threading.enumerate())
+
+        def flood() -> bool:  # queue calls until the socket is full and the link's own thread writes
+            for _ in range(50):
+                stub.EndTxn.future(big, timeout=60)
+            return flusher()
+        wait_for(flood, 30, "the socket to fill")
+        returned = concurrent.futures.ThreadPoolExecutor(1).submit(lambda: stub.EndTxn.future(big, timeout=60))
+        assert returned.result(5).done() is False  # queued, not written, and the caller is free
+        assert flusher() and len(stream._stream.outbox) > 0
+        linked.loop.call_soon_threadsafe(linked.coordinator.release.set)  # the service reads again
+        assert [f.result(30).producer_epoch for f in held] == [1] * 40
+        assert returned.result().result(30).producer_epoch == 1
+    finally:
+        stream.close()
+        channel.close()
+
+
+def test_a_call_sent_again_on_the_next_stream_is_timed_once(service):
+    """A future that meets a stream as it is retired (a link took over) goes on the next
+    one and keeps its one entry in the deadline timer, which lets go of it once answered."""
+    stub, stream, channel = _stub(service.address)
+    try:
+        assert stub.EndTxn(_end("t"), timeout=5).producer_epoch == 1
+        retiring = stream._stream
+        sent = retiring.send
+
+        def retired_meanwhile(call) -> bool:
+            retiring.send = sent
+            retiring.retire()
+            return sent(call)
+        retiring.send = retired_meanwhile
+        held = len(_streams._TIMER)
+        assert stub.EndTxn.future(_end("t", 1), timeout=60).result(5).producer_epoch == 2
+        assert stream.streams_opened == 2
+        wait_for(lambda: len(_streams._TIMER) == held, 5, "the timer to let go of the answered call")
+    finally:
+        channel.close()

@@ -493,3 +493,39 @@ def test_sdk_links_have_bounds_and_tickets_of_their_own():
     assert link.issue(service) is None
     assert link.client_tickets.outstanding("User:alice") == 2 and link.tickets.outstanding() == 2
     assert LinkServer(object(), 1 << 20, idle_timeout_s=30, handshake_timeout_s=2).issue(client("User:bob")) is None
+
+
+def test_a_link_counts_against_its_principals_bound_while_it_is_admitted():
+    """A redeemed ticket's link counts toward its principal's bound from the redemption on,
+    also while its admission waits (a quota, a slow authorizer): no ticket is issued past
+    the bound meanwhile."""
+    class SlowAdmission:
+        def __init__(self):
+            self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+        async def admit(self, context):
+            self.entered.set()
+            await self.release.wait()
+            return grpc.StatusCode.PERMISSION_DENIED, "refused after the wait"
+
+    async def body():
+        servicer = SlowAdmission()
+        link = LinkServer(object(), 1 << 20, idle_timeout_s=30, handshake_timeout_s=2, client_servicer=servicer,
+                          max_client_links_per_principal=1)
+        await link.start("127.0.0.1", 0, None)
+        alice = Snapshot((), {}, "ipv4:127.0.0.1:1", "User:alice", client=True)
+        try:
+            ticket = link.issue(alice)
+            reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
+            writer.write(ticket)
+            await asyncio.wait_for(servicer.entered.wait(), 5)
+            assert link.client_tickets.outstanding("User:alice") == 0 and link.client_links == 1
+            assert link.issue(alice) is None  # the link being admitted holds alice's one place
+            servicer.release.set()
+            assert await _closed(reader)  # refused: closed unanswered
+            await wait_for_async(lambda: link.client_links == 0, 5, "the refused link to be uncounted")
+            assert link.issue(alice) is not None and link.refused == {"authorization": 1}
+            writer.close()
+        finally:
+            await link.stop()
+    asyncio.run(body())
