@@ -19,6 +19,7 @@ import time
 # argument): "to an internal topic" for __transaction_state and __consumer_offsets.
 PROBES: list[tuple[str, str, str, str]] = [
     ("exactly._streams", "_Stream", "send", "sdk: call queued on its stream"),
+    ("exactly._streams", "_LinkedStream", "send", "sdk: call queued on its stream"),  # and written, on a link
     ("services.partition_leader.produce", "ProducePipeline", "_append_one", "leader: append of a batch{internal}"),
     ("services.partition_leader.produce", "ProducePipeline", "verify", "leader: KIP-890 add / verify"),
     ("services.partition_leader.produce", "ProducePipeline", "write_markers", "leader: WriteTxnMarkers"),

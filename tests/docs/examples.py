@@ -41,7 +41,7 @@ RECORDS = 2000
 PARTITIONS = 3
 # Seconds a block may run (a Spark session or a dev cluster of its own takes most of it).
 BLOCK_TIMEOUT_S = 240.0
-RUN_SLICE_S = 0.05  # how long a first run runs between two looks at its outputs (_kill_inside_a_transaction)
+RUN_SLICE_S = 0.01  # how long a first run runs between two looks at its outputs (_kill_inside_a_transaction)
 _NOT_LINKED = {".git", ".run", "site", "__pycache__"}
 
 
@@ -204,8 +204,9 @@ def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: De
     commit. Returns what it was doing.
 
     The run is stopped (SIGSTOP) while the outputs are looked at and runs RUN_SLICE_S
-    between two looks: a look takes several round trips, and on a busy machine a run
-    could commit its whole input between two of them and exit before any crash."""
+    between two looks: a look takes several round trips, and a run (a transaction of the
+    quick start's copy takes a few ms) could commit its whole input between two of them
+    and exit before any crash."""
     deadline, committed_at = time.monotonic() + BLOCK_TIMEOUT_S, None
     with _end_offset_readers(cluster) as readers:
         while True:

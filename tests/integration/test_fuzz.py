@@ -154,20 +154,21 @@ class _Tally:
         self.hangs: list[str] = []
 
     def record(self, rpc: Rpc, msg, outcome) -> None:
-        self.requests[rpc.name] += 1
+        name = f"{rpc.service}/{rpc.name}"  # one method name may be two services' (Tunnel/Attach, Client/Attach)
+        self.requests[name] += 1
         if isinstance(outcome, grpc.RpcError):
             code = outcome.code()
-            self.statuses[rpc.name][code.name] += 1
+            self.statuses[name][code.name] += 1
             if code in FAILED_STATUSES:
-                self.internal.append(f"{rpc.name}: {code.name} {outcome.details()!r} for {_short(msg)}")
+                self.internal.append(f"{name}: {code.name} {outcome.details()!r} for {_short(msg)}")
             elif code == grpc.StatusCode.DEADLINE_EXCEEDED and not (
                     msg is not None and _asked_to_wait(msg, CALL_DEADLINE_S * 1000)):
-                self.hangs.append(f"{rpc.name}: no answer in {CALL_DEADLINE_S} s for {_short(msg)}")
+                self.hangs.append(f"{name}: no answer in {CALL_DEADLINE_S} s for {_short(msg)}")
         else:
-            self.statuses[rpc.name]["OK"] += 1
+            self.statuses[name]["OK"] += 1
             bad = _unknown_server_errors(outcome)
             if bad:
-                self.internal.append(f"{rpc.name}: {bad} x UNKNOWN_SERVER_ERROR for {_short(msg)}")
+                self.internal.append(f"{name}: {bad} x UNKNOWN_SERVER_ERROR for {_short(msg)}")
 
 
 def _short(msg) -> str:
