@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from exactly_wire.links import ACK, TICKET_BYTES, split_address, tcp_keepalive
+from exactly_wire.links import ACK, offers_link, split_address, tcp_keepalive
 from exactly_wire.security import TransportSecurity, client_ssl_context
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -181,7 +181,7 @@ class Connector:
             raise LinkUnavailable(f"Client/Attach failed: {getattr(code, 'name', code)}") from None
         except ValueError as exc:  # the channel closed
             raise LinkUnavailable(f"Client/Attach not sent: {exc}") from None
-        if not answer.port or len(answer.ticket) != TICKET_BYTES:
+        if not offers_link(answer):
             raise LinkUnavailable("the service offers no link")
         where = f"{self.host}:{answer.port}"
         sock = None

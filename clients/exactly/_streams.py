@@ -191,9 +191,11 @@ class _Timer:
         self._wake_at = float("inf")  # when the thread wakes next (monotonic s)
 
     def add(self, call: _Call) -> None:
+        """Hold `call` until its deadline; once per call (a call sent again on the next
+        stream keeps its entry)."""
         entry = [call.deadline, next(self._seq), call]
         with self._cond:
-            if call.done():
+            if call.done() or call.timer_entry is not None:
                 return
             call.timer_entry = entry
             heapq.heappush(self._heap, entry)
@@ -260,11 +262,14 @@ class _Calls:
         self.ended = False
         self._ids = itertools.count(1)
 
-    def _queue(self, call: _Call) -> None:
-        """Under `cond`: `call` in flight here, in the outbox."""
+    def _queue(self, call: _Call) -> bool:
+        """Under `cond`: `call` in flight here, in the outbox; False once this has ended."""
+        if self.ended:
+            return False
         call.stream, call.correlation_id = self, next(self._ids)
         self.pending[call.correlation_id] = call
         self.outbox.append(call)
+        return True
 
     def _next_message(self) -> tuple[list[pb.TunneledCall], float]:
         """Under `cond`: the outbox's calls for one message (client_calls.fits), those timed
@@ -317,9 +322,8 @@ class _Stream(_Calls):
     def send(self, call: _Call) -> bool:
         """Queue `call` for the next message; False when this stream has ended."""
         with self.cond:
-            if self.ended:
+            if not self._queue(call):
                 return False
-            self._queue(call)
             self.cond.notify()
         return True
 
@@ -390,9 +394,8 @@ class _LinkedStream(_Calls):
 
     def send(self, call: _Call) -> bool:
         with self.cond:
-            if self.ended:
+            if not self._queue(call):
                 return False
-            self._queue(call)
             self._last_call = time.monotonic()
             if self._writing:
                 return True  # the writer takes it with the calls queued before it
@@ -404,9 +407,7 @@ class _LinkedStream(_Calls):
         frames = 0
         while True:
             if inline and frames == _INLINE_FRAMES:
-                # Others keep queuing: a caller writes a few frames at most, a thread of
-                # the link's own writes on.
-                threading.Thread(target=self._flush, args=(b"", 0.0), name="exactly-link-writer", daemon=True).start()
+                self._hand_over()  # others keep queuing: a caller writes a few frames at most
                 return
             frames += 1
             with self.cond:
@@ -421,11 +422,12 @@ class _LinkedStream(_Calls):
                 self._write_failed(exc)
                 return
             if rest:
-                # The socket is full (the service reads slowly or not at all): a thread of
-                # its own waits to send the rest and writes on; no caller waits for room.
-                threading.Thread(target=self._flush, args=(bytes(rest), deadline), name="exactly-link-writer",
-                                 daemon=True).start()
+                self._hand_over(bytes(rest), deadline)  # the socket is full: no caller waits for room
                 return
+
+    def _hand_over(self, rest: bytes = b"", deadline: float = 0.0) -> None:
+        """The writing goes on in a thread of the link's own (`_flush`)."""
+        threading.Thread(target=self._flush, args=(rest, deadline), name="exactly-link-writer", daemon=True).start()
 
     def _flush(self, rest: bytes, deadline: float) -> None:
         """The writer, while the socket takes nothing: send `rest` within the latest
@@ -531,8 +533,8 @@ class CallStream:
             if stream is None:
                 call.send_directly()
                 return call
-            if call.timed and call.deadline is not None and call.timer_entry is None:
-                _TIMER.add(call)  # once: a retry on the next stream keeps its entry
+            if call.timed and call.deadline is not None:
+                _TIMER.add(call)
             if stream.send(call):
                 return call
 

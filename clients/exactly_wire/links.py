@@ -25,6 +25,12 @@ LINK_RETRY_S = 30.0
 LINK_SILENCE_S = 10.0
 
 
+def offers_link(answer: Any) -> bool:
+    """Whether an Attach answer (TunnelAttachResponse) offers a link: a port and a ticket
+    (port 0: none offered)."""
+    return bool(answer.port) and len(answer.ticket) == TICKET_BYTES
+
+
 def split_address(address: str) -> str:
     """The host of a "host:port" address ("[::1]:9093" -> "::1")."""
     host = address.rsplit(":", 1)[0]
@@ -46,4 +52,4 @@ def tcp_keepalive(sock: Any, keepalive_s: float) -> None:
 
 
 __all__ = ["ACK", "HEADER", "LINK_RETRY_S", "LINK_SILENCE_S", "MAX_REPLY_FRAME_BYTES", "TICKET_BYTES",
-           "split_address", "tcp_keepalive"]
+           "offers_link", "split_address", "tcp_keepalive"]

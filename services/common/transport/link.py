@@ -73,7 +73,7 @@ from google.protobuf.message import DecodeError
 
 from exactly_wire.client_calls import MAX_BATCH_BYTES
 from exactly_wire.links import (ACK, HEADER as _HEADER, LINK_RETRY_S, LINK_SILENCE_S, MAX_REPLY_FRAME_BYTES,
-                                TICKET_BYTES, split_address, tcp_keepalive)
+                                TICKET_BYTES, offers_link, split_address, tcp_keepalive)
 from exactly_wire.security import TransportSecurity
 from exactly_wire.v1 import exactly_pb2 as pb
 
@@ -284,7 +284,6 @@ class LinkServer:
         self.client_tickets = LinkTickets(limit=max(min(max_client_links, MAX_OUTSTANDING_TICKETS), 1))
         self.port = 0
         self.links = 0
-        self.client_links = 0
         self._client_links_of: dict[str, int] = {}  # principal -> its open SDK links
         self.pending = 0
         self.refused: dict[str, int] = {}
@@ -361,7 +360,7 @@ class LinkServer:
                 self._refuse("pending")
                 continue
             self.pending += 1
-            self._pending_by_ip[ip] = self._pending_by_ip.get(ip, 0) + 1
+            _step(self._pending_by_ip, ip, 1)
             task = asyncio.create_task(self._connection(conn, ip))
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._ended, conn))
@@ -372,11 +371,7 @@ class LinkServer:
 
     def _done_pending(self, ip: str) -> None:
         self.pending -= 1
-        left = self._pending_by_ip.get(ip, 1) - 1
-        if left:
-            self._pending_by_ip[ip] = left
-        else:
-            self._pending_by_ip.pop(ip, None)
+        _step(self._pending_by_ip, ip, -1)
 
     async def _connection(self, conn: socket.socket, ip: str) -> None:
         """One accepted connection (counted in `pending` by `_accept`): its TLS handshake
@@ -450,17 +445,16 @@ class LinkServer:
 
     def _count(self, snapshot: Snapshot, step: int) -> None:
         """A link of `snapshot`'s opened (step 1) or ended (-1)."""
-        kind = "client" if snapshot.client else "service"
         if snapshot.client:
-            self.client_links += step
-            left = self._client_links_of.get(snapshot.principal, 0) + step
-            if left:
-                self._client_links_of[snapshot.principal] = left
-            else:
-                self._client_links_of.pop(snapshot.principal, None)
+            _step(self._client_links_of, snapshot.principal, step)
         else:
             self.links += step
-        TUNNEL_LINKS.labels(kind).inc(step)
+        TUNNEL_LINKS.labels("client" if snapshot.client else "service").inc(step)
+
+    @property
+    def client_links(self) -> int:
+        """SDK links open (counted from their ticket's redemption)."""
+        return sum(self._client_links_of.values())
 
     async def _serve(self, servicer: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      context: LinkContext, max_frame_bytes: int) -> None:
@@ -474,6 +468,15 @@ class LinkServer:
                     await writer.drain()
             except TimeoutError:
                 raise _Idle(f"replies not read for {self.idle_timeout_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
+
+
+def _step(counts: dict[str, int], key: str, step: int) -> None:
+    """Move `counts[key]` by `step`, dropping the key at 0 (counts per address, per principal)."""
+    left = counts.get(key, 0) + step
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _keepalive(writer: asyncio.StreamWriter, keepalive_s: float) -> None:
@@ -522,7 +525,7 @@ class LinkStream:
             # The peer is down, unreachable or refuses this principal: the gRPC stream would
             # fail the same way, so the calls fail as a broken stream's do.
             raise
-        if not answer.port or len(answer.ticket) != TICKET_BYTES:
+        if not offers_link(answer):
             raise LinkError("the peer offers no link")
         tls = self._ssl_context() if self._security.tls else None
         try:

@@ -212,6 +212,17 @@ def test_answered_futures_leave_the_deadline_timer_at_once(service):
         channel.close()
 
 
+def _answered_once_restarted(stub) -> None:
+    """Wait until a call to a restarted service is answered (UNAVAILABLE meanwhile)."""
+    def answered() -> bool:
+        try:
+            return stub.EndTxn(_end("t", 8), timeout=2).producer_epoch == 9
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return False
+    wait_for(answered, 20, "a call to the restarted service to be answered")
+
+
 def test_a_broken_stream_fails_its_calls_and_the_next_call_opens_another():
     first = Service()
     stub, stream, channel = _stub(first.address)
@@ -227,13 +238,7 @@ def test_a_broken_stream_fails_its_calls_and_the_next_call_opens_another():
         first.close()
         second = Service(port=first.port)  # restarted on the same port
         try:
-            def answered() -> bool:
-                try:
-                    return stub.EndTxn(_end("t", 8), timeout=2).producer_epoch == 9
-                except grpc.RpcError as exc:
-                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
-                    return False
-            wait_for(answered, 20, "a call to the restarted service to be answered")
+            _answered_once_restarted(stub)
             assert stream.streams_opened >= 2 and second.coordinator.streamed == 1
         finally:
             second.close()
@@ -385,13 +390,7 @@ def test_a_broken_link_fails_its_calls_and_the_next_call_links_again():
         first.close()
         second = Service(port=first.port, links={})
         try:
-            def answered() -> bool:
-                try:
-                    return stub.EndTxn(_end("t", 8), timeout=2).producer_epoch == 9
-                except grpc.RpcError as exc:
-                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
-                    return False
-            wait_for(answered, 20, "a call to the restarted service to be answered")
+            _answered_once_restarted(stub)
             wait_for(lambda: stream.links_opened == 2 and second.link.client_links == 1, 10, "a new link")
             assert stub.EndTxn(_end("t", 9), timeout=5).producer_epoch == 10
         finally:
