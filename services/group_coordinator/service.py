@@ -77,7 +77,7 @@ class GroupCoordinatorService:
 
 def _partition_for(cluster: ClusterState):
     def partition_for(group_id: str) -> int:
-        topic = cluster.topics().get(CONSUMER_OFFSETS_TOPIC)
+        topic = cluster.topic(CONSUMER_OFFSETS_TOPIC)
         if topic is None or not topic.partitions:
             return -1
         return partition_for_key(group_id, len(topic.partitions))

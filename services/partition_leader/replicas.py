@@ -65,6 +65,8 @@ T = TypeVar("T")
 class ClusterView(Protocol):
     def topics(self) -> Mapping[str, object]: ...
 
+    def topic(self, name: str) -> object | None: ...
+
 
 class Leases(Protocol):
     """Confirms a leader's leadership (see lease.LeaseKeeper)."""
@@ -233,7 +235,7 @@ class HostedReplicas:
     def is_internal(self, topic: str) -> bool:
         """Whether `topic` is an internal topic (`TRANSACTION_STATE_TOPIC`,
         `CONSUMER_OFFSETS_TOPIC`: marked internal, or named with a leading "__")."""
-        info = self.cluster.topics().get(topic)
+        info = self.cluster.topic(topic)
         return topic.startswith("__") or bool(getattr(info, "internal", False))
 
     # ------------------------------------------------------------ assignment and roles
@@ -404,7 +406,7 @@ class HostedReplicas:
         p = self.serving.get((topic, partition))
         if p is not None:
             return (p, ErrorCode.NONE) if p.is_leader else (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        info = self.cluster.topics().get(topic)
+        info = self.cluster.topic(topic)
         if info is None or partition not in info.partitions:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         if self.log_dir_offline:  # the one check on the request path: nothing serves any more

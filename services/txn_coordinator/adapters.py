@@ -258,7 +258,7 @@ class ClusterTopology:
         self._cluster = cluster
 
     def _partition(self, topic: str, key: str) -> int:
-        info = self._cluster.topics().get(topic)
+        info = self._cluster.topic(topic)
         if info is None or not info.partitions:
             return -1
         return partition_for_key(key, len(info.partitions))
@@ -270,11 +270,11 @@ class ClusterTopology:
         return self._partition(CONSUMER_OFFSETS_TOPIC, group_id)
 
     def partition_exists(self, topic: str, partition: int) -> bool:
-        info = self._cluster.topics().get(topic)
+        info = self._cluster.topic(topic)
         return info is not None and partition in info.partitions
 
     def txn_partition_count(self) -> int:
-        info = self._cluster.topics().get(TRANSACTION_STATE_TOPIC)
+        info = self._cluster.topic(TRANSACTION_STATE_TOPIC)
         return len(info.partitions) if info is not None else 0
 
     def metadata_version(self) -> int:

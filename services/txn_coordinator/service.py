@@ -88,7 +88,7 @@ class TxnCoordinatorService:
 
     def _topic_pending(self) -> bool:
         """The topic is still to be created and a partition leader could serve it."""
-        return (self.cluster.topics().get(TRANSACTION_STATE_TOPIC) is None
+        return (self.cluster.topic(TRANSACTION_STATE_TOPIC) is None
                 and any(n.role == "partition_leader" for n in self.cluster.nodes().values()))
 
     @property

@@ -23,7 +23,7 @@ Timestamps are milliseconds since the epoch; the caller passes them (injected cl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from exactly_wire.error_codes import ErrorCode
@@ -467,7 +467,18 @@ class TransactionMetadata:
             changes.setdefault("prepared_timestamp", -1)  # no transaction left to be prepared
             changes.setdefault("ongoing_txn_producer_id", NO_PRODUCER_ID)  # nor kept
             changes.setdefault("ongoing_txn_producer_epoch", NO_PRODUCER_EPOCH)
-        transit = replace(self.snapshot(), state=target, txn_last_update_timestamp=now_ms, **changes)
+        # The current values with the changes, built once (not a snapshot, then a copy).
+        values = {"producer_id": self.producer_id, "last_producer_id": self.last_producer_id,
+                  "producer_epoch": self.producer_epoch, "last_producer_epoch": self.last_producer_epoch,
+                  "txn_timeout_ms": self.txn_timeout_ms, "partitions": self.partitions,
+                  "txn_start_timestamp": self.txn_start_timestamp, "prepared_timestamp": self.prepared_timestamp,
+                  "transaction_version": self.transaction_version,
+                  "ongoing_txn_producer_id": self.ongoing_txn_producer_id,
+                  "ongoing_txn_producer_epoch": self.ongoing_txn_producer_epoch}
+        values.update(changes)
+        values["state"], values["txn_last_update_timestamp"] = target, now_ms
+        values["partitions"] = _partition_set(values["partitions"])
+        transit = TxnTransitMetadata(**values)
         self.pending_state = target
         self._pending_guard = guard
         return transit

@@ -197,7 +197,7 @@ class CoordinatorOwnership:
         partition p goes to live coordinator p % n of this kind, sorted by node id."""
         if self._lost or self._stopped or not self.cluster.registered:
             return set()
-        topic = self.cluster.topics().get(self.topic)
+        topic = self.cluster.topic(self.topic)
         if topic is None:
             return set()
         live = sorted(n.node_id for n in self.cluster.nodes().values() if n.role == self.role)

@@ -591,6 +591,12 @@ class ClusterState:
         with self._lock:
             return dict(self._topics)
 
+    def topic(self, name: str) -> TopicInfo | None:
+        """The cached metadata of topic `name`, None when it does not exist (one lookup,
+        where `topics()` copies them all)."""
+        with self._lock:
+            return self._topics.get(name)
+
     def leader_of(self, topic: str, partition: int) -> NodeInfo | None:
         """The live leader of a partition, or None (unknown topic/partition or leader down)."""
         with self._lock:
@@ -917,7 +923,7 @@ class ClusterState:
         """(partition of the internal topic, live owner or None, coordinator epoch) for a
         transactional.id (kind "txn") or group id ("group"). Partition -1 when the
         internal topic does not exist yet."""
-        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        topic = self.topic(INTERNAL_TOPIC_FOR_KIND[kind])
         if topic is None:
             return -1, None, -1
         partition = partition_for_key(key, len(topic.partitions))
@@ -932,7 +938,7 @@ class ClusterState:
         """coordinator_for from an event loop: on the loop when the owner is in the
         watched cache, in a worker thread for a partition's first lookup (it reads
         ZooKeeper and sets the watch)."""
-        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        topic = self.topic(INTERNAL_TOPIC_FOR_KIND[kind])
         if topic is None or (kind, partition_for_key(key, len(topic.partitions))) in self._owners:
             return self.coordinator_for(kind, key)
         return await asyncio.to_thread(self.coordinator_for, kind, key)
@@ -942,7 +948,7 @@ class ClusterState:
         ("txn": the owner of a producer id's binding, pid_binding.py), or None (no
         topic or no live owner). On the loop when the owner is in the watched cache,
         else in a worker thread (the first lookup reads ZooKeeper)."""
-        topic = self.topics().get(INTERNAL_TOPIC_FOR_KIND[kind])
+        topic = self.topic(INTERNAL_TOPIC_FOR_KIND[kind])
         if topic is None or not topic.partitions:
             return None
         partition = number % len(topic.partitions)

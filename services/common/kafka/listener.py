@@ -87,6 +87,7 @@ from ..security.authz import Denied
 from ..security import quotas as quota
 from ..transport.connections import (CONNECTIONS_MAX_IDLE_MS, SASL_AUTHENTICATION_TIMEOUT_MS,
                                      SASL_SERVER_MAX_RECEIVE_SIZE, ConnectionLimits, RefusalLog)
+from ..transport.idle import IdleTimer, drain_within
 from ..security.sasl import SaslFailure, UnsupportedMechanism
 from .tls import accepted_transport
 from .codec import API_VERSIONS_KEY, ProtocolError, api_name, decode_request, encode_response, field, peek_header
@@ -347,6 +348,12 @@ class KafkaListener:
         sasl = _Sasl(transport=writer.transport)
         loop = asyncio.get_running_loop()
         auth_deadline = loop.time() + self.auth_timeout_s
+
+        def idle_expired() -> None:
+            self._timed_out(False, peer_s, idle.what)
+            writer.transport.abort()
+
+        idle = IdleTimer(loop, idle_expired)
         try:
             principal = self._principal(writer)
             current_principal.set(principal)
@@ -361,7 +368,7 @@ class KafkaListener:
                 if preauth and not was:  # a re-authentication began: its own deadline
                     auth_deadline = loop.time() + self.auth_timeout_s
                 frame = await self._read_request(reader, sasl, peer_s,
-                                                 auth_deadline if preauth else None)
+                                                 auth_deadline if preauth else None, idle)
                 if frame is None:  # nothing owed to the peer: drop the connection at once
                     writer.transport.abort()
                     return
@@ -390,8 +397,7 @@ class KafkaListener:
                 if response is not None:
                     writer.write(response)
                     try:
-                        async with asyncio.timeout(self.idle_timeout_s):
-                            await writer.drain()
+                        await drain_within(writer, self.idle_timeout_s)
                     except TimeoutError:
                         self.refusals.refused(CONNECTIONS_MAX_IDLE_MS, peer_s, "response unread")
                         return
@@ -412,28 +418,23 @@ class KafkaListener:
         except Exception:  # noqa: BLE001 - one connection fails, the service goes on
             log.exception("kafka connection from %s failed; closing", peer_s)
         finally:
+            idle.close()
             if sasl.user is not None:
                 self._forget(sasl)
             await _close(writer)
 
     async def _read_request(self, reader: _Reader, sasl: _Sasl, peer_s: str,
-                            auth_deadline: float | None) -> bytes | None:
+                            auth_deadline: float | None, idle: IdleTimer) -> bytes | None:
         """The next request frame (without its size), None when the connection is to
         close: the peer closed it, it was idle for connections.max.idle.ms, its size is
         out of bounds, or (before authentication, `auth_deadline` given: loop time) the
         authentication deadline passed or the pre-authentication pool is full. A large
         frame read before authentication holds its bytes of the pool; the caller gives
-        them back once it handled the frame."""
-        loop = asyncio.get_running_loop()
+        them back once it handled the frame. `idle`: the connection's idle deadline after
+        authentication (its expiry records the refusal and aborts the connection)."""
         preauth = auth_deadline is not None
-        # asyncio.timeout, not wait_for: no task of its own per request.
-        try:
-            async with asyncio.timeout_at(auth_deadline if preauth else loop.time() + self.idle_timeout_s):
-                size_bytes = await reader.readexactly(4)
-        except TimeoutError:
-            self._timed_out(preauth, peer_s, "no request")
-            return None
-        except (asyncio.IncompleteReadError, ConnectionError):
+        size_bytes = await self._read_within(reader, 4, auth_deadline, idle, peer_s, "no request")
+        if size_bytes is None:
             return None
         size = int.from_bytes(size_bytes, "big", signed=True)
         limit = self.max_preauth_bytes if preauth else self.max_request_bytes
@@ -451,19 +452,35 @@ class KafkaListener:
                                       "the listener's pre-authentication buffers are taken")
                 return None
             self.preauth_pool_bytes -= size
-        try:
-            # The body within connections.max.idle.ms of its size (before authentication:
-            # within the authentication deadline).
-            async with asyncio.timeout_at(auth_deadline if preauth else loop.time() + self.idle_timeout_s):
-                frame = await reader.readexactly(size)
-        except TimeoutError:
-            self._timed_out(preauth, peer_s, f"{size} bytes announced, not sent")
-            frame = None
-        except (asyncio.IncompleteReadError, ConnectionError):
-            frame = None
+        # The body within connections.max.idle.ms of its size (before authentication:
+        # within the authentication deadline).
+        frame = await self._read_within(reader, size, auth_deadline, idle, peer_s,
+                                        f"{size} bytes announced, not sent")
         if frame is None and pooled:
             self.preauth_pool_bytes += size
         return frame
+
+    async def _read_within(self, reader: _Reader, n: int, auth_deadline: float | None, idle: IdleTimer,
+                           peer_s: str, what: str) -> bytes | None:
+        """`n` bytes, or None when the connection ended or its deadline passed (the
+        refusal recorded): before authentication `auth_deadline` (a timer of its own),
+        after it connections.max.idle.ms from now (`idle`: no timer per read)."""
+        if auth_deadline is not None:
+            try:
+                async with asyncio.timeout_at(auth_deadline):
+                    return await reader.readexactly(n)
+            except TimeoutError:
+                self._timed_out(True, peer_s, what)
+                return None
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return None
+        idle.arm(self._loop.time() + self.idle_timeout_s, what)
+        try:
+            return await reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None  # closed by the peer, or by `idle`'s expiry (its refusal recorded)
+        finally:
+            idle.disarm()
 
     def _timed_out(self, preauth: bool, peer_s: str, what: str) -> None:
         if preauth:

@@ -82,6 +82,7 @@ from ..metrics import CONNECTIONS_REFUSED, TUNNEL_LINKS
 from ..settings import ServiceSchema, key_of
 from .connections import CONNECTIONS_MAX_IDLE_MS
 from .guard import safe_deserializer
+from .idle import IdleTimer, drain_within
 
 log = logging.getLogger(__name__)
 
@@ -213,38 +214,50 @@ class _Frames:
     idle (_Idle) when no frame came for `idle_s` while none of its calls was in flight
     (`calls` read, `answered` counted by the writer), or when a frame's body does not
     follow its length within `idle_s`. `held()` is called for each `idle_s` without a
-    frame that a call in flight kept the link open through."""
+    frame that a call in flight kept the link open through. The deadlines are an
+    IdleTimer's (no timer per frame): an expiry aborts `transport`, and the read it ends
+    raises _Idle."""
 
-    def __init__(self, reader: asyncio.StreamReader, max_bytes: int, idle_s: float, held: Callable[[], None]):
-        self._reader, self._max, self._idle_s, self._held = reader, max_bytes, idle_s, held
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport, max_bytes: int,
+                 idle_s: float, held: Callable[[], None]):
+        self._reader, self._transport, self._max, self._idle_s, self._held = reader, transport, max_bytes, idle_s, held
+        self._loop = asyncio.get_running_loop()
+        self._idle = IdleTimer(self._loop, self._expired)
+        self._no_frame = f"no frame for {idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})"
+        self._no_body = f"a frame's body not sent within {idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})"
         self.calls = 0
         self.answered = 0
+
+    def _expired(self) -> None:
+        if self._idle.what is self._no_frame and self.calls > self.answered:
+            self._held()  # a call in flight keeps the link: another idle_s
+            self._idle.arm(self._loop.time() + self._idle_s, self._no_frame)
+            return
+        self._transport.abort()
 
     def __aiter__(self):
         return self
 
+    async def _read(self, n: int, what: str) -> bytes:
+        self._idle.arm(self._loop.time() + self._idle_s, what)
+        try:
+            return await self._reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            if self._idle.expired:
+                raise _Idle(self._idle.what) from None
+            raise StopAsyncIteration from None
+        finally:
+            self._idle.disarm()
+
     async def __anext__(self):
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(self._idle_s):
-                        header = await self._reader.readexactly(_HEADER.size)
-                    break
-                except TimeoutError:
-                    if self.calls <= self.answered:
-                        raise _Idle(f"no frame for {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
-                    self._held()
-            (size,) = _HEADER.unpack(header)
+            (size,) = _HEADER.unpack(await self._read(_HEADER.size, self._no_frame))
             if size > self._max:
                 raise _Oversized(f"a frame of {size} bytes, above {SOCKET_REQUEST_MAX_BYTES} ({self._max})")
-            try:
-                async with asyncio.timeout(self._idle_s):
-                    body = await self._reader.readexactly(size)
-            except TimeoutError:
-                raise _Idle(f"a frame's body not sent within {self._idle_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") \
-                    from None
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            raise StopAsyncIteration from None
+            body = await self._read(size, self._no_body)
+        except BaseException:
+            self._idle.close()
+            raise
         calls = _parse_calls(body)
         self.calls += len(calls.calls) if isinstance(calls, pb.TunneledCalls) else 1
         return calls
@@ -458,14 +471,13 @@ class LinkServer:
 
     async def _serve(self, servicer: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      context: LinkContext, max_frame_bytes: int) -> None:
-        frames = _Frames(reader, max_frame_bytes, self.idle_timeout_s, self._held_idle)
+        frames = _Frames(reader, writer.transport, max_frame_bytes, self.idle_timeout_s, self._held_idle)
         async for replies in servicer._serve(frames, context, batched=True):
             frames.answered += len(replies.replies)
             body = replies.SerializeToString()
             writer.write(_HEADER.pack(len(body)) + body)
             try:
-                async with asyncio.timeout(self.idle_timeout_s):
-                    await writer.drain()
+                await drain_within(writer, self.idle_timeout_s)
             except TimeoutError:
                 raise _Idle(f"replies not read for {self.idle_timeout_s:.0f} s ({CONNECTIONS_MAX_IDLE_MS})") from None
 
@@ -571,7 +583,8 @@ class LinkStream:
         return self._ready.done() and not self._ready.cancelled() and self._ready.exception() is None
 
     async def write(self, message: pb.TunneledCalls) -> None:
-        _, writer = await self._set_up()
+        # Set up: the writer at once (no shielded wait per frame).
+        writer = self._writer if self.ready and not self._cancelled else (await self._set_up())[1]
         body = message.SerializeToString()
         writer.write(_HEADER.pack(len(body)) + body)
         await writer.drain()

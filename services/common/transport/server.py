@@ -198,7 +198,7 @@ class ClusterServicer(pbg.ClusterServicer):
 
     async def DeleteTopics(self, request, context):
         async def delete(name):
-            known = self.cluster.topics().get(name)
+            known = self.cluster.topic(name)
             code, msg = await asyncio.to_thread(self.cluster.delete_topic, name)
             return code, msg, len(known.partitions) if known is not None else 0
 
@@ -208,7 +208,7 @@ class ClusterServicer(pbg.ClusterServicer):
 
     async def CreatePartitions(self, request, context):
         async def grow(t):
-            known = self.cluster.topics().get(t.name)
+            known = self.cluster.topic(t.name)
             more = t.count - len(known.partitions) if known is not None else 0
             # The new partitions count against the topic's creator (the caller for a topic without one).
             code, msg = await asyncio.to_thread(self.cluster.create_partitions, t.name, t.count,

@@ -28,6 +28,9 @@ class FakeZk:
     def topics(self):
         return {"r": TopicInfo("r", {0: ["me", "x", "y"]}, {}, False, {0: self.state})}
 
+    def topic(self, name):
+        return self.topics().get(name)
+
     def registration_zxid(self, timeout_s=10.0):
         return self.registered
 

@@ -18,6 +18,9 @@ class FakeCluster:
     def topics(self):
         return dict(self._topics)
 
+    def topic(self, name):
+        return self._topics.get(name)
+
 
 def topic(name, leaders, configs=None, internal=False, epochs=None):
     states = {p: PartitionState(leader, (epochs or {}).get(p, 0), (leader,)) for p, leader in enumerate(leaders)}

@@ -67,6 +67,9 @@ class FakeCluster:
     def topics(self):
         return {"__transaction_state": TopicInfo("__transaction_state", {p: ["pl-0"] for p in range(self.partitions)})}
 
+    def topic(self, name):
+        return self.topics().get(name)
+
     def coordinator_owner(self, kind, partition):
         data, _ = self.zk.get(f"/exactly/coordinators/{kind}/{partition}")
         d = json.loads(data)

@@ -1,0 +1,130 @@
+"""IdleTimer: a connection's idle deadline without a timer per read (services/common/transport/idle.py)."""
+import asyncio
+
+import pytest
+
+from services.common.transport.idle import IdleTimer, drain_within
+
+
+class _CountingLoop:
+    """The loop's call_at, counted (the timer handles the IdleTimer makes)."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self.scheduled = 0
+
+    def time(self):
+        return self._loop.time()
+
+    def call_at(self, when, callback):
+        self.scheduled += 1
+        return self._loop.call_at(when, callback)
+
+
+def test_an_armed_deadline_expires_once_and_says_what_waited():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fired = asyncio.Event()
+        calls = []
+        timer = IdleTimer(loop, lambda: (calls.append(timer.what), fired.set()))
+        timer.arm(loop.time() + 0.05, "no request")
+        await asyncio.wait_for(fired.wait(), 5)
+        assert calls == ["no request"] and timer.expired
+        await asyncio.sleep(0.1)  # nothing re-armed: no second expiry
+        assert calls == ["no request"]
+    asyncio.run(main())
+
+
+def test_a_busy_connection_never_expires_and_costs_one_handle_per_idle_period():
+    async def main():
+        loop = asyncio.get_running_loop()
+        counting = _CountingLoop(loop)
+        expired = []
+        timer = IdleTimer(counting, lambda: expired.append(True))
+        reads = 0
+        stop = loop.time() + 0.5
+        while loop.time() < stop:  # a read every ~1 ms against a 0.2 s deadline
+            timer.arm(loop.time() + 0.2, "no request")
+            await asyncio.sleep(0.001)
+            timer.disarm()
+            reads += 1
+        assert not expired and not timer.expired
+        # one handle at the first arm, then one each time it fired early and slept on
+        assert reads > 50 and counting.scheduled <= 5, (reads, counting.scheduled)
+        timer.close()
+    asyncio.run(main())
+
+
+def test_a_disarmed_timer_does_not_expire():
+    async def main():
+        loop = asyncio.get_running_loop()
+        expired = []
+        timer = IdleTimer(loop, lambda: expired.append(True))
+        timer.arm(loop.time() + 0.05)
+        timer.disarm()
+        await asyncio.sleep(0.15)
+        assert not expired and not timer.expired
+    asyncio.run(main())
+
+
+def test_an_earlier_deadline_than_the_handle_is_kept():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fired = asyncio.Event()
+        timer = IdleTimer(loop, fired.set)
+        timer.arm(loop.time() + 60, "idle")
+        timer.disarm()
+        started = loop.time()
+        timer.arm(started + 0.05, "authentication")  # earlier than the 60 s handle
+        await asyncio.wait_for(fired.wait(), 5)
+        assert loop.time() - started < 5 and timer.what == "authentication"
+    asyncio.run(main())
+
+
+def test_the_expiry_may_arm_again_from_its_callback():
+    """A link with a call in flight is held open: the expiry arms another period."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        held = []
+
+        def expired():
+            held.append(loop.time())
+            if len(held) < 3:
+                timer.arm(loop.time() + 0.03, "held")
+            else:
+                done.set()
+
+        timer = IdleTimer(loop, expired)
+        timer.arm(loop.time() + 0.03, "first")
+        await asyncio.wait_for(done.wait(), 5)
+        assert len(held) == 3 and held == sorted(held)
+    asyncio.run(main())
+
+
+def test_drain_within_sets_no_timer_for_an_empty_buffer_and_bounds_a_full_one():
+    async def main():
+        accepted = asyncio.Event()
+        peers = []
+
+        async def on_connect(reader, writer):
+            peers.append((reader, writer))
+            accepted.set()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.wait_for(accepted.wait(), 5)
+        writer.write(b"x")
+        await drain_within(writer, 1.0)  # taken by the socket: returns at once
+        writer.transport.set_write_buffer_limits(high=1)
+        chunk = b"y" * (1 << 20)
+        with pytest.raises(TimeoutError):  # the peer reads nothing: the buffer stays full
+            for _ in range(64):
+                writer.write(chunk)
+                await drain_within(writer, 0.2)
+        writer.transport.abort()
+        peers[0][1].transport.abort()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(main())
