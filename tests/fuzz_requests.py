@@ -300,10 +300,26 @@ def _oversized(rng: random.Random):
     return f
 
 
+# Claims only a service makes, with which a ClusterAction holder is trusted as it is with
+# WriteTxnMarkers (which ends any transaction): that the group coordinator verified a
+# transactional offset commit (ProduceRequest.transaction_verified_from), and that
+# partitions are in a producer's transaction (PartitionLeader/TxnPartitionsAdded). On the
+# fuzz's cluster, without authentication, the hostile caller holds ClusterAction as well,
+# and a forged claim that happens to match a forged batch opens a transaction no
+# coordinator knows. So the generator sends them as no service would: the claim left out,
+# and notices about a transactional.id no producer has (their parsing and checks still run).
+NO_SUCH_TRANSACTIONAL_ID = "fuzz-no-producer-has-this-id"
+
+
 def generate(rpc: Rpc, rng: random.Random, pools: Pools) -> _message.Message:
-    """One request for `rpc`, every field drawn as the module docstring says."""
+    """One request for `rpc`, every field drawn as the module docstring says (service
+    claims aside: see NO_SUCH_TRANSACTIONAL_ID)."""
     msg = rpc.request()
     _Gen(rng, pools, rpc.name in pools.destructive).fill(msg)
+    if isinstance(msg, pb.ProduceRequest):
+        msg.ClearField("transaction_verified_from")
+    elif isinstance(msg, pb.TxnPartitionsAddedRequest):
+        msg.transactional_id = NO_SUCH_TRANSACTIONAL_ID
     return msg
 
 

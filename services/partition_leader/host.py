@@ -28,7 +28,7 @@ from services.common.transport.rpc import ClusterClient
 
 from .cleaner import LogCleaner
 from .lease import IsrUpdater, LeaseKeeper
-from .metrics import count_produced
+from .metrics import count_produced, count_verification
 from .replica_fetcher import ReplicaFetchers
 from .replica_manager import ReplicaManager
 from .replicas import HostedReplicas
@@ -59,6 +59,7 @@ class ReplicaHost:
         hosted = HostedReplicas(cfg.node_id, cfg.data_dir, settings, cluster, self.store, hosts_topic=hosts_topic)
         self.manager = ReplicaManager(hosted)
         hosted.on_appended = count_produced
+        hosted.on_verified = count_verification
         hosted.verifier = TxnVerifier(cluster, client)
         hosted.verify_transactions = settings.transaction_partition_verification_enable
         hosted.pid_bindings = cluster.pid_bindings  # set with the authorizer on (pid_binding.py)

@@ -312,6 +312,11 @@ PRODUCE_BYTES = Counter("exactly_produce_bytes", "Bytes of record batches append
 PRODUCE_RECORDS = Counter("exactly_produce_records", "Records appended by Produce", ["topic"])
 FETCH_BYTES = Counter("exactly_fetch_bytes", "Bytes of record batches returned by Fetch", ["topic"])
 FETCH_RECORDS = Counter("exactly_fetch_records", "Records in the batches returned by Fetch", ["topic"])
+TXN_VERIFICATIONS = Counter(
+    "exactly_txn_verifications", "KIP-890 verifications of a transaction version 1 producer's first batch on a "
+    "partition, by how: asked (a call to its transaction coordinator) or noted (the coordinator's "
+    "TxnPartitionsAdded, no call)", ["how"])
+_VERIFIED = {how: TXN_VERIFICATIONS.labels(how) for how in ("asked", "noted")}
 
 
 def count_produced(topic: str, batch: bytes) -> None:
@@ -319,6 +324,11 @@ def count_produced(topic: str, batch: bytes) -> None:
     label = topic_label(topic)
     PRODUCE_BYTES.labels(label).inc(len(batch))
     PRODUCE_RECORDS.labels(label).inc(records.parse_header(batch).record_count)
+
+
+def count_verification(how: str) -> None:
+    """Count one verification of a producer's first batch on a partition: "asked" or "noted"."""
+    _VERIFIED[how].inc()
 
 
 def count_fetched(topic: str, data: bytes) -> None:

@@ -177,11 +177,13 @@ class AppendResult(NamedTuple):
 
 
 class MarkerResult(NamedTuple):
-    """WriteTxnMarkers outcome for this partition; offset of the marker or -1."""
+    """WriteTxnMarkers outcome for this partition; offset of the marker or -1, and the
+    leader epoch it was written in (-1 when not written)."""
 
     error: ErrorCode
     offset: int = -1
     message: str = ""
+    leader_epoch: int = -1
 
 
 class ReplicaFetchResult(NamedTuple):
@@ -542,7 +544,7 @@ class Partition:
         self.producers.complete_marker(producer_id, producer_epoch, coordinator_epoch, info.base_offset, now,
                                        committed, transaction_version)
         self.maybe_advance_high_watermark()
-        return MarkerResult(ErrorCode.NONE, info.base_offset)
+        return MarkerResult(ErrorCode.NONE, info.base_offset, leader_epoch=self.leader_epoch)
 
     # ------------------------------------------------------------ fetch
     def fetch(self, offset: int, max_bytes: int, isolation_level: int = READ_UNCOMMITTED,

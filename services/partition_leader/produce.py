@@ -303,6 +303,13 @@ class ProducePipeline:
         if ctx.internal_only and ctx.verified_from >= 0 and \
                 not b.replica.producers.marker_since(h.producer_id, ctx.verified_from):
             return None
+        if not ctx.add:
+            if b.replica.producers.added_verifies(ctx.transactional_id, h.producer_id, h.producer_epoch):
+                # The coordinator said so when it appended the add (TxnPartitionsAdded),
+                # and no marker of the producer was appended here since.
+                self.hosted.on_verified("noted")
+                return None
+            self.hosted.on_verified("asked")
         verifier = self.hosted.verifier
         if ctx.add:
             code = await verifier.add(ctx.transactional_id, h.producer_id, h.producer_epoch, b.topic, b.partition,

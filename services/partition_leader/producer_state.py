@@ -33,6 +33,9 @@ from exactly_wire.records import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
 
 NUM_BATCHES_TO_RETAIN = 5
 INT32_MAX = 0x7FFFFFFF
+# TxnPartitionsAdded notices a partition keeps (one per PID, dropped by its marker): a
+# bound for producers that never write the partition they added.
+MAX_ADDED_NOTICES = 10_000
 
 # Version 2 adds the completed transactions whose marker may not be replicated yet
 # (`unreplicated`); version 1 snapshots still load (with none).
@@ -201,6 +204,11 @@ class ProducerStateManager:
         # PID -> offset of its last marker applied here; complete for the markers at or
         # above markers_known_from (see marker_since).
         self.last_markers: dict[int, int] = {}
+        # PID -> (transactional.id, producer epoch, offset) of its coordinator's
+        # TxnPartitionsAdded: its ongoing transaction holds this partition, as said when
+        # the log ended at that offset or later (`added_verifies`); dropped by the PID's
+        # next marker, at most MAX_ADDED_NOTICES (the oldest go first).
+        self.added: dict[int, tuple[str, int, int]] = {}
         self.markers_known_from = 0
         self.map_end_offset = 0  # state reflects every batch below this offset
 
@@ -270,6 +278,32 @@ class ProducerStateManager:
         elif producer_epoch < guard.producer_epoch:
             guard.producer_epoch = producer_epoch
         return guard
+
+    def note_added(self, transactional_id: str, producer_id: int, producer_epoch: int, from_offset: int) -> None:
+        """The transaction coordinator of `transactional_id` appended this partition to
+        the ongoing transaction of `producer_id` at `producer_epoch`
+        (PartitionLeader/TxnPartitionsAdded), and the leader's log ended at
+        `from_offset` or later when the coordinator learned of it (the offset after the
+        PID's last marker, from this leader's WriteTxnMarkers answer). The caller checks
+        that `from_offset` is a position of this log (at most its end, in the leader
+        epoch it was given in)."""
+        added = self.added
+        added.pop(producer_id, None)
+        added[producer_id] = (transactional_id, producer_epoch, from_offset)
+        if len(added) > MAX_ADDED_NOTICES:
+            del added[next(iter(added))]
+
+    def added_verifies(self, transactional_id: str, producer_id: int, producer_epoch: int) -> bool:
+        """Whether a TxnPartitionsAdded stands as the KIP-890 verification of a batch of
+        `producer_id` at `producer_epoch` under `transactional_id`: noted for that id and
+        epoch, and no marker of the PID appended here at or above its offset since
+        (`marker_since`), so the transaction it spoke of has not ended here. This is the
+        asked verification's guarantee (its guard is dropped by any marker after the
+        question), with the question asked before the offset: the coordinator answered
+        it when it appended the add."""
+        noted = self.added.get(producer_id)
+        return (noted is not None and noted[0] == transactional_id and noted[1] == producer_epoch
+                and not self.marker_since(producer_id, noted[2]))
 
     def marker_since(self, producer_id: int, offset: int) -> bool:
         """Whether a marker of `producer_id` may have been appended at or above log
@@ -405,6 +439,7 @@ class ProducerStateManager:
         guard = self.verification_guards.get(producer_id)
         if guard is not None and guard.ended_by(producer_epoch, transaction_version):
             del self.verification_guards[producer_id]
+        self.added.pop(producer_id, None)
         self.last_markers[producer_id] = marker_offset
         first = entry.current_txn_first_offset
         if first >= 0:
@@ -447,6 +482,7 @@ class ProducerStateManager:
                 if e.current_txn_first_offset < 0 and now - e.last_timestamp >= self.expiration_ms]
         for pid in gone:
             del self.producers[pid]
+            self.added.pop(pid, None)
         return gone
 
     # ------------------------------------------------------------ snapshots

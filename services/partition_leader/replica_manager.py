@@ -108,6 +108,23 @@ class ReplicaManager:
             return err, EpochEndOffset(UNDEFINED_EPOCH, UNDEFINED_OFFSET)
         return p.end_offset_for_epoch(leader_epoch, current_leader_epoch)
 
+    def note_txn_partition_added(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                 coordinator_epoch: int, topic: str, partition: int, leader_epoch: int,
+                                 offset: int) -> bool:
+        """TxnPartitionsAdded for one partition (see ProducerStateManager.note_added):
+        noted only on a replica led here in `leader_epoch` whose log reaches `offset`, for
+        a PID whose markers came from no later coordinator epoch. Returns whether it was
+        noted; a notice not noted costs the producer's first batch a verification call."""
+        p, _ = self.hosted.leader_replica(topic, partition)
+        if p is None or p.leader_epoch != leader_epoch or not 0 <= offset <= p.log.log_end_offset \
+                or producer_id < 0 or p.producers.internal:
+            return False
+        entry = p.producers.entry(producer_id)
+        if entry is not None and entry.coordinator_epoch > coordinator_epoch:
+            return False
+        p.producers.note_added(transactional_id, producer_id, producer_epoch, offset)
+        return True
+
     async def append_records(self, ctx: ProduceContext, entries: Sequence[ProduceEntry]) -> list[AppendResult]:
         """Produce (design doc "Client-Broker request handling", produce; Kafka's
         ReplicaManager.appendRecords): append each entry's batch to the partition led

@@ -184,6 +184,9 @@ class HostedReplicas:
         self.pid_bindings: pid_binding.ProducerIdBindings | None = None
         # Called with (topic, batch) for every client batch appended (metrics).
         self.on_appended: Callable[[str, bytes], None] = lambda topic, batch: None
+        # A transaction version 1 producer's first batch on a partition verified: "asked"
+        # (a call to its coordinator) or "noted" (its TxnPartitionsAdded).
+        self.on_verified: Callable[[str], None] = lambda how: None
         # KIP-112 (docs/design.md, "Disk faults"): set by fail_log_dir on the first I/O
         # error on the log directory; on_log_dir_failure(exc) then tells the controller.
         self.log_dir_offline = False

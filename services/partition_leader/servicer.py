@@ -133,10 +133,31 @@ class PartitionLeaderServicer(pbg.PartitionLeaderServicer):
             mresp = resp.markers.add(producer_id=marker.producer_id)
             for topic in marker.topics:
                 tresp = mresp.topics.add(topic=topic.topic)
+                positions = None
                 for partition in topic.partitions:
                     res = next(per_partition)
                     tresp.partitions.add(partition=partition, error_code=res.error, error_message=res.message)
+                    if marker.transaction_version < 2 and res.error == ErrorCode.NONE and res.offset >= 0:
+                        # Where a TxnPartitionsAdded of the producer's next transactions
+                        # verifies its first batch here: after this marker.
+                        if positions is None:
+                            positions = mresp.verifiable_from.add(topic=topic.topic)
+                        positions.partitions.add(partition=partition, leader_epoch=res.leader_epoch,
+                                                 offset=res.offset + 1)
         return resp
+
+    # ------------------------------------------------------------ TxnPartitionsAdded
+    async def TxnPartitionsAdded(self, request: pb.TxnPartitionsAddedRequest, context
+                                 ) -> pb.TxnPartitionsAddedResponse:
+        """A transaction coordinator's notice (one way on the tunnel): these partitions
+        are in the producer's ongoing transaction (see the proto and
+        ProducerStateManager.note_added)."""
+        for topic in request.topics:
+            for pos in topic.partitions:
+                self.manager.note_txn_partition_added(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    request.coordinator_epoch, topic.topic, pos.partition, pos.leader_epoch, pos.offset)
+        return pb.TxnPartitionsAddedResponse()
 
     # ------------------------------------------------------------ OffsetForLeaderEpoch
     async def OffsetForLeaderEpoch(self, request: pb.OffsetForLeaderEpochRequest, context

@@ -4,7 +4,7 @@ topology from the ZooKeeper cache (services.common)."""
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Awaitable, Callable
 
 from exactly_wire import records
@@ -20,6 +20,10 @@ from .ports import TxnLogFetch, TxnMarker
 
 
 # Markers end each transaction under the next producer epoch (KIP-890 part 2).
+
+# The (PID, partition) positions a marker writer keeps for TxnPartitionsAdded: about a
+# hundred bytes each, so some 10 MB at most; the least recently written go first.
+MAX_VERIFIABLE_POSITIONS = 100_000
 
 
 class Linger:
@@ -161,13 +165,19 @@ class ClusterMarkerWriter:
 
     def __init__(self, cluster: ClusterState, client: ClusterClient,
                  timeout_s: float = WRITE_TXN_MARKERS_TIMEOUT_MS / 1000,
-                 max_markers_per_request: int = 500, linger: "Linger | None" = None):
+                 max_markers_per_request: int = 500, linger: "Linger | None" = None,
+                 max_positions: int = MAX_VERIFIABLE_POSITIONS):
         self._cluster = cluster
         self._client = client
         self._timeout_s = timeout_s
         self._max = max_markers_per_request
         self._linger = linger or Linger()
         self._channels: dict[str, _MarkerChannel] = {}
+        # (PID, partition) -> (leader epoch, offset): where the partition's leader takes a
+        # TxnPartitionsAdded of the PID as verification (its WriteTxnMarkers answer),
+        # least recently written first; at most max_positions.
+        self.positions: OrderedDict[tuple[int, TopicPartition], tuple[int, int]] = OrderedDict()
+        self._max_positions = max_positions
 
     async def write(self, marker: TxnMarker) -> dict[TopicPartition, int]:
         """Write `marker` to each of its partitions; returns an error code per
@@ -187,11 +197,40 @@ class ClusterMarkerWriter:
             out.update(part)
         return out
 
+    def partitions_added(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         coordinator_epoch: int, partitions) -> None:
+        """MarkerWriter.partitions_added: one TxnPartitionsAdded per leader, for the
+        partitions whose leader gave a position for this PID (the others are asked
+        about as before)."""
+        by_leader: dict[str, tuple[NodeInfo, dict[str, list[pb.PartitionPosition]]]] = {}
+        for tp in partitions:
+            position = self.positions.get((producer_id, tp))
+            node = self._cluster.leader_of(*tp) if position is not None else None
+            if node is None:
+                continue
+            by_leader.setdefault(node.node_id, (node, defaultdict(list)))[1][tp[0]].append(
+                pb.PartitionPosition(partition=tp[1], leader_epoch=position[0], offset=position[1]))
+        for node, topics in by_leader.values():
+            self._client.txn_partitions_added(node, pb.TxnPartitionsAddedRequest(
+                transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+                coordinator_epoch=coordinator_epoch,
+                topics=[pb.TopicPartitionPositions(topic=t, partitions=ps) for t, ps in topics.items()]))
+
+    def _note_positions(self, producer_id: int, result: pb.WritableTxnMarkerResult) -> None:
+        positions = self.positions
+        for t in result.verifiable_from:
+            for p in t.partitions:
+                key = (producer_id, (t.topic, p.partition))
+                positions[key] = (p.leader_epoch, p.offset)
+                positions.move_to_end(key)
+        while len(positions) > self._max_positions:
+            positions.popitem(last=False)
+
     def _channel(self, node: NodeInfo) -> "_MarkerChannel":
         ch = self._channels.get(node.node_id)
         if ch is None or ch.node.address != node.address:
             ch = self._channels[node.node_id] = _MarkerChannel(node, self._client, self._timeout_s, self._max,
-                                                               self._linger)
+                                                               self._linger, self._note_positions)
         return ch
 
 
@@ -199,12 +238,13 @@ class _MarkerChannel:
     """The markers queued for one partition leader and the one request in flight."""
 
     def __init__(self, node: NodeInfo, client: ClusterClient, timeout_s: float, max_markers: int,
-                 linger: "Linger"):
+                 linger: "Linger", on_positions: Callable[[int, pb.WritableTxnMarkerResult], None]):
         self.node = node
         self._client = client
         self._timeout_s = timeout_s
         self._max = max_markers
         self._linger = linger
+        self._on_positions = on_positions
         self._queue: list[tuple[TxnMarker, list[TopicPartition], asyncio.Future]] = []
         self._sender: asyncio.Task | None = None
 
@@ -246,6 +286,8 @@ class _MarkerChannel:
         out = []
         for i, (_, tps, _) in enumerate(batch):  # the answer keeps the request's order
             m = resp.markers[i] if i < len(resp.markers) else None
+            if m is not None and m.verifiable_from:
+                self._on_positions(batch[i][0].producer_id, m)
             codes = {(t.topic, p.partition): p.error_code for t in m.topics for p in t.partitions} if m else {}
             out.append({tp: codes.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR) for tp in tps})
         return out

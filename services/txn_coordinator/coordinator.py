@@ -133,7 +133,7 @@ class TransactionCoordinator:
         completions = Completions(store, markers, topology, config, clock, monotonic, sleep)
         groups = GroupTxn(store, completions)
         requests = TxnRequests(store, completions, groups, pids, topology, config, clock, monotonic,
-                               bind_producer_ids)
+                               bind_producer_ids, markers)
         scans = TxnScans(store, completions, groups, topology, config, clock, monotonic)
         loader = TxnLoader(partitions, log_store, completions, scans.record_feature_level, config, clock, monotonic)
         return cls(partitions, store, completions, groups, requests, scans, loader, pids, config, sleep)

@@ -9,7 +9,7 @@ tests. Every protocol outcome is an `ErrorCode` value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Iterable, NamedTuple, Protocol
 
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
@@ -70,6 +70,14 @@ class MarkerWriter(Protocol):
         """One attempt: send WriteTxnMarkers to the leader of every partition (one
         request per leader). Returns an ErrorCode value per partition (NONE: marker
         written); a partition left out of the result is retried."""
+
+    def partitions_added(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         coordinator_epoch: int, partitions: Iterable[TopicPartition]) -> None:
+        """`partitions` are in the ongoing transaction of a transaction version 1
+        producer (its AddPartitionsToTxn appended): tell their leaders, so that the
+        producer's first batch there needs no verification call (KIP-890 part 1;
+        PartitionLeader/TxnPartitionsAdded). Best effort: never waits, never raises; a
+        leader not told asks as before."""
 
 
 class Topology(Protocol):

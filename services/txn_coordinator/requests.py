@@ -27,7 +27,7 @@ from services.common.security.pid_binding import refusal, refusal_code
 
 from . import metrics, txn_log
 from .pid_manager import ProducerIdAllocationError, ProducerIdManager
-from .ports import EndTxnResult, InitProducerIdResult, Topology
+from .ports import EndTxnResult, InitProducerIdResult, MarkerWriter, Topology
 from .state import COMPLETED_STATES, GroupAssignment, TransactionMetadata, TxnState, TxnTransitMetadata
 
 if TYPE_CHECKING:
@@ -90,9 +90,11 @@ class TxnRequests:
 
     def __init__(self, store: TxnStore, completions: Completions, groups: GroupTxn, pids: ProducerIdManager,
                  topology: Topology, config: TxnCoordinatorSchema | None = None, clock: Clock = wall_clock_ms,
-                 monotonic: Clock = monotonic_ms, bind_producer_ids: bool = False):
+                 monotonic: Clock = monotonic_ms, bind_producer_ids: bool = False,
+                 markers: MarkerWriter | None = None):
         self._store = store
         self._completions = completions
+        self._markers = markers  # for partitions_added (None: leaders verify by asking)
         self._groups = groups
         self._pids = pids
         self._topology = topology
@@ -442,7 +444,26 @@ class TxnRequests:
             return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for tp in wanted}
         err = await self._add_partitions(transactional_id, producer_id, producer_epoch, wanted, group_id,
                                          generation_id)
+        if err == ErrorCode.NONE:
+            self._tell_leaders(transactional_id, group_id, wanted)
         return {tp: err for tp in wanted}
+
+    def _tell_leaders(self, tid: str, group_id: str, added: frozenset[TopicPartition]) -> None:
+        """After a transaction version 1 producer's AddPartitionsToTxn was appended, and
+        before it is answered: its partitions' leaders learn that they are in its
+        transaction (MarkerWriter.partitions_added), so that its first batch on each
+        needs no verification call. Transaction version 2 producers' partitions are
+        added by the leaders themselves (implicit adds), and the internal topics'
+        verification is the group coordinator's."""
+        if self._markers is None:
+            return
+        err, part = self._store.lookup(tid, group_id)
+        md = part.txns.get(tid) if part is not None and not err else None
+        if md is None or md.transaction_version >= 2 or md.state is not TxnState.ONGOING:
+            return
+        data = [tp for tp in added if tp[0] not in (TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC)]
+        if data:
+            self._markers.partitions_added(tid, md.producer_id, md.producer_epoch, part.coordinator_epoch, data)
 
     def _verify(self, tid: str, producer_id: int, producer_epoch: int,
                 wanted: frozenset[TopicPartition], group_id: str = "") -> dict[TopicPartition, ErrorCode]:

@@ -510,6 +510,9 @@ def _matrix_rows():
                                                                                            timestamp=-1)])])),
         ("PartitionLeader/WriteTxnMarkers", "txn-0", "alice", CLUSTER_DENIED,
          lambda c: pb.WriteTxnMarkersRequest(markers=[])),
+        ("PartitionLeader/TxnPartitionsAdded", "txn-0", "alice", CLUSTER_DENIED,
+         lambda c: pb.TxnPartitionsAddedRequest(transactional_id="t", producer_id=1, producer_epoch=0, topics=[
+             pb.TopicPartitionPositions(topic=c["topic"], partitions=[pb.PartitionPosition(partition=0)])])),
         ("PartitionLeader/OffsetForLeaderEpoch", "alice", "bob", TOPIC_DENIED, lambda c: pb.OffsetForLeaderEpochRequest(
             topics=[pb.OffsetForLeaderTopic(topic=c["topic"], partitions=[pb.OffsetForLeaderPartition(
                 partition=0, current_leader_epoch=-1, leader_epoch=0)])])),

@@ -189,7 +189,7 @@ GRPC_SINGLE = {
     "Cluster/AlterUserScramCredentials", "Cluster/DescribeUserScramCredentials", "Cluster/DescribeClientQuotas",
     "Cluster/AlterClientQuotas", "Cluster/SaslAuthenticate", "Cluster/DescribeFeatures", "Cluster/UpdateFeatures",
     "PartitionLeader/CoordinatorProduce",
-    "PartitionLeader/WriteTxnMarkers", "TransactionCoordinator/VerifyProducerId", "GroupCoordinator/JoinGroup",
+    "PartitionLeader/WriteTxnMarkers", "PartitionLeader/TxnPartitionsAdded", "TransactionCoordinator/VerifyProducerId", "GroupCoordinator/JoinGroup",
     "GroupCoordinator/SyncGroup", "GroupCoordinator/Heartbeat", "GroupCoordinator/LeaveGroup", "Tunnel/Calls",
     "Tunnel/Batches", "Tunnel/Attach", "Client/Calls", "Client/Attach",
 }

@@ -176,6 +176,7 @@ _CHECKS: dict[str, Callable[[Any, str], list[Check]]] = {
     "PartitionLeader/Fetch": _fetch,
     "PartitionLeader/ListOffsets": lambda r, p: _topics((t.name for t in r.topics), Op.DESCRIBE),
     "PartitionLeader/WriteTxnMarkers": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
+    "PartitionLeader/TxnPartitionsAdded": lambda r, p: [cluster(Op.CLUSTER_ACTION)],
     "PartitionLeader/OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "PartitionLeader/DescribeProducers": lambda r, p: _topics((t.topic for t in r.topics), Op.READ),
     "PartitionLeader/DeleteRecords": lambda r, p: _topics((t.name for t in r.topics), Op.DELETE),

@@ -664,7 +664,8 @@ class QuotaStore:
 
 # Calls between the services themselves: never throttled (Kafka exempts inter-broker
 # requests; replica fetches are recognised by their replica_id).
-INTERNAL_METHODS = frozenset({"PartitionLeader/CoordinatorProduce", "PartitionLeader/WriteTxnMarkers"})
+INTERNAL_METHODS = frozenset({"PartitionLeader/CoordinatorProduce", "PartitionLeader/WriteTxnMarkers",
+                              "PartitionLeader/TxnPartitionsAdded"})
 PRODUCE_METHOD, FETCH_METHOD = "PartitionLeader/Produce", "PartitionLeader/Fetch"
 
 

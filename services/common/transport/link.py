@@ -259,7 +259,8 @@ class _Frames:
             self._idle.close()
             raise
         calls = _parse_calls(body)
-        self.calls += len(calls.calls) if isinstance(calls, pb.TunneledCalls) else 1
+        # One-way calls are answered by nothing: they keep no link from going idle.
+        self.calls += sum(not c.one_way for c in calls.calls) if isinstance(calls, pb.TunneledCalls) else 1
         return calls
 
 
@@ -588,6 +589,16 @@ class LinkStream:
         body = message.SerializeToString()
         writer.write(_HEADER.pack(len(body)) + body)
         await writer.drain()
+
+    def write_nowait(self, message: pb.TunneledCalls) -> bool:
+        """Write `message` at once when the link is set up and its socket took everything
+        written before (nothing is buffered); False, writing nothing, otherwise."""
+        writer = self._writer
+        if not self.ready or self._cancelled or writer is None or writer.transport.get_write_buffer_size():
+            return False
+        body = message.SerializeToString()
+        writer.write(_HEADER.pack(len(body)) + body)
+        return True
 
     def __aiter__(self):
         return self._replies()

@@ -36,6 +36,7 @@ _TRANSPORT_CODES = {
 
 _COORDINATOR_PRODUCE = method_path("PartitionLeader", "CoordinatorProduce")
 _WRITE_TXN_MARKERS = method_path("PartitionLeader", "WriteTxnMarkers")
+_TXN_PARTITIONS_ADDED = method_path("PartitionLeader", "TxnPartitionsAdded")
 _FETCH = method_path("PartitionLeader", "Fetch")
 _LIST_OFFSETS = method_path("PartitionLeader", "ListOffsets")
 
@@ -210,6 +211,11 @@ class ClusterClient:
                                                         timeout_s)
         except grpc.RpcError as exc:
             return transport_error_code(exc)
+
+    def txn_partitions_added(self, node: NodeInfo, request: pb.TxnPartitionsAddedRequest) -> None:
+        """Tell one partition leader, one way (TunnelChannel.notify), that partitions it
+        leads are in a producer's ongoing transaction."""
+        self.tunnel(node.address).notify(_TXN_PARTITIONS_ADDED, request)
 
     async def close(self) -> None:
         for t in self._tunnels.values():

@@ -93,6 +93,9 @@ _STREAM_METHODS = frozenset((TUNNEL_METHOD, method_path("Tunnel", "Batches"), AT
 # The schema's defaults of exactly.tunnel.max.in.flight.calls and exactly.tunnel.max.queued.replies.
 DEFAULT_MAX_IN_FLIGHT = ServiceSchema.model_fields["tunnel_max_in_flight_calls"].default
 DEFAULT_MAX_QUEUED = ServiceSchema.model_fields["tunnel_max_queued_replies"].default
+# How long a one-way call (TunnelChannel.notify) may wait to be written when the link is
+# not free at once (s): about a unary call's own bound between services.
+NOTICE_TIMEOUT_S = 10.0
 
 
 
@@ -371,11 +374,22 @@ class TunnelServicer(pbg.TunnelServicer):
                         continue
                     # A message's calls take a slot each: the ones past the bound wait,
                     # read but not started, and the stream reads nothing more meanwhile.
-                    for i, call in enumerate(message.calls):
-                        if i:
+                    # A one-way call (a notice) runs here, in order with the stream's
+                    # other calls and before the next message is read, and is answered
+                    # by nothing: its handler must be quick.
+                    waited = False
+                    for call in message.calls:
+                        if call.one_way:
+                            try:
+                                await self._one(call, context)
+                            except Exception:  # noqa: BLE001 - nobody to answer; the stream serves on
+                                log.exception("one-way %s failed", call.method)
+                            continue
+                        if waited:
                             await slot(first=False)
+                        waited = True
                         start(call)
-                    if not message.calls:
+                    if not waited:
                         slots.release()
                 if running:
                     await asyncio.gather(*running, return_exceptions=True)
@@ -522,6 +536,7 @@ class TunnelChannel:
         self._outbox: list[pb.TunneledCall] = []
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
+        self._notices: set[asyncio.Task] = set()  # one-way calls waiting to be written
 
     @property
     def batched(self) -> bool:
@@ -661,6 +676,33 @@ class TunnelChannel:
                 self._abandon(stream, f"nothing read on the link for {LINK_SILENCE_S:.0f} s")
             raise TunnelError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {timeout_s} s") from None
 
+    def notify(self, method: str, request: Any) -> None:
+        """Send `request` to unary `method` (full path) one way: the callee runs it and
+        answers nothing (TunneledCall.one_way), and nothing here waits or learns whether
+        it arrived, so it suits a notice whose loss costs only a later call. Written at
+        once when the link is set up and idle (it goes before whatever the caller writes
+        next, e.g. its own client's answer); otherwise queued as calls are, in a task
+        bounded by NOTICE_TIMEOUT_S. Nothing is sent on a channel that is not batched
+        (a peer without Batches has no one-way calls)."""
+        if not self._batched:
+            return
+        call = pb.TunneledCall(correlation_id=next(self._ids), method=method,
+                               request=request.SerializeToString(), one_way=True)
+        stream = self._stream
+        if isinstance(stream, LinkStream) and not self._outbox and not self._write_lock.locked() \
+                and stream.write_nowait(pb.TunneledCalls(calls=[call])):
+            return
+        task = asyncio.get_running_loop().create_task(self._notify_later(call))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    async def _notify_later(self, call: pb.TunneledCall) -> None:
+        try:
+            async with asyncio.timeout(NOTICE_TIMEOUT_S):
+                await self._send_batched(call, None)
+        except (TimeoutError, grpc.RpcError, LinkError, ConnectionError, OSError) as exc:
+            log.debug("one-way %s not sent: %r", call.method, exc)
+
     async def _call(self, method: str, request: Any, response_class: type) -> Any:
         correlation_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
@@ -704,7 +746,8 @@ class TunnelChannel:
         # message. A call another's write sent finds nothing to do; the holder writes
         # until its own call is sent (the lock serves its waiters in order, so the calls
         # queued ahead of it were taken before its turn: one write at most).
-        self._pending[call.correlation_id] = future
+        if future is not None:  # None: a one-way call (notify), answered by nothing
+            self._pending[call.correlation_id] = future
         self._outbox.append(call)
         try:
             async with self._write_lock:
@@ -712,7 +755,8 @@ class TunnelChannel:
                     stream = self._open()
                     batch = self._take()
                     for taken in batch:
-                        self._sent[taken.correlation_id] = stream
+                        if not taken.one_way:
+                            self._sent[taken.correlation_id] = stream
                     try:
                         await stream.write(pb.TunneledCalls(calls=batch))
                     except asyncio.CancelledError:

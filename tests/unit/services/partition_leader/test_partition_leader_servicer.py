@@ -146,6 +146,10 @@ def test_read_committed_fetch_waits_for_the_marker(manager):
         assert mresp.markers[0].producer_id == 9
         assert codes == {1: ErrorCode.NONE, 2: ErrorCode.NOT_LEADER_OR_FOLLOWER,
                          7: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        # A transaction version 1 marker (0 here, as a Kafka client's): where a notice of the
+        # producer's next transaction verifies it, for the partition that took the marker only.
+        assert [(t.topic, [(q.partition, q.offset) for q in t.partitions])
+                for t in mresp.markers[0].verifiable_from] == [("a", [(1, 3)])]
         part = (await waiting).responses[0].partitions[0]
         assert part.last_stable_offset == 3
         assert [(a.producer_id, a.first_offset) for a in part.aborted_transactions] == [(9, 0)]

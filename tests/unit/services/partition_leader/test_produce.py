@@ -114,3 +114,54 @@ def test_the_size_is_checked_once_by_the_write_path(manager):
     assert res.error == ErrorCode.MESSAGE_TOO_LARGE and manager.hosted.replicas[TP].log_end_offset == 0
     assert manager.hosted.replicas[TP].append(valid(big)).error == ErrorCode.NONE
     assert isinstance(ValidatedBatch.check(big), ValidatedBatch)
+
+
+# ------------------------------------------------------------ TxnPartitionsAdded
+def _first_batch(manager, seq: int):
+    async def main():
+        [res] = await append_records(manager, -1, [ProduceEntry("r", 0, make_batch(1, pid=9, seq=seq, txn=True))],
+                                     transactional_id="tx")
+        return res
+    return asyncio.run(main())
+
+
+def _marker(manager, coordinator_epoch: int = 2):
+    from services.partition_leader.produce import MarkerEntry
+    [[res]] = asyncio.run(manager.write_markers([MarkerEntry(9, 0, True, coordinator_epoch, (TP,), 1)]))
+    assert res.error == ErrorCode.NONE, res
+    return res
+
+
+def test_a_noticed_add_verifies_the_first_batch_without_asking_until_the_pids_next_marker(manager):
+    """The coordinator's notice, with the position this leader gave after the PID's last
+    marker, stands as the verification of the next transaction's first batch: appended
+    with no call. Once that transaction's marker is written, the notice is spent: the
+    following transaction's first batch is asked about."""
+    verifier, p = manager.hosted.verifier, manager.hosted.replicas[TP]
+    marker = _marker(manager)
+    assert manager.note_txn_partition_added("tx", 9, 0, 2, "r", 0, marker.leader_epoch, marker.offset + 1)
+    assert _first_batch(manager, 0).error == ErrorCode.NONE and verifier.verifies == []
+    marker = _marker(manager)
+    assert _first_batch(manager, 1).error == ErrorCode.NONE and verifier.verifies == [("tx", 9, 0, "r", 0)]
+    assert p.log_end_offset == 4
+
+
+@pytest.mark.parametrize("case", ["another leader epoch", "beyond the log end", "an older coordinator epoch",
+                                  "a negative offset", "another transactional.id"])
+def test_a_notice_that_cannot_be_trusted_is_not_noted_and_the_batch_is_asked_about(manager, case):
+    verifier = manager.hosted.verifier
+    marker = _marker(manager, coordinator_epoch=2)
+    tid, epoch, offset, coordinator_epoch = "tx", marker.leader_epoch, marker.offset + 1, 2
+    if case == "another leader epoch":
+        epoch += 1
+    elif case == "beyond the log end":
+        offset = 1000
+    elif case == "an older coordinator epoch":
+        coordinator_epoch = 1
+    elif case == "a negative offset":
+        offset = -1
+    else:
+        tid = "other"
+    noted = manager.note_txn_partition_added(tid, 9, 0, coordinator_epoch, "r", 0, epoch, offset)
+    assert noted is (case == "another transactional.id")  # noted under its own id, never used for "tx"
+    assert _first_batch(manager, 0).error == ErrorCode.NONE and verifier.verifies == [("tx", 9, 0, "r", 0)]

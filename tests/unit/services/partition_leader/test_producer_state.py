@@ -373,3 +373,48 @@ def test_a_guard_dropped_by_a_marker_is_replaced_by_a_new_verification(state):
     new = state.verification_guard(PID, 6)
     assert new is not old and new.producer_epoch == 6
     assert state.check_append(_verified_first_batch(6), new).error == ErrorCode.NONE
+
+
+# ------------------------------------------------------------ TxnPartitionsAdded notices
+def test_a_noted_add_verifies_until_a_marker_of_the_pid_is_appended_at_or_above_its_offset(state, drive):
+    """A notice stands as the verification of the PID's first batch at its epoch and id,
+    like an answered question whose guard no marker dropped: any marker of the PID at or
+    above the notice's offset (the transaction it spoke of ended here) undoes it."""
+    drive.marker(PID, 0, True)          # the previous transaction's marker, offset 0
+    state.note_added("t", PID, 0, 1)    # the coordinator's notice: from the offset after it
+    assert state.added_verifies("t", PID, 0)
+    assert not state.added_verifies("other", PID, 0)   # another transactional.id: asked
+    assert not state.added_verifies("t", PID, 1)       # another epoch: asked
+    assert not state.added_verifies("t", PID + 1, 0)   # another PID: asked
+    drive.marker(PID, 0, False)         # the transaction ended (offset 1): the notice is spent
+    assert not state.added_verifies("t", PID, 0) and PID not in state.added
+
+
+def test_a_notice_that_arrives_after_the_marker_it_should_precede_does_not_verify(state, drive):
+    """A delayed notice of a transaction that already ended here (its marker was appended
+    at or above the notice's offset) is refused: the batch is asked about instead."""
+    drive.marker(PID, 0, True)          # offset 0
+    drive.marker(PID, 0, True)          # the noticed transaction's own marker, offset 1
+    state.note_added("t", PID, 0, 1)    # its notice, from offset 1, arrives late
+    assert not state.added_verifies("t", PID, 0)
+
+
+def test_a_notice_below_what_the_state_knows_of_markers_does_not_verify(state):
+    """Producer state loaded from a snapshot knows markers only from its offset on: a
+    notice from before that may hide a marker, so it is not trusted."""
+    state.markers_known_from = 10
+    state.note_added("t", PID, 0, 5)
+    assert not state.added_verifies("t", PID, 0)
+    state.note_added("t", PID, 0, 10)
+    assert state.added_verifies("t", PID, 0)
+
+
+def test_notices_are_bounded_and_expire_with_their_pid(state, drive, clock):
+    from services.partition_leader import producer_state
+    for pid in range(producer_state.MAX_ADDED_NOTICES + 5):
+        state.note_added("t", pid, 0, 0)
+    assert len(state.added) == producer_state.MAX_ADDED_NOTICES and 0 not in state.added
+    drive.produce(1, pid=PID, epoch=0, seq=0)
+    state.note_added("t", PID, 0, 0)
+    clock.advance(state.expiration_ms)
+    assert PID in state.expire() and PID not in state.added

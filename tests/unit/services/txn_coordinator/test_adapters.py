@@ -256,3 +256,57 @@ def test_merged_batches_stay_below_the_size_bound():
     assert [(p, members) for p, _, members in merged] == [(0, [0, 1]), (0, [2, 3]), (0, [4])]
     assert merged[2][1] == entries[4][1]
     assert [r.key for r in records.decode_records(merged[1][1])] == [b"t2", b"t3"]
+
+
+class PositionsClient(Client):
+    """Answers every marker with the leader's position after it (leader epoch 3, offset
+    100 + pid) and records each TxnPartitionsAdded notice."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate.set()
+        self.notices: list[tuple[str, pb.TxnPartitionsAddedRequest]] = []
+
+    async def write_txn_markers(self, node, request, timeout_s):
+        resp = await super().write_txn_markers(node, request, timeout_s)
+        for m, r in zip(request.markers, resp.markers):
+            for t in m.topics:
+                r.verifiable_from.add(topic=t.topic, partitions=[
+                    pb.PartitionPosition(partition=p, leader_epoch=3, offset=100 + m.producer_id) for p in t.partitions])
+        return resp
+
+    def txn_partitions_added(self, node, request):
+        self.notices.append((node.node_id, request))
+
+
+def test_a_marker_answers_positions_and_an_add_tells_each_leader_of_its_partitions_once():
+    """The positions a leader gives in its WriteTxnMarkers answer go with the PID's next
+    add, one notice per leader; a partition without a position (no marker answered it)
+    is left out, and so is a leader with none."""
+    async def scenario():
+        client = PositionsClient()
+        writer = ClusterMarkerWriter(Cluster(), client)
+        await writer.write(marker(7, ("a", 0), ("b", 0)))  # both on pl-0
+        writer.partitions_added("t", 7, 1, 5, [("a", 0), ("b", 0), ("a", 1)])  # ("a", 1): no position
+        assert [node for node, _ in client.notices] == ["pl-0"]
+        req = client.notices[0][1]
+        assert (req.transactional_id, req.producer_id, req.producer_epoch, req.coordinator_epoch) == ("t", 7, 1, 5)
+        assert {(t.topic, p.partition, p.leader_epoch, p.offset) for t in req.topics for p in t.partitions} == \
+            {("a", 0, 3, 107), ("b", 0, 3, 107)}
+        writer.partitions_added("t", 8, 1, 5, [("a", 0)])  # another PID: no position
+        assert len(client.notices) == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_positions_kept_are_bounded_least_recently_written_first():
+    async def scenario():
+        client = PositionsClient()
+        writer = ClusterMarkerWriter(Cluster(), client, max_positions=2)
+        for pid in (1, 2, 3):
+            await writer.write(marker(pid, ("a", 0)))
+        assert list(writer.positions) == [(2, ("a", 0)), (3, ("a", 0))]
+        await writer.write(marker(2, ("a", 0)))  # written again: now the most recent
+        assert list(writer.positions) == [(3, ("a", 0)), (2, ("a", 0))]
+
+    asyncio.run(scenario())

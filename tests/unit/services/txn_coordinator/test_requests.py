@@ -414,3 +414,32 @@ def test_transaction_version_round_trips_through_the_log_and_defaults_to_2():
     assert txn_log.decode_value(txn_log.encode_value(transit)).transaction_version == 1
     older = txn_log.encode_value(TxnTransitMetadata(5, -1, 3, 2, 60000, S.EMPTY, frozenset(), -1, 20))
     assert txn_log.decode_value(older).transaction_version == 2
+
+
+def test_an_add_of_a_transaction_version_1_producer_tells_the_leaders_once_appended():
+    """After its first EndTxn below v5 the producer is a transaction version 1 one: each
+    AddPartitionsToTxn appended tells the leaders of its data partitions (not the internal
+    topics', not a version 2 producer's, not an add refused), with the producer's PID and
+    epoch and the coordinator epoch of its partition."""
+    async def scenario():
+        h = Harness()
+        await h.elect(coordinator_epoch=4)
+        pid, epoch = await h.begin("t")
+        assert h.markers.added == []  # a new producer is taken for a version 2 one
+        assert (await h.coord.end_txn("t", pid, epoch, True, transaction_version=1)).error == E.NONE
+        await h.settle()
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch, [("orders", 1), ("payments", 0)])
+        assert set(res.values()) == {E.NONE}
+        assert h.markers.added == [("t", pid, epoch, 4, frozenset({("orders", 1), ("payments", 0)}))]
+        # Refused (another epoch): nothing told.
+        res = await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)])
+        assert set(res.values()) == {E.PRODUCER_FENCED} and len(h.markers.added) == 1
+        # A version 2 producer (its last EndTxn v5): its leaders add its partitions themselves.
+        pid2, epoch2 = await h.begin("u")
+        end = await h.coord.end_txn("u", pid2, epoch2, True)
+        await h.settle()
+        assert set((await h.coord.add_partitions_to_txn("u", pid2, end.producer_epoch,
+                                                         [("orders", 0)])).values()) == {E.NONE}
+        assert len(h.markers.added) == 1
+
+    run(scenario())

@@ -162,6 +162,7 @@ class FakeMarkers:
         self.errors: dict[tuple[str, int], int] = {}
         self.gate: asyncio.Event | None = None
         self.held = asyncio.Event()  # set once a write waits at the gate
+        self.added: list[tuple] = []  # partitions_added calls
 
     async def write(self, marker: TxnMarker) -> dict[tuple[str, int], int]:
         if self.gate is not None:
@@ -178,6 +179,9 @@ class FakeMarkers:
                 out[tp] = ErrorCode.NONE
                 self.written.append((marker, tp))
         return out
+
+    def partitions_added(self, transactional_id, producer_id, producer_epoch, coordinator_epoch, partitions):
+        self.added.append((transactional_id, producer_id, producer_epoch, coordinator_epoch, frozenset(partitions)))
 
     def written_for(self, producer_id: int) -> list[tuple[TxnMarker, tuple[str, int]]]:
         return [(m, tp) for m, tp in self.written if m.producer_id == producer_id]

@@ -51,6 +51,8 @@ NOT_RESOURCES = {
     ("OffsetForLeaderEpochRequest", "replica_id"): "only that replica's own principal, with ClusterAction",
     ("VerifyProducerIdRequest", "principal"): "ClusterAction", ("VerifyProducerIdRequest", "transactional_id"):
         "ClusterAction",
+    ("TxnPartitionsAddedRequest", "transactional_id"): "ClusterAction",
+    ("TopicPartitionPositions", "topic"): "ClusterAction (TxnPartitionsAdded)",
     ("TunneledCall", "method"): "each tunneled call runs the method's own checks",
     ("DescribeConfigsResource", "configuration_keys"): "config keys", ("AlterableConfig", "name"): "a config key",
     ("AlterableConfig", "value"): "a config value", ("ListTransactionsRequest", "state_filters"): "states",

@@ -529,3 +529,24 @@ def test_a_link_counts_against_its_principals_bound_while_it_is_admitted():
         finally:
             await link.stop()
     asyncio.run(body())
+
+
+def test_one_way_calls_on_a_link_run_at_once_and_do_not_hold_it_open():
+    """A notice on a set-up link is written by notify() itself (before anything the
+    caller writes next) and run by the callee; answered by nothing, it does not count as
+    a call in flight, so the link still closes once idle."""
+    from .test_tunnel import TXN_PARTITIONS_ADDED, _Noticed
+    async def body():
+        async with _cluster(_Noticed(), idle_s=0.3) as c:
+            tunnel = _tunnel(c)
+            await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5)
+            assert tunnel.linked
+            tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=3))
+            assert not tunnel._notices  # written at once, not queued in a task
+            await asyncio.wait_for(c.leader.noticed.wait(), 5)
+            assert c.leader.notices == [3]
+            await wait_for_async(lambda: c.link.refused == {"connections.max.idle.ms": 1}, 5,
+                                 "the link closed once idle")
+            assert c.link.held_idle == 0
+            await tunnel.close()
+    asyncio.run(body())

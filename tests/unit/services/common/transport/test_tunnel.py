@@ -431,3 +431,59 @@ def test_a_batches_message_stays_within_its_byte_bound_whatever_is_ready():
             await tunnel.close()
         await server.stop(0)
     asyncio.run(body())
+
+
+class _Noticed(Leader):
+    """Leader whose TxnPartitionsAdded records each notice, in order, beside ListOffsets."""
+
+    def __init__(self):
+        super().__init__()
+        self.notices: list[int] = []
+        self.noticed = asyncio.Event()
+
+    async def TxnPartitionsAdded(self, request, context):
+        self.notices.append(request.producer_id)
+        self.noticed.set()
+        return pb.TxnPartitionsAddedResponse()
+
+
+TXN_PARTITIONS_ADDED = method_path("PartitionLeader", "TxnPartitionsAdded")
+
+
+def test_a_one_way_call_runs_in_order_and_is_answered_by_nothing():
+    """notify(): the callee runs the call before the calls written after it, and no reply
+    comes back (no message sent for it, nothing pending at the caller); calls still get
+    their answers, and the stream's in-flight count returns to zero."""
+    async def body():
+        leader = _Noticed()
+        server, address, servicer = await _serving(leader)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5)  # the stream is open
+            sent_before = servicer.messages_sent
+            for pid in range(5):
+                tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=pid))
+            reply = await tunnel.call(LIST_OFFSETS, _request("t", 2), pb.ListOffsetsResponse, 5)
+            assert reply.topics[0].partitions[0].offset == 20
+            assert leader.notices == [0, 1, 2, 3, 4]  # all ran, in order, before the call after them
+            assert servicer.messages_sent - sent_before == 1  # the call's answer only
+            assert not tunnel._pending and not tunnel._sent and servicer.in_flight == 0
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(body())
+
+
+def test_a_channel_without_batches_sends_no_one_way_call():
+    """Towards a peer of a version without Batches (its calls one to a message, each
+    answered) a notice is not sent at all."""
+    async def body():
+        leader = _Noticed()
+        server, address, _ = await _serving(leader, only_calls=True)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel, batched=False)
+            tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=7))
+            await tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5)
+            assert leader.notices == [] and not tunnel._notices
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(body())
