@@ -293,6 +293,11 @@ class ProducerStateManager:
         if len(added) > MAX_ADDED_NOTICES:
             del added[next(iter(added))]
 
+    def latest_marker_before(self, producer_id: int, offset: int) -> bool:
+        """Whether the PID's latest marker known here is at `offset` - 1 (within what the
+        state knows of markers): a TxnPartitionsAdded position given after that marker."""
+        return offset - 1 >= self.markers_known_from and self.last_markers.get(producer_id) == offset - 1
+
     def added_verifies(self, transactional_id: str, producer_id: int, producer_epoch: int) -> bool:
         """Whether a TxnPartitionsAdded stands as the KIP-890 verification of a batch of
         `producer_id` at `producer_epoch` under `transactional_id`: noted for that id and

@@ -113,14 +113,19 @@ class ReplicaManager:
                                  offset: int) -> bool:
         """TxnPartitionsAdded for one partition (see ProducerStateManager.note_added):
         noted only on a replica led here in `leader_epoch` whose log reaches `offset`, for
-        a PID whose markers came from no later coordinator epoch. Returns whether it was
-        noted; a notice not noted costs the producer's first batch a verification call."""
+        a PID whose markers came from no later coordinator epoch and whose latest marker
+        here is the one right before `offset` (the position names this log's own marker:
+        not one of a deleted topic of the same name, nor one that a later marker
+        superseded). Returns whether it was noted; a notice not noted costs the producer's
+        first batch a verification call."""
         p, _ = self.hosted.leader_replica(topic, partition)
         if p is None or p.leader_epoch != leader_epoch or not 0 <= offset <= p.log.log_end_offset \
                 or producer_id < 0 or p.producers.internal:
             return False
         entry = p.producers.entry(producer_id)
         if entry is not None and entry.coordinator_epoch > coordinator_epoch:
+            return False
+        if not p.producers.latest_marker_before(producer_id, offset):
             return False
         p.producers.note_added(transactional_id, producer_id, producer_epoch, offset)
         return True

@@ -669,6 +669,12 @@ INTERNAL_METHODS = frozenset({"PartitionLeader/CoordinatorProduce", "PartitionLe
 PRODUCE_METHOD, FETCH_METHOD = "PartitionLeader/Produce", "PartitionLeader/Fetch"
 
 
+def exempt(method: str, request) -> bool:
+    """Whether a call is one between the services themselves (INTERNAL_METHODS, or a
+    replica's fetch): never throttled, and never held for its principal's mute."""
+    return method in INTERNAL_METHODS or bool(getattr(request, "replica_id", ""))
+
+
 def grpc_client_id(metadata) -> str:
     """The SDK's `client.id`, from the gRPC user agent it sends ("exactly/<client.id> grpc-...");
     "" for other clients."""
@@ -688,7 +694,7 @@ def throttle_request(manager: QuotaManager, principal: str, client_id: str, meth
     `method`: "Service/Method" (authz.method_key); byte counts default to the
     messages' serialized sizes."""
     overhead = manager.overhead.add(elapsed_s)
-    if method in INTERNAL_METHODS or getattr(request, "replica_id", ""):
+    if exempt(method, request):
         return 0
     throttle = manager.record_request_time(principal, client_id, elapsed_s + overhead)
     if method == PRODUCE_METHOD:
@@ -771,7 +777,7 @@ class QuotaInterceptor(grpc.aio.ServerInterceptor):
         client_id = grpc_client_id(context.invocation_metadata() if context is not None else ())
         if (bad := client_id_error(client_id)) is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"INVALID_REQUEST: {bad}")
-        if manager is None:
+        if manager is None or exempt(method, request):
             return None
         left_ms = await _hold(manager, principal, client_id, context)
         if left_ms <= 0:

@@ -537,6 +537,7 @@ class TunnelChannel:
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._notices: set[asyncio.Task] = set()  # one-way calls waiting to be written
+        self._closed = False
 
     @property
     def batched(self) -> bool:
@@ -684,7 +685,7 @@ class TunnelChannel:
         next, e.g. its own client's answer); otherwise queued as calls are, in a task
         bounded by NOTICE_TIMEOUT_S. Nothing is sent on a channel that is not batched
         (a peer without Batches has no one-way calls)."""
-        if not self._batched:
+        if not self._batched or self._closed:
             return
         call = pb.TunneledCall(correlation_id=next(self._ids), method=method,
                                request=request.SerializeToString(), one_way=True)
@@ -774,6 +775,11 @@ class TunnelChannel:
                     except LinkError as exc:
                         self._abandon(stream, str(exc), self._link_failed(exc))
                     except (grpc.RpcError, asyncio.InvalidStateError, ConnectionError, OSError) as exc:
+                        if not isinstance(stream, LinkStream) and stream.done():
+                            # The stream already ended (e.g. refused UNIMPLEMENTED by a peer
+                            # without Batches): its reader fails, or sends again, the calls
+                            # written on it, these included.
+                            continue
                         self._abandon(stream, f"the tunnel broke: {exc}",
                                       self._broken(exc, True) if isinstance(exc, grpc.RpcError) else None)
         except asyncio.CancelledError:
@@ -792,6 +798,11 @@ class TunnelChannel:
         return batch
 
     async def close(self) -> None:
+        self._closed = True
+        if self._notices:  # not written yet: never (they would open a stream after the close)
+            for task in self._notices:
+                task.cancel()
+            await asyncio.gather(*self._notices, return_exceptions=True)
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)

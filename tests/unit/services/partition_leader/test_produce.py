@@ -147,12 +147,20 @@ def test_a_noticed_add_verifies_the_first_batch_without_asking_until_the_pids_ne
 
 
 @pytest.mark.parametrize("case", ["another leader epoch", "beyond the log end", "an older coordinator epoch",
-                                  "a negative offset", "another transactional.id"])
+                                  "a negative offset", "another transactional.id", "not after a marker",
+                                  "after a marker since superseded"])
 def test_a_notice_that_cannot_be_trusted_is_not_noted_and_the_batch_is_asked_about(manager, case):
+    """Each part of a notice is checked against the leader's own state; a position must
+    name this log's latest marker of the PID (a position of a deleted topic of the same
+    name, or one a later marker superseded, is not noted)."""
     verifier = manager.hosted.verifier
     marker = _marker(manager, coordinator_epoch=2)
     tid, epoch, offset, coordinator_epoch = "tx", marker.leader_epoch, marker.offset + 1, 2
-    if case == "another leader epoch":
+    if case == "not after a marker":
+        offset = marker.offset
+    elif case == "after a marker since superseded":
+        _marker(manager, coordinator_epoch=2)
+    elif case == "another leader epoch":
         epoch += 1
     elif case == "beyond the log end":
         offset = 1000

@@ -432,3 +432,31 @@ def test_a_held_call_whose_deadline_comes_first_is_answered_throttled_unhandled(
                                                            Context()))
     assert response.topics[0].partitions[0].error_code == 89  # THROTTLING_QUOTA_EXCEEDED
     assert response.throttle_time_ms >= manager.muted_ms("User:mallory", "") - 1
+
+
+@pytest.mark.parametrize("method", ["PartitionLeader/CoordinatorProduce", "PartitionLeader/WriteTxnMarkers",
+                                    "PartitionLeader/TxnPartitionsAdded"])
+def test_a_muted_principals_calls_between_services_are_not_held(method):
+    """Calls between services are exempt (Kafka exempts inter-broker requests): a mute
+    of their principal (all User:ANONYMOUS without authentication) holds them no more
+    than it throttles them, so a one-way notice, run as its stream reads it, never
+    stalls the stream."""
+    import asyncio
+
+    from services.common.security.quotas import QuotaInterceptor
+
+    clock = MockTime()
+    manager = QuotaManager(clock=clock.now_ms, overhead=_fixed_overhead())
+    manager.set_configs({QuotaEntity("ANONYMOUS", None): {PRODUCER_BYTE_RATE: 100.0}})
+    manager.record("User:ANONYMOUS", "", PRODUCER_BYTE_RATE, 10_000)
+    assert manager.muted_ms("User:ANONYMOUS", "") > 0
+
+    class Context:
+        def invocation_metadata(self):
+            return []
+
+        def time_remaining(self):
+            return 30.0  # a held call would wait out the mute
+
+    gate = QuotaInterceptor(manager)
+    assert asyncio.run(asyncio.wait_for(gate.admit("User:ANONYMOUS", method, None, Context()), 1)) is None

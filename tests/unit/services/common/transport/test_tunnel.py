@@ -487,3 +487,45 @@ def test_a_channel_without_batches_sends_no_one_way_call():
             await tunnel.close()
         await server.stop(0)
     asyncio.run(body())
+
+
+def test_a_notice_written_as_the_peer_refuses_batches_leaves_the_calls_to_the_downgrade():
+    """Towards a peer without Batches: a notice written after its refusal arrived, before
+    the channel's reader took it, fails to write; the call on that stream is still sent
+    again on Calls and answered (the ended stream is its reader's to fail), not failed
+    UNAVAILABLE."""
+    async def body():
+        leader = _Noticed()
+        server, address, _ = await _serving(leader, only_calls=True)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            call = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 1), pb.ListOffsetsResponse, 5))
+            for _ in range(100_000):  # until the Batches stream ended, its reader not yet run
+                await asyncio.sleep(0)
+                if tunnel._stream is not None and tunnel._stream.done():
+                    break
+            assert tunnel.batched, "the reader took the refusal first: the window was missed"
+            tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=7))
+            notices = set(tunnel._notices)
+            assert (await call).topics[0].partitions[0].offset == 10 and not tunnel.batched
+            outcomes = await asyncio.gather(*notices, return_exceptions=True)
+            assert not any(isinstance(r, BaseException) for r in outcomes), outcomes
+            await tunnel.close()
+        await server.stop(0)
+    asyncio.run(body())
+
+
+def test_a_notice_queued_at_close_is_dropped_and_opens_no_stream():
+    async def body():
+        leader = _Noticed()
+        server, address, _ = await _serving(leader)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=9))  # queued: no stream yet
+            await tunnel.close()
+            tunnel.notify(TXN_PARTITIONS_ADDED, pb.TxnPartitionsAddedRequest(producer_id=10))  # after the close
+            await asyncio.sleep(0.2)  # what a stream opened meanwhile would have read
+            assert tunnel._stream is None and not tunnel._readers and not tunnel._notices
+            assert leader.notices == []
+        await server.stop(0)
+    asyncio.run(body())
