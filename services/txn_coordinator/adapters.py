@@ -183,34 +183,41 @@ class ClusterMarkerWriter:
         """Write `marker` to each of its partitions; returns an error code per
         partition (NONE when written and replicated, or the leader's / the transport's
         error, LEADER_NOT_AVAILABLE without a leader)."""
-        out: dict[TopicPartition, int] = {}
-        by_leader: dict[str, tuple[NodeInfo, list[TopicPartition]]] = {}
-        for tp in sorted(marker.partitions):
-            node = self._cluster.leader_of(*tp)
-            if node is None:
-                out[tp] = ErrorCode.LEADER_NOT_AVAILABLE
-            else:
-                by_leader.setdefault(node.node_id, (node, []))[1].append(tp)
+        by_leader, leaderless = self._by_leader(sorted(marker.partitions))
+        out: dict[TopicPartition, int] = {tp: ErrorCode.LEADER_NOT_AVAILABLE for tp in leaderless}
         results = await asyncio.gather(*(self._channel(node).submit(marker, tps)
                                          for node, tps in by_leader.values()))
         for part in results:
             out.update(part)
         return out
 
+    def _by_leader(self, partitions) -> tuple[dict[str, tuple[NodeInfo, list[TopicPartition]]],
+                                              list[TopicPartition]]:
+        """`partitions` grouped by their live leader (node id -> (node, partitions), in
+        the order given), and those without one."""
+        by_leader: dict[str, tuple[NodeInfo, list[TopicPartition]]] = {}
+        leaderless: list[TopicPartition] = []
+        for tp in partitions:
+            node = self._cluster.leader_of(*tp)
+            if node is None:
+                leaderless.append(tp)
+            else:
+                by_leader.setdefault(node.node_id, (node, []))[1].append(tp)
+        return by_leader, leaderless
+
     def partitions_added(self, transactional_id: str, producer_id: int, producer_epoch: int,
                          coordinator_epoch: int, partitions) -> None:
         """MarkerWriter.partitions_added: one TxnPartitionsAdded per leader, for the
         partitions whose leader gave a position for this PID (the others are asked
         about as before)."""
-        by_leader: dict[str, tuple[NodeInfo, dict[str, list[pb.PartitionPosition]]]] = {}
-        for tp in partitions:
-            position = self.positions.get((producer_id, tp))
-            node = self._cluster.leader_of(*tp) if position is not None else None
-            if node is None:
-                continue
-            by_leader.setdefault(node.node_id, (node, defaultdict(list)))[1][tp[0]].append(
-                pb.PartitionPosition(partition=tp[1], leader_epoch=position[0], offset=position[1]))
-        for node, topics in by_leader.values():
+        positions = {tp: self.positions[(producer_id, tp)] for tp in partitions
+                     if (producer_id, tp) in self.positions}
+        by_leader, _ = self._by_leader(positions)
+        for node, tps in by_leader.values():
+            topics: dict[str, list[pb.PartitionPosition]] = defaultdict(list)
+            for tp in tps:
+                epoch, offset = positions[tp]
+                topics[tp[0]].append(pb.PartitionPosition(partition=tp[1], leader_epoch=epoch, offset=offset))
             self._client.txn_partitions_added(node, pb.TxnPartitionsAddedRequest(
                 transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
                 coordinator_epoch=coordinator_epoch,

@@ -29,14 +29,13 @@ class IdleTimer:
     whether it was called since the last `arm`; `what`: the description of the wait
     given to the last `arm` (for `on_expiry`'s message)."""
 
-    __slots__ = ("_loop", "_on_expiry", "_deadline", "_handle", "_when", "expired", "what")
+    __slots__ = ("_loop", "_on_expiry", "_deadline", "_handle", "expired", "what")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_expiry: Callable[[], None]):
         self._loop = loop
         self._on_expiry = on_expiry
         self._deadline: float | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._when = 0.0
         self.expired = False
         self.what = ""
 
@@ -48,7 +47,7 @@ class IdleTimer:
         self.what = what
         if self._handle is None:
             self._schedule(deadline)
-        elif deadline < self._when:  # earlier than the handle's time (an authentication deadline)
+        elif deadline < self._handle.when():  # earlier than the handle's (an authentication deadline)
             self._handle.cancel()
             self._schedule(deadline)
 
@@ -65,7 +64,6 @@ class IdleTimer:
             self._handle = None
 
     def _schedule(self, when: float) -> None:
-        self._when = when
         self._handle = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:

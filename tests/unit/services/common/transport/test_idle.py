@@ -6,65 +6,83 @@ import pytest
 from services.common.transport.idle import IdleTimer, drain_within
 
 
-class _CountingLoop:
-    """The loop's call_at, counted (the timer handles the IdleTimer makes)."""
+class _Handle:
+    def __init__(self, when, callback):
+        self._when, self.callback, self.cancelled = when, callback, False
 
-    def __init__(self, loop):
-        self._loop = loop
+    def when(self):
+        return self._when
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _ManualLoop:
+    """The two loop methods IdleTimer uses, on a clock the test moves (`advance`), which
+    runs the callbacks that fall due; `scheduled` counts the handles made."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.handles: list[_Handle] = []
         self.scheduled = 0
 
     def time(self):
-        return self._loop.time()
+        return self.now
 
     def call_at(self, when, callback):
         self.scheduled += 1
-        return self._loop.call_at(when, callback)
+        handle = _Handle(when, callback)
+        self.handles.append(handle)
+        return handle
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        while due := [h for h in self.handles if not h.cancelled and h.when() <= self.now]:
+            for h in due:
+                self.handles.remove(h)
+                h.callback()
+
+    @property
+    def pending(self) -> int:
+        return sum(not h.cancelled for h in self.handles)
 
 
 def test_an_armed_deadline_expires_once_and_says_what_waited():
-    async def main():
-        loop = asyncio.get_running_loop()
-        fired = asyncio.Event()
-        calls = []
-        timer = IdleTimer(loop, lambda: (calls.append(timer.what), fired.set()))
-        timer.arm(loop.time() + 0.05, "no request")
-        await asyncio.wait_for(fired.wait(), 5)
-        assert calls == ["no request"] and timer.expired
-        await asyncio.sleep(0.1)  # nothing re-armed: no second expiry
-        assert calls == ["no request"]
-    asyncio.run(main())
+    loop = _ManualLoop()
+    calls = []
+    timer = IdleTimer(loop, lambda: calls.append(timer.what))
+    timer.arm(loop.time() + 0.05, "no request")
+    loop.advance(0.04)
+    assert calls == [] and not timer.expired
+    loop.advance(0.02)
+    assert calls == ["no request"] and timer.expired
+    loop.advance(10)  # nothing re-armed: no second expiry, no handle left
+    assert calls == ["no request"] and loop.pending == 0
 
 
 def test_a_busy_connection_never_expires_and_costs_one_handle_per_idle_period():
-    async def main():
-        loop = asyncio.get_running_loop()
-        counting = _CountingLoop(loop)
-        expired = []
-        timer = IdleTimer(counting, lambda: expired.append(True))
-        reads = 0
-        stop = loop.time() + 0.5
-        while loop.time() < stop:  # a read every ~1 ms against a 0.2 s deadline
-            timer.arm(loop.time() + 0.2, "no request")
-            await asyncio.sleep(0.001)
-            timer.disarm()
-            reads += 1
-        assert not expired and not timer.expired
-        # one handle at the first arm, then one each time it fired early and slept on
-        assert reads > 50 and counting.scheduled <= 5, (reads, counting.scheduled)
-        timer.close()
-    asyncio.run(main())
+    loop = _ManualLoop()
+    expired = []
+    timer = IdleTimer(loop, lambda: expired.append(True))
+    for _ in range(500):  # a read every 1 ms for 0.5 s against a 0.2 s deadline
+        timer.arm(loop.time() + 0.2, "no request")
+        loop.advance(0.001)
+        timer.disarm()
+    assert not expired and not timer.expired
+    # one handle at the first arm, then one each time it fired early and slept on
+    assert loop.scheduled == 3, loop.scheduled
+    timer.close()
+    assert loop.pending == 0
 
 
 def test_a_disarmed_timer_does_not_expire():
-    async def main():
-        loop = asyncio.get_running_loop()
-        expired = []
-        timer = IdleTimer(loop, lambda: expired.append(True))
-        timer.arm(loop.time() + 0.05)
-        timer.disarm()
-        await asyncio.sleep(0.15)
-        assert not expired and not timer.expired
-    asyncio.run(main())
+    loop = _ManualLoop()
+    expired = []
+    timer = IdleTimer(loop, lambda: expired.append(True))
+    timer.arm(loop.time() + 0.05)
+    timer.disarm()
+    loop.advance(0.15)  # the handle fires and finds nothing armed
+    assert not expired and not timer.expired and loop.pending == 0
 
 
 def test_an_earlier_deadline_than_the_handle_is_kept():
