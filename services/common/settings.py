@@ -335,8 +335,10 @@ class PartitionLeaderSchema(ServiceSchema):
                                            "follower fetch.", LOW, ge=1)
     replica_fetch_backoff_ms: int = setting("replica.fetch.backoff.ms", 200, "ms a follower waits after a "
                                             "failed fetch.", LOW, ge=0)
-    controller_sweep_interval_ms: int = setting("controller.sweep.interval.ms", 1000, "ms between the "
-                                                "controller's leader and ISR checks.", LOW, ge=10)
+    controller_sweep_interval_ms: int = setting("controller.sweep.interval.ms", 10000, "ms between the "
+                                                "controller's leader and ISR checks when no watch fired (a "
+                                                "backstop: each change of live processes, registrations, "
+                                                "topics or partition states starts one at once).", LOW, ge=10)
     transaction_partition_verification_enable: Bool = setting(
         "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
         "batch on a partition with its transaction coordinator.", MEDIUM)

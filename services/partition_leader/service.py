@@ -17,7 +17,7 @@ the log ones per topic):
     min.insync.replicas                               1 (topic config or process setting)
     replica.lag.time.max.ms                           10000
     replica.fetch.wait.max.ms / .max.bytes / .backoff.ms   500 / 1048576 / 200
-    controller.sweep.interval.ms                      1000
+    controller.sweep.interval.ms                      10000 (a backstop: watches start sweeps)
     retention.ms / log.retention.ms                   604800000 (-1: no limit)
     retention.bytes / log.retention.bytes             -1 (no limit)
     segment.ms / log.roll.ms                          604800000

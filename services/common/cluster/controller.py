@@ -10,8 +10,14 @@ also checks that znode's version, so a controller that was replaced (paused, or
 disconnected) cannot write anything any more. A process that restarts under the same
 node id replaces the controller znode its previous incarnation left behind.
 
-The controller sweeps all partitions at each change of live services or partition
-states (ZooKeeper watches) and every `controller.sweep.interval.ms` (1000):
+The controller sweeps all partitions at each change of live services, their
+registrations (a log directory gone offline), topics or partition states (ZooKeeper
+watches: ClusterState's listeners), at each change of its session or of its own
+znode, and every `controller.sweep.interval.ms` (10000) as a backstop. Nothing
+depends on that backstop but a lost watch: each sweep reads every partition's state,
+work a partition leader's event loop waits behind (the GIL), so it is not paid every
+second for nothing. A sweep whose write was refused runs again within
+RETRY_AFTER_REFUSAL_S:
 
 - Live replicas are the registered partition-leader processes whose log directory
   is not offline (KIP-112: a process that marked it failed counts as dead here);
@@ -44,6 +50,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = f"{ROOT}/controller"
 CONTROLLER_EPOCH = f"{ROOT}/controller_epoch"
+RETRY_AFTER_REFUSAL_S = 1.0  # a sweep that lost a compare-and-set runs again this soon (s)
 
 
 def plan_partition(replicas: Sequence[str], state: PartitionState,
@@ -73,7 +80,7 @@ def plan_partition(replicas: Sequence[str], state: PartitionState,
 class Controller:
     """Runs the controller election and, while elected, the sweeps, in a thread of
     its own (kazoo calls block). `start()` / `stop()`; `is_controller` for tests and
-    metrics. Settings: controller.sweep.interval.ms (1000)."""
+    metrics. Settings: controller.sweep.interval.ms (10000). `sweeps`: the sweeps made."""
 
     def __init__(self, cluster: ClusterState,
                  sweep_interval_ms: int = PartitionLeaderSchema.model_fields["controller_sweep_interval_ms"].default):
@@ -85,6 +92,7 @@ class Controller:
         self._epoch_version = -1
         self._event = threading.Event()
         self._stopped = threading.Event()
+        self.sweeps = 0
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -171,8 +179,12 @@ class Controller:
     def _still_controller(self) -> bool:
         if self.zk.state != KazooState.CONNECTED:
             return False
-        stat = self.zk.exists(CONTROLLER)
+        # Watched: the znode deleted or replaced starts the next pass at once.
+        stat = self.zk.exists(CONTROLLER, watch=self._wake)
         return stat is not None and stat.ephemeralOwner == self._session()
+
+    def _wake(self, _event=None) -> None:
+        self._event.set()
 
     def _lead(self) -> None:
         while not self._stopped.is_set():
@@ -180,8 +192,8 @@ class Controller:
                 log.warning("%s: no longer the controller", self.node_id)
                 return
             self._event.clear()
-            self.sweep()
-            self._event.wait(self.sweep_interval_s)
+            refused = self.sweep() is False
+            self._event.wait(min(self.sweep_interval_s, RETRY_AFTER_REFUSAL_S) if refused else self.sweep_interval_s)
             self._stopped.wait(0.02)  # coalesce bursts of watch events
 
     # ------------------------------------------------------------ sweeps
@@ -203,13 +215,15 @@ class Controller:
                 live[child] = stat.czxid
         return live
 
-    def sweep(self) -> int:
-        """Decide and write every partition's state once. Returns the writes made."""
+    def sweep(self) -> bool:
+        """Decide and write every partition's state once. Returns False when a write was
+        refused (its compare-and-set lost: decided again at the next sweep)."""
+        self.sweeps += 1
         live = self.live_replicas()
         parts = [(t.name, p, tuple(replicas)) for t in self.cluster.topics().values()
                  for p, replicas in sorted(t.partitions.items())]
         pending = [(name, p, replicas, self.zk.get_async(state_path(name, p))) for name, p, replicas in parts]
-        writes = 0
+        clean = True
         for name, p, replicas, res in pending:
             try:
                 data, stat = res.get(timeout=10)
@@ -219,12 +233,13 @@ class Controller:
             new = plan_partition(replicas, state, live)
             if new is None:
                 continue
-            if self._write(name, p, new, stat.version):
-                writes += 1
+            if not self._write(name, p, new, stat.version):
+                clean = False
+            else:
                 log.info("%s-%d: leader %s epoch %d ISR %s -> leader %s epoch %d ISR %s", name, p,
                          state.leader, state.leader_epoch, ",".join(state.isr), new.leader or "none",
                          new.leader_epoch, ",".join(new.isr))
-        return writes
+        return clean
 
     def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
         tx = self.zk.transaction()

@@ -217,6 +217,7 @@ class ClusterState:
                               connection_retry=reconnect_retry(session_timeout_s), **self.zk_tls.kazoo_kwargs())
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
+        self._registrations_watched: set[str] = set()  # node ids whose registration data is watched
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
@@ -460,7 +461,8 @@ class ClusterState:
         self.zk.close()
 
     def add_listener(self, fn: Callable[[], None]) -> None:
-        """`fn()` is called from a kazoo thread whenever topics or live nodes change."""
+        """`fn()` is called from a kazoo thread whenever topics, partition states, live
+        nodes or their registrations change."""
         self._listeners.append(fn)
 
     def add_session_listener(self, fn: Callable[[str], None]) -> None:
@@ -506,7 +508,33 @@ class ClusterState:
                 log.error("registration of %s not read, the node is left out: %s", child, exc)
         with self._lock:
             self._nodes = nodes
+            new = [child for child in children if child not in self._registrations_watched]
+            self._registrations_watched.update(new)
+        for child in new:
+            self.zk.DataWatch(f"{SERVICES}/{child}",
+                              lambda data, stat, event=None, child=child: self._on_registration(child, data, event))
         self._notify()
+
+    def _on_registration(self, child: str, data: bytes | None, event) -> bool | None:
+        """A registration's data changed while its znode stayed (KIP-112: its log
+        directory went offline, `mark_log_dir_offline`): no children watch says so, so
+        this one does. Stops once the znode is gone (a new one is watched anew)."""
+        if data is None:
+            with self._lock:
+                self._registrations_watched.discard(child)
+            return False
+        if event is None:
+            return None  # set up: _on_services read it
+        try:
+            info = NodeInfo.from_registration(child, data)
+        except (features.UnknownFormatVersion, ValueError, KeyError) as exc:
+            log.error("registration of %s not read: %s", child, exc)
+            return None
+        with self._lock:
+            if child in self._nodes:
+                self._nodes = {**self._nodes, child: info}
+        self._notify()
+        return None
 
     def _on_topics(self, children: list[str]) -> None:
         for name in children:
