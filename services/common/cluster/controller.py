@@ -16,8 +16,9 @@ watches: ClusterState's listeners), at each change of its session or of its own
 znode, and every `controller.sweep.interval.ms` (10000) as a backstop. Nothing
 depends on that backstop but a lost watch: each sweep reads every partition's state,
 work a partition leader's event loop waits behind (the GIL), so it is not paid every
-second for nothing. A sweep whose write was refused runs again within
-RETRY_AFTER_REFUSAL_S:
+second for nothing. A sweep whose write was refused, or the first after a change of the
+session (kazoo's reads of the watched znodes after a reconnect run in threads of their
+own), is followed by another within RETRY_AFTER_REFUSAL_S:
 
 - Live replicas are the registered partition-leader processes whose log directory
   is not offline (KIP-112: a process that marked it failed counts as dead here);
@@ -92,12 +93,13 @@ class Controller:
         self._epoch_version = -1
         self._event = threading.Event()
         self._stopped = threading.Event()
+        self._recheck = False  # the session changed: sweep again within RETRY_AFTER_REFUSAL_S
         self.sweeps = 0
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.cluster.add_listener(self._event.set)
-        self.cluster.add_session_listener(lambda state: self._event.set())
+        self.cluster.add_session_listener(self._on_session)
         self._thread = threading.Thread(target=self._run, name="controller", daemon=True)
         self._thread.start()
 
@@ -145,7 +147,7 @@ class Controller:
         except NodeExistsError:
             self._event.clear()
             try:
-                data, stat = self.zk.get(CONTROLLER, watch=lambda event: self._event.set())
+                data, stat = self.zk.get(CONTROLLER, watch=self._wake)
             except NoNodeError:
                 return False
             if stat.ephemeralOwner != self._session():
@@ -184,16 +186,26 @@ class Controller:
         return stat is not None and stat.ephemeralOwner == self._session()
 
     def _wake(self, _event=None) -> None:
+        """A watch fired (one bound method: kazoo keeps one watcher per path for it)."""
+        self._event.set()
+
+    def _on_session(self, _state: str) -> None:
+        # After a reconnect kazoo sets the watches again and reads anew, in threads of
+        # its own: a change those reads report may land just after the sweep this wakes,
+        # so the next one is due soon as well.
+        self._recheck = True
         self._event.set()
 
     def _lead(self) -> None:
         while not self._stopped.is_set():
+            self._event.clear()  # before the check: a wake from here on is not lost
+            recheck, self._recheck = self._recheck, False
             if not self._still_controller():
                 log.warning("%s: no longer the controller", self.node_id)
                 return
-            self._event.clear()
             refused = self.sweep() is False
-            self._event.wait(min(self.sweep_interval_s, RETRY_AFTER_REFUSAL_S) if refused else self.sweep_interval_s)
+            soon = refused or recheck
+            self._event.wait(min(self.sweep_interval_s, RETRY_AFTER_REFUSAL_S) if soon else self.sweep_interval_s)
             self._stopped.wait(0.02)  # coalesce bursts of watch events
 
     # ------------------------------------------------------------ sweeps

@@ -217,7 +217,7 @@ class ClusterState:
                               connection_retry=reconnect_retry(session_timeout_s), **self.zk_tls.kazoo_kwargs())
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
-        self._registrations_watched: set[str] = set()  # node ids whose registration data is watched
+        self._registrations_watched: set[str] = set()  # node ids whose registration data is watched (for good)
         self._topics: dict[str, TopicInfo] = {}
         self._topic_watched: set[str] = set()
         self._topic_tokens: dict[str, object] = {}
@@ -511,30 +511,32 @@ class ClusterState:
             new = [child for child in children if child not in self._registrations_watched]
             self._registrations_watched.update(new)
         for child in new:
-            self.zk.DataWatch(f"{SERVICES}/{child}",
-                              lambda data, stat, event=None, child=child: self._on_registration(child, data, event))
+            first = [True]
+            self.zk.DataWatch(f"{SERVICES}/{child}", lambda data, stat, event=None, child=child, first=first:
+                              self._on_registration(child, data, first))
         self._notify()
 
-    def _on_registration(self, child: str, data: bytes | None, event) -> bool | None:
+    def _on_registration(self, child: str, data: bytes | None, first: list[bool]) -> None:
         """A registration's data changed while its znode stayed (KIP-112: its log
         directory went offline, `mark_log_dir_offline`): no children watch says so, so
-        this one does. Stops once the znode is gone (a new one is watched anew)."""
-        if data is None:
-            with self._lock:
-                self._registrations_watched.discard(child)
-            return False
-        if event is None:
-            return None  # set up: _on_services read it
-        try:
-            info = NodeInfo.from_registration(child, data)
-        except (features.UnknownFormatVersion, ValueError, KeyError) as exc:
-            log.error("registration of %s not read: %s", child, exc)
-            return None
-        with self._lock:
-            if child in self._nodes:
-                self._nodes = {**self._nodes, child: info}
+        this one does. One watch per node id for the process's life, kept through the
+        znode's deletion and re-creation (kazoo reports both) and through reconnects
+        (after which kazoo reads again and calls here when the data changed, with no
+        event: so every call but the watch's first is a change). `first`: the watch's
+        flag, its first call being the read _on_services already made."""
+        if first[0]:
+            first[0] = False
+            return
+        if data is not None:
+            try:
+                info = NodeInfo.from_registration(child, data)
+            except (features.UnknownFormatVersion, ValueError, KeyError, TypeError) as exc:
+                log.error("registration of %s not read: %s", child, exc)
+            else:
+                with self._lock:
+                    if child in self._nodes:
+                        self._nodes = {**self._nodes, child: info}
         self._notify()
-        return None
 
     def _on_topics(self, children: list[str]) -> None:
         for name in children:
