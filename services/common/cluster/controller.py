@@ -81,7 +81,7 @@ def plan_partition(replicas: Sequence[str], state: PartitionState,
 class Controller:
     """Runs the controller election and, while elected, the sweeps, in a thread of
     its own (kazoo calls block). `start()` / `stop()`; `is_controller` for tests and
-    metrics. Settings: controller.sweep.interval.ms (10000). `sweeps`: the sweeps made."""
+    metrics. Settings: controller.sweep.interval.ms (10000)."""
 
     def __init__(self, cluster: ClusterState,
                  sweep_interval_ms: int = PartitionLeaderSchema.model_fields["controller_sweep_interval_ms"].default):
@@ -94,7 +94,6 @@ class Controller:
         self._event = threading.Event()
         self._stopped = threading.Event()
         self._recheck = False  # the session changed: sweep again within RETRY_AFTER_REFUSAL_S
-        self.sweeps = 0
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -230,7 +229,6 @@ class Controller:
     def sweep(self) -> bool:
         """Decide and write every partition's state once. Returns False when a write was
         refused (its compare-and-set lost: decided again at the next sweep)."""
-        self.sweeps += 1
         live = self.live_replicas()
         parts = [(t.name, p, tuple(replicas)) for t in self.cluster.topics().values()
                  for p, replicas in sorted(t.partitions.items())]
