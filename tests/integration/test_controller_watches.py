@@ -35,9 +35,9 @@ def test_a_registration_marked_offline_moves_leadership_without_the_backstop_swe
         assert not registration.get("log_dir_offline")
         marked_at = time.monotonic()
         zk.set(path, json.dumps({**registration, "log_dir_offline": True}).encode(), version=stat.version)
-        new = wait_for(lambda: (lambda st: st if st[0] not in (None, "pl-1") and "pl-1" not in st[1] else None)(
+        new = wait_for(lambda: (lambda st: st if st[0] not in (None, "pl-1") else None)(
             states(cluster, topic, exclude=("pl-1",))[part]), SESSION_MS / 1000 + 10,
-            lambda: f"a new leader without pl-1 in the ISR: {states(cluster, topic, exclude=('pl-1',))}")
+            lambda: f"a new leader: {states(cluster, topic, exclude=('pl-1',))}")
         moved_after = time.monotonic() - marked_at
     finally:
         zk.stop()
@@ -45,6 +45,9 @@ def test_a_registration_marked_offline_moves_leadership_without_the_backstop_swe
     assert new[0] in ("pl-0", "pl-2")
     # Far sooner than the backstop (a minute): the watch started the sweep.
     assert moved_after < BACKSTOP_MS / 1000 / 4, moved_after
-    # Every partition pl-1 led or followed left it; none lost its leader.
-    for leader, isr in states(cluster, topic, exclude=("pl-1",)).values():
-        assert leader not in (None, "pl-1") and "pl-1" not in isr
+    # No partition is led by pl-1 any more, and none lost its leader. (ISRs are not
+    # checked: only pl-1's registration says offline here, its log directory works and it
+    # still replicates, so a leader may take it back in, which a real failure prevents;
+    # test_disk_faults checks the ISRs with a failing directory.)
+    for leader, _ in states(cluster, topic, exclude=("pl-1",)).values():
+        assert leader not in (None, "pl-1")
