@@ -202,7 +202,7 @@ class Controller:
             if not self._still_controller():
                 log.warning("%s: no longer the controller", self.node_id)
                 return
-            refused = self.sweep() is False
+            refused = not self.sweep()
             soon = refused or recheck
             self._event.wait(min(self.sweep_interval_s, RETRY_AFTER_REFUSAL_S) if soon else self.sweep_interval_s)
             self._stopped.wait(0.02)  # coalesce bursts of watch events
