@@ -236,6 +236,11 @@ class ServiceSchema(SecuritySettings):
         "exactly.quota.sensor.expiration.ms", 3600000, "A client quota's sensor (the rate and mute of one user "
         "or client id) unused this long is dropped, as Kafka drops idle quota sensors after an hour; bounds "
         "what callers rotating client ids make a service keep.", LOW, ge=1000)
+    unstable_feature_versions_enable: Bool = setting(
+        "unstable.feature.versions.enable", False, "Run at metadata.version levels still being built (KIP-1022): "
+        "with it, this process supports them, a new cluster it creates starts at the newest, and `exactly "
+        "features upgrade` may raise a cluster to one once every live process enables it. For development "
+        "and benchmarks, not production.", LOW)
     test_load_delay_ms: int = setting("exactly.test.load.delay.ms", 0, "Test hook: ms a coordinator sleeps "
                                       "before loading a partition (widens failover windows in tests).", LOW, ge=0)
     authorizer: Literal["none", "acl"] = setting(
@@ -283,10 +288,12 @@ class ServiceSchema(SecuritySettings):
         "from its SASL exchange (it authenticates again before then).", LOW, ge=1000)
 
 
-class PartitionLeaderSchema(ServiceSchema):
-    """Partition leader settings (topic configs override the log ones per topic)."""
+class ReplicaHostSchema(ServiceSchema):
+    """Settings of a process that hosts partition replicas (services/partition_leader/host.py):
+    every partition leader, and from metadata.version 3 a transaction coordinator for its
+    own internal topic. Topic configs override the log ones per topic."""
 
-    ROLE: ClassVar[str] = "partition leader"
+    ROLE: ClassVar[str] = "replica host"
 
     segment_bytes: int | None = setting("segment.bytes", None, "Roll the active segment past this many bytes "
                                         f"(default {_TOPIC_DEFAULTS.segment_bytes}; alias log.segment.bytes).",
@@ -335,10 +342,6 @@ class PartitionLeaderSchema(ServiceSchema):
                                            "follower fetch.", LOW, ge=1)
     replica_fetch_backoff_ms: int = setting("replica.fetch.backoff.ms", 200, "ms a follower waits after a "
                                             "failed fetch.", LOW, ge=0)
-    controller_sweep_interval_ms: int = setting("controller.sweep.interval.ms", 10000, "ms between the "
-                                                "controller's leader and ISR checks when no watch fired (a "
-                                                "backstop: each change of live processes, registrations, "
-                                                "topics or partition states starts one at once).", LOW, ge=10)
     transaction_partition_verification_enable: Bool = setting(
         "transaction.partition.verification.enable", True, "KIP-890: verify a producer's first transactional "
         "batch on a partition with its transaction coordinator.", MEDIUM)
@@ -363,8 +366,22 @@ class PartitionLeaderSchema(ServiceSchema):
                                        "includes compact (retention runs either way).", MEDIUM)
 
 
-class TxnCoordinatorSchema(ServiceSchema):
-    """Transaction coordinator settings (KIP-98 design document, "Added Configurations")."""
+class PartitionLeaderSchema(ReplicaHostSchema):
+    """Partition leader settings: those of its replicas (ReplicaHostSchema) and the
+    controller's."""
+
+    ROLE: ClassVar[str] = "partition leader"
+
+    controller_sweep_interval_ms: int = setting("controller.sweep.interval.ms", 10000, "ms between the "
+                                                "controller's leader and ISR checks when no watch fired (a "
+                                                "backstop: each change of live processes, registrations, "
+                                                "topics or partition states starts one at once).", LOW, ge=10)
+
+
+class TxnCoordinatorSchema(ReplicaHostSchema):
+    """Transaction coordinator settings (KIP-98 design document, "Added Configurations"),
+    with those of the replicas of its internal topic it hosts from metadata.version 3
+    (ReplicaHostSchema)."""
 
     ROLE: ClassVar[str] = "transaction coordinator"
     UNSUPPORTED: ClassVar[dict[str, str]] = {
@@ -392,8 +409,6 @@ class TxnCoordinatorSchema(ServiceSchema):
     remove_expired_interval_ms: int = setting(
         "transaction.remove.expired.transaction.cleanup.interval.ms", 3600000, "ms between transactional.id "
         "expiration scans.", LOW, ge=1)
-    producer_id_expiration_ms: int = _producer_id_expiration_ms()
-    producer_id_expiration_check_interval_ms: int = _producer_id_expiration_check_interval_ms()
     producer_ids_rate: float = setting(
         "exactly.producer.ids.rate", 100.0, "InitProducerId calls per second each principal may make to one "
         "transaction coordinator with the authorizer on (KIP-936's producer_ids_rate; bursts of one second's "
@@ -548,5 +563,5 @@ def settings_by_role(props: Mapping[str, str]) -> dict[str, dict[str, str]]:
 
 
 __all__ = ["settings_by_role", "role_settings", "service_settings",
-           "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema",
+           "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS", "ServiceSchema", "ReplicaHostSchema", "PartitionLeaderSchema", "TxnCoordinatorSchema",
            "GroupCoordinatorSchema", "SERVICE_SCHEMAS"]

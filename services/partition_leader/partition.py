@@ -304,9 +304,9 @@ class Partition:
         self.log.config = config.log
 
     def delete(self) -> None:
-        """Remove this replica for good (its topic was deleted): close the log, delete
-        the partition directory and every producer-state snapshot of the partition.
-        Raises OSError."""
+        """Remove this replica for good (its topic was deleted, or it left the
+        partition's replicas): close the log, delete the partition directory and every
+        producer-state snapshot of the partition. Raises OSError."""
         self.log.close()
         if self.store is not None:
             for off in self.store.offsets(self.topic, self.partition):
@@ -398,6 +398,14 @@ class Partition:
         self.replication = LeaderReplication(self.local_id, self.replicas, isr, zk_version=zk_version,
                                              epoch_start_offset=self.log_end_offset, now_ms=self.monotonic_ms())
         self.maybe_advance_high_watermark()
+
+    def reassign(self, replicas: tuple[str, ...]) -> None:
+        """The assignment changed within this leader epoch (replicas added or removed:
+        a coordinator-led internal partition, metadata.version 3): a leader tracks the
+        new followers from now on."""
+        self.replicas = tuple(replicas) or (self.local_id,)
+        if self.replication is not None:
+            self.replication.set_replicas(self.replicas)
 
     def become_follower(self, leader_id: str | None, leader_epoch: int, replicas: tuple[str, ...]) -> None:
         """Follow `leader_id` (None: the partition has no leader) in `leader_epoch`:

@@ -272,15 +272,21 @@ class HostedReplicas:
                          "(snapshot at %s)", p.topic, p.partition, p.log_end_offset, p.high_watermark,
                          st.leader_epoch, ",".join(p.isr), len(p.producers.producers), p.snapshot_loaded_from)
                 return True
+            reassigned = tuple(replicas) != p.replicas
+            if reassigned:
+                p.reassign(tuple(replicas))
+                log.info("%s-%d: replicas now %s", p.topic, p.partition, ",".join(replicas))
             # A newer ISR of our epoch (our own write, or the controller's): adopt it;
             # a smaller ISR may move the high watermark.
-            return version > p.replication.zk_version and p.set_isr(tuple(st.isr), version)
+            return (version > p.replication.zk_version and p.set_isr(tuple(st.isr), version)) or reassigned
         if p.is_leader or p.leader_id != st.leader or p.leader_epoch != st.leader_epoch:
             was_leader = p.is_leader
             p.become_follower(st.leader, st.leader_epoch, replicas)
             log.info("%s %s-%d: following %s in epoch %d", "resigned," if was_leader else "now",
                      p.topic, p.partition, st.leader or "no leader (offline)", st.leader_epoch)
             return True
+        if tuple(replicas) != p.replicas:
+            p.reassign(tuple(replicas))
         return False
 
     def refresh(self) -> tuple[list[TopicPartition], list[TopicPartition]]:
@@ -322,7 +328,9 @@ class HostedReplicas:
             if self.log_dir_offline:
                 break
             if tp[0] in topics:
-                self.close_partition(tp)
+                # No longer assigned here: a replica that left a coordinator-led internal
+                # partition (the controller removes it once the first replica leads).
+                self._drop(tp, "delete", "deleted %s-%d (no longer one of its replicas)")
             else:
                 self.delete_partition(tp)
             closed.append(tp)

@@ -130,6 +130,16 @@ class LeaderReplication:
             return None
         return self._ordered(set(self.isr) | {replica})
 
+    def set_replicas(self, replicas: Iterable[str]) -> None:
+        """Adopt a new assignment in the same leader epoch (a coordinator-led internal
+        partition gaining its owner or losing a replica that left, metadata.version 3):
+        a new follower starts as never caught up (it joins the ISR as any does); one no
+        longer assigned stops counting once it is out of the ISR as well."""
+        self.replicas = tuple(replicas) or (self.local_id,)
+        keep = set(self.replicas) | set(self.isr)
+        self.followers = {r: self.followers.get(r) or FollowerState(last_caught_up_ms=0)
+                          for r in keep if r != self.local_id}
+
     def set_isr(self, isr: Iterable[str], zk_version: int) -> None:
         """Adopt an ISR stored in ZooKeeper at `zk_version` (after our compare-and-set,
         or a newer one written by the controller)."""

@@ -15,6 +15,8 @@ from services.common.cluster.state import ClusterState, NodeInfo, partition_for_
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.common.protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
 from services.common.transport.rpc import ClusterClient
+from services.partition_leader.produce import ProduceContext, ProduceEntry, produce_deadline
+from services.partition_leader.replica_manager import ReplicaManager
 
 from .ports import TxnLogFetch, TxnMarker
 
@@ -102,8 +104,9 @@ class ClusterTxnLog:
 
     def __init__(self, client: ClusterClient, timeout_ms: int = INTERNAL_APPEND_TIMEOUT_MS,
                  max_batches_per_request: int = 200, linger: "Linger | None" = None,
-                 max_merged_bytes: int = 256 * 1024):
+                 max_merged_bytes: int = 256 * 1024, local: "LocalAppender | None" = None):
         self._client = client
+        self._local = local
         self._timeout_ms = timeout_ms
         self._max = max_batches_per_request
         self._max_merged_bytes = max_merged_bytes
@@ -127,14 +130,20 @@ class ClusterTxnLog:
 
     async def _drain(self, node_id: str) -> None:
         queue = self._queues[node_id]
-        await self._linger.wait()
+        if self._local is not None and node_id == self._local.node_id:
+            await asyncio.sleep(0)
+        else:
+            await self._linger.wait()
         while queue:
             group, queue[:] = queue[:self._max], queue[self._max:]
             entries = merge_per_partition([(p, b) for p, b, _ in group], self._max_merged_bytes)
+            batches = [(p, b) for p, b, _ in entries]
             try:
-                codes = await self._client.produce_to(self._nodes[node_id], TRANSACTION_STATE_TOPIC,
-                                                      [(p, b) for p, b, _ in entries], acks=-1,
-                                                      timeout_ms=self._timeout_ms)
+                if self._local is not None and node_id == self._local.node_id:
+                    codes = await self._local.append(batches, self._timeout_ms)
+                else:
+                    codes = await self._client.produce_to(self._nodes[node_id], TRANSACTION_STATE_TOPIC, batches,
+                                                          acks=-1, timeout_ms=self._timeout_ms)
             except Exception as exc:  # noqa: BLE001 - every waiting transition learns of it
                 for _, _, future in group:
                     if not future.done():
@@ -152,6 +161,29 @@ class ClusterTxnLog:
             code, start = await self._client.list_offset(TRANSACTION_STATE_TOPIC, partition, -2)
             return TxnLogFetch(resp.error_code, log_start_offset=start if code == ErrorCode.NONE else 0)
         return TxnLogFetch(resp.error_code, resp.records, resp.high_watermark, resp.log_start_offset)
+
+
+class LocalAppender:
+    """Appends to the `TRANSACTION_STATE_TOPIC` partitions this process leads
+    (metadata.version 3: the coordinator is the first replica of the partitions it owns;
+    docs/design/coordinator-local-logs.md), through the partition leader's write path
+    in-process: the same gates as a CoordinatorProduce (the writer-epoch fence, the
+    leadership lease, acks=all with min.insync.replicas and the purgatory), without the
+    crossing. node_id: this process's; manager: its ReplicaHost's ReplicaManager."""
+
+    def __init__(self, node_id: str, manager: ReplicaManager):
+        self.node_id = node_id
+        self._manager = manager
+
+    async def append(self, batches: list[tuple[int, bytes]], timeout_ms: int) -> list[int]:
+        """Append (partition, batch) pairs with acks=all, a partition's in order;
+        returns an error code per pair, as `ClusterClient.produce_to` does
+        (NOT_LEADER_OR_FOLLOWER for a partition this process does not lead)."""
+        deadline = produce_deadline(self._manager.hosted.monotonic_s(), timeout_ms)
+        ctx = ProduceContext.coordinator(-1, deadline)
+        results = await self._manager.append_records(
+            ctx, [ProduceEntry(TRANSACTION_STATE_TOPIC, p, b) for p, b in batches])
+        return [r.error for r in results]
 
 
 class ClusterMarkerWriter:

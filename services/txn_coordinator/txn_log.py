@@ -95,9 +95,9 @@ def _decode_feature_level(offset: int, value: bytes | None) -> FeatureLevelEntry
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
         raise CorruptTxnLogError(f"undecodable feature-level record at offset {offset}: {exc}") from exc
     _check_version("txn-log-feature-level", v.version, offset)
-    if not features.SUPPORTED.covers(v.metadata_version):
+    if not features.KNOWN.covers(v.metadata_version):
         raise NewerTxnLogError(f"the feature-level record at offset {offset} records metadata.version "
-                               f"{v.metadata_version}; this version of Exactly supports {features.SUPPORTED}: "
+                               f"{v.metadata_version}; this version of Exactly supports {features.KNOWN}: "
                                "a newer version wrote this partition")
     return FeatureLevelEntry(offset, v.metadata_version)
 

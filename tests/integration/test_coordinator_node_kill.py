@@ -15,6 +15,7 @@ outcome. Real processes, a real ZooKeeper, real RocksDB and gRPC over loopback.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -26,6 +27,7 @@ from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition, e
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from clusters import zookeeper_client
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -130,8 +132,16 @@ def _committed(bootstrap: str, topic: str) -> dict[int, list[str]]:
         consumer.close()
 
 
-def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(make_cluster):
-    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=PROPS)
+# metadata.version 3 (unstable): the coordinator leads its own partition, so its node is one process.
+LEVEL_3 = {**PROPS, "unstable.feature.versions.enable": "true"}
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(make_cluster, level):
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1,
+                           props=LEVEL_3 if level == 3 else PROPS)
+    if level == 3:
+        wait_for(lambda: _coordinator_led(cluster), 60, "every __transaction_state partition led by its owner")
     topic = f"node-kill-{uuid.uuid4().hex[:8]}"
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
         admin.create_topics([NewTopic(topic, PARTITIONS, replication_factor=3)], timeout=60)
@@ -141,10 +151,14 @@ def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(
         wait_for(lambda: len(load.acknowledged) >= BEFORE_KILL or load.error, 60, "transactions before the kill")
         assert load.error is None, load.error
         owner, log_partition, leader = _node(cluster, load.tid)
-        assert leader.startswith("pl-") and owner.startswith("txn-"), (owner, leader)
+        if level == 3:
+            assert leader == owner and owner.startswith("txn-"), (owner, leader)
+        else:
+            assert leader.startswith("pl-") and owner.startswith("txn-"), (owner, leader)
         assert load.in_commit.wait(30), "no commit in progress"
         cluster.kill(owner)
-        cluster.kill(leader)
+        if leader != owner:
+            cluster.kill(leader)
         acknowledged_at_kill = len(load.acknowledged)
         wait_for(lambda: len(load.acknowledged) >= acknowledged_at_kill + AFTER_KILL or load.error, RUN_S,
                  "transactions after the kill")
@@ -168,6 +182,12 @@ def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(
     assert not lost, f"acknowledged transactions lost: {lost}; failures: {load.failures}"
     print(f"killed {owner} and {leader} (leader of __transaction_state-{log_partition}) mid-commit: "
           f"{len(load.acknowledged)} acknowledged, {len(seen)} committed, failures: {load.failures}")
+    if level == 3:
+        # The failover ended as designed: the new owner leads the partition, and the killed
+        # coordinator's replica was replaced (the replication factor stays 3).
+        wait_for(lambda: _coordinator_led(cluster, [log_partition]), 60, "the new owner leading the partition")
+        replicas, _ = _replicas_and_leader(cluster, log_partition)
+        assert owner not in replicas and len(replicas) == 3, replicas
 
 
 def _node(cluster, tid: str) -> tuple[str, int, str]:
@@ -180,3 +200,33 @@ def _node(cluster, tid: str) -> tuple[str, int, str]:
         md = stub.Metadata(pb.MetadataRequest(topics=[TRANSACTION_STATE]), timeout=10)
     [leader] = [p.leader_id for p in md.topics[0].partitions if p.partition == found.partition]
     return found.node_id, found.partition, leader
+
+
+def _replicas_and_leader(cluster, partition: int) -> tuple[list[str], str | None]:
+    """(replicas, leader) of a __transaction_state partition, read from ZooKeeper."""
+    zk = zookeeper_client(cluster)
+    try:
+        body = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}")[0])
+        state = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}/{partition}/state")[0])
+        return body["partitions"][str(partition)], state["leader"]
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _coordinator_led(cluster, partitions=None) -> bool:
+    """Whether each (or each of `partitions`) __transaction_state partition is led by its
+    first replica, a live transaction coordinator, with no replica left to remove."""
+    zk = zookeeper_client(cluster)
+    try:
+        body = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}")[0])
+        for p, replicas in body["partitions"].items():
+            if partitions is not None and int(p) not in partitions:
+                continue
+            state = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}/{p}/state")[0])
+            if not replicas[0].startswith("txn-") or state["leader"] != replicas[0] or p in body.get("removing", {}):
+                return False
+        return True
+    finally:
+        zk.stop()
+        zk.close()

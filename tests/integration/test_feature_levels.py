@@ -129,20 +129,28 @@ def test_a_process_never_runs_at_a_level_it_does_not_know(make_cluster):
     cluster = make_cluster(partition_leaders=1)
     zk = _zk(cluster)
     try:
-        # A newer version finalized metadata.version 3 (written by hand here): every
+        # A newer version finalized metadata.version 4 (written by hand here): every
         # process of this version stops, naming it ...
-        zk.set("/exactly/features", b'{"version": 1, "features": {"metadata.version": 3}}')
+        zk.set("/exactly/features", b'{"version": 1, "features": {"metadata.version": 4}}')
         for name, svc in cluster.services.items():
             wait_for(lambda svc=svc: not pid_alive(svc.pid), 60, f"{name} to stop")
-            assert ("CRITICAL services.common.transport.server: metadata.version 3 is finalized in ZooKeeper"
+            assert ("CRITICAL services.common.transport.server: metadata.version 4 is finalized in ZooKeeper"
                     in (cluster.dir / "logs" / f"{name}.log").read_text())
         # ... and does not start again.
         with pytest.raises(DevClusterError, match="pl-0 exited during start-up"):
             cluster.restart("pl-0", timeout_s=60)
         assert cluster._procs["pl-0"].wait(30) == 2
-        assert ("pl-0 does not start: metadata.version 3 is finalized in ZooKeeper (/exactly/features), and this "
-                "version of Exactly supports metadata.version 1-2: run a version that supports 3"
+        assert ("pl-0 does not start: metadata.version 4 is finalized in ZooKeeper (/exactly/features), and this "
+                "version of Exactly supports metadata.version 1-2: run a version that supports 4"
                 in (cluster.dir / "logs" / "pl-0.log").read_text())
+        # Level 3 is one this version knows but runs only with unstable levels enabled.
+        zk.set("/exactly/features", b'{"version": 1, "features": {"metadata.version": 3}}')
+        with pytest.raises(DevClusterError, match="pl-0 exited during start-up"):
+            cluster.restart("pl-0", timeout_s=60)
+        assert cluster._procs["pl-0"].wait(30) == 2
+        assert ("pl-0 does not start: metadata.version 3 is finalized in ZooKeeper (/exactly/features), an unstable "
+                "level of this version of Exactly (it runs at 1-2): set unstable.feature.versions.enable=true to run "
+                "at it" in (cluster.dir / "logs" / "pl-0.log").read_text())
     finally:
         zk.stop()
         zk.close()

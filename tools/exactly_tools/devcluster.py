@@ -337,7 +337,7 @@ class DevCluster:
         cmd = [svc.python or sys.executable, "-m", f"services.{svc.role}", "--node-id", svc.name,
                "--host", "127.0.0.1", "--port", str(svc.port), "--kafka-port", str(svc.kafka_port or -1), "--zookeeper", self.zookeeper,
                "--data-dir", str(data_dir)]
-        for k, v in settings_by_role(self.props)[svc.role].items():
+        for k, v in _role_settings(svc.python, self.props)[svc.role].items():
             cmd += ["--set", f"{k}={v}"]
         if self.security:
             certs = self.dir / "certs"
@@ -565,6 +565,31 @@ class DevCluster:
         server = self.postgres_server
         if server is not None:
             server.remove()
+
+
+_SPLITS: dict[tuple[str, tuple], dict[str, dict[str, str]]] = {}
+
+
+def _role_settings(python: str, props: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The cluster-wide `props` split into each role's own, as the version that
+    `python` runs splits them ("": this one): a key two roles share in one version may
+    belong to one role only in another (an older transaction coordinator hosts no
+    replicas, so it refuses min.insync.replicas). Another version's split is asked of
+    its interpreter once per settings. Raises DevClusterError when it refuses them."""
+    if not python or python == sys.executable:
+        return settings_by_role(props)
+    key = (python, tuple(sorted(props.items())))
+    if key not in _SPLITS:
+        code = ("import json, sys\nfrom services.common.settings import settings_by_role\n"
+                "print(json.dumps(settings_by_role(json.loads(sys.stdin.read()))))")
+        try:
+            out = subprocess.run([python, "-c", code], input=json.dumps(props), capture_output=True, text=True,
+                                 cwd="/", timeout=120, check=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or ""
+            raise DevClusterError(f"{python} does not take these settings: {exc} {detail[-500:]}") from exc
+        _SPLITS[key] = json.loads(out.stdout)
+    return _SPLITS[key]
 
 
 def replication_props(replication_factor: int) -> dict[str, str]:

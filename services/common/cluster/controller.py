@@ -44,7 +44,8 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from . import features
-from .state import PARTITION_LEADER, ROOT, SERVICES, ClusterState, PartitionState, state_path
+from .coordinator_replicas import COORDINATOR_LED_LEVEL, plan_removal
+from .state import PARTITION_LEADER, ROOT, SERVICES, TOPICS, ClusterState, PartitionState, state_path
 from ..settings import PartitionLeaderSchema
 
 log = logging.getLogger(__name__)
@@ -55,17 +56,22 @@ RETRY_AFTER_REFUSAL_S = 1.0  # a sweep that lost a compare-and-set runs again th
 
 
 def plan_partition(replicas: Sequence[str], state: PartitionState,
-                   live: Mapping[str, int]) -> PartitionState | None:
+                   live: Mapping[str, int], prefer_first: bool = False) -> PartitionState | None:
     """The state a partition should move to, or None to leave it.
 
     replicas: assigned replica ids in assignment order; state: as read from ZooKeeper
-    (`mzxid` set); live: live partition-leader node id -> czxid of its registration.
-    See the module docstring for the rules."""
+    (`mzxid` set); live: live replica-hosting node id -> czxid of its registration;
+    prefer_first: leadership goes to the first replica whenever it is live and in sync
+    (a coordinator-led internal partition, metadata.version 3). See the module
+    docstring for the rules."""
     leader = state.leader
     in_sync_live = [r for r in replicas if r in state.isr and r in live] + \
         sorted(r for r in state.isr if r not in replicas and r in live)
     if leader is not None and leader in live and live[leader] < state.mzxid:
         isr = tuple(r for r in state.isr if r in live)
+        first = replicas[0] if replicas else None
+        if prefer_first and first != leader and first in isr and live[first] < state.mzxid:
+            return PartitionState(first, state.leader_epoch + 1, isr)
         if set(isr) != set(state.isr):
             return PartitionState(leader, state.leader_epoch, isr)
         return None
@@ -209,8 +215,10 @@ class Controller:
 
     # ------------------------------------------------------------ sweeps
     def live_replicas(self) -> dict[str, int]:
-        """Live partition-leader node id -> czxid of its registration (a process whose
-        log directory is offline is not live as a replica)."""
+        """Live replica-hosting node id -> czxid of its registration: the partition
+        leaders, and the coordinators that host replicas of their internal topic
+        (`"hosts"`, metadata.version 3). A process whose log directory is offline is
+        not live as a replica."""
         live = {}
         for child in self.zk.get_children(SERVICES):
             try:
@@ -222,7 +230,7 @@ class Controller:
             except ValueError as exc:  # a registration this version cannot read: not a replica it knows
                 log.error("registration of %s not read: %s", child, exc)
                 continue
-            if d.get("role") == PARTITION_LEADER and not d.get("log_dir_offline"):
+            if (d.get("role") == PARTITION_LEADER or d.get("hosts")) and not d.get("log_dir_offline"):
                 live[child] = stat.czxid
         return live
 
@@ -230,17 +238,24 @@ class Controller:
         """Decide and write every partition's state once. Returns False when a write was
         refused (its compare-and-set lost: decided again at the next sweep)."""
         live = self.live_replicas()
-        parts = [(t.name, p, tuple(replicas)) for t in self.cluster.topics().values()
-                 for p, replicas in sorted(t.partitions.items())]
-        pending = [(name, p, replicas, self.zk.get_async(state_path(name, p))) for name, p, replicas in parts]
+        coordinator_led = self.cluster.metadata_version >= COORDINATOR_LED_LEVEL
+        topics = self.cluster.topics().values()
+        parts = [(t.name, p, tuple(replicas), coordinator_led and t.internal, t.removing.get(p, ()))
+                 for t in topics for p, replicas in sorted(t.partitions.items())]
+        pending = [(name, p, replicas, prefer, removing, self.zk.get_async(state_path(name, p)))
+                   for name, p, replicas, prefer, removing in parts]
         clean = True
-        for name, p, replicas, res in pending:
+        for name, p, replicas, prefer, removing, res in pending:
             try:
                 data, stat = res.get(timeout=10)
             except NoNodeError:
                 continue
             state = PartitionState.decode(data, stat.version, stat.mzxid)
-            new = plan_partition(replicas, state, live)
+            if removing and plan_removal(replicas, removing, state.leader, state.isr) is not None:
+                if not self._remove_replicas(name, p, state, stat.version):
+                    clean = False
+                continue
+            new = plan_partition(replicas, state, live, prefer_first=prefer)
             if new is None:
                 continue
             if not self._write(name, p, new, stat.version):
@@ -250,6 +265,40 @@ class Controller:
                          state.leader, state.leader_epoch, ",".join(state.isr), new.leader or "none",
                          new.leader_epoch, ",".join(new.isr))
         return clean
+
+    def _remove_replicas(self, topic: str, partition: int, state: PartitionState, state_version: int) -> bool:
+        """Drop a partition's removing replicas (coordinator_replicas.plan_removal) from
+        its replicas in the topic znode and from its ISR, in one multi-op with the
+        controller epoch checked, each znode by compare-and-set on what was read."""
+        found = self.cluster.read_topic(topic)
+        if found is None:
+            return True
+        body, topic_version = found
+        key = str(partition)
+        replicas = list(body.get("partitions", {}).get(key, ()))
+        removing = list((body.get("removing") or {}).get(key, ()))
+        plan = plan_removal(replicas, removing, state.leader, state.isr)
+        if plan is None:
+            return True
+        new_replicas, isr = plan
+        body = dict(body)
+        body["partitions"] = {**body["partitions"], key: new_replicas}
+        body["removing"] = {k: v for k, v in (body.get("removing") or {}).items() if k != key}
+        if not body["removing"]:
+            del body["removing"]
+        tx = self.zk.transaction()
+        tx.check(CONTROLLER_EPOCH, self._epoch_version)
+        tx.set_data(f"{TOPICS}/{topic}", features.zk_json("zk-topic", body), version=topic_version)
+        tx.set_data(state_path(topic, partition), PartitionState(state.leader, state.leader_epoch, isr).encode(),
+                    version=state_version)
+        failed = [r for r in tx.commit() if isinstance(r, Exception)]
+        if failed:
+            log.info("%s-%d: removal of replicas %s refused (%r); deciding again", topic, partition,
+                     ",".join(removing), failed[0])
+            return False
+        log.info("%s-%d: replicas %s -> %s (the first replica leads; %s removed)", topic, partition,
+                 ",".join(replicas), ",".join(new_replicas), ",".join(removing))
+        return True
 
     def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
         tx = self.zk.transaction()

@@ -16,8 +16,9 @@ process advertises the range it supports in its registration
 levels, which supports level 1 only.
 
 A cluster whose ZooKeeper has no `/exactly/features` is either new (no services,
-topics or coordinator znodes yet: it starts at MAX_LEVEL, as a new Kafka cluster starts
-at the newest metadata.version) or was run by a version before feature levels (it
+topics or coordinator znodes yet: it starts at STABLE_LEVEL, as a new Kafka cluster starts
+at the newest stable metadata.version, or at MAX_LEVEL when the process creating it sets
+`unstable.feature.versions.enable`) or was run by a version before feature levels (it
 starts at BASELINE_LEVEL, and is raised by the operator once every process is
 upgraded). A process whose supported range does not include the finalized level
 refuses to start (`FeatureLevelError`), and one that meets a format version newer than
@@ -40,7 +41,12 @@ FEATURES_NODE_VERSION = 1  # the JSON layout of /exactly/features
 # The level of a cluster last run by versions before feature levels (their formats).
 BASELINE_LEVEL = 1
 MIN_LEVEL = 1  # the oldest level this version runs at (reads and writes)
-MAX_LEVEL = 2  # the newest level this version knows
+MAX_LEVEL = 3  # the newest level this version knows (and reads)
+# The newest level a process runs at unless `unstable.feature.versions.enable` is true
+# (Kafka's unstable metadata versions, KIP-1022): the levels above it are still being
+# built, so a new cluster does not start there and an upgrade to them is refused by a
+# process that does not enable them.
+STABLE_LEVEL = 2
 
 # What each level lets processes write or send (docs/operating/upgrade-formats.md).
 LEVELS: dict[int, str] = {
@@ -54,6 +60,12 @@ LEVELS: dict[int, str] = {
        "protocol 2: VerifyProducerId answers UNKNOWN_PRODUCER_ID for an idempotent producer id bound to no one "
        "(versions before it answer CLUSTER_AUTHORIZATION_FAILED, and their partition leaders would take the "
        "new answer for a failed check and have the producer retry until its delivery timeout)",
+    3: f"unstable (unstable.feature.versions.enable): transaction coordinators lead their own {TRANSACTION_STATE_TOPIC} "
+       "partitions (docs/design/coordinator-local-logs.md). A claim of a partition also makes the new owner its "
+       "first replica (the topic znode's replicas, with the replicas leaving listed under \"removing\"), the "
+       "controller elects a coordinator and moves leadership to the first replica once it is in sync, and "
+       "partition leaders replicate from coordinators; versions before it neither count a coordinator as a "
+       "replica nor fetch from one",
 }
 
 
@@ -101,6 +113,12 @@ FORMATS: dict[str, Format] = _formats(
     Format("zk-features", "/exactly/features: \"version\"", {1: 1}),
     Format("zk-registration", "/exactly/services/<node id>: \"version\" (none: 1)", {1: 1}),
     Format("zk-topic", "/exactly/topics/<topic>: \"version\" (none: 1)", {1: 1}),
+    # Fields of the topic znode and of a registration that only level 3 writes (readers
+    # of earlier versions ignore unknown fields; the level keeps them from meeting them).
+    Format("zk-topic-removing", "/exactly/topics/<internal topic>: \"removing\" (replicas leaving a partition "
+           "once its first replica leads)", {1: 3}),
+    Format("zk-registration-hosts", "/exactly/services/<node id>: \"hosts\" (the internal topic a coordinator "
+           "hosts replicas of)", {1: 3}),
     Format("zk-partition-state", "/exactly/topics/<topic>/<p>/state: \"version\" (none: 1)", {1: 1}),
     Format("zk-controller", "/exactly/controller and /exactly/controller_epoch: \"version\" (none: 1)", {1: 1}),
     Format("zk-coordinator-claim", "/exactly/coordinators/<kind>/<p>: \"version\" (none: 1)", {1: 1}),
@@ -167,14 +185,23 @@ class SupportedRange:
             f"{self.min_version}-{self.max_version}"
 
 
-SUPPORTED = SupportedRange(MIN_LEVEL, MAX_LEVEL)
+# The levels a process runs at by default (up to STABLE_LEVEL), and with
+# unstable.feature.versions.enable (up to MAX_LEVEL: every format this code reads).
+SUPPORTED = SupportedRange(MIN_LEVEL, STABLE_LEVEL)
+KNOWN = SupportedRange(MIN_LEVEL, MAX_LEVEL)
 # What a registration without "features" means: a version from before feature levels.
 PRE_FEATURES = SupportedRange(BASELINE_LEVEL, BASELINE_LEVEL)
 
 
-def registration_features() -> dict:
+def supported_range(unstable: bool) -> SupportedRange:
+    """The levels a process runs at: KNOWN with `unstable` (the setting
+    unstable.feature.versions.enable), SUPPORTED otherwise."""
+    return KNOWN if unstable else SUPPORTED
+
+
+def registration_features(supported: SupportedRange = SUPPORTED) -> dict:
     """The "features" entry of this process's registration znode."""
-    return {METADATA_VERSION: {"min_version": SUPPORTED.min_version, "max_version": SUPPORTED.max_version}}
+    return {METADATA_VERSION: {"min_version": supported.min_version, "max_version": supported.max_version}}
 
 
 def supported_of(registration: Mapping) -> SupportedRange:
@@ -201,6 +228,10 @@ def decode_finalized(data: bytes) -> int:
 
 def check_finalized(level: int, supported: SupportedRange = SUPPORTED) -> None:
     """Raise FeatureLevelError when this version cannot run at finalized `level`."""
+    if supported == SUPPORTED and STABLE_LEVEL < level <= MAX_LEVEL:
+        raise FeatureLevelError(
+            f"metadata.version {level} is finalized in ZooKeeper ({FEATURES_PATH}), an unstable level of this "
+            f"version of Exactly (it runs at {supported}): set unstable.feature.versions.enable=true to run at it")
     if not supported.covers(level):
         raise FeatureLevelError(
             f"metadata.version {level} is finalized in ZooKeeper ({FEATURES_PATH}), and this version of Exactly "
@@ -209,10 +240,12 @@ def check_finalized(level: int, supported: SupportedRange = SUPPORTED) -> None:
                else ""))
 
 
-def initial_level(existing_cluster: bool) -> int:
+def initial_level(existing_cluster: bool, supported: SupportedRange = SUPPORTED) -> int:
     """The level a cluster without /exactly/features starts at: BASELINE_LEVEL when
-    versions before feature levels ran it (`existing_cluster`), else MAX_LEVEL."""
-    return BASELINE_LEVEL if existing_cluster else MAX_LEVEL
+    versions before feature levels ran it (`existing_cluster`), else the newest level
+    the process creating it runs at (`supported`: STABLE_LEVEL unless unstable levels
+    are enabled)."""
+    return BASELINE_LEVEL if existing_cluster else supported.max_version
 
 
 def upgrade_refusal(target: int, current: int, processes: Mapping[str, SupportedRange],
@@ -220,6 +253,9 @@ def upgrade_refusal(target: int, current: int, processes: Mapping[str, Supported
     """Why metadata.version cannot be raised from `current` to `target` (None: it
     can): a level this version does not know, one not above the current, or live
     `processes` (node id -> supported range) that do not support it, named."""
+    if target in LEVELS and target > supported.max_version and KNOWN.covers(target):
+        return (f"metadata.version {target} is unstable in this version (it runs at {supported}): set "
+                "unstable.feature.versions.enable=true on every process first")
     if target not in LEVELS or not supported.covers(target):
         return f"metadata.version {target} is not a level this version supports ({supported})"
     if target < current:

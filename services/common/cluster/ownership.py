@@ -30,14 +30,15 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 
 from . import features
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
-from .state import COORDINATORS, ROLE_FOR_KIND, ClusterState
+from .coordinator_replicas import COORDINATOR_LED_LEVEL, claim_assignment
+from .state import COORDINATORS, ROLE_FOR_KIND, TOPICS, ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class CoordinatorOwnership:
                 await asyncio.sleep(0.5)
         self.cluster.add_listener(self._kick)
         self.cluster.add_session_listener(self._on_session)
+        self.cluster.add_feature_listener(lambda level: self._kick())
         self._task = asyncio.create_task(self._run(), name=f"{self.kind}-ownership")
         self._kick()
 
@@ -222,10 +224,22 @@ class CoordinatorOwnership:
         done = {p for p, ok in loaded.items() if ok}
         return (self.desired() | set(self._owned) | set(loaded)) - done
 
+    def hosts_replicas(self) -> bool:
+        """Whether the owners of this kind's partitions are their first replicas: a
+        transaction coordinator at metadata.version 3 (coordinator_replicas.py)."""
+        return self.kind == "txn" and self.cluster.metadata_version >= COORDINATOR_LED_LEVEL
+
     async def _reconcile(self) -> None:
         desired = self.desired()
         for p in sorted(set(self._owned) - desired):
             await self._resign(p)
+        if self.hosts_replicas():
+            topic = self.cluster.topic(self.topic)
+            for p in sorted(self._owned):
+                replicas = topic.partitions.get(p) if topic is not None else None
+                if replicas and replicas[0] != self.cluster.node_id:
+                    # Claimed below level 3 (the level was raised since): become its first replica.
+                    await asyncio.to_thread(self._assign_owned, p, self._owned[p])
         for p in sorted(desired - set(self._owned)):
             if p not in self.desired():
                 continue  # the view changed while we were claiming others
@@ -279,14 +293,80 @@ class CoordinatorOwnership:
             body = features.zk_json("zk-coordinator-claim", {
                 "owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch, "producer_id": producer_id,
                 "producer_epoch": producer_epoch, "retired_producer_id": retired})
-            try:
-                if stat is None:
-                    zk.create(path, body, makepath=True)
-                else:
-                    zk.set(path, body, version=stat.version)
-            except (NodeExistsError, BadVersionError):
-                continue
-            return Claim(partition, coordinator_epoch, producer_id, producer_epoch, retired)
+            if not self.hosts_replicas():
+                try:
+                    if stat is None:
+                        zk.create(path, body, makepath=True)
+                    else:
+                        zk.set(path, body, version=stat.version)
+                except (NodeExistsError, BadVersionError):
+                    continue
+                return Claim(partition, coordinator_epoch, producer_id, producer_epoch, retired)
+            # Level 3: the claim and the first place in the partition's replicas, in one multi-op.
+            zk.ensure_path(f"{COORDINATORS}/{self.kind}")
+            tx = zk.transaction()
+            if stat is None:
+                tx.create(path, body)
+            else:
+                tx.set_data(path, body, version=stat.version)
+            self._assign_in(tx, partition, d.get("owner"))
+            if self._committed(tx, partition):
+                return Claim(partition, coordinator_epoch, producer_id, producer_epoch, retired)
+
+    def _assign_in(self, tx, partition: int, previous_owner: str | None) -> None:
+        """Add to `tx` the topic znode's write that makes this process the first replica
+        of `partition` (coordinator_replicas.claim_assignment), by compare-and-set on
+        the version read; nothing when it is already."""
+        found = self.cluster.read_topic(self.topic)
+        if found is None:
+            raise NoNodeError(f"{self.topic} does not exist")
+        body, version = found
+        key = str(partition)
+        removing = dict(body.get("removing") or {})
+        plan = claim_assignment(body["partitions"][key], removing.get(key, ()), self.cluster.node_id,
+                                previous_owner)
+        if plan is None:
+            return
+        replicas, leaving = plan
+        if leaving:
+            removing[key] = leaving
+        else:
+            removing.pop(key, None)
+        body = {**body, "partitions": {**body["partitions"], key: replicas}}
+        if removing:
+            body["removing"] = removing
+        else:
+            body.pop("removing", None)
+        tx.set_data(f"{TOPICS}/{self.topic}", features.zk_json("zk-topic", body), version=version)
+        log.info("%s-%d: replicas %s -> %s (removing %s)", self.topic, partition,
+                 ",".join(found[0]["partitions"][key]), ",".join(replicas), ",".join(leaving) or "none")
+
+    def _committed(self, tx, partition: int) -> bool:
+        """Commit a claim's multi-op: True when it went through, False when a znode it
+        compared changed meanwhile (read again and retry); raises other errors."""
+        failed = [r for r in tx.commit() if isinstance(r, Exception)]
+        if not failed:
+            return True
+        if all(isinstance(r, (NodeExistsError, BadVersionError, RolledBackError)) for r in failed):
+            log.info("%s-%d: claim raced (%r); reading again", self.topic, partition, failed)
+            return False
+        raise next(r for r in failed if not isinstance(r, RolledBackError))
+
+    def _assign_owned(self, partition: int, claim: Claim) -> None:
+        """Make this process the first replica of a partition it owns under `claim`
+        (claimed before metadata.version 3), in one multi-op that checks the claim
+        znode is still that claim. Runs in a thread."""
+        path = f"{COORDINATORS}/{self.kind}/{partition}"
+        for _ in range(20):
+            data, stat = self.cluster.zk.get(path)
+            d = features.zk_read("zk-coordinator-claim", data, path)
+            if d.get("owner") != self.cluster.node_id or int(d.get("coordinator_epoch", -1)) != claim.coordinator_epoch:
+                return  # claimed by another: the owner watch resigns it
+            tx = self.cluster.zk.transaction()
+            tx.check(path, stat.version)
+            self._assign_in(tx, partition, self.cluster.node_id)
+            if self._committed(tx, partition):
+                return
 
     def _on_owner_change(self, partition: int, data: bytes | None, stat=None, event=None) -> None:
         """DataWatch callback (kazoo thread): resign when the znode no longer names

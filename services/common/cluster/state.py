@@ -28,7 +28,7 @@ from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
 
-from ..protocol import INTERNAL_TOPIC_FOR_KIND
+from ..protocol import INTERNAL_TOPIC_FOR_KIND, TRANSACTION_STATE_TOPIC
 from ..topic_config import CLEANUP_POLICY, COMPACT, SEGMENT_BYTES
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
@@ -152,6 +152,8 @@ class TopicInfo:
     internal: bool = False
     states: dict[int, PartitionState] = field(default_factory=dict)
     principal: str = ""  # who created it (CreateTopics' caller; "" for internal and older topics)
+    # partition -> replicas leaving it once its first replica leads (coordinator_replicas.py; level 3)
+    removing: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def leader(self, partition: int) -> str | None:
         st = self.states.get(partition)
@@ -205,6 +207,8 @@ class ClusterState:
         # by a watch; `features_epoch` is the version of its znode.
         self.metadata_version = features.BASELINE_LEVEL
         self.features_epoch = -1
+        # The levels this process runs at (unstable.feature.versions.enable adds the unstable ones).
+        self.supported = features.supported_range(self.settings.unstable_feature_versions_enable)
         self._feature_listeners: list[Callable[[int], None]] = []
         # zookeeper.set.acl: digest credentials and znode ACLs (zk_security.py).
         self.zk_security = ZkSecurity(self.settings)
@@ -262,7 +266,7 @@ class ClusterState:
             data, stat = self.zk.get(FEATURES_PATH)
         except NoNodeError:
             existing = any(self.zk.exists(p) for p in (SERVICES, TOPICS, COORDINATORS, PID_BLOCK))
-            level = features.initial_level(existing)
+            level = features.initial_level(existing, self.supported)
             self.zk.ensure_path(ROOT)
             try:
                 self.zk.create(FEATURES_PATH, features.encode_finalized(level))
@@ -272,7 +276,7 @@ class ClusterState:
                 pass
             data, stat = self.zk.get(FEATURES_PATH)
         level = features.decode_finalized(data)
-        features.check_finalized(level)
+        features.check_finalized(level, self.supported)
         self.metadata_version, self.features_epoch = level, stat.version
         self.zk.DataWatch(FEATURES_PATH, self._on_features)
 
@@ -340,9 +344,9 @@ class ClusterState:
             current = features.decode_finalized(data)
             if upgrade:
                 processes = {n: rng for n, (_, rng) in self.feature_processes().items()}
-                why = features.upgrade_refusal(level, current, processes)
+                why = features.upgrade_refusal(level, current, processes, self.supported)
             else:
-                why = features.downgrade_refusal(level, current)
+                why = features.downgrade_refusal(level, current, self.supported)
             if why is not None:
                 return ErrorCode.INVALID_UPDATE_VERSION, why
             if validate_only or level == current:
@@ -420,7 +424,11 @@ class ClusterState:
 
     def _registration(self) -> bytes:
         d = {"role": self.role, "host": self.host, "port": self.port, "kafka_port": self.kafka_port,
-             "broker_id": self.broker_id, "features": features.registration_features()}
+             "broker_id": self.broker_id, "features": features.registration_features(self.supported)}
+        if self.role == ROLE_FOR_KIND["txn"]:
+            # The internal topic it hosts replicas of once metadata.version is 3
+            # (coordinator_replicas.py): the controller counts it as a replica then.
+            d["hosts"] = [TRANSACTION_STATE_TOPIC]
         if self.log_dir_offline:
             d["log_dir_offline"] = True
         return features.zk_json("zk-registration", d)
@@ -580,11 +588,12 @@ class ClusterState:
                 log.error("topic %s not served: %s", name, exc)
                 return None
             parts = {int(p): list(r) for p, r in d["partitions"].items()}
+            removing = {int(p): tuple(r) for p, r in (d.get("removing") or {}).items()}
             with self._lock:
                 old = self._topics.get(name)
                 self._topics[name] = TopicInfo(name, parts, dict(d.get("configs", {})),
                                                bool(d.get("internal", False)), old.states if old else {},
-                                               str(d.get("principal", "")))
+                                               str(d.get("principal", "")), removing)
             for p in sorted(set(parts) - watched):
                 watched.add(p)
                 # kazoo calls func(data, stat, event) when it accepts three arguments.
@@ -747,7 +756,7 @@ class ClusterState:
         from ZooKeeper (not the cache): the count partition_usage.py starts from."""
         total = 0
         for name in self.zk.get_children(TOPICS):
-            found = self._read_topic(name)
+            found = self.read_topic(name)
             if found is not None and found[0].get("principal") == principal:
                 total += len(found[0].get("partitions", {}))
         return total
@@ -816,7 +825,7 @@ class ClusterState:
         """Node ids of the live partition leaders, sorted."""
         return sorted(n.node_id for n in self.nodes().values() if n.role == PARTITION_LEADER)
 
-    def _read_topic(self, name: str) -> tuple[dict, int] | None:
+    def read_topic(self, name: str) -> tuple[dict, int] | None:
         """(topic znode content, znode version), or None when the topic does not exist
         (or `name` is not a legal topic name: never a path into another znode)."""
         if limits.validate_topic_name(name, internal=True) is not None:
@@ -834,7 +843,7 @@ class ClusterState:
         deletes its orphaned directory at start-up. Returns (NONE, ""),
         (UNKNOWN_TOPIC_OR_PARTITION, message) or (INVALID_TOPIC_EXCEPTION, message)
         for an internal topic. Raises kazoo errors when ZooKeeper cannot answer."""
-        found = self._read_topic(name)
+        found = self.read_topic(name)
         if found is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
         if found[0].get("internal") or name.startswith("__"):
@@ -865,7 +874,7 @@ class ClusterState:
         leaders), POLICY_VIOLATION (past the partition quota), with a message. Raises
         kazoo errors."""
         while True:
-            found = self._read_topic(name)
+            found = self.read_topic(name)
             if found is None:
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
             body, version = found
@@ -919,7 +928,7 @@ class ClusterState:
 
     def topic_configs(self, name: str) -> dict[str, str] | None:
         """The configs set on a topic (straight from ZooKeeper), None for an unknown topic."""
-        found = self._read_topic(name)
+        found = self.read_topic(name)
         return None if found is None else dict(found[0].get("configs", {}))
 
     def alter_topic_configs(self, name: str, update: Callable[[dict[str, str]], tuple[ErrorCode, str]],
@@ -930,7 +939,7 @@ class ClusterState:
         replicas when the watch fires. UNKNOWN_TOPIC_OR_PARTITION for an unknown
         topic. Raises kazoo errors."""
         while True:
-            found = self._read_topic(name)
+            found = self.read_topic(name)
             if found is None:
                 return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
             body, version = found

@@ -306,7 +306,7 @@ def describe_features(cluster: ClusterState) -> pb.DescribeFeaturesResponse:
                                    max_version=rng.max_version)
     data, stat = cluster.zk.get(features.FEATURES_PATH)
     resp = pb.DescribeFeaturesResponse(
-        supported=[supported(features.SUPPORTED)], finalized_epoch=stat.version,
+        supported=[supported(cluster.supported)], finalized_epoch=stat.version,
         finalized=[pb.FinalizedFeature(name=features.METADATA_VERSION, level=features.decode_finalized(data))])
     for node_id, (role, rng) in sorted(cluster.feature_processes().items()):
         resp.processes.append(pb.ProcessFeatures(node_id=node_id, role=role, supported=[supported(rng)],
@@ -569,7 +569,7 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
         registered after `exactly features upgrade` checked the live processes):
         stop, and exit with the error, as at start-up."""
         try:
-            features.check_finalized(level)
+            features.check_finalized(level, cluster.supported)
         except features.FeatureLevelError as exc:
             unsupported.append(str(exc))
             loop.call_soon_threadsafe(stop.set)

@@ -128,7 +128,8 @@ def test_cluster_wide_settings_are_split_by_role():
     split = settings_by_role({"min.insync.replicas": "2", "transaction.state.log.num.partitions": "4",
                               "offsets.topic.num.partitions": "4", "zookeeper.session.timeout.ms": "6000"})
     assert split["partition_leader"] == {"min.insync.replicas": "2", "zookeeper.session.timeout.ms": "6000"}
-    assert split["txn_coordinator"] == {"transaction.state.log.num.partitions": "4",
+    # A transaction coordinator hosts replicas of its internal topic (metadata.version 3).
+    assert split["txn_coordinator"] == {"min.insync.replicas": "2", "transaction.state.log.num.partitions": "4",
                                         "zookeeper.session.timeout.ms": "6000"}
     assert split["group_coordinator"] == {"offsets.topic.num.partitions": "4",
                                           "zookeeper.session.timeout.ms": "6000"}

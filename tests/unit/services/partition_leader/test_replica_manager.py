@@ -27,20 +27,24 @@ def topic(name, leaders, configs=None, internal=False, epochs=None):
     return TopicInfo(name, {p: [leader] for p, leader in enumerate(leaders)}, dict(configs or {}), internal, states)
 
 
-def test_refresh_opens_led_partitions_and_closes_the_others(tmp_path, store, clock):
+def test_refresh_opens_assigned_replicas_and_deletes_those_no_longer_assigned(tmp_path, store, clock):
     cluster = FakeCluster({"a": topic("a", ["me", "other", "me"])})
     m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
     assert m.hosted.refresh() == ([("a", 0), ("a", 2)], [])
     assert (tmp_path / "logs" / "a-0").is_dir() and not (tmp_path / "logs" / "a-1").exists()
     p, _ = m.hosted.get("a", 0)
     p.append(valid(make_batch(2)))
+    p.maybe_snapshot(clock() + 10**9)
+    assert store.offsets("a", 0) == [2]
+    # Removed from the replicas (a replica leaving a coordinator-led partition): its copy goes.
     cluster._topics["a"] = topic("a", ["other", "other", "me"])
     assert m.hosted.refresh() == ([], [("a", 0)])
-    assert store.offsets("a", 0) == [2]  # final snapshot on close
+    assert not (tmp_path / "logs" / "a-0").exists() and store.offsets("a", 0) == []
     assert m.hosted.get("a", 0) == (None, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    # Assigned again: a new replica, caught up from the leader as any.
     cluster._topics["a"] = topic("a", ["me", "other", "me"])
     m.hosted.refresh()
-    assert m.hosted.get("a", 0)[0].log_end_offset == 2
+    assert m.hosted.get("a", 0)[0].log_end_offset == 0
     m.hosted.close()
     assert m.hosted.partitions == {}
 

@@ -27,18 +27,38 @@ Range = features.SupportedRange
 
 def test_a_process_refuses_a_finalized_level_it_does_not_support_naming_it():
     features.check_finalized(1)
-    features.check_finalized(features.MAX_LEVEL)
-    with pytest.raises(features.FeatureLevelError, match=r"metadata.version 3 is finalized in ZooKeeper "
+    features.check_finalized(features.STABLE_LEVEL)
+    features.check_finalized(features.MAX_LEVEL, features.supported_range(unstable=True))
+    with pytest.raises(features.FeatureLevelError, match=r"metadata.version 4 is finalized in ZooKeeper "
                                                          r"\(/exactly/features\), and this version of Exactly "
-                                                         r"supports metadata.version 1-2"):
-        features.check_finalized(3)
+                                                         r"supports metadata.version 1-3"):
+        features.check_finalized(4, features.KNOWN)
     with pytest.raises(features.FeatureLevelError, match="metadata.version 2 .* supports metadata.version 1:"):
         features.check_finalized(2, features.PRE_FEATURES)
 
 
-def test_a_new_cluster_starts_at_the_newest_level_an_existing_one_at_the_baseline():
-    assert features.initial_level(existing_cluster=False) == features.MAX_LEVEL == 2
+def test_an_unstable_level_runs_only_where_it_is_enabled():
+    assert features.MAX_LEVEL == 3 and features.STABLE_LEVEL == 2
+    assert features.supported_range(unstable=False) == features.SUPPORTED == Range(1, 2)
+    assert features.supported_range(unstable=True) == features.KNOWN == Range(1, 3)
+    with pytest.raises(features.FeatureLevelError, match="metadata.version 3 is finalized .* an unstable level "
+                                                         r"of this version of Exactly \(it runs at 1-2\): set "
+                                                         "unstable.feature.versions.enable=true"):
+        features.check_finalized(3)
+    assert "set unstable.feature.versions.enable=true on every process" in features.upgrade_refusal(3, 2, {})
+    assert features.upgrade_refusal(3, 2, {"pl-0": Range(1, 3)}, features.KNOWN) is None
+    why = features.upgrade_refusal(3, 2, {"pl-0": Range(1, 3), "txn-0": Range(1, 2)}, features.KNOWN)
+    assert why == ("metadata.version 3 is not supported by every live process: txn-0 (supports 1-2); "
+                   "upgrade them first")
+    assert features.registration_features(features.KNOWN) == {"metadata.version": {"min_version": 1,
+                                                                                    "max_version": 3}}
+
+
+def test_a_new_cluster_starts_at_the_newest_level_it_runs_at_an_existing_one_at_the_baseline():
+    assert features.initial_level(existing_cluster=False) == features.STABLE_LEVEL == 2
+    assert features.initial_level(existing_cluster=False, supported=features.KNOWN) == features.MAX_LEVEL == 3
     assert features.initial_level(existing_cluster=True) == features.BASELINE_LEVEL == 1
+    assert features.initial_level(existing_cluster=True, supported=features.KNOWN) == 1
     assert features.decode_finalized(features.encode_finalized(2)) == 2
 
 
@@ -48,7 +68,7 @@ def test_an_upgrade_is_refused_while_a_live_process_lacks_the_level_naming_each(
     assert why == ("metadata.version 2 is not supported by every live process: group-0 (supports 1), "
                    "txn-1 (supports 1); upgrade them first")
     assert features.upgrade_refusal(2, 1, {"pl-0": Range(1, 2), "txn-0": Range(1, 3)}) is None
-    assert "not a level this version supports" in features.upgrade_refusal(3, 2, {})
+    assert "not a level this version supports" in features.upgrade_refusal(4, 2, {})
     assert "that is a downgrade" in features.upgrade_refusal(1, 2, {})
 
 

@@ -55,6 +55,7 @@ class FakeCluster:
         self.partitions = partitions
         self.next_pid = 1000
         self.registered = True
+        self.metadata_version = 2  # below 3: claims write only the claim znode
 
     def allocate_producer_id_block(self, size: int = 1000):
         first = self.next_pid
