@@ -127,6 +127,7 @@ class Side:
     label: str
     python: str
     cluster: object = None  # exactly_tools.devcluster.DevCluster, once started
+    props: dict = dataclasses.field(default_factory=dict)  # settings of its services (Kafka keys)
 
     def pids(self) -> dict[str, int]:
         return {svc.role: svc.pid for svc in self.cluster.services.values()}
@@ -183,7 +184,8 @@ class Run:
         """Start `side`'s cluster (its services on `side.python`) and create the topics."""
         t0 = time.monotonic()
         self.sides.append(side)
-        side.cluster = start_cluster(self.work / side.name, python="" if side.python == sys.executable else side.python)
+        side.cluster = start_cluster(self.work / side.name, props=side.props,
+                                     python="" if side.python == sys.executable else side.python)
         self.say(f"  {side.name} cluster ({side.label}) serving after {time.monotonic() - t0:.0f} s")
         for client in CLIENTS:
             create_topic(side.cluster, f"load-{client}", 3)
@@ -405,6 +407,8 @@ def table(result: dict) -> str:
             lines.append("  ".join("-" * w for w in widths))
     m = result["machine"]
     s = result["sizes"]
+    if result.get("head_props"):
+        lines.append("\nhead settings: " + ", ".join(f"{k}={v}" for k, v in sorted(result["head_props"].items())))
     lines.append(f"\nmedians of {s['rounds']} rounds, alternating windows; ratio = {head} / {base}; "
                  f"{m['cpus']} CPUs ({m.get('cpu_model', '?')}), load average {m['loadavg_start'][0]:.1f} at the "
                  f"start, {m['loadavg_end'][0]:.1f} at the end; {result['seconds']:.0f} s")
@@ -412,9 +416,11 @@ def table(result: dict) -> str:
 
 
 def run(against: str = YARDSTICK, work: pathlib.Path = ROOT / ".run" / "bench-against", sizes: Sizes = Sizes(),
-        say=None) -> dict:
-    """Install `against`, start both clusters, measure, stop them. Returns {"commits":
-    {"base", "head"}, "sizes", "machine", "seconds", "figures" (`figures`), "windows"}.
+        say=None, head_props: dict[str, str] | None = None) -> dict:
+    """Install `against`, start both clusters, measure, stop them. `head_props`: settings
+    of the head cluster's services only (e.g. unstable.feature.versions.enable=true, to
+    measure a level still being built). Returns {"commits": {"base", "head"},
+    "head_props", "sizes", "machine", "seconds", "figures" (`figures`), "windows"}.
     Raises exactly_tools.releases.ReleaseInstallError when the commit cannot be
     installed, ClientError when a client fails."""
     from exactly_tools import releases
@@ -426,11 +432,12 @@ def run(against: str = YARDSTICK, work: pathlib.Path = ROOT / ".run" / "bench-ag
         release = releases.install(against, ROOT)
         r.say(f"  {against} installed in {release.src.parent} ({time.monotonic() - t0:.0f} s)")
         r.add_side(Side("base", release.commit[:7], str(release.python)))
-        r.add_side(Side("head", head_label(), sys.executable))
+        r.add_side(Side("head", head_label(), sys.executable, props=dict(head_props or {})))
         windows = r.measure()
     finally:
         r.stop()
     machine["loadavg_end"] = list(os.getloadavg())
     return {"commits": {side.name: side.label for side in r.sides}, "against": against,
+            "head_props": dict(head_props or {}),
             "sizes": dataclasses.asdict(sizes), "machine": machine, "seconds": round(time.time() - started, 1),
             "figures": figures(windows, sizes.producers), "windows": windows}

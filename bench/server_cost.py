@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--against: records per produce run")
     parser.add_argument("--quick", action="store_true", help="--against: one short round (the smoke test)")
     parser.add_argument("--out", type=pathlib.Path, help="--against: also write the results (JSON) here")
+    parser.add_argument("--head-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--against: a setting of the head cluster's services only (repeatable), e.g. "
+                             "unstable.feature.versions.enable=true")
     args = parser.parse_args(argv)
     if args.compare_event_loops:
         return compare_event_loops(args)
@@ -132,7 +135,13 @@ def compare_with_commit(args) -> int:
     sizes = against.QUICK if args.quick else against.Sizes(
         rounds=args.reps, producers=args.producers, seconds=args.seconds,
         latency_transactions=args.latency_transactions, records=args.records)
-    result = against.run(args.against, args.dir.resolve() / "against", sizes)
+    head_props = {}
+    for item in args.head_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--head-set {item!r}: expected KEY=VALUE")
+        head_props[key.strip()] = value.strip()
+    result = against.run(args.against, args.dir.resolve() / "against", sizes, head_props=head_props)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
