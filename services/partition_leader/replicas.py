@@ -272,13 +272,16 @@ class HostedReplicas:
                          "(snapshot at %s)", p.topic, p.partition, p.log_end_offset, p.high_watermark,
                          st.leader_epoch, ",".join(p.isr), len(p.producers.producers), p.snapshot_loaded_from)
                 return True
-            reassigned = tuple(replicas) != p.replicas
-            if reassigned:
-                p.reassign(tuple(replicas))
-                log.info("%s-%d: replicas now %s", p.topic, p.partition, ",".join(replicas))
             # A newer ISR of our epoch (our own write, or the controller's): adopt it;
             # a smaller ISR may move the high watermark.
-            return (version > p.replication.zk_version and p.set_isr(tuple(st.isr), version)) or reassigned
+            moved = version > p.replication.zk_version and p.set_isr(tuple(st.isr), version)
+            # Then replicas added or removed within the epoch (after the ISR: a removed
+            # replica stops counting once it is out of both).
+            if tuple(replicas) != p.replicas:
+                p.reassign(tuple(replicas))
+                log.info("%s-%d: replicas now %s", p.topic, p.partition, ",".join(replicas))
+                return True
+            return moved
         if p.is_leader or p.leader_id != st.leader or p.leader_epoch != st.leader_epoch:
             was_leader = p.is_leader
             p.become_follower(st.leader, st.leader_epoch, replicas)

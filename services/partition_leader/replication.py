@@ -145,6 +145,8 @@ class LeaderReplication:
         or a newer one written by the controller)."""
         self.isr = self._ordered(set(isr) | {self.local_id})
         self.zk_version = zk_version
+        for r in [r for r in self.followers if r not in self.replicas and r not in self.isr]:
+            del self.followers[r]  # removed from the replicas earlier in this epoch (set_replicas)
 
 
 def truncation_offset(leader: EpochEndOffset, follower_epochs: LeaderEpochCache,

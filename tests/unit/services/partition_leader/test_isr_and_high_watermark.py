@@ -129,3 +129,33 @@ def test_truncation_rounds_converge():
         if complete:
             break
     assert (leo, complete, follower.entries) == (60, True, [EpochEntry(0, 0)])
+
+
+# ---------------------------------------------------------------- replicas changed within an epoch
+
+def test_a_replica_added_within_the_epoch_is_tracked_and_joins_the_isr_once_caught_up():
+    # A coordinator-led internal partition gains its new owner as a replica (metadata.version 3).
+    r = LeaderReplication("a", ("a", "b"), ("a", "b"), zk_version=3, epoch_start_offset=10, now_ms=T0)
+    r.update_follower("b", 50, 50, T0)
+    assert r.expand_candidate("new", 50, T0, LAG) is None  # not a replica yet: ignored
+    r.update_follower("new", 50, 50, T0)
+    assert "new" not in r.followers
+    r.set_replicas(("new", "a", "b"))
+    assert r.followers["b"].log_end_offset == 50  # the others keep their progress
+    assert r.followers["new"].last_caught_up_ms == 0 and r.high_watermark(50) == 50  # outside the ISR
+    r.update_follower("new", 30, 50, T0 + 1)
+    assert r.expand_candidate("new", 50, T0 + 1, LAG) is None  # behind the high watermark
+    r.update_follower("new", 50, 50, T0 + 2)
+    assert r.expand_candidate("new", 50, T0 + 2, LAG) == ("new", "a", "b")  # in assignment order
+
+
+def test_a_removed_replica_counts_until_it_leaves_the_isr_too():
+    r = LeaderReplication("a", ("a", "b", "c"), ("a", "b", "c"), zk_version=3, now_ms=T0)
+    r.update_follower("b", 40, 50, T0)
+    r.update_follower("c", 50, 50, T0)
+    r.set_replicas(("a", "b"))  # the topic znode's change arrived before the state's
+    assert r.high_watermark(50) == 40 and "c" in r.followers
+    r.set_isr(("a", "b"), 4)  # then the state's: it stops counting
+    assert "c" not in r.followers and r.high_watermark(50) == 40
+    r.update_follower("b", 50, 50, T0)
+    assert r.high_watermark(50) == 50

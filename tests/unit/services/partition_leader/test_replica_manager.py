@@ -231,3 +231,29 @@ def test_altered_topic_configs_apply_to_open_replicas(tmp_path, store, clock):
         p.append(valid(make_batch(3)))
     assert len(list((tmp_path / "logs" / "a-0").glob("*.log"))) > 1
     m.hosted.close()
+
+
+def test_a_leader_adopts_replicas_added_and_removed_within_its_epoch(tmp_path, store, clock):
+    """A coordinator-led internal partition (metadata.version 3): its new owner is added
+    as a replica and the one leaving removed without a new leader epoch; the leader
+    tracks the new follower (its fetches are accepted) and forgets the removed one."""
+    def state(replicas, isr, version):
+        return TopicInfo("__transaction_state", {0: list(replicas)}, {}, True,
+                         {0: PartitionState("me", 3, tuple(isr), version=version)})
+    cluster = FakeCluster({"__transaction_state": state(("me", "old"), ("me", "old"), 1)})
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock))
+    m.hosted.refresh()
+    p, _ = m.hosted.get("__transaction_state", 0)
+    assert p.is_leader and set(p.replication.followers) == {"old"}
+    assert m.fetch_for_follower("__transaction_state", 0, "txn-1", 0, 1024, 3).error == \
+        ErrorCode.REPLICA_NOT_AVAILABLE
+    cluster._topics["__transaction_state"] = state(("txn-1", "me", "old"), ("me", "old"), 1)
+    m.hosted.refresh()
+    assert ("__transaction_state", 0) in m.hosted.changed and p.leader_epoch == 3
+    assert p.replicas == ("txn-1", "me", "old") and set(p.replication.followers) == {"old", "txn-1"}
+    assert m.fetch_for_follower("__transaction_state", 0, "txn-1", 0, 1024, 3).error == ErrorCode.NONE
+    # The controller drops "old" from the replicas and the ISR together.
+    cluster._topics["__transaction_state"] = state(("txn-1", "me"), ("me",), 2)
+    m.hosted.refresh()
+    assert p.replication.isr == ("me",) and set(p.replication.followers) == {"txn-1"}
+    m.hosted.close()
