@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 
-from .common import cpu_seconds, create_topic, machine_info, median, percentile, start_cluster
+from .common import cluster_level, cpu_seconds, create_topic, machine_info, median, percentile, start_cluster
 
 # The commit the performance goals are stated against (docs/benchmarks.md, "Side by side").
 YARDSTICK = "5f0f6d9"
@@ -128,6 +128,7 @@ class Side:
     python: str
     cluster: object = None  # exactly_tools.devcluster.DevCluster, once started
     props: dict = dataclasses.field(default_factory=dict)  # settings of its services (Kafka keys)
+    level: int = 0  # its finalized metadata.version, once started
 
     def pids(self) -> dict[str, int]:
         return {svc.role: svc.pid for svc in self.cluster.services.values()}
@@ -186,7 +187,9 @@ class Run:
         self.sides.append(side)
         side.cluster = start_cluster(self.work / side.name, props=side.props,
                                      python="" if side.python == sys.executable else side.python)
-        self.say(f"  {side.name} cluster ({side.label}) serving after {time.monotonic() - t0:.0f} s")
+        side.level = cluster_level(side.cluster)
+        self.say(f"  {side.name} cluster ({side.label}) serving at metadata.version {side.level} after "
+                 f"{time.monotonic() - t0:.0f} s")
         for client in CLIENTS:
             create_topic(side.cluster, f"load-{client}", 3)
         create_topic(side.cluster, "lone", 3)
@@ -409,6 +412,8 @@ def table(result: dict) -> str:
     s = result["sizes"]
     if result.get("head_props"):
         lines.append("\nhead settings: " + ", ".join(f"{k}={v}" for k, v in sorted(result["head_props"].items())))
+    if result.get("levels"):
+        lines.append("metadata.version: " + ", ".join(f"{k} {v}" for k, v in result["levels"].items()))
     lines.append(f"\nmedians of {s['rounds']} rounds, alternating windows; ratio = {head} / {base}; "
                  f"{m['cpus']} CPUs ({m.get('cpu_model', '?')}), load average {m['loadavg_start'][0]:.1f} at the "
                  f"start, {m['loadavg_end'][0]:.1f} at the end; {result['seconds']:.0f} s")
@@ -438,6 +443,6 @@ def run(against: str = YARDSTICK, work: pathlib.Path = ROOT / ".run" / "bench-ag
         r.stop()
     machine["loadavg_end"] = list(os.getloadavg())
     return {"commits": {side.name: side.label for side in r.sides}, "against": against,
-            "head_props": dict(head_props or {}),
+            "head_props": dict(head_props or {}), "levels": {side.name: side.level for side in r.sides},
             "sizes": dataclasses.asdict(sizes), "machine": machine, "seconds": round(time.time() - started, 1),
             "figures": figures(windows, sizes.producers), "windows": windows}

@@ -104,6 +104,40 @@ def start_cluster(directory: pathlib.Path, partition_leaders: int = 1, props: di
     return cluster
 
 
+def cluster_level(cluster: "DevCluster", timeout_s: float = 60.0) -> int:
+    """The cluster's finalized metadata.version; at level 3 (coordinator-led
+    `__transaction_state`), once every partition of that topic is led by its first
+    replica, a transaction coordinator, with no replica left to remove (so that a
+    measurement starts on the steady state). Raises TimeoutError after `timeout_s`."""
+    import json
+
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zookeeper, timeout=10)
+    zk.start(timeout=30)
+    try:
+        if not zk.exists("/exactly/features"):
+            return 1  # a version before feature levels
+        level = json.loads(zk.get("/exactly/features")[0])["features"]["metadata.version"]
+        if level < 3:
+            return level
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if zk.exists("/exactly/topics/__transaction_state"):
+                body = json.loads(zk.get("/exactly/topics/__transaction_state")[0])
+                leaders = {p: json.loads(zk.get(f"/exactly/topics/__transaction_state/{p}/state")[0])["leader"]
+                           for p in body["partitions"]}
+                if not body.get("removing") and all(leaders[p] == r[0] and r[0] in cluster.services and
+                                                    cluster.services[r[0]].role == "txn_coordinator"
+                                                    for p, r in body["partitions"].items()):
+                    return level
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"__transaction_state not led by its coordinators within {timeout_s:.0f} s")
+            time.sleep(0.1)
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def create_topic(cluster: "DevCluster", name: str, partitions: int = 1, replication_factor: int = 1,
                  configs: dict[str, str] | None = None) -> None:
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:

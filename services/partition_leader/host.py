@@ -128,6 +128,21 @@ class ReplicaHost:
                 except OSError as exc:
                     log.exception("deleting %s failed", path)
                     hosted.fail_log_dir(exc)
+        for tp, path in hosted.unassigned_logs():
+            try:
+                found = await asyncio.to_thread(self.cluster.read_topic, tp[0])
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: keep the files, try at the next start
+                log.warning("cannot check topic %s: %r", tp[0], exc)
+                continue
+            replicas = (found[0].get("partitions") or {}).get(str(tp[1])) if found is not None else None
+            if replicas is not None and self.cfg.node_id not in replicas and tp not in hosted.replicas:
+                # Removed from its replicas while this process was down: a copy reopened
+                # later would start from stale records a compaction may have dropped since.
+                try:
+                    hosted.delete_orphaned(tp, path, "no longer one of its replicas")
+                except OSError as exc:
+                    log.exception("deleting %s failed", path)
+                    hosted.fail_log_dir(exc)
 
     async def wait_ready(self) -> None:
         """Called once registered: wait (at most twice the ZooKeeper session timeout)

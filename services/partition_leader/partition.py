@@ -244,6 +244,9 @@ class Partition:
         self.epochs = epochs if epochs is not None else LeaderEpochCache()
         self.leader_id: str | None = local_id if single_replica else None
         self.replicas: tuple[str, ...] = (local_id,)
+        # Replicas leaving the partition (a coordinator-led internal partition's move,
+        # metadata.version 3): not counted in the replication factor.
+        self.removing: tuple[str, ...] = ()
         self.replication: LeaderReplication | None = LeaderReplication(
             local_id, (local_id,), (local_id,), epoch_start_offset=plog.log_end_offset, now_ms=monotonic_ms()) \
             if single_replica else None
@@ -383,8 +386,10 @@ class Partition:
 
     @property
     def min_insync_replicas(self) -> int:
-        """`min.insync.replicas`, capped at the replication factor."""
-        return max(min(self.config.min_insync_replicas, len(self.replicas)), 1)
+        """`min.insync.replicas`, capped at the replication factor (the replicas that
+        are not leaving)."""
+        staying = sum(1 for r in self.replicas if r not in self.removing)
+        return max(min(self.config.min_insync_replicas, staying), 1)
 
     def become_leader(self, leader_epoch: int, replicas: tuple[str, ...], isr: tuple[str, ...],
                       zk_version: int = -1) -> None:

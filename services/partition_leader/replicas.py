@@ -325,6 +325,7 @@ class HostedReplicas:
                 opened.append(tp)
             if p.config_source != dict(getattr(info, "configs", {})):
                 self._reconfigure(p, info)
+            p.removing = tuple(getattr(info, "removing", {}).get(tp[1], ()))
             if self._apply_state(p, replicas, _state(info, tp[1])):
                 self.changed.add(tp)
         for tp in sorted(set(self.replicas) - set(wanted)):
@@ -368,13 +369,33 @@ class HostedReplicas:
                 out.append(((topic, int(partition)), d))
         return out
 
-    def delete_orphaned(self, tp: TopicPartition, path: Path) -> None:
+    def unassigned_logs(self) -> list[tuple[TopicPartition, Path]]:
+        """Partition directories under `<data dir>/logs` of hosted topics the cluster view
+        knows whose partition does not list this process among its replicas (it was
+        removed from them while this process was down: a replica leaving a
+        coordinator-led internal partition), as ((topic, partition), path). The caller
+        confirms with ZooKeeper before deleting them."""
+        topics = self.cluster.topics()
+        out = []
+        logs = self.data_dir / "logs"
+        for d in sorted(logs.iterdir()) if logs.is_dir() else ():
+            topic, _, partition = d.name.rpartition("-")
+            info = topics.get(topic)
+            if not (d.is_dir() and info is not None and partition.isdigit() and self.hosts_topic(topic)):
+                continue
+            tp = (topic, int(partition))
+            if tp[1] in info.partitions and self.node_id not in info.partitions[tp[1]] and tp not in self.replicas:
+                out.append((tp, d))
+        return out
+
+    def delete_orphaned(self, tp: TopicPartition, path: Path,
+                        why: str = "topic deleted while this process was down") -> None:
         """Delete the directory and snapshots of a replica of a deleted topic that was
         never opened here. Raises OSError."""
         for off in self.store.offsets(*tp):
             self.store.delete(tp[0], tp[1], off)
         shutil.rmtree(path, ignore_errors=True)
-        log.info("deleted %s-%d (topic deleted while this process was down)", *tp)
+        log.info("deleted %s-%d (%s)", *tp, why)
 
     def close_partition(self, tp: TopicPartition) -> None:
         """Close the replica of `tp` (flush, final snapshot) and forget it; its files stay."""

@@ -37,13 +37,14 @@ ROLE = "txn_coordinator"
 class TxnCoordinatorService:
     """Owns the coordinator, its election to `TRANSACTION_STATE_TOPIC` partitions and the
     creation of that topic (transaction.state.log.num.partitions, default 8;
-    transaction.state.log.replication.factor, default 1), and `host`: the replicas of
-    that topic assigned to this process, which from metadata.version 3 are those of the
-    partitions it owns (it leads them once in sync; docs/design/coordinator-local-logs.md)
-    and those it is leaving."""
+    transaction.state.log.replication.factor, default 1), and `host` (None unless this
+    process runs at metadata.version 3, `ClusterState.hosts_replicas`): the replicas of
+    that topic assigned to this process, which from level 3 are those of the partitions
+    it owns (it leads them once in sync; docs/design/coordinator-local-logs.md) and
+    those it is leaving."""
 
     def __init__(self, cluster: ClusterState, coordinator: TransactionCoordinator,
-                 ownership: CoordinatorOwnership, cfg: ServiceConfig, host: ReplicaHost):
+                 ownership: CoordinatorOwnership, cfg: ServiceConfig, host: ReplicaHost | None):
         self.cluster = cluster
         self.coordinator = coordinator
         self.ownership = ownership
@@ -57,7 +58,8 @@ class TxnCoordinatorService:
         return TxnCoordinatorApis(AuthorizedServicer(self.servicer, "TransactionCoordinator")).handlers()
 
     async def start(self) -> None:
-        await self.host.start()
+        if self.host is not None:
+            await self.host.start()
         await self.coordinator.start()
         loop = asyncio.get_running_loop()
         self.cluster.add_feature_listener(
@@ -87,7 +89,8 @@ class TxnCoordinatorService:
         if timeout_s is None:
             timeout_s = self.cfg.settings.txn_ready_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
-        await self.host.wait_ready()  # bounded by twice the ZooKeeper session timeout
+        if self.host is not None:
+            await self.host.wait_ready()  # bounded by twice the ZooKeeper session timeout
         while not self.ownership.in_view() or self.loading or self._topic_pending():
             if time.monotonic() >= deadline:
                 log.warning("transaction log partitions not all loaded after %.0f s; serving anyway", timeout_s)
@@ -111,7 +114,8 @@ class TxnCoordinatorService:
             self._topic_task.cancel()
         await self.ownership.stop()
         await self.coordinator.stop()
-        await self.host.stop()
+        if self.host is not None:
+            await self.host.stop()
 
 
 async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterClient,
@@ -132,11 +136,14 @@ async def setup(server: grpc.aio.Server, cluster: ClusterState, client: ClusterC
 
     pids = ProducerIdManager(allocate_block)
     linger = Linger(settings.txn_batch_linger_ms)
-    # The replicas of the transaction log assigned here (none below metadata.version 3):
-    # appends to a partition this process leads go to them directly.
-    host = ReplicaHost(cfg, cluster, client, hosts_topic=lambda topic: topic == TRANSACTION_STATE_TOPIC)
-    pbg.add_PartitionLeaderServicer_to_server(host.servicer, server)
-    txn_log = ClusterTxnLog(client, linger=linger, local=LocalAppender(cfg.node_id, host.manager))
+    # With metadata.version 3 enabled, the replicas of the transaction log assigned here
+    # (none below level 3): appends to a partition this process leads go to them directly.
+    host = None
+    if cluster.hosts_replicas:
+        host = ReplicaHost(cfg, cluster, client, hosts_topic=lambda topic: topic == TRANSACTION_STATE_TOPIC)
+        pbg.add_PartitionLeaderServicer_to_server(host.servicer, server)
+    txn_log = ClusterTxnLog(client, linger=linger,
+                            local=LocalAppender(cfg.node_id, host.manager) if host is not None else None)
     load_delay_ms = settings.test_load_delay_ms
     if load_delay_ms > 0:
         txn_log = SlowLoadTxnLog(txn_log, load_delay_ms)

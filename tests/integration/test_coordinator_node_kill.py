@@ -155,6 +155,10 @@ def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(
             assert leader == owner and owner.startswith("txn-"), (owner, leader)
         else:
             assert leader.startswith("pl-") and owner.startswith("txn-"), (owner, leader)
+        if level == 3:
+            replicas, _ = _replicas_and_leader(cluster, log_partition)
+            assert replicas[0] == owner and len(replicas) == 3, replicas
+            epoch_at_kill = _leader_epoch(cluster, log_partition)
         assert load.in_commit.wait(30), "no commit in progress"
         cluster.kill(owner)
         if leader != owner:
@@ -180,7 +184,8 @@ def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(
     assert not partial, f"transactions visible in part: {partial}"
     lost = [i for i in load.acknowledged if i not in seen]
     assert not lost, f"acknowledged transactions lost: {lost}; failures: {load.failures}"
-    print(f"killed {owner} and {leader} (leader of __transaction_state-{log_partition}) mid-commit: "
+    killed = owner if leader == owner else f"{owner} and {leader}"
+    print(f"killed {killed} (leader of __transaction_state-{log_partition}) mid-commit: "
           f"{len(load.acknowledged)} acknowledged, {len(seen)} committed, failures: {load.failures}")
     if level == 3:
         # The failover ended as designed: the new owner leads the partition, and the killed
@@ -188,6 +193,9 @@ def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(
         wait_for(lambda: _coordinator_led(cluster, [log_partition]), 60, "the new owner leading the partition")
         replicas, _ = _replicas_and_leader(cluster, log_partition)
         assert owner not in replicas and len(replicas) == 3, replicas
+        # Two elections at least: an in-sync partition leader in the interim (the new owner was
+        # no replica yet), then the new owner once it caught up.
+        assert _leader_epoch(cluster, log_partition) >= epoch_at_kill + 2
 
 
 def _node(cluster, tid: str) -> tuple[str, int, str]:
@@ -209,6 +217,15 @@ def _replicas_and_leader(cluster, partition: int) -> tuple[list[str], str | None
         body = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}")[0])
         state = json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}/{partition}/state")[0])
         return body["partitions"][str(partition)], state["leader"]
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _leader_epoch(cluster, partition: int) -> int:
+    zk = zookeeper_client(cluster)
+    try:
+        return json.loads(zk.get(f"/exactly/topics/{TRANSACTION_STATE}/{partition}/state")[0])["leader_epoch"]
     finally:
         zk.stop()
         zk.close()

@@ -44,6 +44,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from . import features
+from ..protocol import TRANSACTION_STATE_TOPIC
 from .coordinator_replicas import COORDINATOR_LED_LEVEL, plan_removal
 from .state import PARTITION_LEADER, ROOT, SERVICES, TOPICS, ClusterState, PartitionState, state_path
 from ..settings import PartitionLeaderSchema
@@ -214,11 +215,11 @@ class Controller:
             self._stopped.wait(0.02)  # coalesce bursts of watch events
 
     # ------------------------------------------------------------ sweeps
-    def live_replicas(self) -> dict[str, int]:
+    def live_replicas(self, coordinators: bool = False) -> dict[str, int]:
         """Live replica-hosting node id -> czxid of its registration: the partition
-        leaders, and the coordinators that host replicas of their internal topic
-        (`"hosts"`, metadata.version 3). A process whose log directory is offline is
-        not live as a replica."""
+        leaders, and with `coordinators` (metadata.version 3) the coordinators that host
+        replicas of their internal topic (`"hosts"`). A process whose log directory is
+        offline is not live as a replica."""
         live = {}
         for child in self.zk.get_children(SERVICES):
             try:
@@ -230,18 +231,19 @@ class Controller:
             except ValueError as exc:  # a registration this version cannot read: not a replica it knows
                 log.error("registration of %s not read: %s", child, exc)
                 continue
-            if (d.get("role") == PARTITION_LEADER or d.get("hosts")) and not d.get("log_dir_offline"):
+            hosts = coordinators and bool(d.get("hosts"))
+            if (d.get("role") == PARTITION_LEADER or hosts) and not d.get("log_dir_offline"):
                 live[child] = stat.czxid
         return live
 
     def sweep(self) -> bool:
         """Decide and write every partition's state once. Returns False when a write was
         refused (its compare-and-set lost: decided again at the next sweep)."""
-        live = self.live_replicas()
         coordinator_led = self.cluster.metadata_version >= COORDINATOR_LED_LEVEL
+        live = self.live_replicas(coordinator_led)
         topics = self.cluster.topics().values()
-        parts = [(t.name, p, tuple(replicas), coordinator_led and t.internal, t.removing.get(p, ()))
-                 for t in topics for p, replicas in sorted(t.partitions.items())]
+        parts = [(t.name, p, tuple(replicas), coordinator_led and t.name == TRANSACTION_STATE_TOPIC,
+                  t.removing.get(p, ())) for t in topics for p, replicas in sorted(t.partitions.items())]
         pending = [(name, p, replicas, prefer, removing, self.zk.get_async(state_path(name, p)))
                    for name, p, replicas, prefer, removing in parts]
         clean = True
@@ -251,12 +253,14 @@ class Controller:
             except NoNodeError:
                 continue
             state = PartitionState.decode(data, stat.version, stat.mzxid)
-            if removing and plan_removal(replicas, removing, state.leader, state.isr) is not None:
-                if not self._remove_replicas(name, p, state, stat.version):
-                    clean = False
-                continue
             new = plan_partition(replicas, state, live, prefer_first=prefer)
             if new is None:
+                # The state stands (its leader live and current): the moment to drop the
+                # replicas leaving, if its first replica leads and every other is in sync.
+                current = state.leader in live and live[state.leader] < state.mzxid
+                if removing and plan_removal(replicas, removing, state.leader, state.isr, current) is not None:
+                    if not self._remove_replicas(name, p, state, stat.version, current):
+                        clean = False
                 continue
             if not self._write(name, p, new, stat.version):
                 clean = False
@@ -266,7 +270,8 @@ class Controller:
                          new.leader_epoch, ",".join(new.isr))
         return clean
 
-    def _remove_replicas(self, topic: str, partition: int, state: PartitionState, state_version: int) -> bool:
+    def _remove_replicas(self, topic: str, partition: int, state: PartitionState, state_version: int,
+                         leader_current: bool) -> bool:
         """Drop a partition's removing replicas (coordinator_replicas.plan_removal) from
         its replicas in the topic znode and from its ISR, in one multi-op with the
         controller epoch checked, each znode by compare-and-set on what was read."""
@@ -277,7 +282,7 @@ class Controller:
         key = str(partition)
         replicas = list(body.get("partitions", {}).get(key, ()))
         removing = list((body.get("removing") or {}).get(key, ()))
-        plan = plan_removal(replicas, removing, state.leader, state.isr)
+        plan = plan_removal(replicas, removing, state.leader, state.isr, leader_current)
         if plan is None:
             return True
         new_replicas, isr = plan

@@ -44,13 +44,18 @@ def claim_assignment(replicas: Sequence[str], removing: Sequence[str], owner: st
 
 
 def plan_removal(replicas: Sequence[str], removing: Sequence[str], leader: str | None,
-                 isr: Sequence[str]) -> tuple[list[str], tuple[str, ...]] | None:
+                 isr: Sequence[str], leader_current: bool) -> tuple[list[str], tuple[str, ...]] | None:
     """The (replicas, ISR) of a partition once its removing replicas are dropped, or
-    None while there is nothing to drop or its first replica does not lead yet (the
-    replicas leaving still hold the data the first replica fetches, and an in-sync one
-    may still be elected). replicas / removing / isr: node ids; leader: the current
-    leader (None: offline)."""
+    None while they must stay: nothing to drop, the first replica does not lead, or its
+    leadership is not current (`leader_current` False: the leader's session ended, or it
+    registered again since the state was written, so an election comes first), or a
+    replica that stays is out of the ISR (KIP-455: a move completes once every target
+    replica is in sync; until then the leaving replicas may hold copies the ISR needs).
+    replicas / removing / isr: node ids; leader: the current leader (None: offline)."""
     gone = [r for r in removing if r in replicas]
-    if not gone or not replicas or leader != replicas[0] or leader in gone:
+    if not gone or not replicas or leader != replicas[0] or leader in gone or not leader_current:
         return None
-    return [r for r in replicas if r not in gone], tuple(r for r in isr if r not in gone)
+    staying = [r for r in replicas if r not in gone]
+    if any(r not in isr for r in staying):
+        return None
+    return staying, tuple(r for r in isr if r not in gone)

@@ -113,8 +113,9 @@ FORMATS: dict[str, Format] = _formats(
     Format("zk-features", "/exactly/features: \"version\"", {1: 1}),
     Format("zk-registration", "/exactly/services/<node id>: \"version\" (none: 1)", {1: 1}),
     Format("zk-topic", "/exactly/topics/<topic>: \"version\" (none: 1)", {1: 1}),
-    # Fields of the topic znode and of a registration that only level 3 writes (readers
-    # of earlier versions ignore unknown fields; the level keeps them from meeting them).
+    # Fields of the topic znode and of a registration for level 3 (readers of earlier
+    # versions ignore unknown fields): "removing" is written only at level 3; "hosts" by
+    # a transaction coordinator that enables unstable levels, and counted only at 3.
     Format("zk-topic-removing", "/exactly/topics/<internal topic>: \"removing\" (replicas leaving a partition "
            "once its first replica leads)", {1: 3}),
     Format("zk-registration-hosts", "/exactly/services/<node id>: \"hosts\" (the internal topic a coordinator "

@@ -38,7 +38,8 @@ from exactly_wire.error_codes import ErrorCode
 from . import features
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
 from .coordinator_replicas import COORDINATOR_LED_LEVEL, claim_assignment
-from .state import COORDINATORS, ROLE_FOR_KIND, TOPICS, ClusterState
+from .features import FEATURES_PATH
+from .state import COORDINATORS, PARTITION_LEADER, ROLE_FOR_KIND, TOPICS, ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +294,15 @@ class CoordinatorOwnership:
             body = features.zk_json("zk-coordinator-claim", {
                 "owner": self.cluster.node_id, "coordinator_epoch": coordinator_epoch, "producer_id": producer_id,
                 "producer_epoch": producer_epoch, "retired_producer_id": retired})
-            if not self.hosts_replicas():
+            # The level read now, not the cached one: a claim decided at level 2 while
+            # the level is being raised must not skip the first place (the multi-op below
+            # also checks the features znode did not change meanwhile).
+            try:
+                fdata, fstat = zk.get(FEATURES_PATH)
+                level = features.decode_finalized(fdata)
+            except NoNodeError:  # deleted by hand: the cached level stands
+                fstat, level = None, self.cluster.metadata_version
+            if not (self.kind == "txn" and level >= COORDINATOR_LED_LEVEL):
                 try:
                     if stat is None:
                         zk.create(path, body, makepath=True)
@@ -305,6 +314,8 @@ class CoordinatorOwnership:
             # Level 3: the claim and the first place in the partition's replicas, in one multi-op.
             zk.ensure_path(f"{COORDINATORS}/{self.kind}")
             tx = zk.transaction()
+            if fstat is not None:
+                tx.check(FEATURES_PATH, fstat.version)
             if stat is None:
                 tx.create(path, body)
             else:
@@ -364,7 +375,12 @@ class CoordinatorOwnership:
                 return  # claimed by another: the owner watch resigns it
             tx = self.cluster.zk.transaction()
             tx.check(path, stat.version)
-            self._assign_in(tx, partition, self.cluster.node_id)
+            # Normally the first replica is a partition leader here (claimed below level
+            # 3); a coordinator first (a claim raced the raise) is the one that leaves.
+            topic = self.cluster.topic(self.topic)
+            first = (topic.partitions.get(partition) or [None])[0] if topic is not None else None
+            leaders = {n.node_id for n in self.cluster.nodes().values() if n.role == PARTITION_LEADER}
+            self._assign_in(tx, partition, first if first is not None and first not in leaders else None)
             if self._committed(tx, partition):
                 return
 

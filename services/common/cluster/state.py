@@ -425,13 +425,19 @@ class ClusterState:
     def _registration(self) -> bytes:
         d = {"role": self.role, "host": self.host, "port": self.port, "kafka_port": self.kafka_port,
              "broker_id": self.broker_id, "features": features.registration_features(self.supported)}
-        if self.role == ROLE_FOR_KIND["txn"]:
+        if self.role == ROLE_FOR_KIND["txn"] and self.hosts_replicas:
             # The internal topic it hosts replicas of once metadata.version is 3
             # (coordinator_replicas.py): the controller counts it as a replica then.
             d["hosts"] = [TRANSACTION_STATE_TOPIC]
         if self.log_dir_offline:
             d["log_dir_offline"] = True
         return features.zk_json("zk-registration", d)
+
+    @property
+    def hosts_replicas(self) -> bool:
+        """Whether this process can host replicas of its internal topic: a transaction
+        coordinator that runs at metadata.version 3 (unstable.feature.versions.enable)."""
+        return self.role == ROLE_FOR_KIND["txn"] and self.supported.covers(3)
 
     def mark_log_dir_offline(self, timeout_s: float = 10.0) -> None:
         """KIP-112 (docs/design.md, "Disk faults"): publish that this process's log

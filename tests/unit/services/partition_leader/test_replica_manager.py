@@ -257,3 +257,28 @@ def test_a_leader_adopts_replicas_added_and_removed_within_its_epoch(tmp_path, s
     m.hosted.refresh()
     assert p.replication.isr == ("me",) and set(p.replication.followers) == {"txn-1"}
     m.hosted.close()
+
+
+def test_min_insync_replicas_counts_only_the_replicas_that_stay(tmp_path, store, clock):
+    """The first claim at level 3 of an RF 1 partition lists two replicas, one leaving:
+    min.insync.replicas 2 set cluster-wide must not start refusing its appends."""
+    info = TopicInfo("__transaction_state", {0: ["txn-0", "me"]}, {"min.insync.replicas": "2"}, True,
+                     {0: PartitionState("me", 0, ("me",))}, removing={0: ("me",)})
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, FakeCluster({"__transaction_state": info}), store, clock,
+                                      monotonic_ms=clock))
+    m.hosted.refresh()
+    p, _ = m.hosted.get("__transaction_state", 0)
+    assert p.removing == ("me",) and p.min_insync_replicas == 1 and p.enough_replicas()
+    m.hosted.close()
+
+
+def test_logs_of_partitions_no_longer_assigned_here_are_listed_for_deletion(tmp_path, store, clock):
+    cluster = FakeCluster({"__transaction_state": topic("__transaction_state", ["me", "other"], internal=True)})
+    for name in ("__transaction_state-0", "__transaction_state-1", "__transaction_state-9", "x-0"):
+        (tmp_path / "logs" / name).mkdir(parents=True)
+    hosted = HostedReplicas("me", tmp_path, {}, cluster, store, clock, monotonic_ms=clock,
+                            hosts_topic=lambda name: name == "__transaction_state")
+    hosted.refresh()
+    # -1 is assigned to "other" only; -9 is no partition of the topic; x is not hosted here.
+    assert hosted.unassigned_logs() == [(("__transaction_state", 1), tmp_path / "logs" / "__transaction_state-1")]
+    hosted.close()

@@ -45,12 +45,25 @@ def test_moves_that_did_not_finish_keep_the_replication_factor():
 
 def test_leaving_replicas_go_only_once_the_first_replica_leads():
     replicas, removing = ["txn-1", "txn-0", "pl-1"], ["txn-0"]
-    assert plan_removal(replicas, removing, "pl-1", ("txn-0", "pl-1", "txn-1")) is None  # interim leader
-    assert plan_removal(replicas, removing, None, ("txn-0",)) is None  # offline
-    assert plan_removal(replicas, removing, "txn-1", ("txn-1", "txn-0", "pl-1")) == \
+    assert plan_removal(replicas, removing, "pl-1", ("txn-0", "pl-1", "txn-1"), True) is None  # interim leader
+    assert plan_removal(replicas, removing, None, ("txn-0",), False) is None  # offline
+    assert plan_removal(replicas, removing, "txn-1", ("txn-1", "txn-0", "pl-1"), True) == \
         (["txn-1", "pl-1"], ("txn-1", "pl-1"))
-    assert plan_removal(replicas, [], "txn-1", ("txn-1",)) is None
-    assert plan_removal(["txn-1", "pl-0"], ["pl-0"], "txn-1", ("txn-1", "pl-0")) == (["txn-1"], ("txn-1",))
+    assert plan_removal(replicas, [], "txn-1", ("txn-1",), True) is None
+    assert plan_removal(["txn-1", "pl-0"], ["pl-0"], "txn-1", ("txn-1", "pl-0"), True) == (["txn-1"], ("txn-1",))
+
+
+def test_leaving_replicas_stay_while_the_leader_is_not_current_or_a_staying_replica_lags():
+    # RF 1: leadership just moved to txn-0, which died (or restarted) before the removal:
+    # pl-0 holds the only other copy and must stay to be elected.
+    assert plan_removal(["txn-0", "pl-0"], ["pl-0"], "txn-0", ("txn-0", "pl-0"), False) is None
+    # RF 3 with the partition leaders lagging: removing txn-0 would leave acknowledged
+    # records (min.insync.replicas 2) on txn-1 alone.
+    assert plan_removal(["txn-1", "txn-0", "pl-1", "pl-2"], ["txn-0"], "txn-1", ("txn-0", "txn-1"), True) is None
+    # Once both are in sync the move completes.
+    assert plan_removal(["txn-1", "txn-0", "pl-1", "pl-2"], ["txn-0"], "txn-1",
+                        ("txn-0", "txn-1", "pl-1", "pl-2"), True) == \
+        (["txn-1", "pl-1", "pl-2"], ("txn-1", "pl-1", "pl-2"))
 
 
 def test_the_controller_moves_leadership_to_the_first_replica_once_it_is_live_and_in_sync():
