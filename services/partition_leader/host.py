@@ -114,32 +114,24 @@ class ReplicaHost:
 
     async def _delete_orphaned_logs(self) -> None:
         """Delete the replicas of topics deleted while this process was down (their
-        topic znode is gone from ZooKeeper)."""
+        topic znode is gone from ZooKeeper), and those removed from this process's
+        replicas meanwhile (a copy reopened later would start from stale records that a
+        compaction may have dropped since). Each is confirmed with ZooKeeper first; a
+        failed check keeps the files until the next start."""
         hosted = self.hosted
-        for tp, path in hosted.orphaned_logs():
-            try:
-                exists = await asyncio.to_thread(self.cluster.topic_exists, tp[0])
-            except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: keep the files, try at the next start
-                log.warning("cannot check topic %s: %r", tp[0], exc)
-                continue
-            if not exists and tp not in hosted.replicas:
-                try:
-                    hosted.delete_orphaned(tp, path)
-                except OSError as exc:
-                    log.exception("deleting %s failed", path)
-                    hosted.fail_log_dir(exc)
-        for tp, path in hosted.unassigned_logs():
+        candidates = [(tp, path, "topic deleted while this process was down") for tp, path in hosted.orphaned_logs()]
+        candidates += [(tp, path, "no longer one of its replicas") for tp, path in hosted.unassigned_logs()]
+        for tp, path, why in candidates:
             try:
                 found = await asyncio.to_thread(self.cluster.read_topic, tp[0])
             except Exception as exc:  # noqa: BLE001 - ZooKeeper hiccup: keep the files, try at the next start
                 log.warning("cannot check topic %s: %r", tp[0], exc)
                 continue
             replicas = (found[0].get("partitions") or {}).get(str(tp[1])) if found is not None else None
-            if replicas is not None and self.cfg.node_id not in replicas and tp not in hosted.replicas:
-                # Removed from its replicas while this process was down: a copy reopened
-                # later would start from stale records a compaction may have dropped since.
+            gone = found is None or (replicas is not None and self.cfg.node_id not in replicas)
+            if gone and tp not in hosted.replicas:
                 try:
-                    hosted.delete_orphaned(tp, path, "no longer one of its replicas")
+                    hosted.delete_orphaned(tp, path, why)
                 except OSError as exc:
                     log.exception("deleting %s failed", path)
                     hosted.fail_log_dir(exc)

@@ -926,12 +926,6 @@ class ClusterState:
             log.info("topic %s: %d -> %d partitions", name, current, count)
             return ErrorCode.NONE, ""
 
-    def topic_exists(self, name: str) -> bool:
-        """Whether the topic znode exists (read from ZooKeeper, not the cache)."""
-        if limits.validate_topic_name(name, internal=True) is not None:
-            return False
-        return self.zk.exists(f"{TOPICS}/{name}") is not None
-
     def topic_configs(self, name: str) -> dict[str, str] | None:
         """The configs set on a topic (straight from ZooKeeper), None for an unknown topic."""
         found = self.read_topic(name)
