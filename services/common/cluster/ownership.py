@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
@@ -358,10 +358,13 @@ class CoordinatorOwnership:
         failed = [r for r in tx.commit() if isinstance(r, Exception)]
         if not failed:
             return True
-        if all(isinstance(r, (NodeExistsError, BadVersionError, RolledBackError)) for r in failed):
-            log.info("%s-%d: claim raced (%r); reading again", self.topic, partition, failed)
+        # ZooKeeper answers the op that failed with its error, the ones before it
+        # RolledBack and the ones after it RuntimeInconsistency.
+        cause = [r for r in failed if not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+        if all(isinstance(r, (NodeExistsError, BadVersionError)) for r in cause):
+            log.info("%s-%d: claim raced (%r); reading again", self.topic, partition, cause)
             return False
-        raise next(r for r in failed if not isinstance(r, RolledBackError))
+        raise cause[0]
 
     def _assign_owned(self, partition: int, claim: Claim) -> None:
         """Make this process the first replica of a partition it owns under `claim`

@@ -220,3 +220,19 @@ def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
 
 def test_fence_records_have_an_empty_key():
     assert is_fence_record(b"") and not is_fence_record(None) and not is_fence_record(b"t")
+
+
+def test_a_claim_multi_op_that_lost_a_race_is_retried_and_other_failures_raise():
+    """ZooKeeper answers a failed multi-op with the failing op's error, RolledBack before
+    it and RuntimeInconsistency after it (the level-3 claim: features check, claim, topic)."""
+    import pytest
+    from kazoo.exceptions import ConnectionLoss, RolledBackError, RuntimeInconsistency
+
+    own = CoordinatorOwnership(FakeCluster("txn-0", ["txn-0"]), "txn", None, None)
+    tx = SimpleNamespace(commit=lambda: [RolledBackError(), NodeExistsError(), RuntimeInconsistency()])
+    assert own._committed(tx, 0) is False
+    tx = SimpleNamespace(commit=lambda: [BadVersionError(), RuntimeInconsistency(), RuntimeInconsistency()])
+    assert own._committed(tx, 0) is False
+    assert own._committed(SimpleNamespace(commit=lambda: [True, True]), 0) is True
+    with pytest.raises(ConnectionLoss):
+        own._committed(SimpleNamespace(commit=lambda: [RolledBackError(), ConnectionLoss()]), 0)
