@@ -417,7 +417,7 @@ class ProducePipeline:
     async def write_markers(self, markers: Sequence[MarkerEntry], deadline: float) -> list[list[MarkerResult]]:
         """WriteTxnMarkers (see `ReplicaManager.write_markers`); deadline: monotonic s."""
         jobs = [self._marker_one(m, topic, partition, deadline) for m in markers for topic, partition in m.partitions]
-        flat = list(await asyncio.gather(*jobs))
+        flat = [await jobs[0]] if len(jobs) == 1 else list(await asyncio.gather(*jobs))
         out, i = [], 0
         for m in markers:
             out.append(flat[i:i + len(m.partitions)])

@@ -217,8 +217,9 @@ class ClusterMarkerWriter:
         error, LEADER_NOT_AVAILABLE without a leader)."""
         by_leader, leaderless = self._by_leader(sorted(marker.partitions))
         out: dict[TopicPartition, int] = {tp: ErrorCode.LEADER_NOT_AVAILABLE for tp in leaderless}
-        results = await asyncio.gather(*(self._channel(node).submit(marker, tps)
-                                         for node, tps in by_leader.values()))
+        sends = [self._channel(node).submit(marker, tps) for node, tps in by_leader.values()]
+        # One leader (the common case): awaited here, without gather's task.
+        results = [await sends[0]] if len(sends) == 1 else await asyncio.gather(*sends)
         for part in results:
             out.update(part)
         return out

@@ -110,6 +110,10 @@ class Completions:
         deadline = self._monotonic() + timeout_ms
         pending = {t for t in tasks if not t.done()}
         while pending and (left := deadline - self._monotonic()) > 0:
+            if self._sleep is asyncio.sleep:
+                await _first_done(pending, left / 1000)  # the same wait without a timer task
+                pending = {t for t in pending if not t.done()}
+                continue
             timer = asyncio.ensure_future(self._sleep(left / 1000))
             try:
                 _, pending = await asyncio.wait(pending | {timer}, return_when=asyncio.FIRST_COMPLETED)
@@ -314,3 +318,25 @@ class Completions:
             raise NotOwner()
         if err:
             raise RetryLater(f"appending the completion failed: {code_name(err)}")
+
+
+async def _first_done(futures: set[asyncio.Future], timeout_s: float) -> None:
+    """Return once one of `futures` is done or `timeout_s` passed (loop time), whichever
+    comes first, without cancelling them: asyncio.wait(FIRST_COMPLETED) with a timer
+    task, done with one future and one timer handle (a commit under load waits this way
+    once or twice)."""
+    loop = asyncio.get_running_loop()
+    waker = loop.create_future()
+
+    def wake(_=None) -> None:
+        if not waker.done():
+            waker.set_result(None)
+    handle = loop.call_later(timeout_s, wake)
+    for f in futures:
+        f.add_done_callback(wake)
+    try:
+        await waker
+    finally:
+        handle.cancel()
+        for f in futures:
+            f.remove_done_callback(wake)

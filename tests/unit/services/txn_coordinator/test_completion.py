@@ -637,3 +637,23 @@ def test_a_new_owner_completes_a_transaction_whose_owner_resigned_during_the_wai
         assert set((await h.coord.add_partitions_to_txn("t", pid, epoch + 1, [("orders", 2)])).values()) == {E.NONE}
 
     run(scenario())
+
+
+def test_the_wait_without_a_timer_task_returns_on_the_first_done_future_or_the_deadline():
+    """completion._first_done, the wait of a production coordinator (asyncio.sleep): it
+    returns when one future is done, never cancels the others, and leaves no callback on
+    them; with the deadline reached it returns with them still pending."""
+    from services.txn_coordinator.completion import _first_done
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        a, b = loop.create_future(), loop.create_future()
+        loop.call_soon(a.set_result, 1)
+        await _first_done({a, b}, 3600)
+        assert a.done() and not b.done()
+        await _first_done({b}, 0)  # the deadline is now: the timer is due at once
+        assert not b.done() and not b.cancelled()
+        assert not b._callbacks  # the waits' callbacks were removed
+        b.set_result(2)
+        await asyncio.sleep(0)
+    run(scenario())
