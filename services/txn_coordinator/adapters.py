@@ -4,6 +4,7 @@ topology from the ZooKeeper cache (services.common)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, defaultdict
 from typing import Awaitable, Callable
 
@@ -20,6 +21,8 @@ from services.partition_leader.replica_manager import ReplicaManager
 
 from .ports import TxnLogFetch, TxnMarker
 
+
+log = logging.getLogger(__name__)
 
 # Markers end each transaction under the next producer epoch (KIP-890 part 2).
 
@@ -181,8 +184,14 @@ class LocalAppender:
         (NOT_LEADER_OR_FOLLOWER for a partition this process does not lead)."""
         deadline = produce_deadline(self._manager.hosted.monotonic_s(), timeout_ms)
         ctx = ProduceContext.coordinator(-1, deadline)
-        results = await self._manager.append_records(
-            ctx, [ProduceEntry(TRANSACTION_STATE_TOPIC, p, b) for p, b in batches])
+        try:
+            results = await self._manager.append_records(
+                ctx, [ProduceEntry(TRANSACTION_STATE_TOPIC, p, b) for p, b in batches])
+        except Exception:  # noqa: BLE001 - e.g. ZooKeeper gone while reading the claim
+            # Some entries may be appended, as when a remote request's answer is lost:
+            # an outcome unknown (the partition reloads), never "not appended".
+            log.exception("local append to %s failed", TRANSACTION_STATE_TOPIC)
+            return [ErrorCode.UNKNOWN_SERVER_ERROR] * len(batches)
         return [r.error for r in results]
 
 

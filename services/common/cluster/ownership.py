@@ -238,9 +238,10 @@ class CoordinatorOwnership:
             topic = self.cluster.topic(self.topic)
             for p in sorted(self._owned):
                 replicas = topic.partitions.get(p) if topic is not None else None
-                if replicas and replicas[0] != self.cluster.node_id:
+                claim = self._owned.get(p)  # resigned meanwhile (the previous one's await)?
+                if claim is not None and replicas and replicas[0] != self.cluster.node_id:
                     # Claimed below level 3 (the level was raised since): become its first replica.
-                    await asyncio.to_thread(self._assign_owned, p, self._owned[p])
+                    await asyncio.to_thread(self._assign_owned, p, claim)
         for p in sorted(desired - set(self._owned)):
             if p not in self.desired():
                 continue  # the view changed while we were claiming others

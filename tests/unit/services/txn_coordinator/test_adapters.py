@@ -310,3 +310,55 @@ def test_the_positions_kept_are_bounded_least_recently_written_first():
         assert list(writer.positions) == [(3, ("a", 0)), (2, ("a", 0))]
 
     asyncio.run(scenario())
+
+
+def test_appends_to_partitions_this_process_leads_go_in_process_and_a_failure_is_an_unknown_outcome():
+    """metadata.version 3: ClusterTxnLog hands the batches of partitions led by this
+    process to LocalAppender (the leader's write path in-process), the others to their
+    leader over the network; an exception of the local write path (ZooKeeper gone while
+    it reads the claim) is an outcome unknown for every batch of the group, as a lost
+    answer of a remote append is: the coordinator reloads the partition, and never takes
+    a batch that may be in the log for one that is not."""
+    from services.partition_leader.produce import ProduceContext
+    from services.txn_coordinator.adapters import LocalAppender
+    from services.txn_coordinator.ports import AMBIGUOUS_APPEND_ERRORS
+
+    here, there = NodeInfo("txn-0", "txn_coordinator", "127.0.0.1", 1), NodeInfo("pl-0", "partition_leader",
+                                                                                 "127.0.0.1", 2)
+
+    class LogCluster:
+        def leader_of(self, topic, partition):
+            return here if partition < 2 else there
+
+    class LogClient:
+        cluster = LogCluster()
+        remote: list = []
+
+        async def produce_to(self, node, topic, entries, acks, timeout_ms):
+            self.remote.append((node.node_id, list(entries)))
+            return [0] * len(entries)
+
+    class Manager:
+        hosted = type("Hosted", (), {"monotonic_s": staticmethod(lambda: 0.0)})()
+        calls: list = []
+        fail = False
+
+        async def append_records(self, ctx: ProduceContext, entries):
+            assert ctx.internal_only and ctx.acks == -1
+            self.calls.append([(e.topic, e.partition, e.records) for e in entries])
+            if self.fail:
+                raise RuntimeError("session expired")
+            return [type("R", (), {"error": 0})() for _ in entries]
+
+    async def scenario():
+        manager, client = Manager(), LogClient()
+        txn_log = ClusterTxnLog(client, local=LocalAppender("txn-0", manager))
+        codes = await asyncio.gather(txn_log.append(0, b"a"), txn_log.append(1, b"b"), txn_log.append(2, b"c"))
+        assert codes == [0, 0, 0]
+        assert manager.calls == [[("__transaction_state", 0, b"a"), ("__transaction_state", 1, b"b")]]
+        assert client.remote == [("pl-0", [(2, b"c")])]
+        manager.fail = True
+        codes = await asyncio.gather(txn_log.append(0, b"d"), txn_log.append(1, b"e"))
+        assert codes[0] == codes[1] and codes[0] in AMBIGUOUS_APPEND_ERRORS
+
+    asyncio.run(scenario())
