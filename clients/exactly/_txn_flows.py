@@ -173,17 +173,21 @@ class TransactionFlows:
             raise txn.record_error(exc) from None
 
     def commit(self, timeout: float | None) -> Generator:
-        """Flush, then EndTxn(COMMIT)."""
-        _, deadline = yield from self._begin_ending(self.txn.begin_commit, timeout)
+        """Flush, then EndTxn(COMMIT). A flush that times out leaves the commit in
+        progress (the records may still be acknowledged): commit_transaction() may be
+        called again and goes on waiting, as Kafka's commitTransaction() after a
+        TimeoutException."""
+        _, deadline = yield from self._begin_ending(self.txn.begin_commit, timeout, abort_on_timeout=False)
         yield from self._finish_transaction(True, deadline)
 
-    def _begin_ending(self, begin: Callable[[], None], timeout: float | None) -> Generator:
+    def _begin_ending(self, begin: Callable[[], None], timeout: float | None,
+                      abort_on_timeout: bool = True) -> Generator:
         """Enter the commit or prepare state (`begin`), then send every record of the
         transaction; returns (timeout in seconds, deadline on the producer's clock)."""
         timeout_s = self.timeout_s(timeout)
         deadline = self.clock.now_s() + timeout_s
         begin()
-        yield from self._flush_transaction(timeout_s, deadline)
+        yield from self._flush_transaction(timeout_s, deadline, abort_on_timeout)
         return timeout_s, deadline
 
     def _finish_transaction(self, commit: bool, deadline: float) -> Generator:
@@ -209,15 +213,18 @@ class TransactionFlows:
             txn.transition_to(TransactionManagerState.INITIALIZING)
             yield from self._init_producer_id(self._left_s(deadline), bump=True)
 
-    def _flush_transaction(self, timeout_s: float, deadline: float) -> Generator:
+    def _flush_transaction(self, timeout_s: float, deadline: float, abort_on_timeout: bool = True) -> Generator:
         """Send every record of the transaction and its pending AddPartitionsToTxn;
-        raise the transaction's stored error, if any."""
+        raise the transaction's stored error, if any. A flush that times out raises
+        KafkaTimeoutError; with `abort_on_timeout` (prepare) the transaction can then
+        only be aborted, without it (commit) the commit stays in progress."""
         txn = self.txn
         try:
             yield from self.flush(timeout_s)
         except errors.KafkaTimeoutError as exc:
-            # Records of the transaction are still unacknowledged: it can only be aborted.
-            txn.record_error(exc)
+            if abort_on_timeout:
+                # Records of the transaction are still unacknowledged: it can only be aborted.
+                txn.record_error(exc)
             raise
         yield AwaitAddPartitions(deadline)
         txn.raise_if_failed()

@@ -548,6 +548,9 @@ class TransactionManager:
             self.raise_if_fatal()
             if self.state is S.ABORTING_TRANSACTION:
                 return False
+            if self.state is S.COMMITTING_TRANSACTION:
+                raise errors.IllegalStateError("the previous commit_transaction() timed out and must be called "
+                                               "again: its transaction is being committed")
             if self.state not in (S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.PREPARED_TRANSACTION):
                 raise errors.IllegalStateError(f"no transaction to abort (state {self.state.name})")
             self.transition_to(S.ABORTING_TRANSACTION)

@@ -680,3 +680,32 @@ def test_abort_after_an_unanswered_add_partitions_still_ends_the_transaction(fc,
     f = p.send("t", b"x", partition=0)
     p.commit_transaction(5)
     assert f.result(0).offset == 1  # after the first abort's marker
+
+
+def test_a_commit_whose_flush_timed_out_may_be_called_again_and_completes(fc, make):
+    """commit_transaction() raising KafkaTimeoutError (retriable, not abortable) because its
+    records were not acknowledged in time leaves the commit in progress: called again, it
+    waits for them and ends the transaction (Kafka's commitTransaction() after a
+    TimeoutException), instead of re-raising the timeout at once for ever."""
+    clock = MockTime(runs=True)
+    p = make(clock, **{"transactional.id": "tx-ft"})
+    p.init_transactions(5)
+    p.begin_transaction()
+    held = fc.hold_next("Produce")
+    try:
+        f = p.send("t", b"v", partition=0)
+        with pytest.raises(errors.KafkaTimeoutError) as timed_out:
+            p.commit_transaction(0.2)
+        assert timed_out.value.retriable and not timed_out.value.txn_requires_abort
+        assert p._txn.state is TransactionManagerState.COMMITTING_TRANSACTION
+        with pytest.raises(errors.KafkaTimeoutError):
+            p.commit_transaction(0.2)  # still held: it waited again, it did not fail at once
+        with pytest.raises(errors.IllegalStateError, match="commit_transaction.. timed out and must be called again"):
+            p.abort_transaction()
+        assert not ended(fc)
+    finally:
+        held.release()
+    p.commit_transaction(5)
+    assert f.result(0).offset == 0 and ended(fc) == [("tx-ft", True, frozenset({("t", 0)}))]
+    with pytest.raises(errors.IllegalStateError):
+        p.abort_transaction()  # nothing open any more
