@@ -11,6 +11,8 @@ import subprocess
 import pytest
 
 from exactly import AdminClient, errors
+from waiting import wait_for
+
 from .test_dev_cluster_cli import VENV_BIN, bash, shell_env
 
 pytestmark = pytest.mark.integration
@@ -55,6 +57,14 @@ def test_transport_mismatches_say_what_the_service_expected(secure_dir):
                 client.list_topics()
         assert expected in str(info.value), str(info.value)
         assert info.value.fatal and not info.value.retriable
-    # With the settings exactly-dev wrote, the same calls work.
-    with AdminClient({**sasl, **creds}) as client:
-        client.list_topics()
+    # With the settings exactly-dev wrote, the same calls work, once the new user's SCRAM
+    # credential reached the service through its ZooKeeper watch (as with Kafka's brokers, a
+    # credential takes effect on each service a moment after it is written).
+    def sasl_lists() -> bool:
+        try:
+            with AdminClient({**sasl, **creds}) as client:
+                client.list_topics()
+            return True
+        except errors.SaslAuthenticationFailedError:
+            return False
+    wait_for(sasl_lists, 30, "the new user's credential to work on the services")
