@@ -133,7 +133,8 @@ class ClusterTxnLog:
 
     async def _drain(self, node_id: str) -> None:
         queue = self._queues[node_id]
-        if self._local is not None and node_id == self._local.node_id:
+        local = self._local if self._local is not None and node_id == self._local.node_id else None
+        if local is not None:
             await asyncio.sleep(0)
         else:
             await self._linger.wait()
@@ -142,8 +143,8 @@ class ClusterTxnLog:
             entries = merge_per_partition([(p, b) for p, b, _ in group], self._max_merged_bytes)
             batches = [(p, b) for p, b, _ in entries]
             try:
-                if self._local is not None and node_id == self._local.node_id:
-                    codes = await self._local.append(batches, self._timeout_ms)
+                if local is not None:
+                    codes = await local.append(batches, self._timeout_ms)
                 else:
                     codes = await self._client.produce_to(self._nodes[node_id], TRANSACTION_STATE_TOPIC, batches,
                                                           acks=-1, timeout_ms=self._timeout_ms)

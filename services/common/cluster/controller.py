@@ -45,7 +45,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 
 from . import features
 from ..protocol import TRANSACTION_STATE_TOPIC
-from .coordinator_replicas import COORDINATOR_LED_LEVEL, plan_removal
+from .coordinator_replicas import COORDINATOR_LED_LEVEL, plan_removal, with_assignment
 from .state import PARTITION_LEADER, ROOT, SERVICES, TOPICS, ClusterState, PartitionState, state_path
 from ..settings import PartitionLeaderSchema
 
@@ -286,11 +286,7 @@ class Controller:
         if plan is None:
             return True
         new_replicas, isr = plan
-        body = dict(body)
-        body["partitions"] = {**body["partitions"], key: new_replicas}
-        body["removing"] = {k: v for k, v in (body.get("removing") or {}).items() if k != key}
-        if not body["removing"]:
-            del body["removing"]
+        body = with_assignment(body, partition, new_replicas, ())
         tx = self.zk.transaction()
         tx.check(CONTROLLER_EPOCH, self._epoch_version)
         tx.set_data(f"{TOPICS}/{topic}", features.zk_json("zk-topic", body), version=topic_version)

@@ -43,6 +43,20 @@ def claim_assignment(replicas: Sequence[str], removing: Sequence[str], owner: st
     return new, leaving
 
 
+def with_assignment(body: dict, partition: int, replicas: Sequence[str], removing: Sequence[str]) -> dict:
+    """A copy of a topic znode's `body` in which `partition` has `replicas` and, under
+    `"removing"`, `removing` (the field is left out when no partition has any)."""
+    key = str(partition)
+    leaving = {k: v for k, v in (body.get("removing") or {}).items() if k != key}
+    if removing:
+        leaving[key] = list(removing)
+    out = {**body, "partitions": {**body["partitions"], key: list(replicas)}}
+    out.pop("removing", None)
+    if leaving:
+        out["removing"] = leaving
+    return out
+
+
 def plan_removal(replicas: Sequence[str], removing: Sequence[str], leader: str | None,
                  isr: Sequence[str], leader_current: bool) -> tuple[list[str], tuple[str, ...]] | None:
     """The (replicas, ISR) of a partition once its removing replicas are dropped, or

@@ -37,7 +37,7 @@ from exactly_wire.error_codes import ErrorCode
 
 from . import features
 from ..protocol import INTERNAL_TOPIC_FOR_KIND
-from .coordinator_replicas import COORDINATOR_LED_LEVEL, claim_assignment
+from .coordinator_replicas import COORDINATOR_LED_LEVEL, claim_assignment, with_assignment
 from .features import FEATURES_PATH
 from .state import COORDINATORS, PARTITION_LEADER, ROLE_FOR_KIND, TOPICS, ClusterState
 
@@ -225,10 +225,12 @@ class CoordinatorOwnership:
         done = {p for p, ok in loaded.items() if ok}
         return (self.desired() | set(self._owned) | set(loaded)) - done
 
-    def hosts_replicas(self) -> bool:
-        """Whether the owners of this kind's partitions are their first replicas: a
-        transaction coordinator at metadata.version 3 (coordinator_replicas.py)."""
-        return self.kind == "txn" and self.cluster.metadata_version >= COORDINATOR_LED_LEVEL
+    def hosts_replicas(self, level: int | None = None) -> bool:
+        """Whether the owners of this kind's partitions are their first replicas at
+        `level` (default: the cached finalized level): a transaction coordinator at
+        metadata.version 3 (coordinator_replicas.py)."""
+        level = self.cluster.metadata_version if level is None else level
+        return self.kind == "txn" and level >= COORDINATOR_LED_LEVEL
 
     async def _reconcile(self) -> None:
         desired = self.desired()
@@ -303,7 +305,7 @@ class CoordinatorOwnership:
                 level = features.decode_finalized(fdata)
             except NoNodeError:  # deleted by hand: the cached level stands
                 fstat, level = None, self.cluster.metadata_version
-            if not (self.kind == "txn" and level >= COORDINATOR_LED_LEVEL):
+            if not self.hosts_replicas(level):
                 try:
                     if stat is None:
                         zk.create(path, body, makepath=True)
@@ -334,24 +336,15 @@ class CoordinatorOwnership:
             raise NoNodeError(f"{self.topic} does not exist")
         body, version = found
         key = str(partition)
-        removing = dict(body.get("removing") or {})
-        plan = claim_assignment(body["partitions"][key], removing.get(key, ()), self.cluster.node_id,
-                                previous_owner)
+        plan = claim_assignment(body["partitions"][key], (body.get("removing") or {}).get(key, ()),
+                                self.cluster.node_id, previous_owner)
         if plan is None:
             return
         replicas, leaving = plan
-        if leaving:
-            removing[key] = leaving
-        else:
-            removing.pop(key, None)
-        body = {**body, "partitions": {**body["partitions"], key: replicas}}
-        if removing:
-            body["removing"] = removing
-        else:
-            body.pop("removing", None)
-        tx.set_data(f"{TOPICS}/{self.topic}", features.zk_json("zk-topic", body), version=version)
+        tx.set_data(f"{TOPICS}/{self.topic}", features.zk_json("zk-topic", with_assignment(body, partition, replicas,
+                                                                                          leaving)), version=version)
         log.info("%s-%d: replicas %s -> %s (removing %s)", self.topic, partition,
-                 ",".join(found[0]["partitions"][key]), ",".join(replicas), ",".join(leaving) or "none")
+                 ",".join(body["partitions"][key]), ",".join(replicas), ",".join(leaving) or "none")
 
     def _committed(self, tx, partition: int) -> bool:
         """Commit a claim's multi-op: True when it went through, False when a znode it

@@ -93,3 +93,12 @@ def test_when_the_coordinator_leader_dies_an_in_sync_partition_leader_is_elected
     alone = PartitionState("txn-1", 8, ("txn-1",), version=5, mzxid=12)
     assert plan_partition(("txn-1",), alone, {"pl-0": 3}, prefer_first=True) == \
         PartitionState(None, 9, ("txn-1",))
+
+
+def test_the_topic_znode_body_keeps_removing_only_for_partitions_that_have_some():
+    from services.common.cluster.coordinator_replicas import with_assignment
+    body = {"partitions": {"0": ["pl-0"], "1": ["txn-0"]}, "configs": {"a": "b"}, "internal": True}
+    moved = with_assignment(body, 0, ["txn-1", "pl-0"], ["pl-0"])
+    assert moved == {**body, "partitions": {"0": ["txn-1", "pl-0"], "1": ["txn-0"]}, "removing": {"0": ["pl-0"]}}
+    assert body["partitions"]["0"] == ["pl-0"] and "removing" not in body  # a copy
+    assert with_assignment(moved, 0, ["txn-1"], ()) == {**body, "partitions": {"0": ["txn-1"], "1": ["txn-0"]}}
