@@ -428,6 +428,10 @@ class TxnCoordinatorSchema(ReplicaHostSchema):
     state_log_replication_factor: int = setting("transaction.state.log.replication.factor", 1, "Replicas of "
                                                 f"{TRANSACTION_STATE_TOPIC} when created (capped at the live partition "
                                                 "leaders).", HIGH, ge=1)
+    state_log_min_isr: int = setting("transaction.state.log.min.isr", 2, "min.insync.replicas of "
+                                     f"{TRANSACTION_STATE_TOPIC} when this coordinator creates it: the replicas a "
+                                     "transaction-log write needs (acks=all; capped at the replicas a partition "
+                                     "has, so 1 at replication factor 1).", HIGH, ge=1)
     state_log_segment_bytes: int = setting("transaction.state.log.segment.bytes", 104857600, "segment.bytes of "
                                            f"{TRANSACTION_STATE_TOPIC} when this coordinator creates it (smaller "
                                            "segments compact sooner).", MEDIUM, ge=1024)

@@ -26,6 +26,7 @@ INT, LONG, LIST = "INT", "LONG", "LIST"
 DELETE, COMPACT = "delete", "compact"
 CLEANUP_POLICY = "cleanup.policy"  # the one LIST config, resolved apart from the integers
 SEGMENT_BYTES = "segment.bytes"  # set on the internal topics at creation
+MIN_INSYNC_REPLICAS = "min.insync.replicas"  # set on the transaction log at creation
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ SCHEMA: tuple[TopicConfigDef, ...] = (
                    "producer.snapshot.retained", low=1, high=1000),
     TopicConfigDef("producer.id.expiration.ms", LONG, 86400000, "Idle ms after which a producer id without an "
                    "open transaction is forgotten.", "producer.id.expiration.ms", low=1),
-    TopicConfigDef("min.insync.replicas", INT, 1, "In-sync replicas acks=all and transaction markers need.",
+    TopicConfigDef(MIN_INSYNC_REPLICAS, INT, 1, "In-sync replicas acks=all and transaction markers need.",
                    "min.insync.replicas", low=1, high=INT32_MAX),
     TopicConfigDef(CLEANUP_POLICY, LIST, DELETE, "delete: segments past retention are deleted; compact: the "
                    "latest record per key is kept.", "log.cleanup.policy", allowed=_POLICIES),
@@ -143,4 +144,4 @@ def markdown_table() -> str:
 
 __all__ = ["TopicConfigDef", "SCHEMA", "BY_KEY", "TOPIC_CONFIGS", "BROKER_SYNONYMS", "DEFAULTS",
            "validate_topic_configs", "markdown_table", "INT", "LONG", "LIST", "DELETE", "COMPACT", "CLEANUP_POLICY",
-           "SEGMENT_BYTES"]
+           "SEGMENT_BYTES", "MIN_INSYNC_REPLICAS"]

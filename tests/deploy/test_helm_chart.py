@@ -333,13 +333,25 @@ def test_partition_leaders_keep_log_and_snapshots_on_persistent_volumes():
     assert mounts["snapshots"] == "/var/lib/exactly/producer-state"  # services/partition_leader/service.py
 
 
-def test_coordinators_use_an_empty_dir_for_their_data_directory():
+def test_transaction_coordinators_keep_their_log_on_persistent_volumes():
+    # They lead their own __transaction_state partitions (metadata.version 3).
     objects = render({})
-    for component in ("txn-coordinator", "group-coordinator"):
-        sts = statefulset(objects, component)
-        assert "volumeClaimTemplates" not in sts["spec"]
-        volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
-        assert "emptyDir" in volumes["data"]
+    sts = statefulset(objects, "txn-coordinator")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    c = container(sts)
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert c["args"][c["args"].index("--data-dir") + 1] == mounts["data"] == "/var/lib/exactly"
+    assert "data" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+    txn = by_kind(objects, "ConfigMap")[f"{RELEASE}-config"]["data"]["txn-coordinator.properties"].splitlines()
+    assert "transaction.state.log.replication.factor=3" in txn
+
+
+def test_group_coordinators_use_an_empty_dir_for_their_data_directory():
+    sts = statefulset(render({}), "group-coordinator")
+    assert "volumeClaimTemplates" not in sts["spec"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["data"]
 
 
 def test_metrics_port_annotations_and_settings(rendered):

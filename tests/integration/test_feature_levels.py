@@ -52,16 +52,16 @@ def _txn_partitions_recording(cluster: DevCluster, level: int) -> set[str]:
 
 def test_a_new_cluster_is_at_the_newest_level_and_refuses_to_go_below_it(cluster):
     described = json.loads(_exactly(cluster, "features", "describe", "--json").stdout)
-    assert described["finalized"] == {"metadata.version": 2}
-    assert described["supported"] == {"metadata.version": [1, 2]}
+    assert described["finalized"] == {"metadata.version": 3}
+    assert described["supported"] == {"metadata.version": [1, 3]}
     assert {p["node_id"]: (p["supported"], p["advertised"]) for p in described["processes"]} == {
-        n: ({"metadata.version": [1, 2]}, True) for n in cluster.services}
-    assert _exactly(cluster, "features", "upgrade").stdout.strip() == "metadata.version is already 2."
-    refused = _exactly(cluster, "features", "downgrade", "--feature", "metadata.version=1")
-    assert refused.returncode == 1 and ("InvalidUpdateVersionError: metadata.version 2 cannot be lowered to 1"
+        n: ({"metadata.version": [1, 3]}, True) for n in cluster.services}
+    assert _exactly(cluster, "features", "upgrade").stdout.strip() == "metadata.version is already 3."
+    refused = _exactly(cluster, "features", "downgrade", "--feature", "metadata.version=2")
+    assert refused.returncode == 1 and ("InvalidUpdateVersionError: metadata.version 3 cannot be lowered to 2"
                                         in refused.stderr), refused.stderr
     # Every __transaction_state partition records the level (4 in a dev cluster).
-    wait_for(lambda: len(_txn_partitions_recording(cluster, 2)) == 4, 30, "the feature-level records")
+    wait_for(lambda: len(_txn_partitions_recording(cluster, 3)) == 4, 30, "the feature-level records")
     # The broker ids: each data directory's, the derivation of the versions before it,
     # registered and answered on the Kafka port.
     for name, svc in cluster.services.items():
@@ -91,12 +91,20 @@ def test_a_cluster_of_the_versions_before_feature_levels_starts_at_1_and_is_rais
         assert _epoch(cluster, tid) == prepared.epoch + 1
         assert not _txn_partitions_recording(cluster, 2)
         dry = _exactly(cluster, "features", "upgrade", "--dry-run")
-        assert dry.stdout.strip() == "metadata.version can be 2 (was 1).", dry.stderr
+        assert dry.stdout.strip() == "metadata.version can be 3 (was 1).", dry.stderr
         raised = _exactly(cluster, "features", "upgrade", "--feature", "metadata.version=2")
         assert raised.stdout.strip() == "metadata.version is now 2 (was 1).", raised.stderr
         wait_for(lambda: len(_txn_partitions_recording(cluster, 2)) == 4, 30, "the feature-level records")
         # At 2 the recovery bumps the client-facing epoch and fences the previous instance.
         prepared, tid = _recover(cluster, topic, "lvl2", zombie_fenced=True)
+        assert _epoch(cluster, tid) == prepared.epoch + 2
+        # Then to 3: the coordinators lead their own __transaction_state partitions,
+        # and the transactions of level 2 are still there to complete.
+        raised = _exactly(cluster, "features", "upgrade")
+        assert raised.stdout.strip() == "metadata.version is now 3 (was 2).", raised.stderr
+        wait_for(lambda: len(_txn_partitions_recording(cluster, 3)) == 4, 30, "the feature-level records")
+        assert _epoch(cluster, tid) == prepared.epoch + 2
+        prepared, tid = _recover(cluster, topic, "lvl3", zombie_fenced=True)
         assert _epoch(cluster, tid) == prepared.epoch + 2
     finally:
         cluster.down()
@@ -141,16 +149,8 @@ def test_a_process_never_runs_at_a_level_it_does_not_know(make_cluster):
             cluster.restart("pl-0", timeout_s=60)
         assert cluster._procs["pl-0"].wait(30) == 2
         assert ("pl-0 does not start: metadata.version 4 is finalized in ZooKeeper (/exactly/features), and this "
-                "version of Exactly supports metadata.version 1-2: run a version that supports 4"
+                "version of Exactly supports metadata.version 1-3: run a version that supports 4"
                 in (cluster.dir / "logs" / "pl-0.log").read_text())
-        # Level 3 is one this version knows but runs only with unstable levels enabled.
-        zk.set("/exactly/features", b'{"version": 1, "features": {"metadata.version": 3}}')
-        with pytest.raises(DevClusterError, match="pl-0 exited during start-up"):
-            cluster.restart("pl-0", timeout_s=60)
-        assert cluster._procs["pl-0"].wait(30) == 2
-        assert ("pl-0 does not start: metadata.version 3 is finalized in ZooKeeper (/exactly/features), an unstable "
-                "level of this version of Exactly (it runs at 1-2): set unstable.feature.versions.enable=true to run "
-                "at it" in (cluster.dir / "logs" / "pl-0.log").read_text())
     finally:
         zk.stop()
         zk.close()

@@ -173,15 +173,15 @@ class Run:
         return out.stderr.strip()
 
     def raise_level(self) -> str:
-        """`exactly features upgrade`: metadata.version 1 -> 2, then until every
+        """`exactly features upgrade`: metadata.version 1 -> 3, then until every
         __transaction_state partition records it."""
         out = self.exactly("features", "upgrade")
-        assert out.returncode == 0 and "metadata.version is now 2 (was 1)" in out.stdout, (out.stdout, out.stderr)
+        assert out.returncode == 0 and "metadata.version is now 3 (was 1)" in out.stdout, (out.stdout, out.stderr)
         described = self.exactly("features", "describe", "--json")
-        assert '"metadata.version": 2' in described.stdout, described.stdout
-        wait_for(lambda: len(set(re.findall(r"__transaction_state-(\d+) records metadata.version 2",
+        assert '"metadata.version": 3' in described.stdout, described.stdout
+        wait_for(lambda: len(set(re.findall(r"__transaction_state-(\d+) records metadata.version 3",
                                             self.logs("txn-0", "txn-1")))) == TXN_PARTITIONS,
-                 PHASE_TIMEOUT_S, "every __transaction_state partition to record metadata.version 2")
+                 PHASE_TIMEOUT_S, "every __transaction_state partition to record metadata.version 3")
         return out.stdout.strip()
 
     # ------------------------------------------------------------ observations
@@ -277,7 +277,7 @@ def test_rolling_upgrade_keeps_exactly_once(make_run, order, security):
     steps = [(f"{n} replaced by the current code", _replace_step(run, n, CURRENT, first=i == 0))
              for i, n in enumerate(names)]
     steps.append(("metadata.version raised", run.raise_level))
-    steps += [(f"{n} restarted at metadata.version 2", _replace_step(run, n, CURRENT)) for n in ("txn-0", "txn-1")]
+    steps += [(f"{n} restarted at metadata.version 3", _replace_step(run, n, CURRENT)) for n in ("txn-0", "txn-1")]
     run.copy_through(steps)
     run.check_exactly_once()
     log(f"upgrade checked in {time.monotonic() - started:.1f} s")

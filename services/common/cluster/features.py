@@ -43,10 +43,11 @@ BASELINE_LEVEL = 1
 MIN_LEVEL = 1  # the oldest level this version runs at (reads and writes)
 MAX_LEVEL = 3  # the newest level this version knows (and reads)
 # The newest level a process runs at unless `unstable.feature.versions.enable` is true
-# (Kafka's unstable metadata versions, KIP-1022): the levels above it are still being
-# built, so a new cluster does not start there and an upgrade to them is refused by a
-# process that does not enable them.
-STABLE_LEVEL = 2
+# (Kafka's unstable metadata versions, KIP-1022): the levels above it, when there are
+# any, are still being built, so a new cluster does not start there and an upgrade to
+# them is refused by a process that does not enable them. Every level this version
+# knows is stable.
+STABLE_LEVEL = 3
 
 # What each level lets processes write or send (docs/operating/upgrade-formats.md).
 LEVELS: dict[int, str] = {
@@ -60,7 +61,7 @@ LEVELS: dict[int, str] = {
        "protocol 2: VerifyProducerId answers UNKNOWN_PRODUCER_ID for an idempotent producer id bound to no one "
        "(versions before it answer CLUSTER_AUTHORIZATION_FAILED, and their partition leaders would take the "
        "new answer for a failed check and have the producer retry until its delivery timeout)",
-    3: f"unstable (unstable.feature.versions.enable): transaction coordinators lead their own {TRANSACTION_STATE_TOPIC} "
+    3: f"transaction coordinators lead their own {TRANSACTION_STATE_TOPIC} "
        "partitions (docs/design/coordinator-local-logs.md). A claim of a partition also makes the new owner its "
        "first replica (the topic znode's replicas, with the replicas leaving listed under \"removing\"), the "
        "controller elects a coordinator and moves leadership to the first replica once it is in sync, and "
@@ -229,7 +230,7 @@ def decode_finalized(data: bytes) -> int:
 
 def check_finalized(level: int, supported: SupportedRange = SUPPORTED) -> None:
     """Raise FeatureLevelError when this version cannot run at finalized `level`."""
-    if supported == SUPPORTED and STABLE_LEVEL < level <= MAX_LEVEL:
+    if STABLE_LEVEL < level <= MAX_LEVEL and not supported.covers(level):
         raise FeatureLevelError(
             f"metadata.version {level} is finalized in ZooKeeper ({FEATURES_PATH}), an unstable level of this "
             f"version of Exactly (it runs at {supported}): set unstable.feature.versions.enable=true to run at it")

@@ -29,7 +29,7 @@ from kazoo.retry import KazooRetry
 from exactly_wire.error_codes import ErrorCode
 
 from ..protocol import INTERNAL_TOPIC_FOR_KIND, TRANSACTION_STATE_TOPIC
-from ..topic_config import CLEANUP_POLICY, COMPACT, SEGMENT_BYTES
+from ..topic_config import CLEANUP_POLICY, COMPACT, MIN_INSYNC_REPLICAS, SEGMENT_BYTES
 from ..transport import limits
 from ..settings import (SERVICE_SCHEMAS, GroupCoordinatorSchema, ServiceSchema, TxnCoordinatorSchema,
                         role_settings)
@@ -787,15 +787,19 @@ class ClusterState:
         """Create `TRANSACTION_STATE_TOPIC` (kind "txn") or `CONSUMER_OFFSETS_TOPIC` ("group")
         if missing, with `transaction.state.log.num.partitions` / `offsets.topic.num.partitions`
         partitions, the matching `*.replication.factor` (capped at the live partition
-        leaders) and `*.segment.bytes`, compacted: the settings of the coordinator role
+        leaders) and `*.segment.bytes`, compacted, and for the transaction log
+        `transaction.state.log.min.isr` as its min.insync.replicas (Kafka's topic config):
+        the settings of the coordinator role
         owning the topic (this process's, or that role's defaults; services.common.settings).
         Raises RuntimeError when no partition leader is live."""
         name = INTERNAL_TOPIC_FOR_KIND[kind]
         schema = TxnCoordinatorSchema if kind == "txn" else GroupCoordinatorSchema
         owner = self.settings if isinstance(self.settings, schema) else schema()
+        configs = {CLEANUP_POLICY: COMPACT}
         if isinstance(owner, TxnCoordinatorSchema):
             layout = (owner.state_log_num_partitions, owner.state_log_replication_factor,
                       owner.state_log_segment_bytes)
+            configs[MIN_INSYNC_REPLICAS] = str(owner.state_log_min_isr)
         else:
             layout = (owner.offsets_topic_num_partitions, owner.offsets_topic_replication_factor,
                       owner.offsets_topic_segment_bytes)
@@ -808,9 +812,8 @@ class ClusterState:
         leaders = [n for n in self.nodes().values() if n.role == PARTITION_LEADER]
         if not leaders:
             raise RuntimeError(f"cannot create {name}: no live partition leader")
-        segment_bytes = layout[2]
-        code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)),
-                                      {CLEANUP_POLICY: COMPACT, SEGMENT_BYTES: str(segment_bytes)},
+        configs[SEGMENT_BYTES] = str(layout[2])
+        code, msg = self.create_topic(name, num_partitions, min(replication_factor, len(leaders)), configs,
                                       internal=True)
         if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
             raise RuntimeError(f"cannot create {name}: {msg}")

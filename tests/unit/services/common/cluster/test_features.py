@@ -37,15 +37,23 @@ def test_a_process_refuses_a_finalized_level_it_does_not_support_naming_it():
         features.check_finalized(2, features.PRE_FEATURES)
 
 
-def test_an_unstable_level_runs_only_where_it_is_enabled():
-    assert features.MAX_LEVEL == 3 and features.STABLE_LEVEL == 2
-    assert features.supported_range(unstable=False) == features.SUPPORTED == Range(1, 2)
-    assert features.supported_range(unstable=True) == features.KNOWN == Range(1, 3)
+def test_every_level_this_version_knows_is_stable():
+    assert features.MAX_LEVEL == features.STABLE_LEVEL == 3
+    assert features.supported_range(unstable=False) == features.SUPPORTED == features.KNOWN == Range(1, 3)
+    assert features.supported_range(unstable=True) == features.KNOWN
+
+
+def test_an_unstable_level_runs_only_where_it_is_enabled(monkeypatch):
+    # While level 3 was still being built (stable up to 2), a process without
+    # unstable.feature.versions.enable ran at 1-2 only.
+    stable_only = Range(1, 2)
+    monkeypatch.setattr(features, "STABLE_LEVEL", 2)
     with pytest.raises(features.FeatureLevelError, match="metadata.version 3 is finalized .* an unstable level "
                                                          r"of this version of Exactly \(it runs at 1-2\): set "
                                                          "unstable.feature.versions.enable=true"):
-        features.check_finalized(3)
-    assert "set unstable.feature.versions.enable=true on every process" in features.upgrade_refusal(3, 2, {})
+        features.check_finalized(3, stable_only)
+    assert "set unstable.feature.versions.enable=true on every process" in features.upgrade_refusal(
+        3, 2, {}, stable_only)
     assert features.upgrade_refusal(3, 2, {"pl-0": Range(1, 3)}, features.KNOWN) is None
     why = features.upgrade_refusal(3, 2, {"pl-0": Range(1, 3), "txn-0": Range(1, 2)}, features.KNOWN)
     assert why == ("metadata.version 3 is not supported by every live process: txn-0 (supports 1-2); "
@@ -55,8 +63,8 @@ def test_an_unstable_level_runs_only_where_it_is_enabled():
 
 
 def test_a_new_cluster_starts_at_the_newest_level_it_runs_at_an_existing_one_at_the_baseline():
-    assert features.initial_level(existing_cluster=False) == features.STABLE_LEVEL == 2
-    assert features.initial_level(existing_cluster=False, supported=features.KNOWN) == features.MAX_LEVEL == 3
+    assert features.initial_level(existing_cluster=False) == features.STABLE_LEVEL == 3
+    assert features.initial_level(existing_cluster=False, supported=Range(1, 2)) == 2
     assert features.initial_level(existing_cluster=True) == features.BASELINE_LEVEL == 1
     assert features.initial_level(existing_cluster=True, supported=features.KNOWN) == 1
     assert features.decode_finalized(features.encode_finalized(2)) == 2
