@@ -386,16 +386,36 @@ class ProducePipeline:
         """Kafka's DelayedProduce: wait until the high watermark passes `last_offset`
         while `p` leads `epoch`. NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND (the ISR fell
         below min.insync.replicas meanwhile), NOT_LEADER_OR_FOLLOWER (leadership
-        moved, or the replica stopped serving), REQUEST_TIMED_OUT (deadline)."""
+        moved, or the replica stopped serving, or no lease confirmed it for
+        `replica.lag.time.max.ms` while waiting), REQUEST_TIMED_OUT (deadline).
+
+        Without a valid lease (ZooKeeper unreachable from here: `isr_vouches`) the
+        wait is bounded by `replica.lag.time.max.ms`: while ZooKeeper is down for every
+        process the followers go on fetching and the high watermark moves at once, but
+        when only this process is cut off they follow a newer leader and never
+        acknowledge, and the writer (a coordinator appending to its own log) must learn
+        that well before its request deadline."""
         tp = (p.topic, p.partition)
-        purgatory = self.hosted.purgatory
+        hosted = self.hosted
+        purgatory = hosted.purgatory
+        unconfirmed_until: float | None = None
         while True:
-            if not self.hosted.serves(p) or not p.is_leader or p.leader_epoch != epoch:
+            if not hosted.serves(p) or not p.is_leader or p.leader_epoch != epoch:
                 return ErrorCode.NOT_LEADER_OR_FOLLOWER
             if p.high_watermark > last_offset:
                 return ErrorCode.NONE if len(p.isr) >= p.min_insync_replicas \
                     else ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-            if not await purgatory.wait((Watch(tp, HIGH_WATERMARK, last_offset),), deadline) \
+            wait_until = deadline
+            if hosted.lease_ms is not None and not hosted.lease_valid(p):
+                now = purgatory.clock()
+                if unconfirmed_until is None:
+                    unconfirmed_until = now + hosted.max_lag_ms / 1000
+                if now >= unconfirmed_until:
+                    return ErrorCode.NOT_LEADER_OR_FOLLOWER
+                wait_until = min(deadline, unconfirmed_until)
+            else:
+                unconfirmed_until = None
+            if not await purgatory.wait((Watch(tp, HIGH_WATERMARK, last_offset),), wait_until) \
                     and purgatory.clock() >= deadline:
                 return ErrorCode.REQUEST_TIMED_OUT
 

@@ -526,11 +526,15 @@ class HostedReplicas:
 
     def invalidate_leases(self) -> None:
         """ZooKeeper connection suspended or session lost: no leader acknowledges
-        anything until its leadership is confirmed again."""
+        anything until its leadership is confirmed again. The writes waiting for a
+        leader's high watermark wake, so that their wait is bounded from now
+        (ProducePipeline._await_high_watermark)."""
         if self.lease_ms is None:
             return
         for p in self.replicas.values():
             p.lease_until = 0.0
+            if p.is_leader:
+                self.purgatory.notify((p.topic, p.partition))
 
     # ------------------------------------------------------------ periodic work
     def maybe_snapshot_all(self, now_ms: int | None = None) -> int:

@@ -49,6 +49,35 @@ class FakeZk:
         return True, self.state.version
 
 
+def _tell_appends(p) -> asyncio.Event:
+    """An event set once `p` appended (its `append` wrapped)."""
+    appended = asyncio.Event()
+    append = p.append
+
+    def append_and_tell(*args):
+        result = append(*args)
+        appended.set()
+        return result
+    p.append = append_and_tell
+    return appended
+
+
+def _leader_of_two(tmp_path, store, clock):
+    """(clock, manager, leader()): this node leads TP with ISR me, x and
+    min.insync.replicas 2; leader(), called on the event loop, starts the lease keeper
+    and returns the partition."""
+    now = MockTime(10_000)  # 10 s
+    zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
+    m = manager_for(zk, tmp_path, store, clock, now)
+    m.hosted.props["min.insync.replicas"] = "2"
+
+    def leader():
+        m.hosted.leases = LeaseKeeper(m, zk, 3000)
+        m.hosted.refresh()
+        return m.hosted.replicas[TP]
+    return now, m, leader
+
+
 def manager_for(zk, tmp_path, store, clock, now):
     m = ReplicaManager(HostedReplicas("me", tmp_path, {"replica.lag.time.max.ms": "1000"}, zk, store, clock,
                        monotonic_s=now.now_s, monotonic_ms=clock))
@@ -139,29 +168,16 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
     from exactly_wire.error_codes import ErrorCode
     from services.partition_leader.replica_manager import ProduceEntry
 
-    now = MockTime(10_000)  # 10 s
-    zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100))
-    m = manager_for(zk, tmp_path, store, clock, now)
-    m.hosted.props["min.insync.replicas"] = "2"
+    now, m, leader = _leader_of_two(tmp_path, store, clock)
 
     async def main():
-        keeper = LeaseKeeper(m, zk, 3000)
-        m.hosted.leases = keeper
-        m.hosted.refresh()
-        p = m.hosted.replicas[TP]
+        p = leader()
         m.hosted.invalidate_leases()
         m.hosted.zookeeper_suspended = True
         entry = ProduceEntry("r", 0, make_batch(2))
         one = await append_records(m, 1, [entry], timeout_ms=200)
         assert one[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 0
-        appended = asyncio.Event()
-        append = p.append
-
-        def append_and_tell(*args):
-            result = append(*args)
-            appended.set()
-            return result
-        p.append = append_and_tell
+        appended = _tell_appends(p)
         task = asyncio.create_task(append_records(m, -1, [entry], timeout_ms=5000))
         await asyncio.wait_for(appended.wait(), 5)
         assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
@@ -172,5 +188,39 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
         m.hosted.zookeeper_suspended = False
         again = await append_records(m, -1, [entry], timeout_ms=200)
         assert again[0].error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.log_end_offset == 2
+
+    asyncio.run(main())
+
+
+def test_acks_all_without_a_lease_gives_up_once_the_followers_stay_silent_for_the_lag_time(tmp_path, store, clock):
+    """Cut off from ZooKeeper alone, a leader's followers follow a newer leader and never
+    acknowledge: an acks=all write waiting without a lease fails NOT_LEADER_OR_FOLLOWER
+    after replica.lag.time.max.ms (1000 here), well before its request deadline, and a
+    write whose lease is voided while it waits is bounded from then on."""
+    from exactly_wire.error_codes import ErrorCode
+    from services.partition_leader.replica_manager import ProduceEntry
+
+    now, m, leader = _leader_of_two(tmp_path, store, clock)
+
+    async def main():
+        p = leader()
+        p.lease_until = now.now_s() + 3  # confirmed: the write waits for the ISR alone
+        entry = ProduceEntry("r", 0, make_batch(2))
+        appended = _tell_appends(p)
+        task = asyncio.create_task(append_records(m, -1, [entry], timeout_ms=30_000))
+        await asyncio.wait_for(appended.wait(), 5)
+        # ZooKeeper goes away for this process: the lease is voided and the waiter wakes.
+        m.hosted.zookeeper_suspended = True
+        m.hosted.invalidate_leases()
+        await asyncio.sleep(0)
+        assert not task.done()
+        now.advance(999)
+        m.hosted.purgatory.notify(TP)
+        await asyncio.sleep(0)
+        assert not task.done()  # within the lag time: still waiting
+        now.advance(2)
+        m.hosted.purgatory.notify(TP)
+        res = (await asyncio.wait_for(task, 2))[0]
+        assert res.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and p.high_watermark == 0
 
     asyncio.run(main())
