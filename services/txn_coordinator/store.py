@@ -57,7 +57,9 @@ class TxnStore:
         with key = the consumer group of a group-aware producer (KIP-447 draft: every
         producer of a group lives with one coordinator), else the transactional.id.
         (NONE, partition), or (COORDINATOR_NOT_AVAILABLE: no transaction log yet |
-        NOT_COORDINATOR: not owned here, or disabled | COORDINATOR_LOAD_IN_PROGRESS, None)."""
+        NOT_COORDINATOR: not owned here, or disabled, or loading without a leader of its
+        log to fence through (OwnedPartition.leaderless) | COORDINATOR_LOAD_IN_PROGRESS,
+        None)."""
         partition = self._topology.txn_partition_for(group_id or transactional_id)
         if partition < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
@@ -65,7 +67,7 @@ class TxnStore:
         if part is None or part.error is not None:
             return ErrorCode.NOT_COORDINATOR, None
         if part.loading:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
+            return (ErrorCode.NOT_COORDINATOR if part.leaderless else ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), None
         return ErrorCode.NONE, part
 
     def metadata(self, transactional_id: str, group_id: str = ""

@@ -42,6 +42,9 @@ from exactly_wire.error_codes import ErrorCode
 
 from .ownership import FENCED_APPEND_ERRORS, fence_batch, fence_batches
 
+# Fence-append answers meaning the log has no leader that takes the record.
+LEADERLESS_APPEND_ERRORS = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE})
+
 log = logging.getLogger(__name__)
 
 
@@ -143,7 +146,13 @@ class OwnedPartition:
     tasks: the background tasks working on the partition (cancelled when it is
     dropped). loading: True until the load finished. loaded: event set when the load
     finished, or when the partition was closed first. closed: set once the partition
-    was dropped (resigned, deposed or replaced).
+    was dropped (resigned, deposed or replaced). leaderless: True while the last fence
+    append of a (re)load was refused because the log had no leader to take it
+    (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE): requests are then answered
+    NOT_COORDINATOR rather than COORDINATOR_LOAD_IN_PROGRESS, as Kafka's coordinator
+    answers when its broker does not lead the partition, so that clients find the
+    owner again instead of waiting on this one (e.g. a coordinator cut off from
+    ZooKeeper whose own replica's leadership lapsed).
     """
 
     def __init__(self, partition: int, coordinator_epoch: int, producer_id: int = -1,
@@ -157,6 +166,7 @@ class OwnedPartition:
         self.loading = True
         self.loaded = asyncio.Event()
         self.closed = False
+        self.leaderless = False
 
     @property
     def serving(self) -> bool:
@@ -364,6 +374,7 @@ class OwnedPartitions(Generic[P]):
                     code = await self._append_own_fence(part, batch)
                     if code is None:
                         raise NotOwner()
+                    part.leaderless = code in LEADERLESS_APPEND_ERRORS
                     if code != ErrorCode.NONE:
                         raise RetryLater(f"fencing {self.topic}-{part.partition}: {code_name(code)}")
 

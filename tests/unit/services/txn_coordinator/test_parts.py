@@ -186,3 +186,38 @@ def test_the_loader_alone_replays_a_partition_and_rolls_it_forward():
             [("orders", 0)] and recorded == [0]
         await owned.stop()
     run(scenario())
+
+
+def test_a_reload_whose_log_has_no_leader_answers_not_coordinator_then_serves():
+    # The fence of a (re)load refused for want of a leader (e.g. this process's own
+    # replica lost its lease while cut off from ZooKeeper): the producer is sent to find
+    # the owner again rather than told to wait here; once a fence is in, it serves.
+    async def scenario():
+        clock, log = MockTime(NOW_MS), FakeLog()
+        asked = [asyncio.Event(), asyncio.Event()]
+        go = [asyncio.Event(), asyncio.Event()]
+        calls = []
+
+        async def fence(part, batch):
+            n = len(calls)
+            calls.append(n)
+            asked[n].set()
+            await go[n].wait()
+            return E.NOT_LEADER_OR_FOLLOWER if n == 0 else await log.append(0, batch)
+
+        async def serve(part):
+            part.finish_loading()
+        owned = OwnedPartitions("txn-log", TxnPartition, serve, fence, wall_clock=MockTime(NOW_MS), sleep=fast_sleep)
+        store = _store(owned, log, clock)
+        await owned.on_elected(0, 1, 5, 0)
+        await asked[0].wait()
+        assert store.lookup("t") == (E.COORDINATOR_LOAD_IN_PROGRESS, None)
+        go[0].set()
+        await asked[1].wait()
+        part = owned.get(0)
+        assert part.leaderless and part.loading and store.lookup("t") == (E.NOT_COORDINATOR, None)
+        go[1].set()
+        await owned.wait_loaded(0)
+        assert not part.leaderless and store.lookup("t") == (E.NONE, part)
+        await owned.stop()
+    run(scenario())
