@@ -206,9 +206,11 @@ PARTITIONS = PartitionCollector()
 
 def offline_partitions(topics: Iterable[TopicInfo], live: Iterable[str]) -> dict[str, int]:
     """{topic: partitions with no live leader}: the state names no leader (the
-    controller found no live ISR member) or a leader that is not a live partition
-    leader (its session just ended). A partition without a state yet counts as
-    online (its topic is being created). Every topic is a key (0 when all online)."""
+    controller found no live ISR member) or a leader that is not among `live`, the
+    registered processes (its session just ended; a transaction coordinator leads the
+    transaction-log partitions it owns from metadata.version 3). A partition
+    without a state yet counts as online (its topic is being created). Every topic is
+    a key (0 when all online)."""
     live = set(live)
     out: dict[str, int] = {}
     for t in topics:
@@ -272,9 +274,8 @@ class ClusterCollector:
                 by_role[node.role] = by_role.get(node.role, 0) + 1
             for role, n in sorted(by_role.items()):
                 nodes.add_metric([role], n)
-            leaders = [n for n, info in live.items() if info.role == PARTITION_LEADER]
             offline_rows = TopicRows(offline)
-            for topic, n in sorted(offline_partitions(topics.values(), leaders).items()):
+            for topic, n in sorted(offline_partitions(topics.values(), live).items()):
                 offline_rows.add((), topic, None, n)
             offline_rows.done()
             for kind, n in sorted(self._unavailable_coordinators(cluster, topics, live).items()):

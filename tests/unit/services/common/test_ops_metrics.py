@@ -86,6 +86,10 @@ def test_offline_partitions_counts_no_leader_and_dead_leaders_only():
     ]
     assert offline_partitions(topics, ["pl-0", "pl-1"]) == {"a": 2, "b": 0}
     assert offline_partitions(topics, ["pl-1", "pl-2"]) == {"a": 2, "b": 1}
+    # A transaction coordinator leading the partition it owns (metadata.version 3).
+    led = [TopicInfo("c", {0: ["txn-0", "pl-0"]}, states={0: PartitionState("txn-0", 3, ("txn-0", "pl-0"))})]
+    assert offline_partitions(led, ["pl-0", "txn-0"]) == {"c": 0}
+    assert offline_partitions(led, ["pl-0"]) == {"c": 1}
 
 
 class _Owner:
