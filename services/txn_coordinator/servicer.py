@@ -44,12 +44,17 @@ def _prepared(s: TxnStateSummary) -> pb.PreparedTransaction | None:
 
 
 def _rpc(name: str):
-    """Shield the coordinator's work from the cancellation of a call whose client
-    went away (a half-done state change must finish). RPC latency and error codes
-    are recorded by services.common.metrics for every method."""
+    """Shield the coordinator's work from the cancellation of a gRPC call whose
+    client went away (a half-done state change must finish). A call from the Kafka
+    port (kafka_api.py, `context` None) runs in its connection's task, which a
+    client that goes away does not cancel, so it runs without the shield's task;
+    every append it makes is shielded all the same (TxnStore.shielded). RPC latency
+    and error codes are recorded by services.common.metrics for every method."""
     def wrap(fn):
         @functools.wraps(fn)
         async def handler(self, request, context):
+            if context is None:
+                return await fn(self, request, context)
             return await asyncio.shield(fn(self, request, context))
         return handler
     return wrap
