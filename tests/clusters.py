@@ -9,16 +9,29 @@ from typing import Iterator
 from kazoo.client import KazooClient
 
 from exactly_tools.devcluster import DevCluster
+from services.common.cluster import features
 from exactly_tools.pgserver import PostgresServer, private_data_dir
 
 
-def new_chroot(zk: str, prefix: str) -> str:
-    """`zk` with a fresh `/<prefix>-<random>` chroot appended, created in ZooKeeper."""
+# The transaction log on two replicas: the owning coordinator and a partition leader.
+# A new cluster runs at metadata.version 3, where the owner leads its own
+# __transaction_state partitions; at the default replication factor 1 it holds their
+# only copy, so a coordinator's death takes them offline until it restarts (as a
+# broker's does in Kafka). Tests of a coordinator failover replicate the log.
+REPLICATED_TXN_LOG = {"transaction.state.log.replication.factor": "2"}
+
+
+def new_chroot(zk: str, prefix: str, level: int | None = None) -> str:
+    """`zk` with a fresh `/<prefix>-<random>` chroot appended, created in ZooKeeper;
+    with `level`, metadata.version finalized there at that level (`/exactly/features`),
+    so that a cluster started in it runs at `level` rather than the newest."""
     root = f"/{prefix}-{uuid.uuid4().hex[:12]}"
     client = KazooClient(hosts=zk)
     client.start()
     try:
         client.ensure_path(root)
+        if level is not None:
+            client.create(f"{root}{features.FEATURES_PATH}", features.encode_finalized(level), makepath=True)
     finally:
         client.stop()
         client.close()

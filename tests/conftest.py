@@ -39,24 +39,25 @@ def zk(tmp_path_factory) -> str:
     server.down()
 
 
-def _chroot(zk: str) -> str:
-    return new_chroot(zk, "t")
+def _chroot(zk: str, level: int | None = None) -> str:
+    return new_chroot(zk, "t", level)
 
 
 @pytest.fixture
 def make_cluster(zk, tmp_path):
     """Factory: make_cluster(partition_leaders=3, txn_coordinators=1, group_coordinators=1,
-    props=None) -> a started DevCluster in its own ZooKeeper chroot; all are torn down
-    after the test. Each cluster has .bootstrap_servers, .zookeeper, .services,
-    .kill(name), .stop(name), .restart(name), .signal(name, sig)."""
+    props=None, level=None) -> a started DevCluster in its own ZooKeeper chroot (with
+    `level`, at that metadata.version instead of the newest); all are torn down after
+    the test. Each cluster has .bootstrap_servers, .zookeeper, .services, .kill(name),
+    .stop(name), .restart(name), .signal(name, sig)."""
     clusters: list[DevCluster] = []
 
     def factory(partition_leaders: int = 3, txn_coordinators: int = 1, group_coordinators: int = 1,
-                props: dict[str, str] | None = None) -> DevCluster:
+                props: dict[str, str] | None = None, level: int | None = None) -> DevCluster:
         d = tmp_path / f"cluster-{len(clusters)}"
         c = DevCluster(pathlib.Path(d), props=dict(props or {}))
         clusters.append(c)
-        c.up(partition_leaders, txn_coordinators, group_coordinators, zookeeper=_chroot(zk))
+        c.up(partition_leaders, txn_coordinators, group_coordinators, zookeeper=_chroot(zk, level))
         return c
 
     yield factory

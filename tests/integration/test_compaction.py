@@ -46,7 +46,9 @@ MAX_RECORDS = 1500
 
 
 def records_on_disk(cluster, topic: str) -> int:
-    """Records in the segment files of partition 0 of `topic` on the partition leader."""
+    """Records in the segment files of partition 0 of `topic` on its one replica: the
+    transaction coordinator for __transaction_state (it leads its own log), else the
+    partition leader."""
     return sum(h.record_count for h in _headers(cluster, topic))
 
 
@@ -56,7 +58,8 @@ def end_offset_on_disk(cluster, topic: str) -> int:
 
 
 def _headers(cluster, topic: str):
-    for f in sorted((cluster.dir / "pl-0" / "logs" / f"{topic}-0").glob("*.log")):
+    replica = "txn-0" if topic == "__transaction_state" else "pl-0"
+    for f in sorted((cluster.dir / replica / "logs" / f"{topic}-0").glob("*.log")):
         for _pos, h in records.iter_batches(f.read_bytes()):
             yield h
 

@@ -26,6 +26,7 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
+from clusters import REPLICATED_TXN_LOG
 from exactly import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from exactly_wire.clock import wall_clock_ms
 from exactly_wire import records
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.integration
 
 E = ErrorCode
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-FAST_FAILOVER = {"zookeeper.session.timeout.ms": "4000"}
+FAST_FAILOVER = {"zookeeper.session.timeout.ms": "4000", **REPLICATED_TXN_LOG}
 TXN, GROUP = 1, 0
 
 
@@ -353,7 +354,14 @@ def test_group_coordinator_failover_keeps_committed_and_pending_offsets(two_coor
 
 
 def test_paused_coordinator_is_deposed_and_fenced(make_cluster):
-    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=FAST_FAILOVER)
+    # At metadata.version 2, where a partition leader holds the log, so that the resumed
+    # coordinator's late write reaches a leader that fences it while it still believes
+    # in its cache. At 3 it leads its own log: its late write waits for a lease it can
+    # no longer get, and it takes its partitions back within a second of waking up, so
+    # the steps below do not hold as written; test_coordinator_led_logs.py pauses the
+    # leading coordinator past its session under load instead.
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=FAST_FAILOVER,
+                           level=2)
     client = Client(cluster)
     try:
         topic = client.create_topic(partitions=1)

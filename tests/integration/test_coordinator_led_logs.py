@@ -1,4 +1,4 @@
-"""metadata.version 3 (unstable.feature.versions.enable): transaction coordinators lead
+"""metadata.version 3 (a new cluster's level): transaction coordinators lead
 their own `__transaction_state` partitions (docs/design/coordinator-local-logs.md). Two
 of its failure-model cases with real processes, a real ZooKeeper, replication factor 3,
 min.insync.replicas 2 and acks=all, each under a transactional load whose every
@@ -20,7 +20,6 @@ import signal
 import uuid
 
 import pytest
-from kazoo.client import KazooClient
 
 from exactly import AdminClient, FeatureUpdate, NewTopic
 from exactly_tools.devcluster import DevCluster
@@ -33,7 +32,6 @@ from .txn_load import (PARTITIONS, TransactionalLoad, check_all_or_nothing, coor
 pytestmark = pytest.mark.integration
 
 PROPS = {
-    "unstable.feature.versions.enable": "true",
     "zookeeper.session.timeout.ms": "4000",
     "replica.lag.time.max.ms": "3000",
     "min.insync.replicas": "2",
@@ -84,14 +82,7 @@ def _topic(cluster: DevCluster) -> str:
 
 
 def test_raising_the_level_to_3_under_load_makes_each_owner_the_leader_of_its_partitions(zk, tmp_path):
-    chroot = new_chroot(zk, "raise")
-    client = KazooClient(hosts=chroot)
-    client.start(timeout=30)
-    try:  # an existing cluster at level 2 whose processes all enable the unstable level 3
-        client.create("/exactly/features", b'{"version": 1, "features": {"metadata.version": 2}}', makepath=True)
-    finally:
-        client.stop()
-        client.close()
+    chroot = new_chroot(zk, "raise", level=2)  # an existing cluster at level 2
     cluster = DevCluster(tmp_path / "cluster", props=dict(PROPS))
     cluster.up(3, 2, 1, zookeeper=chroot)
     loads: list[TransactionalLoad] = []

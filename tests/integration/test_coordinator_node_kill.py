@@ -39,14 +39,12 @@ BEFORE_KILL = 15  # transactions acknowledged before the kill
 AFTER_KILL = 15  # and after it
 
 
-# metadata.version 3 (unstable): the coordinator leads its own partition, so its node is one process.
-LEVEL_3 = {**PROPS, "unstable.feature.versions.enable": "true"}
-
-
+# At metadata.version 3 (a new cluster's) the coordinator leads its own partition, so
+# its node is one process; at 2 (a cluster upgraded from 0.1.0 before the level is
+# raised) a partition leader leads it.
 @pytest.mark.parametrize("level", [2, 3])
 def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(make_cluster, level):
-    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1,
-                           props=LEVEL_3 if level == 3 else PROPS)
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=PROPS, level=level)
     if level == 3:
         wait_for(lambda: coordinator_led(cluster), 60, "every __transaction_state partition led by its owner")
     topic = f"node-kill-{uuid.uuid4().hex[:8]}"

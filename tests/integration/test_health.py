@@ -15,6 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clusters import REPLICATED_TXN_LOG
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -121,8 +122,8 @@ def test_every_service_kind_serves_once_ready(make_cluster):
 def test_coordinator_is_not_serving_while_it_loads_a_partition(make_cluster, role, prefix):
     counts = {"txn_coordinators": 1, "group_coordinators": 1}
     counts[f"{prefix}_coordinators"] = 2
-    cluster = make_cluster(partition_leaders=1, props={"exactly.test.load.delay.ms": str(LOAD_DELAY_MS)},
-                           **counts)
+    cluster = make_cluster(partition_leaders=2, props={"exactly.test.load.delay.ms": str(LOAD_DELAY_MS),
+                                                       **REPLICATED_TXN_LOG}, **counts)
     first, second = cluster.services[f"{prefix}-0"], cluster.services[f"{prefix}-1"]
     assert first.role == second.role == role
     assert check(first.address) == check(second.address) == SERVING

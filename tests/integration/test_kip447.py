@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from clusters import REPLICATED_TXN_LOG
 from exactly import Consumer, ConsumerGroupMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_TRANSACTION_GROUP
 from exactly_wire.error_codes import ErrorCode
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def cluster2(make_cluster):
-    return make_cluster(txn_coordinators=2, group_coordinators=2)
+    return make_cluster(txn_coordinators=2, group_coordinators=2, props=REPLICATED_TXN_LOG)
 
 
 def member(cluster, group: str, topic: str) -> Consumer:

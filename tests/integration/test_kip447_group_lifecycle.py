@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
+from clusters import REPLICATED_TXN_LOG
 from exactly import AdminClient, Consumer, ConsumerGroupMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION_GROUP
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def cluster2(make_cluster):
-    return make_cluster(txn_coordinators=2, group_coordinators=2)
+    return make_cluster(txn_coordinators=2, group_coordinators=2, props=REPLICATED_TXN_LOG)
 
 
 class UsedGroup(NamedTuple):

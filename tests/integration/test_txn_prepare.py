@@ -23,7 +23,7 @@ from exactly_tools.devcluster import DevCluster
 
 import clockfault
 from clockfault import clock_faults  # noqa: F401 - fixture: fails without libfaketime
-from clusters import new_chroot
+from clusters import REPLICATED_TXN_LOG, new_chroot
 from waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -155,9 +155,10 @@ def test_a_new_owner_whose_clock_is_ahead_does_not_abort_a_prepared_transaction(
     then commits it."""
     ahead = clockfault.SteppedClock(tmp_path / "txn-1.faketime")
     ahead.set(3660)
-    cluster = DevCluster(tmp_path / "cluster", props=dict(FAST_TIMEOUTS), service_env={"txn-1": ahead.env()})
+    cluster = DevCluster(tmp_path / "cluster", props={**FAST_TIMEOUTS, **REPLICATED_TXN_LOG},
+                         service_env={"txn-1": ahead.env()})
     try:
-        cluster.up(1, 2, 1, zookeeper=new_chroot(zk, "t"))
+        cluster.up(2, 2, 1, zookeeper=new_chroot(zk, "t"))
         topic = create_topic(cluster)
         with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
             tid = _owned_by(admin, cluster, "txn-0", "ahead")

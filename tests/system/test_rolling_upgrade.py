@@ -29,7 +29,7 @@ release before the level is raised, with the same checks. After the level is rai
 (the secured upgrade variant), a transaction coordinator of the previous release is
 started once more: it does not know feature levels, so it cannot refuse to start, but
 it refuses every __transaction_state partition it is given (the feature-level record
-reads to it as a value of an unknown version, "version 2") instead of serving them,
+reads to it as a value of an unknown version, "version 3": the level) instead of serving them,
 and lists no transactional.id it made up; the current code then takes over again.
 
 `make test` runs one variant per order (secured with the leaders first, plaintext
@@ -295,12 +295,12 @@ def _previous_coordinator_after_the_raise(run: Run) -> None:
     # txn-0 owns the partitions p with p % 2 == 0 of two coordinators (sorted node ids).
     owned = {str(p) for p in range(0, TXN_PARTITIONS, 2)}
     refused = wait_for(lambda: (lambda found: found if set(found) >= owned else None)(re.findall(
-        r"__transaction_state-(\d+) is corrupt; disabled: unknown transaction log value version 2",
+        r"__transaction_state-(\d+) is corrupt; disabled: unknown transaction log value version 3",
         run.logs("txn-0"))), PHASE_TIMEOUT_S, "the previous release's coordinator to refuse its partitions")
     ids = run.transactional_ids()
     assert ids <= {c.transactional_id for c in run.copiers}, ids
     log(f"{PREVIOUS} txn-0 after the raise: refused __transaction_state partitions {sorted(set(refused))} "
-        f"(unknown transaction log value version 2); ListTransactions {sorted(ids)}")
+        f"(unknown transaction log value version 3); ListTransactions {sorted(ids)}")
     run.cluster.kill("txn-0")  # it waits for partitions it will never load before it heeds SIGTERM
     run.cluster.restart("txn-0", timeout_s=120, python=CURRENT)
     producer = Producer({"bootstrap.servers": run.bootstrap, **run.admin, "transactional.id": "after-the-raise"})
