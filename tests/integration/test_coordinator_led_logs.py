@@ -1,5 +1,5 @@
 """metadata.version 3 (a new cluster's level): transaction coordinators lead
-their own `__transaction_state` partitions (docs/design/coordinator-local-logs.md). Two
+their own `__transaction_state` partitions (docs/design/coordinator-local-logs.md). Three
 of its failure-model cases with real processes, a real ZooKeeper, replication factor 3,
 min.insync.replicas 2 and acks=all, each under a transactional load whose every
 acknowledged transaction must be read once and none in part:
@@ -7,6 +7,8 @@ acknowledged transaction must be read once and none in part:
 - the level raised from 2 to 3 while producers commit: each owner becomes its
   partitions' first replica, catches up and leads, and a partition leader's replica
   leaves, so the replication factor stays 3;
+- EIO on the leading coordinator's log directory: its partitions' leadership moves to
+  in-sync partition leaders and it goes on as their owner, appending through them;
 - the coordinator leading a partition paused (SIGSTOP) past its ZooKeeper session: the
   other coordinator takes the partition over (through an interim partition leader) and
   the producer goes on committing; the paused one, resumed, finds itself deposed (its
@@ -24,6 +26,7 @@ import pytest
 from exactly import AdminClient, FeatureUpdate, NewTopic
 from exactly_tools.devcluster import DevCluster
 from clusters import new_chroot, zookeeper_client
+from faults.diskfs import under_faults
 from waiting import wait_for
 
 from .txn_load import (PARTITIONS, TransactionalLoad, check_all_or_nothing, coordinator_led, coordinator_node,
@@ -139,3 +142,33 @@ def test_a_coordinator_paused_past_its_session_is_replaced_then_takes_its_partit
     finally:
         for load in loads:
             load.stop.set()
+
+
+def test_eio_on_the_leading_coordinators_log_dir_moves_the_log_and_transactions_go_on(make_cluster):
+    """KIP-112 on a coordinator: writes under its log directory fail (EIO, the FUSE
+    filesystem of tests/faults/diskfs.py). It publishes the directory offline, the
+    controller gives the leadership of its partitions to in-sync partition leaders, and
+    the coordinator, still their owner, appends through them: the producer goes on
+    committing, nothing acknowledged is lost and nothing is visible in part."""
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=1, group_coordinators=1, props=PROPS)
+    disk = under_faults(cluster, "txn-0")
+    loads: list[TransactionalLoad] = []
+    try:
+        wait_for(lambda: coordinator_led(cluster), 60, "every partition led by its owner")
+        topic = _topic(cluster)
+        loads.append(TransactionalLoad(cluster.bootstrap_servers, topic))
+        _run(loads)
+        _progress(loads, "transactions before the fault")
+        owner, partition, leader = coordinator_node(cluster, loads[0].tid)
+        assert owner == leader == "txn-0", (owner, leader)
+        disk.set(eio=["write", "fsync"], paths=["logs/"])
+        wait_for(lambda: (lambda rl: rl[1] is not None and rl[1].startswith("pl-"))(
+            replicas_and_leader(cluster, partition)), 60, f"a partition leader leading __transaction_state-{partition}")
+        _progress(loads, "transactions after the fault")
+        assert coordinator_node(cluster, loads[0].tid)[0] == "txn-0"  # still the owner
+        _finish(cluster, topic, loads)
+    finally:
+        for load in loads:
+            load.stop.set()
+        cluster.kill("txn-0")
+        disk.close()
