@@ -86,14 +86,20 @@ def test_concurrent_create_topics_reserve_the_partition_quota(sec):
         return stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.CreatableTopic(
             name=name, num_partitions=partitions, replication_factor=1)]), timeout=60).topics[0]
     # Applied by every process's watch: 5 partitions at once are refused everywhere (a
-    # probe created before is deleted again, which gives its partitions back).
+    # probe created before is deleted again, which gives its partitions back). The
+    # fixture's ACLs reach each process by a watch too: until then it denies eve.
     services = sorted(sec.services)
     for service in services:
         stub = pbg.ClusterStub(channel(sec, "eve", service))
 
         def refused() -> bool:
             name = f"{prefix}-probe-{uuid.uuid4().hex[:4]}"
-            code = create(stub, name, 5).error_code
+            try:
+                code = create(stub, name, 5).error_code
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    return False  # the ACLs not seen there yet
+                raise
             if code == ErrorCode.NONE:
                 with admin_client(sec) as a:
                     a.delete_topics([name])
