@@ -29,19 +29,12 @@ from clusters import new_chroot, zookeeper_client
 from faults.diskfs import under_faults
 from waiting import wait_for
 
-from .txn_load import (PARTITIONS, TransactionalLoad, check_all_or_nothing, coordinator_led, coordinator_node,
+from .txn_load import (PARTITIONS, RF3_PROPS, TransactionalLoad, check_all_or_nothing, coordinator_led, coordinator_node,
                        replicas_and_leader)
 
 pytestmark = pytest.mark.integration
 
-PROPS = {
-    "zookeeper.session.timeout.ms": "4000",
-    "replica.lag.time.max.ms": "3000",
-    "min.insync.replicas": "2",
-    "transaction.state.log.replication.factor": "3",
-    "offsets.topic.replication.factor": "3",
-    "transaction.state.log.num.partitions": "4",
-}
+PROPS = {**RF3_PROPS, "transaction.state.log.num.partitions": "4"}
 STEP = 10  # transactions each load acknowledges between two checkpoints
 
 

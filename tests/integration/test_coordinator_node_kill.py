@@ -23,18 +23,11 @@ from exactly import AdminClient, NewTopic
 
 from waiting import wait_for
 
-from .txn_load import (PARTITIONS, RUN_S, TransactionalLoad, check_all_or_nothing, coordinator_led,
+from .txn_load import (PARTITIONS, RF3_PROPS, RUN_S, TransactionalLoad, check_all_or_nothing, coordinator_led,
                        coordinator_node, leader_epoch, replicas_and_leader)
 
 pytestmark = pytest.mark.integration
 
-PROPS = {
-    "zookeeper.session.timeout.ms": "4000",
-    "replica.lag.time.max.ms": "3000",
-    "min.insync.replicas": "2",
-    "transaction.state.log.replication.factor": "3",
-    "offsets.topic.replication.factor": "3",
-}
 BEFORE_KILL = 15  # transactions acknowledged before the kill
 AFTER_KILL = 15  # and after it
 
@@ -44,7 +37,7 @@ AFTER_KILL = 15  # and after it
 # raised) a partition leader leads it.
 @pytest.mark.parametrize("level", [2, 3])
 def test_sigkill_of_the_coordinators_node_mid_commit_loses_nothing_acknowledged(make_cluster, level):
-    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=PROPS, level=level)
+    cluster = make_cluster(partition_leaders=3, txn_coordinators=2, group_coordinators=1, props=RF3_PROPS, level=level)
     if level == 3:
         wait_for(lambda: coordinator_led(cluster), 60, "every __transaction_state partition led by its owner")
     topic = f"node-kill-{uuid.uuid4().hex[:8]}"

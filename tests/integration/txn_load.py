@@ -21,6 +21,15 @@ from waiting import wait_for
 PARTITIONS = 3
 RUN_S = 120.0  # each producer's bound on its whole run
 TRANSACTION_STATE = "__transaction_state"
+# The failure tests' cluster: replication factor 3 with min.insync.replicas 2 for the
+# internal topics, and sessions and lag short enough that a failover takes seconds.
+RF3_PROPS = {
+    "zookeeper.session.timeout.ms": "4000",
+    "replica.lag.time.max.ms": "3000",
+    "min.insync.replicas": "2",
+    "transaction.state.log.replication.factor": "3",
+    "offsets.topic.replication.factor": "3",
+}
 TXN = 1  # FindCoordinator's key type of a transactional.id
 
 
