@@ -76,7 +76,7 @@ class Sizes:
     producers: int = 8
     seconds: float = 10.0
     latency_transactions: int = 1000
-    records: int = 200_000
+    records: int = 500_000
     record_size: int = 1024
     idle_seconds: float = 5.0
 
