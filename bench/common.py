@@ -144,6 +144,13 @@ def create_topic(cluster: "DevCluster", name: str, partitions: int = 1, replicat
         admin.create_topics([NewTopic(name, partitions, replication_factor, config=configs or {})])
 
 
+def delete_topic(cluster: "DevCluster", name: str) -> None:
+    """Delete topic `name` (its leader removes the log at once, and the kernel frees
+    its page cache)."""
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}) as admin:
+        admin.delete_topics([name])
+
+
 def machine_info() -> dict:
     info = {"cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg())}
     try:
