@@ -21,11 +21,11 @@ receive slices, the parsed request, the records, the response). glibc's defaults
 (a dynamic mmap threshold from 128 KB, a top-of-heap trim threshold twice that) hand
 such buffers back to the system as soon as they are freed, so the next request
 faults the same pages in again: on a 2-core machine that was a third of a partition
-leader's CPU when one producer sent 256 KB batches (bench/server_cost.py's `produce`
-phase). `tune_allocator` sets M_MMAP_THRESHOLD to MMAP_THRESHOLD_BYTES (buffers below
-it come from the heap) and M_TRIM_THRESHOLD to TRIM_THRESHOLD_BYTES (up to that much
-free heap stays mapped between trims); what a burst leaves above that goes back at
-the next MemoryTrim. A process started with glibc's own MALLOC_MMAP_THRESHOLD_ /
+leader's CPU when one producer sent 256 KB batches (the `produce` phase of
+`python -m bench.server_cost`). `tune_allocator` sets M_MMAP_THRESHOLD to
+MMAP_THRESHOLD_BYTES (buffers below it come from the heap) and M_TRIM_THRESHOLD to
+TRIM_THRESHOLD_BYTES (up to that much free heap stays mapped between trims); what a
+burst leaves above that goes back at the next MemoryTrim. A process started with glibc's own MALLOC_MMAP_THRESHOLD_ /
 MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_ environment variables keeps them instead.
 """
 from __future__ import annotations
