@@ -287,13 +287,12 @@ class Run:
     def produce(self, side: Side, key: str, mode: str, interval_ms: int, rnd: int) -> dict:
         """One produce window; its topic is deleted after it (module docstring)."""
         topic = f"produce-{key.replace('_', '-')}-{rnd}"
-        try:
-            return self._one_shot(side, ["produce", "--bootstrap", side.cluster.bootstrap_servers, "--topic", topic,
-                                         "--mode", mode, "--commit-interval-ms", str(interval_ms),
-                                         "--records", str(self.sizes.records),
-                                         "--record-size", str(self.sizes.record_size)])
-        finally:
-            delete_topic(side.cluster, topic)
+        window = self._one_shot(side, ["produce", "--bootstrap", side.cluster.bootstrap_servers, "--topic", topic,
+                                       "--mode", mode, "--commit-interval-ms", str(interval_ms),
+                                       "--records", str(self.sizes.records),
+                                       "--record-size", str(self.sizes.record_size)])
+        delete_topic(side.cluster, topic)
+        return window
 
     # ------------------------------------------------------------ rounds
     def measure(self) -> dict[str, dict[str, list]]:
