@@ -13,20 +13,6 @@ gives back every free page of every arena (measured: 725 MB to 188 MB in one cal
 `MemoryTrim` calls it every `exactly.memory.trim.interval.ms` (default 10000; 0: never)
 in a worker thread, where the C library has it (glibc; elsewhere nothing is done), and
 logs what it returned when that is more than LOG_ABOVE_BYTES.
-
-Between those trims the heap is kept for reuse (`tune_allocator`, at start-up). A
-produce request carries batches of up to `batch.size` (a producer's default 16 KB,
-often 256 KB or 1 MB), and serving one allocates several buffers of that size (gRPC's
-receive slices, the parsed request, the records, the response). glibc's defaults
-(a dynamic mmap threshold from 128 KB, a top-of-heap trim threshold twice that) hand
-such buffers back to the system as soon as they are freed, so the next request
-faults the same pages in again: on a 2-core machine that was a third of a partition
-leader's CPU when one producer sent 256 KB batches (the `produce` phase of
-`python -m bench.server_cost`). `tune_allocator` sets M_MMAP_THRESHOLD to
-MMAP_THRESHOLD_BYTES (buffers below it come from the heap) and M_TRIM_THRESHOLD to
-TRIM_THRESHOLD_BYTES (up to that much free heap stays mapped between trims); what a
-burst leaves above that goes back at the next MemoryTrim. A process started with glibc's own MALLOC_MMAP_THRESHOLD_ /
-MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_ environment variables keeps them instead.
 """
 from __future__ import annotations
 
@@ -41,11 +27,6 @@ from .connections import run_every
 log = logging.getLogger(__name__)
 
 LOG_ABOVE_BYTES = 32 << 20
-MMAP_THRESHOLD_BYTES = 4 << 20
-TRIM_THRESHOLD_BYTES = 32 << 20
-# mallopt(3) parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_GLIBC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -58,40 +39,17 @@ def resident_bytes() -> int:
         return -1
 
 
-def _libc_function(name: str):
-    """The C library's function `name` (ctypes), None where it has none (not glibc)."""
-    lib = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(lib) if lib else ctypes.CDLL(None), name)
-    except (OSError, AttributeError):
-        return None
-
-
 def malloc_trim() -> Callable[[], int] | None:
     """The C library's malloc_trim(0) as a callable (-> 1 when memory was released), None
     where the C library has none (not glibc)."""
-    trim = _libc_function("malloc_trim")
-    if trim is None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)
-
-
-def tune_allocator(environ: dict[str, str] | None = None) -> bool:
-    """Keep freed heap for the next requests (module docstring): mallopt(M_MMAP_THRESHOLD,
-    MMAP_THRESHOLD_BYTES) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES). Returns
-    True when both were set; False when `environ` (default os.environ) sets one of
-    glibc's MALLOC_* tunables (the operator's choice stands) or the C library has no
-    mallopt."""
-    env = os.environ if environ is None else environ
-    if any(name in env for name in _GLIBC_ENV):
-        return False
-    mallopt = _libc_function("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and \
-        bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
 class MemoryTrim:

@@ -858,10 +858,8 @@ def _declare_rpc_series(role: str) -> None:
 def main_for(role: str, setup: Setup, argv: list[str] | None = None) -> None:
     """Entry point of `python -m services.<role>`. Sets the process's umask to 077
     first: every directory and file the service creates (its data directory, logs,
-    snapshots, port files) is its owner's only (0700 / 0600); and keeps freed heap for
-    reuse (memory.tune_allocator)."""
+    snapshots, port files) is its owner's only (0700 / 0600)."""
     os.umask(0o077)
-    memory.tune_allocator()
     cfg = parse_args(role, argv)
     logging.basicConfig(level=os.environ.get("EXACTLY_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s {cfg.node_id} %(levelname)s %(name)s: %(message)s")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pathlib
 import re
 import socket
 
@@ -243,37 +242,3 @@ def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
     assert "max.connections.per.ip.overrides='10.0.0.1' is invalid for the partition leader: " \
         "'10.0.0.1' is not host:count" in err
     assert err.count("max.connections.per.ip.overrides") == 1
-
-
-_REFAULTS = """
-import resource, sys
-from services.common.transport import memory
-tuned = memory.tune_allocator() if sys.argv[1] == "tuned" else None
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
-    bufs = [bytearray(1 << 20) for _ in range(4)]; del bufs
-before = faults()
-for _ in range(100):  # four 1 MB request buffers, touched and freed, a hundred times
-    bufs = [bytearray(1 << 20) for _ in range(4)]
-    for b in bufs:
-        b[::4096] = bytes(len(range(0, len(b), 4096)))
-    del bufs
-print(tuned, faults() - before)
-"""
-
-
-def test_the_tuned_allocator_keeps_freed_request_buffers_instead_of_faulting_them_in_again():
-    import subprocess
-    import sys
-    root = pathlib.Path(__file__).resolve().parents[5]
-
-    def run(mode: str, **env: str) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", _REFAULTS, mode], cwd=root, capture_output=True, text=True,
-                             timeout=60, env={"PATH": os.environ.get("PATH", ""), **env}, check=True).stdout.split()
-        return out[0], int(out[1])
-    _, default = run("default")
-    tuned, kept = run("tuned")
-    assert tuned == "True" and kept * 2 < default, (kept, default)
-    # An operator's own glibc tunable stands: nothing is changed.
-    assert run("tuned", MALLOC_TRIM_THRESHOLD_="262144")[0] == "False"
