@@ -206,6 +206,8 @@ class ReplicaHost:
         changed = set(opened) | set(closed) | hosted.changed
         if any(p.is_leader for tp, p in hosted.replicas.items() if tp in changed):
             self.leases.wake()
+        if changed:
+            self.leases.replicas_changed()
         for tp in changed:
             self.notify(tp)
 

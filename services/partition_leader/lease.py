@@ -80,12 +80,15 @@ class LeaseKeeper:
 
     async def ensure(self, p: Partition, deadline: float) -> bool:
         """Wait until `p`'s lease is valid, until `deadline` (loop time, s) at most,
-        asking for renewals. False when `p` stopped leading or the deadline passed
+        asking for renewals. False when `p` stopped leading, is no longer the replica
+        serving its partition here (closed, or deleted when this process left its
+        replicas: `replicas_changed` wakes the wait), or the deadline passed
         (ZooKeeper unreachable, the session lost, leadership moved)."""
         loop = asyncio.get_running_loop()
-        while not self.manager.hosted.lease_valid(p):
+        hosted = self.manager.hosted
+        while not hosted.lease_valid(p):
             remaining = deadline - loop.time()
-            if not p.is_leader or remaining <= 0:
+            if not p.is_leader or not hosted.serves(p) or remaining <= 0:
                 return False
             self._renewed.clear()
             self._wake.set()
@@ -93,10 +96,19 @@ class LeaseKeeper:
                 await asyncio.wait_for(self._renewed.wait(), remaining)
             except asyncio.TimeoutError:
                 return False
-            if not self.manager.hosted.lease_valid(p):
+            if not hosted.lease_valid(p) and p.is_leader and hosted.serves(p):
                 # Not confirmed (yet): a new election or the watch demoting us comes soon.
                 await asyncio.sleep(min(RETRY_S, max(deadline - loop.time(), 0)))
         return True
+
+    def replicas_changed(self) -> None:
+        """The replicas here were opened, closed or changed role (on the event loop):
+        the waits of `ensure` look again at once, rather than at the next renewal, so
+        that one whose replica is gone answers now. Without this, a coordinator's append
+        to its own log that waited for a lease while its session was lost held the
+        appends queued behind it until its request deadline (30 s), although the
+        replica it waited for had been deleted."""
+        self._renewed.set()
 
     async def _run(self) -> None:
         interval = max(self.lease_ms / 3, 50) / 1000

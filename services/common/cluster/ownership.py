@@ -383,15 +383,26 @@ class CoordinatorOwnership:
 
     def _on_owner_change(self, partition: int, data: bytes | None, stat=None, event=None) -> None:
         """DataWatch callback (kazoo thread): resign when the znode no longer names
-        this process with the epoch of our claim."""
+        this process with the epoch of our claim. A notification showing an older
+        coordinator epoch than our claim's is stale, not a newer owner: kazoo
+        re-reads the znode when a new session starts, and that read may have been
+        answered before our claim was written (claims only ever raise the epoch, by
+        compare-and-set). Resigning on it would cost the partition a needless
+        second claim and load."""
         claim = self._owned.get(partition)
         if claim is None or self._loop is None or self._loop.is_closed():
+            return
+        if data is None:  # the claim znode was deleted: nobody's claim stands
+            asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
             return
         try:
             d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{self.kind}/{partition}")
         except ValueError:  # a claim this version cannot read is not ours
             d = {}
-        if d.get("owner") != self.cluster.node_id or int(d.get("coordinator_epoch", -1)) != claim.coordinator_epoch:
+        epoch = int(d.get("coordinator_epoch", claim.coordinator_epoch + 1))
+        if epoch < claim.coordinator_epoch:
+            return
+        if d.get("owner") != self.cluster.node_id or epoch != claim.coordinator_epoch:
             asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
 
     async def _resign(self, partition: int, coordinator_epoch: int | None = None) -> None:

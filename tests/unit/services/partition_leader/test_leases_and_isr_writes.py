@@ -24,9 +24,10 @@ class FakeZk:
         self.state = state
         self.registered = registered
         self.writes: list[tuple[PartitionState, int]] = []
+        self.replicas = ["me", "x", "y"]
 
     def topics(self):
-        return {"r": TopicInfo("r", {0: ["me", "x", "y"]}, {}, False, {0: self.state})}
+        return {"r": TopicInfo("r", {0: list(self.replicas)}, {}, False, {0: self.state})}
 
     def topic(self, name):
         return self.topics().get(name)
@@ -122,6 +123,33 @@ def test_leases_follow_what_zookeeper_says(tmp_path, store, clock):
         m.hosted.refresh()
         assert not await keeper.ensure(p, asyncio.get_running_loop().time() + 5)
         keeper.on_session_state("LOST")
+    asyncio.run(main())
+    m.hosted.close()
+
+
+def test_a_wait_for_a_lease_ends_when_its_replica_is_deleted(tmp_path, store, clock):
+    """A leader whose session was lost waits in `ensure` for a lease it cannot get; when
+    this process leaves the partition's replicas (a coordinator whose internal partition
+    moved to another owner meanwhile) the replica is deleted and the wait ends at once
+    with False, not at its deadline: the appends queued behind it go on."""
+    now = MockTime(10_000)
+    zk = FakeZk(PartitionState("me", 2, ("me", "x"), version=4, mzxid=100), registered=None)
+    m = manager_for(zk, tmp_path, store, clock, now)
+
+    async def main():
+        keeper = LeaseKeeper(m, zk, 3000)
+        m.hosted.leases = keeper
+        m.hosted.refresh()
+        p = m.hosted.replicas[TP]
+        waiting = asyncio.create_task(keeper.ensure(p, asyncio.get_running_loop().time() + 30))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # no lease without a registration: it waits
+        zk.replicas = ["x", "y", "z"]
+        m.hosted.refresh()
+        assert TP not in m.hosted.replicas and p.is_leader  # deleted, the object unchanged
+        keeper.replicas_changed()
+        assert await asyncio.wait_for(waiting, 5) is False
     asyncio.run(main())
     m.hosted.close()
 

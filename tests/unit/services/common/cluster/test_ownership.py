@@ -178,7 +178,7 @@ def test_nothing_is_claimed_before_this_process_is_registered():
     assert o.desired() == {0, 1}
 
 
-def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
+def test_resigns_when_the_znode_names_a_newer_owner_and_when_fenced():
     async def body():
         zk = FakeZk()
         cluster = FakeCluster("txn-0", ["txn-0"], zk, partitions=1)
@@ -204,9 +204,15 @@ def test_resigns_when_the_znode_names_another_owner_and_when_fenced():
         o._on_owner_change(0, zk.nodes[PATH][0], None, None)
         assert await resign_calls.get() == 0
         assert resigned == [0] and o.owned == {}
-        # Claimed again, then fenced by the partition leader: resign at once.
+        # Claimed again. A late notification of the claim before ours (kazoo re-reads the
+        # znode when a session starts) is stale: no resignation.
         await o._reconcile()
         assert o.owned == {0: 2}
+        o._on_owner_change(0, json.dumps({"owner": "txn-1", "coordinator_epoch": 1}).encode(), None, None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert o.owned == {0: 2} and resign_calls.empty()
+        # Then fenced by the partition leader: resign at once.
         o.fenced(0, 1)  # an older claim: ignored
         for _ in range(20):  # let anything it might have started run
             await asyncio.sleep(0)
