@@ -28,16 +28,13 @@ import asyncio
 import logging
 from typing import Callable
 
-from kazoo.exceptions import KazooException
-
-from services.common.cluster.state import ClusterState, PartitionState
+from services.common.cluster.state import ZOOKEEPER_ERRORS, ClusterState, PartitionState
 
 from .partition import Partition
 from .replica_manager import ReplicaManager, TopicPartition
 
 log = logging.getLogger(__name__)
 
-ZK_ERRORS = (KazooException, OSError, TimeoutError)
 RETRY_S = 0.05
 
 
@@ -71,6 +68,7 @@ class LeaseKeeper:
         if state in ("SUSPENDED", "LOST"):
             log.warning("ZooKeeper connection %s: leadership leases voided", state)
             self.manager.hosted.invalidate_leases()
+            self._renewed.set()  # the waits of `ensure` look again (a write the ISR now vouches for goes on)
         else:
             self._wake.set()
 
@@ -78,15 +76,24 @@ class LeaseKeeper:
         """Renew now (e.g. after becoming leader)."""
         self._wake.set()
 
-    async def ensure(self, p: Partition, deadline: float) -> bool:
-        """Wait until `p`'s lease is valid, until `deadline` (loop time, s) at most,
-        asking for renewals. False when `p` stopped leading, is no longer the replica
-        serving its partition here (closed, or deleted when this process left its
-        replicas: `replicas_changed` wakes the wait), or the deadline passed
-        (ZooKeeper unreachable, the session lost, leadership moved)."""
+    async def ensure(self, p: Partition, deadline: float, vouched: Callable[[], bool] | None = None) -> bool:
+        """Wait until `p`'s lease is valid, or `vouched()` is true, until `deadline`
+        (loop time, s) at most, asking for renewals. False when `p` stopped leading, is
+        no longer the replica serving its partition here (closed, or deleted when this
+        process left its replicas: `replicas_changed` wakes the wait), or the deadline
+        passed (ZooKeeper unreachable, the session lost, leadership moved).
+
+        vouched: for an acks=all write, whether it may go on without a lease
+        (`HostedReplicas.isr_vouches`: the connection is SUSPENDED and the ISR is at
+        min.insync.replicas). A write that started to wait for its lease before the
+        client noticed the suspension goes on once it does, as one arriving after it
+        would, instead of waiting for its deadline."""
         loop = asyncio.get_running_loop()
         hosted = self.manager.hosted
-        while not hosted.lease_valid(p):
+
+        def settled() -> bool:
+            return hosted.lease_valid(p) or (vouched is not None and vouched())
+        while not settled():
             remaining = deadline - loop.time()
             if not p.is_leader or not hosted.serves(p) or remaining <= 0:
                 return False
@@ -96,7 +103,7 @@ class LeaseKeeper:
                 await asyncio.wait_for(self._renewed.wait(), remaining)
             except asyncio.TimeoutError:
                 return False
-            if not hosted.lease_valid(p) and p.is_leader and hosted.serves(p):
+            if not settled() and p.is_leader and hosted.serves(p):
                 # Not confirmed (yet): a new election or the watch demoting us comes soon.
                 await asyncio.sleep(min(RETRY_S, max(deadline - loop.time(), 0)))
         return True
@@ -137,7 +144,7 @@ class LeaseKeeper:
                     self.cluster.read_partition_states(list(led), self.lease_ms / 1000))
         try:
             registered, states = await asyncio.to_thread(read)
-        except ZK_ERRORS as exc:
+        except ZOOKEEPER_ERRORS as exc:
             log.warning("cannot confirm leadership in ZooKeeper: %r", exc)
             return
         if registered is None:
@@ -219,7 +226,7 @@ class IsrUpdater:
                 if fresh_version > p.replication.zk_version:
                     p.set_isr(fresh.isr, fresh_version)
                     self.notify(tp)
-        except ZK_ERRORS as exc:
+        except ZOOKEEPER_ERRORS as exc:
             log.warning("%s-%d: ISR update failed: %r", topic, partition, exc)
         finally:
             self._running.pop(tp, None)

@@ -45,6 +45,7 @@ from exactly_wire.types import TopicPartition
 
 from services.common.transport import limits
 from services.common.cluster.ownership import RETIRED_WRITER_EPOCH
+from services.common.cluster.state import ZOOKEEPER_ERRORS
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC
 
 from .partition import ACKS_ALL, AppendResult, MarkerResult, Partition, ValidatedBatch
@@ -54,6 +55,8 @@ from .replicas import HostedReplicas, positions
 log = logging.getLogger(__name__)
 
 VALID_ACKS = (0, 1, -1)
+# How long the writer-claim gate waits for ZooKeeper without a lease length (ms).
+CLAIM_READ_TIMEOUT_MS = 5000
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 NOT_VERIFIED = -1
 
@@ -264,7 +267,17 @@ class ProducePipeline:
         if not ctx.internal_only or h.producer_id < 0 or h.is_transactional:
             return None  # no writer id; transactional offset commits are verified (KIP-890)
         cached = self._claims.get(b.tp)
-        claim = await self._claim(b.tp, cached is not None and _backed(cached, h.producer_id, h.producer_epoch))
+        try:
+            claim = await self._claim(b.tp, cached is not None and _backed(cached, h.producer_id, h.producer_epoch),
+                                      ctx.deadline)
+        except ZOOKEEPER_ERRORS as exc:
+            # Not appended. Answered as a leader that cannot confirm its leadership: the
+            # coordinator takes it as an outcome unknown and loads the partition again
+            # (a fence that is refused so makes it answer NOT_COORDINATOR, and clients
+            # find the partition's new owner).
+            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                message=f"the coordinator claim on {b.topic}-{b.partition} could not be read from "
+                                        f"ZooKeeper: {exc!r}")
         if claim is None or _backed(claim, h.producer_id, h.producer_epoch):
             return None
         return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -370,16 +383,22 @@ class ProducePipeline:
             return res, p, epoch
         return res
 
-    async def _claim(self, tp: TopicPartition, current: bool) -> tuple[int, int, int] | None:
+    async def _claim(self, tp: TopicPartition, current: bool, deadline: float) -> tuple[int, int, int] | None:
         """The coordinator claim on internal partition `tp` (None: a cluster view
-        without claims, tools and tests); read from ZooKeeper unless cached and `current`."""
+        without claims, tools and tests); read from ZooKeeper unless cached and `current`,
+        waiting for ZooKeeper until `deadline` (monotonic s) and at most a leadership
+        lease's length: a coordinator cut off from ZooKeeper must not hold its appends
+        (one at a time per partition, the group commit's) until the connection returns.
+        Raises ZOOKEEPER_ERRORS when ZooKeeper does not answer."""
         claim = self._claims.get(tp)
         if claim is not None and current:
             return claim
         writer_claim = getattr(self.hosted.cluster, "writer_claim", None)
         if writer_claim is None:
             return None
-        claim = self._claims[tp] = await asyncio.to_thread(writer_claim, *tp)
+        lease_s = (self.hosted.lease_ms or CLAIM_READ_TIMEOUT_MS) / 1000
+        timeout_s = max(min(deadline - self.hosted.monotonic_s(), lease_s), 0.001)
+        claim = self._claims[tp] = await asyncio.to_thread(writer_claim, tp[0], tp[1], timeout_s)
         return claim
 
     async def _await_high_watermark(self, p: Partition, epoch: int, last_offset: int, deadline: float) -> ErrorCode:
@@ -444,13 +463,21 @@ class ProducePipeline:
             i += len(m.partitions)
         return out
 
-    async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int) -> MarkerResult | None:
+    async def _internal_marker_refused(self, m: MarkerEntry, topic: str, partition: int,
+                                       deadline: float) -> MarkerResult | None:
         """`TRANSACTION_STATE_TOPIC` holds no transactions, so no markers; on
         `CONSUMER_CONSUMER_OFFSETS_TOPIC` a marker may not name a coordinator's writer id (a marker
-        bumps its producer's epoch, which would fence the owning coordinator)."""
+        bumps its producer's epoch, which would fence the owning coordinator). A claim
+        ZooKeeper does not answer for (none cached) refuses the marker NOT_LEADER_OR_FOLLOWER,
+        retriable."""
         if topic != CONSUMER_OFFSETS_TOPIC:
             return MarkerResult(ErrorCode.INVALID_REQUEST, message=f"{topic} holds no transactions")
-        claim = await self._claim((topic, partition), True)  # kept current by writer_claim
+        try:
+            claim = await self._claim((topic, partition), True, deadline)  # kept current by writer_claim
+        except ZOOKEEPER_ERRORS as exc:
+            return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                message=f"the coordinator claim on {topic}-{partition} could not be read from "
+                                        f"ZooKeeper: {exc!r}")
         if claim is None:
             return None
         writer, _epoch, retired = claim
@@ -462,7 +489,7 @@ class ProducePipeline:
     async def _marker_one(self, m: MarkerEntry, topic: str, partition: int, deadline: float) -> MarkerResult:
         hosted = self.hosted
         if hosted.is_internal(topic):
-            refused = await self._internal_marker_refused(m, topic, partition)
+            refused = await self._internal_marker_refused(m, topic, partition, deadline)
             if refused is not None:
                 return refused
         p, err = await hosted.leader_for_write(topic, partition, deadline, confirm=True, hw_gated=True)

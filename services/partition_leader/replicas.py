@@ -71,7 +71,7 @@ class ClusterView(Protocol):
 class Leases(Protocol):
     """Confirms a leader's leadership (see lease.LeaseKeeper)."""
 
-    def ensure(self, p: Partition, deadline: float) -> Awaitable[bool]: ...
+    def ensure(self, p: Partition, deadline: float, vouched: Callable[[], bool] | None = None) -> Awaitable[bool]: ...
 
 
 def guarded(what: str, fn: Callable[..., T], *args,
@@ -488,12 +488,14 @@ class HostedReplicas:
         """`get()`, first confirming leadership (when `confirm` and the lease is not
         valid) so that a deposed or paused leader appends nothing; `hw_gated` (an
         acks=all write or a marker) skips the confirmation while ZooKeeper is
-        unreachable (`isr_vouches`). deadline: monotonic s. Errors: those of `get`,
+        unreachable (`isr_vouches`), also when the connection is found SUSPENDED
+        while the write waits for its lease. deadline: monotonic s. Errors: those of `get`,
         NOT_LEADER_OR_FOLLOWER when leadership is not confirmed by `deadline`."""
         p, err = self.get(topic, partition)
         if p is not None and confirm and self.leases is not None and not self.lease_valid(p) \
                 and not self.isr_vouches(p, hw_gated):
-            if not await self.leases.ensure(p, deadline):
+            leader = p
+            if not await self.leases.ensure(p, deadline, vouched=lambda: self.isr_vouches(leader, hw_gated)):
                 return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
             p, err = self.get(topic, partition)
         return p, err

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
 from exactly_wire.error_codes import ErrorCode
@@ -40,6 +41,10 @@ from .features import FEATURES_PATH, SupportedRange
 from .partition_usage import PartitionUsage
 
 log = logging.getLogger(__name__)
+
+# What a call to ZooKeeper raises when ZooKeeper does not answer: kazoo's errors, and
+# KazooTimeoutError (a read with a timeout that ran out, not a KazooException).
+ZOOKEEPER_ERRORS = (KazooException, KazooTimeoutError, OSError, TimeoutError)
 
 ROOT = "/exactly"
 SERVICES = f"{ROOT}/services"
@@ -767,15 +772,18 @@ class ClusterState:
                 total += len(found[0].get("partitions", {}))
         return total
 
-    def writer_claim(self, topic: str, partition: int) -> tuple[int, int, int]:
+    def writer_claim(self, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int, int]:
         """(writer producer id, writer epoch, retired writer producer id) of the
         coordinator claim on an internal partition, read from ZooKeeper now
-        (docs/design.md, "Coordinator ownership"); (-1, -1, -1) without a claim."""
+        (docs/design.md, "Coordinator ownership"); (-1, -1, -1) without a claim.
+        timeout_s: how long to wait for ZooKeeper's answer (a read sent while the
+        connection is down waits for the reconnection). Raises kazoo errors
+        (KazooTimeoutError included) when ZooKeeper does not answer."""
         kind = next((k for k, t in INTERNAL_TOPIC_FOR_KIND.items() if t == topic), None)
         if kind is None:
             return -1, -1, -1
         try:
-            data, _ = self.zk.get(f"{COORDINATORS}/{kind}/{partition}")
+            data, _ = self.zk.get_async(f"{COORDINATORS}/{kind}/{partition}").get(timeout=timeout_s)
         except NoNodeError:
             return -1, -1, -1
         d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{kind}/{partition}")

@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
-from kazoo.exceptions import KazooException
 
 from exactly_wire.error_codes import ErrorCode
+from services.common.cluster.state import ZOOKEEPER_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ ERROR_CODE_METADATA = "exactly-error-code"
 
 _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, LookupError, struct.error, RecursionError,
                    AttributeError, ArithmeticError)
-_UNAVAILABLE_ERRORS = (KazooException, OSError, TimeoutError)
 
 
 class Undecodable:
@@ -59,7 +58,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, ErrorCode]:
     servicer (module docstring)."""
     if isinstance(exc, MemoryError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, ErrorCode.POLICY_VIOLATION
-    if isinstance(exc, _UNAVAILABLE_ERRORS):
+    if isinstance(exc, ZOOKEEPER_ERRORS):
         code = ErrorCode.KAFKA_STORAGE_ERROR if isinstance(exc, OSError) and not isinstance(
             exc, (TimeoutError, ConnectionError)) else ErrorCode.REQUEST_TIMED_OUT
         return grpc.StatusCode.UNAVAILABLE, code

@@ -220,6 +220,38 @@ def test_acks_all_goes_on_without_a_lease_while_zookeeper_is_unreachable(tmp_pat
     asyncio.run(main())
 
 
+def test_an_acks_all_write_waiting_for_its_lease_goes_on_once_zookeeper_is_found_unreachable(tmp_path, store, clock):
+    """The lease ran out before the client noticed that ZooKeeper went away: an acks=all
+    write waits for a renewal that cannot come. Once the connection is SUSPENDED, the ISR
+    vouches for it as for a write arriving then: it is appended and acknowledged when
+    the ISR has it, not failed at its request deadline (30 s here)."""
+    from exactly_wire.error_codes import ErrorCode
+    from services.partition_leader.replica_manager import ProduceEntry
+
+    now, m, leader = _leader_of_two(tmp_path, store, clock)
+
+    async def main():
+        p = leader()
+        now.set_ms(int(asyncio.get_running_loop().time() * 1000))  # ensure() reads the loop's clock, as in the service
+        entry = ProduceEntry("r", 0, make_batch(2))
+        task = asyncio.create_task(append_records(m, -1, [entry], timeout_ms=30_000))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and p.log_end_offset == 0  # waiting for a lease, nothing appended
+        appended = _tell_appends(p)
+        m.hosted.invalidate_leases()
+        m.hosted.zookeeper_suspended = True
+        m.hosted.leases.on_session_state("SUSPENDED")
+        await asyncio.wait_for(appended.wait(), 5)
+        assert p.log_end_offset == 2 and not task.done()  # appended, waiting for the ISR
+        assert m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2).hw_changed
+        m.hosted.purgatory.notify(TP)
+        res = (await asyncio.wait_for(task, 2))[0]
+        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0)
+
+    asyncio.run(main())
+
+
 def test_acks_all_without_a_lease_gives_up_once_the_followers_stay_silent_for_the_lag_time(tmp_path, store, clock):
     """Cut off from ZooKeeper alone, a leader's followers follow a newer leader and never
     acknowledge: an acks=all write waiting without a lease fails NOT_LEADER_OR_FOLLOWER

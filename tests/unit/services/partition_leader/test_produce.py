@@ -173,3 +173,48 @@ def test_a_notice_that_cannot_be_trusted_is_not_noted_and_the_batch_is_asked_abo
     noted = manager.note_txn_partition_added(tid, 9, 0, coordinator_epoch, "r", 0, epoch, offset)
     assert noted is (case == "another transactional.id")  # noted under its own id, never used for "tx"
     assert _first_batch(manager, 0).error == ErrorCode.NONE and verifier.verifies == [("tx", 9, 0, "r", 0)]
+
+
+def test_a_writer_claim_zookeeper_does_not_answer_refuses_the_batch_and_appends_nothing(tmp_path, store, clock):
+    """The writer-claim gate reads the coordinator claim from ZooKeeper when it has none
+    cached. A coordinator cut off from ZooKeeper must not wait for the connection to come
+    back: the read waits at most a lease's length (here, without leases, 5 s) and the
+    batch is refused NOT_LEADER_OR_FOLLOWER (the coordinator loads the partition again),
+    nothing appended; a marker on the offsets topic, which checks the claim too, is
+    refused the same way. Once ZooKeeper answers, both go in."""
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from exactly_wire.clock import wall_clock_ms
+    from services.common.cluster.ownership import fence_batch
+    from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+    from services.partition_leader.produce import MarkerEntry
+
+    def internal(name):
+        return TopicInfo(name, {0: ["me"]}, {}, True, {0: PartitionState("me", 1, ("me",), version=0)})
+    cluster = FakeCluster({TRANSACTION_STATE_TOPIC: internal(TRANSACTION_STATE_TOPIC),
+                           CONSUMER_OFFSETS_TOPIC: internal(CONSUMER_OFFSETS_TOPIC)})
+    asked: list[float] = []
+
+    def unanswered(topic, partition, timeout_s):
+        asked.append(timeout_s)
+        raise KazooTimeoutError()
+    cluster.writer_claim = unanswered
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    m.hosted.refresh()
+    try:
+        fence = ProduceEntry(TRANSACTION_STATE_TOPIC, 0, fence_batch(7, 0, wall_clock_ms()))
+        res = asyncio.run(append_records(m, 1, [fence], timeout_ms=30_000, origin="coordinator"))[0]
+        p, _ = m.hosted.get(TRANSACTION_STATE_TOPIC, 0)
+        assert res.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and "ZooKeeper" in res.message
+        assert p.log_end_offset == 0 and asked == [5.0]
+        # A marker on the offsets topic checks the claim too (it may not name the writer id).
+        [[marker]] = asyncio.run(m.write_markers([MarkerEntry(9, 0, True, 0, ((CONSUMER_OFFSETS_TOPIC, 0),))]))
+        offsets, _ = m.hosted.get(CONSUMER_OFFSETS_TOPIC, 0)
+        assert marker.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and offsets.log_end_offset == 0 and len(asked) == 2
+        cluster.writer_claim = lambda topic, partition, timeout_s: (7, 0, -1)
+        res = asyncio.run(append_records(m, 1, [fence], timeout_ms=30_000, origin="coordinator"))[0]
+        assert res.error == ErrorCode.NONE and p.log_end_offset == 1
+        [[marker]] = asyncio.run(m.write_markers([MarkerEntry(9, 0, True, 0, ((CONSUMER_OFFSETS_TOPIC, 0),))]))
+        assert marker.error == ErrorCode.NONE and offsets.log_end_offset == 1
+    finally:
+        m.hosted.close()

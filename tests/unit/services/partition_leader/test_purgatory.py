@@ -155,7 +155,7 @@ def test_a_marker_whose_deadline_passed_before_it_could_be_appended_is_dropped(m
     so the late marker is not appended (REQUEST_TIMED_OUT) and the producer's
     transaction stays open until a marker within its deadline ends it."""
     class LateLeases:
-        async def ensure(self, p, deadline) -> bool:
+        async def ensure(self, p, deadline, vouched=None) -> bool:
             now.set_ms(deadline * 1000 + 1)
             return True
 

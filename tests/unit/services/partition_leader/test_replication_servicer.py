@@ -41,7 +41,7 @@ class FakeLeases:
     def __init__(self, answer: bool):
         self.answer, self.calls = answer, 0
 
-    async def ensure(self, p, deadline) -> bool:
+    async def ensure(self, p, deadline, vouched=None) -> bool:
         self.calls += 1
         return self.answer
 
