@@ -482,15 +482,18 @@ def remove_stale() -> list[str]:
         if not m or pid_alive(int(m.group(1))):
             continue
         base = os.path.join(mount, entry)
-        for child in os.listdir(base):
-            d = os.path.join(base, child)
-            if not os.path.isdir(d):
-                continue
-            with open(os.path.join(d, "cgroup.procs")) as f:
-                for pid in f.read().split():
-                    _move(int(pid), mount)
-            _rmdir_when_empty(d)
-        _rmdir_when_empty(base)
+        try:
+            for child in os.listdir(base):
+                d = os.path.join(base, child)
+                if not os.path.isdir(d):
+                    continue
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        _move(int(pid), mount)
+                _rmdir_when_empty(d)
+            _rmdir_when_empty(base)
+        except FileNotFoundError:  # another test process (another xdist worker) removed it first
+            continue
         removed.append(base)
     return removed
 
