@@ -149,6 +149,11 @@ class ProduceBatch:
         return TopicPartition(self.topic, self.partition)
 
 
+def _claim_unread(tp: TopicPartition, exc: BaseException) -> str:
+    """The message of a write refused because ZooKeeper did not answer the claim read."""
+    return f"the coordinator claim on {tp[0]}-{tp[1]} could not be read from ZooKeeper: {exc!r}"
+
+
 def _backed(claim: tuple[int, int, int], producer_id: int, producer_epoch: int) -> bool:
     writer, epoch, retired = claim
     return (producer_id == writer and producer_epoch <= epoch) or \
@@ -275,9 +280,7 @@ class ProducePipeline:
             # coordinator takes it as an outcome unknown and loads the partition again
             # (a fence that is refused so makes it answer NOT_COORDINATOR, and clients
             # find the partition's new owner).
-            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                message=f"the coordinator claim on {b.topic}-{b.partition} could not be read from "
-                                        f"ZooKeeper: {exc!r}")
+            return AppendResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message=_claim_unread(b.tp, exc))
         if claim is None or _backed(claim, h.producer_id, h.producer_epoch):
             return None
         return AppendResult(ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -475,9 +478,7 @@ class ProducePipeline:
         try:
             claim = await self._claim((topic, partition), True, deadline)  # kept current by writer_claim
         except ZOOKEEPER_ERRORS as exc:
-            return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                message=f"the coordinator claim on {topic}-{partition} could not be read from "
-                                        f"ZooKeeper: {exc!r}")
+            return MarkerResult(ErrorCode.NOT_LEADER_OR_FOLLOWER, message=_claim_unread((topic, partition), exc))
         if claim is None:
             return None
         writer, _epoch, retired = claim

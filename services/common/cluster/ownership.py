@@ -392,18 +392,16 @@ class CoordinatorOwnership:
         claim = self._owned.get(partition)
         if claim is None or self._loop is None or self._loop.is_closed():
             return
-        if data is None:  # the claim znode was deleted: nobody's claim stands
-            asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
-            return
-        try:
-            d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{self.kind}/{partition}")
-        except ValueError:  # a claim this version cannot read is not ours
-            d = {}
-        epoch = int(d.get("coordinator_epoch", claim.coordinator_epoch + 1))
-        if epoch < claim.coordinator_epoch:
-            return
-        if d.get("owner") != self.cluster.node_id or epoch != claim.coordinator_epoch:
-            asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
+        if data is not None:  # None: the claim znode was deleted, nobody's claim stands
+            try:
+                d = features.zk_read("zk-coordinator-claim", data, f"{COORDINATORS}/{self.kind}/{partition}")
+            except ValueError:  # a claim this version cannot read is not ours
+                d = {}
+            epoch = int(d.get("coordinator_epoch", claim.coordinator_epoch + 1))
+            if epoch < claim.coordinator_epoch or (
+                    epoch == claim.coordinator_epoch and d.get("owner") == self.cluster.node_id):
+                return  # stale, or our own claim
+        asyncio.run_coroutine_threadsafe(self._resign(partition, claim.coordinator_epoch), self._loop)
 
     async def _resign(self, partition: int, coordinator_epoch: int | None = None) -> None:
         claim = self._owned.get(partition)
