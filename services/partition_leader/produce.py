@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from exactly_wire import records
@@ -148,6 +148,11 @@ class ProduceBatch:
     def tp(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
 
+    def on(self, replica: Partition) -> "ProduceBatch":
+        """This entry bound to `replica` (dataclasses.replace without its per-call
+        field introspection: once or twice per batch on the write path)."""
+        return ProduceBatch(self.topic, self.partition, self.batch, replica)
+
 
 def _claim_unread(tp: TopicPartition, exc: BaseException) -> str:
     """The message of a write refused because ZooKeeper did not answer the claim read."""
@@ -253,7 +258,7 @@ class ProducePipeline:
         (the errors of `HostedReplicas.get`, NOT_LEADER_OR_FOLLOWER)."""
         p, err = await self.hosted.leader_for_write(b.topic, b.partition, ctx.deadline, confirm=ctx.acks != 0,
                                                     hw_gated=ctx.acks == ACKS_ALL)
-        return AppendResult(err) if p is None else replace(b, replica=p)
+        return AppendResult(err) if p is None else b.on(p)
 
     async def check_size(self, ctx: ProduceContext, b: ProduceBatch) -> AppendResult | None:
         """Gate 3, after `leader`: MESSAGE_TOO_LARGE above the partition's
@@ -370,7 +375,7 @@ class ProducePipeline:
                 p, err = hosted.get(b.topic, b.partition)  # leadership may have moved meanwhile
                 if p is None:
                     return AppendResult(err)
-                b = replace(b, replica=p)
+                b = b.on(p)
             p = b.replica
             epoch = p.leader_epoch
             res, err = hosted.guarded(f"produce to {b.topic}-{b.partition}", p.append, b.batch, ctx.acks, guard)

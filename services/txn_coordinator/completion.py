@@ -248,7 +248,9 @@ class Completions:
                     raise NotOwner()
                 if not remaining:
                     return unanswered
-                results = await self._markers.write(replace(marker, partitions=frozenset(remaining)))
+                # The first attempt writes `marker` as it is; a retry, the partitions left.
+                results = await self._markers.write(marker if len(remaining) == len(marker.partitions)
+                                                    else replace(marker, partitions=frozenset(remaining)))
                 for tp, code in results.items():
                     if tp not in remaining:
                         continue

@@ -105,10 +105,10 @@ STATES = TransactionStateCollector()
 
 COMPLETED = Counter("exactly_txn_completed", "Transactions completed by this coordinator, by outcome "
                     "(commit, abort) and cause (client, timeout, fencing)", ["outcome", "cause"])
-for _outcome in OUTCOMES:
-    for _cause in CAUSES:
-        if _outcome == "abort" or _cause == "client":
-            COMPLETED.labels(_outcome, _cause)
+# The children by (outcome, cause), declared up front; `completed` reads them here
+# instead of through labels() on every transaction.
+_COMPLETED_BY = {(_outcome, _cause): COMPLETED.labels(_outcome, _cause)
+                 for _outcome in OUTCOMES for _cause in CAUSES if _outcome == "abort" or _cause == "client"}
 
 END_TO_COMPLETE_SECONDS = Histogram("exactly_txn_end_to_complete_seconds",
                                     "From an EndTxn request to the transaction's completion (its Complete "
@@ -132,4 +132,8 @@ MARKERS_REJECTED = Counter("exactly_txn_markers_rejected", "Transaction markers 
 
 def completed(committed: bool, cause: str) -> None:
     """Count one completed transaction (cause: client | timeout | fencing)."""
-    COMPLETED.labels("commit" if committed else "abort", cause).inc()
+    key = ("commit" if committed else "abort", cause)
+    child = _COMPLETED_BY.get(key)
+    if child is None:
+        child = _COMPLETED_BY[key] = COMPLETED.labels(*key)
+    child.inc()
