@@ -128,6 +128,14 @@ def security_options(context: dict) -> list[str]:
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
 
 
+class _Exited(Exception):
+    """A pod's container exited before it served; `log` is its output."""
+
+    def __init__(self, log: str):
+        super().__init__(log[-200:])
+        self.log = log
+
+
 def with_ports(args: list[str], pod: Pod) -> list[str]:
     """The rendered arguments with this pod's --port, --kafka-port and --link-port."""
     out = list(args)
@@ -178,7 +186,31 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
 
     pods: list[Pod] = []
     started: list[str] = []
+    launches: list = []  # per pod: (pod) -> container name, started with that pod's ports
+
+    def launcher(container: dict):
+        def launch(pod: Pod) -> str:
+            env = pod_environment(container, pod)
+            data = tmp_path / "data" / pod.name
+            data.mkdir(parents=True, exist_ok=True)
+            os.chown(data, 10001, 10001)
+            # The pods share the host's network here: each its own metrics port, in a
+            # properties file after the chart's (a later file's key wins, launch.sh).
+            own = write_files(tmp_path / "pods" / pod.name, {"ports.properties": f"metrics.port={pod.metrics_port}\n"})
+            name = f"exactly-test-{run}-{pod.name}-{pod.port}"
+            env_options = [opt for key, value in env.items() for opt in ("--env", f"{key}={value}")]
+            started.append(name)
+            podman("run", "--detach", "--name", name, "--label", f"exactly-test={run}", "--network", "host",
+                   "--timeout", str(BUILD_TIMEOUT_S), *security_options(container["securityContext"]),
+                   "--volume", f"{config_dir}:/etc/exactly:ro", "--volume", f"{own}:/etc/exactly-pod:ro",
+                   "--volume", f"{data}:/var/lib/exactly", *env_options, image.id,
+                   *container["command"][:-1], "/etc/exactly-pod/ports.properties", "--",
+                   *(expand(arg, env) for arg in with_ports(container["args"], pod)))
+            return name
+        return launch
+
     try:
+        names: list[str] = []
         for component, role in COMPONENTS.items():
             sts = by_kind(objects, "StatefulSet")[f"{RELEASE}-{component}"]
             container = sts["spec"]["template"]["spec"]["containers"][0]
@@ -191,30 +223,31 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
             for i in range(sts["spec"]["replicas"]):
                 pod = Pod(f"{RELEASE}-{component}-{i}", role, *free_ports(4))
                 pods.append(pod)
-                env = pod_environment(container, pod)
-                data = tmp_path / "data" / pod.name
-                data.mkdir(parents=True)
-                os.chown(data, 10001, 10001)
-                # The pods share the host's network here: each its own metrics port, in a
-                # properties file after the chart's (a later file's key wins, launch.sh).
-                own = write_files(tmp_path / "pods" / pod.name, {"ports.properties": f"metrics.port={pod.metrics_port}\n"})
-                name = f"exactly-test-{run}-{pod.name}"
-                env_options = [opt for key, value in env.items() for opt in ("--env", f"{key}={value}")]
-                podman("run", "--detach", "--name", name, "--label", f"exactly-test={run}", "--network", "host",
-                       "--timeout", str(BUILD_TIMEOUT_S), *security_options(container["securityContext"]),
-                       "--volume", f"{config_dir}:/etc/exactly:ro", "--volume", f"{own}:/etc/exactly-pod:ro",
-                       "--volume", f"{data}:/var/lib/exactly", *env_options, image.id,
-                       *command[:-1], "/etc/exactly-pod/ports.properties", "--",
-                       *(expand(arg, env) for arg in with_ports(container["args"], pod)))
-                started.append(name)
+                launches.append(launcher(container))
+                names.append(launches[-1](pod))
 
-        for pod, name in zip(pods, started):
-            def serving(pod=pod, name=name) -> bool:
-                if wait_serving(pod.address, 1.0):
-                    return True
-                assert running(name), f"{pod.name} exited:\n{logs(name)[-4000:]}"
-                return False
-            wait_for(serving, 180, f"{pod.name} to serve on {pod.address}")
+        for k in range(len(pods)):
+            for attempt in range(3):
+                pod, name = pods[k], names[k]
+
+                def serving(pod=pod, name=name) -> bool:
+                    if wait_serving(pod.address, 1.0):
+                        return True
+                    if running(name):
+                        return False
+                    raise _Exited(logs(name))
+                try:
+                    wait_for(serving, 180, f"{pod.name} to serve on {pod.address}")
+                    break
+                except _Exited as exited:
+                    # A port picked free was taken before the container bound it (ports are
+                    # picked in this process and bound in another): the pod again, on new ports.
+                    assert "Address already in use" in exited.log and attempt < 2, \
+                        f"{pod.name} exited:\n{exited.log[-4000:]}"
+                    podman("rm", "--force", "--time", "5", name, check=False)
+                    pods[k] = dataclasses.replace(pod, **dict(zip(("port", "kafka_port", "metrics_port", "link_port"),
+                                                                  free_ports(4))))
+                    names[k] = launches[k](pods[k])
 
         # The chart's test pod, its command and environment, against the partition leaders.
         test_pod = by_kind(objects, "Pod")[f"{RELEASE}-test-round-trip"]
@@ -233,14 +266,14 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
 
         python = podman("run", "--rm", "--network", "host", image.id, "python", "-c",
                         "import platform; print(platform.python_version())").stdout.strip()
-        for pod, name in zip(pods, started):
+        for pod, name in zip(pods, names):
             assert build_info(pod) == {"version": release(), "python_version": python}
             text = logs(name)
             assert f"{pod.role} {pod.name} starting: Exactly {release()} (exactly-log), Python {python}" in text
             assert f"{pod.role} {pod.name} (Exactly {release()}) serving on {pod.address}" in text
 
         # Kubernetes stops a pod with SIGTERM: each service ends cleanly, as PID 1 of its container.
-        for pod, name in zip(pods, started):
+        for pod, name in zip(pods, names):
             podman("stop", "--time", "30", name, timeout_s=60)
             code = podman("container", "inspect", "--format", "{{ .State.ExitCode }}", name).stdout.strip()
             assert code == "0", f"{pod.name} exited with {code} on SIGTERM:\n{logs(name)[-4000:]}"
