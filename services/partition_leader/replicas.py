@@ -494,8 +494,7 @@ class HostedReplicas:
         p, err = self.get(topic, partition)
         if p is not None and confirm and self.leases is not None and not self.lease_valid(p) \
                 and not self.isr_vouches(p, hw_gated):
-            leader = p
-            if not await self.leases.ensure(p, deadline, vouched=lambda: self.isr_vouches(leader, hw_gated)):
+            if not await self.leases.ensure(p, deadline, vouched=lambda leader=p: self.isr_vouches(leader, hw_gated)):
                 return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
             p, err = self.get(topic, partition)
         return p, err

@@ -186,28 +186,27 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
 
     pods: list[Pod] = []
     started: list[str] = []
-    launches: list = []  # per pod: (pod) -> container name, started with that pod's ports
+    containers: list[dict] = []  # per pod: its StatefulSet's container
 
-    def launcher(container: dict):
-        def launch(pod: Pod) -> str:
-            env = pod_environment(container, pod)
-            data = tmp_path / "data" / pod.name
-            data.mkdir(parents=True, exist_ok=True)
-            os.chown(data, 10001, 10001)
-            # The pods share the host's network here: each its own metrics port, in a
-            # properties file after the chart's (a later file's key wins, launch.sh).
-            own = write_files(tmp_path / "pods" / pod.name, {"ports.properties": f"metrics.port={pod.metrics_port}\n"})
-            name = f"exactly-test-{run}-{pod.name}-{pod.port}"
-            env_options = [opt for key, value in env.items() for opt in ("--env", f"{key}={value}")]
-            started.append(name)
-            podman("run", "--detach", "--name", name, "--label", f"exactly-test={run}", "--network", "host",
-                   "--timeout", str(BUILD_TIMEOUT_S), *security_options(container["securityContext"]),
-                   "--volume", f"{config_dir}:/etc/exactly:ro", "--volume", f"{own}:/etc/exactly-pod:ro",
-                   "--volume", f"{data}:/var/lib/exactly", *env_options, image.id,
-                   *container["command"][:-1], "/etc/exactly-pod/ports.properties", "--",
-                   *(expand(arg, env) for arg in with_ports(container["args"], pod)))
-            return name
-        return launch
+    def launch(container: dict, pod: Pod) -> str:
+        """Start `pod` as `container` runs it, on the pod's ports; its container's name."""
+        env = pod_environment(container, pod)
+        data = tmp_path / "data" / pod.name
+        data.mkdir(parents=True, exist_ok=True)
+        os.chown(data, 10001, 10001)
+        # The pods share the host's network here: each its own metrics port, in a
+        # properties file after the chart's (a later file's key wins, launch.sh).
+        own = write_files(tmp_path / "pods" / pod.name, {"ports.properties": f"metrics.port={pod.metrics_port}\n"})
+        name = f"exactly-test-{run}-{pod.name}-{pod.port}"
+        env_options = [opt for key, value in env.items() for opt in ("--env", f"{key}={value}")]
+        started.append(name)
+        podman("run", "--detach", "--name", name, "--label", f"exactly-test={run}", "--network", "host",
+               "--timeout", str(BUILD_TIMEOUT_S), *security_options(container["securityContext"]),
+               "--volume", f"{config_dir}:/etc/exactly:ro", "--volume", f"{own}:/etc/exactly-pod:ro",
+               "--volume", f"{data}:/var/lib/exactly", *env_options, image.id,
+               *container["command"][:-1], "/etc/exactly-pod/ports.properties", "--",
+               *(expand(arg, env) for arg in with_ports(container["args"], pod)))
+        return name
 
     try:
         names: list[str] = []
@@ -223,8 +222,8 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
             for i in range(sts["spec"]["replicas"]):
                 pod = Pod(f"{RELEASE}-{component}-{i}", role, *free_ports(4))
                 pods.append(pod)
-                launches.append(launcher(container))
-                names.append(launches[-1](pod))
+                containers.append(container)
+                names.append(launch(container, pod))
 
         for k in range(len(pods)):
             for attempt in range(3):
@@ -247,7 +246,7 @@ def test_the_services_run_from_the_image_as_the_chart_runs_them_and_pass_the_rou
                     podman("rm", "--force", "--time", "5", name, check=False)
                     pods[k] = dataclasses.replace(pod, **dict(zip(("port", "kafka_port", "metrics_port", "link_port"),
                                                                   free_ports(4))))
-                    names[k] = launches[k](pods[k])
+                    names[k] = launch(containers[k], pods[k])
 
         # The chart's test pod, its command and environment, against the partition leaders.
         test_pod = by_kind(objects, "Pod")[f"{RELEASE}-test-round-trip"]

@@ -772,7 +772,7 @@ class ClusterState:
                 total += len(found[0].get("partitions", {}))
         return total
 
-    def writer_claim(self, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int, int]:
+    def writer_claim(self, topic: str, partition: int, timeout_s: float) -> tuple[int, int, int]:
         """(writer producer id, writer epoch, retired writer producer id) of the
         coordinator claim on an internal partition, read from ZooKeeper now
         (docs/design.md, "Coordinator ownership"); (-1, -1, -1) without a claim.
