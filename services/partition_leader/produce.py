@@ -449,14 +449,14 @@ class ProducePipeline:
     async def await_acks(self, p: Partition, epoch: int, acks: int, last_offset: int, deadline: float) -> ErrorCode:
         """Gate 7, the acknowledgement of an append that succeeded locally: acks=all
         waits for the high watermark; acks 1 and all confirm leadership of `epoch`
-        (acks=all not while ZooKeeper is unreachable, `HostedReplicas.isr_vouches`)."""
+        (acks=all not while ZooKeeper is unreachable, `HostedReplicas.isr_vouches`, also
+        when the connection is found SUSPENDED during the confirmation)."""
         if acks == ACKS_ALL:
             err = await self._await_high_watermark(p, epoch, last_offset, deadline)
             if err != ErrorCode.NONE:
                 return err
-            if self.hosted.isr_vouches(p, True) and p.leader_epoch == epoch:
-                return ErrorCode.NONE
-        if acks != 0 and not (await self.hosted.confirmed(p, deadline) and p.leader_epoch == epoch):
+        if acks != 0 and not (await self.hosted.confirmed(p, deadline, hw_gated=acks == ACKS_ALL)
+                              and p.leader_epoch == epoch):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 

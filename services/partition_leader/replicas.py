@@ -466,12 +466,18 @@ class HostedReplicas:
         replaced, or stopped by a log-directory failure)."""
         return self.serving.get((p.topic, p.partition)) is p
 
-    async def confirmed(self, p: Partition, deadline: float) -> bool:
+    async def confirmed(self, p: Partition, deadline: float, hw_gated: bool = False) -> bool:
         """Whether leader `p` may acknowledge: its lease is valid, or the lease keeper
-        confirms it before `deadline` (monotonic s)."""
-        if self.leases is None or self.lease_valid(p):
+        confirms it before `deadline` (monotonic s). `hw_gated`: for an acks=all write
+        the high watermark passed, also once the ISR vouches for it (`isr_vouches`), at
+        once or while it waits, as `leader_for_write` lets such a write in: one appended
+        under the lease and acknowledged after the connection was found SUSPENDED is
+        answered as the writes after it are, not NOT_LEADER_OR_FOLLOWER at its deadline
+        after them (an idempotent producer would send it again as an old duplicate)."""
+        if self.leases is None or self.lease_valid(p) or self.isr_vouches(p, hw_gated):
             return True
-        return await self.leases.ensure(p, deadline)
+        return await self.leases.ensure(p, deadline,
+                                        vouched=(lambda leader=p: self.isr_vouches(leader, True)) if hw_gated else None)
 
     def isr_vouches(self, p: Partition, hw_gated: bool) -> bool:
         """Whether leader `p` may go on without a lease: ZooKeeper is unreachable (the

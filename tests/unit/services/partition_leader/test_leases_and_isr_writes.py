@@ -252,6 +252,42 @@ def test_an_acks_all_write_waiting_for_its_lease_goes_on_once_zookeeper_is_found
     asyncio.run(main())
 
 
+def test_an_acks_all_write_appended_under_its_lease_is_acknowledged_once_zookeeper_is_found_unreachable(
+        tmp_path, store, clock):
+    """The lease ran out while an acks=all write appended under it waited for the ISR:
+    once the ISR has it, its acknowledgement waits for a renewal that cannot come
+    (ZooKeeper unreachable, not noticed yet). Once the connection is SUSPENDED the ISR
+    vouches for it, as for the writes appended after it: it is acknowledged, not failed
+    NOT_LEADER_OR_FOLLOWER at its request deadline after them (an idempotent producer
+    would send it again as a duplicate older than the leader's last 5 batches)."""
+    from exactly_wire.error_codes import ErrorCode
+    from services.partition_leader.replica_manager import ProduceEntry
+
+    now, m, leader = _leader_of_two(tmp_path, store, clock)
+
+    async def main():
+        p = leader()
+        now.set_ms(int(asyncio.get_running_loop().time() * 1000))  # ensure() reads the loop's clock, as in the service
+        p.lease_until = now.now_s() + 3
+        entry = ProduceEntry("r", 0, make_batch(2))
+        appended = _tell_appends(p)
+        task = asyncio.create_task(append_records(m, -1, [entry], timeout_ms=30_000))
+        await asyncio.wait_for(appended.wait(), 5)
+        p.lease_until = 0.0  # ran out; no renewal comes
+        assert m.fetch_for_follower("r", 0, "x", 2, 1 << 20, 2).hw_changed
+        m.hosted.purgatory.notify(TP)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and p.high_watermark == 2  # the ISR has it; waiting for a lease
+        m.hosted.invalidate_leases()
+        m.hosted.zookeeper_suspended = True
+        m.hosted.leases.on_session_state("SUSPENDED")
+        res = (await asyncio.wait_for(task, 2))[0]
+        assert (res.error, res.base_offset) == (ErrorCode.NONE, 0)
+
+    asyncio.run(main())
+
+
 def test_acks_all_without_a_lease_gives_up_once_the_followers_stay_silent_for_the_lag_time(tmp_path, store, clock):
     """Cut off from ZooKeeper alone, a leader's followers follow a newer leader and never
     acknowledge: an acks=all write waiting without a lease fails NOT_LEADER_OR_FOLLOWER
