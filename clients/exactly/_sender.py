@@ -465,6 +465,17 @@ class SenderCore(abc.ABC):
         if code in FENCING_CODES:
             self._fail(b, txn.record_error(exc), sequenced=False)
             return
+        if b.has_sequence and txn.acknowledged_through(b.tp, b.producer_id, b.producer_epoch, b.last_sequence):
+            # A later batch of this PID and epoch was acknowledged before this one's
+            # answer came (the leader answers requests concurrently; this one's answer
+            # was held, e.g. confirming its leadership): the leader appended this batch
+            # before that one, so it is written. Sent again it would be a duplicate
+            # older than the leader's last 5 batches, refused OUT_OF_ORDER_SEQUENCE_NUMBER
+            # for ever. Its offset is unknown (-1).
+            txn.partition_written(b.tp)
+            b.complete(-1, -1)
+            self.acc.deallocate(b)
+            return
         if txn.idempotent and not txn.is_transactional and \
                 code in (ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and \
                 (self._reset_pid or code == ErrorCode.UNKNOWN_PRODUCER_ID) and can_retry:

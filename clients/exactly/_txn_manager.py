@@ -333,6 +333,20 @@ class TransactionManager:
             if prev < 0 or next_sequence(last_sequence, -prev) < (1 << 30):
                 self._last_acked[tp] = last_sequence
 
+    def acknowledged_through(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
+                             last_sequence: int) -> bool:
+        """Whether a batch of `tp` sealed under (`producer_id`, `producer_epoch`) and
+        ending at `last_sequence` is known to be in the log: that PID and epoch are the
+        current ones and a batch ending at or after `last_sequence` was acknowledged. A
+        partition leader appends a PID's batches of one epoch only in sequence (KIP-98
+        design document, "Idempotent Producer Guarantees"), so a later batch's
+        acknowledgement means every earlier one was appended before it."""
+        with self._lock:
+            if (producer_id, producer_epoch) != (self.producer_id, self.producer_epoch):
+                return False
+            prev = self._last_acked.get(tp, -1)
+            return prev >= 0 and next_sequence(prev, -last_sequence) < (1 << 30)
+
     def last_acked_sequence(self, tp: TopicPartition) -> int:
         """Last acknowledged sequence of `tp` under the current PID/epoch, -1 if none."""
         with self._lock:

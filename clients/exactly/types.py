@@ -43,7 +43,11 @@ class OffsetAndTimestamp(NamedTuple):
 
 class RecordMetadata(NamedTuple):
     """Where a sent record landed: its real log offset, and its timestamp in ms
-    (the create time set by the producer, or the log append time)."""
+    (the create time set by the producer, or the log append time). The offset is -1
+    when it is not known: for a batch answered with an error after a later batch of
+    the producer's PID and epoch was acknowledged on the partition (it is in the log,
+    before that batch: a leader appends a PID's batches only in sequence, KIP-98
+    design document, "Idempotent Producer Guarantees")."""
 
     topic: str
     partition: int

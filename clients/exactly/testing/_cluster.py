@@ -176,6 +176,13 @@ class MockCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
             self.requests.append(Request(context.rpc, context.address, request))
             self._abort_timed_out()
         held = self._faults.take_hold(context.rpc)
+        if held is not None and held.handled:
+            answered: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                answered.set_result(self._answer(context.rpc, run))
+            except Exception as exc:  # noqa: BLE001 - the call's failure, answered at the release
+                answered.set_exception(exc)
+            return answer_later(held, answered.result)
         if held is not None:
             return answer_later(held, lambda: self._answer(context.rpc, run))
         return self._answer(context.rpc, run)
@@ -282,13 +289,16 @@ class MockCluster(pbg.ClusterServicer, pbg.PartitionLeaderServicer, pbg.Transact
         faults = [Fault(ErrorCode(code), applied, topic, partition) for code in errors]
         self._faults.push(rpc, faults)
 
-    def hold_next(self, rpc: str) -> Held:
+    def hold_next(self, rpc: str, handled: bool = False) -> Held:
         """Hold the next request of `rpc` (as `fail_next` names it) until the test calls
         `release()` on the returned `Held`, whose `arrived` event is set when the request
         came in; the cluster handles it at the release (a slow service, or requests
-        overtaking each other). Raises ValueError for an unknown RPC."""
+        overtaking each other) -- with `handled=True` when it arrives, and only its
+        answer waits for the release (answers overtaking each other: a leader that
+        appended a batch and answers it after the batches that followed). Raises
+        ValueError for an unknown RPC."""
         Faults.check_rpc(rpc)
-        return self._faults.hold(rpc)
+        return self._faults.hold(rpc, handled)
 
     def clear_faults(self) -> None:
         """Forget the injected errors and holds not used yet (a held request that

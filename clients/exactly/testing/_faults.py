@@ -42,10 +42,12 @@ class Fault:
 class Held:
     """A request held by `MockCluster.hold_next(rpc)`: `arrived` is set when it came
     in; `release()` lets the cluster handle it and answer (once). A held request's call
-    waits, as a slow service's, up to its own timeout."""
+    waits, as a slow service's, up to its own timeout. `handled`: the cluster handles
+    the request when it arrives and holds only its answer."""
 
-    def __init__(self, rpc: str):
+    def __init__(self, rpc: str, handled: bool = False):
         self.rpc = rpc
+        self.handled = handled
         self.arrived = threading.Event()
         self._lock = threading.Lock()
         self._released = False
@@ -86,8 +88,8 @@ class Faults:
         with self._lock:
             self._errors[rpc].extend(faults)
 
-    def hold(self, rpc: str) -> Held:
-        held = Held(rpc)
+    def hold(self, rpc: str, handled: bool = False) -> Held:
+        held = Held(rpc, handled)
         with self._lock:
             self._holds[rpc].append(held)
         return held

@@ -290,6 +290,30 @@ def test_real_out_of_order_sequence_fails_the_batch_and_a_new_pid_continues(fc, 
 
 
 
+def test_a_batch_answered_after_later_ones_were_acknowledged_is_written_not_sent_again(fc, make):
+    """The leader appended a batch but answered it (NOT_LEADER_OR_FOLLOWER, as a leader
+    whose lease ran out answers) after the 6 batches that followed it were acknowledged:
+    more than the 5 it remembers for duplicates. A leader appends a PID's batches only
+    in sequence, so the later acknowledgements prove this one was written: it completes
+    (offset unknown, -1) and is not sent again, which the leader would refuse
+    OUT_OF_ORDER_SEQUENCE_NUMBER for ever. Every record is in the log once."""
+    p = make(**{"linger.ms": 0})
+    p.send("u", b"a").result(5)
+    held = fc.hold_next("Produce", handled=True)
+    fc.fail_next("Produce", ErrorCode.NOT_LEADER_OR_FOLLOWER, applied=True, topic="u")
+    first = p.send("u", b"b")
+    assert held.arrived.wait(5)
+    later = [p.send("u", f"c{i}".encode()).result(5) for i in range(6)]
+    assert [md.offset for md in later] == [2, 3, 4, 5, 6, 7]
+    sent = calls(fc, "Produce")
+    held.release()
+    assert first.result(5).offset == -1
+    p.flush(5)
+    assert calls(fc, "Produce") == sent  # not sent again
+    assert values(fc, "u", 0) == [b"a", b"b"] + [f"c{i}".encode() for i in range(6)]
+    assert p.send("u", b"d").result(5).offset == 8
+
+
 def test_a_batch_that_overtook_the_producers_first_one_is_sent_again_in_order(fc, make):
     """gRPC may hand a leader two pipelined Produce requests in either order: the
     producer's second batch can arrive before its first and be refused
