@@ -467,13 +467,14 @@ class HostedReplicas:
         return self.serving.get((p.topic, p.partition)) is p
 
     async def confirmed(self, p: Partition, deadline: float, hw_gated: bool = False) -> bool:
-        """Whether leader `p` may acknowledge: its lease is valid, or the lease keeper
-        confirms it before `deadline` (monotonic s). `hw_gated`: for an acks=all write
-        the high watermark passed, also once the ISR vouches for it (`isr_vouches`), at
-        once or while it waits, as `leader_for_write` lets such a write in: one appended
-        under the lease and acknowledged after the connection was found SUSPENDED is
-        answered as the writes after it are, not NOT_LEADER_OR_FOLLOWER at its deadline
-        after them (an idempotent producer would send it again as an old duplicate)."""
+        """Whether leader `p` may append or acknowledge: its lease is valid, or the
+        lease keeper confirms it before `deadline` (monotonic s). `hw_gated` (an
+        acks=all write or a marker): also once the ISR vouches (`isr_vouches`), at once
+        or while it waits -- before the append (`leader_for_write`) and at the
+        acknowledgement, so that a write appended under its lease and acknowledged after
+        the connection was found SUSPENDED is answered as the writes after it are, not
+        NOT_LEADER_OR_FOLLOWER at its deadline after them (an idempotent producer would
+        send it again as a duplicate older than the leader's last 5 batches)."""
         if self.leases is None or self.lease_valid(p) or self.isr_vouches(p, hw_gated):
             return True
         return await self.leases.ensure(p, deadline,
@@ -500,7 +501,7 @@ class HostedReplicas:
         p, err = self.get(topic, partition)
         if p is not None and confirm and self.leases is not None and not self.lease_valid(p) \
                 and not self.isr_vouches(p, hw_gated):
-            if not await self.leases.ensure(p, deadline, vouched=lambda leader=p: self.isr_vouches(leader, hw_gated)):
+            if not await self.confirmed(p, deadline, hw_gated):
                 return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
             p, err = self.get(topic, partition)
         return p, err
