@@ -475,10 +475,15 @@ class HostedReplicas:
         the connection was found SUSPENDED is answered as the writes after it are, not
         NOT_LEADER_OR_FOLLOWER at its deadline after them (an idempotent producer would
         send it again as a duplicate older than the leader's last 5 batches)."""
-        if self.leases is None or self.lease_valid(p) or self.isr_vouches(p, hw_gated):
+        if self.may_go_on(p, hw_gated):
             return True
         return await self.leases.ensure(p, deadline,
                                         vouched=(lambda leader=p: self.isr_vouches(leader, True)) if hw_gated else None)
+
+    def may_go_on(self, p: Partition, hw_gated: bool = False) -> bool:
+        """Whether leader `p` may append or acknowledge now, without waiting: no leases
+        are kept, its lease is valid, or (`hw_gated`) the ISR vouches (`isr_vouches`)."""
+        return self.leases is None or self.lease_valid(p) or self.isr_vouches(p, hw_gated)
 
     def isr_vouches(self, p: Partition, hw_gated: bool) -> bool:
         """Whether leader `p` may go on without a lease: ZooKeeper is unreachable (the
@@ -499,8 +504,7 @@ class HostedReplicas:
         while the write waits for its lease. deadline: monotonic s. Errors: those of `get`,
         NOT_LEADER_OR_FOLLOWER when leadership is not confirmed by `deadline`."""
         p, err = self.get(topic, partition)
-        if p is not None and confirm and self.leases is not None and not self.lease_valid(p) \
-                and not self.isr_vouches(p, hw_gated):
+        if p is not None and confirm and not self.may_go_on(p, hw_gated):
             if not await self.confirmed(p, deadline, hw_gated):
                 return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
             p, err = self.get(topic, partition)
