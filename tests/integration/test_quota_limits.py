@@ -329,15 +329,17 @@ def test_quota_sensors_and_client_ids_are_bounded(sec):
     answered = sum(_kafka_pipeline(sec, "trudy", "pl-0", [f"{i:05d}" + "x" * 30_000 for i in range(400)])
                    for _ in range(10))
     # The refused requests' buffers go back to the system at the service's next heap trim
-    # (exactly.memory.trim.interval.ms, 10 s): nothing of them may be kept after it.
+    # (exactly.memory.trim.interval.ms, 10 s): nothing of them may be kept after it. (Each
+    # refused TLS connection was once kept whole, read-ahead and TLS buffers, in reference
+    # cycles until a full garbage collection: 12-22 MB after the trims, here.)
     grown = rss_bytes(pl.pid) - before
     deadline = time.monotonic() + 30
-    while grown >= 20 * 2**20 and time.monotonic() < deadline:
+    while grown >= 8 * 2**20 and time.monotonic() < deadline:
         time.sleep(0.5)
         grown = rss_bytes(pl.pid) - before
     print(f"4,000 Metadata requests with 30 KB client ids: {answered} answered; leader RSS grew {grown / 2**20:.1f} MB")
     assert answered == 0
-    assert grown < 20 * 2**20, f"leader RSS grew {grown / 2**20:.0f} MB, 30 s after the requests"
+    assert grown < 8 * 2**20, f"leader RSS grew {grown / 2**20:.0f} MB, 30 s after the requests"
     assert _kafka_pipeline(sec, "trudy", "pl-0", ["x" * 255]) == 1  # the longest allowed
     with pytest.raises(grpc.RpcError) as refused:
         pbg.ClusterStub(channel(sec, "trudy", "pl-0", "exactly/" + "y" * 1000)).Metadata(pb.MetadataRequest(),

@@ -171,16 +171,25 @@ class Api:
 LISTENER_APIS = {API_VERSIONS_KEY: (0, 3), SASL_HANDSHAKE_KEY: (0, 1), SASL_AUTHENTICATE_KEY: (0, 2)}
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
+async def _close(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
     """Close a connection: TLS's close_notify and what was written go out, but a peer
     that keeps the connection open (or keeps sending) past CLOSE_LINGER_S is cut off, so
-    a closed connection never outlives its place in the connection limits."""
+    a closed connection never outlives its place in the connection limits.
+
+    The error the connection ended with (a reset; TLS's APPLICATION_DATA_AFTER_CLOSE_NOTIFY
+    from a peer still sending when its connection was refused) then loses its traceback:
+    the reader and the protocol's closed future keep the error, and its traceback keeps
+    their frames, a cycle that held each such connection's buffers (its read-ahead, the
+    TLS records) until the next full garbage collection, not until the next heap trim."""
     writer.close()
     try:
         async with asyncio.timeout(CLOSE_LINGER_S):
             await writer.wait_closed()
     except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
         writer.transport.abort()
+    finally:
+        if (ended := reader.exception()) is not None:
+            ended.__traceback__ = None
 
 
 class KafkaListener:
@@ -421,7 +430,7 @@ class KafkaListener:
             idle.close()
             if sasl.user is not None:
                 self._forget(sasl)
-            await _close(writer)
+            await _close(writer, reader)
 
     async def _read_request(self, reader: _Reader, sasl: _Sasl, peer_s: str,
                             auth_deadline: float | None, idle: IdleTimer) -> bytes | None:

@@ -57,8 +57,11 @@ class IdleTimer:
         self._deadline = None
 
     def close(self) -> None:
-        """Cancel the handle (the connection ended)."""
+        """Cancel the handle and let go of `on_expiry` (the connection ended): a callback
+        that closes over the connection and this timer would otherwise make a cycle that
+        keeps the connection's buffers until the next full garbage collection."""
         self._deadline = None
+        self._on_expiry = _ended
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -77,6 +80,10 @@ class IdleTimer:
         self._deadline = None
         self.expired = True
         self._on_expiry()
+
+
+def _ended() -> None:
+    """`on_expiry` of a closed IdleTimer."""
 
 
 async def drain_within(writer: asyncio.StreamWriter, timeout_s: float) -> None:

@@ -1,5 +1,7 @@
 """IdleTimer: a connection's idle deadline without a timer per read (services/common/transport/idle.py)."""
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -73,6 +75,35 @@ def test_a_busy_connection_never_expires_and_costs_one_handle_per_idle_period():
     assert loop.scheduled == 3, loop.scheduled
     timer.close()
     assert loop.pending == 0
+
+
+def test_a_closed_timer_lets_go_of_its_callback_so_the_connection_is_freed_without_a_collection():
+    # As the Kafka listener's: the callback closes over the connection and the timer
+    # itself, a cycle; once the timer is closed, the connection goes with its last reference.
+    loop = _ManualLoop()
+
+    def serve() -> weakref.ref:
+        connection = _Connection()
+
+        def on_expiry():
+            connection.abort(timer)
+        timer = IdleTimer(loop, on_expiry)
+        timer.arm(loop.time() + 60, "no request")
+        timer.close()
+        return weakref.ref(connection)
+    gc.collect()
+    gc.disable()
+    try:
+        freed = serve()
+        assert freed() is None
+    finally:
+        gc.enable()
+    assert loop.pending == 0
+
+
+class _Connection:
+    def abort(self, timer):
+        pass
 
 
 def test_a_disarmed_timer_does_not_expire():
