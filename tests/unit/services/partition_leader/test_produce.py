@@ -218,3 +218,71 @@ def test_a_writer_claim_zookeeper_does_not_answer_refuses_the_batch_and_appends_
         assert marker.error == ErrorCode.NONE and offsets.log_end_offset == 1
     finally:
         m.hosted.close()
+
+
+class _WaitingVerifier(CountingVerifier):
+    """Confirms a batch only once the test opens `gate`."""
+
+    def __init__(self, gate: asyncio.Future):
+        super().__init__()
+        self.gate = gate
+
+    async def add(self, transactional_id, producer_id, producer_epoch, topic, partition, deadline):
+        await self.gate
+        return await super().add(transactional_id, producer_id, producer_epoch, topic, partition, deadline)
+
+
+def _two_partition_manager(tmp_path, store, clock) -> ReplicaManager:
+    cluster = FakeCluster({"r": TopicInfo("r", {0: ["me"], 1: ["me"]}, {}, False,
+                                          {p: PartitionState("me", 1, ("me",), version=0) for p in (0, 1)})})
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    m.hosted.refresh()
+    return m
+
+
+@pytest.mark.parametrize("acks", [1, -1])
+def test_entries_that_wait_for_nothing_are_answered_in_the_same_turn_of_the_loop(tmp_path, store, clock, acks):
+    """One replica in sync: an append of two partitions waits for nothing, and is
+    answered before the loop takes another turn (services/common/eager.py)."""
+    m = _two_partition_manager(tmp_path, store, clock)
+
+    async def main():
+        turned: list[int] = []
+        asyncio.get_running_loop().call_soon(turned.append, 1)
+        results = await append_records(m, acks, [ProduceEntry("r", 0, make_batch(2)), ProduceEntry("r", 1, make_batch(3))])
+        ends = [m.hosted.replicas[("r", p)].log_end_offset for p in (0, 1)]
+        return list(turned), results, ends  # as they were when the answer came
+    try:
+        turned, results, ends = asyncio.run(main())
+    finally:
+        m.hosted.close()
+    assert turned == []
+    assert [r.error for r in results] == [ErrorCode.NONE, ErrorCode.NONE]
+    assert ends == [2, 3]
+
+
+def test_an_entry_that_waits_holds_back_only_its_own_answer(tmp_path, store, clock):
+    """Partition 0's transactional batch waits for its add; partition 1's plain batch is
+    appended meanwhile; the answers come back together, in the request's order."""
+    m = _two_partition_manager(tmp_path, store, clock)
+
+    async def main():
+        gate = asyncio.get_running_loop().create_future()
+        m.hosted.verifier = _WaitingVerifier(gate)
+        request = asyncio.ensure_future(append_records(
+            m, 1, [ProduceEntry("r", 0, make_batch(1, pid=9, seq=0, txn=True)), ProduceEntry("r", 1, make_batch(2))],
+            transactional_id="tx", add_partitions=True))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        appended_meanwhile = [m.hosted.replicas[("r", p)].log_end_offset for p in (0, 1)]
+        assert not request.done()
+        gate.set_result(None)
+        results = await request
+        return appended_meanwhile, results, m.hosted.replicas[("r", 0)].log_end_offset
+    try:
+        appended_meanwhile, results, end = asyncio.run(main())
+    finally:
+        m.hosted.close()
+    assert appended_meanwhile == [0, 2]
+    assert [r.error for r in results] == [ErrorCode.NONE, ErrorCode.NONE]
+    assert end == 1

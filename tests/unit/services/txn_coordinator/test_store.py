@@ -231,3 +231,59 @@ def test_per_partition_gauge_series_come_back_after_a_partition_left():
     assert REGISTRY.get_sample_value("exactly_test_per_partition_ids", {"partition": "3"}) is None
     gauge.set(3, 2)
     assert REGISTRY.get_sample_value("exactly_test_per_partition_ids", {"partition": "3"}) == 2
+
+
+def test_shielded_work_starts_in_the_callers_turn_and_answers_one_turn_after_it_ended():
+    """TxnStore.shielded starts the work at once (its record joins the group commit in
+    the caller's turn of the loop) and the caller resumes one turn after the work ended;
+    work that never waits is answered without a turn, and a cancelled caller leaves the
+    work running, its `after` called once it ended."""
+    async def scenario():
+        h = Harness()
+        await h.elect()
+        store = h.coord.store
+        loop = asyncio.get_running_loop()
+        steps: list[str] = []
+
+        async def at_once():
+            steps.append("work")
+            return E.NONE
+        turned: list[int] = []
+        loop.call_soon(turned.append, 1)
+        assert await store.shielded(at_once(), "test-at-once") == E.NONE
+        assert steps == ["work"] and turned == []
+
+        gate = loop.create_future()
+
+        async def waits():
+            steps.append("started")
+            await gate
+            steps.append("ended")
+            return E.NOT_COORDINATOR
+        caller = asyncio.ensure_future(store.shielded(waits(), "test-waits"))
+        await asyncio.sleep(0)
+        assert steps[-1] == "started"
+        gate.set_result(None)
+        await asyncio.sleep(0)  # the work's task resumes and ends
+        assert steps[-1] == "ended" and not caller.done()
+        await asyncio.sleep(0)  # one turn later: the caller
+        assert caller.done() and caller.result() == E.NOT_COORDINATOR
+
+        gate2 = loop.create_future()
+        after: list[int] = []
+
+        async def cancelled_caller_work():
+            await gate2
+            return E.NONE
+        caller = asyncio.ensure_future(store.shielded(cancelled_caller_work(), "test-cancelled", after.append))
+        await asyncio.sleep(0)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert after == [] and not gate2.cancelled()
+        gate2.set_result(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert after == [E.NONE]
+
+    run(scenario())
