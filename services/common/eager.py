@@ -39,7 +39,9 @@ __all__ = ["Started", "gather", "start"]
 class Started:
     """A coroutine started by `start`: `outcome`, a future of its result or exception
     (done at once when it ended without suspending), and `task`, the asyncio.Task that
-    runs the rest (it mirrors the outcome; cancelling it cancels the coroutine)."""
+    runs the rest (it ends with the coroutine's result; cancelling it cancels the
+    coroutine). The coroutine has ended once `outcome` is done; its task ends up to a
+    turn later, so "does it still run" is `not outcome.done()`, not `task.done()`."""
 
     __slots__ = ("outcome", "task", "_coro", "_yielded", "_ended", "_result", "_error")
 
@@ -85,11 +87,13 @@ class Started:
 
     async def _rest(self) -> Any:
         """The task's body: the coroutine from its first suspension to its end."""
+        first = True
         while not self._ended:
-            yielded = self._yielded
+            yielded, first_turn, first = self._yielded, first, False
             try:
                 if yielded is None:  # a bare yield (asyncio.sleep(0)): one turn
-                    await asyncio.sleep(0)
+                    if not first_turn:  # the task's first step is already a turn later
+                        await asyncio.sleep(0)
                 elif getattr(yielded, "_asyncio_future_blocking", None) is not None:
                     yielded._asyncio_future_blocking = False
                     await yielded

@@ -265,3 +265,21 @@ def test_spawn_makes_the_task(run):
         started = eager.start(job(), "named", spawn)
         assert made == [started.task] and started.outcome.result() is started.task
     run(main)
+
+
+def test_a_bare_yield_in_the_first_step_costs_one_turn_as_in_a_task(run):
+    async def main():
+        order: list[str] = []
+
+        async def job():
+            await asyncio.sleep(0)
+            order.append("job resumed")
+            await asyncio.sleep(0)
+            order.append("job resumed again")
+        eager.start(job())
+        asyncio.get_running_loop().call_soon(order.append, "one turn")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return order
+    assert run(main) == ["job resumed", "one turn", "job resumed again"]
