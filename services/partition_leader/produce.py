@@ -43,7 +43,6 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 
-from services.common import eager
 from services.common.transport import limits
 from services.common.cluster.ownership import RETIRED_WRITER_EPOCH
 from services.common.cluster.state import ZOOKEEPER_ERRORS
@@ -183,10 +182,7 @@ class ProducePipeline:
         jobs = [self._append_one(ctx, e) for e in entries]
         if len(jobs) == 1:
             return [await jobs[0]]
-        # Side by side, each started at once (eager.gather): an entry that waits for
-        # nothing (the coordinator's own log, one replica in sync) is answered in this
-        # turn of the loop instead of three turns later.
-        return await eager.gather(jobs)
+        return list(await asyncio.gather(*jobs))
 
     async def _append_one(self, ctx: ProduceContext, e: ProduceEntry) -> AppendResult:
         """One entry of a Produce. The batches of one producer on one partition are
@@ -468,7 +464,7 @@ class ProducePipeline:
     async def write_markers(self, markers: Sequence[MarkerEntry], deadline: float) -> list[list[MarkerResult]]:
         """WriteTxnMarkers (see `ReplicaManager.write_markers`); deadline: monotonic s."""
         jobs = [self._marker_one(m, topic, partition, deadline) for m in markers for topic, partition in m.partitions]
-        flat = [await jobs[0]] if len(jobs) == 1 else await eager.gather(jobs)
+        flat = [await jobs[0]] if len(jobs) == 1 else list(await asyncio.gather(*jobs))
         out, i = [], 0
         for m in markers:
             out.append(flat[i:i + len(m.partitions)])

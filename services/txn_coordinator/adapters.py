@@ -12,7 +12,6 @@ from exactly_wire import records
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
 from exactly_wire.v1 import exactly_pb2 as pb
-from services.common import eager
 from services.common.cluster.state import ClusterState, NodeInfo, partition_for_key
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.common.protocol import INTERNAL_APPEND_TIMEOUT_MS, WRITE_TXN_MARKERS_TIMEOUT_MS
@@ -229,8 +228,8 @@ class ClusterMarkerWriter:
         by_leader, leaderless = self._by_leader(sorted(marker.partitions))
         out: dict[TopicPartition, int] = {tp: ErrorCode.LEADER_NOT_AVAILABLE for tp in leaderless}
         sends = [self._channel(node).submit(marker, tps) for node, tps in by_leader.values()]
-        # One leader (the common case): awaited here, without a task.
-        results = [await sends[0]] if len(sends) == 1 else await eager.gather(sends)
+        # One leader (the common case): awaited here, without gather's task.
+        results = [await sends[0]] if len(sends) == 1 else await asyncio.gather(*sends)
         for part in results:
             out.update(part)
         return out

@@ -20,7 +20,6 @@ from typing import Callable, Coroutine, Iterable
 
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import RETRIABLE, ErrorCode
-from services.common import eager
 from services.common.cluster.owned import OwnedPartitions, code_name
 from services.common.protocol import TRANSACTION_STATE_TOPIC
 
@@ -108,17 +107,13 @@ class TxnStore:
         `name`), shielded from the caller's cancellation (a client deadline, a
         disconnect, a broken tunnel stream), so the outcome is applied from the
         append's own result whatever becomes of the caller, as Kafka applies it in
-        the append callback. The task is started at once (services/common/eager.py:
-        the record joins the group commit in this turn of the loop, not the next, and
-        the caller resumes one turn after the work ended, not two). `after(code)` (optional)
-        runs once with the result: in the caller before this returns, or, when the
-        caller was cancelled, as soon as the task ended. Returns the task's
-        ErrorCode; cancelling the caller raises CancelledError in the caller only."""
-        started = eager.start(work, name, lambda coro, task_name, context:
-                              self.owned.spawn(None, coro, task_name, context))
-        task = started.task
+        the append callback. `after(code)` (optional) runs once with the result: in
+        the caller before this returns, or, when the caller was cancelled, as soon as
+        the task ended. Returns the task's ErrorCode; cancelling the caller raises
+        CancelledError in the caller only."""
+        task = self.owned.spawn(None, work, name)
         try:
-            code = await started.outcome
+            code = await asyncio.shield(task)
         except asyncio.CancelledError:
             if after is not None:
                 task.add_done_callback(

@@ -31,7 +31,6 @@ batch) and holds. It implements:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import types
 from typing import Awaitable, Callable, Coroutine, Generic, TypeVar
@@ -415,12 +414,10 @@ class OwnedPartitions(Generic[P]):
         sleep and backoff."""
         return retrying(self._sleep, self._retry_backoff_ms, self._retry_backoff_max_ms)
 
-    def spawn(self, part: P | None, coro: Coroutine, name: str | None,
-              context: contextvars.Context | None = None) -> asyncio.Task:
+    def spawn(self, part: P | None, coro: Coroutine, name: str) -> asyncio.Task:
         """Run `coro` as a task of `part` (cancelled when it is dropped) or, with
-        part None, of the coordinator (cancelled by `stop`), in `context` (default: a
-        copy of the current one). A failure is logged."""
-        task = asyncio.get_running_loop().create_task(coro, name=name, context=context)
+        part None, of the coordinator (cancelled by `stop`). A failure is logged."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         tasks = part.tasks if part is not None else self._tasks
         tasks.add(task)
 

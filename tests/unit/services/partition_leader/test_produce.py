@@ -240,27 +240,6 @@ def _two_partition_manager(tmp_path, store, clock) -> ReplicaManager:
     return m
 
 
-@pytest.mark.parametrize("acks", [1, -1])
-def test_entries_that_wait_for_nothing_are_answered_in_the_same_turn_of_the_loop(tmp_path, store, clock, acks):
-    """One replica in sync: an append of two partitions waits for nothing, and is
-    answered before the loop takes another turn (services/common/eager.py)."""
-    m = _two_partition_manager(tmp_path, store, clock)
-
-    async def main():
-        turned: list[int] = []
-        asyncio.get_running_loop().call_soon(turned.append, 1)
-        results = await append_records(m, acks, [ProduceEntry("r", 0, make_batch(2)), ProduceEntry("r", 1, make_batch(3))])
-        ends = [m.hosted.replicas[("r", p)].log_end_offset for p in (0, 1)]
-        return list(turned), results, ends  # as they were when the answer came
-    try:
-        turned, results, ends = asyncio.run(main())
-    finally:
-        m.hosted.close()
-    assert turned == []
-    assert [r.error for r in results] == [ErrorCode.NONE, ErrorCode.NONE]
-    assert ends == [2, 3]
-
-
 def test_an_entry_that_waits_holds_back_only_its_own_answer(tmp_path, store, clock):
     """Partition 0's transactional batch waits for its add; partition 1's plain batch is
     appended meanwhile; the answers come back together, in the request's order."""
