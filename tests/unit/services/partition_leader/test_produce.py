@@ -39,14 +39,21 @@ class CountingVerifier:
         return ErrorCode.NONE
 
 
+def _leader_of_r(tmp_path, store, clock, partitions: int = 1, configs: dict | None = None) -> ReplicaManager:
+    """The single-replica leader ("me") of partitions 0..`partitions`-1 of topic r."""
+    cluster = FakeCluster({"r": TopicInfo("r", {p: ["me"] for p in range(partitions)}, configs or {}, False,
+                                          {p: PartitionState("me", 1, ("me",), version=0)
+                                           for p in range(partitions)})})
+    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    m.hosted.refresh()
+    return m
+
+
 @pytest.fixture
 def manager(tmp_path, store, clock):
     """Single-replica leader of r-0 whose batches may be at most 2000 bytes."""
-    cluster = FakeCluster({"r": TopicInfo("r", {0: ["me"]}, {"max.message.bytes": "2000"}, False,
-                                          {0: PartitionState("me", 1, ("me",), version=0)})})
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
+    m = _leader_of_r(tmp_path, store, clock, configs={"max.message.bytes": "2000"})
     m.hosted.verifier = CountingVerifier()
-    m.hosted.refresh()
     yield m
     m.hosted.close()
 
@@ -232,18 +239,10 @@ class _WaitingVerifier(CountingVerifier):
         return await super().add(transactional_id, producer_id, producer_epoch, topic, partition, deadline)
 
 
-def _two_partition_manager(tmp_path, store, clock) -> ReplicaManager:
-    cluster = FakeCluster({"r": TopicInfo("r", {0: ["me"], 1: ["me"]}, {}, False,
-                                          {p: PartitionState("me", 1, ("me",), version=0) for p in (0, 1)})})
-    m = ReplicaManager(HostedReplicas("me", tmp_path, {}, cluster, store, clock))
-    m.hosted.refresh()
-    return m
-
-
 def test_an_entry_that_waits_holds_back_only_its_own_answer(tmp_path, store, clock):
     """Partition 0's transactional batch waits for its add; partition 1's plain batch is
     appended meanwhile; the answers come back together, in the request's order."""
-    m = _two_partition_manager(tmp_path, store, clock)
+    m = _leader_of_r(tmp_path, store, clock, partitions=2)
 
     async def main():
         gate = asyncio.get_running_loop().create_future()
