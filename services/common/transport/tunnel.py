@@ -39,7 +39,8 @@ one group commit). Nothing waits to fill a message: a lone call goes at once.
 
 Client side (`TunnelChannel`): `call(method, request, response_class, timeout_s)`
 opens the stream on first use (Batches; Calls towards a peer that answers Batches
-UNIMPLEMENTED), sends the call, and waits for its reply. A broken
+UNIMPLEMENTED; a Batches stream that ends INTERNAL before anything was read asks the
+peer's status again, `_status_of_batches`), sends the call, and waits for its reply. A broken
 stream fails every call in flight with UNAVAILABLE (`TunnelError`, a
 `grpc.RpcError`, so callers handle it like a failed unary call); the next call
 opens a new stream.
@@ -486,6 +487,10 @@ def _stream_error(exc: grpc.RpcError) -> TunnelError:
     return TunnelError(grpc.StatusCode.UNAVAILABLE, f"the tunnel broke: {code.name if code else exc}")
 
 
+# How long `TunnelChannel._status_of_batches` waits for the peer's status, in seconds.
+PROBE_TIMEOUT_S = 5.0
+
+
 class _Downgraded(TunnelError):
     """The peer answered Tunnel/Batches UNIMPLEMENTED (a version without it) before
     running any call of the stream: its calls go again over Tunnel/Calls."""
@@ -608,22 +613,31 @@ class TunnelChannel:
     def _broken(self, exc: grpc.RpcError, batched: bool) -> TunnelError:
         error = _stream_error(exc)
         if batched and error.code() is grpc.StatusCode.UNIMPLEMENTED:
-            if self._batched:
-                log.info("a peer serves no Tunnel/Batches (a previous version): calling it over Tunnel/Calls")
-            self._batched = False
-            return _Downgraded()
+            return self._downgrade()
         return error
+
+    def _downgrade(self) -> TunnelError:
+        """Calls go on Tunnel/Calls from now on; the error that sends a refused Batches
+        stream's calls again there."""
+        if self._batched:
+            log.info("a peer serves no Tunnel/Batches (a previous version): calling it over Tunnel/Calls")
+        self._batched = False
+        return _Downgraded()
 
     async def _read(self, stream: grpc.aio.StreamStreamCall, batched: bool) -> None:
         error = TunnelError(grpc.StatusCode.UNAVAILABLE, "the tunnel closed")
+        read = False
         try:
             async for message in stream:
+                read = True
                 for reply in (message.replies if batched else (message,)):
                     self._sent.pop(reply.correlation_id, None)
                     future = self._pending.pop(reply.correlation_id, None)
                     if future is not None and not future.done():
                         future.set_result(reply)
         except grpc.RpcError as exc:
+            if batched and not read and exc.code() is grpc.StatusCode.INTERNAL and not isinstance(stream, LinkStream):
+                exc = await self._status_of_batches() or exc
             error = self._broken(exc, batched)
         except LinkError as exc:
             error = self._link_failed(exc)
@@ -633,6 +647,28 @@ class TunnelChannel:
             pass
         finally:
             self._fail(stream, error)
+
+    async def _status_of_batches(self) -> grpc.RpcError | None:
+        """The status the peer ends a Tunnel/Batches stream with before reading anything
+        of it (UNIMPLEMENTED from a version without Batches, a refusal of the stream's
+        admission), asked on a stream that writes nothing: half-closed at once, it ends
+        within PROBE_TIMEOUT_S (OK from a peer that serves it: None). Asked when a Batches
+        stream ended INTERNAL before anything was read on it: grpcio's aio client sets the
+        call of a write that failed to INTERNAL ("Internal error from Core"), hiding the
+        status the peer had sent, so a refusal that met a write in flight would look like
+        a broken stream and its calls would fail instead of going again over Calls."""
+        probe = self._stub.Batches(timeout=PROBE_TIMEOUT_S)
+        try:
+            await probe.done_writing()
+            async for _ in probe:
+                pass
+            return None
+        except grpc.RpcError as exc:
+            return exc if exc.code() is not grpc.StatusCode.INTERNAL else None
+        except asyncio.InvalidStateError:
+            return None
+        finally:
+            probe.cancel()
 
     def _fail(self, stream: grpc.aio.StreamStreamCall, error: TunnelError) -> None:
         """Fail the calls written on `stream` with `error` and, when it is the current
