@@ -194,6 +194,9 @@ class DevCluster:
     # Extra environment variables of a service's process, by service name (not saved;
     # the clock-fault tests preload libfaketime this way, tests/clockfault.py).
     service_env: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    # RLIMIT_NOFILE (soft and hard) a service's process starts with, by service name (not
+    # saved; the descriptor-budget test starts a leader with a small one).
+    service_nofile: dict[str, int] = field(default_factory=dict, repr=False)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ persistence
@@ -349,6 +352,9 @@ class DevCluster:
         log = _open_log(self.dir / "logs" / f"{svc.name}.log")
         # The service sets umask 077 itself (services.common.transport.server.main_for).
         extra = self.service_env.get(svc.name)
+        if svc.name in self.service_nofile:  # util-linux's prlimit execs the service: the pid stays
+            n = self.service_nofile[svc.name]
+            cmd = ["prlimit", f"--nofile={n}:{n}", "--", *cmd]
         # Another interpreter runs in its data directory: `python -m` puts the working
         # directory first on sys.path, and this one's may hold another version's packages.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
