@@ -37,7 +37,10 @@ def suspect(details: str) -> bool:
 @dataclass(frozen=True)
 class Facts:
     """What the probe saw at one address. `reachable`: a TCP connection was accepted;
-    `speaks_tls`: a TLS handshake (no verification) completed, None when not tried;
+    `speaks_tls`: a TLS handshake (no verification) completed, False when the service
+    answered the handshake with bytes that are not TLS, None when not known (not tried,
+    or the service closed both connections without sending a byte: a TLS listener at
+    its connection limit does that, so it says nothing about the transport);
     `alpn`: the protocol the service chose in TLS (gRPC services choose "h2");
     `kafka`: it answered a Kafka ApiVersions request; `verify_failed`: the service's
     certificate is not signed by the client's CA; `wants_certificate`: it refused a
@@ -82,19 +85,25 @@ def explain(facts: Facts, security: TransportSecurity, address: str) -> str | No
     return None
 
 
-def _kafka_answers(sock: socket.socket) -> bool:
-    """Whether the peer answers an ApiVersions v0 request with its correlation id."""
+def _kafka_answer(sock: socket.socket) -> tuple[bool, bool]:
+    """Send an ApiVersions v0 request: (whether the peer sent any byte back, whether
+    its answer carries the request's correlation id: a Kafka port)."""
+    head = b""
     try:
         sock.sendall(_API_VERSIONS)
-        head = b""
         while len(head) < 8:
             chunk = sock.recv(8 - len(head))
             if not chunk:
-                return False
+                break
             head += chunk
     except (OSError, ssl.SSLError):
-        return False
-    return struct.unpack(">i", head[4:8])[0] == _CORRELATION
+        pass
+    return bool(head), len(head) == 8 and struct.unpack(">i", head[4:8])[0] == _CORRELATION
+
+
+# A TLS handshake that ended without a byte from the service: it closed or reset the
+# connection (a listener at its connection limit), or did not answer in time.
+_SILENT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, TimeoutError, socket.timeout)
 
 
 def _host(address: str) -> tuple[str, int]:
@@ -125,20 +134,27 @@ def probe(address: str, security: TransportSecurity, timeout_s: float = 3.0) -> 
     loose.check_hostname = False
     loose.verify_mode = ssl.CERT_NONE
     loose.set_alpn_protocols(["h2"])
+    silent = False
     with sock:
         try:
             with loose.wrap_socket(sock, server_hostname=host) as tls:
                 alpn = tls.selected_alpn_protocol()
                 speaks_tls = True
-                kafka = alpn != "h2" and _kafka_answers(tls)
+                kafka = alpn != "h2" and _kafka_answer(tls)[1]
         except (OSError, ssl.SSLError) as exc:
             speaks_tls, alpn, kafka = "certificate" in _reason(exc) or "handshake" in _reason(exc), None, False
+            silent = not speaks_tls and isinstance(exc, _SILENT)
     if not speaks_tls:
+        answered = False
         try:
             with connect() as plain:
-                kafka = _kafka_answers(plain)
+                answered, kafka = _kafka_answer(plain)
         except OSError:
             pass
+        if silent and not answered:
+            # Closed twice without a byte: nothing is known of the transport (a TLS
+            # listener at its connection limit closes at accept), so nothing is said.
+            return Facts(speaks_tls=None)
         return Facts(speaks_tls=False, kafka=kafka)
     if kafka or not security.tls:
         return Facts(speaks_tls=True, alpn=alpn, kafka=kafka)

@@ -2,7 +2,14 @@
 the sentence for each thing the probe can see, and nothing when the transport is not at fault."""
 from __future__ import annotations
 
-from exactly._transport_check import Facts, explain, suspect
+import concurrent.futures
+import contextlib
+import socket
+import threading
+
+import grpc
+
+from exactly._transport_check import Facts, explain, probe, suspect
 from exactly_wire.security import TransportSecurity
 
 PLAIN = TransportSecurity.from_conf({})
@@ -32,6 +39,51 @@ def test_nothing_is_said_when_the_transport_is_not_at_fault():
     assert explain(Facts(reachable=False), PLAIN, A) is None          # down: grpcio's message is right
     assert explain(Facts(speaks_tls=False), PLAIN, A) is None           # plaintext both sides
     assert explain(Facts(speaks_tls=True, alpn="h2"), tls(), A) is None  # TLS both sides, nothing refused
+    assert explain(Facts(speaks_tls=None), tls(), A) is None             # closed without a byte: unknown
+
+
+@contextlib.contextmanager
+def closing_listener():
+    """A loopback listener that closes every connection at accept, as a TLS listener at
+    its connection limit does (grpcio past its cap): yields its address."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.2)
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError, OSError):
+                    server.accept()[0].close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield f"127.0.0.1:{server.getsockname()[1]}"
+        finally:
+            stop.set()
+            thread.join(5)
+
+
+def test_a_listener_that_closes_without_a_byte_is_not_called_plaintext():
+    """A TLS client whose connections are closed at accept (the service at its connection
+    limit) learns nothing of the transport: no ConnectionSetupError, the call's own
+    retriable error stands."""
+    with closing_listener() as address:
+        facts = probe(address, tls(), timeout_s=2.0)
+    assert facts.reachable and facts.speaks_tls is None and not facts.kafka
+    assert explain(facts, tls(), address) is None
+
+
+def test_a_plaintext_grpc_service_is_named_to_a_tls_client():
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        facts = probe(address, tls(), timeout_s=2.0)
+    finally:
+        server.stop(None)
+    assert facts.speaks_tls is False and not facts.kafka
+    assert "does not speak TLS: set security.protocol=PLAINTEXT" in explain(facts, tls(), address)
 
 
 def test_which_failures_are_worth_a_probe():
