@@ -1,7 +1,7 @@
 """Every SDK call ends within its documented bound (docs/sdk.md, "Timeouts: what each one bounds"), sync and
 asyncio, whatever the cluster does: a transaction coordinator stopped with SIGSTOP, a
 cluster killed with SIGKILL, a closed port, a server that accepts TCP and never
-answers, a partition leader stopped, a group coordinator stopped. Each call gets
+answers, a TLS listener closing at accept, a partition leader stopped, a group coordinator stopped. Each call gets
 its bound (`max.block.ms`, `default.api.timeout.ms`, or its `timeout` argument) plus
 SLACK_S; a retry never starts a fresh request.timeout.ms past it."""
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 
 from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
+from exactly_tools.certs import CertificateAuthority
 
 pytestmark = pytest.mark.integration
 
@@ -61,8 +62,10 @@ def _assert_bounded(what: str, elapsed: float, exc: BaseException | None, bound_
 
 
 @contextlib.contextmanager
-def _silent_server():
-    """'127.0.0.1:PORT' of a server that accepts TCP connections and never answers."""
+def _silent_server(close_at_accept: bool = False):
+    """'127.0.0.1:PORT' of a server that accepts TCP connections and never answers
+    (close_at_accept: closes each at once without a byte, as a TLS listener at its
+    connection limit does)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(64)
@@ -73,7 +76,8 @@ def _silent_server():
         srv.settimeout(0.2)
         while not stop.is_set():
             with contextlib.suppress(OSError):
-                held.append(srv.accept()[0])
+                conn = srv.accept()[0]
+                conn.close() if close_at_accept else held.append(conn)
 
     t = threading.Thread(target=_accept, daemon=True)
     t.start()
@@ -214,6 +218,23 @@ def test_send_waits_for_metadata_up_to_max_block_ms():
     elapsed, exc = asyncio.run(_aio())
     _assert_bounded("aio send (cluster down)", elapsed, exc)
     assert isinstance(exc, errors.KafkaTimeoutError), exc
+
+
+def test_a_tls_listener_closing_at_accept_is_retried_up_to_max_block_ms(tmp_path):
+    """A TLS listener at its connection limit closes each connection at accept, without a
+    byte: that says nothing of the transport, so send() retries for max.block.ms and
+    raises KafkaTimeoutError (retriable), not a fatal ConnectionSetupError calling the
+    listener plaintext."""
+    tls = {"security.protocol": "SSL", "ssl.ca.location": str(CertificateAuthority.create(tmp_path).ca_path)}
+    with _silent_server(close_at_accept=True) as address:
+        p = Producer(_producer_conf(address, **tls))
+        try:
+            elapsed, exc = _timed(lambda: p.send("bounds", b"x"))
+        finally:
+            p.close(timeout=0)
+    _assert_bounded("send (TLS listener closing at accept)", elapsed, exc)
+    assert isinstance(exc, errors.KafkaTimeoutError) and exc.retriable, repr(exc)
+    assert elapsed >= BOUND_MS / 1000 - 0.5, f"send gave up after {elapsed:.1f} s, before max.block.ms"
 
 
 # ---------------------------------------------------------------- a stopped coordinator
