@@ -241,10 +241,14 @@ def test_other_coordinator_completes_a_prepared_commit_of_a_killed_one(two_coord
         for p in range(3):
             assert wait_for(lambda: client.committed_values(topic, p), 30, "roll-forward") == \
                 [f"a{p}".encode(), f"b{p}".encode()]
-            [(mpid, mepoch, ctype, cepoch)] = client.markers(topic, p)
-            # KIP-890 part 2: the transaction ends under the next epoch.
-            assert (mpid, mepoch, ctype) == (pid, epoch + 1, records.CONTROL_COMMIT)
-            assert cepoch == survivor.coordinator_epoch
+            # KIP-890 part 2: the transaction ends under the next epoch, and only the
+            # survivor's epoch wrote markers. A marker request answered with an error after
+            # its append (its acks=all wait cut by the deadline, a slow leader under load)
+            # is sent again, and the leader appends the same marker twice: harmless, and
+            # written as Kafka's leaders do (Partition.write_marker).
+            marks = client.markers(topic, p)
+            assert marks and set(marks) == {(pid, epoch + 1, records.CONTROL_COMMIT, survivor.coordinator_epoch)}, \
+                (marks, survivor.coordinator_epoch)
         assert wait_for(lambda: client.describe(survivor.node_id, tid).state == "CompleteCommit", 30, "CompleteCommit")
         took = time.monotonic() - killed_at
         assert took < 25, f"failover took {took:.1f} s"
