@@ -199,12 +199,12 @@ def _ends(cluster: DevCluster, topics: list[str], readers: tuple[Consumer, Consu
 
 
 def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: DevCluster, outputs: list[str],
-                               log: pathlib.Path) -> str:
+                               log: pathlib.Path, run_slice_s: float = RUN_SLICE_S) -> str:
     """SIGKILL `proc` once it committed something and has a transaction open (the LSO below
     the high watermark), or, if it never opens one again within 10 s, after its first
     commit. Returns what it was doing.
 
-    The run is stopped (SIGSTOP) while the outputs are looked at and runs RUN_SLICE_S
+    The run is stopped (SIGSTOP) while the outputs are looked at and runs `run_slice_s`
     between two looks: a look takes several round trips, and a run (a transaction of the
     quick start's copy takes a few ms) could commit its whole input between two of them
     and exit before any crash."""
@@ -217,7 +217,7 @@ def _kill_inside_a_transaction(proc: subprocess.Popen, block: Block, cluster: De
             if isinstance(crash, str):
                 return crash
             committed_at = crash
-            time.sleep(RUN_SLICE_S)
+            time.sleep(run_slice_s)
 
 
 def _look_stopped(proc: subprocess.Popen, cluster: DevCluster, outputs: list[str],
@@ -310,14 +310,16 @@ def _started(block: Block, directory: pathlib.Path, env: dict[str, str], log: pa
                 proc.wait(30)
 
 
-def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str], cluster: DevCluster) -> dict:
-    """The exactly-once check of a transactional block (module docstring). Returns
-    {output topic: number of records read, "crash": how the first run was killed}."""
+def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str], cluster: DevCluster,
+                       run_slice_s: float = RUN_SLICE_S) -> dict:
+    """The exactly-once check of a transactional block (module docstring); the first run
+    runs `run_slice_s` between two looks at its outputs (`_kill_inside_a_transaction`).
+    Returns {output topic: number of records read, "crash": how the first run was killed}."""
     outputs = _outputs(block)
     keys = reset_topics(cluster, _groups(block))
     logs = [directory / f"block_{block.line}.run{n}.log" for n in (1, 2)]
     with _started(block, directory, env, logs[0]) as first:
-        crash = _kill_inside_a_transaction(first, block, cluster, outputs, logs[0])
+        crash = _kill_inside_a_transaction(first, block, cluster, outputs, logs[0], run_slice_s)
     first_run = _members(cluster, _groups(block))
     with _started(block, directory, env, logs[1]) as second:
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
@@ -395,9 +397,10 @@ def render_helm(block: Block) -> str:
     return ", ".join(done)
 
 
-def run_page(page: str, base: pathlib.Path, cluster: DevCluster) -> list[str]:
-    """Run every runnable block of `page` in order (module docstring); returns a line per
-    block saying what ran."""
+def run_page(page: str, base: pathlib.Path, cluster: DevCluster, run_slice_s: float = RUN_SLICE_S) -> list[str]:
+    """Run every runnable block of `page` in order (module docstring), a transactional one
+    across a crash (`run_across_a_crash` with `run_slice_s`); returns a line per block
+    saying what ran."""
     env = environment(cluster)
     directory = workdir(base / "page", cluster)
     done = []
@@ -415,7 +418,7 @@ def run_page(page: str, base: pathlib.Path, cluster: DevCluster) -> list[str]:
             run(block, own, environment(None))
             done.append(f"{block.id} ran (own cluster)")
         elif block.transactional:
-            done.append(f"{block.id} exactly once across a crash: {run_across_a_crash(block, directory, env, cluster)}")
+            done.append(f"{block.id} exactly once across a crash: {run_across_a_crash(block, directory, env, cluster, run_slice_s)}")
         else:
             run(block, directory, env)
             done.append(f"{block.id} ran")
@@ -457,10 +460,11 @@ def dev_cluster(zk: str, base: pathlib.Path, postgres: bool = False) -> Iterator
         cluster.down()
 
 
-def page_tests(module: str, postgres: bool = False, timeout_s: int = 600):
+def page_tests(module: str, postgres: bool = False, timeout_s: int = 600, run_slice_s: float = RUN_SLICE_S):
     """The module-scoped `cluster` fixture and the test of a test module that runs the blocks
     of its pages (`pages_of(module)`), for `cluster, test_... = page_tests("test_examples_x")`;
-    `timeout_s` bounds one page's blocks (two runs of each transactional one)."""
+    `timeout_s` bounds one page's blocks (two runs of each transactional one), `run_slice_s`
+    how long a transactional block's first run runs between two looks (`run_page`)."""
     import pytest
 
     @pytest.fixture(scope="module", name="cluster")
@@ -470,6 +474,6 @@ def page_tests(module: str, postgres: bool = False, timeout_s: int = 600):
     @pytest.mark.timeout(timeout_s)
     @pytest.mark.parametrize("page", pages_of(module))
     def test_every_block_of_the_page_runs(page, cluster, tmp_path):
-        print("\n".join(run_page(page, tmp_path, cluster)))
+        print("\n".join(run_page(page, tmp_path, cluster, run_slice_s)))
 
     return cluster_fixture, test_every_block_of_the_page_runs
