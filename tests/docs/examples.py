@@ -89,12 +89,29 @@ def command(block: Block, directory: pathlib.Path) -> list[str]:
     raise ValueError(f"{block.id}: a {block.kind} block does not run")
 
 
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of the process group of a block's run (started with
+    start_new_session) and reap the run: a child can outlive the run's own process (the
+    JVM of a Spark driver that failed) and would otherwise run on after the test."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
 def run(block: Block, directory: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Run a block to its end; AssertionError unless it exits 0 within BLOCK_TIMEOUT_S."""
-    proc = subprocess.run(command(block, directory), cwd=directory, env=env, capture_output=True, text=True,
-                          timeout=BLOCK_TIMEOUT_S, start_new_session=True)
-    assert proc.returncode == 0, f"{block.id} ({block.heading}) exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
+    """Run a block to its end; AssertionError unless it exits 0 within BLOCK_TIMEOUT_S
+    (subprocess.TimeoutExpired past it). A block that failed or timed out leaves nothing
+    running; one that succeeded may (what it started for the blocks after it)."""
+    with subprocess.Popen(command(block, directory), cwd=directory, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        out = err = ""
+        try:
+            out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+        finally:
+            if proc.returncode != 0:
+                _end_group(proc)
+    assert proc.returncode == 0, f"{block.id} ({block.heading}) exited {proc.returncode}:\n{out}\n{err}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _outputs(block: Block) -> list[str]:
@@ -305,9 +322,7 @@ def _started(block: Block, directory: pathlib.Path, env: dict[str, str], log: pa
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+            _end_group(proc)
 
 
 def run_across_a_crash(block: Block, directory: pathlib.Path, env: dict[str, str], cluster: DevCluster,

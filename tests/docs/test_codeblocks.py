@@ -2,8 +2,13 @@
 and every page with a block to run has a test module that runs it (tests/docs/examples.py)."""
 from __future__ import annotations
 
-from docs.codeblocks import blocks, pages, parse, problems
-from docs.examples import RUN_BY, helm_commands
+import os
+
+import pytest
+
+from docs.codeblocks import Block, blocks, pages, parse, problems
+from docs.examples import RUN_BY, _started, helm_commands, run
+from waiting import wait_for
 
 
 def test_every_block_says_what_it_is():
@@ -57,3 +62,28 @@ def test_the_readmes_blocks_to_run_are_the_quick_start():
     anywhere else in the README would run nowhere."""
     elsewhere = [b.id for b in blocks("README.md") if b.kind not in ("text", "no-run") and b.heading != "Quick start"]
     assert not elsewhere, f"README blocks outside the quick start: {elsewhere}"
+
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_failed_block_leaves_nothing_of_its_process_group_running(tmp_path):
+    """A block whose own process exits while a child it started runs on (a Spark driver that
+    failed, its JVM still up) leaves nothing behind: run() and _started SIGKILL the group."""
+    failing = Block("docs/x.md", 1, "bash", {}, "sleep 300 > /dev/null 2>&1 & echo $! > failed.pid; exit 3\n", "x")
+    with pytest.raises(AssertionError, match="exited 3"):
+        run(failing, tmp_path, dict(os.environ))
+    started = Block("docs/x.md", 2, "bash", {}, "sleep 300 > /dev/null 2>&1 & echo $! > started.pid; exit 0\n", "x")
+    with _started(started, tmp_path, dict(os.environ), tmp_path / "started.log") as proc:
+        proc.wait(30)
+        assert _running(int((tmp_path / "started.pid").read_text()))
+    for name in ("failed.pid", "started.pid"):
+        pid = int((tmp_path / name).read_text())
+        wait_for(lambda: not _running(pid), 10, f"{name}: the block's child {pid} to be killed")
