@@ -103,7 +103,7 @@ def _kafka_answer(sock: socket.socket) -> tuple[bool, bool]:
 
 # A TLS handshake that ended without a byte from the service: it closed or reset the
 # connection (a listener at its connection limit), or did not answer in time.
-_SILENT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, TimeoutError, socket.timeout)
+_SILENT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, TimeoutError)  # socket.timeout is TimeoutError
 
 
 def _host(address: str) -> tuple[str, int]:

@@ -7,10 +7,8 @@ SLACK_S; a retry never starts a fresh request.timeout.ms past it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import socket
-import threading
 import time
 from typing import Any, Awaitable, Callable
 
@@ -19,6 +17,8 @@ import pytest
 from exactly import AdminClient, Consumer, NewTopic, OffsetAndMetadata, Producer, TopicPartition, errors
 from exactly.aio import AIOConsumer, AIOProducer
 from exactly_tools.certs import CertificateAuthority
+
+import listeners
 
 pytestmark = pytest.mark.integration
 
@@ -61,36 +61,6 @@ def _assert_bounded(what: str, elapsed: float, exc: BaseException | None, bound_
     assert elapsed <= bound_s + SLACK_S, f"{what} took {elapsed:.1f} s (bound {bound_s} s): {exc!r}"
 
 
-@contextlib.contextmanager
-def _silent_server(close_at_accept: bool = False):
-    """'127.0.0.1:PORT' of a server that accepts TCP connections and never answers
-    (close_at_accept: closes each at once without a byte, as a TLS listener at its
-    connection limit does)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def _accept() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                conn = srv.accept()[0]
-                conn.close() if close_at_accept else held.append(conn)
-
-    t = threading.Thread(target=_accept, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(5)
-        for s in held:
-            s.close()
-        srv.close()
-
-
 def _closed_port() -> str:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -111,7 +81,7 @@ def _topic(bootstrap: str, name: str, partitions: int = 3) -> None:
 
 @pytest.mark.parametrize("where", ["closed port", "silent server"])
 def test_init_transactions_is_bounded_by_max_block_ms(where):
-    with _silent_server() as silent:
+    with listeners.mute() as silent:
         bootstrap = _closed_port() if where == "closed port" else silent
         p = Producer(_producer_conf(bootstrap, **{"transactional.id": "bounds-init"}))
         try:
@@ -136,7 +106,7 @@ def test_init_transactions_is_bounded_by_max_block_ms(where):
 @pytest.mark.parametrize("where", ["closed port", "silent server"])
 def test_consumer_offset_calls_are_bounded_by_default_api_timeout_ms(where):
     tp = TopicPartition("bounds", 0)
-    with _silent_server() as silent:
+    with listeners.mute() as silent:
         bootstrap = _closed_port() if where == "closed port" else silent
         c = Consumer(_consumer_conf(bootstrap))
         try:
@@ -165,7 +135,7 @@ def test_consumer_offset_calls_are_bounded_by_default_api_timeout_ms(where):
 def test_polling_a_silent_server_returns_empty_sync_and_aio():
     """Against a server that never answers, poll() returns [] by its timeout in both
     clients (the group is joined in the background, as librdkafka's)."""
-    with _silent_server() as silent:
+    with listeners.mute() as silent:
         c = Consumer(_consumer_conf(silent))
         try:
             c.subscribe(["bounds"])
@@ -226,7 +196,7 @@ def test_a_tls_listener_closing_at_accept_is_retried_up_to_max_block_ms(tmp_path
     raises KafkaTimeoutError (retriable), not a fatal ConnectionSetupError calling the
     listener plaintext."""
     tls = {"security.protocol": "SSL", "ssl.ca.location": str(CertificateAuthority.create(tmp_path).ca_path)}
-    with _silent_server(close_at_accept=True) as address:
+    with listeners.mute(close_at_accept=True) as address:
         p = Producer(_producer_conf(address, **tls))
         try:
             elapsed, exc = _timed(lambda: p.send("bounds", b"x"))

@@ -3,14 +3,13 @@ the sentence for each thing the probe can see, and nothing when the transport is
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import socket
-import threading
 
 import grpc
 
 from exactly._transport_check import Facts, explain, probe, suspect
 from exactly_wire.security import TransportSecurity
+
+import listeners
 
 PLAIN = TransportSecurity.from_conf({})
 A = "127.0.0.1:9093"
@@ -42,33 +41,11 @@ def test_nothing_is_said_when_the_transport_is_not_at_fault():
     assert explain(Facts(speaks_tls=None), tls(), A) is None             # closed without a byte: unknown
 
 
-@contextlib.contextmanager
-def closing_listener():
-    """A loopback listener that closes every connection at accept, as a TLS listener at
-    its connection limit does (grpcio past its cap): yields its address."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        server.settimeout(0.2)
-        stop = threading.Event()
-
-        def run() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError, OSError):
-                    server.accept()[0].close()
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        try:
-            yield f"127.0.0.1:{server.getsockname()[1]}"
-        finally:
-            stop.set()
-            thread.join(5)
-
-
 def test_a_listener_that_closes_without_a_byte_is_not_called_plaintext():
     """A TLS client whose connections are closed at accept (the service at its connection
     limit) learns nothing of the transport: no ConnectionSetupError, the call's own
     retriable error stands."""
-    with closing_listener() as address:
+    with listeners.mute(close_at_accept=True) as address:
         facts = probe(address, tls(), timeout_s=2.0)
     assert facts.reachable and facts.speaks_tls is None and not facts.kafka
     assert explain(facts, tls(), address) is None
