@@ -151,8 +151,26 @@ def delete_topic(cluster: "DevCluster", name: str) -> None:
         admin.delete_topics([name])
 
 
+def page_touch_us(size: int = 64 << 20) -> float:
+    """µs to write the first byte of each 4 KiB page of `size` bytes of new anonymous
+    memory: the cost of the page faults that a log's page cache and large buffers pay
+    on every new page. A few tenths of a µs on bare metal; several µs on a virtual
+    machine whose host backs guest memory on first touch and takes freed pages back
+    (virtio-balloon free page reporting), where it puts a cost on every byte a
+    partition leader writes and varies from day to day with the host."""
+    import mmap
+    page = mmap.PAGESIZE
+    with mmap.mmap(-1, size) as m:
+        t0 = time.perf_counter()
+        for i in range(0, size, page):
+            m[i] = 1
+        return (time.perf_counter() - t0) / (size // page) * 1e6
+
+
 def machine_info() -> dict:
-    info = {"cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg())}
+    """The machine a run measured: CPUs, memory, CPU model, Python, load average and
+    page_touch_us (`page_touch_us`) at the start."""
+    info = {"cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()), "page_touch_us_start": page_touch_us()}
     try:
         with open("/proc/meminfo") as f:
             info["mem_total_kib"] = int(f.readline().split()[1])

@@ -68,6 +68,10 @@ def test_quick_bench_writes_every_figure(tmp_path):
     for key in THROUGHPUTS:
         assert math.isfinite(figures[key]["ratio_to_plain"]) and figures[key]["ratio_to_plain"] > 0, key
     assert body["meta"]["quick"] is True and body["meta"]["machine"]["cpus"] >= 1
+    # The machine's cost of a new page of memory, at both ends of the run and of the side-by-side phase.
+    for machine in (body["meta"]["machine"], body["details"]["against"]["machine"]):
+        assert all(0 < machine[k] < 1000 for k in ("page_touch_us_start", "page_touch_us_end")), machine
+    assert proc.stdout.count("a new page of memory written in") == 2, proc.stdout[-2000:]
     side = body["details"]["against"]
     assert side["against"] == against.YARDSTICK and side["commits"]["base"] == against.YARDSTICK[:7], side["commits"]
     for key in AGAINST:
