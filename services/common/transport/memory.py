@@ -13,18 +13,6 @@ gives back every free page of every arena (measured: 725 MB to 188 MB in one cal
 `MemoryTrim` calls it every `exactly.memory.trim.interval.ms` (default 10000; 0: never)
 in a worker thread, where the C library has it (glibc; elsewhere nothing is done), and
 logs what it returned when that is more than LOG_ABOVE_BYTES.
-
-With that trim running, freed memory need not go back on every free as well
-(`keep_freed_memory`): glibc by default gives the top of its heap back as soon as more
-than about twice its largest recent chunk is free there, and serves chunks above
-128 KB-32 MB from mmap, unmapped when freed. A partition leader frees and allocates
-the buffers of every batch it receives (hundreds of KB each), so with those defaults
-the same memory went back to the kernel and came again, page by page, hundreds of
-times per MB written: on a virtual machine that backs guest memory on first touch,
-about 3 µs per 4 KB page (bench/common.page_touch_us), some 15 % of the leader's CPU
-per record while producing 1 KB records in 256 KB batches. Heap chunks up to
-MMAP_THRESHOLD_BYTES and up to TRIM_THRESHOLD_BYTES of free heap top stay with the
-process between two trims; the periodic trim still returns every free page.
 """
 from __future__ import annotations
 
@@ -39,14 +27,6 @@ from .connections import run_every
 log = logging.getLogger(__name__)
 
 LOG_ABOVE_BYTES = 32 << 20
-# keep_freed_memory: chunks up to this come from the heap, not from mmap (a batch is at
-# most max.message.bytes, 1 MB by default; a read of the Kafka port's, the same) ...
-MMAP_THRESHOLD_BYTES = 4 << 20
-# ... and up to this much free memory stays at the top of a heap until the next trim.
-TRIM_THRESHOLD_BYTES = 16 << 20
-# mallopt parameters (glibc's malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -59,38 +39,17 @@ def resident_bytes() -> int:
         return -1
 
 
-def _libc_function(name: str):
-    """The C library's function `name` (a ctypes function), None where it has none (not glibc)."""
-    lib = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(lib) if lib else ctypes.CDLL(None), name)
-    except (OSError, AttributeError):
-        return None
-
-
 def malloc_trim() -> Callable[[], int] | None:
     """The C library's malloc_trim(0) as a callable (-> 1 when memory was released), None
     where the C library has none (not glibc)."""
-    trim = _libc_function("malloc_trim")
-    if trim is None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)
-
-
-def keep_freed_memory(mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES,
-                      trim_threshold_bytes: int = TRIM_THRESHOLD_BYTES) -> bool:
-    """Set glibc's malloc to serve chunks up to `mmap_threshold_bytes` from its heaps and to
-    keep up to `trim_threshold_bytes` of free memory at a heap's top (mallopt
-    M_MMAP_THRESHOLD, M_TRIM_THRESHOLD; module docstring), for a process whose
-    MemoryTrim returns freed memory periodically. Returns whether both were set (False
-    where the C library has no mallopt, or refused a value)."""
-    mallopt = _libc_function("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold_bytes)) and \
-        bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold_bytes))
 
 
 class MemoryTrim:

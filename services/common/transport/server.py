@@ -607,8 +607,6 @@ async def serve(cfg: ServiceConfig, setup: Setup) -> None:
     sweeper, kafka_limits = connection_sweeper(cfg, port, nofile)
     sweeper = asyncio.create_task(sweeper.run(), name="connection-sweeper")
     trimmer = memory.MemoryTrim.from_settings(cfg.settings)
-    if trimmer is not None and not memory.keep_freed_memory():
-        log.info("glibc's mallopt refused its settings: freed memory goes back to the system on free")
     trimmer = asyncio.create_task(trimmer.run(), name="memory-trim") if trimmer is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -242,34 +242,3 @@ def test_a_malformed_overrides_setting_stops_the_service_naming_the_key(capsys):
     assert "max.connections.per.ip.overrides='10.0.0.1' is invalid for the partition leader: " \
         "'10.0.0.1' is not host:count" in err
     assert err.count("max.connections.per.ip.overrides") == 1
-
-
-_CHURN = """
-import resource, sys
-from services.common.transport import memory
-if sys.argv[1] == "keep":
-    assert memory.keep_freed_memory()
-keep = [bytes(64 << 10) for _ in range(8)]        # chunks in use between the batches
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-before = faults()
-for _ in range(500):                              # a leader's requests: four 256 KB batches, each
-    batches = [bytearray(256 << 10) for _ in range(4)]  # received, copied, then freed together
-    copies = [bytes(b) for b in batches]
-    del batches, copies
-print(faults() - before)
-"""
-
-
-def test_kept_freed_memory_is_not_faulted_in_again_for_every_batch():
-    """keep_freed_memory: 500 rounds of eight 256 KB buffers allocated and then freed
-    together (a leader's produce requests) fault their pages in once, not in every
-    round as with glibc's defaults (which give the freed top of the heap back at once)."""
-    import pathlib
-    import subprocess
-    import sys
-    root = pathlib.Path(__file__).resolve().parents[5]
-    run = lambda mode: int(subprocess.run([sys.executable, "-c", _CHURN, mode], capture_output=True, text=True,
-                                          check=True, timeout=60, cwd=root).stdout)
-    default, kept = run("default"), run("keep")
-    assert kept < 2000 < 50000 < default, (default, kept)  # 512 pages a round: 256,000 faults if all new
