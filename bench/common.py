@@ -153,11 +153,10 @@ def delete_topic(cluster: "DevCluster", name: str) -> None:
 
 def page_touch_us(size: int = 64 << 20) -> float:
     """µs to write the first byte of each 4 KiB page of `size` bytes of new anonymous
-    memory: the cost of the page faults that a log's page cache and large buffers pay
-    on every new page. A few tenths of a µs on bare metal; several µs on a virtual
-    machine whose host backs guest memory on first touch and takes freed pages back
-    (virtio-balloon free page reporting), where it puts a cost on every byte a
-    partition leader writes and varies from day to day with the host."""
+    memory: the cost of the page fault that a log's page cache and large buffers pay
+    on every page they take anew. 2.2-3.6 µs on the 2-core benchmark machine of
+    docs/benchmarks.md, a virtual machine whose host backs guest memory on first touch
+    and takes freed pages back (virtio-balloon free page reporting)."""
     import mmap
     page = mmap.PAGESIZE
     with mmap.mmap(-1, size) as m:
