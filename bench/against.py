@@ -57,8 +57,8 @@ import sys
 import threading
 import time
 
-from .common import (cluster_level, cpu_seconds, create_topic, delete_topic, machine_info, median, page_touch_us,
-                     percentile, start_cluster)
+from .common import (cluster_level, cpu_seconds, create_topic, delete_topic, machine_conditions, machine_end,
+                     machine_info, median, percentile, start_cluster)
 
 # The commit the performance goals are stated against (docs/benchmarks.md, "Side by side").
 YARDSTICK = "5f0f6d9"
@@ -424,10 +424,7 @@ def table(result: dict) -> str:
     if result.get("levels"):
         lines.append("metadata.version: " + ", ".join(f"{k} {v}" for k, v in result["levels"].items()))
     lines.append(f"\nmedians of {s['rounds']} rounds, alternating windows; ratio = {head} / {base}; "
-                 f"{m['cpus']} CPUs ({m.get('cpu_model', '?')}), load average {m['loadavg_start'][0]:.1f} at the "
-                 f"start, {m['loadavg_end'][0]:.1f} at the end; a new page of memory written in "
-                 f"{m['page_touch_us_start']:.1f} µs at the start, {m['page_touch_us_end']:.1f} µs at the end; "
-                 f"{result['seconds']:.0f} s")
+                 f"{m['cpus']} CPUs ({m.get('cpu_model', '?')}), {machine_conditions(m)}; {result['seconds']:.0f} s")
     return "\n".join(lines)
 
 
@@ -452,8 +449,7 @@ def run(against: str = YARDSTICK, work: pathlib.Path = ROOT / ".run" / "bench-ag
         windows = r.measure()
     finally:
         r.stop()
-    machine["loadavg_end"] = list(os.getloadavg())
-    machine["page_touch_us_end"] = page_touch_us()
+    machine_end(machine)
     return {"commits": {side.name: side.label for side in r.sides}, "against": against,
             "head_props": dict(head_props or {}), "levels": {side.name: side.level for side in r.sides},
             "sizes": dataclasses.asdict(sizes), "machine": machine, "seconds": round(time.time() - started, 1),

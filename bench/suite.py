@@ -36,7 +36,7 @@ import time
 from exactly_tools.devcluster import DevCluster, replication_props
 
 from . import against, producer_perf, recovery, redis_peer, server_cost, transactions, transport_floor
-from .common import Progress, create_topic, machine_info, median, page_touch_us, start_cluster
+from .common import Progress, create_topic, machine_conditions, machine_end, machine_info, median, start_cluster
 
 FULL = {"num_records": 200_000, "latency_transactions": 1000, "coordinator_seconds": 10.0,
         "redis_transactions": 20_000, "restart_batches": [1_000_000, 10_000_000], "restart_producers": 10_000,
@@ -485,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": {k: getattr(args, k) for k in [*FULL, "record_size", "coordinator_producers",
                                                      "redis_pipeline", "redis_read_batch"]}}
     result = run(args)
-    meta["machine"]["loadavg_end"] = list(os.getloadavg())
-    meta["machine"]["page_touch_us_end"] = page_touch_us()
+    machine_end(meta["machine"])
     meta["seconds"] = round(time.time() - started, 1)
     bad = [k for k, r in result["figures"].items() if not (math.isfinite(r["value"]) and r["value"] > 0)]
     out = {"meta": meta, **result}
@@ -497,10 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nSide by side with {args.against}:\n{against.table(result['details']['against'])}")
     goals = [r for r in result["figures"].values() if "pass" in r]
     print(f"\n{sum(r['pass'] for r in goals)} of {len(goals)} goals met; {args.reps} repetitions per figure; "
-          f"{meta['machine']['cpus']} CPUs, load average {meta['machine']['loadavg_start'][0]:.1f} at the start, "
-          f"{meta['machine']['loadavg_end'][0]:.1f} at the end; a new page of memory written in "
-          f"{meta['machine']['page_touch_us_start']:.1f} µs at the start, "
-          f"{meta['machine']['page_touch_us_end']:.1f} µs at the end; {meta['seconds']:.0f} s")
+          f"{meta['machine']['cpus']} CPUs, {machine_conditions(meta['machine'])}; {meta['seconds']:.0f} s")
     print(f"written to {args.out}")
     if bad:
         print(f"bench: figures missing or not positive: {', '.join(bad)}", file=sys.stderr)
