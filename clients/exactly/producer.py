@@ -201,7 +201,7 @@ class Producer:
         # Rate-limited WARNINGs while send() waits for a topic's metadata.
         self._waits = WaitWarnings(log, self._clock)
         self._acc = RecordAccumulator(settings.batch_size, float(settings.linger_ms), settings.buffer_memory,
-                                      clock=self._clock)
+                                      clock=self._clock, sender_thread=self._SENDER_THREAD)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
@@ -215,7 +215,9 @@ class Producer:
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
-    # an asyncio sender task.
+    # an asyncio sender task (on the appender's own loop: _SENDER_THREAD False).
+    _SENDER_THREAD = True
+
     def _make_core(self, settings: ProducerSchema, transport: Transport | None) -> ClientCore:
         return ClientCore(settings, transport=transport)
 

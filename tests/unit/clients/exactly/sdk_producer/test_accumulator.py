@@ -184,6 +184,21 @@ def test_an_appender_waits_for_a_sender_that_is_behind_but_never_for_long(monkey
     acc.end_flush()
 
 
+def test_an_appender_on_the_senders_own_loop_never_waits(monkeypatch):
+    """exactly.aio's sender is a task on the loop that appends (sender_thread=False):
+    a wait there could only hold the sender back, so a new batch behind undrained ones
+    opens at once, where a producer with a sender thread would wait for it."""
+    from exactly import _accumulator
+    monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
+    acc, clock = make(batch_size=100, clock=MockTime(poll_s=1.0, runs=True), sender_thread=False)
+    value = b"x" * 60  # one record per batch
+    start = clock.now_s()
+    for _ in range(_accumulator.QUEUED_BATCHES_BEFORE_YIELD + 5):
+        acc.append(TP0, 1, None, value)
+    assert clock.now_s() - start < 1.0
+    assert len(acc.drain_all()) == _accumulator.QUEUED_BATCHES_BEFORE_YIELD + 5
+
+
 def test_reenqueue_keeps_sequence_order_and_backoff():
     acc, clock = make(linger_ms=0)
     batches = []
