@@ -143,6 +143,33 @@ def test_send_nowait_keeps_call_order_and_flush_completes_every_future(make_fc):
     assert [r.value for r in fc.records("u", 0)] == [f"v{i}".encode() for i in range(30)] + [b"last"]
 
 
+def test_only_a_producer_with_a_sender_thread_hands_it_the_gil(make_fc, monkeypatch):
+    """The sync Producer's appender waits for its sender thread when a full batch waits
+    unsent; exactly.aio's sender is a task on the appending loop, so its appends never
+    wait: with a 30 s hand-over, 40 records in batches of one still arrive at once."""
+    from exactly import _accumulator
+    monkeypatch.setattr(_accumulator, "YIELD_WAIT_S", 30.0)
+    fc = make_fc()
+    sync = Producer(conf(fc), transport=fc)
+    try:
+        assert sync._acc.sender_thread
+    finally:
+        sync.close(5)
+
+    async def main():
+        async with AIOProducer(conf(fc, **{"batch.size": 1, "linger.ms": 0}), transport=fc) as p:
+            assert not p._p._acc.sender_thread
+            await p.send("u", "first")  # metadata known: the rest append at once
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            futures = [p.send_nowait("u", f"v{i}") for i in range(40)]
+            await p.flush(10)
+            assert loop.time() - started < 25  # one hand-over would have held the loop 30 s
+            assert [f.result().offset for f in futures] == list(range(1, 41))
+
+    asyncio.run(main())
+
+
 def test_transaction_context_commits_or_aborts_and_reraises(make_fc):
     fc = make_fc()
 
