@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from exactly_wire.clock import Clock, monotonic_ms, wall_clock_ms
 from exactly_wire.error_codes import ErrorCode
 from exactly_wire.types import TopicPartition
+from services.common.after_answer import after_answer
 from services.common.cluster import features
 from services.common.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.common.settings import TxnCoordinatorSchema, key_of
@@ -583,11 +584,17 @@ class TxnRequests:
         transit = md.prepare_abort_or_commit(target, self._clock(), bump_epoch=bump,
                                              transaction_version=2 if bump else 1)
         completions: list[asyncio.Task] = []
-        err = await self._store.append(part, md, transit, lambda: completions.append(
-            self._completions.start(part, md, transit, from_client=True, started=started)))
+
+        def start() -> None:
+            completions.append(self._completions.start(part, md, transit, from_client=True, started=started))
+
+        waits = self.config.txn_end_completion_wait_ms > 0
+        # The markers after the answer (services.common.after_answer), unless the answer
+        # waits for them.
+        err = await self._store.append(part, md, transit, start if waits else lambda: after_answer(start))
         if err:
             return EndTxnResult(err)
-        if self.config.txn_end_completion_wait_ms > 0:
+        if waits:
             await self._completions.wait(completions, self.config.txn_end_completion_wait_ms)
         return EndTxnResult(ErrorCode.NONE, transit.producer_id, transit.producer_epoch)
 

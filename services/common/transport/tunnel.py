@@ -63,6 +63,7 @@ from exactly_wire.client_calls import MAX_BATCH_BYTES, MAX_BATCH_CALLS, fits as 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
 
+from ..after_answer import AfterAnswer, answering
 from ..security.principal import current_principal
 from ..settings import ServiceSchema
 from .guard import safe_deserializer, Undecodable  # the request guard's parsing, for the stream's messages
@@ -324,6 +325,9 @@ class TunnelServicer(pbg.TunnelServicer):
         done = object()
         mine = 0  # this stream's share of self.in_flight
         failure: list[LinkError] = []  # a link's frame that broke the protocol: the link closes
+        # Work the calls deferred until their reply is written (services.common.after_answer),
+        # by id of the reply waiting to be sent.
+        unsent: dict[int, AfterAnswer] = {}
 
         def put(reply) -> None:
             replies.put_nowait(reply)
@@ -338,7 +342,14 @@ class TunnelServicer(pbg.TunnelServicer):
                     status_details=f"INVALID_REQUEST: not a valid {'TunneledCalls' if batched else 'TunneledCall'} "
                                    f"encoding: {call.error}"[:1000]))
                 return
-            put(await self._one(call, context))
+            deferred = answering()  # this task's: the call's handler runs in it
+            try:
+                reply = await self._one(call, context)
+            except BaseException:
+                deferred.run()  # no reply to wait for
+                raise
+            unsent[id(reply)] = deferred
+            put(reply)
 
         async def slot(first: bool) -> None:
             # Back-pressure: no further call is taken while the replies wait or the
@@ -399,12 +410,15 @@ class TunnelServicer(pbg.TunnelServicer):
             finally:
                 replies.put_nowait(done)
 
-        def sent(count: int) -> None:
+        def sent(ready: list) -> None:
             nonlocal mine
-            mine -= count
-            self.in_flight -= count
-            for _ in range(count):
+            mine -= len(ready)
+            self.in_flight -= len(ready)
+            for reply in ready:
                 slots.release()
+                deferred = unsent.pop(id(reply), None)
+                if deferred is not None:
+                    deferred.run()
 
         reader = asyncio.create_task(read())
         carried = None  # a reply that did not fit in the previous message
@@ -427,12 +441,15 @@ class TunnelServicer(pbg.TunnelServicer):
                     drained.set()
                 self.messages_sent += 1
                 yield pb.TunneledReplies(replies=ready) if batched else reply
-                sent(len(ready))
+                sent(ready)
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
             self.in_flight -= mine
+            for deferred in unsent.values():  # replies never sent: their work runs all the same
+                deferred.run()
+            unsent.clear()
 
 
 def add_tunnel_to_server(servicer: TunnelServicer, server: grpc.aio.Server) -> None:

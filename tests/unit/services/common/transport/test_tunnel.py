@@ -12,6 +12,7 @@ from waiting import wait_for_async
 
 from exactly_wire.v1 import exactly_pb2 as pb
 from exactly_wire.v1 import exactly_pb2_grpc as pbg
+from services.common.after_answer import after_answer
 from services.common.protocol import REQUEST_ARRIVAL_S
 from services.common.metrics import RpcMetricsInterceptor
 from services.common.transport.guard import RequestGuard, UnaryHandlerInterceptor
@@ -187,6 +188,46 @@ class _Counting(Leader):
     async def ListOffsets(self, request, context):
         self.entered += 1
         return await super().ListOffsets(request, context)
+
+
+class _Deferring(Leader):
+    """Leader whose ListOffsets defers work until its answer is written
+    (services.common.after_answer): `deferred` gets, per call, the partition and the
+    messages the stream had sent when the work ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.servicer: TunnelServicer | None = None
+        self.deferred: list[tuple[int, int]] = []
+
+    async def ListOffsets(self, request, context):
+        partition = request.topics[0].partitions[0].partition
+        after_answer(lambda: self.deferred.append((partition, self.servicer.messages_sent)))
+        return await super().ListOffsets(request, context)
+
+
+def test_work_deferred_until_the_answer_runs_once_it_is_written_or_its_stream_is_gone():
+    """A tunneled call's deferred work runs after its reply was handed to the stream's
+    writer (the first reply of a fresh stream: 1 message sent, where running at once
+    saw 0), and, for a call whose stream ends before it answers, when the stream ends."""
+    async def body():
+        leader = _Deferring()
+        server, address, leader.servicer = await _serving(leader)
+        async with grpc.aio.insecure_channel(address) as channel:
+            tunnel = TunnelChannel(channel)
+            reply = await tunnel.call(LIST_OFFSETS, _request("t", 7), pb.ListOffsetsResponse, 5)
+            assert reply.topics[0].partitions[0].offset == 70
+            await wait_for_async(lambda: leader.deferred, 10, "the deferred work to run")
+            assert leader.deferred == [(7, 1)]
+            blocked = asyncio.ensure_future(tunnel.call(LIST_OFFSETS, _request("t", 99), pb.ListOffsetsResponse, 30))
+            await asyncio.wait_for(leader.arrived.wait(), 10)
+            assert leader.deferred == [(7, 1)]  # its answer is not written
+            await tunnel.close()
+            await wait_for_async(lambda: len(leader.deferred) == 2, 10, "the work of the unanswered call to run")
+            assert leader.deferred[1][0] == 99
+            blocked.cancel()
+        await server.stop(0)
+    asyncio.run(body())
 
 
 def test_a_stream_is_admitted_only_when_its_open_pseudo_call_passes_the_interceptors():
