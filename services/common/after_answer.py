@@ -12,11 +12,13 @@ record was applied, ran its first step before that and held the answer: a lone S
 producer's EndTxn took 1.42-1.72 ms p50, 1.06-1.16 ms with the answer first.
 
 A transport that writes an answer in a later turn than its handler returns in marks
-each call: `answering()` in the task that runs the handler, and `AfterAnswer.run()`
-once the answer was handed to the writer, or the call ended without one (cancelled,
-its stream gone). `after_answer(fn)` defers `fn` until then, in the context it was
-deferred in; outside such a call it runs `fn` at once: a direct gRPC call, the Kafka
-port (it writes the answer in the turn its handler returns in), a unit test.
+each call: `answering()` in the task that runs the handler, and `AfterAnswer.run()` as
+the answer goes to the writer, in the turn that writes it, or once the call ended
+without one (cancelled, its stream gone). `after_answer(fn)` defers `fn` until then,
+in the context it was deferred in; outside such a call it runs `fn` at once: a direct
+gRPC call, the Kafka port (it writes the answer in the turn its handler returns in), a
+unit test. `fn` should only start work (a task): the tasks it starts run after the
+write, and nothing waits for the peer to read the answer.
 """
 from __future__ import annotations
 
@@ -71,8 +73,8 @@ def answering() -> AfterAnswer:
 
 
 def after_answer(fn: Callable[[], None]) -> None:
-    """Run `fn` (no arguments) once the answer of the call being handled was handed
-    to its writer, or at once outside a marked call (module docstring)."""
+    """Run `fn` (no arguments) as the answer of the call being handled goes to its
+    writer, or at once outside a marked call (module docstring)."""
     holder = _CURRENT.get()
     if holder is None:
         fn()

@@ -325,8 +325,8 @@ class TunnelServicer(pbg.TunnelServicer):
         done = object()
         mine = 0  # this stream's share of self.in_flight
         failure: list[LinkError] = []  # a link's frame that broke the protocol: the link closes
-        # Work the calls deferred until their reply is written (services.common.after_answer),
-        # by id of the reply waiting to be sent.
+        # Work the calls deferred until their reply is handed to the writer
+        # (services.common.after_answer), by id of the reply waiting to be sent.
         unsent: dict[int, AfterAnswer] = {}
 
         def put(reply) -> None:
@@ -410,15 +410,12 @@ class TunnelServicer(pbg.TunnelServicer):
             finally:
                 replies.put_nowait(done)
 
-        def sent(ready: list) -> None:
+        def sent(count: int) -> None:
             nonlocal mine
-            mine -= len(ready)
-            self.in_flight -= len(ready)
-            for reply in ready:
+            mine -= count
+            self.in_flight -= count
+            for _ in range(count):
                 slots.release()
-                deferred = unsent.pop(id(reply), None)
-                if deferred is not None:
-                    deferred.run()
 
         reader = asyncio.create_task(read())
         carried = None  # a reply that did not fit in the previous message
@@ -440,8 +437,15 @@ class TunnelServicer(pbg.TunnelServicer):
                 if replies.qsize() < self.max_queued:
                     drained.set()
                 self.messages_sent += 1
+                for ready_reply in ready:
+                    # The deferred work starts as its reply goes to the writer, which writes
+                    # it in this turn, before the tasks that work started run (and whether
+                    # or not the peer reads it).
+                    deferred = unsent.pop(id(ready_reply), None)
+                    if deferred is not None:
+                        deferred.run()
                 yield pb.TunneledReplies(replies=ready) if batched else reply
-                sent(ready)
+                sent(len(ready))
         finally:
             reader.cancel()
             for task in list(running):

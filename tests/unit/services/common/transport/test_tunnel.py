@@ -207,9 +207,9 @@ class _Deferring(Leader):
 
 
 def test_work_deferred_until_the_answer_runs_once_it_is_written_or_its_stream_is_gone():
-    """A tunneled call's deferred work runs after its reply was handed to the stream's
-    writer (the first reply of a fresh stream: 1 message sent, where running at once
-    saw 0), and, for a call whose stream ends before it answers, when the stream ends."""
+    """A tunneled call's deferred work runs as its reply goes to the stream's writer
+    (the first reply of a fresh stream: 1 message sent, where running at once saw 0),
+    and, for a call whose stream ends before it answers, when the stream ends."""
     async def body():
         leader = _Deferring()
         server, address, leader.servicer = await _serving(leader)
