@@ -201,13 +201,16 @@ class Producer:
         # Rate-limited WARNINGs while send() waits for a topic's metadata.
         self._waits = WaitWarnings(log, self._clock)
         self._acc = RecordAccumulator(settings.batch_size, float(settings.linger_ms), settings.buffer_memory,
-                                      clock=self._clock, sender_thread=self._SENDER_THREAD)
+                                      clock=self._clock)
         self._partitioner = StickyPartitioner()
         self._partitioner_lock = threading.Lock()
         self._topic_cache: dict[str, _TopicPartitions] = {}
         self._close_lock = threading.Lock()
         self._sender = self._make_sender(sender_config, self._acc, self._txn, self._core,
                                          on_metadata_change=_weak_call(self.metadata_changed), clock=self._clock)
+        # An appender hands the GIL to a sender thread; exactly.aio's sender is a task on
+        # the appending loop, which a wait could only delay.
+        self._acc.sender_thread = isinstance(self._sender, threading.Thread)
         # The transaction flows, performed blocking by `_perform` (awaited by exactly.aio).
         self._flows = TransactionFlows(self._transactional_id, self._txn, self._acc, self._sender,
                                        settings.transaction_timeout_ms, self._max_block_ms, self._clock)
@@ -215,9 +218,7 @@ class Producer:
         self._sender.start()
 
     # The I/O of a producer instance: `exactly.aio` swaps in its grpc.aio core and
-    # an asyncio sender task (on the appender's own loop: _SENDER_THREAD False).
-    _SENDER_THREAD = True
-
+    # an asyncio sender task.
     def _make_core(self, settings: ProducerSchema, transport: Transport | None) -> ClientCore:
         return ClientCore(settings, transport=transport)
 

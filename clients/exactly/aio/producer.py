@@ -157,8 +157,6 @@ class AIOSender(SenderCore):
 class _Producer(Producer):
     """The Producer with asyncio I/O: its blocking methods are not used."""
 
-    _SENDER_THREAD = False  # the sender is a task on the loop that appends
-
     def _make_core(self, settings: ProducerSchema, transport: Transport | None) -> AIOClientCore:
         return AIOClientCore(settings, transport=transport)
 
