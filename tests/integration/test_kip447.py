@@ -228,7 +228,10 @@ def test_a_mixed_group_refuses_the_stale_per_partition_producer(cluster2):
         with pytest.raises(errors.ConcurrentProducerCommitError):
             legacy.send_offsets_to_transaction({tp: 3}, ConsumerGroupMetadata(group))
         legacy.abort_transaction(30)
-        assert c.committed([tp])[tp].offset == 2
+        # EndTxn answers before the markers; require_stable waits for the aware commit.
+        with Consumer({"bootstrap.servers": cluster2.bootstrap_servers, "group.id": group,
+                       "isolation.level": "read_committed"}) as stable:
+            assert stable.committed([tp], timeout=30)[tp].offset == 2
     finally:
         c.close()
         legacy.close()
