@@ -76,6 +76,12 @@ if [ ! -f "$gen" ] || [ -n "$(find protos -name '*.proto' -newer "$gen" -print -
   PYTHON=.venv/bin/python bash scripts/gen_protos.sh
 fi
 
+# Byte-compile the tree once: every service, CLI and SDK process imports it, and where
+# PYTHONDONTWRITEBYTECODE is set Python would compile each module again in each process
+# (a partition leader's imports: 1.5 s of CPU against 1.2 s from the caches). compileall
+# writes the caches regardless of that variable and skips files whose cache is current.
+.venv/bin/python -m compileall -q -j 0 services clients tools bench demo scripts tests > /dev/null
+
 [ "$mode" = dev ] && exit 0
 
 # The compatibility suite's frameworks (tests/compat, make compat), each in its own

@@ -19,7 +19,9 @@ from spark_helpers import ROOT, create_topic, sdk_read, spark_env
 
 from exactly import AdminClient, Producer
 
-pytestmark = pytest.mark.integration
+# Two drivers of up to 300 s each, then two batch reads: the default 300 s (setup included)
+# ran out on a loaded 2-core machine while the last read was still collecting.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 DRIVER = pathlib.Path(__file__).with_name("streaming_driver.py")
 ROWS = 600
