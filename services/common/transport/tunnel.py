@@ -326,7 +326,10 @@ class TunnelServicer(pbg.TunnelServicer):
         mine = 0  # this stream's share of self.in_flight
         failure: list[LinkError] = []  # a link's frame that broke the protocol: the link closes
         # Work the calls deferred until their reply is handed to the writer
-        # (services.common.after_answer), by id of the reply waiting to be sent.
+        # (services.common.after_answer), by id of the reply waiting to be sent: each
+        # call's reply is a new object (_one), alive in the queue until it is sent. Not by
+        # correlation id: the peer picks those and may repeat one, and a second call's
+        # entry would then drop the first's work (an EndTxn's markers).
         unsent: dict[int, AfterAnswer] = {}
 
         def put(reply) -> None:
