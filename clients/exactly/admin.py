@@ -481,17 +481,26 @@ class AdminClient:
             return None
         return Metadata.from_response(resp, core.clock())
 
+    def _fresh_metadata(self) -> Metadata:
+        """Metadata fetched now, retried as any admin call is (retriable errors such
+        as errors.NetworkException while a process restarts or a leader moves, with
+        retry.backoff.ms backoff for request.timeout.ms); raises the last error after
+        that."""
+        core = self._core
+        return core.retry(lambda: core.metadata(refresh=True))
+
     def list_topics(self, include_internal: bool = False) -> dict[str, list[int]]:
         """Topic name -> sorted partition ids (internal topics only if asked)."""
-        return topic_listing(self._core.metadata(refresh=True), include_internal)
+        return topic_listing(self._fresh_metadata(), include_internal)
 
     def describe_topics(self, topics: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """Topic name -> TopicDescription (partitions with leader address, replicas,
-        ISR). Raises errors.UnknownTopicOrPartitionError for a named unknown topic."""
-        return topic_descriptions(self._core.metadata(refresh=True), topics)
+        ISR). Raises errors.UnknownTopicOrPartitionError for a named unknown topic,
+        errors.NetworkException when no process answers within request.timeout.ms."""
+        return topic_descriptions(self._fresh_metadata(), topics)
 
     def _txn_coordinators(self) -> list[str]:
-        return txn_coordinator_addresses(self._core.metadata(refresh=True))
+        return txn_coordinator_addresses(self._fresh_metadata())
 
     def list_transactions(self, states: Iterable[str] = (), producer_ids: Iterable[int] = (),
                           duration_ms: int = 0) -> list[TransactionListing]:
@@ -582,7 +591,7 @@ class AdminClient:
         in the middle of a rolling upgrade. Raises errors.UnsupportedVersionError when
         none does."""
         core = self._core
-        core.retry(lambda: core.metadata(refresh=True))
+        self._fresh_metadata()
         for address in core._known_addresses():
             try:
                 return core.retry(lambda: core.call(method(core.cluster_stub(address)), request))
@@ -732,7 +741,7 @@ class AdminClient:
     # ------------------------------------------------------------ consumer groups
 
     def _coordinators(self, role: str) -> list[str]:
-        md = self._core.metadata(refresh=True)
+        md = self._fresh_metadata()
         return sorted(n.address for n in md.nodes.values() if n.role == role)
 
     def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
@@ -861,7 +870,7 @@ class AdminClient:
     # ------------------------------------------------------------ producers and hanging transactions
 
     def _by_leader(self, partitions: Iterable[TopicPartition]) -> dict[str | None, list[TopicPartition]]:
-        md = self._core.metadata(refresh=True)
+        md = self._fresh_metadata()
         out: dict[str | None, list[TopicPartition]] = {}
         for tp in partitions:
             tp = TopicPartition(*tp)
@@ -974,7 +983,7 @@ class AdminClient:
         it but never decides it (docs/design.md, "Two-phase commit with a database");
         the reason says how to decide it, and prepared_state is the state string its
         commit needs."""
-        md = self._core.metadata(refresh=True)
+        md = self._fresh_metadata()
         scan_all = partitions is None and broker is None
         if partitions is None:
             partitions = [TopicPartition(t, p) for t, tm in sorted(md.topics.items()) if tm.error_code == 0

@@ -88,13 +88,19 @@ class AIOAdminClient:
             return None
         return Metadata.from_response(resp, core.clock())
 
+    async def _fresh_metadata(self) -> Metadata:
+        """`AdminClient._fresh_metadata`: metadata fetched now, with the admin calls'
+        retries; raises the last error after request.timeout.ms."""
+        core = self._core
+        return await core.retry(lambda: core.metadata_async(refresh=True))
+
     async def list_topics(self, include_internal: bool = False) -> dict[str, list[int]]:
         """Topic name -> sorted partition ids (internal topics only if asked)."""
-        return topic_listing(await self._core.metadata_async(refresh=True), include_internal)
+        return topic_listing(await self._fresh_metadata(), include_internal)
 
     async def describe_topics(self, topics: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """As `exactly.AdminClient.describe_topics`. Raises errors.UnknownTopicOrPartitionError."""
-        return topic_descriptions(await self._core.metadata_async(refresh=True), topics)
+        return topic_descriptions(await self._fresh_metadata(), topics)
 
     async def list_transactions(self, states: Iterable[str] = (), producer_ids: Iterable[int] = ()
                                 ) -> list[TransactionListing]:
@@ -102,7 +108,7 @@ class AIOAdminClient:
         core = self._core
         req = list_transactions_request(states, producer_ids)
         out = []
-        for addr in txn_coordinator_addresses(await core.metadata_async(refresh=True)):
+        for addr in txn_coordinator_addresses(await self._fresh_metadata()):
             resp = await core.retry(lambda a=addr: core.call(core.txn_stub(a).ListTransactions, req))
             out.extend(transaction_listings(resp))
         return sorted(out)

@@ -39,6 +39,57 @@ def test_existing_topic_raises_but_others_are_created(fc):
     admin.close()
 
 
+class _UpAfterOneRefusal(MockCluster):
+    """A cluster whose node `node` is down for the first request that reaches it and
+    up from then on: a service restarting, or one busy past a call's deadline."""
+
+    def __init__(self, node: str, **kwargs):
+        super().__init__(**kwargs)
+        self.refused = 0
+        self.take_down(node)
+        self._node = node
+
+    def _serve(self, request, context, run):
+        try:
+            return super()._serve(request, context, run)
+        finally:
+            if self.refused == 0:
+                self.refused = 1
+                self.bring_up(self._node)
+
+
+@pytest.mark.parametrize("call", ["list_topics", "describe_topics", "list_transactions"])
+def test_a_service_that_refuses_a_metadata_request_is_asked_again(call):
+    """Metadata requests of the admin calls are retried as their other requests are
+    (Kafka's admin client retries a describe until default.api.timeout.ms): with one
+    bootstrap address, the only service refusing once does not fail the call."""
+    with _UpAfterOneRefusal("leader-0", topics={"existing": 2}) as cluster, \
+            AdminClient({"bootstrap.servers": cluster.address_of("leader-0"), "retry.backoff.ms": 1},
+                        transport=cluster) as admin:
+        got = getattr(admin, call)()
+        assert cluster.refused == 1
+        assert [r.rpc for r in cluster.requests][0] == "Metadata"
+        if call != "list_transactions":
+            assert "existing" in got
+
+
+def test_the_asyncio_admin_asks_again_too():
+    import asyncio
+    from exactly.aio import AIOAdminClient
+
+    async def main():
+        with _UpAfterOneRefusal("leader-0", topics={"existing": 2}) as cluster:
+            admin = AIOAdminClient({"bootstrap.servers": cluster.address_of("leader-0"), "retry.backoff.ms": 1},
+                                   transport=cluster)
+            try:
+                assert "existing" in await admin.describe_topics()
+                assert cluster.refused == 1
+            finally:
+                await admin.close()
+
+    asyncio.run(main())
+
+
 def _metadata(partitions: int):
     """Two services' metadata listing topic "grow" with `partitions` partitions (0: not listed)."""
     from exactly._client import Metadata
