@@ -77,6 +77,17 @@ def admin_client(cluster: DevCluster):
     return AdminClient({"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config})
 
 
+def committed(cluster: DevCluster, group: str, tps) -> dict:
+    """TopicPartition -> the offset `group` committed for it (None: none), read as a
+    read_committed consumer reads it: its OffsetFetch sets require_stable (KIP-447) and
+    waits while a transaction's offsets are pending, so a commit_transaction() that
+    returned shows even before its markers reach the group coordinator."""
+    from exactly import Consumer
+    with Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group,
+                   "isolation.level": "read_committed", **cluster.client_config}) as c:
+        return {tp: (om.offset if om is not None else None) for tp, om in c.committed(tps, timeout=30).items()}
+
+
 def module_cluster(zk: str, tmp_path_factory, prefix: str, **sizes) -> Iterator[DevCluster]:
     """For a module-scoped fixture (`yield from module_cluster(zk, tmp_path_factory, "x")`):
     a chrooted_cluster for the module's tests (`sizes`: its leaders, txn_coordinators,

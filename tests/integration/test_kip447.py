@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusters import REPLICATED_TXN_LOG
+from clusters import REPLICATED_TXN_LOG, committed
 from exactly import Consumer, ConsumerGroupMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_TRANSACTION_GROUP
 from exactly_wire.error_codes import ErrorCode
@@ -122,11 +122,8 @@ def test_offsets_of_another_members_partition_get_concurrent_producer_commit(clu
         with pa.transaction():  # its own partitions are fine
             pa.send(dst, b"b")
             pa.send_offsets_to_transaction({mine[0]: 1}, ca.group_metadata())
-        # EndTxn answers once the commit is decided; a read_committed consumer's
-        # OffsetFetch (require_stable, KIP-447) waits until the offsets are stable.
-        with Consumer({"bootstrap.servers": cluster2.bootstrap_servers, "group.id": group,
-                       "isolation.level": "read_committed"}) as stable:
-            assert stable.committed([mine[0]], timeout=30)[mine[0]].offset == 1
+        # EndTxn answers once the commit is decided; `committed` waits until it is stable.
+        assert committed(cluster2, group, [mine[0]]) == {mine[0]: 1}
     finally:
         ca.close()
         cb.close()
@@ -228,10 +225,8 @@ def test_a_mixed_group_refuses_the_stale_per_partition_producer(cluster2):
         with pytest.raises(errors.ConcurrentProducerCommitError):
             legacy.send_offsets_to_transaction({tp: 3}, ConsumerGroupMetadata(group))
         legacy.abort_transaction(30)
-        # EndTxn answers before the markers; require_stable waits for the aware commit.
-        with Consumer({"bootstrap.servers": cluster2.bootstrap_servers, "group.id": group,
-                       "isolation.level": "read_committed"}) as stable:
-            assert stable.committed([tp], timeout=30)[tp].offset == 2
+        # EndTxn answers before the markers; `committed` waits for the aware commit.
+        assert committed(cluster2, group, [tp]) == {tp: 2}
     finally:
         c.close()
         legacy.close()

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import pytest
 
-from clusters import REPLICATED_TXN_LOG
-from exactly import AdminClient, Consumer, ConsumerGroupMetadata, Producer, TopicPartition, errors
+from clusters import REPLICATED_TXN_LOG, committed
+from exactly import AdminClient, ConsumerGroupMetadata, Producer, TopicPartition, errors
 from exactly._client import COORDINATOR_GROUP, COORDINATOR_TRANSACTION_GROUP
 
 from waiting import wait_for
@@ -72,12 +72,6 @@ def use_then_delete(cluster, group: str, src: str, dst: str) -> UsedGroup:
         c1.close()
     delete_group(cluster, group)
     return UsedGroup(aware, gm)
-
-
-def committed(cluster, group: str, tps) -> dict:
-    with Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group,
-                   "isolation.level": "read_committed"}) as c:
-        return {tp: (om.offset if om is not None else None) for tp, om in c.committed(tps, timeout=30).items()}
 
 
 def kill_owner(cluster, group: str, key_type: int) -> None:
